@@ -1,0 +1,143 @@
+# Makefile for fp8-grpo.
+#
+#   make              build ./train_grpo and ./generate (CPU backend always; CUDA
+#                     backend too when nvcc is found)
+#   make test         build and run the CPU test suites (Check); non-zero on any failure
+#   make test-gpu     build and run the GPU test suites (needs a CUDA GPU)
+#   make bench-gemm   build dev/bench_gemm (the FP8 GEMM benchmark, GPU)
+#
+# Knobs: CUDA_HOME=/path (default: where nvcc lives), NO_CUDA=1 (CPU only),
+# GPU_ARCH=90a|89|120|all (default: probe the GPU, else all), DEPS_PREFIX=dir
+# (Check/cJSON/PCRE2 unpacked somewhere, see ../shared/tools/devdeps).
+
+CC      ?= gcc
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -Idev
+LDLIBS  := -lm -fopenmp
+BUILD   := build
+
+# ---- C libraries (Debian: libcjson-dev libpcre2-dev check) ----
+ifdef DEPS_PREFIX
+CFLAGS  += -I$(DEPS_PREFIX)/include
+LDFLAGS += -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Wl,-rpath,$(DEPS_PREFIX)/lib/x86_64-linux-gnu
+endif
+LDLIBS  += -lcjson -lpcre2-8
+CHECK_LIBS := -lcheck -lsubunit -lpthread -lrt -lm
+
+# ---- probes: nvcc, then the GPU's architecture; one line each ----
+ifeq ($(NO_CUDA),1)
+NVCC :=
+else
+NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+endif
+ifeq ($(NVCC),)
+$(info probe nvcc: not found (or NO_CUDA=1): building the CPU backend only)
+HAVE_CUDA := 0
+else
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NVCC_VERSION := $(shell $(NVCC) --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+$(info probe nvcc: $(NVCC) (CUDA $(NVCC_VERSION)))
+HAVE_CUDA := 1
+GPU_CC := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '. ')
+ifeq ($(GPU_ARCH),)
+ifeq ($(GPU_CC),)
+GPU_ARCH := all
+$(info probe GPU: none found (nvidia-smi): compiling for sm_89, sm_90a and sm_120)
+else
+GPU_ARCH := $(if $(filter 90,$(GPU_CC)),90a,$(GPU_CC))
+$(info probe GPU: compute capability $(GPU_CC): compiling for sm_$(GPU_ARCH))
+endif
+else
+$(info probe GPU: GPU_ARCH=$(GPU_ARCH) given)
+endif
+ifeq ($(GPU_ARCH),all)
+GENCODE := -gencode arch=compute_89,code=sm_89 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_120,code=sm_120
+else
+GENCODE := -gencode arch=compute_$(GPU_ARCH),code=sm_$(GPU_ARCH)
+endif
+NVCCFLAGS ?= -O3 -lineinfo
+NVCCFLAGS += -std=c++17 $(GENCODE) -I. -Idev -Xcompiler -fopenmp,-Wall,-Wno-unused-parameter
+ifdef DEPS_PREFIX
+NVCCFLAGS += -I$(DEPS_PREFIX)/include
+endif
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -lstdc++ -ldl -lrt -lpthread
+endif
+
+# ---- sources ----
+# the library: everything but the programs' mains
+LIB_C   := safetensors.c model.c model_load.c backend.c backend_cpu.c dev/ops_cpu.c dev/fp8_cpu.c \
+           tokenizer.c lora.c grpo.c tasks.c rollout.c
+LIB_C   := $(wildcard $(LIB_C))
+LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C)))
+# the CPU reference kernels and backend again, in fp64 (backend "cpu64")
+LIB_OBJ += $(BUILD)/ops_cpu64.o $(BUILD)/backend_cpu64.o
+ifeq ($(HAVE_CUDA),1)
+LIB_CU  := $(wildcard backend_cuda.cu fp8.cu)
+LIB_OBJ += $(patsubst %.cu,$(BUILD)/%.o,$(notdir $(LIB_CU)))
+LDLIBS  += $(CUDA_LIBS)
+else
+LIB_OBJ += $(BUILD)/backend_cuda_stub.o
+endif
+LIB     := $(BUILD)/libfp8grpo.a
+PROGS   := $(patsubst %.c,%,$(wildcard train_grpo.c generate.c))
+HEADERS := $(wildcard *.h dev/*.h)
+
+VPATH := .:dev:test
+
+.PHONY: all test test-gpu clean bench-gemm
+all: $(PROGS)
+
+$(BUILD):
+	@mkdir -p $(BUILD)
+
+$(BUILD)/%.o: %.c $(HEADERS) | $(BUILD)
+	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/ops_cpu64.o: dev/ops_cpu.c $(HEADERS) | $(BUILD)
+	$(CC) $(CFLAGS) -DCPU_F64 -c $< -o $@
+$(BUILD)/backend_cpu64.o: backend_cpu.c $(HEADERS) | $(BUILD)
+	$(CC) $(CFLAGS) -DCPU_F64 -c $< -o $@
+$(BUILD)/%.o: %.cu $(HEADERS) | $(BUILD)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+%: %.c $(LIB) $(HEADERS)
+	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+
+# ---- tests ----
+# CPU suites: test/test_*.c (Check); each is one program; all must pass.
+TESTS_CPU := $(patsubst test/%.c,$(BUILD)/%,$(wildcard test/test_*.c))
+$(BUILD)/test_%: test/test_%.c test/testutil.h $(LIB) $(HEADERS)
+	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) $(CHECK_LIBS) -o $@
+
+test: $(TESTS_CPU) $(PROGS)
+	@set -e; total=0; \
+	for t in $(TESTS_CPU); do \
+	  echo "== $$t"; \
+	  $$t 2>&1 | tee $(BUILD)/last_test.log; rc=$${PIPESTATUS[0]}; \
+	  if [ $$rc -ne 0 ]; then echo "FAILED: $$t (exit $$rc)"; exit 1; fi; \
+	  n=$$(sed -n 's/.*Checks: \([0-9]*\).*/\1/p' $(BUILD)/last_test.log | awk '{s+=$$1} END {print s+0}'); \
+	  total=$$((total + n)); \
+	done; \
+	echo "make test: all CPU suites passed, $$total checks"
+SHELL := /bin/bash
+
+# GPU suites: test/gpu_*.cu, run without Check's fork (a CUDA context does not survive fork)
+ifeq ($(HAVE_CUDA),1)
+TESTS_GPU := $(patsubst test/%.cu,$(BUILD)/%,$(wildcard test/gpu_*.cu))
+$(BUILD)/gpu_%: test/gpu_%.cu test/testutil.h $(LIB) $(HEADERS)
+	$(NVCC) $(NVCCFLAGS) $(LDFLAGS:-Wl,%=-Xlinker %) $< $(LIB) -o $@ -lcjson -lpcre2-8 -lcheck -lsubunit -lcublasLt -lcublas -lgomp
+test-gpu: $(TESTS_GPU)
+	@set -e; for t in $(TESTS_GPU); do echo "== $$t"; CK_FORK=no $$t; done; echo "make test-gpu: all GPU suites passed"
+bench-gemm: $(BUILD)/bench_gemm
+$(BUILD)/bench_gemm: dev/bench_gemm.cu $(LIB) $(HEADERS)
+	$(NVCC) $(NVCCFLAGS) $< $(LIB) -o $@ -lcjson -lpcre2-8 -lcublasLt -lcublas -lgomp
+else
+test-gpu bench-gemm:
+	@echo "no nvcc: the GPU suites need the CUDA toolkit (and a GPU to run)"; exit 1
+endif
+
+clean:
+	rm -rf $(BUILD) $(PROGS)

@@ -1,0 +1,177 @@
+// backend.h: the one interface between the model/LoRA/GRPO code and the hardware.
+//
+// model.c, lora.c and the rollout engine are written once against the ops below;
+// two implementations exist:
+//   backend_cpu.c   the CPU reference backend (plain C + OpenMP), built on the
+//                   dev/ reference kernels; compiled twice: "cpu" (fp32) and
+//                   "cpu64" (fp64, for finite-difference gradient checks)
+//   backend_cuda.cu the CUDA backend (bf16 activations, fp8 GEMMs)
+// The program picks the GPU when a usable one is present and the CPU otherwise
+// (backend_select, --device overrides). Nothing above this header knows which.
+//
+// Memory: every pointer an op takes is backend memory (host memory for the CPU
+// backends, device memory for CUDA) unless its name ends in _host. Element types:
+//   act   activations, norm weights, embeddings, biases, dense linear weights
+//         (f32 on cpu, f64 on cpu64, bf16 on cuda)
+//   hp    "high precision": rstd, logsumexp, logprobs, logits, gradients of
+//         LoRA and of dense weights, LoRA master weights, optimizer state
+//         (f32 on cpu and cuda, f64 on cpu64)
+//   i32   token ids, positions, KV slots, block tables
+// Shapes use fixed letters: N rows (tokens), C model width, OC output width,
+// V vocab, NH query heads, KVH key/value heads, HD head dim, FF MLP width,
+// S sequences in a decode step, R LoRA rank.
+// Ops run in order on the backend's stream; sync() waits for them.
+#ifndef BACKEND_H
+#define BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+#include "fp8.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// A frozen linear weight W (OC, C), as Hugging Face stores it: either FP8 codes
+// with scales (gran != FP8_OFF, in q) or dense act-dtype values (gran == FP8_OFF, in dense).
+typedef struct {
+    int rows, cols;  // OC, C
+    FP8Gran gran;
+    FP8Tensor q;     // gran != OFF: codes (OC, C) + scales, block_rows 128 for BLOCK
+    void *dense;     // gran == OFF: (OC, C) act
+} QWeight;
+
+// options for turning a high-precision weight into a QWeight
+typedef struct {
+    FP8Gran gran;    // granularity of the weight (and of the activations it meets)
+    int pow2;        // power-of-two scales
+} QuantOptions;
+
+typedef struct Backend Backend;
+struct Backend {
+    const char *name;  // "cpu", "cpu64", "cuda"
+    DType act, hp;     // element types (above)
+    char device_desc[128];
+
+    // ---- memory ------------------------------------------------------------
+    void *(*alloc)(size_t bytes);  // dies with a clear message when out of memory
+    void (*free)(void *p);
+    void (*zero)(void *p, size_t bytes);
+    void (*upload)(void *dst, const void *src_host, size_t bytes);
+    void (*download)(void *dst_host, const void *src, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);  // device to device
+    // upload n elements of type st from the host, converting to type dt (act or hp)
+    void (*upload_convert)(void *dst, DType dt, const void *src_host, DType st, size_t n);
+    void (*sync)(void);
+
+    // ---- weights -----------------------------------------------------------
+    // Fill w (rows, cols, gran set by the caller; w->q.data/q.scale or w->dense
+    // already allocated in backend memory by the caller) from a host tensor of type st.
+    // FP8: quantized with dynamic (amax) scales, E4M3, block_rows 128.
+    void (*quantize_weight)(QWeight *w, const void *src_host, DType st, int pow2);
+    // Dequantize w to act values (rows, cols) in backend memory (for error reports / backward)
+    void (*dequantize_weight)(void *out, const QWeight *w);
+
+    // ---- transformer ops ---------------------------------------------------
+    // out (N, C) act = wte[ids[n]]; ids (N) i32
+    void (*embedding_forward)(void *out, const int32_t *ids, const void *wte, int N, int C);
+    // out (N, C) act = inp / rms(inp) * w ; rstd (N) hp saved for backward
+    void (*rmsnorm_forward)(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps);
+    // dinp (N, C) act += d/dinp ; dw (C) hp += d/dw (dw may be NULL)
+    void (*rmsnorm_backward)(void *dinp, void *dw, const void *dout, const void *inp, const void *w,
+                             const void *rstd, int N, int C);
+    // out (N, OC) act = inp (N, C) W^T + bias; activations quantized dynamically to
+    // match W's granularity (TENSOR: per tensor, ROW: per token, BLOCK: 1x128)
+    void (*linear_forward)(void *out, const void *inp, const QWeight *w, const void *bias, int N);
+    // dinp (N, C) act (= if !accumulate, += if accumulate) = dout (N, OC) W (W dequantized:
+    // a straight-through estimator for FP8 weights); dw (OC, C) hp += dout^T inp and
+    // dbias (OC) hp += sum dout, each when not NULL (dw only for gran OFF)
+    void (*linear_backward)(void *dinp, int accumulate, void *dw, void *dbias, const void *dout,
+                            const void *inp, const QWeight *w, int N);
+    // LoRA, unmerged: ax (N, R) hp = inp A^T ; out (N, OC) act += scale * ax B^T
+    // A (R, C) hp, B (OC, R) hp
+    void (*lora_forward)(void *out, void *ax, const void *inp, const void *A, const void *B, float scale,
+                         int N, int C, int R, int OC);
+    // dA (R, C) hp += ; dB (OC, R) hp += ; dinp (N, C) act += scale * (dout B) A
+    void (*lora_backward)(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax,
+                          const void *A, const void *B, float scale, int N, int C, int R, int OC);
+    // x (N, H, HD) act rotated in place by position pos[n] (Hugging Face rotate_half
+    // convention); inv_freq (HD/2) hp. Backward rotates by the negative angle.
+    void (*rope_forward)(void *x, const int32_t *pos, const void *inv_freq, int N, int H, int HD);
+    void (*rope_backward)(void *dx, const int32_t *pos, const void *inv_freq, int N, int H, int HD);
+    // causal self-attention over B right-padded sequences of length T (padding only
+    // attends to itself and earlier tokens, so it never touches real tokens):
+    // q (B, T, NH, HD), k, v (B, T, KVH, HD), out (B, T, NH, HD) act; lse (B, NH, T) hp
+    void (*attention_forward)(void *out, void *lse, const void *q, const void *k, const void *v, int B, int T,
+                              int NH, int KVH, int HD);
+    // dq, dk, dv (overwritten) from dout; uses out and lse from the forward
+    void (*attention_backward)(void *dq, void *dk, void *dv, const void *dout, const void *out, const void *lse,
+                               const void *q, const void *k, const void *v, int B, int T, int NH, int KVH,
+                               int HD);
+    // out (n) act = silu(gate) * up
+    void (*swiglu_forward)(void *out, const void *gate, const void *up, size_t n);
+    void (*swiglu_backward)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
+    // out = a + b (n act); out may alias a or b
+    void (*add)(void *out, const void *a, const void *b, size_t n);
+    // out (n_idx, C) act = inp[idx[i]] rows; idx (n_idx) i32
+    void (*gather_rows)(void *out, const void *inp, const int32_t *idx, int n_idx, int C);
+
+    // ---- the language-model head -------------------------------------------
+    // logits (N, V) hp = h (N, C) wlm (V, C)^T
+    void (*logits_forward)(void *logits, const void *h, const void *wlm, int N, int C, int V);
+    // logp (N) hp = log_softmax(inv_temp * h wlm^T)[targets[n]], lse (N) hp saved;
+    // rows with targets[n] < 0 give 0. Never materializes (N, V).
+    void (*logprobs_forward)(void *logp, void *lse, const void *h, const void *wlm, const int32_t *targets,
+                             float inv_temp, int N, int C, int V);
+    // dh (N, C) act = d(sum_n dlogp[n] logp[n]) / dh ; dlogp (N) hp
+    void (*logprobs_backward)(void *dh, const void *dlogp, const void *lse, const void *h, const void *wlm,
+                              const int32_t *targets, float inv_temp, int N, int C, int V);
+
+    // ---- KV cache and decode -----------------------------------------------
+    // The cache of one layer is a pool of blocks: kc, vc (NB, BS, KVH, HD) act.
+    // A token's slot is block * BS + offset. slots (N) i32, < 0 = skip.
+    void (*kv_write)(void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int N, int KVH,
+                     int HD);
+    // one query token per sequence: q (S, NH, HD), out (S, NH, HD) act; sequence s
+    // attends to its first seq_lens[s] cached tokens, found through block_table (S, MB) i32
+    void (*attention_decode)(void *out, const void *q, const void *kc, const void *vc, const int32_t *block_table,
+                             const int32_t *seq_lens, int S, int NH, int KVH, int HD, int BS, int MB);
+
+    // ---- sampling ----------------------------------------------------------
+    // For each of S rows of logits (S, V) hp: sample a token from softmax(logits / temperature)
+    // restricted to top_k (0 = all) and top_p (1 = all); greedy when temperature == 0.
+    // tokens (S) i32; logp (S) hp = log_softmax(logits / temperature)[token] (before
+    // truncation, matching the trainer's logprobs; greedy: temperature 1);
+    // rng (S) u64 per-sequence states, advanced.
+    void (*sample)(int32_t *tokens, void *logp, const void *logits, uint64_t *rng, int S, int V, float temperature,
+                   int top_k, float top_p);
+
+    // ---- optimizer -----------------------------------------------------------
+    // AdamW on n hp values: m, v hp state; step counts from 1 (bias correction)
+    void (*adamw)(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int step);
+    // sum of squares of n hp values, returned to the host (deterministic)
+    double (*sumsq)(const void *x, size_t n);
+    // x (n hp) *= s
+    void (*scale)(void *x, size_t n, float s);
+};
+
+// the backends
+const Backend *backend_cpu(void);    // fp32
+const Backend *backend_cpu64(void);  // fp64 (tests)
+// the CUDA backend, or NULL with a one-line reason in why (no GPU, no driver, not built with nvcc)
+const Backend *backend_cuda(char *why, size_t why_cap);
+// "auto" (GPU when usable, else CPU), "cpu", "cuda"; prints the choice; dies on a bad name or
+// when "cuda" is asked for and unusable
+const Backend *backend_select(const char *device, int verbose);
+
+// host-side conversion of backend values (act or hp) to fp64 / fp32 for reports and tests
+void convert_to_f64(double *dst, const void *src_host, DType st, size_t n);
+void convert_to_f32(float *dst, const void *src_host, DType st, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // BACKEND_H

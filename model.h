@@ -1,0 +1,181 @@
+// model.h: Llama 3 / Qwen2 / Qwen3 decoder-only transformers on any Backend.
+// Defines: Config (from a Hugging Face config.json), Weights (one allocation
+// per role with a pointer table), the training forward/backward with
+// per-token logprobs, and the KV-cache decode used by the rollout engine.
+// Implemented in model.c (and model_load.c for checkpoints); LoRA hooks in
+// through lora.h.
+#ifndef MODEL_H
+#define MODEL_H
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3 } Arch;
+
+typedef struct {
+    Arch arch;
+    int V;            // vocab_size
+    int C;            // hidden_size
+    int FF;           // intermediate_size
+    int L;            // num_hidden_layers
+    int NH;           // num_attention_heads
+    int KVH;          // num_key_value_heads
+    int HD;           // head_dim
+    int max_pos;      // max_position_embeddings
+    float eps;        // rms_norm_eps
+    float rope_theta;
+    int qkv_bias;     // Qwen2: q/k/v projections have biases
+    int qk_norm;      // Qwen3: RMSNorm on each head of q and k before RoPE
+    int tied;         // tie_word_embeddings: lm_head = embed_tokens
+    // rope_scaling {"rope_type": "llama3", ...}; type 0 = none, 1 = llama3
+    int rope_scaling;
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_pos;
+    int bos_id;       // -1 if none
+    int eos_ids[4];   // eos_token_id (int or list); n_eos of them
+    int n_eos;
+} Config;
+
+// the seven LoRA-able projections of a layer, in PEFT's target_modules names
+enum { LIN_Q = 0, LIN_K, LIN_V, LIN_O, LIN_GATE, LIN_UP, LIN_DOWN, LIN_COUNT };
+extern const char *const lin_names[LIN_COUNT];  // "q_proj", ..., "down_proj"
+
+typedef struct {
+    void *ln1;             // (C) act   input_layernorm
+    void *ln2;             // (C) act   post_attention_layernorm
+    void *q_norm, *k_norm; // (HD) act  Qwen3 only, else NULL
+    void *bias[3];         // q (NH*HD), k, v (KVH*HD) act, Qwen2 only, else NULL
+    QWeight lin[LIN_COUNT];// q (NH*HD, C), k, v (KVH*HD, C), o (C, NH*HD), gate, up (FF, C), down (C, FF)
+} LayerWeights;
+
+typedef struct {
+    void *wte;             // (V, C) act   embed_tokens
+    void *norm;            // (C) act      final norm
+    void *lm_head;         // (V, C) act   == wte when tied
+    LayerWeights *layers;  // (L) host array of pointers into the two blobs below
+    void *dense_mem;       // one allocation: embeddings, norms, biases, lm_head, linears kept dense
+    size_t dense_bytes;
+    void *fp8_mem;         // one allocation: FP8 codes and their scales
+    size_t fp8_bytes;
+    size_t linear_bytes;   // bytes of the linear layers alone (codes + scales, or dense)
+} Weights;
+
+// how to hold the linear weights
+typedef struct {
+    FP8Gran gran;          // FP8_OFF keeps them dense (act dtype)
+    int pow2;              // power-of-two scales
+    int bf16_first, bf16_last;  // keep the first / last N layers dense
+} ModelOptions;
+
+// Saved activations of the training forward, for B sequences of T tokens (N = B*T).
+// One arena allocation; the walker in model.c sets these pointers.
+typedef struct {
+    void *x;      // (L+1, N, C) act   residual stream entering each layer; x[L] = final
+    void *ln1;    // (L, N, C) act
+    void *rstd1;  // (L, N) hp
+    void *qpre;   // (L, N, NH*HD) act  q projection before q_norm (Qwen3) / == q otherwise
+    void *kpre;   // (L, N, KVH*HD) act
+    void *qrstd;  // (L, N*NH) hp      Qwen3 q_norm rstd
+    void *krstd;  // (L, N*KVH) hp
+    void *q;      // (L, N, NH*HD) act  after norm and RoPE
+    void *k;      // (L, N, KVH*HD) act
+    void *v;      // (L, N, KVH*HD) act
+    void *att;    // (L, N, NH*HD) act  attention output
+    void *lse;    // (L, B, NH, T) hp
+    void *xmid;   // (L, N, C) act      residual after attention
+    void *ln2;    // (L, N, C) act
+    void *rstd2;  // (L, N) hp
+    void *gate;   // (L, N, FF) act
+    void *up;     // (L, N, FF) act
+    void *hmlp;   // (L, N, FF) act     silu(gate) * up
+    void *lnf;    // (N, C) act         final norm output
+    void *rstdf;  // (N) hp
+    void *logp;   // (N) hp
+    void *lsef;   // (N) hp
+    // backward scratch (not per layer)
+    void *dx;     // (N, C) act   gradient of the residual stream
+    void *dln;    // (N, C) act
+    void *dq, *dk, *dv, *datt;  // (N, NH*HD), (N, KVH*HD) x2, (N, NH*HD) act
+    void *dff1, *dff2, *dff3;   // (N, FF) act
+    void *ids, *pos, *targets;  // (N) i32
+    void *dlogp;  // (N) hp
+    void *mem;
+    size_t bytes;
+    int B, T;     // the shape the arena was sized for (capacity)
+} Acts;
+
+typedef struct LoRA LoRA;
+typedef struct KVCache KVCache;
+
+typedef struct {
+    Config cfg;
+    const Backend *be;
+    ModelOptions opt;
+    Weights w;
+    void *inv_freq;        // (HD/2) hp   RoPE inverse frequencies (scaling applied)
+    LoRA *lora;            // attached adapters, or NULL
+    int lora_on;           // 0: the adapters are skipped (the KL reference = the base model)
+    Acts acts;
+    int B, T;              // shape of the last forward
+    void *grads;           // optional fp gradients of every dense weight (hp), one allocation, or NULL
+    Weights gw;            // pointer table into grads (same layout as w's dense part)
+} Model;
+
+// ---- config and weights (model_load.c) ----
+void config_from_json(Config *cfg, const char *json_text, const char *path_for_errors);
+void config_print(const Config *cfg, FILE *f);
+// load a Hugging Face checkpoint directory (config.json + *.safetensors); dies with a one-line error on bad input
+void model_load(Model *m, const char *dir, const Backend *be, const ModelOptions *opt);
+// a random-weight model of the given config (for the built-in tiny model and tests); std 0.02-ish init
+void model_init_random(Model *m, const Config *cfg, const Backend *be, const ModelOptions *opt, uint64_t seed);
+// write the model's weights as a Hugging Face checkpoint (config.json + model.safetensors, bf16 or f32),
+// dense weights only (a model loaded with FP8 is dequantized)
+void model_save_hf(const Model *m, const char *dir, DType dt);
+void model_free(Model *m);
+// per-layer quantization error report: SQNR (dB) of each linear weight at each granularity
+void model_sqnr_report(const char *dir, FILE *f);
+
+// ---- forward / backward (model.c) ----
+// training / scoring forward over B right-padded sequences of T tokens ids_host (B*T);
+// saves what backward needs. Then logprobs of targets_host (B*T, -1 = none) at
+// inverse temperature inv_temp, returned to the host in logp_host (B*T) as fp64.
+void model_forward(Model *m, const int *ids_host, int B, int T);
+void model_logprobs(Model *m, const int *targets_host, float inv_temp, double *logp_host);
+// full logits (B*T, V) as fp32 on the host, after model_forward
+void model_logits(Model *m, float *logits_host);
+// backward of sum_n dlogp[n] * logp[n] (the last model_logprobs call): accumulates into
+// the LoRA gradients (when attached and on) and into m->grads (when allocated)
+void model_backward(Model *m, const double *dlogp_host);
+// allocate (zeroed) gradients for every dense weight; zero them again later with model_zero_grads
+void model_alloc_grads(Model *m);
+void model_zero_grads(Model *m);
+
+// ---- KV cache decode (model.c) ----
+struct KVCache {
+    int L, KVH, HD;
+    int BS;          // tokens per block
+    int NB;          // blocks in the pool
+    void *k, *v;     // (L, NB, BS, KVH, HD) act each
+    void *mem;
+    size_t bytes;
+};
+void kvcache_alloc(KVCache *kv, const Model *m, int num_blocks, int block_size);
+void kvcache_free(KVCache *kv, const Backend *be);
+
+// Prefill B right-padded prompts ids_host (B*T): writes their K/V to slots_host (B*T, -1 = padding),
+// and returns the last-position logits of each prompt (lens_host (B)) as logits (B, V) hp in backend memory
+void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_host, const int *slots_host,
+                   int B, int T, void *logits);
+// One decode step for S sequences: token tokens_host[s] at position pos_host[s] goes to slot
+// slots_host[s]; then attends to seq_lens[s] = pos + 1 cached tokens via block_table_host (S, MB).
+// Writes logits (S, V) hp in backend memory.
+void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_host, const int *slots_host,
+                  const int *block_table_host, int S, int MB, void *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // MODEL_H

@@ -1,0 +1,115 @@
+// test/testutil.h: helpers shared by the Check suites: where the fixtures are,
+// a NumPy .npy reader (the fixtures' format), and a main() that runs a suite
+// and exits non-zero on any failure.
+// Header-only; include after <check.h>.
+#ifndef TESTUTIL_H
+#define TESTUTIL_H
+
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+// fixtures live in test/fixtures (run from the repo root, as make test does)
+static inline const char *fixture_dir(void) {
+    const char *d = getenv("FIXTURES");
+    return d ? d : "test/fixtures";
+}
+static inline void fixture_path(char *out, size_t cap, const char *rel) { path_join(out, cap, fixture_dir(), rel); }
+
+// A loaded .npy array: data converted to double (float32/float64/int32/int64/uint8/bool),
+// shape up to 4 dims.
+typedef struct {
+    double *data;
+    int ndim;
+    long shape[4];
+    long n;
+} Npy;
+
+static inline void npy_free(Npy *a) { free(a->data); a->data = NULL; }
+
+// Reads a little-endian C-order .npy (version 1 or 2); dies on anything else.
+static inline Npy npy_read(const char *path) {
+    Npy a = {0};
+    FILE *f = fopen(path, "rb");
+    if (!f) die("cannot open fixture %s: run from the repo root (make test), or regenerate with dev/make_fixtures.py", path);
+    unsigned char magic[8];
+    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, "\x93NUMPY", 6) != 0) die("%s: not a .npy file", path);
+    uint32_t hlen = 0;
+    if (magic[6] == 1) {
+        uint16_t h16;
+        if (fread(&h16, 2, 1, f) != 1) die("%s: truncated header", path);
+        hlen = h16;
+    } else if (fread(&hlen, 4, 1, f) != 1) die("%s: truncated header", path);
+    char *hdr = (char *)callocCheck(hlen + 1, 1);
+    if (fread(hdr, 1, hlen, f) != hlen) die("%s: truncated header", path);
+    char *descr = strstr(hdr, "'descr':");
+    if (!descr) die("%s: no descr", path);
+    char typ[8] = {0};
+    if (sscanf(descr, "'descr': '%7[^']'", typ) != 1) die("%s: bad descr", path);
+    if (strstr(hdr, "'fortran_order': True")) die("%s: fortran order not supported", path);
+    char *sh = strstr(hdr, "'shape': (");
+    if (!sh) die("%s: no shape", path);
+    sh += strlen("'shape': (");
+    a.n = 1;
+    while (*sh && *sh != ')') {
+        char *end;
+        long v = strtol(sh, &end, 10);
+        if (end == sh) { sh++; continue; }
+        if (a.ndim == 4) die("%s: more than 4 dims", path);
+        a.shape[a.ndim++] = v;
+        a.n *= v;
+        sh = end;
+    }
+    free(hdr);
+    size_t esz;
+    if (!strcmp(typ, "<f4") || !strcmp(typ, "<i4")) esz = 4;
+    else if (!strcmp(typ, "<f8") || !strcmp(typ, "<i8")) esz = 8;
+    else if (!strcmp(typ, "|u1") || !strcmp(typ, "|b1") || !strcmp(typ, "|i1")) esz = 1;
+    else die("%s: unsupported dtype %s", path, typ);
+    unsigned char *raw = (unsigned char *)mallocCheck(a.n * esz);
+    if (fread(raw, esz, a.n, f) != (size_t)a.n) die("%s: truncated data", path);
+    fclose(f);
+    a.data = (double *)mallocCheck(a.n * sizeof(double));
+    for (long i = 0; i < a.n; i++) {
+        if (!strcmp(typ, "<f4")) { float v; memcpy(&v, raw + 4 * i, 4); a.data[i] = v; }
+        else if (!strcmp(typ, "<i4")) { int32_t v; memcpy(&v, raw + 4 * i, 4); a.data[i] = v; }
+        else if (!strcmp(typ, "<f8")) { double v; memcpy(&v, raw + 8 * i, 8); a.data[i] = v; }
+        else if (!strcmp(typ, "<i8")) { int64_t v; memcpy(&v, raw + 8 * i, 8); a.data[i] = (double)v; }
+        else if (!strcmp(typ, "|i1")) a.data[i] = (signed char)raw[i];
+        else a.data[i] = raw[i];
+    }
+    free(raw);
+    return a;
+}
+
+// max |a - b| over n values
+static inline double max_abs_diff_d(const double *a, const double *b, long n) {
+    double m = 0;
+    for (long i = 0; i < n; i++) {
+        double d = fabs(a[i] - b[i]);
+        if (d > m || d != d) m = d;
+    }
+    return m;
+}
+static inline double max_abs_d(const double *a, long n) {
+    double m = 0;
+    for (long i = 0; i < n; i++) if (fabs(a[i]) > m) m = fabs(a[i]);
+    return m;
+}
+
+// Run one suite; exit status is the number of failures (0 = all passed).
+// Check prints "NN%: Checks: X, Failures: Y, Errors: Z" which make test sums.
+static inline int run_suite(Suite *s) {
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int nf = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return nf == 0 ? 0 : 1;
+}
+
+#endif  // TESTUTIL_H
