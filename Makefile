@@ -75,7 +75,8 @@ ifeq ($(HAVE_CUDA),1)
 LIB_CU  := $(wildcard backend_cuda.cu fp8.cu)
 LIB_OBJ += $(patsubst %.cu,$(BUILD)/%.o,$(notdir $(LIB_CU)))
 LDLIBS  += $(CUDA_LIBS)
-else
+endif
+ifeq ($(filter backend_cuda.cu,$(LIB_CU)),)
 LIB_OBJ += $(BUILD)/backend_cuda_stub.o
 endif
 LIB     := $(BUILD)/libfp8grpo.a

@@ -1,0 +1,285 @@
+// backend_cpu.c: the CPU reference backend ("cpu", fp32) and, compiled again
+// with -DCPU_F64, the fp64 backend ("cpu64") used by the gradient checks.
+// Each Backend op is a thin wrapper over the dev/ reference kernels; the only
+// logic here is FP8 fake quantization in the linear layer: activations are
+// quantized dynamically to the weight's granularity and both operands are
+// dequantized and multiplied in full precision, which is the numeric truth
+// for the real FP8 GEMMs (they must agree with it to FP8-derived tolerances).
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "ops_cpu.h"
+
+#ifdef CPU_F64
+typedef double real;
+#define OP(name) name##_cpu64
+#define BACKEND_NAME "cpu64"
+#define BACKEND_FN backend_cpu64
+#define REAL_DT DT_F64
+#else
+typedef float real;
+#define OP(name) name##_cpu
+#define BACKEND_NAME "cpu"
+#define BACKEND_FN backend_cpu
+#define REAL_DT DT_F32
+#endif
+
+// ---- memory: plain host memory -------------------------------------------------
+static void *cpu_alloc(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) die("out of host memory allocating %zu bytes", bytes);
+    return p;
+}
+static void cpu_free(void *p) { free(p); }
+static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
+static void cpu_sync(void) {}
+
+static void cpu_upload_convert(void *dst, DType dt, const void *src, DType st, size_t n) {
+    if (dt != REAL_DT) die(BACKEND_NAME " backend: upload_convert to %s unsupported", dtype_name(dt));
+    real *d = (real *)dst;
+    switch (st) {
+        case DT_F32: for (size_t i = 0; i < n; i++) d[i] = (real)((const float *)src)[i]; break;
+        case DT_F64: for (size_t i = 0; i < n; i++) d[i] = (real)((const double *)src)[i]; break;
+        case DT_BF16: for (size_t i = 0; i < n; i++) d[i] = bf16_to_f32(((const uint16_t *)src)[i]); break;
+        case DT_F16: for (size_t i = 0; i < n; i++) d[i] = f16_to_f32(((const uint16_t *)src)[i]); break;
+        default: die(BACKEND_NAME " backend: cannot convert %s to %s", dtype_name(st), dtype_name(dt));
+    }
+}
+
+// ---- weights -------------------------------------------------------------------
+static float *to_f32(const void *src, DType st, size_t n) {
+    float *f = (float *)mallocCheck(n * sizeof(float));
+    convert_to_f32(f, src, st, n);
+    return f;
+}
+
+static void cpu_quantize_weight(QWeight *w, const void *src, DType st, int pow2) {
+    size_t n = (size_t)w->rows * w->cols;
+    if (w->gran == FP8_OFF) {
+        cpu_upload_convert(w->dense, REAL_DT, src, st, n);
+        return;
+    }
+    float *f = to_f32(src, st, n);
+    fp8_quantize_cpu(&w->q, f, pow2);
+    free(f);
+}
+
+static void cpu_dequantize_weight(void *out, const QWeight *w) {
+    size_t n = (size_t)w->rows * w->cols;
+    if (w->gran == FP8_OFF) {
+        memcpy(out, w->dense, n * sizeof(real));
+        return;
+    }
+    float *f = (float *)mallocCheck(n * sizeof(float));
+    fp8_dequantize_cpu(f, &w->q);
+    for (size_t i = 0; i < n; i++) ((real *)out)[i] = f[i];
+    free(f);
+}
+
+// ---- the linear layer with FP8 fake quantization ---------------------------------
+// Activations (N, C) quantized with the weight's granularity (TENSOR: one scale,
+// ROW: per token, BLOCK: 1x128 groups), E4M3, then dequantized: xq (N, C) real.
+static real *fake_quant_act(const real *x, int N, int C, FP8Gran gran) {
+    size_t n = (size_t)N * C;
+    float *f = (float *)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) f[i] = (float)x[i];
+    FP8Tensor q;
+    fp8_tensor_alloc_cpu(&q, N, C, gran, FP8_E4M3, 1);
+    fp8_quantize_cpu(&q, f, 0);
+    fp8_dequantize_cpu(f, &q);
+    fp8_tensor_free_cpu(&q);
+    real *xq = (real *)mallocCheck(n * sizeof(real));
+    for (size_t i = 0; i < n; i++) xq[i] = f[i];
+    free(f);
+    return xq;
+}
+
+static void cpu_linear_forward(void *out, const void *inp, const QWeight *w, const void *bias, int N) {
+    int C = w->cols, OC = w->rows;
+    if (w->gran == FP8_OFF) {
+        OP(matmul_forward)((real *)out, (const real *)inp, (const real *)w->dense, (const real *)bias, N, C, OC);
+        return;
+    }
+    real *xq = fake_quant_act((const real *)inp, N, C, w->gran);
+    real *o = (real *)out;
+    const real *b = (const real *)bias;
+#pragma omp parallel
+    {
+        float *wf = (float *)mallocCheck(C * sizeof(float));
+        real *wr = (real *)mallocCheck(C * sizeof(real));
+#pragma omp for
+        for (int r = 0; r < OC; r++) {
+            fp8_dequantize_row_cpu(wf, &w->q, r);
+            for (int i = 0; i < C; i++) wr[i] = wf[i];
+            for (int n = 0; n < N; n++) {
+                const real *x = xq + (size_t)n * C;
+                double s = 0;
+                for (int i = 0; i < C; i++) s += (double)x[i] * wr[i];
+                o[(size_t)n * OC + r] = (real)(s + (b ? b[r] : 0));
+            }
+        }
+        free(wf);
+        free(wr);
+    }
+    free(xq);
+}
+
+// dX = dY W with W dequantized (straight-through for the FP8 weights)
+static void cpu_linear_backward(void *dinp, int accumulate, void *dw, void *dbias, const void *dout, const void *inp,
+                                const QWeight *w, int N) {
+    int C = w->cols, OC = w->rows;
+    if (w->gran == FP8_OFF) {
+        OP(matmul_backward)((real *)dinp, accumulate, (real *)dw, (real *)dbias, (const real *)dout,
+                            (const real *)inp, (const real *)w->dense, N, C, OC);
+        return;
+    }
+    if (dw) die(BACKEND_NAME " backend: weight gradients of FP8 weights are not supported (they are frozen)");
+    real *wd = (real *)mallocCheck((size_t)OC * C * sizeof(real));
+    cpu_dequantize_weight(wd, w);
+    OP(matmul_backward)((real *)dinp, accumulate, NULL, (real *)dbias, (const real *)dout, (const real *)inp, wd, N, C,
+                        OC);
+    free(wd);
+}
+
+// ---- LoRA: out += scale * (inp A^T) B^T ------------------------------------------
+static void cpu_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, float scale, int N,
+                             int C, int R, int OC) {
+    OP(matmul_forward)((real *)ax, (const real *)inp, (const real *)A, NULL, N, C, R);
+    real *tmp = (real *)mallocCheck((size_t)N * OC * sizeof(real));
+    OP(matmul_forward)(tmp, (const real *)ax, (const real *)B, NULL, N, R, OC);
+    real *o = (real *)out;
+    for (size_t i = 0; i < (size_t)N * OC; i++) o[i] += (real)(scale * (double)tmp[i]);
+    free(tmp);
+}
+
+static void cpu_lora_backward(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax,
+                              const void *A, const void *B, float scale, int N, int C, int R, int OC) {
+    // the adapter's output is scale * ax B^T, so its upstream gradient is scale * dout
+    size_t nd = (size_t)N * OC;
+    real *sd = (real *)mallocCheck(nd * sizeof(real));
+    for (size_t i = 0; i < nd; i++) sd[i] = (real)(scale * (double)((const real *)dout)[i]);
+    real *dax = (real *)mallocCheck((size_t)N * R * sizeof(real));
+    OP(matmul_backward)(dax, 0, (real *)dB, NULL, sd, (const real *)ax, (const real *)B, N, R, OC);
+    OP(matmul_backward)((real *)dinp, 1, (real *)dA, NULL, dax, (const real *)inp, (const real *)A, N, C, R);
+    free(sd);
+    free(dax);
+}
+
+// ---- thin wrappers (the void* interface over the typed kernels) -------------------
+static void w_embedding_forward(void *out, const int32_t *ids, const void *wte, int N, int C) {
+    OP(embedding_forward)((real *)out, ids, (const real *)wte, N, C);
+}
+static void w_rmsnorm_forward(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
+    OP(rmsnorm_forward)((real *)out, (real *)rstd, (const real *)inp, (const real *)w, N, C, eps);
+}
+static void w_rmsnorm_backward(void *dinp, void *dw, const void *dout, const void *inp, const void *w,
+                               const void *rstd, int N, int C) {
+    OP(rmsnorm_backward)((real *)dinp, (real *)dw, (const real *)dout, (const real *)inp, (const real *)w,
+                         (const real *)rstd, N, C);
+}
+static void w_rope_forward(void *x, const int32_t *pos, const void *inv_freq, int N, int H, int HD) {
+    OP(rope_forward)((real *)x, pos, (const real *)inv_freq, N, H, HD, 0);
+}
+static void w_rope_backward(void *dx, const int32_t *pos, const void *inv_freq, int N, int H, int HD) {
+    OP(rope_forward)((real *)dx, pos, (const real *)inv_freq, N, H, HD, 1);
+}
+static void w_attention_forward(void *out, void *lse, const void *q, const void *k, const void *v, int B, int T, int NH,
+                                int KVH, int HD) {
+    OP(attention_forward)((real *)out, (real *)lse, (const real *)q, (const real *)k, (const real *)v, B, T, NH, KVH,
+                          HD);
+}
+static void w_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *out, const void *lse,
+                                 const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD) {
+    OP(attention_backward)((real *)dq, (real *)dk, (real *)dv, (const real *)dout, (const real *)out,
+                           (const real *)lse, (const real *)q, (const real *)k, (const real *)v, B, T, NH, KVH, HD);
+}
+static void w_swiglu_forward(void *out, const void *gate, const void *up, size_t n) {
+    OP(swiglu_forward)((real *)out, (const real *)gate, (const real *)up, n);
+}
+static void w_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n) {
+    OP(swiglu_backward)((real *)dgate, (real *)dup, (const real *)dout, (const real *)gate, (const real *)up, n);
+}
+static void w_add(void *out, const void *a, const void *b, size_t n) {
+    OP(add)((real *)out, (const real *)a, (const real *)b, n);
+}
+static void w_gather_rows(void *out, const void *inp, const int32_t *idx, int n_idx, int C) {
+    OP(gather_rows)((real *)out, (const real *)inp, idx, n_idx, C);
+}
+static void w_logits_forward(void *logits, const void *h, const void *wlm, int N, int C, int V) {
+    OP(matmul_forward)((real *)logits, (const real *)h, (const real *)wlm, NULL, N, C, V);
+}
+static void w_logprobs_forward(void *logp, void *lse, const void *h, const void *wlm, const int32_t *targets,
+                               float inv_temp, int N, int C, int V) {
+    OP(logprobs_forward)((real *)logp, (real *)lse, (const real *)h, (const real *)wlm, targets, inv_temp, N, C, V);
+}
+static void w_logprobs_backward(void *dh, const void *dlogp, const void *lse, const void *h, const void *wlm,
+                                const int32_t *targets, float inv_temp, int N, int C, int V) {
+    OP(logprobs_backward)((real *)dh, (const real *)dlogp, (const real *)lse, (const real *)h, (const real *)wlm,
+                          targets, inv_temp, N, C, V);
+}
+static void w_kv_write(void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int N, int KVH, int HD) {
+    OP(kv_write)((real *)kc, (real *)vc, (const real *)k, (const real *)v, slots, N, KVH, HD);
+}
+static void w_attention_decode(void *out, const void *q, const void *kc, const void *vc, const int32_t *block_table,
+                               const int32_t *seq_lens, int S, int NH, int KVH, int HD, int BS, int MB) {
+    OP(attention_decode)((real *)out, (const real *)q, (const real *)kc, (const real *)vc, block_table, seq_lens, S, NH,
+                         KVH, HD, BS, MB);
+}
+static void w_sample(int32_t *tokens, void *logp, const void *logits, uint64_t *rng, int S, int V, float temperature,
+                     int top_k, float top_p) {
+    OP(sample)(tokens, (real *)logp, (const real *)logits, rng, S, V, temperature, top_k, top_p);
+}
+static void w_adamw(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
+                    float eps, float weight_decay, int step) {
+    OP(adamw)((real *)param, (const real *)grad, (real *)m, (real *)v, n, lr, beta1, beta2, eps, weight_decay, step);
+}
+static double w_sumsq(const void *x, size_t n) { return OP(sumsq)((const real *)x, n); }
+static void w_scale(void *x, size_t n, float s) { OP(scale)((real *)x, n, s); }
+
+static Backend be = {
+    .name = BACKEND_NAME,
+    .act = REAL_DT,
+    .hp = REAL_DT,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .zero = cpu_zero,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy = cpu_copy,
+    .upload_convert = cpu_upload_convert,
+    .sync = cpu_sync,
+    .quantize_weight = cpu_quantize_weight,
+    .dequantize_weight = cpu_dequantize_weight,
+    .embedding_forward = w_embedding_forward,
+    .rmsnorm_forward = w_rmsnorm_forward,
+    .rmsnorm_backward = w_rmsnorm_backward,
+    .linear_forward = cpu_linear_forward,
+    .linear_backward = cpu_linear_backward,
+    .lora_forward = cpu_lora_forward,
+    .lora_backward = cpu_lora_backward,
+    .rope_forward = w_rope_forward,
+    .rope_backward = w_rope_backward,
+    .attention_forward = w_attention_forward,
+    .attention_backward = w_attention_backward,
+    .swiglu_forward = w_swiglu_forward,
+    .swiglu_backward = w_swiglu_backward,
+    .add = w_add,
+    .gather_rows = w_gather_rows,
+    .logits_forward = w_logits_forward,
+    .logprobs_forward = w_logprobs_forward,
+    .logprobs_backward = w_logprobs_backward,
+    .kv_write = w_kv_write,
+    .attention_decode = w_attention_decode,
+    .sample = w_sample,
+    .adamw = w_adamw,
+    .sumsq = w_sumsq,
+    .scale = w_scale,
+};
+
+const Backend *BACKEND_FN(void) {
+    if (!be.device_desc[0]) snprintf(be.device_desc, sizeof be.device_desc, "CPU reference backend (%s)", dtype_name(REAL_DT));
+    return &be;
+}

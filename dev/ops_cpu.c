@@ -1,0 +1,429 @@
+// dev/ops_cpu.c: the CPU reference kernels declared in dev/ops_cpu.h.
+// Written once for `real`; the Makefile compiles this file with real = float
+// (suffix _cpu) and with -DCPU_F64, real = double (suffix _cpu64).
+// Reductions accumulate in double whatever `real` is: these are the truth the
+// fast kernels are compared with, so they favour accuracy over speed.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "ops_cpu.h"
+
+#ifdef CPU_F64
+typedef double real;
+#define FN(name) name##_cpu64
+#else
+typedef float real;
+#define FN(name) name##_cpu
+#endif
+
+// dot product of two contiguous rows with 4 independent double partial sums
+static inline double dot(const real *a, const real *b, int n) {
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += (double)a[i] * b[i];
+        s1 += (double)a[i + 1] * b[i + 1];
+        s2 += (double)a[i + 2] * b[i + 2];
+        s3 += (double)a[i + 3] * b[i + 3];
+    }
+    for (; i < n; i++) s0 += (double)a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+void FN(embedding_forward)(real *out, const int32_t *ids, const real *wte, int N, int C) {
+    for (int n = 0; n < N; n++) memcpy(out + (size_t)n * C, wte + (size_t)ids[n] * C, C * sizeof(real));
+}
+
+// y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps)  (Hugging Face LlamaRMSNorm / Qwen3RMSNorm)
+void FN(rmsnorm_forward)(real *out, real *rstd, const real *inp, const real *w, int N, int C, float eps) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const real *x = inp + (size_t)n * C;
+        double ss = 0;
+        for (int i = 0; i < C; i++) ss += (double)x[i] * x[i];
+        double r = 1.0 / sqrt(ss / C + eps);
+        rstd[n] = (real)r;
+        real *y = out + (size_t)n * C;
+        for (int i = 0; i < C; i++) y[i] = (real)(x[i] * r) * w[i];
+    }
+}
+
+// dx_i += r (w_i dy_i) - r^3 / C * x_i * sum_j (w_j dy_j x_j);  dw_i += sum_n dy_i x_i r
+void FN(rmsnorm_backward)(real *dinp, real *dw, const real *dout, const real *inp, const real *w, const real *rstd,
+                          int N, int C) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const real *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+        real *dx = dinp + (size_t)n * C;
+        double r = rstd[n], s = 0;
+        for (int i = 0; i < C; i++) s += (double)w[i] * dy[i] * x[i];
+        double c = r * r * r * s / C;
+        for (int i = 0; i < C; i++) dx[i] += (real)(r * w[i] * dy[i] - c * x[i]);
+    }
+    if (dw) {
+#pragma omp parallel for
+        for (int i = 0; i < C; i++) {
+            double s = 0;
+            for (int n = 0; n < N; n++) s += (double)dout[(size_t)n * C + i] * inp[(size_t)n * C + i] * rstd[n];
+            dw[i] += (real)s;
+        }
+    }
+}
+
+void FN(matmul_forward)(real *out, const real *inp, const real *W, const real *bias, int N, int C, int OC) {
+#pragma omp parallel for collapse(2)
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = dot(inp + (size_t)n * C, W + (size_t)o * C, C);
+            out[(size_t)n * OC + o] = (real)(s + (bias ? bias[o] : 0));
+        }
+}
+
+void FN(matmul_backward)(real *dinp, int accumulate, real *dW, real *dbias, const real *dout, const real *inp,
+                         const real *W, int N, int C, int OC) {
+    if (dinp) {
+#pragma omp parallel for
+        for (int n = 0; n < N; n++) {
+            const real *dy = dout + (size_t)n * OC;
+            real *dx = dinp + (size_t)n * C;
+            double *acc = (double *)calloc(C, sizeof(double));
+            for (int o = 0; o < OC; o++) {
+                double g = dy[o];
+                if (g == 0) continue;
+                const real *wr = W + (size_t)o * C;
+                for (int i = 0; i < C; i++) acc[i] += g * wr[i];
+            }
+            for (int i = 0; i < C; i++) dx[i] = (real)((accumulate ? dx[i] : 0) + acc[i]);
+            free(acc);
+        }
+    }
+    if (dW) {
+#pragma omp parallel for
+        for (int o = 0; o < OC; o++) {
+            double *acc = (double *)calloc(C, sizeof(double));
+            for (int n = 0; n < N; n++) {
+                double g = dout[(size_t)n * OC + o];
+                if (g == 0) continue;
+                const real *x = inp + (size_t)n * C;
+                for (int i = 0; i < C; i++) acc[i] += g * x[i];
+            }
+            real *dwr = dW + (size_t)o * C;
+            for (int i = 0; i < C; i++) dwr[i] += (real)acc[i];
+            free(acc);
+        }
+    }
+    if (dbias) {
+        for (int o = 0; o < OC; o++) {
+            double s = 0;
+            for (int n = 0; n < N; n++) s += dout[(size_t)n * OC + o];
+            dbias[o] += (real)s;
+        }
+    }
+}
+
+// Hugging Face rotate_half: for i < HD/2, with angle a = pos * inv_freq[i],
+//   y_i = x_i cos a - x_{i+HD/2} sin a,  y_{i+HD/2} = x_{i+HD/2} cos a + x_i sin a.
+// The inverse (for the backward) rotates by -a. The angle is formed in float
+// like transformers does (position * inv_freq in fp32), then cos/sin in double.
+void FN(rope_forward)(real *x, const int32_t *pos, const real *inv_freq, int N, int H, int HD, int inverse) {
+    int half = HD / 2;
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        for (int i = 0; i < half; i++) {
+            double a = (double)((float)pos[n] * (float)inv_freq[i]);
+            double c = cos(a), s = inverse ? -sin(a) : sin(a);
+            for (int h = 0; h < H; h++) {
+                real *v = x + ((size_t)n * H + h) * HD;
+                double x1 = v[i], x2 = v[i + half];
+                v[i] = (real)(x1 * c - x2 * s);
+                v[i + half] = (real)(x2 * c + x1 * s);
+            }
+        }
+    }
+}
+
+// Naive causal attention, one (b, h, t) row at a time; scores never exceed T.
+// GQA: query head h reads key/value head h / (NH / KVH) (transformers' repeat_kv).
+void FN(attention_forward)(real *out, real *lse, const real *q, const real *k, const real *v, int B, int T, int NH,
+                           int KVH, int HD) {
+    double sc = 1.0 / sqrt((double)HD);
+    int rep = NH / KVH;
+#pragma omp parallel for collapse(3)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                double *p = (double *)malloc((t + 1) * sizeof(double)), *o = (double *)calloc(HD, sizeof(double));
+                const real *qv = q + (((size_t)b * T + t) * NH + h) * HD;
+                int kh = h / rep;
+                double mx = -INFINITY;
+                for (int s = 0; s <= t; s++) {
+                    p[s] = sc * dot(qv, k + (((size_t)b * T + s) * KVH + kh) * HD, HD);
+                    if (p[s] > mx) mx = p[s];
+                }
+                double sum = 0;
+                for (int s = 0; s <= t; s++) sum += (p[s] = exp(p[s] - mx));
+                for (int s = 0; s <= t; s++) {
+                    const real *vv = v + (((size_t)b * T + s) * KVH + kh) * HD;
+                    double w = p[s] / sum;
+                    for (int d = 0; d < HD; d++) o[d] += w * vv[d];
+                }
+                real *ov = out + (((size_t)b * T + t) * NH + h) * HD;
+                for (int d = 0; d < HD; d++) ov[d] = (real)o[d];
+                lse[((size_t)b * NH + h) * T + t] = (real)(mx + log(sum));
+                free(p);
+                free(o);
+            }
+}
+
+// Backward of softmax attention with the probabilities recomputed from lse:
+//   P = exp(S - lse), dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO * O)), dQ = dS K sc, dK = dS^T Q sc.
+// Parallel over (b, kv head) so each thread owns its dk/dv rows: no atomics.
+void FN(attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *out, const real *lse,
+                            const real *q, const real *k, const real *v, int B, int T, int NH, int KVH, int HD) {
+    double sc = 1.0 / sqrt((double)HD);
+    int rep = NH / KVH;
+    memset(dq, 0, (size_t)B * T * NH * HD * sizeof(real));
+    memset(dk, 0, (size_t)B * T * KVH * HD * sizeof(real));
+    memset(dv, 0, (size_t)B * T * KVH * HD * sizeof(real));
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++)
+        for (int kh = 0; kh < KVH; kh++) {
+            double *dkacc = (double *)calloc((size_t)T * HD, sizeof(double));
+            double *dvacc = (double *)calloc((size_t)T * HD, sizeof(double));
+            double *p = (double *)malloc(T * sizeof(double)), *dqacc = (double *)malloc(HD * sizeof(double));
+            for (int h = kh * rep; h < (kh + 1) * rep; h++)
+                for (int t = 0; t < T; t++) {
+                    const real *qv = q + (((size_t)b * T + t) * NH + h) * HD;
+                    const real *dov = dout + (((size_t)b * T + t) * NH + h) * HD;
+                    const real *ov = out + (((size_t)b * T + t) * NH + h) * HD;
+                    double L = lse[((size_t)b * NH + h) * T + t];
+                    double Dt = dot(dov, ov, HD);
+                    memset(dqacc, 0, HD * sizeof(double));
+                    for (int s = 0; s <= t; s++) {
+                        const real *kv = k + (((size_t)b * T + s) * KVH + kh) * HD;
+                        const real *vv = v + (((size_t)b * T + s) * KVH + kh) * HD;
+                        p[s] = exp(sc * dot(qv, kv, HD) - L);
+                        double dp = dot(dov, vv, HD);
+                        double ds = p[s] * (dp - Dt) * sc;
+                        for (int d = 0; d < HD; d++) {
+                            dvacc[(size_t)s * HD + d] += p[s] * dov[d];
+                            dkacc[(size_t)s * HD + d] += ds * qv[d];
+                            dqacc[d] += ds * kv[d];
+                        }
+                    }
+                    real *dqv = dq + (((size_t)b * T + t) * NH + h) * HD;
+                    for (int d = 0; d < HD; d++) dqv[d] = (real)dqacc[d];
+                }
+            for (int s = 0; s < T; s++)
+                for (int d = 0; d < HD; d++) {
+                    dk[(((size_t)b * T + s) * KVH + kh) * HD + d] = (real)dkacc[(size_t)s * HD + d];
+                    dv[(((size_t)b * T + s) * KVH + kh) * HD + d] = (real)dvacc[(size_t)s * HD + d];
+                }
+            free(dkacc);
+            free(dvacc);
+            free(p);
+            free(dqacc);
+        }
+}
+
+// silu(g) * u, silu(g) = g * sigmoid(g)
+void FN(swiglu_forward)(real *out, const real *gate, const real *up, size_t n) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        double g = gate[i];
+        out[i] = (real)(g / (1.0 + exp(-g)) * up[i]);
+    }
+}
+void FN(swiglu_backward)(real *dgate, real *dup, const real *dout, const real *gate, const real *up, size_t n) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        double g = gate[i], sg = 1.0 / (1.0 + exp(-g));
+        dgate[i] = (real)(dout[i] * up[i] * sg * (1.0 + g * (1.0 - sg)));
+        dup[i] = (real)(dout[i] * g * sg);
+    }
+}
+
+void FN(add)(real *out, const real *a, const real *b, size_t n) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void FN(gather_rows)(real *out, const real *inp, const int32_t *idx, int n_idx, int C) {
+    for (int i = 0; i < n_idx; i++) memcpy(out + (size_t)i * C, inp + (size_t)idx[i] * C, C * sizeof(real));
+}
+
+// log_softmax(inv_temp * h wlm^T)[target], one row at a time (never (N, V) at once)
+void FN(logprobs_forward)(real *logp, real *lse, const real *h, const real *wlm, const int32_t *targets,
+                          float inv_temp, int N, int C, int V) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        if (targets[n] < 0) { logp[n] = 0; lse[n] = 0; continue; }
+        double *z = (double *)malloc(V * sizeof(double)), mx = -INFINITY, s = 0;
+        for (int j = 0; j < V; j++) {
+            z[j] = inv_temp * dot(h + (size_t)n * C, wlm + (size_t)j * C, C);
+            if (z[j] > mx) mx = z[j];
+        }
+        for (int j = 0; j < V; j++) s += exp(z[j] - mx);
+        double L = mx + log(s);
+        lse[n] = (real)L;
+        logp[n] = (real)(z[targets[n]] - L);
+        free(z);
+    }
+}
+
+// d logp / d z_j = 1[j = target] - softmax_j ; dh = inv_temp * sum_j dz_j wlm_j
+void FN(logprobs_backward)(real *dh, const real *dlogp, const real *lse, const real *h, const real *wlm,
+                           const int32_t *targets, float inv_temp, int N, int C, int V) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        real *d = dh + (size_t)n * C;
+        if (targets[n] < 0 || dlogp[n] == 0) { memset(d, 0, C * sizeof(real)); continue; }
+        double *acc = (double *)calloc(C, sizeof(double));
+        double g = dlogp[n], L = lse[n];
+        for (int j = 0; j < V; j++) {
+            const real *w = wlm + (size_t)j * C;
+            double pj = exp(inv_temp * dot(h + (size_t)n * C, w, C) - L);
+            double dz = g * ((j == targets[n]) - pj) * inv_temp;
+            for (int i = 0; i < C; i++) acc[i] += dz * w[i];
+        }
+        for (int i = 0; i < C; i++) d[i] = (real)acc[i];
+        free(acc);
+    }
+}
+
+void FN(kv_write)(real *kc, real *vc, const real *k, const real *v, const int32_t *slots, int N, int KVH, int HD) {
+    size_t row = (size_t)KVH * HD;
+    for (int n = 0; n < N; n++) {
+        if (slots[n] < 0) continue;
+        memcpy(kc + (size_t)slots[n] * row, k + (size_t)n * row, row * sizeof(real));
+        memcpy(vc + (size_t)slots[n] * row, v + (size_t)n * row, row * sizeof(real));
+    }
+}
+
+void FN(attention_decode)(real *out, const real *q, const real *kc, const real *vc, const int32_t *block_table,
+                          const int32_t *seq_lens, int S_, int NH, int KVH, int HD, int BS, int MB) {
+    double sc = 1.0 / sqrt((double)HD);
+    int rep = NH / KVH;
+#pragma omp parallel for collapse(2)
+    for (int s = 0; s < S_; s++)
+        for (int h = 0; h < NH; h++) {
+            int len = seq_lens[s], kh = h / rep;
+            double *p = (double *)malloc(len * sizeof(double)), *o = (double *)calloc(HD, sizeof(double)), mx = -INFINITY;
+            const real *qv = q + ((size_t)s * NH + h) * HD;
+            for (int t = 0; t < len; t++) {
+                size_t slot = (size_t)block_table[(size_t)s * MB + t / BS] * BS + t % BS;
+                p[t] = sc * dot(qv, kc + (slot * KVH + kh) * HD, HD);
+                if (p[t] > mx) mx = p[t];
+            }
+            double sum = 0;
+            for (int t = 0; t < len; t++) sum += (p[t] = exp(p[t] - mx));
+            for (int t = 0; t < len; t++) {
+                size_t slot = (size_t)block_table[(size_t)s * MB + t / BS] * BS + t % BS;
+                const real *vv = vc + (slot * KVH + kh) * HD;
+                for (int d = 0; d < HD; d++) o[d] += p[t] / sum * vv[d];
+            }
+            real *ov = out + ((size_t)s * NH + h) * HD;
+            for (int d = 0; d < HD; d++) ov[d] = (real)o[d];
+            free(p);
+            free(o);
+        }
+}
+
+typedef struct { double p; int id; } ProbId;
+static int cmp_prob_desc(const void *a, const void *b) {
+    const ProbId *x = (const ProbId *)a, *y = (const ProbId *)b;
+    if (x->p != y->p) return x->p < y->p ? 1 : -1;
+    return x->id - y->id;  // ties: lower id first, so the order is deterministic
+}
+
+// Sampling as transformers' generate applies it: temperature, then top-k, then
+// top-p (keep the smallest prefix of the sorted distribution whose mass reaches
+// top_p, at least one token), renormalise, draw with the sequence's own RNG.
+// The logprob returned is that of the untruncated distribution at the temperature
+// (what the trainer computes), or at temperature 1 for greedy.
+void FN(sample)(int32_t *tokens, real *logp, const real *logits, uint64_t *rng, int S_, int V, float temperature,
+                int top_k, float top_p) {
+#pragma omp parallel for
+    for (int s = 0; s < S_; s++) {
+        const real *z = logits + (size_t)s * V;
+        double T = temperature > 0 ? temperature : 1.0, mx = -INFINITY, sum = 0;
+        int arg = 0;
+        for (int j = 0; j < V; j++)
+            if (z[j] > z[arg]) arg = j;
+        mx = z[arg] / T;
+        for (int j = 0; j < V; j++) sum += exp(z[j] / T - mx);
+        double lse = mx + log(sum);
+        int tok = arg;
+        if (temperature > 0) {
+            Rng r = {rng[s]};
+            double u = rng_uniform_d(&r);
+            rng[s] = r.s;
+            if (top_k <= 0 && top_p >= 1.0f) {
+                double c = 0, target = u * sum;
+                tok = V - 1;
+                for (int j = 0; j < V; j++) {
+                    c += exp(z[j] / T - mx);
+                    if (c > target) { tok = j; break; }
+                }
+            } else {
+                ProbId *pi = (ProbId *)malloc(V * sizeof(ProbId));
+                for (int j = 0; j < V; j++) pi[j] = (ProbId){exp(z[j] / T - lse), j};
+                qsort(pi, V, sizeof(ProbId), cmp_prob_desc);
+                int keep = (top_k > 0 && top_k < V) ? top_k : V;
+                if (top_p < 1.0f) {
+                    double kept_mass = 0;
+                    for (int j = 0; j < V; j++) kept_mass += j < keep ? pi[j].p : 0;
+                    double c = 0;
+                    int kp = 0;
+                    // the mass is measured after top-k renormalisation, as the warpers chain
+                    while (kp < keep) {
+                        c += pi[kp].p / kept_mass;
+                        kp++;
+                        if (c >= top_p) break;
+                    }
+                    keep = kp;
+                }
+                double m = 0;
+                for (int j = 0; j < keep; j++) m += pi[j].p;
+                double c = 0, target = u * m;
+                tok = pi[keep - 1].id;
+                for (int j = 0; j < keep; j++) {
+                    c += pi[j].p;
+                    if (c > target) { tok = pi[j].id; break; }
+                }
+                free(pi);
+            }
+        }
+        tokens[s] = tok;
+        logp[s] = (real)(z[tok] / T - lse);
+    }
+}
+
+void FN(adamw)(real *param, const real *grad, real *m, real *v, size_t n, float lr, float beta1, float beta2, float eps,
+               float weight_decay, int step) {
+    double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        double g = grad[i];
+        double mi = beta1 * (double)m[i] + (1.0 - beta1) * g;
+        double vi = beta2 * (double)v[i] + (1.0 - beta2) * g * g;
+        m[i] = (real)mi;
+        v[i] = (real)vi;
+        // decoupled weight decay (torch.optim.AdamW): p -= lr * wd * p, then the Adam step
+        double p = (double)param[i] * (1.0 - (double)lr * weight_decay);
+        p -= lr * (mi / bc1) / (sqrt(vi / bc2) + eps);
+        param[i] = (real)p;
+    }
+}
+
+double FN(sumsq)(const real *x, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+void FN(scale)(real *x, size_t n, float s) {
+    for (size_t i = 0; i < n; i++) x[i] = (real)(x[i] * (double)s);
+}

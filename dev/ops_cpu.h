@@ -1,0 +1,59 @@
+// dev/ops_cpu.h: the CPU reference kernels, the numeric truth of every op in
+// backend.h. Plain C + OpenMP (parallel over independent rows only, never over
+// a reduction, so results do not depend on the thread count).
+//
+// dev/ops_cpu.c is compiled twice: with real = float (names end in _cpu, the
+// "cpu" backend and the reference the CUDA tests compare with) and with
+// real = double (names end in _cpu64, the "cpu64" backend used for
+// finite-difference gradient checks). Shapes follow backend.h.
+#ifndef OPS_CPU_H
+#define OPS_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define OPS_CPU_DECLARE(real, S)                                                                                     \
+    void embedding_forward##S(real *out, const int32_t *ids, const real *wte, int N, int C);                        \
+    void rmsnorm_forward##S(real *out, real *rstd, const real *inp, const real *w, int N, int C, float eps);          \
+    void rmsnorm_backward##S(real *dinp, real *dw, const real *dout, const real *inp, const real *w,                 \
+                             const real *rstd, int N, int C);                                                        \
+    /* out (N, OC) = inp (N, C) W (OC, C)^T + bias (OC, may be NULL) */                                              \
+    void matmul_forward##S(real *out, const real *inp, const real *W, const real *bias, int N, int C, int OC);       \
+    /* dinp (N, C) = or += dout W ; dW (OC, C) += dout^T inp ; dbias += sum dout; NULL skips */                      \
+    void matmul_backward##S(real *dinp, int accumulate, real *dW, real *dbias, const real *dout, const real *inp,   \
+                            const real *W, int N, int C, int OC);                                                    \
+    void rope_forward##S(real *x, const int32_t *pos, const real *inv_freq, int N, int H, int HD, int inverse);     \
+    void attention_forward##S(real *out, real *lse, const real *q, const real *k, const real *v, int B, int T,      \
+                              int NH, int KVH, int HD);                                                              \
+    void attention_backward##S(real *dq, real *dk, real *dv, const real *dout, const real *out, const real *lse,    \
+                               const real *q, const real *k, const real *v, int B, int T, int NH, int KVH, int HD); \
+    void swiglu_forward##S(real *out, const real *gate, const real *up, size_t n);                                   \
+    void swiglu_backward##S(real *dgate, real *dup, const real *dout, const real *gate, const real *up, size_t n);   \
+    void add##S(real *out, const real *a, const real *b, size_t n);                                                  \
+    void gather_rows##S(real *out, const real *inp, const int32_t *idx, int n_idx, int C);                          \
+    void logprobs_forward##S(real *logp, real *lse, const real *h, const real *wlm, const int32_t *targets,         \
+                             float inv_temp, int N, int C, int V);                                                   \
+    void logprobs_backward##S(real *dh, const real *dlogp, const real *lse, const real *h, const real *wlm,          \
+                              const int32_t *targets, float inv_temp, int N, int C, int V);                          \
+    void kv_write##S(real *kc, real *vc, const real *k, const real *v, const int32_t *slots, int N, int KVH,         \
+                     int HD);                                                                                        \
+    void attention_decode##S(real *out, const real *q, const real *kc, const real *vc, const int32_t *block_table,  \
+                             const int32_t *seq_lens, int S_, int NH, int KVH, int HD, int BS, int MB);              \
+    void sample##S(int32_t *tokens, real *logp, const real *logits, uint64_t *rng, int S_, int V,                    \
+                   float temperature, int top_k, float top_p);                                                       \
+    void adamw##S(real *param, const real *grad, real *m, real *v, size_t n, float lr, float beta1, float beta2,     \
+                  float eps, float weight_decay, int step);                                                          \
+    double sumsq##S(const real *x, size_t n);                                                                        \
+    void scale##S(real *x, size_t n, float s);
+
+OPS_CPU_DECLARE(float, _cpu)
+OPS_CPU_DECLARE(double, _cpu64)
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // OPS_CPU_H
