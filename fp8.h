@@ -5,18 +5,29 @@
 // - An FP8 tensor is a row-major matrix (rows, cols) of 1-byte codes plus FP32
 //   dequantization scales kept in the same struct: x ~= decode(q) * scale.
 //   (This is the `weight_scale_inv` of Hugging Face / vLLM FP8 checkpoints.)
-// - scale = amax / FP8_MAX (448 for E4M3, 57344 for E5M2); an all-zero group
-//   gets scale 1, never 0 or NaN. With pow2 the scale is rounded UP to a power
-//   of two (so amax/scale still fits the range and the scaling is exact).
-// - Granularity (FP8Gran):
-//     FP8_TENSOR  one scale                                 scale[1]
-//     FP8_ROW     one per row (weights: per output channel; scale[rows]
+// - scale = amax / FP8_MAX (448 for E4M3, 57344 for E5M2), computed in fp32; an
+//   all-zero group gets scale 1, never 0 or NaN. With pow2 the scale is rounded UP
+//   to a power of two (so amax/scale still fits the range and the scaling is exact).
+//   Codes are q = encode(x / scale) with an fp32 division (CPU and GPU alike, so the
+//   two produce the same bytes). amax ignores NaNs (fmaxf); a NaN element encodes to NaN.
+// - Granularity (FP8Gran) and the ONE scale layout used on the host and on the GPU:
+//     FP8_TENSOR  one scale                                     scale[0]
+//     FP8_ROW     one per row (weights: per output channel;     scale[r]
 //                 activations: per token)
-//     FP8_BLOCK   weights: 128x128 tiles (block_rows = 128)   scale[ceil(rows/128)][ceil(cols/128)]
-//                 activations: 1x128 groups (block_rows = 1)  scale[rows][ceil(cols/128)]
+//     FP8_BLOCK   weights, 128x128 tiles (block_rows = 128):
+//                   (ceil(rows/128), ldk) row-major, ldk = ceil(cols/128) rounded up to 4;
+//                   scale of element (r, c) at [(r/128) * ldk + c/128]. This is HF's
+//                   weight_scale_inv (ceil(N/128), ceil(K/128)) with each row padded to a
+//                   multiple of 4 floats, as cuBLASLt's BLK128x128_32F wants (16-byte rows).
+//                 activations, 1x128 groups (block_rows = 1): TRANSPOSED, token-contiguous:
+//                   (ceil(cols/128), ldr) row-major, ldr = rows rounded up to 4;
+//                   scale of element (r, c) at [(c/128) * ldr + r]. This is the layout
+//                   cuBLASLt's VEC128_32F reads (and torch._scaled_mm's "column-major" scale_a).
+//   Padding scales are written as 1. Use fp8_scale_index() rather than indexing by hand.
 //   Edge tiles that are not full are scaled by their own amax.
 // - Weights are stored as Hugging Face stores them: W is (out_features, in_features),
 //   so a linear layer computes Y[M,N] = X[M,K] * W[N,K]^T and both operands are K-major.
+// - E5M2 (more range, less precision: gradients) uses the same API with fmt = FP8_E5M2.
 #ifndef FP8_H
 #define FP8_H
 
@@ -60,13 +71,38 @@ typedef struct {
     int block_rows;  // BLOCK only: 128 for weights, 1 for activations (1x128 groups)
 } FP8Tensor;
 
-// number of scales for a granularity and shape
+// leading dimension of a BLOCK tensor's scale matrix (see the layout above); 0 otherwise
+static inline int fp8_scale_ld(FP8Gran g, int rows, int cols, int block_rows) {
+    if (g != FP8_BLOCK) return 0;
+    if (block_rows == 1) return (rows + 3) / 4 * 4;
+    int kb = (cols + FP8_BLOCK_SIZE - 1) / FP8_BLOCK_SIZE;
+    return (kb + 3) / 4 * 4;
+}
+
+// number of scales (padding included) for a granularity and shape; BLOCK needs
+// block_rows 1 (activations) or 128 (weights)
 static inline size_t fp8_num_scales(FP8Gran g, int rows, int cols, int block_rows) {
     switch (g) {
         case FP8_TENSOR: return 1;
         case FP8_ROW: return (size_t)rows;
-        case FP8_BLOCK:
-            return (size_t)((rows + block_rows - 1) / block_rows) * (size_t)((cols + FP8_BLOCK_SIZE - 1) / FP8_BLOCK_SIZE);
+        case FP8_BLOCK: {
+            size_t ld = (size_t)fp8_scale_ld(g, rows, cols, block_rows);
+            if (block_rows == 1) return (size_t)((cols + FP8_BLOCK_SIZE - 1) / FP8_BLOCK_SIZE) * ld;
+            return (size_t)((rows + FP8_BLOCK_SIZE - 1) / FP8_BLOCK_SIZE) * ld;
+        }
+        default: return 0;
+    }
+}
+
+// index into t->scale of the scale that element (r, c) uses
+static inline size_t fp8_scale_index(const FP8Tensor *t, int r, int c) {
+    switch (t->gran) {
+        case FP8_ROW: return (size_t)r;
+        case FP8_BLOCK: {
+            size_t ld = (size_t)fp8_scale_ld(FP8_BLOCK, t->rows, t->cols, t->block_rows);
+            if (t->block_rows == 1) return (size_t)(c / FP8_BLOCK_SIZE) * ld + (size_t)r;
+            return (size_t)(r / FP8_BLOCK_SIZE) * ld + (size_t)(c / FP8_BLOCK_SIZE);
+        }
         default: return 0;
     }
 }
