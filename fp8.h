@@ -20,9 +20,9 @@
 //                   weight_scale_inv (ceil(N/128), ceil(K/128)) with each row padded to a
 //                   multiple of 4 floats, as cuBLASLt's BLK128x128_32F wants (16-byte rows).
 //                 activations, 1x128 groups (block_rows = 1): TRANSPOSED, token-contiguous:
-//                   (ceil(cols/128), ldr) row-major, ldr = rows rounded up to 4;
-//                   scale of element (r, c) at [(c/128) * ldr + r]. This is the layout
-//                   cuBLASLt's VEC128_32F reads (and torch._scaled_mm's "column-major" scale_a).
+//                   (ceil(cols/128), rows) row-major: scale of element (r, c) at
+//                   [(c/128) * rows + r]. This is the layout cuBLASLt's VEC128_32F reads
+//                   (torch._scaled_mm's scale_a of shape (M, K/128) with strides (1, M)).
 //   Padding scales are written as 1. Use fp8_scale_index() rather than indexing by hand.
 //   Edge tiles that are not full are scaled by their own amax.
 // - Weights are stored as Hugging Face stores them: W is (out_features, in_features),
@@ -74,7 +74,7 @@ typedef struct {
 // leading dimension of a BLOCK tensor's scale matrix (see the layout above); 0 otherwise
 static inline int fp8_scale_ld(FP8Gran g, int rows, int cols, int block_rows) {
     if (g != FP8_BLOCK) return 0;
-    if (block_rows == 1) return (rows + 3) / 4 * 4;
+    if (block_rows == 1) return rows;
     int kb = (cols + FP8_BLOCK_SIZE - 1) / FP8_BLOCK_SIZE;
     return (kb + 3) / 4 * 4;
 }
