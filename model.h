@@ -99,16 +99,30 @@ typedef struct {
     void *dx;     // (N, C) act   gradient of the residual stream
     void *dln;    // (N, C) act
     void *dq, *dk, *dv, *datt;  // (N, NH*HD), (N, KVH*HD) x2, (N, NH*HD) act
+    void *dqpre, *dkpre;        // (N, NH*HD), (N, KVH*HD) act  (Qwen3 q/k-norm backward)
     void *dff1, *dff2, *dff3;   // (N, FF) act
     void *ids, *pos, *targets;  // (N) i32
     void *dlogp;  // (N) hp
     void *mem;
     size_t bytes;
     int B, T;     // the shape the arena was sized for (capacity)
+    float inv_temp;  // of the last model_logprobs (its backward uses the same)
 } Acts;
 
 typedef struct LoRA LoRA;
 typedef struct KVCache KVCache;
+
+// Scratch of the decode step (and of prefill's last-position logits): one row per
+// sequence, not per layer. One allocation, sized for cap sequences.
+typedef struct {
+    int cap, mb_cap;
+    void *x, *ln, *q, *k, *v, *att, *tmp;   // (cap, C) / (cap, NH*HD) / (cap, KVH*HD) act
+    void *ff1, *ff2, *ff3;                  // (cap, FF) act
+    void *rstd;                             // (cap * NH) hp
+    void *tok, *pos, *slots, *seq_lens;     // (cap) i32
+    void *block_table;                      // (cap, mb_cap) i32
+    void *mem;
+} DecodeScratch;
 
 typedef struct {
     Config cfg;
@@ -122,6 +136,7 @@ typedef struct {
     int B, T;              // shape of the last forward
     void *grads;           // optional fp gradients of every dense weight (hp), one allocation, or NULL
     Weights gw;            // pointer table into grads (same layout as w's dense part)
+    DecodeScratch dec;
 } Model;
 
 // ---- config and weights (model_load.c) ----
@@ -135,6 +150,7 @@ void model_init_random(Model *m, const Config *cfg, const Backend *be, const Mod
 // dense weights only (a model loaded with FP8 is dequantized)
 void model_save_hf(const Model *m, const char *dir, DType dt);
 void model_free(Model *m);
+void model_free_scratch(Model *m);  // the activation arena and decode scratch (weights stay)
 // per-layer quantization error report: SQNR (dB) of each linear weight at each granularity
 void model_sqnr_report(const char *dir, FILE *f);
 

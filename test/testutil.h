@@ -102,6 +102,29 @@ static inline double max_abs_d(const double *a, long n) {
     return m;
 }
 
+// Catching die(): EXPECT_DIE(statement, "part of the message") runs the statement and
+// passes only if it calls die() with a message containing the given text.
+#include <setjmp.h>
+static jmp_buf testutil_jb;
+static char testutil_err[1024];
+static void testutil_hook(const char *msg) {
+    snprintf(testutil_err, sizeof testutil_err, "%s", msg);
+    longjmp(testutil_jb, 1);
+}
+#define EXPECT_DIE(stmt, substr)                                                                     \
+    do {                                                                                             \
+        testutil_err[0] = 0;                                                                         \
+        die_hook = testutil_hook;                                                                    \
+        if (!setjmp(testutil_jb)) {                                                                  \
+            stmt;                                                                                    \
+            die_hook = NULL;                                                                         \
+            ck_abort_msg("expected an error containing '%s', got none", substr);                     \
+        }                                                                                            \
+        die_hook = NULL;                                                                             \
+        ck_assert_msg(strstr(testutil_err, substr), "error '%s' does not mention '%s'", testutil_err, \
+                      substr);                                                                       \
+    } while (0)
+
 // Run one suite; exit status is the number of failures (0 = all passed).
 // Check prints "NN%: Checks: X, Failures: Y, Errors: Z" which make test sums.
 static inline int run_suite(Suite *s) {

@@ -1,0 +1,351 @@
+// lora.c: LoRA adapters (see lora.h): creation with PEFT's initialisation, the
+// forward/backward hooks model.c calls, AdamW and clipping over one flat
+// parameter buffer, and PEFT-format save/load.
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <sys/stat.h>
+
+#include "lora.h"
+#include "safetensors.h"
+
+static const char *const lin_parent_name[LIN_COUNT] = {"self_attn", "self_attn", "self_attn", "self_attn",
+                                                       "mlp",       "mlp",       "mlp"};
+
+unsigned lora_parse_targets(const char *list) {
+    if (!strcmp(list, "all") || !strcmp(list, "all-linear")) return (1u << LIN_COUNT) - 1;
+    unsigned mask = 0;
+    char *s = str_dup(list), *save = NULL;
+    for (char *tok = strtok_r(s, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int found = -1;
+        for (int i = 0; i < LIN_COUNT; i++) {
+            size_t n = strlen(tok);
+            // "q_proj" or "q"
+            if (!strcmp(tok, lin_names[i]) || (!strncmp(tok, lin_names[i], n) && !strcmp(lin_names[i] + n, "_proj")))
+                found = i;
+        }
+        if (found < 0) die("unknown LoRA target module '%s': use q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj or all", tok);
+        mask |= 1u << found;
+    }
+    free(s);
+    if (!mask) die("no LoRA target modules given");
+    return mask;
+}
+
+// layout of the four blobs (params, grads, m, v): A then B of each adapted (layer, projection)
+static void lora_layout(LoRA *lo, const Model *m, int r, float alpha, unsigned targets) {
+    const Config *c = &m->cfg;
+    lo->r = r;
+    lo->alpha = alpha;
+    lo->scale = alpha / r;
+    lo->targets = targets;
+    lo->L = c->L;
+    lo->be = m->be;
+    for (int i = 0; i < LIN_COUNT; i++) {
+        lo->in[i] = m->w.layers[0].lin[i].cols;
+        lo->out[i] = m->w.layers[0].lin[i].rows;
+    }
+    int n = c->L * LIN_COUNT;
+    lo->A = (void **)callocCheck(n, sizeof(void *));
+    lo->B = (void **)callocCheck(n, sizeof(void *));
+    lo->dA = (void **)callocCheck(n, sizeof(void *));
+    lo->dB = (void **)callocCheck(n, sizeof(void *));
+    lo->ax = (void **)callocCheck(n, sizeof(void *));
+    lo->n = 0;
+    for (int l = 0; l < c->L; l++)
+        for (int i = 0; i < LIN_COUNT; i++)
+            if (targets & (1u << i)) lo->n += (size_t)r * lo->in[i] + (size_t)lo->out[i] * r;
+    size_t hp = dtype_size(m->be->hp), bytes = lo->n * hp;
+    lo->params = m->be->alloc(bytes);
+    lo->grads = m->be->alloc(bytes);
+    lo->m = m->be->alloc(bytes);
+    lo->v = m->be->alloc(bytes);
+    m->be->zero(lo->grads, bytes);
+    m->be->zero(lo->m, bytes);
+    m->be->zero(lo->v, bytes);
+    size_t off = 0;
+    for (int l = 0; l < c->L; l++)
+        for (int i = 0; i < LIN_COUNT; i++) {
+            if (!(targets & (1u << i))) continue;
+            int k = l * LIN_COUNT + i;
+            size_t na = (size_t)r * lo->in[i], nb = (size_t)lo->out[i] * r;
+            lo->A[k] = (char *)lo->params + off * hp;
+            lo->dA[k] = (char *)lo->grads + off * hp;
+            off += na;
+            lo->B[k] = (char *)lo->params + off * hp;
+            lo->dB[k] = (char *)lo->grads + off * hp;
+            off += nb;
+        }
+}
+
+LoRA *lora_create(const Model *m, int r, float alpha, unsigned targets, uint64_t seed) {
+    if (r <= 0) die("lora_r must be positive (got %d)", r);
+    LoRA *lo = (LoRA *)callocCheck(1, sizeof(LoRA));
+    lora_layout(lo, m, r, alpha, targets);
+    // kaiming_uniform_(A, a=sqrt(5)): bound = sqrt(6 / ((1 + a^2) fan_in)) = 1 / sqrt(fan_in); B = 0
+    double *h = (double *)mallocCheck(lo->n * sizeof(double));
+    Rng rng = rng_make(seed);
+    size_t off = 0;
+    for (int l = 0; l < lo->L; l++)
+        for (int i = 0; i < LIN_COUNT; i++) {
+            if (!(targets & (1u << i))) continue;
+            double bound = 1.0 / sqrt((double)lo->in[i]);
+            for (size_t j = 0; j < (size_t)r * lo->in[i]; j++) h[off++] = bound * (2.0 * rng_uniform_d(&rng) - 1.0);
+            for (size_t j = 0; j < (size_t)lo->out[i] * r; j++) h[off++] = 0.0;
+        }
+    m->be->upload_convert(lo->params, m->be->hp, h, DT_F64, lo->n);
+    free(h);
+    return lo;
+}
+
+void lora_free(LoRA *lo) {
+    if (!lo) return;
+    const Backend *be = lo->be;
+    be->free(lo->params);
+    be->free(lo->grads);
+    be->free(lo->m);
+    be->free(lo->v);
+    if (lo->ax_mem) be->free(lo->ax_mem);
+    if (lo->ax_scratch) be->free(lo->ax_scratch);
+    free(lo->A);
+    free(lo->B);
+    free(lo->dA);
+    free(lo->dB);
+    free(lo->ax);
+    free(lo);
+}
+
+void lora_zero_grads(LoRA *lo) { lo->be->zero(lo->grads, lo->n * dtype_size(lo->be->hp)); }
+double lora_grad_norm(const LoRA *lo) { return sqrt(lo->be->sumsq(lo->grads, lo->n)); }
+void lora_scale_grads(LoRA *lo, float s) { lo->be->scale(lo->grads, lo->n, s); }
+
+void lora_adamw_step(LoRA *lo, float lr, float beta1, float beta2, float eps, float weight_decay) {
+    lo->step++;
+    lo->be->adamw(lo->params, lo->grads, lo->m, lo->v, lo->n, lr, beta1, beta2, eps, weight_decay, lo->step);
+}
+
+// ----------------------------------------------------------------------------
+// hooks
+
+void lora_ensure_acts(LoRA *lo, int N) {
+    if (lo->ax_mem && lo->ax_cap >= N) return;
+    const Backend *be = lo->be;
+    if (lo->ax_mem) be->free(lo->ax_mem);
+    size_t per = (size_t)N * lo->r * dtype_size(be->hp);
+    int count = 0;
+    for (int k = 0; k < lo->L * LIN_COUNT; k++) count += lo->A[k] != NULL;
+    lo->ax_mem = be->alloc(per * count);
+    char *p = (char *)lo->ax_mem;
+    for (int k = 0; k < lo->L * LIN_COUNT; k++) {
+        lo->ax[k] = lo->A[k] ? p : NULL;
+        if (lo->A[k]) p += per;
+    }
+    lo->ax_cap = N;
+}
+
+void lora_hook_forward(Model *m, int layer, int which, void *out, const void *inp, int N, int save) {
+    LoRA *lo = m->lora;
+    int k = layer * LIN_COUNT + which;
+    if (!lo->A[k]) return;
+    void *ax;
+    if (save) {
+        if (lo->ax_cap < N) die("lora: activation buffers hold %d rows, forward has %d", lo->ax_cap, N);
+        ax = lo->ax[k];
+    } else {
+        if (lo->scratch_cap < N) {
+            if (lo->ax_scratch) lo->be->free(lo->ax_scratch);
+            lo->ax_scratch = lo->be->alloc((size_t)N * lo->r * dtype_size(lo->be->hp));
+            lo->scratch_cap = N;
+        }
+        ax = lo->ax_scratch;
+    }
+    lo->be->lora_forward(out, ax, inp, lo->A[k], lo->B[k], lo->scale, N, lo->in[which], lo->r, lo->out[which]);
+}
+
+void lora_hook_backward(Model *m, int layer, int which, void *dinp, const void *dout, const void *inp, int N) {
+    LoRA *lo = m->lora;
+    int k = layer * LIN_COUNT + which;
+    if (!lo->A[k]) return;
+    lo->be->lora_backward(dinp, lo->dA[k], lo->dB[k], dout, inp, lo->ax[k], lo->A[k], lo->B[k], lo->scale, N,
+                          lo->in[which], lo->r, lo->out[which]);
+}
+
+// ----------------------------------------------------------------------------
+// PEFT format
+
+static void peft_name(char *out, size_t cap, int l, int i, char ab) {
+    snprintf(out, cap, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l, lin_parent_name[i], lin_names[i], ab);
+}
+
+void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char *base_model_name) {
+    const Backend *be = lo->be;
+    mkdir(dir, 0755);
+    size_t hp = dtype_size(be->hp);
+    void *raw = mallocCheck(lo->n * hp);
+    be->download(raw, lo->params, lo->n * hp);
+    float *f = (float *)mallocCheck(lo->n * sizeof(float));
+    convert_to_f32(f, raw, be->hp, lo->n);
+    free(raw);
+    int cnt = 0;
+    for (int k = 0; k < lo->L * LIN_COUNT; k++) cnt += lo->A[k] != NULL;
+    STWrite *t = (STWrite *)callocCheck(2 * cnt, sizeof(STWrite));
+    char **names = (char **)callocCheck(2 * cnt, sizeof(char *));
+    int n = 0;
+    size_t off = 0;
+    for (int l = 0; l < lo->L; l++)
+        for (int i = 0; i < LIN_COUNT; i++) {
+            if (!lo->A[l * LIN_COUNT + i]) continue;
+            char nm[256];
+            peft_name(nm, sizeof nm, l, i, 'A');
+            names[n] = str_dup(nm);
+            t[n] = (STWrite){names[n], DT_F32, 2, {lo->r, lo->in[i]}, f + off};
+            off += (size_t)lo->r * lo->in[i];
+            n++;
+            peft_name(nm, sizeof nm, l, i, 'B');
+            names[n] = str_dup(nm);
+            t[n] = (STWrite){names[n], DT_F32, 2, {lo->out[i], lo->r}, f + off};
+            off += (size_t)lo->out[i] * lo->r;
+            n++;
+        }
+    char p[4096];
+    path_join(p, sizeof p, dir, "adapter_model.safetensors");
+    st_write(p, t, n, "{\"format\":\"pt\"}");
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    free(t);
+    free(f);
+
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "peft_type", "LORA");
+    cJSON_AddStringToObject(r, "task_type", "CAUSAL_LM");
+    cJSON_AddStringToObject(r, "base_model_name_or_path", base_model_name ? base_model_name : "");
+    cJSON_AddNumberToObject(r, "r", lo->r);
+    cJSON_AddNumberToObject(r, "lora_alpha", lo->alpha);
+    cJSON_AddNumberToObject(r, "lora_dropout", 0.0);
+    cJSON_AddStringToObject(r, "bias", "none");
+    cJSON_AddBoolToObject(r, "fan_in_fan_out", 0);
+    cJSON_AddBoolToObject(r, "use_rslora", 0);
+    cJSON_AddBoolToObject(r, "use_dora", 0);
+    cJSON_AddBoolToObject(r, "inference_mode", 1);
+    cJSON *tm = cJSON_AddArrayToObject(r, "target_modules");
+    for (int i = 0; i < LIN_COUNT; i++)
+        if (lo->targets & (1u << i)) cJSON_AddItemToArray(tm, cJSON_CreateString(lin_names[i]));
+    char *text = cJSON_Print(r);
+    cJSON_Delete(r);
+    path_join(p, sizeof p, dir, "adapter_config.json");
+    write_file_atomic(p, text, strlen(text));
+    free(text);
+    (void)m;
+}
+
+LoRA *lora_load_peft(const Model *m, const char *dir) {
+    char p[4096];
+    path_join(p, sizeof p, dir, "adapter_config.json");
+    if (!file_exists(p)) die("%s: no adapter_config.json (expected a PEFT LoRA adapter directory)", dir);
+    char *text = read_file(p, NULL);
+    cJSON *r = cJSON_Parse(text);
+    free(text);
+    if (!r) die("%s: not valid JSON", p);
+    cJSON *ty = cJSON_GetObjectItemCaseSensitive(r, "peft_type");
+    if (cJSON_IsString(ty) && strcmp(ty->valuestring, "LORA")) die("%s: peft_type %s is not LORA", p, ty->valuestring);
+    cJSON *jr = cJSON_GetObjectItemCaseSensitive(r, "r"), *ja = cJSON_GetObjectItemCaseSensitive(r, "lora_alpha");
+    if (!cJSON_IsNumber(jr) || jr->valueint <= 0) die("%s: missing or bad \"r\"", p);
+    float alpha = cJSON_IsNumber(ja) ? (float)ja->valuedouble : (float)jr->valueint;
+    cJSON *rs = cJSON_GetObjectItemCaseSensitive(r, "use_rslora");
+    if (cJSON_IsTrue(rs)) die("%s: use_rslora adapters are not supported", p);
+    cJSON *dr = cJSON_GetObjectItemCaseSensitive(r, "use_dora");
+    if (cJSON_IsTrue(dr)) die("%s: DoRA adapters are not supported", p);
+    cJSON *fi = cJSON_GetObjectItemCaseSensitive(r, "fan_in_fan_out");
+    if (cJSON_IsTrue(fi)) die("%s: fan_in_fan_out adapters are not supported", p);
+    unsigned targets = 0;
+    cJSON *tm = cJSON_GetObjectItemCaseSensitive(r, "target_modules");
+    if (cJSON_IsString(tm)) targets = lora_parse_targets(tm->valuestring);
+    else if (cJSON_IsArray(tm)) {
+        cJSON *e;
+        cJSON_ArrayForEach(e, tm) {
+            if (!cJSON_IsString(e)) die("%s: target_modules must be names", p);
+            targets |= lora_parse_targets(e->valuestring);
+        }
+    } else die("%s: missing target_modules", p);
+    int rank = jr->valueint;
+    cJSON_Delete(r);
+
+    LoRA *lo = (LoRA *)callocCheck(1, sizeof(LoRA));
+    lora_layout(lo, m, rank, alpha, targets);
+    path_join(p, sizeof p, dir, "adapter_model.safetensors");
+    SafeTensors st;
+    st_open(&st, p);
+    double *h = (double *)mallocCheck(lo->n * sizeof(double));
+    size_t off = 0;
+    for (int l = 0; l < lo->L; l++)
+        for (int i = 0; i < LIN_COUNT; i++) {
+            if (!(targets & (1u << i))) continue;
+            for (int ab = 0; ab < 2; ab++) {
+                char nm[256];
+                peft_name(nm, sizeof nm, l, i, ab ? 'B' : 'A');
+                const STensor *t = st_find(&st, nm);
+                if (!t) die("%s: missing tensor %s", p, nm);
+                int64_t d0 = ab ? lo->out[i] : rank, d1 = ab ? rank : lo->in[i];
+                if (t->ndim != 2 || t->shape[0] != d0 || t->shape[1] != d1)
+                    die("%s: %s has the wrong shape for this model (expected (%lld, %lld))", p, nm, (long long)d0,
+                        (long long)d1);
+                if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16)
+                    die("%s: %s has dtype %s", p, nm, dtype_name(t->dtype));
+                convert_to_f64(h + off, t->data, t->dtype, (size_t)t->numel);
+                off += (size_t)t->numel;
+            }
+        }
+    m->be->upload_convert(lo->params, m->be->hp, h, DT_F64, lo->n);
+    free(h);
+    st_close(&st);
+    return lo;
+}
+
+// ----------------------------------------------------------------------------
+// optimizer state for resume: params, Adam m and v in their own element type, plus the step
+
+void lora_save_state(const LoRA *lo, const char *path) {
+    const Backend *be = lo->be;
+    size_t bytes = lo->n * dtype_size(be->hp);
+    void *buf[3] = {mallocCheck(bytes), mallocCheck(bytes), mallocCheck(bytes)};
+    be->download(buf[0], lo->params, bytes);
+    be->download(buf[1], lo->m, bytes);
+    be->download(buf[2], lo->v, bytes);
+    STWrite t[3] = {
+        {"params", be->hp, 1, {(int64_t)lo->n}, buf[0]},
+        {"adam_m", be->hp, 1, {(int64_t)lo->n}, buf[1]},
+        {"adam_v", be->hp, 1, {(int64_t)lo->n}, buf[2]},
+    };
+    char md[128];
+    snprintf(md, sizeof md, "{\"step\":\"%d\",\"r\":\"%d\"}", lo->step, lo->r);
+    st_write(path, t, 3, md);
+    for (int i = 0; i < 3; i++) free(buf[i]);
+}
+
+void lora_load_state(LoRA *lo, const char *path) {
+    const Backend *be = lo->be;
+    SafeTensors st;
+    st_open(&st, path);
+    const char *nm[3] = {"params", "adam_m", "adam_v"};
+    void *dst[3] = {lo->params, lo->m, lo->v};
+    for (int i = 0; i < 3; i++) {
+        const STensor *t = st_find(&st, nm[i]);
+        if (!t || t->dtype != be->hp || (size_t)t->numel != lo->n)
+            die("%s: %s missing or not %zu %s values: the checkpoint was made with other LoRA settings", path, nm[i],
+                lo->n, dtype_name(be->hp));
+        be->upload(dst[i], t->data, t->nbytes);
+    }
+    // the step lives in the header's metadata
+    uint64_t hl;
+    memcpy(&hl, st.maps[0], 8);
+    char *hdr = (char *)mallocCheck(hl + 1);
+    memcpy(hdr, (char *)st.maps[0] + 8, hl);
+    hdr[hl] = 0;
+    cJSON *root = cJSON_Parse(hdr);
+    free(hdr);
+    cJSON *md = root ? cJSON_GetObjectItemCaseSensitive(root, "__metadata__") : NULL;
+    cJSON *sp = md ? cJSON_GetObjectItemCaseSensitive(md, "step") : NULL;
+    if (!cJSON_IsString(sp)) die("%s: no step in the metadata", path);
+    lo->step = atoi(sp->valuestring);
+    cJSON_Delete(root);
+    st_close(&st);
+}

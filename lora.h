@@ -1,0 +1,70 @@
+// lora.h: LoRA adapters on the frozen (FP8) linear layers, applied unmerged:
+//   y = W x + scale * B (A x),  scale = alpha / r,  A (r, in), B (out, r)
+// on any of q, k, v, o, gate, up, down. FP32 master weights (hp), their
+// gradients and AdamW state live in one allocation each. PEFT-format save/load
+// (adapter_model.safetensors + adapter_config.json) so peft / vLLM load them.
+// model.c calls the two hooks for every linear layer; everything else (init,
+// optimizer, clipping, I/O) is here.
+#ifndef LORA_H
+#define LORA_H
+
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct LoRA {
+    int r;
+    float alpha, scale;     // scale = alpha / r
+    unsigned targets;       // bit (1 << LIN_*) per adapted projection
+    int L;
+    int in[LIN_COUNT], out[LIN_COUNT];
+    const Backend *be;
+    // per (layer, projection): pointers into the four blobs (NULL where not adapted)
+    void **A, **B;          // (L * LIN_COUNT): A (r, in), B (out, r) hp
+    void **dA, **dB;        // gradients, same shapes, hp
+    size_t n;               // number of parameters (all adapters)
+    void *params, *grads, *m, *v;  // four allocations of n hp values, same layout
+    // activations saved by the training forward: ax = x A^T per (layer, projection)
+    void **ax;              // (L * LIN_COUNT): (N, r) hp
+    void *ax_mem;
+    int ax_cap;             // rows the ax buffers hold
+    void *ax_scratch;       // (scratch_cap, r) hp for forwards that save nothing (decode)
+    int scratch_cap;
+    int step;               // AdamW steps taken
+};
+
+// bit mask from a comma-separated list of PEFT names ("q_proj,v_proj" or "all"); dies on unknown names
+unsigned lora_parse_targets(const char *list);
+// Create adapters for model m: A ~ PEFT's kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)), B = 0
+LoRA *lora_create(const Model *m, int r, float alpha, unsigned targets, uint64_t seed);
+void lora_free(LoRA *lo);
+void lora_zero_grads(LoRA *lo);
+// global L2 norm of the gradients
+double lora_grad_norm(const LoRA *lo);
+// one AdamW step on every adapter (after clipping / scaling of the gradients by the caller)
+void lora_adamw_step(LoRA *lo, float lr, float beta1, float beta2, float eps, float weight_decay);
+// scale all gradients by s (gradient clipping)
+void lora_scale_grads(LoRA *lo, float s);
+
+// PEFT format. Tensor names: base_model.model.model.layers.{l}.{self_attn|mlp}.{proj}.lora_{A|B}.weight
+void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char *base_model_name);
+// Load adapters saved by lora_save_peft or by peft; dies naming the file on a mismatch with the model
+LoRA *lora_load_peft(const Model *m, const char *dir);
+// raw state (params + Adam m, v + step) for checkpoints that resume bit-exactly
+void lora_save_state(const LoRA *lo, const char *path);
+void lora_load_state(LoRA *lo, const char *path);
+
+// ---- hooks called by model.c (only when m->lora && m->lora_on) ----
+// out (N, out) += scale * (inp A^T) B^T ; save: keep inp A^T for the backward (training forward)
+void lora_hook_forward(Model *m, int layer, int which, void *out, const void *inp, int N, int save);
+// dinp (N, in) += the adapter's input gradient; dA, dB accumulate
+void lora_hook_backward(Model *m, int layer, int which, void *dinp, const void *dout, const void *inp, int N);
+// make the saved-activation buffers hold N rows
+void lora_ensure_acts(LoRA *lo, int N);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // LORA_H

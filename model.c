@@ -1,0 +1,408 @@
+// model.c: the transformer, written once against backend.h.
+// Defines: the activation arena (one allocation, a walker sets the pointers),
+// model_forward (training / scoring over B right-padded sequences of T tokens),
+// model_logprobs / model_logits, model_backward (the mirror of the forward, to
+// the LoRA adapters and optionally to every dense weight), and the KV-cache
+// prefill and decode step the rollout engine drives.
+//
+// One layer (Llama 3 / Qwen2 / Qwen3), x the residual stream (N, C):
+//   h = rmsnorm(x) ; q, k, v = h Wq^T (+b), h Wk^T (+b), h Wv^T (+b)
+//   Qwen3: q, k = rmsnorm per head (q_norm, k_norm) ; q, k = rope(q, k)
+//   x = x + attention(q, k, v) Wo^T
+//   h = rmsnorm(x) ; x = x + (silu(h Wg^T) * h Wu^T) Wd^T
+// and every W above may carry a LoRA adapter (lora.h).
+#include <math.h>
+
+#include "lora.h"
+#include "model.h"
+
+// ----------------------------------------------------------------------------
+// the activation arena
+
+typedef struct {
+    void **ptr;
+    size_t bytes;
+} ASlot;
+
+static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+// (re)allocate m->acts for N = B*T rows; keeps the old arena when it is big enough
+static void acts_ensure(Model *m, int B, int T) {
+    Acts *a = &m->acts;
+    const Config *c = &m->cfg;
+    const Backend *be = m->be;
+    size_t N = (size_t)B * T;
+    if (a->mem && (size_t)a->B * a->T >= N) return;
+    if (a->mem) be->free(a->mem);
+    size_t act = dtype_size(be->act), hp = dtype_size(be->hp), L = c->L;
+    size_t q = (size_t)c->NH * c->HD, kv = (size_t)c->KVH * c->HD;
+    ASlot s[] = {
+        {&a->x, (L + 1) * N * c->C * act},
+        {&a->ln1, L * N * c->C * act},
+        {&a->rstd1, L * N * hp},
+        {&a->qpre, c->qk_norm ? L * N * q * act : 0},
+        {&a->kpre, c->qk_norm ? L * N * kv * act : 0},
+        {&a->qrstd, c->qk_norm ? L * N * c->NH * hp : 0},
+        {&a->krstd, c->qk_norm ? L * N * c->KVH * hp : 0},
+        {&a->q, L * N * q * act},
+        {&a->k, L * N * kv * act},
+        {&a->v, L * N * kv * act},
+        {&a->att, L * N * q * act},
+        {&a->lse, L * N * c->NH * hp},
+        {&a->xmid, L * N * c->C * act},
+        {&a->ln2, L * N * c->C * act},
+        {&a->rstd2, L * N * hp},
+        {&a->gate, L * N * c->FF * act},
+        {&a->up, L * N * c->FF * act},
+        {&a->hmlp, L * N * c->FF * act},
+        {&a->lnf, N * c->C * act},
+        {&a->rstdf, N * hp},
+        {&a->logp, N * hp},
+        {&a->lsef, N * hp},
+        {&a->dx, N * c->C * act},
+        {&a->dln, N * c->C * act},
+        {&a->dq, N * q * act},
+        {&a->dk, N * kv * act},
+        {&a->dv, N * kv * act},
+        {&a->datt, N * q * act},
+        {&a->dqpre, N * q * act},
+        {&a->dkpre, N * kv * act},
+        {&a->dff1, N * c->FF * act},
+        {&a->dff2, N * c->FF * act},
+        {&a->dff3, N * c->FF * act},
+        {&a->ids, N * 4},
+        {&a->pos, N * 4},
+        {&a->targets, N * 4},
+        {&a->dlogp, N * hp},
+    };
+    size_t ns = sizeof s / sizeof s[0], total = 0;
+    for (size_t i = 0; i < ns; i++) total += al256(s[i].bytes);
+    a->mem = be->alloc(total);
+    a->bytes = total;
+    char *p = (char *)a->mem;
+    for (size_t i = 0; i < ns; i++) {
+        *s[i].ptr = s[i].bytes ? p : NULL;
+        p += al256(s[i].bytes);
+    }
+    a->B = B;
+    a->T = T;
+}
+
+// per-layer slices of the arena
+#define LAYER(base, l, per) ((void *)((char *)(base) + (size_t)(l) * (per)))
+
+void model_free_scratch(Model *m) {
+    if (m->acts.mem) m->be->free(m->acts.mem);
+    memset(&m->acts, 0, sizeof m->acts);
+    if (m->dec.mem) m->be->free(m->dec.mem);
+    memset(&m->dec, 0, sizeof m->dec);
+}
+
+// ----------------------------------------------------------------------------
+// a linear layer with its LoRA adapter
+
+static void linear_fwd(Model *m, int l, int which, void *out, const void *inp, int N, int save) {
+    const LayerWeights *lw = &m->w.layers[l];
+    const void *bias = which <= LIN_V ? lw->bias[which] : NULL;
+    m->be->linear_forward(out, inp, &lw->lin[which], bias, N);
+    if (m->lora && m->lora_on) lora_hook_forward(m, l, which, out, inp, N, save);
+}
+
+// dinp (= or +=) gradient through W (and the adapter); dense weight grads when allocated
+static void linear_bwd(Model *m, int l, int which, void *dinp, int accumulate, const void *dout, const void *inp,
+                       int N) {
+    const LayerWeights *lw = &m->w.layers[l];
+    void *dw = NULL, *db = NULL;
+    if (m->grads) {
+        const LayerWeights *gl = &m->gw.layers[l];
+        if (lw->lin[which].gran == FP8_OFF) dw = gl->lin[which].dense;
+        if (which <= LIN_V) db = gl->bias[which];
+    }
+    m->be->linear_backward(dinp, accumulate, dw, db, dout, inp, &lw->lin[which], N);
+    if (m->lora && m->lora_on) lora_hook_backward(m, l, which, dinp, dout, inp, N);
+}
+
+// ----------------------------------------------------------------------------
+// training / scoring forward. kv, slots: also write each layer's K/V to the cache (prefill)
+
+static void forward_impl(Model *m, const int *ids_host, int B, int T, KVCache *kv, const int32_t *slots_dev) {
+    const Config *c = &m->cfg;
+    const Backend *be = m->be;
+    int N = B * T;
+    if (T > c->max_pos) die("sequence of %d tokens is longer than max_position_embeddings %d", T, c->max_pos);
+    for (int i = 0; i < N; i++)
+        if (ids_host[i] < 0 || ids_host[i] >= c->V) die("token id %d out of range [0, %d)", ids_host[i], c->V);
+    acts_ensure(m, B, T);
+    if (m->lora && m->lora_on) lora_ensure_acts(m->lora, N);
+    m->B = B;
+    m->T = T;
+    Acts *a = &m->acts;
+    size_t act = dtype_size(be->act), hp = dtype_size(be->hp);
+    size_t C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD, FF = c->FF;
+
+    int32_t *pos = (int32_t *)mallocCheck(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++) pos[i] = i % T;
+    be->upload(a->ids, ids_host, N * sizeof(int32_t));
+    be->upload(a->pos, pos, N * sizeof(int32_t));
+    free(pos);
+
+    be->embedding_forward(a->x, (const int32_t *)a->ids, m->w.wte, N, c->C);
+    for (int l = 0; l < c->L; l++) {
+        const LayerWeights *lw = &m->w.layers[l];
+        void *x = LAYER(a->x, l, N * C * act), *xn = LAYER(a->x, l + 1, N * C * act);
+        void *ln1 = LAYER(a->ln1, l, N * C * act), *rstd1 = LAYER(a->rstd1, l, N * hp);
+        void *ql = LAYER(a->q, l, N * q * act), *kl = LAYER(a->k, l, N * kvw * act), *vl = LAYER(a->v, l, N * kvw * act);
+        void *att = LAYER(a->att, l, N * q * act), *lse = LAYER(a->lse, l, N * c->NH * hp);
+        void *xmid = LAYER(a->xmid, l, N * C * act), *ln2 = LAYER(a->ln2, l, N * C * act);
+        void *rstd2 = LAYER(a->rstd2, l, N * hp);
+        void *gate = LAYER(a->gate, l, N * FF * act), *up = LAYER(a->up, l, N * FF * act);
+        void *hm = LAYER(a->hmlp, l, N * FF * act);
+
+        be->rmsnorm_forward(ln1, rstd1, x, lw->ln1, N, c->C, c->eps);
+        if (c->qk_norm) {
+            void *qp = LAYER(a->qpre, l, N * q * act), *kp = LAYER(a->kpre, l, N * kvw * act);
+            linear_fwd(m, l, LIN_Q, qp, ln1, N, 1);
+            linear_fwd(m, l, LIN_K, kp, ln1, N, 1);
+            be->rmsnorm_forward(ql, LAYER(a->qrstd, l, N * c->NH * hp), qp, lw->q_norm, N * c->NH, c->HD, c->eps);
+            be->rmsnorm_forward(kl, LAYER(a->krstd, l, N * c->KVH * hp), kp, lw->k_norm, N * c->KVH, c->HD, c->eps);
+        } else {
+            linear_fwd(m, l, LIN_Q, ql, ln1, N, 1);
+            linear_fwd(m, l, LIN_K, kl, ln1, N, 1);
+        }
+        linear_fwd(m, l, LIN_V, vl, ln1, N, 1);
+        be->rope_forward(ql, (const int32_t *)a->pos, m->inv_freq, N, c->NH, c->HD);
+        be->rope_forward(kl, (const int32_t *)a->pos, m->inv_freq, N, c->KVH, c->HD);
+        if (kv) {
+            size_t per = (size_t)kv->NB * kv->BS * kvw * act;
+            be->kv_write(LAYER(kv->k, l, per), LAYER(kv->v, l, per), kl, vl, slots_dev, N, c->KVH, c->HD);
+        }
+        be->attention_forward(att, lse, ql, kl, vl, B, T, c->NH, c->KVH, c->HD);
+        linear_fwd(m, l, LIN_O, xmid, att, N, 1);
+        be->add(xmid, xmid, x, N * C);
+        be->rmsnorm_forward(ln2, rstd2, xmid, lw->ln2, N, c->C, c->eps);
+        linear_fwd(m, l, LIN_GATE, gate, ln2, N, 1);
+        linear_fwd(m, l, LIN_UP, up, ln2, N, 1);
+        be->swiglu_forward(hm, gate, up, N * FF);
+        linear_fwd(m, l, LIN_DOWN, xn, hm, N, 1);
+        be->add(xn, xn, xmid, N * C);
+    }
+    be->rmsnorm_forward(a->lnf, a->rstdf, LAYER(a->x, c->L, N * C * act), m->w.norm, N, c->C, c->eps);
+}
+
+void model_forward(Model *m, const int *ids_host, int B, int T) { forward_impl(m, ids_host, B, T, NULL, NULL); }
+
+void model_logprobs(Model *m, const int *targets_host, float inv_temp, double *logp_host) {
+    const Backend *be = m->be;
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    int N = m->B * m->T;
+    for (int i = 0; i < N; i++)
+        if (targets_host[i] >= c->V) die("target id %d out of range [0, %d)", targets_host[i], c->V);
+    be->upload(a->targets, targets_host, N * sizeof(int32_t));
+    be->logprobs_forward(a->logp, a->lsef, a->lnf, m->w.lm_head, (const int32_t *)a->targets, inv_temp, N, c->C, c->V);
+    a->inv_temp = inv_temp;
+    size_t hp = dtype_size(be->hp);
+    void *tmp = mallocCheck(N * hp);
+    be->download(tmp, a->logp, N * hp);
+    convert_to_f64(logp_host, tmp, be->hp, N);
+    free(tmp);
+}
+
+void model_logits(Model *m, float *logits_host) {
+    const Backend *be = m->be;
+    const Config *c = &m->cfg;
+    int N = m->B * m->T;
+    size_t hp = dtype_size(be->hp), n = (size_t)N * c->V;
+    void *dev = be->alloc(n * hp);
+    be->logits_forward(dev, m->acts.lnf, m->w.lm_head, N, c->C, c->V);
+    void *tmp = mallocCheck(n * hp);
+    be->download(tmp, dev, n * hp);
+    convert_to_f32(logits_host, tmp, be->hp, n);
+    free(tmp);
+    be->free(dev);
+}
+
+// ----------------------------------------------------------------------------
+// backward: the forward's loop in reverse
+
+void model_backward(Model *m, const double *dlogp_host) {
+    const Config *c = &m->cfg;
+    const Backend *be = m->be;
+    Acts *a = &m->acts;
+    int B = m->B, T = m->T, N = B * T;
+    size_t act = dtype_size(be->act), hp = dtype_size(be->hp);
+    size_t C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD, FF = c->FF;
+    const Weights *gw = m->grads ? &m->gw : NULL;
+
+    be->upload_convert(a->dlogp, be->hp, dlogp_host, DT_F64, N);
+    // the head: dlnf, then the final norm into the residual gradient dx
+    be->logprobs_backward(a->dln, a->dlogp, a->lsef, a->lnf, m->w.lm_head, (const int32_t *)a->targets, a->inv_temp, N,
+                          c->C, c->V);
+    be->zero(a->dx, N * C * act);
+    be->rmsnorm_backward(a->dx, gw ? gw->norm : NULL, a->dln, LAYER(a->x, c->L, N * C * act), m->w.norm, a->rstdf, N,
+                         c->C);
+    for (int l = c->L - 1; l >= 0; l--) {
+        const LayerWeights *lw = &m->w.layers[l];
+        const LayerWeights *gl = gw ? &gw->layers[l] : NULL;
+        void *x = LAYER(a->x, l, N * C * act);
+        void *ln1 = LAYER(a->ln1, l, N * C * act), *rstd1 = LAYER(a->rstd1, l, N * hp);
+        void *ql = LAYER(a->q, l, N * q * act), *kl = LAYER(a->k, l, N * kvw * act), *vl = LAYER(a->v, l, N * kvw * act);
+        void *att = LAYER(a->att, l, N * q * act), *lse = LAYER(a->lse, l, N * c->NH * hp);
+        void *xmid = LAYER(a->xmid, l, N * C * act), *ln2 = LAYER(a->ln2, l, N * C * act);
+        void *rstd2 = LAYER(a->rstd2, l, N * hp);
+        void *gate = LAYER(a->gate, l, N * FF * act), *up = LAYER(a->up, l, N * FF * act);
+        void *hm = LAYER(a->hmlp, l, N * FF * act);
+
+        // MLP: x_{l+1} = xmid + down(silu(gate(ln2)) * up(ln2)); dx passes through the residual
+        linear_bwd(m, l, LIN_DOWN, a->dff3, 0, a->dx, hm, N);
+        be->swiglu_backward(a->dff1, a->dff2, a->dff3, gate, up, N * FF);
+        linear_bwd(m, l, LIN_GATE, a->dln, 0, a->dff1, ln2, N);
+        linear_bwd(m, l, LIN_UP, a->dln, 1, a->dff2, ln2, N);
+        be->rmsnorm_backward(a->dx, gl ? gl->ln2 : NULL, a->dln, xmid, lw->ln2, rstd2, N, c->C);
+
+        // attention: xmid = x + o(attention(rope(q), rope(k), v))
+        linear_bwd(m, l, LIN_O, a->datt, 0, a->dx, att, N);
+        be->attention_backward(a->dq, a->dk, a->dv, a->datt, att, lse, ql, kl, vl, B, T, c->NH, c->KVH, c->HD);
+        be->rope_backward(a->dq, (const int32_t *)a->pos, m->inv_freq, N, c->NH, c->HD);
+        be->rope_backward(a->dk, (const int32_t *)a->pos, m->inv_freq, N, c->KVH, c->HD);
+        void *dqp = a->dq, *dkp = a->dk, *qin = ln1;
+        if (c->qk_norm) {
+            void *qp = LAYER(a->qpre, l, N * q * act), *kp = LAYER(a->kpre, l, N * kvw * act);
+            be->zero(a->dqpre, N * q * act);
+            be->zero(a->dkpre, N * kvw * act);
+            be->rmsnorm_backward(a->dqpre, gl ? gl->q_norm : NULL, a->dq, qp, lw->q_norm,
+                                 LAYER(a->qrstd, l, N * c->NH * hp), N * c->NH, c->HD);
+            be->rmsnorm_backward(a->dkpre, gl ? gl->k_norm : NULL, a->dk, kp, lw->k_norm,
+                                 LAYER(a->krstd, l, N * c->KVH * hp), N * c->KVH, c->HD);
+            dqp = a->dqpre;
+            dkp = a->dkpre;
+        }
+        linear_bwd(m, l, LIN_Q, a->dln, 0, dqp, qin, N);
+        linear_bwd(m, l, LIN_K, a->dln, 1, dkp, qin, N);
+        linear_bwd(m, l, LIN_V, a->dln, 1, a->dv, qin, N);
+        be->rmsnorm_backward(a->dx, gl ? gl->ln1 : NULL, a->dln, x, lw->ln1, rstd1, N, c->C);
+    }
+    // a->dx now holds the gradient with respect to the embeddings' output
+}
+
+// ----------------------------------------------------------------------------
+// KV cache and decode
+
+void kvcache_alloc(KVCache *kv, const Model *m, int num_blocks, int block_size) {
+    const Config *c = &m->cfg;
+    memset(kv, 0, sizeof *kv);
+    kv->L = c->L;
+    kv->KVH = c->KVH;
+    kv->HD = c->HD;
+    kv->BS = block_size;
+    kv->NB = num_blocks;
+    size_t per = (size_t)c->L * num_blocks * block_size * c->KVH * c->HD * dtype_size(m->be->act);
+    kv->bytes = 2 * per;
+    kv->mem = m->be->alloc(kv->bytes);
+    kv->k = kv->mem;
+    kv->v = (char *)kv->mem + per;
+}
+
+void kvcache_free(KVCache *kv, const Backend *be) {
+    if (kv->mem) be->free(kv->mem);
+    memset(kv, 0, sizeof *kv);
+}
+
+static void dec_ensure(Model *m, int S, int MB) {
+    DecodeScratch *d = &m->dec;
+    if (d->mem && d->cap >= S && d->mb_cap >= MB) return;
+    if (d->mem) m->be->free(d->mem);
+    const Config *c = &m->cfg;
+    int cap = S > d->cap ? S : d->cap, mb = MB > d->mb_cap ? MB : d->mb_cap;
+    size_t act = dtype_size(m->be->act), hp = dtype_size(m->be->hp);
+    size_t q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD;
+    size_t wide = q > (size_t)c->C ? q : (size_t)c->C;
+    ASlot s[] = {
+        {&d->x, cap * c->C * act}, {&d->ln, cap * c->C * act}, {&d->q, cap * q * act}, {&d->k, cap * kvw * act},
+        {&d->v, cap * kvw * act}, {&d->att, cap * q * act}, {&d->tmp, cap * wide * act},
+        {&d->ff1, cap * (size_t)c->FF * act}, {&d->ff2, cap * (size_t)c->FF * act}, {&d->ff3, cap * (size_t)c->FF * act},
+        {&d->rstd, cap * (size_t)c->NH * hp}, {&d->tok, cap * 4}, {&d->pos, cap * 4}, {&d->slots, cap * 4},
+        {&d->seq_lens, cap * 4}, {&d->block_table, (size_t)cap * mb * 4},
+    };
+    size_t ns = sizeof s / sizeof s[0], total = 0;
+    for (size_t i = 0; i < ns; i++) total += al256(s[i].bytes);
+    d->mem = m->be->alloc(total);
+    char *p = (char *)d->mem;
+    for (size_t i = 0; i < ns; i++) {
+        *s[i].ptr = p;
+        p += al256(s[i].bytes);
+    }
+    d->cap = cap;
+    d->mb_cap = mb;
+}
+
+void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_host, const int *slots_host, int B,
+                   int T, void *logits) {
+    const Config *c = &m->cfg;
+    const Backend *be = m->be;
+    dec_ensure(m, B, 1);
+    // slots go through the arena's targets buffer (unused by a prefill)
+    acts_ensure(m, B, T);
+    be->upload(m->acts.targets, slots_host, (size_t)B * T * sizeof(int32_t));
+    forward_impl(m, ids_host, B, T, kv, (const int32_t *)m->acts.targets);
+    int32_t *last = (int32_t *)mallocCheck(B * sizeof(int32_t));
+    for (int b = 0; b < B; b++) {
+        if (lens_host[b] < 1 || lens_host[b] > T) die("prefill: prompt length %d outside [1, %d]", lens_host[b], T);
+        last[b] = b * T + lens_host[b] - 1;
+    }
+    be->upload(m->dec.pos, last, B * sizeof(int32_t));
+    free(last);
+    be->gather_rows(m->dec.ln, m->acts.lnf, (const int32_t *)m->dec.pos, B, c->C);
+    be->logits_forward(logits, m->dec.ln, m->w.lm_head, B, c->C, c->V);
+}
+
+void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_host, const int *slots_host,
+                  const int *block_table_host, int S, int MB, void *logits) {
+    const Config *c = &m->cfg;
+    const Backend *be = m->be;
+    dec_ensure(m, S, MB);
+    DecodeScratch *d = &m->dec;
+    size_t act = dtype_size(be->act);
+    size_t kvw = (size_t)c->KVH * c->HD, per = (size_t)kv->NB * kv->BS * kvw * act;
+    int32_t *lens = (int32_t *)mallocCheck(S * sizeof(int32_t));
+    for (int s = 0; s < S; s++) {
+        if (tokens_host[s] < 0 || tokens_host[s] >= c->V) die("decode: token id %d out of range", tokens_host[s]);
+        if (pos_host[s] >= c->max_pos) die("decode: position %d beyond max_position_embeddings %d", pos_host[s], c->max_pos);
+        lens[s] = pos_host[s] + 1;
+    }
+    be->upload(d->tok, tokens_host, S * sizeof(int32_t));
+    be->upload(d->pos, pos_host, S * sizeof(int32_t));
+    be->upload(d->slots, slots_host, S * sizeof(int32_t));
+    be->upload(d->seq_lens, lens, S * sizeof(int32_t));
+    be->upload(d->block_table, block_table_host, (size_t)S * MB * sizeof(int32_t));
+    free(lens);
+
+    be->embedding_forward(d->x, (const int32_t *)d->tok, m->w.wte, S, c->C);
+    for (int l = 0; l < c->L; l++) {
+        const LayerWeights *lw = &m->w.layers[l];
+        be->rmsnorm_forward(d->ln, d->rstd, d->x, lw->ln1, S, c->C, c->eps);
+        linear_fwd(m, l, LIN_Q, d->q, d->ln, S, 0);
+        linear_fwd(m, l, LIN_K, d->k, d->ln, S, 0);
+        linear_fwd(m, l, LIN_V, d->v, d->ln, S, 0);
+        if (c->qk_norm) {  // in place: each row is read before it is written
+            be->rmsnorm_forward(d->q, d->rstd, d->q, lw->q_norm, S * c->NH, c->HD, c->eps);
+            be->rmsnorm_forward(d->k, d->rstd, d->k, lw->k_norm, S * c->KVH, c->HD, c->eps);
+        }
+        be->rope_forward(d->q, (const int32_t *)d->pos, m->inv_freq, S, c->NH, c->HD);
+        be->rope_forward(d->k, (const int32_t *)d->pos, m->inv_freq, S, c->KVH, c->HD);
+        void *kc = LAYER(kv->k, l, per), *vc = LAYER(kv->v, l, per);
+        be->kv_write(kc, vc, d->k, d->v, (const int32_t *)d->slots, S, c->KVH, c->HD);
+        be->attention_decode(d->att, d->q, kc, vc, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens, S,
+                             c->NH, c->KVH, c->HD, kv->BS, MB);
+        linear_fwd(m, l, LIN_O, d->tmp, d->att, S, 0);
+        be->add(d->x, d->x, d->tmp, (size_t)S * c->C);
+        be->rmsnorm_forward(d->ln, d->rstd, d->x, lw->ln2, S, c->C, c->eps);
+        linear_fwd(m, l, LIN_GATE, d->ff1, d->ln, S, 0);
+        linear_fwd(m, l, LIN_UP, d->ff2, d->ln, S, 0);
+        be->swiglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
+        linear_fwd(m, l, LIN_DOWN, d->tmp, d->ff3, S, 0);
+        be->add(d->x, d->x, d->tmp, (size_t)S * c->C);
+    }
+    be->rmsnorm_forward(d->ln, d->rstd, d->x, m->w.norm, S, c->C, c->eps);
+    be->logits_forward(logits, d->ln, m->w.lm_head, S, c->C, c->V);
+}

@@ -1,0 +1,767 @@
+// test/test_model.c: the CPU reference transformer against Hugging Face transformers.
+// Fixtures (test/fixtures/{qwen3,qwen2,llama3}, made by dev/make_fixtures.py) hold
+// tiny random checkpoints and the fp32 logits transformers computed on them.
+// Checks: config parsing, RoPE frequencies, full-forward and KV-cache-decode logits,
+// greedy continuation, FP8 fake-quant linear = the FP8 reference GEMM, fp64 finite
+// differences of every gradient the backward produces, save/load round trips.
+#include <check.h>
+#include <math.h>
+
+#include "lora.h"
+#include "model.h"
+#include "safetensors.h"
+#include "testutil.h"
+
+static const char *ARCHS[] = {"qwen3", "qwen2", "llama3"};
+
+static void fixture(char *out, size_t cap, const char *arch, const char *file) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "%s/%s", arch, file);
+    fixture_path(out, cap, rel);
+}
+
+static ModelOptions opt_dense(void) {
+    ModelOptions o = {FP8_OFF, 0, 0, 0};
+    return o;
+}
+
+// ---- config ---------------------------------------------------------------------
+
+START_TEST(test_config_fixtures) {
+    char p[1024];
+    Config c;
+    fixture(p, sizeof p, "qwen3", "config.json");
+    char *t = read_file(p, NULL);
+    config_from_json(&c, t, p);
+    free(t);
+    ck_assert_int_eq(c.arch, ARCH_QWEN3);
+    ck_assert_int_eq(c.HD, 32);
+    ck_assert_int_eq(c.tied, 1);
+    ck_assert_int_eq(c.qk_norm, 1);
+    ck_assert_int_eq(c.KVH, 2);
+    ck_assert(fabsf(c.rope_theta - 10000.f) < 1e-3f);
+    fixture(p, sizeof p, "qwen2", "config.json");
+    t = read_file(p, NULL);
+    config_from_json(&c, t, p);
+    free(t);
+    ck_assert_int_eq(c.arch, ARCH_QWEN2);
+    ck_assert_int_eq(c.HD, 16);  // no head_dim key: hidden / heads
+    ck_assert_int_eq(c.qkv_bias, 1);
+    ck_assert_int_eq(c.tied, 0);
+    fixture(p, sizeof p, "llama3", "config.json");
+    t = read_file(p, NULL);
+    config_from_json(&c, t, p);
+    free(t);
+    ck_assert_int_eq(c.arch, ARCH_LLAMA);
+    ck_assert_int_eq(c.rope_scaling, 1);
+    ck_assert_int_eq(c.rope_original_max_pos, 64);
+    ck_assert_int_eq(c.n_eos, 2);
+    ck_assert_int_eq(c.eos_ids[1], 3);
+}
+END_TEST
+
+// transformers 4.x style keys (real Hub checkpoints): top-level rope_theta, rope_scaling with "type"
+START_TEST(test_config_v4_keys) {
+    const char *j =
+        "{\"model_type\":\"llama\",\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":96,"
+        "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"num_key_value_heads\":1,\"rope_theta\":500000.0,"
+        "\"rope_scaling\":{\"type\":\"llama3\",\"factor\":32.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+        "\"original_max_position_embeddings\":8192},\"tie_word_embeddings\":true,\"eos_token_id\":[7,9]}";
+    Config c;
+    config_from_json(&c, j, "inline");
+    ck_assert_int_eq(c.rope_scaling, 1);
+    ck_assert(fabsf(c.rope_factor - 32.f) < 1e-6f);
+    ck_assert(fabsf(c.rope_theta - 500000.f) < 1.f);
+    ck_assert_int_eq(c.HD, 16);
+    ck_assert_int_eq(c.KVH, 1);
+    ck_assert_int_eq(c.tied, 1);
+}
+END_TEST
+
+START_TEST(test_config_bad) {
+    Config c;
+    EXPECT_DIE(config_from_json(&c, "{\"model_type\": \"llama\", ", "x.json"), "not valid JSON");
+    EXPECT_DIE(config_from_json(&c, "{\"model_type\": \"gpt2\"}", "x.json"), "unsupported architecture");
+    EXPECT_DIE(config_from_json(&c, "{\"model_type\": \"qwen2\", \"vocab_size\": 10}", "x.json"), "hidden_size");
+    EXPECT_DIE(config_from_json(&c,
+                                "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"intermediate_size\":8,"
+                                "\"num_hidden_layers\":1,\"num_attention_heads\":3,\"num_key_value_heads\":2}",
+                                "x.json"),
+               "not a multiple");
+    EXPECT_DIE(config_from_json(&c,
+                                "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"intermediate_size\":8,"
+                                "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"rope_scaling\":{\"type\":\"yarn\"}}",
+                                "x.json"),
+               "not supported");
+}
+END_TEST
+
+// ---- logits against transformers --------------------------------------------------
+
+// the RoPE inverse frequencies (llama3 scaling included) equal transformers'
+START_TEST(test_inv_freq) {
+    for (int a = 0; a < 3; a++) {
+        char p[1024];
+        fixture(p, sizeof p, ARCHS[a], "");
+        Model m;
+        ModelOptions o = opt_dense();
+        model_load(&m, p, backend_cpu(), &o);
+        fixture(p, sizeof p, ARCHS[a], "inv_freq.npy");
+        Npy ref = npy_read(p);
+        ck_assert_int_eq(ref.n, m.cfg.HD / 2);
+        const float *f = (const float *)m.inv_freq;
+        for (int i = 0; i < ref.n; i++)
+            ck_assert_msg(fabs(f[i] - ref.data[i]) <= 1e-6 * fabs(ref.data[i]), "%s inv_freq[%d] %g vs %g", ARCHS[a], i,
+                          f[i], ref.data[i]);
+        npy_free(&ref);
+        model_free(&m);
+    }
+}
+END_TEST
+
+// full forward, both rows as one batch of B = 2: max |diff| <= 1e-4 * max |logit|
+START_TEST(test_logits_full_forward) {
+    for (int a = 0; a < 3; a++) {
+        char p[1024];
+        fixture(p, sizeof p, ARCHS[a], "");
+        Model m;
+        ModelOptions o = opt_dense();
+        model_load(&m, p, backend_cpu(), &o);
+        fixture(p, sizeof p, ARCHS[a], "tokens.npy");
+        Npy tk = npy_read(p);
+        fixture(p, sizeof p, ARCHS[a], "logits.npy");
+        Npy lg = npy_read(p);
+        int B = (int)tk.shape[0], T = (int)tk.shape[1], V = m.cfg.V;
+        ck_assert_int_eq(lg.shape[2], V);
+        int *ids = (int *)mallocCheck(B * T * sizeof(int));
+        for (int i = 0; i < B * T; i++) ids[i] = (int)tk.data[i];
+        model_forward(&m, ids, B, T);
+        float *out = (float *)mallocCheck((size_t)B * T * V * sizeof(float));
+        model_logits(&m, out);
+        double mx = max_abs_d(lg.data, lg.n), err = 0;
+        for (long i = 0; i < lg.n; i++) err = fmax(err, fabs(out[i] - lg.data[i]));
+        printf("logits %-6s full forward: max |diff| %.3g, max |logit| %.3g, ratio %.3g\n", ARCHS[a], err, mx, err / mx);
+        ck_assert_msg(err <= 1e-4 * mx, "%s: max |diff| %g > 1e-4 * %g", ARCHS[a], err, mx);
+        free(ids);
+        free(out);
+        npy_free(&tk);
+        npy_free(&lg);
+        model_free(&m);
+    }
+}
+END_TEST
+
+// logprobs of the next token = log_softmax(logits) at the target, from the chunked path
+START_TEST(test_logprobs_match_logits) {
+    char p[1024];
+    fixture(p, sizeof p, "qwen2", "");
+    Model m;
+    ModelOptions o = opt_dense();
+    model_load(&m, p, backend_cpu(), &o);
+    fixture(p, sizeof p, "qwen2", "tokens.npy");
+    Npy tk = npy_read(p);
+    fixture(p, sizeof p, "qwen2", "logits.npy");
+    Npy lg = npy_read(p);
+    int B = 2, T = 24, V = m.cfg.V, N = B * T;
+    int *ids = (int *)mallocCheck(N * sizeof(int)), *tg = (int *)mallocCheck(N * sizeof(int));
+    for (int i = 0; i < N; i++) ids[i] = (int)tk.data[i];
+    for (int i = 0; i < N; i++) tg[i] = (i % T == T - 1) ? -1 : ids[i + 1];
+    model_forward(&m, ids, B, T);
+    double *lp = (double *)mallocCheck(N * sizeof(double));
+    model_logprobs(&m, tg, 1.0f, lp);
+    for (int i = 0; i < N; i++) {
+        if (tg[i] < 0) { ck_assert(lp[i] == 0); continue; }
+        const double *z = lg.data + (size_t)i * V;
+        double mx = -INFINITY, s = 0;
+        for (int j = 0; j < V; j++) mx = fmax(mx, z[j]);
+        for (int j = 0; j < V; j++) s += exp(z[j] - mx);
+        double ref = z[tg[i]] - mx - log(s);
+        ck_assert_msg(fabs(lp[i] - ref) < 1e-4 * fmax(1, fabs(ref)), "logp[%d] %g vs %g", i, lp[i], ref);
+    }
+    free(ids);
+    free(tg);
+    free(lp);
+    npy_free(&tk);
+    npy_free(&lg);
+    model_free(&m);
+}
+END_TEST
+
+// KV-cache decode: prefill 5 tokens, then one token per call, blocks of 4 scattered in
+// the pool; every step's logits equal transformers' at that position
+START_TEST(test_logits_decode) {
+    for (int a = 0; a < 3; a++) {
+        char p[1024];
+        fixture(p, sizeof p, ARCHS[a], "");
+        Model m;
+        ModelOptions o = opt_dense();
+        const Backend *be = backend_cpu();
+        model_load(&m, p, be, &o);
+        fixture(p, sizeof p, ARCHS[a], "tokens.npy");
+        Npy tk = npy_read(p);
+        fixture(p, sizeof p, ARCHS[a], "logits.npy");
+        Npy lg = npy_read(p);
+        int T = (int)tk.shape[1], V = m.cfg.V, BS = 4, MB = (T + BS - 1) / BS, P = 5;
+        KVCache kv;
+        kvcache_alloc(&kv, &m, 2 * MB + 3, BS);
+        int table[16], slots[64], ids[64];
+        for (int b = 0; b < MB; b++) table[b] = 2 * MB + 2 - 2 * b;  // out of order on purpose
+        for (int t = 0; t < T; t++) slots[t] = table[t / BS] * BS + t % BS;
+        double mx = max_abs_d(lg.data, (long)T * V), err = 0;
+        for (int row = 0; row < 2; row++) {
+            for (int t = 0; t < T; t++) ids[t] = (int)tk.data[row * T + t];
+            float *lgd = (float *)be->alloc(V * sizeof(float));
+            model_prefill(&m, &kv, ids, &P, slots, 1, P, lgd);
+            for (int j = 0; j < V; j++) err = fmax(err, fabs(lgd[j] - lg.data[((size_t)row * T + P - 1) * V + j]));
+            for (int t = P; t < T; t++) {
+                model_decode(&m, &kv, &ids[t], &t, &slots[t], table, 1, MB, lgd);
+                for (int j = 0; j < V; j++) err = fmax(err, fabs(lgd[j] - lg.data[((size_t)row * T + t) * V + j]));
+            }
+            be->free(lgd);
+        }
+        printf("logits %-6s KV-cache decode: max |diff| %.3g (ratio %.3g)\n", ARCHS[a], err, err / mx);
+        ck_assert_msg(err <= 1e-4 * mx, "%s decode: max |diff| %g > 1e-4 * %g", ARCHS[a], err, mx);
+        kvcache_free(&kv, be);
+        npy_free(&tk);
+        npy_free(&lg);
+        model_free(&m);
+    }
+}
+END_TEST
+
+// several sequences decode together, each with its own length and blocks
+START_TEST(test_decode_batched) {
+    char p[1024];
+    fixture(p, sizeof p, "llama3", "");
+    Model m;
+    ModelOptions o = opt_dense();
+    const Backend *be = backend_cpu();
+    model_load(&m, p, be, &o);
+    fixture(p, sizeof p, "llama3", "tokens.npy");
+    Npy tk = npy_read(p);
+    fixture(p, sizeof p, "llama3", "logits.npy");
+    Npy lg = npy_read(p);
+    int T = 24, V = m.cfg.V, BS = 8, MB = 3;
+    KVCache kv;
+    kvcache_alloc(&kv, &m, 6, BS);
+    int table[6] = {0, 2, 4, 1, 3, 5};  // sequence 0: blocks 0 2 4; sequence 1: 1 3 5
+    int ids[2 * 24], lens[2] = {3, 7}, slots[2 * 7];
+    for (int i = 0; i < 2 * T; i++) ids[i] = (int)tk.data[i];
+    // right-padded prompts of lengths 3 and 7 in a (2, 7) batch
+    int pids[14];
+    for (int s = 0; s < 2; s++)
+        for (int t = 0; t < 7; t++) {
+            pids[s * 7 + t] = t < lens[s] ? ids[s * T + t] : 0;
+            slots[s * 7 + t] = t < lens[s] ? table[s * MB + t / BS] * BS + t % BS : -1;
+        }
+    float *lgd = (float *)be->alloc(2 * V * sizeof(float));
+    model_prefill(&m, &kv, pids, lens, slots, 2, 7, lgd);
+    double mx = max_abs_d(lg.data, lg.n), err = 0;
+    for (int s = 0; s < 2; s++)
+        for (int j = 0; j < V; j++) err = fmax(err, fabs(lgd[s * V + j] - lg.data[((size_t)s * T + lens[s] - 1) * V + j]));
+    int pos[2] = {3, 7};
+    for (int step = 0; step < 10; step++) {
+        int tok[2], sl[2];
+        for (int s = 0; s < 2; s++) {
+            tok[s] = ids[s * T + pos[s]];
+            sl[s] = table[s * MB + pos[s] / BS] * BS + pos[s] % BS;
+        }
+        model_decode(&m, &kv, tok, pos, sl, table, 2, MB, lgd);
+        for (int s = 0; s < 2; s++)
+            for (int j = 0; j < V; j++) err = fmax(err, fabs(lgd[s * V + j] - lg.data[((size_t)s * T + pos[s]) * V + j]));
+        pos[0]++;
+        pos[1]++;
+    }
+    ck_assert_msg(err <= 1e-4 * mx, "batched decode: max |diff| %g > 1e-4 * %g", err, mx);
+    be->free(lgd);
+    kvcache_free(&kv, be);
+    npy_free(&tk);
+    npy_free(&lg);
+    model_free(&m);
+}
+END_TEST
+
+// greedy continuation equals transformers' generate(do_sample=False)
+START_TEST(test_greedy_generation) {
+    for (int a = 0; a < 3; a++) {
+        char p[1024];
+        fixture(p, sizeof p, ARCHS[a], "");
+        Model m;
+        ModelOptions o = opt_dense();
+        const Backend *be = backend_cpu();
+        model_load(&m, p, be, &o);
+        fixture(p, sizeof p, ARCHS[a], "tokens.npy");
+        Npy tk = npy_read(p);
+        fixture(p, sizeof p, ARCHS[a], "generate.npy");
+        Npy gen = npy_read(p);
+        int P = 8, G = (int)gen.n, ids[16], slots[32], table[2] = {0, 1};
+        for (int t = 0; t < P; t++) ids[t] = (int)tk.data[t];
+        for (int t = 0; t < 32; t++) slots[t] = t;
+        KVCache kv;
+        kvcache_alloc(&kv, &m, 2, 16);
+        float *lgd = (float *)be->alloc(m.cfg.V * sizeof(float)), lp;
+        int32_t next;
+        uint64_t rng = 1;
+        model_prefill(&m, &kv, ids, &P, slots, 1, P, lgd);
+        for (int t = 0; t < G; t++) {
+            be->sample(&next, &lp, lgd, &rng, 1, m.cfg.V, 0.0f, 0, 1.0f);
+            ck_assert_msg(next == (int)gen.data[t], "%s: greedy token %d is %d, transformers gives %d", ARCHS[a], t, next,
+                          (int)gen.data[t]);
+            int pos = P + t;
+            model_decode(&m, &kv, &next, &pos, &slots[pos], table, 1, 2, lgd);
+        }
+        be->free(lgd);
+        kvcache_free(&kv, be);
+        npy_free(&tk);
+        npy_free(&gen);
+        model_free(&m);
+    }
+}
+END_TEST
+
+// ---- FP8 -----------------------------------------------------------------------------
+
+// The CPU backend's FP8 linear (fake quantization) computes what the FP8 reference GEMM
+// computes: the same codes and scales, only the summation order differs (fp32 rounding).
+START_TEST(test_fp8_linear_matches_reference_gemm) {
+    const Backend *be = backend_cpu();
+    int M = 37, K = 300, N = 200;
+    Rng r = rng_make(7);
+    float *x = (float *)mallocCheck(M * K * sizeof(float)), *w = (float *)mallocCheck(N * K * sizeof(float));
+    for (int i = 0; i < M * K; i++) x[i] = rng_normal(&r) * (i % 7 == 0 ? 5.0f : 1.0f);
+    for (int i = 0; i < N * K; i++) w[i] = rng_normal(&r) * 0.05f;
+    FP8Gran grans[3] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK};
+    for (int g = 0; g < 3; g++) {
+        QWeight qw = {N, K, grans[g], {0}, NULL};
+        fp8_tensor_alloc_cpu(&qw.q, N, K, grans[g], FP8_E4M3, 128);
+        be->quantize_weight(&qw, w, DT_F32, 0);
+        float *y = (float *)mallocCheck(M * N * sizeof(float)), *yr = (float *)mallocCheck(M * N * sizeof(float));
+        be->linear_forward(y, x, &qw, NULL, M);
+        FP8Tensor qx;
+        fp8_tensor_alloc_cpu(&qx, M, K, grans[g], FP8_E4M3, 1);
+        fp8_quantize_cpu(&qx, x, 0);
+        fp8_gemm_cpu(yr, &qx, &qw.q);
+        double mx = 0, err = 0;
+        for (int i = 0; i < M * N; i++) {
+            mx = fmax(mx, fabs(yr[i]));
+            err = fmax(err, fabs(y[i] - yr[i]));
+        }
+        // both accumulate K products of exactly representable values; fp32 rounding of sums of K = 300 terms
+        ck_assert_msg(err <= 1e-5 * mx, "%s: FP8 linear vs reference GEMM max |diff| %g (max %g)", fp8_gran_name(grans[g]),
+                      err, mx);
+        fp8_tensor_free_cpu(&qx);
+        fp8_tensor_free_cpu(&qw.q);
+        free(y);
+        free(yr);
+    }
+    free(x);
+    free(w);
+}
+END_TEST
+
+// FP8 model logits stay close to the fp32 ones: block is the most accurate
+START_TEST(test_fp8_model_logits) {
+    char p[1024];
+    fixture(p, sizeof p, "qwen3", "");
+    fixture(p, sizeof p, "qwen3", "tokens.npy");
+    Npy tk = npy_read(p);
+    fixture(p, sizeof p, "qwen3", "logits.npy");
+    Npy lg = npy_read(p);
+    int T = 24, V = 320, ids[24];
+    for (int t = 0; t < T; t++) ids[t] = (int)tk.data[t];
+    double rel[4];
+    for (int g = FP8_OFF; g <= FP8_BLOCK; g++) {
+        fixture(p, sizeof p, "qwen3", "");
+        Model m;
+        ModelOptions o = {(FP8Gran)g, 0, 0, 0};
+        model_load(&m, p, backend_cpu(), &o);
+        model_forward(&m, ids, 1, T);
+        float *out = (float *)mallocCheck((size_t)T * V * sizeof(float));
+        model_logits(&m, out);
+        double se = 0, sr = 0;
+        for (int i = 0; i < T * V; i++) {
+            se += (out[i] - lg.data[i]) * (out[i] - lg.data[i]);
+            sr += lg.data[i] * lg.data[i];
+        }
+        rel[g] = sqrt(se / sr);
+        free(out);
+        model_free(&m);
+    }
+    printf("qwen3 logits relative error: off %.2e tensor %.2e row %.2e block %.2e\n", rel[0], rel[1], rel[2], rel[3]);
+    ck_assert(rel[FP8_OFF] < 1e-6);
+    // E4M3 keeps 3 mantissa bits: round-to-nearest leaves a relative error uniform in
+    // +-2^-4, RMS 2^-4/sqrt(3) = 0.036, on each weight and each activation, so one FP8
+    // GEMM's output carries ~sqrt(2) * 0.036 = 0.051 relative RMS error. The logits sit
+    // behind 14 such GEMMs (2 layers x 7) whose errors add in quadrature through the
+    // residual stream: sqrt(14) * 0.051 = 0.19. Quantization must also show (> 1e-3).
+    for (int g = FP8_TENSOR; g <= FP8_BLOCK; g++) ck_assert_msg(rel[g] > 1e-3 && rel[g] < 0.19, "gran %d rel %g", g, rel[g]);
+    npy_free(&tk);
+    npy_free(&lg);
+}
+END_TEST
+
+// ---- gradients: fp64 finite differences --------------------------------------------
+
+// a small random model; untied so the embedding gradient is the residual gradient alone
+static Config tiny_cfg(Arch arch) {
+    Config c = {0};
+    c.arch = arch;
+    c.V = 23;
+    c.C = 16;
+    c.FF = 24;
+    c.L = 2;
+    c.NH = 4;
+    c.KVH = 2;
+    c.HD = 8;
+    c.max_pos = 64;
+    c.eps = 1e-5f;
+    c.rope_theta = 100.0f;
+    c.qkv_bias = arch == ARCH_QWEN2;
+    c.qk_norm = arch == ARCH_QWEN3;
+    c.tied = 0;
+    c.bos_id = -1;
+    return c;
+}
+
+typedef struct {
+    Model *m;
+    const int *ids, *tg;
+    const double *w;
+    int B, T;
+} FDCase;
+
+static double fd_loss(FDCase *f) {
+    int N = f->B * f->T;
+    double *lp = (double *)mallocCheck(N * sizeof(double)), s = 0;
+    model_forward(f->m, f->ids, f->B, f->T);
+    model_logprobs(f->m, f->tg, 0.7f, lp);
+    for (int i = 0; i < N; i++) s += f->w[i] * lp[i];
+    free(lp);
+    return s;
+}
+
+// check analytic d loss / d p[i] against central differences for a few entries of p
+static void fd_check(FDCase *f, double *p, const double *g, size_t n, const char *what, int samples) {
+    Rng r = rng_make(n * 31 + samples);
+    for (int k = 0; k < samples; k++) {
+        size_t i = (size_t)rng_int(&r, (int)n);
+        double old = p[i], h = 1e-5 * fmax(1.0, fabs(old));
+        p[i] = old + h;
+        double lp = fd_loss(f);
+        p[i] = old - h;
+        double lm = fd_loss(f);
+        p[i] = old;
+        double num = (lp - lm) / (2 * h), ana = g[i];
+        double tol = 1e-6 * fmax(1.0, fabs(num)) + 1e-8;
+        ck_assert_msg(fabs(num - ana) <= tol, "%s[%zu]: analytic %.10g, numeric %.10g", what, i, ana, num);
+    }
+}
+
+static void gradient_check(Arch arch) {
+    const Backend *be = backend_cpu64();
+    Config c = tiny_cfg(arch);
+    Model m;
+    ModelOptions o = opt_dense();
+    model_init_random(&m, &c, be, &o, 11);
+    // norms and biases away from their init so their gradients are generic
+    Rng r = rng_make(3);
+    for (int l = 0; l < c.L; l++) {
+        LayerWeights *lw = &m.w.layers[l];
+        for (int i = 0; i < c.C; i++) ((double *)lw->ln1)[i] = 1 + 0.3 * rng_normal(&r);
+        for (int i = 0; i < c.C; i++) ((double *)lw->ln2)[i] = 1 + 0.3 * rng_normal(&r);
+        if (c.qk_norm)
+            for (int i = 0; i < c.HD; i++) ((double *)lw->q_norm)[i] = 1 + 0.3 * rng_normal(&r);
+        if (c.qkv_bias)
+            for (int i = 0; i < lw->lin[1].rows; i++) ((double *)lw->bias[1])[i] = 0.2 * rng_normal(&r);
+    }
+    LoRA *lo = lora_create(&m, 3, 6.0f, lora_parse_targets("all"), 5);
+    // B = 0 at init would hide dA: give B random values
+    for (size_t i = 0; i < lo->n; i++) ((double *)lo->params)[i] += 0.1 * rng_normal(&r);
+    m.lora = lo;
+    m.lora_on = 1;
+    model_alloc_grads(&m);
+
+    int B = 2, T = 7, N = B * T, ids[14], tg[14];
+    double w[14];
+    for (int i = 0; i < N; i++) {
+        ids[i] = rng_int(&r, c.V);
+        tg[i] = rng_int(&r, c.V);
+        w[i] = rng_normal(&r);
+    }
+    tg[3] = -1;  // a masked position
+    FDCase f = {&m, ids, tg, w, B, T};
+    fd_loss(&f);
+    lora_zero_grads(lo);
+    model_zero_grads(&m);
+    model_backward(&m, w);
+
+    fd_check(&f, (double *)lo->params, (const double *)lo->grads, lo->n, "lora", 12);
+    for (int l = 0; l < c.L; l++) {
+        LayerWeights *lw = &m.w.layers[l], *gl = &m.gw.layers[l];
+        for (int i = 0; i < LIN_COUNT; i++)
+            fd_check(&f, (double *)lw->lin[i].dense, (const double *)gl->lin[i].dense,
+                     (size_t)lw->lin[i].rows * lw->lin[i].cols, lin_names[i], 2);
+        fd_check(&f, (double *)lw->ln1, (const double *)gl->ln1, c.C, "ln1", 2);
+        fd_check(&f, (double *)lw->ln2, (const double *)gl->ln2, c.C, "ln2", 2);
+        if (c.qk_norm) {
+            fd_check(&f, (double *)lw->q_norm, (const double *)gl->q_norm, c.HD, "q_norm", 2);
+            fd_check(&f, (double *)lw->k_norm, (const double *)gl->k_norm, c.HD, "k_norm", 2);
+        }
+        if (c.qkv_bias)
+            for (int i = 0; i < 3; i++) fd_check(&f, (double *)lw->bias[i], (const double *)gl->bias[i], lw->lin[i].rows, "bias", 2);
+    }
+    fd_check(&f, (double *)m.w.norm, (const double *)m.gw.norm, c.C, "norm", 3);
+    // gradient to the input: d loss / d wte[id] = sum of dx over the positions reading id
+    fd_loss(&f);
+    model_backward(&m, w);
+    double *dx = (double *)m.acts.dx, *gw = (double *)callocCheck((size_t)c.V * c.C, sizeof(double));
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < c.C; i++) gw[(size_t)ids[n] * c.C + i] += dx[(size_t)n * c.C + i];
+    fd_check(&f, (double *)m.w.wte, gw, (size_t)c.V * c.C, "embedding input", 6);
+    free(gw);
+    lora_free(lo);
+    m.lora = NULL;
+    model_free(&m);
+}
+
+START_TEST(test_gradients_qwen3) { gradient_check(ARCH_QWEN3); }
+END_TEST
+START_TEST(test_gradients_qwen2) { gradient_check(ARCH_QWEN2); }
+END_TEST
+START_TEST(test_gradients_llama) { gradient_check(ARCH_LLAMA); }
+END_TEST
+
+// ---- round trips and bad input -------------------------------------------------------
+
+START_TEST(test_save_load_roundtrip) {
+    char p[1024];
+    fixture(p, sizeof p, "qwen2", "");
+    Model m, m2;
+    ModelOptions o = opt_dense();
+    model_load(&m, p, backend_cpu(), &o);
+    char dir[] = "/tmp/fp8grpo_test_saveXXXXXX";
+    ck_assert(mkdtemp(dir));
+    model_save_hf(&m, dir, DT_F32);
+    model_load(&m2, dir, backend_cpu(), &o);
+    int ids[6] = {1, 5, 9, 44, 300, 2};
+    model_forward(&m, ids, 1, 6);
+    model_forward(&m2, ids, 1, 6);
+    float *a = (float *)mallocCheck(6 * 320 * 4), *b = (float *)mallocCheck(6 * 320 * 4);
+    model_logits(&m, a);
+    model_logits(&m2, b);
+    ck_assert(memcmp(a, b, 6 * 320 * 4) == 0);
+    free(a);
+    free(b);
+    model_free(&m);
+    model_free(&m2);
+}
+END_TEST
+
+// write a copy of a good single-file fixture with one byte range replaced
+static void write_variant(const char *dst, const char *src, size_t off, const void *bytes, size_t n, size_t truncate_to) {
+    size_t len;
+    char *d = read_file(src, &len);
+    if (bytes) memcpy(d + off, bytes, n);
+    if (truncate_to) len = truncate_to;
+    FILE *f = fopen(dst, "wb");
+    fwrite(d, 1, len, f);
+    fclose(f);
+    free(d);
+}
+
+static void header_variant(const char *dst, const char *src, const char *from, const char *to) {
+    // replace text inside the JSON header, keeping its length (pad with spaces)
+    size_t len;
+    char *d = read_file(src, &len);
+    uint64_t hl;
+    memcpy(&hl, d, 8);
+    char *h = d + 8, *at = NULL;
+    for (size_t i = 0; i + strlen(from) <= hl; i++)
+        if (!memcmp(h + i, from, strlen(from))) { at = h + i; break; }
+    ck_assert_msg(at, "fixture header lacks %s", from);
+    ck_assert(strlen(to) <= strlen(from));
+    memset(at, ' ', strlen(from));
+    memcpy(at, to, strlen(to));
+    FILE *f = fopen(dst, "wb");
+    fwrite(d, 1, len, f);
+    fclose(f);
+    free(d);
+}
+
+START_TEST(test_bad_safetensors) {
+    char src[1024], dir[] = "/tmp/fp8grpo_test_badXXXXXX", p[1200], cfg[1024], cp[1200];
+    fixture(src, sizeof src, "qwen2", "model.safetensors");
+    fixture(cfg, sizeof cfg, "qwen2", "config.json");
+    ck_assert(mkdtemp(dir));
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    snprintf(cp, sizeof cp, "%s/config.json", dir);
+    size_t n;
+    char *c = read_file(cfg, &n);
+    write_file_atomic(cp, c, n);
+    free(c);
+    SafeTensors st;
+    // truncated: shorter than the 8-byte length
+    write_variant(p, src, 0, NULL, 0, 5);
+    EXPECT_DIE(st_open(&st, p), "truncated");
+    // header length beyond the file
+    uint64_t big = 1ull << 40;
+    write_variant(p, src, 0, &big, 8, 0);
+    EXPECT_DIE(st_open(&st, p), "past the end");
+    // data cut short: offsets beyond the data section
+    size_t len;
+    free(read_file(src, &len));
+    write_variant(p, src, 0, NULL, 0, len - 100);
+    EXPECT_DIE(st_open(&st, p), "beyond the data section");
+    // unknown dtype
+    header_variant(p, src, "\"BF16\"", "\"Q4\"");
+    EXPECT_DIE(st_open(&st, p), "unsupported dtype");
+    // malformed JSON header
+    header_variant(p, src, "\"dtype\"", "\"dtype");
+    EXPECT_DIE(st_open(&st, p), "not valid JSON");
+    // a tensor's size that disagrees with its shape
+    header_variant(p, src, "\"shape\":[320,64]", "\"shape\":[320,63]");
+    EXPECT_DIE(st_open(&st, p), "bytes of data");
+    // overlapping tensors: point the first entry's offsets at [0, ...] twice
+    {
+        size_t L;
+        char *d = read_file(src, &L);
+        uint64_t hl;
+        memcpy(&hl, d, 8);
+        char *h = (char *)callocCheck(hl + 1, 1);
+        memcpy(h, d + 8, hl);
+        // find two entries of the same size (all norm weights are (64,) bf16 = 128 bytes) and make one reuse the other's offsets
+        char *a = strstr(h, "input_layernorm.weight");
+        char *b = a ? strstr(a + 1, "input_layernorm.weight") : NULL;
+        ck_assert(a && b);
+        char *ao = strstr(a, "data_offsets\":["), *bo = strstr(b, "data_offsets\":[");
+        char *ae = strchr(ao, ']'), *bee = strchr(bo, ']');
+        size_t al = ae - ao, bl = bee - bo;
+        ck_assert(al <= bl);
+        char tmp[128];
+        memcpy(tmp, ao, al);
+        memset(bo, ' ', bl);
+        memcpy(bo, tmp, al);
+        // spaces inside the array before ']' are valid JSON
+        memcpy(d + 8, h, hl);
+        FILE *f = fopen(p, "wb");
+        fwrite(d, 1, L, f);
+        fclose(f);
+        free(d);
+        free(h);
+    }
+    EXPECT_DIE(st_open(&st, p), "overlap");
+    // missing file
+    snprintf(p, sizeof p, "%s/nonexistent.safetensors", dir);
+    EXPECT_DIE(st_open(&st, p), "cannot open");
+    // a directory with config.json but no weights
+    Model m;
+    ModelOptions o = opt_dense();
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    remove(p);
+    EXPECT_DIE(model_load(&m, dir, backend_cpu(), &o), "no *.safetensors");
+}
+END_TEST
+
+START_TEST(test_bad_checkpoint) {
+    char src[1024], dir[] = "/tmp/fp8grpo_test_ckXXXXXX", p[1200], cfgp[1024], cp[1200];
+    ck_assert(mkdtemp(dir));
+    fixture(src, sizeof src, "qwen2", "model.safetensors");
+    fixture(cfgp, sizeof cfgp, "qwen2", "config.json");
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    snprintf(cp, sizeof cp, "%s/config.json", dir);
+    size_t n;
+    char *cfg = read_file(cfgp, &n), *w = read_file(src, NULL);
+    Model m;
+    ModelOptions o = opt_dense();
+    // no config.json
+    write_variant(p, src, 0, NULL, 0, 0);
+    EXPECT_DIE(model_load(&m, dir, backend_cpu(), &o), "no config.json");
+    // config.json that disagrees with the tensors' shapes
+    char *bad = str_dup(cfg);
+    char *at = strstr(bad, "\"intermediate_size\": 160");
+    ck_assert(at);
+    memcpy(at, "\"intermediate_size\": 176", 24);
+    write_file_atomic(cp, bad, strlen(bad));
+    EXPECT_DIE(model_load(&m, dir, backend_cpu(), &o), "config.json implies");
+    // a missing tensor (renamed in the header)
+    write_file_atomic(cp, cfg, n);
+    header_variant(p, src, "model.layers.1.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weighX");
+    EXPECT_DIE(model_load(&m, dir, backend_cpu(), &o), "missing tensor model.layers.1.mlp.up_proj.weight");
+    // unsupported architecture
+    char *gpt = str_dup(cfg);
+    at = strstr(gpt, "\"qwen2\"");
+    memcpy(at, "\"gpt99\"", 7);
+    write_file_atomic(cp, gpt, strlen(gpt));
+    EXPECT_DIE(model_load(&m, dir, backend_cpu(), &o), "unsupported architecture");
+    // malformed config JSON
+    write_file_atomic(cp, cfg, n / 2);
+    EXPECT_DIE(model_load(&m, dir, backend_cpu(), &o), "not valid JSON");
+    free(cfg);
+    free(bad);
+    free(gpt);
+    free(w);
+}
+END_TEST
+
+// the inference program: a bad flag is a one-line error and a non-zero exit
+START_TEST(test_generate_cli) {
+    char cmd[2048], p[1024];
+    fixture(p, sizeof p, "qwen3", "");
+    int rc = system("./generate --no-such-flag 2>/tmp/fp8grpo_gen_err.txt");
+    ck_assert_int_ne(rc, 0);
+    char *e = read_file("/tmp/fp8grpo_gen_err.txt", NULL);
+    ck_assert_msg(strstr(e, "unknown option --no-such-flag"), "stderr: %s", e);
+    free(e);
+    snprintf(cmd, sizeof cmd, "./generate --model %s --tokens '1 2 x' 2>/dev/null", p);
+    ck_assert_int_ne(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "./generate --model %s --tokens '1 2 3' --fp8 int4 2>/dev/null", p);
+    ck_assert_int_ne(system(cmd), 0);
+    // greedy continuation from the command line equals transformers'
+    snprintf(cmd, sizeof cmd, "./generate --device cpu --model %s --max-new-tokens 8 --tokens \"", p);
+    char q[1024];
+    fixture(q, sizeof q, "qwen3", "tokens.npy");
+    Npy tk = npy_read(q);
+    for (int t = 0; t < 8; t++) snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), "%d ", (int)tk.data[t]);
+    snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), "\" 2>/dev/null");
+    FILE *f = popen(cmd, "r");
+    char line[512] = "";
+    ck_assert(fgets(line, sizeof line, f) != NULL);
+    ck_assert_int_eq(pclose(f), 0);
+    fixture(q, sizeof q, "qwen3", "generate.npy");
+    Npy gen = npy_read(q);
+    char want[512] = "";
+    for (int t = 0; t < gen.n; t++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", t ? " " : "", (int)gen.data[t]);
+    line[strcspn(line, "\n")] = 0;
+    ck_assert_str_eq(line, want);
+    npy_free(&tk);
+    npy_free(&gen);
+}
+END_TEST
+
+static Suite *model_suite(void) {
+    Suite *s = suite_create("model");
+    TCase *tc = tcase_create("model");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_config_fixtures);
+    tcase_add_test(tc, test_config_v4_keys);
+    tcase_add_test(tc, test_config_bad);
+    tcase_add_test(tc, test_inv_freq);
+    tcase_add_test(tc, test_logits_full_forward);
+    tcase_add_test(tc, test_logprobs_match_logits);
+    tcase_add_test(tc, test_logits_decode);
+    tcase_add_test(tc, test_decode_batched);
+    tcase_add_test(tc, test_greedy_generation);
+    tcase_add_test(tc, test_fp8_linear_matches_reference_gemm);
+    tcase_add_test(tc, test_fp8_model_logits);
+    tcase_add_test(tc, test_gradients_qwen3);
+    tcase_add_test(tc, test_gradients_qwen2);
+    tcase_add_test(tc, test_gradients_llama);
+    tcase_add_test(tc, test_save_load_roundtrip);
+    tcase_add_test(tc, test_bad_safetensors);
+    tcase_add_test(tc, test_bad_checkpoint);
+    tcase_add_test(tc, test_generate_cli);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return run_suite(model_suite()); }
