@@ -77,7 +77,9 @@ struct Backend {
     // ---- transformer ops ---------------------------------------------------
     // out (N, C) act = wte[ids[n]]; ids (N) i32
     void (*embedding_forward)(void *out, const int32_t *ids, const void *wte, int N, int C);
-    // out (N, C) act = inp / rms(inp) * w ; rstd (N) hp saved for backward
+    // dwte (V, C) hp += scatter of dout (N, C) act rows to ids (training the embeddings: warm-up / SFT)
+    void (*embedding_backward)(void *dwte, const int32_t *ids, const void *dout, int N, int C);
+    // out (N, C) act = inp / rms(inp) * w ; rstd (N) hp saved for backward; out may alias inp
     void (*rmsnorm_forward)(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps);
     // dinp (N, C) act += d/dinp ; dw (C) hp += d/dw (dw may be NULL)
     void (*rmsnorm_backward)(void *dinp, void *dw, const void *dout, const void *inp, const void *w,
@@ -125,9 +127,10 @@ struct Backend {
     // rows with targets[n] < 0 give 0. Never materializes (N, V).
     void (*logprobs_forward)(void *logp, void *lse, const void *h, const void *wlm, const int32_t *targets,
                              float inv_temp, int N, int C, int V);
-    // dh (N, C) act = d(sum_n dlogp[n] logp[n]) / dh ; dlogp (N) hp
-    void (*logprobs_backward)(void *dh, const void *dlogp, const void *lse, const void *h, const void *wlm,
-                              const int32_t *targets, float inv_temp, int N, int C, int V);
+    // dh (N, C) act = d(sum_n dlogp[n] logp[n]) / dh ; dlogp (N) hp;
+    // dwlm (V, C) hp += the same gradient with respect to wlm (NULL: frozen head, the LoRA case)
+    void (*logprobs_backward)(void *dh, void *dwlm, const void *dlogp, const void *lse, const void *h,
+                              const void *wlm, const int32_t *targets, float inv_temp, int N, int C, int V);
 
     // ---- KV cache and decode -----------------------------------------------
     // The cache of one layer is a pool of blocks: kc, vc (NB, BS, KVH, HD) act.

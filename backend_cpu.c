@@ -172,6 +172,9 @@ static void cpu_lora_backward(void *dinp, void *dA, void *dB, const void *dout, 
 static void w_embedding_forward(void *out, const int32_t *ids, const void *wte, int N, int C) {
     OP(embedding_forward)((real *)out, ids, (const real *)wte, N, C);
 }
+static void w_embedding_backward(void *dwte, const int32_t *ids, const void *dout, int N, int C) {
+    OP(embedding_backward)((real *)dwte, ids, (const real *)dout, N, C);
+}
 static void w_rmsnorm_forward(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
     OP(rmsnorm_forward)((real *)out, (real *)rstd, (const real *)inp, (const real *)w, N, C, eps);
 }
@@ -215,10 +218,10 @@ static void w_logprobs_forward(void *logp, void *lse, const void *h, const void 
                                float inv_temp, int N, int C, int V) {
     OP(logprobs_forward)((real *)logp, (real *)lse, (const real *)h, (const real *)wlm, targets, inv_temp, N, C, V);
 }
-static void w_logprobs_backward(void *dh, const void *dlogp, const void *lse, const void *h, const void *wlm,
-                                const int32_t *targets, float inv_temp, int N, int C, int V) {
-    OP(logprobs_backward)((real *)dh, (const real *)dlogp, (const real *)lse, (const real *)h, (const real *)wlm,
-                          targets, inv_temp, N, C, V);
+static void w_logprobs_backward(void *dh, void *dwlm, const void *dlogp, const void *lse, const void *h,
+                                const void *wlm, const int32_t *targets, float inv_temp, int N, int C, int V) {
+    OP(logprobs_backward)((real *)dh, (real *)dwlm, (const real *)dlogp, (const real *)lse, (const real *)h,
+                          (const real *)wlm, targets, inv_temp, N, C, V);
 }
 static void w_kv_write(void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int N, int KVH, int HD) {
     OP(kv_write)((real *)kc, (real *)vc, (const real *)k, (const real *)v, slots, N, KVH, HD);
@@ -254,6 +257,7 @@ static Backend be = {
     .quantize_weight = cpu_quantize_weight,
     .dequantize_weight = cpu_dequantize_weight,
     .embedding_forward = w_embedding_forward,
+    .embedding_backward = w_embedding_backward,
     .rmsnorm_forward = w_rmsnorm_forward,
     .rmsnorm_backward = w_rmsnorm_backward,
     .linear_forward = cpu_linear_forward,

@@ -236,8 +236,8 @@ void model_backward(Model *m, const double *dlogp_host) {
 
     be->upload_convert(a->dlogp, be->hp, dlogp_host, DT_F64, N);
     // the head: dlnf, then the final norm into the residual gradient dx
-    be->logprobs_backward(a->dln, a->dlogp, a->lsef, a->lnf, m->w.lm_head, (const int32_t *)a->targets, a->inv_temp, N,
-                          c->C, c->V);
+    be->logprobs_backward(a->dln, gw ? gw->lm_head : NULL, a->dlogp, a->lsef, a->lnf, m->w.lm_head,
+                          (const int32_t *)a->targets, a->inv_temp, N, c->C, c->V);
     be->zero(a->dx, N * C * act);
     be->rmsnorm_backward(a->dx, gw ? gw->norm : NULL, a->dln, LAYER(a->x, c->L, N * C * act), m->w.norm, a->rstdf, N,
                          c->C);
@@ -283,6 +283,7 @@ void model_backward(Model *m, const double *dlogp_host) {
         be->rmsnorm_backward(a->dx, gl ? gl->ln1 : NULL, a->dln, x, lw->ln1, rstd1, N, c->C);
     }
     // a->dx now holds the gradient with respect to the embeddings' output
+    if (gw) be->embedding_backward(gw->wte, (const int32_t *)a->ids, a->dx, N, c->C);
 }
 
 // ----------------------------------------------------------------------------

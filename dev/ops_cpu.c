@@ -36,6 +36,15 @@ void FN(embedding_forward)(real *out, const int32_t *ids, const real *wte, int N
     for (int n = 0; n < N; n++) memcpy(out + (size_t)n * C, wte + (size_t)ids[n] * C, C * sizeof(real));
 }
 
+// in row order, so repeated ids accumulate deterministically
+void FN(embedding_backward)(real *dwte, const int32_t *ids, const real *dout, int N, int C) {
+    for (int n = 0; n < N; n++) {
+        real *d = dwte + (size_t)ids[n] * C;
+        const real *g = dout + (size_t)n * C;
+        for (int i = 0; i < C; i++) d[i] += g[i];
+    }
+}
+
 // y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps)  (Hugging Face LlamaRMSNorm / Qwen3RMSNorm)
 void FN(rmsnorm_forward)(real *out, real *rstd, const real *inp, const real *w, int N, int C, float eps) {
 #pragma omp parallel for
@@ -274,7 +283,7 @@ void FN(logprobs_forward)(real *logp, real *lse, const real *h, const real *wlm,
 }
 
 // d logp / d z_j = 1[j = target] - softmax_j ; dh = inv_temp * sum_j dz_j wlm_j
-void FN(logprobs_backward)(real *dh, const real *dlogp, const real *lse, const real *h, const real *wlm,
+void FN(logprobs_backward)(real *dh, real *dwlm, const real *dlogp, const real *lse, const real *h, const real *wlm,
                            const int32_t *targets, float inv_temp, int N, int C, int V) {
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
@@ -289,6 +298,22 @@ void FN(logprobs_backward)(real *dh, const real *dlogp, const real *lse, const r
             for (int i = 0; i < C; i++) acc[i] += dz * w[i];
         }
         for (int i = 0; i < C; i++) d[i] = (real)acc[i];
+        free(acc);
+    }
+    if (!dwlm) return;
+    // dwlm_j += sum_n dz_nj h_n, parallel over vocabulary rows (each thread owns its rows)
+#pragma omp parallel for
+    for (int j = 0; j < V; j++) {
+        const real *w = wlm + (size_t)j * C;
+        double *acc = (double *)calloc(C, sizeof(double));
+        for (int n = 0; n < N; n++) {
+            if (targets[n] < 0 || dlogp[n] == 0) continue;
+            const real *hn = h + (size_t)n * C;
+            double dz = dlogp[n] * ((j == targets[n]) - exp(inv_temp * dot(hn, w, C) - lse[n])) * inv_temp;
+            for (int i = 0; i < C; i++) acc[i] += dz * hn[i];
+        }
+        real *dw = dwlm + (size_t)j * C;
+        for (int i = 0; i < C; i++) dw[i] += (real)acc[i];
         free(acc);
     }
 }

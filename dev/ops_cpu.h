@@ -18,6 +18,7 @@ extern "C" {
 
 #define OPS_CPU_DECLARE(real, S)                                                                                     \
     void embedding_forward##S(real *out, const int32_t *ids, const real *wte, int N, int C);                        \
+    void embedding_backward##S(real *dwte, const int32_t *ids, const real *dout, int N, int C);                     \
     void rmsnorm_forward##S(real *out, real *rstd, const real *inp, const real *w, int N, int C, float eps);          \
     void rmsnorm_backward##S(real *dinp, real *dw, const real *dout, const real *inp, const real *w,                 \
                              const real *rstd, int N, int C);                                                        \
@@ -37,7 +38,8 @@ extern "C" {
     void gather_rows##S(real *out, const real *inp, const int32_t *idx, int n_idx, int C);                          \
     void logprobs_forward##S(real *logp, real *lse, const real *h, const real *wlm, const int32_t *targets,         \
                              float inv_temp, int N, int C, int V);                                                   \
-    void logprobs_backward##S(real *dh, const real *dlogp, const real *lse, const real *h, const real *wlm,          \
+    void logprobs_backward##S(real *dh, real *dwlm, const real *dlogp, const real *lse, const real *h,             \
+                              const real *wlm,                                                                       \
                               const int32_t *targets, float inv_temp, int N, int C, int V);                          \
     void kv_write##S(real *kc, real *vc, const real *k, const real *v, const int32_t *slots, int N, int KVH,         \
                      int HD);                                                                                        \
