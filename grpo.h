@@ -133,7 +133,8 @@ GrpoNorm grpo_prepare(const GrpoConfig *cfg, int B, int T, const uint8_t *mask, 
 // (they may be -inf or NaN).
 typedef struct {
     const double *logp;           // (nb, T) current policy log-probabilities (the ones dL/dlogp is for)
-    const double *old_logp;       // (nb, T) policy at rollout time, or NULL: logp.detach() (num_iterations == 1)
+    const double *old_logp;       // (nb, T) policy at rollout time, or NULL: logp.detach() (num_iterations == 1;
+                                  //   then logp's values also stand in for old_logp in the IS weight)
     const double *ref_logp;       // (nb, T) reference (LoRA off), or NULL; required when beta != 0
     const double *sampling_logp;  // (nb, T) rollout engine's logprobs, or NULL: no IS correction
     const double *advantages;     // (nb)
