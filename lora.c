@@ -254,6 +254,13 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
     if (cJSON_IsTrue(rs)) die("%s: use_rslora adapters are not supported", p);
     cJSON *dr = cJSON_GetObjectItemCaseSensitive(r, "use_dora");
     if (cJSON_IsTrue(dr)) die("%s: DoRA adapters are not supported", p);
+    const char *unsupported[] = {"rank_pattern", "alpha_pattern"};
+    for (int i = 0; i < 2; i++) {
+        cJSON *x = cJSON_GetObjectItemCaseSensitive(r, unsupported[i]);
+        if (cJSON_IsObject(x) && x->child) die("%s: per-module %s is not supported", p, unsupported[i]);
+    }
+    cJSON *lt = cJSON_GetObjectItemCaseSensitive(r, "layers_to_transform");
+    if (lt && !cJSON_IsNull(lt)) die("%s: layers_to_transform is not supported (adapters on every layer only)", p);
     cJSON *fi = cJSON_GetObjectItemCaseSensitive(r, "fan_in_fan_out");
     if (cJSON_IsTrue(fi)) die("%s: fan_in_fan_out adapters are not supported", p);
     unsigned targets = 0;

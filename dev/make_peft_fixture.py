@@ -1,0 +1,71 @@
+"""Make the PEFT LoRA fixture the C tests compare lora.c with (an independent oracle).
+
+peft attaches a LoRA adapter (r=4, alpha=8, all seven projections) to the tiny
+Qwen3 fixture checkpoint (test/fixtures/qwen3), gives every A and B seeded random
+values (peft initialises B to zero, which would test nothing), saves the adapter
+with save_pretrained (adapter_model.safetensors + adapter_config.json) into
+test/fixtures/peft/qwen3_lora/, and writes the fp32 logits of the fixture's token
+rows with the adapter applied to test/fixtures/peft/lora_logits.npy (2, 24, V).
+
+    python3 dev/make_peft_fixture.py          # from the repository root
+
+It also checks the other direction when given an adapter the C code saved:
+
+    python3 dev/make_peft_fixture.py --check DIR   # DIR: an adapter written by lora_save_peft
+"""
+import argparse
+import os
+
+import numpy as np
+import torch
+
+BASE = "test/fixtures/qwen3"
+OUT = "test/fixtures/peft"
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def base_model():
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(BASE, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def logits_of(model, tokens):
+    with torch.no_grad():
+        return np.stack([model(torch.tensor(row[None], dtype=torch.long)).logits[0].numpy() for row in tokens])
+
+
+def make():
+    from peft import LoraConfig, get_peft_model
+    torch.manual_seed(7)
+    model = get_peft_model(base_model(), LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn_like(p) * 0.2)
+    d = os.path.join(OUT, "qwen3_lora")
+    model.save_pretrained(d)
+    if os.path.exists(os.path.join(d, "README.md")):  # peft's model card: not a fixture
+        os.remove(os.path.join(d, "README.md"))
+    tokens = np.load(os.path.join(BASE, "tokens.npy"))
+    lg = logits_of(model.eval(), tokens).astype(np.float32)
+    np.save(os.path.join(OUT, "lora_logits.npy"), lg)
+    base = logits_of(base_model(), tokens)
+    print("saved", d, "logits", lg.shape, "max |logit|", np.abs(lg).max(), "max change from base", np.abs(lg - base).max())
+
+
+def check(adapter_dir):
+    from peft import PeftModel
+    model = PeftModel.from_pretrained(base_model(), adapter_dir).eval()
+    tokens = np.load(os.path.join(BASE, "tokens.npy"))
+    ref = np.load(os.path.join(OUT, "lora_logits.npy"))
+    lg = logits_of(model, tokens)
+    err = np.abs(lg - ref).max()
+    print(f"peft loaded {adapter_dir}: max |logit - fixture| = {err:.3g} (max |logit| {np.abs(ref).max():.3g})")
+    assert err <= 1e-4 * np.abs(ref).max(), "the adapter written by C does not reproduce the fixture in peft"
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", help="adapter directory written by the C code")
+    a = ap.parse_args()
+    check(a.check) if a.check else make()

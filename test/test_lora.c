@@ -1,0 +1,232 @@
+// test/test_lora.c: LoRA adapters. Against peft (an adapter peft saved, with the logits
+// transformers+peft computed: test/fixtures/peft, made by dev/make_peft_fixture.py),
+// PEFT-format round trip, PEFT's initialisation, AdamW against a hand-computed step,
+// optimizer-state round trip, bad adapter files. (The gradients through LoRA are
+// checked by finite differences in test_model.c.)
+#include <check.h>
+#include <math.h>
+
+#include "lora.h"
+#include "model.h"
+#include "safetensors.h"
+#include "testutil.h"
+
+static void load_qwen3(Model *m, const Backend *be) {
+    char p[1024];
+    fixture_path(p, sizeof p, "qwen3");
+    ModelOptions o = {FP8_OFF, 0, 0, 0};
+    model_load(m, p, be, &o);
+}
+
+static double logits_err(Model *m, const char *ref_rel, double *max_ref) {
+    char p[1024];
+    fixture_path(p, sizeof p, "qwen3/tokens.npy");
+    Npy tk = npy_read(p);
+    fixture_path(p, sizeof p, ref_rel);
+    Npy ref = npy_read(p);
+    int B = (int)tk.shape[0], T = (int)tk.shape[1], V = m->cfg.V;
+    int *ids = (int *)mallocCheck(B * T * sizeof(int));
+    for (int i = 0; i < B * T; i++) ids[i] = (int)tk.data[i];
+    model_forward(m, ids, B, T);
+    float *lg = (float *)mallocCheck((size_t)B * T * V * sizeof(float));
+    model_logits(m, lg);
+    double err = 0;
+    for (long i = 0; i < ref.n; i++) err = fmax(err, fabs(lg[i] - ref.data[i]));
+    *max_ref = max_abs_d(ref.data, ref.n);
+    free(ids);
+    free(lg);
+    npy_free(&tk);
+    npy_free(&ref);
+    return err;
+}
+
+// an adapter saved by peft, applied by lora.c, gives transformers+peft's logits
+START_TEST(test_peft_adapter_logits) {
+    Model m;
+    load_qwen3(&m, backend_cpu());
+    char p[1024];
+    fixture_path(p, sizeof p, "peft/qwen3_lora");
+    LoRA *lo = lora_load_peft(&m, p);
+    ck_assert_int_eq(lo->r, 4);
+    ck_assert(fabsf(lo->scale - 2.0f) < 1e-7f);
+    ck_assert_uint_eq(lo->targets, (1u << LIN_COUNT) - 1);
+    m.lora = lo;
+    m.lora_on = 1;
+    double mx, err = logits_err(&m, "peft/lora_logits.npy", &mx);
+    printf("peft adapter: max |logit - transformers+peft| %.3g (max |logit| %.3g)\n", err, mx);
+    ck_assert_msg(err <= 1e-4 * mx, "max |diff| %g", err);
+    // switched off, the same model gives the base logits
+    m.lora_on = 0;
+    err = logits_err(&m, "qwen3/logits.npy", &mx);
+    ck_assert_msg(err <= 1e-4 * mx, "LoRA off: max |diff| %g", err);
+    lora_free(lo);
+    m.lora = NULL;
+    model_free(&m);
+}
+END_TEST
+
+// save with lora_save_peft, load again: the same numbers, the same logits
+START_TEST(test_peft_roundtrip) {
+    Model m;
+    load_qwen3(&m, backend_cpu());
+    char p[1024], dir[] = "/tmp/fp8grpo_loraXXXXXX";
+    fixture_path(p, sizeof p, "peft/qwen3_lora");
+    LoRA *a = lora_load_peft(&m, p);
+    ck_assert(mkdtemp(dir));
+    lora_save_peft(a, &m, dir, "test/fixtures/qwen3");
+    LoRA *b = lora_load_peft(&m, dir);
+    ck_assert_uint_eq(a->n, b->n);
+    ck_assert(memcmp(a->params, b->params, a->n * sizeof(float)) == 0);
+    ck_assert_int_eq(b->r, a->r);
+    ck_assert(b->alpha == a->alpha);
+    // the config peft needs
+    char cp[1200];
+    snprintf(cp, sizeof cp, "%s/adapter_config.json", dir);
+    char *cfg = read_file(cp, NULL);
+    ck_assert(strstr(cfg, "\"peft_type\":\t\"LORA\"") || strstr(cfg, "\"peft_type\": \"LORA\""));
+    ck_assert(strstr(cfg, "\"target_modules\""));
+    free(cfg);
+    m.lora = b;
+    m.lora_on = 1;
+    double mx, err = logits_err(&m, "peft/lora_logits.npy", &mx);
+    ck_assert_msg(err <= 1e-4 * mx, "after the round trip: max |diff| %g", err);
+    lora_free(a);
+    lora_free(b);
+    m.lora = NULL;
+    model_free(&m);
+}
+END_TEST
+
+// PEFT's init: A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0, so a fresh adapter changes nothing
+START_TEST(test_init_like_peft) {
+    Model m;
+    load_qwen3(&m, backend_cpu());
+    LoRA *lo = lora_create(&m, 8, 16.0f, lora_parse_targets("q_proj,v,down_proj"), 1);
+    ck_assert_uint_eq(lo->targets, (1u << LIN_Q) | (1u << LIN_V) | (1u << LIN_DOWN));
+    ck_assert(lo->A[LIN_K] == NULL && lo->A[LIN_Q] != NULL);
+    for (int l = 0; l < m.cfg.L; l++)
+        for (int i = 0; i < LIN_COUNT; i++) {
+            int k = l * LIN_COUNT + i;
+            if (!lo->A[k]) continue;
+            const float *A = (const float *)lo->A[k], *B = (const float *)lo->B[k];
+            double bound = 1.0 / sqrt((double)lo->in[i]), amax = 0, mean = 0;
+            size_t na = (size_t)lo->r * lo->in[i];
+            for (size_t j = 0; j < na; j++) {
+                amax = fmax(amax, fabs(A[j]));
+                mean += A[j];
+            }
+            ck_assert_msg(amax <= bound && amax > 0.9 * bound, "A range %g vs bound %g", amax, bound);
+            ck_assert(fabs(mean / na) < 0.2 * bound);
+            for (size_t j = 0; j < (size_t)lo->out[i] * lo->r; j++) ck_assert(B[j] == 0.0f);
+        }
+    m.lora = lo;
+    m.lora_on = 1;
+    double mx, err = logits_err(&m, "qwen3/logits.npy", &mx);
+    ck_assert_msg(err <= 1e-4 * mx, "fresh adapter changed the logits by %g", err);
+    EXPECT_DIE(lora_parse_targets("q_proj,lm_head"), "unknown LoRA target module 'lm_head'");
+    lora_free(lo);
+    m.lora = NULL;
+    model_free(&m);
+}
+END_TEST
+
+// two AdamW steps against the formula computed here in double (torch.optim.AdamW's)
+START_TEST(test_adamw_step) {
+    const Backend *be = backend_cpu();
+    int n = 5;
+    float p[5] = {0.5f, -1.0f, 2.0f, 0.0f, 3.0f}, g1[5] = {0.1f, -0.2f, 0.3f, 1.0f, -4.0f}, g2[5] = {-0.3f, 0.1f, 0.0f, 2.0f, 1.0f};
+    float m[5] = {0}, v[5] = {0};
+    double lr = 0.01, b1 = 0.9, b2 = 0.99, eps = 1e-8, wd = 0.1;
+    double P[5], M[5] = {0}, Vv[5] = {0};
+    for (int i = 0; i < n; i++) P[i] = p[i];
+    for (int step = 1; step <= 2; step++) {
+        float *g = step == 1 ? g1 : g2;
+        be->adamw(p, g, m, v, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, step);
+        for (int i = 0; i < n; i++) {
+            P[i] *= 1 - lr * wd;
+            M[i] = b1 * M[i] + (1 - b1) * g[i];
+            Vv[i] = b2 * Vv[i] + (1 - b2) * g[i] * g[i];
+            double mh = M[i] / (1 - pow(b1, step)), vh = Vv[i] / (1 - pow(b2, step));
+            P[i] -= lr * mh / (sqrt(vh) + eps);
+        }
+        for (int i = 0; i < n; i++) ck_assert_msg(fabs(p[i] - P[i]) < 1e-6 * fmax(1, fabs(P[i])), "step %d p[%d] %.9g vs %.9g", step, i, p[i], P[i]);
+    }
+    // the first step moves every parameter with a non-zero gradient by ~lr (Adam's sign-like step)
+    ck_assert(fabs(P[4] - (3.0 * (1 - lr * wd) * (1 - lr * wd))) > 0.5 * lr);
+}
+END_TEST
+
+// optimizer state written and read back bit for bit; mismatched settings refused
+START_TEST(test_state_roundtrip) {
+    Model m;
+    load_qwen3(&m, backend_cpu());
+    LoRA *a = lora_create(&m, 4, 8.0f, lora_parse_targets("all"), 3);
+    Rng r = rng_make(5);
+    for (size_t i = 0; i < a->n; i++) {
+        ((float *)a->grads)[i] = rng_normal(&r);
+    }
+    lora_adamw_step(a, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f);
+    lora_adamw_step(a, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f);
+    char path[] = "/tmp/fp8grpo_stateXXXXXX";
+    int fd = mkstemp(path);
+    ck_assert(fd >= 0);
+    lora_save_state(a, path);
+    LoRA *b = lora_create(&m, 4, 8.0f, lora_parse_targets("all"), 99);
+    lora_load_state(b, path);
+    ck_assert_int_eq(b->step, 2);
+    ck_assert(memcmp(a->params, b->params, a->n * 4) == 0);
+    ck_assert(memcmp(a->m, b->m, a->n * 4) == 0);
+    ck_assert(memcmp(a->v, b->v, a->n * 4) == 0);
+    LoRA *c = lora_create(&m, 8, 8.0f, lora_parse_targets("all"), 3);
+    EXPECT_DIE(lora_load_state(c, path), "other LoRA settings");
+    lora_free(a);
+    lora_free(b);
+    lora_free(c);
+    model_free(&m);
+}
+END_TEST
+
+START_TEST(test_bad_adapters) {
+    Model m;
+    load_qwen3(&m, backend_cpu());
+    char dir[] = "/tmp/fp8grpo_badloraXXXXXX", p[1200];
+    ck_assert(mkdtemp(dir));
+    EXPECT_DIE(lora_load_peft(&m, dir), "no adapter_config.json");
+    snprintf(p, sizeof p, "%s/adapter_config.json", dir);
+    const char *dora = "{\"peft_type\":\"LORA\",\"r\":4,\"lora_alpha\":8,\"target_modules\":[\"q_proj\"],\"use_dora\":true}";
+    write_file_atomic(p, dora, strlen(dora));
+    EXPECT_DIE(lora_load_peft(&m, dir), "DoRA");
+    const char *ok = "{\"peft_type\":\"LORA\",\"r\":4,\"lora_alpha\":8,\"target_modules\":[\"q_proj\"]}";
+    write_file_atomic(p, ok, strlen(ok));
+    EXPECT_DIE(lora_load_peft(&m, dir), "cannot open");  // no weights file
+    // an adapter for another rank than its tensors
+    char src[1024];
+    fixture_path(src, sizeof src, "peft/qwen3_lora/adapter_model.safetensors");
+    size_t n;
+    char *w = read_file(src, &n);
+    snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
+    write_file_atomic(p, w, n);
+    free(w);
+    const char *r8 = "{\"peft_type\":\"LORA\",\"r\":8,\"lora_alpha\":8,\"target_modules\":[\"q_proj\"]}";
+    snprintf(p, sizeof p, "%s/adapter_config.json", dir);
+    write_file_atomic(p, r8, strlen(r8));
+    EXPECT_DIE(lora_load_peft(&m, dir), "wrong shape");
+    model_free(&m);
+}
+END_TEST
+
+static Suite *lora_suite(void) {
+    Suite *s = suite_create("lora");
+    TCase *tc = tcase_create("lora");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_peft_adapter_logits);
+    tcase_add_test(tc, test_peft_roundtrip);
+    tcase_add_test(tc, test_init_like_peft);
+    tcase_add_test(tc, test_adamw_step);
+    tcase_add_test(tc, test_state_roundtrip);
+    tcase_add_test(tc, test_bad_adapters);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return run_suite(lora_suite()); }
