@@ -4,7 +4,7 @@
 #                     backend too when nvcc is found)
 #   make test         build and run the CPU test suites (Check); non-zero on any failure
 #   make test-gpu     build and run the GPU test suites (needs a CUDA GPU)
-#   make bench-gemm   build dev/bench_gemm (the FP8 GEMM benchmark, GPU)
+#   make bench-gemm   build build/gemm_fp8 from dev/gemm_fp8.cu (the FP8 GEMM versions + benchmark, GPU)
 #
 # Knobs: CUDA_HOME=/path (default: where nvcc lives), NO_CUDA=1 (CPU only),
 # GPU_ARCH=90a|89|120|all (default: probe the GPU, else all), DEPS_PREFIX=dir
@@ -59,6 +59,8 @@ NVCCFLAGS ?= -O3 -lineinfo
 NVCCFLAGS += -std=c++17 $(GENCODE) -I. -Idev -Xcompiler -fopenmp,-Wall,-Wno-unused-parameter
 ifdef DEPS_PREFIX
 NVCCFLAGS += -I$(DEPS_PREFIX)/include
+# nvcc splits -Xlinker arguments at commas, so no -Wl,-rpath,dir here
+NVLDFLAGS := -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Xlinker -rpath=$(DEPS_PREFIX)/lib/x86_64-linux-gnu
 endif
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -lstdc++ -ldl -lrt -lpthread
 endif
@@ -66,7 +68,7 @@ endif
 # ---- sources ----
 # the library: everything but the programs' mains
 LIB_C   := safetensors.c model.c model_load.c backend.c backend_cpu.c dev/ops_cpu.c dev/fp8_cpu.c \
-           tokenizer.c lora.c grpo.c tasks.c rollout.c
+           tokenizer.c lora.c grpo.c tasks.c rollout.c plot.c
 LIB_C   := $(wildcard $(LIB_C))
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C)))
 # the CPU reference kernels and backend again, in fp64 (backend "cpu64")
@@ -129,12 +131,14 @@ SHELL := /bin/bash
 ifeq ($(HAVE_CUDA),1)
 TESTS_GPU := $(patsubst test/%.cu,$(BUILD)/%,$(wildcard test/gpu_*.cu))
 $(BUILD)/gpu_%: test/gpu_%.cu test/testutil.h $(LIB) $(HEADERS)
-	$(NVCC) $(NVCCFLAGS) $(LDFLAGS:-Wl,%=-Xlinker %) $< $(LIB) -o $@ -lcjson -lpcre2-8 -lcheck -lsubunit -lcublasLt -lcublas -lgomp
+	$(NVCC) $(NVCCFLAGS) $(NVLDFLAGS) $< $(LIB) -o $@ -lcjson -lpcre2-8 -lcheck -lsubunit -lcublasLt -lcublas -lgomp -lm -lrt -lpthread
 test-gpu: $(TESTS_GPU)
 	@set -e; for t in $(TESTS_GPU); do echo "== $$t"; CK_FORK=no $$t; done; echo "make test-gpu: all GPU suites passed"
-bench-gemm: $(BUILD)/bench_gemm
-$(BUILD)/bench_gemm: dev/bench_gemm.cu $(LIB) $(HEADERS)
-	$(NVCC) $(NVCCFLAGS) $< $(LIB) -o $@ -lcjson -lpcre2-8 -lcublasLt -lcublas -lgomp
+# dev/gemm_fp8.cu includes fp8.cu itself (it times the kernels the program runs), so it
+# links the CPU reference only, not the library
+bench-gemm: $(BUILD)/gemm_fp8
+$(BUILD)/gemm_fp8: dev/gemm_fp8.cu fp8.cu dev/fp8_cpu.c $(HEADERS) | $(BUILD)
+	$(NVCC) $(NVCCFLAGS) $(NVLDFLAGS) dev/gemm_fp8.cu dev/fp8_cpu.c -o $@ -lcjson -lcublasLt -lcublas -lgomp
 else
 test-gpu bench-gemm:
 	@echo "no nvcc: the GPU suites need the CUDA toolkit (and a GPU to run)"; exit 1

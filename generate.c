@@ -173,8 +173,8 @@ int main(int argc, char **argv) {
     uint64_t rng = (uint64_t)seed;
     be->upload(rngd, &rng, 8);
     model_prefill(&m, &kv, ids, &n, slots, 1, n, logits);
-    TokenStream ts;
-    if (tok) tokenizer_stream_init(&ts, tok);
+    TokenizerStream ts;
+    if (tok) tokenizer_stream_init(&ts, tok, 0);
     for (int t = 0; t < max_new; t++) {
         be->sample((int32_t *)tokd, logp, logits, (uint64_t *)rngd, 1, m.cfg.V, (float)temperature, top_k, (float)top_p);
         int32_t next;
@@ -184,8 +184,8 @@ int main(int argc, char **argv) {
         int is_eos = 0;
         for (int e = 0; e < m.cfg.n_eos; e++) is_eos |= next == m.cfg.eos_ids[e];
         if (tok) {
-            const char *piece = tokenizer_stream_push(&ts, next);
-            if (piece) fprintf(stderr, "%s", piece);
+            is_eos |= tokenizer_is_eos(tok, next);
+            fprintf(stderr, "%s", tokenizer_stream_push(&ts, next));
         }
         if (is_eos || t == max_new - 1) break;
         int pos = n + t;
@@ -193,7 +193,7 @@ int main(int argc, char **argv) {
     }
     printf("\n");
     if (tok) {
-        fprintf(stderr, "\n");
+        fprintf(stderr, "%s\n", tokenizer_stream_flush(&ts));
         tokenizer_stream_free(&ts);
         tokenizer_free(tok);
     }

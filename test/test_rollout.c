@@ -1,0 +1,256 @@
+// test/test_rollout.c: the rollout engine and the sampler on the CPU backend.
+// Prefix sharing equals no sharing; greedy rollouts equal transformers' greedy
+// continuation; a sequence's completion does not depend on what else is in the
+// batch; EOS and truncation; the sampler's frequencies match the softmax
+// (chi-square) for plain, top-k and top-p sampling; the returned logprobs.
+#include <check.h>
+#include <math.h>
+
+#include "model.h"
+#include "rollout.h"
+#include "testutil.h"
+
+static void load(Model *m, const char *arch, FP8Gran g) {
+    char p[1024];
+    fixture_path(p, sizeof p, arch);
+    ModelOptions o = {g, 0, 0, 0};
+    model_load(m, p, backend_cpu(), &o);
+}
+
+static int *fixture_prompt(const char *arch, int row, int n) {
+    char p[1024], rel[256];
+    snprintf(rel, sizeof rel, "%s/tokens.npy", arch);
+    fixture_path(p, sizeof p, rel);
+    Npy tk = npy_read(p);
+    int *ids = (int *)mallocCheck(n * sizeof(int));
+    for (int t = 0; t < n; t++) ids[t] = (int)tk.data[row * tk.shape[1] + t];
+    npy_free(&tk);
+    return ids;
+}
+
+// greedy rollout (G = 1) reproduces transformers' generate(do_sample=False)
+START_TEST(test_greedy_matches_transformers) {
+    const char *archs[3] = {"qwen3", "qwen2", "llama3"};
+    for (int a = 0; a < 3; a++) {
+        Model m;
+        load(&m, archs[a], FP8_OFF);
+        int *prompt = fixture_prompt(archs[a], 0, 8), plen = 8;
+        char p[1024], rel[256];
+        snprintf(rel, sizeof rel, "%s/generate.npy", archs[a]);
+        fixture_path(p, sizeof p, rel);
+        Npy gen = npy_read(p);
+        uint64_t seed = 1;
+        RolloutConfig rc = {1, (int)gen.n, 0.0f, 1.0f, 0, NULL, 0, 4, 1};
+        Rollout r;
+        rollout_run(&m, &rc, 1, (const int *const *)&prompt, &plen, &seed, &r);
+        ck_assert_int_eq(r.len[0], gen.n);
+        ck_assert_int_eq(r.truncated[0], 1);
+        for (int t = 0; t < gen.n; t++) ck_assert_msg(r.ids[t] == (int)gen.data[t], "%s token %d: %d vs %d", archs[a], t, r.ids[t], (int)gen.data[t]);
+        rollout_free(&r);
+        npy_free(&gen);
+        free(prompt);
+        model_free(&m);
+    }
+}
+END_TEST
+
+// sampled completions with shared prompt blocks (copy-on-write of the partial block)
+// equal those of separately prefilled prompts, token for token and logprob for logprob
+START_TEST(test_prefix_sharing_equals_no_sharing) {
+    FP8Gran grans[2] = {FP8_OFF, FP8_BLOCK};  // (per-tensor activation scales depend on the batch, so not TENSOR)
+    for (int gi = 0; gi < 2; gi++) {
+        Model m;
+        load(&m, "llama3", grans[gi]);
+        int *p0 = fixture_prompt("llama3", 0, 6), *p1 = fixture_prompt("llama3", 1, 11);
+        const int *prompts[2] = {p0, p1};
+        int plens[2] = {6, 11}, G = 3, S = 6;
+        uint64_t seeds[6];
+        for (int s = 0; s < S; s++) seeds[s] = 1000 + 77 * s;
+        Rollout a, b;
+        for (int bs = 4; bs <= 5; bs++) {  // 11 % 4 = 3, 6 % 4 = 2; 5 divides neither
+            RolloutConfig rc = {G, 9, 1.0f, 1.0f, 0, NULL, 0, bs, 1};
+            rollout_run(&m, &rc, 2, prompts, plens, seeds, &a);
+            rc.share_prefix = 0;
+            rollout_run(&m, &rc, 2, prompts, plens, seeds, &b);
+            for (int s = 0; s < S; s++) {
+                ck_assert_int_eq(a.len[s], b.len[s]);
+                for (int t = 0; t < a.len[s]; t++) {
+                    ck_assert_int_eq(a.ids[s * 9 + t], b.ids[s * 9 + t]);
+                    ck_assert_msg(a.logp[s * 9 + t] == b.logp[s * 9 + t], "logp differs at %d,%d", s, t);
+                }
+            }
+            // sampling happened: the three completions of a prompt are not all the same
+            int differ = 0;
+            for (int t = 0; t < 9; t++) differ |= a.ids[0 * 9 + t] != a.ids[1 * 9 + t] || a.ids[1 * 9 + t] != a.ids[2 * 9 + t];
+            ck_assert(differ);
+            ck_assert(a.kv_bytes < b.kv_bytes);  // sharing holds fewer blocks
+            rollout_free(&a);
+            rollout_free(&b);
+        }
+        free(p0);
+        free(p1);
+        model_free(&m);
+    }
+}
+END_TEST
+
+// a sequence's completion depends only on its prompt and seed, not on the batch around it
+START_TEST(test_batch_independence) {
+    Model m;
+    load(&m, "qwen2", FP8_BLOCK);
+    int *p0 = fixture_prompt("qwen2", 0, 5), *p1 = fixture_prompt("qwen2", 1, 13);
+    const int *prompts[2] = {p0, p1};
+    int plens[2] = {5, 13};
+    uint64_t seeds[4] = {11, 12, 13, 14};
+    RolloutConfig rc = {2, 7, 0.8f, 0.9f, 20, NULL, 0, 16, 1};
+    Rollout both, one;
+    rollout_run(&m, &rc, 2, prompts, plens, seeds, &both);
+    rollout_run(&m, &rc, 1, prompts + 1, plens + 1, seeds + 2, &one);
+    for (int s = 0; s < 2; s++) {
+        ck_assert_int_eq(one.len[s], both.len[2 + s]);
+        for (int t = 0; t < one.len[s]; t++) ck_assert_int_eq(one.ids[s * 7 + t], both.ids[(2 + s) * 7 + t]);
+    }
+    rollout_free(&both);
+    rollout_free(&one);
+    free(p0);
+    free(p1);
+    model_free(&m);
+}
+END_TEST
+
+// completions end at (and include) EOS; the others are truncated at max_new
+START_TEST(test_eos_and_truncation) {
+    Model m;
+    load(&m, "qwen3", FP8_OFF);
+    int *p0 = fixture_prompt("qwen3", 0, 8), plen = 8;
+    char p[1024];
+    fixture_path(p, sizeof p, "qwen3/generate.npy");
+    Npy gen = npy_read(p);
+    int eos = (int)gen.data[3];  // the 4th greedy token plays EOS
+    uint64_t seed = 1;
+    RolloutConfig rc = {1, 8, 0.0f, 1.0f, 0, &eos, 1, 16, 1};
+    Rollout r;
+    rollout_run(&m, &rc, 1, (const int *const *)&p0, &plen, &seed, &r);
+    int first = 0;
+    while ((int)gen.data[first] != eos) first++;
+    ck_assert_int_eq(r.len[0], first + 1);
+    ck_assert_int_eq(r.ids[first], eos);
+    ck_assert_int_eq(r.truncated[0], 0);
+    rollout_free(&r);
+    rc.max_new = 2;  // stops before reaching it
+    rollout_run(&m, &rc, 1, (const int *const *)&p0, &plen, &seed, &r);
+    if (first >= 2) {
+        ck_assert_int_eq(r.len[0], 2);
+        ck_assert_int_eq(r.truncated[0], 1);
+    }
+    rollout_free(&r);
+    EXPECT_DIE(({ rc.max_new = 200; rollout_run(&m, &rc, 1, (const int *const *)&p0, &plen, &seed, &r); }), "exceeds max_position_embeddings");
+    npy_free(&gen);
+    free(p0);
+    model_free(&m);
+}
+END_TEST
+
+// ---- the sampler ----------------------------------------------------------------------
+
+// draw n tokens from one row of logits, each with a fresh RNG state; counts (V)
+static void draw(const float *z, int V, float temp, int top_k, float top_p, int n, long *counts, double *logp_of) {
+    const Backend *be = backend_cpu();
+    int chunk = 1000;
+    float *L = (float *)mallocCheck((size_t)chunk * V * sizeof(float)), *lp = (float *)mallocCheck(chunk * sizeof(float));
+    int32_t *tok = (int32_t *)mallocCheck(chunk * sizeof(int32_t));
+    uint64_t *rng = (uint64_t *)mallocCheck(chunk * sizeof(uint64_t));
+    for (int i = 0; i < chunk; i++) memcpy(L + (size_t)i * V, z, V * sizeof(float));
+    memset(counts, 0, V * sizeof(long));
+    for (int done = 0; done < n; done += chunk) {
+        for (int i = 0; i < chunk; i++) rng[i] = 0x1234567ull * (done + i + 1);
+        be->sample(tok, lp, L, rng, chunk, V, temp, top_k, top_p);
+        for (int i = 0; i < chunk; i++) {
+            counts[tok[i]]++;
+            logp_of[tok[i]] = lp[i];
+        }
+    }
+    free(L);
+    free(lp);
+    free(tok);
+    free(rng);
+}
+
+// chi-square statistic of counts against probabilities q over the tokens with q > 0;
+// tokens with q = 0 must never be drawn
+static double chi2(const long *counts, const double *q, int V, int n, int *df) {
+    double x = 0;
+    *df = -1;
+    for (int j = 0; j < V; j++) {
+        if (q[j] == 0) {
+            ck_assert_msg(counts[j] == 0, "token %d drawn %ld times but excluded", j, counts[j]);
+            continue;
+        }
+        double e = q[j] * n;
+        x += (counts[j] - e) * (counts[j] - e) / e;
+        (*df)++;
+    }
+    return x;
+}
+
+START_TEST(test_sampler_frequencies) {
+    enum { V = 10, N = 40000 };
+    float z[V] = {1.0f, 0.5f, -0.3f, 2.0f, 0.0f, -1.0f, 1.5f, 0.2f, -2.0f, 0.8f};
+    long counts[V];
+    double lp[V], q[V], p[V];
+    float temp = 0.7f;
+    double mx = -INFINITY, s = 0;
+    for (int j = 0; j < V; j++) mx = fmax(mx, z[j] / temp);
+    for (int j = 0; j < V; j++) s += exp(z[j] / temp - mx);
+    for (int j = 0; j < V; j++) p[j] = exp(z[j] / temp - mx) / s;
+    // critical values of chi-square at p = 0.001: df 9: 27.88, df 3: 16.27, df 2: 13.82
+    int df;
+    draw(z, V, temp, 0, 1.0f, N, counts, lp);
+    double x = chi2(counts, p, V, N, &df);
+    ck_assert_msg(df == 9 && x < 27.88, "plain sampling: chi2 %g (df %d)", x, df);
+    for (int j = 0; j < V; j++) ck_assert_msg(fabs(lp[j] - log(p[j])) < 1e-5, "logp of %d: %g vs %g", j, lp[j], log(p[j]));
+    // top-k 4: tokens 3, 6, 0, 9 renormalised
+    int keep[4] = {3, 6, 0, 9};
+    double m = 0;
+    memset(q, 0, sizeof q);
+    for (int i = 0; i < 4; i++) m += p[keep[i]];
+    for (int i = 0; i < 4; i++) q[keep[i]] = p[keep[i]] / m;
+    draw(z, V, temp, 4, 1.0f, N, counts, lp);
+    x = chi2(counts, q, V, N, &df);
+    ck_assert_msg(df == 3 && x < 16.27, "top-k: chi2 %g (df %d)", x, df);
+    // the logprob stays that of the untruncated distribution (what the trainer computes)
+    ck_assert(fabs(lp[3] - log(p[3])) < 1e-5);
+    // top-p: the smallest set of most likely tokens with mass >= top_p
+    int order[V];
+    for (int j = 0; j < V; j++) order[j] = j;
+    for (int i = 0; i < V; i++)
+        for (int j = i + 1; j < V; j++)
+            if (p[order[j]] > p[order[i]]) { int t = order[i]; order[i] = order[j]; order[j] = t; }
+    double c = 0;
+    int k = 0;
+    while (c < 0.6) c += p[order[k++]];
+    memset(q, 0, sizeof q);
+    for (int i = 0; i < k; i++) q[order[i]] = p[order[i]] / c;
+    draw(z, V, temp, 0, 0.6f, N, counts, lp);
+    x = chi2(counts, q, V, N, &df);
+    ck_assert_msg(df == k - 1 && x < (k - 1 == 2 ? 13.82 : k - 1 == 3 ? 16.27 : 18.47), "top-p: chi2 %g (df %d)", x, df);
+    // greedy: the argmax, logprob at temperature 1
+    draw(z, V, 0.0f, 0, 1.0f, 1000, counts, lp);
+    ck_assert_int_eq(counts[3], 1000);
+}
+END_TEST
+
+static Suite *rollout_suite(void) {
+    Suite *s = suite_create("rollout");
+    TCase *tc = tcase_create("rollout");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_greedy_matches_transformers);
+    tcase_add_test(tc, test_prefix_sharing_equals_no_sharing);
+    tcase_add_test(tc, test_batch_independence);
+    tcase_add_test(tc, test_eos_and_truncation);
+    tcase_add_test(tc, test_sampler_frequencies);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return run_suite(rollout_suite()); }
