@@ -1,0 +1,328 @@
+// dev/gemm_fp8.cu: the FP8 GEMM, Y[M,N] = X[M,K] W[N,K]^T, from naive to tensor cores,
+// in llm.c's dev/cuda manner: the CPU reference (dev/fp8_cpu.c: fp8_gemm_cpu), numbered
+// kernel versions, a validation of each against the reference, and a benchmark.
+//
+//   version 1  naive: one thread per output, codes decoded with the cvt instruction,
+//              DeepSeek-V3 promotion per 128-wide K step for block scaling (here)
+//   version 2  tiled on CUDA cores: 64x64 tiles, 128-wide K steps staged in shared memory,
+//              decode through a table (fp8.cu: gemm_fp8_v2_kernel, the any-shape fallback)
+//   version 3  tensor cores: mma.sync.m16n8k32 with e4m3/e5m2 operands, 128x128 tiles,
+//              cp.async double buffering (fp8.cu: gemm_fp8_v3_kernel, the kernel backend)
+//   cuBLASLt   fp8.cu's fp8_gemm_cuda with the cuBLASLt backend, at each granularity
+// Versions 2 and 3 live in fp8.cu (included below, so the benchmark times the code the
+// program runs); a wgmma version for Hopper is the next step.
+//
+// Build and run (GPU): make bench-gemm && ./build/gemm_fp8 [--peers peers.json] [--quick]
+//   peers.json from: python3 ../shared/bench/peers.py gemm --json peers.json (same command)
+// Prints: validation, then one table (TFLOP/s, median of CUDA-event-timed runs over
+// rotating buffers larger than L2), with torch._scaled_mm / torch.matmul when given.
+#include <cjson/cJSON.h>
+
+#include "fp8.cu"
+
+// ----------------------------------------------------------------------------
+// version 1: naive
+
+template <typename T>
+__global__ void gemm_fp8_v1_kernel(T *y, GemmArgs a) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
+    if (n >= a.N) return;
+    const uint8_t *xr = a.x + (size_t)m * a.K, *wr = a.w + (size_t)n * a.K;
+    float acc = 0.0f;
+    for (int k0 = 0, kb = 0; k0 < a.K; k0 += FP8_BLOCK_SIZE, kb++) {
+        float part = 0.0f;
+        for (int k = k0; k < min(k0 + FP8_BLOCK_SIZE, a.K); k++) part += decode_dev(xr[k], a.fx) * decode_dev(wr[k], a.fw);
+        acc += a.gran == FP8_BLOCK ? part * (sx_at(a, m, kb) * sw_at(a, n, kb)) : part;
+    }
+    if (a.gran != FP8_BLOCK) acc *= sx_at(a, m, 0) * sw_at(a, n, 0);
+    store_out(y, a, m, n, acc);
+}
+template <typename T>
+static void launch_v1(T *y, const GemmArgs &a) {
+    gemm_fp8_v1_kernel<T><<<dim3(cdiv(a.N, 256), a.M), 256, 0, ctx.stream>>>(y, a);
+    launchCheck();
+}
+
+// version 0 is cuBLASLt
+static void run_version(int v, __nv_bfloat16 *y, const FP8Tensor *x, const FP8Tensor *w) {
+    GemmArgs a = gemm_args(x, w, 0);
+    switch (v) {
+        case 0: fp8_cuda_set_backend(FP8_GEMM_CUBLASLT); fp8_gemm_cuda(y, DT_BF16, x, w, 0); break;
+        case 1: launch_v1(y, a); break;
+        case 2: launch_v2(y, a); break;
+        case 3: launch_v3(y, a); break;
+        default: die("no version %d", v);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// helpers
+
+static void fill_bf16_random(__nv_bfloat16 *d, size_t n, uint64_t seed) {
+    uint16_t *h = (uint16_t *)mallocCheck(n * 2);
+    Rng r = rng_make(seed);
+    for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(rng_normal(&r));
+    cudaCheck(cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice));
+    free(h);
+}
+static FP8Tensor fp8_alloc_dev(int rows, int cols, FP8Gran g, int block_rows) {
+    FP8Tensor t = {0};
+    t.rows = rows; t.cols = cols; t.gran = g; t.fmt = FP8_E4M3; t.block_rows = g == FP8_BLOCK ? block_rows : 0;
+    cudaCheck(cudaMalloc(&t.data, (size_t)rows * cols));
+    cudaCheck(cudaMalloc(&t.scale, fp8_num_scales(g, rows, cols, t.block_rows) * 4));
+    return t;
+}
+static void fp8_free_dev(FP8Tensor *t) { cudaFree(t->data); cudaFree(t->scale); }
+static FP8Tensor to_host(const FP8Tensor *d) {
+    FP8Tensor h = *d;
+    size_t ns = fp8_num_scales(d->gran, d->rows, d->cols, d->block_rows);
+    h.data = (uint8_t *)mallocCheck((size_t)d->rows * d->cols);
+    h.scale = (float *)mallocCheck(ns * 4);
+    cudaCheck(cudaMemcpy(h.data, d->data, (size_t)d->rows * d->cols, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(h.scale, d->scale, ns * 4, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+// ----------------------------------------------------------------------------
+// validation: every version at every granularity against fp8_gemm_cpu, on a shape with
+// partial tiles. Tolerance as test/gpu_fp8.cu: 2^-10 sum|x w| + 2^-8 |y| (bf16 output).
+
+static int validate(void) {
+    int M = 200, N = 384, K = 1024, fails = 0;
+    __nv_bfloat16 *xb, *wb, *y;
+    cudaCheck(cudaMalloc(&xb, (size_t)M * K * 2));
+    cudaCheck(cudaMalloc(&wb, (size_t)N * K * 2));
+    cudaCheck(cudaMalloc(&y, (size_t)M * N * 2));
+    fill_bf16_random(xb, (size_t)M * K, 1);
+    fill_bf16_random(wb, (size_t)N * K, 2);
+    FP8Gran grans[] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK};
+    printf("validation (%dx%dx%d, bf16 out, vs fp8_gemm_cpu; worst error in units of the tolerance):\n", M, N, K);
+    for (int gi = 0; gi < 3; gi++) {
+        FP8Tensor x = fp8_alloc_dev(M, K, grans[gi], 1), w = fp8_alloc_dev(N, K, grans[gi], 128);
+        fp8_quantize_cuda(&x, xb, DT_BF16, 0);
+        fp8_quantize_cuda(&w, wb, DT_BF16, 0);
+        FP8Tensor hx = to_host(&x), hw = to_host(&w);
+        float *ref = (float *)mallocCheck((size_t)M * N * 4), *dx = (float *)mallocCheck((size_t)M * K * 4),
+              *dw = (float *)mallocCheck((size_t)N * K * 4);
+        fp8_gemm_cpu(ref, &hx, &hw);
+        fp8_dequantize_cpu(dx, &hx);
+        fp8_dequantize_cpu(dw, &hw);
+        uint16_t *hy = (uint16_t *)mallocCheck((size_t)M * N * 2);
+        printf("  %-6s", fp8_gran_name(grans[gi]));
+        for (int v = 0; v <= 3; v++) {
+            cudaCheck(cudaMemset(y, 0xFF, (size_t)M * N * 2));
+            run_version(v, y, &x, &w);
+            cudaCheck(cudaMemcpy(hy, y, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
+            double worst = 0;
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++) {
+                    double mag = 0;
+                    for (int k = 0; k < K; k++) mag += fabs((double)dx[(size_t)m * K + k] * dw[(size_t)n * K + k]);
+                    double r = ref[(size_t)m * N + n], tol = 0x1p-10 * mag + 0x1p-8 * fabs(r);
+                    double e = fabs(bf16_to_f32(hy[(size_t)m * N + n]) - r) / tol;
+                    if (!(e <= worst)) worst = e;  // NaN (unwritten) counts as a failure
+                }
+            printf("  v%d%s %.3f%s", v, v == 0 ? " (cuBLASLt)" : "", worst, worst <= 1.0 ? "" : " FAIL");
+            fails += !(worst <= 1.0);
+        }
+        printf("\n");
+        fp8_free_dev(&x); fp8_free_dev(&w);
+        fp8_tensor_free_cpu(&hx); fp8_tensor_free_cpu(&hw);
+        free(ref); free(dx); free(dw); free(hy);
+    }
+    cudaFree(xb); cudaFree(wb); cudaFree(y);
+    fp8_cuda_set_backend(FP8_GEMM_AUTO);
+    return fails;
+}
+
+// ----------------------------------------------------------------------------
+// benchmark
+
+// median time in ms of op(i) over reps, i rotating over nb buffer sets. All reps are queued
+// back to back with an event between each (no host sync inside), so the GPU never waits for
+// a launch and the events measure kernel time, as triton's do_bench does.
+template <typename F>
+static double time_ms(F op, int nb) {
+    enum { REPS = 100 };
+    cudaEvent_t e[REPS + 1];
+    for (int i = 0; i <= REPS; i++) cudaCheck(cudaEventCreate(&e[i]));
+    for (int i = 0; i < 5; i++) op(i % nb);  // warm-up (plans, heuristics, autotuning, clocks)
+    cudaCheck(cudaDeviceSynchronize());
+    float ms1;  // one timed call, to size the repeats to ~300 ms
+    cudaCheck(cudaEventRecord(e[0], ctx.stream));
+    op(0);
+    cudaCheck(cudaEventRecord(e[1], ctx.stream));
+    cudaCheck(cudaEventSynchronize(e[1]));
+    cudaCheck(cudaEventElapsedTime(&ms1, e[0], e[1]));
+    int reps = (int)(300.0 / (ms1 + 1e-3));
+    reps = reps < 20 ? 20 : reps > REPS ? REPS : reps;
+    cudaCheck(cudaEventRecord(e[0], ctx.stream));
+    for (int i = 0; i < reps; i++) {
+        op((i + 1) % nb);
+        cudaCheck(cudaEventRecord(e[i + 1], ctx.stream));
+    }
+    cudaCheck(cudaEventSynchronize(e[reps]));
+    double t[REPS];
+    for (int i = 0; i < reps; i++) {
+        float ms;
+        cudaCheck(cudaEventElapsedTime(&ms, e[i], e[i + 1]));
+        t[i] = ms;
+    }
+    for (int i = 1; i < reps; i++)  // insertion sort, for the median
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) { double s = t[j]; t[j] = t[j - 1]; t[j - 1] = s; }
+    for (int i = 0; i <= REPS; i++) cudaEventDestroy(e[i]);
+    return t[reps / 2];
+}
+
+typedef struct { int M, N, K; double bf16, tensor, row, block; int have; } Peer;
+
+static int load_peers(const char *path, Peer *p, int cap) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { fprintf(stderr, "warning: no peers file %s: printing our figures only\n", path); return 0; }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = (char *)mallocCheck(n + 1);
+    if (fread(s, 1, n, f) != (size_t)n) die("cannot read %s", path);
+    s[n] = 0;
+    fclose(f);
+    cJSON *root = cJSON_Parse(s), *g = root ? cJSON_GetObjectItem(root, "gemm") : NULL;
+    if (!g) die("%s: no \"gemm\" list (write it with peers.py gemm --json FILE)", path);
+    int k = 0;
+    cJSON *e;
+    cJSON_ArrayForEach(e, g) {
+        if (k == cap) break;
+        auto num = [&](const char *key) { cJSON *v = cJSON_GetObjectItem(e, key); return cJSON_IsNumber(v) ? v->valuedouble : 0.0; };
+        p[k].M = (int)num("M"); p[k].N = (int)num("N"); p[k].K = (int)num("K");
+        p[k].bf16 = num("bf16"); p[k].tensor = num("fp8_tensor"); p[k].row = num("fp8_row"); p[k].block = num("fp8_block");
+        p[k].have = 1;
+        k++;
+    }
+    cJSON_Delete(root);
+    free(s);
+    return k;
+}
+
+int main(int argc, char **argv) {
+    const char *peers_path = NULL;
+    int quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--peers") && i + 1 < argc) peers_path = argv[++i];
+        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else die("usage: %s [--peers peers.json] [--quick]", argv[0]);
+    }
+    fp8_cuda_init(NULL);
+    if (!ctx.has_fp8) die("gemm_fp8 benchmarks FP8 tensor cores: this GPU has none");
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    int drv = 0;
+    cudaDriverGetVersion(&drv);
+    printf("gemm_fp8: %s (sm_%d%d, %d SMs), driver %d, cuBLASLt %zu\n", prop.name, prop.major, prop.minor,
+           prop.multiProcessorCount, drv, cublasLtGetVersion());
+    int fails = validate();
+    if (fails) printf("validation: %d FAILED\n", fails);
+
+    Peer peers[32];
+    int np = peers_path ? load_peers(peers_path, peers, 32) : 0;
+    int shapes[][3] = {{8192, 4096, 4096}, {8192, 12288, 4096}, {8192, 4096, 12288}, {8192, 3072, 1024},
+                       {8192, 1024, 3072}, {64, 12288, 4096},   {64, 4096, 12288},  {4096, 4096, 4096}};
+    int ns = quick ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
+    FP8Gran grans[] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK};
+    typedef struct { double bf16, lt[3], lt_fast, v3[3], v2; } Row;
+    Row rows[16];
+    for (int si = 0; si < ns; si++) {
+        int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+        size_t set_bytes = (size_t)(M + N) * K * 3;  // bf16 + fp8 of X and W
+        int nb = (int)((160u << 20) / set_bytes) + 1;
+        if (nb < 2) nb = 2;
+        if (nb > 8) nb = 8;
+        __nv_bfloat16 *xb[8], *wb[8], *y;
+        FP8Tensor x[8][3], w[8][3];
+        for (int b = 0; b < nb; b++) {
+            cudaCheck(cudaMalloc(&xb[b], (size_t)M * K * 2));
+            cudaCheck(cudaMalloc(&wb[b], (size_t)N * K * 2));
+            fill_bf16_random(xb[b], (size_t)M * K, 100 + b);
+            fill_bf16_random(wb[b], (size_t)N * K, 200 + b);
+            for (int gi = 0; gi < 3; gi++) {
+                x[b][gi] = fp8_alloc_dev(M, K, grans[gi], 1);
+                w[b][gi] = fp8_alloc_dev(N, K, grans[gi], 128);
+                fp8_quantize_cuda(&x[b][gi], xb[b], DT_BF16, 0);
+                fp8_quantize_cuda(&w[b][gi], wb[b], DT_BF16, 0);
+            }
+        }
+        cudaCheck(cudaMalloc(&y, (size_t)M * N * 2));
+        double fl = 2.0 * M * N * K;
+        auto tflops = [&](double ms) { return fl / (ms * 1e-3) / 1e12; };
+        Row &r = rows[si];
+        r.bf16 = tflops(time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, xb[b], wb[b], M, N, K, 0); }, nb));
+        fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
+        for (int gi = 0; gi < 3; gi++)
+            r.lt[gi] = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x[b][gi], &w[b][gi], 0); }, nb));
+        fp8_cuda_set_fast_accum(1);
+        r.lt_fast = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x[b][0], &w[b][0], 0); }, nb));
+        fp8_cuda_set_fast_accum(0);
+        fp8_cuda_set_backend(FP8_GEMM_AUTO);
+        for (int gi = 0; gi < 3; gi++)
+            r.v3[gi] = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][gi], &w[b][gi], 0); launch_v3(y, a); }, nb));
+        r.v2 = 0;
+        if (M == 4096)
+            r.v2 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][2], &w[b][2], 0); launch_v2(y, a); }, nb));
+        printf("  %5dx%5dx%5d  bf16 %4.0f  lt tensor %4.0f (fast %4.0f) row %4.0f block %4.0f | v3 t/r/b %4.0f %4.0f %4.0f  v2 %4.0f\n",
+               M, N, K, r.bf16, r.lt[0], r.lt_fast, r.lt[1], r.lt[2], r.v3[0], r.v3[1], r.v3[2], r.v2);
+        fflush(stdout);
+        for (int b = 0; b < nb; b++) {
+            cudaFree(xb[b]); cudaFree(wb[b]);
+            for (int gi = 0; gi < 3; gi++) { fp8_free_dev(&x[b][gi]); fp8_free_dev(&w[b][gi]); }
+        }
+        cudaFree(y);
+    }
+
+    // activation quantization bandwidth (bf16 in, fp8 + scales out) at 8192 x 4096
+    {
+        int M = 8192, K = 4096;
+        __nv_bfloat16 *xb;
+        cudaCheck(cudaMalloc(&xb, (size_t)M * K * 2));
+        fill_bf16_random(xb, (size_t)M * K, 7);
+        printf("\nactivation quantization, %d x %d bf16 -> e4m3 (bytes = 3 per element; floor ~3.0 TB/s):", M, K);
+        for (int gi = 0; gi < 3; gi++) {
+            FP8Tensor t = fp8_alloc_dev(M, K, grans[gi], 1);
+            double ms = time_ms([&](int) { fp8_quantize_cuda(&t, xb, DT_BF16, 0); }, 1);
+            printf("  %s %.0f GB/s", fp8_gran_name(grans[gi]), 3.0 * M * K / (ms * 1e-3) / 1e9);
+            fp8_free_dev(&t);
+        }
+        FP8Tensor t = fp8_alloc_dev(K, K, FP8_BLOCK, 128);
+        double ms = time_ms([&](int) { fp8_quantize_cuda(&t, xb, DT_BF16, 0); }, 1);
+        printf("  weight 128x128 (%dx%d) %.0f GB/s\n", K, K, 3.0 * K * K / (ms * 1e-3) / 1e9);
+        fp8_free_dev(&t);
+        cudaFree(xb);
+    }
+
+    // the summary table (markdown), last
+    {
+        printf("\n## FP8 GEMM, TFLOP/s, bf16 output, %s\n\n", prop.name);
+        printf("| M x N x K | BF16 ours | BF16 torch | FP8 tensor ours | torch | ratio | FP8 row ours | torch | ratio | "
+               "FP8 block ours | torch | ratio | FP8/BF16 ours: tensor, row, block | kernel v3 block | v3/LT block |\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        for (int si = 0; si < ns; si++) {
+            int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+            Peer *pe = NULL;
+            for (int i = 0; i < np; i++)
+                if (peers[i].M == M && peers[i].N == N && peers[i].K == K) pe = &peers[i];
+            Row &r = rows[si];
+            double bf = r.bf16, *lt = r.lt;
+            double pv[3] = {pe ? pe->tensor : 0, pe ? pe->row : 0, pe ? pe->block : 0};
+            printf("| %dx%dx%d | %.0f | ", M, N, K, bf);
+            if (pe) printf("%.0f ", pe->bf16); else printf("- ");
+            for (int gi = 0; gi < 3; gi++) {
+                if (pv[gi] > 0) printf("| %.0f | %.0f | %.2f ", lt[gi], pv[gi], lt[gi] / pv[gi]);
+                else printf("| %.0f | - | - ", lt[gi]);
+            }
+            printf("| %.2f, %.2f, %.2f | %.0f | %.2f |\n", lt[0] / bf, lt[1] / bf, lt[2] / bf, r.v3[2], r.v3[2] / lt[2]);
+        }
+    }
+    printf("\ntensor fast-accum (cuBLASLt heuristic):");
+    for (int si = 0; si < ns; si++) printf(" %.0f", rows[si].lt_fast);
+    printf("\nhand-written tiled v2 (block) at 4096^3: %.1f TFLOP/s\n", rows[ns - 1].v2);
+    fp8_cuda_free();
+    return fails ? 1 : 0;
+}

@@ -1,0 +1,818 @@
+// fp8.cu: the CUDA FP8 kernels behind fp8_cuda.h.
+//   defines: fp8_cuda_init/free, casts, fp8_quantize_cuda (tensor / row / 1x128 / 128x128,
+//   dynamic amax, pow2), fp8_dequantize_cuda, fp8_gemm_cuda (cuBLASLt or the hand-written
+//   kernels), bf16_gemm_cuda, fp8_linear_dx_cuda.
+// Numerics follow fp8.h exactly (scale = amax / max in fp32, q = encode(x / scale) with an
+// IEEE division, satfinite round-to-nearest-even), so the bytes equal dev/fp8_cpu.c's.
+// The hand-written GEMM kernels are versions 2 and 3 of dev/gemm_fp8.cu (which holds
+// version 1, the validation and the benchmark); they keep their numbers here.
+// Needs: CUDA >= 12.9 (cuBLASLt's VEC128 / BLK128x128 scale modes), cublasLt.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <float.h>
+#include <stdio.h>
+
+#include "fp8.h"
+#include "fp8_cuda.h"
+
+#if CUBLAS_VERSION < 120900
+#error "fp8.cu needs cuBLAS >= 12.9 (CUDA 12.9) for VEC128_32F / BLK128x128_32F block scaling"
+#endif
+
+// ----------------------------------------------------------------------------
+// checks that say where and why
+
+static void cuda_check(cudaError_t e, const char *file, int line) {
+    if (e != cudaSuccess) die("CUDA error %s at %s:%d: %s", cudaGetErrorName(e), file, line, cudaGetErrorString(e));
+}
+static void cublas_check(cublasStatus_t s, const char *file, int line) {
+    if (s != CUBLAS_STATUS_SUCCESS) die("cuBLAS error %d (%s) at %s:%d", (int)s, cublasLtGetStatusString(s), file, line);
+}
+#define cudaCheck(e) cuda_check((e), __FILE__, __LINE__)
+#define cublasCheck(s) cublas_check((s), __FILE__, __LINE__)
+#define launchCheck() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
+
+__host__ __device__ static inline int cdiv(long a, long b) { return (int)((a + b - 1) / b); }
+
+// ----------------------------------------------------------------------------
+// the context: one per process, used from one stream
+
+#define PLAN_CACHE 64
+typedef struct {
+    // key
+    int used, M, N, K, kind;  // kind: 0 fp8 (gran in gran), 1 bf16
+    int gran, fx, fw, ydt, fast, transa, align_a, align_b, align_y;
+    // value
+    int ok;
+    char why[160];
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ly;
+    cublasLtMatmulAlgo_t algo;  // the heuristic's first choice
+} LtPlan;
+
+static struct {
+    int init, cc, has_fp8, force_no_fp8, fast_accum;
+    FP8GemmBackend backend;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *workspace;
+    size_t workspace_bytes;
+    float *amax;  // (1) scratch for per-tensor amax
+    void *scratch[2];  // bf16 scratch (dequantized operands), grown on demand
+    size_t scratch_bytes[2];
+    LtPlan plans[PLAN_CACHE];
+    int next_plan;
+    const char *last;
+} ctx;
+
+int fp8_cuda_init(void *stream) {
+    if (ctx.init) { ctx.stream = (cudaStream_t)stream; return ctx.has_fp8; }
+    int dev;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaDeviceProp p;
+    cudaCheck(cudaGetDeviceProperties(&p, dev));
+    ctx.cc = p.major * 10 + p.minor;
+    ctx.has_fp8 = ctx.cc >= 89;
+    if (!ctx.has_fp8)
+        fprintf(stderr, "fp8: %s (compute capability %d.%d) has no FP8 tensor cores (needs 8.9+: RTX 40, H100, "
+                        "B200); FP8 weights are dequantized to BF16 for each GEMM\n", p.name, p.major, p.minor);
+    ctx.stream = (cudaStream_t)stream;
+    cublasCheck(cublasLtCreate(&ctx.lt));
+    ctx.workspace_bytes = 32u << 20;
+    cudaCheck(cudaMalloc(&ctx.workspace, ctx.workspace_bytes));
+    cudaCheck(cudaMalloc(&ctx.amax, sizeof(float)));
+    ctx.backend = FP8_GEMM_AUTO;
+    ctx.last = "none";
+    ctx.init = 1;
+    return ctx.has_fp8;
+}
+
+void fp8_cuda_free(void) {
+    if (!ctx.init) return;
+    for (int i = 0; i < PLAN_CACHE; i++) {
+        LtPlan *pl = &ctx.plans[i];
+        if (!pl->used) continue;
+        cublasLtMatmulDescDestroy(pl->desc);
+        cublasLtMatrixLayoutDestroy(pl->la);
+        cublasLtMatrixLayoutDestroy(pl->lb);
+        cublasLtMatrixLayoutDestroy(pl->ly);
+    }
+    cudaFree(ctx.workspace);
+    cudaFree(ctx.amax);
+    for (int i = 0; i < 2; i++) cudaFree(ctx.scratch[i]);
+    cublasLtDestroy(ctx.lt);
+    memset(&ctx, 0, sizeof ctx);
+}
+
+static void need_init(void) {
+    if (!ctx.init) die("fp8 CUDA: call fp8_cuda_init() first");
+}
+int fp8_cuda_cc(void) { return ctx.cc; }
+void fp8_cuda_force_no_fp8(int on) { ctx.force_no_fp8 = on; }
+void fp8_cuda_set_backend(FP8GemmBackend b) { ctx.backend = b; }
+void fp8_cuda_set_fast_accum(int on) { ctx.fast_accum = on; }
+const char *fp8_cuda_last_backend(void) { return ctx.last; }
+
+static void *scratch(int i, size_t bytes) {
+    if (ctx.scratch_bytes[i] < bytes) {
+        cudaCheck(cudaStreamSynchronize(ctx.stream));
+        cudaFree(ctx.scratch[i]);
+        cudaCheck(cudaMalloc(&ctx.scratch[i], bytes));
+        ctx.scratch_bytes[i] = bytes;
+    }
+    return ctx.scratch[i];
+}
+
+// ----------------------------------------------------------------------------
+// device codecs (same numerics as dev/fp8_cpu.c)
+
+__device__ __forceinline__ uint8_t encode_dev(float v, int fmt) {
+    // the hardware cvt (sm_89+, emulated in software below) rounds to nearest even and, with
+    // satfinite, clamps +-inf and overflow to +-max; NaN keeps its sign as PyTorch does
+    if (isnan(v)) return (signbit(v) ? 0x80 : 0x00) | 0x7F;
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, fmt == FP8_E4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+__device__ __forceinline__ float decode_dev(uint8_t q, int fmt) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q, fmt == FP8_E4M3 ? __NV_E4M3 : __NV_E5M2);
+    return __half2float(__half(h));
+}
+__device__ __forceinline__ float scale_from_amax_dev(float amax, int fmt, int pow2) {
+    if (!(amax > 0.0f) || isinf(amax)) return 1.0f;
+    float s = __fdiv_rn(amax, fmt == FP8_E4M3 ? FP8_E4M3_MAX : FP8_E5M2_MAX);
+    if (s == 0.0f) s = FLT_MIN;
+    if (pow2) {
+        int e;
+        float m = frexpf(s, &e);
+        s = m == 0.5f ? s : ldexpf(1.0f, e);
+    }
+    return s;
+}
+__device__ __forceinline__ float load_f(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float load_f(const __nv_bfloat16 *p, size_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// max over a block of blockDim.x threads (a multiple of 32, <= 1024); all threads get it
+__device__ float block_max(float v) {
+    __shared__ float part[32];
+    v = warp_max(v);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();  // part may still be read by a previous call
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
+    return warp_max(v);
+}
+
+// ----------------------------------------------------------------------------
+// casts
+
+__global__ void cast_kernel(uint8_t *q, const float *x, size_t n, int fmt) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        q[i] = encode_dev(x[i], fmt);
+}
+__global__ void decode_kernel(float *x, const uint8_t *q, size_t n, int fmt) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = decode_dev(q[i], fmt);
+}
+static int grid_for(size_t n) { size_t g = (n + 255) / 256; return (int)(g < 4096 ? (g ? g : 1) : 4096); }
+
+void fp8_cast_f32_cuda(uint8_t *q, const float *x, size_t n, FP8Format fmt) {
+    need_init();
+    cast_kernel<<<grid_for(n), 256, 0, ctx.stream>>>(q, x, n, fmt);
+    launchCheck();
+}
+void fp8_decode_f32_cuda(float *x, const uint8_t *q, size_t n, FP8Format fmt) {
+    need_init();
+    decode_kernel<<<grid_for(n), 256, 0, ctx.stream>>>(x, q, n, fmt);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// quantization. Each kernel finds its group's amax and encodes in the same launch.
+
+// per tensor, pass 1: amax of the whole tensor into *amax (zeroed before). atomicMax on the
+// bits of a non-negative float orders like the float, and max is order-independent, so the
+// result is deterministic.
+template <typename T>
+__global__ void amax_kernel(float *amax, const T *x, size_t n) {
+    float m = 0.0f;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        m = fmaxf(m, fabsf(load_f(x, i)));
+    m = block_max(m);
+    if (threadIdx.x == 0) atomicMax((unsigned int *)amax, __float_as_uint(m));
+}
+// per tensor, pass 2: encode with the scale of *amax; block 0 stores the scale
+template <typename T>
+__global__ void quant_tensor_kernel(uint8_t *q, float *scale, const float *amax, const T *x, size_t n, int fmt, int pow2) {
+    float s = scale_from_amax_dev(*amax, fmt, pow2);
+    if (blockIdx.x == 0 && threadIdx.x == 0) scale[0] = s;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        q[i] = encode_dev(__fdiv_rn(load_f(x, i), s), fmt);
+}
+// per row: one block of 256 threads per row; the second read of the row hits L2
+template <typename T>
+__global__ void quant_row_kernel(uint8_t *q, float *scale, const T *x, int cols, int fmt, int pow2) {
+    size_t r = blockIdx.x;
+    const T *xr = x + r * cols;
+    float m = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, fabsf(load_f(xr, c)));
+    float s = scale_from_amax_dev(block_max(m), fmt, pow2);
+    if (threadIdx.x == 0) scale[r] = s;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) q[r * cols + c] = encode_dev(__fdiv_rn(load_f(xr, c), s), fmt);
+}
+// activations, 1x128 groups: one warp per group, 4 consecutive elements per lane.
+// scale layout (cols/128, rows): warps of one block walk consecutive rows of one k-block,
+// so their scale stores are contiguous.
+template <typename T>
+__global__ void quant_1x128_kernel(uint8_t *q, float *scale, const T *x, int rows, int cols, int fmt, int pow2) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp, kb = blockIdx.y;
+    if (r >= rows) return;
+    int c0 = kb * FP8_BLOCK_SIZE + lane * 4;
+    const T *xr = x + (size_t)r * cols;
+    float v[4], m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        v[j] = c0 + j < cols ? load_f(xr, c0 + j) : 0.0f;
+        m = fmaxf(m, fabsf(v[j]));
+    }
+    float s = scale_from_amax_dev(warp_max(m), fmt, pow2);
+    if (lane == 0) scale[(size_t)kb * rows + r] = s;
+    uint8_t *qr = q + (size_t)r * cols;
+    if (c0 + 3 < cols && (cols & 3) == 0) {
+        uint32_t packed = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) packed |= (uint32_t)encode_dev(__fdiv_rn(v[j], s), fmt) << (8 * j);
+        *(uint32_t *)(qr + c0) = packed;
+    } else {
+        for (int j = 0; j < 4; j++)
+            if (c0 + j < cols) qr[c0 + j] = encode_dev(__fdiv_rn(v[j], s), fmt);
+    }
+}
+// weights, 128x128 tiles: one block of 256 threads per tile (grid: ldk x row tiles, the
+// padding columns of the scale matrix write 1). Thread t owns column t % 128 of rows
+// t / 128, +2, +4, ...: 64 values kept in registers between the amax and the encode.
+template <typename T>
+__global__ void __launch_bounds__(256) quant_128x128_kernel(uint8_t *q, float *scale, const T *x, int rows, int cols,
+                                                            int ldk, int fmt, int pow2) {
+    int kb = blockIdx.x, rb = blockIdx.y;
+    if (kb * FP8_BLOCK_SIZE >= cols) {  // padding scale
+        if (threadIdx.x == 0) scale[(size_t)rb * ldk + kb] = 1.0f;
+        return;
+    }
+    int c = kb * FP8_BLOCK_SIZE + (threadIdx.x & 127), r0 = rb * FP8_BLOCK_SIZE + (threadIdx.x >> 7);
+    float v[64], m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 64; i++) {
+        int r = r0 + 2 * i;
+        v[i] = (r < rows && c < cols) ? load_f(x, (size_t)r * cols + c) : 0.0f;
+        m = fmaxf(m, fabsf(v[i]));
+    }
+    float s = scale_from_amax_dev(block_max(m), fmt, pow2);
+    if (threadIdx.x == 0) scale[(size_t)rb * ldk + kb] = s;
+#pragma unroll
+    for (int i = 0; i < 64; i++) {
+        int r = r0 + 2 * i;
+        if (r < rows && c < cols) q[(size_t)r * cols + c] = encode_dev(__fdiv_rn(v[i], s), fmt);
+    }
+}
+
+template <typename T>
+static void quantize_t(FP8Tensor *t, const T *x, int pow2) {
+    int R = t->rows, C = t->cols, fmt = t->fmt;
+    size_t n = (size_t)R * C;
+    switch (t->gran) {
+        case FP8_TENSOR:
+            cudaCheck(cudaMemsetAsync(ctx.amax, 0, sizeof(float), ctx.stream));
+            amax_kernel<T><<<grid_for(n), 256, 0, ctx.stream>>>(ctx.amax, x, n);
+            launchCheck();
+            quant_tensor_kernel<T><<<grid_for(n), 256, 0, ctx.stream>>>(t->data, t->scale, ctx.amax, x, n, fmt, pow2);
+            break;
+        case FP8_ROW:
+            quant_row_kernel<T><<<R, 256, 0, ctx.stream>>>(t->data, t->scale, x, C, fmt, pow2);
+            break;
+        case FP8_BLOCK:
+            if (t->block_rows == 1) {
+                dim3 grid(cdiv(R, 8), cdiv(C, FP8_BLOCK_SIZE));
+                quant_1x128_kernel<T><<<grid, 256, 0, ctx.stream>>>(t->data, t->scale, x, R, C, fmt, pow2);
+            } else if (t->block_rows == FP8_BLOCK_SIZE) {
+                int ldk = fp8_scale_ld(FP8_BLOCK, R, C, FP8_BLOCK_SIZE);
+                dim3 grid(ldk, cdiv(R, FP8_BLOCK_SIZE));
+                quant_128x128_kernel<T><<<grid, 256, 0, ctx.stream>>>(t->data, t->scale, x, R, C, ldk, fmt, pow2);
+            } else die("fp8_quantize_cuda: block_rows must be 1 or 128, got %d", t->block_rows);
+            break;
+        default: die("fp8_quantize_cuda: granularity %d is not tensor, row or block", (int)t->gran);
+    }
+    launchCheck();
+}
+
+void fp8_quantize_cuda(FP8Tensor *t, const void *x, DType xdt, int pow2) {
+    need_init();
+    if (t->rows <= 0 || t->cols <= 0) die("fp8_quantize_cuda: empty tensor (%d, %d)", t->rows, t->cols);
+    if (xdt == DT_BF16) quantize_t(t, (const __nv_bfloat16 *)x, pow2);
+    else if (xdt == DT_F32) quantize_t(t, (const float *)x, pow2);
+    else die("fp8_quantize_cuda: input must be bf16 or f32, got %s", dtype_name(xdt));
+}
+
+// ----------------------------------------------------------------------------
+// dequantization
+
+__device__ __forceinline__ size_t scale_index_dev(int gran, int block_rows, int rows, int ld, int r, int c) {
+    if (gran == FP8_ROW) return r;
+    if (gran == FP8_BLOCK) {
+        if (block_rows == 1) return (size_t)(c / FP8_BLOCK_SIZE) * rows + r;
+        return (size_t)(r / FP8_BLOCK_SIZE) * ld + c / FP8_BLOCK_SIZE;
+    }
+    return 0;
+}
+__device__ __forceinline__ void store_f(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void store_f(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+template <typename T>
+__global__ void dequant_kernel(T *out, const uint8_t *q, const float *scale, int rows, int cols, int gran, int block_rows,
+                               int ld, int fmt) {
+    size_t n = (size_t)rows * cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        int r = (int)(i / cols), c = (int)(i % cols);
+        store_f(out, i, decode_dev(q[i], fmt) * scale[scale_index_dev(gran, block_rows, rows, ld, r, c)]);
+    }
+}
+
+void fp8_dequantize_cuda(void *out, DType odt, const FP8Tensor *t) {
+    need_init();
+    size_t n = (size_t)t->rows * t->cols;
+    int ld = fp8_scale_ld(t->gran, t->rows, t->cols, t->block_rows);
+    if (odt == DT_BF16)
+        dequant_kernel<<<grid_for(n), 256, 0, ctx.stream>>>((__nv_bfloat16 *)out, t->data, t->scale, t->rows, t->cols,
+                                                            t->gran, t->block_rows, ld, t->fmt);
+    else if (odt == DT_F32)
+        dequant_kernel<<<grid_for(n), 256, 0, ctx.stream>>>((float *)out, t->data, t->scale, t->rows, t->cols, t->gran,
+                                                            t->block_rows, ld, t->fmt);
+    else die("fp8_dequantize_cuda: output must be bf16 or f32, got %s", dtype_name(odt));
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// hand-written GEMM kernels: Y[M,N] = X[M,K] W[N,K]^T
+// Both take the scale layouts of fp8.h. For BLOCK a partial sum is kept per 128-wide K
+// step and promoted into the fp32 accumulator with sx[m, kb] * sw[n/128, kb], as
+// DeepSeek-V3 does; for TENSOR/ROW the scales multiply once at the end.
+
+typedef struct {
+    const uint8_t *x, *w;
+    const float *sx, *sw;
+    int M, N, K, gran, fx, fw, ldsw, accumulate;
+} GemmArgs;
+
+__device__ __forceinline__ float sx_at(const GemmArgs &a, int m, int kb) {
+    return a.gran == FP8_BLOCK ? a.sx[(size_t)kb * a.M + m] : a.gran == FP8_ROW ? a.sx[m] : a.sx[0];
+}
+__device__ __forceinline__ float sw_at(const GemmArgs &a, int n, int kb) {
+    return a.gran == FP8_BLOCK ? a.sw[(size_t)(n / FP8_BLOCK_SIZE) * a.ldsw + kb] : a.gran == FP8_ROW ? a.sw[n] : a.sw[0];
+}
+template <typename T>
+__device__ __forceinline__ void store_out(T *y, const GemmArgs &a, int m, int n, float v) {
+    size_t i = (size_t)m * a.N + n;
+    if (a.accumulate) v += load_f(y, i);
+    store_f(y, i, v);
+}
+
+// ---- version 2: tiled, CUDA cores. 64x64 output tile per block of 256 threads, 4x4 outputs
+// per thread; a K step of 128 codes of X and W is staged in shared memory and decoded through
+// a 256-entry table. Any shape. This is the fallback for what version 3 does not take.
+template <typename T>
+__global__ void __launch_bounds__(256) gemm_fp8_v2_kernel(T *y, GemmArgs a) {
+    __shared__ uint8_t xs[64][FP8_BLOCK_SIZE + 4], ws[64][FP8_BLOCK_SIZE + 4];
+    __shared__ float lutx[256], lutw[256];
+    lutx[threadIdx.x] = decode_dev((uint8_t)threadIdx.x, a.fx);
+    lutw[threadIdx.x] = decode_dev((uint8_t)threadIdx.x, a.fw);
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    int m0 = blockIdx.y * 64, n0 = blockIdx.x * 64;
+    float acc[4][4] = {}, part[4][4];
+    for (int k0 = 0, kb = 0; k0 < a.K; k0 += FP8_BLOCK_SIZE, kb++) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < 64 * FP8_BLOCK_SIZE; i += 256) {
+            int r = i / FP8_BLOCK_SIZE, k = i % FP8_BLOCK_SIZE;
+            bool kin = k0 + k < a.K;
+            xs[r][k] = (m0 + r < a.M && kin) ? a.x[(size_t)(m0 + r) * a.K + k0 + k] : 0;
+            ws[r][k] = (n0 + r < a.N && kin) ? a.w[(size_t)(n0 + r) * a.K + k0 + k] : 0;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) part[i][j] = 0.0f;
+        for (int k = 0; k < FP8_BLOCK_SIZE; k++) {
+            float xv[4], wv[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) xv[i] = lutx[xs[ty * 4 + i][k]];
+#pragma unroll
+            for (int j = 0; j < 4; j++) wv[j] = lutw[ws[tx * 4 + j][k]];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) part[i][j] += xv[i] * wv[j];
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int m = m0 + ty * 4 + i, n = n0 + tx * 4 + j;
+                if (a.gran == FP8_BLOCK) {
+                    float s = (m < a.M && n < a.N) ? sx_at(a, m, kb) * sw_at(a, n, kb) : 0.0f;
+                    acc[i][j] += part[i][j] * s;
+                } else acc[i][j] += part[i][j];
+            }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int m = m0 + ty * 4 + i, n = n0 + tx * 4 + j;
+            if (m >= a.M || n >= a.N) continue;
+            float v = a.gran == FP8_BLOCK ? acc[i][j] : acc[i][j] * (sx_at(a, m, 0) * sw_at(a, n, 0));
+            store_out(y, a, m, n, v);
+        }
+}
+
+// ---- version 3: tensor cores through mma.sync.m16n8k32 with FP8 operands (sm_89+; on
+// Hopper the fast path is wgmma, a later version). Block tile 128x128, K step 128 (one scale
+// block), 8 warps as 2 (M) x 4 (N), each warp 64x32 = 4x4 mma tiles of 16x8. Tiles go
+// global -> shared with cp.async, two stages, rows padded to 144 bytes so the fragment loads
+// of a warp hit 32 different banks. Needs K % 16 == 0 (16-byte rows for cp.async).
+#define V3_BM 128
+#define V3_BN 128
+#define V3_BK 128
+#define V3_LDS (V3_BK + 16)
+#define V3_SMEM (2 * (V3_BM + V3_BN) * V3_LDS)
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    int n = valid ? 16 : 0;  // 0: zero-fill the 16 bytes
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// D (16x8 f32) += A (16x32 fp8, row) * B (32x8 fp8, col): FX/FW pick e4m3 or e5m2
+template <int FX, int FW>
+__device__ __forceinline__ void mma_fp8(float *d, const uint32_t *a, const uint32_t *b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define MMA_FP8(TA, TB)                                                                                   \
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32." TA "." TB ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
+                 "{%8,%9}, {%0,%1,%2,%3};\n"                                                              \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                         \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+    if (FX == FP8_E4M3 && FW == FP8_E4M3) MMA_FP8("e4m3", "e4m3");
+    else if (FX == FP8_E5M2 && FW == FP8_E4M3) MMA_FP8("e5m2", "e4m3");
+    else if (FX == FP8_E4M3 && FW == FP8_E5M2) MMA_FP8("e4m3", "e5m2");
+    else MMA_FP8("e5m2", "e5m2");
+#undef MMA_FP8
+#endif
+}
+
+template <typename T, int FX, int FW, bool BLOCKWISE>
+__global__ void __launch_bounds__(256) gemm_fp8_v3_kernel(T *y, GemmArgs a) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    uint8_t *xs = smem, *ws = smem + 2 * V3_BM * V3_LDS;  // [stage][row][V3_LDS]
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int g = lane >> 2, t4 = lane & 3;     // mma fragment coordinates
+    int wm = warp >> 2, wn = warp & 3;    // warp tile (64 x 32) in the block tile
+    int m0 = blockIdx.y * V3_BM, n0 = blockIdx.x * V3_BN;
+    int KT = cdiv(a.K, V3_BK);
+
+    auto load_stage = [&](int stage, int kt) {
+        int k0 = kt * V3_BK;
+        for (int c = tid; c < V3_BM * (V3_BK / 16); c += 256) {  // 1024 chunks of 16 bytes
+            int r = c >> 3, kc = (c & 7) * 16;
+            bool kin = k0 + kc < a.K;
+            int mr = min(m0 + r, a.M - 1), nr = min(n0 + r, a.N - 1), kk = kin ? k0 + kc : 0;
+            cp_async16(xs + (stage * V3_BM + r) * V3_LDS + kc, a.x + (size_t)mr * a.K + kk, kin && m0 + r < a.M);
+            cp_async16(ws + (stage * V3_BN + r) * V3_LDS + kc, a.w + (size_t)nr * a.K + kk, kin && n0 + r < a.N);
+        }
+        cp_async_commit();
+    };
+
+    float acc[4][4][4], part[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int v = 0; v < 4; v++) acc[i][j][v] = 0.0f;
+
+    load_stage(0, 0);
+    for (int kt = 0; kt < KT; kt++) {
+        if (kt + 1 < KT) { load_stage((kt + 1) & 1, kt + 1); cp_async_wait<1>(); }
+        else cp_async_wait<0>();
+        __syncthreads();
+        const uint8_t *xt = xs + (kt & 1) * V3_BM * V3_LDS, *wt = ws + (kt & 1) * V3_BN * V3_LDS;
+        if (BLOCKWISE) {
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int v = 0; v < 4; v++) part[i][j][v] = 0.0f;
+        }
+#pragma unroll
+        for (int kk = 0; kk < V3_BK; kk += 32) {
+            uint32_t af[4][4], bf[4][2];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint8_t *p = xt + (wm * 64 + i * 16 + g) * V3_LDS + kk + t4 * 4;
+                af[i][0] = *(const uint32_t *)p;
+                af[i][1] = *(const uint32_t *)(p + 8 * V3_LDS);
+                af[i][2] = *(const uint32_t *)(p + 16);
+                af[i][3] = *(const uint32_t *)(p + 8 * V3_LDS + 16);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const uint8_t *p = wt + (wn * 32 + j * 8 + g) * V3_LDS + kk + t4 * 4;
+                bf[j][0] = *(const uint32_t *)p;
+                bf[j][1] = *(const uint32_t *)(p + 16);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    if constexpr (BLOCKWISE) mma_fp8<FX, FW>(part[i][j], af[i], bf[j]);
+                    else mma_fp8<FX, FW>(acc[i][j], af[i], bf[j]);
+                }
+        }
+        if (BLOCKWISE) {  // promote: acc += part * sx[m, kt] * sw[n0/128, kt]
+            float sw = a.sw[(size_t)(n0 / FP8_BLOCK_SIZE) * a.ldsw + kt];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int mlo = m0 + wm * 64 + i * 16 + g, mhi = mlo + 8;
+                float slo = mlo < a.M ? a.sx[(size_t)kt * a.M + mlo] * sw : 0.0f;
+                float shi = mhi < a.M ? a.sx[(size_t)kt * a.M + mhi] * sw : 0.0f;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    acc[i][j][0] += part[i][j][0] * slo;
+                    acc[i][j][1] += part[i][j][1] * slo;
+                    acc[i][j][2] += part[i][j][2] * shi;
+                    acc[i][j][3] += part[i][j][3] * shi;
+                }
+            }
+        }
+        __syncthreads();  // the stage is overwritten by the next iteration's load
+    }
+    // epilogue: fragment element v sits at row g (+8 for v >= 2), column 2*t4 + (v & 1)
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                int m = m0 + wm * 64 + i * 16 + g + (v >= 2 ? 8 : 0), n = n0 + wn * 32 + j * 8 + 2 * t4 + (v & 1);
+                if (m >= a.M || n >= a.N) continue;
+                float val = BLOCKWISE ? acc[i][j][v] : acc[i][j][v] * (sx_at(a, m, 0) * sw_at(a, n, 0));
+                store_out(y, a, m, n, val);
+            }
+}
+
+// launchers (also used by dev/gemm_fp8.cu)
+template <typename T>
+static void launch_v2(T *y, const GemmArgs &a) {
+    dim3 grid(cdiv(a.N, 64), cdiv(a.M, 64));
+    gemm_fp8_v2_kernel<T><<<grid, 256, 0, ctx.stream>>>(y, a);
+    launchCheck();
+}
+template <typename T, int FX, int FW, bool BW>
+static void launch_v3_t(T *y, const GemmArgs &a) {
+    static int attr_set = 0;  // per instantiation
+    if (!attr_set) {
+        cudaCheck(cudaFuncSetAttribute(gemm_fp8_v3_kernel<T, FX, FW, BW>, cudaFuncAttributeMaxDynamicSharedMemorySize, V3_SMEM));
+        attr_set = 1;
+    }
+    dim3 grid(cdiv(a.N, V3_BN), cdiv(a.M, V3_BM));
+    gemm_fp8_v3_kernel<T, FX, FW, BW><<<grid, 256, V3_SMEM, ctx.stream>>>(y, a);
+    launchCheck();
+}
+template <typename T, int FX, int FW>
+static void launch_v3_f(T *y, const GemmArgs &a) {
+    if (a.gran == FP8_BLOCK) launch_v3_t<T, FX, FW, true>(y, a);
+    else launch_v3_t<T, FX, FW, false>(y, a);
+}
+template <typename T>
+static void launch_v3(T *y, const GemmArgs &a) {
+    if (a.fx == FP8_E4M3 && a.fw == FP8_E4M3) launch_v3_f<T, FP8_E4M3, FP8_E4M3>(y, a);
+    else if (a.fx == FP8_E5M2 && a.fw == FP8_E4M3) launch_v3_f<T, FP8_E5M2, FP8_E4M3>(y, a);
+    else if (a.fx == FP8_E4M3 && a.fw == FP8_E5M2) launch_v3_f<T, FP8_E4M3, FP8_E5M2>(y, a);
+    else launch_v3_f<T, FP8_E5M2, FP8_E5M2>(y, a);
+}
+
+static GemmArgs gemm_args(const FP8Tensor *x, const FP8Tensor *w, int accumulate) {
+    GemmArgs a;
+    a.x = x->data; a.w = w->data; a.sx = x->scale; a.sw = w->scale;
+    a.M = x->rows; a.N = w->rows; a.K = x->cols;
+    a.gran = x->gran; a.fx = x->fmt; a.fw = w->fmt;
+    a.ldsw = fp8_scale_ld(w->gran, w->rows, w->cols, w->block_rows);
+    a.accumulate = accumulate;
+    return a;
+}
+
+// ----------------------------------------------------------------------------
+// cuBLASLt. cuBLASLt is column-major: our row-major Y[M,N] is its D (N x M, ld N), and
+//   D = op(A) * B with A = W (stored K x N, ld K, op = transpose) and B = X (K x M, ld K),
+// the "TN" layout Hopper's FP8 GEMMs require (both operands K-major, as HF stores them).
+// So cuBLASLt's A scales are W's and its B scales are X's:
+//   TENSOR  SCALAR_32F both (device pointers to one float)
+//   ROW     OUTER_VEC_32F: A's per row of op(A) = per output channel (N), B's per token (M)
+//   BLOCK   A BLK128x128_32F over W (ceil(N/128) rows of ldk = round4(ceil(K/128)) floats),
+//           B VEC128_32F over X ((K/128, M), token-contiguous): exactly fp8.h's layouts.
+// A plan (descriptor, layouts, heuristic's algorithm) is cached per shape and alignment.
+
+static int ptr_align(const void *p) {
+    uintptr_t u = (uintptr_t)p;
+    int a = 256;
+    while (a > 1 && (u % a)) a >>= 1;
+    return a;
+}
+static cudaDataType_t cuda_fp8_type(int fmt) { return fmt == FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+static cudaDataType_t cuda_out_type(DType t) { return t == DT_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+static LtPlan *plan_find(int kind, int M, int N, int K, int gran, int fx, int fw, int ydt, int transa, int aa, int ab,
+                         int ay) {
+    for (int i = 0; i < PLAN_CACHE; i++) {
+        LtPlan *p = &ctx.plans[i];
+        if (p->used && p->kind == kind && p->M == M && p->N == N && p->K == K && p->gran == gran && p->fx == fx &&
+            p->fw == fw && p->ydt == ydt && p->fast == ctx.fast_accum && p->transa == transa && p->align_a == aa &&
+            p->align_b == ab && p->align_y == ay)
+            return p;
+    }
+    LtPlan *p = &ctx.plans[ctx.next_plan];
+    ctx.next_plan = (ctx.next_plan + 1) % PLAN_CACHE;
+    if (p->used) {  // evict
+        cublasLtMatmulDescDestroy(p->desc);
+        cublasLtMatrixLayoutDestroy(p->la);
+        cublasLtMatrixLayoutDestroy(p->lb);
+        cublasLtMatrixLayoutDestroy(p->ly);
+    }
+    memset(p, 0, sizeof *p);
+    p->used = 1; p->kind = kind; p->M = M; p->N = N; p->K = K; p->gran = gran; p->fx = fx; p->fw = fw;
+    p->ydt = ydt; p->fast = ctx.fast_accum; p->transa = transa; p->align_a = aa; p->align_b = ab; p->align_y = ay;
+    return p;
+}
+
+// build the plan's descriptor and layouts and ask the heuristic; p->ok says if it found one
+static void plan_build(LtPlan *p, cudaDataType_t ta, cudaDataType_t tb, int lda) {
+    cublasOperation_t opa = p->transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (p->kind == 0) {
+        int8_t fast = (int8_t)p->fast;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+        cublasLtMatmulMatrixScale_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, mb = ma;
+        if (p->gran == FP8_ROW) ma = mb = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        if (p->gran == FP8_BLOCK) { ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F; mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F; }
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
+        // the heuristic needs scale pointers set to know the mode is in use; real ones come per call
+        const void *dummy = ctx.workspace;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy, sizeof dummy));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy, sizeof dummy));
+    }
+    // A: (K x N) if transposed (W row-major), else (N... see callers) with leading dimension lda
+    if (p->transa) cublasCheck(cublasLtMatrixLayoutCreate(&p->la, ta, p->K, p->N, lda));
+    else cublasCheck(cublasLtMatrixLayoutCreate(&p->la, ta, p->N, p->K, lda));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->lb, tb, p->K, p->M, p->K));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->ly, cuda_out_type((DType)p->ydt), p->N, p->M, p->N));
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = ctx.workspace_bytes;
+    uint32_t aa = p->align_a, ab = p->align_b, ay = p->align_y;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ay, sizeof ay));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ay, sizeof ay));
+    cublasLtMatmulHeuristicResult_t res;
+    int n = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, p->desc, p->la, p->lb, p->ly, p->ly, pref, 1, &res, &n);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st == CUBLAS_STATUS_SUCCESS && n > 0) {
+        p->ok = 1;
+        p->algo = res.algo;
+    } else {
+        snprintf(p->why, sizeof p->why, "cuBLASLt heuristic has no algorithm (status %s)", cublasLtGetStatusString(st));
+    }
+}
+
+// the plan for an FP8 product, or NULL with the reason in why
+static LtPlan *fp8_plan(DType ydt, const FP8Tensor *x, const FP8Tensor *w, const void *y, char *why, size_t cap) {
+    int M = x->rows, N = w->rows, K = x->cols;
+    if (!ctx.has_fp8 || ctx.force_no_fp8) { snprintf(why, cap, "no FP8 tensor cores (compute capability %d)", ctx.cc); return NULL; }
+    if (x->fmt == FP8_E5M2 && w->fmt == FP8_E5M2) { snprintf(why, cap, "cuBLASLt does not multiply E5M2 by E5M2"); return NULL; }
+    if (K % 16) { snprintf(why, cap, "K = %d is not a multiple of 16 (cuBLASLt FP8 needs 16-byte rows)", K); return NULL; }
+    if (N % (ydt == DT_BF16 ? 8 : 4)) { snprintf(why, cap, "N = %d: output rows must be 16-byte multiples", N); return NULL; }
+    int aa = ptr_align(w->data), ab = ptr_align(x->data), ay = y ? ptr_align(y) : 256;
+    if (aa < 16 || ab < 16 || ay < 16) { snprintf(why, cap, "operand pointers must be 16-byte aligned"); return NULL; }
+    LtPlan *p = plan_find(0, M, N, K, x->gran, x->fmt, w->fmt, ydt, 1, aa, ab, ay);
+    if (!p->desc) plan_build(p, cuda_fp8_type(w->fmt), cuda_fp8_type(x->fmt), K);
+    if (!p->ok) { snprintf(why, cap, "%s for %dx%dx%d %s", p->why, M, N, K, fp8_gran_name((FP8Gran)x->gran)); return NULL; }
+    return p;
+}
+
+int fp8_gemm_cublaslt_supported(DType ydt, const FP8Tensor *x, const FP8Tensor *w, char *why, size_t why_cap) {
+    need_init();
+    char tmp[256];
+    if (!why) { why = tmp; why_cap = sizeof tmp; }
+    return fp8_plan(ydt, x, w, NULL, why, why_cap) != NULL;
+}
+
+static void lt_matmul(LtPlan *p, const cublasLtMatmulAlgo_t *algo, void *y, const void *A, const void *B, float beta) {
+    float alpha = 1.0f;
+    cublasCheck(cublasLtMatmul(ctx.lt, p->desc, &alpha, A, p->la, B, p->lb, &beta, y, p->ly, y, p->ly, algo,
+                               ctx.workspace, ctx.workspace_bytes, ctx.stream));
+}
+
+static void lt_run(LtPlan *p, void *y, const void *A, const void *B, const void *sa, const void *sb, int accumulate) {
+    if (p->kind == 0) {
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+    }
+    lt_matmul(p, &p->algo, y, A, B, accumulate ? 1.0f : 0.0f);
+}
+
+// BF16: D (N x M) = op(A) * B with B = X (K x M, ld K); A = W as (K x N, ld K) transposed
+// (Y = X W^T) or, for the backward, A = W as (N... ) see fp8_linear_dx_cuda.
+static void bf16_lt(void *y, DType ydt, const void *A, int transa, int lda, const void *B, int M, int N, int K,
+                    int accumulate) {
+    need_init();
+    LtPlan *p = plan_find(1, M, N, K, 0, 0, 0, ydt, transa, ptr_align(A), ptr_align(B), ptr_align(y));
+    if (!p->desc) plan_build(p, CUDA_R_16BF, CUDA_R_16BF, lda);
+    if (!p->ok) die("bf16 GEMM %dx%dx%d: %s", M, N, K, p->why);
+    lt_run(p, y, A, B, NULL, NULL, accumulate);
+}
+
+void bf16_gemm_cuda(void *y, DType ydt, const void *x, const void *w, int M, int N, int K, int accumulate) {
+    if (ydt != DT_BF16 && ydt != DT_F32) die("bf16_gemm_cuda: output must be bf16 or f32");
+    bf16_lt(y, ydt, w, 1, K, x, M, N, K, accumulate);
+}
+
+// ----------------------------------------------------------------------------
+// the FP8 GEMM with backend choice
+
+void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, int accumulate) {
+    need_init();
+    int M = x->rows, N = w->rows, K = x->cols;
+    if (w->cols != K) die("fp8_gemm_cuda: X is (%d, %d) but W is (%d, %d): inner dimensions differ", M, K, N, w->cols);
+    if (x->gran != w->gran) die("fp8_gemm_cuda: X is %s-scaled, W %s-scaled: use one granularity", fp8_gran_name(x->gran), fp8_gran_name(w->gran));
+    if (x->gran == FP8_BLOCK && (x->block_rows != 1 || w->block_rows != FP8_BLOCK_SIZE))
+        die("fp8_gemm_cuda: BLOCK needs X in 1x128 groups and W in 128x128 tiles (block_rows %d, %d)", x->block_rows, w->block_rows);
+    if (ydt != DT_BF16 && ydt != DT_F32) die("fp8_gemm_cuda: output must be bf16 or f32, got %s", dtype_name(ydt));
+    if (!ctx.has_fp8 || ctx.force_no_fp8) {  // BF16 path: dequantize both operands, one BF16 GEMM
+        void *xd = scratch(0, (size_t)M * K * 2), *wd = scratch(1, (size_t)N * K * 2);
+        fp8_dequantize_cuda(xd, DT_BF16, x);
+        fp8_dequantize_cuda(wd, DT_BF16, w);
+        bf16_gemm_cuda(y, ydt, xd, wd, M, N, K, accumulate);
+        ctx.last = "bf16-fallback";
+        return;
+    }
+    if (ctx.backend != FP8_GEMM_KERNEL) {
+        char why[256];
+        LtPlan *p = fp8_plan(ydt, x, w, y, why, sizeof why);
+        if (p) {
+            lt_run(p, y, w->data, x->data, w->scale, x->scale, accumulate);
+            ctx.last = "cublaslt";
+            return;
+        }
+        if (ctx.backend == FP8_GEMM_CUBLASLT)
+            die("fp8_gemm_cuda: cuBLASLt cannot run %dx%dx%d (%s): %s; the hand-written kernel can (backend auto or kernel)",
+                M, N, K, fp8_gran_name(x->gran), why);
+    }
+    GemmArgs a = gemm_args(x, w, accumulate);
+    if (K % 16 == 0) {
+        if (ydt == DT_BF16) launch_v3((__nv_bfloat16 *)y, a);
+        else launch_v3((float *)y, a);
+        ctx.last = "kernel-mma";
+    } else {
+        if (ydt == DT_BF16) launch_v2((__nv_bfloat16 *)y, a);
+        else launch_v2((float *)y, a);
+        ctx.last = "kernel-tiled";
+    }
+}
+
+// ----------------------------------------------------------------------------
+// backward: dX[M,K] = dY[M,N] W[N,K]. In cuBLASLt's column-major terms dX is D (K x M,
+// ld K) = A (K x N, ld K: W row-major, not transposed) * B (N x M, ld N: dY row-major).
+
+void fp8_linear_dx_cuda(void *dx, int accumulate, const void *dy, const FP8Tensor *w, int M) {
+    need_init();
+    int N = w->rows, K = w->cols;
+    void *wd = scratch(1, (size_t)N * K * 2);
+    fp8_dequantize_cuda(wd, DT_BF16, w);
+    // reuse the bf16 plan machinery with the roles renamed: output width K, reduction N
+    LtPlan *p = plan_find(1, M, K, N, 0, 0, 0, DT_BF16, 0, ptr_align(wd), ptr_align(dy), ptr_align(dx));
+    if (!p->desc) plan_build(p, CUDA_R_16BF, CUDA_R_16BF, K);
+    if (!p->ok) die("fp8_linear_dx_cuda %dx%dx%d: %s", M, K, N, p->why);
+    lt_run(p, dx, wd, dy, NULL, NULL, accumulate);
+}
