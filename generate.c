@@ -95,6 +95,11 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--tokenize")) { tokenize_only = 1; continue; }
         if (!strcmp(a, "--sqnr")) { sqnr = 1; continue; }
         if (!strcmp(a, "--chat")) { chat = 1; continue; }
+        static const char *valued[] = {"--model", "--tokens", "--prompt", "--dump-logits", "--device", "--lora",
+                                       "--max-new-tokens", "--temperature", "--top-p", "--top-k", "--seed", "--fp8"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
+        if (!known) die("unknown option %s (see --help)", a);
         if (i + 1 >= argc) die("%s needs a value (see --help)", a);
         const char *v = argv[++i];
         if (!strcmp(a, "--model")) model_dir = v;
@@ -112,9 +117,6 @@ int main(int argc, char **argv) {
             int g = fp8_gran_parse(v);
             if (g < 0) die("--fp8: unknown mode '%s': use block, row, tensor or off", v);
             opt.gran = (FP8Gran)g;
-        } else {
-            i--;
-            die("unknown option %s (see --help)", a);
         }
     }
     if (!model_dir) die("--model DIR is required (see --help)");

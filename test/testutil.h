@@ -107,7 +107,7 @@ static inline double max_abs_d(const double *a, long n) {
 #include <setjmp.h>
 static jmp_buf testutil_jb;
 static char testutil_err[1024];
-static void testutil_hook(const char *msg) {
+__attribute__((unused)) static void testutil_hook(const char *msg) {
     snprintf(testutil_err, sizeof testutil_err, "%s", msg);
     longjmp(testutil_jb, 1);
 }
