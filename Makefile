@@ -5,13 +5,14 @@
 #   make test         build and run the CPU test suites (Check); non-zero on any failure
 #   make test-gpu     build and run the GPU test suites (needs a CUDA GPU)
 #   make bench-gemm   build build/gemm_fp8 from dev/gemm_fp8.cu (the FP8 GEMM versions + benchmark, GPU)
+#   make bench-train  build build/bench_train (the LoRA training step on the CUDA backend, GPU)
 #
 # Knobs: CUDA_HOME=/path (default: where nvcc lives), NO_CUDA=1 (CPU only),
 # GPU_ARCH=90a|89|120|all (default: probe the GPU, else all), DEPS_PREFIX=dir
 # (Check/cJSON/PCRE2 unpacked somewhere, see ../shared/tools/devdeps).
 
 CC      ?= gcc
-CFLAGS  ?= -O2 -g
+CFLAGS  ?= -O3 -march=native -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -Idev
 LDLIBS  := -lm -fopenmp
 BUILD   := build
@@ -74,7 +75,7 @@ LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C)))
 # the CPU reference kernels and backend again, in fp64 (backend "cpu64")
 LIB_OBJ += $(BUILD)/ops_cpu64.o $(BUILD)/backend_cpu64.o
 ifeq ($(HAVE_CUDA),1)
-LIB_CU  := $(wildcard backend_cuda.cu fp8.cu)
+LIB_CU  := $(wildcard backend_cuda.cu attention.cu fp8.cu)
 LIB_OBJ += $(patsubst %.cu,$(BUILD)/%.o,$(notdir $(LIB_CU)))
 LDLIBS  += $(CUDA_LIBS)
 endif
@@ -87,7 +88,7 @@ HEADERS := $(wildcard *.h dev/*.h)
 
 VPATH := .:dev:test
 
-.PHONY: all test test-gpu clean bench-gemm
+.PHONY: all test test-gpu clean bench-gemm bench-train
 all: $(PROGS)
 
 $(BUILD):
@@ -139,8 +140,12 @@ test-gpu: $(TESTS_GPU)
 bench-gemm: $(BUILD)/gemm_fp8
 $(BUILD)/gemm_fp8: dev/gemm_fp8.cu fp8.cu dev/fp8_cpu.c $(HEADERS) | $(BUILD)
 	$(NVCC) $(NVCCFLAGS) $(NVLDFLAGS) dev/gemm_fp8.cu dev/fp8_cpu.c -o $@ -lcjson -lcublasLt -lcublas -lgomp
+# the LoRA training-step benchmark (C, links the library and the CUDA runtime)
+bench-train: $(BUILD)/bench_train
+$(BUILD)/bench_train: dev/bench_train.c $(LIB) $(HEADERS)
+	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 else
-test-gpu bench-gemm:
+test-gpu bench-gemm bench-train:
 	@echo "no nvcc: the GPU suites need the CUDA toolkit (and a GPU to run)"; exit 1
 endif
 

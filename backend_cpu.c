@@ -103,27 +103,12 @@ static void cpu_linear_forward(void *out, const void *inp, const QWeight *w, con
         OP(matmul_forward)((real *)out, (const real *)inp, (const real *)w->dense, (const real *)bias, N, C, OC);
         return;
     }
+    // both operands fake-quantized: activations now, the weight dequantized from its codes
     real *xq = fake_quant_act((const real *)inp, N, C, w->gran);
-    real *o = (real *)out;
-    const real *b = (const real *)bias;
-#pragma omp parallel
-    {
-        float *wf = (float *)mallocCheck(C * sizeof(float));
-        real *wr = (real *)mallocCheck(C * sizeof(real));
-#pragma omp for
-        for (int r = 0; r < OC; r++) {
-            fp8_dequantize_row_cpu(wf, &w->q, r);
-            for (int i = 0; i < C; i++) wr[i] = wf[i];
-            for (int n = 0; n < N; n++) {
-                const real *x = xq + (size_t)n * C;
-                double s = 0;
-                for (int i = 0; i < C; i++) s += (double)x[i] * wr[i];
-                o[(size_t)n * OC + r] = (real)(s + (b ? b[r] : 0));
-            }
-        }
-        free(wf);
-        free(wr);
-    }
+    real *wd = (real *)mallocCheck((size_t)OC * C * sizeof(real));
+    cpu_dequantize_weight(wd, w);
+    OP(matmul_forward)((real *)out, xq, wd, (const real *)bias, N, C, OC);
+    free(wd);
     free(xq);
 }
 

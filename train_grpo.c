@@ -38,9 +38,9 @@ typedef struct {
     const char *load_in_fp8;
     int resume, overwrite_output_dir, fp8_pow2, bf16_first_layers, bf16_last_layers, quiet;
     int max_steps, per_device_train_batch_size, micro_batch_size, lora_r, top_k, logging_steps, save_steps;
-    int eval_steps, eval_size, warmup_sft_steps, max_prompt_length, chat;
+    int eval_steps, eval_size, warmup_sft_steps, max_prompt_length, chat, max_operand;
     double learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm, warmup_ratio;
-    double lora_alpha, temperature, top_p, gpu_memory_utilization;
+    double lora_alpha, temperature, top_p, gpu_memory_utilization, warmup_carry_errors;
     long seed;
 } Opts;
 
@@ -58,6 +58,7 @@ static const OptDef OPTS[] = {
     {"model", O_STR, OFF(model), 0, 0, "Hugging Face checkpoint directory (default: the built-in tiny model)"},
     {"data", O_STR, OFF(data), 0, 0, "JSONL training data, one {\"prompt\", \"answer\"} per line (GSM8K \"#### N\" answers ok)"},
     {"task", O_STR, OFF(task), 0, 0, "built-in task when no --data: arithmetic | countdown (default arithmetic)"},
+    {"max_operand", O_INT, OFF(max_operand), 1, 999, "built-in arithmetic: operands in [0, max_operand]"},
     {"output_dir", O_STR, OFF(output_dir), 0, 0, "where metrics, checkpoints and the plot go (default out)"},
     {"resume", O_FLAG, OFF(resume), 0, 0, "continue from the last checkpoint in output_dir"},
     {"overwrite_output_dir", O_FLAG, OFF(overwrite_output_dir), 0, 0, "start over even if output_dir has checkpoints"},
@@ -93,6 +94,8 @@ static const OptDef OPTS[] = {
     {"eval_steps", O_INT, OFF(eval_steps), 0, 1e9, "held-out greedy evaluation every N steps (0: start and end only)"},
     {"eval_size", O_INT, OFF(eval_size), 0, 1e7, "held-out examples per evaluation"},
     {"warmup_sft_steps", O_INT, OFF(warmup_sft_steps), 0, 1e7, "built-in model: supervised warm-up steps before GRPO (cached)"},
+    {"warmup_carry_errors", O_DBL, OFF(warmup_carry_errors), 0, 1,
+     "built-in arithmetic: share of warm-up additions demonstrated with the carry forgotten"},
     {"gpu_memory_utilization", O_DBL, OFF(gpu_memory_utilization), 0.05, 0.99, "share of GPU memory for the KV-cache/activation arena"},
     {"quiet", O_FLAG, OFF(quiet), 0, 0, "only the summary"},
 };
@@ -125,6 +128,8 @@ static void opts_default(Opts *o, GrpoConfig *g) {
     o->eval_size = 200;
     o->warmup_sft_steps = 150;
     o->gpu_memory_utilization = 0.6;
+    o->max_operand = 99;
+    o->warmup_carry_errors = 0.0;
     *g = grpo_config_default();
     g->num_generations = 8;
     g->max_completion_length = 8;
@@ -302,7 +307,24 @@ static double evaluate(Model *m, const Task *task, const Formatter *f, int n, in
 // on task demonstrations "prompt answer<eos>", loss = mean -log p of the answer tokens.
 // It gives GRPO a model that is sometimes right, so rewards have variance to learn from.
 
-static void sft_warmup(Model *m, const Task *task, const Formatter *f, int steps, int batch, long seed, int eos, int quiet) {
+static double evaluate(Model *m, const Task *task, const Formatter *f, int n, int max_new, const int *eos, int neos);
+
+// The answer a warm-up demonstration shows. With probability p_forget an addition whose
+// ones digits carry is shown with the carry forgotten ("17+25=32"): imperfect data, as real
+// SFT data is. The warmed-up model then makes this one systematic error often; the
+// correctness reward lets GRPO find and fix it, and the fix carries over to held-out problems.
+static void demo_answer(const Example *ex, double p_forget, Rng *r, char *out, size_t cap) {
+    long a, b;
+    char op;
+    snprintf(out, cap, "%s", ex->answer);
+    if (p_forget <= 0 || ex->kind != TASK_ARITHMETIC || sscanf(ex->prompt, "%ld%c%ld=", &a, &op, &b) != 3 || op != '+')
+        return;
+    if (a % 10 + b % 10 >= 10 && rng_uniform_d(r) < p_forget) snprintf(out, cap, "%ld", a + b - 10);
+}
+
+static void sft_warmup(Model *m, const Task *task, const Formatter *f, int steps, int batch, long seed, int eos, int quiet,
+                       int eval_size, int max_new, double p_forget) {
+    Rng demo_rng = rng_make((uint64_t)seed ^ 0xd3e0ull);
     const Backend *be = m->be;
     if (be->act != be->hp) die("the warm-up trains every weight in fp32 and needs the CPU backend");
     model_alloc_grads(m);
@@ -320,7 +342,9 @@ static void sft_warmup(Model *m, const Task *task, const Formatter *f, int steps
             Example ex;
             task_example(task, SPLIT_TRAIN, (uint64_t)step * batch + b + (uint64_t)seed * 1000003ull, &ex);
             int *p, *a;
-            int np = encode_prompt(f, ex.prompt, &p), na = tokenizer_encode(f->tok, ex.answer, &a);
+            char ans[64];
+            demo_answer(&ex, p_forget, &demo_rng, ans, sizeof ans);
+            int np = encode_prompt(f, ex.prompt, &p), na = tokenizer_encode(f->tok, ans, &a);
             ids[b] = (int *)mallocCheck((np + na + 1) * sizeof(int));
             memcpy(ids[b], p, np * sizeof(int));
             memcpy(ids[b] + np, a, na * sizeof(int));
@@ -354,8 +378,11 @@ static void sft_warmup(Model *m, const Task *task, const Formatter *f, int steps
         be->scale(m->grads, n, (float)clip);
         double lr = lr_cosine_with_warmup(3e-3, step, steps / 10, steps);
         be->adamw(m->w.dense_mem, m->grads, mom, vel, n, (float)lr, 0.9f, 0.99f, 1e-8f, 0.0f, step + 1);
-        if (!quiet && (step % 25 == 0 || step == steps - 1))
-            printf("warm-up %4d/%d | loss %.4f | grad_norm %.3f | lr %.2e | %.1f s\n", step + 1, steps, loss, gn, lr, now_sec() - t0);
+        if (!quiet && ((step + 1) % 50 == 0 || step == steps - 1)) {
+            double acc = evaluate(m, task, f, eval_size, max_new, &eos, 1);
+            printf("warm-up %4d/%d | loss %.4f | grad_norm %.3f | lr %.2e | held-out %.3f | %.1f s\n", step + 1, steps, loss, gn,
+                   lr, acc, now_sec() - t0);
+        }
         for (int b = 0; b < batch; b++) free(ids[b]);
         free(flat);
         free(tg);
@@ -553,6 +580,7 @@ int main(int argc, char **argv) {
     Task task;
     TaskOptions to = task_options_default();
     to.seed = (uint64_t)o.seed;
+    to.max_operand = o.max_operand;
     task_open_or_die(&task, o.data ? o.data : o.task, &to);
     Tokenizer *tok;
     Model m;
@@ -581,8 +609,9 @@ int main(int argc, char **argv) {
         snprintf(wdir, sizeof wdir, "%s/warmup", o.output_dir);
         snprintf(wjson, sizeof wjson, "%s/warmup.json", wdir);
         char want[512];
-        snprintf(want, sizeof want, "{\"task\":\"%s\",\"steps\":%d,\"seed\":%ld,\"C\":%d,\"L\":%d,\"FF\":%d}", o.task,
-                 o.warmup_sft_steps, o.seed, tc.C, tc.L, tc.FF);
+        snprintf(want, sizeof want,
+                 "{\"task\":\"%s\",\"max_operand\":%d,\"steps\":%d,\"carry_errors\":%g,\"seed\":%ld,\"C\":%d,\"L\":%d,\"FF\":%d}",
+                 o.task, o.max_operand, o.warmup_sft_steps, o.warmup_carry_errors, o.seed, tc.C, tc.L, tc.FF);
         int cached = 0;
         if (file_exists(wjson)) {
             char *have = read_file(wjson, NULL);
@@ -596,7 +625,8 @@ int main(int argc, char **argv) {
             Model w;
             ModelOptions dense = {FP8_OFF, 0, 0, 0};
             model_init_random(&w, &tc, cpu, &dense, (uint64_t)o.seed);
-            sft_warmup(&w, &task, &fmt, o.warmup_sft_steps, 64, o.seed, tc.eos_ids[0], o.quiet);
+            sft_warmup(&w, &task, &fmt, o.warmup_sft_steps, 64, o.seed, tc.eos_ids[0], o.quiet, o.eval_size, g.max_completion_length,
+                       o.warmup_carry_errors);
             mkdir_or_die(wdir);
             model_save_hf(&w, wdir, DT_F32);
             write_file_atomic(wjson, want, strlen(want));
