@@ -1,0 +1,45 @@
+// attention_cuda.h: the CUDA attention kernels of the CUDA backend (attention.cu),
+// as plain C launchers. Every pointer is device memory; bf16 = act, float = hp.
+// Shapes and semantics are those of backend.h's attention ops (causal, GQA: query
+// head h reads key/value head h / (NH / KVH)); the CPU truth is dev/ops_cpu.c.
+//
+//   attention_forward_cuda    fused flash attention (online softmax, never T x T):
+//                             tensor cores (mma.sync bf16, fp32 accumulation) for
+//                             HD in {16, 32, 64, 128}, a scalar fp32 kernel for other even HD
+//   attention_backward_cuda   FlashAttention-2 backward, P recomputed from lse: one kernel
+//                             owns dK/dV per key block (no atomics), a second owns dQ per
+//                             query block; deterministic
+//   attention_decode_cuda     one query token per sequence over a paged KV cache,
+//                             split over the context (flash-decoding) and combined
+//   kv_write_cuda             rows of k, v into their cache slots
+#ifndef ATTENTION_CUDA_H
+#define ATTENTION_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// out (B, T, NH, HD) bf16, lse (B, NH, T) f32 (natural log); q (B, T, NH, HD), k, v (B, T, KVH, HD) bf16
+void attention_forward_cuda(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T, int NH,
+                            int KVH, int HD, void *stream);
+// floats of scratch attention_backward_cuda needs (the row dot products D = rowsum(dO * O))
+size_t attention_backward_scratch(int B, int T, int NH);
+// dq (B, T, NH, HD), dk, dv (B, T, KVH, HD) bf16, overwritten
+void attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse,
+                             const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD,
+                             float *scratch, void *stream);
+// floats of scratch attention_decode_cuda needs for these shapes (split partials)
+size_t attention_decode_scratch(int S, int NH, int KVH, int HD, int BS, int MB);
+void attention_decode_cuda(void *out, const void *q, const void *kc, const void *vc, const int32_t *block_table,
+                           const int32_t *seq_lens, int S, int NH, int KVH, int HD, int BS, int MB, float *scratch,
+                           void *stream);
+void kv_write_cuda(void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int N, int KVH, int HD,
+                   void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // ATTENTION_CUDA_H

@@ -1,0 +1,275 @@
+// dev/bench_train.c: the LoRA training step on the CUDA backend, Qwen3-shaped random models.
+// One step = model_forward + model_logprobs + model_backward + lora_adamw_step (+ zeroing the
+// gradients), timed CUDA-synchronized; the median of several steps after warm-up. Memory from
+// cudaMemGetInfo (what this process holds beyond the CUDA context), split by part.
+// With --profile, one more step runs with every backend op synchronized and timed (slower
+// overall, but it shows where the time goes), and attention / GEMM TFLOP/s are derived from it.
+//
+//   make bench-train && ./build/bench_train --model 0.6b --fp8 block,row,tensor,off --batch 8 --seq 1024
+//   ./build/bench_train --model 8b --fp8 block --batch 4 --seq 1024
+// Prints one summary table last.
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lora.h"
+#include "model.h"
+
+static Config qwen3_shape(const char *size) {
+    Config c;
+    memset(&c, 0, sizeof c);
+    c.arch = ARCH_QWEN3;
+    c.V = 151936;
+    c.HD = 128;
+    c.KVH = 8;
+    c.max_pos = 8192;
+    c.eps = 1e-6f;
+    c.rope_theta = 1e6f;
+    c.qk_norm = 1;
+    c.bos_id = -1;
+    c.eos_ids[0] = 151645;
+    c.n_eos = 1;
+    if (!strcmp(size, "0.6b")) {
+        c.C = 1024; c.FF = 3072; c.L = 28; c.NH = 16; c.tied = 1;
+    } else if (!strcmp(size, "8b")) {
+        c.C = 4096; c.FF = 12288; c.L = 36; c.NH = 32; c.tied = 0;
+    } else die("--model must be 0.6b or 8b, got '%s'", size);
+    return c;
+}
+
+static size_t gpu_used(void) {
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) die("cudaMemGetInfo failed");
+    return tot - fr;
+}
+static size_t used_base;  // memory in use after the backend's initialisation (CUDA context, cuBLAS)
+static double gib(size_t b) { return b / 1073741824.0; }
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+// ---- the profiling wrapper: every op synchronized and timed ----------------------------------
+enum { P_LIN_F, P_LIN_B, P_LORA_F, P_LORA_B, P_ATT_F, P_ATT_B, P_NORM, P_ROPE, P_SWIGLU, P_ADD, P_HEAD_F, P_HEAD_B,
+       P_EMB, P_OPT, P_MEM, P_COUNT };
+static const char *pname[P_COUNT] = {"linear forward (FP8 quantize + GEMM)", "linear backward (dX)", "LoRA forward",
+                                     "LoRA backward", "attention forward", "attention backward", "rmsnorm f+b",
+                                     "rope f+b", "swiglu f+b", "residual add", "logprobs forward (lm head)",
+                                     "logprobs backward (lm head)", "embedding", "AdamW + grad zero",
+                                     "memcpy / memset"};
+static double ptime[P_COUNT];
+static long pcalls[P_COUNT];
+static const Backend *R;
+static Backend W;
+#define T0 R->sync(); double t0_ = now_sec()
+#define T1(k) R->sync(); ptime[k] += now_sec() - t0_; pcalls[k]++
+static void w_linear_forward(void *out, const void *inp, const QWeight *w, const void *bias, int N) {
+    T0; R->linear_forward(out, inp, w, bias, N); T1(P_LIN_F);
+}
+static void w_linear_backward(void *dinp, int acc, void *dw, void *db, const void *dout, const void *inp, const QWeight *w, int N) {
+    T0; R->linear_backward(dinp, acc, dw, db, dout, inp, w, N); T1(P_LIN_B);
+}
+static void w_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, float s, int N, int C, int Rk, int OC) {
+    T0; R->lora_forward(out, ax, inp, A, B, s, N, C, Rk, OC); T1(P_LORA_F);
+}
+static void w_lora_backward(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax, const void *A,
+                            const void *B, float s, int N, int C, int Rk, int OC) {
+    T0; R->lora_backward(dinp, dA, dB, dout, inp, ax, A, B, s, N, C, Rk, OC); T1(P_LORA_B);
+}
+static void w_att_f(void *out, void *lse, const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD) {
+    T0; R->attention_forward(out, lse, q, k, v, B, T, NH, KVH, HD); T1(P_ATT_F);
+}
+static void w_att_b(void *dq, void *dk, void *dv, const void *dout, const void *out, const void *lse, const void *q,
+                    const void *k, const void *v, int B, int T, int NH, int KVH, int HD) {
+    T0; R->attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, KVH, HD); T1(P_ATT_B);
+}
+static void w_norm_f(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
+    T0; R->rmsnorm_forward(out, rstd, inp, w, N, C, eps); T1(P_NORM);
+}
+static void w_norm_b(void *dinp, void *dw, const void *dout, const void *inp, const void *w, const void *rstd, int N, int C) {
+    T0; R->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C); T1(P_NORM);
+}
+static void w_rope_f(void *x, const int32_t *pos, const void *f, int N, int H, int HD) { T0; R->rope_forward(x, pos, f, N, H, HD); T1(P_ROPE); }
+static void w_rope_b(void *x, const int32_t *pos, const void *f, int N, int H, int HD) { T0; R->rope_backward(x, pos, f, N, H, HD); T1(P_ROPE); }
+static void w_swiglu_f(void *o, const void *g, const void *u, size_t n) { T0; R->swiglu_forward(o, g, u, n); T1(P_SWIGLU); }
+static void w_swiglu_b(void *dg, void *du, const void *d, const void *g, const void *u, size_t n) {
+    T0; R->swiglu_backward(dg, du, d, g, u, n); T1(P_SWIGLU);
+}
+static void w_add(void *o, const void *a, const void *b, size_t n) { T0; R->add(o, a, b, n); T1(P_ADD); }
+static void w_logp_f(void *logp, void *lse, const void *h, const void *wlm, const int32_t *t, float it, int N, int C, int V) {
+    T0; R->logprobs_forward(logp, lse, h, wlm, t, it, N, C, V); T1(P_HEAD_F);
+}
+static void w_logp_b(void *dh, void *dwlm, const void *dl, const void *lse, const void *h, const void *wlm, const int32_t *t,
+                     float it, int N, int C, int V) {
+    T0; R->logprobs_backward(dh, dwlm, dl, lse, h, wlm, t, it, N, C, V); T1(P_HEAD_B);
+}
+static void w_emb_f(void *out, const int32_t *ids, const void *wte, int N, int C) { T0; R->embedding_forward(out, ids, wte, N, C); T1(P_EMB); }
+static void w_adamw(void *p, const void *g, void *m, void *v, size_t n, float lr, float b1, float b2, float eps, float wd, int step) {
+    T0; R->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, step); T1(P_OPT);
+}
+static void w_zero(void *p, size_t bytes) { T0; R->zero(p, bytes); T1(P_MEM); }
+static void w_upload(void *d, const void *s, size_t b) { T0; R->upload(d, s, b); T1(P_MEM); }
+static void w_upload_convert(void *d, DType dt, const void *s, DType st, size_t n) { T0; R->upload_convert(d, dt, s, st, n); T1(P_MEM); }
+
+static void make_profiler(const Backend *real) {
+    R = real;
+    W = *real;
+    W.linear_forward = w_linear_forward; W.linear_backward = w_linear_backward;
+    W.lora_forward = w_lora_forward; W.lora_backward = w_lora_backward;
+    W.attention_forward = w_att_f; W.attention_backward = w_att_b;
+    W.rmsnorm_forward = w_norm_f; W.rmsnorm_backward = w_norm_b;
+    W.rope_forward = w_rope_f; W.rope_backward = w_rope_b;
+    W.swiglu_forward = w_swiglu_f; W.swiglu_backward = w_swiglu_b; W.add = w_add;
+    W.logprobs_forward = w_logp_f; W.logprobs_backward = w_logp_b;
+    W.embedding_forward = w_emb_f; W.adamw = w_adamw;
+    W.zero = w_zero; W.upload = w_upload; W.upload_convert = w_upload_convert;
+}
+
+// ---- one configuration ----------------------------------------------------------------------
+typedef struct {
+    FP8Gran gran;
+    double step_ms, tok_s, min_ms, max_ms;
+    double peak, weights, lora, acts, scratch;  // GiB
+    double att_f_tflops, att_b_tflops, lin_f_tflops, lin_b_tflops;
+} Result;
+
+static void one_step(Model *m, LoRA *lo, const int *ids, const int *tg, const double *dl, double *logp, int B, int T) {
+    model_forward(m, ids, B, T);
+    model_logprobs(m, tg, 1.0f, logp);
+    model_backward(m, dl);
+    lora_adamw_step(lo, 1e-5f, 0.9f, 0.999f, 1e-8f, 0.0f);
+    lora_zero_grads(lo);
+}
+
+static Result run(const char *size, FP8Gran gran, int B, int T, int steps, int warmup, int rank, int profile) {
+    const Backend *be = backend_select("cuda", 0);
+    Config cfg = qwen3_shape(size);
+    Result res;
+    memset(&res, 0, sizeof res);
+    res.gran = gran;
+    ModelOptions opt;
+    memset(&opt, 0, sizeof opt);
+    opt.gran = gran;
+    Model m;
+    double t0 = now_sec();
+    model_init_random(&m, &cfg, be, &opt, 1234);
+    fprintf(stderr, "  %s %s: random weights in %.1f s\n", size, fp8_gran_name(gran), now_sec() - t0);
+    LoRA *lo = lora_create(&m, rank, (float)rank, (1u << LIN_COUNT) - 1, 99);
+    m.lora = lo;
+    m.lora_on = 1;
+    int N = B * T;
+    int *ids = (int *)mallocCheck(N * sizeof(int)), *tg = (int *)mallocCheck(N * sizeof(int));
+    double *dl = (double *)mallocCheck(N * sizeof(double)), *logp = (double *)mallocCheck(N * sizeof(double));
+    Rng r = rng_make(5);
+    for (int i = 0; i < N; i++) ids[i] = rng_int(&r, 150000);
+    for (int i = 0; i < N; i++) {
+        tg[i] = (i % T == T - 1) ? -1 : ids[i + 1];
+        dl[i] = tg[i] < 0 ? 0 : (rng_uniform(&r) < 0.5f ? -1.0 : 1.0) / N;  // advantage-like weights
+    }
+    double *ms = (double *)mallocCheck((steps + warmup) * sizeof(double));
+    for (int s = 0; s < warmup + steps; s++) {
+        be->sync();
+        double a = now_sec();
+        one_step(&m, lo, ids, tg, dl, logp, B, T);
+        be->sync();
+        ms[s] = (now_sec() - a) * 1e3;
+        fprintf(stderr, "  step %d: %.2f ms%s\n", s, ms[s], s < warmup ? " (warm-up)" : "");
+    }
+    double mean_logp = 0;
+    for (int i = 0; i < N; i++) mean_logp += logp[i] / N;
+    qsort(ms + warmup, steps, sizeof(double), cmp_d);
+    res.step_ms = ms[warmup + steps / 2];
+    res.min_ms = ms[warmup];
+    res.max_ms = ms[warmup + steps - 1];
+    res.tok_s = N / (res.step_ms * 1e-3);
+    be->sync();
+    size_t used = gpu_used() - used_base;
+    size_t wbytes = m.w.dense_bytes + m.w.fp8_bytes;
+    size_t lbytes = lo->n * dtype_size(be->hp) * 4;
+    size_t ax = (size_t)lo->ax_cap * lo->r * dtype_size(be->hp);
+    int nad = 0;
+    for (int i = 0; i < LIN_COUNT; i++) nad += (lo->targets >> i) & 1;
+    ax *= (size_t)nad * cfg.L;
+    res.peak = gib(used);
+    res.weights = gib(wbytes);
+    res.lora = gib(lbytes);
+    res.acts = gib(m.acts.bytes + ax);
+    res.scratch = gib(used > wbytes + lbytes + m.acts.bytes + ax ? used - wbytes - lbytes - m.acts.bytes - ax : 0);
+    fprintf(stderr, "  mean logp %.4f (finite: %s)\n", mean_logp, mean_logp == mean_logp ? "yes" : "NO");
+    if (profile) {
+        memset(ptime, 0, sizeof ptime);
+        memset(pcalls, 0, sizeof pcalls);
+        make_profiler(be);
+        m.be = &W;
+        lo->be = &W;
+        one_step(&m, lo, ids, tg, dl, logp, B, T);
+        m.be = be;
+        lo->be = be;
+        double tot = 0;
+        for (int k = 0; k < P_COUNT; k++) tot += ptime[k];
+        printf("\nprofile (%s, fp8 %s, every op synchronized; sum %.1f ms):\n", size, fp8_gran_name(gran), tot * 1e3);
+        for (int k = 0; k < P_COUNT; k++)
+            if (pcalls[k]) printf("  %-40s %8.2f ms  %5.1f%%  (%ld calls)\n", pname[k], ptime[k] * 1e3, 100 * ptime[k] / tot, pcalls[k]);
+        // useful FLOPs (causal: half the T x T pairs; backward counted as 2.5x forward as FlashAttention does)
+        double pairs = (double)B * cfg.NH * T * (T + 1) / 2;
+        double af = 4.0 * pairs * cfg.HD * cfg.L;
+        res.att_f_tflops = af / ptime[P_ATT_F] / 1e12;
+        res.att_b_tflops = 2.5 * af / ptime[P_ATT_B] / 1e12;
+        double lin_params = 0;
+        for (int i = 0; i < LIN_COUNT; i++) lin_params += (double)m.w.layers[0].lin[i].rows * m.w.layers[0].lin[i].cols;
+        double lf = 2.0 * N * lin_params * cfg.L;
+        res.lin_f_tflops = lf / ptime[P_LIN_F] / 1e12;
+        res.lin_b_tflops = lf / ptime[P_LIN_B] / 1e12;
+        printf("  attention forward %.0f TFLOP/s, backward %.0f TFLOP/s (useful FLOPs, causal)\n", res.att_f_tflops, res.att_b_tflops);
+        printf("  linear forward %.0f TFLOP/s, linear backward dX %.0f TFLOP/s\n", res.lin_f_tflops, res.lin_b_tflops);
+        double hf = 2.0 * N * (double)cfg.V * cfg.C;
+        printf("  lm head forward %.0f TFLOP/s, backward %.0f TFLOP/s (recompute + dh)\n", hf / ptime[P_HEAD_F] / 1e12,
+               2 * hf / ptime[P_HEAD_B] / 1e12);
+    }
+    m.lora = NULL;
+    lora_free(lo);
+    model_free(&m);
+    free(ids); free(tg); free(dl); free(logp); free(ms);
+    return res;
+}
+
+int main(int argc, char **argv) {
+    const char *size = "0.6b", *grans = "block,row,tensor,off";
+    int B = 8, T = 1024, steps = 7, warmup = 2, rank = 32, profile = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--model") && i + 1 < argc) size = argv[++i];
+        else if (!strcmp(argv[i], "--fp8") && i + 1 < argc) grans = argv[++i];
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) B = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seq") && i + 1 < argc) T = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--rank") && i + 1 < argc) rank = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--profile")) profile = 1;
+        else die("usage: bench_train [--model 0.6b|8b] [--fp8 block,row,tensor,off] [--batch B] [--seq T] [--steps n] "
+                 "[--warmup n] [--rank r] [--profile]");
+    }
+    if (B < 1 || T < 2 || steps < 1 || warmup < 0) die("bad --batch/--seq/--steps/--warmup");
+    const Backend *be = backend_select("cuda", 0);
+    be->sync();
+    used_base = gpu_used();
+    Result res[4];
+    int nr = 0;
+    char *list = str_dup(grans), *save = NULL;
+    for (char *tok = strtok_r(list, ",", &save); tok && nr < 4; tok = strtok_r(NULL, ",", &save)) {
+        int g = fp8_gran_parse(tok);
+        if (g < 0) die("--fp8: unknown granularity '%s' (block, row, tensor, off)", tok);
+        res[nr++] = run(size, (FP8Gran)g, B, T, steps, warmup, rank, profile);
+    }
+    free(list);
+    printf("\nLoRA training step, CUDA backend, %s, Qwen3-%s shape, batch %d x %d, LoRA r=%d on all 7 projections, "
+           "median of %d steps after %d warm-up\n",
+           be->device_desc, size, B, T, rank, steps, warmup);
+    printf("| fp8 | step ms (min-max) | tokens/s | peak GiB | weights | LoRA+AdamW | activations | backend scratch |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for (int i = 0; i < nr; i++)
+        printf("| %s | %.1f (%.1f-%.1f) | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", fp8_gran_name(res[i].gran), res[i].step_ms,
+               res[i].min_ms, res[i].max_ms, res[i].tok_s, res[i].peak, res[i].weights, res[i].lora, res[i].acts,
+               res[i].scratch);
+    return 0;
+}

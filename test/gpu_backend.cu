@@ -1,0 +1,1174 @@
+// test/gpu_backend.cu: GPU suite for the CUDA backend (backend_cuda.cu, attention.cu) against
+// the CPU reference kernels (dev/ops_cpu.c) and the CPU backend (backend_cpu.c).
+// Every op on random inputs (never zeros), then whole models from the Hugging Face fixtures
+// (test/fixtures/{qwen3,qwen2,llama3}) on both backends: logits, KV-cache decode, LoRA gradients.
+// Run on a GPU: make test-gpu (CK_FORK=no: a CUDA context does not survive fork).
+//
+// How the tolerances are derived. The GPU holds activations in bf16 (8 significant bits), so
+// the reference is fed the same bf16-rounded inputs and a tolerance only has to cover
+//   - rounding of a bf16 output:            |bf16(x) - x| <= 2^-8 |x|                 (U8)
+//   - an operand rounded to bf16 inside the op (a P or dS matrix in attention, dz in the
+//     logprobs backward, LoRA's fp32 masters): <= 2^-8 of that operand, so 2^-8 M where M
+//     is the sum of |terms| of the product it feeds (computed here in fp64 per element)
+//   - fp32 accumulation of K terms: (K + 32) 2^-23 of the sum of |terms| (gamma_K with a
+//     factor 2 for tensor cores that truncate rather than round)                  (acc32)
+//   - FP8 tensor-core GEMMs (cuBLASLt on Hopper: ~14-bit accumulation within a group of 32
+//     products, fp32 between groups): 2^-8 of sum |x w|, as test/gpu_fp8.cu derives (ACC_TC)
+// Each check prints the worst error as a fraction of its tolerance, so the margin is visible.
+#include <check.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include "backend.h"
+#include "fp8_cuda.h"
+#include "lora.h"
+#include "model.h"
+#include "ops_cpu.h"
+#include "testutil.h"
+
+static const Backend *G;    // CUDA
+static const Backend *CPU;  // fp32 reference backend
+static Rng rng;
+
+#define U8 0x1p-8
+#define ACC_TC 0x1p-8
+static double acc32(int K) { return (K + 32) * 0x1p-23; }
+
+// ---- host helpers -------------------------------------------------------------------
+
+static float *fmalloc(size_t n) { return (float *)mallocCheck(n * sizeof(float)); }
+static double *dmalloc_h(size_t n) { return (double *)callocCheck(n, sizeof(double)); }
+static float bfr(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+// normal values with standard deviation sd, never zero
+static float *randn(size_t n, float sd) {
+    float *x = fmalloc(n);
+    for (size_t i = 0; i < n; i++) {
+        float v = sd * rng_normal(&rng);
+        x[i] = v != 0 ? v : sd * 1e-3f;
+    }
+    return x;
+}
+static float *randn_bf(size_t n, float sd) {
+    float *x = randn(n, sd);
+    for (size_t i = 0; i < n; i++) x[i] = bfr(x[i]);
+    return x;
+}
+static float *fdup(const float *x, size_t n) {
+    float *y = fmalloc(n);
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+// device copies: act (bf16) of values already bf16-exact, hp (f32)
+static void *up_act(const float *x, size_t n) {
+    uint16_t *b = (uint16_t *)mallocCheck(n * 2);
+    for (size_t i = 0; i < n; i++) b[i] = f32_to_bf16(x[i]);
+    void *d = G->alloc(n * 2);
+    G->upload(d, b, n * 2);
+    G->sync();
+    free(b);
+    return d;
+}
+static void *up_hp(const float *x, size_t n) {
+    void *d = G->alloc(n * 4);
+    G->upload(d, x, n * 4);
+    return d;
+}
+static void *up_i32(const int32_t *x, size_t n) {
+    void *d = G->alloc(n * 4);
+    G->upload(d, x, n * 4);
+    return d;
+}
+static float *down_act(const void *d, size_t n) {
+    uint16_t *b = (uint16_t *)mallocCheck(n * 2);
+    G->download(b, d, n * 2);
+    float *x = fmalloc(n);
+    for (size_t i = 0; i < n; i++) x[i] = bf16_to_f32(b[i]);
+    free(b);
+    return x;
+}
+static float *down_hp(const void *d, size_t n) {
+    float *x = fmalloc(n);
+    G->download(x, d, n * 4);
+    return x;
+}
+
+// |got - ref| <= tol[i] everywhere (NaN fails); prints the worst error / tolerance
+static double check_close(const char *what, const float *got, const float *ref, const double *tol, size_t n) {
+    double worst = 0;
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - (double)ref[i]);
+        if (!(e <= tol[i])) {
+            if (bad++ < 4) fprintf(stderr, "    %s[%zu]: gpu %.8g ref %.8g (err %.3g > tol %.3g)\n", what, i, got[i], ref[i], e, tol[i]);
+            worst = isnan(e) ? INFINITY : fmax(worst, e / tol[i]);
+        } else if (tol[i] > 0) worst = fmax(worst, e / tol[i]);
+    }
+    printf("  %-52s worst err/tol %.3f (%zu values)\n", what, worst, n);
+    ck_assert_msg(bad == 0, "%s: %ld of %zu values outside their tolerance", what, bad, n);
+    return worst;
+}
+static void check_exact(const char *what, const void *a, const void *b, size_t bytes) {
+    ck_assert_msg(memcmp(a, b, bytes) == 0, "%s: not bit-identical", what);
+    printf("  %-52s bit-identical (%zu bytes)\n", what, bytes);
+}
+// tolerance for a bf16 output: U8 |ref| + k * mag
+static double *tol_bf(const float *ref, const double *mag, double k, size_t n) {
+    double *t = dmalloc_h(n);
+    for (size_t i = 0; i < n; i++) t[i] = U8 * fabs(ref[i]) + k * (mag ? mag[i] : 0) + 1e-30;
+    return t;
+}
+
+// ---- memory and conversions ---------------------------------------------------------
+
+START_TEST(test_memory) {
+    size_t n = 100003;  // not a multiple of 8
+    float *x = randn(n, 3.0f);
+    // f16 sources: random finite half patterns
+    uint16_t *h = (uint16_t *)mallocCheck(n * 2);
+    for (size_t i = 0; i < n; i++) {
+        uint16_t v;
+        do v = (uint16_t)rng_u64(&rng);
+        while (((v >> 10) & 0x1f) == 0x1f);
+        h[i] = v;
+    }
+    double *xd = (double *)mallocCheck(n * 8);
+    uint16_t *xb = (uint16_t *)mallocCheck(n * 2);
+    for (size_t i = 0; i < n; i++) { xd[i] = x[i]; xb[i] = f32_to_bf16(x[i]); }
+    const void *srcs[4] = {x, xb, h, xd};
+    DType sts[4] = {DT_F32, DT_BF16, DT_F16, DT_F64};
+    void *d = G->alloc(n * 4);
+    uint16_t *gb = (uint16_t *)mallocCheck(n * 2), *wb = (uint16_t *)mallocCheck(n * 2);
+    float *gf = fmalloc(n), *wf = fmalloc(n);
+    for (int s = 0; s < 4; s++) {
+        for (size_t i = 0; i < n; i++) {  // the value each source holds, in f32 (exact for all four)
+            float v = s == 2 ? f16_to_f32(h[i]) : s == 1 ? bf16_to_f32(xb[i]) : x[i];
+            wf[i] = v;
+            wb[i] = f32_to_bf16(v);
+        }
+        char what[64];
+        G->upload_convert(d, DT_BF16, srcs[s], sts[s], n);
+        G->download(gb, d, n * 2);
+        snprintf(what, sizeof what, "upload_convert %s -> BF16", dtype_name(sts[s]));
+        check_exact(what, gb, wb, n * 2);
+        G->upload_convert(d, DT_F32, srcs[s], sts[s], n);
+        G->download(gf, d, n * 4);
+        snprintf(what, sizeof what, "upload_convert %s -> F32", dtype_name(sts[s]));
+        check_exact(what, gf, wf, n * 4);
+    }
+    // copy, zero
+    void *d2 = G->alloc(n * 4);
+    G->copy(d2, d, n * 4);
+    G->download(gf, d2, n * 4);
+    check_exact("copy", gf, wf, n * 4);
+    G->zero(d2, n * 4 - 4);
+    G->download(gf, d2, n * 4);
+    long nz = 0;
+    for (size_t i = 0; i < n - 1; i++) nz += gf[i] != 0;
+    ck_assert_msg(nz == 0 && gf[n - 1] == wf[n - 1], "zero: %ld non-zero values, or wrote past the end", nz);
+    // out of memory: a one-line error naming the size and the fix
+    EXPECT_DIE(G->alloc((size_t)1 << 50), "out of GPU memory allocating");
+    G->free(d);
+    G->free(d2);
+    free(x); free(h); free(xd); free(xb); free(gb); free(wb); free(gf); free(wf);
+}
+END_TEST
+
+// ---- weights ------------------------------------------------------------------------
+
+static void qweight_setup(QWeight *w, int rows, int cols, FP8Gran g, int device) {
+    memset(w, 0, sizeof *w);
+    w->rows = rows;
+    w->cols = cols;
+    w->gran = g;
+    const Backend *b = device ? G : CPU;
+    if (g == FP8_OFF) {
+        w->dense = b->alloc((size_t)rows * cols * dtype_size(b->act));
+        return;
+    }
+    w->q.rows = rows;
+    w->q.cols = cols;
+    w->q.gran = g;
+    w->q.fmt = FP8_E4M3;
+    w->q.block_rows = FP8_BLOCK_SIZE;
+    w->q.data = (uint8_t *)b->alloc((size_t)rows * cols);
+    w->q.scale = (float *)b->alloc(fp8_num_scales(g, rows, cols, FP8_BLOCK_SIZE) * 4);
+}
+static void qweight_free(QWeight *w, int device) {
+    const Backend *b = device ? G : CPU;
+    if (w->gran == FP8_OFF) b->free(w->dense);
+    else {
+        b->free(w->q.data);
+        b->free(w->q.scale);
+    }
+}
+
+START_TEST(test_weights) {
+    int R = 300, C = 520;  // neither a multiple of 128
+    size_t n = (size_t)R * C;
+    float *w = randn(n, 0.05f);
+    w[7] = 30.0f;  // an outlier: its block / row / tensor scale differs
+    uint16_t *wb = (uint16_t *)mallocCheck(n * 2);
+    for (size_t i = 0; i < n; i++) wb[i] = f32_to_bf16(w[i]);
+    FP8Gran grans[4] = {FP8_OFF, FP8_TENSOR, FP8_ROW, FP8_BLOCK};
+    for (int gi = 0; gi < 4; gi++)
+        for (int pow2 = 0; pow2 < 2; pow2++)
+            for (int st = 0; st < 2; st++) {
+                if (grans[gi] == FP8_OFF && pow2) continue;
+                const void *src = st ? (const void *)wb : (const void *)w;
+                DType sdt = st ? DT_BF16 : DT_F32;
+                QWeight gw, cw;
+                qweight_setup(&gw, R, C, grans[gi], 1);
+                qweight_setup(&cw, R, C, grans[gi], 0);
+                G->quantize_weight(&gw, src, sdt, pow2);
+                CPU->quantize_weight(&cw, src, sdt, pow2);
+                char what[96];
+                if (grans[gi] != FP8_OFF) {
+                    size_t ns = fp8_num_scales(grans[gi], R, C, 128);
+                    uint8_t *q = (uint8_t *)mallocCheck(n);
+                    float *s = fmalloc(ns);
+                    G->download(q, gw.q.data, n);
+                    G->download(s, gw.q.scale, ns * 4);
+                    snprintf(what, sizeof what, "quantize_weight %s pow2 %d from %s: codes", fp8_gran_name(grans[gi]), pow2, dtype_name(sdt));
+                    check_exact(what, q, cw.q.data, n);
+                    snprintf(what, sizeof what, "quantize_weight %s pow2 %d from %s: scales", fp8_gran_name(grans[gi]), pow2, dtype_name(sdt));
+                    check_exact(what, s, cw.q.scale, ns * 4);
+                    free(q);
+                    free(s);
+                }
+                // dequantize: the CPU's values rounded once to bf16
+                void *dd = G->alloc(n * 2);
+                G->dequantize_weight(dd, &gw);
+                float *got = down_act(dd, n), *ref = fmalloc(n);
+                CPU->dequantize_weight(ref, &cw);
+                for (size_t i = 0; i < n; i++) ref[i] = bfr(ref[i]);
+                snprintf(what, sizeof what, "dequantize_weight %s pow2 %d from %s", fp8_gran_name(grans[gi]), pow2, dtype_name(sdt));
+                check_exact(what, got, ref, n * 4);
+                G->free(dd);
+                free(got);
+                free(ref);
+                qweight_free(&gw, 1);
+                qweight_free(&cw, 0);
+            }
+    free(w);
+    free(wb);
+}
+END_TEST
+
+// ---- linear layers ------------------------------------------------------------------
+
+START_TEST(test_linear) {
+    int N = 77, C = 320, OC = 200;
+    FP8Gran grans[4] = {FP8_OFF, FP8_TENSOR, FP8_ROW, FP8_BLOCK};
+    for (int gi = 0; gi < 4; gi++)
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            FP8Gran g = grans[gi];
+            float *w = g == FP8_OFF ? randn_bf((size_t)OC * C, 0.06f) : randn((size_t)OC * C, 0.06f);
+            float *x = randn_bf((size_t)N * C, 1.0f), *bias = randn_bf(OC, 0.5f);
+            QWeight gw, cw;
+            qweight_setup(&gw, OC, C, g, 1);
+            qweight_setup(&cw, OC, C, g, 0);
+            G->quantize_weight(&gw, w, DT_F32, 0);
+            CPU->quantize_weight(&cw, w, DT_F32, 0);
+            float *wd = fmalloc((size_t)OC * C);  // the weight as both use it
+            CPU->dequantize_weight(wd, &cw);
+            void *dx = up_act(x, (size_t)N * C), *db = up_act(bias, OC), *dy = G->alloc((size_t)N * OC * 2);
+            float *ref = fmalloc((size_t)N * OC);
+            G->linear_forward(dy, dx, &gw, with_bias ? db : NULL, N);
+            CPU->linear_forward(ref, x, &cw, with_bias ? bias : NULL, N);
+            float *got = down_act(dy, (size_t)N * OC);
+            double *mag = dmalloc_h((size_t)N * OC);
+            for (int i = 0; i < N; i++)
+                for (int o = 0; o < OC; o++) {
+                    double s = 0;
+                    for (int c = 0; c < C; c++) s += fabs(x[(size_t)i * C + c] * wd[(size_t)o * C + c]);
+                    mag[(size_t)i * OC + o] = s;
+                }
+            // OFF: fp32 accumulation; FP8: the tensor cores' FP8 accumulation (the activation codes are
+            // the CPU's: same bf16 values, same amax scales)
+            double *tol = tol_bf(ref, mag, g == FP8_OFF ? acc32(C) : ACC_TC, (size_t)N * OC);
+            char what[96];
+            snprintf(what, sizeof what, "linear_forward %s%s (N %d, C %d, OC %d)", fp8_gran_name(g), with_bias ? " + bias" : "", N, C, OC);
+            check_close(what, got, ref, tol, (size_t)N * OC);
+            free(got); free(tol); free(mag); free(ref);
+
+            // backward: dX (= and +=); dW and dbias (dense only) accumulate into fp32
+            float *dout = randn_bf((size_t)N * OC, 1.0f), *dx0 = randn_bf((size_t)N * C, 1.0f);
+            float *dw0 = randn((size_t)OC * C, 1.0f), *dbias0 = randn(OC, 1.0f);
+            void *ddout = up_act(dout, (size_t)N * OC), *ddx = up_act(dx0, (size_t)N * C);
+            void *ddw = g == FP8_OFF ? up_hp(dw0, (size_t)OC * C) : NULL, *ddb = up_hp(dbias0, OC);
+            for (int accumulate = 0; accumulate < 2; accumulate++) {
+                void *tmp = up_act(dx0, (size_t)N * C);
+                G->copy(ddx, tmp, (size_t)N * C * 2);
+                G->free(tmp);
+                float *rdx = fdup(dx0, (size_t)N * C), *rdw = g == FP8_OFF ? fdup(dw0, (size_t)OC * C) : NULL;
+                float *rdb = fdup(dbias0, OC);
+                int first = accumulate == 0;  // dW / dbias only once (they accumulate across calls)
+                G->linear_backward(ddx, accumulate, first ? ddw : NULL, first ? ddb : NULL, ddout, dx, &gw, N);
+                matmul_backward_cpu(rdx, accumulate, first ? rdw : NULL, first ? rdb : NULL, dout, x, wd, N, C, OC);
+                float *gdx = down_act(ddx, (size_t)N * C);
+                double *m2 = dmalloc_h((size_t)N * C);
+                for (int i = 0; i < N; i++)
+                    for (int c = 0; c < C; c++) {
+                        double s = accumulate ? fabs(dx0[(size_t)i * C + c]) : 0;
+                        for (int o = 0; o < OC; o++) s += fabs(dout[(size_t)i * OC + o] * wd[(size_t)o * C + c]);
+                        m2[(size_t)i * C + c] = s;
+                    }
+                // FP8 weights are dequantized to bf16 for dX: one more 2^-8 of sum |dout w|, and with
+                // accumulate the product is rounded to bf16 once before the sum: another
+                double *t2 = tol_bf(rdx, m2, acc32(OC) + (g == FP8_OFF ? 0 : U8 * (1 + accumulate)), (size_t)N * C);
+                snprintf(what, sizeof what, "linear_backward %s dX %s", fp8_gran_name(g), accumulate ? "+=" : "=");
+                check_close(what, gdx, rdx, t2, (size_t)N * C);
+                free(gdx); free(m2); free(t2);
+                if (first && g == FP8_OFF) {
+                    float *gdw = down_hp(ddw, (size_t)OC * C);
+                    double *t3 = dmalloc_h((size_t)OC * C);
+                    for (int o = 0; o < OC; o++)
+                        for (int c = 0; c < C; c++) {
+                            double s = fabs(dw0[(size_t)o * C + c]);
+                            for (int i = 0; i < N; i++) s += fabs(dout[(size_t)i * OC + o] * x[(size_t)i * C + c]);
+                            t3[(size_t)o * C + c] = acc32(N) * s + 0x1p-23 * fabs(rdw[(size_t)o * C + c]);
+                        }
+                    check_close("linear_backward off dW +=", gdw, rdw, t3, (size_t)OC * C);
+                    free(gdw); free(t3);
+                }
+                if (first) {
+                    float *gdb = down_hp(ddb, OC);
+                    double *t4 = dmalloc_h(OC);
+                    for (int o = 0; o < OC; o++) {
+                        double s = fabs(dbias0[o]);
+                        for (int i = 0; i < N; i++) s += fabs(dout[(size_t)i * OC + o]);
+                        t4[o] = acc32(N) * s;
+                    }
+                    snprintf(what, sizeof what, "linear_backward %s dbias +=", fp8_gran_name(g));
+                    check_close(what, gdb, rdb, t4, OC);
+                    free(gdb); free(t4);
+                }
+                free(rdx); free(rdw); free(rdb);
+            }
+            G->free(dx); G->free(db); G->free(dy); G->free(ddout); G->free(ddx); G->free(ddb);
+            if (ddw) G->free(ddw);
+            qweight_free(&gw, 1);
+            qweight_free(&cw, 0);
+            free(w); free(x); free(bias); free(wd); free(dout); free(dx0); free(dw0); free(dbias0);
+        }
+}
+END_TEST
+
+// ---- LoRA ---------------------------------------------------------------------------
+
+START_TEST(test_lora) {
+    int N = 150, C = 320, R = 16, OC = 200;
+    float scale = 2.0f;
+    float *x = randn_bf((size_t)N * C, 1.0f), *A = randn((size_t)R * C, 0.05f), *B = randn((size_t)OC * R, 0.05f);
+    float *out0 = randn_bf((size_t)N * OC, 1.0f);
+    void *dx = up_act(x, (size_t)N * C), *dA = up_hp(A, (size_t)R * C), *dB = up_hp(B, (size_t)OC * R);
+    void *dout = up_act(out0, (size_t)N * OC), *dax = G->alloc((size_t)N * R * 4);
+    G->lora_forward(dout, dax, dx, dA, dB, scale, N, C, R, OC);
+    float *rout = fdup(out0, (size_t)N * OC), *rax = fmalloc((size_t)N * R);
+    CPU->lora_forward(rout, rax, x, A, B, scale, N, C, R, OC);
+    float *gax = down_hp(dax, (size_t)N * R), *gout = down_act(dout, (size_t)N * OC);
+    // ax = x A^T with A rounded to bf16: 2^-8 sum |x a| + fp32 accumulation
+    double *max_ = dmalloc_h((size_t)N * R), *tax = dmalloc_h((size_t)N * R);
+    for (int i = 0; i < N; i++)
+        for (int r = 0; r < R; r++) {
+            double s = 0;
+            for (int c = 0; c < C; c++) s += fabs(x[(size_t)i * C + c] * A[(size_t)r * C + c]);
+            max_[(size_t)i * R + r] = s;
+            tax[(size_t)i * R + r] = (U8 + acc32(C)) * s;
+        }
+    check_close("lora_forward ax", gax, rax, tax, (size_t)N * R);
+    // out += scale ax B^T: A, ax and B each rounded to bf16 (3 x 2^-8 of the magnitude), bf16 output
+    double *mo = dmalloc_h((size_t)N * OC);
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < OC; o++) {
+            double s = 0;
+            for (int r = 0; r < R; r++) s += max_[(size_t)i * R + r] * fabs(B[(size_t)o * R + r]);
+            mo[(size_t)i * OC + o] = scale * s;
+        }
+    double *to = tol_bf(rout, mo, 3 * U8 + acc32(C), (size_t)N * OC);
+    check_close("lora_forward out +=", gout, rout, to, (size_t)N * OC);
+
+    // backward
+    float *g = randn_bf((size_t)N * OC, 1.0f), *din0 = randn_bf((size_t)N * C, 1.0f);
+    float *gA0 = randn((size_t)R * C, 0.1f), *gB0 = randn((size_t)OC * R, 0.1f);
+    void *dg = up_act(g, (size_t)N * OC), *ddin = up_act(din0, (size_t)N * C), *dgA = up_hp(gA0, (size_t)R * C),
+         *dgB = up_hp(gB0, (size_t)OC * R);
+    G->lora_backward(ddin, dgA, dgB, dg, dx, dax, dA, dB, scale, N, C, R, OC);
+    float *rdin = fdup(din0, (size_t)N * C), *rgA = fdup(gA0, (size_t)R * C), *rgB = fdup(gB0, (size_t)OC * R);
+    CPU->lora_backward(rdin, rgA, rgB, g, x, rax, A, B, scale, N, C, R, OC);
+    float *gdin = down_act(ddin, (size_t)N * C), *ggA = down_hp(dgA, (size_t)R * C), *ggB = down_hp(dgB, (size_t)OC * R);
+    // dB += scale g^T ax: ax rounded to bf16 (ax itself carries the forward's error, bounded above)
+    double *tB = dmalloc_h((size_t)OC * R), *mdax = dmalloc_h((size_t)N * R);
+    for (int o = 0; o < OC; o++)
+        for (int r = 0; r < R; r++) {
+            double s = 0, e = 0;
+            for (int i = 0; i < N; i++) {
+                s += fabs(g[(size_t)i * OC + o] * rax[(size_t)i * R + r]);
+                e += fabs(g[(size_t)i * OC + o]) * tax[(size_t)i * R + r];
+            }
+            tB[(size_t)o * R + r] = scale * ((U8 + acc32(N)) * s + e) + 0x1p-22 * fabs(rgB[(size_t)o * R + r]);
+        }
+    check_close("lora_backward dB +=", ggB, rgB, tB, (size_t)OC * R);
+    // dax = scale g B (B rounded): magnitude per (i, r); then dinp += dax A, dA += dax^T x with dax
+    // and A rounded: 3 roundings for dinp, 2 for dA
+    for (int i = 0; i < N; i++)
+        for (int r = 0; r < R; r++) {
+            double s = 0;
+            for (int o = 0; o < OC; o++) s += fabs(g[(size_t)i * OC + o] * B[(size_t)o * R + r]);
+            mdax[(size_t)i * R + r] = scale * s;
+        }
+    double *mdin = dmalloc_h((size_t)N * C), *tA = dmalloc_h((size_t)R * C);
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) {
+            double s = 0;
+            for (int r = 0; r < R; r++) s += mdax[(size_t)i * R + r] * fabs(A[(size_t)r * C + c]);
+            mdin[(size_t)i * C + c] = s;
+        }
+    double *tdin = tol_bf(rdin, mdin, 3 * U8 + acc32(OC), (size_t)N * C);
+    check_close("lora_backward dinp +=", gdin, rdin, tdin, (size_t)N * C);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            double s = 0;
+            for (int i = 0; i < N; i++) s += mdax[(size_t)i * R + r] * fabs(x[(size_t)i * C + c]);
+            tA[(size_t)r * C + c] = (2 * U8 + acc32(OC) + acc32(N)) * s + 0x1p-22 * fabs(rgA[(size_t)r * C + c]);
+        }
+    check_close("lora_backward dA +=", ggA, rgA, tA, (size_t)R * C);
+    G->free(dx); G->free(dA); G->free(dB); G->free(dout); G->free(dax); G->free(dg); G->free(ddin); G->free(dgA); G->free(dgB);
+    free(x); free(A); free(B); free(out0); free(rout); free(rax); free(gax); free(gout); free(max_); free(tax); free(mo);
+    free(to); free(g); free(din0); free(gA0); free(gB0); free(rdin); free(rgA); free(rgB); free(gdin); free(ggA); free(ggB);
+    free(tB); free(mdax); free(mdin); free(tA); free(tdin);
+}
+END_TEST
+
+// ---- norms, RoPE, elementwise, embeddings -------------------------------------------------
+
+static void rmsnorm_case(int N, int C, int alias, int with_dw) {
+    float *x = randn_bf((size_t)N * C, 1.5f), *w = randn_bf(C, 1.0f);
+    for (int i = 0; i < C; i++) w[i] = bfr(1.0f + 0.2f * w[i]);
+    void *dxin = up_act(x, (size_t)N * C), *dw = up_act(w, C), *drs = G->alloc((size_t)N * 4);
+    void *dout = alias ? dxin : G->alloc((size_t)N * C * 2);
+    float *ref = fmalloc((size_t)N * C), *rrs = fmalloc(N);
+    rmsnorm_forward_cpu(ref, rrs, x, w, N, C, 1e-6f);
+    G->rmsnorm_forward(dout, drs, dxin, dw, N, C, 1e-6f);
+    float *got = down_act(dout, (size_t)N * C), *grs = down_hp(drs, N);
+    double *t = tol_bf(ref, NULL, 0, (size_t)N * C), *trs = dmalloc_h(N);
+    for (size_t i = 0; i < (size_t)N * C; i++) t[i] += acc32(C) * fabs(ref[i]);  // rstd from an fp32 sum of squares
+    for (int i = 0; i < N; i++) trs[i] = acc32(C) * rrs[i];
+    char what[96];
+    snprintf(what, sizeof what, "rmsnorm_forward N %d C %d%s", N, C, alias ? " (out = inp)" : "");
+    check_close(what, got, ref, t, (size_t)N * C);
+    snprintf(what, sizeof what, "rmsnorm_forward rstd N %d C %d", N, C);
+    check_close(what, grs, rrs, trs, N);
+    free(got); free(grs); free(t); free(trs);
+    if (alias) {  // restore the input
+        G->free(dxin);
+        dxin = up_act(x, (size_t)N * C);
+    }
+    // backward: dinp += ..., dw += ... (given the CPU's rstd, as the model saves it)
+    float *dy = randn_bf((size_t)N * C, 1.0f), *din0 = randn_bf((size_t)N * C, 1.0f), *dw0 = randn(C, 1.0f);
+    void *ddy = up_act(dy, (size_t)N * C), *ddin = up_act(din0, (size_t)N * C), *ddw = up_hp(dw0, C), *drs2 = up_hp(rrs, N);
+    G->rmsnorm_backward(ddin, with_dw ? ddw : NULL, ddy, dxin, dw, drs2, N, C);
+    float *rdin = fdup(din0, (size_t)N * C), *rdw = fdup(dw0, C);
+    rmsnorm_backward_cpu(rdin, with_dw ? rdw : NULL, dy, x, w, rrs, N, C);
+    float *gdin = down_act(ddin, (size_t)N * C);
+    double *mag = dmalloc_h((size_t)N * C);
+    for (int n = 0; n < N; n++) {
+        double s = 0, r = rrs[n];
+        for (int i = 0; i < C; i++) s += fabs(w[i] * dy[(size_t)n * C + i] * x[(size_t)n * C + i]);
+        for (int i = 0; i < C; i++)
+            mag[(size_t)n * C + i] = r * fabs(w[i] * dy[(size_t)n * C + i]) + r * r * r * s / C * fabs(x[(size_t)n * C + i]);
+    }
+    double *tb = tol_bf(rdin, mag, acc32(C), (size_t)N * C);
+    snprintf(what, sizeof what, "rmsnorm_backward dinp += N %d C %d", N, C);
+    check_close(what, gdin, rdin, tb, (size_t)N * C);
+    if (with_dw) {
+        float *gdw = down_hp(ddw, C);
+        double *tw = dmalloc_h(C);
+        for (int i = 0; i < C; i++) {
+            double s = fabs(dw0[i]);
+            for (int n = 0; n < N; n++) s += fabs(dy[(size_t)n * C + i] * x[(size_t)n * C + i] * rrs[n]);
+            tw[i] = acc32(N) * s;
+        }
+        snprintf(what, sizeof what, "rmsnorm_backward dw += N %d C %d", N, C);
+        check_close(what, gdw, rdw, tw, C);
+        free(gdw); free(tw);
+    }
+    G->free(dxin); G->free(dw); G->free(drs); if (!alias) G->free(dout); G->free(ddy); G->free(ddin); G->free(ddw); G->free(drs2);
+    free(x); free(w); free(ref); free(rrs); free(dy); free(din0); free(dw0); free(rdin); free(rdw); free(gdin); free(mag); free(tb);
+}
+
+START_TEST(test_norm_rope_elementwise) {
+    rmsnorm_case(300, 1024, 0, 1);
+    rmsnorm_case(301, 1024, 1, 0);
+    rmsnorm_case(1000, 128, 0, 1);  // q/k-norm shape (rows of head_dim)
+    rmsnorm_case(37, 100, 1, 1);    // C not a multiple of 8: the scalar path
+
+    // RoPE on (N, H, HD) with positions up to 5000; backward = rotation by -angle
+    int N = 97, H = 6, HD = 128;
+    size_t n = (size_t)N * H * HD;
+    int32_t *pos = (int32_t *)mallocCheck(N * 4);
+    for (int i = 0; i < N; i++) pos[i] = (i * 53) % 5000;
+    float *inv = fmalloc(HD / 2);
+    for (int i = 0; i < HD / 2; i++) inv[i] = 1.0f / powf(1e6f, (float)(2 * i) / HD);
+    float *x = randn_bf(n, 1.0f);
+    void *dx = up_act(x, n), *dpos = up_i32(pos, N), *dinv = up_hp(inv, HD / 2);
+    for (int inverse = 0; inverse < 2; inverse++) {
+        float *ref = fdup(x, n);
+        rope_forward_cpu(ref, pos, inv, N, H, HD, inverse);
+        void *d = up_act(x, n);
+        if (inverse) G->rope_backward(d, (const int32_t *)dpos, dinv, N, H, HD);
+        else G->rope_forward(d, (const int32_t *)dpos, dinv, N, H, HD);
+        float *got = down_act(d, n);
+        double *mag = dmalloc_h(n);
+        for (int i = 0; i < N; i++)
+            for (int h = 0; h < H; h++)
+                for (int j = 0; j < HD; j++) {
+                    size_t b = ((size_t)i * H + h) * HD;
+                    mag[b + j] = fabs(x[b + j % (HD / 2)]) + fabs(x[b + HD / 2 + j % (HD / 2)]);
+                }
+        double *t = tol_bf(ref, mag, 0x1p-20, n);  // fp32 rotation of fp64 cos/sin
+        check_close(inverse ? "rope_backward (N 97, H 6, HD 128)" : "rope_forward (N 97, H 6, HD 128)", got, ref, t, n);
+        G->free(d); free(ref); free(got); free(mag); free(t);
+    }
+    G->free(dx); G->free(dpos); G->free(dinv); free(x); free(pos); free(inv);
+
+    // swiglu, add (with aliasing), odd lengths for the scalar tail
+    size_t m = 100005;
+    float *gt = randn_bf(m, 2.0f), *up = randn_bf(m, 1.0f), *dout = randn_bf(m, 1.0f);
+    void *dg = up_act(gt, m), *du = up_act(up, m), *dd = up_act(dout, m), *o1 = G->alloc(m * 2), *o2 = G->alloc(m * 2);
+    float *r1 = fmalloc(m), *r2 = fmalloc(m);
+    swiglu_forward_cpu(r1, gt, up, m);
+    G->swiglu_forward(o1, dg, du, m);
+    float *g1 = down_act(o1, m);
+    double *mag = dmalloc_h(m);
+    for (size_t i = 0; i < m; i++) mag[i] = fabs(gt[i] * up[i]);
+    double *t = tol_bf(r1, mag, 0x1p-20, m);  // expf vs exp
+    check_close("swiglu_forward (n 100005)", g1, r1, t, m);
+    free(g1); free(t);
+    swiglu_backward_cpu(r1, r2, dout, gt, up, m);
+    G->swiglu_backward(o1, o2, dd, dg, du, m);
+    g1 = down_act(o1, m);
+    float *g2 = down_act(o2, m);
+    for (size_t i = 0; i < m; i++) mag[i] = fabs(dout[i] * up[i]) * (1 + fabs(gt[i]));
+    t = tol_bf(r1, mag, 0x1p-20, m);
+    check_close("swiglu_backward dgate", g1, r1, t, m);
+    free(t);
+    for (size_t i = 0; i < m; i++) mag[i] = fabs(dout[i] * gt[i]);
+    t = tol_bf(r2, mag, 0x1p-20, m);
+    check_close("swiglu_backward dup", g2, r2, t, m);
+    free(g1); free(g2); free(t);
+    add_cpu(r1, gt, up, m);
+    G->add(dg, dg, du, m);  // out aliases a
+    g1 = down_act(dg, m);
+    for (size_t i = 0; i < m; i++) mag[i] = fabs(gt[i]) + fabs(up[i]);
+    t = tol_bf(r1, mag, 0x1p-22, m);  // bf16(fp32 sum): rounding once, or twice when the fp32 sum is inexact
+    check_close("add (out = a)", g1, r1, t, m);
+    free(g1); free(t);
+    G->free(dg); G->free(du); G->free(dd); G->free(o1); G->free(o2);
+    free(gt); free(up); free(dout); free(r1); free(r2); free(mag);
+
+    // embeddings and gather (exact), embedding backward with repeated ids (same fp32 order: exact)
+    int V = 1000, C = 264, NT = 3000;
+    float *wte = randn_bf((size_t)V * C, 1.0f), *dE = randn_bf((size_t)NT * C, 1.0f), *acc0 = randn((size_t)V * C, 1.0f);
+    int32_t *ids = (int32_t *)mallocCheck(NT * 4);
+    for (int i = 0; i < NT; i++) ids[i] = i % 7 == 0 ? 5 : (int)(rng_u64(&rng) % 200) * 5;  // many repeats
+    void *dwte = up_act(wte, (size_t)V * C), *dids = up_i32(ids, NT), *dE_ = up_act(dE, (size_t)NT * C);
+    void *demb = G->alloc((size_t)NT * C * 2), *dacc = up_hp(acc0, (size_t)V * C);
+    G->embedding_forward(demb, (const int32_t *)dids, dwte, NT, C);
+    float *ge = down_act(demb, (size_t)NT * C), *re = fmalloc((size_t)NT * C);
+    embedding_forward_cpu(re, ids, wte, NT, C);
+    check_exact("embedding_forward", ge, re, (size_t)NT * C * 4);
+    G->gather_rows(demb, dwte, (const int32_t *)dids, 500, C);
+    free(ge);
+    ge = down_act(demb, (size_t)500 * C);
+    gather_rows_cpu(re, wte, ids, 500, C);
+    check_exact("gather_rows", ge, re, (size_t)500 * C * 4);
+    G->embedding_backward(dacc, (const int32_t *)dids, dE_, NT, C);
+    float *ga = down_hp(dacc, (size_t)V * C), *ra = fdup(acc0, (size_t)V * C);
+    embedding_backward_cpu(ra, ids, dE, NT, C);
+    check_exact("embedding_backward (repeated ids, CPU order)", ga, ra, (size_t)V * C * 4);
+    G->free(dwte); G->free(dids); G->free(dE_); G->free(demb); G->free(dacc);
+    free(wte); free(dE); free(acc0); free(ids); free(ge); free(re); free(ga); free(ra);
+}
+END_TEST
+
+// ---- attention ----------------------------------------------------------------------
+
+// fp64 magnitudes for the tolerances: p = exp(sc q.k - lse) from the reference lse
+typedef struct { double *out, *dq, *dk, *dv; } AttMag;
+
+static AttMag att_magnitudes(const float *q, const float *k, const float *v, const float *dout, const float *out,
+                             const float *lse, int B, int T, int NH, int KVH, int HD) {
+    AttMag m;
+    size_t nq = (size_t)B * T * NH * HD, nk = (size_t)B * T * KVH * HD;
+    m.out = dmalloc_h(nq); m.dq = dmalloc_h(nq); m.dk = dmalloc_h(nk); m.dv = dmalloc_h(nk);
+    double sc = 1.0 / sqrt((double)HD);
+    int rep = NH / KVH;
+    double *p = dmalloc_h(T), *dp = dmalloc_h(T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *qv = q + (((size_t)b * T + t) * NH + h) * HD, *dov = dout + (((size_t)b * T + t) * NH + h) * HD;
+                const float *ov = out + (((size_t)b * T + t) * NH + h) * HD;
+                double L = lse[((size_t)b * NH + h) * T + t], D = 0;
+                for (int d = 0; d < HD; d++) D += (double)dov[d] * ov[d];
+                for (int s = 0; s <= t; s++) {
+                    const float *kv = k + (((size_t)b * T + s) * KVH + h / rep) * HD, *vv = v + (((size_t)b * T + s) * KVH + h / rep) * HD;
+                    double qk = 0, dv_ = 0;
+                    for (int d = 0; d < HD; d++) { qk += (double)qv[d] * kv[d]; dv_ += (double)dov[d] * vv[d]; }
+                    p[s] = exp(sc * qk - L);
+                    dp[s] = p[s] * (fabs(dv_) + fabs(D));  // bounds |dS| and its error sources
+                }
+                for (int s = 0; s <= t; s++) {
+                    const float *kv = k + (((size_t)b * T + s) * KVH + h / rep) * HD, *vv = v + (((size_t)b * T + s) * KVH + h / rep) * HD;
+                    size_t kr = (((size_t)b * T + s) * KVH + h / rep) * HD, qr = (((size_t)b * T + t) * NH + h) * HD;
+                    for (int d = 0; d < HD; d++) {
+                        m.out[qr + d] += p[s] * fabs(vv[d]);
+                        m.dq[qr + d] += sc * dp[s] * fabs(kv[d]);
+                        m.dk[kr + d] += sc * dp[s] * fabs(qv[d]);
+                        m.dv[kr + d] += p[s] * fabs(dov[d]);
+                    }
+                }
+            }
+    free(p); free(dp);
+    return m;
+}
+
+static void attention_case(int B, int T, int NH, int KVH, int HD) {
+    size_t nq = (size_t)B * T * NH * HD, nk = (size_t)B * T * KVH * HD, nl = (size_t)B * NH * T;
+    float *q = randn_bf(nq, 1.0f), *k = randn_bf(nk, 1.0f), *v = randn_bf(nk, 1.0f), *dout = randn_bf(nq, 1.0f);
+    // a few large scores so the online softmax has to rescale
+    for (size_t i = 0; i < nq; i += 97) q[i] = bfr(q[i] * 4);
+    float *out = fmalloc(nq), *lse = fmalloc(nl);
+    attention_forward_cpu(out, lse, q, k, v, B, T, NH, KVH, HD);
+    void *dq = up_act(q, nq), *dk = up_act(k, nk), *dv = up_act(v, nk), *dout_ = up_act(dout, nq);
+    void *dO = G->alloc(nq * 2), *dL = G->alloc(nl * 4);
+    G->attention_forward(dO, dL, dq, dk, dv, B, T, NH, KVH, HD);
+    float *gO = down_act(dO, nq), *gL = down_hp(dL, nl);
+    for (size_t i = 0; i < nq; i++) out[i] = bfr(out[i]);  // what the GPU holds (the backward's input)
+    AttMag m = att_magnitudes(q, k, v, dout, out, lse, B, T, NH, KVH, HD);
+    // out: P rounded to bf16 for P V (2^-8 sum p |v|), bf16 output; 2^-7 leaves a factor 2 for
+    // the online rescaling and exp2f
+    double *t = tol_bf(out, m.out, 0x1p-7, nq), *tl = dmalloc_h(nl);
+    char what[128];
+    snprintf(what, sizeof what, "attention_forward B %d T %d NH %d KVH %d HD %d", B, T, NH, KVH, HD);
+    check_close(what, gO, out, t, nq);
+    for (size_t i = 0; i < nl; i++) tl[i] = 0x1p-16 * (1 + fabs(lse[i]));  // fp32 scores, logf
+    snprintf(what, sizeof what, "attention_forward lse B %d T %d HD %d", B, T, HD);
+    check_close(what, gL, lse, tl, nl);
+    free(t);
+    // backward from the reference's out and lse
+    float *rdq = fmalloc(nq), *rdk = fmalloc(nk), *rdv = fmalloc(nk);
+    attention_backward_cpu(rdq, rdk, rdv, dout, out, lse, q, k, v, B, T, NH, KVH, HD);
+    void *dO2 = up_act(out, nq), *dL2 = up_hp(lse, nl), *gdq = G->alloc(nq * 2), *gdk = G->alloc(nk * 2), *gdv = G->alloc(nk * 2);
+    G->attention_backward(gdq, gdk, gdv, dout_, dO2, dL2, dq, dk, dv, B, T, NH, KVH, HD);
+    float *hdq = down_act(gdq, nq), *hdk = down_act(gdk, nk), *hdv = down_act(gdv, nk);
+    // P (dV) and dS (dQ, dK) are rounded to bf16 for their products: 2^-8 of the magnitude, x2
+    t = tol_bf(rdq, m.dq, 0x1p-7, nq);
+    snprintf(what, sizeof what, "attention_backward dq B %d T %d NH %d KVH %d HD %d", B, T, NH, KVH, HD);
+    check_close(what, hdq, rdq, t, nq);
+    free(t);
+    t = tol_bf(rdk, m.dk, 0x1p-7, nk);
+    snprintf(what, sizeof what, "attention_backward dk B %d T %d NH %d KVH %d HD %d", B, T, NH, KVH, HD);
+    check_close(what, hdk, rdk, t, nk);
+    free(t);
+    t = tol_bf(rdv, m.dv, 0x1p-7, nk);
+    snprintf(what, sizeof what, "attention_backward dv B %d T %d NH %d KVH %d HD %d", B, T, NH, KVH, HD);
+    check_close(what, hdv, rdv, t, nk);
+    free(t);
+    G->free(dq); G->free(dk); G->free(dv); G->free(dout_); G->free(dO); G->free(dL); G->free(dO2); G->free(dL2);
+    G->free(gdq); G->free(gdk); G->free(gdv);
+    free(q); free(k); free(v); free(dout); free(out); free(lse); free(gO); free(gL); free(tl); free(rdq); free(rdk); free(rdv);
+    free(hdq); free(hdk); free(hdv); free(m.out); free(m.dq); free(m.dk); free(m.dv);
+}
+
+START_TEST(test_attention) {
+    attention_case(2, 130, 4, 2, 64);   // GQA 2, T not a multiple of the 64 tile
+    attention_case(1, 257, 8, 2, 128);  // GQA 4, HD 128
+    attention_case(2, 64, 4, 4, 128);   // MHA, exactly one tile
+    attention_case(2, 50, 4, 2, 32);    // the fixtures' Qwen3 head dim
+    attention_case(1, 33, 4, 1, 16);    // the fixtures' Qwen2 / Llama head dim, one kv head
+    attention_case(2, 45, 6, 3, 48);    // an even head dim without a tensor-core kernel
+    // right padding: the real tokens' outputs do not depend on what the padding holds
+    int B = 2, T = 100, NH = 4, KVH = 2, HD = 128, len = 61;
+    size_t nq = (size_t)B * T * NH * HD, nk = (size_t)B * T * KVH * HD;
+    float *q = randn_bf(nq, 1.0f), *k = randn_bf(nk, 1.0f), *v = randn_bf(nk, 1.0f);
+    void *dq = up_act(q, nq), *dk = up_act(k, nk), *dv = up_act(v, nk), *dO = G->alloc(nq * 2), *dL = G->alloc((size_t)B * NH * T * 4);
+    G->attention_forward(dO, dL, dq, dk, dv, B, T, NH, KVH, HD);
+    float *o1 = down_act(dO, nq);
+    for (int b = 0; b < B; b++)
+        for (int t = len; t < T; t++) {
+            for (int i = 0; i < NH * HD; i++) q[((size_t)b * T + t) * NH * HD + i] = bfr(5 * rng_normal(&rng));
+            for (int i = 0; i < KVH * HD; i++) {
+                k[((size_t)b * T + t) * KVH * HD + i] = bfr(5 * rng_normal(&rng));
+                v[((size_t)b * T + t) * KVH * HD + i] = bfr(5 * rng_normal(&rng));
+            }
+        }
+    G->free(dq); G->free(dk); G->free(dv);
+    dq = up_act(q, nq); dk = up_act(k, nk); dv = up_act(v, nk);
+    G->attention_forward(dO, dL, dq, dk, dv, B, T, NH, KVH, HD);
+    float *o2 = down_act(dO, nq);
+    long diff = 0;
+    for (int b = 0; b < B; b++)
+        for (size_t i = 0; i < (size_t)len * NH * HD; i++) diff += o1[(size_t)b * T * NH * HD + i] != o2[(size_t)b * T * NH * HD + i];
+    ck_assert_msg(diff == 0, "right padding changed %ld outputs of real tokens", diff);
+    printf("  %-52s real tokens unchanged by padding content\n", "attention_forward right-padded (len 61 of 100)");
+    G->free(dq); G->free(dk); G->free(dv); G->free(dO); G->free(dL);
+    free(q); free(k); free(v); free(o1); free(o2);
+}
+END_TEST
+
+// ---- KV cache and decode ----------------------------------------------------------------
+
+static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const int *lens) {
+    int NB = S * MB + 3;
+    size_t row = (size_t)KVH * HD, ncache = (size_t)NB * BS * row;
+    int32_t *table = (int32_t *)mallocCheck((size_t)S * MB * 4);
+    // blocks in a shuffled order
+    int *perm = (int *)mallocCheck(NB * sizeof(int));
+    for (int i = 0; i < NB; i++) perm[i] = i;
+    for (int i = NB - 1; i > 0; i--) { int j = (int)(rng_u64(&rng) % (i + 1)), t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    for (int i = 0; i < S * MB; i++) table[i] = perm[i];
+    float *kc = randn_bf(ncache, 1.0f), *vc = randn_bf(ncache, 1.0f);
+    void *dkc = up_act(kc, ncache), *dvc = up_act(vc, ncache);
+    // kv_write: one new token per sequence at its last position; a slot of -1 is skipped
+    float *kn = randn_bf((size_t)S * row, 1.0f), *vn = randn_bf((size_t)S * row, 1.0f);
+    int32_t *slots = (int32_t *)mallocCheck(S * 4), *sl = (int32_t *)mallocCheck(S * 4);
+    for (int s = 0; s < S; s++) {
+        int t = lens[s] - 1;
+        slots[s] = s == 1 ? -1 : table[s * MB + t / BS] * BS + t % BS;
+        sl[s] = lens[s];
+    }
+    void *dkn = up_act(kn, (size_t)S * row), *dvn = up_act(vn, (size_t)S * row), *dslots = up_i32(slots, S);
+    G->kv_write(dkc, dvc, dkn, dvn, (const int32_t *)dslots, S, KVH, HD);
+    kv_write_cpu(kc, vc, kn, vn, slots, S, KVH, HD);
+    float *gk = down_act(dkc, ncache), *gv = down_act(dvc, ncache);
+    check_exact("kv_write k", gk, kc, ncache * 4);
+    check_exact("kv_write v", gv, vc, ncache * 4);
+    size_t nq = (size_t)S * NH * HD;
+    float *q = randn_bf(nq, 1.0f), *ref = fmalloc(nq);
+    void *dq = up_act(q, nq), *dt = up_i32(table, (size_t)S * MB), *dl = up_i32(sl, S), *dout = G->alloc(nq * 2);
+    G->attention_decode(dout, dq, dkc, dvc, (const int32_t *)dt, (const int32_t *)dl, S, NH, KVH, HD, BS, MB);
+    attention_decode_cpu(ref, q, kc, vc, table, sl, S, NH, KVH, HD, BS, MB);
+    float *got = down_act(dout, nq);
+    // fp32 throughout: output rounding + 2^-12 of sum p |v|
+    double *mag = dmalloc_h(nq), sc = 1.0 / sqrt((double)HD);
+    int rep = NH / KVH;
+    double *p = dmalloc_h(MB * BS);
+    for (int s = 0; s < S; s++)
+        for (int h = 0; h < NH; h++) {
+            double mx = -INFINITY, sum = 0;
+            for (int t = 0; t < sl[s]; t++) {
+                size_t slot = (size_t)table[s * MB + t / BS] * BS + t % BS;
+                double d = 0;
+                for (int i = 0; i < HD; i++) d += (double)q[((size_t)s * NH + h) * HD + i] * kc[(slot * KVH + h / rep) * HD + i];
+                p[t] = sc * d;
+                mx = fmax(mx, p[t]);
+            }
+            for (int t = 0; t < sl[s]; t++) sum += (p[t] = exp(p[t] - mx));
+            for (int t = 0; t < sl[s]; t++) {
+                size_t slot = (size_t)table[s * MB + t / BS] * BS + t % BS;
+                for (int i = 0; i < HD; i++) mag[((size_t)s * NH + h) * HD + i] += p[t] / sum * fabs(vc[(slot * KVH + h / rep) * HD + i]);
+            }
+        }
+    double *t = tol_bf(ref, mag, 0x1p-12, nq);
+    char what[128];
+    snprintf(what, sizeof what, "attention_decode S %d NH %d KVH %d HD %d BS %d (max len %d)", S, NH, KVH, HD, BS, MB * BS);
+    check_close(what, got, ref, t, nq);
+    G->free(dkc); G->free(dvc); G->free(dkn); G->free(dvn); G->free(dslots); G->free(dq); G->free(dt); G->free(dl); G->free(dout);
+    free(table); free(perm); free(kc); free(vc); free(kn); free(vn); free(slots); free(sl); free(gk); free(gv); free(q);
+    free(ref); free(got); free(mag); free(p); free(t);
+}
+
+START_TEST(test_decode) {
+    int l1[5] = {1, 17, 300, 2000, 64};
+    decode_case(5, 16, 8, 128, 16, 125, l1);  // long contexts: split over the context and combined
+    int l2[3] = {5, 40, 33};
+    decode_case(3, 8, 2, 64, 8, 6, l2);
+    int l3[4] = {24, 3, 11, 7};
+    decode_case(4, 4, 2, 32, 8, 3, l3);       // the fixtures' shapes
+    int l4[2] = {9, 30};
+    decode_case(2, 24, 2, 96, 16, 2, l4);     // 12 query heads per kv head: two groups of 8
+}
+END_TEST
+
+// ---- language-model head -------------------------------------------------------------
+
+static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
+    float *h = randn_bf((size_t)N * C, 1.0f), *w = randn_bf((size_t)V * C, 0.5f);
+    int32_t *tg = (int32_t *)mallocCheck(N * 4);
+    for (int i = 0; i < N; i++) tg[i] = i % 5 == 3 ? -1 : (int)(rng_u64(&rng) % V);
+    tg[0] = V - 1;
+    void *dh = up_act(h, (size_t)N * C), *dw = up_act(w, (size_t)V * C), *dt = up_i32(tg, N);
+    void *dlp = G->alloc(N * 4), *dls = G->alloc(N * 4);
+    G->logprobs_forward(dlp, dls, dh, dw, (const int32_t *)dt, inv_temp, N, C, V);
+    float *rlp = fmalloc(N), *rls = fmalloc(N);
+    logprobs_forward_cpu(rlp, rls, h, w, tg, inv_temp, N, C, V);
+    float *glp = down_hp(dlp, N), *gls = down_hp(dls, N);
+    // fp32 logits: each within acc32(C) sum|h w| inv_temp <= acc32(C) inv_temp max|w| sum|h|; the
+    // logsumexp adds fp32 rounding of V terms (~2^-14 with the per-thread runs)
+    double wmax = 0;
+    for (size_t i = 0; i < (size_t)V * C; i++) wmax = fmax(wmax, fabs(w[i]));
+    double *tl = dmalloc_h(N);
+    for (int i = 0; i < N; i++) {
+        double sh = 0;
+        for (int c = 0; c < C; c++) sh += fabs(h[(size_t)i * C + c]);
+        tl[i] = 2 * acc32(C) * inv_temp * wmax * sh + 0x1p-14 * (1 + fabs(rls[i]));
+    }
+    char what[128];
+    snprintf(what, sizeof what, "logprobs_forward logp N %d C %d V %d", N, C, V);
+    check_close(what, glp, rlp, tl, N);
+    snprintf(what, sizeof what, "logprobs_forward lse N %d C %d V %d", N, C, V);
+    check_close(what, gls, rls, tl, N);
+    // backward: dh = dz W with dz rounded to bf16; sum_j |dz_j| <= 2 |g| inv_temp, so
+    // |err| <= 2^-7 |g| inv_temp max_j |w_jc| (x2 headroom) + output rounding
+    float *g = randn(N, 1.0f);
+    g[1] = 0;  // a zero gradient row
+    void *dg = up_hp(g, N), *ddh = G->alloc((size_t)N * C * 2), *ddw = NULL;
+    float *dw0 = NULL;
+    if (with_dwlm) {
+        dw0 = randn((size_t)V * C, 0.1f);
+        ddw = up_hp(dw0, (size_t)V * C);
+    }
+    G->logprobs_backward(ddh, ddw, dg, dls, dh, dw, (const int32_t *)dt, inv_temp, N, C, V);
+    float *rdh = fmalloc((size_t)N * C), *rdw = with_dwlm ? fdup(dw0, (size_t)V * C) : NULL;
+    logprobs_backward_cpu(rdh, rdw, g, rls, h, w, tg, inv_temp, N, C, V);
+    float *gdh = down_act(ddh, (size_t)N * C);
+    double *colmax = dmalloc_h(C), *mag = dmalloc_h((size_t)N * C);
+    for (size_t j = 0; j < (size_t)V; j++)
+        for (int c = 0; c < C; c++) colmax[c] = fmax(colmax[c], fabs(w[j * C + c]));
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) mag[(size_t)i * C + c] = tg[i] < 0 ? 0 : 2 * fabs(g[i]) * inv_temp * colmax[c];
+    double *t = tol_bf(rdh, mag, 0x1p-7, (size_t)N * C);
+    snprintf(what, sizeof what, "logprobs_backward dh N %d C %d V %d", N, C, V);
+    check_close(what, gdh, rdh, t, (size_t)N * C);
+    for (int i = 0; i < N; i++)
+        if (tg[i] < 0 || g[i] == 0)
+            for (int c = 0; c < C; c++) ck_assert_msg(gdh[(size_t)i * C + c] == 0, "dh row %d without gradient is not zero", i);
+    if (with_dwlm) {
+        // dW_j += sum_n dz_nj h_n: 2^-7 sum_n |dz_nj| |h_n| (dz rounded), needs p_nj
+        float *gdw = down_hp(ddw, (size_t)V * C);
+        double *tw = dmalloc_h((size_t)V * C);
+        for (int i = 0; i < N; i++) {
+            if (tg[i] < 0 || g[i] == 0) continue;
+            for (int j = 0; j < V; j++) {
+                double z = 0;
+                for (int c = 0; c < C; c++) z += (double)h[(size_t)i * C + c] * w[(size_t)j * C + c];
+                double dz = fabs(g[i]) * inv_temp * ((j == tg[i]) + exp(inv_temp * z - rls[i]));
+                for (int c = 0; c < C; c++) tw[(size_t)j * C + c] += (0x1p-7 + acc32(N)) * dz * fabs(h[(size_t)i * C + c]);
+            }
+        }
+        for (size_t i = 0; i < (size_t)V * C; i++) tw[i] += 0x1p-22 * fabs(rdw[i]) + acc32(N) * fabs(dw0[i]);
+        snprintf(what, sizeof what, "logprobs_backward dwlm += N %d C %d V %d", N, C, V);
+        check_close(what, gdw, rdw, tw, (size_t)V * C);
+        free(gdw); free(tw);
+    }
+    // logits_forward on the first rows: fp32 out
+    int NL = N < 20 ? N : 20;
+    void *dz = G->alloc((size_t)NL * V * 4);
+    G->logits_forward(dz, dh, dw, NL, C, V);
+    float *gz = down_hp(dz, (size_t)NL * V), *rz = fmalloc((size_t)NL * V);
+    matmul_forward_cpu(rz, h, w, NULL, NL, C, V);
+    double *tz = dmalloc_h((size_t)NL * V);
+    for (int i = 0; i < NL; i++)
+        for (int j = 0; j < V; j++) {
+            double s = 0;
+            for (int c = 0; c < C; c++) s += fabs(h[(size_t)i * C + c] * w[(size_t)j * C + c]);
+            tz[(size_t)i * V + j] = acc32(C) * s;
+        }
+    snprintf(what, sizeof what, "logits_forward N %d C %d V %d", NL, C, V);
+    check_close(what, gz, rz, tz, (size_t)NL * V);
+    G->free(dh); G->free(dw); G->free(dt); G->free(dlp); G->free(dls); G->free(dg); G->free(ddh); G->free(dz);
+    if (ddw) G->free(ddw);
+    free(h); free(w); free(tg); free(rlp); free(rls); free(glp); free(gls); free(tl); free(g); free(rdh); free(rdw);
+    free(gdh); free(colmax); free(mag); free(t); free(dw0); free(gz); free(rz); free(tz);
+}
+
+START_TEST(test_logprobs) {
+    logprobs_case(37, 64, 151936, 1.0f / 0.7f, 0);  // the Qwen vocabulary, rows with target -1
+    logprobs_case(45, 64, 151936, 1.0f, 1);         // with the lm_head gradient
+    // several row chunks (FP8GRPO_LOGITS_CHUNK_ROWS = 16, set in main)
+    logprobs_case(70, 128, 3000, 1.0f, 1);
+}
+END_TEST
+
+// ---- sampling -----------------------------------------------------------------------------
+
+static void sample_case(int S, int V, float temperature, int top_k, float top_p, int ties) {
+    float *z = randn((size_t)S * V, 3.0f);
+    if (ties)  // coarse logits: many exact ties, including at the maximum
+        for (size_t i = 0; i < (size_t)S * V; i++) z[i] = roundf(z[i]);
+    uint64_t *seeds = (uint64_t *)mallocCheck(S * 8), *rc = (uint64_t *)mallocCheck(S * 8), *rg = (uint64_t *)mallocCheck(S * 8);
+    for (int s = 0; s < S; s++) seeds[s] = rc[s] = rng_u64(&rng);
+    int32_t *tc = (int32_t *)mallocCheck(S * 4), *tgp = (int32_t *)mallocCheck(S * 4);
+    float *lc = fmalloc(S);
+    sample_cpu(tc, lc, z, rc, S, V, temperature, top_k, top_p);
+    void *dz = up_hp(z, (size_t)S * V), *drng = G->alloc(S * 8), *dtok = G->alloc(S * 4), *dlp = G->alloc(S * 4);
+    G->upload(drng, seeds, S * 8);
+    G->sample((int32_t *)dtok, dlp, dz, (uint64_t *)drng, S, V, temperature, top_k, top_p);
+    G->download(tgp, dtok, S * 4);
+    G->download(rg, drng, S * 8);
+    float *lg = down_hp(dlp, S);
+    int same = 0;
+    for (int s = 0; s < S; s++) same += tgp[s] == tc[s];
+    printf("  sample S %d V %d T %.2f top_k %d top_p %.2f%s: %d/%d tokens equal the CPU's\n", S, V, temperature, top_k, top_p,
+           ties ? " (ties)" : "", same, S);
+    for (int s = 0; s < S; s++) {
+        ck_assert_msg(tgp[s] == tc[s], "sample row %d: gpu token %d, cpu %d", s, tgp[s], tc[s]);
+        ck_assert_msg(rg[s] == rc[s], "sample row %d: rng state differs", s);
+        ck_assert_msg(fabs(lg[s] - lc[s]) <= 0x1p-20 * (1 + fabs(lc[s])), "sample row %d: logp %g vs %g", s, lg[s], lc[s]);
+    }
+    G->free(dz); G->free(drng); G->free(dtok); G->free(dlp);
+    free(z); free(seeds); free(rc); free(rg); free(tc); free(tgp); free(lc); free(lg);
+}
+
+START_TEST(test_sample) {
+    int V = 151936;
+    sample_case(8, V, 0.0f, 0, 1.0f, 0);    // greedy
+    sample_case(16, 1000, 0.0f, 0, 1.0f, 1);  // greedy with tied maxima: lowest index
+    for (int rep = 0; rep < 4; rep++) {
+        sample_case(8, V, 1.0f, 0, 1.0f, 0);   // plain
+        sample_case(8, V, 0.7f, 50, 1.0f, 0);  // top-k
+        sample_case(8, V, 1.0f, 0, 0.9f, 0);   // top-p
+        sample_case(8, V, 0.8f, 100, 0.8f, 0); // both
+    }
+    sample_case(32, 1000, 1.0f, 0, 1.0f, 1);
+    sample_case(32, 1000, 1.0f, 40, 0.95f, 1);  // ties at the top-k / top-p boundaries: by id
+    sample_case(32, 1000, 1.5f, 1000, 0.5f, 1);
+}
+END_TEST
+
+// ---- optimizer ------------------------------------------------------------------------------
+
+START_TEST(test_optimizer) {
+    size_t n = 1000003;
+    float *p = randn(n, 0.1f), *g = randn(n, 0.01f), *m = randn(n, 0.001f), *v = randn(n, 1e-4f);
+    for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+    void *dp = up_hp(p, n), *dg = up_hp(g, n), *dm = up_hp(m, n), *dv = up_hp(v, n);
+    for (int step = 1; step <= 3; step++) {
+        G->adamw(dp, dg, dm, dv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
+        adamw_cpu(p, g, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
+    }
+    float *gp = down_hp(dp, n), *gm = down_hp(dm, n), *gv = down_hp(dv, n);
+    check_exact("adamw param (3 steps, fp64, CPU order)", gp, p, n * 4);
+    check_exact("adamw m", gm, m, n * 4);
+    check_exact("adamw v", gv, v, n * 4);
+    double s1 = G->sumsq(dg, n), s2 = G->sumsq(dg, n), rs = sumsq_cpu(g, n);
+    ck_assert_msg(s1 == s2, "sumsq not deterministic: %.17g vs %.17g", s1, s2);
+    // both sum n non-negative fp64 terms; the CPU sequentially, whose own error bound is n 2^-53
+    ck_assert_msg(fabs(s1 - rs) <= n * 0x1p-53 * rs, "sumsq %.17g vs %.17g", s1, rs);
+    printf("  %-52s rel err %.2g, repeatable\n", "sumsq (fp64)", fabs(s1 - rs) / rs);
+    G->scale(dg, n, 0.37f);
+    scale_cpu(g, n, 0.37f);
+    float *gg = down_hp(dg, n);
+    check_exact("scale", gg, g, n * 4);
+    G->free(dp); G->free(dg); G->free(dm); G->free(dv);
+    free(p); free(g); free(m); free(v); free(gp); free(gm); free(gv); free(gg);
+}
+END_TEST
+
+// ---- whole models: the fixtures on both backends -----------------------------------------------
+
+static const char *ARCHS[] = {"qwen3", "qwen2", "llama3"};
+
+static double rel_l2(const float *a, const float *b, size_t n, double *maxabs) {
+    double num = 0, den = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+        mx = fmax(mx, fabs(d));
+    }
+    if (maxabs) *maxabs = mx;
+    return sqrt(num / den);
+}
+static double max_abs_f(const float *a, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(a[i]));
+    return m;
+}
+
+// Everything one backend computes on one fixture: forward logits, prefill + decode logits,
+// LoRA logprobs and LoRA gradients
+typedef struct {
+    float *logits, *dec, *grads;
+    double *lp;
+    size_t nlogits, ndec, ngrads;
+    int nlp;
+    int *tg;
+} ModelRun;
+
+static void model_run(ModelRun *r, const char *arch, const Backend *be, FP8Gran gran) {
+    char dir[1024], p[1100];
+    snprintf(dir, sizeof dir, "%s/%s", fixture_dir(), arch);
+    ModelOptions o;
+    memset(&o, 0, sizeof o);
+    o.gran = gran;
+    Model m;
+    model_load(&m, dir, be, &o);
+    path_join(p, sizeof p, dir, "tokens.npy");
+    Npy tk = npy_read(p);
+    int B = (int)tk.shape[0], T = (int)tk.shape[1], V = m.cfg.V;
+    int *ids = (int *)mallocCheck(B * T * sizeof(int));
+    for (int i = 0; i < B * T; i++) ids[i] = (int)tk.data[i];
+    npy_free(&tk);
+    memset(r, 0, sizeof *r);
+    r->nlogits = (size_t)B * T * V;
+    r->logits = fmalloc(r->nlogits);
+    model_forward(&m, ids, B, T);
+    model_logits(&m, r->logits);
+
+    // prefill two right-padded prompts (3 and 7 tokens), then 10 decode steps each
+    int BS = 8, MB = 3, lens[2] = {3, 7}, table[6] = {0, 2, 4, 1, 3, 5}, pids[14], slots[14], steps = 10;
+    for (int s = 0; s < 2; s++)
+        for (int t = 0; t < 7; t++) {
+            pids[s * 7 + t] = t < lens[s] ? ids[s * T + t] : 0;
+            slots[s * 7 + t] = t < lens[s] ? table[s * MB + t / BS] * BS + t % BS : -1;
+        }
+    KVCache kv;
+    kvcache_alloc(&kv, &m, 6, BS);
+    r->ndec = (size_t)(steps + 1) * 2 * V;
+    r->dec = fmalloc(r->ndec);
+    void *z = be->alloc(2 * V * 4);
+    model_prefill(&m, &kv, pids, lens, slots, 2, 7, z);
+    be->download(r->dec, z, 2 * V * 4);
+    int pos[2] = {3, 7};
+    for (int step = 0; step < steps; step++) {
+        int tok[2], sl[2];
+        for (int s = 0; s < 2; s++) {
+            tok[s] = ids[s * T + pos[s]];
+            sl[s] = table[s * MB + pos[s] / BS] * BS + pos[s] % BS;
+        }
+        model_decode(&m, &kv, tok, pos, sl, table, 2, MB, z);
+        be->download(r->dec + (size_t)(step + 1) * 2 * V, z, 2 * V * 4);
+        pos[0]++;
+        pos[1]++;
+    }
+    kvcache_free(&kv, be);
+    be->free(z);
+
+    // LoRA on all projections with random A and B (the same on every backend); logprobs of the
+    // next token (some rows -1) at temperature 0.8; backward of sum dlogp * logp
+    LoRA *lo = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 7);
+    Rng pr = rng_make(31);
+    double *par = (double *)mallocCheck(lo->n * sizeof(double));
+    for (size_t i = 0; i < lo->n; i++) par[i] = 0.1 * rng_normal(&pr);
+    be->upload_convert(lo->params, be->hp, par, DT_F64, lo->n);
+    m.lora = lo;
+    m.lora_on = 1;
+    r->nlp = B * T;
+    r->tg = (int *)mallocCheck(B * T * sizeof(int));
+    r->lp = (double *)mallocCheck(B * T * 8);
+    double *dl = (double *)mallocCheck(B * T * 8);
+    for (int i = 0; i < B * T; i++) {
+        r->tg[i] = (i % T == T - 1 || i % 9 == 4) ? -1 : ids[i + 1];
+        dl[i] = r->tg[i] < 0 ? 0 : rng_normal(&pr);
+    }
+    model_forward(&m, ids, B, T);
+    model_logprobs(&m, r->tg, 1.0f / 0.8f, r->lp);
+    lora_zero_grads(lo);
+    model_backward(&m, dl);
+    r->ngrads = lo->n;
+    r->grads = fmalloc(lo->n);
+    be->download(r->grads, lo->grads, lo->n * 4);
+    m.lora = NULL;
+    lora_free(lo);
+    free(par);
+    free(dl);
+    free(ids);
+    model_free(&m);
+}
+static void model_run_free(ModelRun *r) {
+    free(r->logits); free(r->dec); free(r->grads); free(r->lp); free(r->tg);
+}
+
+// Tolerances for whole models. BF16 storage rounds every activation (about 15 times per layer,
+// plus the embeddings and the final norm): each rounding is a relative error of at most 2^-8,
+// about 2^-9.8 RMS, independent between roundings, so after ~35 of them the logits carry
+// ~sqrt(35) 2^-9.8 ~ 0.7% RMS relative error, amplified some by the norms and the softmax:
+// we allow 2^-5 (3%) relative L2 for the logits, 2^-4 for the LoRA gradients (the chain runs
+// forward and back). FP8 (BLOCK on both backends, the same weight codes): an activation that
+// differs by a bf16 rounding can land on the other side of an E4M3 rounding boundary and move
+// by one E4M3 ulp, with probability ~2^-9 / 2^-4 per element; that noise is of the order of
+// the FP8 quantization noise itself (about 0.6x its RMS), so the GPU's FP8 run may differ from
+// the CPU's FP8 run by the BF16 allowance plus q = rel L2 between the CPU's FP8 and fp32 runs,
+// the measured effect of FP8 quantization on this model.
+static double model_cmp(const char *arch, const char *gran, const char *what, const float *g, const float *c, size_t n,
+                        double tol) {
+    double mx, e = rel_l2(g, c, n, &mx);
+    printf("  model %-6s %-5s %-26s rel L2 %.4f (tol %.4f), max |diff| %.3g of max |ref| %.3g\n", arch, gran, what, e,
+           tol, mx, max_abs_f(c, n));
+    ck_assert_msg(e <= tol, "%s %s %s: rel L2 %g > %g", arch, gran, what, e, tol);
+    return e;
+}
+
+START_TEST(test_models) {
+    for (int a = 0; a < 3; a++) {
+        const char *arch = ARCHS[a];
+        ModelRun co, go, cb, gb;
+        model_run(&co, arch, CPU, FP8_OFF);
+        model_run(&go, arch, G, FP8_OFF);
+        model_run(&cb, arch, CPU, FP8_BLOCK);
+        model_run(&gb, arch, G, FP8_BLOCK);
+        double tl = 0x1p-5, tgr = 0x1p-4;
+        model_cmp(arch, "off", "forward logits", go.logits, co.logits, co.nlogits, tl);
+        model_cmp(arch, "off", "prefill + 10 decode steps", go.dec, co.dec, co.ndec, tl);
+        model_cmp(arch, "off", "LoRA gradients", go.grads, co.grads, co.ngrads, tgr);
+        double ql = rel_l2(cb.logits, co.logits, co.nlogits, NULL), qd = rel_l2(cb.dec, co.dec, co.ndec, NULL);
+        double qg = rel_l2(cb.grads, co.grads, co.ngrads, NULL);
+        printf("  model %-6s FP8 quantization effect on the CPU: logits %.4f, decode %.4f, LoRA gradients %.4f\n", arch,
+               ql, qd, qg);
+        model_cmp(arch, "block", "forward logits", gb.logits, cb.logits, cb.nlogits, tl + ql);
+        model_cmp(arch, "block", "prefill + 10 decode steps", gb.dec, cb.dec, cb.ndec, tl + qd);
+        model_cmp(arch, "block", "LoRA gradients", gb.grads, cb.grads, cb.ngrads, tgr + qg);
+        // logprobs: rows without a target are exactly 0; the rest within the logits' allowance
+        const ModelRun *gs[2] = {&go, &gb}, *cs[2] = {&co, &cb};
+        for (int k = 0; k < 2; k++) {
+            double lmax = 0, lerr = 0;
+            for (int i = 0; i < co.nlp; i++) {
+                lmax = fmax(lmax, fabs(cs[k]->lp[i]));
+                lerr = fmax(lerr, fabs(gs[k]->lp[i] - cs[k]->lp[i]));
+                if (co.tg[i] < 0) ck_assert_msg(gs[k]->lp[i] == 0, "logp of a row without target is %g", gs[k]->lp[i]);
+            }
+            double tol = (k ? tl + ql : tl) * (1 + lmax);
+            printf("  model %-6s %-5s LoRA logprobs: max |diff| %.3g (tol %.3g, max |logp| %.3g)\n", arch, k ? "block" : "off",
+                   lerr, tol, lmax);
+            ck_assert_msg(lerr <= tol, "%s: logprobs differ by %g", arch, lerr);
+        }
+        model_run_free(&co); model_run_free(&go); model_run_free(&cb); model_run_free(&gb);
+    }
+}
+END_TEST
+
+static Suite *gpu_backend_suite(void) {
+    Suite *s = suite_create("gpu_backend");
+    TCase *tc = tcase_create("gpu");
+    tcase_set_timeout(tc, 900);
+    tcase_add_test(tc, test_memory);
+    tcase_add_test(tc, test_weights);
+    tcase_add_test(tc, test_linear);
+    tcase_add_test(tc, test_lora);
+    tcase_add_test(tc, test_norm_rope_elementwise);
+    tcase_add_test(tc, test_attention);
+    tcase_add_test(tc, test_decode);
+    tcase_add_test(tc, test_logprobs);
+    tcase_add_test(tc, test_sample);
+    tcase_add_test(tc, test_optimizer);
+    tcase_add_test(tc, test_models);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    char why[256];
+    setenv("FP8GRPO_LOGITS_CHUNK_ROWS", "16", 1);  // before the first logprobs call: several chunks in small tests
+    G = backend_cuda(why, sizeof why);
+    if (!G) {
+        fprintf(stderr, "gpu_backend: %s; this suite runs on a GPU machine (make test-gpu)\n", why);
+        return 1;
+    }
+    CPU = backend_cpu();
+    rng = rng_make(20261122);
+    printf("gpu_backend on %s\n", G->device_desc);
+    return run_suite(gpu_backend_suite());
+}
