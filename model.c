@@ -32,12 +32,13 @@ static void acts_ensure(Model *m, int B, int T) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     size_t N = (size_t)B * T;
-    if (a->mem && (size_t)a->B * a->T >= N) return;
+    if (a->mem && (size_t)a->B * a->T >= N && a->recompute == m->recompute) return;
     if (a->mem) be->free(a->mem);
-    size_t act = dtype_size(be->act), hp = dtype_size(be->hp), L = c->L;
+    // per-layer buffers hold every layer, or one with recomputation (x always holds all L + 1)
+    size_t act = dtype_size(be->act), hp = dtype_size(be->hp), L = m->recompute ? 1 : c->L;
     size_t q = (size_t)c->NH * c->HD, kv = (size_t)c->KVH * c->HD;
     ASlot s[] = {
-        {&a->x, (L + 1) * N * c->C * act},
+        {&a->x, (c->L + 1) * N * c->C * act},
         {&a->ln1, L * N * c->C * act},
         {&a->rstd1, L * N * hp},
         {&a->qpre, c->qk_norm ? L * N * q * act : 0},
@@ -86,6 +87,7 @@ static void acts_ensure(Model *m, int B, int T) {
     }
     a->B = B;
     a->T = T;
+    a->recompute = m->recompute;
 }
 
 // per-layer slices of the arena
@@ -125,6 +127,69 @@ static void linear_bwd(Model *m, int l, int which, void *dinp, int accumulate, c
 // ----------------------------------------------------------------------------
 // training / scoring forward. kv, slots: also write each layer's K/V to the cache (prefill)
 
+// the activations of layer l: with recomputation every layer uses slot 0 of the
+// per-layer buffers (the arena holds one layer), and the backward recomputes them
+typedef struct {
+    void *x, *xn, *ln1, *rstd1, *qpre, *kpre, *qrstd, *krstd, *q, *k, *v, *att, *lse, *xmid, *ln2, *rstd2, *gate, *up, *hm;
+} LayerActs;
+
+static LayerActs layer_acts(const Model *m, int l) {
+    const Config *c = &m->cfg;
+    const Acts *a = &m->acts;
+    size_t N = (size_t)m->B * m->T, act = dtype_size(m->be->act), hp = dtype_size(m->be->hp);
+    size_t C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD, FF = c->FF;
+    int i = m->recompute ? 0 : l;
+    LayerActs la = {
+        LAYER(a->x, l, N * C * act), LAYER(a->x, l + 1, N * C * act), LAYER(a->ln1, i, N * C * act),
+        LAYER(a->rstd1, i, N * hp), NULL, NULL, NULL, NULL, LAYER(a->q, i, N * q * act), LAYER(a->k, i, N * kvw * act),
+        LAYER(a->v, i, N * kvw * act), LAYER(a->att, i, N * q * act), LAYER(a->lse, i, N * c->NH * hp),
+        LAYER(a->xmid, i, N * C * act), LAYER(a->ln2, i, N * C * act), LAYER(a->rstd2, i, N * hp),
+        LAYER(a->gate, i, N * FF * act), LAYER(a->up, i, N * FF * act), LAYER(a->hmlp, i, N * FF * act),
+    };
+    if (c->qk_norm) {
+        la.qpre = LAYER(a->qpre, i, N * q * act);
+        la.kpre = LAYER(a->kpre, i, N * kvw * act);
+        la.qrstd = LAYER(a->qrstd, i, N * c->NH * hp);
+        la.krstd = LAYER(a->krstd, i, N * c->KVH * hp);
+    }
+    return la;
+}
+
+// layer l: la.x -> la.xn, saving what the backward needs in la
+static void layer_forward(Model *m, int l, const LayerActs *la, KVCache *kv, const int32_t *slots_dev) {
+    const Config *c = &m->cfg;
+    const Backend *be = m->be;
+    const LayerWeights *lw = &m->w.layers[l];
+    int B = m->B, T = m->T, N = B * T;
+    const int32_t *pos = (const int32_t *)m->acts.pos;
+    be->rmsnorm_forward(la->ln1, la->rstd1, la->x, lw->ln1, N, c->C, c->eps);
+    if (c->qk_norm) {
+        linear_fwd(m, l, LIN_Q, la->qpre, la->ln1, N, 1);
+        linear_fwd(m, l, LIN_K, la->kpre, la->ln1, N, 1);
+        be->rmsnorm_forward(la->q, la->qrstd, la->qpre, lw->q_norm, N * c->NH, c->HD, c->eps);
+        be->rmsnorm_forward(la->k, la->krstd, la->kpre, lw->k_norm, N * c->KVH, c->HD, c->eps);
+    } else {
+        linear_fwd(m, l, LIN_Q, la->q, la->ln1, N, 1);
+        linear_fwd(m, l, LIN_K, la->k, la->ln1, N, 1);
+    }
+    linear_fwd(m, l, LIN_V, la->v, la->ln1, N, 1);
+    be->rope_forward(la->q, pos, m->inv_freq, N, c->NH, c->HD);
+    be->rope_forward(la->k, pos, m->inv_freq, N, c->KVH, c->HD);
+    if (kv) {
+        size_t per = (size_t)kv->NB * kv->BS * c->KVH * c->HD * dtype_size(be->act);
+        be->kv_write(LAYER(kv->k, l, per), LAYER(kv->v, l, per), la->k, la->v, slots_dev, N, c->KVH, c->HD);
+    }
+    be->attention_forward(la->att, la->lse, la->q, la->k, la->v, B, T, c->NH, c->KVH, c->HD);
+    linear_fwd(m, l, LIN_O, la->xmid, la->att, N, 1);
+    be->add(la->xmid, la->xmid, la->x, (size_t)N * c->C);
+    be->rmsnorm_forward(la->ln2, la->rstd2, la->xmid, lw->ln2, N, c->C, c->eps);
+    linear_fwd(m, l, LIN_GATE, la->gate, la->ln2, N, 1);
+    linear_fwd(m, l, LIN_UP, la->up, la->ln2, N, 1);
+    be->swiglu_forward(la->hm, la->gate, la->up, (size_t)N * c->FF);
+    linear_fwd(m, l, LIN_DOWN, la->xn, la->hm, N, 1);
+    be->add(la->xn, la->xn, la->xmid, (size_t)N * c->C);
+}
+
 static void forward_impl(Model *m, const int *ids_host, int B, int T, KVCache *kv, const int32_t *slots_dev) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
@@ -137,9 +202,6 @@ static void forward_impl(Model *m, const int *ids_host, int B, int T, KVCache *k
     m->B = B;
     m->T = T;
     Acts *a = &m->acts;
-    size_t act = dtype_size(be->act), hp = dtype_size(be->hp);
-    size_t C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD, FF = c->FF;
-
     int32_t *pos = (int32_t *)mallocCheck(N * sizeof(int32_t));
     for (int i = 0; i < N; i++) pos[i] = i % T;
     be->upload(a->ids, ids_host, N * sizeof(int32_t));
@@ -148,45 +210,11 @@ static void forward_impl(Model *m, const int *ids_host, int B, int T, KVCache *k
 
     be->embedding_forward(a->x, (const int32_t *)a->ids, m->w.wte, N, c->C);
     for (int l = 0; l < c->L; l++) {
-        const LayerWeights *lw = &m->w.layers[l];
-        void *x = LAYER(a->x, l, N * C * act), *xn = LAYER(a->x, l + 1, N * C * act);
-        void *ln1 = LAYER(a->ln1, l, N * C * act), *rstd1 = LAYER(a->rstd1, l, N * hp);
-        void *ql = LAYER(a->q, l, N * q * act), *kl = LAYER(a->k, l, N * kvw * act), *vl = LAYER(a->v, l, N * kvw * act);
-        void *att = LAYER(a->att, l, N * q * act), *lse = LAYER(a->lse, l, N * c->NH * hp);
-        void *xmid = LAYER(a->xmid, l, N * C * act), *ln2 = LAYER(a->ln2, l, N * C * act);
-        void *rstd2 = LAYER(a->rstd2, l, N * hp);
-        void *gate = LAYER(a->gate, l, N * FF * act), *up = LAYER(a->up, l, N * FF * act);
-        void *hm = LAYER(a->hmlp, l, N * FF * act);
-
-        be->rmsnorm_forward(ln1, rstd1, x, lw->ln1, N, c->C, c->eps);
-        if (c->qk_norm) {
-            void *qp = LAYER(a->qpre, l, N * q * act), *kp = LAYER(a->kpre, l, N * kvw * act);
-            linear_fwd(m, l, LIN_Q, qp, ln1, N, 1);
-            linear_fwd(m, l, LIN_K, kp, ln1, N, 1);
-            be->rmsnorm_forward(ql, LAYER(a->qrstd, l, N * c->NH * hp), qp, lw->q_norm, N * c->NH, c->HD, c->eps);
-            be->rmsnorm_forward(kl, LAYER(a->krstd, l, N * c->KVH * hp), kp, lw->k_norm, N * c->KVH, c->HD, c->eps);
-        } else {
-            linear_fwd(m, l, LIN_Q, ql, ln1, N, 1);
-            linear_fwd(m, l, LIN_K, kl, ln1, N, 1);
-        }
-        linear_fwd(m, l, LIN_V, vl, ln1, N, 1);
-        be->rope_forward(ql, (const int32_t *)a->pos, m->inv_freq, N, c->NH, c->HD);
-        be->rope_forward(kl, (const int32_t *)a->pos, m->inv_freq, N, c->KVH, c->HD);
-        if (kv) {
-            size_t per = (size_t)kv->NB * kv->BS * kvw * act;
-            be->kv_write(LAYER(kv->k, l, per), LAYER(kv->v, l, per), kl, vl, slots_dev, N, c->KVH, c->HD);
-        }
-        be->attention_forward(att, lse, ql, kl, vl, B, T, c->NH, c->KVH, c->HD);
-        linear_fwd(m, l, LIN_O, xmid, att, N, 1);
-        be->add(xmid, xmid, x, N * C);
-        be->rmsnorm_forward(ln2, rstd2, xmid, lw->ln2, N, c->C, c->eps);
-        linear_fwd(m, l, LIN_GATE, gate, ln2, N, 1);
-        linear_fwd(m, l, LIN_UP, up, ln2, N, 1);
-        be->swiglu_forward(hm, gate, up, N * FF);
-        linear_fwd(m, l, LIN_DOWN, xn, hm, N, 1);
-        be->add(xn, xn, xmid, N * C);
+        LayerActs la = layer_acts(m, l);
+        layer_forward(m, l, &la, kv, slots_dev);
     }
-    be->rmsnorm_forward(a->lnf, a->rstdf, LAYER(a->x, c->L, N * C * act), m->w.norm, N, c->C, c->eps);
+    be->rmsnorm_forward(a->lnf, a->rstdf, LAYER(a->x, c->L, (size_t)N * c->C * dtype_size(be->act)), m->w.norm, N, c->C,
+                        c->eps);
 }
 
 void model_forward(Model *m, const int *ids_host, int B, int T) { forward_impl(m, ids_host, B, T, NULL, NULL); }
@@ -230,7 +258,7 @@ void model_backward(Model *m, const double *dlogp_host) {
     const Backend *be = m->be;
     Acts *a = &m->acts;
     int B = m->B, T = m->T, N = B * T;
-    size_t act = dtype_size(be->act), hp = dtype_size(be->hp);
+    size_t act = dtype_size(be->act);
     size_t C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD, FF = c->FF;
     const Weights *gw = m->grads ? &m->gw : NULL;
 
@@ -244,43 +272,34 @@ void model_backward(Model *m, const double *dlogp_host) {
     for (int l = c->L - 1; l >= 0; l--) {
         const LayerWeights *lw = &m->w.layers[l];
         const LayerWeights *gl = gw ? &gw->layers[l] : NULL;
-        void *x = LAYER(a->x, l, N * C * act);
-        void *ln1 = LAYER(a->ln1, l, N * C * act), *rstd1 = LAYER(a->rstd1, l, N * hp);
-        void *ql = LAYER(a->q, l, N * q * act), *kl = LAYER(a->k, l, N * kvw * act), *vl = LAYER(a->v, l, N * kvw * act);
-        void *att = LAYER(a->att, l, N * q * act), *lse = LAYER(a->lse, l, N * c->NH * hp);
-        void *xmid = LAYER(a->xmid, l, N * C * act), *ln2 = LAYER(a->ln2, l, N * C * act);
-        void *rstd2 = LAYER(a->rstd2, l, N * hp);
-        void *gate = LAYER(a->gate, l, N * FF * act), *up = LAYER(a->up, l, N * FF * act);
-        void *hm = LAYER(a->hmlp, l, N * FF * act);
+        LayerActs la = layer_acts(m, l);
+        if (m->recompute) layer_forward(m, l, &la, NULL, NULL);  // the layer's activations again, from its input
 
         // MLP: x_{l+1} = xmid + down(silu(gate(ln2)) * up(ln2)); dx passes through the residual
-        linear_bwd(m, l, LIN_DOWN, a->dff3, 0, a->dx, hm, N);
-        be->swiglu_backward(a->dff1, a->dff2, a->dff3, gate, up, N * FF);
-        linear_bwd(m, l, LIN_GATE, a->dln, 0, a->dff1, ln2, N);
-        linear_bwd(m, l, LIN_UP, a->dln, 1, a->dff2, ln2, N);
-        be->rmsnorm_backward(a->dx, gl ? gl->ln2 : NULL, a->dln, xmid, lw->ln2, rstd2, N, c->C);
+        linear_bwd(m, l, LIN_DOWN, a->dff3, 0, a->dx, la.hm, N);
+        be->swiglu_backward(a->dff1, a->dff2, a->dff3, la.gate, la.up, N * FF);
+        linear_bwd(m, l, LIN_GATE, a->dln, 0, a->dff1, la.ln2, N);
+        linear_bwd(m, l, LIN_UP, a->dln, 1, a->dff2, la.ln2, N);
+        be->rmsnorm_backward(a->dx, gl ? gl->ln2 : NULL, a->dln, la.xmid, lw->ln2, la.rstd2, N, c->C);
 
         // attention: xmid = x + o(attention(rope(q), rope(k), v))
-        linear_bwd(m, l, LIN_O, a->datt, 0, a->dx, att, N);
-        be->attention_backward(a->dq, a->dk, a->dv, a->datt, att, lse, ql, kl, vl, B, T, c->NH, c->KVH, c->HD);
+        linear_bwd(m, l, LIN_O, a->datt, 0, a->dx, la.att, N);
+        be->attention_backward(a->dq, a->dk, a->dv, a->datt, la.att, la.lse, la.q, la.k, la.v, B, T, c->NH, c->KVH, c->HD);
         be->rope_backward(a->dq, (const int32_t *)a->pos, m->inv_freq, N, c->NH, c->HD);
         be->rope_backward(a->dk, (const int32_t *)a->pos, m->inv_freq, N, c->KVH, c->HD);
-        void *dqp = a->dq, *dkp = a->dk, *qin = ln1;
+        void *dqp = a->dq, *dkp = a->dk;
         if (c->qk_norm) {
-            void *qp = LAYER(a->qpre, l, N * q * act), *kp = LAYER(a->kpre, l, N * kvw * act);
             be->zero(a->dqpre, N * q * act);
             be->zero(a->dkpre, N * kvw * act);
-            be->rmsnorm_backward(a->dqpre, gl ? gl->q_norm : NULL, a->dq, qp, lw->q_norm,
-                                 LAYER(a->qrstd, l, N * c->NH * hp), N * c->NH, c->HD);
-            be->rmsnorm_backward(a->dkpre, gl ? gl->k_norm : NULL, a->dk, kp, lw->k_norm,
-                                 LAYER(a->krstd, l, N * c->KVH * hp), N * c->KVH, c->HD);
+            be->rmsnorm_backward(a->dqpre, gl ? gl->q_norm : NULL, a->dq, la.qpre, lw->q_norm, la.qrstd, N * c->NH, c->HD);
+            be->rmsnorm_backward(a->dkpre, gl ? gl->k_norm : NULL, a->dk, la.kpre, lw->k_norm, la.krstd, N * c->KVH, c->HD);
             dqp = a->dqpre;
             dkp = a->dkpre;
         }
-        linear_bwd(m, l, LIN_Q, a->dln, 0, dqp, qin, N);
-        linear_bwd(m, l, LIN_K, a->dln, 1, dkp, qin, N);
-        linear_bwd(m, l, LIN_V, a->dln, 1, a->dv, qin, N);
-        be->rmsnorm_backward(a->dx, gl ? gl->ln1 : NULL, a->dln, x, lw->ln1, rstd1, N, c->C);
+        linear_bwd(m, l, LIN_Q, a->dln, 0, dqp, la.ln1, N);
+        linear_bwd(m, l, LIN_K, a->dln, 1, dkp, la.ln1, N);
+        linear_bwd(m, l, LIN_V, a->dln, 1, a->dv, la.ln1, N);
+        be->rmsnorm_backward(a->dx, gl ? gl->ln1 : NULL, a->dln, la.x, lw->ln1, la.rstd1, N, c->C);
     }
     // a->dx now holds the gradient with respect to the embeddings' output
     if (gw) be->embedding_backward(gw->wte, (const int32_t *)a->ids, a->dx, N, c->C);

@@ -71,7 +71,8 @@ typedef struct {
 } ModelOptions;
 
 // Saved activations of the training forward, for B sequences of T tokens (N = B*T).
-// One arena allocation; the walker in model.c sets these pointers.
+// One arena allocation; the walker in model.c sets these pointers. With m->recompute
+// the per-layer buffers (all but x) hold one layer instead of L.
 typedef struct {
     void *x;      // (L+1, N, C) act   residual stream entering each layer; x[L] = final
     void *ln1;    // (L, N, C) act
@@ -107,6 +108,7 @@ typedef struct {
     size_t bytes;
     int B, T;     // the shape the arena was sized for (capacity)
     float inv_temp;  // of the last model_logprobs (its backward uses the same)
+    int recompute;   // the arena was laid out for recomputation (one layer of per-layer buffers)
 } Acts;
 
 typedef struct LoRA LoRA;
@@ -132,6 +134,8 @@ typedef struct {
     void *inv_freq;        // (HD/2) hp   RoPE inverse frequencies (scaling applied)
     LoRA *lora;            // attached adapters, or NULL
     int lora_on;           // 0: the adapters are skipped (the KL reference = the base model)
+    int recompute;         // gradient checkpointing: keep each layer's input only, recompute the layer in
+                           // the backward (per-layer activations shrink L-fold for one more forward)
     Acts acts;
     int B, T;              // shape of the last forward
     void *grads;           // optional fp gradients of every dense weight (hp), one allocation, or NULL

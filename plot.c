@@ -76,6 +76,10 @@ void plot_svg(const char *path, const PlotPanel *panels, int npanels) {
             for (int i = 0; i < se->n; i++)
                 if (isfinite(se->x[i]) && isfinite(se->y[i])) bprintf(&b, "%.1f,%.1f ", PX(se->x[i]), PY(se->y[i]));
             bprintf(&b, "\"/>\n");
+            if (se->markers)
+                for (int i = 0; i < se->n; i++)
+                    if (isfinite(se->x[i]) && isfinite(se->y[i]))
+                        bprintf(&b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>", PX(se->x[i]), PY(se->y[i]), se->color);
             int ly = top + 14 + 18 * s;
             bprintf(&b, "<line x1=\"%d\" x2=\"%d\" y1=\"%d\" y2=\"%d\" stroke=\"%s\" stroke-width=\"2\"%s/>", ML + w + 10, ML + w + 34,
                     ly, ly, se->color, se->dashed ? " stroke-dasharray=\"6,4\"" : "");

@@ -13,6 +13,7 @@ typedef struct {
     int n;
     const char *color;    // e.g. "#1f77b4"
     int dashed;
+    int markers;          // a dot at each point (for sparse series such as evaluations)
 } PlotSeries;
 
 typedef struct {

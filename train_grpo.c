@@ -36,7 +36,7 @@
 typedef struct {
     const char *model, *data, *task, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules;
     const char *load_in_fp8;
-    int resume, overwrite_output_dir, fp8_pow2, bf16_first_layers, bf16_last_layers, quiet;
+    int resume, overwrite_output_dir, fp8_pow2, bf16_first_layers, bf16_last_layers, quiet, gradient_checkpointing;
     int max_steps, per_device_train_batch_size, micro_batch_size, lora_r, top_k, logging_steps, save_steps;
     int eval_steps, eval_size, warmup_sft_steps, max_prompt_length, chat, max_operand;
     double learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm, warmup_ratio;
@@ -71,6 +71,7 @@ static const OptDef OPTS[] = {
     {"per_device_train_batch_size", O_INT, OFF(per_device_train_batch_size), 1, 1e6,
      "completions per step (a multiple of num_generations)"},
     {"micro_batch_size", O_INT, OFF(micro_batch_size), 1, 1e6, "sequences per forward/backward (default: all)"},
+    {"gradient_checkpointing", O_FLAG, OFF(gradient_checkpointing), 0, 0, "recompute each layer in the backward (less memory)"},
     {"learning_rate", O_DBL, OFF(learning_rate), 0, 1, "AdamW peak learning rate"},
     {"lr_scheduler_type", O_STR, OFF(lr_scheduler_type), 0, 0, "cosine | constant (default cosine)"},
     {"warmup_ratio", O_DBL, OFF(warmup_ratio), 0, 1, "share of the updates spent warming the learning rate up"},
@@ -101,6 +102,15 @@ static const OptDef OPTS[] = {
 };
 #define N_OPTS ((int)(sizeof OPTS / sizeof OPTS[0]))
 
+// the options given on the command line (so per-model defaults never override them)
+static char given[64][128];
+static int n_given;
+static int was_given(const char *name) {
+    for (int i = 0; i < n_given; i++)
+        if (!strcmp(given[i], name)) return 1;
+    return 0;
+}
+
 static void opts_default(Opts *o, GrpoConfig *g) {
     memset(o, 0, sizeof *o);
     o->task = "arithmetic";
@@ -109,9 +119,9 @@ static void opts_default(Opts *o, GrpoConfig *g) {
     o->load_in_fp8 = "block";
     o->lr_scheduler_type = "cosine";
     o->lora_target_modules = "all";
-    o->max_steps = 60;
+    o->max_steps = 150;
     o->per_device_train_batch_size = 64;
-    o->learning_rate = 2e-3;
+    o->learning_rate = 5e-4;
     o->adam_beta1 = 0.9;
     o->adam_beta2 = 0.999;
     o->adam_epsilon = 1e-8;
@@ -124,12 +134,12 @@ static void opts_default(Opts *o, GrpoConfig *g) {
     o->chat = -1;
     o->seed = 42;
     o->logging_steps = 1;
-    o->eval_steps = 10;
+    o->eval_steps = 25;
     o->eval_size = 200;
-    o->warmup_sft_steps = 150;
+    o->warmup_sft_steps = 1000;
     o->gpu_memory_utilization = 0.6;
-    o->max_operand = 99;
-    o->warmup_carry_errors = 0.0;
+    o->max_operand = 30;
+    o->warmup_carry_errors = 0.7;
     *g = grpo_config_default();
     g->num_generations = 8;
     g->max_completion_length = 8;
@@ -168,6 +178,7 @@ static void parse_args(int argc, char **argv, Opts *o, GrpoConfig *g) {
         } else snprintf(key, sizeof key, "%s", a + 2);
         char name[128];
         norm_name(name, sizeof name, key);
+        if (n_given < 64) snprintf(given[n_given++], sizeof given[0], "%s", name);
         const OptDef *d = NULL;
         for (int k = 0; k < N_OPTS; k++)
             if (!strcmp(OPTS[k].name, name)) d = &OPTS[k];
@@ -208,6 +219,14 @@ static void parse_args(int argc, char **argv, Opts *o, GrpoConfig *g) {
                 break;
             }
         }
+    }
+    // defaults above suit the built-in demo; a real checkpoint gets TRL-like ones where not given
+    if (o->model) {
+        if (!was_given("max_completion_length")) g->max_completion_length = 256;
+        if (!was_given("learning_rate")) o->learning_rate = 1e-5;
+        if (!was_given("max_steps")) o->max_steps = 200;
+        if (!was_given("eval_size")) o->eval_size = 100;
+        if (!was_given("eval_steps")) o->eval_steps = 50;
     }
     char err[256];
     if (grpo_config_check(g, err, sizeof err) < 0) die("%s", err);
@@ -541,7 +560,7 @@ static void hist_from_metrics(History *h, const char *path) {
     for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         cJSON *j = cJSON_Parse(line);
         if (!j) continue;
-        cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step"), *r = cJSON_GetObjectItemCaseSensitive(j, "reward");
+        cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step"), *r = cJSON_GetObjectItemCaseSensitive(j, "rewards/correctness/mean");
         cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "eval/accuracy"), *k = cJSON_GetObjectItemCaseSensitive(j, "kl");
         cJSON *l = cJSON_GetObjectItemCaseSensitive(j, "completions/mean_length");
         if (cJSON_IsNumber(s))
@@ -638,6 +657,7 @@ int main(int argc, char **argv) {
     printf("frozen linear weights: %s, %.2f MiB (of %.2f MiB of weights)\n", o.load_in_fp8, m.w.linear_bytes / 1048576.0,
            (m.w.dense_bytes + m.w.fp8_bytes) / 1048576.0);
 
+    m.recompute = o.gradient_checkpointing;
     LoRA *lo = lora_create(&m, o.lora_r, (float)o.lora_alpha, lora_parse_targets(o.lora_target_modules), (uint64_t)o.seed + 17);
     m.lora = lo;
     m.lora_on = 1;
@@ -837,7 +857,7 @@ int main(int argc, char **argv) {
         fprintf(mf, "%s\n", line);
         fclose(mf);
         free(line);
-        hist_add(&hist, step, rm.reward, acc, gm.kl, (double)gen_tokens / S);
+        hist_add(&hist, step, rm.func_mean[0], acc, gm.kl, (double)gen_tokens / S);
         if (!o.quiet && (step % o.logging_steps == 0 || step == o.max_steps)) {
             printf("step %4d/%d | reward %.3f (std %.3f) | correct %.3f", step, o.max_steps, rm.reward, rm.reward_std, rm.func_mean[0]);
             if (isfinite(acc)) printf(" | held-out %.3f", acc);
@@ -856,12 +876,12 @@ int main(int argc, char **argv) {
     // ---- the end: before/after, plot ----
     char plot[4200];
     path_join(plot, sizeof plot, o.output_dir, "plot.svg");
-    PlotSeries rs = {"reward", hist.step, hist.reward, hist.n, "#1f77b4", 0};
-    PlotSeries as = {"held-out accuracy", hist.step, hist.acc, hist.n, "#d62728", 0};
-    PlotSeries ks = {"kl", hist.step, hist.kl, hist.n, "#2ca02c", 0};
-    PlotSeries ls = {"mean length", hist.step, hist.len, hist.n, "#9467bd", 0};
+    PlotSeries rs = {"correct (sampled)", hist.step, hist.reward, hist.n, "#1f77b4", 0, 0};
+    PlotSeries as = {"held-out (greedy)", hist.step, hist.acc, hist.n, "#d62728", 0, 1};
+    PlotSeries ks = {"kl", hist.step, hist.kl, hist.n, "#2ca02c", 0, 0};
+    PlotSeries ls = {"mean length", hist.step, hist.len, hist.n, "#9467bd", 0, 0};
     PlotSeries top[2] = {rs, as};
-    PlotPanel panels[3] = {{"GRPO: reward and held-out accuracy", "step", "", top, 2},
+    PlotPanel panels[3] = {{"GRPO: accuracy on training rollouts and on held-out problems", "step", "", top, 2},
                            {"completion length", "step", "tokens", &ls, 1},
                            {"KL to the reference (LoRA off)", "step", "", &ks, 1}};
     plot_svg(plot, panels, g.beta != 0 ? 3 : 2);

@@ -530,6 +530,46 @@ END_TEST
 START_TEST(test_gradients_llama) { gradient_check(ARCH_LLAMA, 0); }
 END_TEST
 
+// recomputation (gradient checkpointing) changes memory, not numbers: the same logprobs
+// and bit-identical gradients (LoRA and dense), on the fp32 CPU backend, FP8 weights
+START_TEST(test_recompute_identical) {
+    char p[1024];
+    fixture(p, sizeof p, "qwen3", "");
+    Model m;
+    ModelOptions o = {FP8_BLOCK, 0, 0, 0};
+    model_load(&m, p, backend_cpu(), &o);
+    LoRA *lo = lora_create(&m, 4, 8.0f, lora_parse_targets("all"), 2);
+    Rng r = rng_make(9);
+    for (size_t i = 0; i < lo->n; i++) ((float *)lo->params)[i] += 0.05f * rng_normal(&r);
+    m.lora = lo;
+    m.lora_on = 1;
+    int B = 2, T = 9, N = B * T, ids[18], tg[18];
+    double w[18], lp[2][18];
+    for (int i = 0; i < N; i++) ids[i] = rng_int(&r, 320), tg[i] = rng_int(&r, 320), w[i] = rng_normal(&r);
+    float *g[2];
+    size_t arena[2];
+    for (int rc = 0; rc < 2; rc++) {
+        m.recompute = rc;
+        model_forward(&m, ids, B, T);
+        model_logprobs(&m, tg, 1.0f, lp[rc]);
+        lora_zero_grads(lo);
+        model_backward(&m, w);
+        g[rc] = (float *)mallocCheck(lo->n * sizeof(float));
+        memcpy(g[rc], lo->grads, lo->n * sizeof(float));
+        arena[rc] = m.acts.bytes;
+        model_free_scratch(&m);
+    }
+    ck_assert(memcmp(lp[0], lp[1], sizeof lp[0]) == 0);
+    ck_assert(memcmp(g[0], g[1], lo->n * sizeof(float)) == 0);
+    ck_assert_msg(arena[1] < arena[0], "recompute arena %zu not smaller than %zu", arena[1], arena[0]);
+    free(g[0]);
+    free(g[1]);
+    m.lora = NULL;
+    lora_free(lo);
+    model_free(&m);
+}
+END_TEST
+
 // ---- round trips and bad input -------------------------------------------------------
 
 START_TEST(test_save_load_roundtrip) {
@@ -755,6 +795,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_gradients_qwen3);
     tcase_add_test(tc, test_gradients_qwen2);
     tcase_add_test(tc, test_gradients_llama);
+    tcase_add_test(tc, test_recompute_identical);
     tcase_add_test(tc, test_save_load_roundtrip);
     tcase_add_test(tc, test_bad_safetensors);
     tcase_add_test(tc, test_bad_checkpoint);
