@@ -6,6 +6,7 @@
 #   make test-gpu     build and run the GPU test suites (needs a CUDA GPU)
 #   make bench-gemm   build build/gemm_fp8 from dev/gemm_fp8.cu (the FP8 GEMM versions + benchmark, GPU)
 #   make bench-train  build build/bench_train (the LoRA training step on the CUDA backend, GPU)
+#   make bench-rollout build build/bench_rollout (rollout throughput on the CUDA backend, GPU)
 #
 # Knobs: CUDA_HOME=/path (default: where nvcc lives), NO_CUDA=1 (CPU only),
 # GPU_ARCH=90a|89|120|all (default: probe the GPU, else all), DEPS_PREFIX=dir
@@ -88,7 +89,7 @@ HEADERS := $(wildcard *.h dev/*.h)
 
 VPATH := .:dev:test
 
-.PHONY: all test test-gpu clean bench-gemm bench-train
+.PHONY: all test test-gpu clean bench-gemm bench-train bench-rollout
 all: $(PROGS)
 
 $(BUILD):
@@ -144,8 +145,12 @@ $(BUILD)/gemm_fp8: dev/gemm_fp8.cu fp8.cu dev/fp8_cpu.c $(HEADERS) | $(BUILD)
 bench-train: $(BUILD)/bench_train
 $(BUILD)/bench_train: dev/bench_train.c $(LIB) $(HEADERS)
 	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+# the rollout-throughput benchmark
+bench-rollout: $(BUILD)/bench_rollout
+$(BUILD)/bench_rollout: dev/bench_rollout.c $(LIB) $(HEADERS)
+	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 else
-test-gpu bench-gemm bench-train:
+test-gpu bench-gemm bench-train bench-rollout:
 	@echo "no nvcc: the GPU suites need the CUDA toolkit (and a GPU to run)"; exit 1
 endif
 

@@ -142,6 +142,8 @@ static void one_step(Model *m, LoRA *lo, const int *ids, const int *tg, const do
     lora_zero_grads(lo);
 }
 
+static int recompute;  // --recompute: gradient checkpointing (model.h's m->recompute)
+
 static Result run(const char *size, FP8Gran gran, int B, int T, int steps, int warmup, int rank, int profile) {
     const Backend *be = backend_select("cuda", 0);
     Config cfg = qwen3_shape(size);
@@ -156,6 +158,7 @@ static Result run(const char *size, FP8Gran gran, int B, int T, int steps, int w
     model_init_random(&m, &cfg, be, &opt, 1234);
     fprintf(stderr, "  %s %s: random weights in %.1f s\n", size, fp8_gran_name(gran), now_sec() - t0);
     LoRA *lo = lora_create(&m, rank, (float)rank, (1u << LIN_COUNT) - 1, 99);
+    m.recompute = recompute;
     m.lora = lo;
     m.lora_on = 1;
     int N = B * T;
@@ -246,8 +249,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--rank") && i + 1 < argc) rank = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile")) profile = 1;
+        else if (!strcmp(argv[i], "--recompute")) recompute = 1;
         else die("usage: bench_train [--model 0.6b|8b] [--fp8 block,row,tensor,off] [--batch B] [--seq T] [--steps n] "
-                 "[--warmup n] [--rank r] [--profile]");
+                 "[--warmup n] [--rank r] [--profile] [--recompute]");
     }
     if (B < 1 || T < 2 || steps < 1 || warmup < 0) die("bad --batch/--seq/--steps/--warmup");
     const Backend *be = backend_select("cuda", 0);
@@ -263,8 +267,8 @@ int main(int argc, char **argv) {
     }
     free(list);
     printf("\nLoRA training step, CUDA backend, %s, Qwen3-%s shape, batch %d x %d, LoRA r=%d on all 7 projections, "
-           "median of %d steps after %d warm-up\n",
-           be->device_desc, size, B, T, rank, steps, warmup);
+           "recompute %s, median of %d steps after %d warm-up\n",
+           be->device_desc, size, B, T, rank, recompute ? "on" : "off", steps, warmup);
     printf("| fp8 | step ms (min-max) | tokens/s | peak GiB | weights | LoRA+AdamW | activations | backend scratch |\n");
     printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (int i = 0; i < nr; i++)

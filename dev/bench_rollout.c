@@ -1,0 +1,216 @@
+// dev/bench_rollout.c: rollout throughput of the engine (rollout.c) on the CUDA backend,
+// Qwen3-shaped random models, prompt 128 + 256 new tokens at fixed length (no EOS),
+// sampling at temperature 1 as transformers' generate in ../shared/bench/peers.py does.
+// Reports tokens/s (new tokens over prefill + decode), the decode step time against the
+// floor of BENCHMARKS.md (bytes read per step / 3.0 TB/s), and memory. With --startup,
+// also the time from a bf16 safetensors checkpoint on disk to the first sampled token.
+//
+//   make bench-rollout && ./build/bench_rollout --model 0.6b --fp8 block,off --batch 64,256
+//   ./build/bench_rollout --model 8b --fp8 block,off --batch 64 --startup /tmp/q8b
+// Prints one summary table last.
+#include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "lora.h"
+#include "model.h"
+#include "rollout.h"
+#include "safetensors.h"
+
+static Config qwen3_shape(const char *size) {
+    Config c;
+    memset(&c, 0, sizeof c);
+    c.arch = ARCH_QWEN3;
+    c.V = 151936;
+    c.HD = 128;
+    c.KVH = 8;
+    c.max_pos = 8192;
+    c.eps = 1e-6f;
+    c.rope_theta = 1e6f;
+    c.qk_norm = 1;
+    c.bos_id = -1;
+    if (!strcmp(size, "0.6b")) {
+        c.C = 1024, c.FF = 3072, c.L = 28, c.NH = 16, c.tied = 1;
+    } else if (!strcmp(size, "8b")) {
+        c.C = 4096, c.FF = 12288, c.L = 36, c.NH = 32, c.tied = 0;
+    } else die("--model must be 0.6b or 8b, got '%s'", size);
+    return c;
+}
+
+static double gib(size_t b) { return b / 1073741824.0; }
+static size_t gpu_used(void) {
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    return tot - fr;
+}
+
+typedef struct {
+    const char *gran;
+    int batch, G;
+    double tok_s, prefill_s, decode_s, step_ms, floor_ms, peak_gib, kv_gib, weights_gib;
+} Row;
+
+// bytes one decode step reads: linear weights, the lm head, and the KV cache at the mean context
+static double decode_floor_ms(const Config *c, const Model *m, int S, int prompt, int nnew) {
+    double lin = 0;
+    for (int i = 0; i < LIN_COUNT; i++) {
+        const QWeight *w = &m->w.layers[0].lin[i];
+        lin += (double)w->rows * w->cols * (w->gran == FP8_OFF ? 2 : 1);
+    }
+    lin *= c->L;
+    double head = 2.0 * c->V * c->C;
+    double ctx = prompt + nnew / 2.0;
+    double kv = ctx * S * c->L * 2.0 * c->KVH * c->HD * 2;
+    return (lin + head + kv) / 3.0e12 * 1e3;
+}
+
+static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nnew, int rank) {
+    const Backend *be = backend_select("cuda", 0);
+    Config cfg = qwen3_shape(size);
+    size_t base = gpu_used();
+    ModelOptions opt = {gran, 0, 0, 0};
+    Model m;
+    model_init_random(&m, &cfg, be, &opt, 1234);
+    LoRA *lo = NULL;
+    if (rank > 0) {
+        lo = lora_create(&m, rank, (float)rank, (1u << LIN_COUNT) - 1, 7);
+        m.lora = lo;
+        m.lora_on = 1;
+    }
+    int P = S / G;
+    Rng r = rng_make(11);
+    int **prompts = (int **)mallocCheck(P * sizeof(int *)), *plens = (int *)mallocCheck(P * sizeof(int));
+    for (int p = 0; p < P; p++) {
+        prompts[p] = (int *)mallocCheck(prompt * sizeof(int));
+        for (int t = 0; t < prompt; t++) prompts[p][t] = rng_int(&r, 150000);
+        plens[p] = prompt;
+    }
+    uint64_t *seeds = (uint64_t *)mallocCheck(S * sizeof(uint64_t));
+    for (int s = 0; s < S; s++) seeds[s] = 1000 + s;
+    RolloutConfig rc = {G, nnew, 1.0f, 1.0f, 0, NULL, 0, 16, 1};
+    Rollout ro;
+    // warm-up (kernel selection, cuBLASLt heuristics, allocations), then the measured run
+    RolloutConfig warm = rc;
+    warm.max_new = 8;
+    rollout_run(&m, &warm, P, (const int *const *)prompts, plens, seeds, &ro);
+    rollout_free(&ro);
+    rollout_run(&m, &rc, P, (const int *const *)prompts, plens, seeds, &ro);
+    Row row = {fp8_gran_name(gran), S, G, 0, 0, 0, 0, 0, 0, 0, 0};
+    row.prefill_s = ro.prefill_s;
+    row.decode_s = ro.decode_s;
+    row.tok_s = (double)S * nnew / (ro.prefill_s + ro.decode_s);
+    row.step_ms = ro.decode_s / (ro.decode_steps + 1) * 1e3;  // nnew samples: nnew - 1 decode steps + 1 first sample
+    row.floor_ms = decode_floor_ms(&cfg, &m, S, prompt, nnew);
+    row.peak_gib = gib(gpu_used() - base);
+    row.kv_gib = gib(ro.kv_bytes);
+    row.weights_gib = gib(m.w.dense_bytes + m.w.fp8_bytes);
+    long sum = 0;
+    for (int s = 0; s < S; s++) sum += ro.len[s];
+    if (sum != (long)S * nnew) die("expected fixed-length completions");
+    rollout_free(&ro);
+    if (lo) {
+        m.lora = NULL;
+        lora_free(lo);
+    }
+    model_free(&m);
+    for (int p = 0; p < P; p++) free(prompts[p]);
+    free(prompts), free(plens), free(seeds);
+    return row;
+}
+
+// read every byte of the checkpoint's files once (what "reading the file" costs)
+static double read_dir_s(const char *dir) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cat %s/*.safetensors > /dev/null", dir);
+    double t0 = now_sec();
+    if (system(cmd) != 0) die("cannot read %s", dir);
+    return now_sec() - t0;
+}
+
+static void startup(const char *size, const char *dir) {
+    const Backend *be = backend_select("cuda", 0);
+    Config cfg = qwen3_shape(size);
+    char p[4096];
+    path_join(p, sizeof p, dir, "config.json");
+    if (!file_exists(p)) {
+        Model m;
+        ModelOptions dense = {FP8_OFF, 0, 0, 0};
+        double t0 = now_sec();
+        model_init_random(&m, &cfg, be, &dense, 99);
+        model_save_hf(&m, dir, DT_BF16);
+        model_free(&m);
+        fprintf(stderr, "wrote a random %s bf16 checkpoint to %s in %.1f s\n", size, dir, now_sec() - t0);
+    }
+    // drop nothing from the page cache (no permission games): measure reading, then loading
+    double t_read = read_dir_s(dir);
+    double t0 = now_sec();
+    Model m;
+    ModelOptions o = {FP8_BLOCK, 0, 0, 0};
+    model_load(&m, dir, be, &o);
+    double t_load = now_sec() - t0;
+    int prompt[128], plen = 128;
+    for (int t = 0; t < 128; t++) prompt[t] = 1000 + t;
+    const int *pp = prompt;
+    uint64_t seed = 1;
+    RolloutConfig rc = {1, 1, 1.0f, 1.0f, 0, NULL, 0, 16, 1};
+    Rollout ro;
+    rollout_run(&m, &rc, 1, &pp, &plen, &seed, &ro);
+    double t_first = now_sec() - t0;
+    printf("\nstart to first rollout token, %s from %s (bf16 safetensors -> FP8 block on load):\n", size, dir);
+    printf("  reading the files (cat, page cache warm): %.2f s\n", t_read);
+    printf("  model_load (read + quantize to FP8 on the GPU): %.2f s\n", t_load);
+    printf("  + prefill 128 tokens and sample the first token: %.2f s total\n", t_first);
+    printf("  beyond reading the file: %.2f s\n", t_first - t_read);
+    rollout_free(&ro);
+    model_free(&m);
+}
+
+int main(int argc, char **argv) {
+    const char *size = "0.6b", *grans = "block,off", *batches = "64,256", *startup_dir = NULL;
+    int prompt = 128, nnew = 256, G = 1, rank = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--model") && i + 1 < argc) size = argv[++i];
+        else if (!strcmp(argv[i], "--fp8") && i + 1 < argc) grans = argv[++i];
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batches = argv[++i];
+        else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) prompt = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--new") && i + 1 < argc) nnew = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--generations") && i + 1 < argc) G = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--lora") && i + 1 < argc) rank = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--startup") && i + 1 < argc) startup_dir = argv[++i];
+        else die("usage: bench_rollout [--model 0.6b|8b] [--fp8 block,row,tensor,off] [--batch 64,256] [--prompt 128] "
+                 "[--new 256] [--generations G] [--lora r] [--startup DIR]");
+    }
+    const Backend *be = backend_select("cuda", 1);
+    (void)be;
+    // the lists, parsed first
+    int gl[8], ng = 0, bl[8], nb = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", grans);
+    for (char *g = strtok(buf, ","); g && ng < 8; g = strtok(NULL, ",")) {
+        gl[ng] = fp8_gran_parse(g);
+        if (gl[ng++] < 0) die("--fp8: unknown granularity '%s'", g);
+    }
+    snprintf(buf, sizeof buf, "%s", batches);
+    for (char *b = strtok(buf, ","); b && nb < 8; b = strtok(NULL, ",")) {
+        bl[nb] = atoi(b);
+        if (bl[nb] < 1 || bl[nb] % G) die("--batch %s must be a positive multiple of --generations %d", b, G);
+        nb++;
+    }
+    Row rows[64];
+    int nr = 0;
+    for (int i = 0; i < ng; i++)
+        for (int j = 0; j < nb; j++) {
+            fprintf(stderr, "%s fp8 %s batch %d ...\n", size, fp8_gran_name((FP8Gran)gl[i]), bl[j]);
+            rows[nr++] = run(size, (FP8Gran)gl[i], bl[j], G, prompt, nnew, rank);
+        }
+    if (startup_dir) startup(size, startup_dir);
+    printf("\nrollout, %s shape (random weights), prompt %d + %d new tokens, temperature 1, %s, G %d%s:\n", size, prompt, nnew,
+           be->device_desc, G, rank ? ", LoRA on" : "");
+    printf("| weights | batch | tokens/s | prefill s | decode s | decode step ms | floor ms | step/floor | peak GiB | KV GiB | weights GiB |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for (int i = 0; i < nr; i++)
+        printf("| %s | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", rows[i].gran, rows[i].batch,
+               rows[i].tok_s, rows[i].prefill_s, rows[i].decode_s, rows[i].step_ms, rows[i].floor_ms,
+               rows[i].step_ms / rows[i].floor_ms, rows[i].peak_gib, rows[i].kv_gib, rows[i].weights_gib);
+    return 0;
+}
