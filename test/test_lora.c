@@ -6,6 +6,7 @@
 #include <check.h>
 #include <math.h>
 
+#include "grpo.h"
 #include "lora.h"
 #include "model.h"
 #include "safetensors.h"
@@ -215,6 +216,113 @@ START_TEST(test_bad_adapters) {
 }
 END_TEST
 
+// The GRPO loss of a batch, through the model's logprobs, differentiated with respect to the
+// LoRA parameters: the analytic gradient (grpo_loss's dL/dlogp, back-propagated by
+// model_backward) against central differences in fp64. Exercised: old_logp (num_iterations > 1,
+// so the ratio is not 1 and clipping can act), the k3 KL to a reference, the IS weight, GSPO.
+typedef struct {
+    Model *m;
+    GrpoConfig *cfg;
+    GrpoNorm *norm;
+    const int *ids, *tg;
+    const double *old_c, *ref_c, *samp_c, *adv;
+    const uint8_t *mask;
+    int B, T, Tc, P;  // P: prompt length; completion token j sits at position P - 1 + j
+} GrpoCase;
+
+static double grpo_case_loss(GrpoCase *k, double *dlogp_full) {
+    int N = k->B * k->T;
+    double *lp = (double *)mallocCheck(N * sizeof(double)), *lc = (double *)callocCheck(k->B * k->Tc, sizeof(double));
+    double *dc = (double *)callocCheck(k->B * k->Tc, sizeof(double));
+    model_forward(k->m, k->ids, k->B, k->T);
+    model_logprobs(k->m, k->tg, 1.25f, lp);
+    for (int b = 0; b < k->B; b++)
+        for (int j = 0; j < k->Tc; j++) lc[b * k->Tc + j] = lp[b * k->T + k->P - 1 + j];
+    GrpoInputs in = {lc, k->old_c, k->ref_c, k->samp_c, k->adv, k->mask, NULL};
+    double loss = grpo_loss(k->cfg, k->norm, &in, k->B, dc, NULL);
+    if (dlogp_full) {
+        memset(dlogp_full, 0, N * sizeof(double));
+        for (int b = 0; b < k->B; b++)
+            for (int j = 0; j < k->Tc; j++) dlogp_full[b * k->T + k->P - 1 + j] = dc[b * k->Tc + j];
+    }
+    free(lp);
+    free(lc);
+    free(dc);
+    return loss;
+}
+
+START_TEST(test_grpo_loss_gradient_through_lora) {
+    const Backend *be = backend_cpu64();
+    Config c = {0};
+    c.arch = ARCH_QWEN3, c.V = 19, c.C = 16, c.FF = 24, c.L = 2, c.NH = 4, c.KVH = 2, c.HD = 8, c.max_pos = 32;
+    c.eps = 1e-5f, c.rope_theta = 100.0f, c.qk_norm = 1, c.tied = 1, c.bos_id = -1;
+    Model m;
+    ModelOptions o = {FP8_OFF, 0, 0, 0};
+    model_init_random(&m, &c, be, &o, 21);
+    LoRA *lo = lora_create(&m, 2, 4.0f, lora_parse_targets("q_proj,v_proj,up_proj,down_proj"), 4);
+    Rng r = rng_make(8);
+    for (size_t i = 0; i < lo->n; i++) ((double *)lo->params)[i] += 0.2 * rng_normal(&r);
+    m.lora = lo;
+    m.lora_on = 1;
+    enum { B = 4, P = 3, Tc = 4, T = P + Tc };
+    int ids[B * T], tg[B * T];
+    uint8_t mask[B * Tc];
+    double old_c[B * Tc], ref_c[B * Tc], samp_c[B * Tc], adv[B] = {0.9, -0.4, 0.3, -0.8};
+    int lens[B] = {4, 2, 3, 4};
+    for (int i = 0; i < B * T; i++) ids[i] = rng_int(&r, c.V);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            int j = t + 1 - P;
+            tg[b * T + t] = (j >= 0 && j < lens[b]) ? ids[b * T + t + 1] : -1;  // t + 1 <= T - 1: inside the row
+        }
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < Tc; j++) mask[b * Tc + j] = j < lens[b] && tg[b * T + P - 1 + j] >= 0;
+    // the policy's own logprobs, perturbed: old (ratios away from 1, some clipped), reference, sampler
+    GrpoConfig cfg = grpo_config_default();
+    cfg.num_generations = 2;
+    cfg.beta = 0.05;
+    cfg.epsilon = 0.1;
+    cfg.max_completion_length = Tc;
+    GrpoNorm norm = grpo_prepare(&cfg, B, Tc, mask, NULL);
+    GrpoCase k = {&m, &cfg, &norm, ids, tg, old_c, ref_c, samp_c, adv, mask, B, T, Tc, P};
+    double lp[B * T];
+    model_forward(&m, ids, B, T);
+    model_logprobs(&m, tg, 1.25f, lp);
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < Tc; j++) {
+            double x = lp[b * T + P - 1 + j];
+            old_c[b * Tc + j] = x + 0.15 * rng_normal(&r);
+            ref_c[b * Tc + j] = x + 0.3 * rng_normal(&r);
+            samp_c[b * Tc + j] = old_c[b * Tc + j] + 0.05 * rng_normal(&r);
+        }
+    for (int level = 0; level < 2; level++) {  // token-level ratio, then GSPO's sequence-level ratio
+        cfg.importance_sampling_level = level ? IS_LEVEL_SEQUENCE : IS_LEVEL_TOKEN;
+        double dl[B * T];
+        grpo_case_loss(&k, dl);
+        lora_zero_grads(lo);
+        model_backward(&m, dl);
+        double *p = (double *)lo->params, *g = (double *)lo->grads;
+        Rng pick = rng_make(100 + level);
+        for (int s = 0; s < 12; s++) {
+            size_t i = (size_t)rng_int(&pick, (int)lo->n);
+            double old = p[i], h = 1e-6;
+            p[i] = old + h;
+            double up = grpo_case_loss(&k, NULL);
+            p[i] = old - h;
+            double dn = grpo_case_loss(&k, NULL);
+            p[i] = old;
+            double num = (up - dn) / (2 * h);
+            // fp64 central differences: truncation h^2 ~ 1e-12, rounding ~1e-16 / h = 1e-10
+            ck_assert_msg(fabs(num - g[i]) <= 1e-6 * fmax(1e-3, fabs(num)) + 1e-9, "level %d param %zu: analytic %.10g numeric %.10g",
+                          level, i, g[i], num);
+        }
+    }
+    m.lora = NULL;
+    lora_free(lo);
+    model_free(&m);
+}
+END_TEST
+
 static Suite *lora_suite(void) {
     Suite *s = suite_create("lora");
     TCase *tc = tcase_create("lora");
@@ -225,6 +333,7 @@ static Suite *lora_suite(void) {
     tcase_add_test(tc, test_adamw_step);
     tcase_add_test(tc, test_state_roundtrip);
     tcase_add_test(tc, test_bad_adapters);
+    tcase_add_test(tc, test_grpo_loss_gradient_through_lora);
     suite_add_tcase(s, tc);
     return s;
 }
