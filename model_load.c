@@ -391,19 +391,31 @@ void model_load(Model *m, const char *dir, const Backend *be, const ModelOptions
     st_close(&st);
 }
 
-// nn.Linear-like init: uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)); embeddings N(0, 1/C); norms 1
+// buf[i] = bound * U(-1, 1), element i drawn from its own counter-based stream (seed, tag, i):
+// parallel over elements and the same for any thread count (an 8B model in seconds)
+static void fill_uniform(float *buf, size_t n, double bound, uint64_t seed, uint64_t tag) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        uint64_t x = seed * 0x9e3779b97f4a7c15ull ^ tag * 0xd1b54a32d192ed03ull ^ i;
+        double u = (double)(splitmix64(&x) >> 11) * (1.0 / 9007199254740992.0);
+        buf[i] = (float)(bound * (2.0 * u - 1.0));
+    }
+}
+
+// nn.Linear-like init: uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)); embeddings uniform with std
+// 1/sqrt(C); norms 1, biases 0
 void model_init_random(Model *m, const Config *c, const Backend *be, const ModelOptions *opt, uint64_t seed) {
     model_common_init(m, c, be, opt);
-    Rng r = rng_make(seed);
     size_t big = (size_t)c->V * c->C;
     size_t lmax = (size_t)(c->FF > c->NH * c->HD ? c->FF : c->NH * c->HD) * (c->C > c->FF ? c->C : c->FF);
     if (lmax > big) big = lmax;
     float *buf = (float *)mallocCheck(big * sizeof(float));
-    double es = 1.0 / sqrt((double)c->C);
-    for (size_t i = 0; i < (size_t)c->V * c->C; i++) buf[i] = (float)(es * rng_normal(&r));
+    double es = sqrt(3.0 / c->C);  // uniform(-b, b) has std b / sqrt(3)
+    uint64_t tag = 1;
+    fill_uniform(buf, (size_t)c->V * c->C, es, seed, tag++);
     be->upload_convert(m->w.wte, be->act, buf, DT_F32, (size_t)c->V * c->C);
     if (!c->tied) {
-        for (size_t i = 0; i < (size_t)c->V * c->C; i++) buf[i] = (float)(es * rng_normal(&r));
+        fill_uniform(buf, (size_t)c->V * c->C, es, seed, tag++);
         be->upload_convert(m->w.lm_head, be->act, buf, DT_F32, (size_t)c->V * c->C);
     }
     for (int i = 0; i < c->C; i++) buf[i] = 1.0f;
@@ -424,8 +436,7 @@ void model_init_random(Model *m, const Config *c, const Backend *be, const Model
             }
         for (int i = 0; i < LIN_COUNT; i++) {
             QWeight *w = &lw->lin[i];
-            double a = 1.0 / sqrt((double)w->cols);
-            for (size_t j = 0; j < (size_t)w->rows * w->cols; j++) buf[j] = (float)(a * (2.0 * rng_uniform_d(&r) - 1.0));
+            fill_uniform(buf, (size_t)w->rows * w->cols, 1.0 / sqrt((double)w->cols), seed, tag++);
             be->quantize_weight(w, buf, DT_F32, m->opt.pow2);
         }
     }

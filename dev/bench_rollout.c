@@ -156,11 +156,13 @@ static void startup(const char *size, const char *dir) {
     Rollout ro;
     rollout_run(&m, &rc, 1, &pp, &plen, &seed, &ro);
     double t_first = now_sec() - t0;
+    fflush(stdout);
     printf("\nstart to first rollout token, %s from %s (bf16 safetensors -> FP8 block on load):\n", size, dir);
     printf("  reading the files (cat, page cache warm): %.2f s\n", t_read);
     printf("  model_load (read + quantize to FP8 on the GPU): %.2f s\n", t_load);
     printf("  + prefill 128 tokens and sample the first token: %.2f s total\n", t_first);
     printf("  beyond reading the file: %.2f s\n", t_first - t_read);
+    fflush(stdout);
     rollout_free(&ro);
     model_free(&m);
 }
@@ -196,21 +198,18 @@ int main(int argc, char **argv) {
         if (bl[nb] < 1 || bl[nb] % G) die("--batch %s must be a positive multiple of --generations %d", b, G);
         nb++;
     }
-    Row rows[64];
-    int nr = 0;
-    for (int i = 0; i < ng; i++)
-        for (int j = 0; j < nb; j++) {
-            fprintf(stderr, "%s fp8 %s batch %d ...\n", size, fp8_gran_name((FP8Gran)gl[i]), bl[j]);
-            rows[nr++] = run(size, (FP8Gran)gl[i], bl[j], G, prompt, nnew, rank);
-        }
-    if (startup_dir) startup(size, startup_dir);
-    printf("\nrollout, %s shape (random weights), prompt %d + %d new tokens, temperature 1, %s, G %d%s:\n", size, prompt, nnew,
+    printf("rollout, %s shape (random weights), prompt %d + %d new tokens, temperature 1, %s, G %d%s:\n", size, prompt, nnew,
            be->device_desc, G, rank ? ", LoRA on" : "");
     printf("| weights | batch | tokens/s | prefill s | decode s | decode step ms | floor ms | step/floor | peak GiB | KV GiB | weights GiB |\n");
     printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    for (int i = 0; i < nr; i++)
-        printf("| %s | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", rows[i].gran, rows[i].batch,
-               rows[i].tok_s, rows[i].prefill_s, rows[i].decode_s, rows[i].step_ms, rows[i].floor_ms,
-               rows[i].step_ms / rows[i].floor_ms, rows[i].peak_gib, rows[i].kv_gib, rows[i].weights_gib);
+    fflush(stdout);
+    for (int i = 0; i < ng; i++)
+        for (int j = 0; j < nb; j++) {  // each row printed as soon as it is measured
+            Row r = run(size, (FP8Gran)gl[i], bl[j], G, prompt, nnew, rank);
+            printf("| %s | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.gran, r.batch, r.tok_s,
+                   r.prefill_s, r.decode_s, r.step_ms, r.floor_ms, r.step_ms / r.floor_ms, r.peak_gib, r.kv_gib, r.weights_gib);
+            fflush(stdout);
+        }
+    if (startup_dir) startup(size, startup_dir);
     return 0;
 }
