@@ -9,11 +9,12 @@ set -euo pipefail
 out=${1:-runs}; shift || true
 mkdir -p "$out"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-5}
+TRAIN=${TRAIN:-./train_grpo}  # the program (a prebuilt one may be named here)
 run() {  # gran seed [options]
   local g=$1 s=$2 d="$out/$1_s$2"
   shift 2
   if [ "$g" != block ]; then mkdir -p "$d"; cp -r "$out/block_s$s/warmup" "$d/"; fi
-  ./train_grpo --load_in_fp8 "$g" --seed "$s" --output_dir "$d" --quiet "$@" > "$d.log" 2>&1 || { echo "run $g seed $s failed:"; tail -3 "$d.log"; }
+  "$TRAIN" --load_in_fp8 "$g" --seed "$s" --output_dir "$d" --quiet "$@" > "$d.log" 2>&1 || { echo "run $g seed $s failed:"; tail -3 "$d.log"; }
   grep "held-out accuracy:" "$d.log" | sed "s/^/$g seed $s: /" || true
 }
 for s in 1 2 3; do (mkdir -p "$out/block_s$s"; run block $s "$@"; run off $s "$@") & done
