@@ -689,7 +689,9 @@ int main(int argc, char **argv) {
         m.lora_on = 0;
         acc_warm = evaluate(&m, &task, &fmt, o.eval_size, Tc, eos_buf, neos);
         m.lora_on = 1;
-        printf("held-out accuracy before GRPO: %.3f (%d greedy completions)\n", acc_warm, o.eval_size);
+        long avail = task_size(&task, SPLIT_HELDOUT);
+        printf("held-out accuracy before GRPO: %.3f (%ld held-out problems, greedy)\n", acc_warm,
+               avail >= 0 && avail < o.eval_size ? avail : (long)o.eval_size);
         FILE *mf = fopenCheck(mpath, "a");
         fprintf(mf, "{\"step\": 0, \"eval/accuracy\": %.6f}\n", acc_warm);
         fclose(mf);
