@@ -159,6 +159,15 @@ struct Backend {
     double (*sumsq)(const void *x, size_t n);
     // x (n hp) *= s
     void (*scale)(void *x, size_t n, float s);
+
+    // ---- graphs (NULL where the backend has none: the CPU) ------------------
+    // Between graph_begin and graph_end the ops are recorded, not run; graph_end
+    // returns a replayable graph (NULL if capture failed). A graph bakes in every
+    // pointer and size it saw: the caller replays it only with the same buffers.
+    void (*graph_begin)(void);
+    void *(*graph_end)(void);
+    void (*graph_launch)(void *graph);
+    void (*graph_destroy)(void *graph);
 };
 
 // the backends

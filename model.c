@@ -93,7 +93,10 @@ static void acts_ensure(Model *m, int B, int T) {
 // per-layer slices of the arena
 #define LAYER(base, l, per) ((void *)((char *)(base) + (size_t)(l) * (per)))
 
+static void graphs_clear(Model *m);
+
 void model_free_scratch(Model *m) {
+    graphs_clear(m);
     if (m->acts.mem) m->be->free(m->acts.mem);
     memset(&m->acts, 0, sizeof m->acts);
     if (m->dec.mem) m->be->free(m->dec.mem);
@@ -343,6 +346,7 @@ static void dec_ensure(Model *m, int S, int MB) {
         {&d->ff1, cap * (size_t)c->FF * act}, {&d->ff2, cap * (size_t)c->FF * act}, {&d->ff3, cap * (size_t)c->FF * act},
         {&d->rstd, cap * (size_t)c->NH * hp}, {&d->tok, cap * 4}, {&d->pos, cap * 4}, {&d->slots, cap * 4},
         {&d->seq_lens, cap * 4}, {&d->block_table, (size_t)cap * mb * 4},
+        {&d->logits, m->be->graph_begin ? (size_t)cap * c->V * hp : 0},
     };
     size_t ns = sizeof s / sizeof s[0], total = 0;
     for (size_t i = 0; i < ns; i++) total += al256(s[i].bytes);
@@ -376,27 +380,12 @@ void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_h
     be->logits_forward(logits, m->dec.ln, m->w.lm_head, B, c->C, c->V);
 }
 
-void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_host, const int *slots_host,
-                  const int *block_table_host, int S, int MB, void *logits) {
+// the compute of one decode step for S rows already uploaded to m->dec: what a graph captures
+static void decode_compute(Model *m, KVCache *kv, int S, int MB, void *logits) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
-    dec_ensure(m, S, MB);
     DecodeScratch *d = &m->dec;
-    size_t act = dtype_size(be->act);
-    size_t kvw = (size_t)c->KVH * c->HD, per = (size_t)kv->NB * kv->BS * kvw * act;
-    int32_t *lens = (int32_t *)mallocCheck(S * sizeof(int32_t));
-    for (int s = 0; s < S; s++) {
-        if (tokens_host[s] < 0 || tokens_host[s] >= c->V) die("decode: token id %d out of range", tokens_host[s]);
-        if (pos_host[s] >= c->max_pos) die("decode: position %d beyond max_position_embeddings %d", pos_host[s], c->max_pos);
-        lens[s] = pos_host[s] + 1;
-    }
-    be->upload(d->tok, tokens_host, S * sizeof(int32_t));
-    be->upload(d->pos, pos_host, S * sizeof(int32_t));
-    be->upload(d->slots, slots_host, S * sizeof(int32_t));
-    be->upload(d->seq_lens, lens, S * sizeof(int32_t));
-    be->upload(d->block_table, block_table_host, (size_t)S * MB * sizeof(int32_t));
-    free(lens);
-
+    size_t kvw = (size_t)c->KVH * c->HD, per = (size_t)kv->NB * kv->BS * kvw * dtype_size(be->act);
     be->embedding_forward(d->x, (const int32_t *)d->tok, m->w.wte, S, c->C);
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *lw = &m->w.layers[l];
@@ -425,4 +414,83 @@ void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_
     }
     be->rmsnorm_forward(d->ln, d->rstd, d->x, m->w.norm, S, c->C, c->eps);
     be->logits_forward(logits, d->ln, m->w.lm_head, S, c->C, c->V);
+}
+
+static void graphs_clear(Model *m) {
+    for (int i = 0; i < MAX_DECODE_GRAPHS; i++)
+        if (m->graphs[i].graph) m->be->graph_destroy(m->graphs[i].graph);
+    memset(m->graphs, 0, sizeof m->graphs);
+}
+
+// With graphs the batch is padded to a power of two, so a rollout whose sequences finish
+// one by one replays a handful of graphs instead of capturing one per batch size.
+static int decode_bucket(int S) {
+    int b = 1;
+    while (b < S) b <<= 1;
+    return b;
+}
+
+void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_host, const int *slots_host,
+                  const int *block_table_host, int S, int MB, void *logits) {
+    const Config *c = &m->cfg;
+    const Backend *be = m->be;
+    int graphs = be->graph_begin != NULL && !m->no_graphs;
+    int Sp = graphs ? decode_bucket(S) : S;  // rows computed; rows S..Sp-1 are padding
+    void *mem_before = m->dec.mem;
+    dec_ensure(m, Sp, MB);
+    if (m->dec.mem != mem_before) graphs_clear(m);  // the scratch moved: every graph points at the old one
+    DecodeScratch *d = &m->dec;
+    int32_t *h = (int32_t *)mallocCheck((size_t)Sp * (4 + MB) * sizeof(int32_t));
+    int32_t *tok = h, *pos = h + Sp, *slot = h + 2 * Sp, *lens = h + 3 * Sp, *table = h + 4 * Sp;
+    for (int s = 0; s < Sp; s++) {
+        int real = s < S;
+        if (real && (tokens_host[s] < 0 || tokens_host[s] >= c->V)) die("decode: token id %d out of range", tokens_host[s]);
+        if (real && pos_host[s] >= c->max_pos) die("decode: position %d beyond max_position_embeddings %d", pos_host[s], c->max_pos);
+        // padding: token 0 at position 0, written nowhere (slot -1), attending to one cached token of block 0
+        tok[s] = real ? tokens_host[s] : 0;
+        pos[s] = real ? pos_host[s] : 0;
+        slot[s] = real ? slots_host[s] : -1;
+        lens[s] = real ? pos_host[s] + 1 : 1;
+        for (int b = 0; b < MB; b++) table[(size_t)s * MB + b] = real ? block_table_host[(size_t)s * MB + b] : 0;
+    }
+    be->upload(d->tok, tok, Sp * sizeof(int32_t));
+    be->upload(d->pos, pos, Sp * sizeof(int32_t));
+    be->upload(d->slots, slot, Sp * sizeof(int32_t));
+    be->upload(d->seq_lens, lens, Sp * sizeof(int32_t));
+    be->upload(d->block_table, table, (size_t)Sp * MB * sizeof(int32_t));
+    free(h);
+    if (!graphs) {
+        decode_compute(m, kv, S, MB, logits);
+        return;
+    }
+    // the graph for these buffers and sizes: run uncaptured once (lazy buffers get made), then
+    // capture, then replay. Logits go to the scratch (its Sp rows), then S rows to the caller.
+    DecodeGraph *g = NULL;
+    for (int i = 0; i < MAX_DECODE_GRAPHS && !g; i++) {
+        DecodeGraph *e = &m->graphs[i];
+        if (e->S == Sp && e->MB == MB && e->kv == kv->k && e->lora == m->lora && e->lora_on == m->lora_on) g = e;
+    }
+    if (!g) {
+        static int next;  // round robin over the slots when all are taken
+        for (int i = 0; i < MAX_DECODE_GRAPHS && !g; i++)
+            if (!m->graphs[i].S) g = &m->graphs[i];
+        if (!g) {
+            g = &m->graphs[next++ % MAX_DECODE_GRAPHS];
+            if (g->graph) be->graph_destroy(g->graph);
+        }
+        *g = (DecodeGraph){Sp, MB, m->lora_on, NULL, kv->k, m->lora, NULL, 0};
+    }
+    if (!g->warm) {
+        decode_compute(m, kv, Sp, MB, d->logits);
+        g->warm = 1;
+    } else {
+        if (!g->graph) {
+            be->graph_begin();
+            decode_compute(m, kv, Sp, MB, d->logits);
+            g->graph = be->graph_end();
+            if (!g->graph) die("decode: capturing the CUDA graph failed (run with graphs off to find the op)");
+        }
+        be->graph_launch(g->graph);
+    }
+    be->copy(logits, d->logits, (size_t)S * c->V * dtype_size(be->hp));
 }

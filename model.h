@@ -123,8 +123,18 @@ typedef struct {
     void *rstd;                             // (cap * NH) hp
     void *tok, *pos, *slots, *seq_lens;     // (cap) i32
     void *block_table;                      // (cap, mb_cap) i32
+    void *logits;                           // (cap, V) hp: what a captured decode step writes (graphs only)
     void *mem;
 } DecodeScratch;
+
+// A captured decode step (backends with graphs): valid for exactly these buffers and sizes
+typedef struct {
+    int S, MB, lora_on;
+    const void *logits, *kv, *lora;
+    void *graph;
+    int warm;  // the step ran once uncaptured, so every lazy buffer exists
+} DecodeGraph;
+#define MAX_DECODE_GRAPHS 16
 
 typedef struct {
     Config cfg;
@@ -141,6 +151,8 @@ typedef struct {
     void *grads;           // optional fp gradients of every dense weight (hp), one allocation, or NULL
     Weights gw;            // pointer table into grads (same layout as w's dense part)
     DecodeScratch dec;
+    int no_graphs;         // 1: never capture the decode step (comparisons, debugging)
+    DecodeGraph graphs[MAX_DECODE_GRAPHS];
 } Model;
 
 // ---- config and weights (model_load.c) ----

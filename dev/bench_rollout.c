@@ -46,7 +46,8 @@ static size_t gpu_used(void) {
 
 typedef struct {
     const char *gran;
-    int batch, G;
+    int batch, G, graphs;
+    int same_as_no_graphs;  // -1 not checked
     double tok_s, prefill_s, decode_s, step_ms, floor_ms, peak_gib, kv_gib, weights_gib;
 } Row;
 
@@ -64,7 +65,7 @@ static double decode_floor_ms(const Config *c, const Model *m, int S, int prompt
     return (lin + head + kv) / 3.0e12 * 1e3;
 }
 
-static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nnew, int rank) {
+static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nnew, int rank, int graphs) {
     const Backend *be = backend_select("cuda", 0);
     Config cfg = qwen3_shape(size);
     size_t base = gpu_used();
@@ -94,8 +95,17 @@ static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nne
     warm.max_new = 8;
     rollout_run(&m, &warm, P, (const int *const *)prompts, plens, seeds, &ro);
     rollout_free(&ro);
+    m.no_graphs = !graphs;
     rollout_run(&m, &rc, P, (const int *const *)prompts, plens, seeds, &ro);
-    Row row = {fp8_gran_name(gran), S, G, 0, 0, 0, 0, 0, 0, 0, 0};
+    Row row = {fp8_gran_name(gran), S, G, graphs, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (graphs) {  // the same rollout without graphs must give the same tokens (fixed batch: same GEMM shapes)
+        Rollout ref;
+        m.no_graphs = 1;
+        rollout_run(&m, &rc, P, (const int *const *)prompts, plens, seeds, &ref);
+        m.no_graphs = 0;
+        row.same_as_no_graphs = memcmp(ro.ids, ref.ids, (size_t)S * nnew * sizeof(int)) == 0;
+        rollout_free(&ref);
+    }
     row.prefill_s = ro.prefill_s;
     row.decode_s = ro.decode_s;
     row.tok_s = (double)S * nnew / (ro.prefill_s + ro.decode_s);
@@ -168,7 +178,7 @@ static void startup(const char *size, const char *dir) {
 }
 
 int main(int argc, char **argv) {
-    const char *size = "0.6b", *grans = "block,off", *batches = "64,256", *startup_dir = NULL;
+    const char *size = "0.6b", *grans = "block,off", *batches = "64,256", *startup_dir = NULL, *graph_list = "on";
     int prompt = 128, nnew = 256, G = 1, rank = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) size = argv[++i];
@@ -179,8 +189,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--generations") && i + 1 < argc) G = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--lora") && i + 1 < argc) rank = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--startup") && i + 1 < argc) startup_dir = argv[++i];
+        else if (!strcmp(argv[i], "--graphs") && i + 1 < argc) graph_list = argv[++i];
         else die("usage: bench_rollout [--model 0.6b|8b] [--fp8 block,row,tensor,off] [--batch 64,256] [--prompt 128] "
-                 "[--new 256] [--generations G] [--lora r] [--startup DIR]");
+                 "[--new 256] [--generations G] [--lora r] [--graphs on,off] [--startup DIR]");
     }
     const Backend *be = backend_select("cuda", 1);
     (void)be;
@@ -200,16 +211,21 @@ int main(int argc, char **argv) {
     }
     printf("rollout, %s shape (random weights), prompt %d + %d new tokens, temperature 1, %s, G %d%s:\n", size, prompt, nnew,
            be->device_desc, G, rank ? ", LoRA on" : "");
-    printf("| weights | batch | tokens/s | prefill s | decode s | decode step ms | floor ms | step/floor | peak GiB | KV GiB | weights GiB |\n");
-    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    printf("| weights | batch | graphs | tokens/s | prefill s | decode s | decode step ms | floor ms | step/floor | peak GiB | KV GiB | weights GiB | = no graphs |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     fflush(stdout);
+    int gon[2], ngr = 0;
+    if (strstr(graph_list, "on")) gon[ngr++] = 1;
+    if (strstr(graph_list, "off")) gon[ngr++] = 0;
     for (int i = 0; i < ng; i++)
-        for (int j = 0; j < nb; j++) {  // each row printed as soon as it is measured
-            Row r = run(size, (FP8Gran)gl[i], bl[j], G, prompt, nnew, rank);
-            printf("| %s | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.gran, r.batch, r.tok_s,
-                   r.prefill_s, r.decode_s, r.step_ms, r.floor_ms, r.step_ms / r.floor_ms, r.peak_gib, r.kv_gib, r.weights_gib);
-            fflush(stdout);
-        }
+        for (int j = 0; j < nb; j++)
+            for (int k = 0; k < ngr; k++) {  // each row printed as soon as it is measured
+                Row r = run(size, (FP8Gran)gl[i], bl[j], G, prompt, nnew, rank, gon[k]);
+                printf("| %s | %d | %s | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s |\n", r.gran, r.batch,
+                       r.graphs ? "on" : "off", r.tok_s, r.prefill_s, r.decode_s, r.step_ms, r.floor_ms, r.step_ms / r.floor_ms,
+                       r.peak_gib, r.kv_gib, r.weights_gib, r.same_as_no_graphs < 0 ? "" : r.same_as_no_graphs ? "yes" : "NO");
+                fflush(stdout);
+            }
     if (startup_dir) startup(size, startup_dir);
     return 0;
 }
