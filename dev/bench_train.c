@@ -15,28 +15,8 @@
 
 #include "lora.h"
 #include "model.h"
+#include "qwen3_shapes.h"
 
-static Config qwen3_shape(const char *size) {
-    Config c;
-    memset(&c, 0, sizeof c);
-    c.arch = ARCH_QWEN3;
-    c.V = 151936;
-    c.HD = 128;
-    c.KVH = 8;
-    c.max_pos = 8192;
-    c.eps = 1e-6f;
-    c.rope_theta = 1e6f;
-    c.qk_norm = 1;
-    c.bos_id = -1;
-    c.eos_ids[0] = 151645;
-    c.n_eos = 1;
-    if (!strcmp(size, "0.6b")) {
-        c.C = 1024; c.FF = 3072; c.L = 28; c.NH = 16; c.tied = 1;
-    } else if (!strcmp(size, "8b")) {
-        c.C = 4096; c.FF = 12288; c.L = 36; c.NH = 32; c.tied = 0;
-    } else die("--model must be 0.6b or 8b, got '%s'", size);
-    return c;
-}
 
 static size_t gpu_used(void) {
     size_t fr = 0, tot = 0;
