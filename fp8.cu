@@ -4,10 +4,12 @@
 //   kernels), bf16_gemm_cuda, fp8_linear_dx_cuda.
 // Numerics follow fp8.h exactly (scale = amax / max in fp32, q = encode(x / scale) with an
 // IEEE division, satfinite round-to-nearest-even), so the bytes equal dev/fp8_cpu.c's.
-// The hand-written GEMM kernels are versions 2 and 3 of dev/gemm_fp8.cu (which holds
-// version 1, the validation and the benchmark); they keep their numbers here.
+// The hand-written GEMM kernels are versions 2, 3 (any sm_89+) and 6/7 (Hopper, sm_90a: TMA +
+// wgmma) of dev/gemm_fp8.cu (which holds versions 1, 4 and 5, the validation and the
+// benchmark); they keep their numbers here.
 // Needs: CUDA >= 12.9 (cuBLASLt's VEC128 / BLK128x128 scale modes), cublasLt.
 #include <cublasLt.h>
+#include <cudaTypedefs.h>  // cuda.h's CUtensorMap and the type of cuTensorMapEncodeTiled (no -lcuda)
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -54,6 +56,8 @@ typedef struct {
 
 static struct {
     int init, cc, has_fp8, force_no_fp8, fast_accum;
+    int sms, wgmma;  // multiprocessors; 1 if the Hopper wgmma kernel can run (sm_90a GPU and build)
+    int wgmma_version;  // 0: by shape (wgmma_version()), 6 or 7: forced (tests)
     FP8GemmBackend backend;
     cudaStream_t stream;
     cublasLtHandle_t lt;
@@ -67,6 +71,8 @@ static struct {
     const char *last;
 } ctx;
 
+static int wgmma_probe(void);  // (Hopper section)
+
 int fp8_cuda_init(void *stream) {
     if (ctx.init) { ctx.stream = (cudaStream_t)stream; return ctx.has_fp8; }
     int dev;
@@ -75,6 +81,7 @@ int fp8_cuda_init(void *stream) {
     cudaCheck(cudaGetDeviceProperties(&p, dev));
     ctx.cc = p.major * 10 + p.minor;
     ctx.has_fp8 = ctx.cc >= 89;
+    ctx.sms = p.multiProcessorCount;
     if (!ctx.has_fp8)
         fprintf(stderr, "fp8: %s (compute capability %d.%d) has no FP8 tensor cores (needs 8.9+: RTX 40, H100, "
                         "B200); FP8 weights are dequantized to BF16 for each GEMM\n", p.name, p.major, p.minor);
@@ -86,6 +93,7 @@ int fp8_cuda_init(void *stream) {
     ctx.backend = FP8_GEMM_AUTO;
     ctx.last = "none";
     ctx.init = 1;
+    ctx.wgmma = wgmma_probe();
     return ctx.has_fp8;
 }
 
@@ -113,6 +121,7 @@ int fp8_cuda_cc(void) { return ctx.cc; }
 void fp8_cuda_force_no_fp8(int on) { ctx.force_no_fp8 = on; }
 void fp8_cuda_set_backend(FP8GemmBackend b) { ctx.backend = b; }
 void fp8_cuda_set_fast_accum(int on) { ctx.fast_accum = on; }
+void fp8_cuda_set_wgmma_version(int v) { ctx.wgmma_version = v; }
 const char *fp8_cuda_last_backend(void) { return ctx.last; }
 
 static void *scratch(int i, size_t bytes) {
@@ -759,7 +768,589 @@ void bf16_gemm_cuda(void *y, DType ydt, const void *x, const void *w, int M, int
 }
 
 // ----------------------------------------------------------------------------
+// Hopper (sm_90a): TMA + wgmma. Versions 6 and 7 of dev/gemm_fp8.cu; versions 4 (TMA +
+// wgmma, one warpgroup, two stages) and 5 (a producer warpgroup, two consumer warpgroups,
+// five stages, one tile per block) live there and use the pieces below.
+//
+// Why a new kernel: on sm_90 the FP8 mma.sync of version 3 is emulated (widened to f16
+// HMMA); the FP8 tensor-core rate is reached only through wgmma, which reads its operands
+// from shared memory through a "matrix descriptor", and whose tiles are fed by the TMA copy
+// engine (cp.async.bulk.tensor) completing on mbarriers.
+//
+// The plan of version 6, for Y[M,N] = X[M,K] W[N,K]^T, both operands K-major:
+// - output tile 128 (M) x BN (N), BN = 128; K step 128 = one scale block = one 128-byte row
+//   of codes;
+// - 384 threads = 3 warpgroups. Warpgroup 0 is the producer: one thread issues two TMA loads
+//   per K step (X: 128 rows x 128 B, W: BN rows x 128 B) into a ring of 6 stages of 32 KiB,
+//   each guarded by a "full" mbarrier (TMA bytes landed) and an "empty" one (8 consumer
+//   warps done reading); for block scaling two more of its warps copy each step's scales
+//   into the stage (wg_produce_scales; 5 stages of 33 KiB then). Warpgroups 1 and 2 are consumers, 64 output rows
+//   each; setmaxnreg gives the producer 40 registers and each consumer thread 232;
+// - a consumer multiplies each K step with 4 wgmma.m64nBNk32.e4m3.e4m3 into a FRESH fp32
+//   accumulator (part), then promotes it into the running fp32 sum on the CUDA cores:
+//   acc += part * (sx[row, kb] * sw[n/128, kb]) for block scaling (DeepSeek-V3), acc += part
+//   for tensor/row scaling (their scales multiply once at the end). The promotion also bounds
+//   the error of the tensor cores' reduced-precision accumulation (~14 bits, DeepSeek-V3
+//   sec. 3.3.2) to one K step, as cuBLASLt does with fast accumulation off; while one
+//   warpgroup promotes, the other's wgmmas keep the tensor cores busy. (Promoting step kb
+//   while the warpgroup's own wgmmas of step kb + 1 run, with two fresh accumulators in
+//   turn, was tried: ptxas 13.0 then serializes every wgmma (C7514) and tensor scaling fell
+//   from 1189 to 885 TFLOP/s);
+// - persistent: one block per SM walks the tiles (grouped by 8 tile rows so that the blocks
+//   running at once share X and W tiles in L2); the producer runs ahead into the next tile
+//   while the consumers write the last one;
+// - epilogue (bf16 out): registers -> swizzled shared memory -> TMA store, which clips the
+//   rows >= M and columns >= N; f32 output or Y += goes straight from registers.
+// Version 7 is the same kernel with BN = 192 (wgmma m64n192k32, 4 stages of 40 KiB): a
+// sixth less L2 and shared-memory traffic per flop; its tiles straddle two 128-wide weight
+// scale blocks, so block scaling promotes with two weight scales.
+// Measured on the H100 at M = 8192 (dev/RESULTS.md, "Hopper wgmma kernel"), with the version
+// wgmma_version() picks: block 917-1015 TFLOP/s (0.84-0.97x cuBLASLt), tensor 963-1168
+// (0.85-0.95x), row 920-1149 (0.86-0.97x). The history: scales loaded by the consumers
+// (block 623-782), then prefetched a step ahead (661-872: the scoreboard, see
+// wg_produce_scales), then staged by the producer (910-1028).
+// Shapes: rows >= M and columns >= K, N of a partial tile are zero-filled by TMA, so any M, N
+// work, and any K % 16 == 0 (TMA needs 16-byte rows; a partial last K block is zero-padded).
+// E4M3 x E4M3 only (the forward); other formats take the mma.sync kernel or cuBLASLt.
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FP8_SM90A 1  // wgmma and setmaxnreg exist only in the sm_90a target
+#endif
+
+#define WG_BM 128
+#define WG_BK 128
+#define WG_TILE_X (WG_BM * WG_BK)  // bytes of one stage of X (16 KiB)
+#define WG_GROUP_M 8               // tile rows per group of the persistent tile order
+#define WG_SC 256                 // floats of block scales per stage: sx of the 128 rows, sw of 2 weight blocks
+// per tile width BN and granularity: bytes of block scales per stage, stages (as many as
+// fit in 227 KiB), bytes of one stage of W, of the bf16 output staging, in all
+template <int BN, int GRAN>
+struct WgCfg {
+    static constexpr int SC = GRAN == FP8_BLOCK ? WG_SC * 4 : 0;
+    static constexpr int STAGES = BN == 128 ? (GRAN == FP8_BLOCK ? 5 : 6) : 4;
+    static constexpr int TILE_W = BN * WG_BK;
+    static constexpr int EPI = WG_BM * BN * 2;
+    static constexpr int SMEM = STAGES * (WG_TILE_X + TILE_W + SC) + EPI + 2 * STAGES * 8 + 1024;  // + barriers, alignment
+};
+static_assert(WgCfg<128, FP8_BLOCK>::SMEM <= 232448 && WgCfg<128, FP8_ROW>::SMEM <= 232448 &&
+                  WgCfg<192, FP8_BLOCK>::SMEM <= 232448, "over the 227 KiB of shared memory of a block");
+
+// ---- PTX wrappers (sm_90a bodies; empty elsewhere, where the host never launches them) ----
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
+#ifdef FP8_SM90A
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+#endif
+}
+// make the initialised barriers visible to the async proxy (TMA) before first use
+__device__ __forceinline__ void mbar_fence_init() {
+#ifdef FP8_SM90A
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// arrive once and announce that `bytes` of TMA data will complete this phase
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
+#ifdef FP8_SM90A
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+#ifdef FP8_SM90A
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
+// wait until the phase of parity `parity` has completed
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity) {
+#ifdef FP8_SM90A
+    uint32_t done = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    } while (!done);
+#endif
+}
+// TMA: box at (c0 = column, c1 = row) of the tensor map -> shared memory, completing on bar
+__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
+#ifdef FP8_SM90A
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
+                 ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1) : "memory");
+#endif
+}
+// TMA: shared memory -> box at (c0, c1); OOB parts of the box are not written
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap *map, const void *src, int c0, int c1) {
+#ifdef FP8_SM90A
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
+                 ::"l"(map), "r"(smem_u32(src)), "r"(c0), "r"(c1) : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#ifdef FP8_SM90A
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_wait_read0() {  // earlier stores have read their shared memory
+#ifdef FP8_SM90A
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_wait0() {  // earlier stores are complete
+#ifdef FP8_SM90A
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+// ordinary shared-memory writes -> visible to the async proxy (the TMA store)
+__device__ __forceinline__ void fence_proxy_async() {
+#ifdef FP8_SM90A
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#ifdef FP8_SM90A
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#ifdef FP8_SM90A
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+__device__ __forceinline__ void wgmma_fence() {  // order earlier register accesses before the next wgmma
+#ifdef FP8_SM90A
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef FP8_SM90A
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {  // at most N committed groups still in flight
+#ifdef FP8_SM90A
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// keep the compiler from moving accesses of the accumulators across wgmma_wait
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// wgmma shared-memory matrix descriptor of a K-major tile stored as TMA's 128-byte swizzle
+// writes it: rows of 128 bytes (one K step of FP8 codes), 16-byte chunk j of row r at chunk
+// j ^ (r % 8), 8-row groups of 1024 bytes (the stride-dimension offset); the tile starts on
+// a 1024-byte boundary. The leading-dimension offset is unused for swizzled K-major tiles.
+// Bits: [0,14) address >> 4, [16,30) LBO >> 4, [32,46) SBO >> 4, [62,64) swizzle (1 = 128 B).
+// The k-th 32-wide slice of the K step starts 32 bytes further: descriptor + 2 * k.
+__device__ __forceinline__ uint64_t wg_desc(const void *tile) {
+    uint64_t d = (uint64_t)((smem_u32(tile) & 0x3FFFF) >> 4);
+    d |= (uint64_t)1 << 16;
+    d |= (uint64_t)(1024 >> 4) << 32;
+    d |= (uint64_t)1 << 62;
+    return d;
+}
+
+// D (64 x 128 fp32, per thread 64 values) (+)= A (64 x 32 e4m3, descriptor) B (128 x 32 e4m3)^T.
+// accumulate = 0 overwrites D. Thread t of the warpgroup holds, for i = 0..15,
+//   d[4i + 0/1] at row 16 (t / 32) + (t % 32) / 4,     columns 8i + 2 (t % 4) + 0/1
+//   d[4i + 2/3] at that row + 8,                        the same columns.
+#define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+#ifdef FP8_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+        "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1;\n}\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
+        : "l"(da), "l"(db), "r"(accumulate));
+#endif
+}
+#undef WG_D8
+
+// the same with N = 192 (96 values per thread, i = 0..23)
+#define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+__device__ __forceinline__ void wgmma_m64n192k32_e4m3(float (&d)[96], uint64_t da, uint64_t db, int accumulate) {
+#ifdef FP8_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+        "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+        "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+        "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
+        "%96, %97, p, 1, 1;\n}\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56), WG_D8(64), WG_D8(72),
+          WG_D8(80), WG_D8(88)
+        : "l"(da), "l"(db), "r"(accumulate));
+#endif
+}
+#undef WG_D8
+template <int BN>
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[BN / 2], uint64_t da, uint64_t db, int accumulate) {
+    if constexpr (BN == 128) wgmma_m64n128k32_e4m3(d, da, db, accumulate);
+    else wgmma_m64n192k32_e4m3(d, da, db, accumulate);
+}
+
+// ---- pieces shared by versions 5, 6 and 7 ----
+
+// the producer thread: all K steps of one tile into the stage ring
+template <int BN, int GRAN>
+__device__ __forceinline__ void wg_produce_tile(const CUtensorMap *tmx, const CUtensorMap *tmw, uint8_t *xs, uint8_t *ws,
+                                                uint64_t *full, uint64_t *empty, int &stage, int &phase, int m0, int n0,
+                                                int KB) {
+    constexpr int S = WgCfg<BN, GRAN>::STAGES, TW = WgCfg<BN, GRAN>::TILE_W;
+    for (int kb = 0; kb < KB; kb++) {
+        mbar_wait(&empty[stage], phase ^ 1);  // the consumers released this stage (passes at once the first round)
+        mbar_expect_tx(&full[stage], WG_TILE_X + TW);  // full boxes count, OOB-filled parts too
+        tma_load_2d(xs + stage * WG_TILE_X, tmx, &full[stage], kb * WG_BK, m0);
+        tma_load_2d(ws + stage * TW, tmw, &full[stage], kb * WG_BK, n0);
+        if (++stage == S) { stage = 0; phase ^= 1; }
+    }
+}
+
+// block scaling: two warps of the producer warpgroup stage each K step's scales in shared
+// memory next to its tiles (sc[stage]: sx of the tile's 128 rows, then sw of the weight block
+// of column n0 and, BN = 192, of the next one), taking even and odd steps in turn, and
+// arrive on the stage's full barrier (32 arrivals) after their stores. Loading them in the
+// consumers instead cost 35%: ptxas put the multiply by the scales between the wgmmas and,
+// as all those loads share one scoreboard, it waited there for the loads of the NEXT step.
+template <int BN>
+__device__ __forceinline__ void wg_produce_scales(const GemmArgs &a, float *sc, uint64_t *full, uint64_t *empty, int &stage,
+                                                  int &phase, int &step, int which, int m0, int n0, int KB) {
+    constexpr int S = WgCfg<BN, FP8_BLOCK>::STAGES;
+    int lane = threadIdx.x & 31, nbw = n0 / FP8_BLOCK_SIZE;
+    int wblock = lane == 1 && BN > 128 && (nbw + 1) * FP8_BLOCK_SIZE < a.N ? nbw + 1 : nbw;
+    for (int kb = 0; kb < KB; kb++, step++) {
+        if ((step & 1) == which) {
+            float v[4], w = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int r = m0 + 4 * lane + j;
+                v[j] = r < a.M ? __ldg(a.sx + (size_t)kb * a.M + r) : 0.0f;
+            }
+            if (lane < 2) w = __ldg(a.sw + (size_t)wblock * a.ldsw + kb);
+            mbar_wait(&empty[stage], phase ^ 1);
+            float *d = sc + stage * WG_SC;
+            *(float4 *)(d + 4 * lane) = make_float4(v[0], v[1], v[2], v[3]);
+            if (lane < 2) d[128 + lane] = w;
+            mbar_arrive(&full[stage]);  // release: the consumers' wait on full sees the stores
+        }
+        if (++stage == S) { stage = 0; phase ^= 1; }
+    }
+}
+
+// one consumer warpgroup (c = 0, 1: rows m0 + 64c ..) over all K steps of one tile: acc gets
+// the promoted fp32 sum (block scaling applied; tensor/row scales not yet)
+template <int GRAN, int BN>
+__device__ __forceinline__ void wg_consume_tile(float (&acc)[BN / 2], const GemmArgs &a, const uint8_t *xs, const uint8_t *ws,
+                                                const float *sc, uint64_t *full, uint64_t *empty, int &stage, int &phase,
+                                                int n0, int c, int KB) {
+    constexpr int S = WgCfg<BN, GRAN>::STAGES, TW = WgCfg<BN, GRAN>::TILE_W;
+    float part[BN / 2];
+    int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, rl = c * 64 + warp * 16 + (lane >> 2);
+    // columns 8i.. of the tile use the second weight scale from i = 16 on, or from i = 8 when
+    // n0 is 64 past a 128 boundary (BN = 192, odd tiles)
+    bool mid_b = BN > 128 && n0 % FP8_BLOCK_SIZE != 0;
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
+    for (int kb = 0; kb < KB; kb++) {
+        mbar_wait(&full[stage], phase);
+        float a0 = 1.0f, a1 = 1.0f, b0 = 1.0f, b1 = 1.0f;
+        if (GRAN == FP8_BLOCK) {  // read before the stage is released
+            const float *d = sc + stage * WG_SC;
+            float x0 = d[rl], x1 = d[rl + 8], wa = d[128];
+            a0 = x0 * wa; a1 = x1 * wa;
+            if (BN > 128) { float wb = d[129]; b0 = x0 * wb; b1 = x1 * wb; }
+        }
+        uint64_t da = wg_desc(xs + stage * WG_TILE_X + c * 64 * WG_BK), db = wg_desc(ws + stage * TW);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < WG_BK / 32; k++) wgmma_e4m3<BN>(part, da + 2 * k, db + 2 * k, k);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(part);
+        if (lane == 0) mbar_arrive(&empty[stage]);  // this warp is done with the stage
+        if (++stage == S) { stage = 0; phase ^= 1; }
+        float m0s = mid_b ? b0 : a0, m1s = mid_b ? b1 : a1;  // columns 64..127
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++) {
+            float f0 = i < 8 ? a0 : i < 16 ? m0s : b0, f1 = i < 8 ? a1 : i < 16 ? m1s : b1;
+            acc[4 * i + 0] += part[4 * i + 0] * f0;
+            acc[4 * i + 1] += part[4 * i + 1] * f0;
+            acc[4 * i + 2] += part[4 * i + 2] * f1;
+            acc[4 * i + 3] += part[4 * i + 3] * f1;
+        }
+    }
+}
+
+// scales the epilogue multiplies by: tensor sx sw (fr), row sx[row] (fr) and sw[col] (fc,
+// the thread's BN / 4 columns). Loaded before the main loop, their latency hides behind it
+// (loaded between the epilogue's stores they cost row scaling 0.6x at K = 1024).
+template <int GRAN, int BN>
+__device__ __forceinline__ void wg_epi_scales(float (&fr)[2], float (&fc)[BN / 4], const GemmArgs &a, int r0, int n0) {
+    int lane = threadIdx.x & 31;
+    if (GRAN == FP8_TENSOR) fr[0] = fr[1] = __ldg(a.sx) * __ldg(a.sw);
+    if (GRAN == FP8_ROW) {
+        fr[0] = r0 < a.M ? __ldg(a.sx + r0) : 0.0f;
+        fr[1] = r0 + 8 < a.M ? __ldg(a.sx + r0 + 8) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < BN / 4; j++) {
+            int n = n0 + 8 * (j >> 1) + 2 * (lane & 3) + (j & 1);
+            fc[j] = n < a.N ? __ldg(a.sw + n) : 0.0f;
+        }
+    }
+}
+
+// epilogue straight from registers (any T, Y += with a.accumulate): thread rows r0 and r0 + 8
+template <typename T, int GRAN, int BN>
+__device__ __forceinline__ void wg_store_direct(T *y, const GemmArgs &a, const float (&acc)[BN / 2], int r0, int n0) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            int m = r0 + (v >= 2 ? 8 : 0), n = n0 + 8 * i + 2 * (lane & 3) + (v & 1);
+            if (m >= a.M || n >= a.N) continue;
+            float val = GRAN == FP8_BLOCK ? acc[4 * i + v] : acc[4 * i + v] * (sx_at(a, m, 0) * sw_at(a, n, 0));
+            store_out(y, a, m, n, val);
+        }
+}
+
+// epilogue through shared memory: this warpgroup's 64 x BN bf16 block as BN / 64 boxes of
+// 64 x 64 in TMA's 128-byte swizzle (conflict-free stores: the 8 rows x 4 column pairs of a
+// warp's store land in 32 different banks), then one thread issues the TMA stores
+template <int GRAN, int BN>
+__device__ __forceinline__ void wg_store_tma(const CUtensorMap *tmy, uint8_t *ys, const GemmArgs &a, const float (&acc)[BN / 2],
+                                             const float (&fr)[2], const float (&fc)[BN / 4], int m0, int n0, int c) {
+    int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31;
+    int rl = warp * 16 + (lane >> 2);
+    if (tid == 0) bulk_wait_read0();  // the previous tile's stores have read the buffer
+    named_bar_sync(1 + c, 128);
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++) {
+        float v0 = acc[4 * i], v1 = acc[4 * i + 1], v2 = acc[4 * i + 2], v3 = acc[4 * i + 3];
+        if (GRAN == FP8_TENSOR) { v0 *= fr[0]; v1 *= fr[0]; v2 *= fr[0]; v3 *= fr[0]; }
+        if (GRAN == FP8_ROW) {  // acc * (sx sw), as the reference
+            v0 *= fr[0] * fc[2 * i]; v1 *= fr[0] * fc[2 * i + 1]; v2 *= fr[1] * fc[2 * i]; v3 *= fr[1] * fc[2 * i + 1];
+        }
+        __nv_bfloat162 lo = __floats2bfloat162_rn(v0, v1), hi = __floats2bfloat162_rn(v2, v3);
+        uint32_t off = (i >> 3) * 8192 + rl * 128 + ((((i & 7) ^ (rl & 7))) << 4) + (lane & 3) * 4;
+        *(__nv_bfloat162 *)(ys + off) = lo;
+        *(__nv_bfloat162 *)(ys + off + 1024) = hi;  // row rl + 8: same swizzle phase, 8 rows further
+    }
+    fence_proxy_async();
+    named_bar_sync(1 + c, 128);
+    if (tid == 0 && m0 < a.M) {
+#pragma unroll
+        for (int h = 0; h < BN / 64; h++)
+            if (n0 + 64 * h < a.N) tma_store_2d(tmy, ys + 8192 * h, n0 + 64 * h, m0);
+        bulk_commit();
+    }
+}
+
+// tile t of the persistent order -> (mb, nb): groups of WG_GROUP_M tile rows, column by column
+__device__ __forceinline__ void wg_tile(int t, int mblocks, int nblocks, int &mb, int &nb) {
+    int per_group = WG_GROUP_M * nblocks, g = t / per_group, first = g * WG_GROUP_M;
+    int rows = min(mblocks - first, WG_GROUP_M), r = t - g * per_group;
+    mb = first + r % rows;
+    nb = r / rows;
+}
+
+// ---- versions 6 (BN = 128) and 7 (BN = 192): persistent, warp-specialized, TMA-store
+// epilogue (TMA_OUT: bf16, Y =) ----
+template <typename T, int GRAN, int BN, bool TMA_OUT>
+__global__ void __launch_bounds__(384, 1)
+    gemm_fp8_v6_kernel(T *y, const GemmArgs a, const __grid_constant__ CUtensorMap tmx,
+                       const __grid_constant__ CUtensorMap tmw, const __grid_constant__ CUtensorMap tmy) {
+#ifdef FP8_SM90A
+    using Cfg = WgCfg<BN, GRAN>;
+    constexpr int S = Cfg::STAGES;
+    extern __shared__ uint8_t smem_raw[];
+    // 128-byte swizzle: 1 KiB aligned. Offsetting smem_raw (not casting through an integer)
+    // keeps the pointer in the shared space: LDS/STS, not generic LD/ST
+    uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    uint8_t *xs = smem;                            // [stage][128 rows][128 B]
+    uint8_t *ws = xs + S * WG_TILE_X;              // [stage][BN rows][128 B]
+    uint8_t *ys = ws + S * Cfg::TILE_W;            // [consumer][BN / 64 boxes][64 rows][64 bf16]
+    float *sc = (float *)(ys + Cfg::EPI);           // [stage][WG_SC] block scales (block scaling only)
+    uint64_t *full = (uint64_t *)((uint8_t *)sc + S * Cfg::SC), *empty = full + S;
+    int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    int mblocks = cdiv(a.M, WG_BM), nblocks = cdiv(a.N, BN), tiles = mblocks * nblocks, KB = cdiv(a.K, WG_BK);
+    if (threadIdx.x == 0) {
+        // full: the TMA thread's arrival (+ bytes), and for block scaling a scale warp's 32
+        for (int s = 0; s < S; s++) { mbar_init(&full[s], GRAN == FP8_BLOCK ? 33 : 1); mbar_init(&empty[s], 8); }
+        mbar_fence_init();
+    }
+    __syncthreads();
+    int stage = 0, phase = 0;
+    if (wg == 0) {  // producer: thread 0 the TMA loads, warps 1 and 2 the block scales
+        setmaxnreg_dec<40>();
+        int warp = tid >> 5, step = 0;
+        if (tid == 0 || (GRAN == FP8_BLOCK && (warp == 1 || warp == 2)))
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+                int mb, nb;
+                wg_tile(t, mblocks, nblocks, mb, nb);
+                if (tid == 0) wg_produce_tile<BN, GRAN>(&tmx, &tmw, xs, ws, full, empty, stage, phase, mb * WG_BM, nb * BN, KB);
+                else wg_produce_scales<BN>(a, sc, full, empty, stage, phase, step, warp - 1, mb * WG_BM, nb * BN, KB);
+            }
+    } else {  // consumers
+        setmaxnreg_inc<232>();
+        int c = wg - 1, lane = tid & 31, warp = tid >> 5;
+        float acc[BN / 2], fr[2], fc[BN / 4];
+        // with BN = 192, row scaling has no registers to spare for fc during the main loop
+        constexpr bool late = BN > 128 && GRAN == FP8_ROW;
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+            int mb, nb;
+            wg_tile(t, mblocks, nblocks, mb, nb);
+            int m0 = mb * WG_BM, n0 = nb * BN, r0 = m0 + 64 * c + 16 * warp + (lane >> 2);
+            if (TMA_OUT && !late) wg_epi_scales<GRAN, BN>(fr, fc, a, r0, n0);
+            wg_consume_tile<GRAN, BN>(acc, a, xs, ws, sc, full, empty, stage, phase, n0, c, KB);
+            if (TMA_OUT && late) wg_epi_scales<GRAN, BN>(fr, fc, a, r0, n0);
+            if (TMA_OUT) wg_store_tma<GRAN, BN>(&tmy, ys + c * (Cfg::EPI / 2), a, acc, fr, fc, m0 + 64 * c, n0, c);
+            else wg_store_direct<T, GRAN, BN>(y, a, acc, r0, n0);
+        }
+        if (TMA_OUT && tid == 0) bulk_wait0();
+    }
+#endif
+}
+
+// ---- host side ----
+
+// 1 if this build holds sm_90a code for the kernels (a plain sm_90 build compiles them empty)
+__global__ void sm90a_probe_kernel(int *out) {
+#ifdef FP8_SM90A
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+
+static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled;  // from the driver, without linking libcuda
+
+// whether the wgmma kernels can run on this GPU and build (once, at init)
+static int wgmma_probe(void) {
+    if (ctx.cc != 90) return 0;
+    int *d, h = 0;
+    if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) { cudaGetLastError(); return 0; }
+    sm90a_probe_kernel<<<1, 1, 0, ctx.stream>>>(d);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    if (e != cudaSuccess || !h) {
+        cudaGetLastError();
+        fprintf(stderr, "fp8: this build has no sm_90a code (build with GPU_ARCH=90a or all): the Hopper wgmma "
+                        "kernel is off, cuBLASLt and the mma.sync kernel remain\n");
+        return 0;
+    }
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn) {
+        cudaGetLastError();
+        fprintf(stderr, "fp8: the driver has no cuTensorMapEncodeTiled: the Hopper wgmma kernel is off\n");
+        return 0;
+    }
+    encode_tiled = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    return 1;
+}
+
+// a 2-D row-major tensor (rows, cols) of esz-byte elements read or written in boxes of
+// (box_rows, box_cols) with the 128-byte swizzle; out-of-bounds reads give zeros
+static CUtensorMap tmap_2d(const void *base, CUtensorMapDataType dt, int esz, int rows, int cols, int box_rows, int box_cols) {
+    CUtensorMap m;
+    cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, stride[1] = {(cuuint64_t)cols * esz};
+    cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows}, estride[2] = {1, 1};
+    CUresult r = encode_tiled(&m, dt, 2, (void *)base, dim, stride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) die("cuTensorMapEncodeTiled failed (CUresult %d) for a %d x %d tensor at %p", (int)r, rows, cols, base);
+    return m;
+}
+
+// whether the wgmma kernel runs this product, and if not why
+static int wgmma_supported(const FP8Tensor *x, const FP8Tensor *w, char *why, size_t cap) {
+    if (!ctx.wgmma) { snprintf(why, cap, "no sm_90a GPU and build (wgmma)"); return 0; }
+    if (x->fmt != FP8_E4M3 || w->fmt != FP8_E4M3) { snprintf(why, cap, "the wgmma kernel multiplies E4M3 by E4M3 only"); return 0; }
+    if (x->cols % 16) { snprintf(why, cap, "K = %d is not a multiple of 16 (TMA needs 16-byte rows)", x->cols); return 0; }
+    if (ptr_align(x->data) < 16 || ptr_align(w->data) < 16) { snprintf(why, cap, "operands must be 16-byte aligned for TMA"); return 0; }
+    return 1;
+}
+
+int fp8_gemm_wgmma_supported(const FP8Tensor *x, const FP8Tensor *w, char *why, size_t why_cap) {
+    need_init();
+    char tmp[256];
+    if (!why) { why = tmp; why_cap = sizeof tmp; }
+    return wgmma_supported(x, w, why, why_cap);
+}
+
+template <typename T, int GRAN, int BN, bool TMA_OUT>
+static void launch_v6_t(T *y, const GemmArgs &a) {
+    static int attr_set = 0;  // per instantiation
+    auto kern = gemm_fp8_v6_kernel<T, GRAN, BN, TMA_OUT>;
+    if (!attr_set) {
+        cudaCheck(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, WgCfg<BN, GRAN>::SMEM));
+        attr_set = 1;
+    }
+    CUtensorMap tx = tmap_2d(a.x, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.M, a.K, WG_BM, WG_BK);
+    CUtensorMap tw = tmap_2d(a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.N, a.K, BN, WG_BK);
+    CUtensorMap ty = TMA_OUT ? tmap_2d(y, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.M, a.N, 64, 64) : tx;
+    int tiles = cdiv(a.M, WG_BM) * cdiv(a.N, BN), grid = tiles < ctx.sms ? tiles : ctx.sms;
+    kern<<<grid, 384, WgCfg<BN, GRAN>::SMEM, ctx.stream>>>(y, a, tx, tw, ty);
+    launchCheck();
+}
+template <typename T, int BN, bool TMA_OUT>
+static void launch_v6_g(T *y, const GemmArgs &a) {
+    if (a.gran == FP8_BLOCK) launch_v6_t<T, FP8_BLOCK, BN, TMA_OUT>(y, a);
+    else if (a.gran == FP8_ROW) launch_v6_t<T, FP8_ROW, BN, TMA_OUT>(y, a);
+    else launch_v6_t<T, FP8_TENSOR, BN, TMA_OUT>(y, a);
+}
+template <int BN>
+static void launch_v6_n(void *y, DType ydt, const GemmArgs &a) {
+    // the TMA-store epilogue needs bf16, Y = (not +=), 16-byte output rows and pointer
+    if (ydt == DT_BF16 && !a.accumulate && a.N % 8 == 0 && ptr_align(y) >= 16) launch_v6_g<__nv_bfloat16, BN, true>((__nv_bfloat16 *)y, a);
+    else if (ydt == DT_BF16) launch_v6_g<__nv_bfloat16, BN, false>((__nv_bfloat16 *)y, a);
+    else launch_v6_g<float, BN, false>((float *)y, a);
+}
+// version 6 (128 x 128 tiles) or 7 (128 x 192)
+static void launch_v6(void *y, DType ydt, const GemmArgs &a, int version) {
+    if (version == 7) launch_v6_n<192>(y, ydt, a);
+    else launch_v6_n<128>(y, ydt, a);
+}
+
+// ----------------------------------------------------------------------------
 // the FP8 GEMM with backend choice
+
+// AUTO: where the wgmma kernel beats cuBLASLt on the H100 (dev/RESULTS.md, "Hopper wgmma
+// kernel"). Measured: nowhere by more than the run-to-run spread (~5-10%): at M = 8192 it
+// reaches 0.84-0.97x cuBLASLt with block scaling, 0.85-0.95x tensor, 0.86-0.97x row; at
+// M = 64 it ties (row 1.03-1.06x at 64x12288x4096, block 1.01x). So AUTO keeps cuBLASLt;
+// FP8_GEMM_KERNEL (and any GPU where cuBLASLt declines a shape) gets the wgmma kernel.
+static int wgmma_preferred(int gran, int M, int N, int K) {
+    (void)gran; (void)M; (void)N; (void)K;
+    return 0;
+}
+// which of versions 6 (128 x 128 tiles) and 7 (128 x 192) fp8_gemm_cuda runs. 192-wide tiles
+// move a sixth less data per flop but come in fewer, larger pieces: they won for block and
+// row scaling at N >= 3072 once there were enough of them for the last wave not to matter
+// (>= 8 per SM; at 4096^3, 704 tiles = 5.3 waves, version 6 won), and for tensor scaling
+// only at K = 12288 (with 4 stages instead of 6 it lost at K <= 4096)
+static int wgmma_version(int gran, int M, int N, int K) {
+    long tiles192 = (long)cdiv(M, WG_BM) * cdiv(N, 192);
+    if (tiles192 < 8L * ctx.sms) return 6;
+    if (gran == FP8_TENSOR) return K >= 8192 ? 7 : 6;
+    return N >= 3072 ? 7 : 6;
+}
 
 void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, int accumulate) {
     need_init();
@@ -777,19 +1368,31 @@ void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, i
         ctx.last = "bf16-fallback";
         return;
     }
-    if (ctx.backend != FP8_GEMM_KERNEL) {
-        char why[256];
+    GemmArgs a = gemm_args(x, w, accumulate);
+    FP8GemmBackend b = ctx.backend;
+    char why[256];
+    int wg = wgmma_supported(x, w, why, sizeof why);
+    if (b == FP8_GEMM_KERNEL_WGMMA && !wg)
+        die("fp8_gemm_cuda: the wgmma kernel cannot run %dx%dx%d (%s): %s", M, N, K, fp8_gran_name(x->gran), why);
+    int use_wg = b == FP8_GEMM_KERNEL_WGMMA || (b == FP8_GEMM_KERNEL && wg) ||
+                 (b == FP8_GEMM_AUTO && wg && wgmma_preferred(x->gran, M, N, K));
+    if (!use_wg && (b == FP8_GEMM_AUTO || b == FP8_GEMM_CUBLASLT)) {
         LtPlan *p = fp8_plan(ydt, x, w, y, why, sizeof why);
         if (p) {
             lt_run(p, y, w->data, x->data, w->scale, x->scale, accumulate);
             ctx.last = "cublaslt";
             return;
         }
-        if (ctx.backend == FP8_GEMM_CUBLASLT)
+        if (b == FP8_GEMM_CUBLASLT)
             die("fp8_gemm_cuda: cuBLASLt cannot run %dx%dx%d (%s): %s; the hand-written kernel can (backend auto or kernel)",
                 M, N, K, fp8_gran_name(x->gran), why);
+        use_wg = wg;  // AUTO where cuBLASLt declines (block scaling with K % 128 != 0, N % 8 != 0, ...)
     }
-    GemmArgs a = gemm_args(x, w, accumulate);
+    if (use_wg) {
+        launch_v6(y, ydt, a, ctx.wgmma_version ? ctx.wgmma_version : wgmma_version(x->gran, M, N, K));
+        ctx.last = "kernel-wgmma";
+        return;
+    }
     if (K % 16 == 0) {
         if (ydt == DT_BF16) launch_v3((__nv_bfloat16 *)y, a);
         else launch_v3((float *)y, a);

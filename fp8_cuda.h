@@ -10,8 +10,9 @@
 //   fp8_quantize_cuda(t, x, ...)   x (rows, cols) bf16 or f32 -> t (codes + scales), dynamic
 //                                  (amax in the same pass); TENSOR takes two launches
 //   fp8_dequantize_cuda(out, t)    -> bf16 or f32
-//   fp8_gemm_cuda(y, x, w)         Y[M,N] = X[M,K] W[N,K]^T, bf16 or f32 out; cuBLASLt
-//                                  where it supports the shape, else the hand-written kernel
+//   fp8_gemm_cuda(y, x, w)         Y[M,N] = X[M,K] W[N,K]^T, bf16 or f32 out; cuBLASLt where it
+//                                  supports the shape, else the hand-written kernels (on sm_90a
+//                                  TMA + wgmma, elsewhere mma.sync / tiled)
 //   bf16_gemm_cuda(...)            the same product in BF16 (cuBLASLt): baseline and fallback
 //   fp8_linear_dx_cuda(...)        dX = dY W through a frozen FP8 weight (backward)
 #ifndef FP8_CUDA_H
@@ -29,9 +30,13 @@ extern "C" {
 
 // which implementation fp8_gemm_cuda uses
 typedef enum {
-    FP8_GEMM_AUTO = 0,  // cuBLASLt if it supports the shape and scaling, else the kernel
-    FP8_GEMM_CUBLASLT,  // cuBLASLt or a clear error
-    FP8_GEMM_KERNEL,    // the hand-written kernel (tensor cores when K % 16 == 0 on sm_89+)
+    FP8_GEMM_AUTO = 0,     // the fastest that supports the shape and scaling: cuBLASLt (on the H100
+                           // the wgmma kernel measured 0.8-1.0x of it), else the kernels below
+    FP8_GEMM_CUBLASLT,     // cuBLASLt or a clear error
+    FP8_GEMM_KERNEL,       // the best hand-written kernel for the GPU and shape: wgmma (sm_90a, E4M3,
+                           // K % 16 == 0), else mma.sync (K % 16 == 0, sm_89+), else the tiled one
+    FP8_GEMM_KERNEL_MMA,   // the mma.sync kernel (tiled when K % 16 != 0), also on Hopper: for tests
+    FP8_GEMM_KERNEL_WGMMA, // the Hopper wgmma kernel or a clear error
 } FP8GemmBackend;
 
 // Initialise on the current device; stream is a cudaStream_t (NULL = default stream).
@@ -48,7 +53,11 @@ void fp8_cuda_set_backend(FP8GemmBackend b);
 // cuBLASLt fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM): off by default because
 // Hopper's FP8 tensor cores then keep ~14 accumulator bits over the whole K.
 void fp8_cuda_set_fast_accum(int on);
-// the implementation the last fp8_gemm_cuda call used: "cublaslt", "kernel-mma", "kernel-tiled", "bf16-fallback"
+// The wgmma kernel's tile: 0 = by shape (default), 6 = 128 x 128 tiles, 7 = 128 x 192 (versions of
+// dev/gemm_fp8.cu). For tests and benchmarks.
+void fp8_cuda_set_wgmma_version(int v);
+// the implementation the last fp8_gemm_cuda call used: "cublaslt", "kernel-wgmma", "kernel-mma",
+// "kernel-tiled", "bf16-fallback"
 const char *fp8_cuda_last_backend(void);
 
 // ---- casts, quantize, dequantize --------------------------------------------
@@ -72,6 +81,9 @@ void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, i
 void bf16_gemm_cuda(void *y, DType ydt, const void *x, const void *w, int M, int N, int K, int accumulate);
 // Whether cuBLASLt runs this FP8 product (shape, alignment, scaling, GPU), and if not, why
 int fp8_gemm_cublaslt_supported(DType ydt, const FP8Tensor *x, const FP8Tensor *w, char *why, size_t why_cap);
+// Whether the Hopper wgmma kernel runs this FP8 product (sm_90a GPU and build, E4M3 x E4M3,
+// K % 16 == 0, 16-byte aligned operands), and if not, why
+int fp8_gemm_wgmma_supported(const FP8Tensor *x, const FP8Tensor *w, char *why, size_t why_cap);
 
 // ---- backward through a frozen FP8 weight ------------------------------------
 // dX[M,K] bf16 (= or += with accumulate) = dY[M,N] bf16 * W, W an FP8 weight (N, K).

@@ -7,15 +7,27 @@
 //   version 2  tiled on CUDA cores: 64x64 tiles, 128-wide K steps staged in shared memory,
 //              decode through a table (fp8.cu: gemm_fp8_v2_kernel, the any-shape fallback)
 //   version 3  tensor cores: mma.sync.m16n8k32 with e4m3/e5m2 operands, 128x128 tiles,
-//              cp.async double buffering (fp8.cu: gemm_fp8_v3_kernel, the kernel backend)
+//              cp.async double buffering (fp8.cu: gemm_fp8_v3_kernel). On sm_90 this FP8
+//              mma.sync is emulated (HMMA at f16 rate): 145-290 TFLOP/s on the H100
+//   version 4  Hopper (sm_90a): TMA loads into 128-byte-swizzled shared memory, mbarriers,
+//              wgmma.m64n128k32.e4m3 from shared-memory descriptors, one warpgroup, 64x128
+//              tiles, two stages, the promotion per K step in fp32 registers (here)
+//   version 5  + warp specialization: a producer warpgroup and two consumer warpgroups
+//              (setmaxnreg 40 / 232), 128x128 tiles, 5-6 stages with full/empty mbarriers (here)
+//   version 6  + persistent grid (one block per SM, grouped tile order), epilogue through
+//              swizzled shared memory and TMA stores (fp8.cu: gemm_fp8_v6_kernel, the kernel
+//              backend on sm_90a and AUTO's choice where it beats cuBLASLt)
+//   version 7  version 6 with 128 x 192 tiles (wgmma m64n192k32, 4 stages): less L2 and shared
+//              memory traffic per flop (fp8.cu: the same kernel, BN = 192)
 //   cuBLASLt   fp8.cu's fp8_gemm_cuda with the cuBLASLt backend, at each granularity
-// Versions 2 and 3 live in fp8.cu (included below, so the benchmark times the code the
-// program runs); a wgmma version for Hopper is the next step.
+// What each version measured on the H100 is in dev/RESULTS.md ("FP8 GEMM", "Hopper wgmma
+// kernel"). Versions 2, 3 and 6 live in fp8.cu (included below, so the benchmark times the
+// code the program runs).
 //
-// Build and run (GPU): make bench-gemm && ./build/gemm_fp8 [--peers peers.json] [--quick]
+// Build and run (GPU): make bench-gemm && ./build/gemm_fp8 [--peers peers.json] [--quick] [--validate]
 //   peers.json from: python3 ../shared/bench/peers.py gemm --json peers.json (same command)
-// Prints: validation, then one table (TFLOP/s, median of CUDA-event-timed runs over
-// rotating buffers larger than L2), with torch._scaled_mm / torch.matmul when given.
+// Prints: validation, then tables (TFLOP/s, median of CUDA-event-timed runs over rotating
+// buffers larger than L2), with torch._scaled_mm / torch.matmul when given.
 #include <cjson/cJSON.h>
 
 #include "fp8.cu"
@@ -43,6 +55,141 @@ static void launch_v1(T *y, const GemmArgs &a) {
     launchCheck();
 }
 
+// ----------------------------------------------------------------------------
+// version 4: Hopper, the simplest TMA + wgmma kernel (sm_90a). One warpgroup (128 threads)
+// computes a 64 x 128 tile; thread 0 loads each 128-wide K step of X (64 x 128 B) and W
+// (128 x 128 B) with TMA into one of two stages; all threads wait on the stage's mbarrier,
+// run 4 wgmma.m64n128k32 into a fresh accumulator, wait for them, promote into the fp32 sum
+// (scales as in fp8.cu's version 6) and meet at __syncthreads before the stage is reused.
+// Only the load of the next K step overlaps the math; the promotion and the wgmmas of the
+// only warpgroup never overlap. Uses fp8.cu's PTX wrappers, descriptor and epilogue.
+// Measured (H100, block scaling, M = 8192): 502-647 TFLOP/s (0.46-0.60x cuBLASLt), 335 at
+// K = 1024: correct on the first run, 3x version 3, but the tensor cores idle while it waits.
+#define V4_BM 64
+#define V4_BN 128
+#define V4_SMEM (2 * (V4_BM + V4_BN) * WG_BK + 16 + 1024)
+
+template <typename T, int GRAN>
+__global__ void __launch_bounds__(128)
+    gemm_fp8_v4_kernel(T *y, const GemmArgs a, const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw) {
+#ifdef FP8_SM90A
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *xs = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // [2][64][128 B], 1 KiB aligned
+    uint8_t *ws = xs + 2 * V4_BM * WG_BK;                                          // [2][128][128 B]
+    uint64_t *full = (uint64_t *)(ws + 2 * V4_BN * WG_BK);
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    int m0 = blockIdx.y * V4_BM, n0 = blockIdx.x * V4_BN, KB = cdiv(a.K, WG_BK);
+    int r0 = m0 + warp * 16 + (lane >> 2), r1 = r0 + 8;
+    if (tid == 0) { mbar_init(&full[0], 1); mbar_init(&full[1], 1); mbar_fence_init(); }
+    __syncthreads();
+    auto load = [&](int kb) {
+        int s = kb & 1;
+        mbar_expect_tx(&full[s], (V4_BM + V4_BN) * WG_BK);
+        tma_load_2d(xs + s * V4_BM * WG_BK, &tmx, &full[s], kb * WG_BK, m0);
+        tma_load_2d(ws + s * V4_BN * WG_BK, &tmw, &full[s], kb * WG_BK, n0);
+    };
+    if (tid == 0) load(0);
+    float acc[64], part[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    for (int kb = 0; kb < KB; kb++) {
+        if (tid == 0 && kb + 1 < KB) load(kb + 1);  // its stage was released by the last __syncthreads
+        float s0 = 1.0f, s1 = 1.0f;
+        if (GRAN == FP8_BLOCK) {
+            float sb = a.sw[(size_t)(n0 / FP8_BLOCK_SIZE) * a.ldsw + kb];
+            s0 = r0 < a.M ? a.sx[(size_t)kb * a.M + r0] * sb : 0.0f;
+            s1 = r1 < a.M ? a.sx[(size_t)kb * a.M + r1] * sb : 0.0f;
+        }
+        mbar_wait(&full[kb & 1], (kb >> 1) & 1);
+        uint64_t da = wg_desc(xs + (kb & 1) * V4_BM * WG_BK), db = wg_desc(ws + (kb & 1) * V4_BN * WG_BK);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < WG_BK / 32; k++) wgmma_m64n128k32_e4m3(part, da + 2 * k, db + 2 * k, k);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(part);
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            acc[4 * i + 0] += part[4 * i + 0] * s0;
+            acc[4 * i + 1] += part[4 * i + 1] * s0;
+            acc[4 * i + 2] += part[4 * i + 2] * s1;
+            acc[4 * i + 3] += part[4 * i + 3] * s1;
+        }
+        __syncthreads();
+    }
+    wg_store_direct<T, GRAN, 128>(y, a, acc, r0, n0);
+#endif
+}
+
+// ----------------------------------------------------------------------------
+// version 5: warp specialization and a deeper pipeline (sm_90a). 384 threads: a producer
+// warpgroup (one thread issues the TMA loads, two warps stage the block scales in shared
+// memory, setmaxnreg 40) and two consumer warpgroups (64 rows each of a 128 x 128 tile,
+// setmaxnreg 232) around a ring of 6 stages (5 with block scales) with full and empty
+// mbarriers: the loads run up to 6 K steps ahead and, with two consumers, one warpgroup's promotion overlaps the other's
+// wgmmas. One tile per block; the epilogue stores from registers. The main loop is fp8.cu's
+// wg_produce_tile / wg_produce_scales / wg_consume_tile, which versions 6 and 7 keep.
+// Measured (block, M = 8192): 643-877 TFLOP/s, 352 at K = 1024, where the prologue and the
+// register epilogue of 1536 one-tile blocks dominate (first runs, with the scales loaded by
+// the consumers: 292-648).
+template <typename T, int GRAN>
+__global__ void __launch_bounds__(384, 1)
+    gemm_fp8_v5_kernel(T *y, const GemmArgs a, const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw) {
+#ifdef FP8_SM90A
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *xs = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // 1 KiB aligned
+    using Cfg = WgCfg<128, GRAN>;
+    constexpr int S = Cfg::STAGES;
+    uint8_t *ws = xs + S * WG_TILE_X;
+    float *sc = (float *)(ws + S * Cfg::TILE_W);
+    uint64_t *full = (uint64_t *)((uint8_t *)sc + S * Cfg::SC), *empty = full + S;
+    int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    int m0 = blockIdx.y * WG_BM, n0 = blockIdx.x * 128, KB = cdiv(a.K, WG_BK);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; s++) { mbar_init(&full[s], GRAN == FP8_BLOCK ? 33 : 1); mbar_init(&empty[s], 8); }
+        mbar_fence_init();
+    }
+    __syncthreads();
+    int stage = 0, phase = 0, step = 0, warp = tid >> 5;
+    if (wg == 0) {
+        setmaxnreg_dec<40>();
+        if (tid == 0) wg_produce_tile<128, GRAN>(&tmx, &tmw, xs, ws, full, empty, stage, phase, m0, n0, KB);
+        else if (GRAN == FP8_BLOCK && (warp == 1 || warp == 2))
+            wg_produce_scales<128>(a, sc, full, empty, stage, phase, step, warp - 1, m0, n0, KB);
+    } else {
+        setmaxnreg_inc<232>();
+        int c = wg - 1;
+        float acc[64];
+        wg_consume_tile<GRAN, 128>(acc, a, xs, ws, sc, full, empty, stage, phase, n0, c, KB);
+        wg_store_direct<T, GRAN, 128>(y, a, acc, m0 + 64 * c + 16 * (tid >> 5) + ((tid & 31) >> 2), n0);
+    }
+#endif
+}
+template <int GRAN>  // the stages of version 6 without its output staging
+constexpr int v5_smem() { return WgCfg<128, GRAN>::SMEM - WgCfg<128, GRAN>::EPI; }
+
+template <typename T, int GRAN, int V>
+static void launch_v45_t(T *y, const GemmArgs &a) {
+    static int attr_set = 0;
+    auto kern = V == 4 ? gemm_fp8_v4_kernel<T, GRAN> : gemm_fp8_v5_kernel<T, GRAN>;
+    int smem = V == 4 ? V4_SMEM : v5_smem<GRAN>(), bm = V == 4 ? V4_BM : WG_BM;
+    if (!attr_set) {
+        cudaCheck(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        attr_set = 1;
+    }
+    CUtensorMap tx = tmap_2d(a.x, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.M, a.K, bm, WG_BK);
+    CUtensorMap tw = tmap_2d(a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.N, a.K, 128, WG_BK);
+    dim3 grid(cdiv(a.N, 128), cdiv(a.M, bm));
+    kern<<<grid, V == 4 ? 128 : 384, smem, ctx.stream>>>(y, a, tx, tw);
+    launchCheck();
+}
+template <int V>
+static void launch_v45(__nv_bfloat16 *y, const GemmArgs &a) {
+    if (a.gran == FP8_BLOCK) launch_v45_t<__nv_bfloat16, FP8_BLOCK, V>(y, a);
+    else if (a.gran == FP8_ROW) launch_v45_t<__nv_bfloat16, FP8_ROW, V>(y, a);
+    else launch_v45_t<__nv_bfloat16, FP8_TENSOR, V>(y, a);
+}
+
 // version 0 is cuBLASLt
 static void run_version(int v, __nv_bfloat16 *y, const FP8Tensor *x, const FP8Tensor *w) {
     GemmArgs a = gemm_args(x, w, 0);
@@ -51,6 +198,10 @@ static void run_version(int v, __nv_bfloat16 *y, const FP8Tensor *x, const FP8Te
         case 1: launch_v1(y, a); break;
         case 2: launch_v2(y, a); break;
         case 3: launch_v3(y, a); break;
+        case 4: launch_v45<4>(y, a); break;
+        case 5: launch_v45<5>(y, a); break;
+        case 6: launch_v6(y, DT_BF16, a, 6); break;
+        case 7: launch_v6(y, DT_BF16, a, 7); break;
         default: die("no version %d", v);
     }
 }
@@ -84,53 +235,72 @@ static FP8Tensor to_host(const FP8Tensor *d) {
 }
 
 // ----------------------------------------------------------------------------
-// validation: every version at every granularity against fp8_gemm_cpu, on a shape with
-// partial tiles. Tolerance as test/gpu_fp8.cu: 2^-10 sum|x w| + 2^-8 |y| (bf16 output).
+// validation: every version at every granularity against fp8_gemm_cpu, on shapes with
+// partial tiles (M = 200, 333, 2000; N = 200, 1544: a partial 128-wide weight block; K = 528:
+// a partial last K step), the last with more tiles than SMs (the persistent loop). Tolerance as test/gpu_fp8.cu: ACC sum|x w| + 2^-8 |y| (bf16 output),
+// ACC = 2^-10 for fp32 accumulation (v1-v3: v3's e4m3 products are exact in f16 HMMA) and
+// 2^-8 for the FP8 tensor cores' reduced-precision sums within a K step (cuBLASLt, v4-v6).
 
 static int validate(void) {
-    int M = 200, N = 384, K = 1024, fails = 0;
-    __nv_bfloat16 *xb, *wb, *y;
-    cudaCheck(cudaMalloc(&xb, (size_t)M * K * 2));
-    cudaCheck(cudaMalloc(&wb, (size_t)N * K * 2));
-    cudaCheck(cudaMalloc(&y, (size_t)M * N * 2));
-    fill_bf16_random(xb, (size_t)M * K, 1);
-    fill_bf16_random(wb, (size_t)N * K, 2);
+    int shapes[][3] = {{200, 384, 1024}, {333, 200, 528}, {2000, 1544, 256}}, fails = 0;  // the last: 208 (v7: 144) tiles > 132 SMs
     FP8Gran grans[] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK};
-    printf("validation (%dx%dx%d, bf16 out, vs fp8_gemm_cpu; worst error in units of the tolerance):\n", M, N, K);
-    for (int gi = 0; gi < 3; gi++) {
-        FP8Tensor x = fp8_alloc_dev(M, K, grans[gi], 1), w = fp8_alloc_dev(N, K, grans[gi], 128);
-        fp8_quantize_cuda(&x, xb, DT_BF16, 0);
-        fp8_quantize_cuda(&w, wb, DT_BF16, 0);
-        FP8Tensor hx = to_host(&x), hw = to_host(&w);
-        float *ref = (float *)mallocCheck((size_t)M * N * 4), *dx = (float *)mallocCheck((size_t)M * K * 4),
-              *dw = (float *)mallocCheck((size_t)N * K * 4);
-        fp8_gemm_cpu(ref, &hx, &hw);
-        fp8_dequantize_cpu(dx, &hx);
-        fp8_dequantize_cpu(dw, &hw);
-        uint16_t *hy = (uint16_t *)mallocCheck((size_t)M * N * 2);
-        printf("  %-6s", fp8_gran_name(grans[gi]));
-        for (int v = 0; v <= 3; v++) {
-            cudaCheck(cudaMemset(y, 0xFF, (size_t)M * N * 2));
-            run_version(v, y, &x, &w);
-            cudaCheck(cudaMemcpy(hy, y, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
-            double worst = 0;
+    printf("validation (bf16 out, vs fp8_gemm_cpu; worst error in units of the tolerance):\n");
+    for (int si = 0; si < 3; si++) {
+        int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+        __nv_bfloat16 *xb, *wb, *y;
+        cudaCheck(cudaMalloc(&xb, (size_t)M * K * 2));
+        cudaCheck(cudaMalloc(&wb, (size_t)N * K * 2));
+        cudaCheck(cudaMalloc(&y, (size_t)M * N * 2));
+        fill_bf16_random(xb, (size_t)M * K, 1 + si);
+        fill_bf16_random(wb, (size_t)N * K, 2 + si);
+        for (int gi = 0; gi < 3; gi++) {
+            FP8Tensor x = fp8_alloc_dev(M, K, grans[gi], 1), w = fp8_alloc_dev(N, K, grans[gi], 128);
+            fp8_quantize_cuda(&x, xb, DT_BF16, 0);
+            fp8_quantize_cuda(&w, wb, DT_BF16, 0);
+            FP8Tensor hx = to_host(&x), hw = to_host(&w);
+            float *ref = (float *)mallocCheck((size_t)M * N * 4), *dx = (float *)mallocCheck((size_t)M * K * 4),
+                  *dw = (float *)mallocCheck((size_t)N * K * 4);
+            double *mag = (double *)mallocCheck((size_t)M * N * 8);
+            fp8_gemm_cpu(ref, &hx, &hw);
+            fp8_dequantize_cpu(dx, &hx);
+            fp8_dequantize_cpu(dw, &hw);
+            #pragma omp parallel for
             for (int m = 0; m < M; m++)
                 for (int n = 0; n < N; n++) {
-                    double mag = 0;
-                    for (int k = 0; k < K; k++) mag += fabs((double)dx[(size_t)m * K + k] * dw[(size_t)n * K + k]);
-                    double r = ref[(size_t)m * N + n], tol = 0x1p-10 * mag + 0x1p-8 * fabs(r);
-                    double e = fabs(bf16_to_f32(hy[(size_t)m * N + n]) - r) / tol;
-                    if (!(e <= worst)) worst = e;  // NaN (unwritten) counts as a failure
+                    double a = 0;
+                    for (int k = 0; k < K; k++) a += fabs((double)dx[(size_t)m * K + k] * dw[(size_t)n * K + k]);
+                    mag[(size_t)m * N + n] = a;
                 }
-            printf("  v%d%s %.3f%s", v, v == 0 ? " (cuBLASLt)" : "", worst, worst <= 1.0 ? "" : " FAIL");
-            fails += !(worst <= 1.0);
+            uint16_t *hy = (uint16_t *)mallocCheck((size_t)M * N * 2);
+            printf("  %dx%dx%d %-6s", M, N, K, fp8_gran_name(grans[gi]));
+            for (int v = 0; v <= 7; v++) {
+                if ((v >= 4 && !ctx.wgmma) || (v == 0 && !fp8_gemm_cublaslt_supported(DT_BF16, &x, &w, NULL, 0))) {
+                    printf("  v%d -", v);  // cuBLASLt's block scaling wants K % 128 == 0
+                    continue;
+                }
+                cudaCheck(cudaMemset(y, 0xFF, (size_t)M * N * 2));  // NaN poison: every output must be written
+                run_version(v, y, &x, &w);
+                cudaCheck(cudaMemcpy(hy, y, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
+                double acc_tol = (v == 0 || v >= 4) ? 0x1p-8 : 0x1p-10, worst = 0;
+                int shown = 0;
+                for (size_t i = 0; i < (size_t)M * N; i++) {
+                    double r = ref[i], tol = acc_tol * mag[i] + 0x1p-8 * fabs(r);
+                    double e = fabs(bf16_to_f32(hy[i]) - r) / tol;
+                    if (!(e <= worst)) worst = e;  // NaN (unwritten) counts as a failure
+                    if (!(e <= 1.0) && shown++ < 3)
+                        fprintf(stderr, "    v%d %s: y[%zu, %zu] = %g, want %g\n", v, fp8_gran_name(grans[gi]), i / N, i % N,
+                                bf16_to_f32(hy[i]), r);
+                }
+                printf("  v%d%s %.3f%s", v, v == 0 ? " (cuBLASLt)" : "", worst, worst <= 1.0 ? "" : " FAIL");
+                fails += !(worst <= 1.0);
+            }
+            printf("\n");
+            fp8_free_dev(&x); fp8_free_dev(&w);
+            fp8_tensor_free_cpu(&hx); fp8_tensor_free_cpu(&hw);
+            free(ref); free(dx); free(dw); free(hy); free(mag);
         }
-        printf("\n");
-        fp8_free_dev(&x); fp8_free_dev(&w);
-        fp8_tensor_free_cpu(&hx); fp8_tensor_free_cpu(&hw);
-        free(ref); free(dx); free(dw); free(hy);
+        cudaFree(xb); cudaFree(wb); cudaFree(y);
     }
-    cudaFree(xb); cudaFree(wb); cudaFree(y);
     fp8_cuda_set_backend(FP8_GEMM_AUTO);
     return fails;
 }
@@ -205,11 +375,12 @@ static int load_peers(const char *path, Peer *p, int cap) {
 
 int main(int argc, char **argv) {
     const char *peers_path = NULL;
-    int quick = 0;
+    int quick = 0, validate_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--peers") && i + 1 < argc) peers_path = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else die("usage: %s [--peers peers.json] [--quick]", argv[0]);
+        else if (!strcmp(argv[i], "--validate")) validate_only = 1;
+        else die("usage: %s [--peers peers.json] [--quick] [--validate]", argv[0]);
     }
     fp8_cuda_init(NULL);
     if (!ctx.has_fp8) die("gemm_fp8 benchmarks FP8 tensor cores: this GPU has none");
@@ -217,10 +388,11 @@ int main(int argc, char **argv) {
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     int drv = 0;
     cudaDriverGetVersion(&drv);
-    printf("gemm_fp8: %s (sm_%d%d, %d SMs), driver %d, cuBLASLt %zu\n", prop.name, prop.major, prop.minor,
-           prop.multiProcessorCount, drv, cublasLtGetVersion());
+    printf("gemm_fp8: %s (sm_%d%d, %d SMs), driver %d, cuBLASLt %zu, wgmma kernels %s\n", prop.name, prop.major, prop.minor,
+           prop.multiProcessorCount, drv, cublasLtGetVersion(), ctx.wgmma ? "on" : "off (no sm_90a GPU and build)");
     int fails = validate();
     if (fails) printf("validation: %d FAILED\n", fails);
+    if (validate_only) { fp8_cuda_free(); return fails ? 1 : 0; }
 
     Peer peers[32];
     int np = peers_path ? load_peers(peers_path, peers, 32) : 0;
@@ -228,7 +400,7 @@ int main(int argc, char **argv) {
                        {8192, 1024, 3072}, {64, 12288, 4096},   {64, 4096, 12288},  {4096, 4096, 4096}};
     int ns = quick ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
     FP8Gran grans[] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK};
-    typedef struct { double bf16, lt[3], lt_fast, v3[3], v2; } Row;
+    typedef struct { double bf16, lt[3], lt_fast, v3[3], v2, v4, v5, v6[3], v7[3], lt_block2, v6_block2, v7_block2; } Row;
     Row rows[16];
     for (int si = 0; si < ns; si++) {
         int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
@@ -267,8 +439,25 @@ int main(int argc, char **argv) {
         r.v2 = 0;
         if (M == 4096)
             r.v2 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][2], &w[b][2], 0); launch_v2(y, a); }, nb));
-        printf("  %5dx%5dx%5d  bf16 %4.0f  lt tensor %4.0f (fast %4.0f) row %4.0f block %4.0f | v3 t/r/b %4.0f %4.0f %4.0f  v2 %4.0f\n",
-               M, N, K, r.bf16, r.lt[0], r.lt_fast, r.lt[1], r.lt[2], r.v3[0], r.v3[1], r.v3[2], r.v2);
+        r.v4 = r.v5 = r.lt_block2 = r.v6_block2 = r.v7_block2 = 0;
+        for (int gi = 0; gi < 3; gi++) r.v6[gi] = r.v7[gi] = 0;
+        if (ctx.wgmma) {  // Hopper versions; block first, then LT block and v6 block again (run-to-run spread)
+            r.v4 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][2], &w[b][2], 0); launch_v45<4>(y, a); }, nb));
+            r.v5 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][2], &w[b][2], 0); launch_v45<5>(y, a); }, nb));
+            for (int gi = 0; gi < 3; gi++)
+                r.v6[gi] = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][gi], &w[b][gi], 0); launch_v6(y, DT_BF16, a, 6); }, nb));
+            for (int gi = 0; gi < 3; gi++)
+                r.v7[gi] = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][gi], &w[b][gi], 0); launch_v6(y, DT_BF16, a, 7); }, nb));
+            fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
+            r.lt_block2 = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x[b][2], &w[b][2], 0); }, nb));
+            fp8_cuda_set_backend(FP8_GEMM_AUTO);
+            r.v6_block2 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][2], &w[b][2], 0); launch_v6(y, DT_BF16, a, 6); }, nb));
+            r.v7_block2 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][2], &w[b][2], 0); launch_v6(y, DT_BF16, a, 7); }, nb));
+        }
+        printf("  %5dx%5dx%5d  bf16 %4.0f  lt tensor %4.0f (fast %4.0f) row %4.0f block %4.0f (again %4.0f) | v3 t/r/b %4.0f %4.0f %4.0f"
+               "  v2 %4.0f | v4 b %4.0f  v5 b %4.0f  v6 t/r/b %4.0f %4.0f %4.0f (block again %4.0f)  v7 t/r/b %4.0f %4.0f %4.0f\n",
+               M, N, K, r.bf16, r.lt[0], r.lt_fast, r.lt[1], r.lt[2], r.lt_block2, r.v3[0], r.v3[1], r.v3[2], r.v2, r.v4, r.v5,
+               r.v6[0], r.v6[1], r.v6[2], r.v6_block2, r.v7[0], r.v7[1], r.v7[2]);
         fflush(stdout);
         for (int b = 0; b < nb; b++) {
             cudaFree(xb[b]); cudaFree(wb[b]);
@@ -323,6 +512,31 @@ int main(int argc, char **argv) {
     printf("\ntensor fast-accum (cuBLASLt heuristic):");
     for (int si = 0; si < ns; si++) printf(" %.0f", rows[si].lt_fast);
     printf("\nhand-written tiled v2 (block) at 4096^3: %.1f TFLOP/s\n", rows[ns - 1].v2);
+    // the Hopper wgmma kernel against cuBLASLt and torch (markdown), last
+    if (ctx.wgmma) {
+        printf("\n## Hopper wgmma kernel, TFLOP/s, bf16 output, %s (ratios: the version fp8.cu runs, v6 or v7)\n\n", prop.name);
+        printf("| M x N x K | block: LT | torch | v4 | v5 | v6 | v7 | /LT | /torch | /BF16 ours | tensor: LT | v6 | v7 | /LT | "
+               "row: LT | v6 | v7 | /LT |\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        for (int si = 0; si < ns; si++) {
+            int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+            Peer *pe = NULL;
+            for (int i = 0; i < np; i++)
+                if (peers[i].M == M && peers[i].N == N && peers[i].K == K) pe = &peers[i];
+            Row &r = rows[si];
+            double d[3];  // the version fp8_gemm_cuda runs for each granularity
+            for (int gi = 0; gi < 3; gi++) d[gi] = wgmma_version(grans[gi], M, N, K) == 7 ? r.v7[gi] : r.v6[gi];
+            printf("| %dx%dx%d | %.0f | ", M, N, K, r.lt[2]);
+            if (pe && pe->block > 0) printf("%.0f ", pe->block); else printf("- ");
+            printf("| %.0f | %.0f | %.0f | %.0f | %.2f | ", r.v4, r.v5, r.v6[2], r.v7[2], d[2] / r.lt[2]);
+            if (pe && pe->block > 0) printf("%.2f ", d[2] / pe->block); else printf("- ");
+            printf("| %.2f | %.0f | %.0f | %.0f | %.2f | %.0f | %.0f | %.0f | %.2f |\n", d[2] / r.bf16, r.lt[0], r.v6[0], r.v7[0],
+                   d[0] / r.lt[0], r.lt[1], r.v6[1], r.v7[1], d[1] / r.lt[1]);
+        }
+        printf("\nblock timed again after the others (LT/v6/v7):");
+        for (int si = 0; si < ns; si++) printf(" %.0f/%.0f/%.0f", rows[si].lt_block2, rows[si].v6_block2, rows[si].v7_block2);
+        printf("\n");
+    }
     fp8_cuda_free();
     return fails ? 1 : 0;
 }

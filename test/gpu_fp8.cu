@@ -1,8 +1,9 @@
 // test/gpu_fp8.cu: GPU suite for fp8.cu against the CPU reference (dev/fp8_cpu.c).
 // Casts bit for bit on every BF16 pattern; quantization (tensor / row / 1x128 / 128x128,
 // E4M3 and E5M2, pow2, bf16 and f32 input) byte for byte, scales exactly; dequantization
-// exactly; the FP8 GEMM on every backend (cuBLASLt, mma kernel, tiled kernel, BF16
-// fallback) against fp8_gemm_cpu with tolerances derived from the formats; the BF16 GEMM
+// exactly; the FP8 GEMM on every backend (cuBLASLt, the Hopper wgmma kernel where the GPU
+// and build have sm_90a, mma kernel, tiled kernel, BF16 fallback) against fp8_gemm_cpu with
+// tolerances derived from the formats; the BF16 GEMM
 // and the backward dX. Inputs are random, with adversarial cases: all-positive values
 // with K = 16384, rows of zeros, values far beyond the FP8 range.
 // Run on a GPU: make test-gpu (CK_FORK=no: a CUDA context does not survive fork).
@@ -179,6 +180,8 @@ END_TEST
 //   to the largest and truncated; cuBLASLt (fast accumulation off) promotes the partial sums
 //   to fp32 between instructions. Each product can lose up to 2^-13 of the group's largest
 //   term, so a group of 32 loses < 32 * 2^-13 = 2^-8 of its sum |x w|: ACC_TC = 2^-8.
+// - the wgmma kernel (Hopper): the same tensor cores, a fresh accumulator per 128-wide K step
+//   promoted to fp32 on the CUDA cores (4 instructions of 32 in the tensor cores' sum): ACC_TC.
 // - fast accumulation: the whole K in the reduced-precision accumulator; reported, bounded by 2^-5.
 
 typedef struct {
@@ -271,12 +274,15 @@ static double gemm_check(GemmCase *c, FP8GemmBackend b, DType ydt, int accumulat
 }
 
 static const double ACC = 0x1p-10, ACC_TC = 0x1p-8;
-static double worst_seen[4];  // worst error / (ACC * mag) per path: cublaslt, mma, tiled, fallback
+static double worst_seen[5];  // worst error / (ACC * mag) per path: cublaslt, mma, tiled, fallback, wgmma
 static void note_worst(int path, double w) { if (w > worst_seen[path]) worst_seen[path] = w; }
 
 START_TEST(test_gemm_backends) {
     FP8Gran grans[] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK};
-    int shapes[][3] = {{256, 512, 1024}, {200, 384, 640}, {33, 136, 2048}, {1, 128, 256}};
+    // partial tiles in M (200, 33, 1, 130, 2000), N (136, 100: not a multiple of 8 either, 1544) and K
+    // (528: a partial last 128-wide step, zero-padded by TMA)
+    int shapes[][3] = {{256, 512, 1024}, {200, 384, 640}, {33, 136, 2048}, {1, 128, 256}, {130, 100, 528}, {300, 264, 528},
+                       {2000, 1544, 384}};  // 208 tiles of 128x128, 144 of 128x192: > 132 SMs, the persistent kernel loops
     int ncheck = 0;
     for (int gi = 0; gi < 3; gi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -285,11 +291,20 @@ START_TEST(test_gemm_backends) {
             char why[256];
             int lt = fp8_gemm_cublaslt_supported(DT_BF16, &c.x, &c.w, why, sizeof why);
             if (!lt) fprintf(stderr, "note: cuBLASLt declines %dx%dx%d %s: %s\n", shapes[si][0], shapes[si][1], shapes[si][2], fp8_gran_name(grans[gi]), why);
+            int wg = fp8_gemm_wgmma_supported(&c.x, &c.w, NULL, 0);
             for (int o = 0; o < 2; o++) {
                 DType ydt = o ? DT_F32 : DT_BF16;
                 if (lt) { note_worst(0, gemm_check(&c, FP8_GEMM_CUBLASLT, ydt, 0, ACC_TC, "cublaslt")); ncheck++; }
-                note_worst(1, gemm_check(&c, FP8_GEMM_KERNEL, ydt, 0, ACC, "kernel-mma")); ncheck++;
-                gemm_check(&c, FP8_GEMM_AUTO, ydt, 1, lt ? ACC_TC : ACC, NULL); ncheck++;  // accumulate
+                for (int v = 6; wg && v <= 7; v++) {  // tiles 128x128 and 128x192; bf16: the TMA-store
+                    fp8_cuda_set_wgmma_version(v);     // epilogue (N % 8 == 0) or the direct one; f32: direct
+                    note_worst(4, gemm_check(&c, FP8_GEMM_KERNEL_WGMMA, ydt, 0, ACC_TC, "kernel-wgmma"));
+                    gemm_check(&c, FP8_GEMM_KERNEL_WGMMA, ydt, 1, ACC_TC, "kernel-wgmma");  // accumulate
+                    fp8_cuda_set_wgmma_version(0);
+                    ncheck += 2;
+                }
+                gemm_check(&c, FP8_GEMM_KERNEL, ydt, 0, wg ? ACC_TC : ACC, wg ? "kernel-wgmma" : "kernel-mma"); ncheck++;
+                note_worst(1, gemm_check(&c, FP8_GEMM_KERNEL_MMA, ydt, 0, ACC, "kernel-mma")); ncheck++;
+                gemm_check(&c, FP8_GEMM_AUTO, ydt, 1, lt || wg ? ACC_TC : ACC, NULL); ncheck++;  // accumulate
             }
             gemm_case_free(&c);
         }
@@ -303,9 +318,9 @@ START_TEST(test_gemm_backends) {
         ncheck += 2;
         gemm_case_free(&c);
     }
-    fprintf(stderr, "gemm: %d backend x granularity x shape x output checks; worst error / tolerance: cublaslt %.3f "
-                    "(ACC 2^-8), kernel-mma %.3f, kernel-tiled %.3f (ACC 2^-10)\n",
-            ncheck, worst_seen[0], worst_seen[1], worst_seen[2]);
+    fprintf(stderr, "gemm: %d backend x granularity x shape x output checks; worst error / tolerance: cublaslt %.3f, "
+                    "kernel-wgmma %.3f (ACC 2^-8), kernel-mma %.3f, kernel-tiled %.3f (ACC 2^-10)\n",
+            ncheck, worst_seen[0], worst_seen[4], worst_seen[1], worst_seen[2]);
 }
 END_TEST
 
@@ -317,9 +332,18 @@ START_TEST(test_gemm_adversarial) {
         gemm_case_make(&c, 128, 256, 16384, grans[gi], FP8_E4M3, FP8_E4M3, DATA_POSITIVE, 0);
         double w_lt = -1;
         if (fp8_gemm_cublaslt_supported(DT_F32, &c.x, &c.w, NULL, 0)) w_lt = gemm_check(&c, FP8_GEMM_CUBLASLT, DT_F32, 0, ACC_TC, "cublaslt");
-        double w_k = gemm_check(&c, FP8_GEMM_KERNEL, DT_F32, 0, ACC, "kernel-mma");
-        fprintf(stderr, "all-positive K=16384 %s: worst error / tolerance: cublaslt %.3f (ACC 2^-8), kernel %.3f (ACC 2^-10)\n",
-                fp8_gran_name(grans[gi]), w_lt, w_k);
+        double w_k = gemm_check(&c, FP8_GEMM_KERNEL_MMA, DT_F32, 0, ACC, "kernel-mma"), w_wg = -1;
+        for (int v = 6; v <= 7 && fp8_gemm_wgmma_supported(&c.x, &c.w, NULL, 0); v++) {
+            fp8_cuda_set_wgmma_version(v);
+            double e = gemm_check(&c, FP8_GEMM_KERNEL_WGMMA, DT_F32, 0, ACC_TC, "kernel-wgmma");
+            if (e > w_wg) w_wg = e;
+            gemm_check(&c, FP8_GEMM_KERNEL_WGMMA, DT_BF16, 0, ACC_TC, "kernel-wgmma");  // TMA-store epilogue
+            fp8_cuda_set_wgmma_version(0);
+        }
+        // all positive, so |y| = sum |x w| and worst * ACC is the worst relative error
+        fprintf(stderr, "all-positive K=16384 %s: worst relative error: cublaslt %.2e, kernel-wgmma %.2e (both within "
+                        "ACC_TC = 2^-8 = 3.9e-3), kernel-mma %.2e (ACC 2^-10)\n",
+                fp8_gran_name(grans[gi]), w_lt * ACC_TC, w_wg * ACC_TC, w_k * ACC);
         if (grans[gi] == FP8_TENSOR && w_lt >= 0) {
             // fast accumulation keeps the whole K in the tensor cores' ~14-bit accumulator, which
             // truncates: on all-positive data the error grows with K. Reported; the bound (2^-3)
@@ -335,17 +359,28 @@ START_TEST(test_gemm_adversarial) {
         gemm_case_make(&c, 96, 256, 1024, grans[gi], FP8_E4M3, FP8_E4M3, DATA_ZERO_ROWS, 1);
         gemm_check(&c, FP8_GEMM_AUTO, DT_BF16, 0, ACC_TC, NULL);
         fprintf(stderr, "zero rows %s: auto chose %s\n", fp8_gran_name(grans[gi]), fp8_cuda_last_backend());
-        gemm_check(&c, FP8_GEMM_KERNEL, DT_BF16, 0, ACC, "kernel-mma");
+        gemm_check(&c, FP8_GEMM_KERNEL_MMA, DT_BF16, 0, ACC, "kernel-mma");
+        for (int v = 6; v <= 7 && fp8_gemm_wgmma_supported(&c.x, &c.w, NULL, 0); v++) {
+            fp8_cuda_set_wgmma_version(v);
+            gemm_check(&c, FP8_GEMM_KERNEL_WGMMA, DT_BF16, 0, ACC_TC, "kernel-wgmma");
+            fp8_cuda_set_wgmma_version(0);
+        }
         gemm_case_free(&c);
         gemm_case_make(&c, 64, 256, 512, grans[gi], FP8_E4M3, FP8_E4M3, DATA_HUGE, 0);
         gemm_check(&c, FP8_GEMM_AUTO, DT_F32, 0, ACC_TC, NULL);
         fprintf(stderr, "beyond-range %s: auto chose %s\n", fp8_gran_name(grans[gi]), fp8_cuda_last_backend());
-        gemm_check(&c, FP8_GEMM_KERNEL, DT_F32, 0, ACC, "kernel-mma");
+        gemm_check(&c, FP8_GEMM_KERNEL_MMA, DT_F32, 0, ACC, "kernel-mma");
+        for (int v = 6; v <= 7 && fp8_gemm_wgmma_supported(&c.x, &c.w, NULL, 0); v++) {
+            fp8_cuda_set_wgmma_version(v);
+            gemm_check(&c, FP8_GEMM_KERNEL_WGMMA, DT_F32, 0, ACC_TC, "kernel-wgmma");
+            fp8_cuda_set_wgmma_version(0);
+        }
         gemm_case_free(&c);
         // E5M2 activations (gradients) x E4M3 weights
         gemm_case_make(&c, 128, 256, 1024, grans[gi], FP8_E5M2, FP8_E4M3, DATA_RANDOM, 0);
         gemm_check(&c, FP8_GEMM_AUTO, DT_BF16, 0, ACC_TC, NULL);
         fprintf(stderr, "e5m2 x e4m3 %s: auto chose %s\n", fp8_gran_name(grans[gi]), fp8_cuda_last_backend());
+        ck_assert(!fp8_gemm_wgmma_supported(&c.x, &c.w, NULL, 0));  // E4M3 x E4M3 only
         gemm_check(&c, FP8_GEMM_KERNEL, DT_BF16, 0, ACC, "kernel-mma");
         gemm_case_free(&c);
     }
