@@ -65,6 +65,9 @@ struct Backend {
     // upload n elements of type st from the host, converting to type dt (act or hp)
     void (*upload_convert)(void *dst, DType dt, const void *src_host, DType st, size_t n);
     void (*sync)(void);
+    // bytes this process holds through alloc now (CUDA: device memory in use beyond the context's
+    // at start-up); *peak (may be NULL): the most it has held since start-up
+    size_t (*mem_in_use)(size_t *peak);
 
     // ---- weights -----------------------------------------------------------
     // Fill w (rows, cols, gran set by the caller; w->q.data/q.scale or w->dense

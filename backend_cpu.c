@@ -26,13 +26,26 @@ typedef float real;
 #define REAL_DT DT_F32
 #endif
 
-// ---- memory: plain host memory -------------------------------------------------
+// ---- memory: plain host memory, each block's size kept in a 64-byte header -------------
+static size_t mem_now, mem_peak;
 static void *cpu_alloc(size_t bytes) {
     void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) die("out of host memory allocating %zu bytes", bytes);
-    return p;
+    if (posix_memalign(&p, 64, bytes + 64) != 0) die("out of host memory allocating %zu bytes", bytes);
+    *(size_t *)p = bytes;
+    mem_now += bytes;
+    if (mem_now > mem_peak) mem_peak = mem_now;
+    return (char *)p + 64;
 }
-static void cpu_free(void *p) { free(p); }
+static void cpu_free(void *p) {
+    if (!p) return;
+    char *b = (char *)p - 64;
+    mem_now -= *(size_t *)b;
+    free(b);
+}
+static size_t cpu_mem_in_use(size_t *peak) {
+    if (peak) *peak = mem_peak;
+    return mem_now;
+}
 static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
 static void cpu_sync(void) {}
@@ -239,6 +252,7 @@ static Backend be = {
     .copy = cpu_copy,
     .upload_convert = cpu_upload_convert,
     .sync = cpu_sync,
+    .mem_in_use = cpu_mem_in_use,
     .quantize_weight = cpu_quantize_weight,
     .dequantize_weight = cpu_dequantize_weight,
     .embedding_forward = w_embedding_forward,

@@ -106,6 +106,16 @@ static void *scratch(int i, size_t bytes) {
 // ----------------------------------------------------------------------------
 // memory
 
+static size_t mem_base, mem_peak;  // device memory in use at start-up (context, libraries); the most seen since
+static size_t cu_mem_in_use(size_t *peak) {
+    size_t fr = 0, tot = 0;
+    cudaCheck(cudaMemGetInfo(&fr, &tot));
+    size_t now = tot - fr > mem_base ? tot - fr - mem_base : 0;
+    if (now > mem_peak) mem_peak = now;
+    if (peak) *peak = mem_peak;
+    return now;
+}
+
 static void *cu_alloc(size_t bytes) {
     void *p = NULL;
     if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
@@ -116,6 +126,7 @@ static void *cu_alloc(size_t bytes) {
             "batch size",
             bytes / 1048576.0, fr / 1048576.0, tot / 1048576.0);
     }
+    cu_mem_in_use(NULL);  // usage only grows at allocations: sampling here keeps the peak exact
     return p;
 }
 static void cu_free(void *p) {
@@ -1216,6 +1227,7 @@ static Backend be = {
     .copy = cu_copy,
     .upload_convert = cu_upload_convert,
     .sync = cu_sync,
+    .mem_in_use = cu_mem_in_use,
     .quantize_weight = cu_quantize_weight,
     .dequantize_weight = cu_dequantize_weight,
     .embedding_forward = cu_embedding_forward,
@@ -1297,6 +1309,11 @@ extern "C" const Backend *backend_cuda(char *why, size_t why_cap) {
     cublasCheck(cublasSetMathMode(G.cublas, CUBLAS_DEFAULT_MATH));  // no TF32 for fp32 products
     cudaCheck(cudaMallocHost((void **)&G.sum_host, sizeof(double)));
     fp8_cuda_init(G.stream);
+    {
+        size_t fr = 0, tot = 0;
+        cudaCheck(cudaMemGetInfo(&fr, &tot));
+        mem_base = tot - fr;
+    }
     snprintf(be.device_desc, sizeof be.device_desc, "%.90s (sm_%d%d, %.0f GiB)", p.name, p.major, p.minor,
              p.totalGlobalMem / 1073741824.0);
     G.init = 1;

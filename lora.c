@@ -142,6 +142,12 @@ void lora_ensure_acts(LoRA *lo, int N) {
     lo->ax_cap = N;
 }
 
+size_t lora_acts_bytes(const LoRA *lo) {
+    int count = 0;
+    for (int k = 0; k < lo->L * LIN_COUNT; k++) count += lo->A[k] != NULL;
+    return (size_t)lo->ax_cap * lo->r * dtype_size(lo->be->hp) * count;
+}
+
 void lora_hook_forward(Model *m, int layer, int which, void *out, const void *inp, int N, int save) {
     LoRA *lo = m->lora;
     int k = layer * LIN_COUNT + which;

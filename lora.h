@@ -63,6 +63,8 @@ void lora_hook_forward(Model *m, int layer, int which, void *out, const void *in
 void lora_hook_backward(Model *m, int layer, int which, void *dinp, const void *dout, const void *inp, int N);
 // make the saved-activation buffers hold N rows
 void lora_ensure_acts(LoRA *lo, int N);
+// bytes of the saved activations (all adapters)
+size_t lora_acts_bytes(const LoRA *lo);
 
 #ifdef __cplusplus
 }

@@ -351,6 +351,7 @@ static void dec_ensure(Model *m, int S, int MB) {
     size_t ns = sizeof s / sizeof s[0], total = 0;
     for (size_t i = 0; i < ns; i++) total += al256(s[i].bytes);
     d->mem = m->be->alloc(total);
+    d->bytes = total;
     char *p = (char *)d->mem;
     for (size_t i = 0; i < ns; i++) {
         *s[i].ptr = p;

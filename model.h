@@ -125,6 +125,7 @@ typedef struct {
     void *block_table;                      // (cap, mb_cap) i32
     void *logits;                           // (cap, V) hp: what a captured decode step writes (graphs only)
     void *mem;
+    size_t bytes;
 } DecodeScratch;
 
 // A captured decode step (backends with graphs): valid for exactly these buffers and sizes

@@ -662,6 +662,9 @@ int main(int argc, char **argv) {
     m.lora = lo;
     m.lora_on = 1;
     printf("LoRA: r %d, alpha %g, %zu parameters\n", lo->r, lo->alpha, lo->n);
+    size_t lora_bytes = 4 * lo->n * dtype_size(be->hp);  // parameters, gradients, Adam m and v
+    printf("memory (%s): weights %.1f MiB (linear %.1f MiB as %s), LoRA + AdamW %.1f MiB\n", be->name,
+           (m.w.dense_bytes + m.w.fp8_bytes) / 1048576.0, m.w.linear_bytes / 1048576.0, o.load_in_fp8, lora_bytes / 1048576.0);
 
     int start = 0;
     path_join(mpath, sizeof mpath, o.output_dir, "metrics.jsonl");
@@ -866,6 +869,15 @@ int main(int argc, char **argv) {
             printf(" | len %.1f | kl %.4f | loss %+.4f | |g| %.3f | %.2f s (rollout %.2f, update %.2f) | %.0f tok/s\n",
                    (double)gen_tokens / S, isfinite(gm.kl) ? gm.kl : 0.0, loss, gnorm, t_total, t_roll, t_train,
                    gen_tokens / fmax(t_roll, 1e-9));
+        }
+        if (step == start + 1) {  // the report by part, once every buffer has been made
+            size_t peak = 0;
+            be->mem_in_use(&peak);
+            printf("memory after the first step: weights %.1f MiB, LoRA + AdamW %.1f MiB, activations %.1f MiB "
+                   "(%s), KV cache %.1f MiB (during the rollout), decode scratch %.1f MiB; peak held %.1f MiB\n",
+                   (m.w.dense_bytes + m.w.fp8_bytes) / 1048576.0, lora_bytes / 1048576.0,
+                   (m.acts.bytes + lora_acts_bytes(lo)) / 1048576.0, m.recompute ? "recomputed per layer" : "all layers kept",
+                   ro.kv_bytes / 1048576.0, m.dec.bytes / 1048576.0, peak / 1048576.0);
         }
         if ((o.save_steps > 0 && step % o.save_steps == 0) || step == o.max_steps) save_checkpoint(&o, &g, lo, &m, step);
         rollout_free(&ro);
