@@ -21,6 +21,7 @@
 
 #include "backend.h"
 #include "fp8_cuda.h"
+#include "grpo.h"
 #include "lora.h"
 #include "model.h"
 #include "ops_cpu.h"
@@ -1140,6 +1141,140 @@ START_TEST(test_models) {
 }
 END_TEST
 
+// One GRPO step on a fixed batch, CPU vs GPU (the same weights, LoRA, batch and old/reference/
+// sampler logprobs): the loss, the gradient norm, and the LoRA parameters after clipping and one
+// AdamW step. Four sequences of the qwen3 fixture: 8 prompt tokens + up to 8 completion tokens.
+typedef struct {
+    double loss, gnorm;
+    double lp[4 * 8], dlogp[4 * 8];
+    float *grads, *before, *after;
+    size_t n;
+} GrpoStep;
+
+enum { GS_B = 4, GS_P = 8, GS_TC = 8, GS_T = GS_P + GS_TC };
+
+static void grpo_step(GrpoStep *r, const Backend *be, FP8Gran gran, const double *old_c, const double *ref_c,
+                      const double *samp_c, int fill_base) {
+    char dir[1024], p[1100];
+    snprintf(dir, sizeof dir, "%s/qwen3", fixture_dir());
+    ModelOptions o;
+    memset(&o, 0, sizeof o);
+    o.gran = gran;
+    Model m;
+    model_load(&m, dir, be, &o);
+    path_join(p, sizeof p, dir, "tokens.npy");
+    Npy tk = npy_read(p);
+    int ids[GS_B * GS_T], tg[GS_B * GS_T], lens[GS_B] = {8, 5, 8, 3};
+    for (int b = 0; b < GS_B; b++)  // rows 0 and 1 of the fixture, and their second halves
+        for (int t = 0; t < GS_T; t++) ids[b * GS_T + t] = (int)tk.data[(b % 2) * tk.shape[1] + (b / 2) * 8 + t];
+    npy_free(&tk);
+    uint8_t mask[GS_B * GS_TC];
+    for (int b = 0; b < GS_B; b++)
+        for (int t = 0; t < GS_T; t++) {
+            int j = t + 1 - GS_P;
+            tg[b * GS_T + t] = (j >= 0 && j < lens[b]) ? ids[b * GS_T + t + 1] : -1;  // t + 1 <= GS_T - 1
+        }
+    for (int b = 0; b < GS_B; b++)
+        for (int j = 0; j < GS_TC; j++) mask[b * GS_TC + j] = j < lens[b] && tg[b * GS_T + GS_P - 1 + j] >= 0;
+    LoRA *lo = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 7);
+    Rng pr = rng_make(77);
+    double *par = (double *)mallocCheck(lo->n * sizeof(double));
+    for (size_t i = 0; i < lo->n; i++) par[i] = 0.1 * rng_normal(&pr);
+    be->upload_convert(lo->params, be->hp, par, DT_F64, lo->n);
+    free(par);
+    m.lora = lo;
+    m.lora_on = 1;
+    double lp[GS_B * GS_T], dl[GS_B * GS_T];
+    model_forward(&m, ids, GS_B, GS_T);
+    model_logprobs(&m, tg, 1.0f, lp);
+    for (int b = 0; b < GS_B; b++)
+        for (int j = 0; j < GS_TC; j++) r->lp[b * GS_TC + j] = mask[b * GS_TC + j] ? lp[b * GS_T + GS_P - 1 + j] : 0;
+    if (fill_base) return;  // the caller only wanted this backend's logprobs
+    GrpoConfig cfg = grpo_config_default();
+    cfg.num_generations = 2;
+    cfg.beta = 0.04;
+    cfg.max_completion_length = GS_TC;
+    double adv[GS_B] = {0.7, -0.7, -0.3, 0.3};
+    GrpoNorm norm = grpo_prepare(&cfg, GS_B, GS_TC, mask, NULL);
+    GrpoInputs in = {r->lp, old_c, ref_c, samp_c, adv, mask, NULL};
+    r->loss = grpo_loss(&cfg, &norm, &in, GS_B, r->dlogp, NULL);
+    memset(dl, 0, sizeof dl);
+    for (int b = 0; b < GS_B; b++)
+        for (int j = 0; j < GS_TC; j++) dl[b * GS_T + GS_P - 1 + j] = r->dlogp[b * GS_TC + j];
+    lora_zero_grads(lo);
+    model_backward(&m, dl);
+    r->gnorm = lora_grad_norm(lo);
+    r->n = lo->n;
+    r->grads = fmalloc(lo->n);
+    r->before = fmalloc(lo->n);
+    r->after = fmalloc(lo->n);
+    be->download(r->grads, lo->grads, lo->n * 4);
+    be->download(r->before, lo->params, lo->n * 4);
+    double clip = grad_clip_factor(r->gnorm, 0.1);  // small max_norm: the clip acts
+    lora_scale_grads(lo, (float)clip);
+    lora_adamw_step(lo, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f);
+    be->download(r->after, lo->params, lo->n * 4);
+    m.lora = NULL;
+    lora_free(lo);
+    model_free(&m);
+}
+
+START_TEST(test_grpo_step) {
+    // old, reference and sampler logprobs: the CPU fp32 run's own, perturbed (ratios away from 1)
+    GrpoStep base, co, go, cb, gb;
+    memset(&base, 0, sizeof base);
+    grpo_step(&base, CPU, FP8_OFF, NULL, NULL, NULL, 1);
+    double old_c[GS_B * GS_TC], ref_c[GS_B * GS_TC], samp_c[GS_B * GS_TC];
+    Rng r = rng_make(5);
+    for (int i = 0; i < GS_B * GS_TC; i++) {
+        old_c[i] = base.lp[i] + 0.1 * rng_normal(&r);
+        ref_c[i] = base.lp[i] + 0.2 * rng_normal(&r);
+        samp_c[i] = old_c[i] + 0.03 * rng_normal(&r);
+    }
+    grpo_step(&co, CPU, FP8_OFF, old_c, ref_c, samp_c, 0);
+    grpo_step(&go, G, FP8_OFF, old_c, ref_c, samp_c, 0);
+    grpo_step(&cb, CPU, FP8_BLOCK, old_c, ref_c, samp_c, 0);
+    grpo_step(&gb, G, FP8_BLOCK, old_c, ref_c, samp_c, 0);
+    // the allowances of test_models: bf16 2^-5 on logprobs (relative to 1 + |logp|), 2^-4 on
+    // gradients, plus the FP8 quantization effect measured here on the CPU for block
+    double qg = rel_l2(cb.grads, co.grads, co.n, NULL), ql = 0;
+    for (int i = 0; i < GS_B * GS_TC; i++) ql = fmax(ql, fabs(cb.lp[i] - co.lp[i]) / (1 + fabs(co.lp[i])));
+    const GrpoStep *gs[2] = {&go, &gb}, *cs[2] = {&co, &cb};
+    for (int k = 0; k < 2; k++) {
+        const GrpoStep *g = gs[k], *c = cs[k];
+        const char *nm = k ? "block" : "off";
+        // loss: first order in the logprob errors, |dL| <= sum_t |dL/dlogp_t| * tol_t
+        double tl = 0x1p-5 + (k ? ql : 0), bound = 0;
+        for (int i = 0; i < GS_B * GS_TC; i++) bound += fabs(c->dlogp[i]) * tl * (1 + fabs(c->lp[i]));
+        printf("  grpo step %-5s loss GPU %.6f CPU %.6f (|diff| %.2g, bound %.2g)\n", nm, g->loss, c->loss, fabs(g->loss - c->loss), bound);
+        ck_assert_msg(fabs(g->loss - c->loss) <= bound, "%s: loss %g vs %g", nm, g->loss, c->loss);
+        // gradient norm: |norm(a) - norm(b)| <= norm(a - b) (triangle inequality)
+        double tg = 0x1p-4 + (k ? qg : 0), eg = rel_l2(g->grads, c->grads, c->n, NULL);
+        printf("  grpo step %-5s grad norm GPU %.6f CPU %.6f; gradients rel L2 %.4f (tol %.4f)\n", nm, g->gnorm, c->gnorm, eg, tg);
+        ck_assert_msg(eg <= tg, "%s: gradients differ by %g", nm, eg);
+        ck_assert_msg(fabs(g->gnorm - c->gnorm) <= tg * c->gnorm, "%s: grad norm %g vs %g", nm, g->gnorm, c->gnorm);
+        // the update: Adam's first step moves each parameter by ~lr sign(g), so it is the same where
+        // the gradient's sign is beyond doubt; count disagreements where |g| > 3 x the RMS gradient error
+        double rms_err = 0, rms = 0;
+        for (size_t i = 0; i < c->n; i++) rms += (double)c->grads[i] * c->grads[i];
+        rms = sqrt(rms / c->n);
+        rms_err = eg * rms;
+        size_t clear = 0, flips = 0;
+        for (size_t i = 0; i < c->n; i++) {
+            ck_assert(g->before[i] == c->before[i] || fabs(g->before[i] - c->before[i]) < 1e-7);
+            if (fabs(c->grads[i]) <= 3 * rms_err) continue;
+            clear++;
+            double ug = g->after[i] - g->before[i], uc = c->after[i] - c->before[i];
+            if ((ug > 0) != (uc > 0) || fabs(ug - uc) > 0.05 * fabs(uc) + 1e-6) flips++;
+        }
+        printf("  grpo step %-5s updated LoRA: %zu of %zu parameters with a clear gradient, %zu disagree\n", nm, clear, c->n, flips);
+        ck_assert_msg(clear > c->n / 4 && flips <= clear / 200, "%s: %zu of %zu clear updates disagree", nm, flips, clear);
+    }
+    GrpoStep *all[4] = {&co, &go, &cb, &gb};
+    for (int i = 0; i < 4; i++) free(all[i]->grads), free(all[i]->before), free(all[i]->after);
+}
+END_TEST
+
 static Suite *gpu_backend_suite(void) {
     Suite *s = suite_create("gpu_backend");
     TCase *tc = tcase_create("gpu");
@@ -1155,6 +1290,7 @@ static Suite *gpu_backend_suite(void) {
     tcase_add_test(tc, test_sample);
     tcase_add_test(tc, test_optimizer);
     tcase_add_test(tc, test_models);
+    tcase_add_test(tc, test_grpo_step);
     suite_add_tcase(s, tc);
     return s;
 }
