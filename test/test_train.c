@@ -44,7 +44,7 @@ static void setup(void) {
 
 static void fresh_dir(const char *name, char *out, size_t cap) {
     snprintf(out, cap, "%s/%s", base_dir, name);
-    char cmd[2048];
+    char cmd[8192];
     snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp -r %s/warm/warmup %s/", out, out, base_dir, out);
     ck_assert_int_eq(system(cmd), 0);
 }
@@ -131,7 +131,7 @@ END_TEST
 // 4 steps straight == 2 steps, "killed" (later checkpoints removed), resumed to 4
 START_TEST(test_resume_bit_exact) {
     setup();
-    char a[1200], b[1200], cmd[4096], err[2048];
+    char a[1200], b[1200], cmd[8192], err[2048];
     fresh_dir("straight", a, sizeof a);
     snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 4 --save_steps 2 --eval_steps 2 --output_dir %s", a);
     ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
@@ -172,21 +172,21 @@ START_TEST(test_resume_bit_exact) {
 }
 END_TEST
 
-// GRPO fixes what the warm-up got wrong: held-out accuracy and the sampled reward rise
+// GRPO fixes what the warm-up got wrong: held-out accuracy rises, the sampled reward does not fall
 START_TEST(test_grpo_learns) {
     setup();
     char dir[1200], cmd[4096], err[2048];
     fresh_dir("learn", dir, sizeof dir);
-    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 50 --eval_steps 0 --output_dir %s", dir);
+    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 100 --eval_size 200 --eval_steps 0 --output_dir %s", dir);
     ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
     char *m = slurp(dir, "metrics.jsonl", NULL), *save = NULL;
-    double r[64], acc0 = NAN, acc1 = NAN;
+    double r[128], acc0 = NAN, acc1 = NAN;
     int n = 0;
     for (char *line = strtok_r(m, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         cJSON *j = cJSON_Parse(line);
         cJSON *x = cJSON_GetObjectItemCaseSensitive(j, "rewards/correctness/mean");
         cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "eval/accuracy");
-        if (cJSON_IsNumber(x) && n < 64) r[n++] = x->valuedouble;
+        if (cJSON_IsNumber(x) && n < 128) r[n++] = x->valuedouble;
         if (cJSON_IsNumber(a)) {
             if (isnan(acc0)) acc0 = a->valuedouble;
             else acc1 = a->valuedouble;
@@ -194,19 +194,19 @@ START_TEST(test_grpo_learns) {
         cJSON_Delete(j);
     }
     free(m);
-    ck_assert_int_eq(n, 50);
+    ck_assert_int_eq(n, 100);
     double first = 0, last = 0;
     for (int i = 0; i < 10; i++) first += r[i] / 10, last += r[n - 10 + i] / 10;
-    printf("GRPO, 50 steps: sampled correctness %.3f -> %.3f, held-out accuracy %.3f -> %.3f\n", first, last, acc0, acc1);
+    printf("GRPO, 100 steps: sampled correctness %.3f -> %.3f, held-out accuracy %.3f -> %.3f\n", first, last, acc0, acc1);
     // The warm-up demonstrations forget 70% of the carries; GRPO's correctness reward fixes
-    // that on held-out problems (the training problems were seen in the warm-up). 100
-    // held-out problems, greedy: a rise of 10 points is 10 problems that flipped to right.
+    // that on held-out problems (the training problems were seen in the warm-up). All 149
+    // held-out problems, greedy: a rise of 10 points is 15 problems that flipped to right.
     ck_assert_msg(acc1 >= acc0 + 0.10, "held-out accuracy did not rise: %.3f -> %.3f", acc0, acc1);
     ck_assert_msg(last >= first - 0.02, "sampled correctness fell: %.3f -> %.3f", first, last);
     char p[2048];
     snprintf(p, sizeof p, "%s/plot.svg", dir);
     ck_assert(file_exists(p));
-    snprintf(p, sizeof p, "%s/checkpoint-50/adapter_config.json", dir);
+    snprintf(p, sizeof p, "%s/checkpoint-100/adapter_config.json", dir);
     ck_assert(file_exists(p));
 }
 END_TEST
