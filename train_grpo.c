@@ -200,7 +200,7 @@ static void parse_args(int argc, char **argv, Opts *o, GrpoConfig *g) {
         char *end;
         void *p = (char *)o + d->off;
         switch (d->kind) {
-            case O_STR: *(const char **)p = argv[i][0] == '-' && eq ? str_dup(val) : (eq ? str_dup(val) : val); break;
+            case O_STR: *(const char **)p = eq ? str_dup(val) : val; break;  // --k=v lives in a local buffer
             case O_FLAG:
             case O_INT:
             case O_LONG: {
@@ -536,7 +536,7 @@ static void metrics_truncate(const char *path, int upto) {
 // ----------------------------------------------------------------------------
 // the run
 
-typedef struct {  // what the plot needs, per step
+typedef struct {  // what the plot needs, per step (reward: the sampled correctness)
     double *step, *reward, *acc, *kl, *len;
     int n, cap;
 } History;
@@ -917,6 +917,5 @@ int main(int argc, char **argv) {
     model_free(&m);
     tokenizer_free(tok);
     task_free(&task);
-    (void)acc_warm;
     return 0;
 }
