@@ -1214,6 +1214,9 @@ static void cu_graph_destroy(void *graph) {
     if (graph) cudaCheck(cudaGraphExecDestroy((cudaGraphExec_t)graph));
 }
 
+// for dev/ tools (dev/op_profile.h): the stream every op runs on
+extern "C" void *backend_cuda_stream(void) { return G.stream; }
+
 static Backend be = {
     .name = "cuda",
     .act = DT_BF16,

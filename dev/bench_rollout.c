@@ -7,6 +7,8 @@
 //
 //   make bench-rollout && ./build/bench_rollout --model 0.6b --fp8 block,off --batch 64,256
 //   ./build/bench_rollout --model 8b --fp8 block,off --batch 64 --startup /tmp/q8b
+// With --profile, one more rollout per row runs without graphs, every op timed by CUDA
+// events (dev/op_profile.h): the GPU time per op category per decode step.
 // Prints one summary table last.
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
@@ -14,6 +16,7 @@
 
 #include "lora.h"
 #include "model.h"
+#include "op_profile.h"
 #include "qwen3_shapes.h"
 #include "rollout.h"
 #include "safetensors.h"
@@ -46,6 +49,8 @@ static double decode_floor_ms(const Config *c, const Model *m, int S, int prompt
     double kv = ctx * S * c->L * 2.0 * c->KVH * c->HD * 2;
     return (lin + head + kv) / 3.0e12 * 1e3;
 }
+
+static int profile;  // --profile
 
 static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nnew, int rank, int graphs) {
     const Backend *be = backend_select("cuda", 0);
@@ -87,6 +92,21 @@ static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nne
         m.no_graphs = 0;
         row.same_as_no_graphs = memcmp(ro.ids, ref.ids, (size_t)S * nnew * sizeof(int)) == 0;
         rollout_free(&ref);
+    }
+    if (profile) {  // decode only: the prefill runs unprofiled first, then a rollout of the same shape
+        Backend W;
+        prof_install(be, &W);
+        m.be = &W;
+        if (lo) lo->be = &W;
+        Rollout pr;
+        rollout_run(&m, &rc, P, (const int *const *)prompts, plens, seeds, &pr);
+        m.be = be;
+        if (lo) lo->be = be;
+        char title[160];
+        snprintf(title, sizeof title, "rollout %s, fp8 %s, batch %d, prompt %d + %d (prefill included once)", size,
+                 fp8_gran_name(gran), S, prompt, nnew);
+        prof_report(stdout, title, (pr.prefill_s + pr.decode_s) * 1e3, pr.decode_steps);
+        rollout_free(&pr);
     }
     row.prefill_s = ro.prefill_s;
     row.decode_s = ro.decode_s;
@@ -172,8 +192,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--lora") && i + 1 < argc) rank = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--startup") && i + 1 < argc) startup_dir = argv[++i];
         else if (!strcmp(argv[i], "--graphs") && i + 1 < argc) graph_list = argv[++i];
+        else if (!strcmp(argv[i], "--profile")) profile = 1;
         else die("usage: bench_rollout [--model 0.6b|8b] [--fp8 block,row,tensor,off] [--batch 64,256] [--prompt 128] "
-                 "[--new 256] [--generations G] [--lora r] [--graphs on,off] [--startup DIR]");
+                 "[--new 256] [--generations G] [--lora r] [--graphs on,off] [--profile] [--startup DIR]");
     }
     const Backend *be = backend_select("cuda", 1);
     (void)be;

@@ -2,8 +2,8 @@
 // One step = model_forward + model_logprobs + model_backward + lora_adamw_step (+ zeroing the
 // gradients), timed CUDA-synchronized; the median of several steps after warm-up. Memory from
 // cudaMemGetInfo (what this process holds beyond the CUDA context), split by part.
-// With --profile, one more step runs with every backend op synchronized and timed (slower
-// overall, but it shows where the time goes), and attention / GEMM TFLOP/s are derived from it.
+// With --profile, one more step runs with every backend op timed by CUDA events (dev/op_profile.h),
+// and attention / GEMM TFLOP/s are derived from it.
 //
 //   make bench-train && ./build/bench_train --model 0.6b --fp8 block,row,tensor,off --batch 8 --seq 1024
 //   ./build/bench_train --model 8b --fp8 block --batch 4 --seq 1024
@@ -15,6 +15,7 @@
 
 #include "lora.h"
 #include "model.h"
+#include "op_profile.h"
 #include "qwen3_shapes.h"
 
 
@@ -28,82 +29,6 @@ static double gib(size_t b) { return b / 1073741824.0; }
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
-}
-
-// ---- the profiling wrapper: every op synchronized and timed ----------------------------------
-enum { P_LIN_F, P_LIN_B, P_LORA_F, P_LORA_B, P_ATT_F, P_ATT_B, P_NORM, P_ROPE, P_SWIGLU, P_ADD, P_HEAD_F, P_HEAD_B,
-       P_EMB, P_OPT, P_MEM, P_COUNT };
-static const char *pname[P_COUNT] = {"linear forward (FP8 quantize + GEMM)", "linear backward (dX)", "LoRA forward",
-                                     "LoRA backward", "attention forward", "attention backward", "rmsnorm f+b",
-                                     "rope f+b", "swiglu f+b", "residual add", "logprobs forward (lm head)",
-                                     "logprobs backward (lm head)", "embedding", "AdamW + grad zero",
-                                     "memcpy / memset"};
-static double ptime[P_COUNT];
-static long pcalls[P_COUNT];
-static const Backend *R;
-static Backend W;
-#define T0 R->sync(); double t0_ = now_sec()
-#define T1(k) R->sync(); ptime[k] += now_sec() - t0_; pcalls[k]++
-static void w_linear_forward(void *out, const void *inp, const QWeight *w, const void *bias, int N) {
-    T0; R->linear_forward(out, inp, w, bias, N); T1(P_LIN_F);
-}
-static void w_linear_backward(void *dinp, int acc, void *dw, void *db, const void *dout, const void *inp, const QWeight *w, int N) {
-    T0; R->linear_backward(dinp, acc, dw, db, dout, inp, w, N); T1(P_LIN_B);
-}
-static void w_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, float s, int N, int C, int Rk, int OC) {
-    T0; R->lora_forward(out, ax, inp, A, B, s, N, C, Rk, OC); T1(P_LORA_F);
-}
-static void w_lora_backward(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax, const void *A,
-                            const void *B, float s, int N, int C, int Rk, int OC) {
-    T0; R->lora_backward(dinp, dA, dB, dout, inp, ax, A, B, s, N, C, Rk, OC); T1(P_LORA_B);
-}
-static void w_att_f(void *out, void *lse, const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD) {
-    T0; R->attention_forward(out, lse, q, k, v, B, T, NH, KVH, HD); T1(P_ATT_F);
-}
-static void w_att_b(void *dq, void *dk, void *dv, const void *dout, const void *out, const void *lse, const void *q,
-                    const void *k, const void *v, int B, int T, int NH, int KVH, int HD) {
-    T0; R->attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, KVH, HD); T1(P_ATT_B);
-}
-static void w_norm_f(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
-    T0; R->rmsnorm_forward(out, rstd, inp, w, N, C, eps); T1(P_NORM);
-}
-static void w_norm_b(void *dinp, void *dw, const void *dout, const void *inp, const void *w, const void *rstd, int N, int C) {
-    T0; R->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C); T1(P_NORM);
-}
-static void w_rope_f(void *x, const int32_t *pos, const void *f, int N, int H, int HD) { T0; R->rope_forward(x, pos, f, N, H, HD); T1(P_ROPE); }
-static void w_rope_b(void *x, const int32_t *pos, const void *f, int N, int H, int HD) { T0; R->rope_backward(x, pos, f, N, H, HD); T1(P_ROPE); }
-static void w_swiglu_f(void *o, const void *g, const void *u, size_t n) { T0; R->swiglu_forward(o, g, u, n); T1(P_SWIGLU); }
-static void w_swiglu_b(void *dg, void *du, const void *d, const void *g, const void *u, size_t n) {
-    T0; R->swiglu_backward(dg, du, d, g, u, n); T1(P_SWIGLU);
-}
-static void w_add(void *o, const void *a, const void *b, size_t n) { T0; R->add(o, a, b, n); T1(P_ADD); }
-static void w_logp_f(void *logp, void *lse, const void *h, const void *wlm, const int32_t *t, float it, int N, int C, int V) {
-    T0; R->logprobs_forward(logp, lse, h, wlm, t, it, N, C, V); T1(P_HEAD_F);
-}
-static void w_logp_b(void *dh, void *dwlm, const void *dl, const void *lse, const void *h, const void *wlm, const int32_t *t,
-                     float it, int N, int C, int V) {
-    T0; R->logprobs_backward(dh, dwlm, dl, lse, h, wlm, t, it, N, C, V); T1(P_HEAD_B);
-}
-static void w_emb_f(void *out, const int32_t *ids, const void *wte, int N, int C) { T0; R->embedding_forward(out, ids, wte, N, C); T1(P_EMB); }
-static void w_adamw(void *p, const void *g, void *m, void *v, size_t n, float lr, float b1, float b2, float eps, float wd, int step) {
-    T0; R->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, step); T1(P_OPT);
-}
-static void w_zero(void *p, size_t bytes) { T0; R->zero(p, bytes); T1(P_MEM); }
-static void w_upload(void *d, const void *s, size_t b) { T0; R->upload(d, s, b); T1(P_MEM); }
-static void w_upload_convert(void *d, DType dt, const void *s, DType st, size_t n) { T0; R->upload_convert(d, dt, s, st, n); T1(P_MEM); }
-
-static void make_profiler(const Backend *real) {
-    R = real;
-    W = *real;
-    W.linear_forward = w_linear_forward; W.linear_backward = w_linear_backward;
-    W.lora_forward = w_lora_forward; W.lora_backward = w_lora_backward;
-    W.attention_forward = w_att_f; W.attention_backward = w_att_b;
-    W.rmsnorm_forward = w_norm_f; W.rmsnorm_backward = w_norm_b;
-    W.rope_forward = w_rope_f; W.rope_backward = w_rope_b;
-    W.swiglu_forward = w_swiglu_f; W.swiglu_backward = w_swiglu_b; W.add = w_add;
-    W.logprobs_forward = w_logp_f; W.logprobs_backward = w_logp_b;
-    W.embedding_forward = w_emb_f; W.adamw = w_adamw;
-    W.zero = w_zero; W.upload = w_upload; W.upload_convert = w_upload_convert;
 }
 
 // ---- one configuration ----------------------------------------------------------------------
@@ -181,19 +106,22 @@ static Result run(const char *size, FP8Gran gran, int B, int T, int steps, int w
     res.scratch = gib(used > wbytes + lbytes + m.acts.bytes + ax ? used - wbytes - lbytes - m.acts.bytes - ax : 0);
     fprintf(stderr, "  mean logp %.4f (finite: %s)\n", mean_logp, mean_logp == mean_logp ? "yes" : "NO");
     if (profile) {
-        memset(ptime, 0, sizeof ptime);
-        memset(pcalls, 0, sizeof pcalls);
-        make_profiler(be);
+        Backend W;
+        prof_install(be, &W);
         m.be = &W;
         lo->be = &W;
+        be->sync();
+        double t0p = now_sec();
         one_step(&m, lo, ids, tg, dl, logp, B, T);
+        be->sync();
+        double wall = (now_sec() - t0p) * 1e3;
         m.be = be;
         lo->be = be;
-        double tot = 0;
-        for (int k = 0; k < P_COUNT; k++) tot += ptime[k];
-        printf("\nprofile (%s, fp8 %s, every op synchronized; sum %.1f ms):\n", size, fp8_gran_name(gran), tot * 1e3);
-        for (int k = 0; k < P_COUNT; k++)
-            if (pcalls[k]) printf("  %-40s %8.2f ms  %5.1f%%  (%ld calls)\n", pname[k], ptime[k] * 1e3, 100 * ptime[k] / tot, pcalls[k]);
+        char title[128];
+        snprintf(title, sizeof title, "one training step, %s, fp8 %s", size, fp8_gran_name(gran));
+        prof_report(stdout, title, wall, 0);
+        double ptime[P_COUNT];
+        for (int k = 0; k < P_COUNT; k++) ptime[k] = prof_ms[k] * 1e-3;
         // useful FLOPs (causal: half the T x T pairs; backward counted as 2.5x forward as FlashAttention does)
         double pairs = (double)B * cfg.NH * T * (T + 1) / 2;
         double af = 4.0 * pairs * cfg.HD * cfg.L;
