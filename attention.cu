@@ -822,6 +822,130 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     }
 }
 
+// The fast path for HD in {32, 64, 128, 256} (every model we know): LPT = HD/8 lanes share a
+// token, each lane holding 8 consecutive dims (one 16-byte load of K and one of V), so a warp
+// covers 32/LPT tokens at once and U steps of them are loaded before any is used: many
+// loads in flight per lane, which is what a memory-bound kernel needs (the kernel above
+// has one token per warp and waits on each load). Scores reduce over LPT lanes only.
+// REP: query heads handled per block (the GQA group, or 8 of it); the register arrays
+// are sized by it, so small groups (Qwen3-0.6B: 2, -8B: 4) use few registers.
+// Grid (splits, KVH * groups, S), 4 warps. Same partial format as attn_decode_kernel.
+template <int HD, int REP>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+    attn_decode_vec_kernel(bf16 *out, float *part, const bf16 *q, const bf16 *kc, const bf16 *vc, const int32_t *bt,
+                           const int32_t *lens, int NH, int KVH, int BS, int MB, int ngroups, int nsplit, int tps,
+                           float sc) {
+    constexpr int LPT = HD / 8, TPW = 32 / LPT, U = REP <= 4 ? 4 : 2, STEP = DEC_WARPS * TPW;
+    __shared__ float sm_m[DEC_WARPS][REP], sm_l[DEC_WARPS][REP];
+    __shared__ float sm_acc[DEC_WARPS][REP][HD];
+    const int sp = blockIdx.x, s = blockIdx.z, kvh = blockIdx.y / ngroups, grp = blockIdx.y % ngroups;
+    const int rep = NH / KVH, h0 = kvh * rep + grp * REP, nh = min(REP, rep - grp * REP);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane / LPT, c = lane % LPT;
+    const int len = lens[s], tb = sp * tps, te = min(len, tb + tps);
+    float qf[REP][8], acc[REP][8], m[REP], l[REP];
+#pragma unroll
+    for (int r = 0; r < REP; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+        uint4 raw = make_uint4(0, 0, 0, 0);
+        if (r < nh) raw = *(const uint4 *)(q + ((size_t)s * NH + h0 + r) * HD + c * 8);
+        const __nv_bfloat162 *p2 = (const __nv_bfloat162 *)&raw;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 f = __bfloat1622float2(p2[i]);
+            qf[r][2 * i] = f.x * sc;  // the softmax scale folded into q
+            qf[r][2 * i + 1] = f.y * sc;
+            acc[r][2 * i] = acc[r][2 * i + 1] = 0.f;
+        }
+    }
+    // the loop bound is uniform over the warp (the shuffles below need every lane)
+    for (int base = tb + warp * TPW; base < te; base += STEP * U) {
+        const int t0 = base + g;
+        uint4 kr[U], vr[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {  // every load of the step first
+            int t = t0 + u * STEP;
+            kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+            if (t < te) {
+                size_t off = (((size_t)bt[(size_t)s * MB + t / BS] * BS + t % BS) * KVH + kvh) * HD + c * 8;
+                kr[u] = __ldg((const uint4 *)(kc + off));
+                vr[u] = __ldg((const uint4 *)(vc + off));
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const bool ok = t0 + u * STEP < te;  // uniform over the LPT lanes of a token
+            float kf[8], vf[8];
+            const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)&kr[u], *v2 = (const __nv_bfloat162 *)&vr[u];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float2 a = __bfloat1622float2(k2[i]), b = __bfloat1622float2(v2[i]);
+                kf[2 * i] = a.x, kf[2 * i + 1] = a.y, vf[2 * i] = b.x, vf[2 * i + 1] = b.y;
+            }
+#pragma unroll
+            for (int r = 0; r < REP; r++) {
+                float d = 0.f;
+#pragma unroll
+                for (int i = 0; i < 8; i++) d += qf[r][i] * kf[i];
+#pragma unroll
+                for (int o = LPT / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                if (ok && r < nh) {
+                    float mnew = fmaxf(m[r], d), a = __expf(m[r] - mnew), p = __expf(d - mnew);
+                    l[r] = l[r] * a + p;
+                    m[r] = mnew;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[r][i] = acc[r][i] * a + p * vf[i];
+                }
+            }
+        }
+    }
+    // merge the TPW tokens slots of the warp (lanes c, c + LPT, ...), then the warps through shared memory
+#pragma unroll
+    for (int o = LPT; o < 32; o <<= 1)
+#pragma unroll
+        for (int r = 0; r < REP; r++) {
+            float m2 = __shfl_xor_sync(0xffffffffu, m[r], o), l2 = __shfl_xor_sync(0xffffffffu, l[r], o);
+            float M = fmaxf(m[r], m2);
+            float a = M == -INFINITY ? 0.f : __expf(m[r] - M), b = M == -INFINITY ? 0.f : __expf(m2 - M);
+            l[r] = l[r] * a + l2 * b;
+            m[r] = M;
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[r][i] = acc[r][i] * a + __shfl_xor_sync(0xffffffffu, acc[r][i], o) * b;
+        }
+    if (g == 0)
+#pragma unroll
+        for (int r = 0; r < REP; r++) {
+            if (c == 0) {
+                sm_m[warp][r] = m[r];
+                sm_l[warp][r] = l[r];
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) sm_acc[warp][r][c * 8 + i] = acc[r][i];
+        }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < nh * HD; idx += blockDim.x) {
+        int r = idx / HD, d = idx % HD, h = h0 + r;
+        float M = -INFINITY, L = 0.f, A = 0.f;
+        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm_m[w][r]);
+        if (M != -INFINITY)
+            for (int w = 0; w < DEC_WARPS; w++) {
+                if (sm_m[w][r] == -INFINITY) continue;
+                float f = __expf(sm_m[w][r] - M);
+                L += sm_l[w][r] * f;
+                A += sm_acc[w][r][d] * f;
+            }
+        if (nsplit == 1) out[((size_t)s * NH + h) * HD + d] = __float2bfloat16_rn(L > 0.f ? A / L : 0.f);
+        else {
+            float *pp = part + (((size_t)s * NH + h) * nsplit + sp) * (HD + 2);
+            if (d == 0) {
+                pp[0] = M;
+                pp[1] = L;
+            }
+            pp[2 + d] = A;
+        }
+    }
+}
+
 __global__ void attn_decode_combine(bf16 *out, const float *part, int NH, int HD, int nsplit) {
     const int h = blockIdx.x, s = blockIdx.y;
     const float *pp = part + ((size_t)s * NH + h) * nsplit * (HD + 2);
@@ -878,13 +1002,28 @@ void attention_decode_cuda(void *out, const void *q, const void *kc, const void 
     dim3 grid(ns, KVH * ngroups, S);
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)kc, *vv = (const bf16 *)vc;
+    // the vectorized kernel where HD has a template and every row is 16-byte aligned
+    int vec = (HD == 32 || HD == 64 || HD == 128 || HD == 256) &&
+              !(((uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc) & 15);
+    int REP = rep <= 2 ? 2 : rep <= 4 ? 4 : DEC_MAXREP;  // groups of more than 8 take ngroups blocks of 8
+#define DEC_VEC(H, R)                                                                                            \
+    attn_decode_vec_kernel<H, R><<<grid, DEC_WARPS * 32, 0, st>>>(o, scratch, qq, kk, vv, block_table, seq_lens, \
+                                                                   NH, KVH, BS, MB, ngroups, ns, tps, sc)
+#define DEC_VEC_H(H) \
+    if (REP == 2) DEC_VEC(H, 2); else if (REP == 4) DEC_VEC(H, 4); else DEC_VEC(H, 8)
 #define DEC_LAUNCH(NP)                                                                                           \
     attn_decode_kernel<NP><<<grid, DEC_WARPS * 32, 0, st>>>(o, scratch, qq, kk, vv, block_table, seq_lens, NH, KVH, \
                                                              HD, BS, MB, ngroups, ns, tps, sc)
-    if (HD <= 64) DEC_LAUNCH(1);
+    if (vec && HD == 32) DEC_VEC_H(32);
+    else if (vec && HD == 64) DEC_VEC_H(64);
+    else if (vec && HD == 128) DEC_VEC_H(128);
+    else if (vec && HD == 256) DEC_VEC_H(256);
+    else if (HD <= 64) DEC_LAUNCH(1);
     else if (HD <= 128) DEC_LAUNCH(2);
     else DEC_LAUNCH(4);
 #undef DEC_LAUNCH
+#undef DEC_VEC_H
+#undef DEC_VEC
     launchCheck();
     if (ns > 1) {
         attn_decode_combine<<<dim3(NH, S), 128, 0, st>>>(o, scratch, NH, HD, ns);

@@ -171,6 +171,10 @@ struct Backend {
     void *(*graph_end)(void);
     void (*graph_launch)(void *graph);
     void (*graph_destroy)(void *graph);
+    // A counter the backend bumps whenever it moves memory of its own that ops use (scratch
+    // buffers grown for a larger shape): a graph captured before the counter changed points
+    // at freed memory and must not be replayed.
+    unsigned (*scratch_epoch)(void);
 };
 
 // the backends

@@ -82,6 +82,7 @@ static struct {
     void *scratch[SC_COUNT];
     size_t scratch_bytes[SC_COUNT];
     double *sum_host;  // pinned, sumsq result
+    unsigned epoch;    // bumped when a scratch buffer moves (backend.h scratch_epoch)
 } G;
 
 static void *scratch(int i, size_t bytes) {
@@ -99,6 +100,7 @@ static void *scratch(int i, size_t bytes) {
                 want / 1048576.0, fr / 1048576.0, tot / 1048576.0);
         }
         G.scratch_bytes[i] = want;
+        G.epoch++;  // graphs captured before hold the old pointer
     }
     return G.scratch[i];
 }
@@ -971,28 +973,23 @@ __device__ int scan_find(W w, int n, double target, double *total_out) {
     return -1;
 }
 
-// pass 1: argmax (lowest index on ties), max, the sum of exp(z/T - max) and lse; draws u
-__global__ void sample_stats_kernel(SampleRow *st, const float *logits, uint64_t *rng, int V, float temperature) {
-    int s = blockIdx.x;
-    const float *z = logits + (size_t)s * V;
+// The row is cut into NSEG segments so that S rows keep S * NSEG blocks busy (one block
+// per row leaves most of the GPU idle at S = 64 and walks 151,936 logits serially).
+#define NSEG 16
+
+// (value, index) max with the lowest index on ties; index V means "none yet"
+__device__ __forceinline__ void argmax_merge(float &best, int &bidx, float b2, int i2, int V) {
+    if (i2 != V && (bidx == V || b2 > best || (b2 == best && i2 < bidx))) {
+        best = b2;
+        bidx = i2;
+    }
+}
+__device__ void block_argmax(float &best, int &bidx, int V) {
     __shared__ float bv[SB / 32];
     __shared__ int bi[SB / 32];
-    // argmax, lowest index on ties: each thread's first candidate, then strict > in index order
-    float best = -INFINITY;
-    int bidx = V;  // V: none yet
-    for (int j = threadIdx.x; j < V; j += SB)
-        if (bidx == V || z[j] > best) {
-            best = z[j];
-            bidx = j;
-        }
-    for (int o = 16; o > 0; o >>= 1) {
-        float b2 = __shfl_xor_sync(0xffffffffu, best, o);
-        int i2 = __shfl_xor_sync(0xffffffffu, bidx, o);
-        if (i2 != V && (bidx == V || b2 > best || (b2 == best && i2 < bidx))) {
-            best = b2;
-            bidx = i2;
-        }
-    }
+    for (int o = 16; o > 0; o >>= 1)
+        argmax_merge(best, bidx, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bidx, o), V);
+    __syncthreads();
     if ((threadIdx.x & 31) == 0) {
         bv[threadIdx.x >> 5] = best;
         bi[threadIdx.x >> 5] = bidx;
@@ -1000,45 +997,90 @@ __global__ void sample_stats_kernel(SampleRow *st, const float *logits, uint64_t
     __syncthreads();
     best = bv[0];
     bidx = bi[0];
-    for (int w = 1; w < SB / 32; w++)
-        if (bi[w] != V && (bidx == V || bv[w] > best || (bv[w] == best && bi[w] < bidx))) {
-            best = bv[w];
-            bidx = bi[w];
-        }
-    double T = temperature > 0 ? (double)temperature : 1.0, mx = (double)z[bidx] / T, total;
-    scan_find([&](int j) { return exp((double)z[j] / T - mx); }, V, INFINITY, &total);
+    for (int w = 1; w < SB / 32; w++) argmax_merge(best, bidx, bv[w], bi[w], V);
+}
+__device__ __forceinline__ void seg_range(int seg, int V, int *j0, int *j1) {
+    int len = (V + NSEG - 1) / NSEG;
+    *j0 = min(V, seg * len);
+    *j1 = min(V, *j0 + len);
+}
+
+// pass 1, grid (NSEG, S): each segment's argmax (lowest index on ties)
+__global__ void sample_segmax_kernel(float *segv, int *segi, const float *logits, int V) {
+    int seg = blockIdx.x, s = blockIdx.y, j0, j1;
+    seg_range(seg, V, &j0, &j1);
+    const float *z = logits + (size_t)s * V;
+    float best = -INFINITY;
+    int bidx = V;
+    for (int j = j0 + threadIdx.x; j < j1; j += SB) argmax_merge(best, bidx, z[j], j, V);
+    block_argmax(best, bidx, V);
     if (threadIdx.x == 0) {
-        SampleRow r;
-        r.mx = mx;
-        r.sum = total;
-        r.lse = mx + log(total);
-        r.T = T;
-        r.arg = bidx;
-        r.u = 0;
-        if (temperature > 0) {
-            uint64_t x = rng[s];
-            r.u = (double)(splitmix64_dev(&x) >> 11) * (1.0 / 9007199254740992.0);
-            rng[s] = x;
-        }
-        st[s] = r;
+        segv[s * NSEG + seg] = best;
+        segi[s * NSEG + seg] = bidx;
     }
 }
 
-// pass 2 (no truncation): the first index whose running sum of exp(z/T - mx) exceeds u * sum
-__global__ void sample_plain_kernel(int32_t *tokens, float *logp, const SampleRow *st, const float *logits, int V,
-                                    int greedy) {
+// the row's argmax from its segments, in segment order (so ties go to the lowest index)
+__device__ __forceinline__ int row_argmax(const float *segv, const int *segi, int s, int V) {
+    float best = -INFINITY;
+    int bidx = V;
+    for (int k = 0; k < NSEG; k++) argmax_merge(best, bidx, segv[s * NSEG + k], segi[s * NSEG + k], V);
+    return bidx;
+}
+
+// pass 2, grid (NSEG, S): each segment's sum of exp(z/T - mx), mx = max z / T; a fixed order
+// (SITEMS-runs per thread, then block_scan_incl's fixed tree), so the result repeats
+__global__ void sample_segsum_kernel(double *segsum, const float *segv, const int *segi, const float *logits, int V,
+                                     double T) {
+    int seg = blockIdx.x, s = blockIdx.y, j0, j1;
+    seg_range(seg, V, &j0, &j1);
+    const float *z = logits + (size_t)s * V;
+    double mx = (double)z[row_argmax(segv, segi, s, V)] / T, total;
+    scan_find([&](int j) { return exp((double)z[j0 + j] / T - mx); }, j1 - j0, INFINITY, &total);
+    if (threadIdx.x == 0) segsum[s * NSEG + seg] = total;
+}
+
+// pass 3, grid S: lse and the draw u; without truncation also the token: the segment where
+// the running sum (segments in order) passes u * sum, then the index within it
+__global__ void sample_finish_kernel(SampleRow *st, int32_t *tokens, float *logp, const double *segsum,
+                                     const float *segv, const int *segi, const float *logits, uint64_t *rng, int V,
+                                     float temperature, int pick) {
     int s = blockIdx.x;
     const float *z = logits + (size_t)s * V;
-    SampleRow r = st[s];
-    int tok = r.arg;
-    if (!greedy) {
+    double T = temperature > 0 ? (double)temperature : 1.0, total = 0;
+    int arg = row_argmax(segv, segi, s, V);
+    double mx = (double)z[arg] / T;
+    for (int k = 0; k < NSEG; k++) total += segsum[s * NSEG + k];
+    SampleRow r;
+    r.mx = mx;
+    r.sum = total;
+    r.lse = mx + log(total);
+    r.T = T;
+    r.arg = arg;
+    r.u = 0;
+    if (temperature > 0) {
+        uint64_t x = rng[s];  // every thread draws the same u; thread 0 stores the state
+        r.u = (double)(splitmix64_dev(&x) >> 11) * (1.0 / 9007199254740992.0);
+        __syncthreads();
+        if (threadIdx.x == 0) rng[s] = x;
+    }
+    if (threadIdx.x == 0) st[s] = r;
+    if (!pick) return;
+    int tok = arg;
+    if (temperature > 0) {
+        double target = r.u * total, before = 0;
+        int k = 0;
+        while (k < NSEG - 1 && before + segsum[s * NSEG + k] <= target) before += segsum[s * NSEG + k++];
+        int j0, j1;
+        seg_range(k, V, &j0, &j1);
         double dummy;
-        int f = scan_find([&](int j) { return exp((double)z[j] / r.T - r.mx); }, V, r.u * r.sum, &dummy);
-        tok = f >= 0 ? f : V - 1;
+        int f = scan_find([&](int j) { return exp((double)z[j0 + j] / T - mx); }, j1 - j0, target - before, &dummy);
+        // not found: rounding put the target at the segment's very end
+        tok = f >= 0 ? j0 + f : j1 - 1;
     }
     if (threadIdx.x == 0) {
         tokens[s] = tok;
-        logp[s] = (float)((double)z[tok] / r.T - r.lse);
+        logp[s] = (float)((double)z[tok] / T - r.lse);
     }
 }
 
@@ -1083,17 +1125,24 @@ __global__ void iota_rows_kernel(int32_t *ids, int32_t *offsets, int S, int V) {
 static void cu_sample(int32_t *tokens, void *logp, const void *logits, uint64_t *rng, int S, int V, float temperature,
                       int top_k, float top_p) {
     if (S <= 0) return;
-    SampleRow *st = (SampleRow *)scratch(SC_SMALL, (size_t)S * sizeof(SampleRow) + (size_t)(S + 1) * 4 + 256);
-    int32_t *offsets = (int32_t *)((char *)st + ((size_t)S * sizeof(SampleRow) + 255) / 256 * 256);
+    size_t off_seg = ((size_t)S * sizeof(SampleRow) + (size_t)(S + 1) * 4 + 255) / 256 * 256;
+    char *small = (char *)scratch(SC_SMALL, off_seg + (size_t)S * NSEG * (8 + 4 + 4) + 256);
+    SampleRow *st = (SampleRow *)small;
+    int32_t *offsets = (int32_t *)(small + ((size_t)S * sizeof(SampleRow) + 255) / 256 * 256);
+    double *segsum = (double *)(small + off_seg);
+    float *segv = (float *)(segsum + (size_t)S * NSEG);
+    int *segi = (int *)(segv + (size_t)S * NSEG);
     const float *z = (const float *)logits;
-    sample_stats_kernel<<<S, SB, 0, G.stream>>>(st, z, rng, V, temperature);
+    double T = temperature > 0 ? (double)temperature : 1.0;
+    int plain = !(temperature > 0) || (top_k <= 0 && top_p >= 1.0f);
+    sample_segmax_kernel<<<dim3(NSEG, S), SB, 0, G.stream>>>(segv, segi, z, V);
     launchCheck();
-    int greedy = !(temperature > 0);
-    if (greedy || (top_k <= 0 && top_p >= 1.0f)) {
-        sample_plain_kernel<<<S, SB, 0, G.stream>>>(tokens, (float *)logp, st, z, V, greedy);
-        launchCheck();
-        return;
-    }
+    sample_segsum_kernel<<<dim3(NSEG, S), SB, 0, G.stream>>>(segsum, segv, segi, z, V, T);
+    launchCheck();
+    sample_finish_kernel<<<S, SB, 0, G.stream>>>(st, tokens, (float *)logp, segsum, segv, segi, z, rng, V, temperature,
+                                                 plain);
+    launchCheck();
+    if (plain) return;
     // sort each row by logit (descending, stable, so equal logits keep ascending ids)
     size_t n = (size_t)S * V, temp = 0;
     cudaCheck(cub::DeviceSegmentedRadixSort::SortPairsDescending(NULL, temp, z, (float *)NULL, (int32_t *)NULL,
@@ -1213,6 +1262,7 @@ static void cu_graph_launch(void *graph) { cudaCheck(cudaGraphLaunch((cudaGraphE
 static void cu_graph_destroy(void *graph) {
     if (graph) cudaCheck(cudaGraphExecDestroy((cudaGraphExec_t)graph));
 }
+static unsigned cu_scratch_epoch(void) { return G.epoch + fp8_cuda_scratch_epoch(); }
 
 // for dev/ tools (dev/op_profile.h): the stream every op runs on
 extern "C" void *backend_cuda_stream(void) { return G.stream; }
@@ -1262,6 +1312,7 @@ static Backend be = {
     .graph_end = cu_graph_end,
     .graph_launch = cu_graph_launch,
     .graph_destroy = cu_graph_destroy,
+    .scratch_epoch = cu_scratch_epoch,
 };
 
 extern "C" const Backend *backend_cuda(char *why, size_t why_cap) {

@@ -69,6 +69,10 @@ static struct {
     LtPlan plans[PLAN_CACHE];
     int next_plan;
     const char *last;
+    float *sk_part;     // small-M kernel: split-K partials (ksplit, M, N) fp32, grown on demand
+    size_t sk_part_bytes;
+    unsigned epoch;     // bumped when scratch or sk_part moves
+    int sm_ksplit, sm_f16, sm_pipe;  // small-M kernel knobs (fp8_cuda_set_smallm): 0 / -1 = by shape / GPU
 } ctx;
 
 static int wgmma_probe(void);  // (Hopper section)
@@ -92,6 +96,7 @@ int fp8_cuda_init(void *stream) {
     cudaCheck(cudaMalloc(&ctx.amax, sizeof(float)));
     ctx.backend = FP8_GEMM_AUTO;
     ctx.last = "none";
+    ctx.sm_f16 = ctx.sm_pipe = -1;
     ctx.init = 1;
     ctx.wgmma = wgmma_probe();
     return ctx.has_fp8;
@@ -110,6 +115,7 @@ void fp8_cuda_free(void) {
     cudaFree(ctx.workspace);
     cudaFree(ctx.amax);
     for (int i = 0; i < 2; i++) cudaFree(ctx.scratch[i]);
+    cudaFree(ctx.sk_part);
     cublasLtDestroy(ctx.lt);
     memset(&ctx, 0, sizeof ctx);
 }
@@ -123,6 +129,12 @@ void fp8_cuda_set_backend(FP8GemmBackend b) { ctx.backend = b; }
 void fp8_cuda_set_fast_accum(int on) { ctx.fast_accum = on; }
 void fp8_cuda_set_wgmma_version(int v) { ctx.wgmma_version = v; }
 const char *fp8_cuda_last_backend(void) { return ctx.last; }
+unsigned fp8_cuda_scratch_epoch(void) { return ctx.epoch; }
+void fp8_cuda_set_smallm(int ksplit, int f16, int pipe) {
+    ctx.sm_ksplit = ksplit;
+    ctx.sm_f16 = f16;
+    ctx.sm_pipe = pipe;
+}
 
 static void *scratch(int i, size_t bytes) {
     if (ctx.scratch_bytes[i] < bytes) {
@@ -130,6 +142,7 @@ static void *scratch(int i, size_t bytes) {
         cudaFree(ctx.scratch[i]);
         cudaCheck(cudaMalloc(&ctx.scratch[i], bytes));
         ctx.scratch_bytes[i] = bytes;
+        ctx.epoch++;
     }
     return ctx.scratch[i];
 }
@@ -615,6 +628,215 @@ static void launch_v3(T *y, const GemmArgs &a) {
     else if (a.fx == FP8_E5M2 && a.fw == FP8_E4M3) launch_v3_f<T, FP8_E5M2, FP8_E4M3>(y, a);
     else if (a.fx == FP8_E4M3 && a.fw == FP8_E5M2) launch_v3_f<T, FP8_E4M3, FP8_E5M2>(y, a);
     else launch_v3_f<T, FP8_E5M2, FP8_E5M2>(y, a);
+}
+
+// ---- the small-M kernel (decode): M <= 64 rows, memory-bound -----------------------------
+// A decode step multiplies a few dozen tokens by every weight once, so the time is the time
+// to stream W from memory; a 128-wide tile kernel (cuBLASLt at M = 64) leaves most SMs idle
+// on N = 1024 and reads W at a fraction of the bandwidth. Here:
+//   - a block (4 warps) owns 64 output columns and a slice of K (split-K: enough blocks to
+//     fill the GPU even at N = 1024); each warp owns 16 of the columns for all 64 rows;
+//   - operands go straight from global memory to registers (no shared memory): each W byte
+//     is read by one thread once; X (a few KB) is read by every warp and stays in L1/L2;
+//   - 16-byte loads cover a 64-wide K step; the two m16n8k32 FP8 MMAs of the step take its
+//     bytes in a permuted K order, the same for X and W, so the dot products are unchanged;
+//   - each 64-wide K step is promoted with its scales (BLOCK: sx[m, kb] * sw[n/128, kb],
+//     as the reference does per 128; ROW / TENSOR: the same scales every step);
+//   - split-K: each block writes its fp32 partial tile and a second kernel sums the splits
+//     in order, so results do not depend on timing.
+#define SK_ROWS 64  // the most rows (M) the kernel takes
+#define SK_BN 64    // output columns per block
+
+// D (16x8 f32) += A (16x16 f16, row) * B (16x8 f16, col)
+__device__ __forceinline__ void mma_f16(float *d, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// two E4M3 codes (low byte first) -> f16x2, exactly (every E4M3 value is an f16)
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t two) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+
+// one 64-wide K step of an m16 x n8 tile: the 16 bytes per row a thread holds (K offsets
+// 16t..16t+15 of rows g and g+8 of A, of column g of B) feed the MMAs in a permuted K order
+// that is the same for both operands. F16: decode to f16 and run 4 m16n8k16 (Hopper has no
+// native FP8 mma.sync); else 2 m16n8k32 FP8 MMAs (native on sm_89 / sm_120).
+template <bool F16>
+__device__ __forceinline__ void smallm_step(float *p, const uint4 &r0, const uint4 &r1, const uint4 &w) {
+    const uint32_t x0[4] = {r0.x, r0.y, r0.z, r0.w}, x1[4] = {r1.x, r1.y, r1.z, r1.w}, wv[4] = {w.x, w.y, w.z, w.w};
+    if (F16) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {  // k16 step j takes word j: its low half is k (2t, 2t+1), its high half k + 8
+            uint32_t A[4] = {e4m3x2_f16x2(x0[j]), e4m3x2_f16x2(x1[j]), e4m3x2_f16x2(x0[j] >> 16), e4m3x2_f16x2(x1[j] >> 16)};
+            uint32_t B[2] = {e4m3x2_f16x2(wv[j]), e4m3x2_f16x2(wv[j] >> 16)};
+            mma_f16(p, A, B);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 2; j++) {  // k32 step j takes words 2j (k 4t..4t+3) and 2j+1 (k 16+4t..)
+            uint32_t A[4] = {x0[2 * j], x1[2 * j], x0[2 * j + 1], x1[2 * j + 1]};
+            uint32_t B[2] = {wv[2 * j], wv[2 * j + 1]};
+            mma_fp8<FP8_E4M3, FP8_E4M3>(p, A, B);
+        }
+    }
+}
+
+// GR: the granularity. BLOCK promotes each 64-wide K step with sx[m, kb] * sw[n/128, kb];
+// ROW and TENSOR accumulate the whole K and scale once at the end, as the reference does.
+// PIPE: the next K step's operands are loaded before this step's MMAs (software pipelining)
+template <typename T, int GR, bool F16, bool PIPE>
+__global__ void __launch_bounds__(128) gemm_fp8_smallm_kernel(T *y, GemmArgs a, int ksplit, float *part) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x, split = blockIdx.y, n0 = tile * SK_BN + warp * 16;
+    const int steps = a.K / 64, s0 = (int)((long)steps * split / ksplit), s1 = (int)((long)steps * (split + 1) / ksplit);
+    float acc[4][2][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+    // this thread's rows: g and g + 8 of each m16 tile (r = 2 * tile + half); columns 2t, 2t + 1 of each n8 tile
+    const uint8_t *xrow[8];
+    bool rok[8];
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        int m = (r >> 1) * 16 + (r & 1) * 8 + g;
+        rok[r] = m < a.M;
+        xrow[r] = a.x + (size_t)(rok[r] ? m : 0) * a.K + 16 * t;
+    }
+    const uint8_t *wrow[2] = {a.w + (size_t)(n0 + g) * a.K + 16 * t, a.w + (size_t)(n0 + 8 + g) * a.K + 16 * t};
+    const float *swrow = a.sw + (size_t)(n0 / FP8_BLOCK_SIZE) * a.ldsw;  // BLOCK: this warp's row of W scales
+    uint4 xa[8], wb[2], xn[8], wn[2];
+    auto load = [&](uint4 *xd, uint4 *wd, int k0) {
+#pragma unroll
+        for (int r = 0; r < 8; r++) xd[r] = rok[r] ? __ldg((const uint4 *)(xrow[r] + k0)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < 2; j++) wd[j] = __ldcs((const uint4 *)(wrow[j] + k0));  // streamed: read once
+    };
+    if (PIPE && s0 < s1) load(xa, wb, s0 * 64);
+    for (int st = s0; st < s1; st++) {
+        const int k0 = st * 64;
+        if (PIPE) {
+            if (st + 1 < s1) load(xn, wn, k0 + 64);
+        } else {
+            load(xa, wb, k0);
+        }
+        if (GR == FP8_BLOCK) {
+            const int kb = k0 / FP8_BLOCK_SIZE;
+            const float sw = swrow[kb];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float sx0 = rok[2 * i] ? a.sx[(size_t)kb * a.M + i * 16 + g] * sw : 0.f;
+                float sx1 = rok[2 * i + 1] ? a.sx[(size_t)kb * a.M + i * 16 + 8 + g] * sw : 0.f;
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    float p[4] = {0.f, 0.f, 0.f, 0.f};
+                    smallm_step<F16>(p, xa[2 * i], xa[2 * i + 1], wb[j]);
+                    acc[i][j][0] += p[0] * sx0, acc[i][j][1] += p[1] * sx0;
+                    acc[i][j][2] += p[2] * sx1, acc[i][j][3] += p[3] * sx1;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) smallm_step<F16>(acc[i][j], xa[2 * i], xa[2 * i + 1], wb[j]);
+        }
+        if (PIPE) {
+#pragma unroll
+            for (int r = 0; r < 8; r++) xa[r] = xn[r];
+            wb[0] = wn[0], wb[1] = wn[1];
+        }
+    }
+    if (GR != FP8_BLOCK)  // the scales, once
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    int m = i * 16 + (v >> 1) * 8 + g, n = n0 + j * 8 + 2 * t + (v & 1);
+                    float sx = m < a.M ? (GR == FP8_ROW ? a.sx[m] : a.sx[0]) : 0.f;
+                    acc[i][j][v] *= sx * (GR == FP8_ROW ? a.sw[n] : a.sw[0]);
+                }
+    // (row, column) of accumulator element (i, j, v): row i*16 + (v/2)*8 + g, column n0 + j*8 + 2t + v%2.
+    // Split over K: the partial goes to part[split] (M, N) fp32 and smallm_reduce sums the splits
+    // in order (deterministic; a last-arriving block summing them alone serialises on latency).
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                int m = i * 16 + (v >> 1) * 8 + g, n = n0 + j * 8 + 2 * t + (v & 1);
+                if (m >= a.M) continue;
+                if (ksplit > 1) part[((size_t)split * a.M + m) * a.N + n] = acc[i][j][v];
+                else store_out(y, a, m, n, acc[i][j][v]);
+            }
+}
+
+// Y (M, N) = the sum of the ksplit partials (M, N), in split order
+template <typename T>
+__global__ void smallm_reduce_kernel(T *y, GemmArgs a, int ksplit, const float *part) {
+    size_t n = (size_t)a.M * a.N;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float sum = 0.f;
+        for (int sp = 0; sp < ksplit; sp++) sum += part[sp * n + i];
+        store_out(y, a, (int)(i / a.N), (int)(i % a.N), sum);
+    }
+}
+
+// whether the small-M kernel takes this product (E4M3 x E4M3, M <= 64, N % 64 == 0, K % 64 == 0,
+// 16-byte aligned rows; an FP8 GPU)
+static int smallm_supported(const FP8Tensor *x, const FP8Tensor *w) {
+    int M = x->rows, N = w->rows, K = x->cols;
+    return ctx.cc >= 89 && x->fmt == FP8_E4M3 && w->fmt == FP8_E4M3 && M >= 1 && M <= SK_ROWS && N % SK_BN == 0 &&
+           K % 64 == 0 && !(((uintptr_t)x->data | (uintptr_t)w->data) & 15);
+}
+
+template <typename T>
+static void launch_smallm(T *y, const GemmArgs &a) {
+    int tiles = a.N / SK_BN, steps = a.K / 64;
+    // splits: about three blocks per SM (what fits by registers), each at least two K steps
+    int ksplit = cdiv(3 * ctx.sms, tiles);
+    if (ksplit > steps / 2) ksplit = steps / 2;
+    if (ctx.sm_ksplit > 0) ksplit = ctx.sm_ksplit;
+    if (ksplit > steps) ksplit = steps;
+    if (ksplit < 1) ksplit = 1;
+    if (ksplit > 1) {
+        size_t need = (size_t)ksplit * a.M * a.N * sizeof(float);
+        if (ctx.sk_part_bytes < need) {  // grows before any graph capture (the first, uncaptured step)
+            cudaCheck(cudaStreamSynchronize(ctx.stream));
+            cudaFree(ctx.sk_part);
+            cudaCheck(cudaMalloc(&ctx.sk_part, need));
+            ctx.sk_part_bytes = need;
+            ctx.epoch++;
+        }
+    }
+    // Hopper runs FP8 mma.sync slowly (no native path); decoding to f16 is exact and fast
+    bool f16 = ctx.sm_f16 >= 0 ? ctx.sm_f16 != 0 : ctx.cc == 90, pipe = ctx.sm_pipe >= 0 ? ctx.sm_pipe != 0 : true;
+    dim3 grid(tiles, ksplit);
+#define SK_LAUNCH(GR, F, P)                                                                                       \
+    gemm_fp8_smallm_kernel<T, GR, F, P><<<grid, 128, 0, ctx.stream>>>(y, a, ksplit, ctx.sk_part)
+#define SK_LAUNCH_G(GR)                                                                                           \
+    if (f16 && pipe) SK_LAUNCH(GR, true, true);                                                                   \
+    else if (f16) SK_LAUNCH(GR, true, false);                                                                     \
+    else if (pipe) SK_LAUNCH(GR, false, true);                                                                    \
+    else SK_LAUNCH(GR, false, false)
+    if (a.gran == FP8_BLOCK) { SK_LAUNCH_G(FP8_BLOCK); }
+    else if (a.gran == FP8_ROW) { SK_LAUNCH_G(FP8_ROW); }
+    else { SK_LAUNCH_G(FP8_TENSOR); }
+#undef SK_LAUNCH_G
+#undef SK_LAUNCH
+    launchCheck();
+    if (ksplit > 1) {
+        smallm_reduce_kernel<T><<<cdiv((long)a.M * a.N, 256), 256, 0, ctx.stream>>>(y, a, ksplit, ctx.sk_part);
+        launchCheck();
+    }
 }
 
 static GemmArgs gemm_args(const FP8Tensor *x, const FP8Tensor *w, int accumulate) {
@@ -1370,6 +1592,14 @@ void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, i
     }
     GemmArgs a = gemm_args(x, w, accumulate);
     FP8GemmBackend b = ctx.backend;
+    if (b == FP8_GEMM_KERNEL_SMALLM && smallm_supported(x, w)) {
+        if (ydt == DT_BF16) launch_smallm((__nv_bfloat16 *)y, a);
+        else launch_smallm((float *)y, a);
+        ctx.last = "kernel-smallm";
+        return;
+    }
+    if (b == FP8_GEMM_KERNEL_SMALLM)
+        die("fp8_gemm_cuda: the small-M kernel cannot run %dx%dx%d (needs E4M3, M <= 64, N %% 64 == 0, K %% 64 == 0)", M, N, K);
     char why[256];
     int wg = wgmma_supported(x, w, why, sizeof why);
     if (b == FP8_GEMM_KERNEL_WGMMA && !wg)

@@ -12,7 +12,8 @@
 //   fp8_dequantize_cuda(out, t)    -> bf16 or f32
 //   fp8_gemm_cuda(y, x, w)         Y[M,N] = X[M,K] W[N,K]^T, bf16 or f32 out; cuBLASLt where it
 //                                  supports the shape, else the hand-written kernels (on sm_90a
-//                                  TMA + wgmma, elsewhere mma.sync / tiled)
+//                                  TMA + wgmma, elsewhere mma.sync / tiled; a split-K small-M
+//                                  kernel on request)
 //   bf16_gemm_cuda(...)            the same product in BF16 (cuBLASLt): baseline and fallback
 //   fp8_linear_dx_cuda(...)        dX = dY W through a frozen FP8 weight (backward)
 #ifndef FP8_CUDA_H
@@ -37,6 +38,9 @@ typedef enum {
                            // K % 16 == 0), else mma.sync (K % 16 == 0, sm_89+), else the tiled one
     FP8_GEMM_KERNEL_MMA,   // the mma.sync kernel (tiled when K % 16 != 0), also on Hopper: for tests
     FP8_GEMM_KERNEL_WGMMA, // the Hopper wgmma kernel or a clear error
+    FP8_GEMM_KERNEL_SMALLM,// the small-M (decode) split-K kernel or a clear error. Not AUTO's choice: on the
+                           // H100 cuBLASLt matches it on small weights and is 2-3x faster on large ones
+                           // (dev/gemm_fp8.cu --decode; dev/RESULTS.md)
 } FP8GemmBackend;
 
 // Initialise on the current device; stream is a cudaStream_t (NULL = default stream).
@@ -56,8 +60,14 @@ void fp8_cuda_set_fast_accum(int on);
 // The wgmma kernel's tile: 0 = by shape (default), 6 = 128 x 128 tiles, 7 = 128 x 192 (versions of
 // dev/gemm_fp8.cu). For tests and benchmarks.
 void fp8_cuda_set_wgmma_version(int v);
-// the implementation the last fp8_gemm_cuda call used: "cublaslt", "kernel-wgmma", "kernel-mma",
-// "kernel-tiled", "bf16-fallback"
+// bumped whenever a buffer of the FP8 context moves (scratch grown for a larger shape): a CUDA graph
+// captured before the change must not be replayed (backend.h scratch_epoch)
+unsigned fp8_cuda_scratch_epoch(void);
+// The small-M kernel's knobs, for tests and benchmarks: ksplit (0 = by shape), f16 (decode E4M3 to
+// f16 and use f16 MMAs; -1 = on sm_90 only), pipe (load the next K step first; -1 = on)
+void fp8_cuda_set_smallm(int ksplit, int f16, int pipe);
+// the implementation the last fp8_gemm_cuda call used: "cublaslt", "kernel-smallm", "kernel-wgmma",
+// "kernel-mma", "kernel-tiled", "bf16-fallback"
 const char *fp8_cuda_last_backend(void);
 
 // ---- casts, quantize, dequantize --------------------------------------------

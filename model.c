@@ -440,6 +440,10 @@ void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_
     void *mem_before = m->dec.mem;
     dec_ensure(m, Sp, MB);
     if (m->dec.mem != mem_before) graphs_clear(m);  // the scratch moved: every graph points at the old one
+    if (graphs && be->scratch_epoch && be->scratch_epoch() != m->graph_epoch) {  // so did the backend's
+        graphs_clear(m);
+        m->graph_epoch = be->scratch_epoch();
+    }
     DecodeScratch *d = &m->dec;
     int32_t *h = (int32_t *)mallocCheck((size_t)Sp * (4 + MB) * sizeof(int32_t));
     int32_t *tok = h, *pos = h + Sp, *slot = h + 2 * Sp, *lens = h + 3 * Sp, *table = h + 4 * Sp;
@@ -469,17 +473,18 @@ void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_
     DecodeGraph *g = NULL;
     for (int i = 0; i < MAX_DECODE_GRAPHS && !g; i++) {
         DecodeGraph *e = &m->graphs[i];
-        if (e->S == Sp && e->MB == MB && e->kv == kv->k && e->lora == m->lora && e->lora_on == m->lora_on) g = e;
+        if (e->S == Sp && e->MB == MB && e->kv == kv->k && e->kv_v == kv->v && e->kv_nb == kv->NB &&
+            e->kv_bs == kv->BS && e->lora == m->lora && e->lora_on == m->lora_on)
+            g = e;
     }
     if (!g) {
-        static int next;  // round robin over the slots when all are taken
         for (int i = 0; i < MAX_DECODE_GRAPHS && !g; i++)
             if (!m->graphs[i].S) g = &m->graphs[i];
         if (!g) {
-            g = &m->graphs[next++ % MAX_DECODE_GRAPHS];
+            g = &m->graphs[m->graph_next++ % MAX_DECODE_GRAPHS];
             if (g->graph) be->graph_destroy(g->graph);
         }
-        *g = (DecodeGraph){Sp, MB, m->lora_on, NULL, kv->k, m->lora, NULL, 0};
+        *g = (DecodeGraph){Sp, MB, m->lora_on, kv->NB, kv->BS, NULL, kv->k, kv->v, m->lora, NULL, 0};
     }
     if (!g->warm) {
         decode_compute(m, kv, Sp, MB, d->logits);

@@ -131,7 +131,8 @@ typedef struct {
 // A captured decode step (backends with graphs): valid for exactly these buffers and sizes
 typedef struct {
     int S, MB, lora_on;
-    const void *logits, *kv, *lora;
+    int kv_nb, kv_bs;                 // the cache's layout (layer stride, V offset) is baked in too
+    const void *logits, *kv, *kv_v, *lora;
     void *graph;
     int warm;  // the step ran once uncaptured, so every lazy buffer exists
 } DecodeGraph;
@@ -154,6 +155,8 @@ typedef struct {
     DecodeScratch dec;
     int no_graphs;         // 1: never capture the decode step (comparisons, debugging)
     DecodeGraph graphs[MAX_DECODE_GRAPHS];
+    unsigned graph_epoch;  // the backend's scratch_epoch when the graphs were captured
+    int graph_next;        // round robin over the graph slots when all are taken
 } Model;
 
 // ---- config and weights (model_load.c) ----

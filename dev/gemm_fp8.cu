@@ -25,6 +25,7 @@
 // code the program runs).
 //
 // Build and run (GPU): make bench-gemm && ./build/gemm_fp8 [--peers peers.json] [--quick] [--validate]
+//   ./build/gemm_fp8 --decode   the M = 64 products of a decode step (the small-M kernel)
 //   peers.json from: python3 ../shared/bench/peers.py gemm --json peers.json (same command)
 // Prints: validation, then tables (TFLOP/s, median of CUDA-event-timed runs over rotating
 // buffers larger than L2), with torch._scaled_mm / torch.matmul when given.
@@ -373,14 +374,70 @@ static int load_peers(const char *path, Peer *p, int cap) {
     return k;
 }
 
+// --decode: the products of a decode step (M = 64 tokens) of Qwen3-0.6B and -8B, where the time is
+// the time to read W: microseconds and W bytes / time for BF16 cuBLAS, cuBLASLt FP8 block, and the
+// small-M kernel (fp8.cu) by shape and with its knobs forced; plus the activation quantization.
+static void decode_bench(void) {
+    int shapes[][2] = {{2048, 1024}, {1024, 1024}, {1024, 2048}, {3072, 1024}, {1024, 3072},
+                       {4096, 4096}, {1024, 4096}, {12288, 4096}, {4096, 12288}};
+    const int M = 64;
+    printf("\ndecode products, M = %d, FP8 block (us, and GB/s of W read: N*K bytes FP8, 2*N*K BF16)\n", M);
+    printf("| N x K | bf16 cuBLAS | LT fp8 | quant X | small-M auto | no pipe | fp8 mma | ksplit 1 | 2 | 4 | 8 | 16 | 32 |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int N = shapes[si][0], K = shapes[si][1];
+        int nb = (int)((200u << 20) / ((size_t)N * K * 3)) + 2;
+        if (nb > 8) nb = 8;
+        __nv_bfloat16 *xb, *wb[8], *y;
+        FP8Tensor x = fp8_alloc_dev(M, K, FP8_BLOCK, 1), w[8];
+        cudaCheck(cudaMalloc(&xb, (size_t)M * K * 2));
+        fill_bf16_random(xb, (size_t)M * K, 7);
+        fp8_quantize_cuda(&x, xb, DT_BF16, 0);
+        for (int b = 0; b < nb; b++) {
+            cudaCheck(cudaMalloc(&wb[b], (size_t)N * K * 2));
+            fill_bf16_random(wb[b], (size_t)N * K, 300 + b);
+            w[b] = fp8_alloc_dev(N, K, FP8_BLOCK, 128);
+            fp8_quantize_cuda(&w[b], wb[b], DT_BF16, 0);
+        }
+        cudaCheck(cudaMalloc(&y, (size_t)M * N * 4));
+        double wbytes = (double)N * K;
+        double t_bf = time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, xb, wb[b], M, N, K, 0); }, nb) * 1e3;
+        fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
+        double t_lt = time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x, &w[b], 0); }, nb) * 1e3;
+        fp8_cuda_set_backend(FP8_GEMM_KERNEL_SMALLM);
+        double t_q = time_ms([&](int b) { fp8_quantize_cuda(&x, xb, DT_BF16, 0); }, nb) * 1e3;
+        double t_auto = time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x, &w[b], 0); }, nb) * 1e3;
+        fp8_cuda_set_smallm(0, -1, 0);
+        double t_nopipe = time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x, &w[b], 0); }, nb) * 1e3;
+        fp8_cuda_set_smallm(0, 0, -1);
+        double t_mma8 = time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x, &w[b], 0); }, nb) * 1e3;
+        double t_ks[6];
+        for (int i = 0; i < 6; i++) {
+            fp8_cuda_set_smallm(1 << i, -1, -1);
+            t_ks[i] = time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x, &w[b], 0); }, nb) * 1e3;
+        }
+        fp8_cuda_set_smallm(0, -1, -1);
+        fp8_cuda_set_backend(FP8_GEMM_AUTO);
+        auto gbs = [&](double us, double bytes) { return bytes / (us * 1e-6) / 1e9; };
+        printf("| %d x %d | %.1f (%.0f) | %.1f (%.0f) | %.1f | %.1f (%.0f) | %.1f | %.1f |", N, K, t_bf, gbs(t_bf, 2 * wbytes),
+               t_lt, gbs(t_lt, wbytes), t_q, t_auto, gbs(t_auto, wbytes), t_nopipe, t_mma8);
+        for (int i = 0; i < 6; i++) printf(" %.1f |", t_ks[i]);
+        printf("\n");
+        fflush(stdout);
+        cudaFree(xb); cudaFree(y); fp8_free_dev(&x);
+        for (int b = 0; b < nb; b++) { cudaFree(wb[b]); fp8_free_dev(&w[b]); }
+    }
+}
+
 int main(int argc, char **argv) {
     const char *peers_path = NULL;
-    int quick = 0, validate_only = 0;
+    int quick = 0, validate_only = 0, decode = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--peers") && i + 1 < argc) peers_path = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--validate")) validate_only = 1;
-        else die("usage: %s [--peers peers.json] [--quick] [--validate]", argv[0]);
+        else if (!strcmp(argv[i], "--decode")) decode = 1;
+        else die("usage: %s [--peers peers.json] [--quick] [--validate] [--decode]", argv[0]);
     }
     fp8_cuda_init(NULL);
     if (!ctx.has_fp8) die("gemm_fp8 benchmarks FP8 tensor cores: this GPU has none");
@@ -390,6 +447,11 @@ int main(int argc, char **argv) {
     cudaDriverGetVersion(&drv);
     printf("gemm_fp8: %s (sm_%d%d, %d SMs), driver %d, cuBLASLt %zu, wgmma kernels %s\n", prop.name, prop.major, prop.minor,
            prop.multiProcessorCount, drv, cublasLtGetVersion(), ctx.wgmma ? "on" : "off (no sm_90a GPU and build)");
+    if (decode) {
+        decode_bench();
+        fp8_cuda_free();
+        return 0;
+    }
     int fails = validate();
     if (fails) printf("validation: %d FAILED\n", fails);
     if (validate_only) { fp8_cuda_free(); return fails ? 1 : 0; }

@@ -790,6 +790,12 @@ START_TEST(test_decode) {
     decode_case(4, 4, 2, 32, 8, 3, l3);       // the fixtures' shapes
     int l4[2] = {9, 30};
     decode_case(2, 24, 2, 96, 16, 2, l4);     // 12 query heads per kv head: two groups of 8
+    int l5[64];                               // Qwen3-8B's heads at a rollout's lengths (128..384)
+    for (int s = 0; s < 64; s++) l5[s] = 128 + (int)(rng_u64(&rng) % 257);
+    decode_case(64, 32, 8, 128, 16, 24, l5);
+    int l6[3] = {200, 1, 77};
+    decode_case(3, 24, 2, 128, 16, 13, l6);   // groups of 8 in the vectorized kernel
+    decode_case(3, 8, 8, 256, 16, 13, l6);    // HD 256, one query head per kv head
 }
 END_TEST
 
