@@ -872,15 +872,18 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
                 vr[u] = __ldg((const uint4 *)(vc + off));
             }
         }
+        // the U scores of every head first, then one online-softmax update per head for all U
+        // tokens (U + 1 exponentials and one rescale of acc instead of 2U and U)
+        float sc_[U][REP];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const bool ok = t0 + u * STEP < te;  // uniform over the LPT lanes of a token
-            float kf[8], vf[8];
-            const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)&kr[u], *v2 = (const __nv_bfloat162 *)&vr[u];
+            float kf[8];
+            const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)&kr[u];
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                float2 a = __bfloat1622float2(k2[i]), b = __bfloat1622float2(v2[i]);
-                kf[2 * i] = a.x, kf[2 * i + 1] = a.y, vf[2 * i] = b.x, vf[2 * i + 1] = b.y;
+                float2 f = __bfloat1622float2(k2[i]);
+                kf[2 * i] = f.x, kf[2 * i + 1] = f.y;
             }
 #pragma unroll
             for (int r = 0; r < REP; r++) {
@@ -889,14 +892,32 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
                 for (int i = 0; i < 8; i++) d += qf[r][i] * kf[i];
 #pragma unroll
                 for (int o = LPT / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-                if (ok && r < nh) {
-                    float mnew = fmaxf(m[r], d), a = __expf(m[r] - mnew), p = __expf(d - mnew);
-                    l[r] = l[r] * a + p;
-                    m[r] = mnew;
+                sc_[u][r] = ok ? d : -INFINITY;
+            }
+        }
 #pragma unroll
-                    for (int i = 0; i < 8; i++) acc[r][i] = acc[r][i] * a + p * vf[i];
+        for (int r = 0; r < REP; r++) {
+            float mx = sc_[0][r];
+#pragma unroll
+            for (int u = 1; u < U; u++) mx = fmaxf(mx, sc_[u][r]);
+            if (mx == -INFINITY || r >= nh) continue;  // no token of this step (the tail)
+            float mnew = fmaxf(m[r], mx), a = __expf(m[r] - mnew);
+            l[r] *= a;
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[r][i] *= a;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                float p = __expf(sc_[u][r] - mnew);  // 0 for masked tokens
+                l[r] += p;
+                const __nv_bfloat162 *v2 = (const __nv_bfloat162 *)&vr[u];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float2 f = __bfloat1622float2(v2[i]);
+                    acc[r][2 * i] += p * f.x;
+                    acc[r][2 * i + 1] += p * f.y;
                 }
             }
+            m[r] = mnew;
         }
     }
     // merge the TPW tokens slots of the warp (lanes c, c + LPT, ...), then the warps through shared memory

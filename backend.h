@@ -120,8 +120,18 @@ struct Backend {
     void (*swiglu_backward)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
     // out = a + b (n act); out may alias a or b
     void (*add)(void *out, const void *a, const void *b, size_t n);
+    // Fusions of the decode step, each equal to the ops it replaces (same roundings):
+    //   add_rmsnorm: x (N, C) act += dx; out = rmsnorm(x) * w; rstd (N) hp  (add, then rmsnorm_forward)
+    //   qk_norm_rope: q (N, NH, HD), k (N, KVH, HD) act in place: each head rmsnorm'ed with q_norm /
+    //     k_norm (HD) when not NULL (rstd not kept), then rotated by pos (rmsnorm_forward, rope_forward)
+    void (*add_rmsnorm)(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps);
+    void (*qk_norm_rope)(void *q, void *k, const void *q_norm, const void *k_norm, const int32_t *pos,
+                         const void *inv_freq, int N, int NH, int KVH, int HD, float eps);
     // out (n_idx, C) act = inp[idx[i]] rows; idx (n_idx) i32
     void (*gather_rows)(void *out, const void *inp, const int32_t *idx, int n_idx, int C);
+    // outs[i] (N, widths[i]) act = the i-th block of columns of inp (N, sum of widths) act, n <= 4:
+    // the parts of a fused projection (q|k|v, gate|up) back in their own buffers
+    void (*split_columns)(void *const *outs, const int *widths, int n, const void *inp, int N);
 
     // ---- the language-model head -------------------------------------------
     // logits (N, V) hp = h (N, C) wlm (V, C)^T

@@ -181,6 +181,19 @@ static void w_rmsnorm_backward(void *dinp, void *dw, const void *dout, const voi
     OP(rmsnorm_backward)((real *)dinp, (real *)dw, (const real *)dout, (const real *)inp, (const real *)w,
                          (const real *)rstd, N, C);
 }
+static void w_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps) {
+    OP(add)((real *)x, (const real *)x, (const real *)dx, (size_t)N * C);
+    OP(rmsnorm_forward)((real *)out, (real *)rstd, (const real *)x, (const real *)w, N, C, eps);
+}
+static void w_qk_norm_rope(void *q, void *k, const void *q_norm, const void *k_norm, const int32_t *pos,
+                           const void *inv_freq, int N, int NH, int KVH, int HD, float eps) {
+    real *rstd = (real *)mallocCheck((size_t)N * NH * sizeof(real));
+    if (q_norm) OP(rmsnorm_forward)((real *)q, rstd, (const real *)q, (const real *)q_norm, N * NH, HD, eps);
+    if (k_norm) OP(rmsnorm_forward)((real *)k, rstd, (const real *)k, (const real *)k_norm, N * KVH, HD, eps);
+    free(rstd);
+    OP(rope_forward)((real *)q, pos, (const real *)inv_freq, N, NH, HD, 0);
+    OP(rope_forward)((real *)k, pos, (const real *)inv_freq, N, KVH, HD, 0);
+}
 static void w_rope_forward(void *x, const int32_t *pos, const void *inv_freq, int N, int H, int HD) {
     OP(rope_forward)((real *)x, pos, (const real *)inv_freq, N, H, HD, 0);
 }
@@ -205,6 +218,9 @@ static void w_swiglu_backward(void *dgate, void *dup, const void *dout, const vo
 }
 static void w_add(void *out, const void *a, const void *b, size_t n) {
     OP(add)((real *)out, (const real *)a, (const real *)b, n);
+}
+static void w_split_columns(void *const *outs, const int *widths, int n, const void *inp, int N) {
+    OP(split_columns)((real *const *)outs, widths, n, (const real *)inp, N);
 }
 static void w_gather_rows(void *out, const void *inp, const int32_t *idx, int n_idx, int C) {
     OP(gather_rows)((real *)out, (const real *)inp, idx, n_idx, C);
@@ -264,6 +280,8 @@ static Backend be = {
     .lora_forward = cpu_lora_forward,
     .lora_backward = cpu_lora_backward,
     .rope_forward = w_rope_forward,
+    .add_rmsnorm = w_add_rmsnorm,
+    .qk_norm_rope = w_qk_norm_rope,
     .rope_backward = w_rope_backward,
     .attention_forward = w_attention_forward,
     .attention_backward = w_attention_backward,
@@ -271,6 +289,7 @@ static Backend be = {
     .swiglu_backward = w_swiglu_backward,
     .add = w_add,
     .gather_rows = w_gather_rows,
+    .split_columns = w_split_columns,
     .logits_forward = w_logits_forward,
     .logprobs_forward = w_logprobs_forward,
     .logprobs_backward = w_logprobs_backward,

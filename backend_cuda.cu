@@ -610,6 +610,130 @@ static void cu_rope_backward(void *dx, const int32_t *pos, const void *inv_freq,
     rope(dx, pos, inv_freq, N, H, HD, 1);
 }
 
+// ---- decode fusions (backend.h): the same arithmetic as the kernels they replace ----
+
+// x += dx, then out = rmsnorm(x) * w: one warp per row, the element order of rmsnorm_fwd_kernel
+// (VEC: 8 consecutive per lane) so the sums match it bit for bit; the sum x + dx is rounded to
+// bf16 as add_kernel rounds it, and the norm reads the rounded values
+template <bool VEC>
+__global__ void add_rmsnorm_kernel(bf16 *x, bf16 *out, float *rstd, const bf16 *dx, const bf16 *w, int N, int C,
+                                   float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= N) return;
+    bf16 *xr = x + (size_t)row * C, *y = out + (size_t)row * C;
+    const bf16 *d = dx + (size_t)row * C;
+    float ss = 0.f;
+    if (VEC) {
+        for (int i = lane * 8; i < C; i += 256) {
+            float f[8], g[8];
+            load8(f, xr + i);
+            load8(g, d + i);
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = __bfloat162float(__float2bfloat16_rn(f[j] + g[j]));
+            store8(xr + i, f);
+#pragma unroll
+            for (int j = 0; j < 8; j++) ss += f[j] * f[j];
+        }
+    } else
+        for (int i = lane; i < C; i += 32) {
+            bf16 v = __float2bfloat16_rn(__bfloat162float(xr[i]) + __bfloat162float(d[i]));
+            xr[i] = v;
+            float f = __bfloat162float(v);
+            ss += f * f;
+        }
+    ss = warp_sum(ss);
+    float r = 1.0f / sqrtf(ss / C + eps);
+    if (lane == 0) rstd[row] = r;
+    __syncwarp();
+    if (VEC) {
+        for (int i = lane * 8; i < C; i += 256) {
+            float f[8], g[8];
+            load8(f, xr + i);
+            load8(g, w + i);
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = (f[j] * r) * g[j];
+            store8(y + i, f);
+        }
+    } else
+        for (int i = lane; i < C; i += 32) y[i] = __float2bfloat16_rn((__bfloat162float(xr[i]) * r) * __bfloat162float(w[i]));
+}
+static void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps) {
+    if (N <= 0) return;
+    if (C % 8 == 0 && aligned16(x, out, dx, w))
+        add_rmsnorm_kernel<true><<<cdiv(N, 8), 256, 0, G.stream>>>((bf16 *)x, (bf16 *)out, (float *)rstd,
+                                                                   (const bf16 *)dx, (const bf16 *)w, N, C, eps);
+    else
+        add_rmsnorm_kernel<false><<<cdiv(N, 8), 256, 0, G.stream>>>((bf16 *)x, (bf16 *)out, (float *)rstd,
+                                                                    (const bf16 *)dx, (const bf16 *)w, N, C, eps);
+    launchCheck();
+}
+
+// one warp per head row (token n, head h) of q then of k: rmsnorm with the head's weight, in
+// rmsnorm_fwd_kernel's element order (VEC: 8 consecutive per lane) and bf16 rounding, then
+// rope_kernel's rotation of the rounded values
+template <bool VEC>
+__global__ void qk_norm_rope_kernel(bf16 *q, bf16 *k, const bf16 *qw, const bf16 *kw, const int32_t *pos,
+                                    const float *inv_freq, int N, int NH, int KVH, int HD, float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= N * (NH + KVH)) return;
+    int n = row / (NH + KVH), h = row % (NH + KVH), half = HD / 2;
+    bool isq = h < NH;
+    bf16 *v = isq ? q + ((size_t)n * NH + h) * HD : k + ((size_t)n * KVH + (h - NH)) * HD;
+    const bf16 *w = isq ? qw : kw;
+    if (w) {
+        float ss = 0.f;
+        if (VEC) {
+            for (int i = lane * 8; i < HD; i += 256) {
+                float f[8];
+                load8(f, v + i);
+#pragma unroll
+                for (int j = 0; j < 8; j++) ss += f[j] * f[j];
+            }
+        } else
+            for (int i = lane; i < HD; i += 32) {
+                float f = __bfloat162float(v[i]);
+                ss += f * f;
+            }
+        ss = warp_sum(ss);
+        float r = 1.0f / sqrtf(ss / HD + eps);
+        if (VEC) {
+            for (int i = lane * 8; i < HD; i += 256) {
+                float f[8], g[8];
+                load8(f, v + i);
+                load8(g, w + i);
+#pragma unroll
+                for (int j = 0; j < 8; j++) f[j] = (f[j] * r) * g[j];
+                store8(v + i, f);
+            }
+        } else
+            for (int i = lane; i < HD; i += 32) v[i] = __float2bfloat16_rn((__bfloat162float(v[i]) * r) * __bfloat162float(w[i]));
+        __syncwarp();
+    }
+    for (int i = lane; i < half; i += 32) {
+        double a = (double)((float)pos[n] * inv_freq[i]), sd, cd;
+        sincos(a, &sd, &cd);
+        float c = (float)cd, s = (float)sd;
+        float x1 = __bfloat162float(v[i]), x2 = __bfloat162float(v[i + half]);
+        v[i] = __float2bfloat16_rn(x1 * c - x2 * s);
+        v[i + half] = __float2bfloat16_rn(x2 * c + x1 * s);
+    }
+}
+static void cu_qk_norm_rope(void *q, void *k, const void *q_norm, const void *k_norm, const int32_t *pos,
+                            const void *inv_freq, int N, int NH, int KVH, int HD, float eps) {
+    if (N <= 0) return;
+    unsigned gr = cdiv((size_t)N * (NH + KVH), 8);
+    // the VEC condition of cu_rmsnorm_forward for the (rows, HD) calls this replaces
+    bool vec = HD % 8 == 0 && aligned16(q, q_norm ? q_norm : q, NULL, NULL) && aligned16(k, k_norm ? k_norm : k, NULL, NULL);
+    if (vec)
+        qk_norm_rope_kernel<true><<<gr, 256, 0, G.stream>>>((bf16 *)q, (bf16 *)k, (const bf16 *)q_norm, (const bf16 *)k_norm,
+                                                             pos, (const float *)inv_freq, N, NH, KVH, HD, eps);
+    else
+        qk_norm_rope_kernel<false><<<gr, 256, 0, G.stream>>>((bf16 *)q, (bf16 *)k, (const bf16 *)q_norm,
+                                                              (const bf16 *)k_norm, pos, (const float *)inv_freq, N, NH,
+                                                              KVH, HD, eps);
+    launchCheck();
+}
+
 // elementwise: OP 0 swiglu forward, 1 add; n8 groups of 8 vectorized then a scalar tail
 __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 __global__ void swiglu_fwd_kernel(bf16 *out, const bf16 *gate, const bf16 *up, size_t n, int vec) {
@@ -702,6 +826,39 @@ static void cu_gather_rows(void *out, const void *inp, const int32_t *idx, int n
                                                 C % 8 == 0 && aligned16(out, inp, NULL, NULL));
     launchCheck();
 }
+// the columns of a fused projection back into their own buffers: one thread per 8 (or 1) elements
+struct SplitArgs {
+    bf16 *out[4];
+    int w[4], n, total, vec;
+};
+__global__ void split_columns_kernel(SplitArgs a, const bf16 *inp, int N) {
+    const int per = a.vec ? 8 : 1, cols = a.total / per;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)N * cols; i += (size_t)gridDim.x * blockDim.x) {
+        int r = (int)(i / cols), c = (int)(i % cols) * per, p = 0;
+        while (c >= a.w[p]) c -= a.w[p++];
+        const bf16 *src = inp + i * per;
+        bf16 *dst = a.out[p] + (size_t)r * a.w[p] + c;
+        if (a.vec) *(uint4 *)dst = *(const uint4 *)src;
+        else *dst = *src;
+    }
+}
+static void cu_split_columns(void *const *outs, const int *widths, int n, const void *inp, int N) {
+    if (N <= 0) return;
+    if (n < 1 || n > 4) die("split_columns: %d parts (1..4)", n);
+    SplitArgs a;
+    memset(&a, 0, sizeof a);
+    a.n = n;
+    a.vec = aligned16(inp, NULL, NULL, NULL);
+    for (int i = 0; i < n; i++) {
+        a.out[i] = (bf16 *)outs[i];
+        a.w[i] = widths[i];
+        a.total += widths[i];
+        a.vec = a.vec && widths[i] % 8 == 0 && aligned16(outs[i], NULL, NULL, NULL);
+    }
+    split_columns_kernel<<<grid_for((size_t)N * a.total / (a.vec ? 8 : 1)), 256, 0, G.stream>>>(a, (const bf16 *)inp, N);
+    launchCheck();
+}
+
 static void cu_embedding_forward(void *out, const int32_t *ids, const void *wte, int N, int C) {
     cu_gather_rows(out, wte, ids, N, C);
 }
@@ -1298,7 +1455,10 @@ static Backend be = {
     .swiglu_forward = cu_swiglu_forward,
     .swiglu_backward = cu_swiglu_backward,
     .add = cu_add,
+    .add_rmsnorm = cu_add_rmsnorm,
+    .qk_norm_rope = cu_qk_norm_rope,
     .gather_rows = cu_gather_rows,
+    .split_columns = cu_split_columns,
     .logits_forward = cu_logits_forward,
     .logprobs_forward = cu_logprobs_forward,
     .logprobs_backward = cu_logprobs_backward,

@@ -72,7 +72,7 @@ static struct {
     float *sk_part;     // small-M kernel: split-K partials (ksplit, M, N) fp32, grown on demand
     size_t sk_part_bytes;
     unsigned epoch;     // bumped when scratch or sk_part moves
-    int sm_ksplit, sm_f16, sm_pipe;  // small-M kernel knobs (fp8_cuda_set_smallm): 0 / -1 = by shape / GPU
+    int sm_ksplit, sm_f16;  // small-M kernel knobs (fp8_cuda_set_smallm): 0 / -1 = by shape / GPU
 } ctx;
 
 static int wgmma_probe(void);  // (Hopper section)
@@ -96,7 +96,7 @@ int fp8_cuda_init(void *stream) {
     cudaCheck(cudaMalloc(&ctx.amax, sizeof(float)));
     ctx.backend = FP8_GEMM_AUTO;
     ctx.last = "none";
-    ctx.sm_f16 = ctx.sm_pipe = -1;
+    ctx.sm_f16 = -1;
     ctx.init = 1;
     ctx.wgmma = wgmma_probe();
     return ctx.has_fp8;
@@ -130,10 +130,9 @@ void fp8_cuda_set_fast_accum(int on) { ctx.fast_accum = on; }
 void fp8_cuda_set_wgmma_version(int v) { ctx.wgmma_version = v; }
 const char *fp8_cuda_last_backend(void) { return ctx.last; }
 unsigned fp8_cuda_scratch_epoch(void) { return ctx.epoch; }
-void fp8_cuda_set_smallm(int ksplit, int f16, int pipe) {
+void fp8_cuda_set_smallm(int ksplit, int f16) {
     ctx.sm_ksplit = ksplit;
     ctx.sm_f16 = f16;
-    ctx.sm_pipe = pipe;
 }
 
 static void *scratch(int i, size_t bytes) {
@@ -636,8 +635,8 @@ static void launch_v3(T *y, const GemmArgs &a) {
 // on N = 1024 and reads W at a fraction of the bandwidth. Here:
 //   - a block (4 warps) owns 64 output columns and a slice of K (split-K: enough blocks to
 //     fill the GPU even at N = 1024); each warp owns 16 of the columns for all 64 rows;
-//   - operands go straight from global memory to registers (no shared memory): each W byte
-//     is read by one thread once; X (a few KB) is read by every warp and stays in L1/L2;
+//   - W and X stream through a ring of shared-memory stages (cp.async), several 4 KB steps of
+//     W in flight per block; each W byte is read once, X once per block;
 //   - 16-byte loads cover a 64-wide K step; the two m16n8k32 FP8 MMAs of the step take its
 //     bytes in a permuted K order, the same for X and W, so the dot products are unchanged;
 //   - each 64-wide K step is promoted with its scales (BLOCK: sx[m, kb] * sw[n/128, kb],
@@ -686,9 +685,13 @@ __device__ __forceinline__ void smallm_step(float *p, const uint4 &r0, const uin
 
 // GR: the granularity. BLOCK promotes each 64-wide K step with sx[m, kb] * sw[n/128, kb];
 // ROW and TENSOR accumulate the whole K and scale once at the end, as the reference does.
-// PIPE: the next K step's operands are loaded before this step's MMAs (software pipelining)
-template <typename T, int GR, bool F16, bool PIPE>
+// The K steps stream through a ring of SK_STAGES shared-memory stages filled by cp.async, so a
+// block keeps (SK_STAGES - 1) x 4 KB of W in flight: a step's round trip to memory (~1 us) is
+// hidden behind the steps before it. X's tile is staged too and read by all four warps.
+#define SK_STAGES 6
+template <typename T, int GR, bool F16>
 __global__ void __launch_bounds__(128) gemm_fp8_smallm_kernel(T *y, GemmArgs a, int ksplit, float *part) {
+    __shared__ __align__(16) uint8_t sw_[SK_STAGES][SK_BN][64], sx_[SK_STAGES][SK_ROWS][64];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int tile = blockIdx.x, split = blockIdx.y, n0 = tile * SK_BN + warp * 16;
     const int steps = a.K / 64, s0 = (int)((long)steps * split / ksplit), s1 = (int)((long)steps * (split + 1) / ksplit);
@@ -699,39 +702,42 @@ __global__ void __launch_bounds__(128) gemm_fp8_smallm_kernel(T *y, GemmArgs a, 
         for (int j = 0; j < 2; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
-    // this thread's rows: g and g + 8 of each m16 tile (r = 2 * tile + half); columns 2t, 2t + 1 of each n8 tile
-    const uint8_t *xrow[8];
-    bool rok[8];
+    // stage st (K offset 64 st) -> slot st % SK_STAGES: 256 16-byte pieces of W and 256 of X, two
+    // of each per thread (X rows past M are zero-filled)
+    auto issue = [&](int st) {
+        if (st < s1) {
+            const int slot = st % SK_STAGES, k0 = st * 64;
 #pragma unroll
-    for (int r = 0; r < 8; r++) {
-        int m = (r >> 1) * 16 + (r & 1) * 8 + g;
-        rok[r] = m < a.M;
-        xrow[r] = a.x + (size_t)(rok[r] ? m : 0) * a.K + 16 * t;
-    }
-    const uint8_t *wrow[2] = {a.w + (size_t)(n0 + g) * a.K + 16 * t, a.w + (size_t)(n0 + 8 + g) * a.K + 16 * t};
-    const float *swrow = a.sw + (size_t)(n0 / FP8_BLOCK_SIZE) * a.ldsw;  // BLOCK: this warp's row of W scales
-    uint4 xa[8], wb[2], xn[8], wn[2];
-    auto load = [&](uint4 *xd, uint4 *wd, int k0) {
-#pragma unroll
-        for (int r = 0; r < 8; r++) xd[r] = rok[r] ? __ldg((const uint4 *)(xrow[r] + k0)) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int j = 0; j < 2; j++) wd[j] = __ldcs((const uint4 *)(wrow[j] + k0));  // streamed: read once
-    };
-    if (PIPE && s0 < s1) load(xa, wb, s0 * 64);
-    for (int st = s0; st < s1; st++) {
-        const int k0 = st * 64;
-        if (PIPE) {
-            if (st + 1 < s1) load(xn, wn, k0 + 64);
-        } else {
-            load(xa, wb, k0);
+            for (int h = 0; h < 2; h++) {
+                int piece = threadIdx.x + 128 * h, r = piece >> 2, c = (piece & 3) * 16;
+                cp_async16(&sw_[slot][r][c], a.w + (size_t)(tile * SK_BN + r) * a.K + k0 + c, true);
+                cp_async16(&sx_[slot][r][c], a.x + (size_t)(r < a.M ? r : 0) * a.K + k0 + c, r < a.M);
+            }
         }
+        cp_async_commit();  // an empty group past the end keeps the wait count uniform
+    };
+    for (int st = s0; st < s0 + SK_STAGES - 1; st++) issue(st);
+    const float *swrow = a.sw + (size_t)(n0 / FP8_BLOCK_SIZE) * a.ldsw;  // BLOCK: this warp's row of W scales
+    for (int st = s0; st < s1; st++) {
+        cp_async_wait<SK_STAGES - 2>();  // stage st has landed (for this thread) ...
+        __syncthreads();                 // ... for every thread, and slot (st - 1) % SK_STAGES is free
+        issue(st + SK_STAGES - 1);
+        const int slot = st % SK_STAGES, k0 = st * 64;
+        // this thread's 16 bytes (K offsets 16t..16t+15) of rows g, g + 8 of each m16 tile and of
+        // columns g of each n8 tile (conflict-free: a quarter warp reads 128 consecutive bytes)
+        uint4 xa[8], wb[2];
+#pragma unroll
+        for (int r = 0; r < 8; r++) xa[r] = *(const uint4 *)&sx_[slot][(r >> 1) * 16 + (r & 1) * 8 + g][16 * t];
+#pragma unroll
+        for (int j = 0; j < 2; j++) wb[j] = *(const uint4 *)&sw_[slot][warp * 16 + j * 8 + g][16 * t];
         if (GR == FP8_BLOCK) {
             const int kb = k0 / FP8_BLOCK_SIZE;
             const float sw = swrow[kb];
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                float sx0 = rok[2 * i] ? a.sx[(size_t)kb * a.M + i * 16 + g] * sw : 0.f;
-                float sx1 = rok[2 * i + 1] ? a.sx[(size_t)kb * a.M + i * 16 + 8 + g] * sw : 0.f;
+                int m0 = i * 16 + g, m1 = m0 + 8;
+                float sx0 = m0 < a.M ? a.sx[(size_t)kb * a.M + m0] * sw : 0.f;
+                float sx1 = m1 < a.M ? a.sx[(size_t)kb * a.M + m1] * sw : 0.f;
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     float p[4] = {0.f, 0.f, 0.f, 0.f};
@@ -746,12 +752,8 @@ __global__ void __launch_bounds__(128) gemm_fp8_smallm_kernel(T *y, GemmArgs a, 
 #pragma unroll
                 for (int j = 0; j < 2; j++) smallm_step<F16>(acc[i][j], xa[2 * i], xa[2 * i + 1], wb[j]);
         }
-        if (PIPE) {
-#pragma unroll
-            for (int r = 0; r < 8; r++) xa[r] = xn[r];
-            wb[0] = wn[0], wb[1] = wn[1];
-        }
     }
+    cp_async_wait<0>();
     if (GR != FP8_BLOCK)  // the scales, once
 #pragma unroll
         for (int i = 0; i < 4; i++)
@@ -818,15 +820,12 @@ static void launch_smallm(T *y, const GemmArgs &a) {
         }
     }
     // Hopper runs FP8 mma.sync slowly (no native path); decoding to f16 is exact and fast
-    bool f16 = ctx.sm_f16 >= 0 ? ctx.sm_f16 != 0 : ctx.cc == 90, pipe = ctx.sm_pipe >= 0 ? ctx.sm_pipe != 0 : true;
+    bool f16 = ctx.sm_f16 >= 0 ? ctx.sm_f16 != 0 : ctx.cc == 90;
     dim3 grid(tiles, ksplit);
-#define SK_LAUNCH(GR, F, P)                                                                                       \
-    gemm_fp8_smallm_kernel<T, GR, F, P><<<grid, 128, 0, ctx.stream>>>(y, a, ksplit, ctx.sk_part)
-#define SK_LAUNCH_G(GR)                                                                                           \
-    if (f16 && pipe) SK_LAUNCH(GR, true, true);                                                                   \
-    else if (f16) SK_LAUNCH(GR, true, false);                                                                     \
-    else if (pipe) SK_LAUNCH(GR, false, true);                                                                    \
-    else SK_LAUNCH(GR, false, false)
+#define SK_LAUNCH(GR, F) gemm_fp8_smallm_kernel<T, GR, F><<<grid, 128, 0, ctx.stream>>>(y, a, ksplit, ctx.sk_part)
+#define SK_LAUNCH_G(GR) \
+    if (f16) SK_LAUNCH(GR, true); \
+    else SK_LAUNCH(GR, false)
     if (a.gran == FP8_BLOCK) { SK_LAUNCH_G(FP8_BLOCK); }
     else if (a.gran == FP8_ROW) { SK_LAUNCH_G(FP8_ROW); }
     else { SK_LAUNCH_G(FP8_TENSOR); }

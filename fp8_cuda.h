@@ -64,8 +64,8 @@ void fp8_cuda_set_wgmma_version(int v);
 // captured before the change must not be replayed (backend.h scratch_epoch)
 unsigned fp8_cuda_scratch_epoch(void);
 // The small-M kernel's knobs, for tests and benchmarks: ksplit (0 = by shape), f16 (decode E4M3 to
-// f16 and use f16 MMAs; -1 = on sm_90 only), pipe (load the next K step first; -1 = on)
-void fp8_cuda_set_smallm(int ksplit, int f16, int pipe);
+// f16 and use f16 MMAs; -1 = on sm_90 only)
+void fp8_cuda_set_smallm(int ksplit, int f16);
 // the implementation the last fp8_gemm_cuda call used: "cublaslt", "kernel-smallm", "kernel-wgmma",
 // "kernel-mma", "kernel-tiled", "bf16-fallback"
 const char *fp8_cuda_last_backend(void);

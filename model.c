@@ -340,7 +340,9 @@ static void dec_ensure(Model *m, int S, int MB) {
     size_t act = dtype_size(m->be->act), hp = dtype_size(m->be->hp);
     size_t q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD;
     size_t wide = q > (size_t)c->C ? q : (size_t)c->C;
+    size_t fused = q + 2 * kvw > 2 * (size_t)c->FF ? q + 2 * kvw : 2 * (size_t)c->FF;
     ASlot s[] = {
+        {&d->fused, cap * fused * act},
         {&d->x, cap * c->C * act}, {&d->ln, cap * c->C * act}, {&d->q, cap * q * act}, {&d->k, cap * kvw * act},
         {&d->v, cap * kvw * act}, {&d->att, cap * q * act}, {&d->tmp, cap * wide * act},
         {&d->ff1, cap * (size_t)c->FF * act}, {&d->ff2, cap * (size_t)c->FF * act}, {&d->ff3, cap * (size_t)c->FF * act},
@@ -381,6 +383,24 @@ void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_h
     be->logits_forward(logits, m->dec.ln, m->w.lm_head, B, c->C, c->V);
 }
 
+// Projections `first`..`first + n - 1` of layer l that share their input (q, k, v or gate, up), into
+// outs[i] (N, rows_i): one GEMM over the fused weight when the layer has one, split back into the
+// parts; the adapters (unmerged) then add to each part as they would after separate GEMMs.
+static void linear_fwd_group(Model *m, int l, int first, int n, void *const *outs, const void *inp, int N) {
+    const LayerWeights *lw = &m->w.layers[l];
+    const QWeight *fw = first == LIN_Q ? &lw->qkv : &lw->gateup;
+    if (!fw->rows || !m->be->split_columns) {
+        for (int i = 0; i < n; i++) linear_fwd(m, l, first + i, outs[i], inp, N, 0);
+        return;
+    }
+    int widths[4];
+    for (int i = 0; i < n; i++) widths[i] = lw->lin[first + i].rows;
+    m->be->linear_forward(m->dec.fused, inp, fw, first == LIN_Q ? lw->bias_qkv : NULL, N);
+    m->be->split_columns(outs, widths, n, m->dec.fused, N);
+    if (m->lora && m->lora_on)
+        for (int i = 0; i < n; i++) lora_hook_forward(m, l, first + i, outs[i], inp, N, 0);
+}
+
 // the compute of one decode step for S rows already uploaded to m->dec: what a graph captures
 static void decode_compute(Model *m, KVCache *kv, int S, int MB, void *logits) {
     const Config *c = &m->cfg;
@@ -388,32 +408,45 @@ static void decode_compute(Model *m, KVCache *kv, int S, int MB, void *logits) {
     DecodeScratch *d = &m->dec;
     size_t kvw = (size_t)c->KVH * c->HD, per = (size_t)kv->NB * kv->BS * kvw * dtype_size(be->act);
     be->embedding_forward(d->x, (const int32_t *)d->tok, m->w.wte, S, c->C);
+    int fuse = be->add_rmsnorm && be->qk_norm_rope;  // the fused ops, or their parts
+    be->rmsnorm_forward(d->ln, d->rstd, d->x, m->w.layers[0].ln1, S, c->C, c->eps);
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *lw = &m->w.layers[l];
-        be->rmsnorm_forward(d->ln, d->rstd, d->x, lw->ln1, S, c->C, c->eps);
-        linear_fwd(m, l, LIN_Q, d->q, d->ln, S, 0);
-        linear_fwd(m, l, LIN_K, d->k, d->ln, S, 0);
-        linear_fwd(m, l, LIN_V, d->v, d->ln, S, 0);
-        if (c->qk_norm) {  // in place: each row is read before it is written
-            be->rmsnorm_forward(d->q, d->rstd, d->q, lw->q_norm, S * c->NH, c->HD, c->eps);
-            be->rmsnorm_forward(d->k, d->rstd, d->k, lw->k_norm, S * c->KVH, c->HD, c->eps);
+        void *qkv[3] = {d->q, d->k, d->v};
+        linear_fwd_group(m, l, LIN_Q, 3, qkv, d->ln, S);
+        if (fuse) {
+            be->qk_norm_rope(d->q, d->k, c->qk_norm ? lw->q_norm : NULL, c->qk_norm ? lw->k_norm : NULL,
+                             (const int32_t *)d->pos, m->inv_freq, S, c->NH, c->KVH, c->HD, c->eps);
+        } else {
+            if (c->qk_norm) {  // in place: each row is read before it is written
+                be->rmsnorm_forward(d->q, d->rstd, d->q, lw->q_norm, S * c->NH, c->HD, c->eps);
+                be->rmsnorm_forward(d->k, d->rstd, d->k, lw->k_norm, S * c->KVH, c->HD, c->eps);
+            }
+            be->rope_forward(d->q, (const int32_t *)d->pos, m->inv_freq, S, c->NH, c->HD);
+            be->rope_forward(d->k, (const int32_t *)d->pos, m->inv_freq, S, c->KVH, c->HD);
         }
-        be->rope_forward(d->q, (const int32_t *)d->pos, m->inv_freq, S, c->NH, c->HD);
-        be->rope_forward(d->k, (const int32_t *)d->pos, m->inv_freq, S, c->KVH, c->HD);
         void *kc = LAYER(kv->k, l, per), *vc = LAYER(kv->v, l, per);
         be->kv_write(kc, vc, d->k, d->v, (const int32_t *)d->slots, S, c->KVH, c->HD);
         be->attention_decode(d->att, d->q, kc, vc, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens, S,
                              c->NH, c->KVH, c->HD, kv->BS, MB);
         linear_fwd(m, l, LIN_O, d->tmp, d->att, S, 0);
-        be->add(d->x, d->x, d->tmp, (size_t)S * c->C);
-        be->rmsnorm_forward(d->ln, d->rstd, d->x, lw->ln2, S, c->C, c->eps);
-        linear_fwd(m, l, LIN_GATE, d->ff1, d->ln, S, 0);
-        linear_fwd(m, l, LIN_UP, d->ff2, d->ln, S, 0);
+        // the residual add and the next norm: post-attention, then the next layer's input (or the final) norm
+        if (fuse) be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps);
+        else {
+            be->add(d->x, d->x, d->tmp, (size_t)S * c->C);
+            be->rmsnorm_forward(d->ln, d->rstd, d->x, lw->ln2, S, c->C, c->eps);
+        }
+        void *gu[2] = {d->ff1, d->ff2};
+        linear_fwd_group(m, l, LIN_GATE, 2, gu, d->ln, S);
         be->swiglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
         linear_fwd(m, l, LIN_DOWN, d->tmp, d->ff3, S, 0);
-        be->add(d->x, d->x, d->tmp, (size_t)S * c->C);
+        const void *next_norm = l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm;
+        if (fuse) be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, next_norm, S, c->C, c->eps);
+        else {
+            be->add(d->x, d->x, d->tmp, (size_t)S * c->C);
+            be->rmsnorm_forward(d->ln, d->rstd, d->x, next_norm, S, c->C, c->eps);
+        }
     }
-    be->rmsnorm_forward(d->ln, d->rstd, d->x, m->w.norm, S, c->C, c->eps);
     be->logits_forward(logits, d->ln, m->w.lm_head, S, c->C, c->V);
 }
 

@@ -49,6 +49,11 @@ typedef struct {
     void *q_norm, *k_norm; // (HD) act  Qwen3 only, else NULL
     void *bias[3];         // q (NH*HD), k, v (KVH*HD) act, Qwen2 only, else NULL
     QWeight lin[LIN_COUNT];// q (NH*HD, C), k, v (KVH*HD, C), o (C, NH*HD), gate, up (FF, C), down (C, FF)
+    // Views of q|k|v ((NH + 2 KVH) HD, C) and gate|up (2 FF, C) as one weight each, where the parts
+    // lie back to back in memory with scales that concatenate (FP8 row or 128x128 blocks of whole
+    // rows; dense): the decode step then runs one GEMM instead of three and two. rows == 0: none.
+    QWeight qkv, gateup;
+    void *bias_qkv;        // the three biases back to back (Qwen2), or NULL
 } LayerWeights;
 
 typedef struct {
@@ -120,6 +125,7 @@ typedef struct {
     int cap, mb_cap;
     void *x, *ln, *q, *k, *v, *att, *tmp;   // (cap, C) / (cap, NH*HD) / (cap, KVH*HD) act
     void *ff1, *ff2, *ff3;                  // (cap, FF) act
+    void *fused;                            // (cap, max((NH + 2 KVH) HD, 2 FF)) act: a fused projection's output
     void *rstd;                             // (cap * NH) hp
     void *tok, *pos, *slots, *seq_lens;     // (cap) i32
     void *block_table;                      // (cap, mb_cap) i32

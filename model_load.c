@@ -178,6 +178,33 @@ static void lin_shape(const Config *c, int which, int *rows, int *cols) {
 
 // Build the tables of both allocations for config c and allocate them.
 // grads: a mirror of the dense part in hp (for full fine-tuning / gradient checks).
+// out = parts[0..n-1] as one weight (rows summed) when they lie back to back: dense values, or FP8
+// codes and scales where the scales concatenate (row; blocks of 128 whole rows), else rows = 0.
+// Per-tensor scales differ between the parts, so TENSOR never fuses.
+static void fuse_views(QWeight *out, const QWeight *parts, int n, size_t act) {
+    memset(out, 0, sizeof *out);
+    const QWeight *p0 = &parts[0];
+    int rows = 0;
+    for (int i = 0; i < n; i++) {
+        const QWeight *p = &parts[i];
+        if (p->gran != p0->gran || p->cols != p0->cols || p->gran == FP8_TENSOR) return;
+        if (p->gran == FP8_BLOCK && i < n - 1 && p->rows % FP8_BLOCK_SIZE) return;
+        if (i > 0) {
+            const QWeight *q = &parts[i - 1];
+            if (p->gran == FP8_OFF) {
+                if ((char *)q->dense + (size_t)q->rows * q->cols * act != (char *)p->dense) return;
+            } else {
+                size_t ns = fp8_num_scales(q->gran, q->rows, q->cols, FP8_BLOCK_SIZE);
+                if (q->q.data + (size_t)q->rows * q->cols != p->q.data || q->q.scale + ns != p->q.scale) return;
+            }
+        }
+        rows += p->rows;
+    }
+    *out = *p0;
+    out->rows = rows;
+    out->q.rows = rows;
+}
+
 static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, const Backend *be, int dense_only_hp) {
     SlotTable dense = {0}, fp8 = {0};
     size_t act = dtype_size(dense_only_hp ? be->hp : be->act);
@@ -194,31 +221,32 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
             slot_add(&dense, &lw->q_norm, (size_t)c->HD * act);
             slot_add(&dense, &lw->k_norm, (size_t)c->HD * act);
         }
-        if (c->qkv_bias) {
-            slot_add(&dense, &lw->bias[0], (size_t)c->NH * c->HD * act);
-            slot_add(&dense, &lw->bias[1], (size_t)c->KVH * c->HD * act);
-            slot_add(&dense, &lw->bias[2], (size_t)c->KVH * c->HD * act);
-        }
+        if (c->qkv_bias)  // one slot: q|k|v biases back to back (the fused projection's bias)
+            slot_add(&dense, &lw->bias[0], (size_t)(c->NH + 2 * c->KVH) * c->HD * act);
         FP8Gran g = dense_only_hp ? FP8_OFF : layer_gran(o, l, c->L);
-        for (int i = 0; i < LIN_COUNT; i++) {
-            QWeight *q = &lw->lin[i];
-            lin_shape(c, i, &q->rows, &q->cols);
-            q->gran = g;
-            if (g == FP8_OFF) {
-                slot_add(&dense, &q->dense, (size_t)q->rows * q->cols * act);
-                w->linear_bytes += (size_t)q->rows * q->cols * act;
-            } else {
-                q->q.rows = q->rows;
-                q->q.cols = q->cols;
-                q->q.gran = g;
-                q->q.fmt = FP8_E4M3;
-                q->q.block_rows = FP8_BLOCK_SIZE;
-                size_t ns = fp8_num_scales(g, q->rows, q->cols, FP8_BLOCK_SIZE);
-                slot_add(&fp8, (void **)&q->q.data, (size_t)q->rows * q->cols);
-                slot_add(&fp8, (void **)&q->q.scale, ns * sizeof(float));
-                w->linear_bytes += (size_t)q->rows * q->cols + ns * sizeof(float);
+        // a layer's seven codes blocks first, then their scales, in projection order, so that
+        // q|k|v and gate|up can lie back to back (fuse_views)
+        for (int pass = 0; pass < 2; pass++)
+            for (int i = 0; i < LIN_COUNT; i++) {
+                QWeight *q = &lw->lin[i];
+                lin_shape(c, i, &q->rows, &q->cols);
+                q->gran = g;
+                if (g == FP8_OFF) {
+                    if (pass) continue;
+                    slot_add(&dense, &q->dense, (size_t)q->rows * q->cols * act);
+                    w->linear_bytes += (size_t)q->rows * q->cols * act;
+                } else {
+                    q->q.rows = q->rows;
+                    q->q.cols = q->cols;
+                    q->q.gran = g;
+                    q->q.fmt = FP8_E4M3;
+                    q->q.block_rows = FP8_BLOCK_SIZE;
+                    size_t ns = fp8_num_scales(g, q->rows, q->cols, FP8_BLOCK_SIZE);
+                    if (!pass) slot_add(&fp8, (void **)&q->q.data, (size_t)q->rows * q->cols);
+                    else slot_add(&fp8, (void **)&q->q.scale, ns * sizeof(float));
+                    if (pass) w->linear_bytes += (size_t)q->rows * q->cols + ns * sizeof(float);
+                }
             }
-        }
     }
     w->dense_bytes = slots_total(&dense);
     w->fp8_bytes = slots_total(&fp8);
@@ -231,6 +259,16 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
     if (c->tied) w->lm_head = w->wte;
     free(dense.s);
     free(fp8.s);
+    for (int l = 0; l < c->L; l++) {
+        LayerWeights *lw = &w->layers[l];
+        fuse_views(&lw->qkv, lw->lin + LIN_Q, 3, act);
+        fuse_views(&lw->gateup, lw->lin + LIN_GATE, 2, act);
+        if (c->qkv_bias) {
+            lw->bias[1] = (char *)lw->bias[0] + (size_t)c->NH * c->HD * act;
+            lw->bias[2] = (char *)lw->bias[1] + (size_t)c->KVH * c->HD * act;
+            lw->bias_qkv = lw->bias[0];
+        }
+    }
 }
 
 static void model_common_init(Model *m, const Config *c, const Backend *be, const ModelOptions *opt) {

@@ -379,11 +379,12 @@ static int load_peers(const char *path, Peer *p, int cap) {
 // small-M kernel (fp8.cu) by shape and with its knobs forced; plus the activation quantization.
 static void decode_bench(void) {
     int shapes[][2] = {{2048, 1024}, {1024, 1024}, {1024, 2048}, {3072, 1024}, {1024, 3072},
-                       {4096, 4096}, {1024, 4096}, {12288, 4096}, {4096, 12288}};
+                       {4096, 4096}, {1024, 4096}, {12288, 4096}, {4096, 12288},
+                       {4096, 1024}, {6144, 1024}, {6144, 4096}, {24576, 4096}};  // fused q|k|v, gate|up
     const int M = 64;
     printf("\ndecode products, M = %d, FP8 block (us, and GB/s of W read: N*K bytes FP8, 2*N*K BF16)\n", M);
-    printf("| N x K | bf16 cuBLAS | LT fp8 | quant X | small-M auto | no pipe | fp8 mma | ksplit 1 | 2 | 4 | 8 | 16 | 32 |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| N x K | bf16 cuBLAS | fp8 AUTO (backend) | quant X | small-M auto | fp8 mma | ksplit 1 | 2 | 4 | 8 | 16 | 32 |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int N = shapes[si][0], K = shapes[si][1];
         int nb = (int)((200u << 20) / ((size_t)N * K * 3)) + 2;
@@ -402,25 +403,25 @@ static void decode_bench(void) {
         cudaCheck(cudaMalloc(&y, (size_t)M * N * 4));
         double wbytes = (double)N * K;
         double t_bf = time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, xb, wb[b], M, N, K, 0); }, nb) * 1e3;
-        fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
+        fp8_cuda_set_backend(FP8_GEMM_AUTO);
+        fp8_gemm_cuda(y, DT_BF16, &x, &w[0], 0);
+        const char *auto_be = fp8_cuda_last_backend();
         double t_lt = time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x, &w[b], 0); }, nb) * 1e3;
         fp8_cuda_set_backend(FP8_GEMM_KERNEL_SMALLM);
         double t_q = time_ms([&](int b) { fp8_quantize_cuda(&x, xb, DT_BF16, 0); }, nb) * 1e3;
         double t_auto = time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x, &w[b], 0); }, nb) * 1e3;
-        fp8_cuda_set_smallm(0, -1, 0);
-        double t_nopipe = time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x, &w[b], 0); }, nb) * 1e3;
-        fp8_cuda_set_smallm(0, 0, -1);
+        fp8_cuda_set_smallm(0, 0);
         double t_mma8 = time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x, &w[b], 0); }, nb) * 1e3;
         double t_ks[6];
         for (int i = 0; i < 6; i++) {
-            fp8_cuda_set_smallm(1 << i, -1, -1);
+            fp8_cuda_set_smallm(1 << i, -1);
             t_ks[i] = time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x, &w[b], 0); }, nb) * 1e3;
         }
-        fp8_cuda_set_smallm(0, -1, -1);
+        fp8_cuda_set_smallm(0, -1);
         fp8_cuda_set_backend(FP8_GEMM_AUTO);
         auto gbs = [&](double us, double bytes) { return bytes / (us * 1e-6) / 1e9; };
-        printf("| %d x %d | %.1f (%.0f) | %.1f (%.0f) | %.1f | %.1f (%.0f) | %.1f | %.1f |", N, K, t_bf, gbs(t_bf, 2 * wbytes),
-               t_lt, gbs(t_lt, wbytes), t_q, t_auto, gbs(t_auto, wbytes), t_nopipe, t_mma8);
+        printf("| %d x %d | %.1f (%.0f) | %.1f (%.0f) %s | %.1f | %.1f (%.0f) | %.1f |", N, K, t_bf, gbs(t_bf, 2 * wbytes),
+               t_lt, gbs(t_lt, wbytes), auto_be, t_q, t_auto, gbs(t_auto, wbytes), t_mma8);
         for (int i = 0; i < 6; i++) printf(" %.1f |", t_ks[i]);
         printf("\n");
         fflush(stdout);

@@ -22,9 +22,9 @@ enum { P_LIN_F, P_LIN_B, P_LORA_F, P_LORA_B, P_ATT_F, P_ATT_B, P_ATT_DEC, P_KV_W
        P_LOGITS, P_HEAD_F, P_HEAD_B, P_SAMPLE, P_EMB, P_OPT, P_MEM, P_COUNT };
 static const char *const prof_name[P_COUNT] = {
     "linear forward (FP8 quantize + GEMM)", "linear backward (dX)", "LoRA forward", "LoRA backward",
-    "attention forward", "attention backward", "attention decode (paged)", "KV cache write", "rmsnorm f+b",
-    "rope f+b", "swiglu f+b", "residual add", "logits (lm head, decode)", "logprobs forward (lm head)",
-    "logprobs backward (lm head)", "sampling", "embedding", "AdamW + grad zero", "memcpy / memset"};
+    "attention forward", "attention backward", "attention decode (paged)", "KV cache write",
+    "rmsnorm f+b (decode: + residual add)", "rope f+b (decode: + q/k norm)", "swiglu f+b", "residual add", "logits (lm head, decode)", "logprobs forward (lm head)",
+    "logprobs backward (lm head)", "sampling", "embedding", "AdamW + grad zero", "memcpy / memset / split"};
 
 static double prof_ms[P_COUNT];
 static long prof_calls[P_COUNT];
@@ -98,6 +98,14 @@ static void pw_swiglu_b(void *dg, void *du, const void *d, const void *g, const 
     PW(P_SWIGLU, PF.R->swiglu_backward(dg, du, d, g, u, n));
 }
 static void pw_add(void *o, const void *a, const void *b, size_t n) { PW(P_ADD, PF.R->add(o, a, b, n)); }
+static void pw_add_rmsnorm(void *x, void *o, void *r, const void *dx, const void *w, int N, int C, float eps) {
+    PW(P_NORM, PF.R->add_rmsnorm(x, o, r, dx, w, N, C, eps));
+}
+static void pw_qk_norm_rope(void *q, void *k, const void *qn, const void *kn, const int32_t *pos, const void *f, int N,
+                            int NH, int KVH, int HD, float eps) {
+    PW(P_ROPE, PF.R->qk_norm_rope(q, k, qn, kn, pos, f, N, NH, KVH, HD, eps));
+}
+static void pw_split(void *const *o, const int *w, int n, const void *in, int N) { PW(P_MEM, PF.R->split_columns(o, w, n, in, N)); }
 static void pw_logits(void *lg, const void *h, const void *w, int N, int C, int V) { PW(P_LOGITS, PF.R->logits_forward(lg, h, w, N, C, V)); }
 static void pw_logp_f(void *logp, void *lse, const void *h, const void *wlm, const int32_t *t, float it, int N, int C, int V) {
     PW(P_HEAD_F, PF.R->logprobs_forward(logp, lse, h, wlm, t, it, N, C, V));
@@ -139,6 +147,7 @@ static void prof_install(const Backend *real, Backend *W) {
     W->rmsnorm_forward = pw_norm_f; W->rmsnorm_backward = pw_norm_b;
     W->rope_forward = pw_rope_f; W->rope_backward = pw_rope_b;
     W->swiglu_forward = pw_swiglu_f; W->swiglu_backward = pw_swiglu_b; W->add = pw_add;
+    W->add_rmsnorm = pw_add_rmsnorm; W->qk_norm_rope = pw_qk_norm_rope; W->split_columns = pw_split;
     W->logits_forward = pw_logits; W->logprobs_forward = pw_logp_f; W->logprobs_backward = pw_logp_b;
     W->sample = pw_sample; W->embedding_forward = pw_emb_f; W->adamw = pw_adamw;
     W->zero = pw_zero; W->upload = pw_upload; W->download = pw_download; W->copy = pw_copy;

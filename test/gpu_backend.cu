@@ -504,6 +504,74 @@ START_TEST(test_norm_rope_elementwise) {
     rmsnorm_case(1000, 128, 0, 1);  // q/k-norm shape (rows of head_dim)
     rmsnorm_case(37, 100, 1, 1);    // C not a multiple of 8: the scalar path
 
+    // the decode fusions against the GPU ops they replace: bit for bit (same roundings, same order)
+    for (int vec = 0; vec < 2; vec++) {
+        int Nf = 64, Cf = vec ? 1024 : 100;
+        float *x = randn_bf((size_t)Nf * Cf, 1.0f), *dxh = randn_bf((size_t)Nf * Cf, 1.0f), *w = randn_bf(Cf, 1.0f);
+        void *x1 = up_act(x, (size_t)Nf * Cf), *x2 = up_act(x, (size_t)Nf * Cf), *ddx = up_act(dxh, (size_t)Nf * Cf);
+        void *dw = up_act(w, Cf), *o1 = G->alloc((size_t)Nf * Cf * 2), *o2 = G->alloc((size_t)Nf * Cf * 2);
+        void *r1 = G->alloc(Nf * 4), *r2 = G->alloc(Nf * 4);
+        G->add_rmsnorm(x1, o1, r1, ddx, dw, Nf, Cf, 1e-6f);
+        G->add(x2, x2, ddx, (size_t)Nf * Cf);
+        G->rmsnorm_forward(o2, r2, x2, dw, Nf, Cf, 1e-6f);
+        float *a = down_act(x1, (size_t)Nf * Cf), *b = down_act(x2, (size_t)Nf * Cf);
+        check_exact("add_rmsnorm x", a, b, (size_t)Nf * Cf * 4);
+        free(a); free(b);
+        a = down_act(o1, (size_t)Nf * Cf), b = down_act(o2, (size_t)Nf * Cf);
+        check_exact("add_rmsnorm out", a, b, (size_t)Nf * Cf * 4);
+        free(a); free(b); free(x); free(dxh); free(w);
+        G->free(x1); G->free(x2); G->free(ddx); G->free(dw); G->free(o1); G->free(o2); G->free(r1); G->free(r2);
+        for (int with_norm = 0; with_norm < 2; with_norm++) {
+            int NHf = 16, KVHf = 8, HDf = vec ? 128 : 36;
+            size_t nq = (size_t)Nf * NHf * HDf, nk = (size_t)Nf * KVHf * HDf;
+            float *qh = randn_bf(nq, 1.0f), *kh = randn_bf(nk, 1.0f), *qw = randn_bf(HDf, 1.0f), *kw = randn_bf(HDf, 1.0f);
+            float *invf = fmalloc(HDf / 2);
+            for (int i = 0; i < HDf / 2; i++) invf[i] = 1.0f / powf(1e6f, (float)(2 * i) / HDf);
+            int32_t *pp = (int32_t *)mallocCheck(Nf * 4);
+            for (int i = 0; i < Nf; i++) pp[i] = (i * 97) % 3000;
+            void *q1 = up_act(qh, nq), *q2 = up_act(qh, nq), *k1 = up_act(kh, nk), *k2 = up_act(kh, nk);
+            void *dqw = up_act(qw, HDf), *dkw = up_act(kw, HDf), *dinv = up_hp(invf, HDf / 2), *dp = up_i32(pp, Nf);
+            void *rs = G->alloc((size_t)Nf * NHf * 4);
+            G->qk_norm_rope(q1, k1, with_norm ? dqw : NULL, with_norm ? dkw : NULL, (const int32_t *)dp, dinv, Nf, NHf,
+                            KVHf, HDf, 1e-6f);
+            if (with_norm) {
+                G->rmsnorm_forward(q2, rs, q2, dqw, Nf * NHf, HDf, 1e-6f);
+                G->rmsnorm_forward(k2, rs, k2, dkw, Nf * KVHf, HDf, 1e-6f);
+            }
+            G->rope_forward(q2, (const int32_t *)dp, dinv, Nf, NHf, HDf);
+            G->rope_forward(k2, (const int32_t *)dp, dinv, Nf, KVHf, HDf);
+            a = down_act(q1, nq), b = down_act(q2, nq);
+            check_exact("qk_norm_rope q", a, b, nq * 4);
+            free(a); free(b);
+            a = down_act(k1, nk), b = down_act(k2, nk);
+            check_exact("qk_norm_rope k", a, b, nk * 4);
+            free(a); free(b); free(qh); free(kh); free(qw); free(kw); free(invf); free(pp);
+            G->free(q1); G->free(q2); G->free(k1); G->free(k2); G->free(dqw); G->free(dkw); G->free(dinv); G->free(dp); G->free(rs);
+        }
+    }
+
+    // split_columns (a fused projection's output into its parts): a copy, so exact; 16-byte and scalar paths
+    int wsets[2][4] = {{2048, 1024, 1024, 0}, {40, 5, 3, 16}}, nws[2] = {3, 4};
+    for (int ws = 0; ws < 2; ws++) {
+        int Ns = 37, tot = 0;
+        for (int i = 0; i < nws[ws]; i++) tot += wsets[ws][i];
+        float *in = randn_bf((size_t)Ns * tot, 1.0f);
+        void *din = up_act(in, (size_t)Ns * tot), *douts[4];
+        float *refs[4];
+        for (int i = 0; i < nws[ws]; i++) {
+            douts[i] = G->alloc((size_t)Ns * wsets[ws][i] * 2);
+            refs[i] = fmalloc((size_t)Ns * wsets[ws][i]);
+        }
+        G->split_columns(douts, wsets[ws], nws[ws], din, Ns);
+        split_columns_cpu(refs, wsets[ws], nws[ws], in, Ns);
+        for (int i = 0; i < nws[ws]; i++) {
+            float *got = down_act(douts[i], (size_t)Ns * wsets[ws][i]);
+            check_exact("split_columns", got, refs[i], (size_t)Ns * wsets[ws][i] * 4);
+            free(got); free(refs[i]); G->free(douts[i]);
+        }
+        free(in); G->free(din);
+    }
+
     // RoPE on (N, H, HD) with positions up to 5000; backward = rotation by -angle
     int N = 97, H = 6, HD = 128;
     size_t n = (size_t)N * H * HD;

@@ -420,14 +420,15 @@ START_TEST(test_gemm_smallm) {
             cudaFree(d1); cudaFree(d2); free(h1); free(h2);
             gemm_case_free(&c);
         }
-    // with the knobs forced: one split (no reduction pass), no pipelining, the FP8 mma.sync variant
-    int knobs[][3] = {{1, -1, -1}, {3, -1, 0}, {0, 0, -1}};
-    for (int ki = 0; ki < 3; ki++) {
+    // with the knobs forced: one split (no reduction pass), 3 and 16 splits (uneven, and one K step
+    // each), the FP8 mma.sync variant
+    int knobs[][2] = {{1, -1}, {3, -1}, {16, -1}, {0, 0}};
+    for (int ki = 0; ki < 4; ki++) {
         GemmCase c;
         gemm_case_make(&c, 33, 256, 1024, FP8_BLOCK, FP8_E4M3, FP8_E4M3, DATA_RANDOM, 0);
-        fp8_cuda_set_smallm(knobs[ki][0], knobs[ki][1], knobs[ki][2]);
+        fp8_cuda_set_smallm(knobs[ki][0], knobs[ki][1]);
         gemm_check(&c, FP8_GEMM_KERNEL_SMALLM, DT_BF16, 0, ACC_TC, "kernel-smallm");
-        fp8_cuda_set_smallm(0, -1, -1);
+        fp8_cuda_set_smallm(0, -1);
         gemm_case_free(&c);
     }
     fprintf(stderr, "small-M kernel: worst error / tolerance %.3f (ACC_TC 2^-8)\n", worst);

@@ -197,6 +197,11 @@ START_TEST(test_logits_decode) {
         ModelOptions o = opt_dense();
         const Backend *be = backend_cpu();
         model_load(&m, p, be, &o);
+        // the decode step runs q|k|v and gate|up as one GEMM each (fused views of the weights)
+        const LayerWeights *l0 = &m.w.layers[0];
+        ck_assert_int_eq(l0->qkv.rows, (m.cfg.NH + 2 * m.cfg.KVH) * m.cfg.HD);
+        ck_assert_int_eq(l0->gateup.rows, 2 * m.cfg.FF);
+        ck_assert(m.cfg.qkv_bias == (l0->bias_qkv != NULL));
         fixture(p, sizeof p, ARCHS[a], "tokens.npy");
         Npy tk = npy_read(p);
         fixture(p, sizeof p, ARCHS[a], "logits.npy");
