@@ -68,6 +68,9 @@ struct Backend {
     // bytes this process holds through alloc now (CUDA: device memory in use beyond the context's
     // at start-up); *peak (may be NULL): the most it has held since start-up
     size_t (*mem_in_use)(size_t *peak);
+    // device memory this process can use at most: the device's total less what was in use when
+    // the backend started (the CUDA context, other processes); NULL where memory is the host's
+    size_t (*mem_capacity)(void);
 
     // ---- weights -----------------------------------------------------------
     // Fill w (rows, cols, gran set by the caller; w->q.data/q.scale or w->dense

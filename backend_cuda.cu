@@ -118,6 +118,9 @@ static size_t cu_mem_in_use(size_t *peak) {
     return now;
 }
 
+static size_t mem_total;
+static size_t cu_mem_capacity(void) { return mem_total > mem_base ? mem_total - mem_base : 0; }
+
 static void *cu_alloc(size_t bytes) {
     void *p = NULL;
     if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
@@ -1438,6 +1441,7 @@ static Backend be = {
     .upload_convert = cu_upload_convert,
     .sync = cu_sync,
     .mem_in_use = cu_mem_in_use,
+    .mem_capacity = cu_mem_capacity,
     .quantize_weight = cu_quantize_weight,
     .dequantize_weight = cu_dequantize_weight,
     .embedding_forward = cu_embedding_forward,
@@ -1527,6 +1531,7 @@ extern "C" const Backend *backend_cuda(char *why, size_t why_cap) {
         size_t fr = 0, tot = 0;
         cudaCheck(cudaMemGetInfo(&fr, &tot));
         mem_base = tot - fr;
+        mem_total = tot;
     }
     snprintf(be.device_desc, sizeof be.device_desc, "%.90s (sm_%d%d, %.0f GiB)", p.name, p.major, p.minor,
              p.totalGlobalMem / 1073741824.0);

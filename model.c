@@ -27,17 +27,15 @@ typedef struct {
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 // (re)allocate m->acts for N = B*T rows; keeps the old arena when it is big enough
-static void acts_ensure(Model *m, int B, int T) {
-    Acts *a = &m->acts;
+// the activation layout for B x T (with m->recompute): sizes into s (pointers into a), count returned
+static size_t acts_slots(const Model *m, Acts *a, int B, int T, ASlot *s) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     size_t N = (size_t)B * T;
-    if (a->mem && (size_t)a->B * a->T >= N && a->recompute == m->recompute) return;
-    if (a->mem) be->free(a->mem);
     // per-layer buffers hold every layer, or one with recomputation (x always holds all L + 1)
     size_t act = dtype_size(be->act), hp = dtype_size(be->hp), L = m->recompute ? 1 : c->L;
     size_t q = (size_t)c->NH * c->HD, kv = (size_t)c->KVH * c->HD;
-    ASlot s[] = {
+    ASlot t[] = {
         {&a->x, (c->L + 1) * N * c->C * act},
         {&a->ln1, L * N * c->C * act},
         {&a->rstd1, L * N * hp},
@@ -76,9 +74,38 @@ static void acts_ensure(Model *m, int B, int T) {
         {&a->targets, N * 4},
         {&a->dlogp, N * hp},
     };
-    size_t ns = sizeof s / sizeof s[0], total = 0;
+    memcpy(s, t, sizeof t);
+    return sizeof t / sizeof t[0];
+}
+
+size_t model_acts_bytes(const Model *m, int B, int T) {
+    Acts tmp;
+    ASlot s[64] = {{0}};
+    size_t ns = acts_slots(m, &tmp, B, T, s), total = 0;
     for (size_t i = 0; i < ns; i++) total += al256(s[i].bytes);
-    a->mem = be->alloc(total);
+    return total;
+}
+
+static void acts_ensure(Model *m, int B, int T) {
+    Acts *a = &m->acts;
+    const Backend *be = m->be;
+    size_t N = (size_t)B * T;
+    if (a->mem && (size_t)a->B * a->T >= N && a->recompute == m->recompute) return;
+    ASlot s[64] = {{0}};
+    size_t ns = acts_slots(m, a, B, T, s), total = 0;
+    for (size_t i = 0; i < ns; i++) total += al256(s[i].bytes);
+    Arena *ar = &m->arena;
+    if (ar->cap) {  // the bottom of the arena, below a live KV cache (none during an update)
+        if (!ar->kv_bytes) model_arena_reserve(m, total, "the training activations");
+        if (total > ar->bytes - ar->kv_bytes)
+            die("memory: activations of %d x %d tokens (%.2f GiB) do not fit beside the KV cache (%.2f GiB) in the "
+                "arena (%.2f GiB)", B, T, total / 1073741824.0, ar->kv_bytes / 1073741824.0, ar->bytes / 1073741824.0);
+        a->mem = ar->mem;
+        if (total > ar->peak_acts) ar->peak_acts = total;
+    } else {
+        if (a->mem) be->free(a->mem);
+        a->mem = be->alloc(total);
+    }
     a->bytes = total;
     char *p = (char *)a->mem;
     for (size_t i = 0; i < ns; i++) {
@@ -90,6 +117,23 @@ static void acts_ensure(Model *m, int B, int T) {
     a->recompute = m->recompute;
 }
 
+void model_arena_init(Model *m, size_t cap) { m->arena.cap = cap; }
+
+void model_arena_reserve(Model *m, size_t bytes, const char *what) {
+    Arena *ar = &m->arena;
+    if (!ar->cap || bytes <= ar->bytes) return;
+    if (ar->kv_bytes) die("memory: the arena cannot grow while a KV cache lives in it");
+    if (bytes > ar->cap)
+        die("memory: %s need %.2f GiB of the KV-cache/activation arena, but --gpu_memory_utilization leaves it "
+            "%.2f GiB: raise --gpu_memory_utilization, or lower --per_device_train_batch_size / --micro_batch_size / "
+            "--max_completion_length",
+            what, bytes / 1073741824.0, ar->cap / 1073741824.0);
+    if (ar->mem) m->be->free(ar->mem);
+    ar->mem = m->be->alloc(bytes);
+    ar->bytes = bytes;
+    memset(&m->acts, 0, sizeof m->acts);  // they lived in the old pool
+}
+
 // per-layer slices of the arena
 #define LAYER(base, l, per) ((void *)((char *)(base) + (size_t)(l) * (per)))
 
@@ -97,8 +141,11 @@ static void graphs_clear(Model *m);
 
 void model_free_scratch(Model *m) {
     graphs_clear(m);
-    if (m->acts.mem) m->be->free(m->acts.mem);
+    if (m->acts.mem && !m->arena.cap) m->be->free(m->acts.mem);
     memset(&m->acts, 0, sizeof m->acts);
+    if (m->arena.mem) m->be->free(m->arena.mem);
+    m->arena.mem = NULL;
+    m->arena.bytes = m->arena.kv_bytes = 0;
     if (m->dec.mem) m->be->free(m->dec.mem);
     memset(&m->dec, 0, sizeof m->dec);
 }
@@ -311,7 +358,12 @@ void model_backward(Model *m, const double *dlogp_host) {
 // ----------------------------------------------------------------------------
 // KV cache and decode
 
-void kvcache_alloc(KVCache *kv, const Model *m, int num_blocks, int block_size) {
+size_t kvcache_bytes(const Model *m, int num_blocks, int block_size) {
+    const Config *c = &m->cfg;
+    return 2 * (size_t)c->L * num_blocks * block_size * c->KVH * c->HD * dtype_size(m->be->act);
+}
+
+void kvcache_alloc(KVCache *kv, Model *m, int num_blocks, int block_size) {
     const Config *c = &m->cfg;
     memset(kv, 0, sizeof *kv);
     kv->L = c->L;
@@ -319,16 +371,31 @@ void kvcache_alloc(KVCache *kv, const Model *m, int num_blocks, int block_size) 
     kv->HD = c->HD;
     kv->BS = block_size;
     kv->NB = num_blocks;
-    size_t per = (size_t)c->L * num_blocks * block_size * c->KVH * c->HD * dtype_size(m->be->act);
-    kv->bytes = 2 * per;
-    kv->mem = m->be->alloc(kv->bytes);
+    kv->bytes = kvcache_bytes(m, num_blocks, block_size);
+    Arena *ar = &m->arena;
+    if (ar->cap && !ar->kv_bytes && kv->bytes <= ar->bytes) {
+        kv->mem = (char *)ar->mem + (ar->bytes - kv->bytes);
+        kv->in_arena = 1;
+        ar->kv_bytes = kv->bytes;
+        if (kv->bytes > ar->peak_kv) ar->peak_kv = kv->bytes;
+        if (m->acts.mem && m->acts.bytes > ar->bytes - kv->bytes) memset(&m->acts, 0, sizeof m->acts);  // overwritten
+    } else {
+        kv->mem = m->be->alloc(kv->bytes);
+    }
     kv->k = kv->mem;
-    kv->v = (char *)kv->mem + per;
+    kv->v = (char *)kv->mem + kv->bytes / 2;
 }
 
 void kvcache_free(KVCache *kv, const Backend *be) {
     if (kv->mem) be->free(kv->mem);
     memset(kv, 0, sizeof *kv);
+}
+
+void kvcache_free_model(KVCache *kv, Model *m) {
+    if (kv->in_arena) {
+        m->arena.kv_bytes = 0;
+        memset(kv, 0, sizeof *kv);
+    } else kvcache_free(kv, m->be);
 }
 
 static void dec_ensure(Model *m, int S, int MB) {

@@ -119,6 +119,18 @@ typedef struct {
 typedef struct LoRA LoRA;
 typedef struct KVCache KVCache;
 
+// The time-shared pool (DESIGN.md principle 2): one allocation that holds the KV cache during a
+// rollout (at its top, with the prefill's activations at its bottom) and the training
+// activations during an update (from its bottom), never both at once, so their peaks do not add.
+// It grows on demand up to cap (--gpu_memory_utilization's budget) and dies naming the budget
+// beyond it. cap == 0: no arena (KV caches and activations get allocations of their own).
+typedef struct {
+    void *mem;
+    size_t bytes, cap;
+    size_t kv_bytes;  // held at the top by the live KV cache, 0 when none
+    size_t peak_kv, peak_acts;  // the most each role has held (the memory report)
+} Arena;
+
 // Scratch of the decode step (and of prefill's last-position logits): one row per
 // sequence, not per layer. One allocation, sized for cap sequences.
 typedef struct {
@@ -163,6 +175,7 @@ typedef struct {
     DecodeGraph graphs[MAX_DECODE_GRAPHS];
     unsigned graph_epoch;  // the backend's scratch_epoch when the graphs were captured
     int graph_next;        // round robin over the graph slots when all are taken
+    Arena arena;
 } Model;
 
 // ---- config and weights (model_load.c) ----
@@ -177,6 +190,12 @@ void model_init_random(Model *m, const Config *cfg, const Backend *be, const Mod
 void model_save_hf(const Model *m, const char *dir, DType dt);
 void model_free(Model *m);
 void model_free_scratch(Model *m);  // the activation arena and decode scratch (weights stay)
+// turn the time-shared arena on with this budget (bytes); see Arena
+void model_arena_init(Model *m, size_t cap);
+// make the arena hold at least bytes (moving it: nothing may live in it); dies beyond the budget
+void model_arena_reserve(Model *m, size_t bytes, const char *what);
+// bytes the training activations of B sequences of T tokens take (with m->recompute as set)
+size_t model_acts_bytes(const Model *m, int B, int T);
 // per-layer quantization error report: SQNR (dB) of each linear weight at each granularity
 void model_sqnr_report(const char *dir, FILE *f);
 
@@ -203,8 +222,13 @@ struct KVCache {
     void *k, *v;     // (L, NB, BS, KVH, HD) act each
     void *mem;
     size_t bytes;
+    int in_arena;    // at the top of the model's arena (kvcache_free releases, not frees)
 };
-void kvcache_alloc(KVCache *kv, const Model *m, int num_blocks, int block_size);
+size_t kvcache_bytes(const Model *m, int num_blocks, int block_size);
+// with an arena: at its top (the activations below it are dropped if they overlap); the arena
+// must already hold it (model_arena_reserve), else the cache gets an allocation of its own
+void kvcache_alloc(KVCache *kv, Model *m, int num_blocks, int block_size);
+void kvcache_free_model(KVCache *kv, Model *m);
 void kvcache_free(KVCache *kv, const Backend *be);
 
 // Prefill B right-padded prompts ids_host (B*T): writes their K/V to slots_host (B*T, -1 = padding),

@@ -72,6 +72,8 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
         for (int b = full; b < need; b++) table[(size_t)s * MB + b] = nb++;
     }
     KVCache kv;
+    // the arena (when on) holds the cache at its top and the prefill's activations below it
+    model_arena_reserve(m, kvcache_bytes(m, nb, BS) + model_acts_bytes(m, share ? P : S, Tmax), "this rollout's KV cache and prefill");
     kvcache_alloc(&kv, m, nb, BS);
     out->kv_bytes = kv.bytes;
 
@@ -155,7 +157,7 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
     be->free(tok_d);
     be->free(logp_d);
     be->free(rng_d);
-    kvcache_free(&kv, be);
+    kvcache_free_model(&kv, m);
     free(pblock0);
     free(table);
     free(copy_src);

@@ -665,6 +665,20 @@ int main(int argc, char **argv) {
     size_t lora_bytes = 4 * lo->n * dtype_size(be->hp);  // parameters, gradients, Adam m and v
     printf("memory (%s): weights %.1f MiB (linear %.1f MiB as %s), LoRA + AdamW %.1f MiB\n", be->name,
            (m.w.dense_bytes + m.w.fp8_bytes) / 1048576.0, m.w.linear_bytes / 1048576.0, o.load_in_fp8, lora_bytes / 1048576.0);
+    if (be->mem_capacity) {
+        // the time-shared arena (KV cache during rollouts, activations during updates) gets what
+        // --gpu_memory_utilization leaves after what is held now and a reserve for the backend's
+        // scratch, which grows lazily (FP8 activation codes, 512 MiB logits chunks, LoRA copies)
+        size_t budget = (size_t)(o.gpu_memory_utilization * (double)be->mem_capacity()), used = be->mem_in_use(NULL);
+        size_t reserve = (size_t)1 << 30;
+        if (budget <= used + reserve)
+            die("--gpu_memory_utilization %.2f gives %.2f GiB, but the weights, LoRA and optimizer hold %.2f GiB and the "
+                "backend keeps 1 GiB in reserve: raise --gpu_memory_utilization",
+                o.gpu_memory_utilization, budget / 1073741824.0, used / 1073741824.0);
+        model_arena_init(&m, budget - used - reserve);
+        printf("arena (KV cache during rollouts, activations during updates): up to %.2f GiB, grown on demand\n",
+               (budget - used - reserve) / 1073741824.0);
+    }
 
     int start = 0;
     path_join(mpath, sizeof mpath, o.output_dir, "metrics.jsonl");
@@ -856,6 +870,7 @@ int main(int argc, char **argv) {
         add_num(j, "tokens_per_sec/update", (double)g.num_iterations * S * T / fmax(t_train - t_ref, 1e-9));
         add_num(j, "memory/kv_cache_mib", ro.kv_bytes / 1048576.0);
         add_num(j, "memory/activations_mib", m.acts.bytes / 1048576.0);
+        if (m.arena.cap) add_num(j, "memory/arena_mib", m.arena.bytes / 1048576.0);
         char *line = cJSON_PrintUnformatted(j);
         cJSON_Delete(j);
         FILE *mf = fopenCheck(mpath, "a");
@@ -878,6 +893,11 @@ int main(int argc, char **argv) {
                    (m.w.dense_bytes + m.w.fp8_bytes) / 1048576.0, lora_bytes / 1048576.0,
                    (m.acts.bytes + lora_acts_bytes(lo)) / 1048576.0, m.recompute ? "recomputed per layer" : "all layers kept",
                    ro.kv_bytes / 1048576.0, m.dec.bytes / 1048576.0, peak / 1048576.0);
+            if (m.arena.cap)
+                printf("arena: %.1f MiB, time-shared: KV cache %.1f MiB at most, activations %.1f MiB at most "
+                       "(separate allocations would hold %.1f MiB)\n",
+                       m.arena.bytes / 1048576.0, m.arena.peak_kv / 1048576.0, m.arena.peak_acts / 1048576.0,
+                       (m.arena.peak_kv + m.arena.peak_acts) / 1048576.0);
         }
         if ((o.save_steps > 0 && step % o.save_steps == 0) || step == o.max_steps) save_checkpoint(&o, &g, lo, &m, step);
         rollout_free(&ro);

@@ -22,6 +22,7 @@
 #include <math.h>
 
 #include "backend.h"
+#include "lora.h"
 #include "model.h"
 #include "rollout.h"
 #include "testutil.h"
@@ -429,6 +430,58 @@ START_TEST(test_sampler_chi_square_gpu) {
 }
 END_TEST
 
+// The time-shared arena on the GPU (as test_rollout.c's test_arena_handover on the CPU): a rollout,
+// an update whose activations reuse the cache's bytes, then a rollout that must equal, bit for bit,
+// that of a fresh model without an arena holding the same updated adapter (graphs on in both).
+START_TEST(test_arena_handover_gpu) {
+    for (int gi = 0; gi < 2; gi++) {
+        Model a, b;
+        load(&a, "qwen3", GPU, GRANS[gi]);
+        load(&b, "qwen3", GPU, GRANS[gi]);
+        model_arena_init(&a, (size_t)256 << 20);
+        LoRA *la = lora_create(&a, 4, 8.0f, (1u << LIN_COUNT) - 1, 5), *lb = lora_create(&b, 4, 8.0f, (1u << LIN_COUNT) - 1, 5);
+        a.lora = la, a.lora_on = 1, b.lora = lb, b.lora_on = 1;
+        int *pool = token_pool("qwen3"), plens[2] = {7, 13};
+        const int *prompts[2] = {pool, pool + 20};
+        uint64_t seeds[6] = {1, 2, 3, 4, 5, 6}, seeds2[6] = {11, 12, 13, 14, 15, 16};
+        RolloutConfig rc = {3, 12, 1.0f, 1.0f, 0, NULL, 0, 16, 1};
+        Rollout r1, r2, rb;
+        rollout_run(&a, &rc, 2, prompts, plens, seeds, &r1);
+        int B = 6, T = 25, ids[150], tg[150];
+        double dl[150], lp[150];
+        for (int i = 0; i < B * T; i++) {
+            ids[i] = pool[(i * 7) % 48];
+            tg[i] = i % T == T - 1 ? -1 : pool[(i * 7 + 7) % 48];
+            dl[i] = tg[i] < 0 ? 0 : ((i % 3) - 1) * 0.1;
+        }
+        model_forward(&a, ids, B, T);
+        ck_assert_ptr_eq(a.acts.mem, a.arena.mem);
+        ck_assert_msg(a.arena.peak_acts + a.arena.peak_kv > a.arena.bytes, "KV and activations do not share bytes");
+        model_logprobs(&a, tg, 1.0f, lp);
+        model_backward(&a, dl);
+        lora_adamw_step(la, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f);
+        rollout_run(&a, &rc, 2, prompts, plens, seeds2, &r2);
+        GPU->copy(lb->params, la->params, la->n * sizeof(float));
+        rollout_run(&b, &rc, 2, prompts, plens, seeds2, &rb);
+        for (int s = 0; s < 6; s++) {
+            ck_assert_int_eq(r2.len[s], rb.len[s]);
+            for (int t = 0; t < r2.len[s]; t++) {
+                ck_assert_msg(r2.ids[s * 12 + t] == rb.ids[s * 12 + t], "%s: sequence %d token %d differs", fp8_gran_name(GRANS[gi]), s, t);
+                ck_assert(r2.logp[s * 12 + t] == rb.logp[s * 12 + t]);
+            }
+        }
+        printf("  arena hand-over (%s): arena %.2f MiB, KV %.2f and activations %.2f MiB at most, rollout after the update "
+               "= a fresh model's, bit for bit\n", fp8_gran_name(GRANS[gi]), a.arena.bytes / 1048576.0,
+               a.arena.peak_kv / 1048576.0, a.arena.peak_acts / 1048576.0);
+        rollout_free(&r1), rollout_free(&r2), rollout_free(&rb);
+        a.lora = b.lora = NULL;
+        lora_free(la), lora_free(lb);
+        free(pool);
+        model_free(&a), model_free(&b);
+    }
+}
+END_TEST
+
 static Suite *gpu_rollout_suite(void) {
     Suite *s = suite_create("gpu_rollout");
     TCase *tc = tcase_create("gpu");
@@ -436,6 +489,7 @@ static Suite *gpu_rollout_suite(void) {
     tcase_add_test(tc, test_greedy_cpu_vs_gpu);
     tcase_add_test(tc, test_prefix_sharing_gpu);
     tcase_add_test(tc, test_sampler_chi_square_gpu);
+    tcase_add_test(tc, test_arena_handover_gpu);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -6,6 +6,7 @@
 #include <check.h>
 #include <math.h>
 
+#include "lora.h"
 #include "model.h"
 #include "rollout.h"
 #include "testutil.h"
@@ -240,6 +241,79 @@ START_TEST(test_sampler_frequencies) {
 }
 END_TEST
 
+// The time-shared arena: the KV cache of a rollout and the activations of an update use the same
+// bytes. A rollout after an update (whose activations overwrote the cache's bytes) must equal the
+// rollout of a fresh model without an arena holding the same updated adapter: nothing of the old
+// cache or of the activations leaks into it.
+START_TEST(test_arena_handover) {
+    Model a, b;
+    load(&a, "qwen3", FP8_OFF);
+    load(&b, "qwen3", FP8_OFF);
+    model_arena_init(&a, (size_t)64 << 20);
+    LoRA *la = lora_create(&a, 4, 8.0f, (1u << LIN_COUNT) - 1, 5), *lb = lora_create(&b, 4, 8.0f, (1u << LIN_COUNT) - 1, 5);
+    a.lora = la, a.lora_on = 1, b.lora = lb, b.lora_on = 1;
+    int *pr0 = fixture_prompt("qwen3", 0, 7), *pr1 = fixture_prompt("qwen3", 1, 13), plens[2] = {7, 13};
+    const int *prompts[2] = {pr0, pr1};
+    uint64_t seeds[6] = {1, 2, 3, 4, 5, 6}, seeds2[6] = {11, 12, 13, 14, 15, 16};
+    RolloutConfig rc = {3, 12, 1.0f, 1.0f, 0, NULL, 0, 4, 1};
+    Rollout r1, r2, rb;
+    rollout_run(&a, &rc, 2, prompts, plens, seeds, &r1);
+    ck_assert(a.arena.peak_kv > 0 && a.arena.kv_bytes == 0);  // the cache was in the arena and is released
+    // an update: 6 sequences of 25 tokens, forward, logprobs, backward, one AdamW step (B leaves 0)
+    int B = 6, T = 25, ids[150], tg[150];
+    double dl[150], lp[150];
+    int *pool = fixture_prompt("qwen3", 0, 24);
+    for (int i = 0; i < B * T; i++) {
+        ids[i] = pool[(i * 7) % 24];
+        tg[i] = i % T == T - 1 ? -1 : pool[(i * 7 + 7) % 24];
+        dl[i] = tg[i] < 0 ? 0 : ((i % 3) - 1) * 0.1;
+    }
+    model_forward(&a, ids, B, T);
+    ck_assert_ptr_eq(a.acts.mem, a.arena.mem);  // the activations live in the arena ...
+    ck_assert_msg(a.arena.peak_acts + a.arena.peak_kv > a.arena.bytes,  // ... over the bytes the cache used
+                  "arena %zu bytes, KV %zu + activations %zu do not overlap", a.arena.bytes, a.arena.peak_kv, a.arena.peak_acts);
+    model_logprobs(&a, tg, 1.0f, lp);
+    model_backward(&a, dl);
+    lora_adamw_step(la, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f);
+    rollout_run(&a, &rc, 2, prompts, plens, seeds2, &r2);
+    // the fresh model gets the updated adapter
+    memcpy(lb->params, la->params, la->n * sizeof(float));
+    rollout_run(&b, &rc, 2, prompts, plens, seeds2, &rb);
+    int S = 6, differ1 = 0;
+    for (int s = 0; s < S; s++) {
+        ck_assert_int_eq(r2.len[s], rb.len[s]);
+        for (int t = 0; t < r2.len[s]; t++) {
+            ck_assert_int_eq(r2.ids[s * 12 + t], rb.ids[s * 12 + t]);
+            ck_assert(r2.logp[s * 12 + t] == rb.logp[s * 12 + t]);
+        }
+        for (int t = 0; t < 12; t++) differ1 += r1.ids[s * 12 + t] != r2.ids[s * 12 + t];
+    }
+    ck_assert(differ1 > 0);  // other seeds and an updated adapter: a different rollout
+    printf("arena hand-over: arena %.2f MiB, KV %.2f MiB and activations %.2f MiB at most; rollout after the update "
+           "equals a fresh model's\n", a.arena.bytes / 1048576.0, a.arena.peak_kv / 1048576.0, a.arena.peak_acts / 1048576.0);
+    rollout_free(&r1), rollout_free(&r2), rollout_free(&rb);
+    a.lora = b.lora = NULL;
+    lora_free(la), lora_free(lb);
+    free(pr0), free(pr1), free(pool);
+    model_free(&a), model_free(&b);
+}
+END_TEST
+
+// the arena's budget is a hard limit with a message that names the option
+START_TEST(test_arena_budget) {
+    Model m;
+    load(&m, "qwen3", FP8_OFF);
+    model_arena_init(&m, 4096);
+    int *pr = fixture_prompt("qwen3", 0, 13), plen = 13;
+    uint64_t seed = 1;
+    RolloutConfig rc = {2, 8, 1.0f, 1.0f, 0, NULL, 0, 4, 1};
+    Rollout r;
+    EXPECT_DIE(rollout_run(&m, &rc, 1, (const int *const *)&pr, &plen, &seed, &r), "--gpu_memory_utilization");
+    free(pr);
+    model_free(&m);
+}
+END_TEST
+
 static Suite *rollout_suite(void) {
     Suite *s = suite_create("rollout");
     TCase *tc = tcase_create("rollout");
@@ -249,6 +323,8 @@ static Suite *rollout_suite(void) {
     tcase_add_test(tc, test_batch_independence);
     tcase_add_test(tc, test_eos_and_truncation);
     tcase_add_test(tc, test_sampler_frequencies);
+    tcase_add_test(tc, test_arena_handover);
+    tcase_add_test(tc, test_arena_budget);
     suite_add_tcase(s, tc);
     return s;
 }
