@@ -27,13 +27,14 @@ typedef struct {
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 // (re)allocate m->acts for N = B*T rows; keeps the old arena when it is big enough
-// the activation layout for B x T (with m->recompute): sizes into s (pointers into a), count returned
-static size_t acts_slots(const Model *m, Acts *a, int B, int T, ASlot *s) {
+// the activation layout for B x T (one layer of per-layer buffers with recompute): sizes into s
+// (pointers into a), count returned
+static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, ASlot *s) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     size_t N = (size_t)B * T;
     // per-layer buffers hold every layer, or one with recomputation (x always holds all L + 1)
-    size_t act = dtype_size(be->act), hp = dtype_size(be->hp), L = m->recompute ? 1 : c->L;
+    size_t act = dtype_size(be->act), hp = dtype_size(be->hp), L = recompute ? 1 : c->L;
     size_t q = (size_t)c->NH * c->HD, kv = (size_t)c->KVH * c->HD;
     ASlot t[] = {
         {&a->x, (c->L + 1) * N * c->C * act},
@@ -78,10 +79,10 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, ASlot *s) {
     return sizeof t / sizeof t[0];
 }
 
-size_t model_acts_bytes(const Model *m, int B, int T) {
+size_t model_acts_bytes(const Model *m, int B, int T, int recompute) {
     Acts tmp;
     ASlot s[64] = {{0}};
-    size_t ns = acts_slots(m, &tmp, B, T, s), total = 0;
+    size_t ns = acts_slots(m, &tmp, B, T, recompute, s), total = 0;
     for (size_t i = 0; i < ns; i++) total += al256(s[i].bytes);
     return total;
 }
@@ -92,7 +93,7 @@ static void acts_ensure(Model *m, int B, int T) {
     size_t N = (size_t)B * T;
     if (a->mem && (size_t)a->B * a->T >= N && a->recompute == m->recompute) return;
     ASlot s[64] = {{0}};
-    size_t ns = acts_slots(m, a, B, T, s), total = 0;
+    size_t ns = acts_slots(m, a, B, T, m->recompute, s), total = 0;
     for (size_t i = 0; i < ns; i++) total += al256(s[i].bytes);
     Arena *ar = &m->arena;
     if (ar->cap) {  // the bottom of the arena, below a live KV cache (none during an update)
@@ -435,10 +436,15 @@ void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_h
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     dec_ensure(m, B, 1);
-    // slots go through the arena's targets buffer (unused by a prefill)
+    // no backward follows, so one layer's buffers do (the layout of recomputation): a prefill of
+    // 64 x 128 tokens of an 8B model would otherwise hold 36 layers of activations (~36 GiB)
+    int recompute = m->recompute;
+    m->recompute = 1;
     acts_ensure(m, B, T);
+    // slots go through the arena's targets buffer (unused by a prefill)
     be->upload(m->acts.targets, slots_host, (size_t)B * T * sizeof(int32_t));
     forward_impl(m, ids_host, B, T, kv, (const int32_t *)m->acts.targets);
+    m->recompute = recompute;
     int32_t *last = (int32_t *)mallocCheck(B * sizeof(int32_t));
     for (int b = 0; b < B; b++) {
         if (lens_host[b] < 1 || lens_host[b] > T) die("prefill: prompt length %d outside [1, %d]", lens_host[b], T);

@@ -194,8 +194,9 @@ void model_free_scratch(Model *m);  // the activation arena and decode scratch (
 void model_arena_init(Model *m, size_t cap);
 // make the arena hold at least bytes (moving it: nothing may live in it); dies beyond the budget
 void model_arena_reserve(Model *m, size_t bytes, const char *what);
-// bytes the training activations of B sequences of T tokens take (with m->recompute as set)
-size_t model_acts_bytes(const Model *m, int B, int T);
+// bytes the activations of B sequences of T tokens take: every layer's, or one layer's with recompute
+// (what a prefill uses: it has no backward)
+size_t model_acts_bytes(const Model *m, int B, int T, int recompute);
 // per-layer quantization error report: SQNR (dB) of each linear weight at each granularity
 void model_sqnr_report(const char *dir, FILE *f);
 

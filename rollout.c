@@ -73,7 +73,7 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
     }
     KVCache kv;
     // the arena (when on) holds the cache at its top and the prefill's activations below it
-    model_arena_reserve(m, kvcache_bytes(m, nb, BS) + model_acts_bytes(m, share ? P : S, Tmax), "this rollout's KV cache and prefill");
+    model_arena_reserve(m, kvcache_bytes(m, nb, BS) + model_acts_bytes(m, share ? P : S, Tmax, 1), "this rollout's KV cache and prefill");
     kvcache_alloc(&kv, m, nb, BS);
     out->kv_bytes = kv.bytes;
 
