@@ -22,6 +22,94 @@ static void kv_copy_block(const Backend *be, KVCache *kv, int src, int dst) {
     }
 }
 
+// The blocks of one prompt's group. With sharing (the default) the prompt is prefilled once into
+// blocks the G completions point at for its full blocks; each completion owns the rest, the first
+// of which starts as a copy of the prompt's partly filled block (copy-on-write). Without sharing
+// each completion prefills its own copy of the prompt.
+typedef struct {
+    int nq;          // prompts it prefills: 1 with sharing, G without
+    int need;        // blocks it holds while any of its completions lives
+    int live;        // completions not finished
+    int *pblocks;    // the prompt blocks (returned when the last completion finishes)
+    int npblocks;
+} Group;
+
+// everything a rollout keeps between admissions and decode steps
+typedef struct {
+    Model *m;
+    const RolloutConfig *rc;
+    const int *const *prompts;
+    const int *plens;
+    int P, G, S, BS, MB, Tmax, share, V;
+    Group *gr;
+    int next_group;        // groups are admitted in order
+    int *free_ids, nfree;  // the block pool: a stack of free block ids
+    int *table;            // (S, MB) each sequence's blocks
+    KVCache kv;
+    void *logits;          // (S, V) hp: row i belongs to live sequence act[i]
+    void *plogits;         // (prompts, V) hp: a prefill's last-position logits
+    int *act, na;          // live sequences
+    int *ids, *slots, *lens, *first;  // prefill staging: (prompts, Tmax), (prompts), prompt -> first sequence
+} Run;
+
+static int group_blocks(const Run *r, int p, int *full, int *own) {
+    int pl = r->plens[p];
+    *full = r->share ? pl / r->BS : cdiv(pl, r->BS);  // the prompt blocks a completion reads as they are
+    *own = cdiv(pl + r->rc->max_new, r->BS) - *full;
+    return (r->share ? cdiv(pl, r->BS) : r->G * *full) + r->G * *own;
+}
+
+// Admit the next groups whose blocks are free, prefill their prompts together, and append their
+// completions to the live sequences with their first logits rows. Returns the groups admitted.
+static int admit(Run *r) {
+    const Backend *be = r->m->be;
+    size_t hp = dtype_size(be->hp), row = (size_t)r->V * hp;
+    int nq = 0, g0 = r->next_group, T = 0;
+    while (r->next_group < r->P && r->gr[r->next_group].need <= r->nfree) {
+        int p = r->next_group++, pl = r->plens[p], full, own;
+        group_blocks(r, p, &full, &own);
+        Group *g = &r->gr[p];
+        g->live = r->G;
+        g->npblocks = 0;
+        for (int q = 0; q < g->nq; q++) {
+            int b0 = g->npblocks;
+            for (int b = 0; b < cdiv(pl, r->BS); b++) g->pblocks[g->npblocks++] = r->free_ids[--r->nfree];
+            r->lens[nq] = pl;
+            r->first[nq] = p * r->G + (r->share ? 0 : q);
+            for (int t = 0; t < r->Tmax; t++)
+                r->slots[(size_t)nq * r->Tmax + t] = t < pl ? g->pblocks[b0 + t / r->BS] * r->BS + t % r->BS : -1;
+            nq++;
+        }
+        for (int j = 0; j < r->G; j++) {
+            int s = p * r->G + j, q0 = r->share ? 0 : j * cdiv(pl, r->BS);
+            for (int b = 0; b < full; b++) r->table[(size_t)s * r->MB + b] = g->pblocks[q0 + b];
+            for (int b = full; b < full + own; b++) r->table[(size_t)s * r->MB + b] = r->free_ids[--r->nfree];
+        }
+        if (pl > T) T = pl;
+    }
+    if (!nq) return 0;
+    // the prompts, right-padded into (nq, T)
+    for (int q = 0; q < nq; q++) {
+        const int *pr = r->prompts[r->first[q] / r->G];
+        for (int t = 0; t < T; t++) {
+            r->ids[(size_t)q * T + t] = t < r->lens[q] ? pr[t] : 0;
+            r->slots[(size_t)q * T + t] = r->slots[(size_t)q * r->Tmax + t];  // (in place: q * T <= q * Tmax)
+        }
+    }
+    model_prefill(r->m, &r->kv, r->ids, r->lens, r->slots, nq, T, r->plogits);
+    // each completion starts from its prompt's logits; with sharing it copies the partial block
+    for (int q = 0; q < nq; q++)
+        for (int j = 0; j < (r->share ? r->G : 1); j++) {
+            int s = r->first[q] + j, pl = r->plens[s / r->G];
+            r->act[r->na] = s;
+            be->copy((char *)r->logits + (size_t)r->na * row, (char *)r->plogits + (size_t)q * row, row);
+            r->na++;
+            if (r->share && pl % r->BS)  // the prompt's partial block -> the completion's first own block
+                kv_copy_block(be, &r->kv, r->gr[s / r->G].pblocks[pl / r->BS], r->table[(size_t)s * r->MB + pl / r->BS]);
+        }
+    return r->next_group - g0;
+}
+
 void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *prompts, const int *plens,
                  const uint64_t *seeds, Rollout *out) {
     const Backend *be = m->be;
@@ -37,74 +125,66 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
     out->logp = (double *)callocCheck((size_t)S * rc->max_new, sizeof(double));
     out->truncated = (unsigned char *)callocCheck(S, 1);
 
-    // ---- block tables ----
-    // Prompt p owns blocks for its plen tokens. With sharing, completion s of prompt p
-    // points at the prompt's full blocks and owns the rest, the first of which starts
-    // as a copy of the prompt's partial block. Without sharing, each sequence is its own
-    // prompt (prefilled G times).
-    int share = rc->share_prefix || G == 1;
-    int Pp = share ? P : S;  // prompts actually prefilled
-    int Tmax = 0, MB = 0;
+    Run r;
+    memset(&r, 0, sizeof r);
+    r.m = m, r.rc = rc, r.prompts = prompts, r.plens = plens, r.P = P, r.G = G, r.S = S, r.BS = BS, r.V = V;
+    r.share = rc->share_prefix || G == 1;
     for (int p = 0; p < P; p++) {
         if (plens[p] < 1) die("rollout: empty prompt %d", p);
         if (plens[p] + rc->max_new > c->max_pos)
             die("rollout: prompt of %d tokens + max_completion_length %d exceeds max_position_embeddings %d", plens[p],
                 rc->max_new, c->max_pos);
-        if (plens[p] > Tmax) Tmax = plens[p];
+        if (plens[p] > r.Tmax) r.Tmax = plens[p];
         int mb = cdiv(plens[p] + rc->max_new, BS);
-        if (mb > MB) MB = mb;
+        if (mb > r.MB) r.MB = mb;
     }
-    int *pblock0 = (int *)mallocCheck(Pp * sizeof(int));  // first block of each prefilled prompt
-    int nb = 0;
-    for (int q = 0; q < Pp; q++) {
-        pblock0[q] = nb;
-        nb += cdiv(plens[share ? q : q / G], BS);
+    int nprompts = r.share ? P : S;
+    r.gr = (Group *)callocCheck(P, sizeof(Group));
+    long total = 0;
+    int most = 0;
+    for (int p = 0; p < P; p++) {
+        int full, own;
+        r.gr[p].need = group_blocks(&r, p, &full, &own);
+        r.gr[p].nq = r.share ? 1 : G;
+        r.gr[p].pblocks = (int *)mallocCheck((size_t)r.gr[p].nq * cdiv(plens[p], BS) * sizeof(int));
+        total += r.gr[p].need;
+        if (r.gr[p].need > most) most = r.gr[p].need;
     }
-    int *table = (int *)mallocCheck((size_t)S * MB * sizeof(int));
-    int *copy_src = (int *)mallocCheck(S * sizeof(int));  // block to copy into the sequence's first own block, or -1
-    for (int s = 0; s < S; s++) {
-        int p = s / G, q = share ? p : s, pl = plens[p];
-        int full = share ? pl / BS : cdiv(pl, BS);  // blocks taken from the prompt as they are
-        int need = cdiv(pl + rc->max_new, BS);
-        for (int b = 0; b < MB; b++) table[(size_t)s * MB + b] = 0;
-        for (int b = 0; b < full; b++) table[(size_t)s * MB + b] = pblock0[q] + b;
-        copy_src[s] = (share && pl % BS) ? pblock0[q] + full : -1;
-        for (int b = full; b < need; b++) table[(size_t)s * MB + b] = nb++;
+    // The pool: every group's blocks at once, or, when the arena (--gpu_memory_utilization) holds
+    // fewer, what it holds beside the prefill: groups then wait and are admitted as earlier
+    // completions finish and return their blocks (continuous batching).
+    int NB = (int)total;
+    size_t blk = kvcache_bytes(m, 1, BS), acts = model_acts_bytes(m, nprompts, r.Tmax, 1);
+    if (m->arena.cap && kvcache_bytes(m, NB, BS) + acts > m->arena.cap) {
+        size_t room = m->arena.cap > acts ? m->arena.cap - acts : 0;
+        NB = (int)(room / blk);
+        if (NB < most)
+            die("rollout: one prompt's %d completions need %.1f MiB of KV cache, but the arena leaves %.1f MiB beside the "
+                "prefill: raise --gpu_memory_utilization or lower --max_completion_length / --num_generations",
+                G, most * blk / 1048576.0, room / 1048576.0);
     }
-    KVCache kv;
-    // the arena (when on) holds the cache at its top and the prefill's activations below it
-    model_arena_reserve(m, kvcache_bytes(m, nb, BS) + model_acts_bytes(m, share ? P : S, Tmax, 1), "this rollout's KV cache and prefill");
-    kvcache_alloc(&kv, m, nb, BS);
-    out->kv_bytes = kv.bytes;
-
-    // ---- prefill: the prompts, right-padded into (Pp, Tmax) ----
-    double t0 = now_sec();
-    int *ids = (int *)callocCheck((size_t)Pp * Tmax, sizeof(int)), *slots = (int *)mallocCheck((size_t)Pp * Tmax * sizeof(int));
-    int *lens = (int *)mallocCheck(Pp * sizeof(int));
-    for (int q = 0; q < Pp; q++) {
-        int p = share ? q : q / G;
-        lens[q] = plens[p];
-        for (int t = 0; t < Tmax; t++) {
-            ids[(size_t)q * Tmax + t] = t < plens[p] ? prompts[p][t] : 0;
-            slots[(size_t)q * Tmax + t] = t < plens[p] ? (pblock0[q] + t / BS) * BS + t % BS : -1;
-        }
-    }
+    model_arena_reserve(m, kvcache_bytes(m, NB, BS) + acts, "this rollout's KV cache and prefill");
+    kvcache_alloc(&r.kv, m, NB, BS);
+    out->kv_bytes = r.kv.bytes;
+    r.free_ids = (int *)mallocCheck(NB * sizeof(int));
+    for (int b = NB - 1; b >= 0; b--) r.free_ids[r.nfree++] = b;  // taken in ascending order
     size_t hp = dtype_size(be->hp);
-    void *logits = be->alloc((size_t)S * V * hp);
-    model_prefill(m, &kv, ids, lens, slots, Pp, Tmax, logits);
-    // every completion starts from its prompt's last-position logits
-    if (share && G > 1)
-        for (int s = S - 1; s >= 0; s--)
-            be->copy((char *)logits + (size_t)s * V * hp, (char *)logits + (size_t)(s / G) * V * hp, (size_t)V * hp);
-    for (int s = 0; s < S; s++)
-        if (copy_src[s] >= 0) kv_copy_block(be, &kv, copy_src[s], table[(size_t)s * MB + plens[s / G] / BS]);
+    r.logits = be->alloc((size_t)S * V * hp);
+    r.plogits = be->alloc((size_t)nprompts * V * hp);
+    r.table = (int *)callocCheck((size_t)S * r.MB, sizeof(int));
+    r.act = (int *)mallocCheck(S * sizeof(int));
+    r.ids = (int *)mallocCheck((size_t)nprompts * r.Tmax * sizeof(int));
+    r.slots = (int *)mallocCheck((size_t)nprompts * r.Tmax * sizeof(int));
+    r.lens = (int *)mallocCheck(nprompts * sizeof(int));
+    r.first = (int *)mallocCheck(nprompts * sizeof(int));
+
+    double t0 = now_sec();
+    admit(&r);
     be->sync();
     out->prefill_s = now_sec() - t0;
 
     // ---- decode: sample, then feed the live sequences' tokens ----
     t0 = now_sec();
-    int *act = (int *)mallocCheck(S * sizeof(int)), na = S;  // live sequences, in order
-    for (int s = 0; s < S; s++) act[s] = s;
     uint64_t *rng = (uint64_t *)mallocCheck(S * sizeof(uint64_t));
     memcpy(rng, seeds, S * sizeof(uint64_t));
     void *tok_d = be->alloc(S * sizeof(int32_t)), *logp_d = be->alloc(S * hp), *rng_d = be->alloc(S * sizeof(uint64_t));
@@ -112,59 +192,76 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
     void *lp_h = mallocCheck(S * hp);
     double *lp = (double *)mallocCheck(S * sizeof(double));
     int *pos = (int *)mallocCheck(S * sizeof(int)), *slot = (int *)mallocCheck(S * sizeof(int));
-    int *tab = (int *)mallocCheck((size_t)S * MB * sizeof(int)), *feed = (int *)mallocCheck(S * sizeof(int));
+    int *tab = (int *)mallocCheck((size_t)S * r.MB * sizeof(int)), *feed = (int *)mallocCheck(S * sizeof(int));
     uint64_t *rng_a = (uint64_t *)mallocCheck(S * sizeof(uint64_t));
-    for (int k = 0; na > 0; k++) {
-        // sample token k of each live sequence from its logits row (row i = act[i])
+    while (r.na > 0) {
+        int na = r.na, *act = r.act;
+        // the next token of each live sequence from its logits row (row i = act[i])
         for (int i = 0; i < na; i++) rng_a[i] = rng[act[i]];
         be->upload(rng_d, rng_a, na * sizeof(uint64_t));
-        be->sample((int32_t *)tok_d, logp_d, logits, (uint64_t *)rng_d, na, V, rc->temperature, rc->top_k, rc->top_p);
+        be->sample((int32_t *)tok_d, logp_d, r.logits, (uint64_t *)rng_d, na, V, rc->temperature, rc->top_k, rc->top_p);
         be->download(tok, tok_d, na * sizeof(int32_t));
         be->download(lp_h, logp_d, na * hp);
         be->download(rng_a, rng_d, na * sizeof(uint64_t));
         convert_to_f64(lp, lp_h, be->hp, na);
         int nf = 0;
         for (int i = 0; i < na; i++) {
-            int s = act[i];
+            int s = act[i], k = out->len[s], p = s / G;
             rng[s] = rng_a[i];
             out->ids[(size_t)s * rc->max_new + k] = tok[i];
             out->logp[(size_t)s * rc->max_new + k] = lp[i];
             out->len[s] = k + 1;
             int eos = 0;
             for (int e = 0; e < rc->n_eos; e++) eos |= tok[i] == rc->eos_ids[e];
-            if (eos) continue;
-            if (k + 1 == rc->max_new) {
-                out->truncated[s] = 1;
+            if (eos || k + 1 == rc->max_new) {  // done: its own blocks go back, the prompt's with the group's last
+                out->truncated[s] = !eos;
+                int full, own;
+                group_blocks(&r, p, &full, &own);
+                for (int b = full; b < full + own; b++) r.free_ids[r.nfree++] = r.table[(size_t)s * r.MB + b];
+                if (--r.gr[p].live == 0)
+                    for (int b = 0; b < r.gr[p].npblocks; b++) r.free_ids[r.nfree++] = r.gr[p].pblocks[b];
                 continue;
             }
             feed[nf] = tok[i];
             act[nf] = s;  // compact in place: nf <= i
-            pos[nf] = plens[s / G] + k;
-            int b = pos[nf] / BS;
-            slot[nf] = table[(size_t)s * MB + b] * BS + pos[nf] % BS;
-            memcpy(tab + (size_t)nf * MB, table + (size_t)s * MB, MB * sizeof(int));
+            pos[nf] = plens[p] + k;
+            slot[nf] = r.table[(size_t)s * r.MB + pos[nf] / BS] * BS + pos[nf] % BS;
+            memcpy(tab + (size_t)nf * r.MB, r.table + (size_t)s * r.MB, r.MB * sizeof(int));
             nf++;
         }
-        na = nf;
-        if (na == 0) break;
-        model_decode(m, &kv, feed, pos, slot, tab, na, MB, logits);
-        out->decode_steps++;
+        r.na = nf;
+        if (nf > 0) {
+            model_decode(m, &r.kv, feed, pos, slot, tab, nf, r.MB, r.logits);
+            out->decode_steps++;
+        }
+        if (r.next_group < P && r.gr[r.next_group].need <= r.nfree) {  // waiting prompts that fit now
+            double ta = now_sec();
+            admit(&r);  // their rows go after the decoded ones
+            be->sync();
+            double dt = now_sec() - ta;
+            out->prefill_s += dt;
+            t0 += dt;
+            out->admissions++;
+        }
     }
     be->sync();
     out->decode_s = now_sec() - t0;
 
-    be->free(logits);
+    be->free(r.logits);
+    be->free(r.plogits);
     be->free(tok_d);
     be->free(logp_d);
     be->free(rng_d);
-    kvcache_free_model(&kv, m);
-    free(pblock0);
-    free(table);
-    free(copy_src);
-    free(ids);
-    free(slots);
-    free(lens);
-    free(act);
+    kvcache_free_model(&r.kv, m);
+    for (int p = 0; p < P; p++) free(r.gr[p].pblocks);
+    free(r.gr);
+    free(r.free_ids);
+    free(r.table);
+    free(r.act);
+    free(r.ids);
+    free(r.slots);
+    free(r.lens);
+    free(r.first);
     free(rng);
     free(tok);
     free(lp_h);

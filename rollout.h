@@ -3,7 +3,10 @@
 //   - each prompt is prefilled once; its G completions share the prompt's KV
 //     blocks (the last, partly filled block is copied per completion: copy-on-write)
 //   - all live sequences decode together, one token each per step; finished
-//     sequences leave the batch
+//     sequences leave the batch and return their blocks
+//   - when the model's arena (the KV/activation pool) holds fewer blocks than all
+//     prompts need at once, prompts wait and are prefilled as blocks come back
+//     (continuous batching); a prompt's G completions are admitted together
 //   - sampling (temperature, top-k, top-p) with one RNG per sequence, seeded by
 //     the caller, so results do not depend on batching or on the backend's threads
 // It returns the completion ids and the sampling logprobs (for the trainer's
@@ -40,6 +43,7 @@ typedef struct {
     double prefill_s, decode_s;  // wall time of the two phases
     long decode_steps;
     size_t kv_bytes;       // KV cache held during the rollout
+    int admissions;        // prefills after the first: prompts that waited for blocks (continuous batching)
 } Rollout;
 
 // Sample G completions for each of P prompts (prompts[p], plens[p] tokens). seeds (P * G):

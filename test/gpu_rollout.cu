@@ -308,8 +308,15 @@ START_TEST(test_prefix_sharing_gpu) {
             // a divergence comes every few tokens (measured on the H100: 11 to 149 of 288 tokens before
             // one), so no share is required, but each divergence must be explained
             cmp_runs("gpu vs cpu (sampled)", &mg, &mc, &sh, &cpu, prompts, seeds, rc.temperature, 0.0);
-            Rollout *all[5] = {&sh, &nosh, &sh2, &nog, &cpu};
-            for (int i = 0; i < 5; i++) rollout_free(all[i]);
+            // continuous batching: an arena with room for one prompt's group (10-11 of the 31 blocks)
+            // at a time beside the prefill; the later prompts wait for blocks and are prefilled alone
+            Rollout cb;
+            model_arena_init(&mg, kvcache_bytes(&mg, 15, 16) + model_acts_bytes(&mg, NP2, 37, 1));
+            rollout_run(&mg, &rc, NP2, prompts, PLEN2, seeds, &cb);
+            ck_assert_msg(cb.admissions == NP2 - 1, "%d later admissions, expected %d", cb.admissions, NP2 - 1);
+            cmp_runs("continuous batching", &mg, &mc, &sh, &cb, prompts, seeds, rc.temperature, 0.75);
+            Rollout *all[6] = {&sh, &nosh, &sh2, &nog, &cpu, &cb};
+            for (int i = 0; i < 6; i++) rollout_free(all[i]);
             model_free(&mc);
             model_free(&mg);
         }

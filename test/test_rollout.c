@@ -299,6 +299,57 @@ START_TEST(test_arena_handover) {
 }
 END_TEST
 
+static int lens_differ_check(const Rollout *r) {
+    for (int s = 1; s < r->S; s++)
+        if (r->len[s] != r->len[0]) return 1;
+    return 0;
+}
+
+// Continuous batching: with an arena that holds the blocks of about two prompts' groups at a time,
+// prompts wait and are prefilled as earlier completions finish; the CPU backend computes each row on
+// its own, so the result must equal, token for token and logprob for logprob, a rollout with
+// room for all (with and without prefix sharing; EOS tokens make the lengths differ)
+START_TEST(test_continuous_batching) {
+    int P = 5, G = 3, plens[5] = {7, 13, 5, 9, 11};
+    int *pr[5];
+    for (int p = 0; p < P; p++) pr[p] = fixture_prompt("qwen3", p % 2, plens[p]);
+    uint64_t seeds[15];
+    for (int s = 0; s < 15; s++) seeds[s] = 100 + s;
+    int eos[32];  // a tenth of the fixture's 320-token vocabulary: completions end early, at different lengths
+    for (int i = 0; i < 32; i++) eos[i] = 7 + 10 * i;
+    for (int share = 0; share < 2; share++) {
+        RolloutConfig rc = {G, 10, 1.0f, 1.0f, 0, eos, 32, 4, share};
+        Model a, b;
+        load(&a, "qwen3", FP8_OFF);
+        load(&b, "qwen3", FP8_OFF);
+        size_t cap = kvcache_bytes(&b, share ? 30 : 45, 4) + model_acts_bytes(&b, share ? P : P * G, 13, 1);
+        model_arena_init(&b, cap);
+        Rollout ra, rb;
+        rollout_run(&a, &rc, P, (const int *const *)pr, plens, seeds, &ra);
+        rollout_run(&b, &rc, P, (const int *const *)pr, plens, seeds, &rb);
+        ck_assert_msg(rb.admissions > 0, "the small arena should have made prompts wait");
+        ck_assert(lens_differ_check(&ra));
+        ck_assert(rb.kv_bytes < ra.kv_bytes);
+        int lens_differ = 0;
+        for (int s = 0; s < P * G; s++) {
+            ck_assert_int_eq(ra.len[s], rb.len[s]);
+            ck_assert_int_eq(ra.truncated[s], rb.truncated[s]);
+            lens_differ |= ra.len[s] != ra.len[0];
+            for (int t = 0; t < ra.len[s]; t++) {
+                ck_assert_int_eq(ra.ids[s * 10 + t], rb.ids[s * 10 + t]);
+                ck_assert(ra.logp[s * 10 + t] == rb.logp[s * 10 + t]);
+            }
+        }
+        printf("continuous batching (share %d): KV %.1f KiB instead of %.1f, %d later admissions, lengths %s; equal to "
+               "the rollout with room for all\n", share, rb.kv_bytes / 1024.0, ra.kv_bytes / 1024.0, rb.admissions,
+               lens_differ ? "vary" : "all equal");
+        rollout_free(&ra), rollout_free(&rb);
+        model_free(&a), model_free(&b);
+    }
+    for (int p = 0; p < P; p++) free(pr[p]);
+}
+END_TEST
+
 // the arena's budget is a hard limit with a message that names the option
 START_TEST(test_arena_budget) {
     Model m;
@@ -325,6 +376,7 @@ static Suite *rollout_suite(void) {
     tcase_add_test(tc, test_sampler_frequencies);
     tcase_add_test(tc, test_arena_handover);
     tcase_add_test(tc, test_arena_budget);
+    tcase_add_test(tc, test_continuous_batching);
     suite_add_tcase(s, tc);
     return s;
 }
