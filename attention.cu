@@ -25,6 +25,7 @@
 // heads of the kv head (GQA: K and V are read once per group); warps, then splits, are
 // combined with their max and sum.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -713,8 +714,35 @@ __global__ void kv_write_kernel(bf16 *kc, bf16 *vc, const bf16 *k, const bf16 *v
     }
 }
 
-void kv_write_cuda(void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int N, int KVH, int HD,
-                   void *stream) {
+// FP8 cache: one warp per (token, head, k or v): scale = amax / 448 of the head's values (1 for
+// an all-zero head), codes of x / scale rounded to nearest even with saturation, as dev/ops_cpu.c
+__global__ void kv_write_fp8_kernel(uint8_t *kc, uint8_t *vc, float *ks, float *vs, const bf16 *k, const bf16 *v,
+                                    const int32_t *slots, int N, int KVH, int HD) {
+    int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (w >= N * KVH * 2) return;
+    int n = w / (KVH * 2), h = (w / 2) % KVH, isv = w & 1, slot = slots[n];
+    if (slot < 0) return;
+    const bf16 *x = (isv ? v : k) + ((size_t)n * KVH + h) * HD;
+    uint8_t *q = (isv ? vc : kc) + ((size_t)slot * KVH + h) * HD;
+    float amax = 0.f;
+    for (int d = lane; d < HD; d += 32) amax = fmaxf(amax, fabsf(__bfloat162float(x[d])));
+    amax = warp_max(amax);
+    float sc = amax > 0.f && !isinf(amax) ? amax / 448.0f : 1.0f;
+    if (sc == 0.f) sc = 1.17549435e-38f;  // FLT_MIN, as fp8_scale_from_amax
+    if (lane == 0) (isv ? vs : ks)[(size_t)slot * KVH + h] = sc;
+    for (int d = lane; d < HD; d += 32)
+        q[d] = (uint8_t)__nv_cvt_float_to_fp8(__bfloat162float(x[d]) / sc, __NV_SATFINITE, __NV_E4M3);
+}
+
+void kv_write_cuda(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots, int N,
+                   int KVH, int HD, void *stream) {
+    if (ks) {
+        if (N <= 0) return;
+        kv_write_fp8_kernel<<<(N * KVH * 2 + 7) / 8, 256, 0, (cudaStream_t)stream>>>(
+            (uint8_t *)kc, (uint8_t *)vc, ks, vs, (const bf16 *)k, (const bf16 *)v, slots, N, KVH, HD);
+        launchCheck();
+        return;
+    }
     if (N <= 0) return;
     int row = KVH * HD;
     int vec = row % 8 == 0 && !(((uintptr_t)kc | (uintptr_t)vc | (uintptr_t)k | (uintptr_t)v) & 15);
@@ -830,11 +858,34 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 // REP: query heads handled per block (the GQA group, or 8 of it); the register arrays
 // are sized by it, so small groups (Qwen3-0.6B: 2, -8B: 4) use few registers.
 // Grid (splits, KVH * groups, S), 4 warps. Same partial format as attn_decode_kernel.
-template <int HD, int REP>
+// 8 values of a cache row as floats: bf16 (16 bytes), or FP8 E4M3 codes (the first 8 bytes) times
+// the row's scale (the product in fp32, as dev/ops_cpu.c forms it)
+template <bool F8>
+__device__ __forceinline__ void kv8(float f[8], const uint4 &raw, float scale) {
+    if (F8) {
+        const uint32_t w[2] = {raw.x, raw.y};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+            f[2 * i] = __half2float(__half(__half_raw{h.x})) * scale;
+            f[2 * i + 1] = __half2float(__half(__half_raw{h.y})) * scale;
+        }
+    } else {
+        const __nv_bfloat162 *p2 = (const __nv_bfloat162 *)&raw;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 t = __bfloat1622float2(p2[i]);
+            f[2 * i] = t.x, f[2 * i + 1] = t.y;
+        }
+    }
+}
+
+// F8: the cache holds FP8 codes with a scale per (slot, head) in ks, vs (8 bytes per lane)
+template <int HD, int REP, bool F8>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
-    attn_decode_vec_kernel(bf16 *out, float *part, const bf16 *q, const bf16 *kc, const bf16 *vc, const int32_t *bt,
-                           const int32_t *lens, int NH, int KVH, int BS, int MB, int ngroups, int nsplit, int tps,
-                           float sc) {
+    attn_decode_vec_kernel(bf16 *out, float *part, const bf16 *q, const void *kc, const void *vc, const float *ks,
+                           const float *vs, const int32_t *bt, const int32_t *lens, int NH, int KVH, int BS, int MB,
+                           int ngroups, int nsplit, int tps, float sc) {
     constexpr int LPT = HD / 8, TPW = 32 / LPT, U = REP <= 4 ? 4 : 2, STEP = DEC_WARPS * TPW;
     __shared__ float sm_m[DEC_WARPS][REP], sm_l[DEC_WARPS][REP];
     __shared__ float sm_acc[DEC_WARPS][REP][HD];
@@ -862,14 +913,22 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     for (int base = tb + warp * TPW; base < te; base += STEP * U) {
         const int t0 = base + g;
         uint4 kr[U], vr[U];
+        float ksc[U], vsc[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {  // every load of the step first
             int t = t0 + u * STEP;
             kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+            ksc[u] = vsc[u] = 0.f;
             if (t < te) {
-                size_t off = (((size_t)bt[(size_t)s * MB + t / BS] * BS + t % BS) * KVH + kvh) * HD + c * 8;
-                kr[u] = __ldg((const uint4 *)(kc + off));
-                vr[u] = __ldg((const uint4 *)(vc + off));
+                size_t row = ((size_t)bt[(size_t)s * MB + t / BS] * BS + t % BS) * KVH + kvh, off = row * HD + c * 8;
+                if (F8) {
+                    uint2 a = __ldg((const uint2 *)((const uint8_t *)kc + off)), b = __ldg((const uint2 *)((const uint8_t *)vc + off));
+                    kr[u].x = a.x, kr[u].y = a.y, vr[u].x = b.x, vr[u].y = b.y;
+                    ksc[u] = __ldg(ks + row), vsc[u] = __ldg(vs + row);
+                } else {
+                    kr[u] = __ldg((const uint4 *)((const bf16 *)kc + off));
+                    vr[u] = __ldg((const uint4 *)((const bf16 *)vc + off));
+                }
             }
         }
         // the U scores of every head first, then one online-softmax update per head for all U
@@ -879,12 +938,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         for (int u = 0; u < U; u++) {
             const bool ok = t0 + u * STEP < te;  // uniform over the LPT lanes of a token
             float kf[8];
-            const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)&kr[u];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float2 f = __bfloat1622float2(k2[i]);
-                kf[2 * i] = f.x, kf[2 * i + 1] = f.y;
-            }
+            kv8<F8>(kf, kr[u], ksc[u]);
 #pragma unroll
             for (int r = 0; r < REP; r++) {
                 float d = 0.f;
@@ -909,13 +963,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             for (int u = 0; u < U; u++) {
                 float p = __expf(sc_[u][r] - mnew);  // 0 for masked tokens
                 l[r] += p;
-                const __nv_bfloat162 *v2 = (const __nv_bfloat162 *)&vr[u];
+                float vf[8];
+                kv8<F8>(vf, vr[u], vsc[u]);
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    float2 f = __bfloat1622float2(v2[i]);
-                    acc[r][2 * i] += p * f.x;
-                    acc[r][2 * i + 1] += p * f.y;
-                }
+                for (int i = 0; i < 8; i++) acc[r][i] += p * vf[i];
             }
             m[r] = mnew;
         }
@@ -1011,9 +1062,9 @@ size_t attention_decode_scratch(int S, int NH, int KVH, int HD, int BS, int MB) 
     return ns > 1 ? (size_t)S * NH * ns * (HD + 2) : 0;
 }
 
-void attention_decode_cuda(void *out, const void *q, const void *kc, const void *vc, const int32_t *block_table,
-                           const int32_t *seq_lens, int S, int NH, int KVH, int HD, int BS, int MB, float *scratch,
-                           void *stream) {
+void attention_decode_cuda(void *out, const void *q, const void *kc, const void *vc, const float *ks, const float *vs,
+                           const int32_t *block_table, const int32_t *seq_lens, int S, int NH, int KVH, int HD, int BS,
+                           int MB, float *scratch, void *stream) {
     check_heads("attention_decode", NH, KVH, HD);
     if (S <= 0) return;
     cudaStream_t st = (cudaStream_t)stream;
@@ -1022,28 +1073,32 @@ void attention_decode_cuda(void *out, const void *q, const void *kc, const void 
     float sc = 1.0f / sqrtf((float)HD);
     dim3 grid(ns, KVH * ngroups, S);
     bf16 *o = (bf16 *)out;
-    const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)kc, *vv = (const bf16 *)vc;
-    // the vectorized kernel where HD has a template and every row is 16-byte aligned
+    const bf16 *qq = (const bf16 *)q;
+    // the vectorized kernel where HD has a template and every row is aligned (16 bytes, 8 for FP8 codes)
     int vec = (HD == 32 || HD == 64 || HD == 128 || HD == 256) &&
-              !(((uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc) & 15);
+              !(((uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc) & (ks ? 7 : 15));
+    if (ks && !vec) die("attention_decode: an FP8 KV cache needs head_dim 32, 64, 128 or 256 (got %d)", HD);
     int REP = rep <= 2 ? 2 : rep <= 4 ? 4 : DEC_MAXREP;  // groups of more than 8 take ngroups blocks of 8
-#define DEC_VEC(H, R)                                                                                            \
-    attn_decode_vec_kernel<H, R><<<grid, DEC_WARPS * 32, 0, st>>>(o, scratch, qq, kk, vv, block_table, seq_lens, \
-                                                                   NH, KVH, BS, MB, ngroups, ns, tps, sc)
+#define DEC_VEC(H, R, F)                                                                                              \
+    attn_decode_vec_kernel<H, R, F><<<grid, DEC_WARPS * 32, 0, st>>>(o, scratch, qq, kc, vc, ks, vs, block_table,    \
+                                                                      seq_lens, NH, KVH, BS, MB, ngroups, ns, tps, sc)
+#define DEC_VEC_F(H, R) \
+    if (ks) DEC_VEC(H, R, true); else DEC_VEC(H, R, false)
 #define DEC_VEC_H(H) \
-    if (REP == 2) DEC_VEC(H, 2); else if (REP == 4) DEC_VEC(H, 4); else DEC_VEC(H, 8)
+    if (REP == 2) { DEC_VEC_F(H, 2); } else if (REP == 4) { DEC_VEC_F(H, 4); } else { DEC_VEC_F(H, 8); }
 #define DEC_LAUNCH(NP)                                                                                           \
-    attn_decode_kernel<NP><<<grid, DEC_WARPS * 32, 0, st>>>(o, scratch, qq, kk, vv, block_table, seq_lens, NH, KVH, \
-                                                             HD, BS, MB, ngroups, ns, tps, sc)
-    if (vec && HD == 32) DEC_VEC_H(32);
-    else if (vec && HD == 64) DEC_VEC_H(64);
-    else if (vec && HD == 128) DEC_VEC_H(128);
-    else if (vec && HD == 256) DEC_VEC_H(256);
+    attn_decode_kernel<NP><<<grid, DEC_WARPS * 32, 0, st>>>(o, scratch, qq, (const bf16 *)kc, (const bf16 *)vc,    \
+                                                             block_table, seq_lens, NH, KVH, HD, BS, MB, ngroups, ns, tps, sc)
+    if (vec && HD == 32) { DEC_VEC_H(32); }
+    else if (vec && HD == 64) { DEC_VEC_H(64); }
+    else if (vec && HD == 128) { DEC_VEC_H(128); }
+    else if (vec && HD == 256) { DEC_VEC_H(256); }
     else if (HD <= 64) DEC_LAUNCH(1);
     else if (HD <= 128) DEC_LAUNCH(2);
     else DEC_LAUNCH(4);
 #undef DEC_LAUNCH
 #undef DEC_VEC_H
+#undef DEC_VEC_F
 #undef DEC_VEC
     launchCheck();
     if (ns > 1) {

@@ -149,14 +149,18 @@ struct Backend {
                               const void *wlm, const int32_t *targets, float inv_temp, int N, int C, int V);
 
     // ---- KV cache and decode -----------------------------------------------
-    // The cache of one layer is a pool of blocks: kc, vc (NB, BS, KVH, HD) act.
-    // A token's slot is block * BS + offset. slots (N) i32, < 0 = skip.
-    void (*kv_write)(void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int N, int KVH,
-                     int HD);
+    // The cache of one layer is a pool of blocks: kc, vc (NB, BS, KVH, HD). A token's slot is
+    // block * BS + offset. slots (N) i32, < 0 = skip. Two formats: act values (ks = vs = NULL), or
+    // FP8 E4M3 codes (1 byte each) with one fp32 dequantization scale per (slot, kv head) in
+    // ks, vs (NB * BS, KVH): amax / 448 of the head's HD values, as fp8.h scales (an FP8 KV cache
+    // halves the bytes a decode step reads from the cache).
+    void (*kv_write)(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots,
+                     int N, int KVH, int HD);
     // one query token per sequence: q (S, NH, HD), out (S, NH, HD) act; sequence s
     // attends to its first seq_lens[s] cached tokens, found through block_table (S, MB) i32
-    void (*attention_decode)(void *out, const void *q, const void *kc, const void *vc, const int32_t *block_table,
-                             const int32_t *seq_lens, int S, int NH, int KVH, int HD, int BS, int MB);
+    void (*attention_decode)(void *out, const void *q, const void *kc, const void *vc, const float *ks,
+                             const float *vs, const int32_t *block_table, const int32_t *seq_lens, int S, int NH,
+                             int KVH, int HD, int BS, int MB);
 
     // ---- sampling ----------------------------------------------------------
     // For each of S rows of logits (S, V) hp: sample a token from softmax(logits / temperature)

@@ -237,13 +237,14 @@ static void w_logprobs_backward(void *dh, void *dwlm, const void *dlogp, const v
     OP(logprobs_backward)((real *)dh, (real *)dwlm, (const real *)dlogp, (const real *)lse, (const real *)h,
                           (const real *)wlm, targets, inv_temp, N, C, V);
 }
-static void w_kv_write(void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int N, int KVH, int HD) {
-    OP(kv_write)((real *)kc, (real *)vc, (const real *)k, (const real *)v, slots, N, KVH, HD);
+static void w_kv_write(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots,
+                       int N, int KVH, int HD) {
+    OP(kv_write)(kc, vc, ks, vs, (const real *)k, (const real *)v, slots, N, KVH, HD);
 }
-static void w_attention_decode(void *out, const void *q, const void *kc, const void *vc, const int32_t *block_table,
-                               const int32_t *seq_lens, int S, int NH, int KVH, int HD, int BS, int MB) {
-    OP(attention_decode)((real *)out, (const real *)q, (const real *)kc, (const real *)vc, block_table, seq_lens, S, NH,
-                         KVH, HD, BS, MB);
+static void w_attention_decode(void *out, const void *q, const void *kc, const void *vc, const float *ks,
+                               const float *vs, const int32_t *block_table, const int32_t *seq_lens, int S, int NH,
+                               int KVH, int HD, int BS, int MB) {
+    OP(attention_decode)((real *)out, (const real *)q, kc, vc, ks, vs, block_table, seq_lens, S, NH, KVH, HD, BS, MB);
 }
 static void w_sample(int32_t *tokens, void *logp, const void *logits, uint64_t *rng, int S, int V, float temperature,
                      int top_k, float top_p) {

@@ -924,14 +924,16 @@ static void cu_attention_backward(void *dq, void *dk, void *dv, const void *dout
     float *D = (float *)scratch(SC_ATT, attention_backward_scratch(B, T, NH) * 4);
     attention_backward_cuda(dq, dk, dv, dout, out, (const float *)lse, q, k, v, B, T, NH, KVH, HD, D, G.stream);
 }
-static void cu_kv_write(void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int N, int KVH, int HD) {
-    kv_write_cuda(kc, vc, k, v, slots, N, KVH, HD, G.stream);
+static void cu_kv_write(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots,
+                        int N, int KVH, int HD) {
+    kv_write_cuda(kc, vc, ks, vs, k, v, slots, N, KVH, HD, G.stream);
 }
-static void cu_attention_decode(void *out, const void *q, const void *kc, const void *vc, const int32_t *block_table,
-                                const int32_t *seq_lens, int S, int NH, int KVH, int HD, int BS, int MB) {
+static void cu_attention_decode(void *out, const void *q, const void *kc, const void *vc, const float *ks,
+                                const float *vs, const int32_t *block_table, const int32_t *seq_lens, int S, int NH,
+                                int KVH, int HD, int BS, int MB) {
     size_t ns = attention_decode_scratch(S, NH, KVH, HD, BS, MB);
     float *part = ns ? (float *)scratch(SC_ATT, ns * 4) : NULL;
-    attention_decode_cuda(out, q, kc, vc, block_table, seq_lens, S, NH, KVH, HD, BS, MB, part, G.stream);
+    attention_decode_cuda(out, q, kc, vc, ks, vs, block_table, seq_lens, S, NH, KVH, HD, BS, MB, part, G.stream);
 }
 
 // ----------------------------------------------------------------------------

@@ -227,8 +227,10 @@ static void layer_forward(Model *m, int l, const LayerActs *la, KVCache *kv, con
     be->rope_forward(la->q, pos, m->inv_freq, N, c->NH, c->HD);
     be->rope_forward(la->k, pos, m->inv_freq, N, c->KVH, c->HD);
     if (kv) {
-        size_t per = (size_t)kv->NB * kv->BS * c->KVH * c->HD * dtype_size(be->act);
-        be->kv_write(LAYER(kv->k, l, per), LAYER(kv->v, l, per), la->k, la->v, slots_dev, N, c->KVH, c->HD);
+        void *kc, *vc;
+        float *ks, *vs;
+        kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
+        be->kv_write(kc, vc, ks, vs, la->k, la->v, slots_dev, N, c->KVH, c->HD);
     }
     be->attention_forward(la->att, la->lse, la->q, la->k, la->v, B, T, c->NH, c->KVH, c->HD);
     linear_fwd(m, l, LIN_O, la->xmid, la->att, N, 1);
@@ -361,7 +363,8 @@ void model_backward(Model *m, const double *dlogp_host) {
 
 size_t kvcache_bytes(const Model *m, int num_blocks, int block_size) {
     const Config *c = &m->cfg;
-    return 2 * (size_t)c->L * num_blocks * block_size * c->KVH * c->HD * dtype_size(m->be->act);
+    size_t slots = (size_t)c->L * num_blocks * block_size * c->KVH;
+    return m->kv_fp8 ? 2 * slots * (c->HD + sizeof(float)) : 2 * slots * c->HD * dtype_size(m->be->act);
 }
 
 void kvcache_alloc(KVCache *kv, Model *m, int num_blocks, int block_size) {
@@ -372,6 +375,8 @@ void kvcache_alloc(KVCache *kv, Model *m, int num_blocks, int block_size) {
     kv->HD = c->HD;
     kv->BS = block_size;
     kv->NB = num_blocks;
+    kv->fp8 = m->kv_fp8;
+    kv->esize = kv->fp8 ? 1 : dtype_size(m->be->act);
     kv->bytes = kvcache_bytes(m, num_blocks, block_size);
     Arena *ar = &m->arena;
     if (ar->cap && !ar->kv_bytes && kv->bytes <= ar->bytes) {
@@ -383,8 +388,22 @@ void kvcache_alloc(KVCache *kv, Model *m, int num_blocks, int block_size) {
     } else {
         kv->mem = m->be->alloc(kv->bytes);
     }
+    size_t slots = (size_t)c->L * num_blocks * block_size * c->KVH, codes = slots * c->HD * kv->esize;
     kv->k = kv->mem;
-    kv->v = (char *)kv->mem + kv->bytes / 2;
+    kv->v = (char *)kv->mem + codes;
+    if (kv->fp8) {  // the scales after the codes (4-byte aligned: codes is a multiple of HD, even)
+        kv->ks = (float *)((char *)kv->mem + 2 * codes);
+        kv->vs = kv->ks + slots;
+    }
+}
+
+// layer l's part of the cache
+void kvcache_layer(const KVCache *kv, int l, void **kc, void **vc, float **ks, float **vs) {
+    size_t slots = (size_t)kv->NB * kv->BS * kv->KVH, per = slots * kv->HD * kv->esize;
+    *kc = (char *)kv->k + l * per;
+    *vc = (char *)kv->v + l * per;
+    *ks = kv->fp8 ? kv->ks + l * slots : NULL;
+    *vs = kv->fp8 ? kv->vs + l * slots : NULL;
 }
 
 void kvcache_free(KVCache *kv, const Backend *be) {
@@ -479,7 +498,6 @@ static void decode_compute(Model *m, KVCache *kv, int S, int MB, void *logits) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     DecodeScratch *d = &m->dec;
-    size_t kvw = (size_t)c->KVH * c->HD, per = (size_t)kv->NB * kv->BS * kvw * dtype_size(be->act);
     be->embedding_forward(d->x, (const int32_t *)d->tok, m->w.wte, S, c->C);
     int fuse = be->add_rmsnorm && be->qk_norm_rope;  // the fused ops, or their parts
     be->rmsnorm_forward(d->ln, d->rstd, d->x, m->w.layers[0].ln1, S, c->C, c->eps);
@@ -498,10 +516,12 @@ static void decode_compute(Model *m, KVCache *kv, int S, int MB, void *logits) {
             be->rope_forward(d->q, (const int32_t *)d->pos, m->inv_freq, S, c->NH, c->HD);
             be->rope_forward(d->k, (const int32_t *)d->pos, m->inv_freq, S, c->KVH, c->HD);
         }
-        void *kc = LAYER(kv->k, l, per), *vc = LAYER(kv->v, l, per);
-        be->kv_write(kc, vc, d->k, d->v, (const int32_t *)d->slots, S, c->KVH, c->HD);
-        be->attention_decode(d->att, d->q, kc, vc, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens, S,
-                             c->NH, c->KVH, c->HD, kv->BS, MB);
+        void *kc, *vc;
+        float *ks, *vs;
+        kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
+        be->kv_write(kc, vc, ks, vs, d->k, d->v, (const int32_t *)d->slots, S, c->KVH, c->HD);
+        be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens,
+                             S, c->NH, c->KVH, c->HD, kv->BS, MB);
         linear_fwd(m, l, LIN_O, d->tmp, d->att, S, 0);
         // the residual add and the next norm: post-attention, then the next layer's input (or the final) norm
         if (fuse) be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps);

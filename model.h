@@ -173,6 +173,7 @@ typedef struct {
     DecodeScratch dec;
     int no_graphs;         // 1: never capture the decode step (comparisons, debugging)
     DecodeGraph graphs[MAX_DECODE_GRAPHS];
+    int kv_fp8;            // the KV caches this model allocates hold FP8 E4M3 (--kv_cache_dtype fp8)
     unsigned graph_epoch;  // the backend's scratch_epoch when the graphs were captured
     int graph_next;        // round robin over the graph slots when all are taken
     Arena arena;
@@ -220,7 +221,10 @@ struct KVCache {
     int L, KVH, HD;
     int BS;          // tokens per block
     int NB;          // blocks in the pool
-    void *k, *v;     // (L, NB, BS, KVH, HD) act each
+    int fp8;         // 1: E4M3 codes with a scale per (slot, head) (backend.h kv_write), 0: act values
+    size_t esize;    // bytes per element: 1 (FP8) or the act size
+    void *k, *v;     // (L, NB, BS, KVH, HD) act values or FP8 codes each
+    float *ks, *vs;  // FP8: (L, NB * BS, KVH) hp scales each; else NULL
     void *mem;
     size_t bytes;
     int in_arena;    // at the top of the model's arena (kvcache_free releases, not frees)
@@ -230,6 +234,8 @@ size_t kvcache_bytes(const Model *m, int num_blocks, int block_size);
 // must already hold it (model_arena_reserve), else the cache gets an allocation of its own
 void kvcache_alloc(KVCache *kv, Model *m, int num_blocks, int block_size);
 void kvcache_free_model(KVCache *kv, Model *m);
+// layer l's values or codes (kc, vc) and, for FP8, scales (ks, vs; else NULL)
+void kvcache_layer(const KVCache *kv, int l, void **kc, void **vc, float **ks, float **vs);
 void kvcache_free(KVCache *kv, const Backend *be);
 
 // Prefill B right-padded prompts ids_host (B*T): writes their K/V to slots_host (B*T, -1 = padding),

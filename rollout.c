@@ -15,10 +15,17 @@ void rollout_free(Rollout *r) {
 // copy one KV block (all layers, K and V) onto another: the copy-on-write of a
 // prompt's partly filled last block, so each completion writes its own tokens after it
 static void kv_copy_block(const Backend *be, KVCache *kv, int src, int dst) {
-    size_t blk = (size_t)kv->BS * kv->KVH * kv->HD * dtype_size(be->act), layer = blk * kv->NB;
+    size_t rows = (size_t)kv->BS * kv->KVH, blk = rows * kv->HD * kv->esize;  // a block's (slot, head) rows
     for (int l = 0; l < kv->L; l++) {
-        be->copy((char *)kv->k + l * layer + dst * blk, (char *)kv->k + l * layer + src * blk, blk);
-        be->copy((char *)kv->v + l * layer + dst * blk, (char *)kv->v + l * layer + src * blk, blk);
+        void *kc, *vc;
+        float *ks, *vs;
+        kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
+        be->copy((char *)kc + dst * blk, (char *)kc + src * blk, blk);
+        be->copy((char *)vc + dst * blk, (char *)vc + src * blk, blk);
+        if (kv->fp8) {
+            be->copy(ks + dst * rows, ks + src * rows, rows * sizeof(float));
+            be->copy(vs + dst * rows, vs + src * rows, rows * sizeof(float));
+        }
     }
 }
 

@@ -35,7 +35,7 @@
 
 typedef struct {
     const char *model, *data, *task, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules;
-    const char *load_in_fp8;
+    const char *load_in_fp8, *kv_cache_dtype;
     int resume, overwrite_output_dir, fp8_pow2, bf16_first_layers, bf16_last_layers, quiet, gradient_checkpointing;
     int max_steps, per_device_train_batch_size, micro_batch_size, lora_r, top_k, logging_steps, save_steps;
     int eval_steps, eval_size, warmup_sft_steps, max_prompt_length, chat, max_operand;
@@ -64,6 +64,7 @@ static const OptDef OPTS[] = {
     {"overwrite_output_dir", O_FLAG, OFF(overwrite_output_dir), 0, 0, "start over even if output_dir has checkpoints"},
     {"device", O_STR, OFF(device), 0, 0, "auto | cpu | cuda (default auto: the GPU when usable)"},
     {"load_in_fp8", O_STR, OFF(load_in_fp8), 0, 0, "frozen weights: block | row | tensor | off (default block)"},
+    {"kv_cache_dtype", O_STR, OFF(kv_cache_dtype), 0, 0, "rollout KV cache: auto (the activations' type) | fp8 (E4M3, a scale per token and head)"},
     {"fp8_pow2_scales", O_FLAG, OFF(fp8_pow2), 0, 0, "round FP8 scales up to powers of two"},
     {"bf16_first_layers", O_INT, OFF(bf16_first_layers), 0, 1e6, "keep the first N layers unquantized"},
     {"bf16_last_layers", O_INT, OFF(bf16_last_layers), 0, 1e6, "keep the last N layers unquantized"},
@@ -117,6 +118,7 @@ static void opts_default(Opts *o, GrpoConfig *g) {
     o->output_dir = "out";
     o->device = "auto";
     o->load_in_fp8 = "block";
+    o->kv_cache_dtype = "auto";
     o->lr_scheduler_type = "cosine";
     o->lora_target_modules = "all";
     o->max_steps = 150;
@@ -234,6 +236,8 @@ static void parse_args(int argc, char **argv, Opts *o, GrpoConfig *g) {
         die("per_device_train_batch_size %d is not a multiple of num_generations %d", o->per_device_train_batch_size,
             g->num_generations);
     if (fp8_gran_parse(o->load_in_fp8) < 0) die("--load_in_fp8: unknown mode '%s': use block, row, tensor or off", o->load_in_fp8);
+    if (strcmp(o->kv_cache_dtype, "auto") && strcmp(o->kv_cache_dtype, "fp8"))
+        die("--kv_cache_dtype: unknown type '%s': use auto or fp8", o->kv_cache_dtype);
     if (strcmp(o->lr_scheduler_type, "cosine") && strcmp(o->lr_scheduler_type, "constant"))
         die("--lr_scheduler_type: '%s' is not supported: use cosine or constant", o->lr_scheduler_type);
     if (o->data && o->model == NULL) die("--data needs --model (the built-in tiny model only knows the built-in tasks)");
@@ -461,6 +465,7 @@ static cJSON *run_identity(const Opts *o, const GrpoConfig *g) {
     cJSON_AddStringToObject(j, "model", o->model ? o->model : "builtin-tiny");
     cJSON_AddStringToObject(j, "data", o->data ? o->data : o->task);
     cJSON_AddStringToObject(j, "load_in_fp8", o->load_in_fp8);
+    cJSON_AddStringToObject(j, "kv_cache_dtype", o->kv_cache_dtype);
     cJSON_AddNumberToObject(j, "lora_r", o->lora_r);
     cJSON_AddNumberToObject(j, "lora_alpha", o->lora_alpha);
     cJSON_AddStringToObject(j, "lora_target_modules", o->lora_target_modules);
@@ -658,6 +663,7 @@ int main(int argc, char **argv) {
            (m.w.dense_bytes + m.w.fp8_bytes) / 1048576.0);
 
     m.recompute = o.gradient_checkpointing;
+    m.kv_fp8 = !strcmp(o.kv_cache_dtype, "fp8");
     LoRA *lo = lora_create(&m, o.lora_r, (float)o.lora_alpha, lora_parse_targets(o.lora_target_modules), (uint64_t)o.seed + 17);
     m.lora = lo;
     m.lora_on = 1;

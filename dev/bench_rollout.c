@@ -46,11 +46,12 @@ static double decode_floor_ms(const Config *c, const Model *m, int S, int prompt
     lin *= c->L;
     double head = 2.0 * c->V * c->C;
     double ctx = prompt + nnew / 2.0;
-    double kv = ctx * S * c->L * 2.0 * c->KVH * c->HD * 2;
+    double kv = ctx * S * c->L * 2.0 * c->KVH * (m->kv_fp8 ? c->HD + 4.0 : c->HD * 2.0);  // FP8: codes + a scale
     return (lin + head + kv) / 3.0e12 * 1e3;
 }
 
 static int profile;  // --profile
+static int kv_fp8;   // the row's KV cache: FP8 (--kv fp8)
 
 static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nnew, int rank, int graphs) {
     const Backend *be = backend_select("cuda", 0);
@@ -59,6 +60,7 @@ static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nne
     ModelOptions opt = {gran, 0, 0, 0};
     Model m;
     model_init_random(&m, &cfg, be, &opt, 1234);
+    m.kv_fp8 = kv_fp8;
     LoRA *lo = NULL;
     if (rank > 0) {
         lo = lora_create(&m, rank, (float)rank, (1u << LIN_COUNT) - 1, 7);
@@ -180,7 +182,7 @@ static void startup(const char *size, const char *dir) {
 }
 
 int main(int argc, char **argv) {
-    const char *size = "0.6b", *grans = "block,off", *batches = "64,256", *startup_dir = NULL, *graph_list = "on";
+    const char *size = "0.6b", *grans = "block,off", *batches = "64,256", *startup_dir = NULL, *graph_list = "on", *kvs = "auto";
     int prompt = 128, nnew = 256, G = 1, rank = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) size = argv[++i];
@@ -193,8 +195,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--startup") && i + 1 < argc) startup_dir = argv[++i];
         else if (!strcmp(argv[i], "--graphs") && i + 1 < argc) graph_list = argv[++i];
         else if (!strcmp(argv[i], "--profile")) profile = 1;
+        else if (!strcmp(argv[i], "--kv") && i + 1 < argc) kvs = argv[++i];
         else die("usage: bench_rollout [--model 0.6b|8b] [--fp8 block,row,tensor,off] [--batch 64,256] [--prompt 128] "
-                 "[--new 256] [--generations G] [--lora r] [--graphs on,off] [--profile] [--startup DIR]");
+                 "[--new 256] [--generations G] [--lora r] [--graphs on,off] [--kv auto,fp8] [--profile] [--startup DIR]");
     }
     const Backend *be = backend_select("cuda", 1);
     (void)be;
@@ -220,11 +223,17 @@ int main(int argc, char **argv) {
     int gon[2], ngr = 0;
     if (strstr(graph_list, "on")) gon[ngr++] = 1;
     if (strstr(graph_list, "off")) gon[ngr++] = 0;
+    int kl[2], nkv = 0;
+    if (strstr(kvs, "auto")) kl[nkv++] = 0;
+    if (strstr(kvs, "fp8")) kl[nkv++] = 1;
     for (int i = 0; i < ng; i++)
+        for (int kv = 0; kv < nkv; kv++)
         for (int j = 0; j < nb; j++)
             for (int k = 0; k < ngr; k++) {  // each row printed as soon as it is measured
+                kv_fp8 = kl[kv];
                 Row r = run(size, (FP8Gran)gl[i], bl[j], G, prompt, nnew, rank, gon[k]);
-                printf("| %s | %d | %s | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s |\n", r.gran, r.batch,
+                printf("| %s%s | %d | %s | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s |\n", r.gran,
+                       kv_fp8 ? " + fp8 KV" : "", r.batch,
                        r.graphs ? "on" : "off", r.tok_s, r.prefill_s, r.decode_s, r.step_ms, r.floor_ms, r.step_ms / r.floor_ms,
                        r.peak_gib, r.kv_gib, r.weights_gib, r.same_as_no_graphs < 0 ? "" : r.same_as_no_graphs ? "yes" : "NO");
                 fflush(stdout);

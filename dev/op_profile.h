@@ -78,12 +78,13 @@ static void pw_att_b(void *dq, void *dk, void *dv, const void *dout, const void 
                      const void *k, const void *v, int B, int T, int NH, int KVH, int HD) {
     PW(P_ATT_B, PF.R->attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, KVH, HD));
 }
-static void pw_att_dec(void *out, const void *q, const void *kc, const void *vc, const int32_t *bt, const int32_t *sl, int S,
-                       int NH, int KVH, int HD, int BS, int MB) {
-    PW(P_ATT_DEC, PF.R->attention_decode(out, q, kc, vc, bt, sl, S, NH, KVH, HD, BS, MB));
+static void pw_att_dec(void *out, const void *q, const void *kc, const void *vc, const float *ks, const float *vs,
+                       const int32_t *bt, const int32_t *sl, int S, int NH, int KVH, int HD, int BS, int MB) {
+    PW(P_ATT_DEC, PF.R->attention_decode(out, q, kc, vc, ks, vs, bt, sl, S, NH, KVH, HD, BS, MB));
 }
-static void pw_kv_write(void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int N, int KVH, int HD) {
-    PW(P_KV_WRITE, PF.R->kv_write(kc, vc, k, v, slots, N, KVH, HD));
+static void pw_kv_write(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots, int N,
+                        int KVH, int HD) {
+    PW(P_KV_WRITE, PF.R->kv_write(kc, vc, ks, vs, k, v, slots, N, KVH, HD));
 }
 static void pw_norm_f(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
     PW(P_NORM, PF.R->rmsnorm_forward(out, rstd, inp, w, N, C, eps));

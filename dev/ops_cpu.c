@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "fp8.h"
 #include "ops_cpu.h"
 
 #ifdef CPU_F64
@@ -361,17 +362,43 @@ void FN(logprobs_backward)(real *dh, real *dwlm, const real *dlogp, const real *
     }
 }
 
-void FN(kv_write)(real *kc, real *vc, const real *k, const real *v, const int32_t *slots, int N, int KVH, int HD) {
+// one head's row of a cache slot: act values as they are, or FP8 codes decoded and scaled
+// (the product in fp32, as the GPU forms it)
+static const real *kv_row(const void *cache, const float *scales, size_t slot, int KVH, int kh, int HD, real *tmp) {
+    size_t r = slot * KVH + kh;
+    if (!scales) return (const real *)cache + r * HD;
+    const uint8_t *q = (const uint8_t *)cache + r * HD;
+    for (int d = 0; d < HD; d++) tmp[d] = (real)(fp8_e4m3_decode(q[d]) * scales[r]);
+    return tmp;
+}
+
+void FN(kv_write)(void *kc, void *vc, float *ks, float *vs, const real *k, const real *v, const int32_t *slots, int N,
+                  int KVH, int HD) {
     size_t row = (size_t)KVH * HD;
     for (int n = 0; n < N; n++) {
         if (slots[n] < 0) continue;
-        memcpy(kc + (size_t)slots[n] * row, k + (size_t)n * row, row * sizeof(real));
-        memcpy(vc + (size_t)slots[n] * row, v + (size_t)n * row, row * sizeof(real));
+        if (!ks) {
+            memcpy((real *)kc + (size_t)slots[n] * row, k + (size_t)n * row, row * sizeof(real));
+            memcpy((real *)vc + (size_t)slots[n] * row, v + (size_t)n * row, row * sizeof(real));
+            continue;
+        }
+        // FP8: per (slot, head) scale = amax / 448 of the head's values (as fp32), codes of x / scale
+        for (int h = 0; h < KVH; h++)
+            for (int w = 0; w < 2; w++) {
+                const real *x = (w ? v : k) + (size_t)n * row + (size_t)h * HD;
+                uint8_t *q = (uint8_t *)(w ? vc : kc) + ((size_t)slots[n] * KVH + h) * HD;
+                float amax = 0;
+                for (int d = 0; d < HD; d++) amax = fmaxf(amax, fabsf((float)x[d]));
+                float sc = fp8_scale_from_amax(amax, FP8_E4M3, 0);
+                (w ? vs : ks)[(size_t)slots[n] * KVH + h] = sc;
+                for (int d = 0; d < HD; d++) q[d] = fp8_e4m3_encode((float)x[d] / sc);
+            }
     }
 }
 
-void FN(attention_decode)(real *out, const real *q, const real *kc, const real *vc, const int32_t *block_table,
-                          const int32_t *seq_lens, int S_, int NH, int KVH, int HD, int BS, int MB) {
+void FN(attention_decode)(real *out, const real *q, const void *kc, const void *vc, const float *ks, const float *vs,
+                          const int32_t *block_table, const int32_t *seq_lens, int S_, int NH, int KVH, int HD, int BS,
+                          int MB) {
     double sc = 1.0 / sqrt((double)HD);
     int rep = NH / KVH;
 #pragma omp parallel for collapse(2)
@@ -379,23 +406,25 @@ void FN(attention_decode)(real *out, const real *q, const real *kc, const real *
         for (int h = 0; h < NH; h++) {
             int len = seq_lens[s], kh = h / rep;
             double *p = (double *)malloc(len * sizeof(double)), *o = (double *)calloc(HD, sizeof(double)), mx = -INFINITY;
+            real *tmp = (real *)malloc(HD * sizeof(real));
             const real *qv = q + ((size_t)s * NH + h) * HD;
             for (int t = 0; t < len; t++) {
                 size_t slot = (size_t)block_table[(size_t)s * MB + t / BS] * BS + t % BS;
-                p[t] = sc * dot(qv, kc + (slot * KVH + kh) * HD, HD);
+                p[t] = sc * dot(qv, kv_row(kc, ks, slot, KVH, kh, HD, tmp), HD);
                 if (p[t] > mx) mx = p[t];
             }
             double sum = 0;
             for (int t = 0; t < len; t++) sum += (p[t] = exp(p[t] - mx));
             for (int t = 0; t < len; t++) {
                 size_t slot = (size_t)block_table[(size_t)s * MB + t / BS] * BS + t % BS;
-                const real *vv = vc + (slot * KVH + kh) * HD;
+                const real *vv = kv_row(vc, vs, slot, KVH, kh, HD, tmp);
                 for (int d = 0; d < HD; d++) o[d] += p[t] / sum * vv[d];
             }
             real *ov = out + ((size_t)s * NH + h) * HD;
             for (int d = 0; d < HD; d++) ov[d] = (real)o[d];
             free(p);
             free(o);
+            free(tmp);
         }
 }
 

@@ -42,10 +42,11 @@ extern "C" {
     void logprobs_backward##S(real *dh, real *dwlm, const real *dlogp, const real *lse, const real *h,             \
                               const real *wlm,                                                                       \
                               const int32_t *targets, float inv_temp, int N, int C, int V);                          \
-    void kv_write##S(real *kc, real *vc, const real *k, const real *v, const int32_t *slots, int N, int KVH,         \
-                     int HD);                                                                                        \
-    void attention_decode##S(real *out, const real *q, const real *kc, const real *vc, const int32_t *block_table,  \
-                             const int32_t *seq_lens, int S_, int NH, int KVH, int HD, int BS, int MB);              \
+    void kv_write##S(void *kc, void *vc, float *ks, float *vs, const real *k, const real *v, const int32_t *slots,   \
+                     int N, int KVH, int HD);                                                                        \
+    void attention_decode##S(real *out, const real *q, const void *kc, const void *vc, const float *ks,             \
+                             const float *vs, const int32_t *block_table, const int32_t *seq_lens, int S_, int NH,  \
+                             int KVH, int HD, int BS, int MB);                                                       \
     void sample##S(int32_t *tokens, real *logp, const real *logits, uint64_t *rng, int S_, int V,                    \
                    float temperature, int top_k, float top_p);                                                       \
     void adamw##S(real *param, const real *grad, real *m, real *v, size_t n, float lr, float beta1, float beta2,     \

@@ -789,17 +789,36 @@ END_TEST
 
 // ---- KV cache and decode ----------------------------------------------------------------
 
-static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const int *lens) {
+// fp8: the cache holds E4M3 codes with a scale per (slot, head): kv_write must give the CPU's codes
+// and scales bit for bit, and attention reads them as the CPU does (the same tolerance, on the
+// dequantized values)
+static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const int *lens, int fp8) {
     int NB = S * MB + 3;
-    size_t row = (size_t)KVH * HD, ncache = (size_t)NB * BS * row;
+    size_t row = (size_t)KVH * HD, ncache = (size_t)NB * BS * row, nsc = (size_t)NB * BS * KVH;
+    size_t cb = fp8 ? ncache : ncache * 4;  // host cache bytes: codes, or f32 values
     int32_t *table = (int32_t *)mallocCheck((size_t)S * MB * 4);
     // blocks in a shuffled order
     int *perm = (int *)mallocCheck(NB * sizeof(int));
     for (int i = 0; i < NB; i++) perm[i] = i;
     for (int i = NB - 1; i > 0; i--) { int j = (int)(rng_u64(&rng) % (i + 1)), t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
     for (int i = 0; i < S * MB; i++) table[i] = perm[i];
-    float *kc = randn_bf(ncache, 1.0f), *vc = randn_bf(ncache, 1.0f);
-    void *dkc = up_act(kc, ncache), *dvc = up_act(vc, ncache);
+    // the cache's earlier tokens: values (bf16-exact), or codes and scales of random values
+    float *kf = randn_bf(ncache, 1.0f), *vf = randn_bf(ncache, 1.0f);
+    void *kc = kf, *vc = vf, *dkc, *dvc;
+    float *ks = NULL, *vs = NULL, *dks = NULL, *dvs = NULL;
+    if (fp8) {
+        kc = mallocCheck(ncache), vc = mallocCheck(ncache);
+        ks = fmalloc(nsc), vs = fmalloc(nsc);
+        int32_t *all = (int32_t *)mallocCheck(NB * BS * 4);
+        for (int i = 0; i < NB * BS; i++) all[i] = i;
+        kv_write_cpu(kc, vc, ks, vs, kf, vf, all, NB * BS, KVH, HD);
+        free(all);
+        dks = (float *)up_hp(ks, nsc), dvs = (float *)up_hp(vs, nsc);
+        dkc = G->alloc(ncache), dvc = G->alloc(ncache);
+        G->upload(dkc, kc, ncache), G->upload(dvc, vc, ncache);
+    } else {
+        dkc = up_act(kf, ncache), dvc = up_act(vf, ncache);
+    }
     // kv_write: one new token per sequence at its last position; a slot of -1 is skipped
     float *kn = randn_bf((size_t)S * row, 1.0f), *vn = randn_bf((size_t)S * row, 1.0f);
     int32_t *slots = (int32_t *)mallocCheck(S * 4), *sl = (int32_t *)mallocCheck(S * 4);
@@ -809,61 +828,81 @@ static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const in
         sl[s] = lens[s];
     }
     void *dkn = up_act(kn, (size_t)S * row), *dvn = up_act(vn, (size_t)S * row), *dslots = up_i32(slots, S);
-    G->kv_write(dkc, dvc, dkn, dvn, (const int32_t *)dslots, S, KVH, HD);
-    kv_write_cpu(kc, vc, kn, vn, slots, S, KVH, HD);
-    float *gk = down_act(dkc, ncache), *gv = down_act(dvc, ncache);
-    check_exact("kv_write k", gk, kc, ncache * 4);
-    check_exact("kv_write v", gv, vc, ncache * 4);
+    G->kv_write(dkc, dvc, dks, dvs, dkn, dvn, (const int32_t *)dslots, S, KVH, HD);
+    kv_write_cpu(kc, vc, ks, vs, kn, vn, slots, S, KVH, HD);
+    void *gk, *gv;
+    if (fp8) {
+        gk = mallocCheck(ncache), gv = mallocCheck(ncache);
+        G->download(gk, dkc, ncache), G->download(gv, dvc, ncache);
+        float *gks = down_hp(dks, nsc), *gvs = down_hp(dvs, nsc);
+        check_exact("kv_write fp8 k scales", gks, ks, nsc * 4);
+        check_exact("kv_write fp8 v scales", gvs, vs, nsc * 4);
+        free(gks), free(gvs);
+    } else {
+        gk = down_act(dkc, ncache), gv = down_act(dvc, ncache);
+    }
+    check_exact(fp8 ? "kv_write fp8 k codes" : "kv_write k", gk, kc, cb);
+    check_exact(fp8 ? "kv_write fp8 v codes" : "kv_write v", gv, vc, cb);
     size_t nq = (size_t)S * NH * HD;
     float *q = randn_bf(nq, 1.0f), *ref = fmalloc(nq);
     void *dq = up_act(q, nq), *dt = up_i32(table, (size_t)S * MB), *dl = up_i32(sl, S), *dout = G->alloc(nq * 2);
-    G->attention_decode(dout, dq, dkc, dvc, (const int32_t *)dt, (const int32_t *)dl, S, NH, KVH, HD, BS, MB);
-    attention_decode_cpu(ref, q, kc, vc, table, sl, S, NH, KVH, HD, BS, MB);
+    G->attention_decode(dout, dq, dkc, dvc, dks, dvs, (const int32_t *)dt, (const int32_t *)dl, S, NH, KVH, HD, BS, MB);
+    attention_decode_cpu(ref, q, kc, vc, ks, vs, table, sl, S, NH, KVH, HD, BS, MB);
     float *got = down_act(dout, nq);
-    // fp32 throughout: output rounding + 2^-12 of sum p |v|
+    // fp32 throughout: output rounding + 2^-12 of sum p |v| (v as the kernel reads it: dequantized for fp8)
     double *mag = dmalloc_h(nq), sc = 1.0 / sqrt((double)HD);
     int rep = NH / KVH;
     double *p = dmalloc_h(MB * BS);
+    auto val = [&](const void *c, const float *scl, size_t slot, int kh, int i) -> double {
+        size_t r = slot * KVH + kh;
+        if (!scl) return ((const float *)c)[r * HD + i];
+        return (double)(fp8_e4m3_decode(((const uint8_t *)c)[r * HD + i]) * scl[r]);
+    };
     for (int s = 0; s < S; s++)
         for (int h = 0; h < NH; h++) {
             double mx = -INFINITY, sum = 0;
             for (int t = 0; t < sl[s]; t++) {
                 size_t slot = (size_t)table[s * MB + t / BS] * BS + t % BS;
                 double d = 0;
-                for (int i = 0; i < HD; i++) d += (double)q[((size_t)s * NH + h) * HD + i] * kc[(slot * KVH + h / rep) * HD + i];
+                for (int i = 0; i < HD; i++) d += (double)q[((size_t)s * NH + h) * HD + i] * val(kc, ks, slot, h / rep, i);
                 p[t] = sc * d;
                 mx = fmax(mx, p[t]);
             }
             for (int t = 0; t < sl[s]; t++) sum += (p[t] = exp(p[t] - mx));
             for (int t = 0; t < sl[s]; t++) {
                 size_t slot = (size_t)table[s * MB + t / BS] * BS + t % BS;
-                for (int i = 0; i < HD; i++) mag[((size_t)s * NH + h) * HD + i] += p[t] / sum * fabs(vc[(slot * KVH + h / rep) * HD + i]);
+                for (int i = 0; i < HD; i++) mag[((size_t)s * NH + h) * HD + i] += p[t] / sum * fabs(val(vc, vs, slot, h / rep, i));
             }
         }
     double *t = tol_bf(ref, mag, 0x1p-12, nq);
-    char what[128];
-    snprintf(what, sizeof what, "attention_decode S %d NH %d KVH %d HD %d BS %d (max len %d)", S, NH, KVH, HD, BS, MB * BS);
+    char what[160];
+    snprintf(what, sizeof what, "attention_decode%s S %d NH %d KVH %d HD %d BS %d (max len %d)", fp8 ? " fp8 cache" : "", S, NH,
+             KVH, HD, BS, MB * BS);
     check_close(what, got, ref, t, nq);
     G->free(dkc); G->free(dvc); G->free(dkn); G->free(dvn); G->free(dslots); G->free(dq); G->free(dt); G->free(dl); G->free(dout);
-    free(table); free(perm); free(kc); free(vc); free(kn); free(vn); free(slots); free(sl); free(gk); free(gv); free(q);
+    if (fp8) { G->free(dks); G->free(dvs); free(kc); free(vc); free(ks); free(vs); }
+    free(table); free(perm); free(kf); free(vf); free(kn); free(vn); free(slots); free(sl); free(gk); free(gv); free(q);
     free(ref); free(got); free(mag); free(p); free(t);
 }
 
 START_TEST(test_decode) {
     int l1[5] = {1, 17, 300, 2000, 64};
-    decode_case(5, 16, 8, 128, 16, 125, l1);  // long contexts: split over the context and combined
+    decode_case(5, 16, 8, 128, 16, 125, l1, 0);  // long contexts: split over the context and combined
     int l2[3] = {5, 40, 33};
-    decode_case(3, 8, 2, 64, 8, 6, l2);
+    decode_case(3, 8, 2, 64, 8, 6, l2, 0);
     int l3[4] = {24, 3, 11, 7};
-    decode_case(4, 4, 2, 32, 8, 3, l3);       // the fixtures' shapes
+    decode_case(4, 4, 2, 32, 8, 3, l3, 0);       // the fixtures' shapes
     int l4[2] = {9, 30};
-    decode_case(2, 24, 2, 96, 16, 2, l4);     // 12 query heads per kv head: two groups of 8
+    decode_case(2, 24, 2, 96, 16, 2, l4, 0);     // 12 query heads per kv head: two groups of 8
     int l5[64];                               // Qwen3-8B's heads at a rollout's lengths (128..384)
     for (int s = 0; s < 64; s++) l5[s] = 128 + (int)(rng_u64(&rng) % 257);
-    decode_case(64, 32, 8, 128, 16, 24, l5);
+    decode_case(64, 32, 8, 128, 16, 24, l5, 0);
+    decode_case(64, 32, 8, 128, 16, 24, l5, 1);  // the FP8 cache
     int l6[3] = {200, 1, 77};
-    decode_case(3, 24, 2, 128, 16, 13, l6);   // groups of 8 in the vectorized kernel
-    decode_case(3, 8, 8, 256, 16, 13, l6);    // HD 256, one query head per kv head
+    decode_case(3, 24, 2, 128, 16, 13, l6, 0);
+    decode_case(3, 24, 2, 128, 16, 13, l6, 1);   // groups of 8 in the vectorized kernel
+    decode_case(3, 8, 8, 256, 16, 13, l6, 0);    // HD 256, one query head per kv head
+    decode_case(4, 4, 2, 32, 8, 3, l3, 1);       // the fixtures' shape, FP8 cache
 }
 END_TEST
 

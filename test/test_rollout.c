@@ -350,6 +350,67 @@ START_TEST(test_continuous_batching) {
 }
 END_TEST
 
+// The FP8 KV cache (--kv_cache_dtype fp8). kv_write's codes and scales are those of fp8.h's per-row
+// quantization of the (token, head) rows (dev/fp8_cpu.c, tested against PyTorch in test_fp8.c), bit
+// for bit. Then decode: the logits of a KV-cache decode with the FP8 cache against the bf16-free
+// (fp32 here) cache on the same tokens: E4M3 keeps 3 mantissa bits (relative rounding <= 2^-4 per
+// element), attention averages the rounded values, so the logits move by a few percent at most:
+// bound 2^-3 relative L2 (measured below).
+START_TEST(test_fp8_kv_cache) {
+    const Backend *be = backend_cpu();
+    int N = 5, KVH = 2, HD = 32, row = KVH * HD;
+    Rng r = rng_make(9);
+    float *k = (float *)mallocCheck(N * row * sizeof(float)), *v = (float *)mallocCheck(N * row * sizeof(float));
+    for (int i = 0; i < N * row; i++) k[i] = (rng_uniform(&r) - 0.5f) * 8, v[i] = (rng_uniform(&r) - 0.5f) * (i % 7 + 1);
+    for (int d = 0; d < HD; d++) k[row + HD + d] = 0;  // an all-zero head: scale 1, codes 0
+    int32_t slots[5] = {3, -1, 0, 7, 5};
+    uint8_t kc[8 * 64], vc[8 * 64];
+    float ks[16], vs[16];
+    be->kv_write(kc, vc, ks, vs, k, v, slots, N, KVH, HD);
+    FP8Tensor t;
+    fp8_tensor_alloc_cpu(&t, N * KVH, HD, FP8_ROW, FP8_E4M3, 1);
+    for (int w = 0; w < 2; w++) {
+        fp8_quantize_cpu(&t, w ? v : k, 0);
+        for (int n = 0; n < N; n++) {
+            if (slots[n] < 0) continue;
+            for (int h = 0; h < KVH; h++) {
+                ck_assert(memcmp((w ? vc : kc) + ((size_t)slots[n] * KVH + h) * HD, t.data + (size_t)(n * KVH + h) * HD, HD) == 0);
+                ck_assert((w ? vs : ks)[slots[n] * KVH + h] == t.scale[n * KVH + h]);
+            }
+        }
+    }
+    fp8_tensor_free_cpu(&t);
+    free(k), free(v);
+    // decode logits with the FP8 cache vs the plain one, teacher-forced on the same tokens
+    Model m;
+    load(&m, "qwen3", FP8_OFF);
+    int *ids = fixture_prompt("qwen3", 0, 20), T = 20, V = m.cfg.V, BS = 4, MB = 5;
+    int table[5] = {4, 0, 3, 1, 2}, sl[20];
+    for (int i = 0; i < T; i++) sl[i] = table[i / BS] * BS + i % BS;
+    double num = 0, den = 0;
+    float *lg[2];
+    for (int f = 0; f < 2; f++) {
+        m.kv_fp8 = f;
+        KVCache kv;
+        kvcache_alloc(&kv, &m, MB, BS);
+        lg[f] = (float *)mallocCheck((size_t)T * V * sizeof(float));
+        int P = 6;
+        model_prefill(&m, &kv, ids, &P, sl, 1, P, lg[f] + (size_t)(P - 1) * V);
+        for (int t = P; t < T; t++) model_decode(&m, &kv, &ids[t], &t, &sl[t], table, 1, MB, lg[f] + (size_t)t * V);
+        kvcache_free_model(&kv, &m);
+    }
+    for (int t = 5; t < T; t++)
+        for (int j = 0; j < V; j++) {
+            double d = lg[1][(size_t)t * V + j] - lg[0][(size_t)t * V + j];
+            num += d * d, den += (double)lg[0][(size_t)t * V + j] * lg[0][(size_t)t * V + j];
+        }
+    printf("FP8 KV cache: decode logits vs the fp32 cache: relative L2 %.3e (bound 2^-3)\n", sqrt(num / den));
+    ck_assert(sqrt(num / den) < 0.125 && sqrt(num / den) > 0);
+    free(lg[0]), free(lg[1]), free(ids);
+    model_free(&m);
+}
+END_TEST
+
 // the arena's budget is a hard limit with a message that names the option
 START_TEST(test_arena_budget) {
     Model m;
@@ -377,6 +438,7 @@ static Suite *rollout_suite(void) {
     tcase_add_test(tc, test_arena_handover);
     tcase_add_test(tc, test_arena_budget);
     tcase_add_test(tc, test_continuous_batching);
+    tcase_add_test(tc, test_fp8_kv_cache);
     suite_add_tcase(s, tc);
     return s;
 }
