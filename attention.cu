@@ -757,6 +757,35 @@ void kv_write_cuda(void *kc, void *vc, float *ks, float *vs, const void *k, cons
 #define DEC_MAXREP 8  // query heads per block; larger groups take several blocks
 #define DEC_WARPS 4
 
+// The end of both decode kernels: each warp left (max, sum, accumulator) per query head in shared
+// memory (sm_m, sm_l [DEC_WARPS][reps], sm_acc [DEC_WARPS][reps][accw]); merge them per output
+// element, then write the output (one split) or the split's partial (max, sum, accumulator)
+__device__ void decode_merge_warps(bf16 *out, float *part, const float *sm_m, const float *sm_l, const float *sm_acc, int reps,
+                                   int accw, int nh, int h0, int s, int sp, int NH, int HD, int nsplit) {
+    for (int idx = threadIdx.x; idx < nh * HD; idx += blockDim.x) {
+        int r = idx / HD, d = idx % HD, h = h0 + r;
+        float M = -INFINITY, L = 0.f, A = 0.f;
+        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm_m[w * reps + r]);
+        if (M != -INFINITY)
+            for (int w = 0; w < DEC_WARPS; w++) {
+                float mw = sm_m[w * reps + r];
+                if (mw == -INFINITY) continue;
+                float f = expf(mw - M);
+                L += sm_l[w * reps + r] * f;
+                A += sm_acc[((size_t)w * reps + r) * accw + d] * f;
+            }
+        if (nsplit == 1) out[((size_t)s * NH + h) * HD + d] = __float2bfloat16_rn(L > 0.f ? A / L : 0.f);
+        else {
+            float *pp = part + (((size_t)s * NH + h) * nsplit + sp) * (HD + 2);
+            if (d == 0) {
+                pp[0] = M;
+                pp[1] = L;
+            }
+            pp[2 + d] = A;
+        }
+    }
+}
+
 // NP: bf16 pairs per lane (HD <= 64 NP). Grid (splits, KVH * groups, S).
 template <int NP>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
@@ -827,27 +856,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < nh * HD; idx += blockDim.x) {
-        int r = idx / HD, d = idx % HD, h = h0 + r;
-        float M = -INFINITY, L = 0.f, A = 0.f;
-        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm_m[w][r]);
-        if (M != -INFINITY)
-            for (int w = 0; w < DEC_WARPS; w++) {
-                if (sm_m[w][r] == -INFINITY) continue;
-                float f = expf(sm_m[w][r] - M);
-                L += sm_l[w][r] * f;
-                A += sm_acc[w][r][d] * f;
-            }
-        if (nsplit == 1) out[((size_t)s * NH + h) * HD + d] = __float2bfloat16_rn(L > 0.f ? A / L : 0.f);
-        else {
-            float *pp = part + (((size_t)s * NH + h) * nsplit + sp) * (HD + 2);
-            if (d == 0) {
-                pp[0] = M;
-                pp[1] = L;
-            }
-            pp[2 + d] = A;
-        }
-    }
+    decode_merge_warps(out, part, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0], DEC_MAXREP, 64 * NP, nh, h0, s, sp, NH, HD,
+                       nsplit);
 }
 
 // The fast path for HD in {32, 64, 128, 256} (every model we know): LPT = HD/8 lanes share a
@@ -995,27 +1005,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             for (int i = 0; i < 8; i++) sm_acc[warp][r][c * 8 + i] = acc[r][i];
         }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < nh * HD; idx += blockDim.x) {
-        int r = idx / HD, d = idx % HD, h = h0 + r;
-        float M = -INFINITY, L = 0.f, A = 0.f;
-        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm_m[w][r]);
-        if (M != -INFINITY)
-            for (int w = 0; w < DEC_WARPS; w++) {
-                if (sm_m[w][r] == -INFINITY) continue;
-                float f = __expf(sm_m[w][r] - M);
-                L += sm_l[w][r] * f;
-                A += sm_acc[w][r][d] * f;
-            }
-        if (nsplit == 1) out[((size_t)s * NH + h) * HD + d] = __float2bfloat16_rn(L > 0.f ? A / L : 0.f);
-        else {
-            float *pp = part + (((size_t)s * NH + h) * nsplit + sp) * (HD + 2);
-            if (d == 0) {
-                pp[0] = M;
-                pp[1] = L;
-            }
-            pp[2 + d] = A;
-        }
-    }
+    decode_merge_warps(out, part, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0], REP, HD, nh, h0, s, sp, NH, HD, nsplit);
 }
 
 __global__ void attn_decode_combine(bf16 *out, const float *part, int NH, int HD, int nsplit) {

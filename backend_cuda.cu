@@ -479,14 +479,12 @@ static int aligned16(const void *a, const void *b, const void *c, const void *d)
     return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15) == 0;
 }
 
-// one warp per row; y = (x * rstd) * w with fp32 statistics. out may alias inp: each lane
-// rewrites only the elements it read.
+// RMSNorm of one row of C by one warp, in two passes that every norm kernel shares (so fused
+// kernels round exactly as rmsnorm_fwd_kernel does): the rstd from the sum of squares, then
+// y = (x * rstd) * w. VEC: 8 consecutive elements per lane (16-byte loads), else one. y may alias
+// x: each lane rewrites only the elements it read.
 template <bool VEC>
-__global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int N, int C, float eps) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (row >= N) return;
-    const bf16 *x = inp + (size_t)row * C;
-    bf16 *y = out + (size_t)row * C;
+__device__ __forceinline__ float row_rstd(const bf16 *x, int C, float eps, int lane) {
     float ss = 0.f;
     if (VEC) {
         for (int i = lane * 8; i < C; i += 256) {
@@ -501,8 +499,10 @@ __global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, cons
             ss += f * f;
         }
     ss = warp_sum(ss);
-    float r = 1.0f / sqrtf(ss / C + eps);
-    if (lane == 0) rstd[row] = r;
+    return 1.0f / sqrtf(ss / C + eps);
+}
+template <bool VEC>
+__device__ __forceinline__ void row_scale(bf16 *y, const bf16 *x, const bf16 *w, float r, int C, int lane) {
     if (VEC) {
         for (int i = lane * 8; i < C; i += 256) {
             float f[8], g[8];
@@ -514,6 +514,17 @@ __global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, cons
         }
     } else
         for (int i = lane; i < C; i += 32) y[i] = __float2bfloat16_rn((__bfloat162float(x[i]) * r) * __bfloat162float(w[i]));
+}
+
+// one warp per row; y = (x * rstd) * w with fp32 statistics; out may alias inp
+template <bool VEC>
+__global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int N, int C, float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= N) return;
+    const bf16 *x = inp + (size_t)row * C;
+    float r = row_rstd<VEC>(x, C, eps, lane);
+    if (lane == 0) rstd[row] = r;
+    row_scale<VEC>(out + (size_t)row * C, x, w, r, C, lane);
 }
 
 static void cu_rmsnorm_forward(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
@@ -615,9 +626,8 @@ static void cu_rope_backward(void *dx, const int32_t *pos, const void *inv_freq,
 
 // ---- decode fusions (backend.h): the same arithmetic as the kernels they replace ----
 
-// x += dx, then out = rmsnorm(x) * w: one warp per row, the element order of rmsnorm_fwd_kernel
-// (VEC: 8 consecutive per lane) so the sums match it bit for bit; the sum x + dx is rounded to
-// bf16 as add_kernel rounds it, and the norm reads the rounded values
+// x += dx, then out = rmsnorm(x) * w: one warp per row; the norm is rmsnorm_fwd_kernel's (row_rstd,
+// row_scale) on the rounded sums, so the result is that of add then rmsnorm_forward bit for bit
 template <bool VEC>
 __global__ void add_rmsnorm_kernel(bf16 *x, bf16 *out, float *rstd, const bf16 *dx, const bf16 *w, int N, int C,
                                    float eps) {
@@ -625,40 +635,20 @@ __global__ void add_rmsnorm_kernel(bf16 *x, bf16 *out, float *rstd, const bf16 *
     if (row >= N) return;
     bf16 *xr = x + (size_t)row * C, *y = out + (size_t)row * C;
     const bf16 *d = dx + (size_t)row * C;
-    float ss = 0.f;
-    if (VEC) {
+    if (VEC) {  // the add, as add_kernel rounds it; each lane later reads back only what it wrote
         for (int i = lane * 8; i < C; i += 256) {
             float f[8], g[8];
             load8(f, xr + i);
             load8(g, d + i);
 #pragma unroll
-            for (int j = 0; j < 8; j++) f[j] = __bfloat162float(__float2bfloat16_rn(f[j] + g[j]));
+            for (int j = 0; j < 8; j++) f[j] += g[j];
             store8(xr + i, f);
-#pragma unroll
-            for (int j = 0; j < 8; j++) ss += f[j] * f[j];
         }
     } else
-        for (int i = lane; i < C; i += 32) {
-            bf16 v = __float2bfloat16_rn(__bfloat162float(xr[i]) + __bfloat162float(d[i]));
-            xr[i] = v;
-            float f = __bfloat162float(v);
-            ss += f * f;
-        }
-    ss = warp_sum(ss);
-    float r = 1.0f / sqrtf(ss / C + eps);
+        for (int i = lane; i < C; i += 32) xr[i] = __float2bfloat16_rn(__bfloat162float(xr[i]) + __bfloat162float(d[i]));
+    float r = row_rstd<VEC>(xr, C, eps, lane);
     if (lane == 0) rstd[row] = r;
-    __syncwarp();
-    if (VEC) {
-        for (int i = lane * 8; i < C; i += 256) {
-            float f[8], g[8];
-            load8(f, xr + i);
-            load8(g, w + i);
-#pragma unroll
-            for (int j = 0; j < 8; j++) f[j] = (f[j] * r) * g[j];
-            store8(y + i, f);
-        }
-    } else
-        for (int i = lane; i < C; i += 32) y[i] = __float2bfloat16_rn((__bfloat162float(xr[i]) * r) * __bfloat162float(w[i]));
+    row_scale<VEC>(y, xr, w, r, C, lane);
 }
 static void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps) {
     if (N <= 0) return;
@@ -671,9 +661,8 @@ static void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const
     launchCheck();
 }
 
-// one warp per head row (token n, head h) of q then of k: rmsnorm with the head's weight, in
-// rmsnorm_fwd_kernel's element order (VEC: 8 consecutive per lane) and bf16 rounding, then
-// rope_kernel's rotation of the rounded values
+// one warp per head row (token n, head h) of q then of k: rmsnorm_fwd_kernel's norm with the head's
+// weight (row_rstd, row_scale), then rope_kernel's rotation of the rounded values
 template <bool VEC>
 __global__ void qk_norm_rope_kernel(bf16 *q, bf16 *k, const bf16 *qw, const bf16 *kw, const int32_t *pos,
                                     const float *inv_freq, int N, int NH, int KVH, int HD, float eps) {
@@ -684,32 +673,8 @@ __global__ void qk_norm_rope_kernel(bf16 *q, bf16 *k, const bf16 *qw, const bf16
     bf16 *v = isq ? q + ((size_t)n * NH + h) * HD : k + ((size_t)n * KVH + (h - NH)) * HD;
     const bf16 *w = isq ? qw : kw;
     if (w) {
-        float ss = 0.f;
-        if (VEC) {
-            for (int i = lane * 8; i < HD; i += 256) {
-                float f[8];
-                load8(f, v + i);
-#pragma unroll
-                for (int j = 0; j < 8; j++) ss += f[j] * f[j];
-            }
-        } else
-            for (int i = lane; i < HD; i += 32) {
-                float f = __bfloat162float(v[i]);
-                ss += f * f;
-            }
-        ss = warp_sum(ss);
-        float r = 1.0f / sqrtf(ss / HD + eps);
-        if (VEC) {
-            for (int i = lane * 8; i < HD; i += 256) {
-                float f[8], g[8];
-                load8(f, v + i);
-                load8(g, w + i);
-#pragma unroll
-                for (int j = 0; j < 8; j++) f[j] = (f[j] * r) * g[j];
-                store8(v + i, f);
-            }
-        } else
-            for (int i = lane; i < HD; i += 32) v[i] = __float2bfloat16_rn((__bfloat162float(v[i]) * r) * __bfloat162float(w[i]));
+        float r = row_rstd<VEC>(v, HD, eps, lane);
+        row_scale<VEC>(v, v, w, r, HD, lane);
         __syncwarp();
     }
     for (int i = lane; i < half; i += 32) {
