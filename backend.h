@@ -102,6 +102,13 @@ struct Backend {
     // A (R, C) hp, B (OC, R) hp
     void (*lora_forward)(void *out, void *ax, const void *inp, const void *A, const void *B, float scale,
                          int N, int C, int R, int OC);
+    // out (N, OC) act += scale * (inp A^T) B^T with A (R, C), B (OC, R) in act (copies of the hp
+    // masters, made once per rollout) and inp A^T rounded to act: lora_forward's product for the
+    // forwards that keep nothing for a backward (the decode step), in fewer launches
+    void (*lora_apply)(void *out, const void *inp, const void *A, const void *B, float scale, int N, int C, int R,
+                       int OC);
+    // dst (n) act = src (n) hp, rounded (device to device)
+    void (*to_act)(void *dst, const void *src, size_t n);
     // dA (R, C) hp += ; dB (OC, R) hp += ; dinp (N, C) act += scale * (dout B) A
     void (*lora_backward)(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax,
                           const void *A, const void *B, float scale, int N, int C, int R, int OC);

@@ -153,6 +153,15 @@ static void cpu_lora_forward(void *out, void *ax, const void *inp, const void *A
     free(tmp);
 }
 
+// act == hp on the CPU backends: the copies are the masters' values and nothing is rounded
+static void cpu_lora_apply(void *out, const void *inp, const void *A, const void *B, float scale, int N, int C, int R,
+                           int OC) {
+    real *ax = (real *)mallocCheck((size_t)N * R * sizeof(real));
+    cpu_lora_forward(out, ax, inp, A, B, scale, N, C, R, OC);
+    free(ax);
+}
+static void cpu_to_act(void *dst, const void *src, size_t n) { memcpy(dst, src, n * sizeof(real)); }
+
 static void cpu_lora_backward(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax,
                               const void *A, const void *B, float scale, int N, int C, int R, int OC) {
     // the adapter's output is scale * ax B^T, so its upstream gradient is scale * dout
@@ -279,6 +288,8 @@ static Backend be = {
     .linear_forward = cpu_linear_forward,
     .linear_backward = cpu_linear_backward,
     .lora_forward = cpu_lora_forward,
+    .lora_apply = cpu_lora_apply,
+    .to_act = cpu_to_act,
     .lora_backward = cpu_lora_backward,
     .rope_forward = w_rope_forward,
     .add_rmsnorm = w_add_rmsnorm,

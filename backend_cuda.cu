@@ -435,6 +435,15 @@ static void cu_lora_forward(void *out, void *ax, const void *inp, const void *A,
     gemm_xwt(out, BF, axb, Bb, N, OC, R, scale, 1.f);  // out (N, OC) += scale ax B^T
 }
 
+static void cu_lora_apply(void *out, const void *inp, const void *A, const void *B, float scale, int N, int C, int R,
+                          int OC) {
+    if (N <= 0) return;
+    bf16 *axb = (bf16 *)scratch(SC_LORA_X, (size_t)N * R * 2);
+    gemm_xwt(axb, BF, inp, A, N, R, C, 1.f, 0.f);        // ax (N, R) bf16 = inp A^T (fp32 sums, one rounding)
+    gemm_xwt(out, BF, axb, B, N, OC, R, scale, 1.f);     // out (N, OC) += scale ax B^T
+}
+static void cu_to_act(void *dst, const void *src, size_t n) { to_bf16((bf16 *)dst, (const float *)src, n); }
+
 static void cu_lora_backward(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax,
                              const void *A, const void *B, float scale, int N, int C, int R, int OC) {
     if (N <= 0) return;
@@ -1418,6 +1427,8 @@ static Backend be = {
     .linear_forward = cu_linear_forward,
     .linear_backward = cu_linear_backward,
     .lora_forward = cu_lora_forward,
+    .lora_apply = cu_lora_apply,
+    .to_act = cu_to_act,
     .lora_backward = cu_lora_backward,
     .rope_forward = cu_rope_forward,
     .rope_backward = cu_rope_backward,

@@ -101,6 +101,9 @@ void lora_free(LoRA *lo) {
     if (!lo) return;
     const Backend *be = lo->be;
     be->free(lo->params);
+    if (lo->act_mem) be->free(lo->act_mem);
+    free(lo->A_act);
+    free(lo->B_act);
     be->free(lo->grads);
     be->free(lo->m);
     be->free(lo->v);
@@ -148,10 +151,33 @@ size_t lora_acts_bytes(const LoRA *lo) {
     return (size_t)lo->ax_cap * lo->r * dtype_size(lo->be->hp) * count;
 }
 
+void lora_sync_act(LoRA *lo) {
+    const Backend *be = lo->be;
+    if (!be->lora_apply || !be->to_act) return;
+    if (!lo->act_mem) {
+        size_t hp = dtype_size(be->hp), act = dtype_size(be->act);
+        lo->act_mem = be->alloc(lo->n * act);
+        lo->A_act = (void **)callocCheck((size_t)lo->L * LIN_COUNT, sizeof(void *));
+        lo->B_act = (void **)callocCheck((size_t)lo->L * LIN_COUNT, sizeof(void *));
+        for (int k = 0; k < lo->L * LIN_COUNT; k++) {
+            if (!lo->A[k]) continue;
+            lo->A_act[k] = (char *)lo->act_mem + ((char *)lo->A[k] - (char *)lo->params) / hp * act;
+            lo->B_act[k] = (char *)lo->act_mem + ((char *)lo->B[k] - (char *)lo->params) / hp * act;
+        }
+    }
+    be->to_act(lo->act_mem, lo->params, lo->n);
+    lo->act_valid = 1;
+}
+void lora_release_act(LoRA *lo) { lo->act_valid = 0; }
+
 void lora_hook_forward(Model *m, int layer, int which, void *out, const void *inp, int N, int save) {
     LoRA *lo = m->lora;
     int k = layer * LIN_COUNT + which;
     if (!lo->A[k]) return;
+    if (!save && lo->act_valid) {  // a decode step: the act copies, no ax kept
+        lo->be->lora_apply(out, inp, lo->A_act[k], lo->B_act[k], lo->scale, N, lo->in[which], lo->r, lo->out[which]);
+        return;
+    }
     void *ax;
     if (save) {
         if (lo->ax_cap < N) die("lora: activation buffers hold %d rows, forward has %d", lo->ax_cap, N);

@@ -32,6 +32,12 @@ struct LoRA {
     int ax_cap;             // rows the ax buffers hold
     void *ax_scratch;       // (scratch_cap, r) hp for forwards that save nothing (decode)
     int scratch_cap;
+    // act-typed copies of every A and B (same layout as params) for the decode step's lora_apply:
+    // made by lora_sync_act when a rollout starts (the masters do not change during one) and
+    // marked stale by lora_release_act when it ends; act_valid while they are current
+    void *act_mem;
+    void **A_act, **B_act;  // (L * LIN_COUNT), NULL where not adapted
+    int act_valid;
     int step;               // AdamW steps taken
 };
 
@@ -55,6 +61,10 @@ LoRA *lora_load_peft(const Model *m, const char *dir);
 // raw state (params + Adam m, v + step) for checkpoints that resume bit-exactly
 void lora_save_state(const LoRA *lo, const char *path);
 void lora_load_state(LoRA *lo, const char *path);
+
+// the act copies (above): fresh from the masters (no-op where the backend has no lora_apply), and stale
+void lora_sync_act(LoRA *lo);
+void lora_release_act(LoRA *lo);
 
 // ---- hooks called by model.c (only when m->lora && m->lora_on) ----
 // out (N, out) += scale * (inp A^T) B^T ; save: keep inp A^T for the backward (training forward)

@@ -597,10 +597,11 @@ void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_
     // the graph for these buffers and sizes: run uncaptured once (lazy buffers get made), then
     // capture, then replay. Logits go to the scratch (its Sp rows), then S rows to the caller.
     DecodeGraph *g = NULL;
+    int lora_act = m->lora && m->lora_on && m->lora->act_valid;
     for (int i = 0; i < MAX_DECODE_GRAPHS && !g; i++) {
         DecodeGraph *e = &m->graphs[i];
         if (e->S == Sp && e->MB == MB && e->kv == kv->k && e->kv_v == kv->v && e->kv_nb == kv->NB &&
-            e->kv_bs == kv->BS && e->lora == m->lora && e->lora_on == m->lora_on)
+            e->kv_bs == kv->BS && e->lora == m->lora && e->lora_on == m->lora_on && e->lora_act == lora_act)
             g = e;
     }
     if (!g) {
@@ -610,7 +611,7 @@ void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_
             g = &m->graphs[m->graph_next++ % MAX_DECODE_GRAPHS];
             if (g->graph) be->graph_destroy(g->graph);
         }
-        *g = (DecodeGraph){Sp, MB, m->lora_on, kv->NB, kv->BS, NULL, kv->k, kv->v, m->lora, NULL, 0};
+        *g = (DecodeGraph){Sp, MB, m->lora_on, lora_act, kv->NB, kv->BS, NULL, kv->k, kv->v, m->lora, NULL, 0};
     }
     if (!g->warm) {
         decode_compute(m, kv, Sp, MB, d->logits);

@@ -2,6 +2,8 @@
 // one prefill per prompt, batched decode of all live sequences, per-sequence RNG.
 #include "rollout.h"
 
+#include "lora.h"
+
 static int cdiv(int a, int b) { return (a + b - 1) / b; }
 
 void rollout_free(Rollout *r) {
@@ -185,6 +187,8 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
     r.lens = (int *)mallocCheck(nprompts * sizeof(int));
     r.first = (int *)mallocCheck(nprompts * sizeof(int));
 
+    // the adapters' act copies for the decode step (the masters are fixed during a rollout)
+    if (m->lora && m->lora_on) lora_sync_act(m->lora);
     double t0 = now_sec();
     admit(&r);
     be->sync();
@@ -254,6 +258,7 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
     be->sync();
     out->decode_s = now_sec() - t0;
 
+    if (m->lora) lora_release_act(m->lora);
     be->free(r.logits);
     be->free(r.plogits);
     be->free(tok_d);

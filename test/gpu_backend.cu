@@ -388,6 +388,18 @@ START_TEST(test_lora) {
         }
     double *to = tol_bf(rout, mo, 3 * U8 + acc32(C), (size_t)N * OC);
     check_close("lora_forward out +=", gout, rout, to, (size_t)N * OC);
+    // lora_apply (the decode step's path): A and B as bf16 copies (to_act), ax rounded to bf16 by
+    // the GEMM itself: the same roundings as lora_forward, so the same reference and tolerance
+    void *dA16 = G->alloc((size_t)R * C * 2), *dB16 = G->alloc((size_t)OC * R * 2), *dout2 = up_act(out0, (size_t)N * OC);
+    G->to_act(dA16, dA, (size_t)R * C);
+    G->to_act(dB16, dB, (size_t)OC * R);
+    float *gA16 = down_act(dA16, (size_t)R * C), *rA16 = fmalloc((size_t)R * C);
+    for (size_t i = 0; i < (size_t)R * C; i++) rA16[i] = bfr(A[i]);
+    check_exact("to_act (f32 -> bf16, nearest even)", gA16, rA16, (size_t)R * C * 4);
+    G->lora_apply(dout2, dx, dA16, dB16, scale, N, C, R, OC);
+    float *gout2 = down_act(dout2, (size_t)N * OC);
+    check_close("lora_apply out +=", gout2, rout, to, (size_t)N * OC);
+    G->free(dA16); G->free(dB16); G->free(dout2); free(gA16); free(rA16); free(gout2);
 
     // backward
     float *g = randn_bf((size_t)N * OC, 1.0f), *din0 = randn_bf((size_t)N * C, 1.0f);
