@@ -1,5 +1,6 @@
-// rollout.c: the rollout engine (see rollout.h): block tables with prefix sharing,
-// one prefill per prompt, batched decode of all live sequences, per-sequence RNG.
+// rollout.c: the rollout engine (see rollout.h): a pool of KV blocks with prefix sharing,
+// one prefill per prompt, batched decode of all live sequences, per-sequence RNG, and
+// prompts admitted as blocks come back when the pool cannot hold them all (continuous batching).
 #include "rollout.h"
 
 #include "lora.h"

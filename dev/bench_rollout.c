@@ -7,6 +7,7 @@
 //
 //   make bench-rollout && ./build/bench_rollout --model 0.6b --fp8 block,off --batch 64,256
 //   ./build/bench_rollout --model 8b --fp8 block,off --batch 64 --startup /tmp/q8b
+// --kv auto,fp8 adds rows with the FP8 KV cache (--kv_cache_dtype fp8 of train_grpo).
 // With --profile, one more rollout per row runs without graphs, every op timed by CUDA
 // events (dev/op_profile.h): the GPU time per op category per decode step.
 // Prints one summary table last.
