@@ -754,20 +754,10 @@ __global__ void __launch_bounds__(128) gemm_fp8_smallm_kernel(T *y, GemmArgs a, 
         }
     }
     cp_async_wait<0>();
-    if (GR != FP8_BLOCK)  // the scales, once
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-#pragma unroll
-                for (int v = 0; v < 4; v++) {
-                    int m = i * 16 + (v >> 1) * 8 + g, n = n0 + j * 8 + 2 * t + (v & 1);
-                    float sx = m < a.M ? (GR == FP8_ROW ? a.sx[m] : a.sx[0]) : 0.f;
-                    acc[i][j][v] *= sx * (GR == FP8_ROW ? a.sw[n] : a.sw[0]);
-                }
     // (row, column) of accumulator element (i, j, v): row i*16 + (v/2)*8 + g, column n0 + j*8 + 2t + v%2.
-    // Split over K: the partial goes to part[split] (M, N) fp32 and smallm_reduce sums the splits
-    // in order (deterministic; a last-arriving block summing them alone serialises on latency).
+    // ROW / TENSOR: the scales, once. Split over K: the partial goes to part[split] (M, N) fp32 and
+    // smallm_reduce sums the splits in order (deterministic; a last-arriving block summing them
+    // alone serialises on latency).
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -776,6 +766,8 @@ __global__ void __launch_bounds__(128) gemm_fp8_smallm_kernel(T *y, GemmArgs a, 
             for (int v = 0; v < 4; v++) {
                 int m = i * 16 + (v >> 1) * 8 + g, n = n0 + j * 8 + 2 * t + (v & 1);
                 if (m >= a.M) continue;
+                if (GR != FP8_BLOCK)
+                    acc[i][j][v] *= (GR == FP8_ROW ? a.sx[m] : a.sx[0]) * (GR == FP8_ROW ? a.sw[n] : a.sw[0]);
                 if (ksplit > 1) part[((size_t)split * a.M + m) * a.N + n] = acc[i][j][v];
                 else store_out(y, a, m, n, acc[i][j][v]);
             }
