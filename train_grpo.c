@@ -873,10 +873,17 @@ int main(int argc, char **argv) {
         add_num(j, "time/reference", t_ref);
         add_num(j, "time/update", t_train - t_ref);
         add_num(j, "tokens_per_sec/rollout", gen_tokens / fmax(t_roll, 1e-9));
-        add_num(j, "tokens_per_sec/update", (double)g.num_iterations * S * T / fmax(t_train - t_ref, 1e-9));
+        double ref_passes = (g.beta != 0) + (g.num_iterations > 1), upd_tok_s = (double)g.num_iterations * S * T / fmax(t_train - t_ref, 1e-9);
+        add_num(j, "tokens_per_sec/reference", ref_passes > 0 ? ref_passes * S * T / fmax(t_ref, 1e-9) : 0.0);
+        add_num(j, "tokens_per_sec/update", upd_tok_s);
+        size_t peak_held = 0;
+        be->mem_in_use(&peak_held);
+        add_num(j, "memory/weights_mib", (m.w.dense_bytes + m.w.fp8_bytes) / 1048576.0);
+        add_num(j, "memory/lora_adamw_mib", lora_bytes / 1048576.0);
         add_num(j, "memory/kv_cache_mib", ro.kv_bytes / 1048576.0);
         add_num(j, "memory/activations_mib", m.acts.bytes / 1048576.0);
         if (m.arena.cap) add_num(j, "memory/arena_mib", m.arena.bytes / 1048576.0);
+        add_num(j, "memory/peak_mib", peak_held / 1048576.0);
         char *line = cJSON_PrintUnformatted(j);
         cJSON_Delete(j);
         FILE *mf = fopenCheck(mpath, "a");
@@ -887,9 +894,10 @@ int main(int argc, char **argv) {
         if (!o.quiet && (step % o.logging_steps == 0 || step == o.max_steps)) {
             printf("step %4d/%d | reward %.3f (std %.3f) | correct %.3f", step, o.max_steps, rm.reward, rm.reward_std, rm.func_mean[0]);
             if (isfinite(acc)) printf(" | held-out %.3f", acc);
-            printf(" | len %.1f | kl %.4f | loss %+.4f | |g| %.3f | %.2f s (rollout %.2f, update %.2f) | %.0f tok/s\n",
-                   (double)gen_tokens / S, isfinite(gm.kl) ? gm.kl : 0.0, loss, gnorm, t_total, t_roll, t_train,
-                   gen_tokens / fmax(t_roll, 1e-9));
+            printf(" | len %.1f | kl %.4f | loss %+.4f | |g| %.3f | %.2f s: rollout %.2f (%.0f tok/s), ref %.2f, update %.2f "
+                   "(%.0f tok/s)\n",
+                   (double)gen_tokens / S, isfinite(gm.kl) ? gm.kl : 0.0, loss, gnorm, t_total, t_roll,
+                   gen_tokens / fmax(t_roll, 1e-9), t_ref, t_train - t_ref, upd_tok_s);
         }
         if (step == start + 1) {  // the report by part, once every buffer has been made
             size_t peak = 0;
