@@ -433,8 +433,9 @@ static void dec_ensure(Model *m, int S, int MB) {
         {&d->x, cap * c->C * act}, {&d->ln, cap * c->C * act}, {&d->q, cap * q * act}, {&d->k, cap * kvw * act},
         {&d->v, cap * kvw * act}, {&d->att, cap * q * act}, {&d->tmp, cap * wide * act},
         {&d->ff1, cap * (size_t)c->FF * act}, {&d->ff2, cap * (size_t)c->FF * act}, {&d->ff3, cap * (size_t)c->FF * act},
-        {&d->rstd, cap * (size_t)c->NH * hp}, {&d->tok, cap * 4}, {&d->pos, cap * 4}, {&d->slots, cap * 4},
-        {&d->seq_lens, cap * 4}, {&d->block_table, (size_t)cap * mb * 4},
+        // the step's index arrays back to back (tok, pos, slots, seq_lens: cap each; block_table): one upload
+        {&d->tok, ((size_t)4 * cap + (size_t)cap * mb) * 4},
+        {&d->rstd, cap * (size_t)c->NH * hp},
         {&d->logits, m->be->graph_begin ? (size_t)cap * c->V * hp : 0},
     };
     size_t ns = sizeof s / sizeof s[0], total = 0;
@@ -446,6 +447,11 @@ static void dec_ensure(Model *m, int S, int MB) {
         *s[i].ptr = p;
         p += al256(s[i].bytes);
     }
+    int32_t *ix = (int32_t *)d->tok;
+    d->pos = ix + cap;
+    d->slots = ix + 2 * cap;
+    d->seq_lens = ix + 3 * cap;
+    d->block_table = ix + 4 * cap;
     d->cap = cap;
     d->mb_cap = mb;
 }
@@ -571,8 +577,11 @@ void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_
         m->graph_epoch = be->scratch_epoch();
     }
     DecodeScratch *d = &m->dec;
-    int32_t *h = (int32_t *)mallocCheck((size_t)Sp * (4 + MB) * sizeof(int32_t));
-    int32_t *tok = h, *pos = h + Sp, *slot = h + 2 * Sp, *lens = h + 3 * Sp, *table = h + 4 * Sp;
+    // packed as the device region is (dec_ensure): four arrays of cap, then the table (Sp, MB)
+    int cap = d->cap;
+    size_t nix = (size_t)4 * cap + (size_t)Sp * MB;
+    int32_t *h = (int32_t *)callocCheck(nix, sizeof(int32_t));
+    int32_t *tok = h, *pos = h + cap, *slot = h + 2 * cap, *lens = h + 3 * cap, *table = h + 4 * cap;
     for (int s = 0; s < Sp; s++) {
         int real = s < S;
         if (real && (tokens_host[s] < 0 || tokens_host[s] >= c->V)) die("decode: token id %d out of range", tokens_host[s]);
@@ -584,11 +593,7 @@ void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_
         lens[s] = real ? pos_host[s] + 1 : 1;
         for (int b = 0; b < MB; b++) table[(size_t)s * MB + b] = real ? block_table_host[(size_t)s * MB + b] : 0;
     }
-    be->upload(d->tok, tok, Sp * sizeof(int32_t));
-    be->upload(d->pos, pos, Sp * sizeof(int32_t));
-    be->upload(d->slots, slot, Sp * sizeof(int32_t));
-    be->upload(d->seq_lens, lens, Sp * sizeof(int32_t));
-    be->upload(d->block_table, table, (size_t)Sp * MB * sizeof(int32_t));
+    be->upload(d->tok, h, nix * sizeof(int32_t));
     free(h);
     if (!graphs) {
         decode_compute(m, kv, S, MB, logits);

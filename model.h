@@ -139,8 +139,8 @@ typedef struct {
     void *ff1, *ff2, *ff3;                  // (cap, FF) act
     void *fused;                            // (cap, max((NH + 2 KVH) HD, 2 FF)) act: a fused projection's output
     void *rstd;                             // (cap * NH) hp
-    void *tok, *pos, *slots, *seq_lens;     // (cap) i32
-    void *block_table;                      // (cap, mb_cap) i32
+    void *tok, *pos, *slots, *seq_lens;     // (cap) i32, back to back (one upload per step)
+    void *block_table;                      // (cap, mb_cap) i32, right after seq_lens
     void *logits;                           // (cap, V) hp: what a captured decode step writes (graphs only)
     void *mem;
     size_t bytes;

@@ -199,22 +199,25 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
     t0 = now_sec();
     uint64_t *rng = (uint64_t *)mallocCheck(S * sizeof(uint64_t));
     memcpy(rng, seeds, S * sizeof(uint64_t));
-    void *tok_d = be->alloc(S * sizeof(int32_t)), *logp_d = be->alloc(S * hp), *rng_d = be->alloc(S * sizeof(uint64_t));
-    int32_t *tok = (int32_t *)mallocCheck(S * sizeof(int32_t));
-    void *lp_h = mallocCheck(S * hp);
+    // the sampler's outputs back to back (rng (S) u64, tokens (S) i32, logp (S) hp), so a step reads
+    // them back with one download; the host copy has the same layout
+    size_t out_bytes = (size_t)S * (sizeof(uint64_t) + sizeof(int32_t) + hp);
+    void *samp_d = be->alloc(out_bytes);
+    void *rng_d = samp_d, *tok_d = (char *)samp_d + (size_t)S * sizeof(uint64_t), *logp_d = (char *)tok_d + (size_t)S * sizeof(int32_t);
+    char *samp_h = (char *)mallocCheck(out_bytes);
+    uint64_t *rng_a = (uint64_t *)samp_h;
+    int32_t *tok = (int32_t *)(samp_h + (size_t)S * sizeof(uint64_t));
+    void *lp_h = (char *)tok + (size_t)S * sizeof(int32_t);
     double *lp = (double *)mallocCheck(S * sizeof(double));
     int *pos = (int *)mallocCheck(S * sizeof(int)), *slot = (int *)mallocCheck(S * sizeof(int));
     int *tab = (int *)mallocCheck((size_t)S * r.MB * sizeof(int)), *feed = (int *)mallocCheck(S * sizeof(int));
-    uint64_t *rng_a = (uint64_t *)mallocCheck(S * sizeof(uint64_t));
     while (r.na > 0) {
         int na = r.na, *act = r.act;
         // the next token of each live sequence from its logits row (row i = act[i])
         for (int i = 0; i < na; i++) rng_a[i] = rng[act[i]];
         be->upload(rng_d, rng_a, na * sizeof(uint64_t));
         be->sample((int32_t *)tok_d, logp_d, r.logits, (uint64_t *)rng_d, na, V, rc->temperature, rc->top_k, rc->top_p);
-        be->download(tok, tok_d, na * sizeof(int32_t));
-        be->download(lp_h, logp_d, na * hp);
-        be->download(rng_a, rng_d, na * sizeof(uint64_t));
+        be->download(samp_h, samp_d, out_bytes);  // (S rows; the first na of each array are this step's)
         convert_to_f64(lp, lp_h, be->hp, na);
         int nf = 0;
         for (int i = 0; i < na; i++) {
@@ -262,9 +265,7 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
     if (m->lora) lora_release_act(m->lora);
     be->free(r.logits);
     be->free(r.plogits);
-    be->free(tok_d);
-    be->free(logp_d);
-    be->free(rng_d);
+    be->free(samp_d);
     kvcache_free_model(&r.kv, m);
     for (int p = 0; p < P; p++) free(r.gr[p].pblocks);
     free(r.gr);
@@ -276,12 +277,10 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
     free(r.lens);
     free(r.first);
     free(rng);
-    free(tok);
-    free(lp_h);
+    free(samp_h);
     free(lp);
     free(pos);
     free(slot);
     free(tab);
     free(feed);
-    free(rng_a);
 }
