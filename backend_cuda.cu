@@ -477,6 +477,22 @@ __device__ __forceinline__ void load8(float f[8], const bf16 *p) {
         f[2 * i + 1] = t.y;
     }
 }
+__device__ __forceinline__ void unpack8(float f[8], uint4 u) {
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __bfloat1622float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+__device__ __forceinline__ uint4 pack8(const float f[8]) {
+    uint4 u;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return u;
+}
 __device__ __forceinline__ void store8(bf16 *p, const float f[8]) {
     uint4 u;
     __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
@@ -525,6 +541,52 @@ __device__ __forceinline__ void row_scale(bf16 *y, const bf16 *x, const bf16 *w,
         for (int i = lane; i < C; i += 32) y[i] = __float2bfloat16_rn((__bfloat162float(x[i]) * r) * __bfloat162float(w[i]));
 }
 
+// The same norm with the lane's part of the row held in registers (chunk k of lane: elements
+// lane * 8 + 256 k .. + 7, as row_rstd / row_scale walk it, in the same order, so the results are
+// theirs bit for bit). row_rstd then row_scale read the row twice and loop over it with a memory
+// round trip per 256 elements: at decode (64 rows, 8 of 256-thread blocks) that made the 8B
+// model's add + norm 19.5 us a call (bench_rollout --profile); here every load of the row is in
+// flight at once and the blocks are small enough to spread over the SMs. C <= 256 * ROW_MAXCH
+// (5120: Qwen3-14B); wider rows take the loops.
+#define ROW_MAXCH 20
+__device__ __forceinline__ float regs_rstd(const uint4 (&c)[ROW_MAXCH], int C, float eps, int lane) {
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < ROW_MAXCH; k++)
+        if (lane * 8 + 256 * k < C) {
+            float f[8];
+            unpack8(f, c[k]);
+#pragma unroll
+            for (int j = 0; j < 8; j++) ss += f[j] * f[j];
+        }
+    ss = warp_sum(ss);
+    return 1.0f / sqrtf(ss / C + eps);
+}
+// y = (x * r) * w; w's chunks were loaded before (wv), next to the row's
+__device__ __forceinline__ void regs_scale(bf16 *y, const uint4 (&c)[ROW_MAXCH], const uint4 (&wv)[ROW_MAXCH], float r,
+                                          int C, int lane) {
+#pragma unroll
+    for (int k = 0; k < ROW_MAXCH; k++)
+        if (lane * 8 + 256 * k < C) {
+            float f[8], g[8];
+            uint4 u = c[k];  // unpacked again, not kept from regs_rstd (that would hold 8 floats per chunk)
+            asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
+            unpack8(f, u);
+            unpack8(g, wv[k]);
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = (f[j] * r) * g[j];
+            *(uint4 *)(y + lane * 8 + 256 * k) = pack8(f);
+        }
+}
+__device__ __forceinline__ void regs_load(uint4 (&c)[ROW_MAXCH], const bf16 *x, int C, int lane) {
+#pragma unroll
+    for (int k = 0; k < ROW_MAXCH; k++)
+        if (lane * 8 + 256 * k < C) c[k] = *(const uint4 *)(x + lane * 8 + 256 * k);
+}
+// warps per block of the one-warp-per-row kernels: few rows (decode) -> one row per block, so
+// that they spread over the SMs
+static int row_warps(int N) { return N <= 1024 ? 1 : 8; }
+
 // one warp per row; y = (x * rstd) * w with fp32 statistics; out may alias inp
 template <bool VEC>
 __global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int N, int C, float eps) {
@@ -535,16 +597,30 @@ __global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, cons
     if (lane == 0) rstd[row] = r;
     row_scale<VEC>(out + (size_t)row * C, x, w, r, C, lane);
 }
+__global__ void rmsnorm_regs_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int N, int C, float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= N) return;
+    uint4 c[ROW_MAXCH], wv[ROW_MAXCH];
+    regs_load(c, inp + (size_t)row * C, C, lane);
+    regs_load(wv, w, C, lane);
+    float r = regs_rstd(c, C, eps, lane);
+    if (lane == 0) rstd[row] = r;
+    regs_scale(out + (size_t)row * C, c, wv, r, C, lane);
+}
 
 static void cu_rmsnorm_forward(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
     if (N <= 0) return;
-    unsigned gr = cdiv(N, 8);
-    if (C % 8 == 0 && aligned16(out, inp, w, NULL))
-        rmsnorm_fwd_kernel<true><<<gr, 256, 0, G.stream>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp,
-                                                             (const bf16 *)w, N, C, eps);
+    int wpb = row_warps(N);
+    unsigned gr = cdiv(N, wpb);
+    if (C % 8 == 0 && C <= 256 * ROW_MAXCH && aligned16(out, inp, w, NULL))
+        rmsnorm_regs_kernel<<<gr, 32 * wpb, 0, G.stream>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp, (const bf16 *)w,
+                                                           N, C, eps);
+    else if (C % 8 == 0 && aligned16(out, inp, w, NULL))
+        rmsnorm_fwd_kernel<true><<<gr, 32 * wpb, 0, G.stream>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp,
+                                                                  (const bf16 *)w, N, C, eps);
     else
-        rmsnorm_fwd_kernel<false><<<gr, 256, 0, G.stream>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp,
-                                                              (const bf16 *)w, N, C, eps);
+        rmsnorm_fwd_kernel<false><<<gr, 32 * wpb, 0, G.stream>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp,
+                                                                   (const bf16 *)w, N, C, eps);
     launchCheck();
 }
 
@@ -659,14 +735,45 @@ __global__ void add_rmsnorm_kernel(bf16 *x, bf16 *out, float *rstd, const bf16 *
     if (lane == 0) rstd[row] = r;
     row_scale<VEC>(y, xr, w, r, C, lane);
 }
+// the same with the row in registers (rmsnorm_regs_kernel): the rounded sums are kept, stored, and
+// normalized from the registers
+__global__ void add_rmsnorm_regs_kernel(bf16 *x, bf16 *out, float *rstd, const bf16 *dx, const bf16 *w, int N, int C,
+                                        float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= N) return;
+    bf16 *xr = x + (size_t)row * C;
+    uint4 c[ROW_MAXCH], wv[ROW_MAXCH];
+    regs_load(c, xr, C, lane);
+    regs_load(wv, dx + (size_t)row * C, C, lane);  // dx now (all loads before the first store), w later
+#pragma unroll
+    for (int k = 0; k < ROW_MAXCH; k++)
+        if (lane * 8 + 256 * k < C) {
+            float f[8], g[8];
+            unpack8(f, c[k]);
+            unpack8(g, wv[k]);
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] += g[j];
+            c[k] = pack8(f);
+            *(uint4 *)(xr + lane * 8 + 256 * k) = c[k];
+        }
+    regs_load(wv, w, C, lane);
+    float r = regs_rstd(c, C, eps, lane);
+    if (lane == 0) rstd[row] = r;
+    regs_scale(out + (size_t)row * C, c, wv, r, C, lane);
+}
 static void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps) {
     if (N <= 0) return;
-    if (C % 8 == 0 && aligned16(x, out, dx, w))
-        add_rmsnorm_kernel<true><<<cdiv(N, 8), 256, 0, G.stream>>>((bf16 *)x, (bf16 *)out, (float *)rstd,
-                                                                   (const bf16 *)dx, (const bf16 *)w, N, C, eps);
+    int wpb = row_warps(N);
+    unsigned gr = cdiv(N, wpb);
+    if (C % 8 == 0 && C <= 256 * ROW_MAXCH && aligned16(x, out, dx, w))
+        add_rmsnorm_regs_kernel<<<gr, 32 * wpb, 0, G.stream>>>((bf16 *)x, (bf16 *)out, (float *)rstd, (const bf16 *)dx,
+                                                               (const bf16 *)w, N, C, eps);
+    else if (C % 8 == 0 && aligned16(x, out, dx, w))
+        add_rmsnorm_kernel<true><<<gr, 32 * wpb, 0, G.stream>>>((bf16 *)x, (bf16 *)out, (float *)rstd,
+                                                                  (const bf16 *)dx, (const bf16 *)w, N, C, eps);
     else
-        add_rmsnorm_kernel<false><<<cdiv(N, 8), 256, 0, G.stream>>>((bf16 *)x, (bf16 *)out, (float *)rstd,
-                                                                    (const bf16 *)dx, (const bf16 *)w, N, C, eps);
+        add_rmsnorm_kernel<false><<<gr, 32 * wpb, 0, G.stream>>>((bf16 *)x, (bf16 *)out, (float *)rstd,
+                                                                   (const bf16 *)dx, (const bf16 *)w, N, C, eps);
     launchCheck();
 }
 

@@ -4,10 +4,11 @@
 //   kernels), bf16_gemm_cuda, fp8_linear_dx_cuda.
 // Numerics follow fp8.h exactly (scale = amax / max in fp32, q = encode(x / scale) with an
 // IEEE division, satfinite round-to-nearest-even), so the bytes equal dev/fp8_cpu.c's.
-// The hand-written GEMM kernels are versions 2, 3 (any sm_89+) and 6/7 (Hopper, sm_90a: TMA +
-// wgmma) of dev/gemm_fp8.cu (which holds versions 1, 4 and 5, the validation and the
+// The hand-written GEMM kernels are versions 2, 3 (any sm_89+), 6/7 (Hopper, sm_90a: TMA +
+// wgmma) and 8 (Hopper, M <= 64: split-K over a cluster) of dev/gemm_fp8.cu (which holds versions 1, 4 and 5, the validation and the
 // benchmark); they keep their numbers here.
 // Needs: CUDA >= 12.9 (cuBLASLt's VEC128 / BLK128x128 scale modes), cublasLt.
+#include <cooperative_groups.h>
 #include <cublasLt.h>
 #include <cudaTypedefs.h>  // cuda.h's CUtensorMap and the type of cuTensorMapEncodeTiled (no -lcuda)
 #include <cuda_bf16.h>
@@ -18,6 +19,8 @@
 
 #include "fp8.h"
 #include "fp8_cuda.h"
+
+namespace cg = cooperative_groups;
 
 #if CUBLAS_VERSION < 120900
 #error "fp8.cu needs cuBLAS >= 12.9 (CUDA 12.9) for VEC128_32F / BLK128x128_32F block scaling"
@@ -69,10 +72,8 @@ static struct {
     LtPlan plans[PLAN_CACHE];
     int next_plan;
     const char *last;
-    float *sk_part;     // small-M kernel: split-K partials (ksplit, M, N) fp32, grown on demand
-    size_t sk_part_bytes;
-    unsigned epoch;     // bumped when scratch or sk_part moves
-    int sm_ksplit, sm_f16;  // small-M kernel knobs (fp8_cuda_set_smallm): 0 / -1 = by shape / GPU
+    unsigned epoch;     // bumped when scratch moves
+    int dk_split;       // the decode kernel's K splits (fp8_cuda_set_decode_split): 0 = by shape
 } ctx;
 
 static int wgmma_probe(void);  // (Hopper section)
@@ -96,7 +97,6 @@ int fp8_cuda_init(void *stream) {
     cudaCheck(cudaMalloc(&ctx.amax, sizeof(float)));
     ctx.backend = FP8_GEMM_AUTO;
     ctx.last = "none";
-    ctx.sm_f16 = -1;
     ctx.init = 1;
     ctx.wgmma = wgmma_probe();
     return ctx.has_fp8;
@@ -115,7 +115,6 @@ void fp8_cuda_free(void) {
     cudaFree(ctx.workspace);
     cudaFree(ctx.amax);
     for (int i = 0; i < 2; i++) cudaFree(ctx.scratch[i]);
-    cudaFree(ctx.sk_part);
     cublasLtDestroy(ctx.lt);
     memset(&ctx, 0, sizeof ctx);
 }
@@ -130,10 +129,7 @@ void fp8_cuda_set_fast_accum(int on) { ctx.fast_accum = on; }
 void fp8_cuda_set_wgmma_version(int v) { ctx.wgmma_version = v; }
 const char *fp8_cuda_last_backend(void) { return ctx.last; }
 unsigned fp8_cuda_scratch_epoch(void) { return ctx.epoch; }
-void fp8_cuda_set_smallm(int ksplit, int f16) {
-    ctx.sm_ksplit = ksplit;
-    ctx.sm_f16 = f16;
-}
+void fp8_cuda_set_decode_split(int ksplit) { ctx.dk_split = ksplit; }
 
 static void *scratch(int i, size_t bytes) {
     if (ctx.scratch_bytes[i] < bytes) {
@@ -627,207 +623,6 @@ static void launch_v3(T *y, const GemmArgs &a) {
     else if (a.fx == FP8_E5M2 && a.fw == FP8_E4M3) launch_v3_f<T, FP8_E5M2, FP8_E4M3>(y, a);
     else if (a.fx == FP8_E4M3 && a.fw == FP8_E5M2) launch_v3_f<T, FP8_E4M3, FP8_E5M2>(y, a);
     else launch_v3_f<T, FP8_E5M2, FP8_E5M2>(y, a);
-}
-
-// ---- the small-M kernel (decode): M <= 64 rows, memory-bound -----------------------------
-// A decode step multiplies a few dozen tokens by every weight once, so the time is the time
-// to stream W from memory; a 128-wide tile kernel (cuBLASLt at M = 64) leaves most SMs idle
-// on N = 1024 and reads W at a fraction of the bandwidth. Here:
-//   - a block (4 warps) owns 64 output columns and a slice of K (split-K: enough blocks to
-//     fill the GPU even at N = 1024); each warp owns 16 of the columns for all 64 rows;
-//   - W and X stream through a ring of shared-memory stages (cp.async), several 4 KB steps of
-//     W in flight per block; each W byte is read once, X once per block;
-//   - 16-byte loads cover a 64-wide K step; the two m16n8k32 FP8 MMAs of the step take its
-//     bytes in a permuted K order, the same for X and W, so the dot products are unchanged;
-//   - each 64-wide K step is promoted with its scales (BLOCK: sx[m, kb] * sw[n/128, kb],
-//     as the reference does per 128; ROW / TENSOR: the same scales every step);
-//   - split-K: each block writes its fp32 partial tile and a second kernel sums the splits
-//     in order, so results do not depend on timing.
-#define SK_ROWS 64  // the most rows (M) the kernel takes
-#define SK_BN 64    // output columns per block
-
-// D (16x8 f32) += A (16x16 f16, row) * B (16x8 f16, col)
-__device__ __forceinline__ void mma_f16(float *d, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-// two E4M3 codes (low byte first) -> f16x2, exactly (every E4M3 value is an f16)
-__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t two) {
-    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
-    return (uint32_t)h.x | ((uint32_t)h.y << 16);
-}
-
-// one 64-wide K step of an m16 x n8 tile: the 16 bytes per row a thread holds (K offsets
-// 16t..16t+15 of rows g and g+8 of A, of column g of B) feed the MMAs in a permuted K order
-// that is the same for both operands. F16: decode to f16 and run 4 m16n8k16 (Hopper has no
-// native FP8 mma.sync); else 2 m16n8k32 FP8 MMAs (native on sm_89 / sm_120).
-template <bool F16>
-__device__ __forceinline__ void smallm_step(float *p, const uint4 &r0, const uint4 &r1, const uint4 &w) {
-    const uint32_t x0[4] = {r0.x, r0.y, r0.z, r0.w}, x1[4] = {r1.x, r1.y, r1.z, r1.w}, wv[4] = {w.x, w.y, w.z, w.w};
-    if (F16) {
-#pragma unroll
-        for (int j = 0; j < 4; j++) {  // k16 step j takes word j: its low half is k (2t, 2t+1), its high half k + 8
-            uint32_t A[4] = {e4m3x2_f16x2(x0[j]), e4m3x2_f16x2(x1[j]), e4m3x2_f16x2(x0[j] >> 16), e4m3x2_f16x2(x1[j] >> 16)};
-            uint32_t B[2] = {e4m3x2_f16x2(wv[j]), e4m3x2_f16x2(wv[j] >> 16)};
-            mma_f16(p, A, B);
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < 2; j++) {  // k32 step j takes words 2j (k 4t..4t+3) and 2j+1 (k 16+4t..)
-            uint32_t A[4] = {x0[2 * j], x1[2 * j], x0[2 * j + 1], x1[2 * j + 1]};
-            uint32_t B[2] = {wv[2 * j], wv[2 * j + 1]};
-            mma_fp8<FP8_E4M3, FP8_E4M3>(p, A, B);
-        }
-    }
-}
-
-// GR: the granularity. BLOCK promotes each 64-wide K step with sx[m, kb] * sw[n/128, kb];
-// ROW and TENSOR accumulate the whole K and scale once at the end, as the reference does.
-// The K steps stream through a ring of SK_STAGES shared-memory stages filled by cp.async, so a
-// block keeps (SK_STAGES - 1) x 4 KB of W in flight: a step's round trip to memory (~1 us) is
-// hidden behind the steps before it. X's tile is staged too and read by all four warps.
-#define SK_STAGES 6
-template <typename T, int GR, bool F16>
-__global__ void __launch_bounds__(128) gemm_fp8_smallm_kernel(T *y, GemmArgs a, int ksplit, float *part) {
-    __shared__ __align__(16) uint8_t sw_[SK_STAGES][SK_BN][64], sx_[SK_STAGES][SK_ROWS][64];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int tile = blockIdx.x, split = blockIdx.y, n0 = tile * SK_BN + warp * 16;
-    const int steps = a.K / 64, s0 = (int)((long)steps * split / ksplit), s1 = (int)((long)steps * (split + 1) / ksplit);
-    float acc[4][2][4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
-    // stage st (K offset 64 st) -> slot st % SK_STAGES: 256 16-byte pieces of W and 256 of X, two
-    // of each per thread (X rows past M are zero-filled)
-    auto issue = [&](int st) {
-        if (st < s1) {
-            const int slot = st % SK_STAGES, k0 = st * 64;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int piece = threadIdx.x + 128 * h, r = piece >> 2, c = (piece & 3) * 16;
-                cp_async16(&sw_[slot][r][c], a.w + (size_t)(tile * SK_BN + r) * a.K + k0 + c, true);
-                cp_async16(&sx_[slot][r][c], a.x + (size_t)(r < a.M ? r : 0) * a.K + k0 + c, r < a.M);
-            }
-        }
-        cp_async_commit();  // an empty group past the end keeps the wait count uniform
-    };
-    for (int st = s0; st < s0 + SK_STAGES - 1; st++) issue(st);
-    const float *swrow = a.sw + (size_t)(n0 / FP8_BLOCK_SIZE) * a.ldsw;  // BLOCK: this warp's row of W scales
-    for (int st = s0; st < s1; st++) {
-        cp_async_wait<SK_STAGES - 2>();  // stage st has landed (for this thread) ...
-        __syncthreads();                 // ... for every thread, and slot (st - 1) % SK_STAGES is free
-        issue(st + SK_STAGES - 1);
-        const int slot = st % SK_STAGES, k0 = st * 64;
-        // this thread's 16 bytes (K offsets 16t..16t+15) of rows g, g + 8 of each m16 tile and of
-        // columns g of each n8 tile (conflict-free: a quarter warp reads 128 consecutive bytes)
-        uint4 xa[8], wb[2];
-#pragma unroll
-        for (int r = 0; r < 8; r++) xa[r] = *(const uint4 *)&sx_[slot][(r >> 1) * 16 + (r & 1) * 8 + g][16 * t];
-#pragma unroll
-        for (int j = 0; j < 2; j++) wb[j] = *(const uint4 *)&sw_[slot][warp * 16 + j * 8 + g][16 * t];
-        if (GR == FP8_BLOCK) {
-            const int kb = k0 / FP8_BLOCK_SIZE;
-            const float sw = swrow[kb];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int m0 = i * 16 + g, m1 = m0 + 8;
-                float sx0 = m0 < a.M ? a.sx[(size_t)kb * a.M + m0] * sw : 0.f;
-                float sx1 = m1 < a.M ? a.sx[(size_t)kb * a.M + m1] * sw : 0.f;
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    float p[4] = {0.f, 0.f, 0.f, 0.f};
-                    smallm_step<F16>(p, xa[2 * i], xa[2 * i + 1], wb[j]);
-                    acc[i][j][0] += p[0] * sx0, acc[i][j][1] += p[1] * sx0;
-                    acc[i][j][2] += p[2] * sx1, acc[i][j][3] += p[3] * sx1;
-                }
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) smallm_step<F16>(acc[i][j], xa[2 * i], xa[2 * i + 1], wb[j]);
-        }
-    }
-    cp_async_wait<0>();
-    // (row, column) of accumulator element (i, j, v): row i*16 + (v/2)*8 + g, column n0 + j*8 + 2t + v%2.
-    // ROW / TENSOR: the scales, once. Split over K: the partial goes to part[split] (M, N) fp32 and
-    // smallm_reduce sums the splits in order (deterministic; a last-arriving block summing them
-    // alone serialises on latency).
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int v = 0; v < 4; v++) {
-                int m = i * 16 + (v >> 1) * 8 + g, n = n0 + j * 8 + 2 * t + (v & 1);
-                if (m >= a.M) continue;
-                if (GR != FP8_BLOCK)
-                    acc[i][j][v] *= (GR == FP8_ROW ? a.sx[m] : a.sx[0]) * (GR == FP8_ROW ? a.sw[n] : a.sw[0]);
-                if (ksplit > 1) part[((size_t)split * a.M + m) * a.N + n] = acc[i][j][v];
-                else store_out(y, a, m, n, acc[i][j][v]);
-            }
-}
-
-// Y (M, N) = the sum of the ksplit partials (M, N), in split order
-template <typename T>
-__global__ void smallm_reduce_kernel(T *y, GemmArgs a, int ksplit, const float *part) {
-    size_t n = (size_t)a.M * a.N;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float sum = 0.f;
-        for (int sp = 0; sp < ksplit; sp++) sum += part[sp * n + i];
-        store_out(y, a, (int)(i / a.N), (int)(i % a.N), sum);
-    }
-}
-
-// whether the small-M kernel takes this product (E4M3 x E4M3, M <= 64, N % 64 == 0, K % 64 == 0,
-// 16-byte aligned rows; an FP8 GPU)
-static int smallm_supported(const FP8Tensor *x, const FP8Tensor *w) {
-    int M = x->rows, N = w->rows, K = x->cols;
-    return ctx.cc >= 89 && x->fmt == FP8_E4M3 && w->fmt == FP8_E4M3 && M >= 1 && M <= SK_ROWS && N % SK_BN == 0 &&
-           K % 64 == 0 && !(((uintptr_t)x->data | (uintptr_t)w->data) & 15);
-}
-
-template <typename T>
-static void launch_smallm(T *y, const GemmArgs &a) {
-    int tiles = a.N / SK_BN, steps = a.K / 64;
-    // splits: about three blocks per SM (what fits by registers), each at least two K steps
-    int ksplit = cdiv(3 * ctx.sms, tiles);
-    if (ksplit > steps / 2) ksplit = steps / 2;
-    if (ctx.sm_ksplit > 0) ksplit = ctx.sm_ksplit;
-    if (ksplit > steps) ksplit = steps;
-    if (ksplit < 1) ksplit = 1;
-    if (ksplit > 1) {
-        size_t need = (size_t)ksplit * a.M * a.N * sizeof(float);
-        if (ctx.sk_part_bytes < need) {  // grows before any graph capture (the first, uncaptured step)
-            cudaCheck(cudaStreamSynchronize(ctx.stream));
-            cudaFree(ctx.sk_part);
-            cudaCheck(cudaMalloc(&ctx.sk_part, need));
-            ctx.sk_part_bytes = need;
-            ctx.epoch++;
-        }
-    }
-    // Hopper runs FP8 mma.sync slowly (no native path); decoding to f16 is exact and fast
-    bool f16 = ctx.sm_f16 >= 0 ? ctx.sm_f16 != 0 : ctx.cc == 90;
-    dim3 grid(tiles, ksplit);
-#define SK_LAUNCH(GR, F) gemm_fp8_smallm_kernel<T, GR, F><<<grid, 128, 0, ctx.stream>>>(y, a, ksplit, ctx.sk_part)
-#define SK_LAUNCH_G(GR) \
-    if (f16) SK_LAUNCH(GR, true); \
-    else SK_LAUNCH(GR, false)
-    if (a.gran == FP8_BLOCK) { SK_LAUNCH_G(FP8_BLOCK); }
-    else if (a.gran == FP8_ROW) { SK_LAUNCH_G(FP8_ROW); }
-    else { SK_LAUNCH_G(FP8_TENSOR); }
-#undef SK_LAUNCH_G
-#undef SK_LAUNCH
-    launchCheck();
-    if (ksplit > 1) {
-        smallm_reduce_kernel<T><<<cdiv((long)a.M * a.N, 256), 256, 0, ctx.stream>>>(y, a, ksplit, ctx.sk_part);
-        launchCheck();
-    }
 }
 
 static GemmArgs gemm_args(const FP8Tensor *x, const FP8Tensor *w, int accumulate) {
@@ -1439,6 +1234,144 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
+// ---- version 8: the decode kernel (small M): one 64-row tile, split-K over a cluster ----
+// A decode step multiplies a few dozen tokens (M <= 64) by every weight once: the time is the
+// time to stream W from memory. Versions 6/7 give each 128 x 128 output tile to one block
+// walking all of K, so at N = 4096 only 32 SMs read; cuBLASLt reads the 8B weights at
+// 1.0-2.2 TB/s (dev/RESULTS.md, "The FP8 GEMM at M = 64"). Here:
+// - a block owns a 64 x 128 output tile (one wgmma.m64n128k32 row of warps) and a slice of K:
+//   the ks blocks of one tile form a thread-block cluster (ks <= 8), chosen so that about two
+//   blocks per SM run (two fit by shared memory);
+// - warp 4 is the producer: its lane 0 streams the slice's K steps (X 64 x 128 B, W 128 x 128 B)
+//   through a ring of 4 stages by TMA, as in version 6; warps 0-3 (one warpgroup) multiply each
+//   step into a fresh accumulator and promote it as version 6 does (block scales staged in
+//   shared memory once, at the start: at most DK_MAXSTEPS steps per block);
+// - the splits are summed through distributed shared memory: each block leaves its fp32 tile in
+//   its own shared memory, the cluster synchronizes, and block r adds up its 1/ks share of the
+//   tile from all ks blocks in split order (the same order whichever block finishes first:
+//   results do not depend on timing), then scales (row / tensor) and stores it. No global
+//   workspace, no second kernel.
+#define DK_BM 64
+#define DK_BN 128
+#define DK_STAGES 4
+#define DK_MAXSTEPS 32      // K steps (of 128) per block: the block scales staged at the start
+#define DK_MAXSPLIT 8       // blocks per cluster (the portable maximum)
+#define DK_TILE_X (DK_BM * WG_BK)
+#define DK_TILE_W (DK_BN * WG_BK)
+#define DK_LDR (DK_BN + 8)  // row stride (floats) of the reduction tile: float2 stores hit 32 banks
+#define DK_SMEM (DK_STAGES * (DK_TILE_X + DK_TILE_W) + DK_MAXSTEPS * (DK_BM + 1) * 4 + 2 * DK_STAGES * 8 + 1024)
+static_assert(DK_BM * DK_LDR * 4 <= DK_STAGES * (DK_TILE_X + DK_TILE_W), "the reduction tile overlays the stages");
+static_assert(2 * (DK_SMEM + 1024) <= 233472, "two blocks per SM");
+
+template <typename T, int GRAN>
+__global__ void __launch_bounds__(160, 2)
+    gemm_fp8_decode_kernel(T *y, const GemmArgs a, const __grid_constant__ CUtensorMap tmx,
+                           const __grid_constant__ CUtensorMap tmw) {
+#ifdef FP8_SM90A
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    uint8_t *xs = smem;                                      // [stage][64 rows][128 B]
+    uint8_t *ws = xs + DK_STAGES * DK_TILE_X;                // [stage][128 rows][128 B]
+    float *red = (float *)smem;                              // [64][DK_LDR] after the main loop
+    float *scx = (float *)(ws + DK_STAGES * DK_TILE_W);      // [step][64] sx of the tile's rows
+    float *scw = scx + DK_MAXSTEPS * DK_BM;                  // [step] sw of the tile's weight block
+    uint64_t *full = (uint64_t *)(scw + DK_MAXSTEPS), *empty = full + DK_STAGES;
+    cg::cluster_group cluster = cg::this_cluster();
+    const int split = blockIdx.x, ks = gridDim.x, m0 = blockIdx.z * DK_BM, n0 = blockIdx.y * DK_BN;
+    const int KB = cdiv(a.K, WG_BK), kb0 = (int)((long)KB * split / ks), steps = (int)((long)KB * (split + 1) / ks) - kb0;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (tid == 0) {
+        for (int s = 0; s < DK_STAGES; s++) { mbar_init(&full[s], 1); mbar_init(&empty[s], 4); }
+        mbar_fence_init();
+    }
+    __syncthreads();
+    if (warp == 4) {  // producer
+        if (lane == 0)
+            for (int s = 0, stage = 0, phase = 0; s < steps; s++) {
+                mbar_wait(&empty[stage], phase ^ 1);
+                mbar_expect_tx(&full[stage], DK_TILE_X + DK_TILE_W);
+                tma_load_2d(xs + stage * DK_TILE_X, &tmx, &full[stage], (kb0 + s) * WG_BK, m0);
+                tma_load_2d(ws + stage * DK_TILE_W, &tmw, &full[stage], (kb0 + s) * WG_BK, n0);
+                if (++stage == DK_STAGES) { stage = 0; phase ^= 1; }
+            }
+    } else {  // consumers: thread rows rl and rl + 8, columns 8i + 2 (lane % 4) + 0/1
+        float acc[DK_BN / 2], part[DK_BN / 2];
+        const int rl = warp * 16 + (lane >> 2);
+        if (GRAN == FP8_BLOCK) {  // the block scales, while the producer's first loads are in flight
+            for (int i = tid; i < steps * DK_BM; i += 128) {
+                int s = i / DK_BM, r = m0 + i % DK_BM;
+                scx[i] = r < a.M ? __ldg(a.sx + (size_t)(kb0 + s) * a.M + r) : 0.0f;
+            }
+            for (int s = tid; s < steps; s += 128) scw[s] = __ldg(a.sw + (size_t)blockIdx.y * a.ldsw + kb0 + s);
+            named_bar_sync(1, 128);
+        }
+#pragma unroll
+        for (int i = 0; i < DK_BN / 2; i++) acc[i] = 0.0f;
+        // one K step: its 4 wgmmas into a fresh accumulator, wait for them, release the stage,
+        // promote. The wait serializes a block's steps (~0.5 us each on the H100: the wgmmas'
+        // latency); the second block on the SM fills the gap. (Issuing step s + 1 before promoting
+        // step s, with two accumulators in turn, makes ptxas serialize every wgmma: C7514.)
+        for (int s = 0, stage = 0, phase = 0; s < steps; s++) {
+            mbar_wait(&full[stage], phase);
+            uint64_t da = wg_desc(xs + stage * DK_TILE_X), db = wg_desc(ws + stage * DK_TILE_W);
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < WG_BK / 32; k++) wgmma_m64n128k32_e4m3(part, da + 2 * k, db + 2 * k, k);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(part);
+            if (lane == 0) mbar_arrive(&empty[stage]);
+            if (++stage == DK_STAGES) { stage = 0; phase ^= 1; }
+            float f0 = 1.0f, f1 = 1.0f;
+            if (GRAN == FP8_BLOCK) { f0 = scx[s * DK_BM + rl] * scw[s]; f1 = scx[s * DK_BM + rl + 8] * scw[s]; }
+#pragma unroll
+            for (int i = 0; i < DK_BN / 8; i++) {
+                acc[4 * i + 0] += part[4 * i + 0] * f0;
+                acc[4 * i + 1] += part[4 * i + 1] * f0;
+                acc[4 * i + 2] += part[4 * i + 2] * f1;
+                acc[4 * i + 3] += part[4 * i + 3] * f1;
+            }
+        }
+        named_bar_sync(1, 128);  // every consumer is past the last wgmma: the stages can be overwritten
+#pragma unroll
+        for (int i = 0; i < DK_BN / 8; i++) {
+            int c = 8 * i + 2 * (lane & 3);
+            *(float2 *)(red + rl * DK_LDR + c) = make_float2(acc[4 * i], acc[4 * i + 1]);
+            *(float2 *)(red + (rl + 8) * DK_LDR + c) = make_float2(acc[4 * i + 2], acc[4 * i + 3]);
+        }
+    }
+    cluster.sync();  // every block's partial tile is in its shared memory
+    const int Q = DK_BM * DK_BN / 4, q1 = (int)((long)Q * (split + 1) / ks);
+    const bool vec = sizeof(T) == 2 && !a.accumulate && a.N % 4 == 0;
+    for (int q = (int)((long)Q * split / ks) + tid; q < q1; q += blockDim.x) {
+        int r = q / (DK_BN / 4), c = 4 * (q % (DK_BN / 4)), m = m0 + r, n = n0 + c;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int j = 0; j < ks; j++) {
+            float4 p = *(const float4 *)(cluster.map_shared_rank(red, j) + r * DK_LDR + c);
+            v.x += p.x; v.y += p.y; v.z += p.z; v.w += p.w;
+        }
+        if (m >= a.M) continue;
+        float o[4] = {v.x, v.y, v.z, v.w};
+        if (GRAN != FP8_BLOCK) {
+            float fx = GRAN == FP8_ROW ? __ldg(a.sx + m) : __ldg(a.sx);
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (n + e < a.N) o[e] *= fx * (GRAN == FP8_ROW ? __ldg(a.sw + n + e) : __ldg(a.sw));
+        }
+        if (vec && n + 3 < a.N) {
+            __nv_bfloat162 lo = __floats2bfloat162_rn(o[0], o[1]), hi = __floats2bfloat162_rn(o[2], o[3]);
+            uint2 u = make_uint2(*(uint32_t *)&lo, *(uint32_t *)&hi);
+            *(uint2 *)((__nv_bfloat16 *)y + (size_t)m * a.N + n) = u;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (n + e < a.N) store_out(y, a, m, n + e, o[e]);
+        }
+    }
+    cluster.sync();  // no block leaves while another still reads its shared memory
+#endif
+}
+
 // ---- host side ----
 
 // 1 if this build holds sm_90a code for the kernels (a plain sm_90 build compiles them empty)
@@ -1541,6 +1474,76 @@ static void launch_v6(void *y, DType ydt, const GemmArgs &a, int version) {
     else launch_v6_n<128>(y, ydt, a);
 }
 
+// ---- version 8 (decode) host side ----
+
+// whether the decode kernel runs this product, and if not why (the wgmma kernel's rules, and K
+// within DK_MAXSPLIT x DK_MAXSTEPS steps of 128)
+static int decode_supported(const FP8Tensor *x, const FP8Tensor *w, char *why, size_t cap) {
+    if (!wgmma_supported(x, w, why, cap)) return 0;
+    if (cdiv(x->cols, WG_BK) > DK_MAXSPLIT * DK_MAXSTEPS) {
+        snprintf(why, cap, "K = %d is over the decode kernel's %d", x->cols, DK_MAXSPLIT * DK_MAXSTEPS * WG_BK);
+        return 0;
+    }
+    return 1;
+}
+
+// K splits ks (blocks per cluster). All of a product's blocks should run in one wave: a second,
+// partial wave costs as much as the first (measured: 12288 x 4096 with 3 splits, 288 blocks where 264
+// fit, 35 us; with 2, 29.5 us). So ks is the largest (up to DK_MAXSPLIT, and each block at least
+// two K steps) whose clusters all fit at once (maxc[ks]: cudaOccupancyMaxActiveClusters, which
+// knows the GPC limits: 30 clusters of 8 on the H100, not 132 * 2 / 8 = 33), and at least what
+// keeps a block within DK_MAXSTEPS steps. fp8_cuda_set_decode_split forces it.
+static int decode_splits(int M, int N, int K, const int *maxc) {
+    int tiles = cdiv(M, DK_BM) * cdiv(N, DK_BN), KB = cdiv(K, WG_BK), ks = 1;
+    if (ctx.dk_split > 0) ks = ctx.dk_split;
+    else
+        for (int k = 2; k <= DK_MAXSPLIT && 2 * k <= KB; k++)
+            if (tiles <= maxc[k]) ks = k;
+    if (ks > DK_MAXSPLIT) ks = DK_MAXSPLIT;
+    if (ks > KB) ks = KB;
+    while (cdiv(KB, ks) > DK_MAXSTEPS) ks++;  // decode_supported bounds this by DK_MAXSPLIT
+    return ks;
+}
+
+template <typename T, int GRAN>
+static void launch_decode_t(T *y, const GemmArgs &a) {
+    static int attr_set = 0;  // per instantiation
+    auto kern = gemm_fp8_decode_kernel<T, GRAN>;
+    if (!attr_set) {
+        cudaCheck(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, DK_SMEM));
+        attr_set = 1;
+    }
+    CUtensorMap tx = tmap_2d(a.x, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.M, a.K, DK_BM, WG_BK);
+    CUtensorMap tw = tmap_2d(a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.N, a.K, DK_BN, WG_BK);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(160);
+    cfg.dynamicSmemBytes = DK_SMEM;
+    cfg.stream = ctx.stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    static int maxc[DK_MAXSPLIT + 1];  // clusters of k blocks that run at once, per instantiation
+    if (!maxc[1])
+        for (int k = 1; k <= DK_MAXSPLIT; k++) {
+            attr[0].val.clusterDim.x = k;
+            cfg.gridDim = dim3(k);
+            cudaCheck(cudaOccupancyMaxActiveClusters(&maxc[k], (void *)kern, &cfg));
+        }
+    int ks = decode_splits(a.M, a.N, a.K, maxc);
+    attr[0].val.clusterDim.x = ks;
+    cfg.gridDim = dim3(ks, cdiv(a.N, DK_BN), cdiv(a.M, DK_BM));
+    cudaCheck(cudaLaunchKernelEx(&cfg, kern, y, a, tx, tw));
+}
+template <typename T>
+static void launch_decode(T *y, const GemmArgs &a) {
+    if (a.gran == FP8_BLOCK) launch_decode_t<T, FP8_BLOCK>(y, a);
+    else if (a.gran == FP8_ROW) launch_decode_t<T, FP8_ROW>(y, a);
+    else launch_decode_t<T, FP8_TENSOR>(y, a);
+}
+
 // ----------------------------------------------------------------------------
 // the FP8 GEMM with backend choice
 
@@ -1583,15 +1586,16 @@ void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, i
     }
     GemmArgs a = gemm_args(x, w, accumulate);
     FP8GemmBackend b = ctx.backend;
-    if (b == FP8_GEMM_KERNEL_SMALLM && smallm_supported(x, w)) {
-        if (ydt == DT_BF16) launch_smallm((__nv_bfloat16 *)y, a);
-        else launch_smallm((float *)y, a);
-        ctx.last = "kernel-smallm";
+    char why[256];
+    int dk = decode_supported(x, w, why, sizeof why);
+    if (b == FP8_GEMM_KERNEL_DECODE && !dk)
+        die("fp8_gemm_cuda: the decode kernel cannot run %dx%dx%d (%s): %s", M, N, K, fp8_gran_name(x->gran), why);
+    if (b == FP8_GEMM_KERNEL_DECODE || (dk && M <= DK_BM && (b == FP8_GEMM_AUTO || b == FP8_GEMM_KERNEL))) {
+        if (ydt == DT_BF16) launch_decode((__nv_bfloat16 *)y, a);
+        else launch_decode((float *)y, a);
+        ctx.last = "kernel-decode";
         return;
     }
-    if (b == FP8_GEMM_KERNEL_SMALLM)
-        die("fp8_gemm_cuda: the small-M kernel cannot run %dx%dx%d (needs E4M3, M <= 64, N %% 64 == 0, K %% 64 == 0)", M, N, K);
-    char why[256];
     int wg = wgmma_supported(x, w, why, sizeof why);
     if (b == FP8_GEMM_KERNEL_WGMMA && !wg)
         die("fp8_gemm_cuda: the wgmma kernel cannot run %dx%dx%d (%s): %s", M, N, K, fp8_gran_name(x->gran), why);

@@ -12,8 +12,8 @@
 //   fp8_dequantize_cuda(out, t)    -> bf16 or f32
 //   fp8_gemm_cuda(y, x, w)         Y[M,N] = X[M,K] W[N,K]^T, bf16 or f32 out; cuBLASLt where it
 //                                  supports the shape, else the hand-written kernels (on sm_90a
-//                                  TMA + wgmma, elsewhere mma.sync / tiled; a split-K small-M
-//                                  kernel on request)
+//                                  TMA + wgmma, with a split-K kernel for M <= 64 (decode);
+//                                  elsewhere mma.sync / tiled)
 //   bf16_gemm_cuda(...)            the same product in BF16 (cuBLASLt): baseline and fallback
 //   fp8_linear_dx_cuda(...)        dX = dY W through a frozen FP8 weight (backward)
 #ifndef FP8_CUDA_H
@@ -31,16 +31,16 @@ extern "C" {
 
 // which implementation fp8_gemm_cuda uses
 typedef enum {
-    FP8_GEMM_AUTO = 0,     // the fastest that supports the shape and scaling: cuBLASLt (on the H100
-                           // the wgmma kernel measured 0.8-1.0x of it), else the kernels below
+    FP8_GEMM_AUTO = 0,     // the fastest that supports the shape and scaling: on sm_90a the decode kernel
+                           // for M <= 64, else cuBLASLt (the wgmma kernel measured 0.8-1.0x of it), else
+                           // the kernels below
     FP8_GEMM_CUBLASLT,     // cuBLASLt or a clear error
-    FP8_GEMM_KERNEL,       // the best hand-written kernel for the GPU and shape: wgmma (sm_90a, E4M3,
-                           // K % 16 == 0), else mma.sync (K % 16 == 0, sm_89+), else the tiled one
+    FP8_GEMM_KERNEL,       // the best hand-written kernel for the GPU and shape: decode (M <= 64) or wgmma
+                           // (sm_90a, E4M3, K % 16 == 0), else mma.sync (K % 16 == 0, sm_89+), else tiled
     FP8_GEMM_KERNEL_MMA,   // the mma.sync kernel (tiled when K % 16 != 0), also on Hopper: for tests
     FP8_GEMM_KERNEL_WGMMA, // the Hopper wgmma kernel or a clear error
-    FP8_GEMM_KERNEL_SMALLM,// the small-M (decode) split-K kernel or a clear error. Not AUTO's choice: on the
-                           // H100 cuBLASLt matches it on small weights and is 2-3x faster on large ones
-                           // (dev/gemm_fp8.cu --decode; dev/RESULTS.md)
+    FP8_GEMM_KERNEL_DECODE,// the Hopper decode kernel (64-row tiles, split-K over a thread-block cluster;
+                           // any M, one 64-row tile after another) or a clear error
 } FP8GemmBackend;
 
 // Initialise on the current device; stream is a cudaStream_t (NULL = default stream).
@@ -63,10 +63,9 @@ void fp8_cuda_set_wgmma_version(int v);
 // bumped whenever a buffer of the FP8 context moves (scratch grown for a larger shape): a CUDA graph
 // captured before the change must not be replayed (backend.h scratch_epoch)
 unsigned fp8_cuda_scratch_epoch(void);
-// The small-M kernel's knobs, for tests and benchmarks: ksplit (0 = by shape), f16 (decode E4M3 to
-// f16 and use f16 MMAs; -1 = on sm_90 only)
-void fp8_cuda_set_smallm(int ksplit, int f16);
-// the implementation the last fp8_gemm_cuda call used: "cublaslt", "kernel-smallm", "kernel-wgmma",
+// The decode kernel's K splits (blocks per cluster, 1..8; 0 = by shape), for tests and benchmarks
+void fp8_cuda_set_decode_split(int ksplit);
+// the implementation the last fp8_gemm_cuda call used: "cublaslt", "kernel-decode", "kernel-wgmma",
 // "kernel-mma", "kernel-tiled", "bf16-fallback"
 const char *fp8_cuda_last_backend(void);
 

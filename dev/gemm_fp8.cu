@@ -19,13 +19,16 @@
 //              backend on sm_90a and AUTO's choice where it beats cuBLASLt)
 //   version 7  version 6 with 128 x 192 tiles (wgmma m64n192k32, 4 stages): less L2 and shared
 //              memory traffic per flop (fp8.cu: the same kernel, BN = 192)
+//   version 8  the decode kernel (M <= 64): 64 x 128 tiles, K split over a thread-block
+//              cluster of up to 8 blocks, summed through distributed shared memory
+//              (fp8.cu: gemm_fp8_decode_kernel, AUTO's choice for M <= 64 on sm_90a)
 //   cuBLASLt   fp8.cu's fp8_gemm_cuda with the cuBLASLt backend, at each granularity
 // What each version measured on the H100 is in dev/RESULTS.md ("FP8 GEMM", "Hopper wgmma
-// kernel"). Versions 2, 3 and 6 live in fp8.cu (included below, so the benchmark times the
+// kernel"). Versions 2, 3, 6, 7 and 8 live in fp8.cu (included below, so the benchmark times the
 // code the program runs).
 //
 // Build and run (GPU): make bench-gemm && ./build/gemm_fp8 [--peers peers.json] [--quick] [--validate]
-//   ./build/gemm_fp8 --decode   the M = 64 products of a decode step (the small-M kernel)
+//   ./build/gemm_fp8 --decode   the M = 64 and 256 products of a decode step (the decode kernel, v8)
 //   peers.json from: python3 ../shared/bench/peers.py gemm --json peers.json (same command)
 // Prints: validation, then tables (TFLOP/s, median of CUDA-event-timed runs over rotating
 // buffers larger than L2), with torch._scaled_mm / torch.matmul when given.
@@ -203,6 +206,7 @@ static void run_version(int v, __nv_bfloat16 *y, const FP8Tensor *x, const FP8Te
         case 5: launch_v45<5>(y, a); break;
         case 6: launch_v6(y, DT_BF16, a, 6); break;
         case 7: launch_v6(y, DT_BF16, a, 7); break;
+        case 8: launch_decode(y, a); break;  // any M: one 64-row tile after another
         default: die("no version %d", v);
     }
 }
@@ -274,7 +278,7 @@ static int validate(void) {
                 }
             uint16_t *hy = (uint16_t *)mallocCheck((size_t)M * N * 2);
             printf("  %dx%dx%d %-6s", M, N, K, fp8_gran_name(grans[gi]));
-            for (int v = 0; v <= 7; v++) {
+            for (int v = 0; v <= 8; v++) {
                 if ((v >= 4 && !ctx.wgmma) || (v == 0 && !fp8_gemm_cublaslt_supported(DT_BF16, &x, &w, NULL, 0))) {
                     printf("  v%d -", v);  // cuBLASLt's block scaling wants K % 128 == 0
                     continue;
@@ -374,71 +378,78 @@ static int load_peers(const char *path, Peer *p, int cap) {
     return k;
 }
 
-// --decode: the products of a decode step (M = 64 tokens) of Qwen3-0.6B and -8B, where the time is
-// the time to read W: microseconds and W bytes / time for BF16 cuBLAS, cuBLASLt FP8 block, and the
-// small-M kernel (fp8.cu) by shape and with its knobs forced; plus the activation quantization.
-static void decode_bench(void) {
-    int shapes[][2] = {{2048, 1024}, {1024, 1024}, {1024, 2048}, {3072, 1024}, {1024, 3072},
-                       {4096, 4096}, {1024, 4096}, {12288, 4096}, {4096, 12288},
-                       {4096, 1024}, {6144, 1024}, {6144, 4096}, {24576, 4096}};  // fused q|k|v, gate|up
-    const int M = 64;
-    printf("\ndecode products, M = %d, FP8 block (us, and GB/s of W read: N*K bytes FP8, 2*N*K BF16)\n", M);
-    printf("| N x K | bf16 cuBLAS | fp8 AUTO (backend) | quant X | small-M auto | fp8 mma | ksplit 1 | 2 | 4 | 8 | 16 | 32 |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        int N = shapes[si][0], K = shapes[si][1];
-        int nb = (int)((200u << 20) / ((size_t)N * K * 3)) + 2;
-        if (nb > 8) nb = 8;
-        __nv_bfloat16 *xb, *wb[8], *y;
-        FP8Tensor x = fp8_alloc_dev(M, K, FP8_BLOCK, 1), w[8];
-        cudaCheck(cudaMalloc(&xb, (size_t)M * K * 2));
-        fill_bf16_random(xb, (size_t)M * K, 7);
-        fp8_quantize_cuda(&x, xb, DT_BF16, 0);
-        for (int b = 0; b < nb; b++) {
-            cudaCheck(cudaMalloc(&wb[b], (size_t)N * K * 2));
-            fill_bf16_random(wb[b], (size_t)N * K, 300 + b);
-            w[b] = fp8_alloc_dev(N, K, FP8_BLOCK, 128);
-            fp8_quantize_cuda(&w[b], wb[b], DT_BF16, 0);
+// --decode: the products of a decode step (M = 64 and 256 tokens) of Qwen3-0.6B and -8B, where the
+// time is the time to read W: microseconds and W bytes / time for BF16 cuBLAS, cuBLASLt FP8 block
+// and the decode kernel (version 8, fp8.cu) by shape and with its K splits forced; plus the
+// activation quantization.
+static void decode_bench(int (*only)[2], int nonly, int Monly) {
+    int all[][2] = {{2048, 1024}, {1024, 1024}, {1024, 2048}, {3072, 1024}, {1024, 3072},
+                    {4096, 4096}, {1024, 4096}, {12288, 4096}, {4096, 12288},
+                    {4096, 1024}, {6144, 1024}, {6144, 4096}, {24576, 4096}};  // fused q|k|v, gate|up
+    int (*shapes)[2] = nonly ? only : all;
+    size_t nshapes = nonly ? (size_t)nonly : sizeof all / sizeof all[0];
+    const int splits[] = {1, 2, 4, 8};
+    for (int M = Monly ? Monly : 64; M <= (Monly ? Monly : 256); M *= 4) {
+        printf("\ndecode products, M = %d, FP8 block (us, and GB/s of W read: N*K bytes FP8, 2*N*K BF16)\n", M);
+        printf("| N x K | bf16 cuBLAS | fp8 cuBLASLt | quant X | decode kernel | splits 1 | 2 | 4 | 8 | AUTO runs |\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|\n");
+        for (size_t si = 0; si < nshapes; si++) {
+            int N = shapes[si][0], K = shapes[si][1];
+            int nb = (int)((200u << 20) / ((size_t)N * K * 3)) + 2;
+            if (nb > 8) nb = 8;
+            __nv_bfloat16 *xb, *wb[8], *y;
+            FP8Tensor x = fp8_alloc_dev(M, K, FP8_BLOCK, 1), w[8];
+            cudaCheck(cudaMalloc(&xb, (size_t)M * K * 2));
+            fill_bf16_random(xb, (size_t)M * K, 7);
+            fp8_quantize_cuda(&x, xb, DT_BF16, 0);
+            for (int b = 0; b < nb; b++) {
+                cudaCheck(cudaMalloc(&wb[b], (size_t)N * K * 2));
+                fill_bf16_random(wb[b], (size_t)N * K, 300 + b);
+                w[b] = fp8_alloc_dev(N, K, FP8_BLOCK, 128);
+                fp8_quantize_cuda(&w[b], wb[b], DT_BF16, 0);
+            }
+            cudaCheck(cudaMalloc(&y, (size_t)M * N * 4));
+            double wbytes = (double)N * K;
+            auto gemm = [&](int b) { fp8_gemm_cuda(y, DT_BF16, &x, &w[b], 0); };
+            double t_bf = time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, xb, wb[b], M, N, K, 0); }, nb) * 1e3;
+            double t_q = time_ms([&](int b) { fp8_quantize_cuda(&x, xb, DT_BF16, 0); }, nb) * 1e3;
+            fp8_cuda_set_backend(FP8_GEMM_AUTO);
+            gemm(0);
+            const char *auto_be = fp8_cuda_last_backend();
+            fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
+            double t_lt = time_ms(gemm, nb) * 1e3;
+            fp8_cuda_set_backend(FP8_GEMM_KERNEL_DECODE);
+            double t_dk = time_ms(gemm, nb) * 1e3, t_ks[4];
+            for (int i = 0; i < 4; i++) {
+                fp8_cuda_set_decode_split(splits[i]);
+                t_ks[i] = time_ms(gemm, nb) * 1e3;
+            }
+            fp8_cuda_set_decode_split(0);
+            fp8_cuda_set_backend(FP8_GEMM_AUTO);
+            auto gbs = [&](double us, double bytes) { return bytes / (us * 1e-6) / 1e9; };
+            printf("| %d x %d | %.1f (%.0f) | %.1f (%.0f) | %.1f | %.1f (%.0f) |", N, K, t_bf, gbs(t_bf, 2 * wbytes), t_lt,
+                   gbs(t_lt, wbytes), t_q, t_dk, gbs(t_dk, wbytes));
+            for (int i = 0; i < 4; i++) printf(" %.1f |", t_ks[i]);
+            printf(" %s |\n", auto_be);
+            fflush(stdout);
+            cudaFree(xb); cudaFree(y); fp8_free_dev(&x);
+            for (int b = 0; b < nb; b++) { cudaFree(wb[b]); fp8_free_dev(&w[b]); }
         }
-        cudaCheck(cudaMalloc(&y, (size_t)M * N * 4));
-        double wbytes = (double)N * K;
-        double t_bf = time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, xb, wb[b], M, N, K, 0); }, nb) * 1e3;
-        fp8_cuda_set_backend(FP8_GEMM_AUTO);
-        fp8_gemm_cuda(y, DT_BF16, &x, &w[0], 0);
-        const char *auto_be = fp8_cuda_last_backend();
-        double t_lt = time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x, &w[b], 0); }, nb) * 1e3;
-        fp8_cuda_set_backend(FP8_GEMM_KERNEL_SMALLM);
-        double t_q = time_ms([&](int b) { fp8_quantize_cuda(&x, xb, DT_BF16, 0); }, nb) * 1e3;
-        double t_auto = time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x, &w[b], 0); }, nb) * 1e3;
-        fp8_cuda_set_smallm(0, 0);
-        double t_mma8 = time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x, &w[b], 0); }, nb) * 1e3;
-        double t_ks[6];
-        for (int i = 0; i < 6; i++) {
-            fp8_cuda_set_smallm(1 << i, -1);
-            t_ks[i] = time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x, &w[b], 0); }, nb) * 1e3;
-        }
-        fp8_cuda_set_smallm(0, -1);
-        fp8_cuda_set_backend(FP8_GEMM_AUTO);
-        auto gbs = [&](double us, double bytes) { return bytes / (us * 1e-6) / 1e9; };
-        printf("| %d x %d | %.1f (%.0f) | %.1f (%.0f) %s | %.1f | %.1f (%.0f) | %.1f |", N, K, t_bf, gbs(t_bf, 2 * wbytes),
-               t_lt, gbs(t_lt, wbytes), auto_be, t_q, t_auto, gbs(t_auto, wbytes), t_mma8);
-        for (int i = 0; i < 6; i++) printf(" %.1f |", t_ks[i]);
-        printf("\n");
-        fflush(stdout);
-        cudaFree(xb); cudaFree(y); fp8_free_dev(&x);
-        for (int b = 0; b < nb; b++) { cudaFree(wb[b]); fp8_free_dev(&w[b]); }
     }
 }
 
 int main(int argc, char **argv) {
     const char *peers_path = NULL;
-    int quick = 0, validate_only = 0, decode = 0;
+    int quick = 0, validate_only = 0, decode = 0, dshapes[16][2], nds = 0, dm = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--peers") && i + 1 < argc) peers_path = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--validate")) validate_only = 1;
         else if (!strcmp(argv[i], "--decode")) decode = 1;
-        else die("usage: %s [--peers peers.json] [--quick] [--validate] [--decode]", argv[0]);
+        else if (!strcmp(argv[i], "--decode-shape") && i + 1 < argc && nds < 16 &&
+                 sscanf(argv[++i], "%dx%d", &dshapes[nds][0], &dshapes[nds][1]) == 2) nds++, decode = 1;
+        else if (!strcmp(argv[i], "--decode-m") && i + 1 < argc) dm = atoi(argv[++i]), decode = 1;
+        else die("usage: %s [--peers peers.json] [--quick] [--validate] [--decode [--decode-shape NxK]... [--decode-m M]]", argv[0]);
     }
     fp8_cuda_init(NULL);
     if (!ctx.has_fp8) die("gemm_fp8 benchmarks FP8 tensor cores: this GPU has none");
@@ -449,7 +460,7 @@ int main(int argc, char **argv) {
     printf("gemm_fp8: %s (sm_%d%d, %d SMs), driver %d, cuBLASLt %zu, wgmma kernels %s\n", prop.name, prop.major, prop.minor,
            prop.multiProcessorCount, drv, cublasLtGetVersion(), ctx.wgmma ? "on" : "off (no sm_90a GPU and build)");
     if (decode) {
-        decode_bench();
+        decode_bench(dshapes, nds, dm);
         fp8_cuda_free();
         return 0;
     }
