@@ -1556,6 +1556,15 @@ static int wgmma_preferred(int gran, int M, int N, int K) {
     (void)gran; (void)M; (void)N; (void)K;
     return 0;
 }
+// AUTO at M <= 64: the decode kernel where it beat cuBLASLt on the H100 (dev/RESULTS.md, "The decode
+// GEMM"): the narrow products with a long K and at most 8 MiB of weight, where cuBLASLt's 128-wide
+// tiles leave most SMs idle (gemm_fp8 --decode: 1024 x 2048 8.7 vs 11.2 us, 1024 x 3072 9.5 vs 14.3,
+// 1024 x 4096 9.8 vs 17.0; Qwen3-0.6B's decode step with it for o and down 23.6k vs 22.7k tokens/s).
+// Elsewhere cuBLASLt was as fast or faster: K = 1024 (6144 x 1024 11.6 vs 9.4 us: too few K steps
+// to split), N >= 12288 (12288 x 4096 29.1 vs 25.2: no room for splits), and the 8B step, where
+// the kernel on 4096 x 4096 and 4096 x 12288 (16.5 vs 17.4, 29.4 vs 29.2 us alone) gave 8.4-8.6k
+// tokens/s against cuBLASLt's 8.7k.
+static int decode_preferred(int N, int K) { return N <= 4096 && K >= 2048 && (long)N * K <= (8L << 20); }
 // which of versions 6 (128 x 128 tiles) and 7 (128 x 192) fp8_gemm_cuda runs. 192-wide tiles
 // move a sixth less data per flop but come in fewer, larger pieces: they won for block and
 // row scaling at N >= 3072 once there were enough of them for the last wave not to matter
@@ -1590,7 +1599,7 @@ void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, i
     int dk = decode_supported(x, w, why, sizeof why);
     if (b == FP8_GEMM_KERNEL_DECODE && !dk)
         die("fp8_gemm_cuda: the decode kernel cannot run %dx%dx%d (%s): %s", M, N, K, fp8_gran_name(x->gran), why);
-    if (b == FP8_GEMM_KERNEL_DECODE || (dk && M <= DK_BM && (b == FP8_GEMM_AUTO || b == FP8_GEMM_KERNEL))) {
+    if (b == FP8_GEMM_KERNEL_DECODE || (dk && M <= DK_BM && (b == FP8_GEMM_KERNEL || (b == FP8_GEMM_AUTO && decode_preferred(N, K))))) {
         if (ydt == DT_BF16) launch_decode((__nv_bfloat16 *)y, a);
         else launch_decode((float *)y, a);
         ctx.last = "kernel-decode";

@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "fp8_cuda.h"
 #include "lora.h"
 #include "model.h"
 #include "op_profile.h"
@@ -184,6 +185,7 @@ static void startup(const char *size, const char *dir) {
 
 int main(int argc, char **argv) {
     const char *size = "0.6b", *grans = "block,off", *batches = "64,256", *startup_dir = NULL, *graph_list = "on", *kvs = "auto";
+    const char *gemm = "auto";
     int prompt = 128, nnew = 256, G = 1, rank = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) size = argv[++i];
@@ -197,11 +199,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--graphs") && i + 1 < argc) graph_list = argv[++i];
         else if (!strcmp(argv[i], "--profile")) profile = 1;
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc) kvs = argv[++i];
+        else if (!strcmp(argv[i], "--gemm") && i + 1 < argc) gemm = argv[++i];
         else die("usage: bench_rollout [--model 0.6b|8b] [--fp8 block,row,tensor,off] [--batch 64,256] [--prompt 128] "
-                 "[--new 256] [--generations G] [--lora r] [--graphs on,off] [--kv auto,fp8] [--profile] [--startup DIR]");
+                 "[--new 256] [--generations G] [--lora r] [--graphs on,off] [--kv auto,fp8] [--gemm auto|cublaslt|kernel] "
+                 "[--profile] [--startup DIR]");
     }
     const Backend *be = backend_select("cuda", 1);
     (void)be;
+    // the FP8 GEMM's implementation (fp8_cuda.h): AUTO's choice by shape, cuBLASLt for every product,
+    // or the hand-written kernels (the decode kernel at M <= 64, the wgmma kernel above)
+    if (!strcmp(gemm, "cublaslt")) fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
+    else if (!strcmp(gemm, "kernel")) fp8_cuda_set_backend(FP8_GEMM_KERNEL);
+    else if (strcmp(gemm, "auto")) die("--gemm: auto, cublaslt or kernel, not '%s'", gemm);
     // the lists, parsed first
     int gl[8], ng = 0, bl[8], nb = 0;
     char buf[256];
@@ -216,8 +225,8 @@ int main(int argc, char **argv) {
         if (bl[nb] < 1 || bl[nb] % G) die("--batch %s must be a positive multiple of --generations %d", b, G);
         nb++;
     }
-    printf("rollout, %s shape (random weights), prompt %d + %d new tokens, temperature 1, %s, G %d%s:\n", size, prompt, nnew,
-           be->device_desc, G, rank ? ", LoRA on" : "");
+    printf("rollout, %s shape (random weights), prompt %d + %d new tokens, temperature 1, %s, G %d%s, FP8 GEMM %s:\n", size,
+           prompt, nnew, be->device_desc, G, rank ? ", LoRA on" : "", gemm);
     printf("| weights | batch | graphs | tokens/s | prefill s | decode s | decode step ms | floor ms | step/floor | peak GiB | KV GiB | weights GiB | = no graphs |\n");
     printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     fflush(stdout);

@@ -422,7 +422,8 @@ START_TEST(test_gemm_decode) {
                 double w = gemm_check(&c, FP8_GEMM_KERNEL_DECODE, ydt, 0, ACC_TC, "kernel-decode");
                 if (w > worst) worst = w;
                 gemm_check(&c, FP8_GEMM_KERNEL_DECODE, ydt, 1, ACC_TC, "kernel-decode");  // accumulate
-                if (M <= 64) gemm_check(&c, FP8_GEMM_AUTO, ydt, 0, ACC_TC, "kernel-decode");  // AUTO's choice
+                if (M <= 64 && N <= 4096 && c.x.cols >= 2048 && (long)N * c.x.cols <= (8L << 20))  // fp8.cu decode_preferred
+                    gemm_check(&c, FP8_GEMM_AUTO, ydt, 0, ACC_TC, "kernel-decode");
             }
             size_t n = (size_t)M * N * 4;
             float *d1 = (float *)dmalloc(n), *d2 = (float *)dmalloc(n);
