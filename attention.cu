@@ -714,24 +714,15 @@ __global__ void kv_write_kernel(bf16 *kc, bf16 *vc, const bf16 *k, const bf16 *v
     }
 }
 
-// FP8 cache: one warp per (token, head, k or v): scale = amax / 448 of the head's values (1 for
-// an all-zero head), codes of x / scale rounded to nearest even with saturation, as dev/ops_cpu.c
+// FP8 cache: one warp per (token, head, k or v), kv_fp8_row (attention_cuda.h)
 __global__ void kv_write_fp8_kernel(uint8_t *kc, uint8_t *vc, float *ks, float *vs, const bf16 *k, const bf16 *v,
                                     const int32_t *slots, int N, int KVH, int HD) {
     int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (w >= N * KVH * 2) return;
     int n = w / (KVH * 2), h = (w / 2) % KVH, isv = w & 1, slot = slots[n];
     if (slot < 0) return;
-    const bf16 *x = (isv ? v : k) + ((size_t)n * KVH + h) * HD;
-    uint8_t *q = (isv ? vc : kc) + ((size_t)slot * KVH + h) * HD;
-    float amax = 0.f;
-    for (int d = lane; d < HD; d += 32) amax = fmaxf(amax, fabsf(__bfloat162float(x[d])));
-    amax = warp_max(amax);
-    float sc = amax > 0.f && !isinf(amax) ? amax / 448.0f : 1.0f;
-    if (sc == 0.f) sc = 1.17549435e-38f;  // FLT_MIN, as fp8_scale_from_amax
-    if (lane == 0) (isv ? vs : ks)[(size_t)slot * KVH + h] = sc;
-    for (int d = lane; d < HD; d += 32)
-        q[d] = (uint8_t)__nv_cvt_float_to_fp8(__bfloat162float(x[d]) / sc, __NV_SATFINITE, __NV_E4M3);
+    kv_fp8_row((isv ? vc : kc) + ((size_t)slot * KVH + h) * HD, (isv ? vs : ks) + (size_t)slot * KVH + h,
+               (isv ? v : k) + ((size_t)n * KVH + h) * HD, HD, lane);
 }
 
 void kv_write_cuda(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots, int N,
@@ -959,26 +950,35 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
                 sc_[u][r] = ok ? d : -INFINITY;
             }
         }
+        // then, when the step has a token for these lanes (the first is the earliest), per head: the
+        // new max and the rescale; then per token: V decoded once, added to every head's sum (the
+        // same operations in the same order per head as one head at a time, with V decoded REP x less)
+        if (t0 < te) {
 #pragma unroll
-        for (int r = 0; r < REP; r++) {
-            float mx = sc_[0][r];
+            for (int r = 0; r < REP; r++) {
+                if (r >= nh) continue;
+                float mx = sc_[0][r];
 #pragma unroll
-            for (int u = 1; u < U; u++) mx = fmaxf(mx, sc_[u][r]);
-            if (mx == -INFINITY || r >= nh) continue;  // no token of this step (the tail)
-            float mnew = fmaxf(m[r], mx), a = __expf(m[r] - mnew);
-            l[r] *= a;
+                for (int u = 1; u < U; u++) mx = fmaxf(mx, sc_[u][r]);
+                float mnew = fmaxf(m[r], mx), a = __expf(m[r] - mnew);
+                l[r] *= a;
 #pragma unroll
-            for (int i = 0; i < 8; i++) acc[r][i] *= a;
+                for (int i = 0; i < 8; i++) acc[r][i] *= a;
+                m[r] = mnew;
+            }
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                float p = __expf(sc_[u][r] - mnew);  // 0 for masked tokens
-                l[r] += p;
                 float vf[8];
                 kv8<F8>(vf, vr[u], vsc[u]);
 #pragma unroll
-                for (int i = 0; i < 8; i++) acc[r][i] += p * vf[i];
+                for (int r = 0; r < REP; r++) {
+                    if (r >= nh) continue;
+                    float p = __expf(sc_[u][r] - m[r]);  // 0 for masked tokens
+                    l[r] += p;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[r][i] += p * vf[i];
+                }
             }
-            m[r] = mnew;
         }
     }
     // merge the TPW tokens slots of the warp (lanes c, c + LPT, ...), then the warps through shared memory

@@ -163,6 +163,13 @@ struct Backend {
     // halves the bytes a decode step reads from the cache).
     void (*kv_write)(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots,
                      int N, int KVH, int HD);
+    // A decode fusion (NULL where a backend has none): the three ops after the fused q|k|v projection
+    // in one pass over its output qkv (N, (NH + 2 KVH) HD) act: q (N, NH, HD) and k (N, KVH, HD) as
+    // split_columns then qk_norm_rope leave them, and k and v written to the cache as kv_write does
+    // (same roundings, same bytes)
+    void (*qkv_rope_kv)(void *q, void *k, const void *qkv, const void *q_norm, const void *k_norm, const int32_t *pos,
+                        const void *inv_freq, void *kc, void *vc, float *ks, float *vs, const int32_t *slots, int N,
+                        int NH, int KVH, int HD, float eps);
     // one query token per sequence: q (S, NH, HD), out (S, NH, HD) act; sequence s
     // attends to its first seq_lens[s] cached tokens, found through block_table (S, MB) i32
     void (*attention_decode)(void *out, const void *q, const void *kc, const void *vc, const float *ks,

@@ -777,6 +777,19 @@ static void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const
     launchCheck();
 }
 
+// rope_kernel's rotation of one head row v (HD) at position p, by one warp
+__device__ __forceinline__ void rope_row(bf16 *v, int p, const float *inv_freq, int HD, int lane) {
+    int half = HD / 2;
+    for (int i = lane; i < half; i += 32) {
+        double a = (double)((float)p * inv_freq[i]), sd, cd;
+        sincos(a, &sd, &cd);
+        float c = (float)cd, s = (float)sd;
+        float x1 = __bfloat162float(v[i]), x2 = __bfloat162float(v[i + half]);
+        v[i] = __float2bfloat16_rn(x1 * c - x2 * s);
+        v[i + half] = __float2bfloat16_rn(x2 * c + x1 * s);
+    }
+}
+
 // one warp per head row (token n, head h) of q then of k: rmsnorm_fwd_kernel's norm with the head's
 // weight (row_rstd, row_scale), then rope_kernel's rotation of the rounded values
 template <bool VEC>
@@ -784,7 +797,7 @@ __global__ void qk_norm_rope_kernel(bf16 *q, bf16 *k, const bf16 *qw, const bf16
                                     const float *inv_freq, int N, int NH, int KVH, int HD, float eps) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (row >= N * (NH + KVH)) return;
-    int n = row / (NH + KVH), h = row % (NH + KVH), half = HD / 2;
+    int n = row / (NH + KVH), h = row % (NH + KVH);
     bool isq = h < NH;
     bf16 *v = isq ? q + ((size_t)n * NH + h) * HD : k + ((size_t)n * KVH + (h - NH)) * HD;
     const bf16 *w = isq ? qw : kw;
@@ -793,28 +806,80 @@ __global__ void qk_norm_rope_kernel(bf16 *q, bf16 *k, const bf16 *qw, const bf16
         row_scale<VEC>(v, v, w, r, HD, lane);
         __syncwarp();
     }
-    for (int i = lane; i < half; i += 32) {
-        double a = (double)((float)pos[n] * inv_freq[i]), sd, cd;
-        sincos(a, &sd, &cd);
-        float c = (float)cd, s = (float)sd;
-        float x1 = __bfloat162float(v[i]), x2 = __bfloat162float(v[i + half]);
-        v[i] = __float2bfloat16_rn(x1 * c - x2 * s);
-        v[i + half] = __float2bfloat16_rn(x2 * c + x1 * s);
-    }
+    rope_row(v, pos[n], inv_freq, HD, lane);
+}
+// the VEC condition of cu_rmsnorm_forward for the (rows, HD) calls these kernels replace
+static bool qk_vec(const void *q, const void *k, const void *q_norm, const void *k_norm, int HD) {
+    return HD % 8 == 0 && aligned16(q, q_norm ? q_norm : q, NULL, NULL) && aligned16(k, k_norm ? k_norm : k, NULL, NULL);
 }
 static void cu_qk_norm_rope(void *q, void *k, const void *q_norm, const void *k_norm, const int32_t *pos,
                             const void *inv_freq, int N, int NH, int KVH, int HD, float eps) {
     if (N <= 0) return;
     unsigned gr = cdiv((size_t)N * (NH + KVH), 8);
-    // the VEC condition of cu_rmsnorm_forward for the (rows, HD) calls this replaces
-    bool vec = HD % 8 == 0 && aligned16(q, q_norm ? q_norm : q, NULL, NULL) && aligned16(k, k_norm ? k_norm : k, NULL, NULL);
-    if (vec)
+    if (qk_vec(q, k, q_norm, k_norm, HD))
         qk_norm_rope_kernel<true><<<gr, 256, 0, G.stream>>>((bf16 *)q, (bf16 *)k, (const bf16 *)q_norm, (const bf16 *)k_norm,
                                                              pos, (const float *)inv_freq, N, NH, KVH, HD, eps);
     else
         qk_norm_rope_kernel<false><<<gr, 256, 0, G.stream>>>((bf16 *)q, (bf16 *)k, (const bf16 *)q_norm,
                                                               (const bf16 *)k_norm, pos, (const float *)inv_freq, N, NH,
                                                               KVH, HD, eps);
+    launchCheck();
+}
+
+// split_columns + qk_norm_rope + kv_write in one kernel: one warp per head row (token n, head h)
+// of the fused projection's output, q heads then k heads then v heads. A q or k row is normed from
+// the fused row into q or k (row_scale reads the same bf16 values split_columns would have copied),
+// rotated there, and a k row then stored into the cache from k; a v row goes to the cache straight
+// from the fused row. The cache store is kv_write's: a copy (bf16) or kv_fp8_row (FP8 codes).
+template <bool VEC>
+__global__ void qkv_rope_kv_kernel(bf16 *q, bf16 *k, const bf16 *qkv, const bf16 *qw, const bf16 *kw, const int32_t *pos,
+                                   const float *inv_freq, void *kc, void *vc, float *ks, float *vs, const int32_t *slots,
+                                   int N, int NH, int KVH, int HD, float eps) {
+    const int H = NH + 2 * KVH;
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= N * H) return;
+    int n = row / H, h = row % H, slot = slots[n];
+    const bf16 *src = qkv + ((size_t)n * H + h) * HD;
+    if (h < NH + KVH) {
+        bool isq = h < NH;
+        bf16 *v = isq ? q + ((size_t)n * NH + h) * HD : k + ((size_t)n * KVH + (h - NH)) * HD;
+        const bf16 *w = isq ? qw : kw;
+        if (w) {
+            float r = row_rstd<VEC>(src, HD, eps, lane);
+            row_scale<VEC>(v, src, w, r, HD, lane);
+        } else
+            for (int i = lane; i < HD; i += 32) v[i] = src[i];
+        __syncwarp();
+        rope_row(v, pos[n], inv_freq, HD, lane);
+        if (isq) return;
+        __syncwarp();
+        src = v;
+    }
+    if (slot < 0) return;
+    bool isv = h >= NH + KVH;
+    int hk = isv ? h - NH - KVH : h - NH;
+    size_t at = (size_t)slot * KVH + hk;
+    if (ks) kv_fp8_row((uint8_t *)(isv ? vc : kc) + at * HD, (isv ? vs : ks) + at, src, HD, lane);
+    else {
+        bf16 *dst = (bf16 *)(isv ? vc : kc) + at * HD;
+        for (int i = lane; i < HD; i += 32) dst[i] = src[i];
+    }
+}
+static void cu_qkv_rope_kv(void *q, void *k, const void *qkv, const void *q_norm, const void *k_norm, const int32_t *pos,
+                           const void *inv_freq, void *kc, void *vc, float *ks, float *vs, const int32_t *slots, int N,
+                           int NH, int KVH, int HD, float eps) {
+    if (N <= 0) return;
+    unsigned gr = cdiv((size_t)N * (NH + 2 * KVH), 8);
+    // VEC as qk_norm_rope's on the split parts (the same order of sums), reading qkv's head rows
+    bool vec = qk_vec(q, k, q_norm, k_norm, HD);
+    if (vec && !aligned16(qkv, NULL, NULL, NULL)) die("qkv_rope_kv: the fused q|k|v output must be 16-byte aligned");
+#define QKV_LAUNCH(V)                                                                                                   \
+    qkv_rope_kv_kernel<V><<<gr, 256, 0, G.stream>>>((bf16 *)q, (bf16 *)k, (const bf16 *)qkv, (const bf16 *)q_norm,      \
+                                                    (const bf16 *)k_norm, pos, (const float *)inv_freq, kc, vc, ks, vs, \
+                                                    slots, N, NH, KVH, HD, eps)
+    if (vec) QKV_LAUNCH(true);
+    else QKV_LAUNCH(false);
+#undef QKV_LAUNCH
     launchCheck();
 }
 
@@ -1552,6 +1617,7 @@ static Backend be = {
     .logprobs_forward = cu_logprobs_forward,
     .logprobs_backward = cu_logprobs_backward,
     .kv_write = cu_kv_write,
+    .qkv_rope_kv = cu_qkv_rope_kv,
     .attention_decode = cu_attention_decode,
     .sample = cu_sample,
     .adamw = cu_adamw,

@@ -499,33 +499,50 @@ static void linear_fwd_group(Model *m, int l, int first, int n, void *const *out
         for (int i = 0; i < n; i++) lora_hook_forward(m, l, first + i, outs[i], inp, N, 0);
 }
 
+// A decode step's attention inputs for layer l: q (S, NH, HD) normed and rotated in d->q, this
+// token's k and v in the cache (kc, vc, ks, vs: kvcache_layer). With the backend's qkv_rope_kv and no
+// adapters: one GEMM over the fused q|k|v weight and one op for the rest; else the parts in turn.
+static void decode_qkv(Model *m, int l, int S, void *kc, void *vc, float *ks, float *vs) {
+    const Config *c = &m->cfg;
+    const Backend *be = m->be;
+    const LayerWeights *lw = &m->w.layers[l];
+    DecodeScratch *d = &m->dec;
+    const void *qn = c->qk_norm ? lw->q_norm : NULL, *kn = c->qk_norm ? lw->k_norm : NULL;
+    if (be->qkv_rope_kv && lw->qkv.rows && !(m->lora && m->lora_on)) {
+        be->linear_forward(d->fused, d->ln, &lw->qkv, lw->bias_qkv, S);
+        be->qkv_rope_kv(d->q, d->k, d->fused, qn, kn, (const int32_t *)d->pos, m->inv_freq, kc, vc, ks, vs,
+                        (const int32_t *)d->slots, S, c->NH, c->KVH, c->HD, c->eps);
+        return;
+    }
+    void *qkv[3] = {d->q, d->k, d->v};
+    linear_fwd_group(m, l, LIN_Q, 3, qkv, d->ln, S);
+    if (be->qk_norm_rope) {
+        be->qk_norm_rope(d->q, d->k, qn, kn, (const int32_t *)d->pos, m->inv_freq, S, c->NH, c->KVH, c->HD, c->eps);
+    } else {
+        if (c->qk_norm) {  // in place: each row is read before it is written
+            be->rmsnorm_forward(d->q, d->rstd, d->q, lw->q_norm, S * c->NH, c->HD, c->eps);
+            be->rmsnorm_forward(d->k, d->rstd, d->k, lw->k_norm, S * c->KVH, c->HD, c->eps);
+        }
+        be->rope_forward(d->q, (const int32_t *)d->pos, m->inv_freq, S, c->NH, c->HD);
+        be->rope_forward(d->k, (const int32_t *)d->pos, m->inv_freq, S, c->KVH, c->HD);
+    }
+    be->kv_write(kc, vc, ks, vs, d->k, d->v, (const int32_t *)d->slots, S, c->KVH, c->HD);
+}
+
 // the compute of one decode step for S rows already uploaded to m->dec: what a graph captures
 static void decode_compute(Model *m, KVCache *kv, int S, int MB, void *logits) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     DecodeScratch *d = &m->dec;
     be->embedding_forward(d->x, (const int32_t *)d->tok, m->w.wte, S, c->C);
-    int fuse = be->add_rmsnorm && be->qk_norm_rope;  // the fused ops, or their parts
+    int fuse = be->add_rmsnorm != NULL;  // the residual add and the next norm in one op, or in two
     be->rmsnorm_forward(d->ln, d->rstd, d->x, m->w.layers[0].ln1, S, c->C, c->eps);
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *lw = &m->w.layers[l];
-        void *qkv[3] = {d->q, d->k, d->v};
-        linear_fwd_group(m, l, LIN_Q, 3, qkv, d->ln, S);
-        if (fuse) {
-            be->qk_norm_rope(d->q, d->k, c->qk_norm ? lw->q_norm : NULL, c->qk_norm ? lw->k_norm : NULL,
-                             (const int32_t *)d->pos, m->inv_freq, S, c->NH, c->KVH, c->HD, c->eps);
-        } else {
-            if (c->qk_norm) {  // in place: each row is read before it is written
-                be->rmsnorm_forward(d->q, d->rstd, d->q, lw->q_norm, S * c->NH, c->HD, c->eps);
-                be->rmsnorm_forward(d->k, d->rstd, d->k, lw->k_norm, S * c->KVH, c->HD, c->eps);
-            }
-            be->rope_forward(d->q, (const int32_t *)d->pos, m->inv_freq, S, c->NH, c->HD);
-            be->rope_forward(d->k, (const int32_t *)d->pos, m->inv_freq, S, c->KVH, c->HD);
-        }
         void *kc, *vc;
         float *ks, *vs;
         kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
-        be->kv_write(kc, vc, ks, vs, d->k, d->v, (const int32_t *)d->slots, S, c->KVH, c->HD);
+        decode_qkv(m, l, S, kc, vc, ks, vs);
         be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens,
                              S, c->NH, c->KVH, c->HD, kv->BS, MB);
         linear_fwd(m, l, LIN_O, d->tmp, d->att, S, 0);

@@ -901,6 +901,58 @@ static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const in
     free(ref); free(got); free(mag); free(p); free(t);
 }
 
+// the fused q|k|v epilogue (qkv_rope_kv) against the ops it replaces: split_columns, qk_norm_rope,
+// kv_write, bit for bit (q, k, the cache's codes / values and scales), bf16 and FP8 caches, with and
+// without the q/k norms, a skipped slot (-1)
+static void qkv_rope_kv_case(int S, int NH, int KVH, int HD, int norm, int fp8) {
+    int H = NH + 2 * KVH, NSL = 4 * S;
+    size_t nf = (size_t)S * H * HD, nq = (size_t)S * NH * HD, nk = (size_t)S * KVH * HD;
+    size_t esz = fp8 ? 1 : 2, cb = (size_t)NSL * KVH * HD * esz, nsc = (size_t)NSL * KVH;
+    float *f = randn_bf(nf, 1.5f), *qw = randn_bf(HD, 1.0f), *kw = randn_bf(HD, 1.0f), *invf = fmalloc(HD / 2);
+    for (int i = 0; i < HD / 2; i++) invf[i] = 1.0f / powf(1e6f, (float)(2 * i) / HD);
+    int32_t *pos = (int32_t *)mallocCheck(S * 4), *slots = (int32_t *)mallocCheck(S * 4);
+    for (int i = 0; i < S; i++) { pos[i] = (i * 37) % 500; slots[i] = i == 1 ? -1 : (i * 3 + 1) % NSL; }
+    void *dqkv = up_act(f, nf), *dqw = norm ? up_act(qw, HD) : NULL, *dkw = norm ? up_act(kw, HD) : NULL;
+    void *dinv = up_hp(invf, HD / 2), *dpos = up_i32(pos, S), *dsl = up_i32(slots, S);
+    void *q1 = G->alloc(nq * 2), *k1 = G->alloc(nk * 2), *q2 = G->alloc(nq * 2), *k2 = G->alloc(nk * 2), *v2 = G->alloc(nk * 2);
+    void *kc1 = G->alloc(cb), *vc1 = G->alloc(cb), *kc2 = G->alloc(cb), *vc2 = G->alloc(cb);
+    float *ks1 = fp8 ? (float *)G->alloc(nsc * 4) : NULL, *vs1 = fp8 ? (float *)G->alloc(nsc * 4) : NULL;
+    float *ks2 = fp8 ? (float *)G->alloc(nsc * 4) : NULL, *vs2 = fp8 ? (float *)G->alloc(nsc * 4) : NULL;
+    void *all[8] = {kc1, vc1, kc2, vc2, ks1, vs1, ks2, vs2};
+    for (int i = 0; i < 8; i++)
+        if (all[i]) G->zero(all[i], i < 4 ? cb : nsc * 4);
+    G->qkv_rope_kv(q1, k1, dqkv, dqw, dkw, (const int32_t *)dpos, dinv, kc1, vc1, ks1, vs1, (const int32_t *)dsl, S, NH,
+                   KVH, HD, 1e-6f);
+    void *outs[3] = {q2, k2, v2};
+    int widths[3] = {NH * HD, KVH * HD, KVH * HD};
+    G->split_columns(outs, widths, 3, dqkv, S);
+    G->qk_norm_rope(q2, k2, dqw, dkw, (const int32_t *)dpos, dinv, S, NH, KVH, HD, 1e-6f);
+    G->kv_write(kc2, vc2, ks2, vs2, k2, v2, (const int32_t *)dsl, S, KVH, HD);
+    char what[96];
+    const char *tag = fp8 ? "fp8" : "bf16";
+    void *a = mallocCheck(cb), *b = mallocCheck(cb);
+    G->download(a, q1, nq * 2); G->download(b, q2, nq * 2);
+    snprintf(what, sizeof what, "qkv_rope_kv q (HD %d, norm %d, %s)", HD, norm, tag);
+    check_exact(what, a, b, nq * 2);
+    G->download(a, k1, nk * 2); G->download(b, k2, nk * 2);
+    snprintf(what, sizeof what, "qkv_rope_kv k (HD %d, norm %d, %s)", HD, norm, tag);
+    check_exact(what, a, b, nk * 2);
+    for (int i = 0; i < 2; i++) {
+        G->download(a, i ? vc1 : kc1, cb); G->download(b, i ? vc2 : kc2, cb);
+        snprintf(what, sizeof what, "qkv_rope_kv %s cache (HD %d, norm %d, %s)", i ? "v" : "k", HD, norm, tag);
+        check_exact(what, a, b, cb);
+        if (fp8) {
+            G->download(a, i ? vs1 : ks1, nsc * 4); G->download(b, i ? vs2 : ks2, nsc * 4);
+            snprintf(what, sizeof what, "qkv_rope_kv %s scales (HD %d, norm %d)", i ? "v" : "k", HD, norm);
+            check_exact(what, a, b, nsc * 4);
+        }
+    }
+    free(a); free(b); free(f); free(qw); free(kw); free(invf); free(pos); free(slots);
+    void *bufs[] = {dqkv, dqw, dkw, dinv, dpos, dsl, q1, k1, q2, k2, v2, kc1, vc1, kc2, vc2, ks1, vs1, ks2, vs2};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) G->free(bufs[i]);
+}
+
 START_TEST(test_decode) {
     int l1[5] = {1, 17, 300, 2000, 64};
     decode_case(5, 16, 8, 128, 16, 125, l1, 0);  // long contexts: split over the context and combined
@@ -919,6 +971,11 @@ START_TEST(test_decode) {
     decode_case(3, 24, 2, 128, 16, 13, l6, 1);   // groups of 8 in the vectorized kernel
     decode_case(3, 8, 8, 256, 16, 13, l6, 0);    // HD 256, one query head per kv head
     decode_case(4, 4, 2, 32, 8, 3, l3, 1);       // the fixtures' shape, FP8 cache
+    for (int fp8 = 0; fp8 < 2; fp8++)
+        for (int norm = 0; norm < 2; norm++) {
+            qkv_rope_kv_case(64, 16, 8, 128, norm, fp8);  // Qwen3-0.6B's heads
+            qkv_rope_kv_case(5, 4, 2, 36, norm, fp8);     // HD 36: the scalar norm path
+        }
 }
 END_TEST
 
