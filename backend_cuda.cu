@@ -583,9 +583,11 @@ __device__ __forceinline__ void regs_load(uint4 (&c)[ROW_MAXCH], const bf16 *x, 
     for (int k = 0; k < ROW_MAXCH; k++)
         if (lane * 8 + 256 * k < C) c[k] = *(const uint4 *)(x + lane * 8 + 256 * k);
 }
-// warps per block of the one-warp-per-row kernels: few rows (decode) -> one row per block, so
-// that they spread over the SMs
-static int row_warps(int N) { return N <= 1024 ? 1 : 8; }
+// Few rows (a decode step): the row in registers, one row per block so that the rows spread over
+// the SMs. Many rows (training, prefill): the loops, 8 rows per block; there the SMs are full of
+// warps anyway, and the register kernels' ~200 registers would cut that to 8 warps per SM.
+#define ROW_FEW 1024
+static int row_warps(int N) { return N <= ROW_FEW ? 1 : 8; }
 
 // one warp per row; y = (x * rstd) * w with fp32 statistics; out may alias inp
 template <bool VEC>
@@ -612,7 +614,7 @@ static void cu_rmsnorm_forward(void *out, void *rstd, const void *inp, const voi
     if (N <= 0) return;
     int wpb = row_warps(N);
     unsigned gr = cdiv(N, wpb);
-    if (C % 8 == 0 && C <= 256 * ROW_MAXCH && aligned16(out, inp, w, NULL))
+    if (N <= ROW_FEW && C % 8 == 0 && C <= 256 * ROW_MAXCH && aligned16(out, inp, w, NULL))
         rmsnorm_regs_kernel<<<gr, 32 * wpb, 0, G.stream>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp, (const bf16 *)w,
                                                            N, C, eps);
     else if (C % 8 == 0 && aligned16(out, inp, w, NULL))
@@ -765,7 +767,7 @@ static void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const
     if (N <= 0) return;
     int wpb = row_warps(N);
     unsigned gr = cdiv(N, wpb);
-    if (C % 8 == 0 && C <= 256 * ROW_MAXCH && aligned16(x, out, dx, w))
+    if (N <= ROW_FEW && C % 8 == 0 && C <= 256 * ROW_MAXCH && aligned16(x, out, dx, w))
         add_rmsnorm_regs_kernel<<<gr, 32 * wpb, 0, G.stream>>>((bf16 *)x, (bf16 *)out, (float *)rstd, (const bf16 *)dx,
                                                                (const bf16 *)w, N, C, eps);
     else if (C % 8 == 0 && aligned16(x, out, dx, w))

@@ -517,6 +517,7 @@ START_TEST(test_norm_rope_elementwise) {
     rmsnorm_case(37, 100, 1, 1);    // C not a multiple of 8: the scalar path
     rmsnorm_case(64, 4096, 1, 0);   // decode (8B hidden): the row in registers, one row per block
     rmsnorm_case(40, 6400, 0, 1);   // C over 256 * ROW_MAXCH: the loop over the row
+    rmsnorm_case(3000, 1024, 0, 1); // many rows (training): the loops, 8 rows per block
 
     // the decode fusions against the GPU ops they replace: bit for bit (same roundings, same order)
     // (C 100: scalar kernels; 1024, 4096: rows in registers; 6400: 16-byte loops over the row)
