@@ -62,6 +62,8 @@ struct Backend {
     void (*upload)(void *dst, const void *src_host, size_t bytes);
     void (*download)(void *dst_host, const void *src, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);  // device to device
+    // rows of width bytes from src (row pitch spitch bytes) to dst (row pitch dpitch), device to device
+    void (*copy_2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows);
     // upload n elements of type st from the host, converting to type dt (act or hp)
     void (*upload_convert)(void *dst, DType dt, const void *src_host, DType st, size_t n);
     void (*sync)(void);

@@ -48,6 +48,9 @@ static size_t cpu_mem_in_use(size_t *peak) {
 }
 static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
+static void cpu_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
+    for (size_t r = 0; r < rows; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+}
 static void cpu_sync(void) {}
 
 static void cpu_upload_convert(void *dst, DType dt, const void *src, DType st, size_t n) {
@@ -276,6 +279,7 @@ static Backend be = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .copy = cpu_copy,
+    .copy_2d = cpu_copy_2d,
     .upload_convert = cpu_upload_convert,
     .sync = cpu_sync,
     .mem_in_use = cpu_mem_in_use,

@@ -150,6 +150,10 @@ static void cu_download(void *dst, const void *src, size_t bytes) {
 static void cu_copy(void *dst, const void *src, size_t bytes) {
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, G.stream));
 }
+static void cu_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
+    if (!rows || !width) return;
+    cudaCheck(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, G.stream));
+}
 // Also gives back large upload staging (weights pass through it at load time), so that
 // it does not sit in the memory report of the training step.
 static void cu_sync(void) {
@@ -1588,6 +1592,7 @@ static Backend be = {
     .upload = cu_upload,
     .download = cu_download,
     .copy = cu_copy,
+    .copy_2d = cu_copy_2d,
     .upload_convert = cu_upload_convert,
     .sync = cu_sync,
     .mem_in_use = cu_mem_in_use,

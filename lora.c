@@ -104,6 +104,9 @@ void lora_free(LoRA *lo) {
     if (lo->act_mem) be->free(lo->act_mem);
     free(lo->A_act);
     free(lo->B_act);
+    if (lo->grp_mem) be->free(lo->grp_mem);
+    free(lo->gA);
+    free(lo->gB);
     be->free(lo->grads);
     be->free(lo->m);
     be->free(lo->v);
@@ -151,6 +154,61 @@ size_t lora_acts_bytes(const LoRA *lo) {
     return (size_t)lo->ax_cap * lo->r * dtype_size(lo->be->hp) * count;
 }
 
+// the members of the decode step's groups: projections that share their input
+static const int GROUP_FIRST[2] = {LIN_Q, LIN_GATE}, GROUP_N[2] = {3, 2};
+
+// lay out the group copies (lora.h) in one allocation; the blocks off the diagonal stay zero
+static void groups_alloc(LoRA *lo) {
+    const Backend *be = lo->be;
+    size_t act = dtype_size(be->act), total = 0;
+    int out[2] = {0, 0};
+    for (int g = 0; g < 2; g++) {
+        lo->gR[g] = 0;
+        for (int i = GROUP_FIRST[g]; i < GROUP_FIRST[g] + GROUP_N[g]; i++) {
+            out[g] += lo->out[i];
+            if (lo->targets & (1u << i)) lo->gR[g] += lo->r;
+        }
+        if (lo->gR[g]) total += (size_t)lo->L * lo->gR[g] * (lo->in[GROUP_FIRST[g]] + out[g]);
+    }
+    lo->gA = (void **)callocCheck((size_t)lo->L * 2, sizeof(void *));
+    lo->gB = (void **)callocCheck((size_t)lo->L * 2, sizeof(void *));
+    if (!total) return;
+    lo->grp_mem = be->alloc(total * act);
+    be->zero(lo->grp_mem, total * act);
+    char *p = (char *)lo->grp_mem;
+    for (int l = 0; l < lo->L; l++)
+        for (int g = 0; g < 2; g++) {
+            if (!lo->gR[g]) continue;
+            lo->gA[l * 2 + g] = p;
+            p += (size_t)lo->gR[g] * lo->in[GROUP_FIRST[g]] * act;
+            lo->gB[l * 2 + g] = p;
+            p += (size_t)out[g] * lo->gR[g] * act;
+        }
+}
+
+// fill the group copies from the per-member act copies: A's one after another, each B into its block
+// (rows: the member's part of the fused output; columns: its r of the group's)
+static void groups_fill(LoRA *lo) {
+    const Backend *be = lo->be;
+    size_t act = dtype_size(be->act);
+    for (int l = 0; l < lo->L; l++)
+        for (int g = 0; g < 2; g++) {
+            if (!lo->gR[g]) continue;
+            char *A = (char *)lo->gA[l * 2 + g], *B = (char *)lo->gB[l * 2 + g];
+            size_t row = 0, col = 0, in = lo->in[GROUP_FIRST[g]];
+            for (int i = GROUP_FIRST[g]; i < GROUP_FIRST[g] + GROUP_N[g]; i++) {
+                int k = l * LIN_COUNT + i;
+                if (lo->A_act[k]) {
+                    be->copy(A + col * in * act, lo->A_act[k], (size_t)lo->r * in * act);
+                    be->copy_2d(B + (row * lo->gR[g] + col) * act, (size_t)lo->gR[g] * act, lo->B_act[k],
+                                (size_t)lo->r * act, (size_t)lo->r * act, (size_t)lo->out[i]);
+                    col += lo->r;
+                }
+                row += lo->out[i];
+            }
+        }
+}
+
 void lora_sync_act(LoRA *lo) {
     const Backend *be = lo->be;
     if (!be->lora_apply || !be->to_act) return;
@@ -164,11 +222,21 @@ void lora_sync_act(LoRA *lo) {
             lo->A_act[k] = (char *)lo->act_mem + ((char *)lo->A[k] - (char *)lo->params) / hp * act;
             lo->B_act[k] = (char *)lo->act_mem + ((char *)lo->B[k] - (char *)lo->params) / hp * act;
         }
+        if (be->copy_2d) groups_alloc(lo);
     }
     be->to_act(lo->act_mem, lo->params, lo->n);
+    if (lo->gA) groups_fill(lo);
     lo->act_valid = 1;
 }
 void lora_release_act(LoRA *lo) { lo->act_valid = 0; }
+
+int lora_group_act(const LoRA *lo, int layer, int group, const void **A, const void **B, int *R) {
+    if (!lo->act_valid || !lo->gA || lo->no_groups) return 0;
+    *R = lo->gR[group];
+    *A = lo->gA[layer * 2 + group];
+    *B = lo->gB[layer * 2 + group];
+    return 1;
+}
 
 void lora_hook_forward(Model *m, int layer, int which, void *out, const void *inp, int N, int save) {
     LoRA *lo = m->lora;

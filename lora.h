@@ -38,6 +38,14 @@ struct LoRA {
     void *act_mem;
     void **A_act, **B_act;  // (L * LIN_COUNT), NULL where not adapted
     int act_valid;
+    // and, where projections share their input and the model has their fused weight (q|k|v,
+    // gate|up), one adapter for the group: A the adapted members' A stacked (gR, in), B their B's
+    // on the block diagonal of (fused width, gR), zeros elsewhere, so that one lora_apply adds every
+    // member's product to the fused output (2 small GEMMs for the group instead of 2 per member)
+    void *grp_mem;
+    void **gA, **gB;        // (L * 2): group 0 = q|k|v, 1 = gate|up; NULL where none is adapted
+    int gR[2];              // r times the group's adapted members
+    int no_groups;          // keep the per-member path (tests compare the two)
     int step;               // AdamW steps taken
 };
 
@@ -65,6 +73,10 @@ void lora_load_state(LoRA *lo, const char *path);
 // the act copies (above): fresh from the masters (no-op where the backend has no lora_apply), and stale
 void lora_sync_act(LoRA *lo);
 void lora_release_act(LoRA *lo);
+// A decode step's adapter for a group of layer l (group 0 = q|k|v, 1 = gate|up): 1 with the act copies
+// *A (*R, in) and *B (fused width, *R) when they are current (*R = 0: no member adapted, nothing to
+// add), 0 when the step must use the per-member hooks instead
+int lora_group_act(const LoRA *lo, int layer, int group, const void **A, const void **B, int *R);
 
 // ---- hooks called by model.c (only when m->lora && m->lora_on) ----
 // out (N, out) += scale * (inp A^T) B^T ; save: keep inp A^T for the backward (training forward)

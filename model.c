@@ -481,9 +481,21 @@ void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_h
     be->logits_forward(logits, m->dec.ln, m->w.lm_head, B, c->C, c->V);
 }
 
+// the adapters of group g (0 q|k|v, 1 gate|up) of layer l added to the fused output (N, fused width)
+// by one lora_apply; 0 when the group copies are not current (the caller uses the per-member hooks)
+static int lora_group_fwd(Model *m, int l, int g, void *fused, const void *inp, int N) {
+    const void *A, *B;
+    int R;
+    if (!lora_group_act(m->lora, l, g, &A, &B, &R)) return 0;
+    const QWeight *fw = g == 0 ? &m->w.layers[l].qkv : &m->w.layers[l].gateup;
+    if (R) m->be->lora_apply(fused, inp, A, B, m->lora->scale, N, fw->cols, R, fw->rows);
+    return 1;
+}
+
 // Projections `first`..`first + n - 1` of layer l that share their input (q, k, v or gate, up), into
 // outs[i] (N, rows_i): one GEMM over the fused weight when the layer has one, split back into the
-// parts; the adapters (unmerged) then add to each part as they would after separate GEMMs.
+// parts. The adapters (unmerged) add to the fused output as one group (lora_group_act), or to each
+// part after the split as they would after separate GEMMs.
 static void linear_fwd_group(Model *m, int l, int first, int n, void *const *outs, const void *inp, int N) {
     const LayerWeights *lw = &m->w.layers[l];
     const QWeight *fw = first == LIN_Q ? &lw->qkv : &lw->gateup;
@@ -494,22 +506,28 @@ static void linear_fwd_group(Model *m, int l, int first, int n, void *const *out
     int widths[4];
     for (int i = 0; i < n; i++) widths[i] = lw->lin[first + i].rows;
     m->be->linear_forward(m->dec.fused, inp, fw, first == LIN_Q ? lw->bias_qkv : NULL, N);
+    int lora = m->lora && m->lora_on, grouped = lora && lora_group_fwd(m, l, first == LIN_Q ? 0 : 1, m->dec.fused, inp, N);
     m->be->split_columns(outs, widths, n, m->dec.fused, N);
-    if (m->lora && m->lora_on)
+    if (lora && !grouped)
         for (int i = 0; i < n; i++) lora_hook_forward(m, l, first + i, outs[i], inp, N, 0);
 }
 
 // A decode step's attention inputs for layer l: q (S, NH, HD) normed and rotated in d->q, this
-// token's k and v in the cache (kc, vc, ks, vs: kvcache_layer). With the backend's qkv_rope_kv and no
-// adapters: one GEMM over the fused q|k|v weight and one op for the rest; else the parts in turn.
+// token's k and v in the cache (kc, vc, ks, vs: kvcache_layer). With the backend's qkv_rope_kv and the
+// adapters (if any) as one group: one GEMM over the fused q|k|v weight (+ the group's adapter) and one
+// op for the rest; else the parts in turn.
 static void decode_qkv(Model *m, int l, int S, void *kc, void *vc, float *ks, float *vs) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     const LayerWeights *lw = &m->w.layers[l];
     DecodeScratch *d = &m->dec;
     const void *qn = c->qk_norm ? lw->q_norm : NULL, *kn = c->qk_norm ? lw->k_norm : NULL;
-    if (be->qkv_rope_kv && lw->qkv.rows && !(m->lora && m->lora_on)) {
+    int lora = m->lora && m->lora_on;
+    const void *gA, *gB;
+    int gR;
+    if (be->qkv_rope_kv && lw->qkv.rows && (!lora || lora_group_act(m->lora, l, 0, &gA, &gB, &gR))) {
         be->linear_forward(d->fused, d->ln, &lw->qkv, lw->bias_qkv, S);
+        if (lora) lora_group_fwd(m, l, 0, d->fused, d->ln, S);
         be->qkv_rope_kv(d->q, d->k, d->fused, qn, kn, (const int32_t *)d->pos, m->inv_freq, kc, vc, ks, vs,
                         (const int32_t *)d->slots, S, c->NH, c->KVH, c->HD, c->eps);
         return;
@@ -619,7 +637,8 @@ void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_
     // the graph for these buffers and sizes: run uncaptured once (lazy buffers get made), then
     // capture, then replay. Logits go to the scratch (its Sp rows), then S rows to the caller.
     DecodeGraph *g = NULL;
-    int lora_act = m->lora && m->lora_on && m->lora->act_valid;
+    // the adapters' path is part of the captured work: none, per member (1) or grouped (2)
+    int lora_act = m->lora && m->lora_on && m->lora->act_valid ? (m->lora->no_groups ? 1 : 2) : 0;
     for (int i = 0; i < MAX_DECODE_GRAPHS && !g; i++) {
         DecodeGraph *e = &m->graphs[i];
         if (e->S == Sp && e->MB == MB && e->kv == kv->k && e->kv_v == kv->v && e->kv_nb == kv->NB &&

@@ -148,7 +148,7 @@ typedef struct {
 
 // A captured decode step (backends with graphs): valid for exactly these buffers and sizes
 typedef struct {
-    int S, MB, lora_on, lora_act;     // lora_act: the adapters ran from their act copies (lora_apply)
+    int S, MB, lora_on, lora_act;     // lora_act: adapters from their act copies, 1 per member, 2 grouped
     int kv_nb, kv_bs;                 // the cache's layout (layer stride, V offset) is baked in too
     const void *logits, *kv, *kv_v, *lora;
     void *graph;

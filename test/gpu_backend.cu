@@ -166,6 +166,19 @@ START_TEST(test_memory) {
     long nz = 0;
     for (size_t i = 0; i < n - 1; i++) nz += gf[i] != 0;
     ck_assert_msg(nz == 0 && gf[n - 1] == wf[n - 1], "zero: %ld non-zero values, or wrote past the end", nz);
+    // copy_2d: 300 rows of 24 bytes from a 40-byte pitch into a 56-byte pitch (LoRA's block-diagonal
+    // B); the bytes between the rows keep their values
+    {
+        size_t rows = 300, w = 24, sp = 40, dp = 56;
+        G->copy(d2, d, n * 4);  // dst starts as wf
+        G->copy_2d(d2, dp, (const char *)d + 4, sp, w, rows);
+        G->download(gf, d2, n * 4);
+        float *want = fmalloc(n);
+        memcpy(want, wf, n * 4);
+        for (size_t r = 0; r < rows; r++) memcpy((char *)want + r * dp, (const char *)wf + 4 + r * sp, w);
+        check_exact("copy_2d", gf, want, n * 4);
+        free(want);
+    }
     // out of memory: a one-line error naming the size and the fix
     EXPECT_DIE(G->alloc((size_t)1 << 50), "out of GPU memory allocating");
     G->free(d);
