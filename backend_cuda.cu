@@ -471,16 +471,6 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-__device__ __forceinline__ void load8(float f[8], const bf16 *p) {
-    uint4 u = *(const uint4 *)p;
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 t = __bfloat1622float2(h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
 __device__ __forceinline__ void unpack8(float f[8], uint4 u) {
     const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
 #pragma unroll
@@ -497,13 +487,8 @@ __device__ __forceinline__ uint4 pack8(const float f[8]) {
     for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
     return u;
 }
-__device__ __forceinline__ void store8(bf16 *p, const float f[8]) {
-    uint4 u;
-    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    *(uint4 *)p = u;
-}
+__device__ __forceinline__ void load8(float f[8], const bf16 *p) { unpack8(f, *(const uint4 *)p); }
+__device__ __forceinline__ void store8(bf16 *p, const float f[8]) { *(uint4 *)p = pack8(f); }
 static int aligned16(const void *a, const void *b, const void *c, const void *d) {
     return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15) == 0;
 }
@@ -796,6 +781,20 @@ __device__ __forceinline__ void rope_row(bf16 *v, int p, const float *inv_freq, 
     }
 }
 
+// one head row, by one warp: normed from src with the head's weight w (when given: rmsnorm_fwd_kernel's
+// row_rstd, row_scale) into v, then rotated in place (src may be v)
+template <bool VEC>
+__device__ __forceinline__ void norm_rope_head(bf16 *v, const bf16 *src, const bf16 *w, int p, const float *inv_freq,
+                                               int HD, float eps, int lane) {
+    if (w) {
+        float r = row_rstd<VEC>(src, HD, eps, lane);
+        row_scale<VEC>(v, src, w, r, HD, lane);
+    } else if (v != src)
+        for (int i = lane; i < HD; i += 32) v[i] = src[i];
+    __syncwarp();
+    rope_row(v, p, inv_freq, HD, lane);
+}
+
 // one warp per head row (token n, head h) of q then of k: rmsnorm_fwd_kernel's norm with the head's
 // weight (row_rstd, row_scale), then rope_kernel's rotation of the rounded values
 template <bool VEC>
@@ -806,13 +805,7 @@ __global__ void qk_norm_rope_kernel(bf16 *q, bf16 *k, const bf16 *qw, const bf16
     int n = row / (NH + KVH), h = row % (NH + KVH);
     bool isq = h < NH;
     bf16 *v = isq ? q + ((size_t)n * NH + h) * HD : k + ((size_t)n * KVH + (h - NH)) * HD;
-    const bf16 *w = isq ? qw : kw;
-    if (w) {
-        float r = row_rstd<VEC>(v, HD, eps, lane);
-        row_scale<VEC>(v, v, w, r, HD, lane);
-        __syncwarp();
-    }
-    rope_row(v, pos[n], inv_freq, HD, lane);
+    norm_rope_head<VEC>(v, v, isq ? qw : kw, pos[n], inv_freq, HD, eps, lane);
 }
 // the VEC condition of cu_rmsnorm_forward for the (rows, HD) calls these kernels replace
 static bool qk_vec(const void *q, const void *k, const void *q_norm, const void *k_norm, int HD) {
@@ -849,14 +842,7 @@ __global__ void qkv_rope_kv_kernel(bf16 *q, bf16 *k, const bf16 *qkv, const bf16
     if (h < NH + KVH) {
         bool isq = h < NH;
         bf16 *v = isq ? q + ((size_t)n * NH + h) * HD : k + ((size_t)n * KVH + (h - NH)) * HD;
-        const bf16 *w = isq ? qw : kw;
-        if (w) {
-            float r = row_rstd<VEC>(src, HD, eps, lane);
-            row_scale<VEC>(v, src, w, r, HD, lane);
-        } else
-            for (int i = lane; i < HD; i += 32) v[i] = src[i];
-        __syncwarp();
-        rope_row(v, pos[n], inv_freq, HD, lane);
+        norm_rope_head<VEC>(v, src, isq ? qw : kw, pos[n], inv_freq, HD, eps, lane);
         if (isq) return;
         __syncwarp();
         src = v;

@@ -678,6 +678,20 @@ static LtPlan *plan_find(int kind, int M, int N, int K, int gran, int fx, int fw
     return p;
 }
 
+// what the heuristic may pick for plan p: the context's workspace, the operands' alignments
+static cublasLtMatmulPreference_t plan_pref(const LtPlan *p) {
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = ctx.workspace_bytes;
+    uint32_t aa = p->align_a, ab = p->align_b, ay = p->align_y;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ay, sizeof ay));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ay, sizeof ay));
+    return pref;
+}
+
 // build the plan's descriptor and layouts and ask the heuristic; p->ok says if it found one
 static void plan_build(LtPlan *p, cudaDataType_t ta, cudaDataType_t tb, int lda) {
     cublasOperation_t opa = p->transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
@@ -702,15 +716,7 @@ static void plan_build(LtPlan *p, cudaDataType_t ta, cudaDataType_t tb, int lda)
     else cublasCheck(cublasLtMatrixLayoutCreate(&p->la, ta, p->N, p->K, lda));
     cublasCheck(cublasLtMatrixLayoutCreate(&p->lb, tb, p->K, p->M, p->K));
     cublasCheck(cublasLtMatrixLayoutCreate(&p->ly, cuda_out_type((DType)p->ydt), p->N, p->M, p->N));
-    cublasLtMatmulPreference_t pref;
-    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t ws = ctx.workspace_bytes;
-    uint32_t aa = p->align_a, ab = p->align_b, ay = p->align_y;
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ay, sizeof ay));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ay, sizeof ay));
+    cublasLtMatmulPreference_t pref = plan_pref(p);
     cublasLtMatmulHeuristicResult_t res;
     int n = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, p->desc, p->la, p->lb, p->ly, p->ly, pref, 1, &res, &n);
@@ -1011,6 +1017,18 @@ __device__ __forceinline__ void wgmma_e4m3(float (&d)[BN / 2], uint64_t da, uint
     else wgmma_m64n192k32_e4m3(d, da, db, accumulate);
 }
 
+// one 128-wide K step of a warpgroup's 64-row tile: 4 wgmmas (k = 32 each) into the fresh
+// accumulator part (the first overwrites it), committed and waited for (versions 4 to 8)
+template <int BN>
+__device__ __forceinline__ void wg_kstep(float (&part)[BN / 2], uint64_t da, uint64_t db) {
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < WG_BK / 32; k++) wgmma_e4m3<BN>(part, da + 2 * k, db + 2 * k, k);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(part);
+}
+
 // ---- pieces shared by versions 5, 6 and 7 ----
 
 // the producer thread: all K steps of one tile into the stage ring
@@ -1082,13 +1100,7 @@ __device__ __forceinline__ void wg_consume_tile(float (&acc)[BN / 2], const Gemm
             a0 = x0 * wa; a1 = x1 * wa;
             if (BN > 128) { float wb = d[129]; b0 = x0 * wb; b1 = x1 * wb; }
         }
-        uint64_t da = wg_desc(xs + stage * WG_TILE_X + c * 64 * WG_BK), db = wg_desc(ws + stage * TW);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < WG_BK / 32; k++) wgmma_e4m3<BN>(part, da + 2 * k, db + 2 * k, k);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(part);
+        wg_kstep<BN>(part, wg_desc(xs + stage * WG_TILE_X + c * 64 * WG_BK), wg_desc(ws + stage * TW));
         if (lane == 0) mbar_arrive(&empty[stage]);  // this warp is done with the stage
         if (++stage == S) { stage = 0; phase ^= 1; }
         float m0s = mid_b ? b0 : a0, m1s = mid_b ? b1 : a1;  // columns 64..127
@@ -1313,13 +1325,7 @@ __global__ void __launch_bounds__(160, 2)
         // step s, with two accumulators in turn, makes ptxas serialize every wgmma: C7514.)
         for (int s = 0, stage = 0, phase = 0; s < steps; s++) {
             mbar_wait(&full[stage], phase);
-            uint64_t da = wg_desc(xs + stage * DK_TILE_X), db = wg_desc(ws + stage * DK_TILE_W);
-            wgmma_fence();
-#pragma unroll
-            for (int k = 0; k < WG_BK / 32; k++) wgmma_m64n128k32_e4m3(part, da + 2 * k, db + 2 * k, k);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(part);
+            wg_kstep<DK_BN>(part, wg_desc(xs + stage * DK_TILE_X), wg_desc(ws + stage * DK_TILE_W));
             if (lane == 0) mbar_arrive(&empty[stage]);
             if (++stage == DK_STAGES) { stage = 0; phase ^= 1; }
             float f0 = 1.0f, f1 = 1.0f;

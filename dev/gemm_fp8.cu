@@ -105,13 +105,7 @@ __global__ void __launch_bounds__(128)
             s1 = r1 < a.M ? a.sx[(size_t)kb * a.M + r1] * sb : 0.0f;
         }
         mbar_wait(&full[kb & 1], (kb >> 1) & 1);
-        uint64_t da = wg_desc(xs + (kb & 1) * V4_BM * WG_BK), db = wg_desc(ws + (kb & 1) * V4_BN * WG_BK);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < WG_BK / 32; k++) wgmma_m64n128k32_e4m3(part, da + 2 * k, db + 2 * k, k);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(part);
+        wg_kstep<128>(part, wg_desc(xs + (kb & 1) * V4_BM * WG_BK), wg_desc(ws + (kb & 1) * V4_BN * WG_BK));
 #pragma unroll
         for (int i = 0; i < 16; i++) {
             acc[4 * i + 0] += part[4 * i + 0] * s0;
@@ -385,15 +379,7 @@ static double lt_sweep(FP8Tensor *x, FP8Tensor *w, int nb, void *y, int *best_i,
     char why[256];
     LtPlan *p = fp8_plan(DT_BF16, x, &w[0], y, why, sizeof why);
     if (!p) die("lt_sweep: %s", why);
-    cublasLtMatmulPreference_t pref;
-    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t ws = ctx.workspace_bytes;
-    uint32_t aa = p->align_a, ab = p->align_b, ay = p->align_y;
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ay, sizeof ay));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ay, sizeof ay));
+    cublasLtMatmulPreference_t pref = plan_pref(p);
     cublasLtMatmulHeuristicResult_t res[16];
     int n = 0;
     cublasCheck(cublasLtMatmulAlgoGetHeuristic(ctx.lt, p->desc, p->la, p->lb, p->ly, p->ly, pref, 16, res, &n));
