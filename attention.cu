@@ -912,7 +912,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     attn_decode_vec_kernel(bf16 *out, float *part, const bf16 *q, const void *kc, const void *vc, const float *ks,
                            const float *vs, const int32_t *bt, const int32_t *lens, int NH, int KVH, int BS, int MB,
                            int ngroups, int nsplit, int tps, float sc) {
-    constexpr int LPT = HD / 8, TPW = 32 / LPT, U = REP <= 4 ? 4 : 2, STEP = DEC_WARPS * TPW;
+    constexpr int LPT = HD / 8, TPW = 32 / LPT, U = REP <= 2 ? 4 : 2, STEP = DEC_WARPS * TPW;
     __shared__ float sm_m[DEC_WARPS][REP], sm_l[DEC_WARPS][REP];
     __shared__ float sm_acc[DEC_WARPS][REP][HD];
     const int sp = blockIdx.x, s = blockIdx.z, kvh = blockIdx.y / ngroups, grp = blockIdx.y % ngroups;
@@ -936,10 +936,12 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         }
     }
     // the loop bound is uniform over the warp (the shuffles below need every lane). PF: the next
-    // step's rows are loaded before this step's math, so they are in flight while it runs. It costs
-    // 32 registers: with up to 2 heads a block it still leaves 4 blocks on an SM and measured +3.6%
-    // (0.6B, batch 256) / +1% (batch 64); with 4 (8B) it cut the blocks to 3 and measured -4.5%.
-    constexpr bool PF = REP <= 2;
+    // step's rows are loaded before this step's math, so they are in flight while it runs. The
+    // second set of rows costs registers: with 2 heads a block (U = 4) it still leaves 4 blocks on
+    // an SM (+3.6% at 0.6B batch 256); with 4 heads, U = 4 took 168 registers and 3 blocks (-4.5% at
+    // 8B), U = 2 keeps 128 and 4 blocks (+2-3% at 8B, 8.75k -> 9.0k tokens/s); 8 heads keep U = 2
+    // without it.
+    constexpr bool PF = REP <= 4;
     const int32_t *btr = bt + (size_t)s * MB;
     uint4 kr[U], vr[U];
     float ksc[U], vsc[U];
