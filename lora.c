@@ -230,8 +230,10 @@ void lora_sync_act(LoRA *lo) {
 }
 void lora_release_act(LoRA *lo) { lo->act_valid = 0; }
 
+int lora_groups_ready(const LoRA *lo) { return lo->act_valid && lo->gA && !lo->no_groups; }
+
 int lora_group_act(const LoRA *lo, int layer, int group, const void **A, const void **B, int *R) {
-    if (!lo->act_valid || !lo->gA || lo->no_groups) return 0;
+    if (!lora_groups_ready(lo)) return 0;
     *R = lo->gR[group];
     *A = lo->gA[layer * 2 + group];
     *B = lo->gB[layer * 2 + group];

@@ -73,6 +73,9 @@ void lora_load_state(LoRA *lo, const char *path);
 // the act copies (above): fresh from the masters (no-op where the backend has no lora_apply), and stale
 void lora_sync_act(LoRA *lo);
 void lora_release_act(LoRA *lo);
+// whether a decode step can use the group adapters below (the act copies are current, the backend
+// made group copies, and they are not switched off)
+int lora_groups_ready(const LoRA *lo);
 // A decode step's adapter for a group of layer l (group 0 = q|k|v, 1 = gate|up): 1 with the act copies
 // *A (*R, in) and *B (fused width, *R) when they are current (*R = 0: no member adapted, nothing to
 // add), 0 when the step must use the per-member hooks instead

@@ -523,9 +523,7 @@ static void decode_qkv(Model *m, int l, int S, void *kc, void *vc, float *ks, fl
     DecodeScratch *d = &m->dec;
     const void *qn = c->qk_norm ? lw->q_norm : NULL, *kn = c->qk_norm ? lw->k_norm : NULL;
     int lora = m->lora && m->lora_on;
-    const void *gA, *gB;
-    int gR;
-    if (be->qkv_rope_kv && lw->qkv.rows && (!lora || lora_group_act(m->lora, l, 0, &gA, &gB, &gR))) {
+    if (be->qkv_rope_kv && lw->qkv.rows && (!lora || lora_groups_ready(m->lora))) {
         be->linear_forward(d->fused, d->ln, &lw->qkv, lw->bias_qkv, S);
         if (lora) lora_group_fwd(m, l, 0, d->fused, d->ln, S);
         be->qkv_rope_kv(d->q, d->k, d->fused, qn, kn, (const int32_t *)d->pos, m->inv_freq, kc, vc, ks, vs,

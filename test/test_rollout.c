@@ -339,6 +339,10 @@ START_TEST(test_lora_groups) {
         Rollout ra, rb;
         rollout_run(&a, &rc, 2, prompts, plens, seeds, &ra);
         rollout_run(&b, &rc, 2, prompts, plens, seeds, &rb);
+        // the grouped path is the one a's decode steps could take, and b's could not
+        lora_sync_act(la), lora_sync_act(lb);
+        ck_assert(lora_groups_ready(la) && !lora_groups_ready(lb));
+        lora_release_act(la), lora_release_act(lb);
         double worst = 0;
         ck_assert_msg(la->gA && la->gR[0] == (si ? 8 : 12) && la->gR[1] == (si ? 4 : 8), "group copies: R %d, %d",
                       la->gR[0], la->gR[1]);
