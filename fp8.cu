@@ -805,11 +805,17 @@ void bf16_gemm_cuda(void *y, DType ydt, const void *x, const void *w, int M, int
 //   acc += part * (sx[row, kb] * sw[n/128, kb]) for block scaling (DeepSeek-V3), acc += part
 //   for tensor/row scaling (their scales multiply once at the end). The promotion also bounds
 //   the error of the tensor cores' reduced-precision accumulation (~14 bits, DeepSeek-V3
-//   sec. 3.3.2) to one K step, as cuBLASLt does with fast accumulation off; while one
-//   warpgroup promotes, the other's wgmmas keep the tensor cores busy. (Promoting step kb
-//   while the warpgroup's own wgmmas of step kb + 1 run, with two fresh accumulators in
-//   turn, was tried: ptxas 13.0 then serializes every wgmma (C7514) and tensor scaling fell
-//   from 1189 to 885 TFLOP/s);
+//   sec. 3.3.2) to one K step, as cuBLASLt does with fast accumulation off. The promotion and
+//   the wait before it are what separates this kernel from cuBLASLt: without them (an
+//   ablation, session 4) it ran 8192x4096x4096 in 0.85x the cycles. So each step is issued as
+//   two halves of the tile's columns, each its own commit group, and the left half is
+//   promoted while the right half's wgmmas run (wg_consume_tile, SPLIT); and with 128 x 192
+//   tiles for tensor/row scaling the second warpgroup starts a step behind the first
+//   (STAGGER), so that one's promotion and epilogue overlap the other's wgmmas. (Promoting
+//   step kb while the warpgroup's own wgmmas of step kb + 1 run, with two fresh accumulators
+//   in turn, was tried: ptxas 13.0 then serializes every wgmma (C7514) and tensor scaling fell
+//   from 1189 to 885 TFLOP/s. Strict turns between the two warpgroups, handed over by named
+//   barriers at every step, cost 7-9%: dev/RESULTS.md, "Session 4");
 // - persistent: one block per SM walks the tiles (grouped by 8 tile rows so that the blocks
 //   running at once share X and W tiles in L2); the producer runs ahead into the next tile
 //   while the consumers write the last one;
@@ -818,9 +824,10 @@ void bf16_gemm_cuda(void *y, DType ydt, const void *x, const void *w, int M, int
 // Version 7 is the same kernel with BN = 192 (wgmma m64n192k32, 4 stages of 40 KiB): a
 // sixth less L2 and shared-memory traffic per flop; its tiles straddle two 128-wide weight
 // scale blocks, so block scaling promotes with two weight scales.
-// Measured on the H100 at M = 8192 (dev/RESULTS.md, "Hopper wgmma kernel"), with the version
-// wgmma_version() picks: block 917-1015 TFLOP/s (0.84-0.97x cuBLASLt), tensor 963-1168
-// (0.85-0.95x), row 920-1149 (0.86-0.97x). The history: scales loaded by the consumers
+// Measured on the H100 at M = 8192 (dev/RESULTS.md, "Hopper wgmma kernel" and "Session 4"),
+// with the version wgmma_version() picks (session 4): block 915-1032 TFLOP/s (0.84-0.98x
+// cuBLASLt), tensor 1066-1178 (0.86-1.07x), row 922-1124 (0.86-0.98x). The history: scales
+// loaded by the consumers
 // (block 623-782), then prefetched a step ahead (661-872: the scoreboard, see
 // wg_produce_scales), then staged by the producer (910-1028).
 // Shapes: rows >= M and columns >= K, N of a partial tile are zero-filled by TMA, so any M, N
@@ -834,6 +841,7 @@ void bf16_gemm_cuda(void *y, DType ydt, const void *x, const void *w, int M, int
 #define WG_BM 128
 #define WG_BK 128
 #define WG_TILE_X (WG_BM * WG_BK)  // bytes of one stage of X (16 KiB)
+#define WG_BAR_STAGGER 3          // named barrier of the consumers' stagger (versions 6/7)
 #define WG_GROUP_M 8               // tile rows per group of the persistent tile order
 #define WG_SC 256                 // floats of block scales per stage: sx of the 128 rows, sw of 2 weight blocks
 // per tile width BN and granularity: bytes of block scales per stage, stages (as many as
@@ -923,6 +931,9 @@ __device__ __forceinline__ void fence_proxy_async() {
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {  // arrive without waiting
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
 #ifdef FP8_SM90A
@@ -990,10 +1001,8 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t d
         : "l"(da), "l"(db), "r"(accumulate));
 #endif
 }
-#undef WG_D8
 
 // the same with N = 192 (96 values per thread, i = 0..23)
-#define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 __device__ __forceinline__ void wgmma_m64n192k32_e4m3(float (&d)[96], uint64_t da, uint64_t db, int accumulate) {
 #ifdef FP8_SM90A
     asm volatile(
@@ -1010,11 +1019,36 @@ __device__ __forceinline__ void wgmma_m64n192k32_e4m3(float (&d)[96], uint64_t d
         : "l"(da), "l"(db), "r"(accumulate));
 #endif
 }
+// halves of the tiles above (the split promotion of versions 6/7)
+__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+#ifdef FP8_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1;\n}\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
+        : "l"(da), "l"(db), "r"(accumulate));
+#endif
+}
+__device__ __forceinline__ void wgmma_m64n96k32_e4m3(float (&d)[48], uint64_t da, uint64_t db, int accumulate) {
+#ifdef FP8_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
+        "%48, %49, p, 1, 1;\n}\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40)
+        : "l"(da), "l"(db), "r"(accumulate));
+#endif
+}
 #undef WG_D8
 template <int BN>
 __device__ __forceinline__ void wgmma_e4m3(float (&d)[BN / 2], uint64_t da, uint64_t db, int accumulate) {
     if constexpr (BN == 128) wgmma_m64n128k32_e4m3(d, da, db, accumulate);
-    else wgmma_m64n192k32_e4m3(d, da, db, accumulate);
+    else if constexpr (BN == 192) wgmma_m64n192k32_e4m3(d, da, db, accumulate);
+    else if constexpr (BN == 96) wgmma_m64n96k32_e4m3(d, da, db, accumulate);
+    else wgmma_m64n64k32_e4m3(d, da, db, accumulate);
 }
 
 // one 128-wide K step of a warpgroup's 64-row tile: 4 wgmmas (k = 32 each) into the fresh
@@ -1077,14 +1111,35 @@ __device__ __forceinline__ void wg_produce_scales(const GemmArgs &a, float *sc, 
     }
 }
 
+// acc[group i] += p[group i - first] * the scale of group i's rows and columns, for the column
+// groups (8 columns each) first .. first + n - 1 of the tile: f0/f1 for the thread's rows r, r + 8
+// of columns 0-63 (a), 64-127 (m) and 128-191 (b, BN = 192)
+template <int BN, int N>
+__device__ __forceinline__ void wg_promote(float (&acc)[BN / 2], const float (&p)[N], int first, float a0, float a1,
+                                           float m0, float m1, float b0, float b1) {
+#pragma unroll
+    for (int j = 0; j < N / 4; j++) {
+        int i = first + j;
+        float f0 = i < 8 ? a0 : i < 16 ? m0 : b0, f1 = i < 8 ? a1 : i < 16 ? m1 : b1;
+        acc[4 * i + 0] += p[4 * j + 0] * f0;
+        acc[4 * i + 1] += p[4 * j + 1] * f0;
+        acc[4 * i + 2] += p[4 * j + 2] * f1;
+        acc[4 * i + 3] += p[4 * j + 3] * f1;
+    }
+}
+
 // one consumer warpgroup (c = 0, 1: rows m0 + 64c ..) over all K steps of one tile: acc gets
-// the promoted fp32 sum (block scaling applied; tensor/row scales not yet)
-template <int GRAN, int BN>
+// the promoted fp32 sum (block scaling applied; tensor/row scales not yet).
+// Plain (version 5): each step's 4 wgmmas into one fresh accumulator, waited for, promoted.
+// SPLIT (versions 6, 7): the step as two halves of the tile's columns (m64n64 / m64n96 wgmmas),
+// each half its own commit group, so the left half is promoted while the right half's wgmmas
+// still run. STAGGER: warpgroup 1 starts its first step once warpgroup 0 has finished its own,
+// so that the two run about a step apart (see the kernel).
+template <int GRAN, int BN, bool SPLIT = false, bool STAGGER = false>
 __device__ __forceinline__ void wg_consume_tile(float (&acc)[BN / 2], const GemmArgs &a, const uint8_t *xs, const uint8_t *ws,
                                                 const float *sc, uint64_t *full, uint64_t *empty, int &stage, int &phase,
-                                                int n0, int c, int KB) {
+                                                int n0, int c, int KB, bool first_tile = false) {
     constexpr int S = WgCfg<BN, GRAN>::STAGES, TW = WgCfg<BN, GRAN>::TILE_W;
-    float part[BN / 2];
     int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, rl = c * 64 + warp * 16 + (lane >> 2);
     // columns 8i.. of the tile use the second weight scale from i = 16 on, or from i = 8 when
     // n0 is 64 past a 128 boundary (BN = 192, odd tiles)
@@ -1100,17 +1155,35 @@ __device__ __forceinline__ void wg_consume_tile(float (&acc)[BN / 2], const Gemm
             a0 = x0 * wa; a1 = x1 * wa;
             if (BN > 128) { float wb = d[129]; b0 = x0 * wb; b1 = x1 * wb; }
         }
-        wg_kstep<BN>(part, wg_desc(xs + stage * WG_TILE_X + c * 64 * WG_BK), wg_desc(ws + stage * TW));
-        if (lane == 0) mbar_arrive(&empty[stage]);  // this warp is done with the stage
-        if (++stage == S) { stage = 0; phase ^= 1; }
         float m0s = mid_b ? b0 : a0, m1s = mid_b ? b1 : a1;  // columns 64..127
+        bool stagger = STAGGER && kb == 0 && first_tile;
+        if (stagger && c == 1) named_bar_sync(WG_BAR_STAGGER, 256);
+        uint64_t da = wg_desc(xs + stage * WG_TILE_X + c * 64 * WG_BK), db = wg_desc(ws + stage * TW);
+        if constexpr (SPLIT) {
+            float pl[BN / 4], pr[BN / 4];
+            wgmma_fence();
 #pragma unroll
-        for (int i = 0; i < BN / 8; i++) {
-            float f0 = i < 8 ? a0 : i < 16 ? m0s : b0, f1 = i < 8 ? a1 : i < 16 ? m1s : b1;
-            acc[4 * i + 0] += part[4 * i + 0] * f0;
-            acc[4 * i + 1] += part[4 * i + 1] * f0;
-            acc[4 * i + 2] += part[4 * i + 2] * f1;
-            acc[4 * i + 3] += part[4 * i + 3] * f1;
+            for (int k = 0; k < WG_BK / 32; k++) wgmma_e4m3<BN / 2>(pl, da + 2 * k, db + 2 * k, k);
+            wgmma_commit();
+#pragma unroll
+            for (int k = 0; k < WG_BK / 32; k++) wgmma_e4m3<BN / 2>(pr, da + 2 * k, db + ((BN / 2) * WG_BK >> 4) + 2 * k, k);
+            wgmma_commit();
+            wgmma_wait<1>();
+            fence_regs(pl);
+            wg_promote<BN, BN / 4>(acc, pl, 0, a0, a1, m0s, m1s, b0, b1);
+            wgmma_wait<0>();
+            fence_regs(pr);
+            if (stagger && c == 0) named_bar_arrive(WG_BAR_STAGGER, 256);
+            if (lane == 0) mbar_arrive(&empty[stage]);  // this warp is done with the stage
+            if (++stage == S) { stage = 0; phase ^= 1; }
+            wg_promote<BN, BN / 4>(acc, pr, BN / 16, a0, a1, m0s, m1s, b0, b1);
+        } else {
+            float part[BN / 2];
+            wg_kstep<BN>(part, da, db);
+            if (stagger && c == 0) named_bar_arrive(WG_BAR_STAGGER, 256);
+            if (lane == 0) mbar_arrive(&empty[stage]);
+            if (++stage == S) { stage = 0; phase ^= 1; }
+            wg_promote<BN, BN / 2>(acc, part, 0, a0, a1, m0s, m1s, b0, b1);
         }
     }
 }
@@ -1197,6 +1270,10 @@ __global__ void __launch_bounds__(384, 1)
 #ifdef FP8_SM90A
     using Cfg = WgCfg<BN, GRAN>;
     constexpr int S = Cfg::STAGES;
+    // the consumers' K step (wg_consume_tile): split promotion always; staggered only with
+    // 128 x 192 tiles and tensor/row scaling, where it paid (dev/RESULTS.md "Session 4": -2 to
+    // -10% cycles there; +2-8% with block scaling, +1-10% with 128 x 128 tiles)
+    constexpr bool STAGGER = BN > 128 && GRAN != FP8_BLOCK;
     extern __shared__ uint8_t smem_raw[];
     // 128-byte swizzle: 1 KiB aligned. Offsetting smem_raw (not casting through an integer)
     // keeps the pointer in the shared space: LDS/STS, not generic LD/ST
@@ -1236,7 +1313,7 @@ __global__ void __launch_bounds__(384, 1)
             wg_tile(t, mblocks, nblocks, mb, nb);
             int m0 = mb * WG_BM, n0 = nb * BN, r0 = m0 + 64 * c + 16 * warp + (lane >> 2);
             if (TMA_OUT && !late) wg_epi_scales<GRAN, BN>(fr, fc, a, r0, n0);
-            wg_consume_tile<GRAN, BN>(acc, a, xs, ws, sc, full, empty, stage, phase, n0, c, KB);
+            wg_consume_tile<GRAN, BN, true, STAGGER>(acc, a, xs, ws, sc, full, empty, stage, phase, n0, c, KB, t == (int)blockIdx.x);
             if (TMA_OUT && late) wg_epi_scales<GRAN, BN>(fr, fc, a, r0, n0);
             if (TMA_OUT) wg_store_tma<GRAN, BN>(&tmy, ys + c * (Cfg::EPI / 2), a, acc, fr, fc, m0 + 64 * c, n0, c);
             else wg_store_direct<T, GRAN, BN>(y, a, acc, r0, n0);
@@ -1464,6 +1541,7 @@ static void launch_v6_t(T *y, const GemmArgs &a) {
     kern<<<grid, 384, WgCfg<BN, GRAN>::SMEM, ctx.stream>>>(y, a, tx, tw, ty);
     launchCheck();
 }
+
 template <typename T, int BN, bool TMA_OUT>
 static void launch_v6_g(T *y, const GemmArgs &a) {
     if (a.gran == FP8_BLOCK) launch_v6_t<T, FP8_BLOCK, BN, TMA_OUT>(y, a);
@@ -1556,15 +1634,6 @@ static void launch_decode(T *y, const GemmArgs &a) {
 // ----------------------------------------------------------------------------
 // the FP8 GEMM with backend choice
 
-// AUTO: where the wgmma kernel beats cuBLASLt on the H100 (dev/RESULTS.md, "Hopper wgmma
-// kernel"). Measured: nowhere by more than the run-to-run spread (~5-10%): at M = 8192 it
-// reaches 0.84-0.97x cuBLASLt with block scaling, 0.85-0.95x tensor, 0.86-0.97x row; at
-// M = 64 it ties (row 1.03-1.06x at 64x12288x4096, block 1.01x). So AUTO keeps cuBLASLt;
-// FP8_GEMM_KERNEL (and any GPU where cuBLASLt declines a shape) gets the wgmma kernel.
-static int wgmma_preferred(int gran, int M, int N, int K) {
-    (void)gran; (void)M; (void)N; (void)K;
-    return 0;
-}
 // AUTO at M <= 64: the decode kernel where it beat cuBLASLt on the H100 (dev/RESULTS.md, "The decode
 // GEMM"): the narrow products with a long K and at most 8 MiB of weight, where cuBLASLt's 128-wide
 // tiles leave most SMs idle (gemm_fp8 --decode: 1024 x 2048 8.7 vs 11.2 us, 1024 x 3072 9.5 vs 14.3,
@@ -1575,15 +1644,28 @@ static int wgmma_preferred(int gran, int M, int N, int K) {
 // tokens/s against cuBLASLt's 8.7k.
 static int decode_preferred(int N, int K) { return N <= 4096 && K >= 2048 && (long)N * K <= (8L << 20); }
 // which of versions 6 (128 x 128 tiles) and 7 (128 x 192) fp8_gemm_cuda runs. 192-wide tiles
-// move a sixth less data per flop but come in fewer, larger pieces: they won for block and
-// row scaling at N >= 3072 once there were enough of them for the last wave not to matter
-// (>= 8 per SM; at 4096^3, 704 tiles = 5.3 waves, version 6 won), and for tensor scaling
-// only at K = 12288 (with 4 stages instead of 6 it lost at K <= 4096)
+// move a sixth less data per flop but come in fewer, larger pieces: they won at N >= 3072 once
+// there were enough of them for the last wave not to matter (>= 8 per SM; at 4096^3, 704 tiles =
+// 5.3 waves, version 6 won). Tensor scaling took version 7 only at K = 12288 until its consumers
+// were staggered (session 4); since, it wins there at every K measured, as block and row do.
+// With tensor scaling and K <= 1024, version 7 won with fewer tiles too (8192 x 3072 x 1024:
+// 1,024 tiles, 7.8 per SM, 1081 vs 973 TFLOP/s), as its staggered consumers hide the epilogue.
 static int wgmma_version(int gran, int M, int N, int K) {
     long tiles192 = (long)cdiv(M, WG_BM) * cdiv(N, 192);
-    if (tiles192 < 8L * ctx.sms) return 6;
-    if (gran == FP8_TENSOR) return K >= 8192 ? 7 : 6;
+    long enough = gran == FP8_TENSOR && K <= 1024 ? 4L * ctx.sms : 8L * ctx.sms;
+    if (tiles192 < enough) return 6;
     return N >= 3072 ? 7 : 6;
+}
+// AUTO: where the wgmma kernel beats cuBLASLt on the H100 (dev/RESULTS.md, "Hopper wgmma
+// kernel" and "Session 4"). With block and row scaling: nowhere beyond the run-to-run spread
+// (block 0.84-0.98x at M = 8192; at M = 64 it ties), so cuBLASLt. With tensor scaling and a
+// short K (<= 1024) on enough 128 x 192 tiles, version 7: its staggered consumers overlap one
+// warpgroup's epilogue with the other's main loop, which weighs most when each tile has few K
+// steps (8192 x 3072 x 1024: 1071-1081 vs 1003-1015 TFLOP/s in two runs; 45.8 vs 48.5 us
+// under ncu).
+// FP8_GEMM_KERNEL (and any GPU where cuBLASLt declines a shape) gets the wgmma kernel.
+static int wgmma_preferred(int gran, int M, int N, int K) {
+    return gran == FP8_TENSOR && K <= 1024 && wgmma_version(gran, M, N, K) == 7;
 }
 
 void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, int accumulate) {

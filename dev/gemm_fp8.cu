@@ -18,7 +18,9 @@
 //              swizzled shared memory and TMA stores (fp8.cu: gemm_fp8_v6_kernel, the kernel
 //              backend on sm_90a and AUTO's choice where it beats cuBLASLt)
 //   version 7  version 6 with 128 x 192 tiles (wgmma m64n192k32, 4 stages): less L2 and shared
-//              memory traffic per flop (fp8.cu: the same kernel, BN = 192)
+//              memory traffic per flop (fp8.cu: the same kernel, BN = 192). Both promote each
+//              K step in two halves (the left while the right's wgmmas run), and version 7
+//              staggers its two consumer warpgroups by a step for tensor/row scaling
 //   version 8  the decode kernel (M <= 64): 64 x 128 tiles, K split over a thread-block
 //              cluster of up to 8 blocks, summed through distributed shared memory
 //              (fp8.cu: gemm_fp8_decode_kernel, AUTO's choice for M <= 64 on sm_90a)
@@ -29,10 +31,13 @@
 //
 // Build and run (GPU): make bench-gemm && ./build/gemm_fp8 [--peers peers.json] [--quick] [--validate]
 //   ./build/gemm_fp8 --decode   the M = 64 and 256 products of a decode step (the decode kernel, v8)
+//   ./build/gemm_fp8 --profile MxNxK [--sustain S]   each kernel of one product twice (for ncu),
+//                               then S seconds each with wall-clock spans (for nvidia-smi clocks)
 //   peers.json from: python3 ../shared/bench/peers.py gemm --json peers.json (same command)
 // Prints: validation, then tables (TFLOP/s, median of CUDA-event-timed runs over rotating
 // buffers larger than L2), with torch._scaled_mm / torch.matmul when given.
 #include <cjson/cJSON.h>
+#include <time.h>
 
 #include "fp8.cu"
 
@@ -462,9 +467,70 @@ static void decode_bench(int (*only)[2], int nonly, int Monly) {
     }
 }
 
+// --profile MxNxK: each kernel of one product (BF16 cuBLAS, cuBLASLt FP8 tensor and block, the
+// wgmma versions 6 and 7 at tensor and block scaling) launched twice back to back, for a profiler
+// to pick (ncu -k / -c), then, with --sustain S, run for S seconds each with the wall-clock span
+// printed, so that clocks and power sampled alongside (nvidia-smi -lms) can be matched to it.
+static void profile_bench(int M, int N, int K, double sustain) {
+    const int nb = 4;
+    __nv_bfloat16 *xb[nb], *wb[nb], *y;
+    FP8Tensor x[nb][2], w[nb][2];
+    FP8Gran g2[2] = {FP8_TENSOR, FP8_BLOCK};
+    for (int b = 0; b < nb; b++) {
+        cudaCheck(cudaMalloc(&xb[b], (size_t)M * K * 2));
+        cudaCheck(cudaMalloc(&wb[b], (size_t)N * K * 2));
+        fill_bf16_random(xb[b], (size_t)M * K, 100 + b);
+        fill_bf16_random(wb[b], (size_t)N * K, 200 + b);
+        for (int gi = 0; gi < 2; gi++) {
+            x[b][gi] = fp8_alloc_dev(M, K, g2[gi], 1);
+            w[b][gi] = fp8_alloc_dev(N, K, g2[gi], 128);
+            fp8_quantize_cuda(&x[b][gi], xb[b], DT_BF16, 0);
+            fp8_quantize_cuda(&w[b][gi], wb[b], DT_BF16, 0);
+        }
+    }
+    cudaCheck(cudaMalloc(&y, (size_t)M * N * 2));
+    struct { const char *name; int kind, gi; } ks[] = {{"bf16 cuBLAS", 0, 0}, {"LT tensor", 1, 0}, {"LT block", 1, 1},
+                                                       {"v6 tensor", 6, 0},   {"v6 block", 6, 1}, {"v7 tensor", 7, 0},
+                                                       {"v7 block", 7, 1}};
+    for (auto &k : ks) {
+        auto op = [&](int b) {
+            if (k.kind == 0) bf16_gemm_cuda(y, DT_BF16, xb[b], wb[b], M, N, K, 0);
+            else if (k.kind == 1) fp8_gemm_cuda(y, DT_BF16, &x[b][k.gi], &w[b][k.gi], 0);
+            else { GemmArgs a = gemm_args(&x[b][k.gi], &w[b][k.gi], 0); launch_v6(y, DT_BF16, a, k.kind); }
+        };
+        fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
+        op(0); op(1);
+        cudaCheck(cudaDeviceSynchronize());
+        if (sustain <= 0) continue;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_REALTIME, &t0);
+        double best = 0, sum = 0;
+        int n = 0;
+        for (;;) {
+            double ms = time_ms(op, nb);
+            sum += ms; n++;
+            double tf = 2.0 * M * N * K / (ms * 1e-3) / 1e12;
+            if (tf > best) best = tf;
+            clock_gettime(CLOCK_REALTIME, &t1);
+            if ((t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec) > sustain) break;
+        }
+        printf("sustain %-12s %dx%dx%d  wall %ld.%03ld-%ld.%03ld  median-of-medians %.0f TFLOP/s (best %.0f, %d timings)\n", k.name,
+               M, N, K, (long)t0.tv_sec, t0.tv_nsec / 1000000, (long)t1.tv_sec, t1.tv_nsec / 1000000,
+               2.0 * M * N * K / (sum / n * 1e-3) / 1e12, best, n);
+        fflush(stdout);
+    }
+    fp8_cuda_set_backend(FP8_GEMM_AUTO);
+    for (int b = 0; b < nb; b++) {
+        cudaFree(xb[b]); cudaFree(wb[b]);
+        for (int gi = 0; gi < 2; gi++) { fp8_free_dev(&x[b][gi]); fp8_free_dev(&w[b][gi]); }
+    }
+    cudaFree(y);
+}
+
 int main(int argc, char **argv) {
     const char *peers_path = NULL;
-    int quick = 0, validate_only = 0, decode = 0, dshapes[16][2], nds = 0, dm = 0;
+    int quick = 0, validate_only = 0, decode = 0, dshapes[16][2], nds = 0, dm = 0, pshape[3] = {0, 0, 0};
+    double sustain = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--peers") && i + 1 < argc) peers_path = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -473,7 +539,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--decode-shape") && i + 1 < argc && nds < 16 &&
                  sscanf(argv[++i], "%dx%d", &dshapes[nds][0], &dshapes[nds][1]) == 2) nds++, decode = 1;
         else if (!strcmp(argv[i], "--decode-m") && i + 1 < argc) dm = atoi(argv[++i]), decode = 1;
-        else die("usage: %s [--peers peers.json] [--quick] [--validate] [--decode [--decode-shape NxK]... [--decode-m M]]", argv[0]);
+        else if (!strcmp(argv[i], "--profile") && i + 1 < argc &&
+                 sscanf(argv[++i], "%dx%dx%d", &pshape[0], &pshape[1], &pshape[2]) == 3) {}
+        else if (!strcmp(argv[i], "--sustain") && i + 1 < argc) sustain = atof(argv[++i]);
+        else die("usage: %s [--peers peers.json] [--quick] [--validate] [--decode [--decode-shape NxK]... [--decode-m M]] [--profile MxNxK [--sustain S]]", argv[0]);
     }
     fp8_cuda_init(NULL);
     if (!ctx.has_fp8) die("gemm_fp8 benchmarks FP8 tensor cores: this GPU has none");
@@ -483,6 +552,11 @@ int main(int argc, char **argv) {
     cudaDriverGetVersion(&drv);
     printf("gemm_fp8: %s (sm_%d%d, %d SMs), driver %d, cuBLASLt %zu, wgmma kernels %s\n", prop.name, prop.major, prop.minor,
            prop.multiProcessorCount, drv, cublasLtGetVersion(), ctx.wgmma ? "on" : "off (no sm_90a GPU and build)");
+    if (pshape[0] > 0) {
+        profile_bench(pshape[0], pshape[1], pshape[2], sustain);
+        fp8_cuda_free();
+        return 0;
+    }
     if (decode) {
         decode_bench(dshapes, nds, dm);
         fp8_cuda_free();
@@ -498,7 +572,7 @@ int main(int argc, char **argv) {
                        {8192, 1024, 3072}, {64, 12288, 4096},   {64, 4096, 12288},  {4096, 4096, 4096}};
     int ns = quick ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
     FP8Gran grans[] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK};
-    typedef struct { double bf16, lt[3], lt_fast, v3[3], v2, v4, v5, v6[3], v7[3], lt_block2, v6_block2, v7_block2; } Row;
+    typedef struct { double bf16, lt[3], lt_fast, v3[3], v2, v4, v5, v6[3], v7[3], lt_block2, v6_block2, v7_block2, au[3], bf16_2, pair[4]; const char *au_be[3]; } Row;
     Row rows[16];
     for (int si = 0; si < ns; si++) {
         int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
@@ -528,6 +602,12 @@ int main(int argc, char **argv) {
         fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
         for (int gi = 0; gi < 3; gi++)
             r.lt[gi] = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x[b][gi], &w[b][gi], 0); }, nb));
+        fp8_cuda_set_backend(FP8_GEMM_AUTO);  // what the program runs: AUTO's choice at each granularity
+        for (int gi = 0; gi < 3; gi++) {
+            r.au[gi] = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x[b][gi], &w[b][gi], 0); }, nb));
+            r.au_be[gi] = fp8_cuda_last_backend();
+        }
+        fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
         fp8_cuda_set_fast_accum(1);
         r.lt_fast = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x[b][0], &w[b][0], 0); }, nb));
         fp8_cuda_set_fast_accum(0);
@@ -552,6 +632,28 @@ int main(int argc, char **argv) {
             r.v6_block2 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][2], &w[b][2], 0); launch_v6(y, DT_BF16, a, 6); }, nb));
             r.v7_block2 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][2], &w[b][2], 0); launch_v6(y, DT_BF16, a, 7); }, nb));
         }
+        r.bf16_2 = tflops(time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, xb[b], wb[b], M, N, K, 0); }, nb));
+        // FP8 as the program runs it (AUTO) against BF16, timed in alternation: 5 rounds of BF16,
+        // tensor, row, block, the median of each. Timed one after the other, the first kernel of a
+        // shape finds a cooler GPU: BF16 timed first ran 795 TFLOP/s at 8192x4096x4096 and 682 when
+        // timed again after the FP8 kernels (power-capped clocks), which skews the ratios above.
+        {
+            enum { ROUNDS = 5 };
+            double t[4][ROUNDS];
+            fp8_cuda_set_backend(FP8_GEMM_AUTO);
+            for (int k = 0; k < ROUNDS; k++) {
+                t[0][k] = tflops(time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, xb[b], wb[b], M, N, K, 0); }, nb));
+                for (int gi = 0; gi < 3; gi++)
+                    t[1 + gi][k] = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x[b][gi], &w[b][gi], 0); }, nb));
+            }
+            for (int j = 0; j < 4; j++) {
+                for (int i = 1; i < ROUNDS; i++)
+                    for (int k = i; k > 0 && t[j][k] < t[j][k - 1]; k--) { double v = t[j][k]; t[j][k] = t[j][k - 1]; t[j][k - 1] = v; }
+                r.pair[j] = t[j][ROUNDS / 2];
+            }
+        }
+        printf("  %5dx%5dx%5d  AUTO tensor %4.0f (%s) row %4.0f (%s) block %4.0f (%s); bf16 again %4.0f\n", M, N, K, r.au[0],
+               r.au_be[0], r.au[1], r.au_be[1], r.au[2], r.au_be[2], r.bf16_2);
         printf("  %5dx%5dx%5d  bf16 %4.0f  lt tensor %4.0f (fast %4.0f) row %4.0f block %4.0f (again %4.0f) | v3 t/r/b %4.0f %4.0f %4.0f"
                "  v2 %4.0f | v4 b %4.0f  v5 b %4.0f  v6 t/r/b %4.0f %4.0f %4.0f (block again %4.0f)  v7 t/r/b %4.0f %4.0f %4.0f\n",
                M, N, K, r.bf16, r.lt[0], r.lt_fast, r.lt[1], r.lt[2], r.lt_block2, r.v3[0], r.v3[1], r.v3[2], r.v2, r.v4, r.v5,
@@ -588,8 +690,8 @@ int main(int argc, char **argv) {
     {
         printf("\n## FP8 GEMM, TFLOP/s, bf16 output, %s\n\n", prop.name);
         printf("| M x N x K | BF16 ours | BF16 torch | FP8 tensor ours | torch | ratio | FP8 row ours | torch | ratio | "
-               "FP8 block ours | torch | ratio | FP8/BF16 ours: tensor, row, block | kernel v3 block | v3/LT block |\n");
-        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+               "FP8 block ours | torch | ratio | FP8/BF16 ours: tensor, row, block | AUTO: tensor, row, block | AUTO/BF16 | kernel v3 block | v3/LT block |\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for (int si = 0; si < ns; si++) {
             int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
             Peer *pe = NULL;
@@ -604,8 +706,19 @@ int main(int argc, char **argv) {
                 if (pv[gi] > 0) printf("| %.0f | %.0f | %.2f ", lt[gi], pv[gi], lt[gi] / pv[gi]);
                 else printf("| %.0f | - | - ", lt[gi]);
             }
-            printf("| %.2f, %.2f, %.2f | %.0f | %.2f |\n", lt[0] / bf, lt[1] / bf, lt[2] / bf, r.v3[2], r.v3[2] / lt[2]);
+            printf("| %.2f, %.2f, %.2f | %.0f (%s), %.0f (%s), %.0f (%s) | %.2f, %.2f, %.2f | %.0f | %.2f |\n", lt[0] / bf, lt[1] / bf,
+                   lt[2] / bf, r.au[0], r.au_be[0], r.au[1], r.au_be[1], r.au[2], r.au_be[2], r.au[0] / bf, r.au[1] / bf, r.au[2] / bf,
+                   r.v3[2], r.v3[2] / lt[2]);
         }
+    }
+    printf("\n## FP8 (AUTO) against BF16 timed in alternation (5 rounds, medians), TFLOP/s\n\n");
+    printf("| M x N x K | BF16 | FP8 tensor | row | block | FP8/BF16: tensor | row | block | AUTO ran |\n");
+    printf("|---|---|---|---|---|---|---|---|---|\n");
+    for (int si = 0; si < ns; si++) {
+        Row &r = rows[si];
+        printf("| %dx%dx%d | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f | %s, %s, %s |\n", shapes[si][0], shapes[si][1], shapes[si][2],
+               r.pair[0], r.pair[1], r.pair[2], r.pair[3], r.pair[1] / r.pair[0], r.pair[2] / r.pair[0], r.pair[3] / r.pair[0],
+               r.au_be[0], r.au_be[1], r.au_be[2]);
     }
     printf("\ntensor fast-accum (cuBLASLt heuristic):");
     for (int si = 0; si < ns; si++) printf(" %.0f", rows[si].lt_fast);
