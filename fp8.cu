@@ -1111,9 +1111,9 @@ __device__ __forceinline__ void wg_produce_scales(const GemmArgs &a, float *sc, 
     }
 }
 
-// acc[group i] += p[group i - first] * the scale of group i's rows and columns, for the column
-// groups (8 columns each) first .. first + n - 1 of the tile: f0/f1 for the thread's rows r, r + 8
-// of columns 0-63 (a), 64-127 (m) and 128-191 (b, BN = 192)
+// acc[group i] += p[group i - first] * the scale of group i's rows and columns, for the N / 4
+// column groups (8 columns each) of the tile from group `first` on; the scales are f0 / f1 for
+// the thread's rows r / r + 8 of columns 0-63 (a), 64-127 (m) and 128-191 (b, BN = 192)
 template <int BN, int N>
 __device__ __forceinline__ void wg_promote(float (&acc)[BN / 2], const float (&p)[N], int first, float a0, float a1,
                                            float m0, float m1, float b0, float b1) {
