@@ -32,8 +32,9 @@ extern "C" {
 // which implementation fp8_gemm_cuda uses
 typedef enum {
     FP8_GEMM_AUTO = 0,     // the fastest that supports the shape and scaling: on sm_90a the decode kernel
-                           // for M <= 64 where it measured faster (small N x K, long K), else cuBLASLt
-                           // (the wgmma kernel measured 0.8-1.0x of it), else the kernels below
+                           // for M <= 64 where it measured faster (small N x K, long K), and the wgmma
+                           // kernel for tensor scaling with K <= 1024 on large M x N; else cuBLASLt (the
+                           // wgmma kernel measured 0.8-1.0x of it), else the kernels below
     FP8_GEMM_CUBLASLT,     // cuBLASLt or a clear error
     FP8_GEMM_KERNEL,       // the best hand-written kernel for the GPU and shape: decode (M <= 64) or wgmma
                            // (sm_90a, E4M3, K % 16 == 0), else mma.sync (K % 16 == 0, sm_89+), else tiled
