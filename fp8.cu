@@ -1051,14 +1051,19 @@ __device__ __forceinline__ void wgmma_e4m3(float (&d)[BN / 2], uint64_t da, uint
     else wgmma_m64n64k32_e4m3(d, da, db, accumulate);
 }
 
-// one 128-wide K step of a warpgroup's 64-row tile: 4 wgmmas (k = 32 each) into the fresh
-// accumulator part (the first overwrites it), committed and waited for (versions 4 to 8)
+// the 4 wgmmas (k = 32 each) of one 128-wide K step of a warpgroup's 64 x BN tile into the fresh
+// accumulator part (the first overwrites it), as one commit group (after a wgmma_fence)
 template <int BN>
-__device__ __forceinline__ void wg_kstep(float (&part)[BN / 2], uint64_t da, uint64_t db) {
-    wgmma_fence();
+__device__ __forceinline__ void wg_issue(float (&part)[BN / 2], uint64_t da, uint64_t db) {
 #pragma unroll
     for (int k = 0; k < WG_BK / 32; k++) wgmma_e4m3<BN>(part, da + 2 * k, db + 2 * k, k);
     wgmma_commit();
+}
+// one K step, issued and waited for (versions 4 to 8)
+template <int BN>
+__device__ __forceinline__ void wg_kstep(float (&part)[BN / 2], uint64_t da, uint64_t db) {
+    wgmma_fence();
+    wg_issue<BN>(part, da, db);
     wgmma_wait<0>();
     fence_regs(part);
 }
@@ -1162,12 +1167,8 @@ __device__ __forceinline__ void wg_consume_tile(float (&acc)[BN / 2], const Gemm
         if constexpr (SPLIT) {
             float pl[BN / 4], pr[BN / 4];
             wgmma_fence();
-#pragma unroll
-            for (int k = 0; k < WG_BK / 32; k++) wgmma_e4m3<BN / 2>(pl, da + 2 * k, db + 2 * k, k);
-            wgmma_commit();
-#pragma unroll
-            for (int k = 0; k < WG_BK / 32; k++) wgmma_e4m3<BN / 2>(pr, da + 2 * k, db + ((BN / 2) * WG_BK >> 4) + 2 * k, k);
-            wgmma_commit();
+            wg_issue<BN / 2>(pl, da, db);
+            wg_issue<BN / 2>(pr, da, db + ((BN / 2) * WG_BK >> 4));  // rows BN / 2.. of the W tile
             wgmma_wait<1>();
             fence_regs(pl);
             wg_promote<BN, BN / 4>(acc, pl, 0, a0, a1, m0s, m1s, b0, b1);
