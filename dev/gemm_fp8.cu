@@ -41,6 +41,8 @@
 
 #include "fp8.cu"
 
+static const FP8Gran GRANS[3] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK};  // the granularities, in table order
+
 // ----------------------------------------------------------------------------
 // version 1: naive
 
@@ -247,7 +249,6 @@ static FP8Tensor to_host(const FP8Tensor *d) {
 
 static int validate(void) {
     int shapes[][3] = {{200, 384, 1024}, {333, 200, 528}, {2000, 1544, 256}}, fails = 0;  // the last: 208 (v7: 144) tiles > 132 SMs
-    FP8Gran grans[] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK};
     printf("validation (bf16 out, vs fp8_gemm_cpu; worst error in units of the tolerance):\n");
     for (int si = 0; si < 3; si++) {
         int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
@@ -258,7 +259,7 @@ static int validate(void) {
         fill_bf16_random(xb, (size_t)M * K, 1 + si);
         fill_bf16_random(wb, (size_t)N * K, 2 + si);
         for (int gi = 0; gi < 3; gi++) {
-            FP8Tensor x = fp8_alloc_dev(M, K, grans[gi], 1), w = fp8_alloc_dev(N, K, grans[gi], 128);
+            FP8Tensor x = fp8_alloc_dev(M, K, GRANS[gi], 1), w = fp8_alloc_dev(N, K, GRANS[gi], 128);
             fp8_quantize_cuda(&x, xb, DT_BF16, 0);
             fp8_quantize_cuda(&w, wb, DT_BF16, 0);
             FP8Tensor hx = to_host(&x), hw = to_host(&w);
@@ -276,7 +277,7 @@ static int validate(void) {
                     mag[(size_t)m * N + n] = a;
                 }
             uint16_t *hy = (uint16_t *)mallocCheck((size_t)M * N * 2);
-            printf("  %dx%dx%d %-6s", M, N, K, fp8_gran_name(grans[gi]));
+            printf("  %dx%dx%d %-6s", M, N, K, fp8_gran_name(GRANS[gi]));
             for (int v = 0; v <= 8; v++) {
                 if ((v >= 4 && !ctx.wgmma) || (v == 0 && !fp8_gemm_cublaslt_supported(DT_BF16, &x, &w, NULL, 0))) {
                     printf("  v%d -", v);  // cuBLASLt's block scaling wants K % 128 == 0
@@ -292,7 +293,7 @@ static int validate(void) {
                     double e = fabs(bf16_to_f32(hy[i]) - r) / tol;
                     if (!(e <= worst)) worst = e;  // NaN (unwritten) counts as a failure
                     if (!(e <= 1.0) && shown++ < 3)
-                        fprintf(stderr, "    v%d %s: y[%zu, %zu] = %g, want %g\n", v, fp8_gran_name(grans[gi]), i / N, i % N,
+                        fprintf(stderr, "    v%d %s: y[%zu, %zu] = %g, want %g\n", v, fp8_gran_name(GRANS[gi]), i / N, i % N,
                                 bf16_to_f32(hy[i]), r);
                 }
                 printf("  v%d%s %.3f%s", v, v == 0 ? " (cuBLASLt)" : "", worst, worst <= 1.0 ? "" : " FAIL");
@@ -467,36 +468,48 @@ static void decode_bench(int (*only)[2], int nonly, int Monly) {
     }
 }
 
+// nb operand sets of one product (rotated through so that the timings read from memory, not L2):
+// bf16 X and W from fixed seeds, and their FP8 copies at each granularity, x[gi] for GRANS[gi]
+typedef struct { __nv_bfloat16 *xb, *wb; FP8Tensor x[3], w[3]; } OperandSet;
+static void operands_make(OperandSet *o, int nb, int M, int N, int K) {
+    for (int b = 0; b < nb; b++) {
+        cudaCheck(cudaMalloc(&o[b].xb, (size_t)M * K * 2));
+        cudaCheck(cudaMalloc(&o[b].wb, (size_t)N * K * 2));
+        fill_bf16_random(o[b].xb, (size_t)M * K, 100 + b);
+        fill_bf16_random(o[b].wb, (size_t)N * K, 200 + b);
+        for (int gi = 0; gi < 3; gi++) {
+            o[b].x[gi] = fp8_alloc_dev(M, K, GRANS[gi], 1);
+            o[b].w[gi] = fp8_alloc_dev(N, K, GRANS[gi], 128);
+            fp8_quantize_cuda(&o[b].x[gi], o[b].xb, DT_BF16, 0);
+            fp8_quantize_cuda(&o[b].w[gi], o[b].wb, DT_BF16, 0);
+        }
+    }
+}
+static void operands_free(OperandSet *o, int nb) {
+    for (int b = 0; b < nb; b++) {
+        cudaFree(o[b].xb); cudaFree(o[b].wb);
+        for (int gi = 0; gi < 3; gi++) { fp8_free_dev(&o[b].x[gi]); fp8_free_dev(&o[b].w[gi]); }
+    }
+}
+
 // --profile MxNxK: each kernel of one product (BF16 cuBLAS, cuBLASLt FP8 tensor and block, the
 // wgmma versions 6 and 7 at tensor and block scaling) launched twice back to back, for a profiler
 // to pick (ncu -k / -c), then, with --sustain S, run for S seconds each with the wall-clock span
 // printed, so that clocks and power sampled alongside (nvidia-smi -lms) can be matched to it.
 static void profile_bench(int M, int N, int K, double sustain) {
     const int nb = 4;
-    __nv_bfloat16 *xb[nb], *wb[nb], *y;
-    FP8Tensor x[nb][2], w[nb][2];
-    FP8Gran g2[2] = {FP8_TENSOR, FP8_BLOCK};
-    for (int b = 0; b < nb; b++) {
-        cudaCheck(cudaMalloc(&xb[b], (size_t)M * K * 2));
-        cudaCheck(cudaMalloc(&wb[b], (size_t)N * K * 2));
-        fill_bf16_random(xb[b], (size_t)M * K, 100 + b);
-        fill_bf16_random(wb[b], (size_t)N * K, 200 + b);
-        for (int gi = 0; gi < 2; gi++) {
-            x[b][gi] = fp8_alloc_dev(M, K, g2[gi], 1);
-            w[b][gi] = fp8_alloc_dev(N, K, g2[gi], 128);
-            fp8_quantize_cuda(&x[b][gi], xb[b], DT_BF16, 0);
-            fp8_quantize_cuda(&w[b][gi], wb[b], DT_BF16, 0);
-        }
-    }
+    OperandSet o[nb];
+    __nv_bfloat16 *y;
+    operands_make(o, nb, M, N, K);
     cudaCheck(cudaMalloc(&y, (size_t)M * N * 2));
-    struct { const char *name; int kind, gi; } ks[] = {{"bf16 cuBLAS", 0, 0}, {"LT tensor", 1, 0}, {"LT block", 1, 1},
-                                                       {"v6 tensor", 6, 0},   {"v6 block", 6, 1}, {"v7 tensor", 7, 0},
-                                                       {"v7 block", 7, 1}};
+    struct { const char *name; int kind, gi; } ks[] = {{"bf16 cuBLAS", 0, 0}, {"LT tensor", 1, 0}, {"LT block", 1, 2},
+                                                       {"v6 tensor", 6, 0},   {"v6 block", 6, 2}, {"v7 tensor", 7, 0},
+                                                       {"v7 block", 7, 2}};
     for (auto &k : ks) {
         auto op = [&](int b) {
-            if (k.kind == 0) bf16_gemm_cuda(y, DT_BF16, xb[b], wb[b], M, N, K, 0);
-            else if (k.kind == 1) fp8_gemm_cuda(y, DT_BF16, &x[b][k.gi], &w[b][k.gi], 0);
-            else { GemmArgs a = gemm_args(&x[b][k.gi], &w[b][k.gi], 0); launch_v6(y, DT_BF16, a, k.kind); }
+            if (k.kind == 0) bf16_gemm_cuda(y, DT_BF16, o[b].xb, o[b].wb, M, N, K, 0);
+            else if (k.kind == 1) fp8_gemm_cuda(y, DT_BF16, &o[b].x[k.gi], &o[b].w[k.gi], 0);
+            else { GemmArgs a = gemm_args(&o[b].x[k.gi], &o[b].w[k.gi], 0); launch_v6(y, DT_BF16, a, k.kind); }
         };
         fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
         op(0); op(1);
@@ -520,10 +533,7 @@ static void profile_bench(int M, int N, int K, double sustain) {
         fflush(stdout);
     }
     fp8_cuda_set_backend(FP8_GEMM_AUTO);
-    for (int b = 0; b < nb; b++) {
-        cudaFree(xb[b]); cudaFree(wb[b]);
-        for (int gi = 0; gi < 2; gi++) { fp8_free_dev(&x[b][gi]); fp8_free_dev(&w[b][gi]); }
-    }
+    operands_free(o, nb);
     cudaFree(y);
 }
 
@@ -571,7 +581,6 @@ int main(int argc, char **argv) {
     int shapes[][3] = {{8192, 4096, 4096}, {8192, 12288, 4096}, {8192, 4096, 12288}, {8192, 3072, 1024},
                        {8192, 1024, 3072}, {64, 12288, 4096},   {64, 4096, 12288},  {4096, 4096, 4096}};
     int ns = quick ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
-    FP8Gran grans[] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK};
     typedef struct { double bf16, lt[3], lt_fast, v3[3], v2, v4, v5, v6[3], v7[3], lt_block2, v6_block2, v7_block2, bf16_2, pair[4]; const char *au_be[3]; } Row;
     Row rows[16];
     for (int si = 0; si < ns; si++) {
@@ -580,53 +589,42 @@ int main(int argc, char **argv) {
         int nb = (int)((160u << 20) / set_bytes) + 1;
         if (nb < 2) nb = 2;
         if (nb > 8) nb = 8;
-        __nv_bfloat16 *xb[8], *wb[8], *y;
-        FP8Tensor x[8][3], w[8][3];
-        for (int b = 0; b < nb; b++) {
-            cudaCheck(cudaMalloc(&xb[b], (size_t)M * K * 2));
-            cudaCheck(cudaMalloc(&wb[b], (size_t)N * K * 2));
-            fill_bf16_random(xb[b], (size_t)M * K, 100 + b);
-            fill_bf16_random(wb[b], (size_t)N * K, 200 + b);
-            for (int gi = 0; gi < 3; gi++) {
-                x[b][gi] = fp8_alloc_dev(M, K, grans[gi], 1);
-                w[b][gi] = fp8_alloc_dev(N, K, grans[gi], 128);
-                fp8_quantize_cuda(&x[b][gi], xb[b], DT_BF16, 0);
-                fp8_quantize_cuda(&w[b][gi], wb[b], DT_BF16, 0);
-            }
-        }
+        OperandSet o[8];
+        __nv_bfloat16 *y;
+        operands_make(o, nb, M, N, K);
         cudaCheck(cudaMalloc(&y, (size_t)M * N * 2));
         double fl = 2.0 * M * N * K;
         auto tflops = [&](double ms) { return fl / (ms * 1e-3) / 1e12; };
         Row &r = rows[si];
-        r.bf16 = tflops(time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, xb[b], wb[b], M, N, K, 0); }, nb));
+        r.bf16 = tflops(time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, o[b].xb, o[b].wb, M, N, K, 0); }, nb));
         fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
         for (int gi = 0; gi < 3; gi++)
-            r.lt[gi] = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x[b][gi], &w[b][gi], 0); }, nb));
+            r.lt[gi] = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &o[b].x[gi], &o[b].w[gi], 0); }, nb));
         fp8_cuda_set_fast_accum(1);
-        r.lt_fast = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x[b][0], &w[b][0], 0); }, nb));
+        r.lt_fast = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &o[b].x[0], &o[b].w[0], 0); }, nb));
         fp8_cuda_set_fast_accum(0);
         fp8_cuda_set_backend(FP8_GEMM_AUTO);
         for (int gi = 0; gi < 3; gi++)
-            r.v3[gi] = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][gi], &w[b][gi], 0); launch_v3(y, a); }, nb));
+            r.v3[gi] = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&o[b].x[gi], &o[b].w[gi], 0); launch_v3(y, a); }, nb));
         r.v2 = 0;
         if (M == 4096)
-            r.v2 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][2], &w[b][2], 0); launch_v2(y, a); }, nb));
+            r.v2 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&o[b].x[2], &o[b].w[2], 0); launch_v2(y, a); }, nb));
         r.v4 = r.v5 = r.lt_block2 = r.v6_block2 = r.v7_block2 = 0;
         for (int gi = 0; gi < 3; gi++) r.v6[gi] = r.v7[gi] = 0;
         if (ctx.wgmma) {  // Hopper versions; block first, then LT block and v6 block again (run-to-run spread)
-            r.v4 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][2], &w[b][2], 0); launch_v45<4>(y, a); }, nb));
-            r.v5 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][2], &w[b][2], 0); launch_v45<5>(y, a); }, nb));
+            r.v4 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&o[b].x[2], &o[b].w[2], 0); launch_v45<4>(y, a); }, nb));
+            r.v5 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&o[b].x[2], &o[b].w[2], 0); launch_v45<5>(y, a); }, nb));
             for (int gi = 0; gi < 3; gi++)
-                r.v6[gi] = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][gi], &w[b][gi], 0); launch_v6(y, DT_BF16, a, 6); }, nb));
+                r.v6[gi] = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&o[b].x[gi], &o[b].w[gi], 0); launch_v6(y, DT_BF16, a, 6); }, nb));
             for (int gi = 0; gi < 3; gi++)
-                r.v7[gi] = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][gi], &w[b][gi], 0); launch_v6(y, DT_BF16, a, 7); }, nb));
+                r.v7[gi] = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&o[b].x[gi], &o[b].w[gi], 0); launch_v6(y, DT_BF16, a, 7); }, nb));
             fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
-            r.lt_block2 = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x[b][2], &w[b][2], 0); }, nb));
+            r.lt_block2 = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &o[b].x[2], &o[b].w[2], 0); }, nb));
             fp8_cuda_set_backend(FP8_GEMM_AUTO);
-            r.v6_block2 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][2], &w[b][2], 0); launch_v6(y, DT_BF16, a, 6); }, nb));
-            r.v7_block2 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&x[b][2], &w[b][2], 0); launch_v6(y, DT_BF16, a, 7); }, nb));
+            r.v6_block2 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&o[b].x[2], &o[b].w[2], 0); launch_v6(y, DT_BF16, a, 6); }, nb));
+            r.v7_block2 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&o[b].x[2], &o[b].w[2], 0); launch_v6(y, DT_BF16, a, 7); }, nb));
         }
-        r.bf16_2 = tflops(time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, xb[b], wb[b], M, N, K, 0); }, nb));
+        r.bf16_2 = tflops(time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, o[b].xb, o[b].wb, M, N, K, 0); }, nb));
         // FP8 as the program runs it (AUTO) against BF16, timed in alternation: 5 rounds of BF16,
         // tensor, row, block, the median of each. Timed one after the other, the first kernel of a
         // shape finds a cooler GPU: BF16 timed first ran 795 TFLOP/s at 8192x4096x4096 and 682 when
@@ -636,9 +634,9 @@ int main(int argc, char **argv) {
             double t[4][ROUNDS];
             fp8_cuda_set_backend(FP8_GEMM_AUTO);
             for (int k = 0; k < ROUNDS; k++) {
-                t[0][k] = tflops(time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, xb[b], wb[b], M, N, K, 0); }, nb));
+                t[0][k] = tflops(time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, o[b].xb, o[b].wb, M, N, K, 0); }, nb));
                 for (int gi = 0; gi < 3; gi++) {
-                    t[1 + gi][k] = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &x[b][gi], &w[b][gi], 0); }, nb));
+                    t[1 + gi][k] = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &o[b].x[gi], &o[b].w[gi], 0); }, nb));
                     r.au_be[gi] = fp8_cuda_last_backend();
                 }
             }
@@ -656,10 +654,7 @@ int main(int argc, char **argv) {
                M, N, K, r.bf16, r.lt[0], r.lt_fast, r.lt[1], r.lt[2], r.lt_block2, r.v3[0], r.v3[1], r.v3[2], r.v2, r.v4, r.v5,
                r.v6[0], r.v6[1], r.v6[2], r.v6_block2, r.v7[0], r.v7[1], r.v7[2]);
         fflush(stdout);
-        for (int b = 0; b < nb; b++) {
-            cudaFree(xb[b]); cudaFree(wb[b]);
-            for (int gi = 0; gi < 3; gi++) { fp8_free_dev(&x[b][gi]); fp8_free_dev(&w[b][gi]); }
-        }
+        operands_free(o, nb);
         cudaFree(y);
     }
 
@@ -671,9 +666,9 @@ int main(int argc, char **argv) {
         fill_bf16_random(xb, (size_t)M * K, 7);
         printf("\nactivation quantization, %d x %d bf16 -> e4m3 (bytes = 3 per element; floor ~3.0 TB/s):", M, K);
         for (int gi = 0; gi < 3; gi++) {
-            FP8Tensor t = fp8_alloc_dev(M, K, grans[gi], 1);
+            FP8Tensor t = fp8_alloc_dev(M, K, GRANS[gi], 1);
             double ms = time_ms([&](int) { fp8_quantize_cuda(&t, xb, DT_BF16, 0); }, 1);
-            printf("  %s %.0f GB/s", fp8_gran_name(grans[gi]), 3.0 * M * K / (ms * 1e-3) / 1e9);
+            printf("  %s %.0f GB/s", fp8_gran_name(GRANS[gi]), 3.0 * M * K / (ms * 1e-3) / 1e9);
             fp8_free_dev(&t);
         }
         FP8Tensor t = fp8_alloc_dev(K, K, FP8_BLOCK, 128);
@@ -731,7 +726,7 @@ int main(int argc, char **argv) {
                 if (peers[i].M == M && peers[i].N == N && peers[i].K == K) pe = &peers[i];
             Row &r = rows[si];
             double d[3];  // the version fp8_gemm_cuda runs for each granularity
-            for (int gi = 0; gi < 3; gi++) d[gi] = wgmma_version(grans[gi], M, N, K) == 7 ? r.v7[gi] : r.v6[gi];
+            for (int gi = 0; gi < 3; gi++) d[gi] = wgmma_version(GRANS[gi], M, N, K) == 7 ? r.v7[gi] : r.v6[gi];
             printf("| %dx%dx%d | %.0f | ", M, N, K, r.lt[2]);
             if (pe && pe->block > 0) printf("%.0f ", pe->block); else printf("- ");
             printf("| %.0f | %.0f | %.0f | %.0f | %.2f | ", r.v4, r.v5, r.v6[2], r.v7[2], d[2] / r.lt[2]);
