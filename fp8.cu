@@ -472,6 +472,11 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool va
     int n = valid ? 16 : 0;  // 0: zero-fill the 16 bytes
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem, bool valid) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    int n = valid ? 4 : 0;  // 0: zero-fill
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
@@ -809,27 +814,29 @@ void bf16_gemm_cuda(void *y, DType ydt, const void *x, const void *w, int M, int
 //   the wait before it are what separates this kernel from cuBLASLt: without them (an
 //   ablation, session 4) it ran 8192x4096x4096 in 0.85x the cycles. So each step is issued as
 //   two halves of the tile's columns, each its own commit group, and the left half is
-//   promoted while the right half's wgmmas run (wg_consume_tile, SPLIT); and with 128 x 192
-//   tiles for tensor/row scaling the second warpgroup starts a step behind the first
-//   (STAGGER), so that one's promotion and epilogue overlap the other's wgmmas. (Promoting
-//   step kb while the warpgroup's own wgmmas of step kb + 1 run, with two fresh accumulators
-//   in turn, was tried: ptxas 13.0 then serializes every wgmma (C7514) and tensor scaling fell
-//   from 1189 to 885 TFLOP/s. Strict turns between the two warpgroups, handed over by named
-//   barriers at every step, cost 7-9%: dev/RESULTS.md, "Session 4");
+//   promoted while the right half's wgmmas run (wg_consume_tile, SPLIT). With 128 x 192
+//   tiles, two K steps an iteration with their four halves pipelined (PAIRS), and for
+//   tensor/row scaling the second warpgroup two steps behind the first (STAGGER), so that one's
+//   promotion and epilogue overlap the other's wgmmas. (Promoting step kb while the
+//   warpgroup's own wgmmas of step kb + 1 run, with two fresh accumulators in turn across the
+//   loop's back edge, was tried: ptxas 13.0 then serializes every wgmma (C7514) and tensor
+//   scaling fell from 1189 to 885 TFLOP/s. Strict turns between the two warpgroups, handed
+//   over by named barriers at every step, cost 7-9%: dev/RESULTS.md, "Session 4");
 // - persistent: one block per SM walks the tiles (grouped by 8 tile rows so that the blocks
 //   running at once share X and W tiles in L2); the producer runs ahead into the next tile
 //   while the consumers write the last one;
-// - epilogue (bf16 out): registers -> swizzled shared memory -> TMA store, which clips the
-//   rows >= M and columns >= N; f32 output or Y += goes straight from registers.
+// - epilogue (bf16 out): registers -> swizzled shared memory (stmatrix) -> TMA store, which
+//   clips the rows >= M and columns >= N; f32 output or Y += goes straight from registers.
+//   Row scaling's scales reach shared memory by cp.async during the main loop (wg_epi_scales).
 // Version 7 is the same kernel with BN = 192 (wgmma m64n192k32, 4 stages of 40 KiB): a
 // sixth less L2 and shared-memory traffic per flop; its tiles straddle two 128-wide weight
 // scale blocks, so block scaling promotes with two weight scales.
-// Measured on the H100 at M = 8192 (dev/RESULTS.md, "Hopper wgmma kernel" and "Session 4"),
-// with the version wgmma_version() picks (session 4): block 915-1032 TFLOP/s (0.84-0.98x
-// cuBLASLt), tensor 1066-1178 (0.86-1.07x), row 922-1124 (0.86-0.98x). The history: scales
-// loaded by the consumers
-// (block 623-782), then prefetched a step ahead (661-872: the scoreboard, see
-// wg_produce_scales), then staged by the producer (910-1028).
+// Measured on the H100 at M = 8192 (dev/RESULTS.md, "Hopper wgmma kernel", "Session 4" and
+// "Session 5"), with the version wgmma_version() picks (session 5): block 932-1055 TFLOP/s
+// (0.86-1.09x cuBLASLt), tensor 1091-1221 (0.88-1.07x), row 1038-1157 (0.90-1.07x); the
+// 1.07-1.09x at 8192 x 3072 x 1024, where AUTO takes it. The history of block scaling: scales
+// loaded by the consumers (block 623-782), then prefetched a step ahead (661-872: the
+// scoreboard, see wg_produce_scales), then staged by the producer (910-1028).
 // Shapes: rows >= M and columns >= K, N of a partial tile are zero-filled by TMA, so any M, N
 // work, and any K % 16 == 0 (TMA needs 16-byte rows; a partial last K block is zero-padded).
 // E4M3 x E4M3 only (the forward); other formats take the mma.sync kernel or cuBLASLt.
@@ -844,6 +851,7 @@ void bf16_gemm_cuda(void *y, DType ydt, const void *x, const void *w, int M, int
 #define WG_BAR_STAGGER 3          // named barrier of the consumers' stagger (versions 6/7)
 #define WG_GROUP_M 8               // tile rows per group of the persistent tile order
 #define WG_SC 256                 // floats of block scales per stage: sx of the 128 rows, sw of 2 weight blocks
+#define WG_SCALE_WARPS 2           // producer warps staging block scales, taking the K steps in turn (3: +4% cycles)
 // per tile width BN and granularity: bytes of block scales per stage, stages (as many as
 // fit in 227 KiB), bytes of one stage of W, of the bf16 output staging, in all
 template <int BN, int GRAN>
@@ -852,10 +860,12 @@ struct WgCfg {
     static constexpr int STAGES = BN == 128 ? (GRAN == FP8_BLOCK ? 5 : 6) : 4;
     static constexpr int TILE_W = BN * WG_BK;
     static constexpr int EPI = WG_BM * BN * 2;
-    static constexpr int SMEM = STAGES * (WG_TILE_X + TILE_W + SC) + EPI + 2 * STAGES * 8 + 1024;  // + barriers, alignment
+    static constexpr int RSC = GRAN == FP8_ROW ? 64 + BN : 0;  // floats of row scales per consumer: sx of its 64 rows, sw of BN columns
+    static constexpr int SMEM = STAGES * (WG_TILE_X + TILE_W + SC) + EPI + 2 * RSC * 4 + 2 * STAGES * 8 + 1024;  // + barriers, alignment
 };
 static_assert(WgCfg<128, FP8_BLOCK>::SMEM <= 232448 && WgCfg<128, FP8_ROW>::SMEM <= 232448 &&
-                  WgCfg<192, FP8_BLOCK>::SMEM <= 232448, "over the 227 KiB of shared memory of a block");
+                  WgCfg<192, FP8_BLOCK>::SMEM <= 232448 && WgCfg<192, FP8_ROW>::SMEM <= 232448,
+              "over the 227 KiB of shared memory of a block");
 
 // ---- PTX wrappers (sm_90a bodies; empty elsewhere, where the host never launches them) ----
 
@@ -960,6 +970,14 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {  // at most N committed groups still in flight
 #ifdef FP8_SM90A
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// stmatrix: four 8 x 8 b16 matrices from a warp's registers (mma fragment layout) to shared memory
+__device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+#ifdef FP8_SM90A
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2),
+                 "r"(r3)
+                 : "memory");
 #endif
 }
 // keep the compiler from moving accesses of the accumulators across wgmma_wait
@@ -1087,7 +1105,8 @@ __device__ __forceinline__ void wg_produce_tile(const CUtensorMap *tmx, const CU
 
 // block scaling: two warps of the producer warpgroup stage each K step's scales in shared
 // memory next to its tiles (sc[stage]: sx of the tile's 128 rows, then sw of the weight block
-// of column n0 and, BN = 192, of the next one), taking even and odd steps in turn, and
+// of column n0 and, BN = 192, of the next one), taking even and odd steps in turn (three
+// warps taking every third step measured 1-4% slower: session 5), and
 // arrive on the stage's full barrier (32 arrivals) after their stores. Loading them in the
 // consumers instead cost 35%: ptxas put the multiply by the scales between the wgmmas and,
 // as all those loads share one scoreboard, it waited there for the loads of the NEXT step.
@@ -1098,7 +1117,7 @@ __device__ __forceinline__ void wg_produce_scales(const GemmArgs &a, float *sc, 
     int lane = threadIdx.x & 31, nbw = n0 / FP8_BLOCK_SIZE;
     int wblock = lane == 1 && BN > 128 && (nbw + 1) * FP8_BLOCK_SIZE < a.N ? nbw + 1 : nbw;
     for (int kb = 0; kb < KB; kb++, step++) {
-        if ((step & 1) == which) {
+        if (step % WG_SCALE_WARPS == which) {
             float v[4], w = 0.0f;
 #pragma unroll
             for (int j = 0; j < 4; j++) {
@@ -1116,16 +1135,32 @@ __device__ __forceinline__ void wg_produce_scales(const GemmArgs &a, float *sc, 
     }
 }
 
+// the multipliers of one K step's promotion, per thread: f0 / f1 for the thread's rows r / r + 8
+// of columns 0-63 (a), 64-127 (m) and 128-191 (b, BN = 192). Block scaling: sx of the row times
+// sw of the column's weight block, read from the stage's staged scales (before the stage is
+// released); tensor/row scaling: 1 (their scales multiply once, in the epilogue).
+struct WgScales { float a0, a1, m0, m1, b0, b1; };
+template <int GRAN, int BN>
+__device__ __forceinline__ WgScales wg_step_scales(const float *sc, int stage, int rl, bool mid_b) {
+    WgScales s = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+    if (GRAN == FP8_BLOCK) {
+        const float *d = sc + stage * WG_SC;
+        float x0 = d[rl], x1 = d[rl + 8], wa = d[128];
+        s.a0 = x0 * wa; s.a1 = x1 * wa;
+        if (BN > 128) { float wb = d[129]; s.b0 = x0 * wb; s.b1 = x1 * wb; }
+    }
+    s.m0 = mid_b ? s.b0 : s.a0; s.m1 = mid_b ? s.b1 : s.a1;
+    return s;
+}
+
 // acc[group i] += p[group i - first] * the scale of group i's rows and columns, for the N / 4
-// column groups (8 columns each) of the tile from group `first` on; the scales are f0 / f1 for
-// the thread's rows r / r + 8 of columns 0-63 (a), 64-127 (m) and 128-191 (b, BN = 192)
+// column groups (8 columns each) of the tile from group `first` on
 template <int BN, int N>
-__device__ __forceinline__ void wg_promote(float (&acc)[BN / 2], const float (&p)[N], int first, float a0, float a1,
-                                           float m0, float m1, float b0, float b1) {
+__device__ __forceinline__ void wg_promote(float (&acc)[BN / 2], const float (&p)[N], int first, const WgScales &s) {
 #pragma unroll
     for (int j = 0; j < N / 4; j++) {
         int i = first + j;
-        float f0 = i < 8 ? a0 : i < 16 ? m0 : b0, f1 = i < 8 ? a1 : i < 16 ? m1 : b1;
+        float f0 = i < 8 ? s.a0 : i < 16 ? s.m0 : s.b0, f1 = i < 8 ? s.a1 : i < 16 ? s.m1 : s.b1;
         acc[4 * i + 0] += p[4 * j + 0] * f0;
         acc[4 * i + 1] += p[4 * j + 1] * f0;
         acc[4 * i + 2] += p[4 * j + 2] * f1;
@@ -1137,73 +1172,96 @@ __device__ __forceinline__ void wg_promote(float (&acc)[BN / 2], const float (&p
 // the promoted fp32 sum (block scaling applied; tensor/row scales not yet).
 // Plain (version 5): each step's 4 wgmmas into one fresh accumulator, waited for, promoted.
 // SPLIT (versions 6, 7): the step as two halves of the tile's columns (m64n64 / m64n96 wgmmas),
-// each half its own commit group, so the left half is promoted while the right half's wgmmas
-// still run. STAGGER: warpgroup 1 starts its first step once warpgroup 0 has finished its own,
-// so that the two run about a step apart (see the kernel).
-template <int GRAN, int BN, bool SPLIT = false, bool STAGGER = false>
+// L and R, each its own commit group, so L is promoted while R's wgmmas still run.
+// PAIRS (with SPLIT): two steps an iteration, a and b, their halves pipelined: issue La Ra |
+// promote La, issue Lb | promote Ra, issue Rb | promote Lb | promote Rb, so the warpgroup drains
+// its wgmmas once per two steps instead of every step. (Across the loop's back edge ptxas
+// would serialize every wgmma: the chain must end inside the iteration.)
+// STAGGER = d > 0: warpgroup 1 starts its first step once warpgroup 0 has finished d steps, so
+// that the two run about d steps apart for the rest of the kernel (see the kernel).
+template <int GRAN, int BN, bool SPLIT = false, int STAGGER = 0, bool PAIRS = false>
 __device__ __forceinline__ void wg_consume_tile(float (&acc)[BN / 2], const GemmArgs &a, const uint8_t *xs, const uint8_t *ws,
                                                 const float *sc, uint64_t *full, uint64_t *empty, int &stage, int &phase,
                                                 int n0, int c, int KB, bool first_tile = false) {
     constexpr int S = WgCfg<BN, GRAN>::STAGES, TW = WgCfg<BN, GRAN>::TILE_W;
+    constexpr uint64_t RIGHT = (BN / 2) * WG_BK >> 4;  // descriptor offset of rows BN / 2.. of the W tile
     int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, rl = c * 64 + warp * 16 + (lane >> 2);
     // columns 8i.. of the tile use the second weight scale from i = 16 on, or from i = 8 when
     // n0 is 64 past a 128 boundary (BN = 192, odd tiles)
     bool mid_b = BN > 128 && n0 % FP8_BLOCK_SIZE != 0;
+    auto release = [&]() {  // this warp is done with the stage: next stage
+        if (lane == 0) mbar_arrive(&empty[stage]);
+        if (++stage == S) { stage = 0; phase ^= 1; }
+    };
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
-    for (int kb = 0; kb < KB; kb++) {
+    for (int kb = 0; kb < KB;) {
+        const int kb0 = kb;
         mbar_wait(&full[stage], phase);
-        float a0 = 1.0f, a1 = 1.0f, b0 = 1.0f, b1 = 1.0f;
-        if (GRAN == FP8_BLOCK) {  // read before the stage is released
-            const float *d = sc + stage * WG_SC;
-            float x0 = d[rl], x1 = d[rl + 8], wa = d[128];
-            a0 = x0 * wa; a1 = x1 * wa;
-            if (BN > 128) { float wb = d[129]; b0 = x0 * wb; b1 = x1 * wb; }
-        }
-        float m0s = mid_b ? b0 : a0, m1s = mid_b ? b1 : a1;  // columns 64..127
-        bool stagger = STAGGER && kb == 0 && first_tile;
-        if (stagger && c == 1) named_bar_sync(WG_BAR_STAGGER, 256);
+        WgScales s = wg_step_scales<GRAN, BN>(sc, stage, rl, mid_b);
+        if (STAGGER && first_tile && c == 1 && kb == 0) named_bar_sync(WG_BAR_STAGGER, 256);
         uint64_t da = wg_desc(xs + stage * WG_TILE_X + c * 64 * WG_BK), db = wg_desc(ws + stage * TW);
         if constexpr (SPLIT) {
             float pl[BN / 4], pr[BN / 4];
             wgmma_fence();
             wg_issue<BN / 2>(pl, da, db);
-            wg_issue<BN / 2>(pr, da, db + ((BN / 2) * WG_BK >> 4));  // rows BN / 2.. of the W tile
+            wg_issue<BN / 2>(pr, da, db + RIGHT);
             wgmma_wait<1>();
             fence_regs(pl);
-            wg_promote<BN, BN / 4>(acc, pl, 0, a0, a1, m0s, m1s, b0, b1);
-            wgmma_wait<0>();
-            fence_regs(pr);
-            if (stagger && c == 0) named_bar_arrive(WG_BAR_STAGGER, 256);
-            if (lane == 0) mbar_arrive(&empty[stage]);  // this warp is done with the stage
-            if (++stage == S) { stage = 0; phase ^= 1; }
-            wg_promote<BN, BN / 4>(acc, pr, BN / 16, a0, a1, m0s, m1s, b0, b1);
+            wg_promote<BN, BN / 4>(acc, pl, 0, s);
+            if (PAIRS && kb + 1 < KB) {  // the second step of the pair
+                int st = stage + 1 == S ? 0 : stage + 1, ph = stage + 1 == S ? phase ^ 1 : phase;
+                mbar_wait(&full[st], ph);
+                WgScales s2 = wg_step_scales<GRAN, BN>(sc, st, rl, mid_b);
+                uint64_t da2 = wg_desc(xs + st * WG_TILE_X + c * 64 * WG_BK), db2 = wg_desc(ws + st * TW);
+                wgmma_fence();
+                wg_issue<BN / 2>(pl, da2, db2);
+                wgmma_wait<1>();
+                fence_regs(pr);
+                release();
+                wg_promote<BN, BN / 4>(acc, pr, BN / 16, s);
+                wgmma_fence();
+                wg_issue<BN / 2>(pr, da2, db2 + RIGHT);
+                wgmma_wait<1>();
+                fence_regs(pl);
+                wg_promote<BN, BN / 4>(acc, pl, 0, s2);
+                wgmma_wait<0>();
+                fence_regs(pr);
+                release();
+                wg_promote<BN, BN / 4>(acc, pr, BN / 16, s2);
+                kb++;
+            } else {
+                wgmma_wait<0>();
+                fence_regs(pr);
+                release();
+                wg_promote<BN, BN / 4>(acc, pr, BN / 16, s);
+            }
         } else {
             float part[BN / 2];
             wg_kstep<BN>(part, da, db);
-            if (stagger && c == 0) named_bar_arrive(WG_BAR_STAGGER, 256);
-            if (lane == 0) mbar_arrive(&empty[stage]);
-            if (++stage == S) { stage = 0; phase ^= 1; }
-            wg_promote<BN, BN / 2>(acc, part, 0, a0, a1, m0s, m1s, b0, b1);
+            release();
+            wg_promote<BN, BN / 2>(acc, part, 0, s);
         }
+        kb++;
+        if (STAGGER && first_tile && c == 0 && kb0 < STAGGER && kb >= min(STAGGER, KB))
+            named_bar_arrive(WG_BAR_STAGGER, 256);
     }
 }
 
-// scales the epilogue multiplies by: tensor sx sw (fr), row sx[row] (fr) and sw[col] (fc,
-// the thread's BN / 4 columns). Loaded before the main loop, their latency hides behind it
-// (loaded between the epilogue's stores they cost row scaling 0.6x at K = 1024).
+// scales the epilogue multiplies by, fetched before the main loop so that their latency hides
+// behind it. Tensor: sx sw (fr, registers). Row: sx of this warpgroup's 64 rows and sw of the
+// tile's BN columns, copied into shared memory (rsc) by cp.async: no registers held through
+// the main loop (with BN = 192 there are none to spare), and no load latency at the epilogue
+// (loaded there, between the stores, they cost row scaling 0.6x at K = 1024). rsc is free:
+// the previous tile's epilogue finished reading it before its last barrier.
 template <int GRAN, int BN>
-__device__ __forceinline__ void wg_epi_scales(float (&fr)[2], float (&fc)[BN / 4], const GemmArgs &a, int r0, int n0) {
-    int lane = threadIdx.x & 31;
+__device__ __forceinline__ void wg_epi_scales(float (&fr)[2], float *rsc, const GemmArgs &a, int m0, int n0) {
+    int tid = threadIdx.x & 127;
     if (GRAN == FP8_TENSOR) fr[0] = fr[1] = __ldg(a.sx) * __ldg(a.sw);
     if (GRAN == FP8_ROW) {
-        fr[0] = r0 < a.M ? __ldg(a.sx + r0) : 0.0f;
-        fr[1] = r0 + 8 < a.M ? __ldg(a.sx + r0 + 8) : 0.0f;
-#pragma unroll
-        for (int j = 0; j < BN / 4; j++) {
-            int n = n0 + 8 * (j >> 1) + 2 * (lane & 3) + (j & 1);
-            fc[j] = n < a.N ? __ldg(a.sw + n) : 0.0f;
-        }
+        if (tid < 64) cp_async4(rsc + tid, a.sx + min(m0 + tid, a.M - 1), m0 + tid < a.M);
+        for (int j = tid; j < BN; j += 128) cp_async4(rsc + 64 + j, a.sw + min(n0 + j, a.N - 1), n0 + j < a.N);
+        cp_async_commit();
     }
 }
 
@@ -1223,26 +1281,46 @@ __device__ __forceinline__ void wg_store_direct(T *y, const GemmArgs &a, const f
 }
 
 // epilogue through shared memory: this warpgroup's 64 x BN bf16 block as BN / 64 boxes of
-// 64 x 64 in TMA's 128-byte swizzle (conflict-free stores: the 8 rows x 4 column pairs of a
-// warp's store land in 32 different banks), then one thread issues the TMA stores
+// 64 x 64 in TMA's 128-byte swizzle, then one thread issues the TMA stores. The stores are
+// stmatrix: a warp writes four 8 x 8 bf16 matrices an instruction (column groups i and i + 1,
+// rows 0-7 and 8-15 of the warp: exactly the accumulator's fragments), lane l giving the
+// address of row l % 8 of matrix l / 8; a quarter of the store instructions of 32-bit stores,
+// and conflict-free, as the swizzle puts a matrix's 8 rows of 16 bytes in 8 different chunks.
 template <int GRAN, int BN>
 __device__ __forceinline__ void wg_store_tma(const CUtensorMap *tmy, uint8_t *ys, const GemmArgs &a, const float (&acc)[BN / 2],
-                                             const float (&fr)[2], const float (&fc)[BN / 4], int m0, int n0, int c) {
+                                             const float (&fr)[2], const float *rsc, int m0, int n0, int c) {
     int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31;
-    int rl = warp * 16 + (lane >> 2);
     if (tid == 0) bulk_wait_read0();  // the previous tile's stores have read the buffer
+    if (GRAN == FP8_ROW) cp_async_wait<0>();  // this thread's row scales have landed (the barrier: everyone's)
     named_bar_sync(1 + c, 128);
+    float s0 = GRAN == FP8_BLOCK ? 1.0f : fr[0], s1 = GRAN == FP8_BLOCK ? 1.0f : fr[1];  // block: applied in the main loop
+    // row: the thread's sx and sw, all read before the first stmatrix (whose "memory" clobber
+    // would otherwise leave each read's latency between two stores: +10% cycles at K = 1024)
+    float2 w[GRAN == FP8_ROW ? BN / 8 : 1];
+    if (GRAN == FP8_ROW) {
+        int rl = warp * 16 + (lane >> 2);
+        s0 = rsc[rl]; s1 = rsc[rl + 8];
 #pragma unroll
-    for (int i = 0; i < BN / 8; i++) {
-        float v0 = acc[4 * i], v1 = acc[4 * i + 1], v2 = acc[4 * i + 2], v3 = acc[4 * i + 3];
-        if (GRAN == FP8_TENSOR) { v0 *= fr[0]; v1 *= fr[0]; v2 *= fr[0]; v3 *= fr[0]; }
-        if (GRAN == FP8_ROW) {  // acc * (sx sw), as the reference
-            v0 *= fr[0] * fc[2 * i]; v1 *= fr[0] * fc[2 * i + 1]; v2 *= fr[1] * fc[2 * i]; v3 *= fr[1] * fc[2 * i + 1];
+        for (int g = 0; g < BN / 8; g++) w[g] = *(const float2 *)(rsc + 64 + 8 * g + 2 * (lane & 3));
+    }
+    int srow = warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), scol = lane >> 4;
+#pragma unroll
+    for (int i = 0; i < BN / 8; i += 2) {
+        uint32_t r[4];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int g = i + h;
+            float f00 = s0, f01 = s0, f10 = s1, f11 = s1;
+            if (GRAN == FP8_ROW) {  // acc * (sx sw), as the reference
+                f00 = s0 * w[g].x; f01 = s0 * w[g].y; f10 = s1 * w[g].x; f11 = s1 * w[g].y;
+            }
+            float v0 = acc[4 * g] * f00, v1 = acc[4 * g + 1] * f01, v2 = acc[4 * g + 2] * f10, v3 = acc[4 * g + 3] * f11;
+            __nv_bfloat162 lo = __floats2bfloat162_rn(v0, v1), hi = __floats2bfloat162_rn(v2, v3);
+            r[2 * h] = *(uint32_t *)&lo;
+            r[2 * h + 1] = *(uint32_t *)&hi;
         }
-        __nv_bfloat162 lo = __floats2bfloat162_rn(v0, v1), hi = __floats2bfloat162_rn(v2, v3);
-        uint32_t off = (i >> 3) * 8192 + rl * 128 + ((((i & 7) ^ (rl & 7))) << 4) + (lane & 3) * 4;
-        *(__nv_bfloat162 *)(ys + off) = lo;
-        *(__nv_bfloat162 *)(ys + off + 1024) = hi;  // row rl + 8: same swizzle phase, 8 rows further
+        int ch = i + scol;  // 16-byte chunk (8 columns) of this lane's row
+        stsm_x4(smem_u32(ys + (ch >> 3) * 8192 + srow * 128 + (((ch & 7) ^ (srow & 7)) << 4)), r[0], r[1], r[2], r[3]);
     }
     fence_proxy_async();
     named_bar_sync(1 + c, 128);
@@ -1271,10 +1349,15 @@ __global__ void __launch_bounds__(384, 1)
 #ifdef FP8_SM90A
     using Cfg = WgCfg<BN, GRAN>;
     constexpr int S = Cfg::STAGES;
-    // the consumers' K step (wg_consume_tile): split promotion always; staggered only with
-    // 128 x 192 tiles and tensor/row scaling, where it paid (dev/RESULTS.md "Session 4": -2 to
-    // -10% cycles there; +2-8% with block scaling, +1-10% with 128 x 128 tiles)
-    constexpr bool STAGGER = BN > 128 && GRAN != FP8_BLOCK;
+    // the consumers' K step (wg_consume_tile), as measured (ncu cycles, dev/RESULTS.md
+    // "Session 5"): split promotion always; with 128 x 192 tiles, K steps in pairs (-2 to -4%
+    // with block scaling, and with the stagger below -3 to -9% with tensor scaling at K <= 4096)
+    // and, for tensor/row scaling, the second warpgroup two steps behind the first (one step:
+    // session 4; two: a further -2 to -3%; three leave the first warpgroup no loaded stage
+    // ahead of it in 4). With 128 x 128 tiles neither paid (pairs: +2 to +10% at
+    // 8192x4096x4096; stagger +1 to +10%); with block scaling, no stagger (+2 to +8%).
+    constexpr bool PAIRS = BN > 128;
+    constexpr int STAGGER = BN > 128 && GRAN != FP8_BLOCK ? 2 : 0;
     extern __shared__ uint8_t smem_raw[];
     // 128-byte swizzle: 1 KiB aligned. Offsetting smem_raw (not casting through an integer)
     // keeps the pointer in the shared space: LDS/STS, not generic LD/ST
@@ -1282,7 +1365,8 @@ __global__ void __launch_bounds__(384, 1)
     uint8_t *xs = smem;                            // [stage][128 rows][128 B]
     uint8_t *ws = xs + S * WG_TILE_X;              // [stage][BN rows][128 B]
     uint8_t *ys = ws + S * Cfg::TILE_W;            // [consumer][BN / 64 boxes][64 rows][64 bf16]
-    float *sc = (float *)(ys + Cfg::EPI);           // [stage][WG_SC] block scales (block scaling only)
+    float *rsc = (float *)(ys + Cfg::EPI);          // [consumer][64 + BN] row scales (row scaling only)
+    float *sc = rsc + 2 * Cfg::RSC;                 // [stage][WG_SC] block scales (block scaling only)
     uint64_t *full = (uint64_t *)((uint8_t *)sc + S * Cfg::SC), *empty = full + S;
     int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
     int mblocks = cdiv(a.M, WG_BM), nblocks = cdiv(a.N, BN), tiles = mblocks * nblocks, KB = cdiv(a.K, WG_BK);
@@ -1296,7 +1380,7 @@ __global__ void __launch_bounds__(384, 1)
     if (wg == 0) {  // producer: thread 0 the TMA loads, warps 1 and 2 the block scales
         setmaxnreg_dec<40>();
         int warp = tid >> 5, step = 0;
-        if (tid == 0 || (GRAN == FP8_BLOCK && (warp == 1 || warp == 2)))
+        if (tid == 0 || (GRAN == FP8_BLOCK && warp >= 1 && warp <= WG_SCALE_WARPS))
             for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
                 int mb, nb;
                 wg_tile(t, mblocks, nblocks, mb, nb);
@@ -1306,17 +1390,15 @@ __global__ void __launch_bounds__(384, 1)
     } else {  // consumers
         setmaxnreg_inc<232>();
         int c = wg - 1, lane = tid & 31, warp = tid >> 5;
-        float acc[BN / 2], fr[2], fc[BN / 4];
-        // with BN = 192, row scaling has no registers to spare for fc during the main loop
-        constexpr bool late = BN > 128 && GRAN == FP8_ROW;
+        float acc[BN / 2], fr[2];
+        float *my_rsc = rsc + c * Cfg::RSC;
         for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
             int mb, nb;
             wg_tile(t, mblocks, nblocks, mb, nb);
             int m0 = mb * WG_BM, n0 = nb * BN, r0 = m0 + 64 * c + 16 * warp + (lane >> 2);
-            if (TMA_OUT && !late) wg_epi_scales<GRAN, BN>(fr, fc, a, r0, n0);
-            wg_consume_tile<GRAN, BN, true, STAGGER>(acc, a, xs, ws, sc, full, empty, stage, phase, n0, c, KB, t == (int)blockIdx.x);
-            if (TMA_OUT && late) wg_epi_scales<GRAN, BN>(fr, fc, a, r0, n0);
-            if (TMA_OUT) wg_store_tma<GRAN, BN>(&tmy, ys + c * (Cfg::EPI / 2), a, acc, fr, fc, m0 + 64 * c, n0, c);
+            if (TMA_OUT) wg_epi_scales<GRAN, BN>(fr, my_rsc, a, m0 + 64 * c, n0);
+            wg_consume_tile<GRAN, BN, true, STAGGER, PAIRS>(acc, a, xs, ws, sc, full, empty, stage, phase, n0, c, KB, t == (int)blockIdx.x);
+            if (TMA_OUT) wg_store_tma<GRAN, BN>(&tmy, ys + c * (Cfg::EPI / 2), a, acc, fr, my_rsc, m0 + 64 * c, n0, c);
             else wg_store_direct<T, GRAN, BN>(y, a, acc, r0, n0);
         }
         if (TMA_OUT && tid == 0) bulk_wait0();
@@ -1649,24 +1731,25 @@ static int decode_preferred(int N, int K) { return N <= 4096 && K >= 2048 && (lo
 // there were enough of them for the last wave not to matter (>= 8 per SM; at 4096^3, 704 tiles =
 // 5.3 waves, version 6 won). Tensor scaling took version 7 only at K = 12288 until its consumers
 // were staggered (session 4); since, it wins there at every K measured, as block and row do.
-// With tensor scaling and K <= 1024, version 7 won with fewer tiles too (8192 x 3072 x 1024:
-// 1,024 tiles, 7.8 per SM, 1081 vs 973 TFLOP/s), as its staggered consumers hide the epilogue.
+// With K <= 1024, version 7 won with fewer tiles too (8192 x 3072 x 1024: 1,024 tiles, 7.8 per
+// SM; tensor 1081 vs 973 TFLOP/s in session 4, block 1053 vs 942 in session 5), as its
+// staggered or paired consumers hide more of the epilogue.
 static int wgmma_version(int gran, int M, int N, int K) {
     long tiles192 = (long)cdiv(M, WG_BM) * cdiv(N, 192);
-    long enough = gran == FP8_TENSOR && K <= 1024 ? 4L * ctx.sms : 8L * ctx.sms;
+    long enough = K <= 1024 ? 4L * ctx.sms : 8L * ctx.sms;
     if (tiles192 < enough) return 6;
     return N >= 3072 ? 7 : 6;
 }
 // AUTO: where the wgmma kernel beats cuBLASLt on the H100 (dev/RESULTS.md, "Hopper wgmma
-// kernel" and "Session 4"). With block and row scaling: nowhere beyond the run-to-run spread
-// (block 0.84-0.98x at M = 8192; at M = 64 it ties), so cuBLASLt. With tensor scaling and a
-// short K (<= 1024) on enough 128 x 192 tiles, version 7: its staggered consumers overlap one
-// warpgroup's epilogue with the other's main loop, which weighs most when each tile has few K
-// steps (8192 x 3072 x 1024: 1071-1081 vs 1003-1015 TFLOP/s in two runs; 45.8 vs 48.5 us
-// under ncu).
+// kernel", "Session 4" and "Session 5"): a short K (<= 1024) on enough 128 x 192 tiles, at
+// every granularity. There the epilogue weighs most (8 K steps a tile), and version 7 hides
+// more of it than cuBLASLt: staggered or paired consumers overlap one warpgroup's epilogue
+// with the other's wgmmas (8192 x 3072 x 1024, session 5: tensor 1091 vs 1024 TFLOP/s, row
+// 1038 vs 968, block 1047 vs 960; ncu cycles 77.5k / 81.8k / 81.6k vs 83.2k / 88.3k / 91.0k).
+// Elsewhere cuBLASLt (block 0.86-0.93x at the other M = 8192 shapes; at M = 64 it ties).
 // FP8_GEMM_KERNEL (and any GPU where cuBLASLt declines a shape) gets the wgmma kernel.
 static int wgmma_preferred(int gran, int M, int N, int K) {
-    return gran == FP8_TENSOR && K <= 1024 && wgmma_version(gran, M, N, K) == 7;
+    return K <= 1024 && wgmma_version(gran, M, N, K) == 7;
 }
 
 void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, int accumulate) {

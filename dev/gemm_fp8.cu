@@ -19,8 +19,9 @@
 //              backend on sm_90a and AUTO's choice where it beats cuBLASLt)
 //   version 7  version 6 with 128 x 192 tiles (wgmma m64n192k32, 4 stages): less L2 and shared
 //              memory traffic per flop (fp8.cu: the same kernel, BN = 192). Both promote each
-//              K step in two halves (the left while the right's wgmmas run), and version 7
-//              staggers its two consumer warpgroups by a step for tensor/row scaling
+//              K step in two halves (the left while the right's wgmmas run); version 7 takes
+//              the K steps in pairs and staggers its two consumer warpgroups by two steps for
+//              tensor/row scaling
 //   version 8  the decode kernel (M <= 64): 64 x 128 tiles, K split over a thread-block
 //              cluster of up to 8 blocks, summed through distributed shared memory
 //              (fp8.cu: gemm_fp8_decode_kernel, AUTO's choice for M <= 64 on sm_90a)
@@ -159,7 +160,7 @@ __global__ void __launch_bounds__(384, 1)
     if (wg == 0) {
         setmaxnreg_dec<40>();
         if (tid == 0) wg_produce_tile<128, GRAN>(&tmx, &tmw, xs, ws, full, empty, stage, phase, m0, n0, KB);
-        else if (GRAN == FP8_BLOCK && (warp == 1 || warp == 2))
+        else if (GRAN == FP8_BLOCK && warp >= 1 && warp <= WG_SCALE_WARPS)
             wg_produce_scales<128>(a, sc, full, empty, stage, phase, step, warp - 1, m0, n0, KB);
     } else {
         setmaxnreg_inc<232>();
@@ -492,8 +493,8 @@ static void operands_free(OperandSet *o, int nb) {
     }
 }
 
-// --profile MxNxK: each kernel of one product (BF16 cuBLAS, cuBLASLt FP8 tensor and block, the
-// wgmma versions 6 and 7 at tensor and block scaling) launched twice back to back, for a profiler
+// --profile MxNxK: each kernel of one product (BF16 cuBLAS, cuBLASLt FP8 and the wgmma versions 6
+// and 7 at each granularity) launched twice back to back, for a profiler
 // to pick (ncu -k / -c), then, with --sustain S, run for S seconds each with the wall-clock span
 // printed, so that clocks and power sampled alongside (nvidia-smi -lms) can be matched to it.
 static void profile_bench(int M, int N, int K, double sustain) {
@@ -502,8 +503,9 @@ static void profile_bench(int M, int N, int K, double sustain) {
     __nv_bfloat16 *y;
     operands_make(o, nb, M, N, K);
     cudaCheck(cudaMalloc(&y, (size_t)M * N * 2));
-    struct { const char *name; int kind, gi; } ks[] = {{"bf16 cuBLAS", 0, 0}, {"LT tensor", 1, 0}, {"LT block", 1, 2},
-                                                       {"v6 tensor", 6, 0},   {"v6 block", 6, 2}, {"v7 tensor", 7, 0},
+    struct { const char *name; int kind, gi; } ks[] = {{"bf16 cuBLAS", 0, 0}, {"LT tensor", 1, 0}, {"LT row", 1, 1},
+                                                       {"LT block", 1, 2},    {"v6 tensor", 6, 0}, {"v6 row", 6, 1},
+                                                       {"v6 block", 6, 2},    {"v7 tensor", 7, 0}, {"v7 row", 7, 1},
                                                        {"v7 block", 7, 2}};
     for (auto &k : ks) {
         auto op = [&](int b) {

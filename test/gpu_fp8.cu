@@ -528,6 +528,45 @@ START_TEST(test_bf16_gemm_and_dx) {
 }
 END_TEST
 
+// AUTO's choice at the M = 8192 shapes of ../shared/BENCHMARKS.md, as fp8.cu's wgmma_preferred
+// states it from the measurements (dev/RESULTS.md): on Hopper the wgmma kernel (version 7) at
+// K <= 1024 with enough 128 x 192 tiles, cuBLASLt elsewhere. Only the choice is asserted here:
+// each kernel's numbers are checked, forced, by test_gemm_backends.
+START_TEST(test_gemm_auto_choice) {
+    FP8Gran grans[] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK};
+    struct { int M, N, K; const char *want; } cases[] = {
+        {8192, 3072, 1024, "kernel-wgmma"}, {8192, 4096, 4096, "cublaslt"}, {8192, 1024, 3072, "cublaslt"}};
+    for (int gi = 0; gi < 3; gi++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            int M = cases[ci].M, N = cases[ci].N, K = cases[ci].K;
+            FP8Tensor t[2];  // X, W: data and scales on the device, quantized from random values there
+            for (int j = 0; j < 2; j++) {
+                int rows = j ? N : M;
+                Rng r = rng_make(rows * 7 + j + gi);
+                float *h = (float *)mallocCheck((size_t)rows * K * 4);
+                fill_random(h, (size_t)rows * K, &r, 1.0f, 0);
+                float *d = (float *)dup_to_device(h, (size_t)rows * K * 4);
+                t[j] = (FP8Tensor){0};
+                t[j].rows = rows; t[j].cols = K; t[j].gran = grans[gi]; t[j].fmt = FP8_E4M3;
+                t[j].block_rows = j ? 128 : 1;
+                t[j].data = (uint8_t *)dmalloc((size_t)rows * K);
+                t[j].scale = (float *)dmalloc(fp8_num_scales(grans[gi], rows, K, t[j].block_rows) * 4);
+                fp8_quantize_cuda(&t[j], d, DT_F32, 0);
+                cudaFree(d); free(h);
+            }
+            const char *want = fp8_gemm_wgmma_supported(&t[0], &t[1], NULL, 0) ? cases[ci].want : "cublaslt";
+            void *y = dmalloc((size_t)M * N * 2);
+            fp8_cuda_set_backend(FP8_GEMM_AUTO);
+            fp8_gemm_cuda(y, DT_BF16, &t[0], &t[1], 0);
+            CU(cudaDeviceSynchronize());
+            ck_assert_msg(!strcmp(fp8_cuda_last_backend(), want), "%dx%dx%d %s: AUTO ran %s, expected %s", M, N, K,
+                          fp8_gran_name(grans[gi]), fp8_cuda_last_backend(), want);
+            cudaFree(y);
+            for (int j = 0; j < 2; j++) { cudaFree(t[j].data); cudaFree(t[j].scale); }
+        }
+}
+END_TEST
+
 static Suite *gpu_fp8_suite(void) {
     Suite *s = suite_create("gpu_fp8");
     TCase *tc = tcase_create("gpu");
@@ -537,6 +576,7 @@ static Suite *gpu_fp8_suite(void) {
     tcase_add_test(tc, test_gemm_backends);
     tcase_add_test(tc, test_gemm_adversarial);
     tcase_add_test(tc, test_gemm_decode);
+    tcase_add_test(tc, test_gemm_auto_choice);
     tcase_add_test(tc, test_gemm_bf16_fallback);
     tcase_add_test(tc, test_bf16_gemm_and_dx);
     suite_add_tcase(s, tc);
