@@ -32,6 +32,7 @@
 //
 // Build and run (GPU): make bench-gemm && ./build/gemm_fp8 [--peers peers.json] [--quick] [--validate]
 //   ./build/gemm_fp8 --decode   the M = 64 and 256 products of a decode step (the decode kernel, v8)
+//   ./build/gemm_fp8 --lt-algos MxNxK   every algorithm cuBLASLt offers for one product, timed
 //   ./build/gemm_fp8 --profile MxNxK [--sustain S]   each kernel of one product twice (for ncu),
 //                               then S seconds each with wall-clock spans (for nvidia-smi clocks)
 //   peers.json from: python3 ../shared/bench/peers.py gemm --json peers.json (same command)
@@ -539,9 +540,54 @@ static void profile_bench(int M, int N, int K, double sustain) {
     cudaFree(y);
 }
 
+// --lt-algos MxNxK: every algorithm cuBLASLt's heuristic offers (up to 16, in its order) for the
+// BF16 product and the FP8 one at each granularity, each timed; the heuristic's first is what
+// fp8.cu runs (and what torch._scaled_mm runs). Says whether trying more than the first would pay.
+static void lt_algos_bench(int M, int N, int K) {
+    OperandSet o[1];
+    __nv_bfloat16 *y;
+    operands_make(o, 1, M, N, K);
+    cudaCheck(cudaMalloc(&y, (size_t)M * N * 2));
+    for (int kind = 0; kind < 4; kind++) {  // BF16, FP8 tensor, row, block
+        int gi = kind - 1;
+        LtPlan *p;
+        const void *A, *B, *sa = NULL, *sb = NULL;
+        if (kind == 0) {
+            p = plan_find(1, M, N, K, 0, 0, 0, DT_BF16, 1, ptr_align(o[0].wb), ptr_align(o[0].xb), ptr_align(y));
+            if (!p->desc) plan_build(p, CUDA_R_16BF, CUDA_R_16BF, K);
+            A = o[0].wb; B = o[0].xb;
+        } else {
+            char why[256];
+            p = fp8_plan(DT_BF16, &o[0].x[gi], &o[0].w[gi], y, why, sizeof why);
+            if (!p) die("%s", why);
+            A = o[0].w[gi].data; B = o[0].x[gi].data; sa = o[0].w[gi].scale; sb = o[0].x[gi].scale;
+            cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+            cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+        }
+        cublasLtMatmulPreference_t pref = plan_pref(p);
+        cublasLtMatmulHeuristicResult_t res[16];
+        int n = 0;
+        cublasCheck(cublasLtMatmulAlgoGetHeuristic(ctx.lt, p->desc, p->la, p->lb, p->ly, p->ly, pref, 16, res, &n));
+        cublasLtMatmulPreferenceDestroy(pref);
+        printf("%dx%dx%d %-6s %2d algorithms, TFLOP/s in the heuristic's order:", M, N, K, kind ? fp8_gran_name(GRANS[gi]) : "bf16", n);
+        double first = 0;
+        for (int i = 0; i < n; i++) {
+            double ms = time_ms([&](int) { lt_matmul(p, &res[i].algo, y, A, B, 0.0f); }, 1);
+            double tf = 2.0 * M * N * K / (ms * 1e-3) / 1e12;
+            if (i == 0) first = tf;
+            printf(" %.0f", tf);
+        }
+        double again = 2.0 * M * N * K / (time_ms([&](int) { lt_matmul(p, &res[0].algo, y, A, B, 0.0f); }, 1) * 1e-3) / 1e12;
+        printf(" | first again %.0f (%.0f)\n", again, first);
+        fflush(stdout);
+    }
+    operands_free(o, 1);
+    cudaFree(y);
+}
+
 int main(int argc, char **argv) {
     const char *peers_path = NULL;
-    int quick = 0, validate_only = 0, decode = 0, dshapes[16][2], nds = 0, dm = 0, pshape[3] = {0, 0, 0};
+    int quick = 0, validate_only = 0, decode = 0, dshapes[16][2], nds = 0, dm = 0, pshape[3] = {0, 0, 0}, ashape[3] = {0, 0, 0};
     double sustain = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--peers") && i + 1 < argc) peers_path = argv[++i];
@@ -554,7 +600,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc &&
                  sscanf(argv[++i], "%dx%dx%d", &pshape[0], &pshape[1], &pshape[2]) == 3) {}
         else if (!strcmp(argv[i], "--sustain") && i + 1 < argc) sustain = atof(argv[++i]);
-        else die("usage: %s [--peers peers.json] [--quick] [--validate] [--decode [--decode-shape NxK]... [--decode-m M]] [--profile MxNxK [--sustain S]]", argv[0]);
+        else if (!strcmp(argv[i], "--lt-algos") && i + 1 < argc &&
+                 sscanf(argv[++i], "%dx%dx%d", &ashape[0], &ashape[1], &ashape[2]) == 3) {}
+        else die("usage: %s [--peers peers.json] [--quick] [--validate] [--decode [--decode-shape NxK]... [--decode-m M]] [--profile MxNxK [--sustain S]] [--lt-algos MxNxK]", argv[0]);
     }
     fp8_cuda_init(NULL);
     if (!ctx.has_fp8) die("gemm_fp8 benchmarks FP8 tensor cores: this GPU has none");
@@ -564,6 +612,11 @@ int main(int argc, char **argv) {
     cudaDriverGetVersion(&drv);
     printf("gemm_fp8: %s (sm_%d%d, %d SMs), driver %d, cuBLASLt %zu, wgmma kernels %s\n", prop.name, prop.major, prop.minor,
            prop.multiProcessorCount, drv, cublasLtGetVersion(), ctx.wgmma ? "on" : "off (no sm_90a GPU and build)");
+    if (ashape[0] > 0) {
+        lt_algos_bench(ashape[0], ashape[1], ashape[2]);
+        fp8_cuda_free();
+        return 0;
+    }
     if (pshape[0] > 0) {
         profile_bench(pshape[0], pshape[1], pshape[2], sustain);
         fp8_cuda_free();
