@@ -851,7 +851,7 @@ void bf16_gemm_cuda(void *y, DType ydt, const void *x, const void *w, int M, int
 #define WG_BAR_STAGGER 3          // named barrier of the consumers' stagger (versions 6/7)
 #define WG_GROUP_M 8               // tile rows per group of the persistent tile order
 #define WG_SC 256                 // floats of block scales per stage: sx of the 128 rows, sw of 2 weight blocks
-#define WG_SCALE_WARPS 2           // producer warps staging block scales, taking the K steps in turn (3: +4% cycles)
+#define WG_SCALE_WARPS 2           // producer warps staging block scales, taking the K steps in turn (3: up to +4% cycles)
 // per tile width BN and granularity: bytes of block scales per stage, stages (as many as
 // fit in 227 KiB), bytes of one stage of W, of the bf16 output staging, in all
 template <int BN, int GRAN>
