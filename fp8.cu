@@ -1726,31 +1726,36 @@ static void launch_decode(T *y, const GemmArgs &a) {
 // the kernel on 4096 x 4096 and 4096 x 12288 (16.5 vs 17.4, 29.4 vs 29.2 us alone) gave 8.4-8.6k
 // tokens/s against cuBLASLt's 8.7k.
 static int decode_preferred(int N, int K) { return N <= 4096 && K >= 2048 && (long)N * K <= (8L << 20); }
+// version 7's 128 x 192 tiles at K <= 1024, where its paired and staggered consumers hide the
+// epilogue better than cuBLASLt does (8 K steps a tile): it won at every granularity wherever
+// its tiles keep the GPU busy, the output's share of the last wave and of partial tiles
+// counted: (M N) / (waves x SMs x 128 x 192) >= 0.9, from 3 tiles per SM (measured 4 to 16).
+// Session 5 (dev/RESULTS.md), ncu cycles v7 vs cuBLASLt, tensor: 4096x3072, 8192x1536 (0.97:
+// -7%, -8%), 8192x3072, 16384x3072 (0.97: -7%, -4%), 8192x4096, 16384x2048 (0.94: -2%, -5%);
+// but 4096x4096, 8192x2048, 16384x1024 (0.86: +1 to +3%, block even). Row and block alike.
+static int v7_short_k(int M, int N, int K) {
+    long tiles = (long)cdiv(M, WG_BM) * cdiv(N, 192), waves = (tiles + ctx.sms - 1) / ctx.sms;
+    return K <= 1024 && tiles >= 3L * ctx.sms && (double)M * N >= 0.9 * waves * ctx.sms * WG_BM * 192;
+}
 // which of versions 6 (128 x 128 tiles) and 7 (128 x 192) fp8_gemm_cuda runs. 192-wide tiles
 // move a sixth less data per flop but come in fewer, larger pieces: they won at N >= 3072 once
 // there were enough of them for the last wave not to matter (>= 8 per SM; at 4096^3, 704 tiles =
 // 5.3 waves, version 6 won). Tensor scaling took version 7 only at K = 12288 until its consumers
 // were staggered (session 4); since, it wins there at every K measured, as block and row do.
-// With K <= 1024, version 7 won with fewer tiles too (8192 x 3072 x 1024: 1,024 tiles, 7.8 per
-// SM; tensor 1081 vs 973 TFLOP/s in session 4, block 1053 vs 942 in session 5), as its
-// staggered or paired consumers hide more of the epilogue.
+// At K <= 1024, where v7_short_k holds.
 static int wgmma_version(int gran, int M, int N, int K) {
+    if (v7_short_k(M, N, K)) return 7;
     long tiles192 = (long)cdiv(M, WG_BM) * cdiv(N, 192);
-    long enough = K <= 1024 ? 4L * ctx.sms : 8L * ctx.sms;
-    if (tiles192 < enough) return 6;
+    if (tiles192 < 8L * ctx.sms) return 6;
     return N >= 3072 ? 7 : 6;
 }
 // AUTO: where the wgmma kernel beats cuBLASLt on the H100 (dev/RESULTS.md, "Hopper wgmma
-// kernel", "Session 4" and "Session 5"): a short K (<= 1024) on enough 128 x 192 tiles, at
-// every granularity. There the epilogue weighs most (8 K steps a tile), and version 7 hides
-// more of it than cuBLASLt: staggered or paired consumers overlap one warpgroup's epilogue
-// with the other's wgmmas (8192 x 3072 x 1024, session 5: tensor 1091 vs 1024 TFLOP/s, row
-// 1038 vs 968, block 1047 vs 960; ncu cycles 77.5k / 81.8k / 81.6k vs 83.2k / 88.3k / 91.0k).
-// Elsewhere cuBLASLt (block 0.86-0.93x at the other M = 8192 shapes; at M = 64 it ties).
+// kernel", "Session 4" and "Session 5"): version 7 at K <= 1024 where v7_short_k holds, at every
+// granularity (8192 x 3072 x 1024, session 5: tensor 1091 vs 1024 TFLOP/s, row 1038 vs 968,
+// block 1047 vs 960; ncu cycles 77.5k / 81.8k / 81.6k vs 83.2k / 88.3k / 91.0k). Elsewhere
+// cuBLASLt (block 0.86-0.93x at the other M = 8192 shapes; at M = 64 it ties).
 // FP8_GEMM_KERNEL (and any GPU where cuBLASLt declines a shape) gets the wgmma kernel.
-static int wgmma_preferred(int gran, int M, int N, int K) {
-    return K <= 1024 && wgmma_version(gran, M, N, K) == 7;
-}
+static int wgmma_preferred(int gran, int M, int N, int K) { return v7_short_k(M, N, K); }
 
 void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, int accumulate) {
     need_init();
