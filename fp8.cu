@@ -1743,7 +1743,7 @@ static int v7_short_k(int M, int N, int K) {
 // 5.3 waves, version 6 won). Tensor scaling took version 7 only at K = 12288 until its consumers
 // were staggered (session 4); since, it wins there at every K measured, as block and row do.
 // At K <= 1024, where v7_short_k holds.
-static int wgmma_version(int gran, int M, int N, int K) {
+static int wgmma_version(int M, int N, int K) {
     if (v7_short_k(M, N, K)) return 7;
     long tiles192 = (long)cdiv(M, WG_BM) * cdiv(N, 192);
     if (tiles192 < 8L * ctx.sms) return 6;
@@ -1755,7 +1755,7 @@ static int wgmma_version(int gran, int M, int N, int K) {
 // block 1047 vs 960; ncu cycles 77.5k / 81.8k / 81.6k vs 83.2k / 88.3k / 91.0k). Elsewhere
 // cuBLASLt (block 0.86-0.93x at the other M = 8192 shapes; at M = 64 it ties).
 // FP8_GEMM_KERNEL (and any GPU where cuBLASLt declines a shape) gets the wgmma kernel.
-static int wgmma_preferred(int gran, int M, int N, int K) { return v7_short_k(M, N, K); }
+static int wgmma_preferred(int M, int N, int K) { return v7_short_k(M, N, K); }
 
 void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, int accumulate) {
     need_init();
@@ -1789,7 +1789,7 @@ void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, i
     if (b == FP8_GEMM_KERNEL_WGMMA && !wg)
         die("fp8_gemm_cuda: the wgmma kernel cannot run %dx%dx%d (%s): %s", M, N, K, fp8_gran_name(x->gran), why);
     int use_wg = b == FP8_GEMM_KERNEL_WGMMA || (b == FP8_GEMM_KERNEL && wg) ||
-                 (b == FP8_GEMM_AUTO && wg && wgmma_preferred(x->gran, M, N, K));
+                 (b == FP8_GEMM_AUTO && wg && wgmma_preferred(M, N, K));
     if (!use_wg && (b == FP8_GEMM_AUTO || b == FP8_GEMM_CUBLASLT)) {
         LtPlan *p = fp8_plan(ydt, x, w, y, why, sizeof why);
         if (p) {
@@ -1803,7 +1803,7 @@ void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, i
         use_wg = wg;  // AUTO where cuBLASLt declines (block scaling with K % 128 != 0, N % 8 != 0, ...)
     }
     if (use_wg) {
-        launch_v6(y, ydt, a, ctx.wgmma_version ? ctx.wgmma_version : wgmma_version(x->gran, M, N, K));
+        launch_v6(y, ydt, a, ctx.wgmma_version ? ctx.wgmma_version : wgmma_version(M, N, K));
         ctx.last = "kernel-wgmma";
         return;
     }

@@ -781,7 +781,8 @@ int main(int argc, char **argv) {
                 if (peers[i].M == M && peers[i].N == N && peers[i].K == K) pe = &peers[i];
             Row &r = rows[si];
             double d[3];  // the version fp8_gemm_cuda runs for each granularity
-            for (int gi = 0; gi < 3; gi++) d[gi] = wgmma_version(GRANS[gi], M, N, K) == 7 ? r.v7[gi] : r.v6[gi];
+            int v7 = wgmma_version(M, N, K) == 7;
+            for (int gi = 0; gi < 3; gi++) d[gi] = v7 ? r.v7[gi] : r.v6[gi];
             printf("| %dx%dx%d | %.0f | ", M, N, K, r.lt[2]);
             if (pe && pe->block > 0) printf("%.0f ", pe->block); else printf("- ");
             printf("| %.0f | %.0f | %.0f | %.0f | %.2f | ", r.v4, r.v5, r.v6[2], r.v7[2], d[2] / r.lt[2]);
