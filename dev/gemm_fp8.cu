@@ -33,6 +33,7 @@
 // Build and run (GPU): make bench-gemm && ./build/gemm_fp8 [--peers peers.json] [--quick] [--validate]
 //   ./build/gemm_fp8 --decode   the M = 64 and 256 products of a decode step (the decode kernel, v8)
 //   ./build/gemm_fp8 --lt-algos MxNxK   every algorithm cuBLASLt offers for one product, timed
+//   ./build/gemm_fp8 --ab MxNxK ...   cuBLASLt against the hand-written kernel, alternating, power-capped
 //   ./build/gemm_fp8 --profile MxNxK [--sustain S]   each kernel of one product twice (for ncu),
 //                               then S seconds each with wall-clock spans (for nvidia-smi clocks)
 //   peers.json from: python3 ../shared/bench/peers.py gemm --json peers.json (same command)
@@ -540,6 +541,49 @@ static void profile_bench(int M, int N, int K, double sustain) {
     cudaFree(y);
 }
 
+// median of n values (sorts them)
+static double median(double *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int k = i; k > 0 && v[k] < v[k - 1]; k--) { double t = v[k]; v[k] = v[k - 1]; v[k - 1] = t; }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// --ab MxNxK: cuBLASLt against the hand-written kernel (the version fp8.cu would run) at each
+// granularity, as the GPU runs them for minutes: power-capped, each clock set by the power of the
+// kernel before it. So the two are timed symmetrically, ROUNDS times [BF16, cuBLASLt, BF16,
+// kernel], medians. ncu cycles compare the kernels at equal clocks; this compares what a run gets.
+static void ab_bench(int M, int N, int K) {
+    enum { ROUNDS = 7 };
+    const int nb = 4;
+    OperandSet o[nb];
+    __nv_bfloat16 *y;
+    operands_make(o, nb, M, N, K);
+    cudaCheck(cudaMalloc(&y, (size_t)M * N * 2));
+    double fl = 2.0 * M * N * K;
+    auto tflops = [&](double ms) { return fl / (ms * 1e-3) / 1e12; };
+    printf("A/B, %dx%dx%d, %d rounds of [BF16, cuBLASLt, BF16, kernel], medians, TFLOP/s:\n", M, N, K, ROUNDS);
+    for (int gi = 0; gi < 3; gi++) {
+        double bf[2 * ROUNDS], lt[ROUNDS], kn[ROUNDS];
+        const char *kname = "";
+        for (int r = 0; r < ROUNDS; r++) {
+            bf[2 * r] = tflops(time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, o[b].xb, o[b].wb, M, N, K, 0); }, nb));
+            fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
+            lt[r] = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &o[b].x[gi], &o[b].w[gi], 0); }, nb));
+            bf[2 * r + 1] = tflops(time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, o[b].xb, o[b].wb, M, N, K, 0); }, nb));
+            fp8_cuda_set_backend(FP8_GEMM_KERNEL_WGMMA);
+            kn[r] = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &o[b].x[gi], &o[b].w[gi], 0); }, nb));
+            kname = fp8_cuda_last_backend();
+        }
+        fp8_cuda_set_backend(FP8_GEMM_AUTO);
+        double b = median(bf, 2 * ROUNDS), l = median(lt, ROUNDS), k = median(kn, ROUNDS);
+        printf("  %-6s BF16 %5.0f  cuBLASLt %5.0f (%.2fx BF16)  %s v%d %5.0f (%.2fx BF16)  kernel / cuBLASLt %.3f\n",
+               fp8_gran_name(GRANS[gi]), b, l, l / b, kname, wgmma_version(M, N, K), k, k / b, k / l);
+        fflush(stdout);
+    }
+    operands_free(o, nb);
+    cudaFree(y);
+}
+
 // --lt-algos MxNxK: every algorithm cuBLASLt's heuristic offers (up to 16, in its order) for the
 // BF16 product and the FP8 one at each granularity, each timed; the heuristic's first is what
 // fp8.cu runs (and what torch._scaled_mm runs). Says whether trying more than the first would pay.
@@ -587,6 +631,7 @@ static void lt_algos_bench(int M, int N, int K) {
 
 int main(int argc, char **argv) {
     const char *peers_path = NULL;
+    int abshape[16][3], nab = 0;
     int quick = 0, validate_only = 0, decode = 0, dshapes[16][2], nds = 0, dm = 0, pshape[3] = {0, 0, 0}, ashape[3] = {0, 0, 0};
     double sustain = 0;
     for (int i = 1; i < argc; i++) {
@@ -602,7 +647,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--sustain") && i + 1 < argc) sustain = atof(argv[++i]);
         else if (!strcmp(argv[i], "--lt-algos") && i + 1 < argc &&
                  sscanf(argv[++i], "%dx%dx%d", &ashape[0], &ashape[1], &ashape[2]) == 3) {}
-        else die("usage: %s [--peers peers.json] [--quick] [--validate] [--decode [--decode-shape NxK]... [--decode-m M]] [--profile MxNxK [--sustain S]] [--lt-algos MxNxK]", argv[0]);
+        else if (!strcmp(argv[i], "--ab") && i + 1 < argc && nab < 16 &&
+                 sscanf(argv[++i], "%dx%dx%d", &abshape[nab][0], &abshape[nab][1], &abshape[nab][2]) == 3) nab++;
+        else die("usage: %s [--peers peers.json] [--quick] [--validate] [--decode [--decode-shape NxK]... [--decode-m M]] [--profile MxNxK [--sustain S]] [--lt-algos MxNxK] [--ab MxNxK]...", argv[0]);
     }
     fp8_cuda_init(NULL);
     if (!ctx.has_fp8) die("gemm_fp8 benchmarks FP8 tensor cores: this GPU has none");
@@ -612,6 +659,11 @@ int main(int argc, char **argv) {
     cudaDriverGetVersion(&drv);
     printf("gemm_fp8: %s (sm_%d%d, %d SMs), driver %d, cuBLASLt %zu, wgmma kernels %s\n", prop.name, prop.major, prop.minor,
            prop.multiProcessorCount, drv, cublasLtGetVersion(), ctx.wgmma ? "on" : "off (no sm_90a GPU and build)");
+    if (nab) {
+        for (int i = 0; i < nab; i++) ab_bench(abshape[i][0], abshape[i][1], abshape[i][2]);
+        fp8_cuda_free();
+        return 0;
+    }
     if (ashape[0] > 0) {
         lt_algos_bench(ashape[0], ashape[1], ashape[2]);
         fp8_cuda_free();
@@ -695,11 +747,7 @@ int main(int argc, char **argv) {
                     r.au_be[gi] = fp8_cuda_last_backend();
                 }
             }
-            for (int j = 0; j < 4; j++) {
-                for (int i = 1; i < ROUNDS; i++)
-                    for (int k = i; k > 0 && t[j][k] < t[j][k - 1]; k--) { double v = t[j][k]; t[j][k] = t[j][k - 1]; t[j][k - 1] = v; }
-                r.pair[j] = t[j][ROUNDS / 2];
-            }
+            for (int j = 0; j < 4; j++) r.pair[j] = median(t[j], ROUNDS);
         }
         printf("  %5dx%5dx%5d  alternating: bf16 %4.0f, AUTO tensor %4.0f (%s) row %4.0f (%s) block %4.0f (%s); bf16 timed first %4.0f, "
                "again after the FP8 kernels %4.0f\n", M, N, K, r.pair[0], r.pair[1], r.au_be[0], r.pair[2], r.au_be[1], r.pair[3],
