@@ -554,6 +554,7 @@ static double median(double *v, int n) {
 // kernel], medians. ncu cycles compare the kernels at equal clocks; this compares what a run gets.
 static void ab_bench(int M, int N, int K) {
     enum { ROUNDS = 7 };
+    if (!ctx.wgmma) die("--ab compares cuBLASLt with the wgmma kernel: it needs an sm_90a GPU and build");
     const int nb = 4;
     OperandSet o[nb];
     __nv_bfloat16 *y;
