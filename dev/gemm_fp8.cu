@@ -471,6 +471,9 @@ static void decode_bench(int (*only)[2], int nonly, int Monly) {
     }
 }
 
+// TFLOP/s of an M x N x K product that took ms milliseconds
+static double tflops_of(int M, int N, int K, double ms) { return 2.0 * M * N * K / (ms * 1e-3) / 1e12; }
+
 // nb operand sets of one product (rotated through so that the timings read from memory, not L2):
 // bf16 X and W from fixed seeds, and their FP8 copies at each granularity, x[gi] for GRANS[gi]
 typedef struct { __nv_bfloat16 *xb, *wb; FP8Tensor x[3], w[3]; } OperandSet;
@@ -526,14 +529,14 @@ static void profile_bench(int M, int N, int K, double sustain) {
         for (;;) {
             double ms = time_ms(op, nb);
             sum += ms; n++;
-            double tf = 2.0 * M * N * K / (ms * 1e-3) / 1e12;
+            double tf = tflops_of(M, N, K, ms);
             if (tf > best) best = tf;
             clock_gettime(CLOCK_REALTIME, &t1);
             if ((t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec) > sustain) break;
         }
         printf("sustain %-12s %dx%dx%d  wall %ld.%03ld-%ld.%03ld  median-of-medians %.0f TFLOP/s (best %.0f, %d timings)\n", k.name,
                M, N, K, (long)t0.tv_sec, t0.tv_nsec / 1000000, (long)t1.tv_sec, t1.tv_nsec / 1000000,
-               2.0 * M * N * K / (sum / n * 1e-3) / 1e12, best, n);
+               tflops_of(M, N, K, sum / n), best, n);
         fflush(stdout);
     }
     fp8_cuda_set_backend(FP8_GEMM_AUTO);
@@ -560,8 +563,7 @@ static void ab_bench(int M, int N, int K) {
     __nv_bfloat16 *y;
     operands_make(o, nb, M, N, K);
     cudaCheck(cudaMalloc(&y, (size_t)M * N * 2));
-    double fl = 2.0 * M * N * K;
-    auto tflops = [&](double ms) { return fl / (ms * 1e-3) / 1e12; };
+    auto tflops = [&](double ms) { return tflops_of(M, N, K, ms); };
     printf("A/B, %dx%dx%d, %d rounds of [BF16, cuBLASLt, BF16, kernel], medians, TFLOP/s:\n", M, N, K, ROUNDS);
     for (int gi = 0; gi < 3; gi++) {
         double bf[2 * ROUNDS], lt[ROUNDS], kn[ROUNDS];
@@ -618,11 +620,11 @@ static void lt_algos_bench(int M, int N, int K) {
         double first = 0;
         for (int i = 0; i < n; i++) {
             double ms = time_ms([&](int) { lt_matmul(p, &res[i].algo, y, A, B, 0.0f); }, 1);
-            double tf = 2.0 * M * N * K / (ms * 1e-3) / 1e12;
+            double tf = tflops_of(M, N, K, ms);
             if (i == 0) first = tf;
             printf(" %.0f", tf);
         }
-        double again = 2.0 * M * N * K / (time_ms([&](int) { lt_matmul(p, &res[0].algo, y, A, B, 0.0f); }, 1) * 1e-3) / 1e12;
+        double again = tflops_of(M, N, K, time_ms([&](int) { lt_matmul(p, &res[0].algo, y, A, B, 0.0f); }, 1));
         printf(" | first again %.0f (%.0f)\n", again, first);
         fflush(stdout);
     }
@@ -701,8 +703,7 @@ int main(int argc, char **argv) {
         __nv_bfloat16 *y;
         operands_make(o, nb, M, N, K);
         cudaCheck(cudaMalloc(&y, (size_t)M * N * 2));
-        double fl = 2.0 * M * N * K;
-        auto tflops = [&](double ms) { return fl / (ms * 1e-3) / 1e12; };
+        auto tflops = [&](double ms) { return tflops_of(M, N, K, ms); };
         Row &r = rows[si];
         r.bf16 = tflops(time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, o[b].xb, o[b].wb, M, N, K, 0); }, nb));
         fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
