@@ -184,6 +184,18 @@ END_TEST
 //   promoted to fp32 on the CUDA cores (4 instructions of 32 in the tensor cores' sum): ACC_TC.
 // - fast accumulation: the whole K in the reduced-precision accumulator; reported, bounded by 2^-5.
 
+// t (rows, cols, gran, fmt, block_rows set) quantized on the GPU from the host values h, into
+// data and scales allocated on the device
+static void quantize_on_device(FP8Tensor *t, const float *h, int pow2) {
+    size_t n = (size_t)t->rows * t->cols;
+    float *d = (float *)dup_to_device(h, n * 4);
+    t->data = (uint8_t *)dmalloc(n);
+    t->scale = (float *)dmalloc(fp8_num_scales(t->gran, t->rows, t->cols, t->block_rows) * 4);
+    fp8_quantize_cuda(t, d, DT_F32, pow2);
+    CU(cudaDeviceSynchronize());
+    cudaFree(d);
+}
+
 typedef struct {
     FP8Tensor x, w;        // device
     FP8Tensor hx, hw;      // host copies (the CPU reference's)
@@ -202,14 +214,8 @@ static void gemm_case_make(GemmCase *c, int M, int N, int K, FP8Gran gran, FP8Fo
     fp8_quantize_cpu(&c->hx, x, pow2);
     fp8_quantize_cpu(&c->hw, w, pow2);
     c->x = c->hx; c->w = c->hw;
-    size_t nsx = fp8_num_scales(gran, M, K, 1), nsw = fp8_num_scales(gran, N, K, 128);
-    float *dxf = (float *)dup_to_device(x, (size_t)M * K * 4), *dwf = (float *)dup_to_device(w, (size_t)N * K * 4);
-    c->x.data = (uint8_t *)dmalloc((size_t)M * K); c->x.scale = (float *)dmalloc(nsx * 4);
-    c->w.data = (uint8_t *)dmalloc((size_t)N * K); c->w.scale = (float *)dmalloc(nsw * 4);
-    fp8_quantize_cuda(&c->x, dxf, DT_F32, pow2);
-    fp8_quantize_cuda(&c->w, dwf, DT_F32, pow2);
-    CU(cudaDeviceSynchronize());
-    cudaFree(dxf); cudaFree(dwf);
+    quantize_on_device(&c->x, x, pow2);
+    quantize_on_device(&c->w, w, pow2);
     // float64 reference of the dequantized product, and sum |x w|
     float *dx = (float *)mallocCheck((size_t)M * K * 4), *dw = (float *)mallocCheck((size_t)N * K * 4);
     fp8_dequantize_cpu(dx, &c->hx);
@@ -553,14 +559,11 @@ START_TEST(test_gemm_auto_choice) {
                 Rng r = rng_make(rows * 7 + j + gi);
                 float *h = (float *)mallocCheck((size_t)rows * K * 4);
                 fill_random(h, (size_t)rows * K, &r, 1.0f, 0);
-                float *d = (float *)dup_to_device(h, (size_t)rows * K * 4);
                 t[j] = (FP8Tensor){0};
                 t[j].rows = rows; t[j].cols = K; t[j].gran = grans[gi]; t[j].fmt = FP8_E4M3;
                 t[j].block_rows = j ? 128 : 1;
-                t[j].data = (uint8_t *)dmalloc((size_t)rows * K);
-                t[j].scale = (float *)dmalloc(fp8_num_scales(grans[gi], rows, K, t[j].block_rows) * 4);
-                fp8_quantize_cuda(&t[j], d, DT_F32, 0);
-                cudaFree(d); free(h);
+                quantize_on_device(&t[j], h, 0);
+                free(h);
             }
             const char *want = fp8_gemm_wgmma_supported(&t[0], &t[1], NULL, 0) ? cases[ci].want : "cublaslt";
             void *y = dmalloc((size_t)M * N * 2);
