@@ -1332,13 +1332,29 @@ __device__ __forceinline__ void wg_store_tma(const CUtensorMap *tmy, uint8_t *ys
     }
 }
 
-// tile t of the persistent order -> (mb, nb): groups of WG_GROUP_M tile rows, column by column
-__device__ __forceinline__ void wg_tile(int t, int mblocks, int nblocks, int &mb, int &nb) {
-    int per_group = WG_GROUP_M * nblocks, g = t / per_group, first = g * WG_GROUP_M;
-    int rows = min(mblocks - first, WG_GROUP_M), r = t - g * per_group;
-    mb = first + r % rows;
-    nb = r / rows;
-}
+// a block's walk through the persistent tile order: groups of WG_GROUP_M tile rows, column by
+// column within a group; the block takes tiles blockIdx.x, + gridDim.x, ... So the position
+// (group g, rank r in it) advances by subtraction: the two integer divisions of computing it
+// from scratch were a ~25-instruction dependent chain each at every tile start, which cost
+// version 7 1-3% of its cycles at K = 1024 and version 6 1-6% (dev/RESULTS.md, "Session 8").
+// Only a last, partial group of rows divides.
+struct WgTileWalk {
+    int g, r, per_group, mblocks;
+    __device__ WgTileWalk(int t, int mblocks_, int nblocks) : mblocks(mblocks_) {
+        per_group = WG_GROUP_M * nblocks;
+        g = t / per_group;
+        r = t - g * per_group;
+    }
+    __device__ void tile(int &mb, int &nb) const {
+        static_assert(WG_GROUP_M == 8, "the full-group path below shifts by 3");
+        int first = g * WG_GROUP_M, rows = min(mblocks - first, WG_GROUP_M);
+        if (rows == WG_GROUP_M) { mb = first + (r & 7); nb = r >> 3; }
+        else { mb = first + r % rows; nb = r / rows; }
+    }
+    __device__ void next(int step) {
+        for (r += step; r >= per_group; g++) r -= per_group;
+    }
+};
 
 // ---- versions 6 (BN = 128) and 7 (BN = 192): persistent, warp-specialized, TMA-store
 // epilogue (TMA_OUT: bf16, Y =) ----
@@ -1380,21 +1396,24 @@ __global__ void __launch_bounds__(384, 1)
     if (wg == 0) {  // producer: thread 0 the TMA loads, warps 1 and 2 the block scales
         setmaxnreg_dec<40>();
         int warp = tid >> 5, step = 0;
-        if (tid == 0 || (GRAN == FP8_BLOCK && warp >= 1 && warp <= WG_SCALE_WARPS))
-            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        if (tid == 0 || (GRAN == FP8_BLOCK && warp >= 1 && warp <= WG_SCALE_WARPS)) {
+            WgTileWalk walk(blockIdx.x, mblocks, nblocks);
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x, walk.next(gridDim.x)) {
                 int mb, nb;
-                wg_tile(t, mblocks, nblocks, mb, nb);
+                walk.tile(mb, nb);
                 if (tid == 0) wg_produce_tile<BN, GRAN>(&tmx, &tmw, xs, ws, full, empty, stage, phase, mb * WG_BM, nb * BN, KB);
                 else wg_produce_scales<BN>(a, sc, full, empty, stage, phase, step, warp - 1, mb * WG_BM, nb * BN, KB);
             }
+        }
     } else {  // consumers
         setmaxnreg_inc<232>();
         int c = wg - 1, lane = tid & 31, warp = tid >> 5;
         float acc[BN / 2], fr[2];
         float *my_rsc = rsc + c * Cfg::RSC;
-        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        WgTileWalk walk(blockIdx.x, mblocks, nblocks);
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x, walk.next(gridDim.x)) {
             int mb, nb;
-            wg_tile(t, mblocks, nblocks, mb, nb);
+            walk.tile(mb, nb);
             int m0 = mb * WG_BM, n0 = nb * BN, r0 = m0 + 64 * c + 16 * warp + (lane >> 2);
             if (TMA_OUT) wg_epi_scales<GRAN, BN>(fr, my_rsc, a, m0 + 64 * c, n0);
             wg_consume_tile<GRAN, BN, true, STAGGER, PAIRS>(acc, a, xs, ws, sc, full, empty, stage, phase, n0, c, KB, t == (int)blockIdx.x);

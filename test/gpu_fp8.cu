@@ -288,7 +288,8 @@ START_TEST(test_gemm_backends) {
     // partial tiles in M (200, 33, 1, 130, 2000), N (136, 100: not a multiple of 8 either, 1544) and K
     // (528: a partial last 128-wide step, zero-padded by TMA)
     int shapes[][3] = {{256, 512, 1024}, {200, 384, 640}, {33, 136, 2048}, {1, 128, 256}, {130, 100, 528}, {300, 264, 528},
-                       {2000, 1544, 384}};  // 208 tiles of 128x128, 144 of 128x192: > 132 SMs, the persistent kernel loops
+                       {2000, 1544, 384},   // 208 tiles of 128x128, 144 of 128x192: > 132 SMs, the persistent kernel loops
+                       {1300, 2504, 256}};  // 11 tile rows: a block's later tiles fall in the last, partial group of 3
     int ncheck = 0;
     for (int gi = 0; gi < 3; gi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
