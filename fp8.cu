@@ -1176,7 +1176,12 @@ __device__ __forceinline__ void wg_promote(float (&acc)[BN / 2], const float (&p
 // PAIRS (with SPLIT): two steps an iteration, a and b, their halves pipelined: issue La Ra |
 // promote La, issue Lb | promote Ra, issue Rb | promote Lb | promote Rb, so the warpgroup drains
 // its wgmmas once per two steps instead of every step. (Across the loop's back edge ptxas
-// would serialize every wgmma: the chain must end inside the iteration.)
+// would serialize every wgmma: the chain must end inside the iteration.) With tensor/row
+// scaling the tile's first step (a of the first pair) accumulates straight into acc, which
+// spares zeroing acc and promoting that step: tensor -2 to -4%, row 0 to -2.5% cycles (dev/
+// RESULTS.md, "Session 8"); block scaling must scale every step (in place it measured +4-7%).
+// It is a peeled first pair, not a branch in the loop: choosing the wgmmas' registers at run
+// time makes ptxas serialize them (C7520).
 // STAGGER = d > 0: warpgroup 1 starts its first step once warpgroup 0 has finished d steps, so
 // that the two run about d steps apart for the rest of the kernel (see the kernel).
 template <int GRAN, int BN, bool SPLIT = false, int STAGGER = 0, bool PAIRS = false>
@@ -1185,6 +1190,7 @@ __device__ __forceinline__ void wg_consume_tile(float (&acc)[BN / 2], const Gemm
                                                 int n0, int c, int KB, bool first_tile = false) {
     constexpr int S = WgCfg<BN, GRAN>::STAGES, TW = WgCfg<BN, GRAN>::TILE_W;
     constexpr uint64_t RIGHT = (BN / 2) * WG_BK >> 4;  // descriptor offset of rows BN / 2.. of the W tile
+    constexpr bool FIRST_INTO_ACC = SPLIT && PAIRS && GRAN != FP8_BLOCK;
     int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, rl = c * 64 + warp * 16 + (lane >> 2);
     // columns 8i.. of the tile use the second weight scale from i = 16 on, or from i = 8 when
     // n0 is 64 past a 128 boundary (BN = 192, odd tiles)
@@ -1193,9 +1199,58 @@ __device__ __forceinline__ void wg_consume_tile(float (&acc)[BN / 2], const Gemm
         if (lane == 0) mbar_arrive(&empty[stage]);
         if (++stage == S) { stage = 0; phase ^= 1; }
     };
+    // the second step of a pair (kb + 1, stage + 1), issued while the first's right half ra still
+    // runs: issue Lb | promote ra (promote_a; not when ra is acc's own) | issue Rb | promote Lb, Rb
+    auto pair_second = [&](float(&pl)[BN / 4], float(&pr)[BN / 4], float(&ra)[BN / 4], bool promote_a, const WgScales &s) {
+        int st = stage + 1 == S ? 0 : stage + 1, ph = stage + 1 == S ? phase ^ 1 : phase;
+        mbar_wait(&full[st], ph);
+        WgScales s2 = wg_step_scales<GRAN, BN>(sc, st, rl, mid_b);
+        uint64_t da2 = wg_desc(xs + st * WG_TILE_X + c * 64 * WG_BK), db2 = wg_desc(ws + st * TW);
+        wgmma_fence();
+        wg_issue<BN / 2>(pl, da2, db2);
+        wgmma_wait<1>();
+        fence_regs(ra);
+        release();
+        if (promote_a) wg_promote<BN, BN / 4>(acc, ra, BN / 16, s);
+        wgmma_fence();
+        wg_issue<BN / 2>(pr, da2, db2 + RIGHT);
+        wgmma_wait<1>();
+        fence_regs(pl);
+        wg_promote<BN, BN / 4>(acc, pl, 0, s2);
+        wgmma_wait<0>();
+        fence_regs(pr);
+        release();
+        wg_promote<BN, BN / 4>(acc, pr, BN / 16, s2);
+    };
+    int kb = 0;
+    if constexpr (FIRST_INTO_ACC) {  // the tile's first step (or pair) with step 0's halves acc's own
+        float(&al)[BN / 4] = *reinterpret_cast<float(*)[BN / 4]>(&acc[0]);
+        float(&ar)[BN / 4] = *reinterpret_cast<float(*)[BN / 4]>(&acc[BN / 4]);
+        mbar_wait(&full[stage], phase);
+        WgScales s = wg_step_scales<GRAN, BN>(sc, stage, rl, mid_b);
+        if (STAGGER && first_tile && c == 1) named_bar_sync(WG_BAR_STAGGER, 256);
+        uint64_t da = wg_desc(xs + stage * WG_TILE_X + c * 64 * WG_BK), db = wg_desc(ws + stage * TW);
+        wgmma_fence();
+        wg_issue<BN / 2>(al, da, db);
+        wg_issue<BN / 2>(ar, da, db + RIGHT);
+        wgmma_wait<1>();
+        fence_regs(al);
+        if (KB > 1) {
+            float pl[BN / 4], pr[BN / 4];
+            pair_second(pl, pr, ar, false, s);
+            kb = 2;
+        } else {
+            wgmma_wait<0>();
+            fence_regs(ar);
+            release();
+            kb = 1;
+        }
+        if (STAGGER && first_tile && c == 0 && kb >= min(STAGGER, KB)) named_bar_arrive(WG_BAR_STAGGER, 256);
+    } else {
 #pragma unroll
-    for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
-    for (int kb = 0; kb < KB;) {
+        for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
+    }
+    while (kb < KB) {
         const int kb0 = kb;
         mbar_wait(&full[stage], phase);
         WgScales s = wg_step_scales<GRAN, BN>(sc, stage, rl, mid_b);
@@ -1209,26 +1264,8 @@ __device__ __forceinline__ void wg_consume_tile(float (&acc)[BN / 2], const Gemm
             wgmma_wait<1>();
             fence_regs(pl);
             wg_promote<BN, BN / 4>(acc, pl, 0, s);
-            if (PAIRS && kb + 1 < KB) {  // the second step of the pair
-                int st = stage + 1 == S ? 0 : stage + 1, ph = stage + 1 == S ? phase ^ 1 : phase;
-                mbar_wait(&full[st], ph);
-                WgScales s2 = wg_step_scales<GRAN, BN>(sc, st, rl, mid_b);
-                uint64_t da2 = wg_desc(xs + st * WG_TILE_X + c * 64 * WG_BK), db2 = wg_desc(ws + st * TW);
-                wgmma_fence();
-                wg_issue<BN / 2>(pl, da2, db2);
-                wgmma_wait<1>();
-                fence_regs(pr);
-                release();
-                wg_promote<BN, BN / 4>(acc, pr, BN / 16, s);
-                wgmma_fence();
-                wg_issue<BN / 2>(pr, da2, db2 + RIGHT);
-                wgmma_wait<1>();
-                fence_regs(pl);
-                wg_promote<BN, BN / 4>(acc, pl, 0, s2);
-                wgmma_wait<0>();
-                fence_regs(pr);
-                release();
-                wg_promote<BN, BN / 4>(acc, pr, BN / 16, s2);
+            if (PAIRS && kb + 1 < KB) {
+                pair_second(pl, pr, pr, true, s);
                 kb++;
             } else {
                 wgmma_wait<0>();
