@@ -38,7 +38,8 @@
 //                               then S seconds each with wall-clock spans (for nvidia-smi clocks)
 //   peers.json from: python3 ../shared/bench/peers.py gemm --json peers.json (same command)
 // Prints: validation, then tables (TFLOP/s, median of CUDA-event-timed runs over rotating
-// buffers larger than L2), with torch._scaled_mm / torch.matmul when given.
+// buffers larger than L2), with torch._scaled_mm / torch.matmul when given, and BF16 and
+// cuBLASLt timed as peers.py times torch (L2 flushed before each call) against them.
 #include <cjson/cJSON.h>
 #include <time.h>
 
@@ -316,6 +317,13 @@ static int validate(void) {
 // ----------------------------------------------------------------------------
 // benchmark
 
+// median of n values (sorts them)
+static double median(double *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int k = i; k > 0 && v[k] < v[k - 1]; k--) { double t = v[k]; v[k] = v[k - 1]; v[k - 1] = t; }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 // median time in ms of op(i) over reps, i rotating over nb buffer sets. All reps are queued
 // back to back with an event between each (no host sync inside), so the GPU never waits for
 // a launch and the events measure kernel time, as triton's do_bench does.
@@ -346,10 +354,40 @@ static double time_ms(F op, int nb) {
         cudaCheck(cudaEventElapsedTime(&ms, e[i], e[i + 1]));
         t[i] = ms;
     }
-    for (int i = 1; i < reps; i++)  // insertion sort, for the median
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) { double s = t[j]; t[j] = t[j - 1]; t[j - 1] = s; }
     for (int i = 0; i <= REPS; i++) cudaEventDestroy(e[i]);
-    return t[reps / 2];
+    return median(t, reps);
+}
+
+// median time in ms of op() timed as triton's do_bench times torch in peers.py: the same operands
+// every call, L2 flushed (a 256 MiB memset) before each, events around the call alone. A kernel
+// timed so can run faster than back to back (time_ms) on the power-capped H100 (cuBLASLt block at
+// 8192x4096x4096: 0.91-0.93 of torch back to back, 0.96 so; dev/RESULTS.md, "Session 8"), so the
+// cuBLASLt path is compared with torch this way too.
+template <typename F>
+static double time_ms_flushed(F op) {
+    enum { REPS = 100 };
+    static void *flush = NULL;
+    const size_t flush_bytes = (size_t)256 << 20;
+    if (!flush) cudaCheck(cudaMalloc(&flush, flush_bytes));
+    cudaEvent_t e0[REPS], e1[REPS];
+    for (int i = 0; i < REPS; i++) { cudaCheck(cudaEventCreate(&e0[i])); cudaCheck(cudaEventCreate(&e1[i])); }
+    for (int i = 0; i < 5; i++) op();  // warm-up
+    double t[REPS];
+    for (int i = 0; i < REPS; i++) {
+        cudaCheck(cudaMemsetAsync(flush, 0, flush_bytes, ctx.stream));
+        cudaCheck(cudaEventRecord(e0[i], ctx.stream));
+        op();
+        cudaCheck(cudaEventRecord(e1[i], ctx.stream));
+    }
+    cudaCheck(cudaEventSynchronize(e1[REPS - 1]));
+    for (int i = 0; i < REPS; i++) {
+        float ms;
+        cudaCheck(cudaEventElapsedTime(&ms, e0[i], e1[i]));
+        t[i] = ms;
+        cudaEventDestroy(e0[i]);
+        cudaEventDestroy(e1[i]);
+    }
+    return median(t, REPS);
 }
 
 typedef struct { int M, N, K; double bf16, tensor, row, block; int have; } Peer;
@@ -379,6 +417,13 @@ static int load_peers(const char *path, Peer *p, int cap) {
     cJSON_Delete(root);
     free(s);
     return k;
+}
+
+// the peers' figures for M x N x K, or NULL
+static Peer *peer_of(Peer *p, int np, int M, int N, int K) {
+    for (int i = 0; i < np; i++)
+        if (p[i].M == M && p[i].N == N && p[i].K == K) return &p[i];
+    return NULL;
 }
 
 // cuBLASLt's other candidates for an FP8 product: the heuristic's first 16 algorithms for the plan
@@ -544,13 +589,6 @@ static void profile_bench(int M, int N, int K, double sustain) {
     cudaFree(y);
 }
 
-// median of n values (sorts them)
-static double median(double *v, int n) {
-    for (int i = 1; i < n; i++)
-        for (int k = i; k > 0 && v[k] < v[k - 1]; k--) { double t = v[k]; v[k] = v[k - 1]; v[k - 1] = t; }
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // --ab MxNxK: cuBLASLt against the hand-written kernel (the version fp8.cu would run) at each
 // granularity, as the GPU runs them for minutes: power-capped, each clock set by the power of the
 // kernel before it. So the two are timed symmetrically, ROUNDS times [BF16, cuBLASLt, BF16,
@@ -691,7 +729,7 @@ int main(int argc, char **argv) {
     int shapes[][3] = {{8192, 4096, 4096}, {8192, 12288, 4096}, {8192, 4096, 12288}, {8192, 3072, 1024},
                        {8192, 1024, 3072}, {64, 12288, 4096},   {64, 4096, 12288},  {4096, 4096, 4096}};
     int ns = quick ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
-    typedef struct { double bf16, lt[3], lt_fast, v3[3], v2, v4, v5, v6[3], v7[3], lt_block2, v6_block2, v7_block2, bf16_2, pair[4]; const char *au_be[3]; } Row;
+    typedef struct { double bf16, lt[3], lt_fast, v3[3], v2, v4, v5, v6[3], v7[3], lt_block2, v6_block2, v7_block2, bf16_2, pair[4], dob[4]; const char *au_be[3]; } Row;
     Row rows[16];
     for (int si = 0; si < ns; si++) {
         int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
@@ -709,6 +747,10 @@ int main(int argc, char **argv) {
         fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
         for (int gi = 0; gi < 3; gi++)
             r.lt[gi] = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &o[b].x[gi], &o[b].w[gi], 0); }, nb));
+        // BF16 and cuBLASLt again, timed as peers.py times torch (its order: bf16, tensor, row, block)
+        r.dob[0] = tflops(time_ms_flushed([&]() { bf16_gemm_cuda(y, DT_BF16, o[0].xb, o[0].wb, M, N, K, 0); }));
+        for (int gi = 0; gi < 3; gi++)
+            r.dob[1 + gi] = tflops(time_ms_flushed([&]() { fp8_gemm_cuda(y, DT_BF16, &o[0].x[gi], &o[0].w[gi], 0); }));
         fp8_cuda_set_fast_accum(1);
         r.lt_fast = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &o[b].x[0], &o[b].w[0], 0); }, nb));
         fp8_cuda_set_fast_accum(0);
@@ -791,9 +833,7 @@ int main(int argc, char **argv) {
         printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for (int si = 0; si < ns; si++) {
             int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
-            Peer *pe = NULL;
-            for (int i = 0; i < np; i++)
-                if (peers[i].M == M && peers[i].N == N && peers[i].K == K) pe = &peers[i];
+            Peer *pe = peer_of(peers, np, M, N, K);
             Row &r = rows[si];
             double bf = r.bf16, *lt = r.lt;
             double pv[3] = {pe ? pe->tensor : 0, pe ? pe->row : 0, pe ? pe->block : 0};
@@ -804,6 +844,22 @@ int main(int argc, char **argv) {
                 else printf("| %.0f | - | - ", lt[gi]);
             }
             printf("| %.2f, %.2f, %.2f | %.0f | %.2f |\n", lt[0] / bf, lt[1] / bf, lt[2] / bf, r.v3[2], r.v3[2] / lt[2]);
+        }
+    }
+    if (np) {
+        printf("\n## cuBLASLt and torch timed alike (triton's do_bench: L2 flushed before each call), TFLOP/s\n\n");
+        printf("| M x N x K | BF16 ours | torch | ratio | FP8 tensor ours | torch | ratio | row ours | torch | ratio | block ours | torch | ratio |\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        for (int si = 0; si < ns; si++) {
+            int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+            Peer *pe = peer_of(peers, np, M, N, K);
+            if (!pe) continue;
+            double pv[4] = {pe->bf16, pe->tensor, pe->row, pe->block}, *d = rows[si].dob;
+            printf("| %dx%dx%d ", M, N, K);
+            for (int j = 0; j < 4; j++)
+                if (pv[j] > 0) printf("| %.0f | %.0f | %.2f ", d[j], pv[j], d[j] / pv[j]);
+                else printf("| %.0f | - | - ", d[j]);
+            printf("|\n");
         }
     }
     printf("\n## FP8 (AUTO) against BF16 timed in alternation (5 rounds, medians), TFLOP/s\n\n");
@@ -826,9 +882,7 @@ int main(int argc, char **argv) {
         printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for (int si = 0; si < ns; si++) {
             int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
-            Peer *pe = NULL;
-            for (int i = 0; i < np; i++)
-                if (peers[i].M == M && peers[i].N == N && peers[i].K == K) pe = &peers[i];
+            Peer *pe = peer_of(peers, np, M, N, K);
             Row &r = rows[si];
             double d[3];  // the version fp8_gemm_cuda runs for each granularity
             int v7 = wgmma_version(M, N, K) == 7;
