@@ -390,7 +390,7 @@ static double time_ms_flushed(F op) {
     return median(t, REPS);
 }
 
-typedef struct { int M, N, K; double bf16, tensor, row, block; int have; } Peer;
+typedef struct { int M, N, K; double bf16, tensor, row, block; } Peer;
 
 static int load_peers(const char *path, Peer *p, int cap) {
     FILE *f = fopen(path, "rb");
@@ -411,7 +411,6 @@ static int load_peers(const char *path, Peer *p, int cap) {
         auto num = [&](const char *key) { cJSON *v = cJSON_GetObjectItem(e, key); return cJSON_IsNumber(v) ? v->valuedouble : 0.0; };
         p[k].M = (int)num("M"); p[k].N = (int)num("N"); p[k].K = (int)num("K");
         p[k].bf16 = num("bf16"); p[k].tensor = num("fp8_tensor"); p[k].row = num("fp8_row"); p[k].block = num("fp8_block");
-        p[k].have = 1;
         k++;
     }
     cJSON_Delete(root);
@@ -424,6 +423,11 @@ static Peer *peer_of(Peer *p, int np, int M, int N, int K) {
     for (int i = 0; i < np; i++)
         if (p[i].M == M && p[i].N == N && p[i].K == K) return &p[i];
     return NULL;
+}
+// three table cells: ours, the peer's and their ratio, or dashes where the peer has no figure
+static void print_vs_peer(double ours, double peer) {
+    if (peer > 0) printf("| %.0f | %.0f | %.2f ", ours, peer, ours / peer);
+    else printf("| %.0f | - | - ", ours);
 }
 
 // cuBLASLt's other candidates for an FP8 product: the heuristic's first 16 algorithms for the plan
@@ -839,10 +843,7 @@ int main(int argc, char **argv) {
             double pv[3] = {pe ? pe->tensor : 0, pe ? pe->row : 0, pe ? pe->block : 0};
             printf("| %dx%dx%d | %.0f | ", M, N, K, bf);
             if (pe) printf("%.0f ", pe->bf16); else printf("- ");
-            for (int gi = 0; gi < 3; gi++) {
-                if (pv[gi] > 0) printf("| %.0f | %.0f | %.2f ", lt[gi], pv[gi], lt[gi] / pv[gi]);
-                else printf("| %.0f | - | - ", lt[gi]);
-            }
+            for (int gi = 0; gi < 3; gi++) print_vs_peer(lt[gi], pv[gi]);
             printf("| %.2f, %.2f, %.2f | %.0f | %.2f |\n", lt[0] / bf, lt[1] / bf, lt[2] / bf, r.v3[2], r.v3[2] / lt[2]);
         }
     }
@@ -856,9 +857,7 @@ int main(int argc, char **argv) {
             if (!pe) continue;
             double pv[4] = {pe->bf16, pe->tensor, pe->row, pe->block}, *d = rows[si].dob;
             printf("| %dx%dx%d ", M, N, K);
-            for (int j = 0; j < 4; j++)
-                if (pv[j] > 0) printf("| %.0f | %.0f | %.2f ", d[j], pv[j], d[j] / pv[j]);
-                else printf("| %.0f | - | - ", d[j]);
+            for (int j = 0; j < 4; j++) print_vs_peer(d[j], pv[j]);
             printf("|\n");
         }
     }
