@@ -33,13 +33,16 @@
 // Build and run (GPU): make bench-gemm && ./build/gemm_fp8 [--peers peers.json] [--quick] [--validate]
 //   ./build/gemm_fp8 --decode   the M = 64 and 256 products of a decode step (the decode kernel, v8)
 //   ./build/gemm_fp8 --lt-algos MxNxK   every algorithm cuBLASLt offers for one product, timed
+//   ./build/gemm_fp8 --lt-search MxNxK ...   every configuration cuBLASLt accepts for one product, timed
 //   ./build/gemm_fp8 --ab MxNxK ...   cuBLASLt against the hand-written kernel, alternating, power-capped
 //   ./build/gemm_fp8 --profile MxNxK [--sustain S]   each kernel of one product twice (for ncu),
 //                               then S seconds each with wall-clock spans (for nvidia-smi clocks)
 //   peers.json from: python3 ../shared/bench/peers.py gemm --json peers.json (same command)
 // Prints: validation, then tables (TFLOP/s, median of CUDA-event-timed runs over rotating
-// buffers larger than L2), with torch._scaled_mm / torch.matmul when given, and BF16 and
-// cuBLASLt timed as peers.py times torch (L2 flushed before each call) against them.
+// buffers larger than L2), with torch._scaled_mm / torch.matmul when given, BF16 and cuBLASLt
+// timed as peers.py times torch (L2 flushed before each call) against them, and FP8 as the
+// program runs it against BF16 with the kernels called in turn (time_interleaved).
+#include <algorithm>
 #include <cjson/cJSON.h>
 #include <time.h>
 
@@ -358,6 +361,49 @@ static double time_ms(F op, int nb) {
     return median(t, reps);
 }
 
+// median time in ms per call of each of n ops, called in turn (burst calls of op(0, b), an event,
+// burst calls of op(1, b), an event, ..., then the next buffer set b of nb). Every op then runs
+// through the same span of clocks and power, which time_ms, called for one op after another, does
+// not give: on the power-capped H100 a kernel runs at the clocks the kernel before it left, and the
+// same cuBLASLt block-scaled kernel timed second in a round of time_ms calls measured 3-7% slower
+// than when timed first at K >= 4096 (dev/RESULTS.md, "Session 9"). With burst > 1 an event's own
+// cost (~1 us a call, 1-3% of a 50 us GEMM) is shared by burst calls.
+template <typename F>
+static void time_interleaved(F op, int n, int nb, int burst, double *ms) {
+    enum { EVENTS = 2001 };
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < n; k++) op(k, i % nb);  // warm-up
+    cudaEvent_t *e = (cudaEvent_t *)mallocCheck(EVENTS * sizeof(cudaEvent_t));
+    for (int i = 0; i < EVENTS; i++) cudaCheck(cudaEventCreate(&e[i]));
+    float pass;  // one pass of every op, to size the passes to ~1.5 s
+    cudaCheck(cudaEventRecord(e[0], ctx.stream));
+    for (int k = 0; k < n; k++)
+        for (int j = 0; j < burst; j++) op(k, j % nb);
+    cudaCheck(cudaEventRecord(e[1], ctx.stream));
+    cudaCheck(cudaEventSynchronize(e[1]));
+    cudaCheck(cudaEventElapsedTime(&pass, e[0], e[1]));
+    int reps = (int)(1500.0 / (pass + 1e-3)), cap = (EVENTS - 1) / n;
+    reps = reps < 10 ? 10 : reps > cap ? cap : reps;
+    cudaCheck(cudaEventRecord(e[0], ctx.stream));
+    for (int r = 0, b = 0; r < reps; r++)
+        for (int k = 0; k < n; k++) {
+            for (int j = 0; j < burst; j++) op(k, b++ % nb);
+            cudaCheck(cudaEventRecord(e[r * n + k + 1], ctx.stream));
+        }
+    cudaCheck(cudaEventSynchronize(e[reps * n]));
+    double *t = (double *)mallocCheck(reps * sizeof(double));
+    for (int k = 0; k < n; k++) {
+        for (int r = 0; r < reps; r++) {
+            float x;
+            cudaCheck(cudaEventElapsedTime(&x, e[r * n + k], e[r * n + k + 1]));
+            t[r] = x / burst;
+        }
+        ms[k] = median(t, reps);
+    }
+    for (int i = 0; i < EVENTS; i++) cudaEventDestroy(e[i]);
+    free(e); free(t);
+}
+
 // median time in ms of op() timed as triton's do_bench times torch in peers.py: the same operands
 // every call, L2 flushed (a 256 MiB memset) before each, events around the call alone. A kernel
 // timed so can run faster than back to back (time_ms) on the power-capped H100 (cuBLASLt block at
@@ -629,6 +675,19 @@ static void ab_bench(int M, int N, int K) {
     cudaFree(y);
 }
 
+// the cuBLASLt plan fp8.cu runs for product `kind` of operand set o: 0 BF16, 1-3 FP8 at GRANS[kind - 1]
+static LtPlan *bench_plan(int kind, OperandSet *o, const void *y, int M, int N, int K) {
+    if (kind == 0) {
+        LtPlan *p = plan_find(1, M, N, K, 0, 0, 0, DT_BF16, 1, ptr_align(o->wb), ptr_align(o->xb), ptr_align(y));
+        if (!p->desc) plan_build(p, CUDA_R_16BF, CUDA_R_16BF, K);
+        return p;
+    }
+    char why[256];
+    LtPlan *p = fp8_plan(DT_BF16, &o->x[kind - 1], &o->w[kind - 1], y, why, sizeof why);
+    if (!p) die("%s", why);
+    return p;
+}
+
 // --lt-algos MxNxK: every algorithm cuBLASLt's heuristic offers (up to 16, in its order) for the
 // BF16 product and the FP8 one at each granularity, each timed; the heuristic's first is what
 // fp8.cu runs (and what torch._scaled_mm runs). Says whether trying more than the first would pay.
@@ -639,16 +698,11 @@ static void lt_algos_bench(int M, int N, int K) {
     cudaCheck(cudaMalloc(&y, (size_t)M * N * 2));
     for (int kind = 0; kind < 4; kind++) {  // BF16, FP8 tensor, row, block
         int gi = kind - 1;
-        LtPlan *p;
+        LtPlan *p = bench_plan(kind, &o[0], y, M, N, K);
         const void *A, *B, *sa = NULL, *sb = NULL;
         if (kind == 0) {
-            p = plan_find(1, M, N, K, 0, 0, 0, DT_BF16, 1, ptr_align(o[0].wb), ptr_align(o[0].xb), ptr_align(y));
-            if (!p->desc) plan_build(p, CUDA_R_16BF, CUDA_R_16BF, K);
             A = o[0].wb; B = o[0].xb;
         } else {
-            char why[256];
-            p = fp8_plan(DT_BF16, &o[0].x[gi], &o[0].w[gi], y, why, sizeof why);
-            if (!p) die("%s", why);
             A = o[0].w[gi].data; B = o[0].x[gi].data; sa = o[0].w[gi].scale; sb = o[0].x[gi].scale;
             cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
             cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
@@ -674,9 +728,213 @@ static void lt_algos_bench(int M, int N, int K) {
     cudaFree(y);
 }
 
+// seconds on a monotonic clock
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+// the largest |a - b| of two bf16 device arrays of n values, and the largest |a|
+static void compare_bf16(const __nv_bfloat16 *a, const __nv_bfloat16 *b, size_t n, double *max_diff, double *max_a) {
+    uint16_t *ha = (uint16_t *)mallocCheck(n * 2), *hb = (uint16_t *)mallocCheck(n * 2);
+    cudaCheck(cudaMemcpy(ha, a, n * 2, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(hb, b, n * 2, cudaMemcpyDeviceToHost));
+    *max_diff = *max_a = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x = bf16_to_f32(ha[i]), d = fabs(x - bf16_to_f32(hb[i]));
+        if (d > *max_diff || d != d) *max_diff = d;
+        if (fabs(x) > *max_a) *max_a = fabs(x);
+    }
+    free(ha); free(hb);
+}
+
+// a cuBLASLt configuration in words (tile and stages ids as cublasLt.h's cublasLtMatmulTile_t
+// and cublasLtMatmulStages_t number them, cluster as cublasLtClusterShape_t)
+static void algo_name(const cublasLtMatmulAlgo_t *a, char *s, size_t cap) {
+    int32_t id = 0, split = 0;
+    uint32_t tile = 0, stages = 0, swz = 0, custom = 0;
+    uint16_t cluster = 0;
+    size_t w;
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof swz, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof custom, &w);
+    snprintf(s, cap, "id %d tile %u stages %u cluster %u split %d swz %u custom %u", id, tile, stages, cluster, split, swz,
+             custom);
+}
+
+// the ids a capability lists (tiles or stages), below `end` (values past the enum are not ids),
+// or {0} (undefined) when it lists none; *v is malloc'ed
+static int algo_cap_list(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoCapAttributes_t attr, uint32_t end, uint32_t **v) {
+    size_t sz = 0, w = 0;
+    *v = (uint32_t *)mallocCheck(sizeof(uint32_t));
+    (*v)[0] = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(a, attr, NULL, 0, &sz) != CUBLAS_STATUS_SUCCESS || sz < sizeof(uint32_t)) return 1;
+    free(*v);
+    *v = (uint32_t *)mallocCheck(sz);
+    if (cublasLtMatmulAlgoCapGetAttribute(a, attr, *v, sz, &w) != CUBLAS_STATUS_SUCCESS) { (*v)[0] = 0; return 1; }
+    int n = 0;
+    for (size_t i = 0; i < w / sizeof(uint32_t); i++)
+        if ((*v)[i] < end) (*v)[n++] = (*v)[i];
+    if (!n) (*v)[n++] = 0;
+    return n;
+}
+
+// --lt-search MxNxK: beyond the heuristic. Every configuration cuBLASLt accepts for the product
+// (each algorithm id x its tiles x stages x seven cluster shapes up to 4 blocks x swizzle x custom
+// options 0-3, as cublasLtMatmulAlgoCheck accepts them), and what the heuristic offers when
+// limited to each id, each timed briefly; then the fastest three against the heuristic's first,
+// alternating, with the largest difference of their outputs (an accepted configuration can
+// compute a wrong product: dev/RESULTS.md, "Session 9"). Says whether autotuning beyond the
+// heuristic would pay.
+static void lt_search_bench(int M, int N, int K) {
+    size_t set_bytes = (size_t)(M + N) * K * 3;
+    int nb = (int)((160u << 20) / set_bytes) + 1;
+    nb = nb < 2 ? 2 : nb > 8 ? 8 : nb;
+    OperandSet o[8];
+    __nv_bfloat16 *y, *y2;
+    operands_make(o, nb, M, N, K);
+    cudaCheck(cudaMalloc(&y, (size_t)M * N * 2));
+    cudaCheck(cudaMalloc(&y2, (size_t)M * N * 2));
+    enum { MAXC = 4000 };
+    enum { MAXM = 50000 };
+    static cublasLtMatmulAlgo_t cand[MAXC], man[MAXM];
+    static double ctf[MAXC];
+    for (int kind = 0; kind < 4; kind++) {  // BF16, FP8 tensor, row, block
+        int gi = kind - 1;
+        LtPlan *p = bench_plan(kind, &o[0], y, M, N, K);
+        // one call (a configuration the check accepted may still refuse to launch: its status)
+        auto try_run = [&](const cublasLtMatmulAlgo_t *al, int b, void *out) {
+            const void *A = o[b].wb, *B = o[b].xb;
+            if (kind) {
+                const void *sa = o[b].w[gi].scale, *sb = o[b].x[gi].scale;
+                cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+                cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+                A = o[b].w[gi].data; B = o[b].x[gi].data;
+            }
+            float alpha = 1.0f, beta = 0.0f;
+            return cublasLtMatmul(ctx.lt, p->desc, &alpha, A, p->la, B, p->lb, &beta, out, p->ly, out, p->ly, al,
+                                  ctx.workspace, ctx.workspace_bytes, ctx.stream);
+        };
+        auto run = [&](const cublasLtMatmulAlgo_t *al, int b, void *out) { cublasCheck(try_run(al, b, out)); };
+        // a brief timing: 2 warm-up calls, then 10 timed back to back (TFLOP/s; 0 if it does not launch)
+        cudaEvent_t e0, e1;
+        cudaCheck(cudaEventCreate(&e0)); cudaCheck(cudaEventCreate(&e1));
+        auto quick = [&](const cublasLtMatmulAlgo_t *al) {
+            if (try_run(al, 0, y) != CUBLAS_STATUS_SUCCESS) return 0.0;
+            run(al, 1 % nb, y);
+            cudaCheck(cudaEventRecord(e0, ctx.stream));
+            for (int i = 0; i < 10; i++) run(al, i % nb, y);
+            cudaCheck(cudaEventRecord(e1, ctx.stream));
+            cudaCheck(cudaEventSynchronize(e1));
+            float ms;
+            cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
+            return tflops_of(M, N, K, ms / 10);
+        };
+        cudaDataType_t t = kind ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+        int ids[512], nid = 0, nc = 0, from_heur = 0, nm = 0;
+        cublasCheck(cublasLtMatmulAlgoGetIds(ctx.lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, t, t, CUDA_R_16BF, CUDA_R_16BF, 512, ids, &nid));
+        cublasLtMatmulHeuristicResult_t check;
+        for (int ii = 0; ii < nid; ii++) {
+            // what the heuristic offers for this id alone
+            cublasLtMatmulPreference_t pref = plan_pref(p);
+            uint32_t mode = CUBLASLT_SEARCH_LIMITED_BY_ALGO_ID;
+            cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_SEARCH_MODE, &mode, sizeof mode));
+            cublasLtMatmulHeuristicResult_t res[32];
+            for (int i = 0; i < 32; i++) cublasLtMatmulAlgoInit(ctx.lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, t, t, CUDA_R_16BF, CUDA_R_16BF, ids[ii], &res[i].algo);
+            int n = 0;
+            if (cublasLtMatmulAlgoGetHeuristic(ctx.lt, p->desc, p->la, p->lb, p->ly, p->ly, pref, 32, res, &n) != CUBLAS_STATUS_SUCCESS) n = 0;
+            cublasLtMatmulPreferenceDestroy(pref);
+            for (int i = 0; i < n && nc < MAXC; i++)
+                if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= ctx.workspace_bytes) cand[nc++] = res[i].algo, from_heur++;
+            // every configuration its capabilities list
+            cublasLtMatmulAlgo_t a;
+            if (cublasLtMatmulAlgoInit(ctx.lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, t, t, CUDA_R_16BF, CUDA_R_16BF, ids[ii], &a) != CUBLAS_STATUS_SUCCESS) continue;
+            uint32_t *tiles, *stages, swz_ok = 0, custom_max = 0;
+            int ntile = algo_cap_list(&a, CUBLASLT_ALGO_CAP_TILE_IDS, CUBLASLT_MATMUL_TILE_END, &tiles);
+            int nstage = algo_cap_list(&a, CUBLASLT_ALGO_CAP_STAGES_IDS, CUBLASLT_MATMUL_STAGES_END, &stages);
+            size_t w;
+            cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT, &swz_ok, sizeof swz_ok, &w);
+            cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &custom_max, sizeof custom_max, &w);
+            if (custom_max > 3) custom_max = 3;
+            const uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_2x1x1,
+                                         CUBLASLT_CLUSTER_SHAPE_1x2x1, CUBLASLT_CLUSTER_SHAPE_2x2x1, CUBLASLT_CLUSTER_SHAPE_4x1x1,
+                                         CUBLASLT_CLUSTER_SHAPE_1x4x1};
+            for (int ti = 0; ti < ntile; ti++)
+                for (int si = 0; si < nstage; si++)
+                    for (int ci = 0; ci < 7; ci++)
+                        for (uint32_t sw = 0; sw <= swz_ok; sw++)
+                            for (uint32_t cu = 0; cu <= custom_max && nm < MAXM; cu++) {
+                                cublasLtMatmulAlgo_t c = a;
+                                cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_TILE_ID, &tiles[ti], sizeof tiles[ti]);
+                                cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages[si], sizeof stages[si]);
+                                cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &clusters[ci], sizeof clusters[ci]);
+                                cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &sw, sizeof sw);
+                                cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &cu, sizeof cu);
+                                if (cublasLtMatmulAlgoCheck(ctx.lt, p->desc, p->la, p->lb, p->ly, p->ly, &c, &check) == CUBLAS_STATUS_SUCCESS &&
+                                    check.workspaceSize <= ctx.workspace_bytes)
+                                    man[nm++] = c;
+                            }
+            free(tiles); free(stages);
+        }
+        // the heuristic's offers first, then the configurations in a shuffled order, so that the
+        // time bound below samples every id alike
+        uint32_t rng = 12345;
+        for (int i = nm - 1; i > 0; i--) {
+            rng = rng * 1664525u + 1013904223u;
+            int j = (int)((rng >> 8) % (uint32_t)(i + 1));
+            cublasLtMatmulAlgo_t t2 = man[i]; man[i] = man[j]; man[j] = t2;
+        }
+        for (int i = 0; i < nm && nc < MAXC; i++) cand[nc++] = man[i];
+        const char *name = kind ? fp8_gran_name(GRANS[gi]) : "bf16";
+        double def0 = quick(&p->algo), t_start = now_s();
+        int timed = 0;
+        for (int i = 0; i < nc; i++, timed++) {
+            if (now_s() - t_start > 12.0) break;  // a bound on the device time a case may take
+            ctf[i] = quick(&cand[i]);
+        }
+        double def1 = quick(&p->algo);
+        int order[MAXC];
+        for (int i = 0; i < timed; i++) order[i] = i;
+        std::sort(order, order + timed, [&](int a, int b) { return ctf[a] > ctf[b]; });
+        char s[160];
+        algo_name(&p->algo, s, sizeof s);
+        printf("%dx%dx%d %-6s %d ids, %d offers of the heuristic per id + %d configurations accepted, %d timed; heuristic's first (%s): %.0f, %.0f at the end\n",
+               M, N, K, name, nid, from_heur, nm, timed, s, def0, def1);
+        for (int r = 0; r < 6 && r < timed; r++) {
+            algo_name(&cand[order[r]], s, sizeof s);
+            printf("    %5.0f  %s\n", ctf[order[r]], s);
+        }
+        // the best three against the heuristic's first, alternating (3 rounds, medians, rotating buffers)
+        int top = timed < 3 ? timed : 3;
+        double tt[4][3];
+        for (int k = 0; k < 3; k++) {
+            tt[0][k] = tflops_of(M, N, K, time_ms([&](int b) { run(&p->algo, b, y); }, nb));
+            for (int r = 0; r < top; r++) tt[1 + r][k] = tflops_of(M, N, K, time_ms([&](int b) { run(&cand[order[r]], b, y); }, nb));
+        }
+        printf("    alternating: heuristic %.0f", median(tt[0], 3));
+        for (int r = 0; r < top; r++) {
+            run(&p->algo, 0, y);
+            run(&cand[order[r]], 0, y2);
+            double md = 0, my = 0;
+            compare_bf16(y, y2, (size_t)M * N, &md, &my);
+            printf(" | #%d %.0f (%.3fx; max |diff| %.3g of max |y| %.3g)", r + 1, median(tt[1 + r], 3), median(tt[1 + r], 3) / median(tt[0], 3), md, my);
+        }
+        printf("\n");
+        fflush(stdout);
+        cudaEventDestroy(e0); cudaEventDestroy(e1);
+    }
+    operands_free(o, nb);
+    cudaFree(y); cudaFree(y2);
+}
+
 int main(int argc, char **argv) {
     const char *peers_path = NULL;
-    int abshape[16][3], nab = 0;
+    int abshape[16][3], nab = 0, sshape[16][3], nss = 0;
     int quick = 0, validate_only = 0, decode = 0, dshapes[16][2], nds = 0, dm = 0, pshape[3] = {0, 0, 0}, ashape[3] = {0, 0, 0};
     double sustain = 0;
     for (int i = 1; i < argc; i++) {
@@ -692,9 +950,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--sustain") && i + 1 < argc) sustain = atof(argv[++i]);
         else if (!strcmp(argv[i], "--lt-algos") && i + 1 < argc &&
                  sscanf(argv[++i], "%dx%dx%d", &ashape[0], &ashape[1], &ashape[2]) == 3) {}
+        else if (!strcmp(argv[i], "--lt-search") && i + 1 < argc && nss < 16 &&
+                 sscanf(argv[++i], "%dx%dx%d", &sshape[nss][0], &sshape[nss][1], &sshape[nss][2]) == 3) nss++;
         else if (!strcmp(argv[i], "--ab") && i + 1 < argc && nab < 16 &&
                  sscanf(argv[++i], "%dx%dx%d", &abshape[nab][0], &abshape[nab][1], &abshape[nab][2]) == 3) nab++;
-        else die("usage: %s [--peers peers.json] [--quick] [--validate] [--decode [--decode-shape NxK]... [--decode-m M]] [--profile MxNxK [--sustain S]] [--lt-algos MxNxK] [--ab MxNxK]...", argv[0]);
+        else die("usage: %s [--peers peers.json] [--quick] [--validate] [--decode [--decode-shape NxK]... [--decode-m M]] [--profile MxNxK [--sustain S]] [--lt-algos MxNxK] [--lt-search MxNxK]... [--ab MxNxK]...", argv[0]);
     }
     fp8_cuda_init(NULL);
     if (!ctx.has_fp8) die("gemm_fp8 benchmarks FP8 tensor cores: this GPU has none");
@@ -706,6 +966,12 @@ int main(int argc, char **argv) {
            prop.multiProcessorCount, drv, cublasLtGetVersion(), ctx.wgmma ? "on" : "off (no sm_90a GPU and build)");
     if (nab) {
         for (int i = 0; i < nab; i++) ab_bench(abshape[i][0], abshape[i][1], abshape[i][2]);
+        fp8_cuda_free();
+        return 0;
+    }
+    if (nss) {
+        setvbuf(stdout, NULL, _IOLBF, 0);  // a long search: each line as it comes
+        for (int i = 0; i < nss; i++) lt_search_bench(sshape[i][0], sshape[i][1], sshape[i][2]);
         fp8_cuda_free();
         return 0;
     }
@@ -733,7 +999,7 @@ int main(int argc, char **argv) {
     int shapes[][3] = {{8192, 4096, 4096}, {8192, 12288, 4096}, {8192, 4096, 12288}, {8192, 3072, 1024},
                        {8192, 1024, 3072}, {64, 12288, 4096},   {64, 4096, 12288},  {4096, 4096, 4096}};
     int ns = quick ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
-    typedef struct { double bf16, lt[3], lt_fast, v3[3], v2, v4, v5, v6[3], v7[3], lt_block2, v6_block2, v7_block2, bf16_2, pair[4], dob[4]; const char *au_be[3]; } Row;
+    typedef struct { double bf16, lt[3], lt_fast, v3[3], v2, v4, v5, v6[3], v7[3], lt_block2, v6_block2, v7_block2, bf16_2, turn[5], dob[4]; const char *au_be[3]; } Row;
     Row rows[16];
     for (int si = 0; si < ns; si++) {
         int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
@@ -780,25 +1046,25 @@ int main(int argc, char **argv) {
             r.v7_block2 = tflops(time_ms([&](int b) { GemmArgs a = gemm_args(&o[b].x[2], &o[b].w[2], 0); launch_v6(y, DT_BF16, a, 7); }, nb));
         }
         r.bf16_2 = tflops(time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, o[b].xb, o[b].wb, M, N, K, 0); }, nb));
-        // FP8 as the program runs it (AUTO) against BF16, timed in alternation: 5 rounds of BF16,
-        // tensor, row, block, the median of each. Timed one after the other, the first kernel of a
-        // shape finds a cooler GPU: BF16 timed first ran 795 TFLOP/s at 8192x4096x4096 and 682 when
-        // timed again after the FP8 kernels (power-capped clocks), which skews the ratios above.
+        // FP8 as the program runs it (AUTO) against BF16, the kernels called in turn
+        // (time_interleaved: BF16, tensor, row, block, block again, 10 calls each between events),
+        // so that all run at the same clocks. Timed one after the other they do not: BF16 timed
+        // first ran 795 TFLOP/s at 8192x4096x4096 and 682 when timed again after the FP8 kernels
+        // (power-capped clocks). Block scaling's two timings are the method's control (a ratio of
+        // 1.00 when a kernel's place in the turn does not matter).
         {
-            enum { ROUNDS = 5 };
-            double t[4][ROUNDS];
+            double ms[5];
             fp8_cuda_set_backend(FP8_GEMM_AUTO);
-            for (int k = 0; k < ROUNDS; k++) {
-                t[0][k] = tflops(time_ms([&](int b) { bf16_gemm_cuda(y, DT_BF16, o[b].xb, o[b].wb, M, N, K, 0); }, nb));
-                for (int gi = 0; gi < 3; gi++) {
-                    t[1 + gi][k] = tflops(time_ms([&](int b) { fp8_gemm_cuda(y, DT_BF16, &o[b].x[gi], &o[b].w[gi], 0); }, nb));
-                    r.au_be[gi] = fp8_cuda_last_backend();
-                }
-            }
-            for (int j = 0; j < 4; j++) r.pair[j] = median(t[j], ROUNDS);
+            time_interleaved([&](int k, int b) {
+                if (k == 0) { bf16_gemm_cuda(y, DT_BF16, o[b].xb, o[b].wb, M, N, K, 0); return; }
+                int gi = k < 4 ? k - 1 : 2;
+                fp8_gemm_cuda(y, DT_BF16, &o[b].x[gi], &o[b].w[gi], 0);
+                r.au_be[gi] = fp8_cuda_last_backend();
+            }, 5, nb, 10, ms);
+            for (int j = 0; j < 5; j++) r.turn[j] = tflops(ms[j]);
         }
-        printf("  %5dx%5dx%5d  alternating: bf16 %4.0f, AUTO tensor %4.0f (%s) row %4.0f (%s) block %4.0f (%s); bf16 timed first %4.0f, "
-               "again after the FP8 kernels %4.0f\n", M, N, K, r.pair[0], r.pair[1], r.au_be[0], r.pair[2], r.au_be[1], r.pair[3],
+        printf("  %5dx%5dx%5d  in turn: bf16 %4.0f, AUTO tensor %4.0f (%s) row %4.0f (%s) block %4.0f (%s); bf16 timed first %4.0f, "
+               "again after the FP8 kernels %4.0f\n", M, N, K, r.turn[0], r.turn[1], r.au_be[0], r.turn[2], r.au_be[1], r.turn[3],
                r.au_be[2], r.bf16, r.bf16_2);
         printf("  %5dx%5dx%5d  bf16 %4.0f  lt tensor %4.0f (fast %4.0f) row %4.0f block %4.0f (again %4.0f) | v3 t/r/b %4.0f %4.0f %4.0f"
                "  v2 %4.0f | v4 b %4.0f  v5 b %4.0f  v6 t/r/b %4.0f %4.0f %4.0f (block again %4.0f)  v7 t/r/b %4.0f %4.0f %4.0f\n",
@@ -861,14 +1127,15 @@ int main(int argc, char **argv) {
             printf("|\n");
         }
     }
-    printf("\n## FP8 (AUTO) against BF16 timed in alternation (5 rounds, medians), TFLOP/s\n\n");
-    printf("| M x N x K | BF16 | FP8 tensor | row | block | FP8/BF16: tensor | row | block | AUTO ran |\n");
-    printf("|---|---|---|---|---|---|---|---|---|\n");
+    printf("\n## FP8 (AUTO) against BF16, the kernels called in turn (10 calls each between events; medians), TFLOP/s\n\n");
+    printf("| M x N x K | BF16 | FP8 tensor | row | block | FP8/BF16: tensor | row | block | AUTO ran | control: block / block again |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|\n");
     for (int si = 0; si < ns; si++) {
         Row &r = rows[si];
-        printf("| %dx%dx%d | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f | %s, %s, %s |\n", shapes[si][0], shapes[si][1], shapes[si][2],
-               r.pair[0], r.pair[1], r.pair[2], r.pair[3], r.pair[1] / r.pair[0], r.pair[2] / r.pair[0], r.pair[3] / r.pair[0],
-               r.au_be[0], r.au_be[1], r.au_be[2]);
+        const double *v = r.turn;
+        printf("| %dx%dx%d | %.0f | %.0f | %.0f | %.0f | %.3f | %.3f | %.3f | %s, %s, %s | %.3f |\n", shapes[si][0], shapes[si][1],
+               shapes[si][2], v[0], v[1], v[2], v[3], v[1] / v[0], v[2] / v[0], v[3] / v[0], r.au_be[0], r.au_be[1], r.au_be[2],
+               v[3] / v[4]);
     }
     printf("\ntensor fast-accum (cuBLASLt heuristic):");
     for (int si = 0; si < ns; si++) printf(" %.0f", rows[si].lt_fast);
