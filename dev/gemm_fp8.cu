@@ -688,6 +688,21 @@ static LtPlan *bench_plan(int kind, OperandSet *o, const void *y, int M, int N, 
     return p;
 }
 
+// one call of bench_plan's product with algorithm al, into out; its status (a configuration
+// cublasLtMatmulAlgoCheck accepted may still refuse to launch)
+static cublasStatus_t bench_lt_call(LtPlan *p, int kind, const OperandSet *o, const cublasLtMatmulAlgo_t *al, void *out) {
+    const void *A = o->wb, *B = o->xb;
+    if (kind) {
+        const FP8Tensor *x = &o->x[kind - 1], *w = &o->w[kind - 1];
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w->scale, sizeof w->scale));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x->scale, sizeof x->scale));
+        A = w->data; B = x->data;
+    }
+    float alpha = 1.0f, beta = 0.0f;
+    return cublasLtMatmul(ctx.lt, p->desc, &alpha, A, p->la, B, p->lb, &beta, out, p->ly, out, p->ly, al, ctx.workspace,
+                          ctx.workspace_bytes, ctx.stream);
+}
+
 // --lt-algos MxNxK: every algorithm cuBLASLt's heuristic offers (up to 16, in its order) for the
 // BF16 product and the FP8 one at each granularity, each timed; the heuristic's first is what
 // fp8.cu runs (and what torch._scaled_mm runs). Says whether trying more than the first would pay.
@@ -699,14 +714,7 @@ static void lt_algos_bench(int M, int N, int K) {
     for (int kind = 0; kind < 4; kind++) {  // BF16, FP8 tensor, row, block
         int gi = kind - 1;
         LtPlan *p = bench_plan(kind, &o[0], y, M, N, K);
-        const void *A, *B, *sa = NULL, *sb = NULL;
-        if (kind == 0) {
-            A = o[0].wb; B = o[0].xb;
-        } else {
-            A = o[0].w[gi].data; B = o[0].x[gi].data; sa = o[0].w[gi].scale; sb = o[0].x[gi].scale;
-            cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
-            cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
-        }
+        auto run = [&](const cublasLtMatmulAlgo_t *al) { cublasCheck(bench_lt_call(p, kind, &o[0], al, y)); };
         cublasLtMatmulPreference_t pref = plan_pref(p);
         cublasLtMatmulHeuristicResult_t res[16];
         int n = 0;
@@ -715,12 +723,12 @@ static void lt_algos_bench(int M, int N, int K) {
         printf("%dx%dx%d %-6s %2d algorithms, TFLOP/s in the heuristic's order:", M, N, K, kind ? fp8_gran_name(GRANS[gi]) : "bf16", n);
         double first = 0;
         for (int i = 0; i < n; i++) {
-            double ms = time_ms([&](int) { lt_matmul(p, &res[i].algo, y, A, B, 0.0f); }, 1);
+            double ms = time_ms([&](int) { run(&res[i].algo); }, 1);
             double tf = tflops_of(M, N, K, ms);
             if (i == 0) first = tf;
             printf(" %.0f", tf);
         }
-        double again = tflops_of(M, N, K, time_ms([&](int) { lt_matmul(p, &res[0].algo, y, A, B, 0.0f); }, 1));
+        double again = tflops_of(M, N, K, time_ms([&](int) { run(&res[0].algo); }, 1));
         printf(" | first again %.0f (%.0f)\n", again, first);
         fflush(stdout);
     }
@@ -788,7 +796,7 @@ static int algo_cap_list(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoCapAtt
 // (each algorithm id x its tiles x stages x seven cluster shapes up to 4 blocks x swizzle x custom
 // options 0-3, as cublasLtMatmulAlgoCheck accepts them), and what the heuristic offers when
 // limited to each id, each timed briefly; then the fastest three against the heuristic's first,
-// alternating, with the largest difference of their outputs (an accepted configuration can
+// called in turn, with the largest difference of their outputs (an accepted configuration can
 // compute a wrong product: dev/RESULTS.md, "Session 9"). Says whether autotuning beyond the
 // heuristic would pay.
 static void lt_search_bench(int M, int N, int K) {
@@ -807,19 +815,7 @@ static void lt_search_bench(int M, int N, int K) {
     for (int kind = 0; kind < 4; kind++) {  // BF16, FP8 tensor, row, block
         int gi = kind - 1;
         LtPlan *p = bench_plan(kind, &o[0], y, M, N, K);
-        // one call (a configuration the check accepted may still refuse to launch: its status)
-        auto try_run = [&](const cublasLtMatmulAlgo_t *al, int b, void *out) {
-            const void *A = o[b].wb, *B = o[b].xb;
-            if (kind) {
-                const void *sa = o[b].w[gi].scale, *sb = o[b].x[gi].scale;
-                cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
-                cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
-                A = o[b].w[gi].data; B = o[b].x[gi].data;
-            }
-            float alpha = 1.0f, beta = 0.0f;
-            return cublasLtMatmul(ctx.lt, p->desc, &alpha, A, p->la, B, p->lb, &beta, out, p->ly, out, p->ly, al,
-                                  ctx.workspace, ctx.workspace_bytes, ctx.stream);
-        };
+        auto try_run = [&](const cublasLtMatmulAlgo_t *al, int b, void *out) { return bench_lt_call(p, kind, &o[b], al, out); };
         auto run = [&](const cublasLtMatmulAlgo_t *al, int b, void *out) { cublasCheck(try_run(al, b, out)); };
         // a brief timing: 2 warm-up calls, then 10 timed back to back (TFLOP/s; 0 if it does not launch)
         cudaEvent_t e0, e1;
@@ -909,20 +905,20 @@ static void lt_search_bench(int M, int N, int K) {
             algo_name(&cand[order[r]], s, sizeof s);
             printf("    %5.0f  %s\n", ctf[order[r]], s);
         }
-        // the best three against the heuristic's first, alternating (3 rounds, medians, rotating buffers)
+        // the best three against the heuristic's first, called in turn (time_interleaved: not in
+        // rounds, where the one timed second runs at the clocks the first left)
         int top = timed < 3 ? timed : 3;
-        double tt[4][3];
-        for (int k = 0; k < 3; k++) {
-            tt[0][k] = tflops_of(M, N, K, time_ms([&](int b) { run(&p->algo, b, y); }, nb));
-            for (int r = 0; r < top; r++) tt[1 + r][k] = tflops_of(M, N, K, time_ms([&](int b) { run(&cand[order[r]], b, y); }, nb));
-        }
-        printf("    alternating: heuristic %.0f", median(tt[0], 3));
+        const cublasLtMatmulAlgo_t *turn[4] = {&p->algo};
+        for (int r = 0; r < top; r++) turn[1 + r] = &cand[order[r]];
+        double ms[4];
+        time_interleaved([&](int k, int b) { run(turn[k], b, y); }, 1 + top, nb, 10, ms);
+        printf("    in turn: heuristic %.0f", tflops_of(M, N, K, ms[0]));
         for (int r = 0; r < top; r++) {
             run(&p->algo, 0, y);
-            run(&cand[order[r]], 0, y2);
+            run(turn[1 + r], 0, y2);
             double md = 0, my = 0;
             compare_bf16(y, y2, (size_t)M * N, &md, &my);
-            printf(" | #%d %.0f (%.3fx; max |diff| %.3g of max |y| %.3g)", r + 1, median(tt[1 + r], 3), median(tt[1 + r], 3) / median(tt[0], 3), md, my);
+            printf(" | #%d %.0f (%.3fx; max |diff| %.3g of max |y| %.3g)", r + 1, tflops_of(M, N, K, ms[1 + r]), ms[0] / ms[1 + r], md, my);
         }
         printf("\n");
         fflush(stdout);
