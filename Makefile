@@ -14,7 +14,7 @@
 
 CC      ?= gcc
 CFLAGS  ?= -O3 -march=native -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -Idev
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -I.
 LDLIBS  := -lm -fopenmp
 BUILD   := build
 
@@ -58,7 +58,7 @@ else
 GENCODE := -gencode arch=compute_$(GPU_ARCH),code=sm_$(GPU_ARCH)
 endif
 NVCCFLAGS ?= -O3 -lineinfo
-NVCCFLAGS += -std=c++17 $(GENCODE) -I. -Idev -Xcompiler -fopenmp,-Wall,-Wno-unused-parameter
+NVCCFLAGS += -std=c++17 $(GENCODE) -I. -Xcompiler -fopenmp,-Wall,-Wno-unused-parameter
 ifdef DEPS_PREFIX
 NVCCFLAGS += -I$(DEPS_PREFIX)/include
 # nvcc splits -Xlinker arguments at commas, so no -Wl,-rpath,dir here
@@ -69,14 +69,14 @@ endif
 
 # ---- sources ----
 # the library: everything but the programs' mains
-LIB_C   := safetensors.c model.c model_load.c backend.c backend_cpu.c dev/ops_cpu.c dev/fp8_cpu.c \
-           tokenizer.c lora.c grpo.c tasks.c rollout.c plot.c
+LIB_C   := safetensors.c model.c model_load.c backend.c backend_cpu.c ops_cpu.c fp8_cpu.c \
+           tokenizer.c lora.c grpo.c tasks.c rollout.c plot.c options.c
 LIB_C   := $(wildcard $(LIB_C))
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C)))
 # the CPU reference kernels and backend again, in fp64 (backend "cpu64")
 LIB_OBJ += $(BUILD)/ops_cpu64.o $(BUILD)/backend_cpu64.o
 ifeq ($(HAVE_CUDA),1)
-LIB_CU  := $(wildcard backend_cuda.cu attention.cu fp8.cu)
+LIB_CU  := $(wildcard backend_cuda.cu ops_cuda.cu sample.cu attention.cu fp8.cu fp8_hopper.cu)
 LIB_OBJ += $(patsubst %.cu,$(BUILD)/%.o,$(notdir $(LIB_CU)))
 LDLIBS  += $(CUDA_LIBS)
 endif
@@ -85,9 +85,9 @@ LIB_OBJ += $(BUILD)/backend_cuda_stub.o
 endif
 LIB     := $(BUILD)/libfp8grpo.a
 PROGS   := $(patsubst %.c,%,$(wildcard train_grpo.c generate.c))
-HEADERS := $(wildcard *.h dev/*.h)
+HEADERS := $(wildcard *.h *.cuh)
 
-VPATH := .:dev:test
+VPATH := .:test
 
 .PHONY: all test test-gpu clean bench-gemm bench-train bench-rollout
 all: $(PROGS)
@@ -97,7 +97,7 @@ $(BUILD):
 
 $(BUILD)/%.o: %.c $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -c $< -o $@
-$(BUILD)/ops_cpu64.o: dev/ops_cpu.c $(HEADERS) | $(BUILD)
+$(BUILD)/ops_cpu64.o: ops_cpu.c $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -DCPU_F64 -c $< -o $@
 $(BUILD)/backend_cpu64.o: backend_cpu.c $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -DCPU_F64 -c $< -o $@
@@ -144,11 +144,11 @@ $(BUILD)/gemm_fp8: dev/gemm_fp8.cu fp8.cu dev/fp8_cpu.c $(HEADERS) | $(BUILD)
 # the LoRA training-step benchmark (C, links the library and the CUDA runtime)
 bench-train: $(BUILD)/bench_train
 $(BUILD)/bench_train: dev/bench_train.c $(LIB) $(HEADERS)
-	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) -Idev -I$(CUDA_HOME)/include $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 # the rollout-throughput benchmark
 bench-rollout: $(BUILD)/bench_rollout
 $(BUILD)/bench_rollout: dev/bench_rollout.c $(LIB) $(HEADERS)
-	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) -Idev -I$(CUDA_HOME)/include $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 else
 test-gpu bench-gemm bench-train bench-rollout:
 	@echo "no nvcc: the GPU suites need the CUDA toolkit (and a GPU to run)"; exit 1

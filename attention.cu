@@ -1,6 +1,6 @@
 // attention.cu: the attention kernels of the CUDA backend (see attention_cuda.h).
 //   defines: attention_forward_cuda, attention_backward_cuda, attention_decode_cuda, kv_write_cuda
-// Needs: sm_80+ (mma.sync bf16, ldmatrix, cp.async). The numeric truth is dev/ops_cpu.c's
+// Needs: sm_80+ (mma.sync bf16, ldmatrix, cp.async). The numeric truth is ops_cpu.c's
 // attention_forward_cpu / attention_backward_cpu / attention_decode_cpu.
 //
 // Training attention is FlashAttention-2 written with mma.sync.m16n8k16 (bf16 in, fp32
@@ -24,22 +24,10 @@
 // tokens (found through the block table), each keeping an online softmax for all the query
 // heads of the kv head (GQA: K and V are read once per group); warps, then splits, are
 // combined with their max and sum.
-#include <cuda_bf16.h>
-#include <cuda_fp8.h>
-#include <cuda_runtime.h>
 #include <math.h>
-#include <stdint.h>
 
 #include "attention_cuda.h"
-#include "common.h"
-
-typedef __nv_bfloat16 bf16;
-
-static void cuda_check(cudaError_t e, const char *file, int line) {
-    if (e != cudaSuccess) die("CUDA error %s at %s:%d: %s", cudaGetErrorName(e), file, line, cudaGetErrorString(e));
-}
-#define cudaCheck(e) cuda_check((e), __FILE__, __LINE__)
-#define launchCheck() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
+#include "cuda_common.cuh"
 
 #define LOG2E 1.4426950408889634f
 #define FULL 0xffffffffu
@@ -47,14 +35,6 @@ static void cuda_check(cudaError_t e, const char *file, int line) {
 // ----------------------------------------------------------------------------
 // PTX helpers
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-// 16-byte async copy global -> shared; with ok == false the 16 bytes are zero-filled
-__device__ __forceinline__ void cp_async16(void *s, const void *g, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(s)), "l"(g), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 __device__ __forceinline__ void ldsm4(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -76,14 +56,6 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *(uint32_t *)&v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
-    return v;
 }
 
 // A shared-memory tile of rows of HD bf16: chunk c (8 elements) of row r is stored at
@@ -714,21 +686,22 @@ __global__ void kv_write_kernel(bf16 *kc, bf16 *vc, const bf16 *k, const bf16 *v
     }
 }
 
-// FP8 cache: one warp per (token, head, k or v), kv_fp8_row (attention_cuda.h)
+// FP8 cache: one warp per (token, head, k or v), quantized by the row codec (cuda_common.cuh)
 __global__ void kv_write_fp8_kernel(uint8_t *kc, uint8_t *vc, float *ks, float *vs, const bf16 *k, const bf16 *v,
                                     const int32_t *slots, int N, int KVH, int HD) {
-    int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (w >= N * KVH * 2) return;
     int n = w / (KVH * 2), h = (w / 2) % KVH, isv = w & 1, slot = slots[n];
     if (slot < 0) return;
-    kv_fp8_row((isv ? vc : kc) + ((size_t)slot * KVH + h) * HD, (isv ? vs : ks) + (size_t)slot * KVH + h,
-               (isv ? v : k) + ((size_t)n * KVH + h) * HD, HD, lane);
+    fp8_quantize_warp<KV_CHUNKS>((isv ? vc : kc) + ((size_t)slot * KVH + h) * HD, (isv ? vs : ks) + (size_t)slot * KVH + h,
+                                 (isv ? v : k) + ((size_t)n * KVH + h) * HD, HD, FP8_E4M3, 0);
 }
 
 void kv_write_cuda(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots, int N,
                    int KVH, int HD, void *stream) {
     if (ks) {
         if (N <= 0) return;
+        if (HD > 128 * KV_CHUNKS) die("kv_write_cuda: head_dim %d is over the FP8 KV cache's %d", HD, 128 * KV_CHUNKS);
         kv_write_fp8_kernel<<<(N * KVH * 2 + 7) / 8, 256, 0, (cudaStream_t)stream>>>(
             (uint8_t *)kc, (uint8_t *)vc, ks, vs, (const bf16 *)k, (const bf16 *)v, slots, N, KVH, HD);
         launchCheck();
@@ -860,7 +833,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 // are sized by it, so small groups (Qwen3-0.6B: 2, -8B: 4) use few registers.
 // Grid (splits, KVH * groups, S), 4 warps. Same partial format as attn_decode_kernel.
 // 8 values of a cache row as floats: bf16 (16 bytes), or FP8 E4M3 codes (the first 8 bytes) times
-// the row's scale (the product in fp32, as dev/ops_cpu.c forms it)
+// the row's scale (the product in fp32, as ops_cpu.c forms it)
 template <bool F8>
 __device__ __forceinline__ void kv8(float f[8], const uint4 &raw, float scale) {
     if (F8) {

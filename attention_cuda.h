@@ -1,7 +1,7 @@
 // attention_cuda.h: the CUDA attention kernels of the CUDA backend (attention.cu),
 // as plain C launchers. Every pointer is device memory; bf16 = act, float = hp.
 // Shapes and semantics are those of backend.h's attention ops (causal, GQA: query
-// head h reads key/value head h / (NH / KVH)); the CPU truth is dev/ops_cpu.c.
+// head h reads key/value head h / (NH / KVH)); the CPU truth is ops_cpu.c.
 //
 //   attention_forward_cuda    fused flash attention (online softmax, never T x T):
 //                             tensor cores (mma.sync bf16, fp32 accumulation) for
@@ -44,21 +44,8 @@ void kv_write_cuda(void *kc, void *vc, float *ks, float *vs, const void *k, cons
 }
 #endif
 
-#ifdef __CUDACC__
-#include <cuda_bf16.h>
-#include <cuda_fp8.h>
-// One (token, head) row x (HD) into the FP8 KV cache, by one warp: scale = amax / 448 of the row (1
-// for an all-zero row), codes of x / scale rounded to nearest even with saturation, as dev/ops_cpu.c.
-// Shared by kv_write_cuda and the backend's fused q|k|v epilogue (backend_cuda.cu).
-__device__ __forceinline__ void kv_fp8_row(uint8_t *q, float *scale, const __nv_bfloat16 *x, int HD, int lane) {
-    float amax = 0.f;
-    for (int d = lane; d < HD; d += 32) amax = fmaxf(amax, fabsf(__bfloat162float(x[d])));
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    float sc = amax > 0.f && !isinf(amax) ? amax / 448.0f : 1.0f;
-    if (sc == 0.f) sc = 1.17549435e-38f;  // FLT_MIN, as fp8_scale_from_amax
-    if (lane == 0) *scale = sc;
-    for (int d = lane; d < HD; d += 32)
-        q[d] = (uint8_t)__nv_cvt_float_to_fp8(__bfloat162float(x[d]) / sc, __NV_SATFINITE, __NV_E4M3);
-}
-#endif
+// an FP8 KV cache row (one token's HD values of one head) is quantized by one warp, fp8_quantize_warp
+// (cuda_common.cuh) with this many 128-wide chunks: head_dim <= 256
+#define KV_CHUNKS 2
+
 #endif  // ATTENTION_CUDA_H

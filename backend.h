@@ -3,9 +3,11 @@
 // model.c, lora.c and the rollout engine are written once against the ops below;
 // two implementations exist:
 //   backend_cpu.c   the CPU reference backend (plain C + OpenMP), built on the
-//                   dev/ reference kernels; compiled twice: "cpu" (fp32) and
-//                   "cpu64" (fp64, for finite-difference gradient checks)
-//   backend_cuda.cu the CUDA backend (bf16 activations, fp8 GEMMs)
+//                   reference kernels of ops_cpu.c and fp8_cpu.c; compiled twice: "cpu"
+//                   (fp32) and "cpu64" (fp64, for finite-difference gradient checks)
+//   backend_cuda.cu the CUDA backend (bf16 activations, fp8 GEMMs), with its kernels in
+//                   ops_cuda.cu, attention.cu, sample.cu and fp8.cu
+// Both implement every op: model.c calls each one the same way on either.
 // The program picks the GPU when a usable one is present and the CPU otherwise
 // (backend_select, --device overrides). Nothing above this header knows which.
 //
@@ -71,7 +73,7 @@ struct Backend {
     // at start-up); *peak (may be NULL): the most it has held since start-up
     size_t (*mem_in_use)(size_t *peak);
     // device memory this process can use at most: the device's total less what was in use when
-    // the backend started (the CUDA context, other processes); NULL where memory is the host's
+    // the backend started (the CUDA context, other processes); 0 where memory is the host's
     size_t (*mem_capacity)(void);
 
     // ---- weights -----------------------------------------------------------
@@ -132,13 +134,9 @@ struct Backend {
     void (*swiglu_backward)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
     // out = a + b (n act); out may alias a or b
     void (*add)(void *out, const void *a, const void *b, size_t n);
-    // Fusions of the decode step, each equal to the ops it replaces (same roundings):
-    //   add_rmsnorm: x (N, C) act += dx; out = rmsnorm(x) * w; rstd (N) hp  (add, then rmsnorm_forward)
-    //   qk_norm_rope: q (N, NH, HD), k (N, KVH, HD) act in place: each head rmsnorm'ed with q_norm /
-    //     k_norm (HD) when not NULL (rstd not kept), then rotated by pos (rmsnorm_forward, rope_forward)
+    // A fusion of the decode step, equal to the ops it replaces (same roundings): x (N, C) act += dx;
+    // out = rmsnorm(x) * w; rstd (N) hp (add, then rmsnorm_forward)
     void (*add_rmsnorm)(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps);
-    void (*qk_norm_rope)(void *q, void *k, const void *q_norm, const void *k_norm, const int32_t *pos,
-                         const void *inv_freq, int N, int NH, int KVH, int HD, float eps);
     // out (n_idx, C) act = inp[idx[i]] rows; idx (n_idx) i32
     void (*gather_rows)(void *out, const void *inp, const int32_t *idx, int n_idx, int C);
     // outs[i] (N, widths[i]) act = the i-th block of columns of inp (N, sum of widths) act, n <= 4:
@@ -165,13 +163,14 @@ struct Backend {
     // halves the bytes a decode step reads from the cache).
     void (*kv_write)(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots,
                      int N, int KVH, int HD);
-    // A decode fusion (NULL where a backend has none): the three ops after the fused q|k|v projection
-    // in one pass over its output qkv (N, (NH + 2 KVH) HD) act: q (N, NH, HD) and k (N, KVH, HD) as
-    // split_columns then qk_norm_rope leave them, and k and v written to the cache as kv_write does
-    // (same roundings, same bytes)
-    void (*qkv_rope_kv)(void *q, void *k, const void *qkv, const void *q_norm, const void *k_norm, const int32_t *pos,
-                        const void *inv_freq, void *kc, void *vc, float *ks, float *vs, const int32_t *slots, int N,
-                        int NH, int KVH, int HD, float eps);
+    // The decode step's attention inputs from its q, k, v projections: q (N, NH, HD) and k (N, KVH, HD)
+    // act, each head rmsnorm'ed with q_norm / k_norm (HD) when not NULL, then rotated by pos; k and v
+    // written to the cache as kv_write does. The projections are read where they lie: row n of q's at
+    // qin + n ldq, of k's and v's at kin / vin + n ldkv (the column blocks of one fused q|k|v output,
+    // or three buffers; qin may be q). Equal to rmsnorm_forward per head, rope_forward and kv_write.
+    void (*qkv_rope_kv)(void *q, void *k, const void *qin, const void *kin, const void *vin, int ldq, int ldkv,
+                        const void *q_norm, const void *k_norm, const int32_t *pos, const void *inv_freq, void *kc,
+                        void *vc, float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps);
     // one query token per sequence: q (S, NH, HD), out (S, NH, HD) act; sequence s
     // attends to its first seq_lens[s] cached tokens, found through block_table (S, MB) i32
     void (*attention_decode)(void *out, const void *q, const void *kc, const void *vc, const float *ks,
@@ -196,18 +195,18 @@ struct Backend {
     // x (n hp) *= s
     void (*scale)(void *x, size_t n, float s);
 
-    // ---- graphs (NULL where the backend has none: the CPU) ------------------
-    // Between graph_begin and graph_end the ops are recorded, not run; graph_end
-    // returns a replayable graph (NULL if capture failed). A graph bakes in every
-    // pointer and size it saw: the caller replays it only with the same buffers.
-    void (*graph_begin)(void);
-    void *(*graph_end)(void);
-    void (*graph_launch)(void *graph);
-    void (*graph_destroy)(void *graph);
-    // A counter the backend bumps whenever it moves memory of its own that ops use (scratch
-    // buffers grown for a larger shape): a graph captured before the counter changed points
-    // at freed memory and must not be replayed.
-    unsigned (*scratch_epoch)(void);
+    // ---- replay: the decode step is ~600 small launches; the CUDA backend records them once -------
+    // replay runs run(arg), the ops it issues, through the recording kept under key (key_bytes bytes
+    // that must name every buffer and size those ops see). The CUDA backend runs it plainly the first
+    // time it sees a key (so that buffers made lazily get made), captures it as a CUDA graph the
+    // second time and replays the graph from then on; it drops its recordings whenever its own
+    // scratch memory moves. The CPU backend just calls run.
+    void (*replay)(const void *key, size_t key_bytes, void (*run)(void *arg), void *arg);
+    // drop every recording (before freeing buffers a key names)
+    void (*replay_forget)(void);
+    // the rows a step of S rows is padded to for replay (recordings are per shape): S on the CPU, the
+    // next power of two on CUDA, so sequences finishing one by one reuse a handful of recordings
+    int (*replay_rows)(int S);
 };
 
 // the backends

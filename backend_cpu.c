@@ -1,10 +1,12 @@
 // backend_cpu.c: the CPU reference backend ("cpu", fp32) and, compiled again
 // with -DCPU_F64, the fp64 backend ("cpu64") used by the gradient checks.
-// Each Backend op is a thin wrapper over the dev/ reference kernels; the only
-// logic here is FP8 fake quantization in the linear layer: activations are
-// quantized dynamically to the weight's granularity and both operands are
-// dequantized and multiplied in full precision, which is the numeric truth
-// for the real FP8 GEMMs (they must agree with it to FP8-derived tolerances).
+// Each Backend op is a thin wrapper over the reference kernels of ops_cpu.c and
+// fp8_cpu.c; the fused ops of the decode step are the plain ops they fuse, in
+// turn. The only logic here is FP8 fake quantization in the linear layer:
+// activations are quantized dynamically to the weight's granularity and both
+// operands are dequantized and multiplied in full precision, which is the
+// numeric truth for the real FP8 GEMMs (they must agree with it to FP8-derived
+// tolerances).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +48,7 @@ static size_t cpu_mem_in_use(size_t *peak) {
     if (peak) *peak = mem_peak;
     return mem_now;
 }
+static size_t cpu_mem_capacity(void) { return 0; }  // host memory: no budget to fit into
 static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
 static void cpu_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
@@ -197,14 +200,26 @@ static void w_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const 
     OP(add)((real *)x, (const real *)x, (const real *)dx, (size_t)N * C);
     OP(rmsnorm_forward)((real *)out, (real *)rstd, (const real *)x, (const real *)w, N, C, eps);
 }
-static void w_qk_norm_rope(void *q, void *k, const void *q_norm, const void *k_norm, const int32_t *pos,
-                           const void *inv_freq, int N, int NH, int KVH, int HD, float eps) {
-    real *rstd = (real *)mallocCheck((size_t)N * NH * sizeof(real));
+// the rows of q, k, v gathered from where they lie (memmove: qin may be q), then each head normed,
+// q and k rotated, k and v written to the cache
+static void cpu_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, const void *vin, int ldq, int ldkv,
+                            const void *q_norm, const void *k_norm, const int32_t *pos, const void *inv_freq, void *kc,
+                            void *vc, float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD,
+                            float eps) {
+    size_t qw = (size_t)NH * HD, kw = (size_t)KVH * HD;
+    real *v = (real *)mallocCheck((size_t)N * kw * sizeof(real)), *rstd = (real *)mallocCheck((size_t)N * NH * sizeof(real));
+    for (int n = 0; n < N; n++) {
+        memmove((real *)q + n * qw, (const real *)qin + (size_t)n * ldq, qw * sizeof(real));
+        memmove((real *)k + n * kw, (const real *)kin + (size_t)n * ldkv, kw * sizeof(real));
+        memcpy(v + n * kw, (const real *)vin + (size_t)n * ldkv, kw * sizeof(real));
+    }
     if (q_norm) OP(rmsnorm_forward)((real *)q, rstd, (const real *)q, (const real *)q_norm, N * NH, HD, eps);
     if (k_norm) OP(rmsnorm_forward)((real *)k, rstd, (const real *)k, (const real *)k_norm, N * KVH, HD, eps);
-    free(rstd);
     OP(rope_forward)((real *)q, pos, (const real *)inv_freq, N, NH, HD, 0);
     OP(rope_forward)((real *)k, pos, (const real *)inv_freq, N, KVH, HD, 0);
+    OP(kv_write)(kc, vc, ks, vs, (const real *)k, v, slots, N, KVH, HD);
+    free(v);
+    free(rstd);
 }
 static void w_rope_forward(void *x, const int32_t *pos, const void *inv_freq, int N, int H, int HD) {
     OP(rope_forward)((real *)x, pos, (const real *)inv_freq, N, H, HD, 0);
@@ -267,6 +282,11 @@ static void w_adamw(void *param, const void *grad, void *m, void *v, size_t n, f
     OP(adamw)((real *)param, (const real *)grad, (real *)m, (real *)v, n, lr, beta1, beta2, eps, weight_decay, step);
 }
 static double w_sumsq(const void *x, size_t n) { return OP(sumsq)((const real *)x, n); }
+
+// replay: nothing to record on the CPU, the ops just run
+static void cpu_replay(const void *key, size_t key_bytes, void (*run)(void *arg), void *arg) { run(arg); }
+static void cpu_replay_forget(void) {}
+static int cpu_replay_rows(int S) { return S; }
 static void w_scale(void *x, size_t n, float s) { OP(scale)((real *)x, n, s); }
 
 static Backend be = {
@@ -283,6 +303,7 @@ static Backend be = {
     .upload_convert = cpu_upload_convert,
     .sync = cpu_sync,
     .mem_in_use = cpu_mem_in_use,
+    .mem_capacity = cpu_mem_capacity,
     .quantize_weight = cpu_quantize_weight,
     .dequantize_weight = cpu_dequantize_weight,
     .embedding_forward = w_embedding_forward,
@@ -297,7 +318,7 @@ static Backend be = {
     .lora_backward = cpu_lora_backward,
     .rope_forward = w_rope_forward,
     .add_rmsnorm = w_add_rmsnorm,
-    .qk_norm_rope = w_qk_norm_rope,
+    .qkv_rope_kv = cpu_qkv_rope_kv,
     .rope_backward = w_rope_backward,
     .attention_forward = w_attention_forward,
     .attention_backward = w_attention_backward,
@@ -315,6 +336,9 @@ static Backend be = {
     .adamw = w_adamw,
     .sumsq = w_sumsq,
     .scale = w_scale,
+    .replay = cpu_replay,
+    .replay_forget = cpu_replay_forget,
+    .replay_rows = cpu_replay_rows,
 };
 
 const Backend *BACKEND_FN(void) {

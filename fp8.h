@@ -1,5 +1,5 @@
 // fp8.h: FP8 formats and scaled FP8 tensors, shared by the CPU reference
-// (dev/fp8_cpu.c) and the CUDA kernels (fp8.cu).
+// (fp8_cpu.c) and the CUDA kernels (fp8.cu).
 //
 // Conventions (read these once; everything FP8 in the project follows them):
 // - An FP8 tensor is a row-major matrix (rows, cols) of 1-byte codes plus FP32
@@ -108,7 +108,7 @@ static inline size_t fp8_scale_index(const FP8Tensor *t, int r, int c) {
 }
 
 // ----------------------------------------------------------------------------
-// Host codecs (dev/fp8_cpu.c). Round to nearest even; beyond the range they
+// Host codecs (fp8_cpu.c). Round to nearest even; beyond the range they
 // saturate to +-max (CUDA's satfinite); NaN maps to the format's NaN. On every
 // float that PyTorch's .to(float8_*) maps to a finite value they are bit-identical
 // to it (test/test_fp8.c checks all 65,536 BF16 patterns against a PyTorch table).
@@ -120,7 +120,7 @@ static inline uint8_t fp8_encode(FP8Format f, float x) { return f == FP8_E4M3 ? 
 static inline float fp8_decode(FP8Format f, uint8_t q) { return f == FP8_E4M3 ? fp8_e4m3_decode(q) : fp8_e5m2_decode(q); }
 
 // ----------------------------------------------------------------------------
-// CPU reference (dev/fp8_cpu.c): the numeric truth for every FP8 kernel.
+// CPU reference (fp8_cpu.c): the numeric truth for every FP8 kernel.
 
 // scale for one group with absolute maximum amax (1 for amax == 0; pow2: rounded up to 2^k)
 float fp8_scale_from_amax(float amax, FP8Format fmt, int pow2);

@@ -10,10 +10,8 @@
 //   fp8_quantize_cuda(t, x, ...)   x (rows, cols) bf16 or f32 -> t (codes + scales), dynamic
 //                                  (amax in the same pass); TENSOR takes two launches
 //   fp8_dequantize_cuda(out, t)    -> bf16 or f32
-//   fp8_gemm_cuda(y, x, w)         Y[M,N] = X[M,K] W[N,K]^T, bf16 or f32 out; cuBLASLt where it
-//                                  supports the shape, else the hand-written kernels (on sm_90a
-//                                  TMA + wgmma, with a split-K kernel for M <= 64 (decode);
-//                                  elsewhere mma.sync / tiled)
+//   fp8_gemm_cuda(y, x, w)         Y[M,N] = X[M,K] W[N,K]^T, bf16 or f32 out: cuBLASLt, or the
+//                                  hand-written kernels where they are faster or cuBLASLt declines
 //   bf16_gemm_cuda(...)            the same product in BF16 (cuBLASLt): baseline and fallback
 //   fp8_linear_dx_cuda(...)        dX = dY W through a frozen FP8 weight (backward)
 #ifndef FP8_CUDA_H
@@ -29,19 +27,14 @@
 extern "C" {
 #endif
 
-// which implementation fp8_gemm_cuda uses
+// which implementation fp8_gemm_cuda uses (fp8.cu says in which order AUTO tries them)
 typedef enum {
-    FP8_GEMM_AUTO = 0,     // the fastest that supports the shape and scaling: on sm_90a the decode kernel
-                           // for M <= 64 where it measured faster (small N x K, long K), and the wgmma
-                           // kernel for tensor scaling with K <= 1024 on large M x N; else cuBLASLt (the
-                           // wgmma kernel measured 0.8-1.0x of it), else the kernels below
-    FP8_GEMM_CUBLASLT,     // cuBLASLt or a clear error
-    FP8_GEMM_KERNEL,       // the best hand-written kernel for the GPU and shape: decode (M <= 64) or wgmma
-                           // (sm_90a, E4M3, K % 16 == 0), else mma.sync (K % 16 == 0, sm_89+), else tiled
-    FP8_GEMM_KERNEL_MMA,   // the mma.sync kernel (tiled when K % 16 != 0), also on Hopper: for tests
-    FP8_GEMM_KERNEL_WGMMA, // the Hopper wgmma kernel or a clear error
-    FP8_GEMM_KERNEL_DECODE,// the Hopper decode kernel (64-row tiles, split-K over a thread-block cluster;
-                           // any M, one 64-row tile after another) or a clear error
+    FP8_GEMM_AUTO = 0,  // the fastest that runs the product on this GPU (the default)
+    FP8_GEMM_CUBLASLT,  // cuBLASLt
+    FP8_GEMM_MMA,       // the hand-written mma.sync kernel (sm_89+)
+    FP8_GEMM_WGMMA,     // the Hopper TMA + wgmma kernel (sm_90a)
+    FP8_GEMM_DECODE,    // the Hopper small-M split-K kernel (sm_90a)
+    FP8_GEMM_BF16,      // both operands dequantized to BF16, one BF16 GEMM (a GPU without FP8 runs this)
 } FP8GemmBackend;
 
 // Initialise on the current device; stream is a cudaStream_t (NULL = default stream).
@@ -51,24 +44,15 @@ int fp8_cuda_init(void *stream);
 void fp8_cuda_free(void);
 // compute capability as 10 * major + minor (0 before init)
 int fp8_cuda_cc(void);
-// Forces the BF16 fallback (as on a GPU without FP8 tensor cores) when on != 0: fp8_gemm_cuda
-// then dequantizes both operands to BF16 and calls bf16_gemm_cuda. For tests.
-void fp8_cuda_force_no_fp8(int on);
+// Forces one implementation for every later fp8_gemm_cuda (tests and benchmarks compare them;
+// the program leaves AUTO); a forced one that cannot run a product dies saying why
 void fp8_cuda_set_backend(FP8GemmBackend b);
-// cuBLASLt fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM): off by default because
-// Hopper's FP8 tensor cores then keep ~14 accumulator bits over the whole K.
-void fp8_cuda_set_fast_accum(int on);
-// The wgmma kernel's tile: 0 = by shape (default), 6 = 128 x 128 tiles, 7 = 128 x 192 (versions of
-// dev/gemm_fp8.cu). For tests and benchmarks.
-void fp8_cuda_set_wgmma_version(int v);
+// the implementation the last fp8_gemm_cuda call used: "cublaslt", "kernel-mma", "kernel-wgmma",
+// "kernel-decode", "bf16-fallback"
+const char *fp8_cuda_last_backend(void);
 // bumped whenever a buffer of the FP8 context moves (scratch grown for a larger shape): a CUDA graph
 // captured before the change must not be replayed (backend.h scratch_epoch)
 unsigned fp8_cuda_scratch_epoch(void);
-// The decode kernel's K splits (blocks per cluster, 1..8; 0 = by shape), for tests and benchmarks
-void fp8_cuda_set_decode_split(int ksplit);
-// the implementation the last fp8_gemm_cuda call used: "cublaslt", "kernel-decode", "kernel-wgmma",
-// "kernel-mma", "kernel-tiled", "bf16-fallback"
-const char *fp8_cuda_last_backend(void);
 
 // ---- casts, quantize, dequantize --------------------------------------------
 // q[i] = encode(x[i]) (fp32 in, no scaling): bit-identical to fp8_e4m3_encode/fp8_e5m2_encode
@@ -89,11 +73,8 @@ void fp8_dequantize_cuda(void *out, DType odt, const FP8Tensor *t);
 void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, int accumulate);
 // Y[M,N] = X[M,K] W[N,K]^T, X and W bf16 row-major, fp32 accumulation, ydt DT_BF16 or DT_F32
 void bf16_gemm_cuda(void *y, DType ydt, const void *x, const void *w, int M, int N, int K, int accumulate);
-// Whether cuBLASLt runs this FP8 product (shape, alignment, scaling, GPU), and if not, why
-int fp8_gemm_cublaslt_supported(DType ydt, const FP8Tensor *x, const FP8Tensor *w, char *why, size_t why_cap);
-// Whether the Hopper wgmma kernel runs this FP8 product (sm_90a GPU and build, E4M3 x E4M3,
-// K % 16 == 0, 16-byte aligned operands), and if not, why
-int fp8_gemm_wgmma_supported(const FP8Tensor *x, const FP8Tensor *w, char *why, size_t why_cap);
+// Whether backend b can run this product (AUTO: always), and if not why (why may be NULL)
+int fp8_gemm_supported(FP8GemmBackend b, DType ydt, const FP8Tensor *x, const FP8Tensor *w, char *why, size_t why_cap);
 
 // ---- backward through a frozen FP8 weight ------------------------------------
 // dX[M,K] bf16 (= or += with accumulate) = dY[M,N] bf16 * W, W an FP8 weight (N, K).

@@ -111,7 +111,6 @@ void lora_free(LoRA *lo) {
     be->free(lo->m);
     be->free(lo->v);
     if (lo->ax_mem) be->free(lo->ax_mem);
-    if (lo->ax_scratch) be->free(lo->ax_scratch);
     free(lo->A);
     free(lo->B);
     free(lo->dA);
@@ -127,6 +126,7 @@ void lora_scale_grads(LoRA *lo, float s) { lo->be->scale(lo->grads, lo->n, s); }
 void lora_adamw_step(LoRA *lo, float lr, float beta1, float beta2, float eps, float weight_decay) {
     lo->step++;
     lo->be->adamw(lo->params, lo->grads, lo->m, lo->v, lo->n, lr, beta1, beta2, eps, weight_decay, lo->step);
+    lo->act_valid = 0;  // the masters moved
 }
 
 // ----------------------------------------------------------------------------
@@ -211,7 +211,6 @@ static void groups_fill(LoRA *lo) {
 
 void lora_sync_act(LoRA *lo) {
     const Backend *be = lo->be;
-    if (!be->lora_apply || !be->to_act) return;
     if (!lo->act_mem) {
         size_t hp = dtype_size(be->hp), act = dtype_size(be->act);
         lo->act_mem = be->alloc(lo->n * act);
@@ -222,45 +221,32 @@ void lora_sync_act(LoRA *lo) {
             lo->A_act[k] = (char *)lo->act_mem + ((char *)lo->A[k] - (char *)lo->params) / hp * act;
             lo->B_act[k] = (char *)lo->act_mem + ((char *)lo->B[k] - (char *)lo->params) / hp * act;
         }
-        if (be->copy_2d) groups_alloc(lo);
+        groups_alloc(lo);
     }
     be->to_act(lo->act_mem, lo->params, lo->n);
-    if (lo->gA) groups_fill(lo);
+    groups_fill(lo);
     lo->act_valid = 1;
 }
 void lora_release_act(LoRA *lo) { lo->act_valid = 0; }
 
-int lora_groups_ready(const LoRA *lo) { return lo->act_valid && lo->gA && !lo->no_groups; }
-
-int lora_group_act(const LoRA *lo, int layer, int group, const void **A, const void **B, int *R) {
-    if (!lora_groups_ready(lo)) return 0;
-    *R = lo->gR[group];
+int lora_group_act(const LoRA *lo, int layer, int group, const void **A, const void **B) {
+    if (!lo->act_valid) die("lora: the decode step needs the act copies (lora_sync_act)");
     *A = lo->gA[layer * 2 + group];
     *B = lo->gB[layer * 2 + group];
-    return 1;
+    return lo->gR[group];
 }
 
 void lora_hook_forward(Model *m, int layer, int which, void *out, const void *inp, int N, int save) {
     LoRA *lo = m->lora;
     int k = layer * LIN_COUNT + which;
     if (!lo->A[k]) return;
-    if (!save && lo->act_valid) {  // a decode step: the act copies, no ax kept
+    if (!save) {  // a decode step: the act copies, nothing kept for a backward
+        if (!lo->act_valid) die("lora: the decode step needs the act copies (lora_sync_act)");
         lo->be->lora_apply(out, inp, lo->A_act[k], lo->B_act[k], lo->scale, N, lo->in[which], lo->r, lo->out[which]);
         return;
     }
-    void *ax;
-    if (save) {
-        if (lo->ax_cap < N) die("lora: activation buffers hold %d rows, forward has %d", lo->ax_cap, N);
-        ax = lo->ax[k];
-    } else {
-        if (lo->scratch_cap < N) {
-            if (lo->ax_scratch) lo->be->free(lo->ax_scratch);
-            lo->ax_scratch = lo->be->alloc((size_t)N * lo->r * dtype_size(lo->be->hp));
-            lo->scratch_cap = N;
-        }
-        ax = lo->ax_scratch;
-    }
-    lo->be->lora_forward(out, ax, inp, lo->A[k], lo->B[k], lo->scale, N, lo->in[which], lo->r, lo->out[which]);
+    if (lo->ax_cap < N) die("lora: activation buffers hold %d rows, forward has %d", lo->ax_cap, N);
+    lo->be->lora_forward(out, lo->ax[k], inp, lo->A[k], lo->B[k], lo->scale, N, lo->in[which], lo->r, lo->out[which]);
 }
 
 void lora_hook_backward(Model *m, int layer, int which, void *dinp, const void *dout, const void *inp, int N) {
@@ -457,4 +443,5 @@ void lora_load_state(LoRA *lo, const char *path) {
     lo->step = atoi(sp->valuestring);
     cJSON_Delete(root);
     st_close(&st);
+    lo->act_valid = 0;
 }

@@ -30,8 +30,6 @@ struct LoRA {
     void **ax;              // (L * LIN_COUNT): (N, r) hp
     void *ax_mem;
     int ax_cap;             // rows the ax buffers hold
-    void *ax_scratch;       // (scratch_cap, r) hp for forwards that save nothing (decode)
-    int scratch_cap;
     // act-typed copies of every A and B (same layout as params) for the decode step's lora_apply:
     // made by lora_sync_act when a rollout starts (the masters do not change during one) and
     // marked stale by lora_release_act when it ends; act_valid while they are current
@@ -45,7 +43,6 @@ struct LoRA {
     void *grp_mem;
     void **gA, **gB;        // (L * 2): group 0 = q|k|v, 1 = gate|up; NULL where none is adapted
     int gR[2];              // r times the group's adapted members
-    int no_groups;          // keep the per-member path (tests compare the two)
     int step;               // AdamW steps taken
 };
 
@@ -70,19 +67,16 @@ LoRA *lora_load_peft(const Model *m, const char *dir);
 void lora_save_state(const LoRA *lo, const char *path);
 void lora_load_state(LoRA *lo, const char *path);
 
-// the act copies (above): fresh from the masters (no-op where the backend has no lora_apply), and stale
+// the act copies (above): fresh from the masters, and stale (an optimizer step also makes them stale)
 void lora_sync_act(LoRA *lo);
 void lora_release_act(LoRA *lo);
-// whether a decode step can use the group adapters below (the act copies are current, the backend
-// made group copies, and they are not switched off)
-int lora_groups_ready(const LoRA *lo);
-// A decode step's adapter for a group of layer l (group 0 = q|k|v, 1 = gate|up): 1 with the act copies
-// *A (*R, in) and *B (fused width, *R) when they are current (*R = 0: no member adapted, nothing to
-// add), 0 when the step must use the per-member hooks instead
-int lora_group_act(const LoRA *lo, int layer, int group, const void **A, const void **B, int *R);
+// A decode step's adapter for a group of layer l (group 0 = q|k|v, 1 = gate|up), from the act copies:
+// *A (R, in) and *B (fused width, R); returns R (0: no member adapted, nothing to add)
+int lora_group_act(const LoRA *lo, int layer, int group, const void **A, const void **B);
 
 // ---- hooks called by model.c (only when m->lora && m->lora_on) ----
-// out (N, out) += scale * (inp A^T) B^T ; save: keep inp A^T for the backward (training forward)
+// out (N, out) += scale * (inp A^T) B^T ; save: keep inp A^T for the backward (training forward), else
+// a decode step: from the act copies
 void lora_hook_forward(Model *m, int layer, int which, void *out, const void *inp, int N, int save);
 // dinp (N, in) += the adapter's input gradient; dA, dB accumulate
 void lora_hook_backward(Model *m, int layer, int which, void *dinp, const void *dout, const void *inp, int N);

@@ -138,10 +138,8 @@ void model_arena_reserve(Model *m, size_t bytes, const char *what) {
 // per-layer slices of the arena
 #define LAYER(base, l, per) ((void *)((char *)(base) + (size_t)(l) * (per)))
 
-static void graphs_clear(Model *m);
-
 void model_free_scratch(Model *m) {
-    graphs_clear(m);
+    m->be->replay_forget();
     if (m->acts.mem && !m->arena.cap) m->be->free(m->acts.mem);
     memset(&m->acts, 0, sizeof m->acts);
     if (m->arena.mem) m->be->free(m->arena.mem);
@@ -436,7 +434,7 @@ static void dec_ensure(Model *m, int S, int MB) {
         // the step's index arrays back to back (tok, pos, slots, seq_lens: cap each; block_table): one upload
         {&d->tok, ((size_t)4 * cap + (size_t)cap * mb) * 4},
         {&d->rstd, cap * (size_t)c->NH * hp},
-        {&d->logits, m->be->graph_begin ? (size_t)cap * c->V * hp : 0},
+        {&d->logits, (size_t)cap * c->V * hp},
     };
     size_t ns = sizeof s / sizeof s[0], total = 0;
     for (size_t i = 0; i < ns; i++) total += al256(s[i].bytes);
@@ -481,77 +479,62 @@ void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_h
     be->logits_forward(logits, m->dec.ln, m->w.lm_head, B, c->C, c->V);
 }
 
-// the adapters of group g (0 q|k|v, 1 gate|up) of layer l added to the fused output (N, fused width)
-// by one lora_apply; 0 when the group copies are not current (the caller uses the per-member hooks)
-static int lora_group_fwd(Model *m, int l, int g, void *fused, const void *inp, int N) {
-    const void *A, *B;
-    int R;
-    if (!lora_group_act(m->lora, l, g, &A, &B, &R)) return 0;
-    const QWeight *fw = g == 0 ? &m->w.layers[l].qkv : &m->w.layers[l].gateup;
-    if (R) m->be->lora_apply(fused, inp, A, B, m->lora->scale, N, fw->cols, R, fw->rows);
-    return 1;
-}
-
-// Projections `first`..`first + n - 1` of layer l that share their input (q, k, v or gate, up), into
-// outs[i] (N, rows_i): one GEMM over the fused weight when the layer has one, split back into the
-// parts. The adapters (unmerged) add to the fused output as one group (lora_group_act), or to each
-// part after the split as they would after separate GEMMs.
-static void linear_fwd_group(Model *m, int l, int first, int n, void *const *outs, const void *inp, int N) {
+// The decode step's projections of a group of layer l that share their input (group 0: q, k, v; 1:
+// gate, up). Where the model has the group's fused weight (the parts' codes and scales back to back:
+// model_load.c fuse_views), one GEMM into d->fused, and the adapters, unmerged, as one product for the
+// group (lora_group_act); returns d->fused (N, the parts' widths summed). Where it has not (per-tensor
+// scales, or block scales whose boundaries do not line up), one GEMM and adapter per part into
+// parts[i]; returns NULL.
+static void *decode_project(Model *m, int l, int group, void *const *parts, const void *inp, int N) {
     const LayerWeights *lw = &m->w.layers[l];
-    const QWeight *fw = first == LIN_Q ? &lw->qkv : &lw->gateup;
-    if (!fw->rows || !m->be->split_columns) {
-        for (int i = 0; i < n; i++) linear_fwd(m, l, first + i, outs[i], inp, N, 0);
-        return;
+    const QWeight *fw = group == 0 ? &lw->qkv : &lw->gateup;
+    int first = group == 0 ? LIN_Q : LIN_GATE, n = group == 0 ? 3 : 2, lora = m->lora && m->lora_on;
+    if (!fw->rows) {
+        for (int i = 0; i < n; i++) linear_fwd(m, l, first + i, parts[i], inp, N, 0);
+        return NULL;
     }
-    int widths[4];
-    for (int i = 0; i < n; i++) widths[i] = lw->lin[first + i].rows;
-    m->be->linear_forward(m->dec.fused, inp, fw, first == LIN_Q ? lw->bias_qkv : NULL, N);
-    int lora = m->lora && m->lora_on, grouped = lora && lora_group_fwd(m, l, first == LIN_Q ? 0 : 1, m->dec.fused, inp, N);
-    m->be->split_columns(outs, widths, n, m->dec.fused, N);
-    if (lora && !grouped)
-        for (int i = 0; i < n; i++) lora_hook_forward(m, l, first + i, outs[i], inp, N, 0);
+    void *fused = m->dec.fused;
+    m->be->linear_forward(fused, inp, fw, group == 0 ? lw->bias_qkv : NULL, N);
+    const void *A, *B;
+    int R = lora ? lora_group_act(m->lora, l, group, &A, &B) : 0;
+    if (R) m->be->lora_apply(fused, inp, A, B, m->lora->scale, N, fw->cols, R, fw->rows);
+    return fused;
 }
 
 // A decode step's attention inputs for layer l: q (S, NH, HD) normed and rotated in d->q, this
-// token's k and v in the cache (kc, vc, ks, vs: kvcache_layer). With the backend's qkv_rope_kv and the
-// adapters (if any) as one group: one GEMM over the fused q|k|v weight (+ the group's adapter) and one
-// op for the rest; else the parts in turn.
+// token's k and v in the cache (kc, vc, ks, vs: kvcache_layer)
 static void decode_qkv(Model *m, int l, int S, void *kc, void *vc, float *ks, float *vs) {
     const Config *c = &m->cfg;
-    const Backend *be = m->be;
     const LayerWeights *lw = &m->w.layers[l];
     DecodeScratch *d = &m->dec;
-    const void *qn = c->qk_norm ? lw->q_norm : NULL, *kn = c->qk_norm ? lw->k_norm : NULL;
-    int lora = m->lora && m->lora_on;
-    if (be->qkv_rope_kv && lw->qkv.rows && (!lora || lora_groups_ready(m->lora))) {
-        be->linear_forward(d->fused, d->ln, &lw->qkv, lw->bias_qkv, S);
-        if (lora) lora_group_fwd(m, l, 0, d->fused, d->ln, S);
-        be->qkv_rope_kv(d->q, d->k, d->fused, qn, kn, (const int32_t *)d->pos, m->inv_freq, kc, vc, ks, vs,
-                        (const int32_t *)d->slots, S, c->NH, c->KVH, c->HD, c->eps);
-        return;
-    }
-    void *qkv[3] = {d->q, d->k, d->v};
-    linear_fwd_group(m, l, LIN_Q, 3, qkv, d->ln, S);
-    if (be->qk_norm_rope) {
-        be->qk_norm_rope(d->q, d->k, qn, kn, (const int32_t *)d->pos, m->inv_freq, S, c->NH, c->KVH, c->HD, c->eps);
-    } else {
-        if (c->qk_norm) {  // in place: each row is read before it is written
-            be->rmsnorm_forward(d->q, d->rstd, d->q, lw->q_norm, S * c->NH, c->HD, c->eps);
-            be->rmsnorm_forward(d->k, d->rstd, d->k, lw->k_norm, S * c->KVH, c->HD, c->eps);
-        }
-        be->rope_forward(d->q, (const int32_t *)d->pos, m->inv_freq, S, c->NH, c->HD);
-        be->rope_forward(d->k, (const int32_t *)d->pos, m->inv_freq, S, c->KVH, c->HD);
-    }
-    be->kv_write(kc, vc, ks, vs, d->k, d->v, (const int32_t *)d->slots, S, c->KVH, c->HD);
+    int q = c->NH * c->HD, kvw = c->KVH * c->HD;
+    void *parts[3] = {d->q, d->k, d->v};
+    const char *fused = (const char *)decode_project(m, l, 0, parts, d->ln, S);
+    size_t act = dtype_size(m->be->act);
+    const void *qin = fused ? fused : d->q, *kin = fused ? fused + q * act : d->k, *vin = fused ? fused + (q + kvw) * act : d->v;
+    int ldq = fused ? q + 2 * kvw : q, ldkv = fused ? q + 2 * kvw : kvw;
+    m->be->qkv_rope_kv(d->q, d->k, qin, kin, vin, ldq, ldkv, c->qk_norm ? lw->q_norm : NULL, c->qk_norm ? lw->k_norm : NULL,
+                       (const int32_t *)d->pos, m->inv_freq, kc, vc, ks, vs, (const int32_t *)d->slots, S, c->NH, c->KVH,
+                       c->HD, c->eps);
 }
 
-// the compute of one decode step for S rows already uploaded to m->dec: what a graph captures
-static void decode_compute(Model *m, KVCache *kv, int S, int MB, void *logits) {
+// The compute of one decode step for S rows already uploaded to m->dec: what the backend replays.
+// Logits (S, V) into d->logits.
+typedef struct {
+    Model *m;
+    KVCache *kv;
+    int S, MB;
+} DecodeStep;
+
+static void decode_compute(void *arg) {
+    DecodeStep *st = (DecodeStep *)arg;
+    Model *m = st->m;
+    KVCache *kv = st->kv;
+    int S = st->S;
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     DecodeScratch *d = &m->dec;
     be->embedding_forward(d->x, (const int32_t *)d->tok, m->w.wte, S, c->C);
-    int fuse = be->add_rmsnorm != NULL;  // the residual add and the next norm in one op, or in two
     be->rmsnorm_forward(d->ln, d->rstd, d->x, m->w.layers[0].ln1, S, c->C, c->eps);
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *lw = &m->w.layers[l];
@@ -560,55 +543,41 @@ static void decode_compute(Model *m, KVCache *kv, int S, int MB, void *logits) {
         kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
         decode_qkv(m, l, S, kc, vc, ks, vs);
         be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens,
-                             S, c->NH, c->KVH, c->HD, kv->BS, MB);
+                             S, c->NH, c->KVH, c->HD, kv->BS, st->MB);
         linear_fwd(m, l, LIN_O, d->tmp, d->att, S, 0);
-        // the residual add and the next norm: post-attention, then the next layer's input (or the final) norm
-        if (fuse) be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps);
-        else {
-            be->add(d->x, d->x, d->tmp, (size_t)S * c->C);
-            be->rmsnorm_forward(d->ln, d->rstd, d->x, lw->ln2, S, c->C, c->eps);
-        }
+        // the residual add and the post-attention norm in one op
+        be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps);
         void *gu[2] = {d->ff1, d->ff2};
-        linear_fwd_group(m, l, LIN_GATE, 2, gu, d->ln, S);
+        void *fused = decode_project(m, l, 1, gu, d->ln, S);
+        if (fused) {
+            int widths[2] = {c->FF, c->FF};
+            be->split_columns(gu, widths, 2, fused, S);
+        }
         be->swiglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
         linear_fwd(m, l, LIN_DOWN, d->tmp, d->ff3, S, 0);
+        // the residual add and the next layer's input norm (or the final norm)
         const void *next_norm = l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm;
-        if (fuse) be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, next_norm, S, c->C, c->eps);
-        else {
-            be->add(d->x, d->x, d->tmp, (size_t)S * c->C);
-            be->rmsnorm_forward(d->ln, d->rstd, d->x, next_norm, S, c->C, c->eps);
-        }
+        be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, next_norm, S, c->C, c->eps);
     }
-    be->logits_forward(logits, d->ln, m->w.lm_head, S, c->C, c->V);
+    be->logits_forward(d->logits, d->ln, m->w.lm_head, S, c->C, c->V);
 }
 
-static void graphs_clear(Model *m) {
-    for (int i = 0; i < MAX_DECODE_GRAPHS; i++)
-        if (m->graphs[i].graph) m->be->graph_destroy(m->graphs[i].graph);
-    memset(m->graphs, 0, sizeof m->graphs);
-}
-
-// With graphs the batch is padded to a power of two, so a rollout whose sequences finish
-// one by one replays a handful of graphs instead of capturing one per batch size.
-static int decode_bucket(int S) {
-    int b = 1;
-    while (b < S) b <<= 1;
-    return b;
-}
+// what a recorded decode step depends on: every buffer and size it saw (backend.h replay)
+typedef struct {
+    const void *dec, *kv_k, *kv_v, *lora, *lora_act;
+    int S, MB, dec_cap, kv_nb, kv_bs, lora_on;
+} DecodeKey;
+_Static_assert(sizeof(DecodeKey) == 5 * sizeof(void *) + 6 * sizeof(int), "no padding: keys are compared as bytes");
 
 void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_host, const int *slots_host,
                   const int *block_table_host, int S, int MB, void *logits) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
-    int graphs = be->graph_begin != NULL && !m->no_graphs;
-    int Sp = graphs ? decode_bucket(S) : S;  // rows computed; rows S..Sp-1 are padding
+    int Sp = m->no_graphs ? S : be->replay_rows(S);  // rows computed; rows S..Sp-1 are padding
     void *mem_before = m->dec.mem;
     dec_ensure(m, Sp, MB);
-    if (m->dec.mem != mem_before) graphs_clear(m);  // the scratch moved: every graph points at the old one
-    if (graphs && be->scratch_epoch && be->scratch_epoch() != m->graph_epoch) {  // so did the backend's
-        graphs_clear(m);
-        m->graph_epoch = be->scratch_epoch();
-    }
+    if (m->dec.mem != mem_before) be->replay_forget();  // the scratch moved: recordings point at the old one
+    if (m->lora && m->lora_on && !m->lora->act_valid) lora_sync_act(m->lora);  // the decode step reads the act copies
     DecodeScratch *d = &m->dec;
     // packed as the device region is (dec_ensure): four arrays of cap, then the table (Sp, MB)
     int cap = d->cap;
@@ -628,41 +597,12 @@ void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_
     }
     be->upload(d->tok, h, nix * sizeof(int32_t));
     free(h);
-    if (!graphs) {
-        decode_compute(m, kv, S, MB, logits);
-        return;
-    }
-    // the graph for these buffers and sizes: run uncaptured once (lazy buffers get made), then
-    // capture, then replay. Logits go to the scratch (its Sp rows), then S rows to the caller.
-    DecodeGraph *g = NULL;
-    // the adapters' path is part of the captured work: none, per member (1) or grouped (2)
-    int lora_act = m->lora && m->lora_on && m->lora->act_valid ? (m->lora->no_groups ? 1 : 2) : 0;
-    for (int i = 0; i < MAX_DECODE_GRAPHS && !g; i++) {
-        DecodeGraph *e = &m->graphs[i];
-        if (e->S == Sp && e->MB == MB && e->kv == kv->k && e->kv_v == kv->v && e->kv_nb == kv->NB &&
-            e->kv_bs == kv->BS && e->lora == m->lora && e->lora_on == m->lora_on && e->lora_act == lora_act)
-            g = e;
-    }
-    if (!g) {
-        for (int i = 0; i < MAX_DECODE_GRAPHS && !g; i++)
-            if (!m->graphs[i].S) g = &m->graphs[i];
-        if (!g) {
-            g = &m->graphs[m->graph_next++ % MAX_DECODE_GRAPHS];
-            if (g->graph) be->graph_destroy(g->graph);
-        }
-        *g = (DecodeGraph){Sp, MB, m->lora_on, lora_act, kv->NB, kv->BS, NULL, kv->k, kv->v, m->lora, NULL, 0};
-    }
-    if (!g->warm) {
-        decode_compute(m, kv, Sp, MB, d->logits);
-        g->warm = 1;
-    } else {
-        if (!g->graph) {
-            be->graph_begin();
-            decode_compute(m, kv, Sp, MB, d->logits);
-            g->graph = be->graph_end();
-            if (!g->graph) die("decode: capturing the CUDA graph failed (run with graphs off to find the op)");
-        }
-        be->graph_launch(g->graph);
+    DecodeStep step = {m, kv, Sp, MB};
+    if (m->no_graphs) decode_compute(&step);
+    else {
+        const LoRA *lo = m->lora;
+        DecodeKey key = {d->mem, kv->k, kv->v, lo, lo ? lo->act_mem : NULL, Sp, MB, d->cap, kv->NB, kv->BS, m->lora_on};
+        be->replay(&key, sizeof key, decode_compute, &step);
     }
     be->copy(logits, d->logits, (size_t)S * c->V * dtype_size(be->hp));
 }

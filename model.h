@@ -141,20 +141,10 @@ typedef struct {
     void *rstd;                             // (cap * NH) hp
     void *tok, *pos, *slots, *seq_lens;     // (cap) i32, back to back (one upload per step)
     void *block_table;                      // (cap, mb_cap) i32, right after seq_lens
-    void *logits;                           // (cap, V) hp: what a captured decode step writes (graphs only)
+    void *logits;                           // (cap, V) hp: what the (replayed) decode step writes
     void *mem;
     size_t bytes;
 } DecodeScratch;
-
-// A captured decode step (backends with graphs): valid for exactly these buffers and sizes
-typedef struct {
-    int S, MB, lora_on, lora_act;     // lora_act: adapters from their act copies, 1 per member, 2 grouped
-    int kv_nb, kv_bs;                 // the cache's layout (layer stride, V offset) is baked in too
-    const void *logits, *kv, *kv_v, *lora;
-    void *graph;
-    int warm;  // the step ran once uncaptured, so every lazy buffer exists
-} DecodeGraph;
-#define MAX_DECODE_GRAPHS 16
 
 typedef struct {
     Config cfg;
@@ -171,11 +161,9 @@ typedef struct {
     void *grads;           // optional fp gradients of every dense weight (hp), one allocation, or NULL
     Weights gw;            // pointer table into grads (same layout as w's dense part)
     DecodeScratch dec;
-    int no_graphs;         // 1: never capture the decode step (comparisons, debugging)
-    DecodeGraph graphs[MAX_DECODE_GRAPHS];
+    int no_graphs;         // 1: run the decode step plainly, never through the backend's replay
+                           // (comparisons, debugging)
     int kv_fp8;            // the KV caches this model allocates hold FP8 E4M3 (--kv_cache_dtype fp8)
-    unsigned graph_epoch;  // the backend's scratch_epoch when the graphs were captured
-    int graph_next;        // round robin over the graph slots when all are taken
     Arena arena;
 } Model;
 

@@ -672,7 +672,7 @@ int main(int argc, char **argv) {
     size_t lora_bytes = 4 * lo->n * dtype_size(be->hp);  // parameters, gradients, Adam m and v
     printf("memory (%s): weights %.1f MiB (linear %.1f MiB as %s), LoRA + AdamW %.1f MiB\n", be->name,
            (m.w.dense_bytes + m.w.fp8_bytes) / 1048576.0, m.w.linear_bytes / 1048576.0, o.load_in_fp8, lora_bytes / 1048576.0);
-    if (be->mem_capacity) {
+    if (be->mem_capacity() > 0) {  // a device with a memory budget (not the host)
         // the time-shared arena (KV cache during rollouts, activations during updates) gets what
         // --gpu_memory_utilization leaves after what is held now and a reserve for the backend's
         // scratch, which grows lazily (FP8 activation codes, 512 MiB logits chunks, LoRA copies)

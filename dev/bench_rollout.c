@@ -201,16 +201,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc) kvs = argv[++i];
         else if (!strcmp(argv[i], "--gemm") && i + 1 < argc) gemm = argv[++i];
         else die("usage: bench_rollout [--model 0.6b|8b] [--fp8 block,row,tensor,off] [--batch 64,256] [--prompt 128] "
-                 "[--new 256] [--generations G] [--lora r] [--graphs on,off] [--kv auto,fp8] [--gemm auto|cublaslt|kernel] "
+                 "[--new 256] [--generations G] [--lora r] [--graphs on,off] [--kv auto,fp8] [--gemm auto|cublaslt] "
                  "[--profile] [--startup DIR]");
     }
     const Backend *be = backend_select("cuda", 1);
     (void)be;
-    // the FP8 GEMM's implementation (fp8_cuda.h): AUTO's choice by shape, cuBLASLt for every product,
-    // or the hand-written kernels (the decode kernel at M <= 64, the wgmma kernel above)
+    // the FP8 GEMM's implementation (fp8_cuda.h): AUTO's choice by shape, or cuBLASLt for every
+    // product (what the Hopper kernels are worth end to end)
     if (!strcmp(gemm, "cublaslt")) fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
-    else if (!strcmp(gemm, "kernel")) fp8_cuda_set_backend(FP8_GEMM_KERNEL);
-    else if (strcmp(gemm, "auto")) die("--gemm: auto, cublaslt or kernel, not '%s'", gemm);
+    else if (strcmp(gemm, "auto")) die("--gemm: auto or cublaslt, not '%s'", gemm);
     // the lists, parsed first
     int gl[8], ng = 0, bl[8], nb = 0;
     char buf[256];

@@ -23,7 +23,7 @@ enum { P_LIN_F, P_LIN_B, P_LORA_F, P_LORA_B, P_ATT_F, P_ATT_B, P_ATT_DEC, P_KV_W
 static const char *const prof_name[P_COUNT] = {
     "linear forward (FP8 quantize + GEMM)", "linear backward (dX)", "LoRA forward", "LoRA backward",
     "attention forward", "attention backward", "attention decode (paged)", "KV cache write",
-    "rmsnorm f+b (decode: + residual add)", "rope f+b (decode: + q/k norm)", "swiglu f+b", "residual add", "logits (lm head, decode)", "logprobs forward (lm head)",
+    "rmsnorm f+b (decode: + residual add)", "rope f+b (decode: + q/k norm, KV write)", "swiglu f+b", "residual add", "logits (lm head, decode)", "logprobs forward (lm head)",
     "logprobs backward (lm head)", "sampling", "embedding", "AdamW + grad zero", "memcpy / memset / split"};
 
 static double prof_ms[P_COUNT];
@@ -102,10 +102,13 @@ static void pw_add(void *o, const void *a, const void *b, size_t n) { PW(P_ADD, 
 static void pw_add_rmsnorm(void *x, void *o, void *r, const void *dx, const void *w, int N, int C, float eps) {
     PW(P_NORM, PF.R->add_rmsnorm(x, o, r, dx, w, N, C, eps));
 }
-static void pw_qk_norm_rope(void *q, void *k, const void *qn, const void *kn, const int32_t *pos, const void *f, int N,
-                            int NH, int KVH, int HD, float eps) {
-    PW(P_ROPE, PF.R->qk_norm_rope(q, k, qn, kn, pos, f, N, NH, KVH, HD, eps));
+static void pw_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, const void *vin, int ldq, int ldkv,
+                           const void *qn, const void *kn, const int32_t *pos, const void *f, void *kc, void *vc, float *ks,
+                           float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps) {
+    PW(P_ROPE, PF.R->qkv_rope_kv(q, k, qin, kin, vin, ldq, ldkv, qn, kn, pos, f, kc, vc, ks, vs, slots, N, NH, KVH, HD, eps));
 }
+// no recording: every op runs (and is timed) each step
+static void pw_replay(const void *key, size_t key_bytes, void (*run)(void *arg), void *arg) { run(arg); }
 static void pw_split(void *const *o, const int *w, int n, const void *in, int N) { PW(P_MEM, PF.R->split_columns(o, w, n, in, N)); }
 static void pw_logits(void *lg, const void *h, const void *w, int N, int C, int V) { PW(P_LOGITS, PF.R->logits_forward(lg, h, w, N, C, V)); }
 static void pw_logp_f(void *logp, void *lse, const void *h, const void *wlm, const int32_t *t, float it, int N, int C, int V) {
@@ -148,12 +151,12 @@ static void prof_install(const Backend *real, Backend *W) {
     W->rmsnorm_forward = pw_norm_f; W->rmsnorm_backward = pw_norm_b;
     W->rope_forward = pw_rope_f; W->rope_backward = pw_rope_b;
     W->swiglu_forward = pw_swiglu_f; W->swiglu_backward = pw_swiglu_b; W->add = pw_add;
-    W->add_rmsnorm = pw_add_rmsnorm; W->qk_norm_rope = pw_qk_norm_rope; W->split_columns = pw_split;
+    W->add_rmsnorm = pw_add_rmsnorm; W->qkv_rope_kv = pw_qkv_rope_kv; W->split_columns = pw_split;
     W->logits_forward = pw_logits; W->logprobs_forward = pw_logp_f; W->logprobs_backward = pw_logp_b;
     W->sample = pw_sample; W->embedding_forward = pw_emb_f; W->adamw = pw_adamw;
     W->zero = pw_zero; W->upload = pw_upload; W->download = pw_download; W->copy = pw_copy;
     W->upload_convert = pw_upload_convert;
-    W->graph_begin = NULL; W->graph_end = NULL; W->graph_launch = NULL; W->graph_destroy = NULL;
+    W->replay = pw_replay;
 }
 
 // the table: GPU ms per category (per step when steps > 0), share of the GPU-busy time;

@@ -1,5 +1,5 @@
 // test/gpu_backend.cu: GPU suite for the CUDA backend (backend_cuda.cu, attention.cu) against
-// the CPU reference kernels (dev/ops_cpu.c) and the CPU backend (backend_cpu.c).
+// the CPU reference kernels (ops_cpu.c) and the CPU backend (backend_cpu.c).
 // Every op on random inputs (never zeros), then whole models from the Hugging Face fixtures
 // (test/fixtures/{qwen3,qwen2,llama3}) on both backends: logits, KV-cache decode, LoRA gradients.
 // Run on a GPU: make test-gpu (CK_FORK=no: a CUDA context does not survive fork).
@@ -536,7 +536,7 @@ START_TEST(test_norm_rope_elementwise) {
     // (C 100: scalar kernels; 1024, 4096: rows in registers; 6400: 16-byte loops over the row)
     const int fusedC[4] = {100, 1024, 4096, 6400};
     for (int vi = 0; vi < 4; vi++) {
-        int Nf = 64, Cf = fusedC[vi], vec = vi > 0;
+        int Nf = 64, Cf = fusedC[vi];
         float *x = randn_bf((size_t)Nf * Cf, 1.0f), *dxh = randn_bf((size_t)Nf * Cf, 1.0f), *w = randn_bf(Cf, 1.0f);
         void *x1 = up_act(x, (size_t)Nf * Cf), *x2 = up_act(x, (size_t)Nf * Cf), *ddx = up_act(dxh, (size_t)Nf * Cf);
         void *dw = up_act(w, Cf), *o1 = G->alloc((size_t)Nf * Cf * 2), *o2 = G->alloc((size_t)Nf * Cf * 2);
@@ -551,33 +551,6 @@ START_TEST(test_norm_rope_elementwise) {
         check_exact("add_rmsnorm out", a, b, (size_t)Nf * Cf * 4);
         free(a); free(b); free(x); free(dxh); free(w);
         G->free(x1); G->free(x2); G->free(ddx); G->free(dw); G->free(o1); G->free(o2); G->free(r1); G->free(r2);
-        for (int with_norm = 0; with_norm < 2 && vi < 2; with_norm++) {
-            int NHf = 16, KVHf = 8, HDf = vec ? 128 : 36;
-            size_t nq = (size_t)Nf * NHf * HDf, nk = (size_t)Nf * KVHf * HDf;
-            float *qh = randn_bf(nq, 1.0f), *kh = randn_bf(nk, 1.0f), *qw = randn_bf(HDf, 1.0f), *kw = randn_bf(HDf, 1.0f);
-            float *invf = fmalloc(HDf / 2);
-            for (int i = 0; i < HDf / 2; i++) invf[i] = 1.0f / powf(1e6f, (float)(2 * i) / HDf);
-            int32_t *pp = (int32_t *)mallocCheck(Nf * 4);
-            for (int i = 0; i < Nf; i++) pp[i] = (i * 97) % 3000;
-            void *q1 = up_act(qh, nq), *q2 = up_act(qh, nq), *k1 = up_act(kh, nk), *k2 = up_act(kh, nk);
-            void *dqw = up_act(qw, HDf), *dkw = up_act(kw, HDf), *dinv = up_hp(invf, HDf / 2), *dp = up_i32(pp, Nf);
-            void *rs = G->alloc((size_t)Nf * NHf * 4);
-            G->qk_norm_rope(q1, k1, with_norm ? dqw : NULL, with_norm ? dkw : NULL, (const int32_t *)dp, dinv, Nf, NHf,
-                            KVHf, HDf, 1e-6f);
-            if (with_norm) {
-                G->rmsnorm_forward(q2, rs, q2, dqw, Nf * NHf, HDf, 1e-6f);
-                G->rmsnorm_forward(k2, rs, k2, dkw, Nf * KVHf, HDf, 1e-6f);
-            }
-            G->rope_forward(q2, (const int32_t *)dp, dinv, Nf, NHf, HDf);
-            G->rope_forward(k2, (const int32_t *)dp, dinv, Nf, KVHf, HDf);
-            a = down_act(q1, nq), b = down_act(q2, nq);
-            check_exact("qk_norm_rope q", a, b, nq * 4);
-            free(a); free(b);
-            a = down_act(k1, nk), b = down_act(k2, nk);
-            check_exact("qk_norm_rope k", a, b, nk * 4);
-            free(a); free(b); free(qh); free(kh); free(qw); free(kw); free(invf); free(pp);
-            G->free(q1); G->free(q2); G->free(k1); G->free(k2); G->free(dqw); G->free(dkw); G->free(dinv); G->free(dp); G->free(rs);
-        }
     }
 
     // split_columns (a fused projection's output into its parts): a copy, so exact; 16-byte and scalar paths
@@ -915,10 +888,11 @@ static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const in
     free(ref); free(got); free(mag); free(p); free(t);
 }
 
-// the fused q|k|v epilogue (qkv_rope_kv) against the ops it replaces: split_columns, qk_norm_rope,
-// kv_write, bit for bit (q, k, the cache's codes / values and scales), bf16 and FP8 caches, with and
-// without the q/k norms, a skipped slot (-1)
-static void qkv_rope_kv_case(int S, int NH, int KVH, int HD, int norm, int fp8) {
+// the q|k|v epilogue (qkv_rope_kv) against the plain ops it replaces: split_columns, rmsnorm_forward per
+// head, rope_forward, kv_write, bit for bit (q, k, the cache's codes / values and scales), bf16 and FP8
+// caches, with and without the q/k norms, a skipped slot (-1). Two layouts of its inputs: the column
+// blocks of one fused q|k|v output (parts 0), and three buffers with q normed in place (parts 1).
+static void qkv_rope_kv_case(int S, int NH, int KVH, int HD, int norm, int fp8, int parts) {
     int H = NH + 2 * KVH, NSL = 4 * S;
     size_t nf = (size_t)S * H * HD, nq = (size_t)S * NH * HD, nk = (size_t)S * KVH * HD;
     size_t esz = fp8 ? 1 : 2, cb = (size_t)NSL * KVH * HD * esz, nsc = (size_t)NSL * KVH;
@@ -929,21 +903,39 @@ static void qkv_rope_kv_case(int S, int NH, int KVH, int HD, int norm, int fp8) 
     void *dqkv = up_act(f, nf), *dqw = norm ? up_act(qw, HD) : NULL, *dkw = norm ? up_act(kw, HD) : NULL;
     void *dinv = up_hp(invf, HD / 2), *dpos = up_i32(pos, S), *dsl = up_i32(slots, S);
     void *q1 = G->alloc(nq * 2), *k1 = G->alloc(nk * 2), *q2 = G->alloc(nq * 2), *k2 = G->alloc(nk * 2), *v2 = G->alloc(nk * 2);
+    void *kin = G->alloc(nk * 2), *vin = G->alloc(nk * 2), *rs = G->alloc((size_t)S * NH * 4);
     void *kc1 = G->alloc(cb), *vc1 = G->alloc(cb), *kc2 = G->alloc(cb), *vc2 = G->alloc(cb);
     float *ks1 = fp8 ? (float *)G->alloc(nsc * 4) : NULL, *vs1 = fp8 ? (float *)G->alloc(nsc * 4) : NULL;
     float *ks2 = fp8 ? (float *)G->alloc(nsc * 4) : NULL, *vs2 = fp8 ? (float *)G->alloc(nsc * 4) : NULL;
     void *all[8] = {kc1, vc1, kc2, vc2, ks1, vs1, ks2, vs2};
     for (int i = 0; i < 8; i++)
         if (all[i]) G->zero(all[i], i < 4 ? cb : nsc * 4);
-    G->qkv_rope_kv(q1, k1, dqkv, dqw, dkw, (const int32_t *)dpos, dinv, kc1, vc1, ks1, vs1, (const int32_t *)dsl, S, NH,
-                   KVH, HD, 1e-6f);
+    // the plain ops
     void *outs[3] = {q2, k2, v2};
     int widths[3] = {NH * HD, KVH * HD, KVH * HD};
     G->split_columns(outs, widths, 3, dqkv, S);
-    G->qk_norm_rope(q2, k2, dqw, dkw, (const int32_t *)dpos, dinv, S, NH, KVH, HD, 1e-6f);
+    if (parts) {  // the inputs as three buffers, q in its output
+        G->copy(q1, q2, nq * 2);
+        G->copy(kin, k2, nk * 2);
+        G->copy(vin, v2, nk * 2);
+    }
+    if (norm) {
+        G->rmsnorm_forward(q2, rs, q2, dqw, S * NH, HD, 1e-6f);
+        G->rmsnorm_forward(k2, rs, k2, dkw, S * KVH, HD, 1e-6f);
+    }
+    G->rope_forward(q2, (const int32_t *)dpos, dinv, S, NH, HD);
+    G->rope_forward(k2, (const int32_t *)dpos, dinv, S, KVH, HD);
     G->kv_write(kc2, vc2, ks2, vs2, k2, v2, (const int32_t *)dsl, S, KVH, HD);
+    // the fused op
+    if (parts)
+        G->qkv_rope_kv(q1, k1, q1, kin, vin, NH * HD, KVH * HD, dqw, dkw, (const int32_t *)dpos, dinv, kc1, vc1, ks1, vs1,
+                       (const int32_t *)dsl, S, NH, KVH, HD, 1e-6f);
+    else
+        G->qkv_rope_kv(q1, k1, dqkv, (const char *)dqkv + (size_t)NH * HD * 2, (const char *)dqkv + (size_t)(NH + KVH) * HD * 2,
+                       H * HD, H * HD, dqw, dkw, (const int32_t *)dpos, dinv, kc1, vc1, ks1, vs1, (const int32_t *)dsl, S, NH,
+                       KVH, HD, 1e-6f);
     char what[96];
-    const char *tag = fp8 ? "fp8" : "bf16";
+    const char *tag = fp8 ? (parts ? "fp8, parts" : "fp8") : (parts ? "bf16, parts" : "bf16");
     void *a = mallocCheck(cb), *b = mallocCheck(cb);
     G->download(a, q1, nq * 2); G->download(b, q2, nq * 2);
     snprintf(what, sizeof what, "qkv_rope_kv q (HD %d, norm %d, %s)", HD, norm, tag);
@@ -962,7 +954,7 @@ static void qkv_rope_kv_case(int S, int NH, int KVH, int HD, int norm, int fp8) 
         }
     }
     free(a); free(b); free(f); free(qw); free(kw); free(invf); free(pos); free(slots);
-    void *bufs[] = {dqkv, dqw, dkw, dinv, dpos, dsl, q1, k1, q2, k2, v2, kc1, vc1, kc2, vc2, ks1, vs1, ks2, vs2};
+    void *bufs[] = {dqkv, dqw, dkw, dinv, dpos, dsl, q1, k1, q2, k2, v2, kin, vin, rs, kc1, vc1, kc2, vc2, ks1, vs1, ks2, vs2};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) G->free(bufs[i]);
 }
@@ -987,8 +979,10 @@ START_TEST(test_decode) {
     decode_case(4, 4, 2, 32, 8, 3, l3, 1);       // the fixtures' shape, FP8 cache
     for (int fp8 = 0; fp8 < 2; fp8++)
         for (int norm = 0; norm < 2; norm++) {
-            qkv_rope_kv_case(64, 16, 8, 128, norm, fp8);  // Qwen3-0.6B's heads
-            qkv_rope_kv_case(5, 4, 2, 36, norm, fp8);     // HD 36: the scalar norm path
+            for (int parts = 0; parts < 2; parts++) {
+                qkv_rope_kv_case(64, 16, 8, 128, norm, fp8, parts);  // Qwen3-0.6B's heads
+                qkv_rope_kv_case(5, 4, 2, 36, norm, fp8, parts);     // HD 36: the scalar norm path
+            }
         }
 }
 END_TEST

@@ -344,7 +344,7 @@ static void chi_case(const float *z, float temperature, int top_k, float top_p, 
     const int n = SS * SCALLS;
     double T = (double)temperature;  // the op divides by the float temperature, in fp64
     // exact probabilities (fp64): softmax(z / T), sorted descending (ties by id; none here),
-    // top-k, then top-p on the top-k-renormalised mass (as dev/ops_cpu.c's sample defines it)
+    // top-k, then top-p on the top-k-renormalised mass (as ops_cpu.c's sample defines it)
     double p[SV], q[SV], mx = -INFINITY, sum = 0;
     int ord[SV];
     for (int j = 0; j < SV; j++) mx = fmax(mx, z[j] / T);

@@ -1,4 +1,4 @@
-// test/test_fp8.c: Check suite for the FP8 CPU reference (dev/fp8_cpu.c, fp8.h).
+// test/test_fp8.c: Check suite for the FP8 CPU reference (fp8_cpu.c, fp8.h).
 // The truth is PyTorch (fixtures from dev/make_fp8_table.py): every BF16 bit
 // pattern cast to E4M3 and E5M2, every code decoded, and a (200, 300) matrix
 // quantized at each granularity. The rest checks properties that follow from the
@@ -6,7 +6,7 @@
 // blocks), the quantization error bound, the GEMM against a float64 matmul of
 // the dequantized operands, and SQNR.
 // Build: make test   (or standalone: gcc -std=c11 -D_GNU_SOURCE -O2 -I. -Idev -Itest
-//        test/test_fp8.c dev/fp8_cpu.c -lcheck -lsubunit -lm -lrt -lpthread)
+//        test/test_fp8.c fp8_cpu.c -lcheck -lsubunit -lm -lrt -lpthread)
 #include <check.h>
 #include <float.h>
 #include <math.h>

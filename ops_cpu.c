@@ -1,4 +1,4 @@
-// dev/ops_cpu.c: the CPU reference kernels declared in dev/ops_cpu.h.
+// ops_cpu.c: the CPU reference kernels declared in ops_cpu.h.
 // Written once for `real`; the Makefile compiles this file with real = float
 // (suffix _cpu) and with -DCPU_F64, real = double (suffix _cpu64).
 // Reductions accumulate in double whatever `real` is: these are the truth the

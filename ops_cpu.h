@@ -1,8 +1,8 @@
-// dev/ops_cpu.h: the CPU reference kernels, the numeric truth of every op in
+// ops_cpu.h: the CPU reference kernels, the numeric truth of every op in
 // backend.h. Plain C + OpenMP (parallel over independent rows only, never over
 // a reduction, so results do not depend on the thread count).
 //
-// dev/ops_cpu.c is compiled twice: with real = float (names end in _cpu, the
+// ops_cpu.c is compiled twice: with real = float (names end in _cpu, the
 // "cpu" backend and the reference the CUDA tests compare with) and with
 // real = double (names end in _cpu64, the "cpu64" backend used for
 // finite-difference gradient checks). Shapes follow backend.h.

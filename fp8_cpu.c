@@ -1,4 +1,4 @@
-// dev/fp8_cpu.c: the CPU reference for everything FP8 (declared in fp8.h):
+// fp8_cpu.c: the CPU reference for everything FP8 (declared in fp8.h):
 // E4M3/E5M2 codecs, scales from amax, quantize/dequantize at tensor, row and
 // block granularity, the reference FP8 GEMM and the SQNR of a quantization.
 // It is the numeric truth the CUDA kernels (fp8.cu) are tested against, and the

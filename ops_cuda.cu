@@ -1,0 +1,613 @@
+// ops_cuda.cu: the CUDA backend's per-token ops (backend.h), one warp or thread per row or element.
+//   defines: cu_rmsnorm_forward / backward, cu_rope_forward / backward, cu_add_rmsnorm, cu_qkv_rope_kv,
+//   cu_swiglu_forward / backward, cu_add, cu_gather_rows, cu_split_columns, cu_embedding_forward /
+//   backward, cu_colsum (backend_cuda.cuh). Each has its truth in ops_cpu.c; test/gpu_backend.cu
+//   compares them on random inputs.
+// bf16 in and out, fp32 arithmetic; sums over rows in fixed order (no float atomics), so results
+// repeat bit for bit.
+#include "attention_cuda.h"  // the KV cache's FP8 rows (KV_CHUNKS)
+#include "backend_cuda.cuh"
+
+// ----------------------------------------------------------------------------
+// column sums
+
+// Column sums in two fixed-order passes (no atomics). Pass 1: block `chunk` sums rows
+// [chunk * rpc, ...) of column c into part[chunk, c]; MODE 0: a[n, c]; MODE 1: a * b * rs[n].
+#define COLSUM_ROWS 64
+template <int MODE>
+__global__ void colsum_partial(float *part, const bf16 *a, const bf16 *b, const float *rs, int N, int C) {
+    int n0 = blockIdx.y * COLSUM_ROWS, n1 = min(N, n0 + COLSUM_ROWS);
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+        float s = 0.f;
+        for (int n = n0; n < n1; n++) {
+            float v = __bfloat162float(a[(size_t)n * C + c]);
+            if (MODE == 1) v *= __bfloat162float(b[(size_t)n * C + c]) * rs[n];
+            s += v;
+        }
+        part[(size_t)blockIdx.y * C + c] = s;
+    }
+}
+// pass 2: dst[c] += sum over chunks (8 row groups per column, then a fixed tree of 8)
+__global__ void colsum_finish(float *dst, const float *part, int nchunks, int C) {
+    __shared__ float sm[8][33];
+    int cx = threadIdx.x & 31, gy = threadIdx.x >> 5, c = blockIdx.x * 32 + cx;
+    float s = 0.f;
+    if (c < C)
+        for (int i = gy; i < nchunks; i += 8) s += part[(size_t)i * C + c];
+    sm[gy][cx] = s;
+    __syncthreads();
+    if (gy == 0 && c < C) {
+        float t = 0.f;
+        for (int i = 0; i < 8; i++) t += sm[i][cx];
+        dst[c] += t;
+    }
+}
+template <int MODE>
+static void colsum(float *dst, const bf16 *a, const bf16 *b, const float *rs, int N, int C) {
+    int nch = (N + COLSUM_ROWS - 1) / COLSUM_ROWS;
+    float *part = (float *)cu_scratch(SC_RED, (size_t)nch * C * 4);
+    colsum_partial<MODE><<<dim3(cdiv(C, 256), nch), 256, 0, cu_stream()>>>(part, a, b, rs, N, C);
+    launchCheck();
+    colsum_finish<<<cdiv(C, 32), 256, 0, cu_stream()>>>(dst, part, nch, C);
+    launchCheck();
+}
+
+// dst (C) += the column sums of a (N, C): a bias's gradient
+void cu_colsum(float *dst, const bf16 *a, int N, int C) { colsum<0>(dst, a, NULL, NULL, N, C); }
+
+// ----------------------------------------------------------------------------
+// norms and elementwise ops. bf16 rows are read 8 at a time (16 bytes) when the row
+// length and pointers allow, else one at a time.
+
+__device__ __forceinline__ void unpack8(float f[8], uint4 u) {
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __bfloat1622float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+__device__ __forceinline__ uint4 pack8(const float f[8]) {
+    uint4 u;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return u;
+}
+__device__ __forceinline__ void load8(float f[8], const bf16 *p) { unpack8(f, *(const uint4 *)p); }
+__device__ __forceinline__ void store8(bf16 *p, const float f[8]) { *(uint4 *)p = pack8(f); }
+static int aligned16(const void *a, const void *b, const void *c, const void *d) {
+    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15) == 0;
+}
+
+// RMSNorm of one row of C by one warp, in two passes that every norm kernel shares (so fused
+// kernels round exactly as rmsnorm_fwd_kernel does): the rstd from the sum of squares, then
+// y = (x * rstd) * w. VEC: 8 consecutive elements per lane (16-byte loads), else one. y may alias
+// x: each lane rewrites only the elements it read.
+template <bool VEC>
+__device__ __forceinline__ float row_rstd(const bf16 *x, int C, float eps, int lane) {
+    float ss = 0.f;
+    if (VEC) {
+        for (int i = lane * 8; i < C; i += 256) {
+            float f[8];
+            load8(f, x + i);
+#pragma unroll
+            for (int j = 0; j < 8; j++) ss += f[j] * f[j];
+        }
+    } else
+        for (int i = lane; i < C; i += 32) {
+            float f = __bfloat162float(x[i]);
+            ss += f * f;
+        }
+    ss = warp_sum(ss);
+    return 1.0f / sqrtf(ss / C + eps);
+}
+template <bool VEC>
+__device__ __forceinline__ void row_scale(bf16 *y, const bf16 *x, const bf16 *w, float r, int C, int lane) {
+    if (VEC) {
+        for (int i = lane * 8; i < C; i += 256) {
+            float f[8], g[8];
+            load8(f, x + i);
+            load8(g, w + i);
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = (f[j] * r) * g[j];
+            store8(y + i, f);
+        }
+    } else
+        for (int i = lane; i < C; i += 32) y[i] = __float2bfloat16_rn((__bfloat162float(x[i]) * r) * __bfloat162float(w[i]));
+}
+
+// The same norm with the lane's part of the row held in registers (chunk k of lane: elements
+// lane * 8 + 256 k .. + 7, as row_rstd / row_scale walk it, in the same order, so the results are
+// theirs bit for bit). row_rstd then row_scale read the row twice and loop over it with a memory
+// round trip per 256 elements: at decode (64 rows, 8 of 256-thread blocks) that made the 8B
+// model's add + norm 19.5 us a call (bench_rollout --profile); here every load of the row is in
+// flight at once and the blocks are small enough to spread over the SMs. C <= 256 * ROW_MAXCH
+// (5120: Qwen3-14B); wider rows take the loops.
+#define ROW_MAXCH 20
+__device__ __forceinline__ float regs_rstd(const uint4 (&c)[ROW_MAXCH], int C, float eps, int lane) {
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < ROW_MAXCH; k++)
+        if (lane * 8 + 256 * k < C) {
+            float f[8];
+            unpack8(f, c[k]);
+#pragma unroll
+            for (int j = 0; j < 8; j++) ss += f[j] * f[j];
+        }
+    ss = warp_sum(ss);
+    return 1.0f / sqrtf(ss / C + eps);
+}
+// y = (x * r) * w; w's chunks were loaded before (wv), next to the row's
+__device__ __forceinline__ void regs_scale(bf16 *y, const uint4 (&c)[ROW_MAXCH], const uint4 (&wv)[ROW_MAXCH], float r,
+                                          int C, int lane) {
+#pragma unroll
+    for (int k = 0; k < ROW_MAXCH; k++)
+        if (lane * 8 + 256 * k < C) {
+            float f[8], g[8];
+            uint4 u = c[k];  // unpacked again, not kept from regs_rstd (that would hold 8 floats per chunk)
+            asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
+            unpack8(f, u);
+            unpack8(g, wv[k]);
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = (f[j] * r) * g[j];
+            *(uint4 *)(y + lane * 8 + 256 * k) = pack8(f);
+        }
+}
+__device__ __forceinline__ void regs_load(uint4 (&c)[ROW_MAXCH], const bf16 *x, int C, int lane) {
+#pragma unroll
+    for (int k = 0; k < ROW_MAXCH; k++)
+        if (lane * 8 + 256 * k < C) c[k] = *(const uint4 *)(x + lane * 8 + 256 * k);
+}
+// Few rows (a decode step): the row in registers, one row per block so that the rows spread over
+// the SMs. Many rows (training, prefill): the loops, 8 rows per block; there the SMs are full of
+// warps anyway, and the register kernels' ~200 registers would cut that to 8 warps per SM.
+#define ROW_FEW 1024
+static int row_warps(int N) { return N <= ROW_FEW ? 1 : 8; }
+
+// one warp per row; y = (x * rstd) * w with fp32 statistics; out may alias inp
+template <bool VEC>
+__global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int N, int C, float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= N) return;
+    const bf16 *x = inp + (size_t)row * C;
+    float r = row_rstd<VEC>(x, C, eps, lane);
+    if (lane == 0) rstd[row] = r;
+    row_scale<VEC>(out + (size_t)row * C, x, w, r, C, lane);
+}
+__global__ void rmsnorm_regs_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int N, int C, float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= N) return;
+    uint4 c[ROW_MAXCH], wv[ROW_MAXCH];
+    regs_load(c, inp + (size_t)row * C, C, lane);
+    regs_load(wv, w, C, lane);
+    float r = regs_rstd(c, C, eps, lane);
+    if (lane == 0) rstd[row] = r;
+    regs_scale(out + (size_t)row * C, c, wv, r, C, lane);
+}
+
+void cu_rmsnorm_forward(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
+    if (N <= 0) return;
+    int wpb = row_warps(N);
+    unsigned gr = cdiv(N, wpb);
+    if (N <= ROW_FEW && C % 8 == 0 && C <= 256 * ROW_MAXCH && aligned16(out, inp, w, NULL))
+        rmsnorm_regs_kernel<<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp, (const bf16 *)w,
+                                                           N, C, eps);
+    else if (C % 8 == 0 && aligned16(out, inp, w, NULL))
+        rmsnorm_fwd_kernel<true><<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp,
+                                                                  (const bf16 *)w, N, C, eps);
+    else
+        rmsnorm_fwd_kernel<false><<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp,
+                                                                   (const bf16 *)w, N, C, eps);
+    launchCheck();
+}
+
+// dx += r w dy - r^3 / C * x * sum_j(w dy x), one warp per row
+template <bool VEC>
+__global__ void rmsnorm_bwd_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp, const bf16 *w, const float *rstd,
+                                   int N, int C) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= N) return;
+    const bf16 *x = inp + (size_t)row * C, *dy = dout + (size_t)row * C;
+    bf16 *dx = dinp + (size_t)row * C;
+    float s = 0.f, r = rstd[row];
+    if (VEC) {
+        for (int i = lane * 8; i < C; i += 256) {
+            float a[8], b[8], c[8];
+            load8(a, x + i);
+            load8(b, dy + i);
+            load8(c, w + i);
+#pragma unroll
+            for (int j = 0; j < 8; j++) s += c[j] * b[j] * a[j];
+        }
+    } else
+        for (int i = lane; i < C; i += 32)
+            s += __bfloat162float(w[i]) * __bfloat162float(dy[i]) * __bfloat162float(x[i]);
+    s = warp_sum(s);
+    float cc = r * r * r * s / C;
+    if (VEC) {
+        for (int i = lane * 8; i < C; i += 256) {
+            float a[8], b[8], c[8], d[8];
+            load8(a, x + i);
+            load8(b, dy + i);
+            load8(c, w + i);
+            load8(d, dx + i);
+#pragma unroll
+            for (int j = 0; j < 8; j++) d[j] += r * c[j] * b[j] - cc * a[j];
+            store8(dx + i, d);
+        }
+    } else
+        for (int i = lane; i < C; i += 32)
+            dx[i] = __float2bfloat16_rn(__bfloat162float(dx[i]) + r * __bfloat162float(w[i]) * __bfloat162float(dy[i]) -
+                                        cc * __bfloat162float(x[i]));
+}
+
+void cu_rmsnorm_backward(void *dinp, void *dw, const void *dout, const void *inp, const void *w, const void *rstd,
+                                int N, int C) {
+    if (N <= 0) return;
+    unsigned gr = cdiv(N, 8);
+    if (C % 8 == 0 && aligned16(dinp, dout, inp, w))
+        rmsnorm_bwd_kernel<true><<<gr, 256, 0, cu_stream()>>>((bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp,
+                                                             (const bf16 *)w, (const float *)rstd, N, C);
+    else
+        rmsnorm_bwd_kernel<false><<<gr, 256, 0, cu_stream()>>>((bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp,
+                                                              (const bf16 *)w, (const float *)rstd, N, C);
+    launchCheck();
+    if (dw) colsum<1>((float *)dw, (const bf16 *)dout, (const bf16 *)inp, (const float *)rstd, N, C);
+}
+
+// RoPE, rotate_half: for i < HD/2, angle = (float)pos * inv_freq[i] in fp32 (as transformers),
+// cos/sin in fp64 (as the CPU); one thread per (token, i), looping over the heads
+__global__ void rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, int N, int H, int HD, int inverse) {
+    int half = HD / 2;
+    size_t total = (size_t)N * half;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {
+        int n = (int)(idx / half), i = (int)(idx % half);
+        double a = (double)((float)pos[n] * inv_freq[i]), sd, cd;
+        sincos(a, &sd, &cd);
+        float c = (float)cd, s = inverse ? -(float)sd : (float)sd;
+        for (int h = 0; h < H; h++) {
+            bf16 *v = x + ((size_t)n * H + h) * HD;
+            float x1 = __bfloat162float(v[i]), x2 = __bfloat162float(v[i + half]);
+            v[i] = __float2bfloat16_rn(x1 * c - x2 * s);
+            v[i + half] = __float2bfloat16_rn(x2 * c + x1 * s);
+        }
+    }
+}
+static void rope(void *x, const int32_t *pos, const void *inv_freq, int N, int H, int HD, int inverse) {
+    if (N <= 0) return;
+    size_t total = (size_t)N * (HD / 2);
+    rope_kernel<<<grid_for(total), 256, 0, cu_stream()>>>((bf16 *)x, pos, (const float *)inv_freq, N, H, HD, inverse);
+    launchCheck();
+}
+void cu_rope_forward(void *x, const int32_t *pos, const void *inv_freq, int N, int H, int HD) {
+    rope(x, pos, inv_freq, N, H, HD, 0);
+}
+void cu_rope_backward(void *dx, const int32_t *pos, const void *inv_freq, int N, int H, int HD) {
+    rope(dx, pos, inv_freq, N, H, HD, 1);
+}
+
+// ---- decode fusions (backend.h): the same arithmetic as the kernels they replace ----
+
+// x += dx, then out = rmsnorm(x) * w: one warp per row; the norm is rmsnorm_fwd_kernel's (row_rstd,
+// row_scale) on the rounded sums, so the result is that of add then rmsnorm_forward bit for bit
+template <bool VEC>
+__global__ void add_rmsnorm_kernel(bf16 *x, bf16 *out, float *rstd, const bf16 *dx, const bf16 *w, int N, int C,
+                                   float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= N) return;
+    bf16 *xr = x + (size_t)row * C, *y = out + (size_t)row * C;
+    const bf16 *d = dx + (size_t)row * C;
+    if (VEC) {  // the add, as add_kernel rounds it; each lane later reads back only what it wrote
+        for (int i = lane * 8; i < C; i += 256) {
+            float f[8], g[8];
+            load8(f, xr + i);
+            load8(g, d + i);
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] += g[j];
+            store8(xr + i, f);
+        }
+    } else
+        for (int i = lane; i < C; i += 32) xr[i] = __float2bfloat16_rn(__bfloat162float(xr[i]) + __bfloat162float(d[i]));
+    float r = row_rstd<VEC>(xr, C, eps, lane);
+    if (lane == 0) rstd[row] = r;
+    row_scale<VEC>(y, xr, w, r, C, lane);
+}
+// the same with the row in registers (rmsnorm_regs_kernel): the rounded sums are kept, stored, and
+// normalized from the registers
+__global__ void add_rmsnorm_regs_kernel(bf16 *x, bf16 *out, float *rstd, const bf16 *dx, const bf16 *w, int N, int C,
+                                        float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= N) return;
+    bf16 *xr = x + (size_t)row * C;
+    uint4 c[ROW_MAXCH], wv[ROW_MAXCH];
+    regs_load(c, xr, C, lane);
+    regs_load(wv, dx + (size_t)row * C, C, lane);  // dx now (all loads before the first store), w later
+#pragma unroll
+    for (int k = 0; k < ROW_MAXCH; k++)
+        if (lane * 8 + 256 * k < C) {
+            float f[8], g[8];
+            unpack8(f, c[k]);
+            unpack8(g, wv[k]);
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] += g[j];
+            c[k] = pack8(f);
+            *(uint4 *)(xr + lane * 8 + 256 * k) = c[k];
+        }
+    regs_load(wv, w, C, lane);
+    float r = regs_rstd(c, C, eps, lane);
+    if (lane == 0) rstd[row] = r;
+    regs_scale(out + (size_t)row * C, c, wv, r, C, lane);
+}
+void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps) {
+    if (N <= 0) return;
+    int wpb = row_warps(N);
+    unsigned gr = cdiv(N, wpb);
+    if (N <= ROW_FEW && C % 8 == 0 && C <= 256 * ROW_MAXCH && aligned16(x, out, dx, w))
+        add_rmsnorm_regs_kernel<<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)x, (bf16 *)out, (float *)rstd, (const bf16 *)dx,
+                                                               (const bf16 *)w, N, C, eps);
+    else if (C % 8 == 0 && aligned16(x, out, dx, w))
+        add_rmsnorm_kernel<true><<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)x, (bf16 *)out, (float *)rstd,
+                                                                  (const bf16 *)dx, (const bf16 *)w, N, C, eps);
+    else
+        add_rmsnorm_kernel<false><<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)x, (bf16 *)out, (float *)rstd,
+                                                                   (const bf16 *)dx, (const bf16 *)w, N, C, eps);
+    launchCheck();
+}
+
+// rope_kernel's rotation of one head row v (HD) at position p, by one warp
+__device__ __forceinline__ void rope_row(bf16 *v, int p, const float *inv_freq, int HD, int lane) {
+    int half = HD / 2;
+    for (int i = lane; i < half; i += 32) {
+        double a = (double)((float)p * inv_freq[i]), sd, cd;
+        sincos(a, &sd, &cd);
+        float c = (float)cd, s = (float)sd;
+        float x1 = __bfloat162float(v[i]), x2 = __bfloat162float(v[i + half]);
+        v[i] = __float2bfloat16_rn(x1 * c - x2 * s);
+        v[i + half] = __float2bfloat16_rn(x2 * c + x1 * s);
+    }
+}
+
+// one head row, by one warp: normed from src with the head's weight w (when given: rmsnorm_fwd_kernel's
+// row_rstd, row_scale) into v, then rotated in place (src may be v)
+template <bool VEC>
+__device__ __forceinline__ void norm_rope_head(bf16 *v, const bf16 *src, const bf16 *w, int p, const float *inv_freq,
+                                               int HD, float eps, int lane) {
+    if (w) {
+        float r = row_rstd<VEC>(src, HD, eps, lane);
+        row_scale<VEC>(v, src, w, r, HD, lane);
+    } else if (v != src)
+        for (int i = lane; i < HD; i += 32) v[i] = src[i];
+    __syncwarp();
+    rope_row(v, p, inv_freq, HD, lane);
+}
+
+// The decode step's q|k|v epilogue in one kernel (backend.h qkv_rope_kv): one warp per head row
+// (token n, head h), q heads then k heads then v heads, read where the projections left them. A q or
+// k row is normed into q or k (rmsnorm_fwd_kernel's row_rstd, row_scale: the same roundings), rotated
+// there (rope_kernel's), and a k row then stored into the cache from k; a v row goes to the cache
+// straight from where it lies. The cache store is kv_write's: a copy (bf16), or FP8 codes by the row
+// codec (cuda_common.cuh).
+template <bool VEC>
+__global__ void qkv_rope_kv_kernel(bf16 *q, bf16 *k, const bf16 *qin, const bf16 *kin, const bf16 *vin, int ldq,
+                                   int ldkv, const bf16 *qw, const bf16 *kw, const int32_t *pos, const float *inv_freq,
+                                   void *kc, void *vc, float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH,
+                                   int HD, float eps) {
+    const int H = NH + 2 * KVH;
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= N * H) return;
+    int n = row / H, h = row % H, slot = slots[n];
+    const bf16 *src = h < NH ? qin + (size_t)n * ldq + h * HD
+                    : h < NH + KVH ? kin + (size_t)n * ldkv + (h - NH) * HD : vin + (size_t)n * ldkv + (h - NH - KVH) * HD;
+    if (h < NH + KVH) {
+        bool isq = h < NH;
+        bf16 *v = isq ? q + ((size_t)n * NH + h) * HD : k + ((size_t)n * KVH + (h - NH)) * HD;
+        norm_rope_head<VEC>(v, src, isq ? qw : kw, pos[n], inv_freq, HD, eps, lane);
+        if (isq) return;
+        __syncwarp();
+        src = v;
+    }
+    if (slot < 0) return;
+    bool isv = h >= NH + KVH;
+    int hk = isv ? h - NH - KVH : h - NH;
+    size_t at = (size_t)slot * KVH + hk;
+    if (ks) fp8_quantize_warp<KV_CHUNKS>((uint8_t *)(isv ? vc : kc) + at * HD, (isv ? vs : ks) + at, src, HD, FP8_E4M3, 0);
+    else {
+        bf16 *dst = (bf16 *)(isv ? vc : kc) + at * HD;
+        for (int i = lane; i < HD; i += 32) dst[i] = src[i];
+    }
+}
+void cu_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, const void *vin, int ldq, int ldkv,
+                    const void *q_norm, const void *k_norm, const int32_t *pos, const void *inv_freq, void *kc, void *vc,
+                    float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps) {
+    if (N <= 0) return;
+    if (ks && HD > 128 * KV_CHUNKS) die("qkv_rope_kv: head_dim %d is over the FP8 KV cache's %d", HD, 128 * KV_CHUNKS);
+    unsigned gr = cdiv((size_t)N * (NH + 2 * KVH), 8);
+    // 16-byte row accesses where every row of every operand allows them
+    bool vec = HD % 8 == 0 && ldq % 8 == 0 && ldkv % 8 == 0 && aligned16(q, k, qin, kin) &&
+               aligned16(vin, q_norm ? q_norm : q, k_norm ? k_norm : k, NULL);
+#define QKV_LAUNCH(V)                                                                                                  \
+    qkv_rope_kv_kernel<V><<<gr, 256, 0, cu_stream()>>>((bf16 *)q, (bf16 *)k, (const bf16 *)qin, (const bf16 *)kin,    \
+                                                       (const bf16 *)vin, ldq, ldkv, (const bf16 *)q_norm,             \
+                                                       (const bf16 *)k_norm, pos, (const float *)inv_freq, kc, vc, ks, \
+                                                       vs, slots, N, NH, KVH, HD, eps)
+    if (vec) QKV_LAUNCH(true);
+    else QKV_LAUNCH(false);
+#undef QKV_LAUNCH
+    launchCheck();
+}
+
+// elementwise: OP 0 swiglu forward, 1 add; n8 groups of 8 vectorized then a scalar tail
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+__global__ void swiglu_fwd_kernel(bf16 *out, const bf16 *gate, const bf16 *up, size_t n, int vec) {
+    size_t stride = (size_t)gridDim.x * blockDim.x, t = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    size_t nv = vec ? n / 8 : 0;
+    for (size_t i = t; i < nv; i += stride) {
+        float g[8], u[8];
+        load8(g, gate + 8 * i);
+        load8(u, up + 8 * i);
+#pragma unroll
+        for (int j = 0; j < 8; j++) g[j] = silu_mul(g[j], u[j]);
+        store8(out + 8 * i, g);
+    }
+    for (size_t i = nv * 8 + t; i < n; i += stride)
+        out[i] = __float2bfloat16_rn(silu_mul(__bfloat162float(gate[i]), __bfloat162float(up[i])));
+}
+__global__ void swiglu_bwd_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate, const bf16 *up, size_t n,
+                                  int vec) {
+    size_t stride = (size_t)gridDim.x * blockDim.x, t = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    size_t nv = vec ? n / 8 : 0;
+    for (size_t i = t; i < nv; i += stride) {
+        float d[8], g[8], u[8], dg[8], du[8];
+        load8(d, dout + 8 * i);
+        load8(g, gate + 8 * i);
+        load8(u, up + 8 * i);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float sg = 1.0f / (1.0f + expf(-g[j]));
+            dg[j] = d[j] * u[j] * sg * (1.0f + g[j] * (1.0f - sg));
+            du[j] = d[j] * g[j] * sg;
+        }
+        store8(dgate + 8 * i, dg);
+        store8(dup + 8 * i, du);
+    }
+    for (size_t i = nv * 8 + t; i < n; i += stride) {
+        float d = __bfloat162float(dout[i]), g = __bfloat162float(gate[i]), u = __bfloat162float(up[i]);
+        float sg = 1.0f / (1.0f + expf(-g));
+        dgate[i] = __float2bfloat16_rn(d * u * sg * (1.0f + g * (1.0f - sg)));
+        dup[i] = __float2bfloat16_rn(d * g * sg);
+    }
+}
+__global__ void add_kernel(bf16 *out, const bf16 *a, const bf16 *b, size_t n, int vec) {
+    size_t stride = (size_t)gridDim.x * blockDim.x, t = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    size_t nv = vec ? n / 8 : 0;
+    for (size_t i = t; i < nv; i += stride) {
+        float x[8], y[8];
+        load8(x, a + 8 * i);
+        load8(y, b + 8 * i);
+#pragma unroll
+        for (int j = 0; j < 8; j++) x[j] += y[j];
+        store8(out + 8 * i, x);
+    }
+    for (size_t i = nv * 8 + t; i < n; i += stride) out[i] = __float2bfloat16_rn(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+}
+static unsigned grid_vec(size_t n) { return grid_for((n + 7) / 8); }
+
+void cu_swiglu_forward(void *out, const void *gate, const void *up, size_t n) {
+    if (!n) return;
+    swiglu_fwd_kernel<<<grid_vec(n), 256, 0, cu_stream()>>>((bf16 *)out, (const bf16 *)gate, (const bf16 *)up, n,
+                                                          aligned16(out, gate, up, NULL));
+    launchCheck();
+}
+void cu_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n) {
+    if (!n) return;
+    swiglu_bwd_kernel<<<grid_vec(n), 256, 0, cu_stream()>>>((bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout,
+                                                          (const bf16 *)gate, (const bf16 *)up, n,
+                                                          aligned16(dgate, dup, dout, gate) && aligned16(up, 0, 0, 0));
+    launchCheck();
+}
+void cu_add(void *out, const void *a, const void *b, size_t n) {
+    if (!n) return;
+    add_kernel<<<grid_vec(n), 256, 0, cu_stream()>>>((bf16 *)out, (const bf16 *)a, (const bf16 *)b, n,
+                                                   aligned16(out, a, b, NULL));
+    launchCheck();
+}
+
+// out[i] = inp[idx[i]] rows (embedding_forward and gather_rows)
+__global__ void gather_kernel(bf16 *out, const bf16 *inp, const int32_t *idx, int C, int vec) {
+    int i = blockIdx.x;
+    const bf16 *src = inp + (size_t)idx[i] * C;
+    bf16 *dst = out + (size_t)i * C;
+    if (vec)
+        for (int c = threadIdx.x; c < C / 8; c += blockDim.x) ((uint4 *)dst)[c] = ((const uint4 *)src)[c];
+    else
+        for (int c = threadIdx.x; c < C; c += blockDim.x) dst[c] = src[c];
+}
+void cu_gather_rows(void *out, const void *inp, const int32_t *idx, int n_idx, int C) {
+    if (n_idx <= 0) return;
+    gather_kernel<<<n_idx, 128, 0, cu_stream()>>>((bf16 *)out, (const bf16 *)inp, idx, C,
+                                                C % 8 == 0 && aligned16(out, inp, NULL, NULL));
+    launchCheck();
+}
+// the columns of a fused projection back into their own buffers: one thread per 8 (or 1) elements
+struct SplitArgs {
+    bf16 *out[4];
+    int w[4], n, total, vec;
+};
+__global__ void split_columns_kernel(SplitArgs a, const bf16 *inp, int N) {
+    const int per = a.vec ? 8 : 1, cols = a.total / per;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)N * cols; i += (size_t)gridDim.x * blockDim.x) {
+        int r = (int)(i / cols), c = (int)(i % cols) * per, p = 0;
+        while (c >= a.w[p]) c -= a.w[p++];
+        const bf16 *src = inp + i * per;
+        bf16 *dst = a.out[p] + (size_t)r * a.w[p] + c;
+        if (a.vec) *(uint4 *)dst = *(const uint4 *)src;
+        else *dst = *src;
+    }
+}
+void cu_split_columns(void *const *outs, const int *widths, int n, const void *inp, int N) {
+    if (N <= 0) return;
+    if (n < 1 || n > 4) die("split_columns: %d parts (1..4)", n);
+    SplitArgs a;
+    memset(&a, 0, sizeof a);
+    a.n = n;
+    a.vec = aligned16(inp, NULL, NULL, NULL);
+    for (int i = 0; i < n; i++) {
+        a.out[i] = (bf16 *)outs[i];
+        a.w[i] = widths[i];
+        a.total += widths[i];
+        a.vec = a.vec && widths[i] % 8 == 0 && aligned16(outs[i], NULL, NULL, NULL);
+    }
+    split_columns_kernel<<<grid_for((size_t)N * a.total / (a.vec ? 8 : 1)), 256, 0, cu_stream()>>>(a, (const bf16 *)inp, N);
+    launchCheck();
+}
+
+void cu_embedding_forward(void *out, const int32_t *ids, const void *wte, int N, int C) {
+    cu_gather_rows(out, wte, ids, N, C);
+}
+
+// dwte[id] += dout rows, deterministic and equal to the CPU's row order: the block of the
+// first occurrence of an id owns its row; it lists the later occurrences in order
+// (ballots, 256 ids at a time) and adds them one after the other in fp32.
+#define EMB_LIST 1024
+__global__ void embedding_bwd_kernel(float *dwte, const int32_t *ids, const bf16 *dout, int N, int C) {
+    __shared__ int list[EMB_LIST + 256];
+    __shared__ int wcount[8], cnt;
+    const int n = blockIdx.x, id = ids[n], tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int dup = 0;
+    for (int m = tid; m < n; m += blockDim.x) dup |= ids[m] == id;
+    if (__syncthreads_or(dup)) return;  // an earlier token owns this row
+    if (tid == 0) cnt = 0;
+    __syncthreads();
+    float *row = dwte + (size_t)id * C;
+    for (int base = n; base < N; base += 256) {
+        int m = base + tid, match = m < N && ids[m] == id;
+        unsigned bal = __ballot_sync(0xffffffffu, match);
+        if (lane == 0) wcount[warp] = __popc(bal);
+        __syncthreads();
+        int off = cnt;
+        for (int w = 0; w < warp; w++) off += wcount[w];
+        if (match) list[off + __popc(bal & ((1u << lane) - 1))] = m;
+        __syncthreads();
+        if (tid == 0)
+            for (int w = 0; w < 8; w++) cnt += wcount[w];
+        __syncthreads();
+        if (cnt >= EMB_LIST || base + 256 >= N) {  // flush the list in order
+            for (int c = tid; c < C; c += blockDim.x) {
+                float acc = row[c];
+                for (int j = 0; j < cnt; j++) acc += __bfloat162float(dout[(size_t)list[j] * C + c]);
+                row[c] = acc;
+            }
+            __syncthreads();
+            if (tid == 0) cnt = 0;
+            __syncthreads();
+        }
+    }
+}
+void cu_embedding_backward(void *dwte, const int32_t *ids, const void *dout, int N, int C) {
+    if (N <= 0) return;
+    embedding_bwd_kernel<<<N, 256, 0, cu_stream()>>>((float *)dwte, ids, (const bf16 *)dout, N, C);
+    launchCheck();
+}
+
