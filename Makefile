@@ -1,7 +1,7 @@
 # Makefile for fp8-grpo.
 #
 #   make              build ./train_grpo and ./generate (CPU backend always; CUDA
-#                     backend too when nvcc is found)
+#                     backend too when nvcc is found), on every core
 #   make test         build and run the CPU test suites (Check); non-zero on any failure
 #   make test-gpu     build and run the GPU test suites (needs a CUDA GPU)
 #   make bench-gemm   build build/gemm_fp8 from dev/gemm_fp8.cu (the FP8 GEMM versions + benchmark, GPU)
@@ -10,15 +10,33 @@
 #
 # Knobs: CUDA_HOME=/path (default: where nvcc lives), NO_CUDA=1 (CPU only),
 # GPU_ARCH=90a|89|120|all (default: probe the GPU, else all), DEPS_PREFIX=dir
-# (Check/cJSON/PCRE2 unpacked somewhere, see ../shared/tools/devdeps).
+# (Check/cJSON/PCRE2 unpacked there: see fetch_deps.sh).
 
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
 CC      ?= gcc
 CFLAGS  ?= -O3 -march=native -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -I.
 LDLIBS  := -lm -fopenmp
 BUILD   := build
 
-# ---- C libraries (Debian: libcjson-dev libpcre2-dev check) ----
+# ---- C libraries: cJSON and PCRE2 (the programs), Check (the tests) ----
+# From DEPS_PREFIX when given; else from the system when it has them (Debian / Ubuntu: libcjson-dev
+# libpcre2-dev check); else fetched into .deps/ by ./fetch_deps.sh (apt-get download + dpkg -x: no
+# root needed), which make says it does.
+have_header = $(shell printf '\043define PCRE2_CODE_UNIT_WIDTH 8\n\043include <$(1)>\n' | $(CC) -E -x c - >/dev/null 2>&1 && echo yes)
+ifndef DEPS_PREFIX
+ifneq ($(call have_header,cjson/cJSON.h)$(call have_header,pcre2.h)$(call have_header,check.h),yesyesyes)
+DEPS_PREFIX := $(CURDIR)/.deps/usr
+ifeq ($(wildcard $(DEPS_PREFIX)/include/check.h),)
+$(info deps: cJSON, PCRE2 or Check not found on this system: fetching them into .deps/ (./fetch_deps.sh: apt-get download + dpkg -x, no root))
+ifneq ($(shell ./fetch_deps.sh .deps >&2 && echo ok),ok)
+$(error deps: fetching failed (see above): install libcjson-dev libpcre2-dev check, or pass DEPS_PREFIX=dir)
+endif
+else
+$(info deps: cJSON, PCRE2 and Check from .deps/ (fetched earlier by ./fetch_deps.sh))
+endif
+endif
+endif
 ifdef DEPS_PREFIX
 CFLAGS  += -I$(DEPS_PREFIX)/include
 LDFLAGS += -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Wl,-rpath,$(DEPS_PREFIX)/lib/x86_64-linux-gnu

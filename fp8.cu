@@ -413,7 +413,6 @@ __global__ void __launch_bounds__(256) gemm_fp8_v3_kernel(T *y, GemmArgs a) {
             }
 }
 
-
 template <typename T, int FX, int FW, bool BW>
 static void launch_v3_t(T *y, const GemmArgs &a) {
     static int attr_set = 0;  // per instantiation
@@ -437,8 +436,6 @@ static void launch_v3(T *y, const GemmArgs &a) {
     else if (a.fx == FP8_E4M3 && a.fw == FP8_E5M2) launch_v3_f<T, FP8_E4M3, FP8_E5M2>(y, a);
     else launch_v3_f<T, FP8_E5M2, FP8_E5M2>(y, a);
 }
-
-
 
 // ----------------------------------------------------------------------------
 // cuBLASLt. cuBLASLt is column-major: our row-major Y[M,N] is its D (N x M, ld N), and

@@ -1,6 +1,6 @@
 // dev/bench_rollout.c: rollout throughput of the engine (rollout.c) on the CUDA backend,
 // Qwen3-shaped random models, prompt 128 + 256 new tokens at fixed length (no EOS),
-// sampling at temperature 1 as transformers' generate in ../shared/bench/peers.py does.
+// sampling at temperature 1 as transformers' generate in dev/peers.py does.
 // Reports tokens/s (new tokens over prefill + decode), the decode step time against the
 // floor of BENCHMARKS.md (bytes read per step / 3.0 TB/s), and memory. With --startup,
 // also the time from a bf16 safetensors checkpoint on disk to the first sampled token.

@@ -1,5 +1,5 @@
 // dev/qwen3_shapes.h: the Qwen3-0.6B and Qwen3-8B shapes the benchmarks use (the same
-// configurations ../shared/bench/peers.py builds for the peers: random weights).
+// configurations dev/peers.py builds for the peers: random weights).
 #ifndef QWEN3_SHAPES_H
 #define QWEN3_SHAPES_H
 

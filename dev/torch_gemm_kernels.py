@@ -1,4 +1,4 @@
-# Each product of ../shared/bench/peers.py gemm at one shape, twice, so that a profiler names the
+# Each product of dev/peers.py gemm at one shape, twice, so that a profiler names the
 # kernels torch runs (BF16 matmul, torch._scaled_mm per tensor / row / block):
 #   ncu --kernel-name regex:"nvjet|sm90|gemm|cutlass" --metrics sm__cycles_elapsed.max \
 #       python3 dev/torch_gemm_kernels.py 8192x4096x4096

@@ -508,7 +508,7 @@ START_TEST(test_bf16_gemm_and_dx) {
 }
 END_TEST
 
-// AUTO's choice at the M = 8192 shapes of ../shared/BENCHMARKS.md and two more with K = 1024, as
+// AUTO's choice at the M = 8192 benchmark shapes (dev/bench_gemm.cu) and two more with K = 1024, as
 // fp8_hopper.cu's hopper_wgmma_preferred states it from the measurements (dev/RESULTS.md, session 5): on Hopper
 // the wgmma kernel (version 7) at K <= 1024 where its tiles keep the GPU >= 90% busy (132 SMs),
 // cuBLASLt elsewhere. Only the choice is asserted here:
