@@ -80,6 +80,21 @@ __device__ __forceinline__ void load_rows(bf16 *s, const bf16 *g, size_t ld, int
     }
 }
 
+// Key/value block j is in buffer j & 1 (of Ks, Vs: 2 x BC rows each): start loading block j + 1 into
+// the other, then wait until block j has landed and every thread sees it
+template <int HD, int BC>
+__device__ __forceinline__ void next_kv_block(bf16 *Ks, bf16 *Vs, const bf16 *kg, const bf16 *vg, size_t ldk, int j,
+                                              int nkt, int T, int tid) {
+    if (j + 1 < nkt) {
+        int nb = (j + 1) & 1;
+        load_rows<HD, BC>(Ks + nb * BC * HD, kg, ldk, (j + 1) * BC, T, tid);
+        load_rows<HD, BC>(Vs + nb * BC * HD, vg, ldk, (j + 1) * BC, T, tid);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else cp_async_wait<0>();
+    __syncthreads();
+}
+
 // The fragment addressing used throughout (lane = 0..31):
 //   A operand (16 rows x 16 k) from a row-major tile:    row = m0 + (lane & 15), chunk = 2 kk + (lane >> 4)
 //   B operand, two n-tiles of 8, from a tile holding B^T rows (n rows, k contiguous):
@@ -101,6 +116,44 @@ __device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const f
     a[1] = pack_bf16(c0[2], c0[3]);
     a[2] = pack_bf16(c1[0], c1[1]);
     a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+// c1 (16 x 16 NP, as 2 NP n-tiles) += A1 B1^T and c2 += A2 B2^T over the tiles' HD: A1, A2 hold the
+// warp's 16 rows from row a0, B1, B2 the 16 NP rows of B^T. The backward's two products of a tile,
+// S = Q K^T and dP = dO V^T (or their transposes), sharing each k step's loop.
+template <int HD, int NP>
+__device__ __forceinline__ void mma_abt2(float (&c1)[2 * NP][4], float (&c2)[2 * NP][4], const bf16 *A1, const bf16 *A2,
+                                         int a0, const bf16 *B1, const bf16 *B2) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        uint32_t a1[4], a2[4];
+        ldsm4(a1, A1 + toff<HD>(A_ROW(a0), A_CH(kk)));
+        ldsm4(a2, A2 + toff<HD>(A_ROW(a0), A_CH(kk)));
+#pragma unroll
+        for (int np = 0; np < NP; np++) {
+            uint32_t bb[4];
+            ldsm4(bb, B1 + toff<HD>(BN_ROW(np * 16), BN_CH(kk)));
+            mma16816(c1[2 * np], a1, bb[0], bb[1]);
+            mma16816(c1[2 * np + 1], a1, bb[2], bb[3]);
+            ldsm4(bb, B2 + toff<HD>(BN_ROW(np * 16), BN_CH(kk)));
+            mma16816(c2[2 * np], a2, bb[0], bb[1]);
+            mma16816(c2[2 * np + 1], a2, bb[2], bb[3]);
+        }
+    }
+}
+// acc (16 x HD, as HD / 8 n-tiles) += A B: A one k step's operand (16 x 16: c_to_a of two C n-tiles),
+// B the 16 rows from k0 of a tile of rows of HD, read transposed (P V, dS K, P^T dO, dS^T Q)
+template <int HD>
+__device__ __forceinline__ void mma_ab_rows(float (&acc)[HD / 8][4], const uint32_t (&a)[4], const bf16 *B, int k0) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int np = 0; np < HD / 16; np++) {
+        uint32_t bb[4];
+        ldsm4t(bb, B + toff<HD>(BT_ROW(k0), BT_CH(np)));
+        mma16816(acc[2 * np], a, bb[0], bb[1]);
+        mma16816(acc[2 * np + 1], a, bb[2], bb[3]);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -133,14 +186,7 @@ __global__ void __launch_bounds__(128) attn_fwd_mma(bf16 *__restrict__ out, floa
     for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     uint32_t qf[KS][4];
     for (int j = 0; j < nkt; j++) {
-        if (j + 1 < nkt) {
-            int nb = (j + 1) & 1;
-            load_rows<HD, BC>(Ks + nb * BC * HD, kg, ldk, (j + 1) * BC, T, tid);
-            load_rows<HD, BC>(Vs + nb * BC * HD, vg, ldk, (j + 1) * BC, T, tid);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else cp_async_wait<0>();
-        __syncthreads();
+        next_kv_block<HD, BC>(Ks, Vs, kg, vg, ldk, j, nkt, T, tid);
         if (j == 0) {
 #pragma unroll
             for (int kk = 0; kk < KS; kk++) ldsm4(qf[kk], Qs + toff<HD>(A_ROW(warp * 16), A_CH(kk)));
@@ -195,13 +241,7 @@ __global__ void __launch_bounds__(128) attn_fwd_mma(bf16 *__restrict__ out, floa
         for (int kk = 0; kk < 4; kk++) {
             uint32_t a[4];
             c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int np = 0; np < ND / 2; np++) {
-                uint32_t bb[4];
-                ldsm4t(bb, Vb + toff<HD>(BT_ROW(kk * 16), BT_CH(np)));
-                mma16816(o[2 * np], a, bb[0], bb[1]);
-                mma16816(o[2 * np + 1], a, bb[2], bb[3]);
-            }
+            mma_ab_rows<HD>(o, a, Vb, kk * 16);
         }
         __syncthreads();  // the buffer is refilled next iteration
     }
@@ -251,7 +291,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dkdv_mma(bf16 *__restrict__ dk, 
                                                          const float *__restrict__ Dg, const bf16 *__restrict__ q,
                                                          const bf16 *__restrict__ k, const bf16 *__restrict__ v, int T,
                                                          int NH, int KVH, float sc) {
-    constexpr int BC = 64, BQ = 32, KS = HD / 16, ND = HD / 8;
+    constexpr int BC = 64, BQ = 32, ND = HD / 8;
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *Ks = (bf16 *)smem, *Vs = Ks + BC * HD, *Qs = Vs + BC * HD, *dOs = Qs + 2 * BQ * HD;
     float *Ls = (float *)(dOs + 2 * BQ * HD), *Ds = Ls + 2 * BQ;
@@ -298,22 +338,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dkdv_mma(bf16 *__restrict__ dk, 
         for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) st[i][e] = dp[i][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            uint32_t ka[4], va[4];
-            ldsm4(ka, Ks + toff<HD>(A_ROW(warp * 16), A_CH(kk)));
-            ldsm4(va, Vs + toff<HD>(A_ROW(warp * 16), A_CH(kk)));
-#pragma unroll
-            for (int np = 0; np < 2; np++) {
-                uint32_t bb[4];
-                ldsm4(bb, Qb + toff<HD>(BN_ROW(np * 16), BN_CH(kk)));
-                mma16816(st[2 * np], ka, bb[0], bb[1]);
-                mma16816(st[2 * np + 1], ka, bb[2], bb[3]);
-                ldsm4(bb, dOb + toff<HD>(BN_ROW(np * 16), BN_CH(kk)));
-                mma16816(dp[2 * np], va, bb[0], bb[1]);
-                mma16816(dp[2 * np + 1], va, bb[2], bb[3]);
-            }
-        }
+        mma_abt2<HD, 2>(st, dp, Ks, Vs, warp * 16, Qb, dOb);
 #pragma unroll
         for (int nt = 0; nt < 4; nt++)
 #pragma unroll
@@ -328,16 +353,8 @@ __global__ void __launch_bounds__(128) attn_bwd_dkdv_mma(bf16 *__restrict__ dk, 
             uint32_t pa[4], da[4];
             c_to_a(pa, st[2 * kk], st[2 * kk + 1]);
             c_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
-#pragma unroll
-            for (int np = 0; np < ND / 2; np++) {
-                uint32_t bb[4];
-                ldsm4t(bb, dOb + toff<HD>(BT_ROW(kk * 16), BT_CH(np)));
-                mma16816(dva[2 * np], pa, bb[0], bb[1]);
-                mma16816(dva[2 * np + 1], pa, bb[2], bb[3]);
-                ldsm4t(bb, Qb + toff<HD>(BT_ROW(kk * 16), BT_CH(np)));
-                mma16816(dka[2 * np], da, bb[0], bb[1]);
-                mma16816(dka[2 * np + 1], da, bb[2], bb[3]);
-            }
+            mma_ab_rows<HD>(dva, pa, dOb, kk * 16);  // dV += P^T dO
+            mma_ab_rows<HD>(dka, da, Qb, kk * 16);   // dK += dS^T Q
         }
         __syncthreads();
     }
@@ -360,7 +377,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_mma(bf16 *__restrict__ dq, co
                                                        const float *__restrict__ lse, const float *__restrict__ Dg,
                                                        const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                                                        const bf16 *__restrict__ v, int T, int NH, int KVH, float sc) {
-    constexpr int BR = 64, BC = 64, KS = HD / 16, ND = HD / 8;
+    constexpr int BR = 64, BC = 64, ND = HD / 8;
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *Qs = (bf16 *)smem, *dOs = Qs + BR * HD, *Ks = dOs + BR * HD, *Vs = Ks + 2 * BC * HD;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -388,36 +405,14 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_mma(bf16 *__restrict__ dq, co
 #pragma unroll
     for (int i = 0; i < ND; i++) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.f;
     for (int j = 0; j < nkt; j++) {
-        if (j + 1 < nkt) {
-            int nb = (j + 1) & 1;
-            load_rows<HD, BC>(Ks + nb * BC * HD, kg, ldk, (j + 1) * BC, T, tid);
-            load_rows<HD, BC>(Vs + nb * BC * HD, vg, ldk, (j + 1) * BC, T, tid);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else cp_async_wait<0>();
-        __syncthreads();
+        next_kv_block<HD, BC>(Ks, Vs, kg, vg, ldk, j, nkt, T, tid);
         const bf16 *Kb = Ks + (j & 1) * BC * HD, *Vb = Vs + (j & 1) * BC * HD;
         float s[8][4], dp[8][4];
 #pragma unroll
         for (int i = 0; i < 8; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            uint32_t qa[4], da[4];
-            ldsm4(qa, Qs + toff<HD>(A_ROW(warp * 16), A_CH(kk)));
-            ldsm4(da, dOs + toff<HD>(A_ROW(warp * 16), A_CH(kk)));
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                ldsm4(bb, Kb + toff<HD>(BN_ROW(np * 16), BN_CH(kk)));
-                mma16816(s[2 * np], qa, bb[0], bb[1]);
-                mma16816(s[2 * np + 1], qa, bb[2], bb[3]);
-                ldsm4(bb, Vb + toff<HD>(BN_ROW(np * 16), BN_CH(kk)));
-                mma16816(dp[2 * np], da, bb[0], bb[1]);
-                mma16816(dp[2 * np + 1], da, bb[2], bb[3]);
-            }
-        }
+        mma_abt2<HD, 4>(s, dp, Qs, dOs, warp * 16, Kb, Vb);
         const int kb = j * BC;
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
@@ -431,13 +426,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_mma(bf16 *__restrict__ dq, co
         for (int kk = 0; kk < 4; kk++) {
             uint32_t a[4];
             c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int np = 0; np < ND / 2; np++) {
-                uint32_t bb[4];
-                ldsm4t(bb, Kb + toff<HD>(BT_ROW(kk * 16), BT_CH(np)));
-                mma16816(dqa[2 * np], a, bb[0], bb[1]);
-                mma16816(dqa[2 * np + 1], a, bb[2], bb[3]);
-            }
+            mma_ab_rows<HD>(dqa, a, Kb, kk * 16);  // dQ += dS K
         }
         __syncthreads();
     }

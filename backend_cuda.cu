@@ -55,20 +55,22 @@ static struct {
 
 cudaStream_t cu_stream(void) { return G.stream; }
 
+// the one-line error of a failed cudaMalloc: what was asked, what is free, which options lower it
+__attribute__((noreturn)) static void die_out_of_memory(size_t bytes, const char *what) {
+    cudaGetLastError();
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    die("out of GPU memory allocating %.1f MiB%s (%.1f MiB free of %.1f): lower --gpu_memory_utilization or the batch "
+        "size", bytes / 1048576.0, what, fr / 1048576.0, tot / 1048576.0);
+}
+
 void *cu_scratch(int i, size_t bytes) {
     if (G.scratch_bytes[i] < bytes) {
         cudaCheck(cudaStreamSynchronize(G.stream));
         if (G.scratch[i]) cudaCheck(cudaFree(G.scratch[i]));
         G.scratch[i] = NULL;
         size_t want = bytes + bytes / 8;  // a little headroom against regrowth
-        if (cudaMalloc(&G.scratch[i], want) != cudaSuccess) {
-            cudaGetLastError();
-            size_t fr = 0, tot = 0;
-            cudaMemGetInfo(&fr, &tot);
-            die("out of GPU memory allocating %.1f MiB of CUDA backend scratch (%.1f MiB free of %.1f): lower "
-                "--gpu-memory-utilization or the batch size",
-                want / 1048576.0, fr / 1048576.0, tot / 1048576.0);
-        }
+        if (cudaMalloc(&G.scratch[i], want) != cudaSuccess) die_out_of_memory(want, " of CUDA backend scratch");
         G.scratch_bytes[i] = want;
         G.epoch++;  // recordings made before hold the old pointer
     }
@@ -93,14 +95,7 @@ static size_t cu_mem_capacity(void) { return mem_total > mem_base ? mem_total - 
 
 static void *cu_alloc(size_t bytes) {
     void *p = NULL;
-    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
-        cudaGetLastError();
-        size_t fr = 0, tot = 0;
-        cudaMemGetInfo(&fr, &tot);
-        die("out of GPU memory allocating %.1f MiB (%.1f MiB free of %.1f): lower --gpu-memory-utilization or the "
-            "batch size",
-            bytes / 1048576.0, fr / 1048576.0, tot / 1048576.0);
-    }
+    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) die_out_of_memory(bytes, "");
     cu_mem_in_use(NULL);  // usage only grows at allocations: sampling here keeps the peak exact
     return p;
 }
