@@ -11,8 +11,8 @@
 // its operands from shared memory through "matrix descriptors", fed by the TMA copy engine
 // (cp.async.bulk.tensor) completing on mbarriers (the instructions: hopper.cuh).
 //
-// 1. The wgmma kernel (dev/cuda's version 7). AUTO runs it at K <= 1024 on large products, where it
-//    measured 5-10% faster than cuBLASLt at every granularity (8192 x 3072 x 1024: tensor 1108 vs
+// 1. The wgmma kernel, version 7 (dev/cuda/ holds versions 1-6). AUTO runs it at K <= 1024 on large
+//    products, where it measured 5-10% faster than cuBLASLt at every granularity (8192 x 3072 x 1024: tensor 1108 vs
 //    1013 TFLOP/s, row 1057 vs 956, block 1050 vs 950 on the H100); elsewhere cuBLASLt is as fast or
 //    faster and runs instead.
 //    - Output tile 128 (M) x 192 (N); K step 128 = one scale block = one 128-byte row of codes.
@@ -40,7 +40,7 @@
 //      which clips rows >= M and columns >= N. f32 or Y += goes straight from registers.
 //    - Any M, N (TMA zero-fills the parts of a box outside the tensor) and K % 16 == 0 (TMA needs
 //      16-byte rows; a partial last K step is zero-padded).
-// 2. The decode kernel (version 8), for M <= 64: a decode step multiplies a few dozen tokens by every
+// 2. The decode kernel, version 8, for M <= 64: a decode step multiplies a few dozen tokens by every
 //    weight once, so its time is the time to stream W. One 64 x 128 output tile per block and K split
 //    over a thread-block cluster of up to 8 blocks, summed through distributed shared memory: more
 //    SMs read W than cuBLASLt's 128-wide tiles keep busy at N <= 4096. It pays 4.5% of Qwen3-0.6B's
@@ -358,7 +358,7 @@ struct WgTileWalk {
 // TMA_OUT: the bf16 epilogue through shared memory and TMA stores (Y =, 16-byte output rows)
 template <typename T, int GRAN, bool TMA_OUT>
 __global__ void __launch_bounds__(384, 1)
-    gemm_fp8_wgmma_kernel(T *y, const GemmArgs a, const __grid_constant__ CUtensorMap tmx,
+    gemm_fp8_v7_kernel(T *y, const GemmArgs a, const __grid_constant__ CUtensorMap tmx,
                           const __grid_constant__ CUtensorMap tmw, const __grid_constant__ CUtensorMap tmy) {
 #ifdef FP8_SM90A
     using Cfg = WgCfg<GRAN>;
@@ -442,7 +442,7 @@ static_assert(2 * (DK_SMEM + 1024) <= 233472, "two blocks per SM");
 
 template <typename T, int GRAN>
 __global__ void __launch_bounds__(160, 2)
-    gemm_fp8_decode_kernel(T *y, const GemmArgs a, const __grid_constant__ CUtensorMap tmx,
+    gemm_fp8_v8_kernel(T *y, const GemmArgs a, const __grid_constant__ CUtensorMap tmx,
                            const __grid_constant__ CUtensorMap tmw) {
 #ifdef FP8_SM90A
     extern __shared__ uint8_t smem_raw[];
@@ -611,7 +611,7 @@ int hopper_decode_preferred(int M, int N, int K) {
 template <typename T, int GRAN, bool TMA_OUT>
 static void launch_wgmma(T *y, const GemmArgs &a, int sms, cudaStream_t stream) {
     static int attr_set = 0;  // per instantiation
-    auto kern = gemm_fp8_wgmma_kernel<T, GRAN, TMA_OUT>;
+    auto kern = gemm_fp8_v7_kernel<T, GRAN, TMA_OUT>;
     if (!attr_set) {
         cudaCheck(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, WgCfg<GRAN>::SMEM));
         attr_set = 1;
@@ -654,7 +654,7 @@ static int decode_splits(int M, int N, int K, const int *maxc) {
 template <typename T, int GRAN>
 static void launch_decode(T *y, const GemmArgs &a, cudaStream_t stream) {
     static int attr_set = 0;  // per instantiation
-    auto kern = gemm_fp8_decode_kernel<T, GRAN>;
+    auto kern = gemm_fp8_v8_kernel<T, GRAN>;
     if (!attr_set) {
         cudaCheck(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, DK_SMEM));
         attr_set = 1;
