@@ -12,9 +12,9 @@
 // (cp.async.bulk.tensor) completing on mbarriers (the instructions: hopper.cuh).
 //
 // 1. The wgmma kernel, version 7 (dev/cuda/ holds versions 1-6). AUTO runs it at K <= 1024 on large
-//    products, where it measured 5-10% faster than cuBLASLt at every granularity (8192 x 3072 x 1024: tensor 1108 vs
-//    1013 TFLOP/s, row 1057 vs 956, block 1050 vs 950 on the H100); elsewhere cuBLASLt is as fast or
-//    faster and runs instead.
+//    products, where it measured 5-10% faster than cuBLASLt at every granularity (8192 x 3072 x 1024
+//    on the H100: tensor 1108 vs 1013 TFLOP/s, row 1057 vs 956, block 1050 vs 950); elsewhere cuBLASLt
+//    is as fast or faster and runs instead.
 //    - Output tile 128 (M) x 192 (N); K step 128 = one scale block = one 128-byte row of codes.
 //    - 384 threads = 3 warpgroups. Warpgroup 0 produces: one thread issues two TMA loads per K step
 //      (X 128 x 128 B, W 192 x 128 B) into a ring of 4 stages, each guarded by a "full" mbarrier (the
