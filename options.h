@@ -1,0 +1,268 @@
+// options.h: the one command-line parser of ./train_grpo and ./generate, and their --help.
+// Defines Option (a row of a program's option table), OptionTable, options_parse,
+// options_given and options_help. Header-only, like common.h: the Makefile builds the
+// library from a fixed list of .c files, and each program includes this once.
+//
+// A program describes every option in one table: the name (TRL's, in underscore form),
+// the kind, where the value is stored, its range or choices, its default as --help shows
+// it, and a one-line meaning; rows of kind OPT_SECTION title the rows below them in --help.
+// One rule for both programs:
+//   --name value  or  --name=value, and '-' and '_' are the same in every name;
+//   a flag stands alone (--resume) or takes true/false (--resume=false, --resume false),
+//   as transformers' HfArgumentParser reads booleans;
+//   --help (or -h) prints every option with its default and meaning, and exits 0;
+//   anything wrong is one line on stderr, "error: --name: what is allowed", and exit 1.
+// Defaults: each row's dflt is parsed like a command-line value before argv is read, so the
+// default --help shows is the one that runs. A row's dflt_model replaces dflt when --model is
+// given and the option is not (train_grpo's TRL-like defaults for real checkpoints). GRPO rows
+// go through grpo_config_set (grpo.c checks their values); their default is
+// grpo_config_default()'s unless the row names one, so each default is written once.
+#ifndef OPTIONS_H
+#define OPTIONS_H
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "grpo.h"
+
+typedef enum {
+    OPT_SECTION,    // not an option: the title of the rows below it in --help
+    OPT_INT,        // int in [lo, hi]
+    OPT_LONG,       // long in [lo, hi]
+    OPT_DOUBLE,     // double in [lo, hi]
+    OPT_STRING,     // const char * (into argv, or the default's literal)
+    OPT_CHOICE,     // const char *, one of choices
+    OPT_FLAG,       // int, 0 or 1
+    OPT_GRPO,       // a GrpoConfig option, set by grpo_config_set (off unused)
+    OPT_GRPO_FLAG,  // the same, a boolean: a bare --name means true
+} OptKind;
+
+typedef struct {
+    const char *name;        // TRL's name, underscore form (OPT_SECTION: the section's title)
+    OptKind kind;
+    size_t off;              // offsetof(the program's options struct, the field)
+    double lo, hi;           // OPT_INT, OPT_LONG, OPT_DOUBLE: the allowed range
+    const char *choices;     // OPT_CHOICE: "block|row|tensor|off"; OPT_GRPO: the values, for --help only
+    const char *dflt;        // the default, written as on a command line; NULL: unset (0 or NULL)
+    const char *dflt_model;  // the default when --model is given; NULL: dflt
+    const char *unset;       // --help's words for an unset default ("the built-in tiny model")
+    const char *meta;        // --help's name for the value; NULL: by kind (N, X, TEXT, the choices)
+    const char *help;        // what it means, one line
+} Option;
+
+#define OPTIONS_MAX 128
+typedef struct {
+    const char *usage;                 // --help's first line(s)
+    const Option *rows;
+    int n;
+    void *base;                        // the struct the rows' offsets point into
+    GrpoConfig *grpo;                  // where GRPO rows go (NULL: the table has none)
+    unsigned char given[OPTIONS_MAX];  // filled by options_parse: 1 for the rows argv named
+} OptionTable;
+
+static inline void options_help(const OptionTable *t, FILE *f);
+
+// the row named name (underscore form), or -1
+static inline int opt_find(const OptionTable *t, const char *name) {
+    for (int i = 0; i < t->n; i++)
+        if (t->rows[i].kind != OPT_SECTION && !strcmp(t->rows[i].name, name)) return i;
+    return -1;
+}
+
+// 1, 0, or -1 when v is not a boolean word
+static inline int opt_bool(const char *v) {
+    static const char *yes[] = {"true", "True", "1", "yes", "on"}, *no[] = {"false", "False", "0", "no", "off"};
+    for (int i = 0; i < 5; i++) {
+        if (!strcmp(v, yes[i])) return 1;
+        if (!strcmp(v, no[i])) return 0;
+    }
+    return -1;
+}
+
+// "a|b|c" -> "a, b or c"
+static inline void opt_choices_text(const char *choices, char *out, size_t cap) {
+    size_t n = 0, bars = 0;
+    for (const char *c = choices; *c; c++) bars += *c == '|';
+    out[0] = 0;
+    for (const char *c = choices; *c && n + 5 < cap; c++) {
+        if (*c != '|') { out[n++] = *c; continue; }
+        const char *sep = --bars ? ", " : " or ";
+        memcpy(out + n, sep, strlen(sep));
+        n += strlen(sep);
+    }
+    out[n] = 0;
+}
+
+static inline int opt_is_choice(const char *choices, const char *v) {
+    size_t n = strlen(v);
+    for (const char *c = choices; *c;) {
+        size_t k = strcspn(c, "|");
+        if (k == n && !strncmp(c, v, n)) return 1;
+        c += k + (c[k] == '|');
+    }
+    return 0;
+}
+
+// row i's value from text v (a command-line value or a default); dies naming the option
+static inline void opt_set(OptionTable *t, int i, const char *v) {
+    const Option *o = &t->rows[i];
+    void *p = (char *)t->base + o->off;
+    char *end, what[256], err[256];
+    switch (o->kind) {
+        case OPT_INT:
+        case OPT_LONG: {
+            if (o->hi >= 1e9) snprintf(what, sizeof what, "an integer >= %.0f", o->lo);
+            else snprintf(what, sizeof what, "an integer in [%.0f, %.0f]", o->lo, o->hi);
+            errno = 0;
+            long long x = strtoll(v, &end, 10);
+            if (errno || end == v || *end || x < o->lo || x > o->hi) die("--%s: '%s' is not %s", o->name, v, what);
+            if (o->kind == OPT_LONG) *(long *)p = (long)x;
+            else *(int *)p = (int)x;
+            break;
+        }
+        case OPT_DOUBLE: {
+            double x = strtod(v, &end);
+            if (end == v || *end || !(x >= o->lo && x <= o->hi)) die("--%s: '%s' is not a number in [%g, %g]", o->name, v, o->lo, o->hi);
+            *(double *)p = x;
+            break;
+        }
+        case OPT_STRING: *(const char **)p = v; break;
+        case OPT_CHOICE:
+            opt_choices_text(o->choices, what, sizeof what);
+            if (!opt_is_choice(o->choices, v)) die("--%s: unknown value '%s': use %s", o->name, v, what);
+            *(const char **)p = v;
+            break;
+        case OPT_FLAG: {
+            int b = opt_bool(v);
+            if (b < 0) die("--%s: '%s' is not true or false", o->name, v);
+            *(int *)p = b;
+            break;
+        }
+        case OPT_GRPO:
+        case OPT_GRPO_FLAG: {
+            if (!t->grpo) die("option table: --%s is a GRPO option but the table has no GrpoConfig", o->name);
+            int r = grpo_config_set(t->grpo, o->name, v, err, sizeof err);
+            if (r == 1) die("option table: --%s is not an option grpo_config_set knows", o->name);
+            size_t n = strlen(o->name);
+            if (r < 0) {  // grpo.c's messages often start with the name: "beta must be >= 0 (got -1)"
+                if (!strncmp(err, o->name, n) && (err[n] == ' ' || err[n] == ':')) die("--%s", err);
+                die("--%s: %s", o->name, err);
+            }
+            break;
+        }
+        case OPT_SECTION: break;
+    }
+}
+
+// Defaults, then argv, then the --model defaults of the options argv did not name.
+// --help or -h anywhere: the help on stdout, exit 0.
+static inline void options_parse(OptionTable *t, int argc, char **argv) {
+    if (t->n > OPTIONS_MAX) die("option table: %d rows, more than OPTIONS_MAX %d", t->n, OPTIONS_MAX);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            options_help(t, stdout);
+            exit(0);
+        }
+    if (t->grpo) *t->grpo = grpo_config_default();
+    for (int k = 0; k < t->n; k++)
+        if (t->rows[k].kind != OPT_SECTION && t->rows[k].dflt) opt_set(t, k, t->rows[k].dflt);
+    memset(t->given, 0, sizeof t->given);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) || !a[2]) die("unexpected argument '%s' (options start with --; see --help)", a);
+        const char *eq = strchr(a, '='), *val = eq ? eq + 1 : NULL;  // into argv: lives as long as the program
+        size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        char name[128];
+        if (len >= sizeof name) die("unknown option --%.60s... (see --help)", a + 2);
+        for (size_t c = 0; c < len; c++) name[c] = a[2 + c] == '-' ? '_' : a[2 + c];
+        name[len] = 0;
+        int k = opt_find(t, name);
+        if (k < 0) {  // a near name, when one contains what was typed (--fp8: --load_in_fp8)
+            for (int j = 0; j < t->n && len >= 3; j++)
+                if (t->rows[j].kind != OPT_SECTION && strstr(t->rows[j].name, name))
+                    die("unknown option --%.*s: did you mean --%s? (see --help)", (int)len, a + 2, t->rows[j].name);
+            die("unknown option --%.*s (see --help)", (int)len, a + 2);
+        }
+        OptKind kind = t->rows[k].kind;
+        if (!val && (kind == OPT_FLAG || kind == OPT_GRPO_FLAG))
+            val = i + 1 < argc && opt_bool(argv[i + 1]) >= 0 ? argv[++i] : "true";
+        if (!val) {
+            if (i + 1 >= argc) die("--%s needs a value (see --help)", t->rows[k].name);
+            val = argv[++i];
+        }
+        opt_set(t, k, val);
+        t->given[k] = 1;
+    }
+    int k_model = opt_find(t, "model");
+    if (k_model >= 0 && t->given[k_model])
+        for (int k = 0; k < t->n; k++)
+            if (t->rows[k].dflt_model && !t->given[k]) opt_set(t, k, t->rows[k].dflt_model);
+}
+
+// 1 when the command line named the option
+static inline int options_given(const OptionTable *t, const char *name) {
+    int k = opt_find(t, name);
+    return k >= 0 && t->given[k];
+}
+
+// --help: by section, each option with its value's name, meaning and default, wrapped at 100 columns
+static inline void options_help(const OptionTable *t, FILE *f) {
+    enum { COL = 34, WIDTH = 100 };
+    GrpoConfig gd = grpo_config_default();
+    fprintf(f, "%s\n", t->usage);
+    for (int k = 0; k < t->n; k++) {
+        const Option *o = &t->rows[k];
+        if (o->kind == OPT_SECTION) {
+            fprintf(f, "\n%s:\n", o->name);
+            continue;
+        }
+        const char *meta = o->meta;
+        if (!meta) {
+            switch (o->kind) {
+                case OPT_INT:
+                case OPT_LONG: meta = "N"; break;
+                case OPT_DOUBLE: meta = "X"; break;
+                case OPT_CHOICE: meta = o->choices; break;
+                case OPT_GRPO: meta = o->choices ? o->choices : "X"; break;
+                case OPT_STRING: meta = "TEXT"; break;
+                default: meta = "";
+            }
+        }
+        char buf[128], text[1024];
+        const char *d = o->dflt;
+        if (!d && (o->kind == OPT_GRPO || o->kind == OPT_GRPO_FLAG) && grpo_config_get(&gd, o->name, buf, sizeof buf) == 0) d = buf;
+        if (!d && o->kind != OPT_FLAG) d = o->unset ? o->unset : "none";  // flags are off unless given
+        int n = snprintf(text, sizeof text, "%s", o->help);
+        if (d && o->dflt_model)
+            snprintf(text + n, sizeof text - n, " (default: %s; %s with --model)", d, o->dflt_model);
+        else if (d)
+            snprintf(text + n, sizeof text - n, " (default: %s)", d);
+        int col = fprintf(f, "  --%s%s%s", o->name, *meta ? " " : "", meta);
+        if (col >= COL - 1) {
+            fprintf(f, "\n");
+            col = 0;
+        }
+        fprintf(f, "%*s", COL - col, "");
+        col = COL;
+        for (const char *w = text; *w;) {  // word-wrap the meaning
+            size_t wl = strcspn(w, " ");
+            if (col > COL && col + 1 + (int)wl > WIDTH) {
+                fprintf(f, "\n%*s", COL, "");
+                col = COL;
+            } else if (col > COL) {
+                fputc(' ', f);
+                col++;
+            }
+            fprintf(f, "%.*s", (int)wl, w);
+            col += (int)wl;
+            w += wl;
+            while (*w == ' ') w++;
+        }
+        fprintf(f, "\n");
+    }
+}
+
+#endif  // OPTIONS_H
