@@ -180,10 +180,14 @@ static inline void options_parse(OptionTable *t, int argc, char **argv) {
         for (size_t c = 0; c < len; c++) name[c] = a[2 + c] == '-' ? '_' : a[2 + c];
         name[len] = 0;
         int k = opt_find(t, name);
-        if (k < 0) {  // a near name, when one contains what was typed (--fp8: --load_in_fp8)
-            for (int j = 0; j < t->n && len >= 3; j++)
-                if (t->rows[j].kind != OPT_SECTION && strstr(t->rows[j].name, name))
-                    die("unknown option --%.*s: did you mean --%s? (see --help)", (int)len, a + 2, t->rows[j].name);
+        if (k < 0) {  // a near name: one holding what was typed as a word (--fp8: --load_in_fp8), else at all
+            for (int pass = 0; pass < 2 && len >= 3; pass++)
+                for (int j = 0; j < t->n; j++) {
+                    const char *rn = t->rows[j].name, *at = t->rows[j].kind == OPT_SECTION ? NULL : strstr(rn, name);
+                    int word = at && (at == rn || at[-1] == '_') && (at[len] == 0 || at[len] == '_');
+                    if (at && (word || pass == 1))
+                        die("unknown option --%.*s: did you mean --%s? (see --help)", (int)len, a + 2, rn);
+                }
             die("unknown option --%.*s (see --help)", (int)len, a + 2);
         }
         OptKind kind = t->rows[k].kind;
