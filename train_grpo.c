@@ -127,7 +127,7 @@ static const Option OPTIONS[] = {
     {.name = "logging and checkpoints", .kind = OPT_SECTION},
     {"output_dir", OPT_STRING, OFF(output_dir), .meta = "DIR", .unset = "a new out/run-N per run, the warm-up cache in out/warmup",
      .help = "where metrics.jsonl, checkpoint-N/ and plot.svg go (and warmup/ with --output_dir)"},
-    {"resume", OPT_FLAG, OFF(resume), .help = "continue from the last checkpoint of --output_dir (without it: of the newest out/run-N)"},
+    {"resume", OPT_FLAG, OFF(resume), .help = "continue from the last checkpoint of --output_dir (without it: the newest out/run-N that has one)"},
     {"overwrite_output_dir", OPT_FLAG, OFF(overwrite_output_dir), .help = "start over in an --output_dir that holds checkpoints"},
     {"logging_steps", OPT_INT, OFF(logging_steps), 1, 1e9, .dflt = "1", .help = "print a step's line every N steps"},
     {"save_steps", OPT_INT, OFF(save_steps), 0, 1e9, .dflt = "0", .help = "checkpoint every N steps (0: only at the end)"},
@@ -362,23 +362,6 @@ static void make_writable_dir(const char *dir) {
     unlink(probe);
 }
 
-// the largest N of the directories run-N in dir (-1 if none)
-static int newest_run(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return -1;
-    int best = -1;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        int n;
-        char tail, p[4200];
-        if (sscanf(e->d_name, "run-%d%c", &n, &tail) != 1 || n <= best) continue;
-        path_join(p, sizeof p, dir, e->d_name);
-        if (dir_exists(p)) best = n;
-    }
-    closedir(d);
-    return best;
-}
-
 // the newest checkpoint-N in dir (-1 if none)
 static int last_checkpoint(const char *dir) {
     DIR *d = opendir(dir);
@@ -389,6 +372,23 @@ static int last_checkpoint(const char *dir) {
         int n;
         char tail;
         if (sscanf(e->d_name, "checkpoint-%d%c", &n, &tail) == 1 && n > best) best = n;
+    }
+    closedir(d);
+    return best;
+}
+
+// the largest N of the directories run-N in dir (with a checkpoint-M inside, if with_checkpoint); -1 if none
+static int newest_run(const char *dir, int with_checkpoint) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int n;
+        char tail, p[4200];
+        if (sscanf(e->d_name, "run-%d%c", &n, &tail) != 1 || n <= best) continue;
+        path_join(p, sizeof p, dir, e->d_name);
+        if (dir_exists(p) && (!with_checkpoint || last_checkpoint(p) >= 0)) best = n;
     }
     closedir(d);
     return best;
@@ -717,9 +717,9 @@ static void prepare_output(Run *r) {
     } else {
         make_writable_dir("out");
         path_join(r->warm_dir, sizeof r->warm_dir, "out", "warmup");
-        int n = newest_run("out");
-        if (o->resume && n < 0) die("--resume: out has no run-N to continue: give the run's --output_dir");
-        if (!o->resume)  // mkdir claims the number, so two runs started at once never share one
+        int n = newest_run("out", o->resume);
+        if (o->resume && n < 0) die("--resume: no out/run-N holds a checkpoint: give the run's --output_dir");
+        if (!o->resume)  // the next number; mkdir claims it, so two runs started at once never share one
             for (n = n < 0 ? 1 : n + 1;; n++) {
                 snprintf(r->dir, sizeof r->dir, "out/run-%d", n);
                 if (mkdir(r->dir, 0755) == 0) break;
@@ -727,7 +727,7 @@ static void prepare_output(Run *r) {
             }
         snprintf(r->dir, sizeof r->dir, "out/run-%d", n);
     }
-    const char *why = r->o.output_dir ? "" : o->resume ? " (the newest out/run-N)" : " (a new out/run-N for each run without --output_dir)";
+    const char *why = o->output_dir ? "" : o->resume ? " (the newest out/run-N with a checkpoint)" : " (a new out/run-N for each run without --output_dir)";
     o->output_dir = r->dir;
     path_join(r->metrics, sizeof r->metrics, r->dir, "metrics.jsonl");
     r->last = last_checkpoint(r->dir);

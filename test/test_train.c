@@ -321,7 +321,7 @@ START_TEST(test_output_dir_checked_first) {
         {"--output_dir file", "output directory file exists and is not a directory"},
         {"--output_dir file/sub", "cannot create directory file/sub"},
         {"--overwrite_output_dir", "--overwrite_output_dir needs --output_dir"},
-        {"--resume", "--resume: out has no run-N to continue"},
+        {"--resume", "--resume: no out/run-N holds a checkpoint"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         double t0 = now_sec();
@@ -379,8 +379,9 @@ static int line_after(const char *text, const char *key, char *out, size_t cap) 
 }
 
 // The default command without --output_dir, twice (out/run-1, out/run-2, the warm-up shared
-// in out/warmup), --resume continuing the newest, and the ./generate command the run prints:
-// it runs, and prints the completion's text (the decode of its --print_ids ids).
+// in out/warmup), --resume continuing the newest run that has a checkpoint, and the
+// ./generate command a run prints: it runs, and prints the completion's text (the decode of
+// its --print_ids ids).
 START_TEST(test_default_runs_and_generate) {
     setup();
     char dir[1200], cmd[8192], out[16384], err[4096], here[1024], line[4096];
@@ -426,15 +427,16 @@ START_TEST(test_default_runs_and_generate) {
     printf("generate: '%s' -> '%s'\n", strstr(line, "--prompt"), text);
     free(want);
     tokenizer_free(tok);
-    // --resume without --output_dir continues the newest run, out/run-2
-    snprintf(cmd, sizeof cmd, "cd %s && %s/train_grpo " EASY " --max_steps 2 --resume", dir, here);
+    // --resume without --output_dir continues the newest run with a checkpoint, out/run-2 (not
+    // out/run-3, a run stopped before its first checkpoint)
+    snprintf(cmd, sizeof cmd, "mkdir %s/out/run-3 && cd %s && %s/train_grpo " EASY " --max_steps 2 --resume", dir, dir, here);
     ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
-    ck_assert_msg(strstr(out, "output: out/run-2 (the newest out/run-N)") && strstr(out, "resumed from out/run-2/checkpoint-1"), "%s", out);
+    ck_assert_msg(strstr(out, "output: out/run-2 (the newest out/run-N with a checkpoint)") && strstr(out, "resumed from out/run-2/checkpoint-1"), "%s", out);
     snprintf(cmd, sizeof cmd, "%s/out/run-2/checkpoint-2/adapter_model.safetensors", dir);
     ck_assert(file_exists(cmd));
     snprintf(cmd, sizeof cmd, "%s/out/run-1/checkpoint-2", dir);
     ck_assert(!path_exists(cmd));
-    snprintf(cmd, sizeof cmd, "%s/out/run-3", dir);
+    snprintf(cmd, sizeof cmd, "%s/out/run-3/checkpoint-2", dir);
     ck_assert(!path_exists(cmd));
 }
 END_TEST
