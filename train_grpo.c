@@ -1083,52 +1083,60 @@ static void step_end(Step *s) {  // what the next step makes anew
     s->lp = s->dl = NULL;
 }
 
-// s for a shell command line: bare when it holds no character the shell reads, else in
-// single quotes (with ' as '\'')
-static void shell_word(char *out, size_t cap, const char *s, int quote) {
-    for (const char *c = s; *c && !quote; c++) quote = !(isalnum((unsigned char)*c) || strchr("_./+=:,@%-", *c));
-    size_t n = 0;
-    if (quote && n + 1 < cap) out[n++] = '\'';
-    for (const char *c = s; *c && n + 5 < cap; c++) {
-        if (*c == '\'' && quote) memcpy(out + n, "'\\''", 4), n += 4;
-        else out[n++] = *c;
+// a shell command line, built word by word
+typedef struct {
+    char s[16384];
+    size_t n;
+} CmdLine;
+
+__attribute__((format(printf, 2, 3))) static void cmd_add(CmdLine *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(c->s + c->n, sizeof c->s - c->n, fmt, ap);
+    va_end(ap);
+    if (k > 0) c->n = c->n + k < sizeof c->s ? c->n + k : sizeof c->s - 1;
+}
+
+// one word, bare when it holds nothing the shell reads (or quote is 0), else in single quotes
+static void cmd_word(CmdLine *c, const char *word, int quote) {
+    for (const char *p = word; *p && !quote; p++) quote = !(isalnum((unsigned char)*p) || strchr("_./+=:,@%-", *p));
+    cmd_add(c, "%s%s", c->n ? " " : "", quote ? "'" : "");
+    for (const char *p = word; *p; p++) {
+        if (*p == '\'' && quote) cmd_add(c, "'\\''");  // ' ends the quotes, \' is a quote, ' reopens them
+        else cmd_add(c, "%c", *p);
     }
-    if (quote && n + 1 < cap) out[n++] = '\'';
-    out[n] = 0;
+    if (quote) cmd_add(c, "'");
 }
 
 // The ./generate command that samples from the trained adapter: the run's paths, the frozen
 // weights as they were trained, and a held-out prompt (a placeholder for a long one)
 static void print_generate_command(const Run *r) {
     const Opts *o = &r->o;
-    char cmd[16384], w[4200], ck[4300];
+    CmdLine c = {.n = 0};
+    char path[4300];
     const char *slash = strrchr(r->prog, '/');  // ./generate beside ./train_grpo
-    snprintf(ck, sizeof ck, "%.*sgenerate", slash ? (int)(slash - r->prog + 1) : 0, r->prog);
-    shell_word(w, sizeof w, ck, 0);
-    int n = snprintf(cmd, sizeof cmd, "%s", w);
-#define APPEND(...) n += snprintf(cmd + n, sizeof cmd - n, __VA_ARGS__)
-    shell_word(w, sizeof w, o->model ? o->model : r->warm_dir, 0);
-    APPEND(" --model %s", w);
-    snprintf(ck, sizeof ck, "%s/checkpoint-%d", r->dir, o->max_steps);
-    shell_word(w, sizeof w, ck, 0);
-    APPEND(" --lora %s", w);
-    if (strcmp(o->load_in_fp8, "block")) APPEND(" --load_in_fp8 %s", o->load_in_fp8);
-    if (o->fp8_pow2) APPEND(" --fp8_pow2_scales");
-    if (o->bf16_first_layers) APPEND(" --bf16_first_layers %d", o->bf16_first_layers);
-    if (o->bf16_last_layers) APPEND(" --bf16_last_layers %d", o->bf16_last_layers);
-    if (r->fmt.chat) APPEND(" --chat");
+    snprintf(path, sizeof path, "%.*sgenerate", slash ? (int)(slash - r->prog + 1) : 0, r->prog);
+    cmd_word(&c, path, 0);
+    cmd_add(&c, " --model");
+    cmd_word(&c, o->model ? o->model : r->warm_dir, 0);
+    snprintf(path, sizeof path, "%s/checkpoint-%d", r->dir, o->max_steps);
+    cmd_add(&c, " --lora");
+    cmd_word(&c, path, 0);
+    if (strcmp(o->load_in_fp8, "block")) cmd_add(&c, " --load_in_fp8 %s", o->load_in_fp8);
+    if (o->fp8_pow2) cmd_add(&c, " --fp8_pow2_scales");
+    if (o->bf16_first_layers) cmd_add(&c, " --bf16_first_layers %d", o->bf16_first_layers);
+    if (o->bf16_last_layers) cmd_add(&c, " --bf16_last_layers %d", o->bf16_last_layers);
+    if (r->fmt.chat) cmd_add(&c, " --chat");
     if (r->fmt.chat && o->system_prompt && strlen(o->system_prompt) < 1000) {
-        shell_word(w, sizeof w, o->system_prompt, 1);
-        APPEND(" --system_prompt %s", w);
+        cmd_add(&c, " --system_prompt");
+        cmd_word(&c, o->system_prompt, 1);
     }
-    APPEND(" --max_new_tokens %d", r->Tc);
+    cmd_add(&c, " --max_new_tokens %d --prompt", r->Tc);
     Example ex;
     task_example(&r->task, task_size(&r->task, SPLIT_HELDOUT) != 0 ? SPLIT_HELDOUT : SPLIT_TRAIN, 0, &ex);
-    shell_word(w, sizeof w, strlen(ex.prompt) <= 200 && !strchr(ex.prompt, '\n') ? ex.prompt : "YOUR PROMPT", 1);
-    APPEND(" --prompt %s", w);
-#undef APPEND
+    cmd_word(&c, strlen(ex.prompt) <= 200 && !strchr(ex.prompt, '\n') ? ex.prompt : "YOUR PROMPT", 1);
     example_free(&ex);
-    printf("try it: %s\n", cmd);
+    printf("try it: %s\n", c.s);
 }
 
 // Stage "finish": the plot, the accuracy before and after, where everything is.
