@@ -1,52 +1,85 @@
 // generate.c: inference from the command line, for users and for tests.
 //
-//   ./generate --model DIR --tokens "1 2 3" [--max-new-tokens 16] [--temperature 0]
-//   ./generate --model DIR --prompt "Hello" [--tokenize]
-//   ./generate --model DIR --tokens "..." --dump-logits out.npy   (teacher-forced fp32 logits (T, V))
-//   ./generate --model DIR --sqnr                                 (per-layer FP8 quantization error)
+//   ./generate --model DIR --prompt "17+25="                       greedy continuation, as text
+//   ./generate --model DIR --lora out/run-1/checkpoint-150 --prompt "17+25="   with a trained adapter
+//   ./generate --model DIR --tokens "1 2 3" --max_new_tokens 16 --print_ids   ids in, ids out
+//   ./generate --model DIR --prompt "Hello" --tokenize            the prompt's ids, nothing run
+//   ./generate --model DIR --tokens "..." --dump_logits out.npy    teacher-forced fp32 logits (T, V)
+//   ./generate --model DIR --sqnr                                 per-layer FP8 quantization error
+//   ./generate --help                                             every option, its default and meaning
 //
-// Greedy by default (temperature 0); prints the continuation's ids (and text when
-// the checkpoint has a tokenizer). Runs on the GPU when one is usable, else the CPU.
+// Greedy by default (temperature 0). The frozen weights are quantized as ./train_grpo's are
+// (--load_in_fp8 block by default), so an adapter runs on the weights it was trained on.
+// stdout gets the continuation's text, or its token ids with --print_ids or when the
+// checkpoint has no tokenizer.json; stderr the diagnostics (backend, config). Runs on the GPU
+// when one is usable, else the CPU. Options: the parser and rules of train_grpo (options.h).
 #include <errno.h>
 #include <math.h>
 
 #include "lora.h"
 #include "model.h"
+#include "options.h"
 #include "safetensors.h"
 #include "tokenizer.h"
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: ./generate --model DIR (--tokens \"IDS\" | --prompt TEXT) [options]\n"
-            "  --model DIR            Hugging Face checkpoint directory (config.json, *.safetensors)\n"
-            "  --tokens \"IDS\"         prompt token ids, separated by spaces or commas\n"
-            "  --prompt TEXT          prompt text (needs tokenizer.json in DIR)\n"
-            "  --chat                 wrap --prompt in the checkpoint's chat format (user turn + assistant prefix)\n"
-            "  --tokenize             print the prompt's ids and exit\n"
-            "  --max-new-tokens N     tokens to generate (default 16)\n"
-            "  --temperature T        0 = greedy (default 0)\n"
-            "  --top-p P, --top-k K   sampling truncation (default 1.0, 0 = off)\n"
-            "  --seed S               sampling seed (default 1)\n"
-            "  --fp8 MODE             linear weights: block | row | tensor | off (default off)\n"
-            "  --lora DIR             apply a PEFT LoRA adapter\n"
-            "  --device D             auto | cpu | cuda (default auto)\n"
-            "  --dump-logits FILE     write the teacher-forced fp32 logits of the prompt as .npy (T, V) and exit\n"
-            "  --sqnr                 print the per-layer FP8 quantization error (SQNR) of each granularity and exit\n");
+// ----------------------------------------------------------------------------
+// options
+
+typedef struct {
+    const char *model, *lora, *prompt, *tokens, *system_prompt, *device, *load_in_fp8, *dump_logits;
+    int chat, tokenize, sqnr, print_ids, fp8_pow2, bf16_first_layers, bf16_last_layers, max_new_tokens, top_k;
+    double temperature, top_p;
+    long seed;
+} GenOpts;
+
+#define OFF(f) offsetof(GenOpts, f)
+static const Option OPTIONS[] = {
+    {.name = "model and prompt", .kind = OPT_SECTION},
+    {"model", OPT_STRING, OFF(model), .meta = "DIR", .unset = "none, it is required",
+     .help = "Hugging Face checkpoint directory (config.json, *.safetensors; tokenizer.json for text)"},
+    {"lora", OPT_STRING, OFF(lora), .meta = "DIR", .help = "a PEFT LoRA adapter to apply (e.g. train_grpo's checkpoint-N)"},
+    {"prompt", OPT_STRING, OFF(prompt), .help = "the prompt as text (needs the checkpoint's tokenizer.json)"},
+    {"tokens", OPT_STRING, OFF(tokens), .meta = "IDS", .help = "or the prompt as token ids, separated by spaces or commas"},
+    {"chat", OPT_FLAG, OFF(chat), .help = "wrap --prompt in the checkpoint's chat format (user turn + assistant prefix)"},
+    {"system_prompt", OPT_STRING, OFF(system_prompt), .help = "with --chat: the system message"},
+    {"device", OPT_CHOICE, OFF(device), .choices = "auto|cpu|cuda", .dflt = "auto", .help = "auto: the GPU when usable, else the CPU"},
+
+    {.name = "FP8 (the frozen weights, as train_grpo's)", .kind = OPT_SECTION},
+    {"load_in_fp8", OPT_CHOICE, OFF(load_in_fp8), .choices = "block|row|tensor|off", .dflt = "block",
+     .help = "linear weights in E4M3 with a scale per 128x128 block, per row or per tensor; off: unquantized"},
+    {"fp8_pow2_scales", OPT_FLAG, OFF(fp8_pow2), .help = "round the FP8 scales up to powers of two"},
+    {"bf16_first_layers", OPT_INT, OFF(bf16_first_layers), 0, 1e6, .dflt = "0", .help = "keep the first N layers unquantized"},
+    {"bf16_last_layers", OPT_INT, OFF(bf16_last_layers), 0, 1e6, .dflt = "0", .help = "keep the last N layers unquantized"},
+
+    {.name = "sampling", .kind = OPT_SECTION},
+    {"max_new_tokens", OPT_INT, OFF(max_new_tokens), 0, 1 << 20, .dflt = "16", .help = "tokens to generate at most (EOS stops sooner)"},
+    {"temperature", OPT_DOUBLE, OFF(temperature), 0, 100, .dflt = "0", .help = "0: greedy"},
+    {"top_p", OPT_DOUBLE, OFF(top_p), 1e-6, 1, .dflt = "1", .help = "nucleus sampling (1: off)"},
+    {"top_k", OPT_INT, OFF(top_k), 0, 1 << 30, .dflt = "0", .help = "top-k sampling (0: off)"},
+    {"seed", OPT_LONG, OFF(seed), 0, 9e18, .dflt = "1", .help = "sampling seed"},
+
+    {.name = "output", .kind = OPT_SECTION},
+    {"print_ids", OPT_FLAG, OFF(print_ids), .help = "print the continuation's token ids on stdout (its text goes to stderr)"},
+    {"tokenize", OPT_FLAG, OFF(tokenize), .help = "print the prompt's token ids and exit"},
+    {"dump_logits", OPT_STRING, OFF(dump_logits), .meta = "FILE",
+     .help = "write the prompt's teacher-forced fp32 logits as .npy (T, V) and exit"},
+    {"sqnr", OPT_FLAG, OFF(sqnr), .help = "print the per-layer FP8 quantization error (SQNR) of each granularity and exit"},
+};
+#define N_OPTIONS ((int)(sizeof OPTIONS / sizeof OPTIONS[0]))
+
+static void parse_options(int argc, char **argv, GenOpts *o) {
+    memset(o, 0, sizeof *o);
+    OptionTable t = {.usage = "usage: ./generate --model DIR (--prompt TEXT | --tokens IDS) [--name value | --name=value ...]\n"
+                              "'-' and '_' are the same in names; a flag alone means true.",
+                     .rows = OPTIONS, .n = N_OPTIONS, .base = o};
+    options_parse(&t, argc, argv);
+    if (!o->model) die("--model DIR is required (see --help)");
+    if (!o->sqnr && !!o->tokens + !!o->prompt != 1) die("give exactly one of --tokens or --prompt (see --help)");
+    if (o->system_prompt && !o->chat) die("--system_prompt needs --chat");
 }
 
-static long parse_long(const char *flag, const char *v, long lo, long hi) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || end == v || x < lo || x > hi) die("%s: '%s' is not an integer in [%ld, %ld]", flag, v, lo, hi);
-    return x;
-}
-static double parse_double(const char *flag, const char *v, double lo, double hi) {
-    char *end;
-    double x = strtod(v, &end);
-    if (*end || end == v || !(x >= lo && x <= hi)) die("%s: '%s' is not a number in [%g, %g]", flag, v, lo, hi);
-    return x;
-}
+// ----------------------------------------------------------------------------
+// prompt in, tokens out
 
 static int parse_ids(const char *s, int **out) {
     int n = 0, cap = 16;
@@ -83,131 +116,109 @@ static void npy_write_f32(const char *path, const float *x, int rows, int cols) 
     free(buf);
 }
 
-int main(int argc, char **argv) {
-    const char *model_dir = NULL, *tokens = NULL, *prompt = NULL, *dump = NULL, *device = "auto", *lora_dir = NULL;
-    int max_new = 16, top_k = 0, tokenize_only = 0, sqnr = 0, chat = 0;
-    double temperature = 0, top_p = 1;
-    long seed = 1;
-    ModelOptions opt = {FP8_OFF, 0, 0, 0};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
-        if (!strcmp(a, "--tokenize")) { tokenize_only = 1; continue; }
-        if (!strcmp(a, "--sqnr")) { sqnr = 1; continue; }
-        if (!strcmp(a, "--chat")) { chat = 1; continue; }
-        static const char *valued[] = {"--model", "--tokens", "--prompt", "--dump-logits", "--device", "--lora",
-                                       "--max-new-tokens", "--temperature", "--top-p", "--top-k", "--seed", "--fp8"};
-        int known = 0;
-        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
-        if (!known) die("unknown option %s (see --help)", a);
-        if (i + 1 >= argc) die("%s needs a value (see --help)", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--model")) model_dir = v;
-        else if (!strcmp(a, "--tokens")) tokens = v;
-        else if (!strcmp(a, "--prompt")) prompt = v;
-        else if (!strcmp(a, "--dump-logits")) dump = v;
-        else if (!strcmp(a, "--device")) device = v;
-        else if (!strcmp(a, "--lora")) lora_dir = v;
-        else if (!strcmp(a, "--max-new-tokens")) max_new = (int)parse_long(a, v, 0, 1 << 20);
-        else if (!strcmp(a, "--temperature")) temperature = parse_double(a, v, 0, 100);
-        else if (!strcmp(a, "--top-p")) top_p = parse_double(a, v, 1e-6, 1);
-        else if (!strcmp(a, "--top-k")) top_k = (int)parse_long(a, v, 0, 1 << 30);
-        else if (!strcmp(a, "--seed")) seed = parse_long(a, v, 0, 0x7fffffffffffffffL);
-        else if (!strcmp(a, "--fp8")) {
-            int g = fp8_gran_parse(v);
-            if (g < 0) die("--fp8: unknown mode '%s': use block, row, tensor or off", v);
-            opt.gran = (FP8Gran)g;
-        }
-    }
-    if (!model_dir) die("--model DIR is required (see --help)");
-    if (sqnr) {
-        model_sqnr_report(model_dir, stdout);
-        return 0;
-    }
-    if (!!tokens + !!prompt != 1) die("give exactly one of --tokens or --prompt (see --help)");
+// the prompt's ids (malloc'ed): --prompt through the tokenizer (chat-wrapped with --chat), or --tokens
+static int prompt_ids(const GenOpts *o, const Tokenizer *tok, int **ids) {
+    if (!o->prompt) return parse_ids(o->tokens, ids);
+    if (!tok) die("%s: no tokenizer.json, so --prompt cannot be encoded: use --tokens", o->model);
+    int n = o->chat ? tokenizer_chat_prompt(tok, o->system_prompt, o->prompt, ids) : tokenizer_encode(tok, o->prompt, ids);
+    if (n == 0) die("--prompt encodes to no tokens");
+    return n;
+}
 
-    int *ids = NULL, n;
-    Tokenizer *tok = NULL;
-    char tp[4096];
-    path_join(tp, sizeof tp, model_dir, "tokenizer.json");
-    if (file_exists(tp)) tok = tokenizer_load_dir(model_dir);
-    if (prompt) {
-        if (!tok) die("%s: no tokenizer.json, so --prompt cannot be encoded: use --tokens", model_dir);
-        n = chat ? tokenizer_chat_prompt(tok, NULL, prompt, &ids) : tokenizer_encode(tok, prompt, &ids);
-        if (n == 0) die("--prompt encodes to no tokens");
-    } else n = parse_ids(tokens, &ids);
-    if (tokenize_only) {
-        for (int i = 0; i < n; i++) printf("%s%d", i ? " " : "", ids[i]);
-        printf("\n");
-        return 0;
-    }
+static void dump_logits(Model *m, const int *ids, int n, const char *path) {
+    model_forward(m, ids, 1, n);
+    float *lg = (float *)mallocCheck((size_t)n * m->cfg.V * sizeof(float));
+    model_logits(m, lg);
+    npy_write_f32(path, lg, n, m->cfg.V);
+    free(lg);
+    fprintf(stderr, "wrote logits (%d, %d) to %s\n", n, m->cfg.V, path);
+}
 
-    const Backend *be = backend_select(device, 1);
-    Model m;
-    model_load(&m, model_dir, be, &opt);
-    config_print(&m.cfg, stderr);
-    if (lora_dir) {
-        m.lora = lora_load_peft(&m, lora_dir);
-        m.lora_on = 1;
-    }
-    for (int i = 0; i < n; i++)
-        if (ids[i] >= m.cfg.V) die("token id %d is outside the vocabulary (%d)", ids[i], m.cfg.V);
-
-    if (dump) {
-        model_forward(&m, ids, 1, n);
-        float *lg = (float *)mallocCheck((size_t)n * m.cfg.V * sizeof(float));
-        model_logits(&m, lg);
-        npy_write_f32(dump, lg, n, m.cfg.V);
-        fprintf(stderr, "wrote logits (%d, %d) to %s\n", n, m.cfg.V, dump);
-        return 0;
-    }
-
-    // one sequence: blocks 0..MB-1 of the cache in order
-    int total = n + max_new, BS = 16, MB = (total + BS - 1) / BS;
-    if (total > m.cfg.max_pos) die("prompt + max-new-tokens = %d exceeds max_position_embeddings %d", total, m.cfg.max_pos);
+// Prefill the prompt, then sample up to max_new_tokens, one at a time, into a KV cache of one
+// sequence (blocks 0..MB-1 in order). Each token goes out as it comes: as text through the
+// streaming decoder (EOS itself not shown), or as its id.
+static void generate(Model *m, const GenOpts *o, const Tokenizer *tok, const int *ids, int n) {
+    const Backend *be = m->be;
+    int max_new = o->max_new_tokens, total = n + max_new, BS = 16, MB = (total + BS - 1) / BS;
+    if (total > m->cfg.max_pos) die("prompt + max_new_tokens = %d exceeds max_position_embeddings %d", total, m->cfg.max_pos);
     KVCache kv;
-    kvcache_alloc(&kv, &m, MB, BS);
+    kvcache_alloc(&kv, m, MB, BS);
     int *slots = (int *)mallocCheck(total * sizeof(int)), *table = (int *)mallocCheck(MB * sizeof(int));
     for (int i = 0; i < total; i++) slots[i] = i;
     for (int b = 0; b < MB; b++) table[b] = b;
     size_t hp = dtype_size(be->hp);
-    void *logits = be->alloc((size_t)m.cfg.V * hp), *logp = be->alloc(hp), *tokd = be->alloc(4), *rngd = be->alloc(8);
-    uint64_t rng = (uint64_t)seed;
+    void *logits = be->alloc((size_t)m->cfg.V * hp), *logp = be->alloc(hp), *tokd = be->alloc(4), *rngd = be->alloc(8);
+    uint64_t rng = (uint64_t)o->seed;
     be->upload(rngd, &rng, 8);
-    model_prefill(&m, &kv, ids, &n, slots, 1, n, logits);
+    model_prefill(m, &kv, ids, &n, slots, 1, n, logits);
+    FILE *text_out = o->print_ids ? stderr : stdout;  // the text, where the ids are not
     TokenizerStream ts;
     if (tok) tokenizer_stream_init(&ts, tok, 0);
     for (int t = 0; t < max_new; t++) {
-        be->sample((int32_t *)tokd, logp, logits, (uint64_t *)rngd, 1, m.cfg.V, (float)temperature, top_k, (float)top_p);
+        be->sample((int32_t *)tokd, logp, logits, (uint64_t *)rngd, 1, m->cfg.V, (float)o->temperature, o->top_k, (float)o->top_p);
         int32_t next;
         be->download(&next, tokd, 4);
-        printf("%s%d", t ? " " : "", next);
+        int is_eos = tok && tokenizer_is_eos(tok, next);
+        for (int e = 0; e < m->cfg.n_eos; e++) is_eos |= next == m->cfg.eos_ids[e];
+        if (o->print_ids || !tok) printf("%s%d", t ? " " : "", next);
+        if (tok && !is_eos) fputs(tokenizer_stream_push(&ts, next), text_out);
         fflush(stdout);
-        int is_eos = 0;
-        for (int e = 0; e < m.cfg.n_eos; e++) is_eos |= next == m.cfg.eos_ids[e];
-        if (tok) {
-            is_eos |= tokenizer_is_eos(tok, next);
-            fprintf(stderr, "%s", tokenizer_stream_push(&ts, next));
-        }
         if (is_eos || t == max_new - 1) break;
         int pos = n + t;
-        model_decode(&m, &kv, &next, &pos, &slots[pos], table, 1, MB, logits);
+        model_decode(m, &kv, &next, &pos, &slots[pos], table, 1, MB, logits);
+    }
+    if (tok) {
+        fprintf(text_out, "%s", tokenizer_stream_flush(&ts));
+        tokenizer_stream_free(&ts);
+        if (text_out != stdout) fputc('\n', text_out);
     }
     printf("\n");
-    if (tok) {
-        fprintf(stderr, "%s\n", tokenizer_stream_flush(&ts));
-        tokenizer_stream_free(&ts);
-        tokenizer_free(tok);
-    }
     be->free(logits);
     be->free(logp);
     be->free(tokd);
     be->free(rngd);
     kvcache_free(&kv, be);
-    if (m.lora) lora_free(m.lora);
-    model_free(&m);
-    free(ids);
     free(slots);
     free(table);
+}
+
+// ----------------------------------------------------------------------------
+
+int main(int argc, char **argv) {
+    GenOpts o;
+    parse_options(argc, argv, &o);
+    if (o.sqnr) {
+        model_sqnr_report(o.model, stdout);
+        return 0;
+    }
+    char tp[4096];
+    path_join(tp, sizeof tp, o.model, "tokenizer.json");
+    Tokenizer *tok = file_exists(tp) ? tokenizer_load_dir(o.model) : NULL;  // without one: ids in, ids out
+    int *ids, n = prompt_ids(&o, tok, &ids);
+    if (o.tokenize) {
+        for (int i = 0; i < n; i++) printf("%s%d", i ? " " : "", ids[i]);
+        printf("\n");
+        return 0;
+    }
+
+    const Backend *be = backend_select(o.device, 1);
+    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o.load_in_fp8), o.fp8_pow2, o.bf16_first_layers, o.bf16_last_layers};
+    Model m;
+    model_load(&m, o.model, be, &mo);
+    config_print(&m.cfg, stderr);
+    if (o.lora) {
+        m.lora = lora_load_peft(&m, o.lora);
+        m.lora_on = 1;
+    }
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= m.cfg.V) die("token id %d is outside the vocabulary (%d)", ids[i], m.cfg.V);
+
+    if (o.dump_logits) dump_logits(&m, ids, n, o.dump_logits);
+    else generate(&m, &o, tok, ids, n);
+
+    if (m.lora) lora_free(m.lora);
+    model_free(&m);
+    tokenizer_free(tok);
+    free(ids);
     return 0;
 }

@@ -186,7 +186,8 @@ int grpo_config_set(GrpoConfig *c, const char *key_in, const char *v, char *err,
         if (c->vllm_importance_sampling_cap <= 0)
             return fail(err, cap, "vllm_importance_sampling_cap must be > 0 (got %s)", v);
     } else if (!strcmp(key, "reward_weights")) {
-        // comma-separated list, e.g. "1.0,0.2"
+        // comma-separated list, e.g. "1.0,0.2"; none (TRL's None): each reward function's own weight
+        if (!strcmp(v, "none") || !strcmp(v, "None")) { c->num_reward_weights = 0; return 0; }
         int k = 0;
         const char *p = v;
         while (1) {
@@ -205,6 +206,47 @@ int grpo_config_set(GrpoConfig *c, const char *key_in, const char *v, char *err,
     } else {
         return 1;
     }
+    return 0;
+}
+
+// %g when it reads back as the same double, else all 17 digits
+static void put_double(char *buf, size_t cap, double x) {
+    snprintf(buf, cap, "%g", x);
+    if (strtod(buf, NULL) != x) snprintf(buf, cap, "%.17g", x);
+}
+
+int grpo_config_get(const GrpoConfig *c, const char *key_in, char *buf, size_t cap) {
+    char key[64];
+    while (*key_in == '-') key_in++;
+    size_t n = strlen(key_in);
+    if (n >= sizeof key || !cap) return 1;
+    for (size_t i = 0; i <= n; i++) key[i] = key_in[i] == '-' ? '_' : key_in[i];
+    const char *s = NULL;
+    if (!strcmp(key, "num_generations")) snprintf(buf, cap, "%d", c->num_generations);
+    else if (!strcmp(key, "num_iterations")) snprintf(buf, cap, "%d", c->num_iterations);
+    else if (!strcmp(key, "max_completion_length")) snprintf(buf, cap, "%d", c->max_completion_length);
+    else if (!strcmp(key, "beta")) put_double(buf, cap, c->beta);
+    else if (!strcmp(key, "epsilon")) put_double(buf, cap, c->epsilon);
+    else if (!strcmp(key, "epsilon_high")) {
+        if (c->epsilon_high < 0) s = "none";
+        else put_double(buf, cap, c->epsilon_high);
+    } else if (!strcmp(key, "loss_type")) s = grpo_loss_type_name(c->loss_type);
+    else if (!strcmp(key, "scale_rewards")) s = grpo_scale_rewards_name(c->scale_rewards);
+    else if (!strcmp(key, "importance_sampling_level")) s = grpo_is_level_name(c->importance_sampling_level);
+    else if (!strcmp(key, "mask_truncated_completions")) s = c->mask_truncated_completions ? "true" : "false";
+    else if (!strcmp(key, "vllm_importance_sampling_correction")) s = c->vllm_importance_sampling_correction ? "true" : "false";
+    else if (!strcmp(key, "vllm_importance_sampling_mode")) s = grpo_vllm_is_mode_name(c->vllm_importance_sampling_mode);
+    else if (!strcmp(key, "vllm_importance_sampling_cap")) put_double(buf, cap, c->vllm_importance_sampling_cap);
+    else if (!strcmp(key, "reward_weights")) {
+        if (!c->num_reward_weights) s = "none";
+        buf[0] = 0;
+        for (int i = 0; i < c->num_reward_weights; i++) {
+            size_t l = strlen(buf);
+            if (i && l + 1 < cap) buf[l++] = ',', buf[l] = 0;
+            put_double(buf + l, cap - l, c->reward_weights[i]);
+        }
+    } else return 1;
+    if (s) snprintf(buf, cap, "%s", s);
     return 0;
 }
 

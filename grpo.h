@@ -72,6 +72,10 @@ double grpo_epsilon_high(const GrpoConfig *cfg);
 // Returns 1 (err untouched) when key is not a GRPO option, so a command-line
 // parser can try its other tables.
 int grpo_config_set(GrpoConfig *cfg, const char *key, const char *value, char *err, size_t errcap);
+// The inverse: the option's value as grpo_config_set reads it back ("dapo", "0.2", "none",
+// "true", "1,0.2"), into buf. Returns 0, or 1 when key is not a GRPO option. --help shows
+// grpo_config_default()'s values through it, so each default is written once (grpo.c).
+int grpo_config_get(const GrpoConfig *cfg, const char *key, char *buf, size_t cap);
 // Cross-option checks (num_generations >= 2, epsilon in [0,1), cap >= 1, ...):
 // 0, or -1 with a one-line message.
 int grpo_config_check(const GrpoConfig *cfg, char *err, size_t errcap);

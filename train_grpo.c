@@ -2,7 +2,7 @@
 //
 //   make && ./train_grpo                       built-in tiny model + arithmetic task (warm-up, then GRPO)
 //   ./train_grpo --model DIR --data FILE.jsonl  a Hugging Face checkpoint and your data
-//   ./train_grpo --help                         every option
+//   ./train_grpo --help                         every option, its default and meaning
 //
 // One step: sample per_device_train_batch_size / num_generations prompts; the
 // rollout engine (rollout.c) samples num_generations completions of each with
@@ -10,9 +10,14 @@
 // updates: per micro-batch a forward to per-token logprobs, grpo_loss gives
 // dL/dlogp, model_backward accumulates the LoRA gradients; clip, AdamW.
 // The reference for the KL (beta != 0) is the same model with LoRA switched off.
-// Writes output_dir/metrics.jsonl (TRL's metric names), checkpoints
-// (checkpoint-N/: PEFT adapter + optimizer state, written atomically), and at the
-// end plot.svg. --resume continues from the last checkpoint bit-exactly.
+// A run writes into --output_dir, or without it into a new out/run-N (so the default
+// command can run again; the built-in model's warm-up cache, out/warmup, is shared):
+// metrics.jsonl (TRL's metric names), checkpoints (checkpoint-N/: PEFT adapter +
+// optimizer state, written atomically), and at the end plot.svg. --resume continues
+// from the last checkpoint bit-exactly. main(), at the bottom, is the table of
+// contents: one function per stage (load, warm-up, rollout, score, update, evaluate,
+// log, checkpoint, finish).
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -24,6 +29,7 @@
 #include "grpo.h"
 #include "lora.h"
 #include "model.h"
+#include "options.h"
 #include "plot.h"
 #include "rollout.h"
 #include "safetensors.h"
@@ -31,7 +37,7 @@
 #include "tokenizer.h"
 
 // ----------------------------------------------------------------------------
-// options
+// options: one table (options.h); the GRPO ones go to GrpoConfig through grpo.c
 
 typedef struct {
     const char *model, *data, *task, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules;
@@ -44,205 +50,190 @@ typedef struct {
     long seed;
 } Opts;
 
-typedef enum { O_INT, O_LONG, O_DBL, O_STR, O_FLAG } OptKind;
-typedef struct {
-    const char *name;
-    OptKind kind;
-    size_t off;
-    double lo, hi;
-    const char *help;
-} OptDef;
-
 #define OFF(f) offsetof(Opts, f)
-static const OptDef OPTS[] = {
-    {"model", O_STR, OFF(model), 0, 0, "Hugging Face checkpoint directory (default: the built-in tiny model)"},
-    {"data", O_STR, OFF(data), 0, 0, "JSONL training data, one {\"prompt\", \"answer\"} per line (GSM8K \"#### N\" answers ok)"},
-    {"task", O_STR, OFF(task), 0, 0, "built-in task when no --data: arithmetic | countdown (default arithmetic)"},
-    {"max_operand", O_INT, OFF(max_operand), 1, 999, "built-in arithmetic: operands in [0, max_operand]"},
-    {"output_dir", O_STR, OFF(output_dir), 0, 0, "where metrics, checkpoints and the plot go (default out)"},
-    {"resume", O_FLAG, OFF(resume), 0, 0, "continue from the last checkpoint in output_dir"},
-    {"overwrite_output_dir", O_FLAG, OFF(overwrite_output_dir), 0, 0, "start over even if output_dir has checkpoints"},
-    {"device", O_STR, OFF(device), 0, 0, "auto | cpu | cuda (default auto: the GPU when usable)"},
-    {"load_in_fp8", O_STR, OFF(load_in_fp8), 0, 0, "frozen weights: block | row | tensor | off (default block)"},
-    {"kv_cache_dtype", O_STR, OFF(kv_cache_dtype), 0, 0, "rollout KV cache: auto (the activations' type) | fp8 (E4M3, a scale per token and head)"},
-    {"fp8_pow2_scales", O_FLAG, OFF(fp8_pow2), 0, 0, "round FP8 scales up to powers of two"},
-    {"bf16_first_layers", O_INT, OFF(bf16_first_layers), 0, 1e6, "keep the first N layers unquantized"},
-    {"bf16_last_layers", O_INT, OFF(bf16_last_layers), 0, 1e6, "keep the last N layers unquantized"},
-    {"max_steps", O_INT, OFF(max_steps), 1, 1e9, "GRPO steps (rollout + num_iterations updates each)"},
-    {"per_device_train_batch_size", O_INT, OFF(per_device_train_batch_size), 1, 1e6,
-     "completions per step (a multiple of num_generations)"},
-    {"micro_batch_size", O_INT, OFF(micro_batch_size), 1, 1e6, "sequences per forward/backward (default: all)"},
-    {"gradient_checkpointing", O_FLAG, OFF(gradient_checkpointing), 0, 0, "recompute each layer in the backward (less memory)"},
-    {"learning_rate", O_DBL, OFF(learning_rate), 0, 1, "AdamW peak learning rate"},
-    {"lr_scheduler_type", O_STR, OFF(lr_scheduler_type), 0, 0, "cosine | constant (default cosine)"},
-    {"warmup_ratio", O_DBL, OFF(warmup_ratio), 0, 1, "share of the updates spent warming the learning rate up"},
-    {"weight_decay", O_DBL, OFF(weight_decay), 0, 1, "AdamW decoupled weight decay"},
-    {"adam_beta1", O_DBL, OFF(adam_beta1), 0, 0.999999, "AdamW beta1"},
-    {"adam_beta2", O_DBL, OFF(adam_beta2), 0, 0.999999999, "AdamW beta2"},
-    {"adam_epsilon", O_DBL, OFF(adam_epsilon), 1e-30, 1, "AdamW epsilon"},
-    {"max_grad_norm", O_DBL, OFF(max_grad_norm), 0, 1e9, "global gradient-norm clipping (0 = off)"},
-    {"lora_r", O_INT, OFF(lora_r), 1, 4096, "LoRA rank"},
-    {"lora_alpha", O_DBL, OFF(lora_alpha), 1e-6, 1e6, "LoRA alpha (scale = alpha / r)"},
-    {"lora_target_modules", O_STR, OFF(lora_target_modules), 0, 0, "comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all"},
-    {"temperature", O_DBL, OFF(temperature), 0, 100, "sampling temperature of the rollouts (and of the trainer's logprobs)"},
-    {"top_p", O_DBL, OFF(top_p), 1e-6, 1, "nucleus sampling (1 = off)"},
-    {"top_k", O_INT, OFF(top_k), 0, 1e9, "top-k sampling (0 = off)"},
-    {"max_prompt_length", O_INT, OFF(max_prompt_length), 1, 1e7, "prompts longer than this are an error"},
-    {"system_prompt", O_STR, OFF(system_prompt), 0, 0, "system message for checkpoints with a chat template"},
-    {"chat", O_INT, OFF(chat), -1, 1, "-1 auto (chat template when the tokenizer has one), 0 raw text, 1 chat"},
-    {"seed", O_LONG, OFF(seed), 0, 9e18, "seed of everything random"},
-    {"logging_steps", O_INT, OFF(logging_steps), 1, 1e9, "print and log metrics every N steps"},
-    {"save_steps", O_INT, OFF(save_steps), 0, 1e9, "checkpoint every N steps (0: only at the end)"},
-    {"eval_steps", O_INT, OFF(eval_steps), 0, 1e9, "held-out greedy evaluation every N steps (0: start and end only)"},
-    {"eval_size", O_INT, OFF(eval_size), 0, 1e7, "held-out examples per evaluation"},
-    {"warmup_sft_steps", O_INT, OFF(warmup_sft_steps), 0, 1e7, "built-in model: supervised warm-up steps before GRPO (cached)"},
-    {"warmup_carry_errors", O_DBL, OFF(warmup_carry_errors), 0, 1,
-     "built-in arithmetic: share of warm-up additions demonstrated with the carry forgotten"},
-    {"gpu_memory_utilization", O_DBL, OFF(gpu_memory_utilization), 0.05, 0.99, "share of GPU memory for the KV-cache/activation arena"},
-    {"quiet", O_FLAG, OFF(quiet), 0, 0, "only the summary"},
+static const Option OPTIONS[] = {
+    {.name = "model and data", .kind = OPT_SECTION},
+    {"model", OPT_STRING, OFF(model), .meta = "DIR", .unset = "the built-in tiny model",
+     .help = "Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)"},
+    {"data", OPT_STRING, OFF(data), .meta = "FILE", .unset = "the built-in --task",
+     .help = "JSONL training data, one {\"prompt\", \"answer\"} per line (GSM8K \"#### N\" answers ok); needs --model"},
+    {"task", OPT_CHOICE, OFF(task), .choices = "arithmetic|countdown", .dflt = "arithmetic", .help = "the built-in task, when no --data"},
+    {"max_operand", OPT_INT, OFF(max_operand), 1, 999, .dflt = "30", .help = "built-in arithmetic: operands in [0, max_operand]"},
+    {"warmup_sft_steps", OPT_INT, OFF(warmup_sft_steps), 0, 1e7, .dflt = "1000",
+     .help = "built-in model: supervised warm-up steps before GRPO (made once, cached in the warm-up directory)"},
+    {"warmup_carry_errors", OPT_DOUBLE, OFF(warmup_carry_errors), 0, 1, .dflt = "0.7",
+     .help = "built-in arithmetic: share of the warm-up's additions shown with the carry forgotten (for GRPO to fix)"},
+    {"chat", OPT_INT, OFF(chat), -1, 1, .dflt = "-1",
+     .help = "prompts in the chat template: -1 when the tokenizer has one, 0 raw text, 1 always"},
+    {"system_prompt", OPT_STRING, OFF(system_prompt), .help = "system message, for checkpoints with a chat template"},
+    {"max_prompt_length", OPT_INT, OFF(max_prompt_length), 1, 1e7, .dflt = "512", .help = "a longer prompt (in tokens) is an error"},
+    {"device", OPT_CHOICE, OFF(device), .choices = "auto|cpu|cuda", .dflt = "auto", .help = "auto: the GPU when usable, else the CPU"},
+    {"seed", OPT_LONG, OFF(seed), 0, 9e18, .dflt = "42", .help = "seed of everything random (data order, LoRA init, sampling)"},
+
+    {.name = "FP8 (the frozen weights)", .kind = OPT_SECTION},
+    {"load_in_fp8", OPT_CHOICE, OFF(load_in_fp8), .choices = "block|row|tensor|off", .dflt = "block",
+     .help = "linear weights in E4M3 with a scale per 128x128 block, per row or per tensor; off: unquantized"},
+    {"fp8_pow2_scales", OPT_FLAG, OFF(fp8_pow2), .help = "round the FP8 scales up to powers of two"},
+    {"bf16_first_layers", OPT_INT, OFF(bf16_first_layers), 0, 1e6, .dflt = "0", .help = "keep the first N layers unquantized"},
+    {"bf16_last_layers", OPT_INT, OFF(bf16_last_layers), 0, 1e6, .dflt = "0", .help = "keep the last N layers unquantized"},
+
+    {.name = "GRPO (TRL's GRPOConfig names)", .kind = OPT_SECTION},
+    {"max_steps", OPT_INT, OFF(max_steps), 1, 1e9, .dflt = "150", .dflt_model = "200",
+     .help = "GRPO steps (a rollout, then num_iterations updates)"},
+    {"per_device_train_batch_size", OPT_INT, OFF(per_device_train_batch_size), 1, 1e6, .dflt = "64",
+     .help = "completions per step (a multiple of num_generations)"},
+    {"num_generations", OPT_GRPO, .meta = "N", .help = "completions per prompt: a group, whose rewards give the advantages"},
+    {"max_completion_length", OPT_GRPO, .meta = "N", .dflt = "8", .dflt_model = "256", .help = "new tokens per completion at most"},
+    {"beta", OPT_GRPO, .help = "KL coefficient (k3, against the reference: LoRA off); 0: no reference pass"},
+    {"epsilon", OPT_GRPO, .help = "lower clip of the policy ratio: ratio >= 1 - epsilon"},
+    {"epsilon_high", OPT_GRPO, .help = "upper clip: ratio <= 1 + epsilon_high (none: epsilon; DAPO uses 0.28)"},
+    {"loss_type", OPT_GRPO, .choices = "grpo|bnpo|dr_grpo|dapo",
+     .help = "token losses summed and divided per sequence (grpo), by the batch's tokens (bnpo), by batch x "
+             "max_completion_length (dr_grpo), by the step's tokens (dapo)"},
+    {"scale_rewards", OPT_GRPO, .choices = "group|batch|none", .help = "advantages divided by the group's reward std, the batch's, or not"},
+    {"importance_sampling_level", OPT_GRPO, .choices = "token|sequence", .help = "policy ratio per token, or per sequence (GSPO)"},
+    {"num_iterations", OPT_GRPO, .meta = "N", .help = "updates per rollout batch (mu); > 1 adds an old-policy pass"},
+    {"mask_truncated_completions", OPT_GRPO_FLAG, .help = "completions cut at max_completion_length get no loss"},
+    {"reward_weights", OPT_GRPO, .meta = "X,X", .help = "a weight per reward function: correctness, format (none: theirs, 1.0,0.2)"},
+    {"vllm_importance_sampling_correction", OPT_GRPO_FLAG,
+     .help = "weight tokens by exp(trainer - sampler logprob), capped: the rollout engine's numbers differ slightly"},
+    {"vllm_importance_sampling_mode", OPT_GRPO, .choices = "token_truncate|token_mask|sequence_truncate|sequence_mask",
+     .help = "that weight per token or per sequence; above the cap: cut to it (truncate) or 0 (mask)"},
+    {"vllm_importance_sampling_cap", OPT_GRPO, .help = "the cap of that weight"},
+
+    {.name = "optimizer (AdamW on the LoRA weights)", .kind = OPT_SECTION},
+    {"learning_rate", OPT_DOUBLE, OFF(learning_rate), 0, 1, .dflt = "5e-4", .dflt_model = "1e-5", .help = "peak learning rate"},
+    {"lr_scheduler_type", OPT_CHOICE, OFF(lr_scheduler_type), .choices = "cosine|constant", .dflt = "cosine",
+     .help = "the learning rate after the warm-up"},
+    {"warmup_ratio", OPT_DOUBLE, OFF(warmup_ratio), 0, 1, .dflt = "0", .help = "share of the updates that ramp the learning rate up"},
+    {"weight_decay", OPT_DOUBLE, OFF(weight_decay), 0, 1, .dflt = "0", .help = "decoupled weight decay"},
+    {"adam_beta1", OPT_DOUBLE, OFF(adam_beta1), 0, 0.999999, .dflt = "0.9", .help = "AdamW beta1"},
+    {"adam_beta2", OPT_DOUBLE, OFF(adam_beta2), 0, 0.999999999, .dflt = "0.999", .help = "AdamW beta2"},
+    {"adam_epsilon", OPT_DOUBLE, OFF(adam_epsilon), 1e-30, 1, .dflt = "1e-8", .help = "AdamW epsilon"},
+    {"max_grad_norm", OPT_DOUBLE, OFF(max_grad_norm), 0, 1e9, .dflt = "1", .help = "clip the global gradient norm to this (0: off)"},
+
+    {.name = "LoRA", .kind = OPT_SECTION},
+    {"lora_r", OPT_INT, OFF(lora_r), 1, 4096, .dflt = "16", .help = "rank"},
+    {"lora_alpha", OPT_DOUBLE, OFF(lora_alpha), 1e-6, 1e6, .dflt = "32", .help = "scale alpha / r"},
+    {"lora_target_modules", OPT_STRING, OFF(lora_target_modules), .meta = "LIST", .dflt = "all",
+     .help = "comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj, or all"},
+
+    {.name = "sampling (the rollouts)", .kind = OPT_SECTION},
+    {"temperature", OPT_DOUBLE, OFF(temperature), 0, 100, .dflt = "1",
+     .help = "sampling temperature (the trainer's logprobs use it too, as TRL's)"},
+    {"top_p", OPT_DOUBLE, OFF(top_p), 1e-6, 1, .dflt = "1", .help = "nucleus sampling (1: off)"},
+    {"top_k", OPT_INT, OFF(top_k), 0, 1e9, .dflt = "0", .help = "top-k sampling (0: off)"},
+
+    {.name = "logging and checkpoints", .kind = OPT_SECTION},
+    {"output_dir", OPT_STRING, OFF(output_dir), .meta = "DIR", .unset = "a new out/run-N per run, the warm-up cache in out/warmup",
+     .help = "where metrics.jsonl, checkpoint-N/ and plot.svg go (and warmup/ with --output_dir)"},
+    {"resume", OPT_FLAG, OFF(resume), .help = "continue from the last checkpoint of --output_dir (without it: the newest out/run-N that has one)"},
+    {"overwrite_output_dir", OPT_FLAG, OFF(overwrite_output_dir), .help = "start over in an --output_dir that holds checkpoints"},
+    {"logging_steps", OPT_INT, OFF(logging_steps), 1, 1e9, .dflt = "1", .help = "print a step's line every N steps"},
+    {"save_steps", OPT_INT, OFF(save_steps), 0, 1e9, .dflt = "0", .help = "checkpoint every N steps (0: only at the end)"},
+    {"eval_steps", OPT_INT, OFF(eval_steps), 0, 1e9, .dflt = "25", .dflt_model = "50",
+     .help = "held-out greedy accuracy every N steps (0: before and at the end only)"},
+    {"eval_size", OPT_INT, OFF(eval_size), 0, 1e7, .dflt = "200", .dflt_model = "100", .help = "held-out problems per evaluation"},
+    {"quiet", OPT_FLAG, OFF(quiet), .help = "no per-step lines, only the summary"},
+
+    {.name = "memory", .kind = OPT_SECTION},
+    {"micro_batch_size", OPT_INT, OFF(micro_batch_size), 1, 1e6, .unset = "all of per_device_train_batch_size",
+     .help = "sequences per forward/backward"},
+    {"gradient_checkpointing", OPT_FLAG, OFF(gradient_checkpointing), .help = "recompute each layer in the backward (less memory)"},
+    {"kv_cache_dtype", OPT_CHOICE, OFF(kv_cache_dtype), .choices = "auto|fp8", .dflt = "auto",
+     .help = "the rollouts' KV cache: the activations' type, or E4M3 with a scale per token and head (half the bytes)"},
+    {"gpu_memory_utilization", OPT_DOUBLE, OFF(gpu_memory_utilization), 0.05, 0.99, .dflt = "0.6",
+     .help = "share of the GPU's memory for weights, LoRA and the arena (KV cache in rollouts, activations in updates)"},
 };
-#define N_OPTS ((int)(sizeof OPTS / sizeof OPTS[0]))
+#define N_OPTIONS ((int)(sizeof OPTIONS / sizeof OPTIONS[0]))
 
-// the options given on the command line (so per-model defaults never override them)
-static char given[64][128];
-static int n_given;
-static int was_given(const char *name) {
-    for (int i = 0; i < n_given; i++)
-        if (!strcmp(given[i], name)) return 1;
-    return 0;
-}
-
-static void opts_default(Opts *o, GrpoConfig *g) {
+static void parse_options(int argc, char **argv, Opts *o, GrpoConfig *g) {
     memset(o, 0, sizeof *o);
-    o->task = "arithmetic";
-    o->output_dir = "out";
-    o->device = "auto";
-    o->load_in_fp8 = "block";
-    o->kv_cache_dtype = "auto";
-    o->lr_scheduler_type = "cosine";
-    o->lora_target_modules = "all";
-    o->max_steps = 150;
-    o->per_device_train_batch_size = 64;
-    o->learning_rate = 5e-4;
-    o->adam_beta1 = 0.9;
-    o->adam_beta2 = 0.999;
-    o->adam_epsilon = 1e-8;
-    o->max_grad_norm = 1.0;
-    o->lora_r = 16;
-    o->lora_alpha = 32;
-    o->temperature = 1.0;
-    o->top_p = 1.0;
-    o->max_prompt_length = 512;
-    o->chat = -1;
-    o->seed = 42;
-    o->logging_steps = 1;
-    o->eval_steps = 25;
-    o->eval_size = 200;
-    o->warmup_sft_steps = 1000;
-    o->gpu_memory_utilization = 0.6;
-    o->max_operand = 30;
-    o->warmup_carry_errors = 0.7;
-    *g = grpo_config_default();
-    g->num_generations = 8;
-    g->max_completion_length = 8;
-    g->beta = 0.0;
-}
-
-static void usage(FILE *f) {
-    fprintf(f, "usage: ./train_grpo [--option value ...]   (names as TRL's GRPOConfig; '-' or '_' both work)\n\n");
-    for (int i = 0; i < N_OPTS; i++) fprintf(f, "  --%-28s %s\n", OPTS[i].name, OPTS[i].help);
-    fprintf(f, "\nGRPO options (TRL GRPOConfig names): --num_generations, --beta, --epsilon, --epsilon_high, --loss_type\n"
-               "  grpo|bnpo|dr_grpo|dapo, --scale_rewards group|batch|none, --importance_sampling_level token|sequence,\n"
-               "  --num_iterations, --mask_truncated_completions, --max_completion_length, --reward_weights 1.0,0.2,\n"
-               "  --vllm_importance_sampling_correction, --vllm_importance_sampling_mode, --vllm_importance_sampling_cap\n");
-}
-
-static void norm_name(char *dst, size_t cap, const char *src) {
-    size_t i = 0;
-    for (; src[i] && i + 1 < cap; i++) dst[i] = src[i] == '-' ? '_' : src[i];
-    dst[i] = 0;
-}
-
-static void parse_args(int argc, char **argv, Opts *o, GrpoConfig *g) {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            exit(0);
-        }
-        if (strncmp(a, "--", 2)) die("unexpected argument '%s' (options start with --; see --help)", a);
-        char key[128], val_buf[256];
-        const char *val = NULL, *eq = strchr(a, '=');
-        if (eq) {
-            snprintf(val_buf, sizeof val_buf, "%s", eq + 1);
-            val = val_buf;
-            snprintf(key, sizeof key, "%.*s", (int)(eq - a - 2), a + 2);
-        } else snprintf(key, sizeof key, "%s", a + 2);
-        char name[128];
-        norm_name(name, sizeof name, key);
-        if (n_given < 64) snprintf(given[n_given++], sizeof given[0], "%s", name);
-        const OptDef *d = NULL;
-        for (int k = 0; k < N_OPTS; k++)
-            if (!strcmp(OPTS[k].name, name)) d = &OPTS[k];
-        if (d && d->kind == O_FLAG && !val) {
-            *(int *)((char *)o + d->off) = 1;
-            continue;
-        }
-        if (!val) {
-            if (i + 1 >= argc) die("--%s needs a value (see --help)", key);
-            val = argv[++i];
-        }
-        if (!d) {
-            char err[256];
-            int r = grpo_config_set(g, name, val, err, sizeof err);
-            if (r == 1) die("unknown option --%s (see --help)", key);
-            if (r < 0) die("--%s: %s", key, err);
-            continue;
-        }
-        char *end;
-        void *p = (char *)o + d->off;
-        switch (d->kind) {
-            case O_STR: *(const char **)p = eq ? str_dup(val) : val; break;  // --k=v lives in a local buffer
-            case O_FLAG:
-            case O_INT:
-            case O_LONG: {
-                errno = 0;
-                long long v = strtoll(val, &end, 10);
-                if (errno || *end || end == val || v < d->lo || v > d->hi)
-                    die("--%s: '%s' is not an integer in [%g, %g]", key, val, d->lo, d->hi);
-                if (d->kind == O_LONG) *(long *)p = (long)v;
-                else *(int *)p = (int)v;
-                break;
-            }
-            case O_DBL: {
-                double v = strtod(val, &end);
-                if (*end || end == val || !(v >= d->lo && v <= d->hi)) die("--%s: '%s' is not a number in [%g, %g]", key, val, d->lo, d->hi);
-                *(double *)p = v;
-                break;
-            }
-        }
-    }
-    // defaults above suit the built-in demo; a real checkpoint gets TRL-like ones where not given
-    if (o->model) {
-        if (!was_given("max_completion_length")) g->max_completion_length = 256;
-        if (!was_given("learning_rate")) o->learning_rate = 1e-5;
-        if (!was_given("max_steps")) o->max_steps = 200;
-        if (!was_given("eval_size")) o->eval_size = 100;
-        if (!was_given("eval_steps")) o->eval_steps = 50;
-    }
+    OptionTable t = {.usage = "usage: ./train_grpo [--name value | --name=value ...]\n"
+                              "GRPO with LoRA on frozen FP8 weights; without --model, the built-in tiny model and task (a\n"
+                              "supervised warm-up, cached, then GRPO). Names as TRL's; '-' and '_' are the same; a flag alone means true.",
+                     .rows = OPTIONS, .n = N_OPTIONS, .base = o, .grpo = g};
+    options_parse(&t, argc, argv);
     char err[256];
     if (grpo_config_check(g, err, sizeof err) < 0) die("%s", err);
     if (o->per_device_train_batch_size % g->num_generations)
         die("per_device_train_batch_size %d is not a multiple of num_generations %d", o->per_device_train_batch_size,
             g->num_generations);
-    if (fp8_gran_parse(o->load_in_fp8) < 0) die("--load_in_fp8: unknown mode '%s': use block, row, tensor or off", o->load_in_fp8);
-    if (strcmp(o->kv_cache_dtype, "auto") && strcmp(o->kv_cache_dtype, "fp8"))
-        die("--kv_cache_dtype: unknown type '%s': use auto or fp8", o->kv_cache_dtype);
-    if (strcmp(o->lr_scheduler_type, "cosine") && strcmp(o->lr_scheduler_type, "constant"))
-        die("--lr_scheduler_type: '%s' is not supported: use cosine or constant", o->lr_scheduler_type);
     if (o->data && o->model == NULL) die("--data needs --model (the built-in tiny model only knows the built-in tasks)");
     if (o->resume && o->overwrite_output_dir) die("--resume and --overwrite_output_dir contradict each other");
+    if (o->overwrite_output_dir && !o->output_dir)
+        die("--overwrite_output_dir needs --output_dir (without it each run writes to a new out/run-N)");
 }
+
+// ----------------------------------------------------------------------------
+// the run's state
+
+typedef struct {
+    const Tokenizer *tok;
+    int chat;            // prompts in the chat template
+    const char *system;  // its system message, or NULL
+    int max_prompt;      // tokens
+} Formatter;
+
+typedef struct {  // what the plot needs, per step (reward: the sampled correctness)
+    double *step, *reward, *acc, *kl, *len;
+    int n, cap;
+} History;
+
+// what the stages share, from the options to the end
+typedef struct {
+    Opts o;
+    GrpoConfig g;
+    const char *prog;       // argv[0]: the generate command printed at the end is its neighbour
+    char dir[4096];         // where this run writes: --output_dir, or a new out/run-N
+    char warm_dir[4200];    // the built-in model's warm-up cache: <output_dir>/warmup, or out/warmup (shared)
+    char metrics[4200];     // <dir>/metrics.jsonl
+    int last;               // the newest checkpoint-N in dir (-1: none)
+    const Backend *be;
+    Task task;
+    Tokenizer *tok;
+    Formatter fmt;
+    int eos[8], neos;       // ids that end a completion: the tokenizer's and config.json's
+    Model m;                // the frozen weights (FP8 unless --load_in_fp8 off) with...
+    LoRA *lo;               // ...the adapter GRPO trains
+    size_t lora_bytes;      // LoRA parameters, gradients, AdamW m and v
+    int G, S, P, Tc, mb, R; // group size, sequences per step (P prompts x G), max completion tokens, micro-batch, reward functions
+    long total_updates;     // optimizer steps of the whole run (max_steps x num_iterations)
+    long lr_warmup;         // of which ramp the learning rate up
+    float inv_temp;         // logprobs at the sampling temperature, as TRL's trainer computes them
+    double weights[GRPO_MAX_REWARDS];  // (R) reward weights
+    const char *reward_names[GRPO_MAX_REWARDS];
+    int start;              // the step resumed from (0: a fresh run)
+    double acc;             // this step's held-out accuracy (NaN: not evaluated)
+    History hist;
+} Run;
+
+// One GRPO step's data. The (P), (S) and (S, Tc) buffers are made once; the training
+// batch (S, T) every step, as T (the longest prompt + completion) changes.
+typedef struct {
+    Example *ex;             // (P) the step's problems
+    int **prompts, *plens;   // (P) their prompt token ids, lengths
+    uint64_t *seeds;         // (S) a sampling seed per sequence
+    Rollout ro;              // (S, Tc) completion ids, lengths, the sampler's logprobs
+    double *rewards;         // (S, R)
+    double *adv;             // (S) advantages
+    uint8_t *mask, *trunc;   // (S, Tc) 1 on completion tokens; (S) 1 when cut at Tc
+    double *samp;            // (S, Tc) logprobs of the completion tokens: the sampler's,
+    double *logp;            // (S, Tc)   the policy's now,
+    double *old;             // (S, Tc)   before this step's updates (num_iterations > 1),
+    double *ref;             // (S, Tc)   the reference's, LoRA off (beta != 0)
+    double *dlogp;           // (S, Tc) dL/dlogp
+    int T;                   // tokens of the longest prompt + completion
+    int *ids, *tg;           // (S, T) prompt + completion, right-padded; the token each position predicts (-1: none)
+    double *lp, *dl;         // (S, T) logprobs of tg; dL/d(those), a micro-batch's rows at a time
+    GrpoRewardMetrics rm;
+    GrpoNorm norm;
+    GrpoMetrics gm;
+    long gen_tokens;
+    int minlen, maxlen, nclip;
+    double loss, gnorm, lr;
+    double t_step, t_roll, t_ref, t_train, t_total;  // seconds: start, rollout, reference passes, all training, all
+} Step;
 
 // ----------------------------------------------------------------------------
 // the built-in tiny model (Qwen3-style, byte-level vocabulary); on a GPU a larger one
@@ -271,13 +262,6 @@ static Config tiny_config(int V, int gpu) {
 
 // ----------------------------------------------------------------------------
 // prompts and completions as tokens
-
-typedef struct {
-    const Tokenizer *tok;
-    int chat;
-    const char *system;
-    int max_prompt;
-} Formatter;
 
 static int encode_prompt(const Formatter *f, const char *text, int **ids) {
     int n = f->chat ? tokenizer_chat_prompt(f->tok, f->system, text, ids) : tokenizer_encode(f->tok, text, ids);
@@ -327,11 +311,210 @@ static double evaluate(Model *m, const Task *task, const Formatter *f, int n, in
 }
 
 // ----------------------------------------------------------------------------
+// output directory, checkpoints, metrics
+
+static int dir_exists(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+static void mkdir_or_die(const char *p) {
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) die("cannot create directory %s (%s)", p, strerror(errno));
+}
+static void rm_rf(const char *p) {
+    DIR *d = opendir(p);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char q[4096];
+        path_join(q, sizeof q, p, e->d_name);
+        if (dir_exists(q)) rm_rf(q);
+        else remove(q);
+    }
+    closedir(d);
+    rmdir(p);
+}
+
+// dir and its parents, as mkdir -p
+static void mkdir_p(const char *dir) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *c = p + 1; *c; c++) {
+        if (*c != '/') continue;
+        *c = 0;
+        mkdir_or_die(p);
+        *c = '/';
+    }
+    mkdir_or_die(p);
+}
+
+// dir exists (made if need be) and this process can create files in it; else one line and
+// exit now, not after minutes of warm-up
+static void make_writable_dir(const char *dir) {
+    struct stat sb;
+    if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) die("output directory %s exists and is not a directory: give another --output_dir", dir);
+    mkdir_p(dir);
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/.write_test_XXXXXX", dir);
+    int fd = mkstemp(probe);
+    if (fd < 0) die("cannot write in output directory %s (%s): give another --output_dir", dir, strerror(errno));
+    close(fd);
+    unlink(probe);
+}
+
+// the newest checkpoint-N in dir (-1 if none)
+static int last_checkpoint(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int n;
+        char tail;
+        if (sscanf(e->d_name, "checkpoint-%d%c", &n, &tail) == 1 && n > best) best = n;
+    }
+    closedir(d);
+    return best;
+}
+
+// the largest N of the directories run-N in dir (with a checkpoint-M inside, if with_checkpoint); -1 if none
+static int newest_run(const char *dir, int with_checkpoint) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int n;
+        char tail, p[4200];
+        if (sscanf(e->d_name, "run-%d%c", &n, &tail) != 1 || n <= best) continue;
+        path_join(p, sizeof p, dir, e->d_name);
+        if (dir_exists(p) && (!with_checkpoint || last_checkpoint(p) >= 0)) best = n;
+    }
+    closedir(d);
+    return best;
+}
+
+// the settings a checkpoint must agree with to be resumed
+static cJSON *run_identity(const Opts *o, const GrpoConfig *g) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model", o->model ? o->model : "builtin-tiny");
+    cJSON_AddStringToObject(j, "data", o->data ? o->data : o->task);
+    cJSON_AddStringToObject(j, "load_in_fp8", o->load_in_fp8);
+    cJSON_AddStringToObject(j, "kv_cache_dtype", o->kv_cache_dtype);
+    cJSON_AddNumberToObject(j, "lora_r", o->lora_r);
+    cJSON_AddNumberToObject(j, "lora_alpha", o->lora_alpha);
+    cJSON_AddStringToObject(j, "lora_target_modules", o->lora_target_modules);
+    cJSON_AddNumberToObject(j, "per_device_train_batch_size", o->per_device_train_batch_size);
+    cJSON_AddNumberToObject(j, "num_generations", g->num_generations);
+    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    return j;
+}
+
+static void save_checkpoint(const Opts *o, const GrpoConfig *g, const LoRA *lo, const Model *m, int step) {
+    char final[4096], tmp[4096], p[4200];
+    snprintf(final, sizeof final, "%s/checkpoint-%d", o->output_dir, step);
+    snprintf(tmp, sizeof tmp, "%s/checkpoint-%d.tmp", o->output_dir, step);
+    rm_rf(tmp);
+    mkdir_or_die(tmp);
+    lora_save_peft(lo, m, tmp, o->model ? o->model : "builtin-tiny");
+    snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
+    lora_save_state(lo, p);
+    cJSON *st = cJSON_CreateObject();
+    cJSON_AddNumberToObject(st, "global_step", step);
+    cJSON_AddItemToObject(st, "run", run_identity(o, g));
+    char *text = cJSON_Print(st);
+    cJSON_Delete(st);
+    snprintf(p, sizeof p, "%s/trainer_state.json", tmp);
+    write_file_atomic(p, text, strlen(text));
+    free(text);
+    // the directory appears under its final name only once complete
+    if (dir_exists(final)) rm_rf(final);
+    if (rename(tmp, final) != 0) die("cannot rename %s to %s (%s)", tmp, final, strerror(errno));
+}
+
+// restore a checkpoint; returns its step
+static int load_checkpoint(const Opts *o, const GrpoConfig *g, LoRA *lo, int n) {
+    char dir[4096], p[4200];
+    snprintf(dir, sizeof dir, "%s/checkpoint-%d", o->output_dir, n);
+    snprintf(p, sizeof p, "%s/trainer_state.json", dir);
+    char *text = read_file(p, NULL);
+    cJSON *st = cJSON_Parse(text);
+    free(text);
+    if (!st) die("%s: not valid JSON", p);
+    cJSON *run = cJSON_GetObjectItemCaseSensitive(st, "run"), *mine = run_identity(o, g);
+    if (!cJSON_Compare(run, mine, 1)) {
+        char *a = cJSON_PrintUnformatted(run), *b = cJSON_PrintUnformatted(mine);
+        die("%s was made with other settings (%s) than this run (%s): resume with the same options or use a new --output_dir", dir, a, b);
+    }
+    cJSON_Delete(mine);
+    cJSON *gs = cJSON_GetObjectItemCaseSensitive(st, "global_step");
+    if (!cJSON_IsNumber(gs) || gs->valueint != n) die("%s: global_step does not match the directory name", p);
+    cJSON_Delete(st);
+    snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
+    lora_load_state(lo, p);
+    return n;
+}
+
+// keep the metrics lines of steps <= upto (after a resume, later lines belong to the lost run)
+static void metrics_truncate(const char *path, int upto) {
+    if (!file_exists(path)) return;
+    char *text = read_file(path, NULL), *keep = (char *)callocCheck(strlen(text) + 1, 1), *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line);
+        cJSON *s = j ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL;
+        if (cJSON_IsNumber(s) && s->valueint <= upto) {
+            strcat(keep, line);
+            strcat(keep, "\n");
+        }
+        cJSON_Delete(j);
+    }
+    write_file_atomic(path, keep, strlen(keep));
+    free(text);
+    free(keep);
+}
+
+// ----------------------------------------------------------------------------
+// the run
+
+static void hist_add(History *h, double step, double reward, double acc, double kl, double len) {
+    if (h->n == h->cap) {
+        h->cap = h->cap ? 2 * h->cap : 64;
+        h->step = (double *)reallocCheck(h->step, h->cap * sizeof(double));
+        h->reward = (double *)reallocCheck(h->reward, h->cap * sizeof(double));
+        h->acc = (double *)reallocCheck(h->acc, h->cap * sizeof(double));
+        h->kl = (double *)reallocCheck(h->kl, h->cap * sizeof(double));
+        h->len = (double *)reallocCheck(h->len, h->cap * sizeof(double));
+    }
+    h->step[h->n] = step, h->reward[h->n] = reward, h->acc[h->n] = acc, h->kl[h->n] = kl, h->len[h->n] = len;
+    h->n++;
+}
+
+static void hist_from_metrics(History *h, const char *path) {
+    if (!file_exists(path)) return;
+    char *text = read_file(path, NULL), *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line);
+        if (!j) continue;
+        cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step"), *r = cJSON_GetObjectItemCaseSensitive(j, "rewards/correctness/mean");
+        cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "eval/accuracy"), *k = cJSON_GetObjectItemCaseSensitive(j, "kl");
+        cJSON *l = cJSON_GetObjectItemCaseSensitive(j, "completions/mean_length");
+        if (cJSON_IsNumber(s))
+            hist_add(h, s->valuedouble, cJSON_IsNumber(r) ? r->valuedouble : NAN, cJSON_IsNumber(a) ? a->valuedouble : NAN,
+                     cJSON_IsNumber(k) ? k->valuedouble : NAN, cJSON_IsNumber(l) ? l->valuedouble : NAN);
+        cJSON_Delete(j);
+    }
+    free(text);
+}
+
+static void add_num(cJSON *j, const char *k, double v) {
+    if (isfinite(v)) cJSON_AddNumberToObject(j, k, v);
+    else cJSON_AddNullToObject(j, k);
+}
+
+// ----------------------------------------------------------------------------
 // supervised warm-up of the built-in model: full fine-tuning (fp32, every weight)
 // on task demonstrations "prompt answer<eos>", loss = mean -log p of the answer tokens.
 // It gives GRPO a model that is sometimes right, so rewards have variance to learn from.
-
-static double evaluate(Model *m, const Task *task, const Formatter *f, int n, int max_new, const int *eos, int neos);
 
 // The answer a warm-up demonstration shows. With probability p_forget an addition whose
 // ones digits carry is shown with the carry forgotten ("17+25=32"): imperfect data, as real
@@ -420,537 +603,610 @@ static void sft_warmup(Model *m, const Task *task, const Formatter *f, int steps
     free(plen);
 }
 
-// ----------------------------------------------------------------------------
-// output directory, checkpoints, metrics
-
-static int dir_exists(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-static void mkdir_or_die(const char *p) {
-    if (mkdir(p, 0755) != 0 && errno != EEXIST) die("cannot create directory %s (%s)", p, strerror(errno));
-}
-static void rm_rf(const char *p) {
-    DIR *d = opendir(p);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char q[4096];
-        path_join(q, sizeof q, p, e->d_name);
-        if (dir_exists(q)) rm_rf(q);
-        else remove(q);
-    }
-    closedir(d);
-    rmdir(p);
-}
-
-// the newest checkpoint-N in dir (-1 if none)
-static int last_checkpoint(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return -1;
-    int best = -1;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        int n;
-        char tail;
-        if (sscanf(e->d_name, "checkpoint-%d%c", &n, &tail) == 1 && n > best) best = n;
-    }
-    closedir(d);
-    return best;
-}
-
-// the settings a checkpoint must agree with to be resumed
-static cJSON *run_identity(const Opts *o, const GrpoConfig *g) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "model", o->model ? o->model : "builtin-tiny");
-    cJSON_AddStringToObject(j, "data", o->data ? o->data : o->task);
-    cJSON_AddStringToObject(j, "load_in_fp8", o->load_in_fp8);
-    cJSON_AddStringToObject(j, "kv_cache_dtype", o->kv_cache_dtype);
-    cJSON_AddNumberToObject(j, "lora_r", o->lora_r);
-    cJSON_AddNumberToObject(j, "lora_alpha", o->lora_alpha);
-    cJSON_AddStringToObject(j, "lora_target_modules", o->lora_target_modules);
-    cJSON_AddNumberToObject(j, "per_device_train_batch_size", o->per_device_train_batch_size);
-    cJSON_AddNumberToObject(j, "num_generations", g->num_generations);
-    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
-    return j;
-}
-
-static void save_checkpoint(const Opts *o, const GrpoConfig *g, const LoRA *lo, const Model *m, int step) {
-    char final[4096], tmp[4096], p[4200];
-    snprintf(final, sizeof final, "%s/checkpoint-%d", o->output_dir, step);
-    snprintf(tmp, sizeof tmp, "%s/checkpoint-%d.tmp", o->output_dir, step);
-    rm_rf(tmp);
-    mkdir_or_die(tmp);
-    lora_save_peft(lo, m, tmp, o->model ? o->model : "builtin-tiny");
-    snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
-    lora_save_state(lo, p);
-    cJSON *st = cJSON_CreateObject();
-    cJSON_AddNumberToObject(st, "global_step", step);
-    cJSON_AddItemToObject(st, "run", run_identity(o, g));
-    char *text = cJSON_Print(st);
-    cJSON_Delete(st);
-    snprintf(p, sizeof p, "%s/trainer_state.json", tmp);
-    write_file_atomic(p, text, strlen(text));
-    free(text);
-    // the directory appears under its final name only once complete
-    if (dir_exists(final)) rm_rf(final);
-    if (rename(tmp, final) != 0) die("cannot rename %s to %s (%s)", tmp, final, strerror(errno));
-}
-
-// restore a checkpoint; returns its step
-static int load_checkpoint(const Opts *o, const GrpoConfig *g, LoRA *lo, int n) {
-    char dir[4096], p[4200];
-    snprintf(dir, sizeof dir, "%s/checkpoint-%d", o->output_dir, n);
-    snprintf(p, sizeof p, "%s/trainer_state.json", dir);
-    char *text = read_file(p, NULL);
-    cJSON *st = cJSON_Parse(text);
-    free(text);
-    if (!st) die("%s: not valid JSON", p);
-    cJSON *run = cJSON_GetObjectItemCaseSensitive(st, "run"), *mine = run_identity(o, g);
-    if (!cJSON_Compare(run, mine, 1)) {
-        char *a = cJSON_PrintUnformatted(run), *b = cJSON_PrintUnformatted(mine);
-        die("%s was made with other settings (%s) than this run (%s): resume with the same options or use a new --output_dir", dir, a, b);
-    }
-    cJSON_Delete(mine);
-    cJSON *gs = cJSON_GetObjectItemCaseSensitive(st, "global_step");
-    if (!cJSON_IsNumber(gs) || gs->valueint != n) die("%s: global_step does not match the directory name", p);
-    cJSON_Delete(st);
-    snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
-    lora_load_state(lo, p);
-    return n;
-}
-
-// keep the metrics lines of steps <= upto (after a resume, later lines belong to the lost run)
-static void metrics_truncate(const char *path, int upto) {
-    if (!file_exists(path)) return;
-    char *text = read_file(path, NULL), *keep = (char *)callocCheck(strlen(text) + 1, 1), *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        cJSON *j = cJSON_Parse(line);
-        cJSON *s = j ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL;
-        if (cJSON_IsNumber(s) && s->valueint <= upto) {
-            strcat(keep, line);
-            strcat(keep, "\n");
+// The built-in byte-level vocabulary as a Hugging Face tokenizer.json, so that the warm-up
+// directory is a checkpoint ./generate reads on its own: BPE without merges over ByteLevel
+// without the regex split or a prefix space, so each byte is one token as in
+// tokenizer_byte_level(), and its special tokens as added tokens. (test_train reads it back
+// through tokenizer_load_dir and compares ids and text with tokenizer_byte_level's.)
+static void write_tokenizer_json(const Tokenizer *tok, const char *path) {
+    cJSON *root = cJSON_CreateObject(), *vocab = cJSON_CreateObject(), *added = cJSON_CreateArray();
+    for (int id = 0; id < tokenizer_vocab_size(tok); id++) {
+        const char *s = tokenizer_token_str(tok, id);  // byte-level form: byte 0x20 is "Ġ"
+        if (!s) continue;
+        if (!tokenizer_is_special(tok, id)) {
+            cJSON_AddNumberToObject(vocab, s, id);
+            continue;
         }
-        cJSON_Delete(j);
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddNumberToObject(a, "id", id);
+        cJSON_AddStringToObject(a, "content", s);
+        cJSON_AddBoolToObject(a, "single_word", 0);
+        cJSON_AddBoolToObject(a, "lstrip", 0);
+        cJSON_AddBoolToObject(a, "rstrip", 0);
+        cJSON_AddBoolToObject(a, "normalized", 0);
+        cJSON_AddBoolToObject(a, "special", 1);
+        cJSON_AddItemToArray(added, a);
     }
-    write_file_atomic(path, keep, strlen(keep));
+    cJSON *bytelevel[2];
+    for (int i = 0; i < 2; i++) {  // the pre-tokenizer and the decoder
+        bytelevel[i] = cJSON_CreateObject();
+        cJSON_AddStringToObject(bytelevel[i], "type", "ByteLevel");
+        cJSON_AddBoolToObject(bytelevel[i], "add_prefix_space", 0);
+        cJSON_AddBoolToObject(bytelevel[i], "trim_offsets", 1);
+        cJSON_AddBoolToObject(bytelevel[i], "use_regex", 0);
+    }
+    cJSON *model = cJSON_CreateObject();
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON_AddNullToObject(model, "dropout");
+    cJSON_AddNullToObject(model, "unk_token");
+    cJSON_AddNullToObject(model, "continuing_subword_prefix");
+    cJSON_AddNullToObject(model, "end_of_word_suffix");
+    cJSON_AddBoolToObject(model, "fuse_unk", 0);
+    cJSON_AddBoolToObject(model, "byte_fallback", 0);
+    cJSON_AddBoolToObject(model, "ignore_merges", 0);
+    cJSON_AddItemToObject(model, "vocab", vocab);
+    cJSON_AddItemToObject(model, "merges", cJSON_CreateArray());
+    cJSON_AddStringToObject(root, "version", "1.0");
+    cJSON_AddNullToObject(root, "truncation");
+    cJSON_AddNullToObject(root, "padding");
+    cJSON_AddItemToObject(root, "added_tokens", added);
+    cJSON_AddNullToObject(root, "normalizer");
+    cJSON_AddItemToObject(root, "pre_tokenizer", bytelevel[0]);
+    cJSON_AddNullToObject(root, "post_processor");
+    cJSON_AddItemToObject(root, "decoder", bytelevel[1]);
+    cJSON_AddItemToObject(root, "model", model);
+    char *text = cJSON_Print(root);
+    write_file_atomic(path, text, strlen(text));
     free(text);
-    free(keep);
+    cJSON_Delete(root);
+}
+
+// Stage "warm-up": the built-in model, trained once by sft_warmup and cached in warm_dir
+// as a Hugging Face checkpoint (config.json, model.safetensors, tokenizer.json), keyed by
+// the settings that change it (warmup.json); then loaded as any checkpoint is.
+static void warmup(Run *r, const ModelOptions *mo) {
+    const Opts *o = &r->o;
+    r->tok = tokenizer_byte_level();
+    r->fmt.tok = r->tok;
+    r->fmt.chat = 0;
+    Config tc = tiny_config(tokenizer_vocab_size(r->tok), !strcmp(r->be->name, "cuda"));
+    r->eos[r->neos++] = tc.eos_ids[0];
+    char wjson[4300], tjson[4300], want[512];
+    path_join(wjson, sizeof wjson, r->warm_dir, "warmup.json");
+    snprintf(want, sizeof want,
+             "{\"task\":\"%s\",\"max_operand\":%d,\"steps\":%d,\"carry_errors\":%g,\"seed\":%ld,\"C\":%d,\"L\":%d,\"FF\":%d}",
+             o->task, o->max_operand, o->warmup_sft_steps, o->warmup_carry_errors, o->seed, tc.C, tc.L, tc.FF);
+    int cached = 0;
+    if (file_exists(wjson)) {
+        char *have = read_file(wjson, NULL);
+        cached = !strcmp(have, want);
+        free(have);
+    }
+    if (!cached) {
+        printf("built-in model: %d layers, hidden %d, vocab %d (byte-level); supervised warm-up on '%s' for %d steps (cached in %s)\n",
+               tc.L, tc.C, tc.V, o->task, o->warmup_sft_steps, r->warm_dir);
+        const Backend *cpu = backend_cpu();
+        Model w;
+        ModelOptions dense = {FP8_OFF, 0, 0, 0};
+        model_init_random(&w, &tc, cpu, &dense, (uint64_t)o->seed);
+        sft_warmup(&w, &r->task, &r->fmt, o->warmup_sft_steps, 64, o->seed, tc.eos_ids[0], o->quiet, o->eval_size,
+                   r->g.max_completion_length, o->warmup_carry_errors);
+        mkdir_or_die(r->warm_dir);
+        model_save_hf(&w, r->warm_dir, DT_F32);
+        write_file_atomic(wjson, want, strlen(want));
+        model_free(&w);
+    } else printf("built-in model: warm-up loaded from %s\n", r->warm_dir);
+    path_join(tjson, sizeof tjson, r->warm_dir, "tokenizer.json");
+    if (!file_exists(tjson)) write_tokenizer_json(r->tok, tjson);  // also into caches made before it was written
+    model_load(&r->m, r->warm_dir, r->be, mo);
 }
 
 // ----------------------------------------------------------------------------
-// the run
+// the stages, in the order main() calls them
 
-typedef struct {  // what the plot needs, per step (reward: the sampled correctness)
-    double *step, *reward, *acc, *kl, *len;
-    int n, cap;
-} History;
-
-static void hist_add(History *h, double step, double reward, double acc, double kl, double len) {
-    if (h->n == h->cap) {
-        h->cap = h->cap ? 2 * h->cap : 64;
-        h->step = (double *)reallocCheck(h->step, h->cap * sizeof(double));
-        h->reward = (double *)reallocCheck(h->reward, h->cap * sizeof(double));
-        h->acc = (double *)reallocCheck(h->acc, h->cap * sizeof(double));
-        h->kl = (double *)reallocCheck(h->kl, h->cap * sizeof(double));
-        h->len = (double *)reallocCheck(h->len, h->cap * sizeof(double));
-    }
-    h->step[h->n] = step, h->reward[h->n] = reward, h->acc[h->n] = acc, h->kl[h->n] = kl, h->len[h->n] = len;
-    h->n++;
-}
-
-static void hist_from_metrics(History *h, const char *path) {
-    if (!file_exists(path)) return;
-    char *text = read_file(path, NULL), *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        cJSON *j = cJSON_Parse(line);
-        if (!j) continue;
-        cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step"), *r = cJSON_GetObjectItemCaseSensitive(j, "rewards/correctness/mean");
-        cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "eval/accuracy"), *k = cJSON_GetObjectItemCaseSensitive(j, "kl");
-        cJSON *l = cJSON_GetObjectItemCaseSensitive(j, "completions/mean_length");
-        if (cJSON_IsNumber(s))
-            hist_add(h, s->valuedouble, cJSON_IsNumber(r) ? r->valuedouble : NAN, cJSON_IsNumber(a) ? a->valuedouble : NAN,
-                     cJSON_IsNumber(k) ? k->valuedouble : NAN, cJSON_IsNumber(l) ? l->valuedouble : NAN);
-        cJSON_Delete(j);
-    }
-    free(text);
-}
-
-static void add_num(cJSON *j, const char *k, double v) {
-    if (isfinite(v)) cJSON_AddNumberToObject(j, k, v);
-    else cJSON_AddNullToObject(j, k);
-}
-
-int main(int argc, char **argv) {
-    Opts o;
-    GrpoConfig g;
-    opts_default(&o, &g);
-    parse_args(argc, argv, &o, &g);
-    setvbuf(stdout, NULL, _IOLBF, 0);
-
-    // ---- output directory: never clobber a previous run by accident ----
-    char mpath[4200];
-    mkdir_or_die(o.output_dir);
-    int last = last_checkpoint(o.output_dir);
-    if (last >= 0 && !o.resume && !o.overwrite_output_dir)
-        die("%s already holds checkpoint-%d: pass --resume to continue it, --overwrite_output_dir to start over, or another --output_dir",
-            o.output_dir, last);
-    if (o.resume && last < 0) die("--resume: no checkpoint-N in %s", o.output_dir);
-
-    const Backend *be = backend_select(o.device, 1);
-    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o.load_in_fp8), o.fp8_pow2, o.bf16_first_layers, o.bf16_last_layers};
-
-    // ---- task, tokenizer, model ----
-    Task task;
-    TaskOptions to = task_options_default();
-    to.seed = (uint64_t)o.seed;
-    to.max_operand = o.max_operand;
-    task_open_or_die(&task, o.data ? o.data : o.task, &to);
-    Tokenizer *tok;
-    Model m;
-    Formatter fmt = {0};
-    fmt.system = o.system_prompt;
-    fmt.max_prompt = o.max_prompt_length;
-    int eos_buf[8], neos = 0;
-    double acc_warm = NAN;
-    if (o.model) {
-        tok = tokenizer_load_dir(o.model);
-        fmt.tok = tok;
-        fmt.chat = o.chat >= 0 ? o.chat : strcmp(tokenizer_chat_format(tok), "none") != 0;
-        model_load(&m, o.model, be, &mo);
-        int n;
-        const int *e = tokenizer_eos_ids(tok, &n);
-        for (int i = 0; i < n && neos < 8; i++) eos_buf[neos++] = e[i];
-        for (int i = 0; i < m.cfg.n_eos && neos < 8; i++) eos_buf[neos++] = m.cfg.eos_ids[i];
+// Where the run writes, decided and checked before any work. Without --output_dir each run
+// gets a new out/run-N, so the default command runs again without losing the last run, and
+// the runs share the warm-up cache out/warmup; --resume continues the newest out/run-N.
+// With --output_dir: that directory (and its warmup/), never clobbered by accident.
+static void prepare_output(Run *r) {
+    Opts *o = &r->o;
+    if (o->output_dir) {
+        make_writable_dir(o->output_dir);
+        snprintf(r->dir, sizeof r->dir, "%s", o->output_dir);
+        path_join(r->warm_dir, sizeof r->warm_dir, r->dir, "warmup");
     } else {
-        tok = tokenizer_byte_level();
-        fmt.tok = tok;
-        fmt.chat = 0;
-        Config tc = tiny_config(tokenizer_vocab_size(tok), !strcmp(be->name, "cuda"));
-        eos_buf[neos++] = tc.eos_ids[0];
-        // the warm-up runs once and is cached in output_dir/warmup (a Hugging Face checkpoint)
-        char wdir[4096], wjson[4200];
-        snprintf(wdir, sizeof wdir, "%s/warmup", o.output_dir);
-        snprintf(wjson, sizeof wjson, "%s/warmup.json", wdir);
-        char want[512];
-        snprintf(want, sizeof want,
-                 "{\"task\":\"%s\",\"max_operand\":%d,\"steps\":%d,\"carry_errors\":%g,\"seed\":%ld,\"C\":%d,\"L\":%d,\"FF\":%d}",
-                 o.task, o.max_operand, o.warmup_sft_steps, o.warmup_carry_errors, o.seed, tc.C, tc.L, tc.FF);
-        int cached = 0;
-        if (file_exists(wjson)) {
-            char *have = read_file(wjson, NULL);
-            cached = !strcmp(have, want);
-            free(have);
-        }
-        if (!cached) {
-            printf("built-in model: %d layers, hidden %d, vocab %d (byte-level); supervised warm-up on '%s' for %d steps (cached in %s)\n",
-                   tc.L, tc.C, tc.V, o.task, o.warmup_sft_steps, wdir);
-            const Backend *cpu = backend_cpu();
-            Model w;
-            ModelOptions dense = {FP8_OFF, 0, 0, 0};
-            model_init_random(&w, &tc, cpu, &dense, (uint64_t)o.seed);
-            sft_warmup(&w, &task, &fmt, o.warmup_sft_steps, 64, o.seed, tc.eos_ids[0], o.quiet, o.eval_size, g.max_completion_length,
-                       o.warmup_carry_errors);
-            mkdir_or_die(wdir);
-            model_save_hf(&w, wdir, DT_F32);
-            write_file_atomic(wjson, want, strlen(want));
-            model_free(&w);
-        } else printf("built-in model: warm-up loaded from %s\n", wdir);
-        model_load(&m, wdir, be, &mo);
+        make_writable_dir("out");
+        path_join(r->warm_dir, sizeof r->warm_dir, "out", "warmup");
+        int n = newest_run("out", o->resume);
+        if (o->resume && n < 0) die("--resume: no out/run-N holds a checkpoint: give the run's --output_dir");
+        if (!o->resume)  // the next number; mkdir claims it, so two runs started at once never share one
+            for (n = n < 0 ? 1 : n + 1;; n++) {
+                snprintf(r->dir, sizeof r->dir, "out/run-%d", n);
+                if (mkdir(r->dir, 0755) == 0) break;
+                if (errno != EEXIST) die("cannot create directory %s (%s)", r->dir, strerror(errno));
+            }
+        snprintf(r->dir, sizeof r->dir, "out/run-%d", n);
     }
-    config_print(&m.cfg, stdout);
-    printf("frozen linear weights: %s, %.2f MiB (of %.2f MiB of weights)\n", o.load_in_fp8, m.w.linear_bytes / 1048576.0,
-           (m.w.dense_bytes + m.w.fp8_bytes) / 1048576.0);
+    const char *why = o->output_dir ? "" : o->resume ? " (the newest out/run-N with a checkpoint)" : " (a new out/run-N for each run without --output_dir)";
+    o->output_dir = r->dir;
+    path_join(r->metrics, sizeof r->metrics, r->dir, "metrics.jsonl");
+    r->last = last_checkpoint(r->dir);
+    if (r->last >= 0 && !o->resume && !o->overwrite_output_dir)
+        die("%s already holds checkpoint-%d: pass --resume to continue it, --overwrite_output_dir to start over, or another --output_dir",
+            r->dir, r->last);
+    if (o->resume && r->last < 0) die("--resume: no checkpoint-N in %s", r->dir);
+    printf("output: %s%s\n", r->dir, why);
+}
 
-    m.recompute = o.gradient_checkpointing;
-    m.kv_fp8 = !strcmp(o.kv_cache_dtype, "fp8");
-    LoRA *lo = lora_create(&m, o.lora_r, (float)o.lora_alpha, lora_parse_targets(o.lora_target_modules), (uint64_t)o.seed + 17);
-    m.lora = lo;
-    m.lora_on = 1;
-    printf("LoRA: r %d, alpha %g, %zu parameters\n", lo->r, lo->alpha, lo->n);
-    size_t lora_bytes = 4 * lo->n * dtype_size(be->hp);  // parameters, gradients, Adam m and v
-    printf("memory (%s): weights %.1f MiB (linear %.1f MiB as %s), LoRA + AdamW %.1f MiB\n", be->name,
-           (m.w.dense_bytes + m.w.fp8_bytes) / 1048576.0, m.w.linear_bytes / 1048576.0, o.load_in_fp8, lora_bytes / 1048576.0);
-    if (be->mem_capacity() > 0) {  // a device with a memory budget (not the host)
+// Stage "load": the backend, the task, the tokenizer and model (the built-in one through
+// its warm-up), LoRA, and the GPU arena's budget.
+static void load(Run *r) {
+    const Opts *o = &r->o;
+    r->be = backend_select(o->device, 1);
+    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), o->fp8_pow2, o->bf16_first_layers, o->bf16_last_layers};
+    TaskOptions to = task_options_default();
+    to.seed = (uint64_t)o->seed;
+    to.max_operand = o->max_operand;
+    task_open_or_die(&r->task, o->data ? o->data : o->task, &to);
+    r->fmt.system = o->system_prompt;
+    r->fmt.max_prompt = o->max_prompt_length;
+    Model *m = &r->m;
+    if (o->model) {
+        r->tok = tokenizer_load_dir(o->model);
+        r->fmt.tok = r->tok;
+        r->fmt.chat = o->chat >= 0 ? o->chat : strcmp(tokenizer_chat_format(r->tok), "none") != 0;
+        model_load(m, o->model, r->be, &mo);
+        int n;
+        const int *e = tokenizer_eos_ids(r->tok, &n);
+        for (int i = 0; i < n && r->neos < 8; i++) r->eos[r->neos++] = e[i];
+        for (int i = 0; i < m->cfg.n_eos && r->neos < 8; i++) r->eos[r->neos++] = m->cfg.eos_ids[i];
+    } else warmup(r, &mo);
+    config_print(&m->cfg, stdout);
+    printf("frozen linear weights: %s, %.2f MiB (of %.2f MiB of weights)\n", o->load_in_fp8, m->w.linear_bytes / 1048576.0,
+           (m->w.dense_bytes + m->w.fp8_bytes) / 1048576.0);
+
+    m->recompute = o->gradient_checkpointing;
+    m->kv_fp8 = !strcmp(o->kv_cache_dtype, "fp8");
+    r->lo = lora_create(m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17);
+    m->lora = r->lo;
+    m->lora_on = 1;
+    printf("LoRA: r %d, alpha %g, %zu parameters\n", r->lo->r, r->lo->alpha, r->lo->n);
+    r->lora_bytes = 4 * r->lo->n * dtype_size(r->be->hp);  // parameters, gradients, Adam m and v
+    printf("memory (%s): weights %.1f MiB (linear %.1f MiB as %s), LoRA + AdamW %.1f MiB\n", r->be->name,
+           (m->w.dense_bytes + m->w.fp8_bytes) / 1048576.0, m->w.linear_bytes / 1048576.0, o->load_in_fp8, r->lora_bytes / 1048576.0);
+    if (r->be->mem_capacity() > 0) {  // a device with a memory budget (not the host)
         // the time-shared arena (KV cache during rollouts, activations during updates) gets what
         // --gpu_memory_utilization leaves after what is held now and a reserve for the backend's
         // scratch, which grows lazily (FP8 activation codes, 512 MiB logits chunks, LoRA copies)
-        size_t budget = (size_t)(o.gpu_memory_utilization * (double)be->mem_capacity()), used = be->mem_in_use(NULL);
+        size_t budget = (size_t)(o->gpu_memory_utilization * (double)r->be->mem_capacity()), used = r->be->mem_in_use(NULL);
         size_t reserve = (size_t)1 << 30;
         if (budget <= used + reserve)
             die("--gpu_memory_utilization %.2f gives %.2f GiB, but the weights, LoRA and optimizer hold %.2f GiB and the "
                 "backend keeps 1 GiB in reserve: raise --gpu_memory_utilization",
-                o.gpu_memory_utilization, budget / 1073741824.0, used / 1073741824.0);
-        model_arena_init(&m, budget - used - reserve);
+                o->gpu_memory_utilization, budget / 1073741824.0, used / 1073741824.0);
+        model_arena_init(m, budget - used - reserve);
         printf("arena (KV cache during rollouts, activations during updates): up to %.2f GiB, grown on demand\n",
                (budget - used - reserve) / 1073741824.0);
     }
+}
 
-    int start = 0;
-    path_join(mpath, sizeof mpath, o.output_dir, "metrics.jsonl");
-    if (o.resume) {
-        start = load_checkpoint(&o, &g, lo, last);
-        metrics_truncate(mpath, start);
-        printf("resumed from %s/checkpoint-%d\n", o.output_dir, start);
-    } else if (file_exists(mpath)) remove(mpath);
-    History hist = {0};
-    hist_from_metrics(&hist, mpath);
+// the held-out accuracy of the model as it is now (greedy, eval_size problems)
+static double held_out_accuracy(Run *r) { return evaluate(&r->m, &r->task, &r->fmt, r->o.eval_size, r->Tc, r->eos, r->neos); }
 
-    int G = g.num_generations, S = o.per_device_train_batch_size, P = S / G, Tc = g.max_completion_length;
-    int mb = o.micro_batch_size > 0 ? o.micro_batch_size : S;
-    long total_updates = (long)o.max_steps * g.num_iterations;
-    long warm = warmup_steps_from_ratio(o.warmup_ratio, total_updates);
-    float inv_temp = o.temperature > 0 ? (float)(1.0 / o.temperature) : 1.0f;
-    int R = N_REWARD_FUNCS;
-    double defaults[GRPO_MAX_REWARDS], weights[GRPO_MAX_REWARDS];
-    const char *names[GRPO_MAX_REWARDS];
-    for (int r = 0; r < R; r++) defaults[r] = REWARD_FUNCS[r].weight, names[r] = REWARD_FUNCS[r].name;
+// The shapes of a step, and where the run starts: a checkpoint's step (--resume), or 0 with
+// the held-out accuracy before GRPO (LoRA off: the frozen model alone) as metrics line 0.
+static void begin(Run *r) {
+    const Opts *o = &r->o;
+    if (o->resume) {
+        r->start = load_checkpoint(o, &r->g, r->lo, r->last);
+        metrics_truncate(r->metrics, r->start);
+        printf("resumed from %s/checkpoint-%d\n", r->dir, r->start);
+    } else if (file_exists(r->metrics)) remove(r->metrics);
+    hist_from_metrics(&r->hist, r->metrics);
+
+    r->G = r->g.num_generations, r->S = o->per_device_train_batch_size, r->P = r->S / r->G, r->Tc = r->g.max_completion_length;
+    r->mb = o->micro_batch_size > 0 ? o->micro_batch_size : r->S;
+    r->total_updates = (long)o->max_steps * r->g.num_iterations;
+    r->lr_warmup = warmup_steps_from_ratio(o->warmup_ratio, r->total_updates);
+    r->inv_temp = o->temperature > 0 ? (float)(1.0 / o->temperature) : 1.0f;
+    r->R = N_REWARD_FUNCS;
+    double defaults[GRPO_MAX_REWARDS];
+    for (int k = 0; k < r->R; k++) defaults[k] = REWARD_FUNCS[k].weight, r->reward_names[k] = REWARD_FUNCS[k].name;
     char err[256];
-    if (grpo_resolve_reward_weights(&g, R, defaults, names, weights, err, sizeof err) < 0) die("%s", err);
+    if (grpo_resolve_reward_weights(&r->g, r->R, defaults, r->reward_names, r->weights, err, sizeof err) < 0) die("%s", err);
 
-    if (!o.resume) {
-        m.lora_on = 0;
-        acc_warm = evaluate(&m, &task, &fmt, o.eval_size, Tc, eos_buf, neos);
-        m.lora_on = 1;
-        long avail = task_size(&task, SPLIT_HELDOUT);
-        printf("held-out accuracy before GRPO: %.3f (%ld held-out problems, greedy)\n", acc_warm,
-               avail >= 0 && avail < o.eval_size ? avail : (long)o.eval_size);
-        FILE *mf = fopenCheck(mpath, "a");
-        fprintf(mf, "{\"step\": 0, \"eval/accuracy\": %.6f}\n", acc_warm);
+    r->acc = NAN;
+    if (!o->resume) {
+        r->m.lora_on = 0;
+        double acc = held_out_accuracy(r);
+        r->m.lora_on = 1;
+        long avail = task_size(&r->task, SPLIT_HELDOUT);
+        printf("held-out accuracy before GRPO: %.3f (%ld held-out problems, greedy)\n", acc,
+               avail >= 0 && avail < o->eval_size ? avail : (long)o->eval_size);
+        FILE *mf = fopenCheck(r->metrics, "a");
+        fprintf(mf, "{\"step\": 0, \"eval/accuracy\": %.6f}\n", acc);
         fclose(mf);
-        hist_add(&hist, 0, NAN, acc_warm, NAN, NAN);
+        hist_add(&r->hist, 0, NAN, acc, NAN, NAN);
     }
-    printf("GRPO: %d steps x %d prompts x %d completions, max %d new tokens, loss %s, beta %g, lr %g\n", o.max_steps, P, G, Tc,
-           grpo_loss_type_name(g.loss_type), g.beta, o.learning_rate);
+    printf("GRPO: %d steps x %d prompts x %d completions, max %d new tokens, loss %s, beta %g, lr %g\n", o->max_steps, r->P, r->G,
+           r->Tc, grpo_loss_type_name(r->g.loss_type), r->g.beta, o->learning_rate);
+}
 
-    // per-step buffers
-    int **prompts = (int **)callocCheck(P, sizeof(int *)), *plens = (int *)mallocCheck(P * sizeof(int));
-    Example *ex = (Example *)callocCheck(P, sizeof(Example));
-    uint64_t *seeds = (uint64_t *)mallocCheck(S * sizeof(uint64_t));
-    double *rewards = (double *)mallocCheck((size_t)S * R * sizeof(double)), *adv = (double *)mallocCheck(S * sizeof(double));
-    uint8_t *mask = (uint8_t *)mallocCheck((size_t)S * Tc), *trunc = (uint8_t *)mallocCheck(S);
-    double *samp = (double *)mallocCheck((size_t)S * Tc * sizeof(double)), *logp_c = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
-    double *old_c = (double *)mallocCheck((size_t)S * Tc * sizeof(double)), *ref_c = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
-    double *dlogp_c = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
-    double acc = NAN;
-    for (int step = start + 1; step <= o.max_steps; step++) {
-        double t_step = now_sec();
-        // ---- rollouts ----
-        for (int p = 0; p < P; p++) {
-            example_free(&ex[p]);
-            free(prompts[p]);
-            task_example(&task, SPLIT_TRAIN, (uint64_t)(step - 1) * P + p, &ex[p]);
-            plens[p] = encode_prompt(&fmt, ex[p].prompt, &prompts[p]);
-        }
-        for (int s = 0; s < S; s++) seeds[s] = seq_seed(o.seed, step, s, 1);
-        RolloutConfig rc = {G, Tc, (float)o.temperature, (float)o.top_p, o.top_k, eos_buf, neos, 16, 1};
-        Rollout ro;
-        rollout_run(&m, &rc, P, (const int *const *)prompts, plens, seeds, &ro);
-        double t_roll = now_sec() - t_step;
-        // ---- rewards, advantages ----
-        long gen_tokens = 0;
-        int minlen = Tc, maxlen = 0, nclip = 0;
-        for (int s = 0; s < S; s++) {
-            char *text = tokenizer_decode_ex(tok, ro.ids + (size_t)s * Tc, ro.len[s], 1, NULL);
-            for (int r = 0; r < R; r++) rewards[s * R + r] = REWARD_FUNCS[r].fn(&ex[s / G], text, ro.truncated[s]);
-            free(text);
-            gen_tokens += ro.len[s];
-            minlen = ro.len[s] < minlen ? ro.len[s] : minlen;
-            maxlen = ro.len[s] > maxlen ? ro.len[s] : maxlen;
-            nclip += ro.truncated[s];
-            trunc[s] = ro.truncated[s];
-            for (int j = 0; j < Tc; j++) {
-                mask[s * Tc + j] = j < ro.len[s];
-                samp[s * Tc + j] = j < ro.len[s] ? ro.logp[(size_t)s * Tc + j] : 0;
-            }
-        }
-        GrpoRewardMetrics rm;
-        grpo_advantages(&g, S, R, rewards, weights, adv, &rm);
-        GrpoNorm norm = grpo_prepare(&g, S, Tc, mask, trunc);
+static void step_alloc(const Run *r, Step *s) {
+    int P = r->P, S = r->S, Tc = r->Tc;
+    memset(s, 0, sizeof *s);
+    s->prompts = (int **)callocCheck(P, sizeof(int *));
+    s->plens = (int *)mallocCheck(P * sizeof(int));
+    s->ex = (Example *)callocCheck(P, sizeof(Example));
+    s->seeds = (uint64_t *)mallocCheck(S * sizeof(uint64_t));
+    s->rewards = (double *)mallocCheck((size_t)S * r->R * sizeof(double));
+    s->adv = (double *)mallocCheck(S * sizeof(double));
+    s->mask = (uint8_t *)mallocCheck((size_t)S * Tc);
+    s->trunc = (uint8_t *)mallocCheck(S);
+    s->samp = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
+    s->logp = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
+    s->old = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
+    s->ref = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
+    s->dlogp = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
+}
 
-        // ---- the training batch: prompt + completion, right-padded; logp of the completion tokens ----
-        double t_train0 = now_sec();
-        int T = 0;
-        for (int s = 0; s < S; s++) T = plens[s / G] + ro.len[s] > T ? plens[s / G] + ro.len[s] : T;
-        int *ids = (int *)callocCheck((size_t)S * T, sizeof(int)), *tg = (int *)mallocCheck((size_t)S * T * sizeof(int));
-        for (int s = 0; s < S; s++) {
-            int pl = plens[s / G];
-            for (int t = 0; t < T; t++) {
-                ids[s * T + t] = t < pl ? prompts[s / G][t] : (t - pl < ro.len[s] ? ro.ids[(size_t)s * Tc + t - pl] : 0);
-                int j = t + 1 - pl;  // the completion token position t predicts
-                tg[s * T + t] = (j >= 0 && j < ro.len[s]) ? ro.ids[(size_t)s * Tc + j] : -1;
-            }
+// Stage "rollout": the step's P problems (the same on every run and after a resume), then
+// G completions of each, sampled with LoRA on.
+static void rollout(Run *r, Step *s, int step) {
+    for (int p = 0; p < r->P; p++) {
+        example_free(&s->ex[p]);
+        free(s->prompts[p]);
+        task_example(&r->task, SPLIT_TRAIN, (uint64_t)(step - 1) * r->P + p, &s->ex[p]);
+        s->plens[p] = encode_prompt(&r->fmt, s->ex[p].prompt, &s->prompts[p]);
+    }
+    for (int q = 0; q < r->S; q++) s->seeds[q] = seq_seed(r->o.seed, step, q, 1);
+    RolloutConfig rc = {r->G, r->Tc, (float)r->o.temperature, (float)r->o.top_p, r->o.top_k, r->eos, r->neos, 16, 1};
+    rollout_run(&r->m, &rc, r->P, (const int *const *)s->prompts, s->plens, s->seeds, &s->ro);
+    s->t_roll = now_sec() - s->t_step;
+}
+
+// Stage "score": each completion's rewards, the group advantages, the loss's normalizers,
+// and the masks and sampler logprobs of the completion tokens.
+static void score(Run *r, Step *s) {
+    int S = r->S, R = r->R, Tc = r->Tc;
+    const Rollout *ro = &s->ro;
+    s->gen_tokens = 0, s->minlen = Tc, s->maxlen = 0, s->nclip = 0;
+    for (int q = 0; q < S; q++) {
+        char *text = tokenizer_decode_ex(r->tok, ro->ids + (size_t)q * Tc, ro->len[q], 1, NULL);
+        for (int k = 0; k < R; k++) s->rewards[q * R + k] = REWARD_FUNCS[k].fn(&s->ex[q / r->G], text, ro->truncated[q]);
+        free(text);
+        s->gen_tokens += ro->len[q];
+        s->minlen = ro->len[q] < s->minlen ? ro->len[q] : s->minlen;
+        s->maxlen = ro->len[q] > s->maxlen ? ro->len[q] : s->maxlen;
+        s->nclip += ro->truncated[q];
+        s->trunc[q] = ro->truncated[q];
+        for (int j = 0; j < Tc; j++) {
+            s->mask[q * Tc + j] = j < ro->len[q];
+            s->samp[q * Tc + j] = j < ro->len[q] ? ro->logp[(size_t)q * Tc + j] : 0;
         }
-        double *lp = (double *)mallocCheck((size_t)S * T * sizeof(double)), *dl = (double *)callocCheck((size_t)S * T, sizeof(double));
-#define TO_COMPLETION(full, comp)                                                          \
-    for (int s = b0; s < b0 + nb; s++)                                                       \
-        for (int j = 0; j < Tc; j++)                                                         \
-            comp[s * Tc + j] = j < ro.len[s] ? full[(size_t)(s - b0) * T + plens[s / G] - 1 + j] : 0;
-        // reference (LoRA off) and old-policy logprobs, when the loss needs them
-        int need_old = g.num_iterations > 1;
-        for (int pass = 0; pass < 2; pass++) {
-            if ((pass == 0 && g.beta == 0) || (pass == 1 && !need_old)) continue;
-            m.lora_on = pass == 1;
-            for (int b0 = 0; b0 < S; b0 += mb) {
-                int nb = S - b0 < mb ? S - b0 : mb;
-                model_forward(&m, ids + (size_t)b0 * T, nb, T);
-                model_logprobs(&m, tg + (size_t)b0 * T, inv_temp, lp);
-                if (pass == 0) { TO_COMPLETION(lp, ref_c) }
-                else { TO_COMPLETION(lp, old_c) }
-            }
-            m.lora_on = 1;
+    }
+    grpo_advantages(&r->g, S, R, s->rewards, r->weights, s->adv, &s->rm);
+    s->norm = grpo_prepare(&r->g, S, Tc, s->mask, s->trunc);
+}
+
+// The training batch: prompt + completion per sequence, right-padded to T; tg holds the token
+// each position predicts where that is a completion token, else -1.
+static void make_batch(const Run *r, Step *s) {
+    int S = r->S, G = r->G, Tc = r->Tc;
+    const Rollout *ro = &s->ro;
+    int T = 0;
+    for (int q = 0; q < S; q++) T = s->plens[q / G] + ro->len[q] > T ? s->plens[q / G] + ro->len[q] : T;
+    s->T = T;
+    s->ids = (int *)callocCheck((size_t)S * T, sizeof(int));
+    s->tg = (int *)mallocCheck((size_t)S * T * sizeof(int));
+    for (int q = 0; q < S; q++) {
+        int pl = s->plens[q / G];
+        for (int t = 0; t < T; t++) {
+            s->ids[q * T + t] = t < pl ? s->prompts[q / G][t] : (t - pl < ro->len[q] ? ro->ids[(size_t)q * Tc + t - pl] : 0);
+            int j = t + 1 - pl;  // the completion token position t predicts
+            s->tg[q * T + t] = (j >= 0 && j < ro->len[q]) ? ro->ids[(size_t)q * Tc + j] : -1;
         }
-        double t_ref = now_sec() - t_train0;
-        GrpoStats st;
+    }
+    s->lp = (double *)mallocCheck((size_t)S * T * sizeof(double));
+    s->dl = (double *)callocCheck((size_t)S * T, sizeof(double));
+}
+
+// full (nb, T): per-position values of sequences b0..b0+nb-1 -> comp (S, Tc): the values at
+// their completion tokens (completion token j is predicted at position plen - 1 + j), 0 after
+static void to_completion(const Run *r, const Step *s, const double *full, double *comp, int b0, int nb) {
+    for (int q = b0; q < b0 + nb; q++)
+        for (int j = 0; j < r->Tc; j++)
+            comp[q * r->Tc + j] = j < s->ro.len[q] ? full[(size_t)(q - b0) * s->T + s->plens[q / r->G] - 1 + j] : 0;
+}
+
+// the learning rate of optimizer step upd (0-based): cosine or constant, after a linear warm-up
+static double learning_rate(const Run *r, long upd) {
+    double lr = r->o.learning_rate;
+    long warm = r->lr_warmup;
+    if (!strcmp(r->o.lr_scheduler_type, "cosine")) return lr_cosine_with_warmup(lr, upd, warm, r->total_updates);
+    return upd < warm ? lr * upd / (double)(warm > 0 ? warm : 1) : lr;
+}
+
+// Stage "update": the reference (LoRA off) and old-policy logprobs when the loss needs them,
+// then num_iterations x (per micro-batch: forward, logprobs, grpo_loss, backward; clip, AdamW).
+static void update(Run *r, Step *s, int step) {
+    Model *m = &r->m;
+    const GrpoConfig *g = &r->g;
+    int S = r->S, Tc = r->Tc, mb = r->mb;
+    double t_train0 = now_sec();
+    make_batch(r, s);
+    int T = s->T;
+    int need_old = g->num_iterations > 1;
+    for (int pass = 0; pass < 2; pass++) {  // 0: the reference, 1: the old policy
+        if ((pass == 0 && g->beta == 0) || (pass == 1 && !need_old)) continue;
+        m->lora_on = pass == 1;
+        for (int b0 = 0; b0 < S; b0 += mb) {
+            int nb = S - b0 < mb ? S - b0 : mb;
+            model_forward(m, s->ids + (size_t)b0 * T, nb, T);
+            model_logprobs(m, s->tg + (size_t)b0 * T, r->inv_temp, s->lp);
+            to_completion(r, s, s->lp, pass == 0 ? s->ref : s->old, b0, nb);
+        }
+        m->lora_on = 1;
+    }
+    s->t_ref = now_sec() - t_train0;
+    GrpoStats st;
+    grpo_stats_init(&st);
+    for (int it = 0; it < g->num_iterations; it++) {
         grpo_stats_init(&st);
-        double loss = 0, gnorm = 0, lr = 0;
-        for (int it = 0; it < g.num_iterations; it++) {
-            grpo_stats_init(&st);
-            lora_zero_grads(lo);
-            loss = 0;
-            for (int b0 = 0; b0 < S; b0 += mb) {
-                int nb = S - b0 < mb ? S - b0 : mb;
-                model_forward(&m, ids + (size_t)b0 * T, nb, T);
-                model_logprobs(&m, tg + (size_t)b0 * T, inv_temp, lp);
-                TO_COMPLETION(lp, logp_c)
-                GrpoInputs in = {logp_c + (size_t)b0 * Tc, need_old ? old_c + (size_t)b0 * Tc : NULL,
-                                 g.beta != 0 ? ref_c + (size_t)b0 * Tc : NULL, samp + (size_t)b0 * Tc, adv + b0,
-                                 mask + (size_t)b0 * Tc, trunc + b0};
-                loss += grpo_loss(&g, &norm, &in, nb, dlogp_c + (size_t)b0 * Tc, &st);
-                memset(dl, 0, (size_t)nb * T * sizeof(double));
-                for (int s = b0; s < b0 + nb; s++)
-                    for (int j = 0; j < ro.len[s]; j++) dl[(size_t)(s - b0) * T + plens[s / G] - 1 + j] = dlogp_c[s * Tc + j];
-                model_backward(&m, dl);
-            }
-            gnorm = lora_grad_norm(lo);
-            double clip = grad_clip_factor(gnorm, o.max_grad_norm);
-            if (!isfinite(clip)) die("step %d: the gradient norm is %g (NaN/inf): lower --learning_rate or check the data", step, gnorm);
-            if (clip != 1.0) lora_scale_grads(lo, (float)clip);
-            long upd = (long)(step - 1) * g.num_iterations + it;
-            lr = strcmp(o.lr_scheduler_type, "cosine") ? (upd < warm ? o.learning_rate * upd / (double)(warm > 0 ? warm : 1) : o.learning_rate)
-                                                       : lr_cosine_with_warmup(o.learning_rate, upd, warm, total_updates);
-            lora_adamw_step(lo, (float)lr, (float)o.adam_beta1, (float)o.adam_beta2, (float)o.adam_epsilon, (float)o.weight_decay);
+        lora_zero_grads(r->lo);
+        s->loss = 0;
+        for (int b0 = 0; b0 < S; b0 += mb) {
+            int nb = S - b0 < mb ? S - b0 : mb;
+            model_forward(m, s->ids + (size_t)b0 * T, nb, T);
+            model_logprobs(m, s->tg + (size_t)b0 * T, r->inv_temp, s->lp);
+            to_completion(r, s, s->lp, s->logp, b0, nb);
+            GrpoInputs in = {s->logp + (size_t)b0 * Tc, need_old ? s->old + (size_t)b0 * Tc : NULL,
+                             g->beta != 0 ? s->ref + (size_t)b0 * Tc : NULL, s->samp + (size_t)b0 * Tc, s->adv + b0,
+                             s->mask + (size_t)b0 * Tc, s->trunc + b0};
+            s->loss += grpo_loss(g, &s->norm, &in, nb, s->dlogp + (size_t)b0 * Tc, &st);
+            memset(s->dl, 0, (size_t)nb * T * sizeof(double));  // dL/dlogp back at the positions of the (nb, T) batch
+            for (int q = b0; q < b0 + nb; q++)
+                for (int j = 0; j < s->ro.len[q]; j++) s->dl[(size_t)(q - b0) * T + s->plens[q / r->G] - 1 + j] = s->dlogp[q * Tc + j];
+            model_backward(m, s->dl);
         }
-#undef TO_COMPLETION
-        GrpoMetrics gm = grpo_metrics(&st);
-        double t_train = now_sec() - t_train0, t_total = now_sec() - t_step;
-
-        // ---- evaluation, logging, checkpoint ----
-        acc = NAN;
-        if ((o.eval_steps > 0 && step % o.eval_steps == 0) || step == o.max_steps)
-            acc = evaluate(&m, &task, &fmt, o.eval_size, Tc, eos_buf, neos);
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddNumberToObject(j, "step", step);
-        add_num(j, "loss", loss);
-        add_num(j, "grad_norm", gnorm);
-        add_num(j, "learning_rate", lr);
-        add_num(j, "reward", rm.reward);
-        add_num(j, "reward_std", rm.reward_std);
-        for (int r = 0; r < R; r++) {
-            char k[96];
-            snprintf(k, sizeof k, "rewards/%s/mean", names[r]);
-            add_num(j, k, rm.func_mean[r]);
-            snprintf(k, sizeof k, "rewards/%s/std", names[r]);
-            add_num(j, k, rm.func_std[r]);
-        }
-        add_num(j, "frac_reward_zero_std", rm.frac_reward_zero_std);
-        add_num(j, "kl", gm.kl);
-        add_num(j, "clip_ratio/low_mean", gm.clip_low_mean);
-        add_num(j, "clip_ratio/high_mean", gm.clip_high_mean);
-        add_num(j, "clip_ratio/region_mean", gm.clip_region_mean);
-        add_num(j, "completions/mean_length", (double)gen_tokens / S);
-        add_num(j, "completions/min_length", minlen);
-        add_num(j, "completions/max_length", maxlen);
-        add_num(j, "completions/clipped_ratio", (double)nclip / S);
-        add_num(j, "sampling/sampling_logp_difference/mean", gm.sampling_logp_diff_mean);
-        add_num(j, "sampling/sampling_logp_difference/max", gm.sampling_logp_diff_max);
-        add_num(j, "sampling/importance_sampling_ratio/min", gm.is_ratio_min);
-        add_num(j, "sampling/importance_sampling_ratio/mean", gm.is_ratio_mean);
-        add_num(j, "sampling/importance_sampling_ratio/max", gm.is_ratio_max);
-        add_num(j, "eval/accuracy", acc);
-        add_num(j, "step_time", t_total);
-        add_num(j, "time/rollout", t_roll);
-        add_num(j, "time/reference", t_ref);
-        add_num(j, "time/update", t_train - t_ref);
-        add_num(j, "tokens_per_sec/rollout", gen_tokens / fmax(t_roll, 1e-9));
-        double ref_passes = (g.beta != 0) + (g.num_iterations > 1), upd_tok_s = (double)g.num_iterations * S * T / fmax(t_train - t_ref, 1e-9);
-        add_num(j, "tokens_per_sec/reference", ref_passes > 0 ? ref_passes * S * T / fmax(t_ref, 1e-9) : 0.0);
-        add_num(j, "tokens_per_sec/update", upd_tok_s);
-        size_t peak_held = 0;
-        be->mem_in_use(&peak_held);
-        add_num(j, "memory/weights_mib", (m.w.dense_bytes + m.w.fp8_bytes) / 1048576.0);
-        add_num(j, "memory/lora_adamw_mib", lora_bytes / 1048576.0);
-        add_num(j, "memory/kv_cache_mib", ro.kv_bytes / 1048576.0);
-        add_num(j, "memory/activations_mib", m.acts.bytes / 1048576.0);
-        if (m.arena.cap) add_num(j, "memory/arena_mib", m.arena.bytes / 1048576.0);
-        add_num(j, "memory/peak_mib", peak_held / 1048576.0);
-        char *line = cJSON_PrintUnformatted(j);
-        cJSON_Delete(j);
-        FILE *mf = fopenCheck(mpath, "a");
-        fprintf(mf, "%s\n", line);
-        fclose(mf);
-        free(line);
-        hist_add(&hist, step, rm.func_mean[0], acc, gm.kl, (double)gen_tokens / S);
-        if (!o.quiet && (step % o.logging_steps == 0 || step == o.max_steps)) {
-            printf("step %4d/%d | reward %.3f (std %.3f) | correct %.3f", step, o.max_steps, rm.reward, rm.reward_std, rm.func_mean[0]);
-            if (isfinite(acc)) printf(" | held-out %.3f", acc);
-            printf(" | len %.1f | kl %.4f | loss %+.4f | |g| %.3f | %.2f s: rollout %.2f (%.0f tok/s), ref %.2f, update %.2f "
-                   "(%.0f tok/s)\n",
-                   (double)gen_tokens / S, isfinite(gm.kl) ? gm.kl : 0.0, loss, gnorm, t_total, t_roll,
-                   gen_tokens / fmax(t_roll, 1e-9), t_ref, t_train - t_ref, upd_tok_s);
-        }
-        if (step == start + 1) {  // the report by part, once every buffer has been made
-            size_t peak = 0;
-            be->mem_in_use(&peak);
-            printf("memory after the first step: weights %.1f MiB, LoRA + AdamW %.1f MiB, activations %.1f MiB "
-                   "(%s), KV cache %.1f MiB (during the rollout), decode scratch %.1f MiB; peak held %.1f MiB\n",
-                   (m.w.dense_bytes + m.w.fp8_bytes) / 1048576.0, lora_bytes / 1048576.0,
-                   (m.acts.bytes + lora_acts_bytes(lo)) / 1048576.0, m.recompute ? "recomputed per layer" : "all layers kept",
-                   ro.kv_bytes / 1048576.0, m.dec.bytes / 1048576.0, peak / 1048576.0);
-            if (m.arena.cap)
-                printf("arena: %.1f MiB, time-shared: KV cache %.1f MiB at most, activations %.1f MiB at most "
-                       "(separate allocations would hold %.1f MiB)\n",
-                       m.arena.bytes / 1048576.0, m.arena.peak_kv / 1048576.0, m.arena.peak_acts / 1048576.0,
-                       (m.arena.peak_kv + m.arena.peak_acts) / 1048576.0);
-        }
-        if ((o.save_steps > 0 && step % o.save_steps == 0) || step == o.max_steps) save_checkpoint(&o, &g, lo, &m, step);
-        rollout_free(&ro);
-        free(ids);
-        free(tg);
-        free(lp);
-        free(dl);
+        s->gnorm = lora_grad_norm(r->lo);
+        double clip = grad_clip_factor(s->gnorm, r->o.max_grad_norm);
+        if (!isfinite(clip)) die("step %d: the gradient norm is %g (NaN/inf): lower --learning_rate or check the data", step, s->gnorm);
+        if (clip != 1.0) lora_scale_grads(r->lo, (float)clip);
+        s->lr = learning_rate(r, (long)(step - 1) * g->num_iterations + it);
+        lora_adamw_step(r->lo, (float)s->lr, (float)r->o.adam_beta1, (float)r->o.adam_beta2, (float)r->o.adam_epsilon,
+                        (float)r->o.weight_decay);
     }
+    s->gm = grpo_metrics(&st);
+    s->t_train = now_sec() - t_train0, s->t_total = now_sec() - s->t_step;
+}
 
-    // ---- the end: before/after, plot ----
+// held-out accuracy every eval_steps and after the last step
+static int eval_due(const Run *r, int step) { return (r->o.eval_steps > 0 && step % r->o.eval_steps == 0) || step == r->o.max_steps; }
+
+// after the first step, once every buffer has been made: the memory by part
+static void memory_report(const Run *r, const Step *s) {
+    const Model *m = &r->m;
+    size_t peak = 0;
+    r->be->mem_in_use(&peak);
+    printf("memory after the first step: weights %.1f MiB, LoRA + AdamW %.1f MiB, activations %.1f MiB "
+           "(%s), KV cache %.1f MiB (during the rollout), decode scratch %.1f MiB; peak held %.1f MiB\n",
+           (m->w.dense_bytes + m->w.fp8_bytes) / 1048576.0, r->lora_bytes / 1048576.0,
+           (m->acts.bytes + lora_acts_bytes(r->lo)) / 1048576.0, m->recompute ? "recomputed per layer" : "all layers kept",
+           s->ro.kv_bytes / 1048576.0, m->dec.bytes / 1048576.0, peak / 1048576.0);
+    if (m->arena.cap)
+        printf("arena: %.1f MiB, time-shared: KV cache %.1f MiB at most, activations %.1f MiB at most "
+               "(separate allocations would hold %.1f MiB)\n",
+               m->arena.bytes / 1048576.0, m->arena.peak_kv / 1048576.0, m->arena.peak_acts / 1048576.0,
+               (m->arena.peak_kv + m->arena.peak_acts) / 1048576.0);
+}
+
+// Stage "log": the step's metrics.jsonl line (TRL's names), the plot's history, the printed line.
+static void log_step(Run *r, const Step *s, int step) {
+    const Model *m = &r->m;
+    const GrpoConfig *g = &r->g;
+    int S = r->S, T = s->T;
+    double t_upd = s->t_train - s->t_ref;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "step", step);
+    add_num(j, "loss", s->loss);
+    add_num(j, "grad_norm", s->gnorm);
+    add_num(j, "learning_rate", s->lr);
+    add_num(j, "reward", s->rm.reward);
+    add_num(j, "reward_std", s->rm.reward_std);
+    for (int k = 0; k < r->R; k++) {
+        char key[96];
+        snprintf(key, sizeof key, "rewards/%s/mean", r->reward_names[k]);
+        add_num(j, key, s->rm.func_mean[k]);
+        snprintf(key, sizeof key, "rewards/%s/std", r->reward_names[k]);
+        add_num(j, key, s->rm.func_std[k]);
+    }
+    add_num(j, "frac_reward_zero_std", s->rm.frac_reward_zero_std);
+    add_num(j, "kl", s->gm.kl);
+    add_num(j, "clip_ratio/low_mean", s->gm.clip_low_mean);
+    add_num(j, "clip_ratio/high_mean", s->gm.clip_high_mean);
+    add_num(j, "clip_ratio/region_mean", s->gm.clip_region_mean);
+    add_num(j, "completions/mean_length", (double)s->gen_tokens / S);
+    add_num(j, "completions/min_length", s->minlen);
+    add_num(j, "completions/max_length", s->maxlen);
+    add_num(j, "completions/clipped_ratio", (double)s->nclip / S);
+    add_num(j, "sampling/sampling_logp_difference/mean", s->gm.sampling_logp_diff_mean);
+    add_num(j, "sampling/sampling_logp_difference/max", s->gm.sampling_logp_diff_max);
+    add_num(j, "sampling/importance_sampling_ratio/min", s->gm.is_ratio_min);
+    add_num(j, "sampling/importance_sampling_ratio/mean", s->gm.is_ratio_mean);
+    add_num(j, "sampling/importance_sampling_ratio/max", s->gm.is_ratio_max);
+    add_num(j, "eval/accuracy", r->acc);
+    add_num(j, "step_time", s->t_total);
+    add_num(j, "time/rollout", s->t_roll);
+    add_num(j, "time/reference", s->t_ref);
+    add_num(j, "time/update", t_upd);
+    add_num(j, "tokens_per_sec/rollout", s->gen_tokens / fmax(s->t_roll, 1e-9));
+    double ref_passes = (g->beta != 0) + (g->num_iterations > 1), upd_tok_s = (double)g->num_iterations * S * T / fmax(t_upd, 1e-9);
+    add_num(j, "tokens_per_sec/reference", ref_passes > 0 ? ref_passes * S * T / fmax(s->t_ref, 1e-9) : 0.0);
+    add_num(j, "tokens_per_sec/update", upd_tok_s);
+    size_t peak_held = 0;
+    r->be->mem_in_use(&peak_held);
+    add_num(j, "memory/weights_mib", (m->w.dense_bytes + m->w.fp8_bytes) / 1048576.0);
+    add_num(j, "memory/lora_adamw_mib", r->lora_bytes / 1048576.0);
+    add_num(j, "memory/kv_cache_mib", s->ro.kv_bytes / 1048576.0);
+    add_num(j, "memory/activations_mib", m->acts.bytes / 1048576.0);
+    if (m->arena.cap) add_num(j, "memory/arena_mib", m->arena.bytes / 1048576.0);
+    add_num(j, "memory/peak_mib", peak_held / 1048576.0);
+    char *line = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    FILE *mf = fopenCheck(r->metrics, "a");
+    fprintf(mf, "%s\n", line);
+    fclose(mf);
+    free(line);
+    hist_add(&r->hist, step, s->rm.func_mean[0], r->acc, s->gm.kl, (double)s->gen_tokens / S);
+    if (!r->o.quiet && (step % r->o.logging_steps == 0 || step == r->o.max_steps)) {
+        printf("step %4d/%d | reward %.3f (std %.3f) | correct %.3f", step, r->o.max_steps, s->rm.reward, s->rm.reward_std,
+               s->rm.func_mean[0]);
+        if (isfinite(r->acc)) printf(" | held-out %.3f", r->acc);
+        printf(" | len %.1f | kl %.4f | loss %+.4f | |g| %.3f | %.2f s: rollout %.2f (%.0f tok/s), ref %.2f, update %.2f "
+               "(%.0f tok/s)\n",
+               (double)s->gen_tokens / S, isfinite(s->gm.kl) ? s->gm.kl : 0.0, s->loss, s->gnorm, s->t_total, s->t_roll,
+               s->gen_tokens / fmax(s->t_roll, 1e-9), s->t_ref, t_upd, upd_tok_s);
+    }
+    if (step == r->start + 1) memory_report(r, s);
+}
+
+// Stage "checkpoint": every save_steps and after the last step
+static void checkpoint(const Run *r, int step) {
+    if ((r->o.save_steps > 0 && step % r->o.save_steps == 0) || step == r->o.max_steps) save_checkpoint(&r->o, &r->g, r->lo, &r->m, step);
+}
+
+static void step_end(Step *s) {  // what the next step makes anew
+    rollout_free(&s->ro);
+    free(s->ids), free(s->tg), free(s->lp), free(s->dl);
+    s->ids = s->tg = NULL;
+    s->lp = s->dl = NULL;
+}
+
+// a shell command line, built word by word
+typedef struct {
+    char s[16384];
+    size_t n;
+} CmdLine;
+
+__attribute__((format(printf, 2, 3))) static void cmd_add(CmdLine *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(c->s + c->n, sizeof c->s - c->n, fmt, ap);
+    va_end(ap);
+    if (k > 0) c->n = c->n + k < sizeof c->s ? c->n + k : sizeof c->s - 1;
+}
+
+// one word, bare when it holds nothing the shell reads (or quote is 0), else in single quotes
+static void cmd_word(CmdLine *c, const char *word, int quote) {
+    for (const char *p = word; *p && !quote; p++) quote = !(isalnum((unsigned char)*p) || strchr("_./+=:,@%-", *p));
+    cmd_add(c, "%s%s", c->n ? " " : "", quote ? "'" : "");
+    for (const char *p = word; *p; p++) {
+        if (*p == '\'' && quote) cmd_add(c, "'\\''");  // ' ends the quotes, \' is a quote, ' reopens them
+        else cmd_add(c, "%c", *p);
+    }
+    if (quote) cmd_add(c, "'");
+}
+
+// The ./generate command that samples from the trained adapter: the run's paths, the frozen
+// weights as they were trained, and a held-out prompt (a placeholder for a long one)
+static void print_generate_command(const Run *r) {
+    const Opts *o = &r->o;
+    CmdLine c = {.n = 0};
+    char path[4300];
+    const char *slash = strrchr(r->prog, '/');  // ./generate beside ./train_grpo
+    snprintf(path, sizeof path, "%.*sgenerate", slash ? (int)(slash - r->prog + 1) : 0, r->prog);
+    cmd_word(&c, path, 0);
+    cmd_add(&c, " --model");
+    cmd_word(&c, o->model ? o->model : r->warm_dir, 0);
+    snprintf(path, sizeof path, "%s/checkpoint-%d", r->dir, o->max_steps);
+    cmd_add(&c, " --lora");
+    cmd_word(&c, path, 0);
+    if (strcmp(o->load_in_fp8, "block")) cmd_add(&c, " --load_in_fp8 %s", o->load_in_fp8);
+    if (o->fp8_pow2) cmd_add(&c, " --fp8_pow2_scales");
+    if (o->bf16_first_layers) cmd_add(&c, " --bf16_first_layers %d", o->bf16_first_layers);
+    if (o->bf16_last_layers) cmd_add(&c, " --bf16_last_layers %d", o->bf16_last_layers);
+    if (r->fmt.chat) cmd_add(&c, " --chat");
+    if (r->fmt.chat && o->system_prompt && strlen(o->system_prompt) < 1000) {
+        cmd_add(&c, " --system_prompt");
+        cmd_word(&c, o->system_prompt, 1);
+    }
+    cmd_add(&c, " --max_new_tokens %d --prompt", r->Tc);
+    Example ex;
+    task_example(&r->task, task_size(&r->task, SPLIT_HELDOUT) != 0 ? SPLIT_HELDOUT : SPLIT_TRAIN, 0, &ex);
+    cmd_word(&c, strlen(ex.prompt) <= 200 && !strchr(ex.prompt, '\n') ? ex.prompt : "YOUR PROMPT", 1);
+    example_free(&ex);
+    printf("try it: %s\n", c.s);
+}
+
+// Stage "finish": the plot, the accuracy before and after, where everything is.
+static void finish(Run *r) {
+    History *h = &r->hist;
     char plot[4200];
-    path_join(plot, sizeof plot, o.output_dir, "plot.svg");
-    PlotSeries rs = {"correct (sampled)", hist.step, hist.reward, hist.n, "#1f77b4", 0, 0};
-    PlotSeries as = {"held-out (greedy)", hist.step, hist.acc, hist.n, "#d62728", 0, 1};
-    PlotSeries ks = {"kl", hist.step, hist.kl, hist.n, "#2ca02c", 0, 0};
-    PlotSeries ls = {"mean length", hist.step, hist.len, hist.n, "#9467bd", 0, 0};
+    path_join(plot, sizeof plot, r->dir, "plot.svg");
+    PlotSeries rs = {"correct (sampled)", h->step, h->reward, h->n, "#1f77b4", 0, 0};
+    PlotSeries as = {"held-out (greedy)", h->step, h->acc, h->n, "#d62728", 0, 1};
+    PlotSeries ks = {"kl", h->step, h->kl, h->n, "#2ca02c", 0, 0};
+    PlotSeries ls = {"mean length", h->step, h->len, h->n, "#9467bd", 0, 0};
     PlotSeries top[2] = {rs, as};
     PlotPanel panels[3] = {{"GRPO: accuracy on training rollouts and on held-out problems", "step", "", top, 2},
                            {"completion length", "step", "tokens", &ls, 1},
                            {"KL to the reference (LoRA off)", "step", "", &ks, 1}};
-    plot_svg(plot, panels, g.beta != 0 ? 3 : 2);
+    plot_svg(plot, panels, r->g.beta != 0 ? 3 : 2);
     double first = NAN;
-    for (int i = 0; i < hist.n; i++)
-        if (isfinite(hist.acc[i])) { first = hist.acc[i]; break; }
-    printf("held-out accuracy: %.3f before GRPO -> %.3f after %d steps\n", first, acc, o.max_steps);
-    printf("adapter: %s/checkpoint-%d (PEFT format)\nmetrics: %s\nplot: %s\n", o.output_dir, o.max_steps, mpath, plot);
+    for (int i = 0; i < h->n; i++)
+        if (isfinite(h->acc[i])) { first = h->acc[i]; break; }
+    printf("held-out accuracy: %.3f before GRPO -> %.3f after %d steps\n", first, r->acc, r->o.max_steps);
+    printf("adapter: %s/checkpoint-%d (PEFT format)\nmetrics: %s\nplot: %s\n", r->dir, r->o.max_steps, r->metrics, plot);
+    print_generate_command(r);
+}
 
-    for (int p = 0; p < P; p++) {
-        example_free(&ex[p]);
-        free(prompts[p]);
+static void step_free(const Run *r, Step *s) {
+    for (int p = 0; p < r->P; p++) {
+        example_free(&s->ex[p]);
+        free(s->prompts[p]);
     }
-    free(prompts), free(plens), free(ex), free(seeds), free(rewards), free(adv), free(mask), free(trunc);
-    free(samp), free(logp_c), free(old_c), free(ref_c), free(dlogp_c);
-    free(hist.step), free(hist.reward), free(hist.acc), free(hist.kl), free(hist.len);
-    m.lora = NULL;
-    lora_free(lo);
-    model_free(&m);
-    tokenizer_free(tok);
-    task_free(&task);
+    free(s->prompts), free(s->plens), free(s->ex), free(s->seeds), free(s->rewards), free(s->adv), free(s->mask), free(s->trunc);
+    free(s->samp), free(s->logp), free(s->old), free(s->ref), free(s->dlogp);
+}
+
+static void run_free(Run *r) {
+    History *h = &r->hist;
+    free(h->step), free(h->reward), free(h->acc), free(h->kl), free(h->len);
+    r->m.lora = NULL;
+    lora_free(r->lo);
+    model_free(&r->m);
+    tokenizer_free(r->tok);
+    task_free(&r->task);
+}
+
+// ----------------------------------------------------------------------------
+
+int main(int argc, char **argv) {
+    Run r;
+    memset(&r, 0, sizeof r);
+    r.prog = argv[0];
+    parse_options(argc, argv, &r.o, &r.g);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    prepare_output(&r);  // where the run writes; checked now, not after the warm-up
+    load(&r);            // task, tokenizer, model (the built-in one: warm-up, cached), LoRA
+    begin(&r);           // resume a checkpoint, or the held-out accuracy before GRPO
+
+    Step s;
+    step_alloc(&r, &s);
+    for (int step = r.start + 1; step <= r.o.max_steps; step++) {
+        s.t_step = now_sec();
+        rollout(&r, &s, step);  // P prompts x G completions, LoRA on
+        score(&r, &s);          // rewards -> group advantages
+        update(&r, &s, step);   // reference / old logprobs, num_iterations x (forward, backward, AdamW)
+        r.acc = eval_due(&r, step) ? held_out_accuracy(&r) : NAN;  // evaluate
+        log_step(&r, &s, step);
+        checkpoint(&r, step);
+        step_end(&s);
+    }
+    finish(&r);  // plot, accuracy before -> after, the generate command
+
+    step_free(&r, &s);
+    run_free(&r);
     return 0;
 }

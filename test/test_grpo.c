@@ -192,6 +192,42 @@ START_TEST(parser_accepts_and_rejects) {
 }
 END_TEST
 
+// grpo_config_get is grpo_config_set's inverse: every option's text reads back to the same
+// config (what --help shows as a default is what the parser would set)
+START_TEST(get_reads_back_through_set) {
+    static const char *names[] = {"num_generations", "num_iterations", "max_completion_length", "beta", "epsilon",
+                                  "epsilon_high", "loss_type", "scale_rewards", "importance_sampling_level",
+                                  "mask_truncated_completions", "vllm_importance_sampling_correction",
+                                  "vllm_importance_sampling_mode", "vllm_importance_sampling_cap", "reward_weights"};
+    char err[256], buf[256];
+    GrpoConfig d = grpo_config_default(), c = d;
+    const char *want[] = {"8", "1", "256", "0", "0.2", "none", "dapo", "group", "token", "false", "true", "sequence_mask", "3", "none"};
+    for (int i = 0; i < 14; i++) {
+        ck_assert_int_eq(grpo_config_get(&d, names[i], buf, sizeof buf), 0);
+        ck_assert_str_eq(buf, want[i]);
+    }
+    ck_assert_int_eq(grpo_config_get(&d, "no_such_option", buf, sizeof buf), 1);
+    ck_assert_int_eq(grpo_config_get(&d, "max-completion-length", buf, sizeof buf), 0);
+    ck_assert_str_eq(buf, "256");
+    // a config far from the defaults, through get then set into a fresh default config
+    const char *set[][2] = {{"num_generations", "4"}, {"num_iterations", "3"}, {"beta", "0.04"}, {"epsilon", "0.1"},
+                            {"epsilon_high", "0.28"}, {"loss_type", "dr_grpo"}, {"scale_rewards", "none"},
+                            {"importance_sampling_level", "sequence"}, {"mask_truncated_completions", "true"},
+                            {"vllm_importance_sampling_correction", "false"}, {"vllm_importance_sampling_mode", "token_truncate"},
+                            {"vllm_importance_sampling_cap", "2.5"}, {"reward_weights", "1,0.1"}, {"max_completion_length", "17"}};
+    for (int i = 0; i < 14; i++) ck_assert_int_eq(grpo_config_set(&c, set[i][0], set[i][1], err, sizeof err), 0);
+    c.beta = 1.0 / 3.0;  // not exact in %g: the text keeps all digits
+    GrpoConfig r = grpo_config_default();
+    for (int i = 0; i < 14; i++) {
+        ck_assert_int_eq(grpo_config_get(&c, names[i], buf, sizeof buf), 0);
+        ck_assert_msg(grpo_config_set(&r, names[i], buf, err, sizeof err) == 0, "%s '%s': %s", names[i], buf, err);
+    }
+    ck_assert_int_eq(memcmp(&r, &c, sizeof c), 0);
+    ck_assert_int_eq(grpo_config_set(&r, "reward_weights", "none", err, sizeof err), 0);
+    ck_assert_int_eq(r.num_reward_weights, 0);
+}
+END_TEST
+
 START_TEST(reward_weights_resolve) {
     GrpoConfig c = grpo_config_default();
     const char *names[2] = {"correctness", "format"};
@@ -590,6 +626,7 @@ Suite *grpo_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, defaults_are_trls);
     tcase_add_test(tc, parser_accepts_and_rejects);
+    tcase_add_test(tc, get_reads_back_through_set);
     tcase_add_test(tc, reward_weights_resolve);
     tcase_add_test(tc, advantages_match_fixture);
     tcase_add_test(tc, advantages_by_hand);

@@ -758,25 +758,43 @@ START_TEST(test_generate_cli) {
     free(e);
     snprintf(cmd, sizeof cmd, "./generate --model %s --tokens '1 2 x' 2>/dev/null", p);
     ck_assert_int_ne(system(cmd), 0);
-    snprintf(cmd, sizeof cmd, "./generate --model %s --tokens '1 2 3' --fp8 int4 2>/dev/null", p);
+    snprintf(cmd, sizeof cmd, "./generate --model %s --tokens '1 2 3' --load_in_fp8 int4 2>/tmp/fp8grpo_gen_err.txt", p);
     ck_assert_int_ne(system(cmd), 0);
-    // greedy continuation from the command line equals transformers'
-    snprintf(cmd, sizeof cmd, "./generate --device cpu --model %s --max-new-tokens 8 --tokens \"", p);
-    char q[1024];
+    e = read_file("/tmp/fp8grpo_gen_err.txt", NULL);
+    ck_assert_msg(strstr(e, "--load_in_fp8: unknown value 'int4': use block, row, tensor or off"), "stderr: %s", e);
+    free(e);
+    snprintf(cmd, sizeof cmd, "./generate --model %s --tokens '1 2 3' --max_new_tokens -1 2>/dev/null", p);
+    ck_assert_int_ne(system(cmd), 0);
+    // --help: every option with its default, the FP8 default the same as train_grpo's
+    FILE *f = popen("./generate --help", "r");
+    char help[8192] = "";
+    size_t hn = fread(help, 1, sizeof help - 1, f);
+    help[hn] = 0;
+    ck_assert_int_eq(pclose(f), 0);
+    ck_assert_msg(strstr(help, "--load_in_fp8 block|row|tensor|off") && strstr(help, "(default: block)"), "%s", help);
+    ck_assert_msg(strstr(help, "--max_new_tokens N") && strstr(help, "(default: 16)"), "%s", help);
+    ck_assert_msg(strstr(help, "--print_ids"), "%s", help);
+    // greedy continuation from the command line equals transformers' (unquantized weights, as the
+    // fixture); every spelling of a name and --name=value give the same ids
+    char q[1024], toks[256] = "";
     fixture(q, sizeof q, "qwen3", "tokens.npy");
     Npy tk = npy_read(q);
-    for (int t = 0; t < 8; t++) snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), "%d ", (int)tk.data[t]);
-    snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), "\" 2>/dev/null");
-    FILE *f = popen(cmd, "r");
-    char line[512] = "";
-    ck_assert(fgets(line, sizeof line, f) != NULL);
-    ck_assert_int_eq(pclose(f), 0);
+    for (int t = 0; t < 8; t++) snprintf(toks + strlen(toks), sizeof toks - strlen(toks), "%d ", (int)tk.data[t]);
     fixture(q, sizeof q, "qwen3", "generate.npy");
     Npy gen = npy_read(q);
     char want[512] = "";
     for (int t = 0; t < gen.n; t++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", t ? " " : "", (int)gen.data[t]);
-    line[strcspn(line, "\n")] = 0;
-    ck_assert_str_eq(line, want);
+    const char *spellings[] = {"--load_in_fp8 off --print_ids --max_new_tokens 8", "--load-in-fp8 off --print-ids --max-new-tokens 8",
+                               "--load_in_fp8=off --print_ids=true --max-new_tokens=8"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "./generate --device cpu --model %s %s --tokens \"%s\" 2>/dev/null", p, spellings[i], toks);
+        f = popen(cmd, "r");
+        char line[512] = "";
+        ck_assert(fgets(line, sizeof line, f) != NULL);
+        ck_assert_int_eq(pclose(f), 0);
+        line[strcspn(line, "\n")] = 0;
+        ck_assert_msg(!strcmp(line, want), "%s: '%s', want '%s'", spellings[i], line, want);
+    }
     npy_free(&tk);
     npy_free(&gen);
 }

@@ -1,33 +1,52 @@
 // test/test_train.c: ./train_grpo end to end on the built-in tiny model (CPU).
-// Bad options and data are one-line errors with a non-zero exit; a run that fails
-// never touches an existing checkpoint; --resume continues bit-exactly (the adapter
-// after 2 + 2 steps equals the adapter after 4 straight steps); a short run on an
-// easy task raises the reward. All runs share one cached warm-up.
+// Bad options and data are one-line errors with a non-zero exit, a bad output directory
+// before any work; a run that fails never touches an existing checkpoint; --resume
+// continues bit-exactly (the adapter after 2 + 2 steps equals the adapter after 4
+// straight steps); a short run on an easy task raises the reward. --help shows every
+// default; '-' and '_' spell the same option. Without --output_dir the default command
+// runs twice (out/run-1, out/run-2) and --resume continues the newest; the warm-up
+// checkpoint carries a tokenizer.json that reads back as the built-in vocabulary, and the
+// ./generate command a run prints at its end works and prints text. All runs share one
+// cached warm-up.
 #include <check.h>
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <sys/stat.h>
 
+#include <unistd.h>
+
 #include "safetensors.h"
 #include "testutil.h"
+#include "tokenizer.h"
 
 // the default task and warm-up (made once, ~2 min on 2 cores), smaller evaluations
 #define EASY "--eval_size 100 --device cpu --quiet"
 static char base_dir[] = "/tmp/fp8grpo_trainXXXXXX";
 
-// run a shell command; its exit status, and its stderr in err (cap bytes)
-static int run(const char *cmd, char *err, size_t cap) {
-    char full[4096], ef[1200];
+// run a shell command; its exit status, its stdout in out and its stderr in err (each may
+// be NULL; cap bytes)
+static int run_out(const char *cmd, char *out, size_t ocap, char *err, size_t ecap) {
+    char full[4096], of[1200], ef[1200];
+    snprintf(of, sizeof of, "%s/stdout.txt", base_dir);
     snprintf(ef, sizeof ef, "%s/stderr.txt", base_dir);
-    snprintf(full, sizeof full, "%s >/dev/null 2>%s", cmd, ef);
+    snprintf(full, sizeof full, "%s >%s 2>%s", cmd, out ? of : "/dev/null", ef);
     int rc = system(full);
-    if (err) {
-        size_t n = 0;
-        char *e = file_exists(ef) ? read_file(ef, &n) : str_dup("");
-        snprintf(err, cap, "%s", e);
-        free(e);
+    const char *files[2] = {of, ef};
+    char *bufs[2] = {out, err};
+    size_t caps[2] = {ocap, ecap};
+    for (int i = 0; i < 2; i++) {
+        if (!bufs[i]) continue;
+        char *text = file_exists(files[i]) ? read_file(files[i], NULL) : str_dup("");
+        snprintf(bufs[i], caps[i], "%s", text);
+        free(text);
     }
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+static int run(const char *cmd, char *err, size_t cap) { return run_out(cmd, NULL, 0, err, cap); }
+
+static int path_exists(const char *p) {  // a file or a directory
+    struct stat sb;
+    return stat(p, &sb) == 0;
 }
 
 static void setup(void) {
@@ -58,13 +77,20 @@ START_TEST(test_bad_options) {
         {"--temperature -1", "--temperature"},
         {"--num_generations 1", "num_generations"},
         {"--per_device_train_batch_size 12 --num_generations 8", "not a multiple of num_generations"},
-        {"--load_in_fp8 int4", "unknown mode 'int4'"},
+        {"--load_in_fp8 int4", "--load_in_fp8: unknown value 'int4': use block, row, tensor or off"},
         {"--loss_type foo", "unknown loss_type 'foo'"},
-        {"--max_steps 0", "--max_steps"},
-        {"--lr_scheduler_type polynomial", "not supported"},
-        {"--device tpu", "unknown --device 'tpu'"},
+        {"--max_steps 0", "--max_steps: '0' is not an integer >= 1"},
+        {"--lr_scheduler_type polynomial", "--lr_scheduler_type: unknown value 'polynomial': use cosine or constant"},
+        {"--device tpu", "--device: unknown value 'tpu': use auto, cpu or cuda"},
+        {"--task sudoku", "--task: unknown value 'sudoku'"},
         {"--max_steps", "needs a value"},
         {"stray", "unexpected argument 'stray'"},
+        {"--resume=maybe", "--resume: 'maybe' is not true or false"},
+        {"--mask_truncated_completions=maybe", "mask_truncated_completions: 'maybe' is not a boolean"},
+        {"--beta -1", "--beta must be >= 0"},
+        {"--lr 0.1", "unknown option --lr (see --help)"},
+        {"--fp8 row", "unknown option --fp8: did you mean --load_in_fp8?"},
+        {"--resume --overwrite_output_dir", "contradict"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char cmd[2048], err[2048], dir[1200];
@@ -211,11 +237,220 @@ START_TEST(test_grpo_learns) {
 }
 END_TEST
 
+// --help: exit 0, every option by section with its default; defaults that --model changes show both
+START_TEST(test_help_lists_defaults) {
+    setup();
+    char out[32768], err[2048];
+    ck_assert_int_eq(run_out("./train_grpo --help", out, sizeof out, err, sizeof err), 0);
+    const char *sections[] = {"\nmodel and data:\n", "\nFP8 (the frozen weights):\n", "\nGRPO (TRL's GRPOConfig names):\n",
+                              "\noptimizer (AdamW on the LoRA weights):\n", "\nLoRA:\n", "\nsampling (the rollouts):\n",
+                              "\nlogging and checkpoints:\n", "\nmemory:\n"};
+    for (int i = 0; i < 8; i++) ck_assert_msg(strstr(out, sections[i]), "no section '%s'", sections[i] + 1);
+    // each option: its line, and "(default: ...)" before the next option (flags that default to off excepted)
+    struct { const char *name, *dflt; } want[] = {
+        {"model", "the built-in tiny model"}, {"output_dir", "a new out/run-N per run, the warm-up cache in out/warmup"},
+        {"load_in_fp8", "block"}, {"learning_rate", "5e-4; 1e-5 with --model"}, {"max_steps", "150; 200 with --model"},
+        {"max_completion_length", "8; 256 with --model"}, {"eval_size", "200; 100 with --model"},
+        {"eval_steps", "25; 50 with --model"}, {"per_device_train_batch_size", "64"}, {"lora_r", "16"}, {"lora_alpha", "32"},
+        {"temperature", "1"}, {"seed", "42"}, {"gpu_memory_utilization", "0.6"}, {"kv_cache_dtype", "auto"},
+        // the GRPO options, defaults from grpo_config_default() through grpo_config_get
+        {"num_generations", "8"}, {"beta", "0"}, {"epsilon", "0.2"}, {"epsilon_high", "none"}, {"loss_type", "dapo"},
+        {"scale_rewards", "group"}, {"importance_sampling_level", "token"}, {"num_iterations", "1"},
+        {"mask_truncated_completions", "false"}, {"reward_weights", "none"}, {"vllm_importance_sampling_correction", "true"},
+        {"vllm_importance_sampling_mode", "sequence_mask"}, {"vllm_importance_sampling_cap", "3"}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char key[128], d[256];
+        snprintf(key, sizeof key, "\n  --%s ", want[i].name);
+        char *at = strstr(out, key);
+        if (!at) snprintf(key, sizeof key, "\n  --%s\n", want[i].name), at = strstr(out, key);
+        ck_assert_msg(at, "--help lacks --%s", want[i].name);
+        char *next = strstr(at + 1, "\n  --");
+        size_t len = next ? (size_t)(next - at) : strlen(at);
+        char entry[1024];
+        snprintf(entry, sizeof entry, "%.*s", (int)(len < sizeof entry ? len : sizeof entry - 1), at);
+        for (char *c = entry; *c; c++)  // unwrap
+            if (*c == '\n') *c = ' ';
+        for (char *c = strstr(entry, "  "); c; c = strstr(entry, "  ")) memmove(c, c + 1, strlen(c));
+        snprintf(d, sizeof d, "(default: %s)", want[i].dflt);
+        ck_assert_msg(strstr(entry, d), "--%s: '%s' lacks '%s'", want[i].name, entry, d);
+    }
+    ck_assert_int_eq(run_out("./train_grpo --max_steps 0 -h", out, sizeof out, NULL, 0), 0);  // help first, wherever it is
+    ck_assert(strstr(out, "usage: ./train_grpo"));
+}
+END_TEST
+
+// '-' and '_' and --name=value spell the same options: two runs spelled differently train the same adapter
+START_TEST(test_dash_underscore_same_run) {
+    setup();
+    char a[1200], b[1200], cmd[4096], err[2048];
+    fresh_dir("under", a, sizeof a);
+    fresh_dir("dash", b, sizeof b);
+    snprintf(cmd, sizeof cmd,
+             "./train_grpo --device cpu --quiet --eval_size 20 --max_steps 2 --lora_r 8 --learning_rate 1e-3 "
+             "--num_generations 4 --per_device_train_batch_size 16 --output_dir %s", a);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+    snprintf(cmd, sizeof cmd,
+             "./train_grpo --device=cpu --quiet=true --eval-size 20 --max-steps=2 --lora-r 8 --learning-rate=1e-3 "
+             "--num-generations 4 --per_device-train_batch-size=16 --output-dir %s", b);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+    size_t na, nb;
+    char *x = slurp(a, "checkpoint-2/adapter_model.safetensors", &na), *y = slurp(b, "checkpoint-2/adapter_model.safetensors", &nb);
+    ck_assert_msg(na == nb && memcmp(x, y, na) == 0, "the adapters differ");
+    free(x);
+    free(y);
+    char *cfg = slurp(b, "checkpoint-2/adapter_config.json", NULL);  // the options took effect
+    cJSON *j = cJSON_Parse(cfg);
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(j, "r")->valueint, 8);
+    cJSON_Delete(j);
+    free(cfg);
+    char *m = slurp(b, "metrics.jsonl", NULL);
+    ck_assert_msg(strstr(m, "\"step\":2") && !strstr(m, "\"step\":3"), "%s", m);
+    free(m);
+}
+END_TEST
+
+// a bad output directory fails at once, before the warm-up (a fresh cwd: no cache to load)
+START_TEST(test_output_dir_checked_first) {
+    setup();
+    char dir[1200], cmd[4096], err[2048], here[1024];
+    ck_assert(getcwd(here, sizeof here));
+    fresh_dir("badout", dir, sizeof dir);
+    snprintf(cmd, sizeof cmd, "rm -rf %s/warmup && echo x > %s/file", dir, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    struct { const char *args, *msg; } cases[] = {
+        {"--output_dir file", "output directory file exists and is not a directory"},
+        {"--output_dir file/sub", "cannot create directory file/sub"},
+        {"--overwrite_output_dir", "--overwrite_output_dir needs --output_dir"},
+        {"--resume", "--resume: no out/run-N holds a checkpoint"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double t0 = now_sec();
+        snprintf(cmd, sizeof cmd, "cd %s && %s/train_grpo --device cpu %s", dir, here, cases[i].args);
+        int rc = run(cmd, err, sizeof err);
+        ck_assert_msg(rc != 0 && strstr(err, cases[i].msg), "'%s': rc %d, stderr '%s'", cases[i].args, rc, err);
+        ck_assert_msg(strncmp(err, "error: ", 7) == 0 && strchr(err, '\n') == err + strlen(err) - 1, "not one line: %s", err);
+        ck_assert_msg(now_sec() - t0 < 10, "'%s' took %.1f s: the check came after the work", cases[i].args, now_sec() - t0);
+    }
+    snprintf(cmd, sizeof cmd, "%s/warmup", dir);
+    ck_assert(!path_exists(cmd));
+}
+END_TEST
+
+// the warm-up checkpoint's tokenizer.json reads back as the built-in byte-level vocabulary
+START_TEST(test_warmup_tokenizer_json) {
+    setup();
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/warm/warmup", base_dir);
+    Tokenizer *a = tokenizer_byte_level(), *b = tokenizer_load_dir(dir);
+    ck_assert_int_eq(tokenizer_vocab_size(a), tokenizer_vocab_size(b));
+    ck_assert_str_eq(tokenizer_chat_format(a), tokenizer_chat_format(b));
+    int na, nb;
+    const int *ea = tokenizer_eos_ids(a, &na), *eb = tokenizer_eos_ids(b, &nb);
+    ck_assert_int_eq(na, nb);
+    for (int i = 0; i < na; i++) ck_assert_int_eq(ea[i], eb[i]);
+    const char *texts[] = {"17+25=", "42", " 3*5+7 ", "Hello, world!\n\tTabs and  spaces  ", "<|im_start|>user\nhi<|im_end|>",
+                           "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x99\x82", "bad utf-8: \xff\xfe\xc3", "<|endoftext|>x<|endoftext|>",
+                           "'s 're \\ \" {}"};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        int *ia, *ib, n = tokenizer_encode(a, texts[i], &ia), m = tokenizer_encode(b, texts[i], &ib);
+        ck_assert_msg(n == m && memcmp(ia, ib, n * sizeof(int)) == 0, "'%s': the ids differ", texts[i]);
+        char *da = tokenizer_decode(a, ia, n), *db = tokenizer_decode(b, ib, m);
+        ck_assert_msg(!strcmp(da, db), "'%s': decoded '%s' vs '%s'", texts[i], da, db);
+        free(ia), free(ib), free(da), free(db);
+    }
+    int all[259];
+    for (int i = 0; i < 259; i++) all[i] = i;
+    size_t la, lb;  // every id, NUL and invalid UTF-8 included
+    char *da = tokenizer_decode_ex(a, all, 259, 0, &la), *db = tokenizer_decode_ex(b, all, 259, 0, &lb);
+    ck_assert(la == lb && memcmp(da, db, la) == 0);
+    free(da), free(db);
+    tokenizer_free(a);
+    tokenizer_free(b);
+}
+END_TEST
+
+// the value of "key: " on its line of text (into out), or 0 when absent
+static int line_after(const char *text, const char *key, char *out, size_t cap) {
+    const char *at = strstr(text, key);
+    if (!at) return 0;
+    at += strlen(key);
+    snprintf(out, cap, "%.*s", (int)strcspn(at, "\n"), at);
+    return 1;
+}
+
+// The default command without --output_dir, twice (out/run-1, out/run-2, the warm-up shared
+// in out/warmup), --resume continuing the newest run that has a checkpoint, and the
+// ./generate command a run prints: it runs, and prints the completion's text (the decode of
+// its --print_ids ids).
+START_TEST(test_default_runs_and_generate) {
+    setup();
+    char dir[1200], cmd[8192], out[16384], err[4096], here[1024], line[4096];
+    ck_assert(getcwd(here, sizeof here));
+    snprintf(dir, sizeof dir, "%s/default", base_dir);
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s/out && cp -r %s/warm/warmup %s/out/", dir, dir, base_dir, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    for (int r = 1; r <= 2; r++) {
+        snprintf(cmd, sizeof cmd, "cd %s && %s/train_grpo " EASY " --max_steps 1", dir, here);
+        ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "run %d: %s", r, err);
+        char want[64];
+        snprintf(want, sizeof want, "output: out/run-%d (a new out/run-N", r);
+        ck_assert_msg(strstr(out, want), "run %d: %s", r, out);
+        ck_assert_msg(strstr(out, "warm-up loaded from out/warmup"), "run %d did not reuse the warm-up: %s", r, out);
+        snprintf(cmd, sizeof cmd, "%s/out/run-%d/checkpoint-1/adapter_model.safetensors", dir, r);
+        ck_assert(file_exists(cmd));
+    }
+    // the ready-to-copy generate command, with the real paths
+    ck_assert_msg(line_after(out, "try it: ", line, sizeof line), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s/generate --model out/warmup --lora out/run-2/checkpoint-1 --max_new_tokens 8 --prompt '", here);
+    ck_assert_msg(!strncmp(line, cmd, strlen(cmd)), "'%s'", line);
+    snprintf(cmd, sizeof cmd, "cd %s && %s", dir, line);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s: %s", line, err);
+    char text[16384];
+    memcpy(text, out, sizeof text);
+    ck_assert_msg(strchr(text, '\n') == text + strlen(text) - 1 && strlen(text) > 1, "stdout '%s'", text);
+    ck_assert_msg(strstr(err, "backend: ") && !strstr(text, "backend"), "diagnostics not on stderr: '%s'", err);
+    // the text is the decode of the ids --print_ids gives (EOS not shown)
+    snprintf(cmd, sizeof cmd, "cd %s && %s --print_ids", dir, line);
+    ck_assert_int_eq(run_out(cmd, out, sizeof out, NULL, 0), 0);
+    int ids[64], n = 0;
+    for (char *p = out, *end; n < 64; p = end) {
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        ids[n++] = (int)v;
+    }
+    ck_assert_int_gt(n, 0);
+    Tokenizer *tok = tokenizer_byte_level();
+    if (n > 0 && tokenizer_is_eos(tok, ids[n - 1])) n--;
+    char *want = tokenizer_decode(tok, ids, n);
+    text[strlen(text) - 1] = 0;
+    ck_assert_msg(!strcmp(text, want), "text '%s', ids decode to '%s'", text, want);
+    printf("generate: '%s' -> '%s'\n", strstr(line, "--prompt"), text);
+    free(want);
+    tokenizer_free(tok);
+    // --resume without --output_dir continues the newest run with a checkpoint, out/run-2 (not
+    // out/run-3, a run stopped before its first checkpoint)
+    snprintf(cmd, sizeof cmd, "mkdir %s/out/run-3 && cd %s && %s/train_grpo " EASY " --max_steps 2 --resume", dir, dir, here);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(strstr(out, "output: out/run-2 (the newest out/run-N with a checkpoint)") && strstr(out, "resumed from out/run-2/checkpoint-1"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s/out/run-2/checkpoint-2/adapter_model.safetensors", dir);
+    ck_assert(file_exists(cmd));
+    snprintf(cmd, sizeof cmd, "%s/out/run-1/checkpoint-2", dir);
+    ck_assert(!path_exists(cmd));
+    snprintf(cmd, sizeof cmd, "%s/out/run-3/checkpoint-2", dir);
+    ck_assert(!path_exists(cmd));
+}
+END_TEST
+
 static Suite *train_suite(void) {
     Suite *s = suite_create("train");
     TCase *tc = tcase_create("train");
     tcase_set_timeout(tc, 900);
+    tcase_add_test(tc, test_help_lists_defaults);
     tcase_add_test(tc, test_bad_options);
+    tcase_add_test(tc, test_output_dir_checked_first);
+    tcase_add_test(tc, test_warmup_tokenizer_json);
+    tcase_add_test(tc, test_dash_underscore_same_run);
+    tcase_add_test(tc, test_default_runs_and_generate);
     tcase_add_test(tc, test_bad_jsonl);
     tcase_add_test(tc, test_checkpoint_never_overwritten);
     tcase_add_test(tc, test_resume_bit_exact);
