@@ -23,8 +23,6 @@
 #ifndef DEV_CUDA_COMMON_CUH
 #define DEV_CUDA_COMMON_CUH
 
-#include <omp.h>
-
 #include "cuda_common.cuh"
 #include "fp8_cuda.h"
 #include "fp8_gemm.cuh"
