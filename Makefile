@@ -154,21 +154,17 @@ $(BUILD)/gpu_%: test/gpu_%.cu test/testutil.h $(LIB) $(HEADERS)
 	$(NVCC) $(NVCCFLAGS) $(NVLDFLAGS) $< $(LIB) -o $@ -lcjson -lpcre2-8 -lcheck -lsubunit -lcublasLt -lcublas -lgomp -lm -lrt -lpthread
 test-gpu: $(TESTS_GPU)
 	@set -e; for t in $(TESTS_GPU); do echo "== $$t"; CK_FORK=no $$t; done; echo "make test-gpu: all GPU suites passed"
-# dev/gemm_fp8.cu includes fp8.cu itself (it times the kernels the program runs), so it
-# links the CPU reference only, not the library
-bench-gemm: $(BUILD)/gemm_fp8
-$(BUILD)/gemm_fp8: dev/gemm_fp8.cu fp8.cu dev/fp8_cpu.c $(HEADERS) | $(BUILD)
-	$(NVCC) $(NVCCFLAGS) $(NVLDFLAGS) dev/gemm_fp8.cu dev/fp8_cpu.c -o $@ -lcjson -lcublasLt -lcublas -lgomp
-# the LoRA training-step benchmark (C, links the library and the CUDA runtime)
-bench-train: $(BUILD)/bench_train
-$(BUILD)/bench_train: dev/bench_train.c $(LIB) $(HEADERS)
-	$(CC) $(CFLAGS) -Idev -I$(CUDA_HOME)/include $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
-# the rollout-throughput benchmark
-bench-rollout: $(BUILD)/bench_rollout
-$(BUILD)/bench_rollout: dev/bench_rollout.c $(LIB) $(HEADERS)
-	$(CC) $(CFLAGS) -Idev -I$(CUDA_HOME)/include $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+# the benchmarks and the FP8 GEMM kernel lab are built by dev/Makefile (into build/, against the
+# library): bench-gemm, bench-train, bench-rollout; dev-check runs the lab's validations (GPU)
+DEV_ARGS = GPU_ARCH=$(GPU_ARCH) $(if $(DEPS_PREFIX),DEPS_PREFIX=$(DEPS_PREFIX))
+.PHONY: dev-check
+# (the library first, here: parallel dev makes then find it built)
+bench-gemm: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_gemm
+bench-train: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_train
+bench-rollout: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_rollout
+dev-check: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) check
 else
-test-gpu bench-gemm bench-train bench-rollout:
+test-gpu bench-gemm bench-train bench-rollout dev-check:
 	@echo "no nvcc: the GPU suites need the CUDA toolkit (and a GPU to run)"; exit 1
 endif
 
