@@ -4,9 +4,10 @@
 #                     backend too when nvcc is found), on every core
 #   make test         build and run the CPU test suites (Check); non-zero on any failure
 #   make test-gpu     build and run the GPU test suites (needs a CUDA GPU)
-#   make bench-gemm   build build/gemm_fp8 from dev/gemm_fp8.cu (the FP8 GEMM versions + benchmark, GPU)
-#   make bench-train  build build/bench_train (the LoRA training step on the CUDA backend, GPU)
-#   make bench-rollout build build/bench_rollout (rollout throughput on the CUDA backend, GPU)
+#   make bench-gemm   build build/bench_gemm (the FP8 GEMM as the programs run it; dev/Makefile)
+#   make bench-train  build build/bench_train (the LoRA training step on the CUDA backend)
+#   make bench-rollout build build/bench_rollout (rollout throughput on the CUDA backend)
+#   make dev-check    build the FP8 GEMM kernel lab (dev/cuda) and run each version's validation (GPU)
 #
 # Knobs: CUDA_HOME=/path (default: where nvcc lives), NO_CUDA=1 (CPU only),
 # GPU_ARCH=90a|89|120|all (default: probe the GPU, else all), DEPS_PREFIX=dir
