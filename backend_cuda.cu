@@ -12,7 +12,7 @@
 //               bf16. OFF: BF16 GEMM, fp32 accumulation. dX through FP8 weights: the
 //               weight dequantized to bf16, one BF16 GEMM (fp8_linear_dx_cuda).
 //   LoRA        BF16 tensor-core GEMMs with fp32 accumulation: the fp32 masters A, B and
-//               the saved fp32 ax are rounded to bf16 (2^-9 relative) for each product;
+//               the saved fp32 ax are rounded to bf16 (2^-8 relative) for each product;
 //               ax, the gradients dA, dB and the masters stay fp32.
 //   logprobs    fp32 logits in chunks of rows (never (N, V) at once), fp32 logsumexp;
 //               the backward's dz = dlogp (onehot - softmax) / T is rounded to bf16 for

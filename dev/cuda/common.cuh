@@ -225,7 +225,7 @@ static inline double check_bf16(const RefCase *c, const bf16 *y, double acc, con
 // the ACC of the tolerance for what fp8_gemm_cuda ran (fp8_cuda_last_backend)
 static inline double acc_of_backend(const char *backend) {
     if (!strcmp(backend, "kernel-mma")) return ACC_FP32;  // fp32 sums (on sm_90 the e4m3 mma runs as f16 HMMA)
-    if (!strcmp(backend, "bf16-fallback")) return 2 * 0x1p-9 + ACC_FP32;  // each operand rounded to bf16
+    if (!strcmp(backend, "bf16-fallback")) return 2 * 0x1p-8 + ACC_FP32;  // each operand rounded to bf16 (8 significant bits: 2^-8)
     return ACC_TC;  // cublaslt, kernel-wgmma, kernel-decode
 }
 
