@@ -58,6 +58,18 @@ static inline FILE *fopen_check(const char *path, const char *mode, const char *
     if (!f) die("cannot open %s (mode %s): check the path exists and is readable (%s:%d)", path, mode, file, line);
     return f;
 }
+// for functions that report an error to their caller instead of dying: the message into err (cap
+// bytes, may be NULL), and -1 to return
+__attribute__((format(printf, 3, 4))) static inline int error_msg(char *err, size_t cap, const char *fmt, ...) {
+    if (err && cap) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, cap, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
 #define mallocCheck(n) malloc_check((n), __FILE__, __LINE__)
 #define callocCheck(n, sz) calloc_check((n), (sz), __FILE__, __LINE__)
 #define reallocCheck(p, n) realloc_check((p), (n), __FILE__, __LINE__)

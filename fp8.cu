@@ -582,16 +582,6 @@ void bf16_gemm_cuda(void *y, DType ydt, const void *x, const void *w, int M, int
 //   6. BF16: both operands dequantized to BF16, one BF16 GEMM (no FP8 tensor cores, or K % 16 != 0).
 // The other backends force one of them (tests and benchmarks), or die saying why it cannot run.
 
-static GemmArgs gemm_args(const FP8Tensor *x, const FP8Tensor *w, int accumulate) {
-    GemmArgs a;
-    a.x = x->data; a.w = w->data; a.sx = x->scale; a.sw = w->scale;
-    a.M = x->rows; a.N = w->rows; a.K = x->cols;
-    a.gran = x->gran; a.fx = x->fmt; a.fw = w->fmt;
-    a.ldsw = fp8_scale_ld(w->gran, w->rows, w->cols, w->block_rows);
-    a.accumulate = accumulate;
-    return a;
-}
-
 static int mma_supported(const GemmArgs &a, char *why, size_t cap) {
     if (!ctx.has_fp8) { snprintf(why, cap, "no FP8 tensor cores (compute capability %d)", ctx.cc); return 0; }
     if (a.K % 16) { snprintf(why, cap, "K = %d is not a multiple of 16 (cp.async moves 16-byte rows)", a.K); return 0; }

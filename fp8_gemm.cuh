@@ -24,6 +24,16 @@ __device__ __forceinline__ float sx_at(const GemmArgs &a, int m, int kb) {
 __device__ __forceinline__ float sw_at(const GemmArgs &a, int n, int kb) {
     return a.gran == FP8_BLOCK ? a.sw[(size_t)(n / FP8_BLOCK_SIZE) * a.ldsw + kb] : a.gran == FP8_ROW ? a.sw[n] : a.sw[0];
 }
+// the arguments of Y (+)= X W^T (X activations, W a weight of the same granularity)
+static inline GemmArgs gemm_args(const FP8Tensor *x, const FP8Tensor *w, int accumulate) {
+    GemmArgs a;
+    a.x = x->data; a.w = w->data; a.sx = x->scale; a.sw = w->scale;
+    a.M = x->rows; a.N = w->rows; a.K = x->cols;
+    a.gran = x->gran; a.fx = x->fmt; a.fw = w->fmt;
+    a.ldsw = fp8_scale_ld(w->gran, w->rows, w->cols, w->block_rows);
+    a.accumulate = accumulate;
+    return a;
+}
 template <typename T>
 __device__ __forceinline__ void store_out(T *y, const GemmArgs &a, int m, int n, float v) {
     size_t i = (size_t)m * a.N + n;

@@ -85,15 +85,6 @@ const char *grpo_scale_rewards_name(GrpoScaleRewards s) { return (unsigned)s < 3
 const char *grpo_is_level_name(GrpoImportanceLevel l) { return (unsigned)l < 2 ? LEVEL_NAMES[l] : "?"; }
 const char *grpo_vllm_is_mode_name(GrpoVllmISMode m) { return (unsigned)m < 4 ? VIS_NAMES[m] : "?"; }
 
-__attribute__((format(printf, 3, 4))) static int fail(char *err, size_t cap, const char *fmt, ...) {
-    if (err && cap) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, cap, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 // index of value in names[0..n), or -1
 static int lookup(const char *value, const char *const *names, int n) {
@@ -108,7 +99,7 @@ static int parse_double(const char *key, const char *v, double *out, char *err, 
     double x = strtod(v, &end);
     while (isspace((unsigned char)*end)) end++;
     if (end == v || *end || errno == ERANGE || !isfinite(x))
-        return fail(err, cap, "%s: '%s' is not a number", key, v);
+        return error_msg(err, cap, "%s: '%s' is not a number", key, v);
     *out = x;
     return 0;
 }
@@ -118,7 +109,7 @@ static int parse_int(const char *key, const char *v, int *out, char *err, size_t
     long x = strtol(v, &end, 10);
     while (isspace((unsigned char)*end)) end++;
     if (end == v || *end || errno == ERANGE || x < -2147483647L || x > 2147483647L)
-        return fail(err, cap, "%s: '%s' is not an integer", key, v);
+        return error_msg(err, cap, "%s: '%s' is not an integer", key, v);
     *out = (int)x;
     return 0;
 }
@@ -126,7 +117,7 @@ static int parse_bool(const char *key, const char *v, int *out, char *err, size_
     static const char *yes[] = {"1", "true", "True", "yes", "on"}, *no[] = {"0", "false", "False", "no", "off"};
     if (lookup(v, yes, 5) >= 0) { *out = 1; return 0; }
     if (lookup(v, no, 5) >= 0) { *out = 0; return 0; }
-    return fail(err, cap, "%s: '%s' is not a boolean: use true or false", key, v);
+    return error_msg(err, cap, "%s: '%s' is not a boolean: use true or false", key, v);
 }
 
 int grpo_config_set(GrpoConfig *c, const char *key_in, const char *v, char *err, size_t cap) {
@@ -135,41 +126,41 @@ int grpo_config_set(GrpoConfig *c, const char *key_in, const char *v, char *err,
     size_t n = strlen(key_in);
     if (n >= sizeof key) return 1;
     for (size_t i = 0; i <= n; i++) key[i] = key_in[i] == '-' ? '_' : key_in[i];
-    if (!v) return fail(err, cap, "%s needs a value", key);
+    if (!v) return error_msg(err, cap, "%s needs a value", key);
     int i;
     if (!strcmp(key, "num_generations")) {
         if (parse_int(key, v, &c->num_generations, err, cap)) return -1;
-        if (c->num_generations < 1) return fail(err, cap, "num_generations must be >= 1 (got %s)", v);
+        if (c->num_generations < 1) return error_msg(err, cap, "num_generations must be >= 1 (got %s)", v);
     } else if (!strcmp(key, "num_iterations")) {
         if (parse_int(key, v, &c->num_iterations, err, cap)) return -1;
-        if (c->num_iterations < 1) return fail(err, cap, "num_iterations must be >= 1 (got %s)", v);
+        if (c->num_iterations < 1) return error_msg(err, cap, "num_iterations must be >= 1 (got %s)", v);
     } else if (!strcmp(key, "max_completion_length")) {
         if (parse_int(key, v, &c->max_completion_length, err, cap)) return -1;
-        if (c->max_completion_length < 1) return fail(err, cap, "max_completion_length must be >= 1 (got %s)", v);
+        if (c->max_completion_length < 1) return error_msg(err, cap, "max_completion_length must be >= 1 (got %s)", v);
     } else if (!strcmp(key, "beta")) {
         if (parse_double(key, v, &c->beta, err, cap)) return -1;
-        if (c->beta < 0) return fail(err, cap, "beta must be >= 0 (got %s)", v);
+        if (c->beta < 0) return error_msg(err, cap, "beta must be >= 0 (got %s)", v);
     } else if (!strcmp(key, "epsilon")) {
         if (parse_double(key, v, &c->epsilon, err, cap)) return -1;
-        if (c->epsilon < 0 || c->epsilon >= 1) return fail(err, cap, "epsilon must be in [0, 1) (got %s)", v);
+        if (c->epsilon < 0 || c->epsilon >= 1) return error_msg(err, cap, "epsilon must be in [0, 1) (got %s)", v);
     } else if (!strcmp(key, "epsilon_high")) {
         if (!strcmp(v, "none") || !strcmp(v, "None")) { c->epsilon_high = -1; return 0; }
         if (parse_double(key, v, &c->epsilon_high, err, cap)) return -1;
-        if (c->epsilon_high < 0) return fail(err, cap, "epsilon_high must be >= 0 (got %s)", v);
+        if (c->epsilon_high < 0) return error_msg(err, cap, "epsilon_high must be >= 0 (got %s)", v);
     } else if (!strcmp(key, "loss_type")) {
         if ((i = lookup(v, LOSS_NAMES, 4)) < 0)
-            return fail(err, cap, "unknown loss_type '%s': use grpo, bnpo, dr_grpo or dapo", v);
+            return error_msg(err, cap, "unknown loss_type '%s': use grpo, bnpo, dr_grpo or dapo", v);
         c->loss_type = (GrpoLossType)i;
     } else if (!strcmp(key, "scale_rewards")) {
         // TRL also takes booleans: True = group, False = none
         if (!strcmp(v, "true") || !strcmp(v, "True")) i = SCALE_GROUP;
         else if (!strcmp(v, "false") || !strcmp(v, "False")) i = SCALE_NONE;
         else if ((i = lookup(v, SCALE_NAMES, 3)) < 0)
-            return fail(err, cap, "unknown scale_rewards '%s': use group, batch or none", v);
+            return error_msg(err, cap, "unknown scale_rewards '%s': use group, batch or none", v);
         c->scale_rewards = (GrpoScaleRewards)i;
     } else if (!strcmp(key, "importance_sampling_level")) {
         if ((i = lookup(v, LEVEL_NAMES, 2)) < 0)
-            return fail(err, cap, "unknown importance_sampling_level '%s': use token or sequence (GSPO)", v);
+            return error_msg(err, cap, "unknown importance_sampling_level '%s': use token or sequence (GSPO)", v);
         c->importance_sampling_level = (GrpoImportanceLevel)i;
     } else if (!strcmp(key, "mask_truncated_completions")) {
         return parse_bool(key, v, &c->mask_truncated_completions, err, cap);
@@ -177,24 +168,24 @@ int grpo_config_set(GrpoConfig *c, const char *key_in, const char *v, char *err,
         return parse_bool(key, v, &c->vllm_importance_sampling_correction, err, cap);
     } else if (!strcmp(key, "vllm_importance_sampling_mode")) {
         if ((i = lookup(v, VIS_NAMES, 4)) < 0)
-            return fail(err, cap,
+            return error_msg(err, cap,
                         "unknown vllm_importance_sampling_mode '%s': use token_truncate, token_mask, "
                         "sequence_truncate or sequence_mask", v);
         c->vllm_importance_sampling_mode = (GrpoVllmISMode)i;
     } else if (!strcmp(key, "vllm_importance_sampling_cap")) {
         if (parse_double(key, v, &c->vllm_importance_sampling_cap, err, cap)) return -1;
         if (c->vllm_importance_sampling_cap <= 0)
-            return fail(err, cap, "vllm_importance_sampling_cap must be > 0 (got %s)", v);
+            return error_msg(err, cap, "vllm_importance_sampling_cap must be > 0 (got %s)", v);
     } else if (!strcmp(key, "reward_weights")) {
         // comma-separated list, e.g. "1.0,0.2"; none (TRL's None): each reward function's own weight
         if (!strcmp(v, "none") || !strcmp(v, "None")) { c->num_reward_weights = 0; return 0; }
         int k = 0;
         const char *p = v;
         while (1) {
-            if (k == GRPO_MAX_REWARDS) return fail(err, cap, "reward_weights: more than %d values", GRPO_MAX_REWARDS);
+            if (k == GRPO_MAX_REWARDS) return error_msg(err, cap, "reward_weights: more than %d values", GRPO_MAX_REWARDS);
             char item[64];
             size_t len = strcspn(p, ",");
-            if (len == 0 || len >= sizeof item) return fail(err, cap, "reward_weights: '%s' is not a comma-separated list of numbers", v);
+            if (len == 0 || len >= sizeof item) return error_msg(err, cap, "reward_weights: '%s' is not a comma-separated list of numbers", v);
             memcpy(item, p, len);
             item[len] = 0;
             if (parse_double("reward_weights", item, &c->reward_weights[k], err, cap)) return -1;
@@ -252,15 +243,15 @@ int grpo_config_get(const GrpoConfig *c, const char *key_in, char *buf, size_t c
 
 int grpo_config_check(const GrpoConfig *c, char *err, size_t cap) {
     if (c->num_generations < 2)
-        return fail(err, cap, "num_generations is %d: GRPO compares completions of the same prompt, use >= 2", c->num_generations);
-    if (c->max_completion_length < 1) return fail(err, cap, "max_completion_length must be >= 1");
-    if (c->epsilon < 0 || c->epsilon >= 1) return fail(err, cap, "epsilon must be in [0, 1) (got %g)", c->epsilon);
-    if (!(c->beta >= 0)) return fail(err, cap, "beta must be >= 0 (got %g)", c->beta);
+        return error_msg(err, cap, "num_generations is %d: GRPO compares completions of the same prompt, use >= 2", c->num_generations);
+    if (c->max_completion_length < 1) return error_msg(err, cap, "max_completion_length must be >= 1");
+    if (c->epsilon < 0 || c->epsilon >= 1) return error_msg(err, cap, "epsilon must be in [0, 1) (got %g)", c->epsilon);
+    if (!(c->beta >= 0)) return error_msg(err, cap, "beta must be >= 0 (got %g)", c->beta);
     if (!(c->vllm_importance_sampling_cap > 0))
-        return fail(err, cap, "vllm_importance_sampling_cap must be > 0 (got %g)", c->vllm_importance_sampling_cap);
+        return error_msg(err, cap, "vllm_importance_sampling_cap must be > 0 (got %g)", c->vllm_importance_sampling_cap);
     if ((unsigned)c->loss_type > LOSS_DAPO || (unsigned)c->scale_rewards > SCALE_NONE ||
         (unsigned)c->importance_sampling_level > IS_LEVEL_SEQUENCE || (unsigned)c->vllm_importance_sampling_mode > VIS_SEQUENCE_MASK)
-        return fail(err, cap, "GrpoConfig has an out-of-range enum value (set it with grpo_config_set)");
+        return error_msg(err, cap, "GrpoConfig has an out-of-range enum value (set it with grpo_config_set)");
     return 0;
 }
 
@@ -282,7 +273,7 @@ void grpo_config_print(const GrpoConfig *c, FILE *f) {
 
 int grpo_resolve_reward_weights(const GrpoConfig *cfg, int R, const double *defaults, const char *const *names,
                                 double *out, char *err, size_t cap) {
-    if (R > GRPO_MAX_REWARDS) return fail(err, cap, "%d reward functions: at most %d are supported", R, GRPO_MAX_REWARDS);
+    if (R > GRPO_MAX_REWARDS) return error_msg(err, cap, "%d reward functions: at most %d are supported", R, GRPO_MAX_REWARDS);
     if (cfg->num_reward_weights == 0) {
         for (int r = 0; r < R; r++) out[r] = defaults ? defaults[r] : 1.0;
         return 0;
@@ -293,7 +284,7 @@ int grpo_resolve_reward_weights(const GrpoConfig *cfg, int R, const double *defa
             size_t l = strlen(list);
             snprintf(list + l, sizeof list - l, "%s%s", r ? ", " : "", names[r]);
         }
-        return fail(err, cap, "reward_weights has %d values but there are %d reward functions (%s)", cfg->num_reward_weights, R,
+        return error_msg(err, cap, "reward_weights has %d values but there are %d reward functions (%s)", cfg->num_reward_weights, R,
                     list);
     }
     for (int r = 0; r < R; r++) out[r] = cfg->reward_weights[r];

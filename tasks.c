@@ -20,15 +20,6 @@
 
 #include "common.h"
 
-__attribute__((format(printf, 3, 4))) static int fail(char *err, size_t cap, const char *fmt, ...) {
-    if (err && cap) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, cap, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 void example_free(Example *ex) {
     free(ex->prompt);
@@ -87,7 +78,7 @@ static void arith_text(const TaskOptions *o, uint32_t code, char *prompt, size_t
 static int arith_open(Task *t, char *err, size_t cap) {
     const TaskOptions *o = &t->opt;
     if (o->max_operand < 1 || o->max_operand > 9999)
-        return fail(err, cap, "arithmetic: max_operand %d out of range: use 1..9999", o->max_operand);
+        return error_msg(err, cap, "arithmetic: max_operand %d out of range: use 1..9999", o->max_operand);
     long M = o->max_operand + 1, total = 2 * M * M;
     for (int s = 0; s < 2; s++) t->order[s] = (uint32_t *)mallocCheck((size_t)total * sizeof(uint32_t));
     char p[32], c[32];
@@ -234,8 +225,8 @@ int expr_eval(const char *s, Rational *value, long *lits, int max_lits, int *n_l
     if (n_lits) *n_lits = ps.n_lits;
     if (rc) {
         char c = s[ps.at];
-        if (c && isprint((unsigned char)c)) return fail(err, cap, "%s: '%c' at %d", ps.why, c, ps.at);
-        return fail(err, cap, "%s (at %d)", ps.why, ps.at);
+        if (c && isprint((unsigned char)c)) return error_msg(err, cap, "%s: '%c' at %d", ps.why, c, ps.at);
+        return error_msg(err, cap, "%s (at %d)", ps.why, ps.at);
     }
     *value = v;
     return 0;
@@ -246,17 +237,17 @@ int countdown_check(const int *nums, int n, long target, const char *expr, char 
     long lits[32];
     int nl;
     if (expr_eval(expr, &v, lits, 32, &nl, err, cap)) return 0;
-    if (nl > n) return fail(err, cap, "uses %d numbers, only %d are given", nl, n), 0;
+    if (nl > n) return error_msg(err, cap, "uses %d numbers, only %d are given", nl, n), 0;
     int used[COUNTDOWN_MAX_NUMS] = {0};
     for (int i = 0; i < nl; i++) {
         int k = 0;
         while (k < n && (used[k] || nums[k] != lits[i])) k++;
-        if (k == n) return fail(err, cap, "uses %ld, which is not one of the given numbers (or is used twice)", lits[i]), 0;
+        if (k == n) return error_msg(err, cap, "uses %ld, which is not one of the given numbers (or is used twice)", lits[i]), 0;
         used[k] = 1;
     }
     if (v.den != 1 || v.num != target) {
-        if (v.den == 1) fail(err, cap, "evaluates to %lld, not %ld", (long long)v.num, target);
-        else fail(err, cap, "evaluates to %lld/%lld, not %ld", (long long)v.num, (long long)v.den, target);
+        if (v.den == 1) error_msg(err, cap, "evaluates to %lld, not %ld", (long long)v.num, target);
+        else error_msg(err, cap, "evaluates to %lld/%lld, not %ld", (long long)v.num, (long long)v.den, target);
         return 0;
     }
     return 1;
@@ -386,14 +377,14 @@ static int normalize_answer(char *a, char *err, size_t cap) {
     while ((q = strstr(q, "####"))) h = q, q += 4;
     if (h) memmove(a, h + 4, strlen(h + 4) + 1);
     trim_inplace(a);
-    if (!*a) return fail(err, cap, h ? "nothing after \"####\" in \"answer\"" : "\"answer\" is empty");
+    if (!*a) return error_msg(err, cap, h ? "nothing after \"####\" in \"answer\"" : "\"answer\" is empty");
     if (looks_numeric(a)) strip_number(a);
     return 0;
 }
 
 static int jsonl_open(Task *t, const char *path, char *err, size_t cap) {
     FILE *f = fopen(path, "r");
-    if (!f) return fail(err, cap, "cannot open %s: %s", path, strerror(errno));
+    if (!f) return error_msg(err, cap, "cannot open %s: %s", path, strerror(errno));
     char *line = NULL;
     size_t lcap = 0;
     ssize_t len;
@@ -408,12 +399,12 @@ static int jsonl_open(Task *t, const char *path, char *err, size_t cap) {
         cJSON *j = cJSON_ParseWithOpts(s, &end, 0);
         if (!j) {
             const char *e = cJSON_GetErrorPtr();
-            rc = fail(err, cap, "%s:%ld: not valid JSON (near \"%.20s\")", path, lineno, e ? e : s);
+            rc = error_msg(err, cap, "%s:%ld: not valid JSON (near \"%.20s\")", path, lineno, e ? e : s);
             break;
         }
         while (end && isspace((unsigned char)*end)) end++;
         if (end && *end) {
-            rc = fail(err, cap, "%s:%ld: more than one JSON value on the line (one object per line)", path, lineno);
+            rc = error_msg(err, cap, "%s:%ld: more than one JSON value on the line (one object per line)", path, lineno);
             cJSON_Delete(j);
             break;
         }
@@ -430,7 +421,7 @@ static int jsonl_open(Task *t, const char *path, char *err, size_t cap) {
         else if (!a) why = "missing \"answer\"";
         else if (!cJSON_IsString(a) && !cJSON_IsNumber(a)) why = "\"answer\" must be a string or a number";
         if (why) {
-            rc = fail(err, cap, "%s:%ld: %s", path, lineno, why);
+            rc = error_msg(err, cap, "%s:%ld: %s", path, lineno, why);
             cJSON_Delete(j);
             break;
         }
@@ -441,7 +432,7 @@ static int jsonl_open(Task *t, const char *path, char *err, size_t cap) {
         } else ans = str_dup(a->valuestring);
         char aerr[128];
         if (normalize_answer(ans, aerr, sizeof aerr)) {
-            rc = fail(err, cap, "%s:%ld: %s", path, lineno, aerr);
+            rc = error_msg(err, cap, "%s:%ld: %s", path, lineno, aerr);
             free(ans);
             cJSON_Delete(j);
             break;
@@ -461,8 +452,8 @@ static int jsonl_open(Task *t, const char *path, char *err, size_t cap) {
     free(line);
     fclose(f);
     if (rc) return rc;
-    if (t->n_items == 0) return fail(err, cap, "%s: no examples (one JSON object per line with \"prompt\" and \"answer\")", path);
-    if (t->n_items > 0xffffffffL) return fail(err, cap, "%s: too many examples", path);
+    if (t->n_items == 0) return error_msg(err, cap, "%s: no examples (one JSON object per line with \"prompt\" and \"answer\")", path);
+    if (t->n_items > 0xffffffffL) return error_msg(err, cap, "%s: too many examples", path);
     for (int s = 0; s < 2; s++) t->order[s] = (uint32_t *)mallocCheck((size_t)t->n_items * sizeof(uint32_t));
     for (long k = 0; k < t->n_items; k++) {
         Split s = task_split_of_key(t->items[k].key, t->opt.heldout_frac);
@@ -488,7 +479,7 @@ int task_open(Task *t, const char *spec, const TaskOptions *opt, char *err, size
     t->opt = opt ? *opt : task_options_default();
     snprintf(t->name, sizeof t->name, "%s", spec);
     if (!(t->opt.heldout_frac >= 0 && t->opt.heldout_frac < 1))
-        return fail(err, cap, "heldout_frac %g out of range: use [0, 1)", t->opt.heldout_frac);
+        return error_msg(err, cap, "heldout_frac %g out of range: use [0, 1)", t->opt.heldout_frac);
     int rc;
     if (!strcmp(spec, "arithmetic")) {
         t->kind = TASK_ARITHMETIC;
@@ -496,15 +487,15 @@ int task_open(Task *t, const char *spec, const TaskOptions *opt, char *err, size
     } else if (!strcmp(spec, "countdown")) {
         t->kind = TASK_COUNTDOWN;
         if (t->opt.countdown_numbers < 2 || t->opt.countdown_numbers > COUNTDOWN_MAX_NUMS)
-            return fail(err, cap, "countdown: countdown_numbers %d out of range: use 2..%d", t->opt.countdown_numbers, COUNTDOWN_MAX_NUMS);
+            return error_msg(err, cap, "countdown: countdown_numbers %d out of range: use 2..%d", t->opt.countdown_numbers, COUNTDOWN_MAX_NUMS);
         if (t->opt.countdown_max < 2 || t->opt.countdown_max > 999)
-            return fail(err, cap, "countdown: countdown_max %d out of range: use 2..999", t->opt.countdown_max);
+            return error_msg(err, cap, "countdown: countdown_max %d out of range: use 2..999", t->opt.countdown_max);
         rc = 0;
     } else {
         size_t n = strlen(spec);
         FILE *f = fopen(spec, "r");
         if (!f && (n < 6 || strcmp(spec + n - 6, ".jsonl")))
-            return fail(err, cap, "unknown task '%s': use arithmetic, countdown or a .jsonl file", spec);
+            return error_msg(err, cap, "unknown task '%s': use arithmetic, countdown or a .jsonl file", spec);
         if (f) fclose(f);
         t->kind = TASK_JSONL;
         rc = jsonl_open(t, spec, err, cap);

@@ -362,37 +362,27 @@ static void make_writable_dir(const char *dir) {
     unlink(probe);
 }
 
-// the newest checkpoint-N in dir (-1 if none)
-static int last_checkpoint(const char *dir) {
+// the largest N of dir's directories named prefix-N (prefix "checkpoint": its newest checkpoint; "run":
+// its newest run), counting only those that hold a checkpoint when with_checkpoint; -1 if none
+static int newest_numbered(const char *dir, const char *prefix, int with_checkpoint) {
     DIR *d = opendir(dir);
     if (!d) return -1;
     int best = -1;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        int n;
-        char tail;
-        if (sscanf(e->d_name, "checkpoint-%d%c", &n, &tail) == 1 && n > best) best = n;
-    }
-    closedir(d);
-    return best;
-}
-
-// the largest N of the directories run-N in dir (with a checkpoint-M inside, if with_checkpoint); -1 if none
-static int newest_run(const char *dir, int with_checkpoint) {
-    DIR *d = opendir(dir);
-    if (!d) return -1;
-    int best = -1;
+    size_t np = strlen(prefix);
     struct dirent *e;
     while ((e = readdir(d))) {
         int n;
         char tail, p[4200];
-        if (sscanf(e->d_name, "run-%d%c", &n, &tail) != 1 || n <= best) continue;
+        if (strncmp(e->d_name, prefix, np) || e->d_name[np] != '-' || sscanf(e->d_name + np + 1, "%d%c", &n, &tail) != 1 ||
+            n < 0 || n <= best)
+            continue;
         path_join(p, sizeof p, dir, e->d_name);
-        if (dir_exists(p) && (!with_checkpoint || last_checkpoint(p) >= 0)) best = n;
+        if (dir_exists(p) && (!with_checkpoint || newest_numbered(p, "checkpoint", 0) >= 0)) best = n;
     }
     closedir(d);
     return best;
 }
+static int last_checkpoint(const char *dir) { return newest_numbered(dir, "checkpoint", 0); }
 
 // the settings a checkpoint must agree with to be resumed
 static cJSON *run_identity(const Opts *o, const GrpoConfig *g) {
@@ -717,7 +707,7 @@ static void prepare_output(Run *r) {
     } else {
         make_writable_dir("out");
         path_join(r->warm_dir, sizeof r->warm_dir, "out", "warmup");
-        int n = newest_run("out", o->resume);
+        int n = newest_numbered("out", "run", o->resume);
         if (o->resume && n < 0) die("--resume: no out/run-N holds a checkpoint: give the run's --output_dir");
         if (!o->resume)  // the next number; mkdir claims it, so two runs started at once never share one
             for (n = n < 0 ? 1 : n + 1;; n++) {

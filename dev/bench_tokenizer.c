@@ -3,7 +3,7 @@
 //
 //   python3 dev/make_tokenizer_fixtures.py --bench   # build/tokenizer_bench/: a 151,643-vocab
 //                                                    # Qwen2-style tokenizer.json, 1 MB of text, HF's ids
-//   gcc -std=c11 -D_GNU_SOURCE -O2 -I. dev/bench_tokenizer.c tokenizer.c -lcjson -lpcre2-8 -lpthread -lm
+//   gcc -std=c11 -D_GNU_SOURCE -O2 -I. dev/bench_tokenizer.c tokenizer.c safetensors.c -lcjson -lpcre2-8 -lpthread -lm
 //       -o build/bench_tokenizer     (one line)
 //   taskset -c 0 build/bench_tokenizer [tokenizer.json text.txt [hf_ids.bin]]
 //
@@ -11,20 +11,8 @@
 #include <sys/utsname.h>
 
 #include "common.h"
+#include "safetensors.h"  // read_file
 #include "tokenizer.h"
-
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopenCheck(path, "rb");
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = (char *)mallocCheck((size_t)sz + 1);
-    if (fread(b, 1, (size_t)sz, f) != (size_t)sz) die("short read on %s", path);
-    fclose(f);
-    b[sz] = 0;
-    *n = (size_t)sz;
-    return b;
-}
 
 static void cpu_name(char *out, size_t cap) {
     snprintf(out, cap, "unknown CPU");
@@ -64,7 +52,7 @@ int main(int argc, char **argv) {
         if (dt < t_load) t_load = dt;
     }
     size_t n;
-    char *text = slurp(text_path, &n);
+    char *text = read_file(text_path, &n);
 
     // encode: best of 3
     double t_enc = 1e9;
@@ -102,7 +90,7 @@ int main(int argc, char **argv) {
     const char *hf = "not compared";
     if (ids_path) {
         size_t hn;
-        char *raw = slurp(ids_path, &hn);
+        char *raw = read_file(ids_path, &hn);
         int nh = (int)(hn / 4);
         const int32_t *h = (const int32_t *)raw;
         int first = -1;

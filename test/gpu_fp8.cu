@@ -349,19 +349,17 @@ START_TEST(test_gemm_adversarial) {
                         "ACC_TC = 2^-8 = 3.9e-3), kernel-mma %.2e (ACC 2^-10)\n",
                 fp8_gran_name(grans[gi]), w_lt * ACC_TC, w_wg * ACC_TC, w_k * ACC);
         gemm_case_free(&c);
-        // rows of zeros and values far beyond the FP8 range (scales bring them back)
-        gemm_case_make(&c, 96, 256, 1024, grans[gi], FP8_E4M3, FP8_E4M3, DATA_ZERO_ROWS, 1);
-        gemm_check(&c, FP8_GEMM_AUTO, DT_BF16, 0, ACC_TC, NULL);
-        fprintf(stderr, "zero rows %s: auto chose %s\n", fp8_gran_name(grans[gi]), fp8_cuda_last_backend());
-        gemm_check(&c, FP8_GEMM_MMA, DT_BF16, 0, ACC, "kernel-mma");
-        if (wg) gemm_check(&c, FP8_GEMM_WGMMA, DT_BF16, 0, ACC_TC, "kernel-wgmma");
-        gemm_case_free(&c);
-        gemm_case_make(&c, 64, 256, 512, grans[gi], FP8_E4M3, FP8_E4M3, DATA_HUGE, 0);
-        gemm_check(&c, FP8_GEMM_AUTO, DT_F32, 0, ACC_TC, NULL);
-        fprintf(stderr, "beyond-range %s: auto chose %s\n", fp8_gran_name(grans[gi]), fp8_cuda_last_backend());
-        gemm_check(&c, FP8_GEMM_MMA, DT_F32, 0, ACC, "kernel-mma");
-        if (wg) gemm_check(&c, FP8_GEMM_WGMMA, DT_F32, 0, ACC_TC, "kernel-wgmma");
-        gemm_case_free(&c);
+        // rows of zeros (bf16 out, pow2 scales) and values far beyond the FP8 range (f32 out; scales bring them back)
+        struct { int M, K; DataKind kind; DType ydt; int pow2; const char *what; } odd[2] = {
+            {96, 1024, DATA_ZERO_ROWS, DT_BF16, 1, "zero rows"}, {64, 512, DATA_HUGE, DT_F32, 0, "beyond-range"}};
+        for (int k = 0; k < 2; k++) {
+            gemm_case_make(&c, odd[k].M, 256, odd[k].K, grans[gi], FP8_E4M3, FP8_E4M3, odd[k].kind, odd[k].pow2);
+            gemm_check(&c, FP8_GEMM_AUTO, odd[k].ydt, 0, ACC_TC, NULL);
+            fprintf(stderr, "%s %s: auto chose %s\n", odd[k].what, fp8_gran_name(grans[gi]), fp8_cuda_last_backend());
+            gemm_check(&c, FP8_GEMM_MMA, odd[k].ydt, 0, ACC, "kernel-mma");
+            if (wg) gemm_check(&c, FP8_GEMM_WGMMA, odd[k].ydt, 0, ACC_TC, "kernel-wgmma");
+            gemm_case_free(&c);
+        }
         // E5M2 activations (gradients) x E4M3 weights
         gemm_case_make(&c, 128, 256, 1024, grans[gi], FP8_E5M2, FP8_E4M3, DATA_RANDOM, 0);
         gemm_check(&c, FP8_GEMM_AUTO, DT_BF16, 0, ACC_TC, NULL);

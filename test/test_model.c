@@ -25,6 +25,15 @@ static ModelOptions opt_dense(void) {
     return o;
 }
 
+// the fixture checkpoint of arch on the CPU backend, at granularity g
+static void load_fixture(Model *m, const char *arch, FP8Gran g) {
+    char p[1024];
+    fixture(p, sizeof p, arch, "");
+    ModelOptions o = opt_dense();
+    o.gran = g;
+    model_load(m, p, backend_cpu(), &o);
+}
+
 // ---- config ---------------------------------------------------------------------
 
 START_TEST(test_config_fixtures) {
@@ -102,10 +111,8 @@ END_TEST
 START_TEST(test_inv_freq) {
     for (int a = 0; a < 3; a++) {
         char p[1024];
-        fixture(p, sizeof p, ARCHS[a], "");
         Model m;
-        ModelOptions o = opt_dense();
-        model_load(&m, p, backend_cpu(), &o);
+        load_fixture(&m, ARCHS[a], FP8_OFF);
         fixture(p, sizeof p, ARCHS[a], "inv_freq.npy");
         Npy ref = npy_read(p);
         ck_assert_int_eq(ref.n, m.cfg.HD / 2);
@@ -123,10 +130,8 @@ END_TEST
 START_TEST(test_logits_full_forward) {
     for (int a = 0; a < 3; a++) {
         char p[1024];
-        fixture(p, sizeof p, ARCHS[a], "");
         Model m;
-        ModelOptions o = opt_dense();
-        model_load(&m, p, backend_cpu(), &o);
+        load_fixture(&m, ARCHS[a], FP8_OFF);
         fixture(p, sizeof p, ARCHS[a], "tokens.npy");
         Npy tk = npy_read(p);
         fixture(p, sizeof p, ARCHS[a], "logits.npy");
@@ -154,10 +159,8 @@ END_TEST
 // logprobs of the next token = log_softmax(logits) at the target, from the chunked path
 START_TEST(test_logprobs_match_logits) {
     char p[1024];
-    fixture(p, sizeof p, "qwen2", "");
     Model m;
-    ModelOptions o = opt_dense();
-    model_load(&m, p, backend_cpu(), &o);
+    load_fixture(&m, "qwen2", FP8_OFF);
     fixture(p, sizeof p, "qwen2", "tokens.npy");
     Npy tk = npy_read(p);
     fixture(p, sizeof p, "qwen2", "logits.npy");
@@ -192,11 +195,9 @@ END_TEST
 START_TEST(test_logits_decode) {
     for (int a = 0; a < 3; a++) {
         char p[1024];
-        fixture(p, sizeof p, ARCHS[a], "");
         Model m;
-        ModelOptions o = opt_dense();
-        const Backend *be = backend_cpu();
-        model_load(&m, p, be, &o);
+        load_fixture(&m, ARCHS[a], FP8_OFF);
+        const Backend *be = m.be;
         // the decode step runs q|k|v and gate|up as one GEMM each (fused views of the weights)
         const LayerWeights *l0 = &m.w.layers[0];
         ck_assert_int_eq(l0->qkv.rows, (m.cfg.NH + 2 * m.cfg.KVH) * m.cfg.HD);
@@ -290,11 +291,9 @@ END_TEST
 START_TEST(test_greedy_generation) {
     for (int a = 0; a < 3; a++) {
         char p[1024];
-        fixture(p, sizeof p, ARCHS[a], "");
         Model m;
-        ModelOptions o = opt_dense();
-        const Backend *be = backend_cpu();
-        model_load(&m, p, be, &o);
+        load_fixture(&m, ARCHS[a], FP8_OFF);
+        const Backend *be = m.be;
         fixture(p, sizeof p, ARCHS[a], "tokens.npy");
         Npy tk = npy_read(p);
         fixture(p, sizeof p, ARCHS[a], "generate.npy");
@@ -376,10 +375,8 @@ START_TEST(test_fp8_model_logits) {
     for (int t = 0; t < T; t++) ids[t] = (int)tk.data[t];
     double rel[4];
     for (int g = FP8_OFF; g <= FP8_BLOCK; g++) {
-        fixture(p, sizeof p, "qwen3", "");
         Model m;
-        ModelOptions o = {(FP8Gran)g, 0, 0, 0};
-        model_load(&m, p, backend_cpu(), &o);
+        load_fixture(&m, "qwen3", (FP8Gran)g);
         model_forward(&m, ids, 1, T);
         float *out = (float *)mallocCheck((size_t)T * V * sizeof(float));
         model_logits(&m, out);
@@ -538,11 +535,8 @@ END_TEST
 // recomputation (gradient checkpointing) changes memory, not numbers: the same logprobs
 // and bit-identical gradients (LoRA and dense), on the fp32 CPU backend, FP8 weights
 START_TEST(test_recompute_identical) {
-    char p[1024];
-    fixture(p, sizeof p, "qwen3", "");
     Model m;
-    ModelOptions o = {FP8_BLOCK, 0, 0, 0};
-    model_load(&m, p, backend_cpu(), &o);
+    load_fixture(&m, "qwen3", FP8_BLOCK);
     LoRA *lo = lora_create(&m, 4, 8.0f, lora_parse_targets("all"), 2);
     Rng r = rng_make(9);
     for (size_t i = 0; i < lo->n; i++) ((float *)lo->params)[i] += 0.05f * rng_normal(&r);

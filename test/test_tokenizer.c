@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "safetensors.h"  // read_file
 #include "testutil.h"
 #include "tokenizer.h"
 
@@ -45,18 +46,10 @@ static int valid_utf8(const unsigned char *s, size_t n) {
     return 1;
 }
 
+// a fixture's bytes (NUL-terminated; *n its length when n is given)
 static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) die("cannot open fixture %s: run from the repo root, or regenerate with dev/make_tokenizer_fixtures.py", path);
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = (char *)mallocCheck((size_t)sz + 1);
-    if (fread(b, 1, (size_t)sz, f) != (size_t)sz) die("short read on %s", path);
-    fclose(f);
-    b[sz] = 0;
-    if (n) *n = (size_t)sz;
-    return b;
+    if (!file_exists(path)) die("cannot open fixture %s: run from the repo root, or regenerate with dev/make_tokenizer_fixtures.py", path);
+    return read_file(path, n);
 }
 static cJSON *load_cases(const char *kind) {
     char rel[256], path[512];

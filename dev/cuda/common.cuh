@@ -2,7 +2,7 @@
 // dev/cuda/cublaslt_search.cu): operands, the CPU reference, the validation, the timing, the printing.
 //   defines: fill_normal_bf16, fp8_dev_alloc / fp8_dev_free / fp8_to_host, fp8_operands_make (random
 //   bf16 operands quantized by the product's fp8_quantize_cuda), OperandSet (bf16 + FP8 at each
-//   granularity), gemm_args_of, RefCase (the operands with fp8_gemm_cpu's product and sum |x w| on the
+//   granularity), RefCase (the operands with fp8_gemm_cpu's product and sum |x w| on the
 //   host), check_bf16 (worst error / tolerance), acc_of_backend, median / time_ms / time_interleaved /
 //   time_ms_flushed, tflops_of, hopper_ready (an sm_90a GPU and build?), and gemm_version_main: the
 //   main of every dev/cuda/fp8_gemm_v*.cu (parse, validate, time against cuBLASLt, print a summary).
@@ -26,7 +26,7 @@
 #include "cuda_common.cuh"
 #include "fp8_cuda.h"
 #include "fp8_gemm.cuh"
-#include "hopper.cuh"
+#include "wgmma_tile.cuh"  // hopper.cuh and the tile pieces the Hopper versions share with fp8_hopper.cu
 
 // the H100 SXM's dense FP8 tensor-core peak from NVIDIA's datasheet (3958 is the figure with 2:4
 // sparsity): a floor no kernel reaches (boost clock; these GEMMs run power-capped at ~1.3-1.5 GHz)
@@ -126,17 +126,6 @@ static inline void operands_free(OperandSet *o, int nb) {
         cudaFree(o[b].wb);
         for (int gi = 0; gi < 3; gi++) { fp8_dev_free(&o[b].x[gi]); fp8_dev_free(&o[b].w[gi]); }
     }
-}
-
-// the kernels' arguments for Y = X W^T (as fp8.cu builds them)
-static inline GemmArgs gemm_args_of(const FP8Tensor *x, const FP8Tensor *w, int accumulate) {
-    GemmArgs a;
-    a.x = x->data; a.w = w->data; a.sx = x->scale; a.sw = w->scale;
-    a.M = x->rows; a.N = w->rows; a.K = x->cols;
-    a.gran = x->gran; a.fx = x->fmt; a.fw = w->fmt;
-    a.ldsw = fp8_scale_ld(w->gran, w->rows, w->cols, w->block_rows);
-    a.accumulate = accumulate;
-    return a;
 }
 
 // ----------------------------------------------------------------------------
@@ -471,7 +460,7 @@ static inline int gemm_version_main(int argc, char **argv, const GemmVersion &v)
             RefCase c;
             ref_case_make(&c, m, n, k, GRANS[gi], 1 + si);
             cudaCheck(cudaMemset(y, 0xFF, (size_t)m * n * sizeof(bf16)));  // NaN poison: every output must be written
-            GemmArgs a = gemm_args_of(&c.x, &c.w, 0);
+            GemmArgs a = gemm_args(&c.x, &c.w, 0);
             v.launch(y, a);
             launchCheck();
             double e = check_bf16(&c, y, v.acc, v.label);
@@ -509,7 +498,7 @@ static inline int gemm_version_main(int argc, char **argv, const GemmVersion &v)
         if (!has_lt) printf("  (cuBLASLt declines %s: %s)\n", fp8_gran_name(GRANS[gi]), why);
         fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
         auto op = [&](int k, int b) {
-            if (k == 0) v.launch(y, gemm_args_of(&x[b], &w[b], 0));
+            if (k == 0) v.launch(y, gemm_args(&x[b], &w[b], 0));
             else fp8_gemm_cuda(y, DT_BF16, &x[b], &w[b], 0);
         };
         // one call, to choose the burst: 10 calls between events for kernels of < 2 ms, else 1

@@ -24,22 +24,6 @@
 #define V4_BN 128
 #define V4_SMEM (2 * (V4_BM + V4_BN) * WG_BK + 16 + 1024)  // two stages, two mbarriers, 1 KiB alignment
 
-// the epilogue straight from registers: the thread's rows r0 and r0 + 8 (the accumulator layout:
-// hopper.cuh, wgmma_m64n128k32_e4m3)
-template <typename T, int GRAN>
-__device__ __forceinline__ void v4_store(T *y, const GemmArgs &a, const float (&acc)[64], int r0, int n0) {
-    int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int i = 0; i < V4_BN / 8; i++)
-#pragma unroll
-        for (int v = 0; v < 4; v++) {
-            int m = r0 + (v >= 2 ? 8 : 0), n = n0 + 8 * i + 2 * (lane & 3) + (v & 1);
-            if (m >= a.M || n >= a.N) continue;
-            float val = GRAN == FP8_BLOCK ? acc[4 * i + v] : acc[4 * i + v] * (sx_at(a, m, 0) * sw_at(a, n, 0));
-            store_out(y, a, m, n, val);
-        }
-}
-
 template <typename T, int GRAN>
 __global__ void __launch_bounds__(128)
     gemm_fp8_v4_kernel(T *y, const GemmArgs a, const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw) {
@@ -82,7 +66,7 @@ __global__ void __launch_bounds__(128)
         }
         __syncthreads();
     }
-    v4_store<T, GRAN>(y, a, acc, r0, n0);
+    wg_store_direct<T, GRAN, V4_BN>(y, a, acc, r0, n0);
 #endif
 }
 

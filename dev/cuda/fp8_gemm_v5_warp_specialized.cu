@@ -34,46 +34,6 @@ struct V5Cfg {
     static constexpr int SMEM = STAGES * (V5_TILE_X + V5_TILE_W + SC) + 2 * STAGES * 8 + 1024;
 };
 
-// the producer thread: all K steps of the tile into the stage ring
-template <int GRAN>
-__device__ __forceinline__ void v5_produce_tile(const CUtensorMap *tmx, const CUtensorMap *tmw, uint8_t *xs, uint8_t *ws,
-                                                uint64_t *full, uint64_t *empty, int m0, int n0, int KB) {
-    constexpr int S = V5Cfg<GRAN>::STAGES;
-    for (int kb = 0, stage = 0, phase = 0; kb < KB; kb++) {
-        mbar_wait(&empty[stage], phase ^ 1);                  // the consumers released it (at once the first round)
-        mbar_expect_tx(&full[stage], V5_TILE_X + V5_TILE_W);  // whole boxes count, the zero-filled parts too
-        tma_load_2d(xs + stage * V5_TILE_X, tmx, &full[stage], kb * WG_BK, m0);
-        tma_load_2d(ws + stage * V5_TILE_W, tmw, &full[stage], kb * WG_BK, n0);
-        if (++stage == S) { stage = 0; phase ^= 1; }
-    }
-}
-
-// Block scaling: warp `which` (0 or 1) of the scale warps stages the scales of every other K step in
-// shared memory next to its tiles (sx of the tile's 128 rows, then sw of its weight block) and
-// arrives on the stage's full barrier (32 arrivals) after its stores.
-__device__ __forceinline__ void v5_produce_scales(const GemmArgs &a, float *sc, uint64_t *full, uint64_t *empty, int which,
-                                                  int m0, int n0, int KB) {
-    constexpr int S = V5Cfg<FP8_BLOCK>::STAGES;
-    int lane = threadIdx.x & 31;
-    for (int kb = 0, stage = 0, phase = 0; kb < KB; kb++) {
-        if (kb % V5_SCALE_WARPS == which) {
-            float v[4], w = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int r = m0 + 4 * lane + j;
-                v[j] = r < a.M ? __ldg(a.sx + (size_t)kb * a.M + r) : 0.0f;
-            }
-            if (lane == 0) w = __ldg(a.sw + (size_t)(n0 / FP8_BLOCK_SIZE) * a.ldsw + kb);
-            mbar_wait(&empty[stage], phase ^ 1);
-            float *d = sc + stage * V5_SC;
-            *(float4 *)(d + 4 * lane) = make_float4(v[0], v[1], v[2], v[3]);
-            if (lane == 0) d[128] = w;
-            mbar_arrive(&full[stage]);  // release: the consumers' wait on full sees the stores
-        }
-        if (++stage == S) { stage = 0; phase ^= 1; }
-    }
-}
-
 // One consumer warpgroup (c = 0, 1: rows m0 + 64c ..) over all K steps of the tile: each step's 4
 // wgmmas into a fresh accumulator, waited for, the stage released, then promoted into acc (block
 // scales applied: sx of the thread's rows rl, rl + 8 times the step's sw, read before the release;
@@ -107,22 +67,6 @@ __device__ __forceinline__ void v5_consume_tile(float (&acc)[64], const uint8_t 
     }
 }
 
-// the epilogue straight from registers: the thread's rows r0 and r0 + 8 (the accumulator layout:
-// hopper.cuh, wgmma_m64n128k32_e4m3)
-template <typename T, int GRAN>
-__device__ __forceinline__ void v5_store(T *y, const GemmArgs &a, const float (&acc)[64], int r0, int n0) {
-    int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int i = 0; i < V5_BN / 8; i++)
-#pragma unroll
-        for (int v = 0; v < 4; v++) {
-            int m = r0 + (v >= 2 ? 8 : 0), n = n0 + 8 * i + 2 * (lane & 3) + (v & 1);
-            if (m >= a.M || n >= a.N) continue;
-            float val = GRAN == FP8_BLOCK ? acc[4 * i + v] : acc[4 * i + v] * (sx_at(a, m, 0) * sw_at(a, n, 0));
-            store_out(y, a, m, n, val);
-        }
-}
-
 template <typename T, int GRAN>
 __global__ void __launch_bounds__(384, 1)
     gemm_fp8_v5_kernel(T *y, const GemmArgs a, const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw) {
@@ -145,14 +89,16 @@ __global__ void __launch_bounds__(384, 1)
     int warp = tid >> 5;
     if (wg == 0) {  // producer: thread 0 the TMA loads, warps 1 and 2 the block scales
         setmaxnreg_dec<40>();
-        if (tid == 0) v5_produce_tile<GRAN>(&tmx, &tmw, xs, ws, full, empty, m0, n0, KB);
-        else if (GRAN == FP8_BLOCK && warp >= 1 && warp <= V5_SCALE_WARPS) v5_produce_scales(a, sc, full, empty, warp - 1, m0, n0, KB);
+        int stage = 0, phase = 0, step = 0;  // one tile a block: the ring starts afresh
+        if (tid == 0) wg_produce_tile<V5_BN, S>(&tmx, &tmw, xs, ws, full, empty, stage, phase, m0, n0, KB);
+        else if (GRAN == FP8_BLOCK && warp >= 1 && warp <= V5_SCALE_WARPS)
+            wg_produce_scales<V5_BN, V5Cfg<FP8_BLOCK>::STAGES>(a, sc, full, empty, stage, phase, step, warp - 1, m0, n0, KB);
     } else {  // consumers
         setmaxnreg_inc<232>();
         int c = wg - 1;
         float acc[64];
         v5_consume_tile<GRAN>(acc, xs, ws, sc, full, empty, c, KB);
-        v5_store<T, GRAN>(y, a, acc, m0 + 64 * c + 16 * warp + ((tid & 31) >> 2), n0);
+        wg_store_direct<T, GRAN, V5_BN>(y, a, acc, m0 + 64 * c + 16 * warp + ((tid & 31) >> 2), n0);
     }
 #endif
 }

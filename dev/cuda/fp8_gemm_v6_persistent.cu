@@ -49,47 +49,6 @@ struct V6Cfg {
 };
 static_assert(V6Cfg<FP8_BLOCK>::SMEM <= 232448 && V6Cfg<FP8_ROW>::SMEM <= 232448, "over the 227 KiB of a block");
 
-// the producer thread: all K steps of one tile into the stage ring (stage, phase carry over tiles)
-template <int GRAN>
-__device__ __forceinline__ void v6_produce_tile(const CUtensorMap *tmx, const CUtensorMap *tmw, uint8_t *xs, uint8_t *ws,
-                                                uint64_t *full, uint64_t *empty, int &stage, int &phase, int m0, int n0,
-                                                int KB) {
-    constexpr int S = V6Cfg<GRAN>::STAGES;
-    for (int kb = 0; kb < KB; kb++) {
-        mbar_wait(&empty[stage], phase ^ 1);                  // the consumers released it (at once the first round)
-        mbar_expect_tx(&full[stage], V6_TILE_X + V6_TILE_W);  // whole boxes count, the zero-filled parts too
-        tma_load_2d(xs + stage * V6_TILE_X, tmx, &full[stage], kb * WG_BK, m0);
-        tma_load_2d(ws + stage * V6_TILE_W, tmw, &full[stage], kb * WG_BK, n0);
-        if (++stage == S) { stage = 0; phase ^= 1; }
-    }
-}
-
-// Block scaling: two warps of the producer warpgroup stage each K step's scales in shared memory
-// next to its tiles (sx of the tile's 128 rows, then sw of its weight block), taking even and odd
-// steps in turn (`step` counts over tiles), and arrive on the stage's full barrier (32 arrivals).
-__device__ __forceinline__ void v6_produce_scales(const GemmArgs &a, float *sc, uint64_t *full, uint64_t *empty, int &stage,
-                                                  int &phase, int &step, int which, int m0, int n0, int KB) {
-    constexpr int S = V6Cfg<FP8_BLOCK>::STAGES;
-    int lane = threadIdx.x & 31;
-    for (int kb = 0; kb < KB; kb++, step++) {
-        if (step % V6_SCALE_WARPS == which) {
-            float v[4], w = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int r = m0 + 4 * lane + j;
-                v[j] = r < a.M ? __ldg(a.sx + (size_t)kb * a.M + r) : 0.0f;
-            }
-            if (lane == 0) w = __ldg(a.sw + (size_t)(n0 / FP8_BLOCK_SIZE) * a.ldsw + kb);
-            mbar_wait(&empty[stage], phase ^ 1);
-            float *d = sc + stage * V6_SC;
-            *(float4 *)(d + 4 * lane) = make_float4(v[0], v[1], v[2], v[3]);
-            if (lane == 0) d[128] = w;
-            mbar_arrive(&full[stage]);  // release: the consumers' wait on full sees the stores
-        }
-        if (++stage == S) { stage = 0; phase ^= 1; }
-    }
-}
-
 // acc += p * (f0 for the thread's row r, f1 for r + 8), for the N / 4 column groups (8 columns each)
 // of p, the tile's groups from `first` on (the accumulator layout: hopper.cuh, wgmma_m64n128k32_e4m3)
 template <int N>
@@ -141,108 +100,6 @@ __device__ __forceinline__ void v6_consume_tile(float (&acc)[V6_BN / 2], const u
     }
 }
 
-// The scales the epilogue multiplies by, fetched before the main loop so that their latency hides
-// behind it. Tensor: sx sw in registers. Row: sx of this warpgroup's 64 rows and sw of the tile's
-// columns, copied into shared memory (rsc) by cp.async (loaded in the epilogue, between its stores,
-// they cost row scaling 0.6x at K = 1024).
-template <int GRAN>
-__device__ __forceinline__ void v6_epi_scales(float (&fr)[2], float *rsc, const GemmArgs &a, int m0, int n0) {
-    int tid = threadIdx.x & 127;
-    if (GRAN == FP8_TENSOR) fr[0] = fr[1] = __ldg(a.sx) * __ldg(a.sw);
-    if (GRAN == FP8_ROW) {
-        if (tid < 64) cp_async4(rsc + tid, a.sx + min(m0 + tid, a.M - 1), m0 + tid < a.M);
-        for (int j = tid; j < V6_BN; j += 128) cp_async4(rsc + 64 + j, a.sw + min(n0 + j, a.N - 1), n0 + j < a.N);
-        cp_async_commit();
-    }
-}
-
-// the epilogue straight from registers (f32, or Y +=): the thread's rows r0 and r0 + 8
-template <typename T, int GRAN>
-__device__ __forceinline__ void v6_store_direct(T *y, const GemmArgs &a, const float (&acc)[V6_BN / 2], int r0, int n0) {
-    int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int i = 0; i < V6_BN / 8; i++)
-#pragma unroll
-        for (int v = 0; v < 4; v++) {
-            int m = r0 + (v >= 2 ? 8 : 0), n = n0 + 8 * i + 2 * (lane & 3) + (v & 1);
-            if (m >= a.M || n >= a.N) continue;
-            float val = GRAN == FP8_BLOCK ? acc[4 * i + v] : acc[4 * i + v] * (sx_at(a, m, 0) * sw_at(a, n, 0));
-            store_out(y, a, m, n, val);
-        }
-}
-
-// The epilogue through shared memory: this warpgroup's 64 x 128 bf16 block as 2 boxes of 64 x 64 in
-// TMA's 128-byte swizzle, then one thread issues the TMA stores. stmatrix writes four 8 x 8 bf16
-// matrices an instruction (column groups i and i + 1, rows 0-7 and 8-15 of the warp: exactly the
-// accumulator's fragments), lane l giving the address of row l % 8 of matrix l / 8: conflict-free,
-// since the swizzle puts a matrix's 8 rows of 16 bytes in 8 different chunks.
-template <int GRAN>
-__device__ __forceinline__ void v6_store_tma(const CUtensorMap *tmy, uint8_t *ys, const GemmArgs &a,
-                                             const float (&acc)[V6_BN / 2], const float (&fr)[2], const float *rsc, int m0,
-                                             int n0, int c) {
-    int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31;
-    if (tid == 0) bulk_wait_read0();          // the previous tile's stores have read the buffer
-    if (GRAN == FP8_ROW) cp_async_wait<0>();  // this thread's row scales have landed (the barrier: everyone's)
-    named_bar_sync(1 + c, 128);
-    float s0 = GRAN == FP8_BLOCK ? 1.0f : fr[0], s1 = GRAN == FP8_BLOCK ? 1.0f : fr[1];  // block: applied already
-    // row: the thread's sx and sw, all read before the first stmatrix (whose "memory" clobber would
-    // otherwise leave each read's latency between two stores: +10% cycles at K = 1024)
-    float2 w[GRAN == FP8_ROW ? V6_BN / 8 : 1];
-    if (GRAN == FP8_ROW) {
-        int rl = warp * 16 + (lane >> 2);
-        s0 = rsc[rl]; s1 = rsc[rl + 8];
-#pragma unroll
-        for (int g = 0; g < V6_BN / 8; g++) w[g] = *(const float2 *)(rsc + 64 + 8 * g + 2 * (lane & 3));
-    }
-    int srow = warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), scol = lane >> 4;
-#pragma unroll
-    for (int i = 0; i < V6_BN / 8; i += 2) {
-        uint32_t r[4];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int g = i + h;
-            float f00 = s0, f01 = s0, f10 = s1, f11 = s1;
-            if (GRAN == FP8_ROW) {  // acc * (sx sw), as the reference
-                f00 = s0 * w[g].x; f01 = s0 * w[g].y; f10 = s1 * w[g].x; f11 = s1 * w[g].y;
-            }
-            float v0 = acc[4 * g] * f00, v1 = acc[4 * g + 1] * f01, v2 = acc[4 * g + 2] * f10, v3 = acc[4 * g + 3] * f11;
-            __nv_bfloat162 lo = __floats2bfloat162_rn(v0, v1), hi = __floats2bfloat162_rn(v2, v3);
-            r[2 * h] = *(uint32_t *)&lo;
-            r[2 * h + 1] = *(uint32_t *)&hi;
-        }
-        int ch = i + scol;  // 16-byte chunk (8 columns) of this lane's row
-        stsm_x4(smem_u32(ys + (ch >> 3) * 8192 + srow * 128 + (((ch & 7) ^ (srow & 7)) << 4)), r[0], r[1], r[2], r[3]);
-    }
-    fence_proxy_async();
-    named_bar_sync(1 + c, 128);
-    if (tid == 0 && m0 < a.M) {
-#pragma unroll
-        for (int h = 0; h < V6_BN / 64; h++)
-            if (n0 + 64 * h < a.N) tma_store_2d(tmy, ys + 8192 * h, n0 + 64 * h, m0);
-        bulk_commit();
-    }
-}
-
-// A block's walk through the persistent tile order: groups of V6_GROUP_M tile rows, column by column
-// within a group; the block takes tiles blockIdx.x, + gridDim.x, ... The position (group g, rank r in
-// it) advances by subtraction; only a last, partial group of tile rows divides.
-struct V6TileWalk {
-    int g, r, per_group, mblocks;
-    __device__ V6TileWalk(int t, int mblocks_, int nblocks) : mblocks(mblocks_) {
-        per_group = V6_GROUP_M * nblocks;
-        g = t / per_group;
-        r = t - g * per_group;
-    }
-    __device__ void tile(int &mb, int &nb) const {
-        static_assert(V6_GROUP_M == 8, "the full-group path below shifts by 3");
-        int first = g * V6_GROUP_M, rows = min(mblocks - first, V6_GROUP_M);
-        if (rows == V6_GROUP_M) { mb = first + (r & 7); nb = r >> 3; }
-        else { mb = first + r % rows; nb = r / rows; }
-    }
-    __device__ void next(int step) {
-        for (r += step; r >= per_group; g++) r -= per_group;
-    }
-};
 
 // TMA_OUT: the bf16 epilogue through shared memory and TMA stores (Y =, 16-byte output rows)
 template <typename T, int GRAN, bool TMA_OUT>
@@ -275,12 +132,12 @@ __global__ void __launch_bounds__(384, 1)
         setmaxnreg_dec<40>();
         int warp = tid >> 5, step = 0;
         if (tid == 0 || (GRAN == FP8_BLOCK && warp >= 1 && warp <= V6_SCALE_WARPS)) {
-            V6TileWalk walk(blockIdx.x, mblocks, nblocks);
+            WgTileWalk walk(blockIdx.x, mblocks, nblocks);
             for (int t = blockIdx.x; t < tiles; t += gridDim.x, walk.next(gridDim.x)) {
                 int mb, nb;
                 walk.tile(mb, nb);
-                if (tid == 0) v6_produce_tile<GRAN>(&tmx, &tmw, xs, ws, full, empty, stage, phase, mb * V6_BM, nb * V6_BN, KB);
-                else v6_produce_scales(a, sc, full, empty, stage, phase, step, warp - 1, mb * V6_BM, nb * V6_BN, KB);
+                if (tid == 0) wg_produce_tile<V6_BN, V6Cfg<GRAN>::STAGES>(&tmx, &tmw, xs, ws, full, empty, stage, phase, mb * V6_BM, nb * V6_BN, KB);
+                else wg_produce_scales<V6_BN, V6Cfg<FP8_BLOCK>::STAGES>(a, sc, full, empty, stage, phase, step, warp - 1, mb * V6_BM, nb * V6_BN, KB);
             }
         }
     } else {  // consumers
@@ -288,15 +145,15 @@ __global__ void __launch_bounds__(384, 1)
         int c = wg - 1, lane = tid & 31, warp = tid >> 5;
         float acc[V6_BN / 2], fr[2];
         float *my_rsc = rsc + c * Cfg::RSC;
-        V6TileWalk walk(blockIdx.x, mblocks, nblocks);
+        WgTileWalk walk(blockIdx.x, mblocks, nblocks);
         for (int t = blockIdx.x; t < tiles; t += gridDim.x, walk.next(gridDim.x)) {
             int mb, nb;
             walk.tile(mb, nb);
             int m0 = mb * V6_BM, n0 = nb * V6_BN, r0 = m0 + 64 * c + 16 * warp + (lane >> 2);
-            if (TMA_OUT) v6_epi_scales<GRAN>(fr, my_rsc, a, m0 + 64 * c, n0);
+            if (TMA_OUT) wg_epi_scales<GRAN, V6_BN>(fr, my_rsc, a, m0 + 64 * c, n0);
             v6_consume_tile<GRAN>(acc, xs, ws, sc, full, empty, stage, phase, c, KB);
-            if (TMA_OUT) v6_store_tma<GRAN>(&tmy, ys + c * (Cfg::EPI / 2), a, acc, fr, my_rsc, m0 + 64 * c, n0, c);
-            else v6_store_direct<T, GRAN>(y, a, acc, r0, n0);
+            if (TMA_OUT) wg_store_tma<GRAN, V6_BN>(&tmy, ys + c * (Cfg::EPI / 2), a, acc, fr, my_rsc, m0 + 64 * c, n0, c);
+            else wg_store_direct<T, GRAN, V6_BN>(y, a, acc, r0, n0);
         }
         if (TMA_OUT && tid == 0) bulk_wait0();
     }
