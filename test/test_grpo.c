@@ -322,9 +322,9 @@ START_TEST(loss_matches_fixture) {
         double loss = grpo_loss(&c->cfg, &norm, &in, bt.B, g, &st);
         GrpoMetrics m = grpo_metrics(&st);
         char name[128];
-        snprintf(name, sizeof name, "grpo/case_%s_dlogp.npy", c->name);
+        snprintf(name, sizeof name, "grpo/case_%.63s_dlogp.npy", c->name);
         Npy want = load(name);
-        snprintf(name, sizeof name, "grpo/case_%s_metrics.npy", c->name);
+        snprintf(name, sizeof name, "grpo/case_%.63s_metrics.npy", c->name);
         Npy wm = load(name);
         ck_assert_msg(close_rel(loss, wm.data[0], TOL_FIX), "%s: loss %.15g want %.15g", c->name, loss, wm.data[0]);
         for (int k = 0; k < bt.B * bt.T; k++)
