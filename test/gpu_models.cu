@@ -1,0 +1,339 @@
+// test/gpu_models.cu: GPU suite for whole models from the Hugging Face fixtures
+// (test/fixtures/{qwen3,qwen2,llama3}) on both backends: logits, KV-cache decode, LoRA gradients, and
+// one GRPO step CPU vs GPU. Tolerances: gpu_util.cuh. Run on a GPU: make test-gpu (CK_FORK=no).
+#include "gpu_util.cuh"
+
+// ---- whole models: the fixtures on both backends -----------------------------------------------
+
+static const char *ARCHS[] = {"qwen3", "qwen2", "llama3"};
+
+static double rel_l2(const float *a, const float *b, size_t n, double *maxabs) {
+    double num = 0, den = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+        mx = fmax(mx, fabs(d));
+    }
+    if (maxabs) *maxabs = mx;
+    return sqrt(num / den);
+}
+static double max_abs_f(const float *a, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(a[i]));
+    return m;
+}
+
+// Everything one backend computes on one fixture: forward logits, prefill + decode logits,
+// LoRA logprobs and LoRA gradients
+typedef struct {
+    float *logits, *dec, *grads;
+    double *lp;
+    size_t nlogits, ndec, ngrads;
+    int nlp;
+    int *tg;
+} ModelRun;
+
+// the fixture checkpoint of arch (its directory into dir) on backend be, at granularity gran
+static void load_fixture(Model *m, char *dir, size_t cap, const char *arch, const Backend *be, FP8Gran gran) {
+    snprintf(dir, cap, "%s/%s", fixture_dir(), arch);
+    ModelOptions o;
+    memset(&o, 0, sizeof o);
+    o.gran = gran;
+    model_load(m, dir, be, &o);
+}
+
+static void model_run(ModelRun *r, const char *arch, const Backend *be, FP8Gran gran) {
+    char dir[1024], p[1100];
+    Model m;
+    load_fixture(&m, dir, sizeof dir, arch, be, gran);
+    path_join(p, sizeof p, dir, "tokens.npy");
+    Npy tk = npy_read(p);
+    int B = (int)tk.shape[0], T = (int)tk.shape[1], V = m.cfg.V;
+    int *ids = (int *)mallocCheck(B * T * sizeof(int));
+    for (int i = 0; i < B * T; i++) ids[i] = (int)tk.data[i];
+    npy_free(&tk);
+    memset(r, 0, sizeof *r);
+    r->nlogits = (size_t)B * T * V;
+    r->logits = fmalloc(r->nlogits);
+    model_forward(&m, ids, B, T);
+    model_logits(&m, r->logits);
+
+    // prefill two right-padded prompts (3 and 7 tokens), then 10 decode steps each
+    int BS = 8, MB = 3, lens[2] = {3, 7}, table[6] = {0, 2, 4, 1, 3, 5}, pids[14], slots[14], steps = 10;
+    for (int s = 0; s < 2; s++)
+        for (int t = 0; t < 7; t++) {
+            pids[s * 7 + t] = t < lens[s] ? ids[s * T + t] : 0;
+            slots[s * 7 + t] = t < lens[s] ? table[s * MB + t / BS] * BS + t % BS : -1;
+        }
+    KVCache kv;
+    kvcache_alloc(&kv, &m, 6, BS);
+    r->ndec = (size_t)(steps + 1) * 2 * V;
+    r->dec = fmalloc(r->ndec);
+    void *z = be->alloc(2 * V * 4);
+    model_prefill(&m, &kv, pids, lens, slots, 2, 7, z);
+    be->download(r->dec, z, 2 * V * 4);
+    int pos[2] = {3, 7};
+    for (int step = 0; step < steps; step++) {
+        int tok[2], sl[2];
+        for (int s = 0; s < 2; s++) {
+            tok[s] = ids[s * T + pos[s]];
+            sl[s] = table[s * MB + pos[s] / BS] * BS + pos[s] % BS;
+        }
+        model_decode(&m, &kv, tok, pos, sl, table, 2, MB, z);
+        be->download(r->dec + (size_t)(step + 1) * 2 * V, z, 2 * V * 4);
+        pos[0]++;
+        pos[1]++;
+    }
+    kvcache_free(&kv, be);
+    be->free(z);
+
+    // LoRA on all projections with random A and B (the same on every backend); logprobs of the
+    // next token (some rows -1) at temperature 0.8; backward of sum dlogp * logp
+    LoRA *lo = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 7);
+    Rng pr = rng_make(31);
+    double *par = (double *)mallocCheck(lo->n * sizeof(double));
+    for (size_t i = 0; i < lo->n; i++) par[i] = 0.1 * rng_normal(&pr);
+    be->upload_convert(lo->params, be->hp, par, DT_F64, lo->n);
+    m.lora = lo;
+    m.lora_on = 1;
+    r->nlp = B * T;
+    r->tg = (int *)mallocCheck(B * T * sizeof(int));
+    r->lp = (double *)mallocCheck(B * T * 8);
+    double *dl = (double *)mallocCheck(B * T * 8);
+    for (int i = 0; i < B * T; i++) {
+        r->tg[i] = (i % T == T - 1 || i % 9 == 4) ? -1 : ids[i + 1];
+        dl[i] = r->tg[i] < 0 ? 0 : rng_normal(&pr);
+    }
+    model_forward(&m, ids, B, T);
+    model_logprobs(&m, r->tg, 1.0f / 0.8f, r->lp);
+    lora_zero_grads(lo);
+    model_backward(&m, dl);
+    r->ngrads = lo->n;
+    r->grads = fmalloc(lo->n);
+    be->download(r->grads, lo->grads, lo->n * 4);
+    m.lora = NULL;
+    lora_free(lo);
+    free(par);
+    free(dl);
+    free(ids);
+    model_free(&m);
+}
+static void model_run_free(ModelRun *r) {
+    free(r->logits); free(r->dec); free(r->grads); free(r->lp); free(r->tg);
+}
+
+// Tolerances for whole models. BF16 storage rounds every activation (about 15 times per layer,
+// plus the embeddings and the final norm): each rounding is a relative error of at most 2^-8,
+// about 2^-9.8 RMS, independent between roundings, so after ~35 of them the logits carry
+// ~sqrt(35) 2^-9.8 ~ 0.7% RMS relative error, amplified some by the norms and the softmax:
+// we allow 2^-5 (3%) relative L2 for the logits, 2^-4 for the LoRA gradients (the chain runs
+// forward and back). FP8 (BLOCK on both backends, the same weight codes): an activation that
+// differs by a bf16 rounding can land on the other side of an E4M3 rounding boundary and move
+// by one E4M3 ulp, with probability ~2^-9 / 2^-4 per element; that noise is of the order of
+// the FP8 quantization noise itself (about 0.6x its RMS), so the GPU's FP8 run may differ from
+// the CPU's FP8 run by the BF16 allowance plus q = rel L2 between the CPU's FP8 and fp32 runs,
+// the measured effect of FP8 quantization on this model.
+static double model_cmp(const char *arch, const char *gran, const char *what, const float *g, const float *c, size_t n,
+                        double tol) {
+    double mx, e = rel_l2(g, c, n, &mx);
+    printf("  model %-6s %-5s %-26s rel L2 %.4f (tol %.4f), max |diff| %.3g of max |ref| %.3g\n", arch, gran, what, e,
+           tol, mx, max_abs_f(c, n));
+    ck_assert_msg(e <= tol, "%s %s %s: rel L2 %g > %g", arch, gran, what, e, tol);
+    return e;
+}
+
+START_TEST(test_models) {
+    for (int a = 0; a < 3; a++) {
+        const char *arch = ARCHS[a];
+        ModelRun co, go, cb, gb;
+        model_run(&co, arch, CPU, FP8_OFF);
+        model_run(&go, arch, G, FP8_OFF);
+        model_run(&cb, arch, CPU, FP8_BLOCK);
+        model_run(&gb, arch, G, FP8_BLOCK);
+        double tl = 0x1p-5, tgr = 0x1p-4;
+        model_cmp(arch, "off", "forward logits", go.logits, co.logits, co.nlogits, tl);
+        model_cmp(arch, "off", "prefill + 10 decode steps", go.dec, co.dec, co.ndec, tl);
+        model_cmp(arch, "off", "LoRA gradients", go.grads, co.grads, co.ngrads, tgr);
+        double ql = rel_l2(cb.logits, co.logits, co.nlogits, NULL), qd = rel_l2(cb.dec, co.dec, co.ndec, NULL);
+        double qg = rel_l2(cb.grads, co.grads, co.ngrads, NULL);
+        printf("  model %-6s FP8 quantization effect on the CPU: logits %.4f, decode %.4f, LoRA gradients %.4f\n", arch,
+               ql, qd, qg);
+        model_cmp(arch, "block", "forward logits", gb.logits, cb.logits, cb.nlogits, tl + ql);
+        model_cmp(arch, "block", "prefill + 10 decode steps", gb.dec, cb.dec, cb.ndec, tl + qd);
+        model_cmp(arch, "block", "LoRA gradients", gb.grads, cb.grads, cb.ngrads, tgr + qg);
+        // logprobs: rows without a target are exactly 0; the rest within the logits' allowance
+        const ModelRun *gs[2] = {&go, &gb}, *cs[2] = {&co, &cb};
+        for (int k = 0; k < 2; k++) {
+            double lmax = 0, lerr = 0;
+            for (int i = 0; i < co.nlp; i++) {
+                lmax = fmax(lmax, fabs(cs[k]->lp[i]));
+                lerr = fmax(lerr, fabs(gs[k]->lp[i] - cs[k]->lp[i]));
+                if (co.tg[i] < 0) ck_assert_msg(gs[k]->lp[i] == 0, "logp of a row without target is %g", gs[k]->lp[i]);
+            }
+            double tol = (k ? tl + ql : tl) * (1 + lmax);
+            printf("  model %-6s %-5s LoRA logprobs: max |diff| %.3g (tol %.3g, max |logp| %.3g)\n", arch, k ? "block" : "off",
+                   lerr, tol, lmax);
+            ck_assert_msg(lerr <= tol, "%s: logprobs differ by %g", arch, lerr);
+        }
+        model_run_free(&co); model_run_free(&go); model_run_free(&cb); model_run_free(&gb);
+    }
+}
+END_TEST
+
+// One GRPO step on a fixed batch, CPU vs GPU (the same weights, LoRA, batch and old/reference/
+// sampler logprobs): the loss, the gradient norm, and the LoRA parameters after clipping and one
+// AdamW step. Four sequences of the qwen3 fixture: 8 prompt tokens + up to 8 completion tokens.
+typedef struct {
+    double loss, gnorm;
+    double lp[4 * 8], dlogp[4 * 8];
+    float *grads, *before, *after;
+    size_t n;
+} GrpoStep;
+
+enum { GS_B = 4, GS_P = 8, GS_TC = 8, GS_T = GS_P + GS_TC };
+
+static void grpo_step(GrpoStep *r, const Backend *be, FP8Gran gran, const double *ref_c, const double *samp_c,
+                      int fill_base) {
+    char dir[1024], p[1100];
+    Model m;
+    load_fixture(&m, dir, sizeof dir, "qwen3", be, gran);
+    path_join(p, sizeof p, dir, "tokens.npy");
+    Npy tk = npy_read(p);
+    int ids[GS_B * GS_T], tg[GS_B * GS_T], lens[GS_B] = {8, 5, 8, 3};
+    for (int b = 0; b < GS_B; b++)  // rows 0 and 1 of the fixture, and their second halves
+        for (int t = 0; t < GS_T; t++) ids[b * GS_T + t] = (int)tk.data[(b % 2) * tk.shape[1] + (b / 2) * 8 + t];
+    npy_free(&tk);
+    uint8_t mask[GS_B * GS_TC];
+    for (int b = 0; b < GS_B; b++)
+        for (int t = 0; t < GS_T; t++) {
+            int j = t + 1 - GS_P;
+            tg[b * GS_T + t] = (j >= 0 && j < lens[b]) ? ids[b * GS_T + t + 1] : -1;  // t + 1 <= GS_T - 1
+        }
+    for (int b = 0; b < GS_B; b++)
+        for (int j = 0; j < GS_TC; j++) mask[b * GS_TC + j] = j < lens[b] && tg[b * GS_T + GS_P - 1 + j] >= 0;
+    LoRA *lo = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 7);
+    Rng pr = rng_make(77);
+    double *par = (double *)mallocCheck(lo->n * sizeof(double));
+    for (size_t i = 0; i < lo->n; i++) par[i] = 0.1 * rng_normal(&pr);
+    be->upload_convert(lo->params, be->hp, par, DT_F64, lo->n);
+    free(par);
+    m.lora = lo;
+    m.lora_on = 1;
+    double lp[GS_B * GS_T], dl[GS_B * GS_T];
+    model_forward(&m, ids, GS_B, GS_T);
+    model_logprobs(&m, tg, 1.0f, lp);
+    for (int b = 0; b < GS_B; b++)
+        for (int j = 0; j < GS_TC; j++) r->lp[b * GS_TC + j] = mask[b * GS_TC + j] ? lp[b * GS_T + GS_P - 1 + j] : 0;
+    if (fill_base) return;  // the caller only wanted this backend's logprobs
+    GrpoConfig cfg = grpo_config_default();
+    cfg.num_generations = 2;
+    cfg.beta = 0.04;
+    cfg.max_completion_length = GS_TC;
+    double adv[GS_B] = {0.7, -0.7, -0.3, 0.3};
+    GrpoNorm norm = grpo_prepare(&cfg, GS_B, GS_TC, mask, NULL);
+    // old_logp NULL: num_iterations 1, TRL's default (ratio = exp(logp - logp.detach()) = 1), so no
+    // token sits at a clipping boundary where a bf16-sized difference would flip its gradient to 0
+    GrpoInputs in = {r->lp, NULL, ref_c, samp_c, adv, mask, NULL};
+    r->loss = grpo_loss(&cfg, &norm, &in, GS_B, r->dlogp, NULL);
+    memset(dl, 0, sizeof dl);
+    for (int b = 0; b < GS_B; b++)
+        for (int j = 0; j < GS_TC; j++) dl[b * GS_T + GS_P - 1 + j] = r->dlogp[b * GS_TC + j];
+    lora_zero_grads(lo);
+    model_backward(&m, dl);
+    r->gnorm = lora_grad_norm(lo);
+    r->n = lo->n;
+    r->grads = fmalloc(lo->n);
+    r->before = fmalloc(lo->n);
+    r->after = fmalloc(lo->n);
+    be->download(r->grads, lo->grads, lo->n * 4);
+    be->download(r->before, lo->params, lo->n * 4);
+    double clip = grad_clip_factor(r->gnorm, 0.1);  // small max_norm: the clip acts
+    lora_scale_grads(lo, (float)clip);
+    lora_adamw_step(lo, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f);
+    be->download(r->after, lo->params, lo->n * 4);
+    m.lora = NULL;
+    lora_free(lo);
+    model_free(&m);
+}
+
+START_TEST(test_grpo_step) {
+    // reference and sampler logprobs: the CPU fp32 run's own, perturbed (KL and IS weights away from 0 and 1)
+    GrpoStep base, co, go, cb, gb;
+    memset(&base, 0, sizeof base);
+    grpo_step(&base, CPU, FP8_OFF, NULL, NULL, 1);
+    double ref_c[GS_B * GS_TC], samp_c[GS_B * GS_TC];
+    Rng r = rng_make(5);
+    for (int i = 0; i < GS_B * GS_TC; i++) {
+        ref_c[i] = base.lp[i] + 0.2 * rng_normal(&r);
+        samp_c[i] = base.lp[i] + 0.03 * rng_normal(&r);
+    }
+    grpo_step(&co, CPU, FP8_OFF, ref_c, samp_c, 0);
+    grpo_step(&go, G, FP8_OFF, ref_c, samp_c, 0);
+    grpo_step(&cb, CPU, FP8_BLOCK, ref_c, samp_c, 0);
+    grpo_step(&gb, G, FP8_BLOCK, ref_c, samp_c, 0);
+    // the allowances of test_models: bf16 2^-5 on logprobs (relative to 1 + |logp|), 2^-4 on
+    // gradients, plus the FP8 quantization effect measured here on the CPU for block
+    double qg = rel_l2(cb.grads, co.grads, co.n, NULL), ql = 0;
+    for (int i = 0; i < GS_B * GS_TC; i++) ql = fmax(ql, fabs(cb.lp[i] - co.lp[i]) / (1 + fabs(co.lp[i])));
+    const GrpoStep *gs[2] = {&go, &gb}, *cs[2] = {&co, &cb};
+    for (int k = 0; k < 2; k++) {
+        const GrpoStep *g = gs[k], *c = cs[k];
+        const char *nm = k ? "block" : "off";
+        // loss: first order in the logprob errors, |dL| <= sum_t |dL/dlogp_t| * tol_t
+        double tl = 0x1p-5 + (k ? ql : 0), bound = 0;
+        for (int i = 0; i < GS_B * GS_TC; i++) bound += fabs(c->dlogp[i]) * tl * (1 + fabs(c->lp[i]));
+        printf("  grpo step %-5s loss GPU %.6f CPU %.6f (|diff| %.2g, bound %.2g)\n", nm, g->loss, c->loss, fabs(g->loss - c->loss), bound);
+        ck_assert_msg(fabs(g->loss - c->loss) <= bound, "%s: loss %g vs %g", nm, g->loss, c->loss);
+        // gradient norm: |norm(a) - norm(b)| <= norm(a - b) (triangle inequality)
+        double tg = 0x1p-4 + (k ? qg : 0), eg = rel_l2(g->grads, c->grads, c->n, NULL);
+        printf("  grpo step %-5s grad norm GPU %.6f CPU %.6f; gradients rel L2 %.4f (tol %.4f)\n", nm, g->gnorm, c->gnorm, eg, tg);
+        ck_assert_msg(eg <= tg, "%s: gradients differ by %g", nm, eg);
+        ck_assert_msg(fabs(g->gnorm - c->gnorm) <= tg * c->gnorm, "%s: grad norm %g vs %g", nm, g->gnorm, c->gnorm);
+        // the update: Adam's first step moves each parameter by ~lr sign(g), so it is the same where
+        // the gradient's sign is beyond doubt; count disagreements where |g| > 3 x the RMS gradient error
+        double rms_err = 0, rms = 0;
+        for (size_t i = 0; i < c->n; i++) rms += (double)c->grads[i] * c->grads[i];
+        rms = sqrt(rms / c->n);
+        rms_err = eg * rms;
+        size_t clear = 0, flips = 0;
+        for (size_t i = 0; i < c->n; i++) {
+            ck_assert(g->before[i] == c->before[i] || fabs(g->before[i] - c->before[i]) < 1e-7);
+            if (fabs(c->grads[i]) <= 3 * rms_err) continue;
+            clear++;
+            double ug = g->after[i] - g->before[i], uc = c->after[i] - c->before[i];
+            if ((ug > 0) != (uc > 0) || fabs(ug - uc) > 0.05 * fabs(uc) + 1e-6) flips++;
+        }
+        printf("  grpo step %-5s updated LoRA: %zu of %zu parameters with a clear gradient, %zu disagree\n", nm, clear, c->n, flips);
+        // (at least a tenth of the parameters must be clear of the error, or the check tests nothing)
+        ck_assert_msg(clear >= c->n / 10, "%s: only %zu of %zu parameters have a clear gradient", nm, clear, c->n);
+        ck_assert_msg(flips <= clear / 200, "%s: %zu of %zu clear updates disagree", nm, flips, clear);
+    }
+    GrpoStep *all[4] = {&co, &go, &cb, &gb};
+    for (int i = 0; i < 4; i++) free(all[i]->grads), free(all[i]->before), free(all[i]->after);
+}
+END_TEST
+
+static Suite *gpu_models_suite(void) {
+    Suite *s = suite_create("gpu_models");
+    TCase *tc = tcase_create("gpu");
+    tcase_set_timeout(tc, 900);
+    tcase_add_test(tc, test_models);
+    tcase_add_test(tc, test_grpo_step);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    char why[256];
+    setenv("FP8GRPO_LOGITS_CHUNK_ROWS", "16", 1);  // before the first logprobs call: several chunks in small tests
+    G = backend_cuda(why, sizeof why);
+    if (!G) {
+        fprintf(stderr, "gpu_models: %s; this suite runs on a GPU machine (make test-gpu)\n", why);
+        return 1;
+    }
+    CPU = backend_cpu();
+    rng = rng_make(20261122);
+    printf("gpu_models on %s\n", G->device_desc);
+    return run_suite(gpu_models_suite());
+}
