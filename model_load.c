@@ -134,6 +134,7 @@ typedef struct {
 typedef struct {
     Slot *s;
     int n, cap;
+    size_t esize;  // element size of the table's slots (act or hp), 0: bytes (FP8 codes and scales)
 } SlotTable;
 
 static void slot_add(SlotTable *t, void **ptr, size_t bytes) {
@@ -144,16 +145,23 @@ static void slot_add(SlotTable *t, void **ptr, size_t bytes) {
     t->s[t->n++] = (Slot){ptr, bytes};
 }
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+// a slot's room: 256-byte aligned, and in a table of elements a multiple of 128 of them, so that the
+// dense weights (act) and their gradients and master copies (hp) have every tensor at the same
+// element offset: full-weight training updates them as one flat array (full.c)
+static size_t slot_room(const SlotTable *t, size_t bytes) {
+    if (t->esize) bytes = (bytes / t->esize + 127) / 128 * 128 * t->esize;
+    return align256(bytes);
+}
 static size_t slots_total(const SlotTable *t) {
     size_t s = 0;
-    for (int i = 0; i < t->n; i++) s += align256(t->s[i].bytes);
+    for (int i = 0; i < t->n; i++) s += slot_room(t, t->s[i].bytes);
     return s;
 }
 static void slots_point(const SlotTable *t, void *base) {
     char *p = (char *)base;
     for (int i = 0; i < t->n; i++) {
         *t->s[i].ptr = p;
-        p += align256(t->s[i].bytes);
+        p += slot_room(t, t->s[i].bytes);
     }
 }
 
@@ -206,8 +214,8 @@ static void fuse_views(QWeight *out, const QWeight *parts, int n, size_t act) {
 }
 
 static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, const Backend *be, int dense_only_hp) {
-    SlotTable dense = {0}, fp8 = {0};
     size_t act = dtype_size(dense_only_hp ? be->hp : be->act);
+    SlotTable dense = {NULL, 0, 0, act}, fp8 = {NULL, 0, 0, 0};
     memset(w, 0, sizeof *w);
     w->layers = (LayerWeights *)callocCheck(c->L, sizeof(LayerWeights));
     slot_add(&dense, &w->wte, (size_t)c->V * c->C * act);
@@ -251,6 +259,7 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
     w->dense_bytes = slots_total(&dense);
     w->fp8_bytes = slots_total(&fp8);
     w->dense_mem = be->alloc(w->dense_bytes);
+    be->zero(w->dense_mem, w->dense_bytes);  // the padding between tensors too: full.c steps it as weights
     slots_point(&dense, w->dense_mem);
     if (w->fp8_bytes) {
         w->fp8_mem = be->alloc(w->fp8_bytes);

@@ -26,6 +26,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "full.h"
 #include "grpo.h"
 #include "lora.h"
 #include "model.h"
@@ -237,7 +238,7 @@ typedef struct {
 
 // ----------------------------------------------------------------------------
 // the built-in tiny model (Qwen3-style, byte-level vocabulary); on a GPU a larger one
-// (hidden 256, 6 layers: ~7x the parameters; its warm-up still runs on the CPU backend)
+// (hidden 256, 6 layers: ~7x the parameters), warmed up on the GPU too
 
 static Config tiny_config(int V, int gpu) {
     Config c = {0};
@@ -522,13 +523,8 @@ static void demo_answer(const Example *ex, double p_forget, Rng *r, char *out, s
 static void sft_warmup(Model *m, const Task *task, const Formatter *f, int steps, int batch, long seed, int eos, int quiet,
                        int eval_size, int max_new, double p_forget) {
     Rng demo_rng = rng_make((uint64_t)seed ^ 0xd3e0ull);
-    const Backend *be = m->be;
-    if (be->act != be->hp) die("the warm-up trains every weight in fp32 and needs the CPU backend");
-    model_alloc_grads(m);
-    size_t n = m->w.dense_bytes / dtype_size(be->hp);
-    void *mom = be->alloc(m->w.dense_bytes), *vel = be->alloc(m->w.dense_bytes);
-    be->zero(mom, m->w.dense_bytes);
-    be->zero(vel, m->w.dense_bytes);
+    FullTrainer ft;
+    full_init(&ft, m);
     int T = 0;
     int **ids = (int **)mallocCheck(batch * sizeof(int *)), *lens = (int *)mallocCheck(batch * sizeof(int)),
         *plen = (int *)mallocCheck(batch * sizeof(int));
@@ -570,11 +566,8 @@ static void sft_warmup(Model *m, const Task *task, const Formatter *f, int steps
         for (int i = 0; i < batch * T; i++) loss += w[i] * lp[i];
         model_zero_grads(m);
         model_backward(m, w);
-        double gn = sqrt(be->sumsq(m->grads, n)), clip = grad_clip_factor(gn, 1.0);
-        if (!isfinite(clip)) die("warm-up: the gradient norm is not finite at step %d", step);
-        be->scale(m->grads, n, (float)clip);
         double lr = lr_cosine_with_warmup(3e-3, step, steps / 10, steps);
-        be->adamw(m->w.dense_mem, m->grads, mom, vel, n, (float)lr, 0.9f, 0.99f, 1e-8f, 0.0f, step + 1);
+        double gn = full_step(&ft, m, (float)lr, 0.9f, 0.99f, 1e-8f, 0.0f, 1.0);
         if (!quiet && ((step + 1) % 50 == 0 || step == steps - 1)) {
             double acc = evaluate(m, task, f, eval_size, max_new, &eos, 1);
             printf("warm-up %4d/%d | loss %.4f | grad_norm %.3f | lr %.2e | held-out %.3f | %.1f s\n", step + 1, steps, loss, gn,
@@ -586,8 +579,7 @@ static void sft_warmup(Model *m, const Task *task, const Formatter *f, int steps
         free(w);
         free(lp);
     }
-    be->free(mom);
-    be->free(vel);
+    full_free(&ft);
     free(ids);
     free(lens);
     free(plen);
@@ -675,10 +667,9 @@ static void warmup(Run *r, const ModelOptions *mo) {
     if (!cached) {
         printf("built-in model: %d layers, hidden %d, vocab %d (byte-level); supervised warm-up on '%s' for %d steps (cached in %s)\n",
                tc.L, tc.C, tc.V, o->task, o->warmup_sft_steps, r->warm_dir);
-        const Backend *cpu = backend_cpu();
-        Model w;
+        Model w;  // every weight trained (full.h), unquantized, on the run's backend
         ModelOptions dense = {FP8_OFF, 0, 0, 0};
-        model_init_random(&w, &tc, cpu, &dense, (uint64_t)o->seed);
+        model_init_random(&w, &tc, r->be, &dense, (uint64_t)o->seed);
         sft_warmup(&w, &r->task, &r->fmt, o->warmup_sft_steps, 64, o->seed, tc.eos_ids[0], o->quiet, o->eval_size,
                    r->g.max_completion_length, o->warmup_carry_errors);
         mkdir_or_die(r->warm_dir);

@@ -1,6 +1,7 @@
 // test/gpu_models.cu: GPU suite for whole models from the Hugging Face fixtures
 // (test/fixtures/{qwen3,qwen2,llama3}) on both backends: logits, KV-cache decode, LoRA gradients, and
-// one GRPO step CPU vs GPU. Tolerances: gpu_util.cuh. Run on a GPU: make test-gpu (CK_FORK=no).
+// one GRPO step and one full-weight training step CPU vs GPU. Tolerances: gpu_util.cuh. Run on a GPU: make test-gpu (CK_FORK=no).
+#include "full.h"
 #include "gpu_util.cuh"
 
 // ---- whole models: the fixtures on both backends -----------------------------------------------
@@ -314,12 +315,97 @@ START_TEST(test_grpo_step) {
 }
 END_TEST
 
+// One full-weight training step (full.h) on each fixture, CPU vs GPU: the gradients of every dense
+// weight (embeddings, norms, projections, biases, the LM head) within the LoRA gradients' allowance
+// (2^-4 rel L2: the chain runs forward and back through bf16 storage), the AdamW update of the fp32
+// masters the same where the gradient's sign is beyond doubt, and the act weights after the step
+// exactly the masters rounded (bf16 on the GPU: round to nearest even; the values on the CPU).
+typedef struct {
+    float *grads, *before, *after;
+    size_t n;
+} FullRun;
+
+static void full_run(FullRun *r, const char *arch, const Backend *be) {
+    char dir[1024], p[1100];
+    Model m;
+    load_fixture(&m, dir, sizeof dir, arch, be, FP8_OFF);
+    path_join(p, sizeof p, dir, "tokens.npy");
+    Npy tk = npy_read(p);
+    int B = (int)tk.shape[0], T = (int)tk.shape[1];
+    int *ids = (int *)mallocCheck(B * T * sizeof(int)), *tg = (int *)mallocCheck(B * T * sizeof(int));
+    double *lp = (double *)mallocCheck(B * T * 8), *dl = (double *)mallocCheck(B * T * 8);
+    for (int i = 0; i < B * T; i++) ids[i] = (int)tk.data[i];
+    npy_free(&tk);
+    Rng pr = rng_make(41);
+    for (int i = 0; i < B * T; i++) {
+        tg[i] = (i % T == T - 1 || i % 7 == 3) ? -1 : ids[i + 1];
+        dl[i] = tg[i] < 0 ? 0 : -1.0 / (B * T) + 0.01 * rng_normal(&pr);
+    }
+    FullTrainer ft;
+    full_init(&ft, &m);
+    r->n = ft.n;
+    r->grads = fmalloc(ft.n), r->before = fmalloc(ft.n), r->after = fmalloc(ft.n);
+    be->download(r->before, ft.master, ft.n * 4);
+    model_forward(&m, ids, B, T);
+    model_logprobs(&m, tg, 1.0f, lp);
+    model_zero_grads(&m);
+    model_backward(&m, dl);
+    be->download(r->grads, m.grads, ft.n * 4);
+    full_step(&ft, &m, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.0);
+    be->download(r->after, ft.master, ft.n * 4);
+    // the act weights are the masters rounded
+    size_t act = dtype_size(be->act);
+    void *w = mallocCheck(ft.n * act);
+    be->download(w, m.w.dense_mem, ft.n * act);
+    for (size_t i = 0; i < ft.n; i++) {
+        float want = be->act == DT_BF16 ? bf16_to_f32(f32_to_bf16(r->after[i])) : r->after[i];
+        float got = be->act == DT_BF16 ? bf16_to_f32(((uint16_t *)w)[i]) : ((float *)w)[i];
+        ck_assert_msg(got == want || (isnan(got) && isnan(want)), "%s %s: weight %zu is %g, its master rounds to %g", arch,
+                      be->name, i, got, want);
+    }
+    free(w);
+    full_free(&ft);
+    free(ids), free(tg), free(lp), free(dl);
+    model_free(&m);
+}
+
+START_TEST(test_full_step) {
+    for (int a = 0; a < 3; a++) {
+        FullRun c, g;
+        full_run(&c, ARCHS[a], CPU);
+        full_run(&g, ARCHS[a], G);
+        ck_assert_int_eq(c.n, g.n);
+        double eg = rel_l2(g.grads, c.grads, c.n, NULL), tg = 0x1p-4;
+        printf("  full step %-6s %zu weights: gradients rel L2 %.4f (tol %.4f)\n", ARCHS[a], c.n, eg, tg);
+        ck_assert_msg(eg <= tg, "%s: full-weight gradients differ by %g", ARCHS[a], eg);
+        // as test_grpo_step: Adam's first step moves each master by ~lr sign(g); compared where the
+        // gradient is clear of the error (|g| > 3 x the RMS gradient error)
+        double rms = 0;
+        for (size_t i = 0; i < c.n; i++) rms += (double)c.grads[i] * c.grads[i];
+        double rms_err = eg * sqrt(rms / c.n);
+        size_t clear = 0, flips = 0;
+        for (size_t i = 0; i < c.n; i++) {
+            ck_assert_msg(fabs(g.before[i] - c.before[i]) <= 0x1p-8 * fabs(c.before[i]), "%s: masters differ at load", ARCHS[a]);
+            if (fabs(c.grads[i]) <= 3 * rms_err) continue;
+            clear++;
+            double ug = g.after[i] - g.before[i], uc = c.after[i] - c.before[i];
+            if ((ug > 0) != (uc > 0) || fabs(ug - uc) > 0.05 * fabs(uc) + 1e-6) flips++;
+        }
+        printf("  full step %-6s updated masters: %zu with a clear gradient, %zu disagree\n", ARCHS[a], clear, flips);
+        ck_assert_msg(clear >= c.n / 20, "%s: only %zu of %zu weights have a clear gradient", ARCHS[a], clear, c.n);
+        ck_assert_msg(flips <= clear / 200, "%s: %zu of %zu clear updates disagree", ARCHS[a], flips, clear);
+        free(c.grads), free(c.before), free(c.after), free(g.grads), free(g.before), free(g.after);
+    }
+}
+END_TEST
+
 static Suite *gpu_models_suite(void) {
     Suite *s = suite_create("gpu_models");
     TCase *tc = tcase_create("gpu");
     tcase_set_timeout(tc, 900);
     tcase_add_test(tc, test_models);
     tcase_add_test(tc, test_grpo_step);
+    tcase_add_test(tc, test_full_step);
     suite_add_tcase(s, tc);
     return s;
 }
