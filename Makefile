@@ -88,7 +88,7 @@ endif
 
 # ---- sources ----
 # the library: everything but the programs' mains
-LIB_C   := safetensors.c model.c model_load.c backend.c backend_cpu.c ops_cpu.c fp8_cpu.c \
+LIB_C   := safetensors.c model.c model_load.c backend.c backend_cpu.c ops_cpu.c fp8_cpu.c fp8_recipe.c \
            tokenizer.c lora.c full.c grpo.c tasks.c rollout.c plot.c options.c
 LIB_C   := $(wildcard $(LIB_C))
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C)))
