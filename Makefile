@@ -121,7 +121,7 @@ endif
 # ---- sources ----
 # the library: everything but the programs' mains
 LIB_C   := safetensors.c model.c model_load.c backend.c backend_cpu.c ops_cpu.c fp8_cpu.c \
-           tokenizer.c unicode.c lora.c grpo.c tasks.c rollout.c plot.c options.c
+           tokenizer.c unicode.c lora.c checkpoint.c grpo.c tasks.c rollout.c plot.c options.c
 LIB_C   := $(wildcard $(LIB_C))
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C)))
 # the CPU reference kernels and backend again, in fp64 (backend "cpu64")
