@@ -8,17 +8,39 @@
 #   make bench-train  build build/bench_train (the LoRA training step on the CUDA backend)
 #   make bench-rollout build build/bench_rollout (rollout throughput on the CUDA backend)
 #   make dev-check    build the FP8 GEMM kernel lab (dev/cuda) and run each version's validation (GPU)
+#   make test SAN=1   the sanitizer build (below) of the CPU suites
 #
 # Knobs: CUDA_HOME=/path (default: where nvcc lives), NO_CUDA=1 (CPU only),
 # GPU_ARCH=90a|89|120|all (default: probe the GPU, else all), DEPS_PREFIX=dir
 # (Check/cJSON/PCRE2 unpacked there: see fetch_deps.sh).
+# CFLAGS=... replaces the optimization and debug flags (default -O3 -march=native -g; with SAN=1
+# -O1 -g -march=native); the flags the build needs (-std=c11, the warnings, -fopenmp, the include
+# paths, the sanitizers) are always added to what is given (make CFLAGS=-O0 builds with -O0 and
+# all of them); LDFLAGS=... is added to likewise.
+# SAN=1: AddressSanitizer + UndefinedBehaviorSanitizer (float-cast-overflow too), the first report
+# fatal (-fno-sanitize-recover=all), CPU backend only, everything in build-san/ (the programs as
+# build-san/train_grpo and build-san/generate, and the suites run there), so that the normal build
+# is untouched; all but the CPU kernels (see KCFLAGS below). CI runs make test in both builds
+# (.ci/run).
 
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
 CC      ?= gcc
+OMP     := -fopenmp
+ifeq ($(SAN),1)
+CFLAGS  ?= -O1 -g -march=native
+SANFLAGS := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer
+BUILD   := build-san
+BIN     := build-san/
+NO_CUDA := 1
+else
 CFLAGS  ?= -O3 -march=native -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -I.
-LDLIBS  := -lm -fopenmp
 BUILD   := build
+BIN     :=
+endif
+# override: added to a CFLAGS given on the command line, not replaced by it (the sanitizers are
+# added last, below; the link lines use CFLAGS too, so they reach them)
+override CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter $(OMP) -I.
+LDLIBS  := -lm $(OMP)
 
 # ---- C libraries: cJSON and PCRE2 (the programs), Check (the tests) ----
 # From DEPS_PREFIX when given; else from the system when it has them (Debian / Ubuntu: libcjson-dev
@@ -39,11 +61,21 @@ endif
 endif
 endif
 ifdef DEPS_PREFIX
-CFLAGS  += -I$(DEPS_PREFIX)/include
-LDFLAGS += -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Wl,-rpath,$(DEPS_PREFIX)/lib/x86_64-linux-gnu
+override CFLAGS  += -I$(DEPS_PREFIX)/include
+override LDFLAGS += -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Wl,-rpath,$(DEPS_PREFIX)/lib/x86_64-linux-gnu
 endif
 LDLIBS  += -lcjson -lpcre2-8
 CHECK_LIBS := -lcheck -lsubunit -lpthread -lrt -lm
+override CFLAGS += $(SANFLAGS)
+# The CPU kernels (ops_cpu.c in both precisions, fp8_cpu.c): with SAN=1 at -O3 and without the
+# sanitizers, whose checks in their inner loops stop the vectorizer (instrumented, a training step
+# runs 8 to 15 times slower and test_train alone takes over an hour on 2 cores). They are loops
+# over buffers sized where those are allocated.
+ifeq ($(SAN),1)
+KCFLAGS = $(filter-out $(SANFLAGS),$(CFLAGS)) -O3
+else
+KCFLAGS = $(CFLAGS)
+endif
 
 # ---- probes: nvcc, then the GPU's architecture; one line each ----
 ifeq ($(NO_CUDA),1)
@@ -89,7 +121,7 @@ endif
 # ---- sources ----
 # the library: everything but the programs' mains
 LIB_C   := safetensors.c model.c model_load.c backend.c backend_cpu.c ops_cpu.c fp8_cpu.c fp8_recipe.c \
-           tokenizer.c lora.c full.c grpo.c tasks.c rollout.c plot.c options.c
+           tokenizer.c unicode.c lora.c full.c checkpoint.c grpo.c tasks.c rollout.c plot.c options.c
 LIB_C   := $(wildcard $(LIB_C))
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C)))
 # the CPU reference kernels and backend again, in fp64 (backend "cpu64")
@@ -103,7 +135,7 @@ ifeq ($(filter backend_cuda.cu,$(LIB_CU)),)
 LIB_OBJ += $(BUILD)/backend_cuda_stub.o
 endif
 LIB     := $(BUILD)/libfp8grpo.a
-PROGS   := $(patsubst %.c,%,$(wildcard train_grpo.c generate.c))
+PROGS   := $(patsubst %.c,$(BIN)%,$(wildcard train_grpo.c generate.c))
 HEADERS := $(wildcard *.h *.cuh)
 
 VPATH := .:test
@@ -116,8 +148,10 @@ $(BUILD):
 
 $(BUILD)/%.o: %.c $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/ops_cpu.o $(BUILD)/fp8_cpu.o: $(BUILD)/%.o: %.c $(HEADERS) | $(BUILD)
+	$(CC) $(KCFLAGS) -c $< -o $@
 $(BUILD)/ops_cpu64.o: ops_cpu.c $(HEADERS) | $(BUILD)
-	$(CC) $(CFLAGS) -DCPU_F64 -c $< -o $@
+	$(CC) $(KCFLAGS) -DCPU_F64 -c $< -o $@
 $(BUILD)/backend_cpu64.o: backend_cpu.c $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -DCPU_F64 -c $< -o $@
 $(BUILD)/%.o: %.cu $(HEADERS) | $(BUILD)
@@ -127,7 +161,7 @@ $(LIB): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-%: %.c $(LIB) $(HEADERS)
+$(PROGS): $(BIN)%: %.c $(LIB) $(HEADERS)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 
 # ---- tests ----
@@ -136,11 +170,13 @@ TESTS_CPU := $(patsubst test/%.c,$(BUILD)/%,$(wildcard test/test_*.c))
 $(BUILD)/test_%: test/test_%.c test/testutil.h $(LIB) $(HEADERS)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) $(CHECK_LIBS) -o $@
 
+# (SAN=1: run inside build-san/, where the suites' ./train_grpo and ./generate are its own)
+TEST_RUN := $(if $(BIN),cd $(BUILD) && FIXTURES=$(CURDIR)/test/fixtures UBSAN_OPTIONS=print_stacktrace=1,)
 test: $(TESTS_CPU) $(PROGS)
 	@set -e; total=0; \
 	for t in $(TESTS_CPU); do \
 	  echo "== $$t"; \
-	  $$t 2>&1 | tee $(BUILD)/last_test.log; rc=$${PIPESTATUS[0]}; \
+	  ($(TEST_RUN) $(CURDIR)/$$t) 2>&1 | tee $(BUILD)/last_test.log; rc=$${PIPESTATUS[0]}; \
 	  if [ $$rc -ne 0 ]; then echo "FAILED: $$t (exit $$rc)"; exit 1; fi; \
 	  n=$$(sed -n 's/.*Checks: \([0-9]*\).*/\1/p' $(BUILD)/last_test.log | awk '{s+=$$1} END {print s+0}'); \
 	  total=$$((total + n)); \
@@ -170,4 +206,4 @@ test-gpu bench-gemm bench-train bench-rollout dev-check:
 endif
 
 clean:
-	rm -rf $(BUILD) $(PROGS)
+	rm -rf build build-san $(PROGS)

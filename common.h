@@ -33,6 +33,8 @@ __attribute__((format(printf, 1, 2), noreturn)) static inline void die(const cha
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    for (char *p = msg; *p; p++)  // one line, whatever it quotes from a file (a name with a newline)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
     if (die_hook) die_hook(msg);  // does not return when it longjmps
     fprintf(stderr, "error: %s\n", msg);
     exit(1);

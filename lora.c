@@ -336,8 +336,11 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
     cJSON *ty = cJSON_GetObjectItemCaseSensitive(r, "peft_type");
     if (cJSON_IsString(ty) && strcmp(ty->valuestring, "LORA")) die("%s: peft_type %s is not LORA", p, ty->valuestring);
     cJSON *jr = cJSON_GetObjectItemCaseSensitive(r, "r"), *ja = cJSON_GetObjectItemCaseSensitive(r, "lora_alpha");
-    if (!cJSON_IsNumber(jr) || jr->valueint <= 0) die("%s: missing or bad \"r\"", p);
-    float alpha = cJSON_IsNumber(ja) ? (float)ja->valuedouble : (float)jr->valueint;
+    if (!cJSON_IsNumber(jr) || !(jr->valuedouble >= 1 && jr->valuedouble <= 65536) || jr->valuedouble != floor(jr->valuedouble))
+        die("%s: \"r\" must be an integer in [1, 65536]", p);
+    if (ja && !cJSON_IsNull(ja) && !(cJSON_IsNumber(ja) && ja->valuedouble > 0 && ja->valuedouble <= 1e6))
+        die("%s: \"lora_alpha\" must be a number in (0, 1e6]", p);
+    float alpha = cJSON_IsNumber(ja) ? (float)ja->valuedouble : (float)jr->valuedouble;
     cJSON *rs = cJSON_GetObjectItemCaseSensitive(r, "use_rslora");
     if (cJSON_IsTrue(rs)) die("%s: use_rslora adapters are not supported", p);
     cJSON *dr = cJSON_GetObjectItemCaseSensitive(r, "use_dora");
@@ -361,14 +364,22 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
             targets |= lora_parse_targets(e->valuestring);
         }
     } else die("%s: missing target_modules", p);
-    int rank = jr->valueint;
+    int rank = (int)jr->valuedouble;
     cJSON_Delete(r);
 
-    LoRA *lo = (LoRA *)callocCheck(1, sizeof(LoRA));
-    lora_layout(lo, m, rank, alpha, targets);
+    // the weights first: what "r" asks for must be in the file before anything is allocated
+    char pc[4096];
+    snprintf(pc, sizeof pc, "%s", p);
     path_join(p, sizeof p, dir, "adapter_model.safetensors");
     SafeTensors st;
     st_open(&st, p);
+    size_t want = 0, have = 0;
+    for (int i = 0; i < LIN_COUNT; i++)
+        if (targets & (1u << i)) want += (size_t)m->cfg.L * rank * (m->w.layers[0].lin[i].rows + m->w.layers[0].lin[i].cols);
+    for (int k = 0; k < st.n; k++) have += (size_t)st.t[k].numel;
+    if (want > have) die("%s: \"r\" %d needs %zu values, and %s holds %zu", pc, rank, want, p, have);
+    LoRA *lo = (LoRA *)callocCheck(1, sizeof(LoRA));
+    lora_layout(lo, m, rank, alpha, targets);
     double *h = (double *)mallocCheck(lo->n * sizeof(double));
     size_t off = 0;
     for (int l = 0; l < lo->L; l++)

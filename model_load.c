@@ -27,11 +27,30 @@ static double json_num(cJSON *root, const char *key, double dflt, int required, 
     if (!cJSON_IsNumber(v)) die("%s: \"%s\" must be a number", path, key);
     return v->valuedouble;
 }
-static int json_int(cJSON *root, const char *key, int dflt, int required, const char *path) {
+// an integer in [lo, hi]: the bounds keep every size and product of sizes the model computes
+// (heads x head_dim, rows x columns) in range, and the error states them
+static int json_int(cJSON *root, const char *key, int dflt, int required, int lo, int hi, const char *path) {
     double d = json_num(root, key, dflt, required, path);
-    if (d != floor(d) || d < -1 || d > 1e9) die("%s: \"%s\" must be a non-negative integer", path, key);
+    if (!(d >= lo && d <= hi) || d != floor(d)) die("%s: \"%s\" is %.15g: it must be an integer in [%d, %d]", path, key, d, lo, hi);
     return (int)d;
 }
+// a finite number in (lo, hi]
+static double json_pos(cJSON *root, const char *key, double dflt, int required, double lo, double hi, const char *path) {
+    double d = json_num(root, key, dflt, required, path);
+    if (!(d > lo && d <= hi)) die("%s: \"%s\" is %.15g: it must be a number in (%g, %g]", path, key, d, lo, hi);
+    return d;
+}
+// a token id: an integer in [0, vocab_size)
+static int json_id(cJSON *v, const char *key, int V, const char *path) {
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < V) || v->valuedouble != floor(v->valuedouble))
+        die("%s: \"%s\" must be a token id: an integer in [0, vocab_size %d)", path, key, V);
+    return (int)v->valuedouble;
+}
+
+// The bounds of config.json's sizes (generous: Llama 3.1 405B has hidden 16384, intermediate 53248,
+// 126 layers, 128 heads of 128; Qwen3's vocabulary is 151936)
+enum { MAX_VOCAB = 1 << 24, MAX_HIDDEN = 1 << 16, MAX_FF = 1 << 18, MAX_LAYERS = 1024, MAX_HEADS = 1024, MAX_HEAD_DIM = 1024,
+       MAX_POS = 1 << 24 };
 static int json_bool(cJSON *root, const char *key, int dflt, const char *path) {
     cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     if (!v || cJSON_IsNull(v)) return dflt;
@@ -50,21 +69,19 @@ void config_from_json(Config *c, const char *text, const char *path) {
     else if (!strcmp(mt->valuestring, "qwen3")) c->arch = ARCH_QWEN3;
     else die("%s: unsupported architecture \"%s\": fp8-grpo runs llama (Llama 3), qwen2 and qwen3 checkpoints", path, mt->valuestring);
 
-    c->V = json_int(root, "vocab_size", 0, 1, path);
-    c->C = json_int(root, "hidden_size", 0, 1, path);
-    c->FF = json_int(root, "intermediate_size", 0, 1, path);
-    c->L = json_int(root, "num_hidden_layers", 0, 1, path);
-    c->NH = json_int(root, "num_attention_heads", 0, 1, path);
-    c->KVH = json_int(root, "num_key_value_heads", c->NH, 0, path);
-    if (c->V <= 0 || c->C <= 0 || c->FF <= 0 || c->L <= 0 || c->NH <= 0 || c->KVH <= 0)
-        die("%s: sizes must be positive", path);
+    c->V = json_int(root, "vocab_size", 0, 1, 1, MAX_VOCAB, path);
+    c->C = json_int(root, "hidden_size", 0, 1, 1, MAX_HIDDEN, path);
+    c->FF = json_int(root, "intermediate_size", 0, 1, 1, MAX_FF, path);
+    c->L = json_int(root, "num_hidden_layers", 0, 1, 1, MAX_LAYERS, path);
+    c->NH = json_int(root, "num_attention_heads", 0, 1, 1, MAX_HEADS, path);
+    c->KVH = json_int(root, "num_key_value_heads", c->NH, 0, 1, MAX_HEADS, path);
     if (c->NH % c->KVH) die("%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path, c->NH, c->KVH);
     if (c->C % c->NH && !cJSON_GetObjectItemCaseSensitive(root, "head_dim"))
         die("%s: hidden_size %d not divisible by num_attention_heads %d and no head_dim", path, c->C, c->NH);
-    c->HD = json_int(root, "head_dim", c->C / c->NH, 0, path);
-    if (c->HD <= 0 || c->HD % 2) die("%s: head_dim %d must be even and positive", path, c->HD);
-    c->max_pos = json_int(root, "max_position_embeddings", 4096, 0, path);
-    c->eps = (float)json_num(root, "rms_norm_eps", 1e-6, 0, path);
+    c->HD = json_int(root, "head_dim", c->C / c->NH, 0, 2, MAX_HEAD_DIM, path);
+    if (c->HD % 2) die("%s: head_dim %d must be even (RoPE rotates pairs)", path, c->HD);
+    c->max_pos = json_int(root, "max_position_embeddings", 4096, 0, 1, MAX_POS, path);
+    c->eps = (float)json_pos(root, "rms_norm_eps", 1e-6, 0, 0, 1, path);
     c->tied = json_bool(root, "tie_word_embeddings", 0, path);
     c->qkv_bias = c->arch == ARCH_QWEN2;
     c->qk_norm = c->arch == ARCH_QWEN3;
@@ -81,23 +98,25 @@ void config_from_json(Config *c, const char *text, const char *path) {
     // 4.x checkpoints have rope_theta and rope_scaling {rope_type | type, ...}.
     cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
     cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
-    c->rope_theta = (float)json_num(root, "rope_theta", 10000.0, 0, path);
+    c->rope_theta = (float)json_pos(root, "rope_theta", 10000.0, 0, 1, 1e12, path);
     cJSON *scaling = NULL;
     if (cJSON_IsObject(rp)) {
-        c->rope_theta = (float)json_num(rp, "rope_theta", c->rope_theta, 0, path);
+        c->rope_theta = (float)json_pos(rp, "rope_theta", c->rope_theta, 0, 1, 1e12, path);
         scaling = rp;
     }
     if (cJSON_IsObject(rs)) scaling = rs;
+    char sp[4200];  // its fields' errors name it: "config.json: rope_scaling: \"factor\" is 0: ..."
+    snprintf(sp, sizeof sp, "%s: %s", path, scaling == rs ? "rope_scaling" : "rope_parameters");
     if (scaling) {
         cJSON *ty = cJSON_GetObjectItemCaseSensitive(scaling, "rope_type");
         if (!ty) ty = cJSON_GetObjectItemCaseSensitive(scaling, "type");
         const char *t = cJSON_IsString(ty) ? ty->valuestring : "default";
         if (!strcmp(t, "llama3")) {
             c->rope_scaling = 1;
-            c->rope_factor = (float)json_num(scaling, "factor", 0, 1, path);
-            c->rope_low_freq_factor = (float)json_num(scaling, "low_freq_factor", 0, 1, path);
-            c->rope_high_freq_factor = (float)json_num(scaling, "high_freq_factor", 0, 1, path);
-            c->rope_original_max_pos = json_int(scaling, "original_max_position_embeddings", 0, 1, path);
+            c->rope_factor = (float)json_pos(scaling, "factor", 0, 1, 0, 1e6, sp);
+            c->rope_low_freq_factor = (float)json_pos(scaling, "low_freq_factor", 0, 1, 0, 1e6, sp);
+            c->rope_high_freq_factor = (float)json_pos(scaling, "high_freq_factor", 0, 1, 0, 1e6, sp);
+            c->rope_original_max_pos = json_int(scaling, "original_max_position_embeddings", 0, 1, 1, MAX_POS, sp);
             if (c->rope_high_freq_factor <= c->rope_low_freq_factor)
                 die("%s: llama3 rope scaling needs high_freq_factor > low_freq_factor", path);
         } else if (strcmp(t, "default"))
@@ -106,13 +125,15 @@ void config_from_json(Config *c, const char *text, const char *path) {
 
     c->bos_id = -1;
     cJSON *bos = cJSON_GetObjectItemCaseSensitive(root, "bos_token_id");
-    if (cJSON_IsNumber(bos)) c->bos_id = bos->valueint;
+    if (bos && !cJSON_IsNull(bos)) c->bos_id = json_id(bos, "bos_token_id", c->V, path);
     cJSON *eos = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
-    if (cJSON_IsNumber(eos)) c->eos_ids[c->n_eos++] = eos->valueint;
-    else if (cJSON_IsArray(eos)) {
+    if (cJSON_IsArray(eos)) {
+        int n = cJSON_GetArraySize(eos);
+        if (n > (int)(sizeof c->eos_ids / sizeof c->eos_ids[0]))
+            die("%s: \"eos_token_id\" lists %d ids: at most %d are supported", path, n, (int)(sizeof c->eos_ids / sizeof c->eos_ids[0]));
         cJSON *e;
-        cJSON_ArrayForEach(e, eos) if (cJSON_IsNumber(e) && c->n_eos < 4) c->eos_ids[c->n_eos++] = e->valueint;
-    }
+        cJSON_ArrayForEach(e, eos) c->eos_ids[c->n_eos++] = json_id(e, "eos_token_id", c->V, path);
+    } else if (eos && !cJSON_IsNull(eos)) c->eos_ids[c->n_eos++] = json_id(eos, "eos_token_id", c->V, path);
     cJSON_Delete(root);
 }
 
@@ -342,23 +363,31 @@ static const STensor *need(const Loader *ld, const char *name, int64_t d0, int64
     return t;
 }
 
+// dst NULL: the tensor checked only (walk_tensors)
 static void load_dense(const Loader *ld, void *dst, const char *name, int64_t d0, int64_t d1) {
     const STensor *t = need(ld, name, d0, d1);
     if (t->dtype == DT_E4M3) die("%s: tensor %s is FP8 but only linear weights may be", ld->dir, name);
-    ld->be->upload_convert(dst, ld->be->act, t->data, t->dtype, (size_t)t->numel);
+    if (dst) ld->be->upload_convert(dst, ld->be->act, t->data, t->dtype, (size_t)t->numel);
+}
+
+// a pre-quantized FP8 weight's scales, name + "_scale_inv": F32 or BF16, one per 128x128 block
+static const STensor *need_scales(const Loader *ld, const char *name, int rows, int cols) {
+    char sn[600];
+    snprintf(sn, sizeof sn, "%s_scale_inv", name);
+    const STensor *s = st_find(ld->st, sn);
+    int br = (rows + 127) / 128, bc = (cols + 127) / 128;
+    if (!s || (s->dtype != DT_F32 && s->dtype != DT_BF16)) die("%s: FP8 tensor %s has no F32/BF16 %s", ld->dir, name, sn);
+    if (!(s->ndim == 2 && s->shape[0] == br && s->shape[1] == bc))
+        die("%s: %s must have shape (%d, %d): only 128x128 block-scaled FP8 checkpoints are supported", ld->dir, sn, br, bc);
+    return s;
 }
 
 // A pre-quantized FP8 weight (F8_E4M3 + weight_scale_inv, 128x128 blocks, as
 // vLLM / transformers' FineGrainedFP8 write them) dequantized to fp32 on the host.
 static float *dequant_prequantized(const Loader *ld, const STensor *t, const char *name) {
-    char sn[600];
-    snprintf(sn, sizeof sn, "%s_scale_inv", name);
-    const STensor *s = st_find(ld->st, sn);
     int rows = (int)t->shape[0], cols = (int)t->shape[1];
     int br = (rows + 127) / 128, bc = (cols + 127) / 128;
-    if (!s || (s->dtype != DT_F32 && s->dtype != DT_BF16)) die("%s: FP8 tensor %s has no F32/BF16 %s", ld->dir, name, sn);
-    if (!(s->ndim == 2 && s->shape[0] == br && s->shape[1] == bc))
-        die("%s: %s must have shape (%d, %d): only 128x128 block-scaled FP8 checkpoints are supported", ld->dir, sn, br, bc);
+    const STensor *s = need_scales(ld, name, rows, cols);
     float *sc = (float *)mallocCheck((size_t)br * bc * sizeof(float));
     convert_to_f32(sc, s->data, s->dtype, (size_t)br * bc);
     float *f = (float *)mallocCheck((size_t)rows * cols * sizeof(float));
@@ -369,8 +398,13 @@ static float *dequant_prequantized(const Loader *ld, const STensor *t, const cha
     return f;
 }
 
-static void load_linear(const Loader *ld, QWeight *w, const char *name, int pow2) {
-    const STensor *t = need(ld, name, w->rows, w->cols);
+// w NULL: the tensor (rows, cols) checked only (walk_tensors)
+static void load_linear(const Loader *ld, QWeight *w, const char *name, int rows, int cols, int pow2) {
+    const STensor *t = need(ld, name, rows, cols);
+    if (!w) {
+        if (t->dtype == DT_E4M3) need_scales(ld, name, rows, cols);
+        return;
+    }
     if (t->dtype != DT_E4M3) {
         ld->be->quantize_weight(w, t->data, t->dtype, pow2);
         return;
@@ -406,34 +440,48 @@ static void read_config(Config *c, const char *dir) {
     free(text);
 }
 
+// Every tensor of the checkpoint in config.json's shapes: with m NULL, each one's presence, shape
+// and dtype (and a pre-quantized weight's scales) checked; with the model, loaded. model_load walks
+// twice, checking before it allocates anything, so that a config.json that disagrees with its
+// weights (vocab_size 953326694 next to an embedding table of 320 rows) is an error naming the
+// tensor, never an allocation sized by config.json alone: what is allocated is then bounded by the
+// size of the files.
+static void walk_tensors(const Loader *ld, Model *m) {
+    const Config *c = ld->c;
+    char nm[512];
+    load_dense(ld, m ? m->w.wte : NULL, "model.embed_tokens.weight", c->V, c->C);
+    load_dense(ld, m ? m->w.norm : NULL, "model.norm.weight", c->C, 0);
+    if (!c->tied) load_dense(ld, m ? m->w.lm_head : NULL, "lm_head.weight", c->V, c->C);
+    for (int l = 0; l < c->L; l++) {
+        LayerWeights *lw = m ? &m->w.layers[l] : NULL;
+#define LNAME(fmt, ...) (snprintf(nm, sizeof nm, "model.layers.%d." fmt, l, __VA_ARGS__), nm)
+        load_dense(ld, lw ? lw->ln1 : NULL, LNAME("%s", "input_layernorm.weight"), c->C, 0);
+        load_dense(ld, lw ? lw->ln2 : NULL, LNAME("%s", "post_attention_layernorm.weight"), c->C, 0);
+        if (c->qk_norm) {
+            load_dense(ld, lw ? lw->q_norm : NULL, LNAME("%s", "self_attn.q_norm.weight"), c->HD, 0);
+            load_dense(ld, lw ? lw->k_norm : NULL, LNAME("%s", "self_attn.k_norm.weight"), c->HD, 0);
+        }
+        for (int i = 0; i < LIN_COUNT; i++) {
+            int rows, cols;
+            lin_shape(c, i, &rows, &cols);
+            if (c->qkv_bias && i < 3) load_dense(ld, lw ? lw->bias[i] : NULL, LNAME("self_attn.%s.bias", lin_names[i]), rows, 0);
+            load_linear(ld, lw ? &lw->lin[i] : NULL, LNAME("%s.%s.weight", lin_parent[i], lin_names[i]), rows, cols,
+                        m ? m->opt.pow2 : 0);
+        }
+#undef LNAME
+    }
+}
+
 void model_load(Model *m, const char *dir, const Backend *be, const ModelOptions *opt) {
     Config c;
     read_config(&c, dir);
     SafeTensors st;
     st_open_dir(&st, dir);
     if (!c.tied && !st_find(&st, "lm_head.weight")) die("%s: missing tensor lm_head.weight (and tie_word_embeddings is false)", dir);
+    Loader ld = {&st, &c, be, dir};
+    walk_tensors(&ld, NULL);
     model_common_init(m, &c, be, opt);
-    Loader ld = {&st, &m->cfg, be, dir};
-    char nm[512];
-    load_dense(&ld, m->w.wte, "model.embed_tokens.weight", c.V, c.C);
-    load_dense(&ld, m->w.norm, "model.norm.weight", c.C, 0);
-    if (!c.tied) load_dense(&ld, m->w.lm_head, "lm_head.weight", c.V, c.C);
-    for (int l = 0; l < c.L; l++) {
-        LayerWeights *lw = &m->w.layers[l];
-#define LNAME(fmt, ...) (snprintf(nm, sizeof nm, "model.layers.%d." fmt, l, __VA_ARGS__), nm)
-        load_dense(&ld, lw->ln1, LNAME("%s", "input_layernorm.weight"), c.C, 0);
-        load_dense(&ld, lw->ln2, LNAME("%s", "post_attention_layernorm.weight"), c.C, 0);
-        if (c.qk_norm) {
-            load_dense(&ld, lw->q_norm, LNAME("%s", "self_attn.q_norm.weight"), c.HD, 0);
-            load_dense(&ld, lw->k_norm, LNAME("%s", "self_attn.k_norm.weight"), c.HD, 0);
-        }
-        if (c.qkv_bias)
-            for (int i = 0; i < 3; i++)
-                load_dense(&ld, lw->bias[i], LNAME("self_attn.%s.bias", lin_names[i]), lw->lin[i].rows, 0);
-        for (int i = 0; i < LIN_COUNT; i++)
-            load_linear(&ld, &lw->lin[i], LNAME("%s.%s.weight", lin_parent[i], lin_names[i]), m->opt.pow2);
-#undef LNAME
-    }
+    walk_tensors(&ld, m);
     be->sync();
     st_close(&st);
 }

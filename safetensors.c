@@ -106,21 +106,32 @@ static void st_add_file(SafeTensors *st, const char *path) {
         t->file = fi;
         t->ndim = cJSON_GetArraySize(js);
         if (t->ndim > ST_MAX_DIMS) die("%s: tensor %s: %d dims (at most %d)", path, nm, t->ndim, ST_MAX_DIMS);
-        t->numel = 1;
+        int zero = 0;
         for (int i = 0; i < t->ndim; i++) {
             cJSON *d = cJSON_GetArrayItem(js, i);
-            if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble > 1e12 || d->valuedouble != (double)(int64_t)d->valuedouble)
-                die("%s: tensor %s: bad shape", path, nm);
+            if (!cJSON_IsNumber(d) || !(d->valuedouble >= 0 && d->valuedouble <= 1e12) || d->valuedouble != floor(d->valuedouble))
+                die("%s: tensor %s: bad shape (dimension %d is not an integer in [0, 1e12])", path, nm, i);
             t->shape[i] = (int64_t)d->valuedouble;
-            t->numel *= t->shape[i];
+            zero |= t->shape[i] == 0;
         }
+        // the element count in 64 bits and never past what the data section holds (a shape of
+        // [2^32, 2^32] would wrap to 0 elements and pass the size check below)
+        uint64_t numel = 1, most = data_size / dtype_size(t->dtype);
+        for (int i = 0; i < t->ndim && !zero; i++) {
+            if ((uint64_t)t->shape[i] > most / numel)
+                die("%s: tensor %s: its shape needs more than the %zu bytes of the data section", path, nm, data_size);
+            numel *= (uint64_t)t->shape[i];
+        }
+        t->numel = zero ? 0 : (int64_t)numel;
+        // the offsets as doubles until they are known to fit (1e20, or 1e400 = inf, do not fit a size_t)
         cJSON *b = cJSON_GetArrayItem(jo, 0), *en = cJSON_GetArrayItem(jo, 1);
-        if (!cJSON_IsNumber(b) || !cJSON_IsNumber(en) || b->valuedouble < 0 || en->valuedouble < b->valuedouble)
-            die("%s: tensor %s: bad data_offsets", path, nm);
+        if (!cJSON_IsNumber(b) || !cJSON_IsNumber(en) || !(b->valuedouble >= 0 && en->valuedouble >= b->valuedouble) ||
+            b->valuedouble != floor(b->valuedouble) || en->valuedouble != floor(en->valuedouble))
+            die("%s: tensor %s: bad data_offsets (two integers, begin <= end)", path, nm);
+        if (en->valuedouble > (double)data_size)
+            die("%s: tensor %s: data_offsets [%.17g, %.17g] beyond the data section (%zu bytes): file truncated?", path, nm,
+                b->valuedouble, en->valuedouble, data_size);
         size_t begin = (size_t)b->valuedouble, end = (size_t)en->valuedouble;
-        if (end > data_size)
-            die("%s: tensor %s: data_offsets [%zu, %zu] beyond the data section (%zu bytes): file truncated?", path, nm,
-                begin, end, data_size);
         t->nbytes = end - begin;
         if (t->nbytes != (size_t)t->numel * dtype_size(t->dtype))
             die("%s: tensor %s: %zu bytes of data for %lld elements of %s", path, nm, t->nbytes, (long long)t->numel,
@@ -139,6 +150,16 @@ static void st_add_file(SafeTensors *st, const char *path) {
             die("%s: tensors %s and %s overlap", path, p->name, q->name);
     }
     free(order);
+    // Data that does not start at a multiple of its element size (a header length that is not a
+    // multiple of 8, or an odd offset: legal, if unusual) is copied, so that every reader may load
+    // it as the type it is
+    for (int i = first; i < st->n; i++) {
+        STensor *t = &st->t[i];
+        if ((uintptr_t)t->data % dtype_size(t->dtype) == 0) continue;
+        t->copy = mallocCheck(t->nbytes);
+        memcpy(t->copy, t->data, t->nbytes);
+        t->data = t->copy;
+    }
 }
 
 static void st_finish(SafeTensors *st) {
@@ -241,7 +262,7 @@ const STensor *st_find(const SafeTensors *st, const char *name) {
 }
 
 void st_close(SafeTensors *st) {
-    for (int i = 0; i < st->n; i++) free(st->t[i].name);
+    for (int i = 0; i < st->n; i++) free(st->t[i].name), free(st->t[i].copy);
     for (int i = 0; i < st->nfiles; i++) {
         if (st->maps[i]) munmap(st->maps[i], st->sizes[i]);
         free(st->paths[i]);

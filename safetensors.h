@@ -5,9 +5,11 @@
 //   {"name": {"dtype": "BF16", "shape": [r, c], "data_offsets": [begin, end]}, ...,
 //    "__metadata__": {"k": "v"}}
 // then the raw little-endian data; offsets are relative to the end of the header.
-// Reading memory-maps each file and validates every entry (known dtype, offsets
-// inside the file, size = numel * dtype size, no overlaps) before anything uses it,
-// so a bad file is a one-line error naming the file and the tensor, never a crash.
+// Reading memory-maps each file and validates every entry (known dtype, integer offsets
+// inside the file, size = numel * dtype size in 64-bit arithmetic, no overlaps) before
+// anything uses it, so a bad file is a one-line error naming the file and the tensor, never a
+// crash. Data that is not aligned to its element size in the file (legal, if unusual) is
+// copied, so every tensor's data may be read as its type.
 // Depends on cJSON.
 #ifndef SAFETENSORS_H
 #define SAFETENSORS_H
@@ -29,8 +31,9 @@ typedef struct {
     int64_t shape[ST_MAX_DIMS];
     int64_t numel;
     size_t nbytes;
-    const void *data;  // inside the mapped file
+    const void *data;  // inside the mapped file (or copy), aligned to the element size
     int file;          // which file of the set
+    void *copy;        // data that lay misaligned in the file, copied; else NULL
 } STensor;
 
 typedef struct {

@@ -3,8 +3,9 @@
 // streaming); the ChatML and Llama 3 chat prompts; the built-in byte vocabulary.
 // Defines everything in tokenizer.h. Uses cJSON (the files), PCRE2 (the pre-tokenizer
 // regex, with UTF and UCP so \p{L}, \p{N}, \s and lookaheads behave like Oniguruma's in
-// tokenizers) and tokenizer_unicode.h (NFC tables; where PCRE2's character classes differ). Tested against HF's own output in
-// test/test_tokenizer.c (fixtures from dev/make_tokenizer_fixtures.py).
+// tokenizers), unicode.h (UTF-8 characters; NFC, in unicode.c) and tokenizer_unicode.h (where
+// PCRE2's character classes differ). Tested against HF's own output in test/test_tokenizer.c
+// (fixtures from dev/make_tokenizer_fixtures.py).
 //
 // The pipeline of tokenizers' encode(text, add_special_tokens), step by step:
 //   1. split out added tokens (<|im_end|>, ...) that match the raw text (leftmost-longest,
@@ -25,6 +26,7 @@
 #include "common.h"
 #include "tokenizer.h"
 #include "tokenizer_unicode.h"
+#include "unicode.h"
 
 // ----------------------------------------------------------------------------
 // small growable arrays
@@ -66,40 +68,10 @@ static uint64_t hash_bytes(const void *p, size_t n) {
 // ----------------------------------------------------------------------------
 // UTF-8
 
-// The character at s[0..n): returns its length (> 0) and *cp; or -k for an invalid maximal
-// subpart of k bytes (Unicode's rule, also Python's errors="replace" and Rust's
-// from_utf8_lossy: each such subpart becomes one U+FFFD); or 0 for a valid but unfinished
-// character cut by the end of s.
-static int utf8_char(const uint8_t *s, size_t n, uint32_t *cp) {
-    uint8_t c = s[0];
-    if (c < 0x80) { *cp = c; return 1; }
-    int need;
-    uint32_t v;
-    uint8_t lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) { need = 2; v = c & 0x1F; }
-    else if (c >= 0xE0 && c <= 0xEF) { need = 3; v = c & 0x0F; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
-    else if (c >= 0xF0 && c <= 0xF4) { need = 4; v = c & 0x07; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
-    else return -1;
-    for (int k = 1; k < need; k++) {
-        if ((size_t)k >= n) return 0;
-        uint8_t b = s[k];
-        if (b < lo || b > hi) return -k;
-        lo = 0x80, hi = 0xBF;
-        v = (v << 6) | (b & 0x3F);
-    }
-    *cp = v;
-    return need;
-}
-static int utf8_put(uint32_t c, char *o) {
-    if (c < 0x80) { o[0] = (char)c; return 1; }
-    if (c < 0x800) { o[0] = (char)(0xC0 | c >> 6); o[1] = (char)(0x80 | (c & 0x3F)); return 2; }
-    if (c < 0x10000) { o[0] = (char)(0xE0 | c >> 12); o[1] = (char)(0x80 | (c >> 6 & 0x3F)); o[2] = (char)(0x80 | (c & 0x3F)); return 3; }
-    o[0] = (char)(0xF0 | c >> 18); o[1] = (char)(0x80 | (c >> 12 & 0x3F)); o[2] = (char)(0x80 | (c >> 6 & 0x3F)); o[3] = (char)(0x80 | (c & 0x3F));
-    return 4;
-}
 // Appends s[0..n) to out with every invalid subpart replaced by U+FFFD. With keep_tail, an
 // unfinished character at the very end is not replaced: its length is returned (streaming).
 static size_t utf8_lossy(Buf *out, const uint8_t *s, size_t n, int keep_tail) {
+    if (n == 0) return 0;  // (s may be NULL: the bytes of zero ids)
     size_t i = 0, run = 0;  // s[run..i) is valid and not yet copied
     while (i < n) {
         if (s[i] < 0x80) { i++; continue; }
@@ -115,15 +87,16 @@ static size_t utf8_lossy(Buf *out, const uint8_t *s, size_t n, int keep_tail) {
     buf_put(out, s + run, i - run);
     return 0;
 }
-static int utf8_valid(const uint8_t *s, size_t n) {
+// the length of the valid UTF-8 that s[0..n) starts with (n: all of it)
+static size_t utf8_valid_len(const uint8_t *s, size_t n) {
     for (size_t i = 0; i < n;) {
         if (s[i] < 0x80) { i++; continue; }
         uint32_t cp;
         int k = utf8_char(s + i, n - i, &cp);
-        if (k <= 0) return 0;
+        if (k <= 0) return i;
         i += k;
     }
-    return 1;
+    return n;
 }
 static int utf8_len1(uint8_t c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }  // of valid text
 
@@ -159,151 +132,17 @@ static size_t bl_encode(const uint8_t *s, size_t n, char *out) {
     return k;
 }
 
-// ----------------------------------------------------------------------------
-// NFC (normalization form C), as HF's normalizer computes it: canonical decomposition,
-// canonical ordering of combining marks, canonical composition. Tables in tokenizer_unicode.h
-// follow HF's (older) Unicode data, not the newest. Most text is untouched: a string with no
-// character that can decompose, reorder or combine with its predecessor is already NFC.
-
-#define NFC_NDECOMP ((int)(sizeof nfc_decomp / sizeof nfc_decomp[0]))
-#define NFC_NCCC ((int)(sizeof nfc_ccc / sizeof nfc_ccc[0]))
-enum { HS_BASE = 0xAC00, HL_BASE = 0x1100, HV_BASE = 0x1161, HT_BASE = 0x11A7, HL_N = 19, HV_N = 21, HT_N = 28, HS_N = 11172 };
-
-static struct {
-    uint8_t *unsafe;    // bitmap over all code points: may change under NFC
-    uint64_t *pair;     // sorted (first << 21 | second) of the pairs that compose
-    uint32_t *pair_cp;  // what they compose to
-    int npair;
-} nfc;
-static pthread_once_t nfc_once = PTHREAD_ONCE_INIT;
-
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-static void nfc_mark(uint32_t c) { nfc.unsafe[c >> 3] |= (uint8_t)(1u << (c & 7)); }
-static void nfc_init(void) {
-    nfc.unsafe = (uint8_t *)callocCheck(0x110000 / 8, 1);
-    uint64_t *tmp = (uint64_t *)mallocCheck(NFC_NDECOMP * sizeof(uint64_t));
-    for (int i = 0; i < NFC_NDECOMP; i++) {
-        nfc_mark(nfc_decomp[i][0]);
-        if (nfc_decomp[i][3]) {
-            nfc_mark(nfc_decomp[i][2]);  // the second of a pair may merge into its predecessor
-            tmp[nfc.npair++] = (uint64_t)nfc_decomp[i][1] << 42 | (uint64_t)nfc_decomp[i][2] << 21 | nfc_decomp[i][0];
-        }
-    }
-    qsort(tmp, nfc.npair, sizeof(uint64_t), cmp_u64);
-    nfc.pair = (uint64_t *)mallocCheck(nfc.npair * sizeof(uint64_t));
-    nfc.pair_cp = (uint32_t *)mallocCheck(nfc.npair * sizeof(uint32_t));
-    for (int i = 0; i < nfc.npair; i++) { nfc.pair[i] = tmp[i] >> 21; nfc.pair_cp[i] = (uint32_t)(tmp[i] & 0x1FFFFF); }
-    free(tmp);
-    for (int i = 0; i < NFC_NCCC; i++)
-        for (uint32_t c = nfc_ccc[i][0]; c <= nfc_ccc[i][1]; c++) nfc_mark(c);
-    for (uint32_t c = HV_BASE; c < HV_BASE + HV_N; c++) nfc_mark(c);  // Hangul L+V, LV+T compose
-    for (uint32_t c = HT_BASE + 1; c < HT_BASE + HT_N; c++) nfc_mark(c);
-}
-static int nfc_unsafe(uint32_t c) { return c >= 0x300 && (nfc.unsafe[c >> 3] >> (c & 7) & 1); }
-static int ccc_of(uint32_t c) {
-    if (c < 0x300) return 0;
-    int lo = 0, hi = NFC_NCCC - 1;
-    while (lo <= hi) {
-        int m = (lo + hi) / 2;
-        if (c < nfc_ccc[m][0]) hi = m - 1;
-        else if (c > nfc_ccc[m][1]) lo = m + 1;
-        else return (int)nfc_ccc[m][2];
-    }
-    return 0;
-}
-static void decompose(uint32_t c, uint32_t **v, int *n, int *cap) {
-    if (*n + 4 > *cap) { *cap = *cap * 2 + 16; *v = (uint32_t *)reallocCheck(*v, (size_t)*cap * sizeof(uint32_t)); }
-    if (c >= HS_BASE && c < HS_BASE + HS_N) {  // Hangul syllable: algorithmic
-        uint32_t s = c - HS_BASE;
-        (*v)[(*n)++] = HL_BASE + s / (HV_N * HT_N);
-        (*v)[(*n)++] = HV_BASE + (s % (HV_N * HT_N)) / HT_N;
-        if (s % HT_N) (*v)[(*n)++] = HT_BASE + s % HT_N;
-        return;
-    }
-    int lo = 0, hi = NFC_NDECOMP - 1;
-    while (c >= 0xC0 && lo <= hi) {
-        int m = (lo + hi) / 2;
-        if (c < nfc_decomp[m][0]) hi = m - 1;
-        else if (c > nfc_decomp[m][0]) lo = m + 1;
-        else {
-            decompose(nfc_decomp[m][1], v, n, cap);
-            if (nfc_decomp[m][2]) decompose(nfc_decomp[m][2], v, n, cap);
-            return;
-        }
-    }
-    (*v)[(*n)++] = c;
-}
-static uint32_t compose(uint32_t a, uint32_t b) {  // 0: none
-    if (a >= HL_BASE && a < HL_BASE + HL_N && b >= HV_BASE && b < HV_BASE + HV_N)
-        return HS_BASE + ((a - HL_BASE) * HV_N + (b - HV_BASE)) * HT_N;
-    if (a >= HS_BASE && a < HS_BASE + HS_N && (a - HS_BASE) % HT_N == 0 && b > HT_BASE && b < HT_BASE + HT_N)
-        return a + (b - HT_BASE);
-    uint64_t key = (uint64_t)a << 21 | b;
-    int lo = 0, hi = nfc.npair - 1;
-    while (lo <= hi) {
-        int m = (lo + hi) / 2;
-        if (key < nfc.pair[m]) hi = m - 1;
-        else if (key > nfc.pair[m]) lo = m + 1;
-        else return nfc.pair_cp[m];
-    }
-    return 0;
-}
-// NFC of valid UTF-8 s[0..n) appended to out; returns 0 (and appends nothing) if s is NFC already
-static int nfc_apply(const uint8_t *s, size_t n, Buf *out) {
-    pthread_once(&nfc_once, nfc_init);
-    size_t i = 0;
-    for (; i < n; i++) {  // bytes below 0xCC: ASCII, continuation bytes, or a lead of U+0080..U+02FF
-        if (s[i] < 0xCC) continue;
-        uint32_t c;
-        utf8_char(s + i, n - i, &c);
-        if (nfc_unsafe(c)) break;
-    }
-    if (i == n) return 0;
-    uint32_t *v = NULL;
-    int nv = 0, cap = 0;
-    for (size_t j = 0; j < n;) {
-        uint32_t c;
-        j += utf8_char(s + j, n - j, &c);
-        decompose(c, &v, &nv, &cap);
-    }
-    int *cc = (int *)mallocCheck((size_t)nv * sizeof(int));
-    for (int k = 0; k < nv; k++) cc[k] = ccc_of(v[k]);
-    for (int k = 1; k < nv; k++) {  // canonical ordering: stable sort of each run of marks by class
-        if (cc[k] == 0) continue;
-        uint32_t c = v[k];
-        int cl = cc[k], j = k;
-        while (j > 0 && cc[j - 1] > cl) { v[j] = v[j - 1]; cc[j] = cc[j - 1]; j--; }
-        v[j] = c, cc[j] = cl;
-    }
-    // composition: a character joins the last starter unless something between them blocks it
-    // (a starter, or a mark of the same or higher class; after ordering, the last one decides)
-    int m = 0, starter = -1, last_cc = 0;
-    for (int k = 0; k < nv; k++) {
-        if (starter >= 0 && (m - 1 == starter || (last_cc != 0 && last_cc < cc[k]))) {
-            uint32_t p = compose(v[starter], v[k]);
-            if (p) { v[starter] = p; continue; }
-        }
-        if (cc[k] == 0) starter = m;
-        last_cc = cc[k];
-        v[m++] = v[k];
-    }
-    char tmp[4];
-    for (int k = 0; k < m; k++) buf_put(out, tmp, utf8_put(v[k], tmp));
-    free(v);
-    free(cc);
-    return 1;
-}
-
 char *tokenizer_nfc(const char *s, size_t len, size_t *out_len) {
     Buf b = {0}, fix = {0};
-    if (!utf8_valid((const uint8_t *)s, len)) {  // invalid bytes: U+FFFD first, as encode does
+    if (utf8_valid_len((const uint8_t *)s, len) < len) {  // invalid bytes: U+FFFD first, as encode does
         utf8_lossy(&fix, (const uint8_t *)s, len, 0);
         s = fix.p, len = fix.n;
     }
-    if (!nfc_apply((const uint8_t *)s, len, &b)) buf_put(&b, s, len);
+    size_t m;
+    char *nfc = nfc_normalize((const uint8_t *)s, len, &m);
+    if (nfc) buf_put(&b, nfc, m);
+    else buf_put(&b, s, len);
+    free(nfc);
     free(fix.p);
     if (!b.p) buf_put(&b, "", 0);
     if (out_len) *out_len = b.n;
@@ -665,6 +504,14 @@ Tokenizer *tokenizer_load(const char *path) {
     pthread_once(&bl_once, bl_init);
     size_t n;
     char *text = read_file(path, &n, 1);
+    // JSON is UTF-8 (tokenizers refuses the file too): an added token of stray bytes would split
+    // valid text inside its characters, and the regex and NFC then see invalid UTF-8
+    size_t ok = utf8_valid_len((const uint8_t *)text, n);
+    if (ok < n) {
+        uint8_t b = (uint8_t)text[ok];
+        free(text);
+        die("%s: not valid UTF-8 (byte 0x%02X at offset %zu): a tokenizer.json is UTF-8 JSON", path, b, ok);
+    }
     cJSON *root = parse_json(path, text, n);
     free(text);
     Tokenizer *t = (Tokenizer *)callocCheck(1, sizeof(Tokenizer));
@@ -877,6 +724,7 @@ static const char *regex_subject(Ctx *c, const char *s, size_t n) {
         if (b < 0xC2) { i++; continue; }
         uint32_t cp;
         int k = utf8_char((const uint8_t *)s + i, n - i, &cp);
+        if (k <= 0) { i++; continue; }  // not a character (the text is valid UTF-8: never, but never a hang)
         int cl = cp >= re_class_fix[0][0] ? class_fix(cp) : -1;
         if (cl >= 0 && class_rep[cl][k]) {
             if (!copy) {
@@ -1069,8 +917,7 @@ static void find_added(const Tokenizer *t, Ctx *c, const AddedSet *set, const ch
                 size_t q = p - 1;
                 while (q > 0 && ((uint8_t)s[q] & 0xC0) == 0x80) q--;
                 uint32_t cp;
-                utf8_char((const uint8_t *)s + q, n - q, &cp);
-                if (!is_white_space(cp)) break;
+                if (utf8_char((const uint8_t *)s + q, n - q, &cp) <= 0 || !is_white_space(cp)) break;
                 p = q;
             }
             ms = p > start_off ? p : start_off;
@@ -1079,7 +926,7 @@ static void find_added(const Tokenizer *t, Ctx *c, const AddedSet *set, const ch
             while (me < n) {
                 uint32_t cp;
                 int k = utf8_char((const uint8_t *)s + me, n - me, &cp);
-                if (!is_white_space(cp)) break;
+                if (k <= 0 || !is_white_space(cp)) break;
                 me += k;
             }
         }
@@ -1097,7 +944,7 @@ static int encode_impl(const Tokenizer *t, const char *text, size_t len, int add
     IntVec ids = {0};
     Buf wb = {0};  // words: NUL-separated
     const char *s = text;
-    if (!utf8_valid((const uint8_t *)text, len)) {  // read it as Python's decode(errors="replace")
+    if (utf8_valid_len((const uint8_t *)text, len) < len) {  // read it as Python's decode(errors="replace")
         Buf fix = {0};
         utf8_lossy(&fix, (const uint8_t *)text, len, 0);
         s = ctx_own(&c, fix.p), len = fix.n;
@@ -1114,8 +961,9 @@ static int encode_impl(const Tokenizer *t, const char *text, size_t len, int add
         const char *p = s + g.a;
         size_t n = g.b - g.a;
         if (t->nfc) {
-            Buf nb = {0};
-            if (nfc_apply((const uint8_t *)p, n, &nb)) p = ctx_own(&c, nb.p), n = nb.n;
+            size_t m;
+            char *nfc = nfc_normalize((const uint8_t *)p, n, &m);
+            if (nfc) p = ctx_own(&c, nfc), n = m;
         }
         find_added(t, &c, &t->norm_set, p, n, 1);
         for (int j = 0; j < c.nseg[1]; j++) {

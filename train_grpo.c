@@ -26,6 +26,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "checkpoint.h"
 #include "full.h"
 #include "grpo.h"
 #include "lora.h"
@@ -423,26 +424,15 @@ static void save_checkpoint(const Opts *o, const GrpoConfig *g, const LoRA *lo, 
     if (rename(tmp, final) != 0) die("cannot rename %s to %s (%s)", tmp, final, strerror(errno));
 }
 
-// restore a checkpoint; returns its step
+// restore a checkpoint (checkpoint.c); returns its step
 static int load_checkpoint(const Opts *o, const GrpoConfig *g, LoRA *lo, int n) {
-    char dir[4096], p[4200];
+    char dir[4096];
     snprintf(dir, sizeof dir, "%s/checkpoint-%d", o->output_dir, n);
-    snprintf(p, sizeof p, "%s/trainer_state.json", dir);
-    char *text = read_file(p, NULL);
-    cJSON *st = cJSON_Parse(text);
-    free(text);
-    if (!st) die("%s: not valid JSON", p);
-    cJSON *run = cJSON_GetObjectItemCaseSensitive(st, "run"), *mine = run_identity(o, g);
-    if (!cJSON_Compare(run, mine, 1)) {
-        char *a = cJSON_PrintUnformatted(run), *b = cJSON_PrintUnformatted(mine);
-        die("%s was made with other settings (%s) than this run (%s): resume with the same options or use a new --output_dir", dir, a, b);
-    }
+    cJSON *mine = run_identity(o, g);
+    char *id = cJSON_PrintUnformatted(mine);
     cJSON_Delete(mine);
-    cJSON *gs = cJSON_GetObjectItemCaseSensitive(st, "global_step");
-    if (!cJSON_IsNumber(gs) || gs->valueint != n) die("%s: global_step does not match the directory name", p);
-    cJSON_Delete(st);
-    snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
-    lora_load_state(lo, p);
+    checkpoint_read(dir, n, id, lo);
+    free(id);
     return n;
 }
 
