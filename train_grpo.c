@@ -745,6 +745,9 @@ static void load(Run *r) {
         r->tok = tokenizer_load_dir(o->model);
         r->fmt.tok = r->tok;
         r->fmt.chat = o->chat >= 0 ? o->chat : strcmp(tokenizer_chat_format(r->tok), "none") != 0;
+        Config cfg;
+        config_load_dir(&cfg, o->model);
+        config_check_tokenizer(&cfg, tokenizer_vocab_size(r->tok), o->model);
         model_load(m, o->model, r->be, &mo);
         int n;
         const int *e = tokenizer_eos_ids(r->tok, &n);

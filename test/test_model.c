@@ -4,9 +4,12 @@
 // Checks: config parsing, RoPE frequencies, full-forward and KV-cache-decode logits,
 // greedy continuation, FP8 fake-quant linear = the FP8 reference GEMM, FP8 block logits = an
 // independent PyTorch simulation of it (test/fixtures/fp8sim), fp64 finite
-// differences of every gradient the backward produces, save/load round trips.
+// differences of every gradient the backward produces, save/load round trips, a tokenizer of
+// another checkpoint said at load, the reason given on a machine without a GPU.
 #include <check.h>
+#include <dlfcn.h>
 #include <math.h>
+#include <stdlib.h>
 
 #include "lora.h"
 #include "model.h"
@@ -856,6 +859,56 @@ START_TEST(test_generate_cli) {
 }
 END_TEST
 
+// A tokenizer.json of another checkpoint (ids up to 606 against vocab_size 320) is said at
+// load, in one line naming both, before any weight is read: not "token id out of range" later
+START_TEST(test_tokenizer_checkpoint_disagree) {
+    char dir[] = "/tmp/fp8grpo_tokXXXXXX", q[1024], t[1024], cmd[4096];
+    ck_assert(mkdtemp(dir));
+    fixture(q, sizeof q, "qwen3", "");
+    fixture(t, sizeof t, "tokenizer/gpt2", "tokenizer.json");
+    snprintf(cmd, sizeof cmd, "ln -s $PWD/%s/config.json $PWD/%s/model.safetensors %s/ && cp %s %s/", q, q, dir, t, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    const char *args[] = {"--prompt hello", "--tokens '1 2 3'", "--prompt hello --load_in_fp8 off --device cpu"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "./generate --model %s %s >/dev/null 2>%s/err.txt", dir, args[i], dir);
+        ck_assert_int_ne(system(cmd), 0);
+        snprintf(cmd, sizeof cmd, "%s/err.txt", dir);
+        char *e = read_file(cmd, NULL);
+        ck_assert_msg(strstr(e, "tokenizer.json has ids up to 606 but config.json's vocab_size is 320: the tokenizer and "
+                                "the checkpoint disagree") && !strncmp(e, "error: ", 7) && strchr(e, '\n') == e + strlen(e) - 1,
+                      "%s: stderr '%s'", args[i], e);
+        ck_assert_msg(!strstr(e, "backend"), "the check came after the backend and the weights: %s", e);
+        free(e);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+// Without a GPU the reason says so plainly: where the NVIDIA driver (libcuda.so.1) is not
+// installed, "no NVIDIA GPU/driver found", not CUDA's "driver version is insufficient for CUDA
+// runtime version" (what cudaGetDeviceCount reports then). A build without nvcc has the stub's
+// reason; a machine with a GPU has nothing to check.
+START_TEST(test_no_gpu_reason) {
+    char why[256] = "";
+    if (backend_cuda(why, sizeof why)) return;
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (h) {
+        dlclose(h);
+        return;  // a driver without a GPU, or another error: reported as CUDA gives it
+    }
+    printf("no GPU: %s\n", why);
+    ck_assert_msg(strstr(why, "no NVIDIA GPU/driver found: the NVIDIA driver's libcuda.so.1 is not installed") ||
+                      strstr(why, "this build has no CUDA backend"),
+                  "why: '%s'", why);
+    ck_assert_msg(!strstr(why, "insufficient"), "why: '%s'", why);
+    ck_assert_int_ne(system("./generate --model test/fixtures/qwen3 --tokens 1 --device cuda 2>/tmp/fp8grpo_gen_err.txt"), 0);
+    char *e = read_file("/tmp/fp8grpo_gen_err.txt", NULL);
+    ck_assert_msg(strstr(e, "error: --device cuda: ") && strstr(e, why) && strchr(e, '\n') == e + strlen(e) - 1, "stderr '%s'", e);
+    free(e);
+}
+END_TEST
+
 static Suite *model_suite(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("model");
@@ -880,6 +933,8 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_bad_safetensors);
     tcase_add_test(tc, test_bad_checkpoint);
     tcase_add_test(tc, test_generate_cli);
+    tcase_add_test(tc, test_tokenizer_checkpoint_disagree);
+    tcase_add_test(tc, test_no_gpu_reason);
     suite_add_tcase(s, tc);
     return s;
 }
