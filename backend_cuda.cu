@@ -725,15 +725,28 @@ static Backend be = {
 
 extern "C" const Backend *backend_cuda(char *why, size_t why_cap) {
     if (G.init) return &be;
-    int n = 0;
+    int n = 0, drv = 0, rt = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
-        snprintf(why, why_cap, "no usable CUDA driver or device (%s)", cudaGetErrorString(e));
+        // Without the NVIDIA driver (no libcuda.so.1) the runtime reports "CUDA driver version is
+        // insufficient for CUDA runtime version", which sends a user to update a driver that is not
+        // there: cudaDriverGetVersion gives 0 when no driver is installed, so say what is missing.
+        // A driver that sees no GPU says cudaErrorNoDevice. Any other error is reported as it is.
         cudaGetLastError();
+        if (cudaDriverGetVersion(&drv) != cudaSuccess) drv = 0;
+        cudaRuntimeGetVersion(&rt);
+        cudaGetLastError();
+        if (e == cudaErrorNoDevice || (e == cudaErrorInsufficientDriver && drv == 0))
+            snprintf(why, why_cap, "no NVIDIA GPU/driver found: %s",
+                     drv == 0 ? "the NVIDIA driver's libcuda.so.1 is not installed" : "the driver sees no CUDA device");
+        else if (e == cudaErrorInsufficientDriver)
+            snprintf(why, why_cap, "the NVIDIA driver supports CUDA %d.%d, this build needs %d.%d: update the driver (%s)",
+                     drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10, cudaGetErrorString(e));
+        else snprintf(why, why_cap, "no usable CUDA driver or device (%s)", cudaGetErrorString(e));
         return NULL;
     }
     if (n == 0) {
-        snprintf(why, why_cap, "no CUDA device found");
+        snprintf(why, why_cap, "no NVIDIA GPU/driver found: the driver sees no CUDA device");
         return NULL;
     }
     int dev = 0;

@@ -201,6 +201,11 @@ int main(int argc, char **argv) {
         return 0;
     }
 
+    if (tok) {  // before the weights are read: a tokenizer of another checkpoint
+        Config cfg;
+        config_load_dir(&cfg, o.model);
+        config_check_tokenizer(&cfg, tokenizer_vocab_size(tok), o.model);
+    }
     const Backend *be = backend_select(o.device, 1);
     ModelOptions mo = {(FP8Gran)fp8_gran_parse(o.load_in_fp8), o.fp8_pow2, o.bf16_first_layers, o.bf16_last_layers};
     Model m;

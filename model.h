@@ -170,6 +170,11 @@ typedef struct {
 // ---- config and weights (model_load.c) ----
 void config_from_json(Config *cfg, const char *json_text, const char *path_for_errors);
 void config_print(const Config *cfg, FILE *f);
+// config.json of a checkpoint directory alone (what a program checks before it loads the weights)
+void config_load_dir(Config *cfg, const char *dir);
+// dies with one line when a tokenizer's ids (0 .. tokenizer_vocab - 1) do not fit vocab_size: the
+// tokenizer belongs to another checkpoint
+void config_check_tokenizer(const Config *cfg, int tokenizer_vocab, const char *dir);
 // load a Hugging Face checkpoint directory (config.json + *.safetensors); dies with a one-line error on bad input
 void model_load(Model *m, const char *dir, const Backend *be, const ModelOptions *opt);
 // a random-weight model of the given config (for the built-in tiny model and tests); std 0.02-ish init

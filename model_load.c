@@ -3,7 +3,8 @@
 // transformers 4.x keys (rope_theta, rope_scaling) and 5.x (rope_parameters)),
 // the weight layout walker (one allocation for the dense weights, one for the
 // FP8 codes + scales), model_load (safetensors, BF16/F16/F32, or pre-quantized
-// FP8 with weight_scale_inv read as is), model_init_random, model_save_hf,
+// FP8 with weight_scale_inv read as is), config_load_dir and config_check_tokenizer (a tokenizer
+// of another checkpoint, said before the weights are read), model_init_random, model_save_hf,
 // and the per-layer quantization error (SQNR) report.
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -470,6 +471,19 @@ static void walk_tensors(const Loader *ld, Model *m) {
         }
 #undef LNAME
     }
+}
+
+void config_load_dir(Config *c, const char *dir) { read_config(c, dir); }
+
+// A tokenizer with more ids than the checkpoint's vocabulary (a tokenizer.json of another
+// model) would fail at the first prompt that reaches a large id, with an id out of range deep
+// in the forward: said here instead, before the weights are read. The reverse is normal: real
+// checkpoints pad vocab_size beyond the tokenizer's ids (Qwen: 151,936 rows, 151,669 ids).
+void config_check_tokenizer(const Config *c, int tokenizer_vocab, const char *dir) {
+    if (tokenizer_vocab > c->V)
+        die("%s: tokenizer.json has ids up to %d but config.json's vocab_size is %d: the tokenizer and the checkpoint "
+            "disagree (use the tokenizer.json saved with this checkpoint)",
+            dir, tokenizer_vocab - 1, c->V);
 }
 
 void model_load(Model *m, const char *dir, const Backend *be, const ModelOptions *opt) {

@@ -1,11 +1,16 @@
-// ops_cpu.c: the CPU reference kernels declared in ops_cpu.h.
+// ops_cpu.c: the CPU reference kernels declared in ops_cpu.h, and cpu_threads_update (their
+// OpenMP team sized to the cores this process gets).
 // Written once for `real`; the Makefile compiles this file with real = float
 // (suffix _cpu) and with -DCPU_F64, real = double (suffix _cpu64).
 // Reductions accumulate in double whatever `real` is: these are the truth the
 // fast kernels are compared with, so they favour accuracy over speed.
 #include <math.h>
+#include <omp.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "fp8.h"
@@ -17,6 +22,83 @@ typedef double real;
 #else
 typedef float real;
 #define FN(name) name##_cpu
+#endif
+
+// ----------------------------------------------------------------------------
+// How many threads the kernels use: the cores this process gets, re-decided every 200 ms.
+// OpenMP's threads spin-wait at every barrier for the others; a thread whose core another
+// process holds keeps the whole team waiting for a whole time slice (ms) at kernels that take
+// microseconds: on 2 cores with one busy process a run took 3.4x as long, with two 18x. So the
+// team is sized to the cores that other processes leave idle: from /proc/stat (the busy time of
+// the cores this process may run on) less this process's own CPU time (getrusage), over the
+// last interval. Every parallel loop here is over independent rows, never a reduction, so the
+// results do not depend on the thread count (resume stays bit-exact under any load).
+#ifndef CPU_F64  // once, in the float build
+typedef struct {
+    double wall;                  // CLOCK_MONOTONIC seconds
+    double busy, total;           // /proc/stat ticks over the cores in our affinity mask
+    double own;                   // this process's CPU seconds
+} CpuSample;
+
+static int cpu_sample(CpuSample *s) {
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return -1;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) CPU_ZERO(&set);
+    char line[512];
+    s->busy = s->total = 0;
+    while (fgets(line, sizeof line, f) && !strncmp(line, "cpu", 3)) {
+        int id;
+        unsigned long long v[8] = {0};  // user nice system idle iowait irq softirq steal
+        if (sscanf(line + 3, "%d %llu %llu %llu %llu %llu %llu %llu %llu", &id, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                   &v[6], &v[7]) < 5)
+            continue;  // the all-cores line ("cpu  ...") has no number after "cpu"
+        if (CPU_COUNT(&set) > 0 && (id < 0 || id >= CPU_SETSIZE || !CPU_ISSET(id, &set))) continue;
+        double t = 0;
+        for (int i = 0; i < 8; i++) t += (double)v[i];
+        s->total += t;
+        s->busy += t - (double)v[3] - (double)v[4];
+    }
+    fclose(f);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    s->own = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+    s->wall = now_sec();
+    return s->total > 0 ? 0 : -1;
+}
+
+static struct {
+    int init, max, cur;  // the cap (OMP_NUM_THREADS or the cores we may use), the team size now
+    double hz;
+    CpuSample last;
+} thr;
+
+int cpu_threads_update(void) {
+    if (!thr.init) {
+        thr.init = 1;
+        thr.max = thr.cur = omp_get_max_threads();
+        thr.hz = (double)sysconf(_SC_CLK_TCK);
+        if (thr.max <= 1 || thr.hz <= 0 || cpu_sample(&thr.last) < 0) thr.max = thr.cur;  // nothing to adapt
+        return thr.cur;
+    }
+    if (thr.max <= 1 || now_sec() - thr.last.wall < 0.2) return thr.cur;
+    CpuSample s;
+    if (cpu_sample(&s) < 0) return thr.cur;
+    double dt = s.total - thr.last.total;  // ticks of all our cores over the interval
+    if (dt < 5) return thr.cur;            // /proc/stat moves in 10 ms ticks: wait for enough of them
+    double cores = dt / (thr.hz * (s.wall - thr.last.wall));  // ~ the number of cores
+    double others = (s.busy - thr.last.busy) / thr.hz - (s.own - thr.last.own);  // CPU seconds not ours
+    double idle_for_us = cores - fmax(others, 0) / (s.wall - thr.last.wall);
+    thr.last = s;
+    // a core only three-quarters free already stalls a team at its barriers: round down past 0.25
+    int n = (int)floor(idle_for_us + 0.25);
+    n = n < 1 ? 1 : n > thr.max ? thr.max : n;
+    if (n != thr.cur) {
+        omp_set_num_threads(n);
+        thr.cur = n;
+    }
+    return n;
+}
 #endif
 
 // SIMD through GCC/Clang vector extensions (32 bytes: 8 floats or 4 doubles). Sums keep
@@ -80,6 +162,7 @@ void FN(embedding_backward)(real *dwte, const int32_t *ids, const real *dout, in
 
 // y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps)  (Hugging Face LlamaRMSNorm / Qwen3RMSNorm)
 void FN(rmsnorm_forward)(real *out, real *rstd, const real *inp, const real *w, int N, int C, float eps) {
+    cpu_threads_update();
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const real *x = inp + (size_t)n * C;
@@ -115,6 +198,7 @@ void FN(rmsnorm_backward)(real *dinp, real *dw, const real *dout, const real *in
 }
 
 void FN(matmul_forward)(real *out, const real *inp, const real *W, const real *bias, int N, int C, int OC) {
+    cpu_threads_update();
     int OC4 = OC / 4 * 4;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int n = 0; n < N; n++)
@@ -133,6 +217,7 @@ void FN(matmul_forward)(real *out, const real *inp, const real *W, const real *b
 // without reassociating any sum; each thread owns its output rows.
 void FN(matmul_backward)(real *dinp, int accumulate, real *dW, real *dbias, const real *dout, const real *inp,
                          const real *W, int N, int C, int OC) {
+    cpu_threads_update();
     if (dinp) {
 #pragma omp parallel for schedule(static)
         for (int n = 0; n < N; n++) {
@@ -193,6 +278,7 @@ void FN(rope_forward)(real *x, const int32_t *pos, const real *inv_freq, int N, 
 // GQA: query head h reads key/value head h / (NH / KVH) (transformers' repeat_kv).
 void FN(attention_forward)(real *out, real *lse, const real *q, const real *k, const real *v, int B, int T, int NH,
                            int KVH, int HD) {
+    cpu_threads_update();
     double sc = 1.0 / sqrt((double)HD);
     int rep = NH / KVH;
 #pragma omp parallel for collapse(3)
@@ -227,6 +313,7 @@ void FN(attention_forward)(real *out, real *lse, const real *q, const real *k, c
 // Parallel over (b, kv head) so each thread owns its dk/dv rows: no atomics.
 void FN(attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *out, const real *lse,
                             const real *q, const real *k, const real *v, int B, int T, int NH, int KVH, int HD) {
+    cpu_threads_update();
     double sc = 1.0 / sqrt((double)HD);
     int rep = NH / KVH;
     memset(dq, 0, (size_t)B * T * NH * HD * sizeof(real));
@@ -310,6 +397,7 @@ void FN(gather_rows)(real *out, const real *inp, const int32_t *idx, int n_idx, 
 // log_softmax(inv_temp * h wlm^T)[target], one row at a time (never (N, V) at once)
 void FN(logprobs_forward)(real *logp, real *lse, const real *h, const real *wlm, const int32_t *targets,
                           float inv_temp, int N, int C, int V) {
+    cpu_threads_update();
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         if (targets[n] < 0) { logp[n] = 0; lse[n] = 0; continue; }
@@ -329,6 +417,7 @@ void FN(logprobs_forward)(real *logp, real *lse, const real *h, const real *wlm,
 // d logp / d z_j = 1[j = target] - softmax_j ; dh = inv_temp * sum_j dz_j wlm_j
 void FN(logprobs_backward)(real *dh, real *dwlm, const real *dlogp, const real *lse, const real *h, const real *wlm,
                            const int32_t *targets, float inv_temp, int N, int C, int V) {
+    cpu_threads_update();
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         real *d = dh + (size_t)n * C;

@@ -1,6 +1,7 @@
 // ops_cpu.h: the CPU reference kernels, the numeric truth of every op in
 // backend.h. Plain C + OpenMP (parallel over independent rows only, never over
-// a reduction, so results do not depend on the thread count).
+// a reduction, so results do not depend on the thread count, which follows the cores this
+// process gets: cpu_threads_update).
 //
 // ops_cpu.c is compiled twice: with real = float (names end in _cpu, the
 // "cpu" backend and the reference the CUDA tests compare with) and with
@@ -56,6 +57,11 @@ extern "C" {
 
 OPS_CPU_DECLARE(float, _cpu)
 OPS_CPU_DECLARE(double, _cpu64)
+
+// The OpenMP team size of the kernels above, matched every 200 ms to the cores other processes
+// leave idle (1 up to OMP_NUM_THREADS or the cores this process may use); the larger kernels call
+// it first. Returns the team size now.
+int cpu_threads_update(void);
 
 #ifdef __cplusplus
 }

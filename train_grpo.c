@@ -46,7 +46,7 @@ typedef struct {
     const char *load_in_fp8, *kv_cache_dtype;
     int resume, overwrite_output_dir, fp8_pow2, bf16_first_layers, bf16_last_layers, quiet, gradient_checkpointing;
     int max_steps, per_device_train_batch_size, micro_batch_size, lora_r, top_k, logging_steps, save_steps;
-    int eval_steps, eval_size, warmup_sft_steps, max_prompt_length, chat, max_operand;
+    int eval_steps, eval_size, warmup_sft_steps, max_prompt_length, chat, max_operand, save_total_limit;
     double learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm, warmup_ratio;
     double lora_alpha, temperature, top_p, gpu_memory_utilization, warmup_carry_errors;
     long seed;
@@ -133,6 +133,9 @@ static const Option OPTIONS[] = {
     {"overwrite_output_dir", OPT_FLAG, OFF(overwrite_output_dir), .help = "start over in an --output_dir that holds checkpoints"},
     {"logging_steps", OPT_INT, OFF(logging_steps), 1, 1e9, .dflt = "1", .help = "print a step's line every N steps"},
     {"save_steps", OPT_INT, OFF(save_steps), 0, 1e9, .dflt = "0", .help = "checkpoint every N steps (0: only at the end)"},
+    {"save_total_limit", OPT_INT, OFF(save_total_limit), 0, 1e9, .unset = "none, every checkpoint is kept",
+     .help = "keep only the newest N checkpoints: older ones are deleted once a new one is complete, never the one "
+             "--resume continued (0: keep all, as none)"},
     {"eval_steps", OPT_INT, OFF(eval_steps), 0, 1e9, .dflt = "25", .dflt_model = "50",
      .help = "held-out greedy accuracy every N steps (0: before and at the end only)"},
     {"eval_size", OPT_INT, OFF(eval_size), 0, 1e7, .dflt = "200", .dflt_model = "100", .help = "held-out problems per evaluation"},
@@ -206,6 +209,7 @@ typedef struct {
     double weights[GRPO_MAX_REWARDS];  // (R) reward weights
     const char *reward_names[GRPO_MAX_REWARDS];
     int start;              // the step resumed from (0: a fresh run)
+    int end;                // the step of the run's last checkpoint: max_steps, or start when a resumed run is past it
     double acc;             // this step's held-out accuracy (NaN: not evaluated)
     History hist;
 } Run;
@@ -280,6 +284,13 @@ static uint64_t seq_seed(long seed, long step, int s, uint64_t purpose) {
 
 // ----------------------------------------------------------------------------
 // held-out accuracy: greedy, one completion per prompt
+
+// an accuracy as printed: "0.650", or why there is none (never "nan")
+static const char *acc_text(double acc, const char *why_none, char *buf, size_t cap) {
+    if (isfinite(acc)) snprintf(buf, cap, "%.3f", acc);
+    else snprintf(buf, cap, "%s", why_none);
+    return buf;
+}
 
 static double evaluate(Model *m, const Task *task, const Formatter *f, int n, int max_new, const int *eos, int neos) {
     if (n <= 0) return NAN;
@@ -422,6 +433,50 @@ static void save_checkpoint(const Opts *o, const GrpoConfig *g, const LoRA *lo, 
     // the directory appears under its final name only once complete
     if (dir_exists(final)) rm_rf(final);
     if (rename(tmp, final) != 0) die("cannot rename %s to %s (%s)", tmp, final, strerror(errno));
+}
+
+static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
+
+// TRL's save_total_limit, called once checkpoint-`newest` is complete (renamed into place):
+// delete dir's oldest checkpoints until at most `limit` remain, never `newest` itself nor `keep`
+// (the one this run resumed from; -1: none). Checkpoints numbered above newest were left by an
+// earlier run that --overwrite_output_dir started over: not counted, not touched. Each goes
+// atomically as far as --resume can tell: first renamed out of the checkpoint-N names (to a
+// hidden .checkpoint-N.deleting that the next rotation finishes removing if this one is killed),
+// then removed, so a half-deleted checkpoint is never taken for one to resume.
+static void rotate_checkpoints(const char *dir, int limit, int newest, int keep, int quiet) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    int *steps = NULL, n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int k;
+        char tail, p[4200];
+        path_join(p, sizeof p, dir, e->d_name);
+        if (!strncmp(e->d_name, ".checkpoint-", 12) && strstr(e->d_name, ".deleting")) {
+            rm_rf(p);  // what a killed rotation left
+            continue;
+        }
+        if (strncmp(e->d_name, "checkpoint-", 11) || sscanf(e->d_name + 11, "%d%c", &k, &tail) != 1 || k < 0 || k > newest ||
+            !dir_exists(p))
+            continue;
+        if (n == cap) steps = (int *)reallocCheck(steps, (cap = cap ? 2 * cap : 16) * sizeof(int));
+        steps[n++] = k;
+    }
+    closedir(d);
+    if (n) qsort(steps, n, sizeof(int), cmp_int);
+    for (int i = 0, left = n; i < n && left > limit; i++) {
+        if (steps[i] == newest || steps[i] == keep) continue;
+        char from[4200], to[4200];
+        snprintf(from, sizeof from, "%s/checkpoint-%d", dir, steps[i]);
+        snprintf(to, sizeof to, "%s/.checkpoint-%d.deleting", dir, steps[i]);
+        rm_rf(to);
+        if (rename(from, to) != 0) die("--save_total_limit: cannot remove %s (%s)", from, strerror(errno));
+        rm_rf(to);
+        left--;
+        if (!quiet) printf("deleted %s (--save_total_limit %d)\n", from, limit);
+    }
+    free(steps);
 }
 
 // restore a checkpoint (checkpoint.c); returns its step
@@ -709,21 +764,28 @@ static void prepare_output(Run *r) {
     printf("output: %s%s\n", r->dir, why);
 }
 
-// Stage "load": the backend, the task, the tokenizer and model (the built-in one through
-// its warm-up), LoRA, and the GPU arena's budget.
+// Stage "load": the task, the tokenizer (checked against the checkpoint's vocabulary), the
+// backend, the model (the built-in one through its warm-up), LoRA, and the GPU arena's budget.
 static void load(Run *r) {
     const Opts *o = &r->o;
-    r->be = backend_select(o->device, 1);
-    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), o->fp8_pow2, o->bf16_first_layers, o->bf16_last_layers};
+    // the inputs first, each bad one said in one line before any work: the data, then a tokenizer
+    // of another checkpoint; then the backend
     TaskOptions to = task_options_default();
     to.seed = (uint64_t)o->seed;
     to.max_operand = o->max_operand;
     task_open_or_die(&r->task, o->data ? o->data : o->task, &to);
+    if (o->model) {
+        r->tok = tokenizer_load_dir(o->model);
+        Config cfg;
+        config_load_dir(&cfg, o->model);
+        config_check_tokenizer(&cfg, tokenizer_vocab_size(r->tok), o->model);
+    }
+    r->be = backend_select(o->device, 1);
+    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), o->fp8_pow2, o->bf16_first_layers, o->bf16_last_layers};
     r->fmt.system = o->system_prompt;
     r->fmt.max_prompt = o->max_prompt_length;
     Model *m = &r->m;
     if (o->model) {
-        r->tok = tokenizer_load_dir(o->model);
         r->fmt.tok = r->tok;
         r->fmt.chat = o->chat >= 0 ? o->chat : strcmp(tokenizer_chat_format(r->tok), "none") != 0;
         model_load(m, o->model, r->be, &mo);
@@ -764,6 +826,13 @@ static void load(Run *r) {
 // the held-out accuracy of the model as it is now (greedy, eval_size problems)
 static double held_out_accuracy(Run *r) { return evaluate(&r->m, &r->task, &r->fmt, r->o.eval_size, r->Tc, r->eos, r->neos); }
 
+// what to print for an accuracy that is not there (evaluate's NaN, or no line in metrics.jsonl)
+static const char *no_accuracy(const Run *r) {
+    if (r->o.eval_size == 0) return "not measured (--eval_size 0)";
+    if (task_size(&r->task, SPLIT_HELDOUT) == 0) return "not measured (no held-out problems)";
+    return "not in metrics.jsonl";
+}
+
 // The shapes of a step, and where the run starts: a checkpoint's step (--resume), or 0 with
 // the held-out accuracy before GRPO (LoRA off: the frozen model alone) as metrics line 0.
 static void begin(Run *r) {
@@ -774,6 +843,7 @@ static void begin(Run *r) {
         printf("resumed from %s/checkpoint-%d\n", r->dir, r->start);
     } else if (file_exists(r->metrics)) remove(r->metrics);
     hist_from_metrics(&r->hist, r->metrics);
+    r->end = r->start > o->max_steps ? r->start : o->max_steps;
 
     r->G = r->g.num_generations, r->S = o->per_device_train_batch_size, r->P = r->S / r->G, r->Tc = r->g.max_completion_length;
     r->mb = o->micro_batch_size > 0 ? o->micro_batch_size : r->S;
@@ -787,15 +857,23 @@ static void begin(Run *r) {
     if (grpo_resolve_reward_weights(&r->g, r->R, defaults, r->reward_names, r->weights, err, sizeof err) < 0) die("%s", err);
 
     r->acc = NAN;
+    if (o->resume && r->start >= o->max_steps) {  // a finished run: finish() reports what metrics.jsonl holds
+        printf("checkpoint-%d is at --max_steps %d: nothing left to do (a larger --max_steps trains on); the run's "
+               "figures, from %s:\n", r->start, o->max_steps, r->metrics);
+        return;
+    }
     if (!o->resume) {
         r->m.lora_on = 0;
         double acc = held_out_accuracy(r);
         r->m.lora_on = 1;
         long avail = task_size(&r->task, SPLIT_HELDOUT);
-        printf("held-out accuracy before GRPO: %.3f (%ld held-out problems, greedy)\n", acc,
-               avail >= 0 && avail < o->eval_size ? avail : (long)o->eval_size);
+        if (isfinite(acc))
+            printf("held-out accuracy before GRPO: %.3f (%ld held-out problems, greedy)\n", acc,
+                   avail >= 0 && avail < o->eval_size ? avail : (long)o->eval_size);
+        else printf("held-out accuracy before GRPO: %s\n", no_accuracy(r));
         FILE *mf = fopenCheck(r->metrics, "a");
-        fprintf(mf, "{\"step\": 0, \"eval/accuracy\": %.6f}\n", acc);
+        if (isfinite(acc)) fprintf(mf, "{\"step\": 0, \"eval/accuracy\": %.6f}\n", acc);
+        else fprintf(mf, "{\"step\": 0, \"eval/accuracy\": null}\n");
         fclose(mf);
         hist_add(&r->hist, 0, NAN, acc, NAN, NAN);
     }
@@ -1042,9 +1120,14 @@ static void log_step(Run *r, const Step *s, int step) {
     if (step == r->start + 1) memory_report(r, s);
 }
 
-// Stage "checkpoint": every save_steps and after the last step
+// Stage "checkpoint": every save_steps and after the last step; then, with --save_total_limit,
+// the oldest ones beyond the limit go (never the new one, nor the one the run resumed from)
 static void checkpoint(const Run *r, int step) {
-    if ((r->o.save_steps > 0 && step % r->o.save_steps == 0) || step == r->o.max_steps) save_checkpoint(&r->o, &r->g, r->lo, &r->m, step);
+    if ((r->o.save_steps > 0 && step % r->o.save_steps == 0) || step == r->o.max_steps) {
+        save_checkpoint(&r->o, &r->g, r->lo, &r->m, step);
+        if (r->o.save_total_limit > 0)
+            rotate_checkpoints(r->dir, r->o.save_total_limit, step, r->o.resume ? r->start : -1, r->o.quiet);
+    }
 }
 
 static void step_end(Step *s) {  // what the next step makes anew
@@ -1090,7 +1173,7 @@ static void print_generate_command(const Run *r) {
     cmd_word(&c, path, 0);
     cmd_add(&c, " --model");
     cmd_word(&c, o->model ? o->model : r->warm_dir, 0);
-    snprintf(path, sizeof path, "%s/checkpoint-%d", r->dir, o->max_steps);
+    snprintf(path, sizeof path, "%s/checkpoint-%d", r->dir, r->end);
     cmd_add(&c, " --lora");
     cmd_word(&c, path, 0);
     if (strcmp(o->load_in_fp8, "block")) cmd_add(&c, " --load_in_fp8 %s", o->load_in_fp8);
@@ -1124,11 +1207,21 @@ static void finish(Run *r) {
                            {"completion length", "step", "tokens", &ls, 1},
                            {"KL to the reference (LoRA off)", "step", "", &ks, 1}};
     plot_svg(plot, panels, r->g.beta != 0 ? 3 : 2);
-    double first = NAN;
+    // before: metrics line 0; after: the last evaluation (the last step's, as eval_due always
+    // evaluates it), both from the history, which holds metrics.jsonl's lines after a resume
+    int i0 = -1, i1 = -1;
     for (int i = 0; i < h->n; i++)
-        if (isfinite(h->acc[i])) { first = h->acc[i]; break; }
-    printf("held-out accuracy: %.3f before GRPO -> %.3f after %d steps\n", first, r->acc, r->o.max_steps);
-    printf("adapter: %s/checkpoint-%d (PEFT format)\nmetrics: %s\nplot: %s\n", r->dir, r->o.max_steps, r->metrics, plot);
+        if (isfinite(h->acc[i])) {
+            if (i0 < 0 && h->step[i] == 0) i0 = i;
+            else if (h->step[i] > 0) i1 = i;
+        }
+    char a0[64], a1[64];
+    const char *none = no_accuracy(r);
+    acc_text(i0 >= 0 ? h->acc[i0] : NAN, none, a0, sizeof a0);
+    acc_text(i1 >= 0 ? h->acc[i1] : NAN, none, a1, sizeof a1);
+    if (i0 < 0 && i1 < 0) printf("held-out accuracy: %s\n", none);
+    else printf("held-out accuracy: %s before GRPO -> %s after %d steps\n", a0, a1, i1 >= 0 ? (int)h->step[i1] : r->end);
+    printf("adapter: %s/checkpoint-%d (PEFT format)\nmetrics: %s\nplot: %s\n", r->dir, r->end, r->metrics, plot);
     print_generate_command(r);
 }
 

@@ -2,10 +2,14 @@
 // Fixtures (test/fixtures/{qwen3,qwen2,llama3}, made by dev/make_fixtures.py) hold
 // tiny random checkpoints and the fp32 logits transformers computed on them.
 // Checks: config parsing, RoPE frequencies, full-forward and KV-cache-decode logits,
-// greedy continuation, FP8 fake-quant linear = the FP8 reference GEMM, fp64 finite
-// differences of every gradient the backward produces, save/load round trips.
+// greedy continuation, FP8 fake-quant linear = the FP8 reference GEMM, FP8 block logits = an
+// independent PyTorch simulation of it (test/fixtures/fp8sim), fp64 finite
+// differences of every gradient the backward produces, save/load round trips, a tokenizer of
+// another checkpoint said at load, the reason given on a machine without a GPU.
 #include <check.h>
+#include <dlfcn.h>
 #include <math.h>
+#include <stdlib.h>
 
 #include "lora.h"
 #include "model.h"
@@ -402,6 +406,67 @@ START_TEST(test_fp8_model_logits) {
 }
 END_TEST
 
+// ---- FP8 block against an independent simulation -------------------------------------
+
+// relative L2 distance of the fixture model's logits (backend be, granularity g) from ref (T, V)
+static double fp8sim_rel(const Backend *be, FP8Gran g, const Npy *tk, const Npy *ref) {
+    char p[1024];
+    fixture(p, sizeof p, "fp8sim", "");
+    ModelOptions o = opt_dense();
+    o.gran = g;
+    Model m;
+    model_load(&m, p, be, &o);
+    int T = (int)tk->n, V = m.cfg.V, ids[64];
+    ck_assert(T <= 64 && ref->n == (long)T * V);
+    for (int t = 0; t < T; t++) ids[t] = (int)tk->data[t];
+    model_forward(&m, ids, 1, T);
+    float *out = (float *)mallocCheck((size_t)T * V * sizeof(float));
+    model_logits(&m, out);
+    double se = 0, sr = 0;
+    for (long i = 0; i < ref->n; i++) se += (out[i] - ref->data[i]) * (out[i] - ref->data[i]), sr += ref->data[i] * ref->data[i];
+    free(out);
+    model_free(&m);
+    return sqrt(se / sr);
+}
+
+// --load_in_fp8 block against test/fixtures/fp8sim (dev/make_fp8_sim_fixture.py): transformers'
+// Qwen3 with every projection's weight in 128x128 blocks and its input in 1x128 groups, E4M3,
+// scale amax / 448, fake-quantized by PyTorch; a bf16 checkpoint with edge groups and blocks of
+// 64 everywhere (hidden 192, intermediate 704, k/v 64 rows) and exact E4M3 ties at the first
+// quantizer (bf16 embeddings, norm weight 1). When both sides give every operand the same E4M3
+// code and fp32 scale, the logits differ only by the order of the sums:
+//  - fp64 (the cpu64 backend against the simulation in fp64; both round the quantizer's input to
+//    fp32 first, and fp64 noise of 1e-16 never moves an fp32 rounding): every code agrees, what is
+//    left is model_logits' rounding to fp32, 2^-24 per logit: 1e-6 is that with a margin.
+//  - fp32 (the cpu backend, what train_grpo runs, against the simulation in fp32): sums of up to
+//    704 products carry 2^-24 sqrt(704) = 1.6e-6 relative each, through 14 projections and the
+//    attention: 1e-5. The script chose a checkpoint whose every quantized value lies >= 2.2x its
+//    fp32 noise from an E4M3 rounding midpoint, so the two fp32 computations give the same codes.
+// One code more or less (2^-4 of one activation) is far above both: it moves every later layer's
+// inputs and the logits by 1e-3 to 5e-2 (the script's measurements; transformers' own RMSNorm
+// rounding decides one layer-0 tie of this fixture otherwise and its logits are 4.5e-2 away). If
+// the fp64 check passes and the fp32 one fails, fp32 arithmetic moved a value across a midpoint:
+// FP8 rounding, not FP8 semantics (the script's docstring says why that happens at all).
+START_TEST(test_fp8_block_matches_simulation) {
+    char p[1024];
+    fixture(p, sizeof p, "fp8sim", "tokens.npy");
+    Npy tk = npy_read(p);
+    fixture(p, sizeof p, "fp8sim", "logits64.npy");
+    Npy l64 = npy_read(p);
+    fixture(p, sizeof p, "fp8sim", "logits32.npy");
+    Npy l32 = npy_read(p);
+    double r64 = fp8sim_rel(backend_cpu64(), FP8_BLOCK, &tk, &l64), r32 = fp8sim_rel(backend_cpu(), FP8_BLOCK, &tk, &l32);
+    double off = fp8sim_rel(backend_cpu(), FP8_OFF, &tk, &l64);
+    printf("FP8 block vs the PyTorch simulation: fp64 %.2e, fp32 %.2e (unquantized vs it: %.2e, the FP8 error)\n", r64, r32, off);
+    ck_assert_msg(r64 <= 1e-6, "cpu64 FP8 block logits %.3g from the fp64 simulation (> 1e-6): an E4M3 code or scale differs", r64);
+    ck_assert_msg(r32 <= 1e-5, "cpu FP8 block logits %.3g from the fp32 simulation (> 1e-5)", r32);
+    ck_assert_msg(off > 1e-2, "the fixture does not exercise FP8: unquantized logits only %.3g away", off);
+    npy_free(&tk);
+    npy_free(&l64);
+    npy_free(&l32);
+}
+END_TEST
+
 // ---- gradients: fp64 finite differences --------------------------------------------
 
 // a small random model
@@ -794,6 +859,56 @@ START_TEST(test_generate_cli) {
 }
 END_TEST
 
+// A tokenizer.json of another checkpoint (ids up to 606 against vocab_size 320) is said at
+// load, in one line naming both, before any weight is read: not "token id out of range" later
+START_TEST(test_tokenizer_checkpoint_disagree) {
+    char dir[] = "/tmp/fp8grpo_tokXXXXXX", q[1024], t[1024], cmd[4096];
+    ck_assert(mkdtemp(dir));
+    fixture(q, sizeof q, "qwen3", "");
+    fixture(t, sizeof t, "tokenizer/gpt2", "tokenizer.json");
+    snprintf(cmd, sizeof cmd, "ln -s $PWD/%s/config.json $PWD/%s/model.safetensors %s/ && cp %s %s/", q, q, dir, t, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    const char *args[] = {"--prompt hello", "--tokens '1 2 3'", "--prompt hello --load_in_fp8 off --device cpu"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "./generate --model %s %s >/dev/null 2>%s/err.txt", dir, args[i], dir);
+        ck_assert_int_ne(system(cmd), 0);
+        snprintf(cmd, sizeof cmd, "%s/err.txt", dir);
+        char *e = read_file(cmd, NULL);
+        ck_assert_msg(strstr(e, "tokenizer.json has ids up to 606 but config.json's vocab_size is 320: the tokenizer and "
+                                "the checkpoint disagree") && !strncmp(e, "error: ", 7) && strchr(e, '\n') == e + strlen(e) - 1,
+                      "%s: stderr '%s'", args[i], e);
+        ck_assert_msg(!strstr(e, "backend"), "the check came after the backend and the weights: %s", e);
+        free(e);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+// Without a GPU the reason says so plainly: where the NVIDIA driver (libcuda.so.1) is not
+// installed, "no NVIDIA GPU/driver found", not CUDA's "driver version is insufficient for CUDA
+// runtime version" (what cudaGetDeviceCount reports then). A build without nvcc has the stub's
+// reason; a machine with a GPU has nothing to check.
+START_TEST(test_no_gpu_reason) {
+    char why[256] = "";
+    if (backend_cuda(why, sizeof why)) return;
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (h) {
+        dlclose(h);
+        return;  // a driver without a GPU, or another error: reported as CUDA gives it
+    }
+    printf("no GPU: %s\n", why);
+    ck_assert_msg(strstr(why, "no NVIDIA GPU/driver found: the NVIDIA driver's libcuda.so.1 is not installed") ||
+                      strstr(why, "this build has no CUDA backend"),
+                  "why: '%s'", why);
+    ck_assert_msg(!strstr(why, "insufficient"), "why: '%s'", why);
+    ck_assert_int_ne(system("./generate --model test/fixtures/qwen3 --tokens 1 --device cuda 2>/tmp/fp8grpo_gen_err.txt"), 0);
+    char *e = read_file("/tmp/fp8grpo_gen_err.txt", NULL);
+    ck_assert_msg(strstr(e, "error: --device cuda: ") && strstr(e, why) && strchr(e, '\n') == e + strlen(e) - 1, "stderr '%s'", e);
+    free(e);
+}
+END_TEST
+
 static Suite *model_suite(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("model");
@@ -809,6 +924,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_greedy_generation);
     tcase_add_test(tc, test_fp8_linear_matches_reference_gemm);
     tcase_add_test(tc, test_fp8_model_logits);
+    tcase_add_test(tc, test_fp8_block_matches_simulation);
     tcase_add_test(tc, test_gradients_qwen3);
     tcase_add_test(tc, test_gradients_qwen2);
     tcase_add_test(tc, test_gradients_llama);
@@ -817,6 +933,8 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_bad_safetensors);
     tcase_add_test(tc, test_bad_checkpoint);
     tcase_add_test(tc, test_generate_cli);
+    tcase_add_test(tc, test_tokenizer_checkpoint_disagree);
+    tcase_add_test(tc, test_no_gpu_reason);
     suite_add_tcase(s, tc);
     return s;
 }

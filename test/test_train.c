@@ -7,7 +7,9 @@
 // runs twice (out/run-1, out/run-2) and --resume continues the newest; the warm-up
 // checkpoint carries a tokenizer.json that reads back as the built-in vocabulary, and the
 // ./generate command a run prints at its end works and prints text. All runs share one
-// cached warm-up.
+// cached warm-up. A tokenizer of another checkpoint is said at load; --resume of a finished run
+// reports its figures and trains nothing; --save_total_limit keeps the newest checkpoints and
+// the one a run resumed from.
 #include <check.h>
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -91,6 +93,7 @@ START_TEST(test_bad_options) {
         {"--lr 0.1", "unknown option --lr (see --help)"},
         {"--fp8 row", "unknown option --fp8: did you mean --load_in_fp8?"},
         {"--resume --overwrite_output_dir", "contradict"},
+        {"--save_total_limit -1", "--save_total_limit: '-1' is not an integer >= 0"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char cmd[2048], err[2048], dir[1200];
@@ -253,6 +256,7 @@ START_TEST(test_help_lists_defaults) {
         {"max_completion_length", "8; 256 with --model"}, {"eval_size", "200; 100 with --model"},
         {"eval_steps", "25; 50 with --model"}, {"per_device_train_batch_size", "64"}, {"lora_r", "16"}, {"lora_alpha", "32"},
         {"temperature", "1"}, {"seed", "42"}, {"gpu_memory_utilization", "0.6"}, {"kv_cache_dtype", "auto"},
+        {"save_total_limit", "none, every checkpoint is kept"},
         // the GRPO options, defaults from grpo_config_default() through grpo_config_get
         {"num_generations", "8"}, {"beta", "0"}, {"epsilon", "0.2"}, {"epsilon_high", "none"}, {"loss_type", "dapo"},
         {"scale_rewards", "group"}, {"importance_sampling_level", "token"}, {"num_iterations", "1"},
@@ -441,6 +445,113 @@ START_TEST(test_default_runs_and_generate) {
 }
 END_TEST
 
+// A tokenizer.json whose ids do not fit the checkpoint's vocab_size: one line at load, before the
+// weights, the task's data or any step
+START_TEST(test_tokenizer_checkpoint_disagree) {
+    setup();
+    char dir[1200], model[1300], data[1300], cmd[8192], err[2048], q[1024], t[1024];
+    fresh_dir("tokmismatch", dir, sizeof dir);
+    snprintf(model, sizeof model, "%s/model", dir);
+    fixture_path(q, sizeof q, "qwen3");
+    fixture_path(t, sizeof t, "tokenizer/gpt2/tokenizer.json");
+    snprintf(data, sizeof data, "%s/data.jsonl", dir);
+    const char *text = "{\"prompt\": \"1+1?\", \"answer\": \"2\"}\n";
+    write_file_atomic(data, text, strlen(text));
+    snprintf(cmd, sizeof cmd, "mkdir %s && ln -s $PWD/%s/config.json $PWD/%s/model.safetensors %s/ && cp %s %s/", model, q, q, model, t,
+             model);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "./train_grpo --device cpu --model %s --data %s --output_dir %s/out", model, data, dir);
+    ck_assert_int_ne(run(cmd, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "tokenizer.json has ids up to 606 but config.json's vocab_size is 320: the tokenizer and the "
+                              "checkpoint disagree (use the tokenizer.json saved with this checkpoint)") &&
+                      !strncmp(err, "error: ", 7) && strchr(err, '\n') == err + strlen(err) - 1,
+                  "stderr '%s'", err);
+}
+END_TEST
+
+// the metrics.jsonl value of key at step (NAN when absent)
+static double metric_at(const char *dir, int step, const char *key) {
+    char *m = slurp(dir, "metrics.jsonl", NULL), *save = NULL;
+    double v = NAN;
+    for (char *line = strtok_r(m, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line), *s = cJSON_GetObjectItemCaseSensitive(j, "step"), *x = cJSON_GetObjectItemCaseSensitive(j, key);
+        if (cJSON_IsNumber(s) && s->valueint == step && cJSON_IsNumber(x)) v = x->valuedouble;
+        cJSON_Delete(j);
+    }
+    free(m);
+    return v;
+}
+
+// --resume of a run that reached --max_steps: nothing to train; it says so, reports the accuracy
+// before and after from metrics.jsonl (never "nan"), exits 0 and leaves the run as it was. Also
+// with a smaller --max_steps than the checkpoint's step.
+START_TEST(test_resume_finished_run) {
+    setup();
+    char dir[1200], cmd[4096], out[16384], err[2048], want[256];
+    fresh_dir("finished", dir, sizeof dir);
+    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 2 --output_dir %s", dir);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+    size_t n0, m0;
+    char *ckpt = slurp(dir, "checkpoint-2/adapter_model.safetensors", &n0), *metrics = slurp(dir, "metrics.jsonl", &m0);
+    double before = metric_at(dir, 0, "eval/accuracy"), after = metric_at(dir, 2, "eval/accuracy");
+    ck_assert(isfinite(before) && isfinite(after));
+    snprintf(want, sizeof want, "held-out accuracy: %.3f before GRPO -> %.3f after 2 steps\n", before, after);
+    for (int max_steps = 2; max_steps >= 1; max_steps--) {
+        snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps %d --resume --output_dir %s", max_steps, dir);
+        ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+        char said[128];
+        snprintf(said, sizeof said, "checkpoint-2 is at --max_steps %d: nothing left to do", max_steps);
+        ck_assert_msg(strstr(out, said) && strstr(out, want) && !strstr(out, "nan") && !strstr(out, "step    1/"),
+                      "--max_steps %d: stdout '%s', want '%s'", max_steps, out, want);
+        ck_assert_msg(strstr(out, "adapter: ") && strstr(out, "/checkpoint-2 (PEFT format)") && strstr(out, "--lora ") &&
+                          strstr(out, "/checkpoint-2 "),
+                      "%s", out);
+        size_t n1, m1;
+        char *c1 = slurp(dir, "checkpoint-2/adapter_model.safetensors", &n1), *mm = slurp(dir, "metrics.jsonl", &m1);
+        ck_assert(n1 == n0 && !memcmp(c1, ckpt, n0) && m1 == m0 && !memcmp(mm, metrics, m0));
+        free(c1);
+        free(mm);
+    }
+    free(ckpt);
+    free(metrics);
+}
+END_TEST
+
+// TRL's save_total_limit: the newest N checkpoints are kept, the older deleted once the new one is
+// complete, nothing half-deleted left behind; a resumed run never deletes the checkpoint it
+// continued from. Without the option every checkpoint stays (the other tests).
+START_TEST(test_save_total_limit) {
+    setup();
+    char dir[1200], cmd[4096], out[16384], err[2048], p[1400];
+    fresh_dir("limit", dir, sizeof dir);
+    snprintf(cmd, sizeof cmd, "./train_grpo --device cpu --eval_size 20 --max_steps 4 --save_steps 1 --save_total_limit 2 --output_dir %s",
+             dir);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    int kept[] = {0, 0, 0, 1, 1, 0, 0};
+    for (int k = 1; k <= 6; k++) {
+        snprintf(p, sizeof p, "%s/checkpoint-%d", dir, k);
+        ck_assert_msg(path_exists(p) == kept[k], "checkpoint-%d %s", k, kept[k] ? "deleted" : "kept");
+    }
+    ck_assert_msg(strstr(out, "/checkpoint-1 (--save_total_limit 2)") && strstr(out, "/checkpoint-2 (--save_total_limit 2)"),
+                  "%s", out);
+    // resumed from checkpoint-4 with a limit of 1: checkpoint-4 stays, each newer one replaces the last
+    snprintf(cmd, sizeof cmd,
+             "./train_grpo --device cpu --eval_size 20 --max_steps 6 --save_steps 1 --save_total_limit 1 --resume --output_dir %s", dir);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+    int kept2[] = {0, 0, 0, 0, 1, 0, 1};
+    for (int k = 1; k <= 6; k++) {
+        snprintf(p, sizeof p, "%s/checkpoint-%d", dir, k);
+        ck_assert_msg(path_exists(p) == kept2[k], "after the resume: checkpoint-%d %s", k, kept2[k] ? "deleted" : "kept");
+    }
+    snprintf(cmd, sizeof cmd, "ls -A %s | grep -v -x -e checkpoint-4 -e checkpoint-6 -e metrics.jsonl -e plot.svg -e warmup", dir);
+    ck_assert_msg(run_out(cmd, out, sizeof out, NULL, 0) != 0, "left behind: %s", out);
+    // and the last one is whole: the adapter loads
+    snprintf(cmd, sizeof cmd, "./generate --device cpu --model %s/warmup --lora %s/checkpoint-6 --prompt '1+2=' --max_new_tokens 4", dir,
+             dir);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+}
+END_TEST
+
 static Suite *train_suite(void) {
     Suite *s = suite_create("train");
     TCase *tc = tcase_create("train");
@@ -455,6 +566,9 @@ static Suite *train_suite(void) {
     tcase_add_test(tc, test_checkpoint_never_overwritten);
     tcase_add_test(tc, test_resume_bit_exact);
     tcase_add_test(tc, test_grpo_learns);
+    tcase_add_test(tc, test_tokenizer_checkpoint_disagree);
+    tcase_add_test(tc, test_resume_finished_run);
+    tcase_add_test(tc, test_save_total_limit);
     suite_add_tcase(s, tc);
     return s;
 }
