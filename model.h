@@ -165,6 +165,9 @@ typedef struct {
                            // (comparisons, debugging)
     int kv_fp8;            // the KV caches this model allocates hold FP8 E4M3 (--kv_cache_dtype fp8)
     Arena arena;
+    FP8Train **fp8_train;  // (n_fp8_train) the linear weights trained in FP8 (model_fp8_train), or NULL
+    int n_fp8_train;
+    long fp8_overflows;    // delayed scaling: tensors whose amax was inf/NaN at a step, so far
 } Model;
 
 // ---- config and weights (model_load.c) ----
@@ -183,6 +186,13 @@ void model_init_random(Model *m, const Config *cfg, const Backend *be, const Mod
 // dense weights only (a model loaded with FP8 is dequantized)
 void model_save_hf(const Model *m, const char *dir, DType dt);
 void model_free(Model *m);
+// FP8 training (--fp8_recipe): the dense projections (q, k, v, o, gate, up, down) of every layer
+// but the --bf16_first_layers / --bf16_last_layers run their three products as FP8 GEMMs under
+// recipe r from now on (fp8_train.cu says which tensors are FP8). Dies in one line where the
+// backend (the CPU's) or the GPU (no FP8 tensor cores) cannot, naming BF16 as the way on.
+void model_fp8_train(Model *m, const FP8Recipe *r);
+// after each optimizer step that changed the weights (full_step calls it): re-quantize, roll the histories
+void model_fp8_train_step(Model *m);
 void model_free_scratch(Model *m);  // the activation arena and decode scratch (weights stay)
 // turn the time-shared arena on with this budget (bytes); see Arena
 void model_arena_init(Model *m, size_t cap);

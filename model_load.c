@@ -682,8 +682,31 @@ void model_free(Model *m) {
     if (m->grads) be->free(m->grads);
     free(m->gw.layers);
     if (m->inv_freq) be->free(m->inv_freq);
+    for (int i = 0; i < m->n_fp8_train; i++) be->fp8_train_free(m->fp8_train[i]);
+    free(m->fp8_train);
     model_free_scratch(m);
     memset(m, 0, sizeof *m);
+}
+
+void model_fp8_train(Model *m, const FP8Recipe *r) {
+    const Backend *be = m->be;
+    if (!be->fp8_train_new)
+        die("FP8 training (--fp8_recipe) runs on the GPU (the %s backend has no FP8 GEMMs): use --device cuda, or "
+            "--fp8_recipe off to train in BF16", be->name);
+    int L = m->cfg.L, first = m->opt.bf16_first, last = m->opt.bf16_last;
+    m->fp8_train = (FP8Train **)callocCheck((size_t)L * LIN_COUNT, sizeof(FP8Train *));
+    for (int l = first; l < L - last; l++)
+        for (int i = 0; i < LIN_COUNT; i++) {
+            QWeight *w = &m->w.layers[l].lin[i];
+            if (w->gran != FP8_OFF) die("FP8 training updates the weights, and layer %d's are FP8 (frozen): load with --load_in_fp8 off", l);
+            char why[256];
+            if (!(w->train = be->fp8_train_new(w, r, why, sizeof why))) die("--fp8_recipe: %s: use --fp8_recipe off to train in BF16", why);
+            m->fp8_train[m->n_fp8_train++] = w->train;
+        }
+}
+
+void model_fp8_train_step(Model *m) {
+    if (m->n_fp8_train) m->be->fp8_train_step(m->fp8_train, m->n_fp8_train, &m->fp8_overflows);
 }
 
 // ----------------------------------------------------------------------------

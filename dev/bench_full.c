@@ -1,0 +1,155 @@
+// dev/bench_full.c: the full fine-tuning step on the CUDA backend, BF16 against the FP8 training
+// recipes (fp8_train.cu), on Llama-3.2-shaped random models. One step = model_forward +
+// model_logprobs + model_backward (next-token loss over every token) + full_step (clip, AdamW on
+// the fp32 masters, the bf16 weights rounded from them, FP8: re-quantized at the next forward) +
+// zeroing the gradients; timed CUDA-synchronized, the median of several steps after warm-up.
+// Peak memory: the most the run held on the GPU (the backend's mem_in_use peak); each recipe runs
+// in a child process of its own, so that each starts from an empty GPU and its peak is its own.
+//
+//   make bench-full && ./build/bench_full --model 1b --recipe off,delayed,current,block --batch 8 --seq 2048
+//   ./build/bench_full --model 3b --recipe off,block --batch 4 --seq 2048 --recompute
+// Prints one table last: tokens/s, the ratio to BF16 (the first "off" row), peak GiB, the loss.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "full.h"
+#include "model.h"
+
+// "1b": Llama-3.2-1B (hidden 2048, 16 layers, 32/8 heads x 64, FF 8192, tied, vocab 128256);
+// "3b": Llama-3.2-3B (hidden 3072, 28 layers, 24/8 heads x 128, FF 8192, tied)
+static Config llama32_shape(const char *size) {
+    Config c;
+    memset(&c, 0, sizeof c);
+    c.arch = ARCH_LLAMA;
+    c.V = 128256, c.KVH = 8, c.max_pos = 131072, c.eps = 1e-5f, c.rope_theta = 500000.0f, c.tied = 1;
+    c.bos_id = 128000, c.eos_ids[0] = 128001, c.n_eos = 1;
+    if (!strcmp(size, "1b")) c.C = 2048, c.FF = 8192, c.L = 16, c.NH = 32, c.HD = 64;
+    else if (!strcmp(size, "3b")) c.C = 3072, c.FF = 8192, c.L = 28, c.NH = 24, c.HD = 128;
+    else die("--model must be 1b or 3b, got '%s'", size);
+    return c;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct {
+    char recipe[16];
+    double step_ms, tok_s, peak_gib, loss;
+    long overflows;
+} Result;
+
+static Result run(const char *size, const char *recipe, int B, int T, int steps, int warmup, int recompute) {
+    const Backend *be = backend_select("cuda", 0);
+    Config cfg = llama32_shape(size);
+    Result res;
+    memset(&res, 0, sizeof res);
+    snprintf(res.recipe, sizeof res.recipe, "%s", recipe);
+    ModelOptions opt;
+    memset(&opt, 0, sizeof opt);
+    opt.gran = FP8_OFF;
+    Model m;
+    model_init_random(&m, &cfg, be, &opt, 1234);
+    m.recompute = recompute;
+    if (strcmp(recipe, "off")) {
+        FP8Recipe r = fp8_recipe_default();
+        int k = fp8_recipe_parse(recipe);
+        if (k < 0) die("--recipe: unknown '%s' (off, delayed, current, block)", recipe);
+        r.kind = (FP8RecipeKind)k;
+        model_fp8_train(&m, &r);
+    }
+    FullTrainer ft;
+    full_init(&ft, &m);
+    int N = B * T;
+    int *ids = (int *)mallocCheck(N * sizeof(int)), *tg = (int *)mallocCheck(N * sizeof(int));
+    double *dl = (double *)mallocCheck(N * sizeof(double)), *logp = (double *)mallocCheck(N * sizeof(double));
+    Rng rng = rng_make(5);
+    for (int i = 0; i < N; i++) ids[i] = rng_int(&rng, 128000);
+    for (int i = 0; i < N; i++) tg[i] = (i % T == T - 1) ? -1 : ids[i + 1];
+    for (int i = 0; i < N; i++) dl[i] = tg[i] < 0 ? 0 : -1.0 / N;  // the mean next-token NLL's gradient
+    double *ms = (double *)mallocCheck((steps + warmup) * sizeof(double));
+    for (int s = 0; s < warmup + steps; s++) {
+        be->sync();
+        double a = now_sec();
+        model_forward(&m, ids, B, T);
+        model_logprobs(&m, tg, 1.0f, logp);
+        model_backward(&m, dl);
+        full_step(&ft, &m, 1e-5f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0);
+        model_zero_grads(&m);
+        be->sync();
+        ms[s] = (now_sec() - a) * 1e3;
+        double loss = 0;
+        for (int i = 0; i < N; i++) loss -= tg[i] < 0 ? 0 : logp[i];
+        res.loss = loss / (N - B);
+        fprintf(stderr, "  %s %s step %d: %.1f ms, loss %.4f%s\n", size, recipe, s, ms[s], res.loss, s < warmup ? " (warm-up)" : "");
+    }
+    qsort(ms + warmup, steps, sizeof(double), cmp_d);
+    res.step_ms = ms[warmup + steps / 2];
+    res.tok_s = N / (res.step_ms * 1e-3);
+    size_t peak = 0;
+    be->mem_in_use(&peak);
+    res.peak_gib = peak / 1073741824.0;
+    res.overflows = m.fp8_overflows;
+    full_free(&ft);
+    model_free(&m);
+    free(ids), free(tg), free(dl), free(logp), free(ms);
+    return res;
+}
+
+int main(int argc, char **argv) {
+    const char *size = "1b", *recipes = "off,delayed,current,block";
+    int B = 4, T = 2048, steps = 5, warmup = 2, recompute = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--model") && i + 1 < argc) size = argv[++i];
+        else if (!strcmp(argv[i], "--recipe") && i + 1 < argc) recipes = argv[++i];
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) B = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seq") && i + 1 < argc) T = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--recompute")) recompute = 1;
+        else die("usage: bench_full [--model 1b|3b] [--recipe off,delayed,current,block] [--batch B] [--seq T] [--steps n] "
+                 "[--warmup n] [--recompute]");
+    }
+    if (B < 1 || T < 2 || steps < 1 || warmup < 0) die("bad --batch/--seq/--steps/--warmup");
+    Result res[8];
+    int n = 0;
+    char list[256];
+    snprintf(list, sizeof list, "%s", recipes);
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && n < 8; tok = strtok_r(NULL, ",", &save))
+    {  // in a child: the parent never touches the GPU
+        int fd[2];
+        if (pipe(fd) != 0) die("pipe failed");
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(fd[0]);
+            Result r = run(size, tok, B, T, steps, warmup, recompute);
+            if (write(fd[1], &r, sizeof r) != (ssize_t)sizeof r) _exit(1);
+            _exit(0);
+        }
+        close(fd[1]);
+        int st = 0;
+        ssize_t got = read(fd[0], &res[n], sizeof res[n]);
+        close(fd[0]);
+        waitpid(pid, &st, 0);
+        if (got != (ssize_t)sizeof res[n] || !WIFEXITED(st) || WEXITSTATUS(st)) die("the %s run failed (above)", tok);
+        n++;
+    }
+    printf("\nfull fine-tuning step, Llama-3.2-%s shape, %d x %d tokens%s, AdamW on fp32 masters\n\n", size, B, T,
+           recompute ? ", recompute" : "");
+    printf("| recipe | step ms | tokens/s | vs BF16 | peak GiB | loss after %d steps | amax overflows |\n", steps + warmup);
+    printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+    double base = 0;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(res[i].recipe, "off")) { base = res[i].tok_s; break; }
+    for (int i = 0; i < n; i++)
+        printf("| %s | %.1f | %.0f | %s%.3f | %.2f | %.4f | %ld |\n", strcmp(res[i].recipe, "off") ? res[i].recipe : "off (BF16)",
+               res[i].step_ms, res[i].tok_s, base > 0 ? "" : "n/a ", base > 0 ? res[i].tok_s / base : 0.0, res[i].peak_gib,
+               res[i].loss, res[i].overflows);
+    return 0;
+}
