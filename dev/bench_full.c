@@ -8,6 +8,7 @@
 //
 //   make bench-full && ./build/bench_full --model 1b --recipe off,delayed,current,block --batch 8 --seq 2048
 //   ./build/bench_full --model 3b --recipe off,block --batch 4 --seq 2048 --recompute
+// With --profile, one more step per recipe with every backend op timed (dev/op_profile.h).
 // Prints one table last: tokens/s, the ratio to BF16 (the first "off" row), peak GiB, the loss.
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 
 #include "full.h"
 #include "model.h"
+#include "op_profile.h"
 
 // "1b": Llama-3.2-1B (hidden 2048, 16 layers, 32/8 heads x 64, FF 8192, tied, vocab 128256);
 // "3b": Llama-3.2-3B (hidden 3072, 28 layers, 24/8 heads x 128, FF 8192, tied)
@@ -43,6 +45,17 @@ typedef struct {
     double step_ms, tok_s, peak_gib, loss;
     long overflows;
 } Result;
+
+static int profile;
+
+// one step: forward, logprobs, backward, optimizer
+static void one_step(Model *m, FullTrainer *ft, const int *ids, const int *tg, const double *dl, double *logp, int B, int T) {
+    model_forward(m, ids, B, T);
+    model_logprobs(m, tg, 1.0f, logp);
+    model_backward(m, dl);
+    full_step(ft, m, 1e-5f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0);
+    model_zero_grads(m);
+}
 
 static Result run(const char *size, const char *recipe, int B, int T, int steps, int warmup, int recompute) {
     const Backend *be = backend_select("cuda", 0);
@@ -76,11 +89,7 @@ static Result run(const char *size, const char *recipe, int B, int T, int steps,
     for (int s = 0; s < warmup + steps; s++) {
         be->sync();
         double a = now_sec();
-        model_forward(&m, ids, B, T);
-        model_logprobs(&m, tg, 1.0f, logp);
-        model_backward(&m, dl);
-        full_step(&ft, &m, 1e-5f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0);
-        model_zero_grads(&m);
+        one_step(&m, &ft, ids, tg, dl, logp, B, T);
         be->sync();
         ms[s] = (now_sec() - a) * 1e3;
         double loss = 0;
@@ -95,6 +104,20 @@ static Result run(const char *size, const char *recipe, int B, int T, int steps,
     be->mem_in_use(&peak);
     res.peak_gib = peak / 1073741824.0;
     res.overflows = m.fp8_overflows;
+    if (profile) {
+        Backend W;
+        prof_install(be, &W);
+        m.be = &W;
+        ft.be = &W;
+        double a = now_sec();
+        one_step(&m, &ft, ids, tg, dl, logp, B, T);
+        be->sync();
+        char title[128];
+        snprintf(title, sizeof title, "one full fine-tuning step, Llama-3.2-%s shape, recipe %s", size, recipe);
+        prof_report(stdout, title, (now_sec() - a) * 1e3, 0);
+        m.be = be;
+        ft.be = be;
+    }
     full_free(&ft);
     model_free(&m);
     free(ids), free(tg), free(dl), free(logp), free(ms);
@@ -112,8 +135,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--recompute")) recompute = 1;
+        else if (!strcmp(argv[i], "--profile")) profile = 1;
         else die("usage: bench_full [--model 1b|3b] [--recipe off,delayed,current,block] [--batch B] [--seq T] [--steps n] "
-                 "[--warmup n] [--recompute]");
+                 "[--warmup n] [--recompute] [--profile]");
     }
     if (B < 1 || T < 2 || steps < 1 || warmup < 0) die("bad --batch/--seq/--steps/--warmup");
     Result res[8];
@@ -129,6 +153,7 @@ int main(int argc, char **argv) {
         if (pid == 0) {
             close(fd[0]);
             Result r = run(size, tok, B, T, steps, warmup, recompute);
+            fflush(stdout);
             if (write(fd[1], &r, sizeof r) != (ssize_t)sizeof r) _exit(1);
             _exit(0);
         }
