@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fp8.h"
 #include "lora.h"
 #include "model.h"
 #include "safetensors.h"
@@ -85,18 +86,16 @@ typedef struct {
     int has_ad;
 } Inputs;
 
-static void inputs_open(Inputs *in, const char *model_rel, const char *lora_rel) {
-    char p[1024];
+// model and lora: directories (lora NULL: none)
+static void inputs_open(Inputs *in, const char *model, const char *lora) {
     memset(in, 0, sizeof *in);
-    fixture_path(p, sizeof p, model_rel);
-    st_open_dir(&in->base, p);
-    if (!lora_rel) return;
+    st_open_dir(&in->base, model);
+    if (!lora) return;
     in->has_ad = 1;
     char q[1100];
-    fixture_path(p, sizeof p, lora_rel);
-    snprintf(q, sizeof q, "%s/adapter_model.safetensors", p);
+    snprintf(q, sizeof q, "%s/adapter_model.safetensors", lora);
     st_open(&in->ad, q);
-    snprintf(q, sizeof q, "%s/adapter_config.json", p);
+    snprintf(q, sizeof q, "%s/adapter_config.json", lora);
     char *text = read_file(q, NULL);
     cJSON *r = cJSON_Parse(text);
     in->scale = cJSON_GetObjectItem(r, "lora_alpha")->valuedouble / cJSON_GetObjectItem(r, "r")->valuedouble;
@@ -242,7 +241,7 @@ START_TEST(test_bf16_merge) {
     snprintf(args, sizeof args, "--model %s --lora %s --output_dir %s", model, lora, out);
     ck_assert_int_eq(run_export(args, NULL), 0);
     Inputs in;
-    inputs_open(&in, "qwen3", "peft/qwen3_lora");
+    inputs_open(&in, model, lora);
     ck_assert(fabs(in.scale - 2.0) == 0);
     check_bf16_tensors(&in, out);
     inputs_close(&in);
@@ -270,9 +269,80 @@ START_TEST(test_bf16_merge) {
 }
 END_TEST
 
+// Rounded once: a merged value just above (below) a BF16 midpoint goes up (down). The base's layer-0
+// q_proj is all 1 + 2^-8 (F32), a midpoint between the BF16 neighbours 1 and 1 + 2^-7; an adapter of
+// rank 1 on q_proj adds +-2^-30 by row. Rounded to fp32 first, 1 + 2^-8 +- 2^-30 would be the midpoint
+// itself, and ties to even would give 1 for both signs.
+START_TEST(test_bf16_rounded_once) {
+    char base[128], ad[128], p[1200], model[1024];
+    fixture_path(model, sizeof model, "qwen3");
+    snprintf(base, sizeof base, "%s/base", tmp);
+    snprintf(ad, sizeof ad, "%s/adapter", tmp);
+    mkdir(base, 0755);
+    mkdir(ad, 0755);
+    SafeTensors st;
+    st_open_dir(&st, model);
+    STWrite *w = (STWrite *)callocCheck(st.n, sizeof(STWrite));
+    float *q = NULL;
+    for (int i = 0; i < st.n; i++) {
+        const STensor *t = &st.t[i];
+        w[i] = (STWrite){t->name, t->dtype, t->ndim, {t->shape[0], t->shape[1]}, t->data};
+        if (!strcmp(t->name, "model.layers.0.self_attn.q_proj.weight")) {
+            q = (float *)mallocCheck(t->numel * sizeof(float));
+            for (int64_t k = 0; k < t->numel; k++) q[k] = 1.0f + 0x1p-8f;
+            w[i].dtype = DT_F32;
+            w[i].data = q;
+        }
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", base);
+    st_write(p, w, st.n, NULL);
+    snprintf(p, sizeof p, "cp %s/config.json %s/", model, base);
+    ck_assert_int_eq(system(p), 0);
+    int rows = 128, cols = 64, L = 2;  // qwen3: q (NH x HD = 128, C = 64)
+    STWrite a[4];
+    char names[4][128];
+    float *A = (float *)mallocCheck(cols * sizeof(float)), *B = (float *)mallocCheck(rows * sizeof(float));
+    for (int c = 0; c < cols; c++) A[c] = 0x1p-15f;
+    for (int r = 0; r < rows; r++) B[r] = r % 2 ? -0x1p-15f : 0x1p-15f;
+    for (int l = 0; l < L; l++) {
+        snprintf(names[2 * l], 128, "base_model.model.model.layers.%d.self_attn.q_proj.lora_A.weight", l);
+        snprintf(names[2 * l + 1], 128, "base_model.model.model.layers.%d.self_attn.q_proj.lora_B.weight", l);
+        a[2 * l] = (STWrite){names[2 * l], DT_F32, 2, {1, cols}, A};
+        a[2 * l + 1] = (STWrite){names[2 * l + 1], DT_F32, 2, {rows, 1}, B};
+    }
+    snprintf(p, sizeof p, "%s/adapter_model.safetensors", ad);
+    st_write(p, a, 4, NULL);
+    snprintf(p, sizeof p, "%s/adapter_config.json", ad);
+    const char *cfg = "{\"peft_type\": \"LORA\", \"r\": 1, \"lora_alpha\": 1, \"target_modules\": [\"q_proj\"]}";
+    write_file_atomic(p, cfg, strlen(cfg));
+    st_close(&st);
+    free(q);
+    free(w);
+    free(A);
+    free(B);
+
+    char args[4096], out[128];
+    snprintf(out, sizeof out, "%s/merged", tmp);
+    snprintf(args, sizeof args, "--model %s --lora %s --output_dir %s", base, ad, out);
+    ck_assert_int_eq(run_export(args, NULL), 0);
+    SafeTensors o;
+    st_open_dir(&o, out);
+    const uint16_t *m = (const uint16_t *)st_find(&o, "model.layers.0.self_attn.q_proj.weight")->data;
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            ck_assert_msg(m[r * cols + c] == (r % 2 ? 0x3F80 : 0x3F81), "(%d, %d): 0x%04x", r, c, m[r * cols + c]);
+    st_close(&o);
+    Inputs in;  // and every other tensor, as the merge rounded once
+    inputs_open(&in, base, ad);
+    check_bf16_tensors(&in, out);
+    inputs_close(&in);
+}
+END_TEST
+
 // The FP8 export, loaded back, is --load_in_fp8 block of the merged weights, bit for bit: the same codes
 // and scales, the same BF16-rounded rest, the same logits. qwen3 + adapter (tied,
-// q/k-norm, 160-wide MLP: edge blocks) and qwen2 alone (biases, untied: a conversion).
+// q/k-norm, 160-wide MLP: edge blocks) and qwen2 alone (biases, untied: a conversion); then the
+// FP8 export converted back to BF16.
 START_TEST(test_fp8_equals_load_in_fp8_block) {
     const char *models[2] = {"qwen3", "qwen2"}, *loras[2] = {"peft/qwen3_lora", NULL};
     for (int k = 0; k < 2; k++) {
@@ -284,7 +354,7 @@ START_TEST(test_fp8_equals_load_in_fp8_block) {
         snprintf(args, sizeof args, "--model %s %s %s --output_dir %s --dtype fp8", model, loras[k] ? "--lora" : "", lora, out);
         ck_assert_int_eq(run_export(args, NULL), 0);
         Inputs in;
-        inputs_open(&in, models[k], loras[k]);
+        inputs_open(&in, model, loras[k] ? lora : NULL);
         write_merged_f32(&in, models[k], ref_dir);
         // the file: projections E4M3 with F32 (ceil(N/128), ceil(K/128)) scales, the rest BF16
         SafeTensors st;
@@ -328,6 +398,39 @@ START_TEST(test_fp8_equals_load_in_fp8_block) {
     ck_assert(cJSON_GetArraySize(bs) == 2 && cJSON_GetArrayItem(bs, 0)->valuedouble == 128 && cJSON_GetArrayItem(bs, 1)->valuedouble == 128);
     ck_assert_str_eq(cJSON_GetObjectItem(r, "torch_dtype")->valuestring, "bfloat16");
     cJSON_Delete(r);
+    free(text);
+
+    // and back: an FP8 checkpoint as --model converts to BF16, each projection its codes times their
+    // block's scale (the fp32 product the loader makes) rounded to BF16, the quantization_config gone
+    char args[4096], in_dir[128], out[128];
+    snprintf(in_dir, sizeof in_dir, "%s/qwen3-fp8", tmp);
+    snprintf(out, sizeof out, "%s/qwen3-back", tmp);
+    snprintf(args, sizeof args, "--model %s --output_dir %s", in_dir, out);
+    ck_assert_int_eq(run_export(args, NULL), 0);
+    SafeTensors a, b;
+    st_open_dir(&a, in_dir);
+    st_open_dir(&b, out);
+    long diff = 0;
+    for (int i = 0; i < b.n; i++) {
+        const STensor *o = &b.t[i], *q = st_find(&a, o->name);
+        ck_assert(o->dtype == DT_BF16 && q);
+        if (q->dtype != DT_E4M3) continue;
+        char sn[300];
+        snprintf(sn, sizeof sn, "%s_scale_inv", o->name);
+        const float *sc = (const float *)st_find(&a, sn)->data;
+        int rows = (int)q->shape[0], cols = (int)q->shape[1], bc = (cols + 127) / 128;
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) {
+                float v = fp8_e4m3_decode(((const uint8_t *)q->data)[(size_t)r * cols + c]) * sc[(r / 128) * bc + c / 128];
+                diff += ((const uint16_t *)o->data)[(size_t)r * cols + c] != bf16_nearest(v);
+            }
+    }
+    ck_assert_msg(diff == 0, "%ld values differ", diff);
+    st_close(&a);
+    st_close(&b);
+    snprintf(args, sizeof args, "%s/config.json", out);
+    text = read_file(args, NULL);
+    ck_assert_msg(!strstr(text, "quantization_config"), "%s", text);
     free(text);
 }
 END_TEST
@@ -524,6 +627,7 @@ Suite *export_suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_bf16_merge);
+    tcase_add_test(tc, test_bf16_rounded_once);
     tcase_add_test(tc, test_fp8_equals_load_in_fp8_block);
     tcase_add_test(tc, test_shards_and_tokenizer_files);
     tcase_add_test(tc, test_atomic);
