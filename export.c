@@ -25,7 +25,6 @@
 #include <limits.h>
 #include <math.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <cjson/cJSON.h>
 
 #include "lora.h"
@@ -179,7 +178,7 @@ typedef struct {
     int shard;
 } OutTensor;
 
-static int plan_tensors(const Model *m, const HFTensor *h, int nh, int fp8, OutTensor *out) {
+static int plan_tensors(const HFTensor *h, int nh, int fp8, OutTensor *out) {
     int n = 0;
     for (int i = 0; i < nh; i++) {
         OutTensor t = {&h[i], 0, "", DT_BF16, {h[i].rows, h[i].cols}, h[i].cols ? 2 : 1, 0, 0};
@@ -232,9 +231,13 @@ static void *tensor_bytes(const Model *m, const OutTensor *t, float **scales_out
         *scales_out = NULL;
         return s;
     }
+    if (!h->lin) {  // embeddings, norms, biases: fp32 as loaded, rounded to BF16
+        uint16_t *b = (uint16_t *)mallocCheck(n * 2);
+        for (size_t i = 0; i < n; i++) b[i] = f32_to_bf16(((const float *)h->dense)[i]);
+        return b;
+    }
     double *x = (double *)mallocCheck(n * sizeof(double));
-    if (h->lin) merge_linear(x, m, h->layer, h->which);
-    else for (size_t i = 0; i < n; i++) x[i] = ((const float *)h->dense)[i];
+    merge_linear(x, m, h->layer, h->which);
     void *out;
     if (t->dtype == DT_E4M3) {
         float *f = (float *)mallocCheck(n * sizeof(float));
@@ -243,11 +246,11 @@ static void *tensor_bytes(const Model *m, const OutTensor *t, float **scales_out
         fp8_tensor_alloc_cpu(&q, (int)h->rows, (int)h->cols, FP8_BLOCK, FP8_E4M3, FP8_BLOCK_SIZE);
         fp8_quantize_cpu(&q, f, 0);
         // fp8.h pads each row of block scales to a multiple of 4 (cuBLASLt's layout); HF's has no padding
-        int br = (q.rows + FP8_BLOCK_SIZE - 1) / FP8_BLOCK_SIZE, bc = (q.cols + FP8_BLOCK_SIZE - 1) / FP8_BLOCK_SIZE, ld = fp8_scale_ld(FP8_BLOCK, q.rows, q.cols, FP8_BLOCK_SIZE);
+        int br = (q.rows + FP8_BLOCK_SIZE - 1) / FP8_BLOCK_SIZE, bc = (q.cols + FP8_BLOCK_SIZE - 1) / FP8_BLOCK_SIZE;
+        int ld = fp8_scale_ld(FP8_BLOCK, q.rows, q.cols, FP8_BLOCK_SIZE);
         float *s = (float *)mallocCheck((size_t)br * bc * sizeof(float));
         for (int r = 0; r < br; r++) memcpy(s + (size_t)r * bc, q.scale + (size_t)r * ld, bc * sizeof(float));
-        out = q.data;
-        q.data = NULL;
+        out = q.data;  // the codes, (rows, cols) row-major as HF stores them
         free(q.scale);
         free(f);
         *scales_out = s;
@@ -401,9 +404,9 @@ int main(int argc, char **argv) {
     int nh = model_hf_tensors(&m, NULL);
     HFTensor *h = (HFTensor *)mallocCheck(nh * sizeof(HFTensor));
     model_hf_tensors(&m, h);
-    int n = plan_tensors(&m, h, nh, fp8, NULL);
+    int n = plan_tensors(h, nh, fp8, NULL);
     OutTensor *t = (OutTensor *)mallocCheck(n * sizeof(OutTensor));
-    plan_tensors(&m, h, nh, fp8, t);
+    plan_tensors(h, nh, fp8, t);
     int nshards = plan_shards(t, n, max_shard);
 
     int k = snprintf(tmp_dir, sizeof tmp_dir, "%s.tmp-XXXXXX", o.output_dir);
