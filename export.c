@@ -18,7 +18,8 @@
 // model.safetensors.index.json, as transformers' save_pretrained shards them. The tokenizer files
 // are copied. Everything is written into OUTPUT_DIR.tmp-XXXXXX and renamed to OUTPUT_DIR at the end;
 // a failure removes the temporary directory, so OUTPUT_DIR is either complete or absent (or, with
-// --overwrite, the previous one untouched).
+// --overwrite, the previous one untouched). A process killed outright leaves OUTPUT_DIR.tmp-XXXXXX
+// behind, never a partial OUTPUT_DIR.
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
@@ -108,6 +109,11 @@ static void parse_options(int argc, char **argv, ExportOpts *o) {
     options_parse(&t, argc, argv);
     if (!o->model) die("--model DIR is required (see --help)");
     if (!o->output_dir) die("--output_dir DIR is required (see --help)");
+    static char out[PATH_MAX];  // without trailing '/': DIR.tmp-XXXXXX must lie beside DIR, not in it
+    int k = snprintf(out, sizeof out, "%s", o->output_dir);
+    if (k < 0 || (size_t)k >= sizeof out - 16) die("--output_dir: path too long");
+    while (k > 1 && out[k - 1] == '/') out[--k] = 0;
+    o->output_dir = out;
     parse_size(o->max_shard_size);
     check_output(o);
 }
@@ -409,9 +415,7 @@ int main(int argc, char **argv) {
     plan_tensors(h, nh, fp8, t);
     int nshards = plan_shards(t, n, max_shard);
 
-    int k = snprintf(tmp_dir, sizeof tmp_dir, "%s.tmp-XXXXXX", o.output_dir);
-    if (k < 0 || (size_t)k >= sizeof tmp_dir) die("--output_dir: path too long");
-    while (k > 1 && tmp_dir[k - 1] == '/') tmp_dir[--k] = 0;
+    snprintf(tmp_dir, sizeof tmp_dir, "%s.tmp-XXXXXX", o.output_dir);
     if (!mkdtemp(tmp_dir)) {
         int e = errno;
         tmp_dir[0] = 0;
