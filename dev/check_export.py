@@ -121,7 +121,7 @@ def dequantized_fp8_model(d):
     cfg = AutoConfig.from_pretrained(d)
     if hasattr(cfg, "quantization_config"):
         delattr(cfg, "quantization_config")
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(cfg).to(torch.float32)
     missing, unexpected = model.load_state_dict(out, strict=False)
     assert not unexpected and all("lm_head" in m for m in missing), (missing, unexpected)
     if missing:
