@@ -2,7 +2,7 @@
 //
 //   ./export --model BASE --lora out/run-1/checkpoint-150 --output_dir merged --dtype bf16
 //   ./export --model BASE --lora ADAPTER --output_dir merged-fp8 --dtype fp8
-//   ./export --model out/full-run --output_dir converted --dtype fp8      (a full fine-tune: conversion)
+//   ./export --model FULL_FINETUNE --output_dir converted --dtype fp8   (no adapter: a conversion)
 //   ./export --help
 //
 // The base (BF16, F16, F32, or FP8 block with weight_scale_inv) is read on the CPU backend with every
