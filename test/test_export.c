@@ -616,6 +616,14 @@ START_TEST(test_bad_inputs) {
     FAIL("cannot create a directory beside it", "--model %s --output_dir %s/no/such/parent", m, o);
     FAIL("tokenizer.json: not a regular file", "--model %s --output_dir %s", badtok, o);
 #undef FAIL
+    // --help: every option with its default, exit 0
+    FILE *f = popen("./export --help", "r");
+    char help[4096] = "";
+    size_t hn = fread(help, 1, sizeof help - 1, f);
+    help[hn] = 0;
+    ck_assert_int_eq(pclose(f), 0);
+    ck_assert_msg(strstr(help, "--dtype bf16|fp8") && strstr(help, "(default: bf16)") && strstr(help, "(default: 5GB)") &&
+                      strstr(help, "--overwrite") && strstr(help, "--lora DIR"), "%s", help);
     // the directories given as outputs are as they were
     snprintf(a, sizeof a, "test \"$(ls %s)\" = keep && test -d %s/tokenizer.json", full, badtok);
     ck_assert_int_eq(system(a), 0);
