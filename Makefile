@@ -1,6 +1,6 @@
 # Makefile for fp8-grpo.
 #
-#   make              build ./train_grpo and ./generate (CPU backend always; CUDA
+#   make              build ./train_grpo, ./generate and ./export (CPU backend always; CUDA
 #                     backend too when nvcc is found), on every core
 #   make test         build and run the CPU test suites (Check); non-zero on any failure
 #   make test-gpu     build and run the GPU test suites (needs a CUDA GPU)
@@ -136,7 +136,7 @@ ifeq ($(filter backend_cuda.cu,$(LIB_CU)),)
 LIB_OBJ += $(BUILD)/backend_cuda_stub.o
 endif
 LIB     := $(BUILD)/libfp8grpo.a
-PROGS   := $(patsubst %.c,$(BIN)%,$(wildcard train_grpo.c generate.c))
+PROGS   := $(patsubst %.c,$(BIN)%,$(wildcard train_grpo.c generate.c export.c))
 HEADERS := $(wildcard *.h *.cuh)
 
 VPATH := .:test

@@ -182,6 +182,17 @@ void config_check_tokenizer(const Config *cfg, int tokenizer_vocab, const char *
 void model_load(Model *m, const char *dir, const Backend *be, const ModelOptions *opt);
 // a random-weight model of the given config (for the built-in tiny model and tests); std 0.02-ish init
 void model_init_random(Model *m, const Config *cfg, const Backend *be, const ModelOptions *opt, uint64_t seed);
+// One tensor of the model under its Hugging Face checkpoint name (model_hf_tensors): a vector (cols 0)
+// or matrix of act values (dense), or a linear layer's weight (lin: dense or FP8, as it is held)
+typedef struct {
+    char name[96];      // "model.layers.0.self_attn.q_proj.weight"
+    int64_t rows, cols;
+    const void *dense;  // (rows) or (rows, cols) act; NULL for a linear weight
+    const QWeight *lin; // the linear weight (rows, cols), or NULL
+    int layer, which;   // lin: its layer and LIN_*; else -1
+} HFTensor;
+// the model's tensors as a checkpoint names and orders them, into out (NULL: counted only); returns the count
+int model_hf_tensors(const Model *m, HFTensor *out);
 // write the model's weights as a Hugging Face checkpoint (config.json + model.safetensors, bf16 or f32),
 // dense weights only (a model loaded with FP8 is dequantized)
 void model_save_hf(const Model *m, const char *dir, DType dt);
