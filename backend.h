@@ -107,8 +107,10 @@ struct Backend {
                             const void *inp, const QWeight *w, int N);
     // ---- FP8 training (--fp8_recipe; NULL where the backend has none: the CPU's) ----
     // The state that makes w's three products (forward, dinp, dw in linear_forward/backward) FP8
-    // GEMMs under recipe r; w dense. NULL, with the reason in why, where the device cannot.
-    FP8Train *(*fp8_train_new)(const QWeight *w, const FP8Recipe *r, char *why, size_t why_cap);
+    // GEMMs under recipe r; w dense. leader: the trained weight that reads the same input and is
+    // called just before this one (k and v: q's; up: gate's), whose FP8 copy of the input this one
+    // reuses, or NULL. NULL, with the reason in why, where the device cannot.
+    FP8Train *(*fp8_train_new)(const QWeight *w, const FP8Recipe *r, FP8Train *leader, char *why, size_t why_cap);
     void (*fp8_train_free)(FP8Train *t);
     // after an optimizer step, for all n trained weights: each is quantized anew at its next
     // forward; delayed scaling rolls the amax histories (*overflows += tensors whose amax was inf/NaN)

@@ -249,22 +249,75 @@ void fp8_quantize_cuda(FP8Tensor *t, const void *x, DType xdt, int pow2) {
 // copies the backward's products need (Hopper's FP8 GEMMs read both operands K-major, and the
 // weight gradient reduces over tokens: its operands are dY and X with the tokens innermost).
 
-// q = encode(x * mul[0]), TE's convention (delayed scaling: mul from the amax of earlier steps);
-// scale_inv[0] = 1 / mul[0] (IEEE); *amax = max(*amax, |x|) on the bits, where a NaN's (sign
-// cleared) order above inf's, above every number's: the host sees NaN if any value was NaN.
+// *amax = max(*amax, the bits of m over the block): one atomic per block. On the bits of |x| a NaN
+// (sign cleared) orders above inf, above every number: the host sees NaN if any value was NaN.
+__device__ __forceinline__ void block_amax_record(unsigned *amax, unsigned m) {
+    __shared__ unsigned part[32];
+    m = __reduce_max_sync(0xffffffffu, m);
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    if (l == 0) part[w] = m;
+    __syncthreads();
+    if (w == 0) {
+        m = __reduce_max_sync(0xffffffffu, l < (int)(blockDim.x >> 5) ? part[l] : 0u);
+        if (l == 0 && m) atomicMax(amax, m);
+    }
+}
+
+template <typename T>
+__global__ void amax_bits_kernel(unsigned *amax, const T *x, size_t n) {
+    unsigned m = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        m = max(m, __float_as_uint(fabsf(load_f(x, i))));
+    block_amax_record(amax, m);
+}
+
+// TE's current scaling: mul = scaled_max / amax in fp32 (FLT_MAX where that overflows), 1 for an
+// amax of 0, inf or NaN; inv = 1 / mul
+__global__ void mul_from_amax_kernel(float *mul, const unsigned *amax, float scaled_max) {
+    float a = __uint_as_float(*amax), s = 1.0f;
+    if (a > 0.0f && !isinf(a)) {
+        s = __fdiv_rn(scaled_max, a);
+        if (isinf(s)) s = FLT_MAX;
+    }
+    *mul = s;
+}
+
+// q = encode(x * mul[0]), TE's convention (delayed scaling: mul from the amax of earlier steps;
+// current: from this tensor's, fp8_tensor_scale_cuda); scale_inv[0] = 1 / mul[0] (IEEE); with
+// amax, this tensor's amax recorded (block_amax_record). Four values a thread: one 4-byte store.
 template <typename T>
 __global__ void quant_scaled_kernel(uint8_t *q, float *scale_inv, unsigned *amax, const float *mul, const T *x, size_t n,
                                     int fmt) {
     float s = *mul;
     if (blockIdx.x == 0 && threadIdx.x == 0) scale_inv[0] = __frcp_rn(s);
     unsigned m = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    size_t n4 = ((uintptr_t)q & 3) ? 0 : n / 4;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t word = 0;
+        for (int j = 0; j < 4; j++) {
+            float v = load_f(x, 4 * i + j);
+            m = max(m, __float_as_uint(fabsf(v)));
+            word |= (uint32_t)fp8_encode_dev(v * s, fmt) << (8 * j);
+        }
+        ((uint32_t *)q)[i] = word;
+    }
+    for (size_t i = 4 * n4 + blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float v = load_f(x, i);
         m = max(m, __float_as_uint(fabsf(v)));
         q[i] = fp8_encode_dev(v * s, fmt);
     }
-    m = __reduce_max_sync(0xffffffffu, m);
-    if ((threadIdx.x & 31) == 0 && m) atomicMax(amax, m);
+    if (amax) block_amax_record(amax, m);
+}
+
+void fp8_tensor_scale_cuda(float *mul, unsigned *amax, const void *x, DType xdt, size_t n, float scaled_max) {
+    need_init();
+    cudaCheck(cudaMemsetAsync(amax, 0, sizeof(unsigned), ctx.stream));
+    if (xdt == DT_BF16) amax_bits_kernel<<<grid_for(n), 256, 0, ctx.stream>>>(amax, (const bf16 *)x, n);
+    else if (xdt == DT_F32) amax_bits_kernel<<<grid_for(n), 256, 0, ctx.stream>>>(amax, (const float *)x, n);
+    else die("fp8_tensor_scale_cuda: input must be bf16 or f32, got %s", dtype_name(xdt));
+    launchCheck();
+    mul_from_amax_kernel<<<1, 1, 0, ctx.stream>>>(mul, amax, scaled_max);
+    launchCheck();
 }
 
 void fp8_quantize_scaled_cuda(FP8Tensor *t, const void *x, DType xdt, const float *mul, unsigned *amax) {
@@ -272,61 +325,84 @@ void fp8_quantize_scaled_cuda(FP8Tensor *t, const void *x, DType xdt, const floa
     if (t->gran != FP8_TENSOR) die("fp8_quantize_scaled_cuda: a given scale is per tensor, not %s", fp8_gran_name(t->gran));
     size_t n = (size_t)t->rows * t->cols;
     if (xdt == DT_BF16)
-        quant_scaled_kernel<<<grid_for(n), 256, 0, ctx.stream>>>(t->data, t->scale, amax, mul, (const bf16 *)x, n, t->fmt);
+        quant_scaled_kernel<<<grid_for(n / 4 + 1), 256, 0, ctx.stream>>>(t->data, t->scale, amax, mul, (const bf16 *)x, n, t->fmt);
     else if (xdt == DT_F32)
-        quant_scaled_kernel<<<grid_for(n), 256, 0, ctx.stream>>>(t->data, t->scale, amax, mul, (const float *)x, n, t->fmt);
+        quant_scaled_kernel<<<grid_for(n / 4 + 1), 256, 0, ctx.stream>>>(t->data, t->scale, amax, mul, (const float *)x, n, t->fmt);
     else die("fp8_quantize_scaled_cuda: input must be bf16 or f32, got %s", dtype_name(xdt));
     launchCheck();
 }
 
 // t (C, R) = the block quantization of x^T, x (R, C) bf16: 1x128 groups along R (block_rows 1)
 // or 128x128 tiles. One block of 256 threads per 128x128 tile of x, staged in shared memory
-// (rows padded to 130 values: the column reads below spread over the banks); thread t owns
-// column t / 2 of the tile, rows (t % 2) * 64 .. +64: an amax, then 64 bytes of one output row.
+// (rows padded to 130 values, so that a warp reading one column touches 32 banks); then each warp
+// writes whole output rows: lane l encodes rows l, l + 32, l + 64, l + 96 of the tile's column, so
+// every store instruction writes 32 consecutive bytes of t.
 __global__ void __launch_bounds__(256) quant_t_kernel(uint8_t *q, float *scale, const bf16 *x, int R, int C, int block_rows,
-                                                      int ldk, int fmt) {
+                                                      int ldk, int fmt, const float *mul, unsigned *amax) {
     __shared__ bf16 tile[128][130];
     int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
-    for (int p = threadIdx.x; p < 128 * 128; p += 256) {
-        int r = p >> 7, c = p & 127;
-        tile[r][c] = (r0 + r < R && c0 + c < C) ? x[(size_t)(r0 + r) * C + c0 + c] : __float2bfloat16(0.0f);
+    if (r0 + 128 <= R && c0 + 128 <= C && (C & 7) == 0 && ((uintptr_t)x & 15) == 0) {
+        for (int p = threadIdx.x; p < 128 * 16; p += 256) {  // 16-byte loads, 8 values each
+            int r = p >> 4, k = (p & 15) * 8;
+            uint4 v = *(const uint4 *)(x + (size_t)(r0 + r) * C + c0 + k);
+            uint32_t *d = (uint32_t *)&tile[r][k];
+            d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w;
+        }
+    } else {  // an edge tile: zeros beyond x (they change no amax)
+        for (int p = threadIdx.x; p < 128 * 128; p += 256) {
+            int r = p >> 7, c = p & 127;
+            tile[r][c] = (r0 + r < R && c0 + c < C) ? x[(size_t)(r0 + r) * C + c0 + c] : __float2bfloat16(0.0f);
+        }
     }
     __syncthreads();
-    int c = threadIdx.x >> 1, h = (threadIdx.x & 1) * 64;
-    float m = 0.0f;
-    for (int i = 0; i < 64; i++) m = fmaxf(m, fabsf(__bfloat162float(tile[h + i][c])));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    if (block_rows != 1) m = block_max(m);  // one scale for the whole tile
-    float s = fp8_scale_dev(m, fmt, 0);
-    if (block_rows == 1) {
-        if (h == 0 && c0 + c < C) scale[(size_t)blockIdx.y * C + c0 + c] = s;  // (R/128, C): fp8.h's 1x128 layout
-    } else if (threadIdx.x == 0) {
-        scale[(size_t)blockIdx.x * ldk + blockIdx.y] = s;
-        if (blockIdx.y == gridDim.y - 1)  // the row's padding columns
-            for (int k = gridDim.y; k < ldk; k++) scale[(size_t)blockIdx.x * ldk + k] = 1.0f;
-    }
-    if (c0 + c >= C) return;
-    uint8_t *out = q + (size_t)(c0 + c) * R + r0 + h;
-    int n = R - r0 - h < 64 ? R - r0 - h : 64;
-    if (n == 64 && (R & 3) == 0) {
-        for (int i = 0; i < 64; i += 4) {
-            uint32_t word = 0;
-            for (int j = 0; j < 4; j++) word |= (uint32_t)fp8_encode_dev(__fdiv_rn(__bfloat162float(tile[h + i + j][c]), s), fmt) << (8 * j);
-            *(uint32_t *)(out + i) = word;
+    float tile_s = 1.0f;
+    if (mul) {  // per tensor: encode(x * mul), TE's convention, as fp8_quantize_scaled_cuda
+        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) scale[0] = __frcp_rn(*mul);
+        if (amax) {
+            unsigned m = 0;
+            for (int p = threadIdx.x; p < 128 * 128; p += 256) m = max(m, __float_as_uint(fabsf(__bfloat162float(tile[p >> 7][p & 127]))));
+            block_amax_record(amax, m);
         }
-    } else {
-        for (int i = 0; i < n; i++) out[i] = fp8_encode_dev(__fdiv_rn(__bfloat162float(tile[h + i][c]), s), fmt);
+    } else if (block_rows != 1) {  // one scale for the whole tile
+        float m = 0.0f;
+        for (int p = threadIdx.x; p < 128 * 128; p += 256) m = fmaxf(m, fabsf(__bfloat162float(tile[p >> 7][p & 127])));
+        tile_s = fp8_scale_dev(block_max(m), fmt, 0);
+        if (threadIdx.x == 0) {
+            scale[(size_t)blockIdx.x * ldk + blockIdx.y] = tile_s;
+            if (blockIdx.y == gridDim.y - 1)  // the row's padding columns
+                for (int k = gridDim.y; k < ldk; k++) scale[(size_t)blockIdx.x * ldk + k] = 1.0f;
+        }
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int c = warp; c < 128 && c0 + c < C; c += 8) {  // output row c0 + c
+        float v[4], m = 0.0f;
+        for (int j = 0; j < 4; j++) m = fmaxf(m, fabsf(v[j] = __bfloat162float(tile[lane + 32 * j][c])));
+        uint8_t *out = q + (size_t)(c0 + c) * R + r0;
+        if (mul) {
+            float s = *mul;
+            for (int j = 0; j < 4; j++)
+                if (r0 + lane + 32 * j < R) out[lane + 32 * j] = fp8_encode_dev(v[j] * s, fmt);
+            continue;
+        }
+        float s = tile_s;
+        if (block_rows == 1) {
+            s = fp8_scale_dev(warp_max(m), fmt, 0);
+            if (lane == 0) scale[(size_t)blockIdx.y * C + c0 + c] = s;  // (R/128, C): fp8.h's 1x128 layout
+        }
+        for (int j = 0; j < 4; j++)
+            if (r0 + lane + 32 * j < R) out[lane + 32 * j] = fp8_encode_dev(__fdiv_rn(v[j], s), fmt);
     }
 }
 
-void fp8_quantize_t_cuda(FP8Tensor *t, const void *x) {
+void fp8_quantize_t_cuda(FP8Tensor *t, const void *x, const float *mul, unsigned *amax) {
     need_init();
     int R = t->cols, C = t->rows;  // x is (R, C)
-    if (t->gran != FP8_BLOCK || (t->block_rows != 1 && t->block_rows != FP8_BLOCK_SIZE))
-        die("fp8_quantize_t_cuda: block granularity with block_rows 1 or 128 only");
+    if (t->gran == FP8_TENSOR ? !mul : (t->gran != FP8_BLOCK || (t->block_rows != 1 && t->block_rows != FP8_BLOCK_SIZE)))
+        die("fp8_quantize_t_cuda: per tensor with a given scale, or blocks of 1x128 or 128x128");
     int ldk = fp8_scale_ld(FP8_BLOCK, C, R, t->block_rows);
     dim3 grid(cdiv(C, 128), cdiv(R, 128));
-    quant_t_kernel<<<grid, 256, 0, ctx.stream>>>(t->data, t->scale, (const bf16 *)x, R, C, t->block_rows, ldk, t->fmt);
+    quant_t_kernel<<<grid, 256, 0, ctx.stream>>>(t->data, t->scale, (const bf16 *)x, R, C, t->block_rows, ldk, t->fmt,
+                                                 t->gran == FP8_TENSOR ? mul : NULL, amax);
     launchCheck();
 }
 

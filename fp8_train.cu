@@ -19,7 +19,7 @@
 // quantizes them again, with the forward's scale, so the codes are the forward's).
 //
 // Scaling, per tensor x, w, dy of each linear (fp8_recipe.h):
-//   current  the tensor's own amax now (fp8_quantize_cuda TENSOR: an amax pass, then the encode);
+//   current  the tensor's own amax now (an amax pass, then the encode with TE's scale fmax / amax);
 //   delayed  the scale from the amax history of earlier steps (fp8_quantize_scaled_cuda: one pass
 //            that also records this step's amax); after the optimizer step fp8_train_step
 //            downloads the amaxes, rolls the histories (delayed_update, the CPU code tested
@@ -34,8 +34,18 @@
 
 enum { T_X = 0, T_W, T_DY };  // a linear's three scaled tensors
 
+// the FP8 codes of a layer input, kept for the projections that read it next (see reuse)
+typedef struct {
+    const void *in;      // the input they were made of, (n, cols)
+    int n;
+    unsigned long call;  // the call that made or last used them
+    FP8Tensor q;
+} XCache;
+
 struct FP8Train {
     FP8Recipe r;
+    FP8Train *leader;  // the projection whose input this one shares and that runs just before it, or NULL
+    XCache fwd, bwd;   // a leader's: X's codes for the forward, X^T's for the weight gradient
     FP8Tensor w, wt;   // (OC, C) and (C, OC) E4M3: W and W^T as of the last optimizer step
     int fresh;         // w, wt hold the current weights (0 after an optimizer step)
     // device, one 16-byte slot each (cuBLASLt reads scales only from 16-byte aligned addresses):
@@ -60,7 +70,7 @@ static FP8Tensor tensor_of(int rows, int cols, FP8Gran g, FP8Format fmt, int blo
     return t;
 }
 
-FP8Train *cu_fp8_train_new(const QWeight *w, const FP8Recipe *r, char *why, size_t why_cap) {
+FP8Train *cu_fp8_train_new(const QWeight *w, const FP8Recipe *r, FP8Train *leader, char *why, size_t why_cap) {
     if (w->gran != FP8_OFF) die("fp8_train_new: the weight must be dense (--load_in_fp8 off)");
     if (fp8_cuda_cc() < 89) {
         snprintf(why, why_cap, "this GPU (compute capability %d.%d) has no FP8 tensor cores (sm_89+: Ada, Hopper, Blackwell)",
@@ -69,19 +79,21 @@ FP8Train *cu_fp8_train_new(const QWeight *w, const FP8Recipe *r, char *why, size
     }
     FP8Train *t = (FP8Train *)callocCheck(1, sizeof *t);
     t->r = *r;
+    t->leader = leader;
     int OC = w->rows, C = w->cols;
     FP8Gran g = recipe_gran(r);
     int br = g == FP8_BLOCK ? FP8_BLOCK_SIZE : 1;
     t->w = tensor_of(OC, C, g, FP8_E4M3, br);
     t->wt = tensor_of(C, OC, g, FP8_E4M3, br);
+    // codes, codes, scales, scales, each at a 256-byte boundary (cuBLASLt reads a per-tensor scale
+    // only from a 16-byte aligned address: otherwise the product falls back to a slower path)
     size_t codes = (size_t)OC * C, sw = fp8_num_scales(g, OC, C, br), swt = fp8_num_scales(g, C, OC, br);
-    size_t bytes = 2 * ((codes + 255) / 256 * 256) + (sw + swt) * 4;
+    size_t part[4] = {codes, codes, sw * 4, swt * 4}, bytes = 0;
+    for (int i = 0; i < 4; i++) bytes += (part[i] + 255) / 256 * 256;
     cudaCheck(cudaMalloc(&t->mem, bytes));
     char *p = (char *)t->mem;
-    t->w.data = (uint8_t *)p, p += (codes + 255) / 256 * 256;
-    t->wt.data = (uint8_t *)p, p += (codes + 255) / 256 * 256;
-    t->w.scale = (float *)p, p += sw * 4;
-    t->wt.scale = (float *)p;
+    void **at[4] = {(void **)&t->w.data, (void **)&t->wt.data, (void **)&t->w.scale, (void **)&t->wt.scale};
+    for (int i = 0; i < 4; i++) *at[i] = p, p += (part[i] + 255) / 256 * 256;
     cudaCheck(cudaMalloc(&t->dev, SLOT * SLOTS * sizeof(float)));
     float init[SLOT * SLOTS] = {0};
     for (int i = 0; i < 6; i++) init[SLOT * i] = 1.0f;  // delayed: scale 1 before any history (TE); amax 0
@@ -102,20 +114,31 @@ void cu_fp8_train_free(FP8Train *t) {
     free(t);
 }
 
+static float scaled_max(const FP8Train *t, int i) {
+    return fp8_max(i == T_DY && t->r.hybrid ? FP8_E5M2 : FP8_E4M3) * powf(2.0f, -t->r.margin);
+}
+
+// current scaling: tensor i's scale from x's amax now (n values); delayed: the history's, already set
+static void tensor_scale(FP8Train *t, int i, const void *x, size_t n) {
+    if (t->r.kind == FP8_RECIPE_CURRENT) fp8_tensor_scale_cuda(dev_mul(t, i), dev_amax(t, i), x, DT_BF16, n, scaled_max(t, i));
+}
+
 // x (rows, cols) bf16 quantized as tensor i of t by the recipe into q (codes and, for block, scales
-// in scratch; tensor scales in t's own slot)
+// in scratch; a per-tensor scale in t's slot for tensor i)
 static void quantize(FP8Train *t, int i, FP8Tensor *q, const void *x) {
-    switch (t->r.kind) {
-        case FP8_RECIPE_DELAYED:
-            q->scale = dev_inv(t, i);
-            fp8_quantize_scaled_cuda(q, x, DT_BF16, dev_mul(t, i), dev_amax(t, i));
-            break;
-        case FP8_RECIPE_CURRENT:
-            q->scale = dev_inv(t, i);
-            fp8_quantize_cuda(q, x, DT_BF16, 0);
-            break;
-        case FP8_RECIPE_BLOCK: fp8_quantize_cuda(q, x, DT_BF16, 0); break;
+    if (t->r.kind == FP8_RECIPE_BLOCK) {
+        fp8_quantize_cuda(q, x, DT_BF16, 0);
+        return;
     }
+    tensor_scale(t, i, x, (size_t)q->rows * q->cols);
+    q->scale = dev_inv(t, i);
+    fp8_quantize_scaled_cuda(q, x, DT_BF16, dev_mul(t, i), t->r.kind == FP8_RECIPE_DELAYED ? dev_amax(t, i) : NULL);
+}
+
+// the same, transposed: q (cols, rows) = quantize(x^T); block: 1x128 groups along x's rows
+static void quantize_t(FP8Train *t, int i, FP8Tensor *q, const void *x) {
+    if (t->r.kind != FP8_RECIPE_BLOCK) q->scale = dev_inv(t, i);
+    fp8_quantize_t_cuda(q, x, dev_mul(t, i), t->r.kind == FP8_RECIPE_DELAYED ? dev_amax(t, i) : NULL);
 }
 
 // W and W^T for this optimizer step (once, at the first forward after it)
@@ -134,13 +157,26 @@ static FP8Tensor act_tensor(const FP8Train *t, int rows, int cols, FP8Format fmt
     return q;
 }
 
+// Projections that read one input (q, k, v; gate, up) quantize it once: a member reuses the codes
+// its group's leader made, when the call just before was the group's with the same input (model.c
+// calls them back to back); else it quantizes for itself. The calls are counted to know that.
+static unsigned long calls;
+static int reuse(FP8Train *t, XCache *c, const void *inp, int N, unsigned long me) {
+    int hit = t->leader && c->in == inp && c->n == N && c->call == me - 1;
+    c->in = inp, c->n = N, c->call = me;
+    return hit;
+}
+
 // out (N, OC) (yt: DT_BF16, or DT_F32 for the caller's bias pass) = inp (N, C) W^T in FP8
 void cu_fp8_train_forward(void *out, DType yt, const void *inp, const QWeight *w, int N) {
     FP8Train *t = w->train;
     weights(t, w);
-    FP8Tensor xq = act_tensor(t, N, w->cols, FP8_E4M3, SC_ACT_Q);
-    quantize(t, T_X, &xq, inp);
-    fp8_gemm_cuda(out, yt, &xq, &t->w, 0);
+    XCache *c = &(t->leader ? t->leader : t)->fwd;
+    if (!reuse(t, c, inp, N, ++calls)) {
+        c->q = act_tensor(t, N, w->cols, FP8_E4M3, SC_ACT_Q);
+        quantize(t, T_X, &c->q, inp);
+    }
+    fp8_gemm_cuda(out, yt, &c->q, &t->w, 0);
 }
 
 // dinp (N, C) bf16 (=, or += with accumulate) = dout W ; dw (OC, C) f32 += dout^T inp ; in FP8
@@ -149,11 +185,11 @@ void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *do
     FP8Train *t = w->train;
     int C = w->cols, OC = w->rows;
     FP8Format gfmt = t->r.hybrid ? FP8_E5M2 : FP8_E4M3;
-    int block = t->r.kind == FP8_RECIPE_BLOCK;
+    unsigned long me = ++calls;
     weights(t, w);  // (a backward without a forward since the step: a recomputed one)
-    FP8Tensor dyq = act_tensor(t, N, OC, gfmt, SC_TRAIN_DY);
-    if (dinp || !block) quantize(t, T_DY, &dyq, dout);
     if (dinp) {
+        FP8Tensor dyq = act_tensor(t, N, OC, gfmt, SC_TRAIN_DY);
+        quantize(t, T_DY, &dyq, dout);
         size_t n = (size_t)N * C;
         if (!accumulate) fp8_gemm_cuda(dinp, DT_BF16, &dyq, &t->wt, 0);
         else {
@@ -161,23 +197,19 @@ void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *do
             fp8_gemm_cuda(y, DT_F32, &dyq, &t->wt, 0);
             cu_accumulate_f32((bf16 *)dinp, y, n);
         }
-    }
+    } else tensor_scale(t, T_DY, dout, (size_t)N * OC);
     if (!dw) return;
-    // dY^T (OC, N) and X^T (C, N), the tokens innermost: block scaling quantizes them again along
-    // the tokens (1x128 groups); a per-tensor scale survives the transpose, so the codes are moved
-    FP8Tensor dyt = act_tensor(t, OC, N, gfmt, SC_TRAIN_DYT), xt = act_tensor(t, C, N, FP8_E4M3, SC_TRAIN_XT);
-    if (block) {
-        fp8_quantize_t_cuda(&dyt, dout);
-        fp8_quantize_t_cuda(&xt, inp);
-    } else {
-        FP8Tensor xq = act_tensor(t, N, C, FP8_E4M3, SC_ACT_Q);
-        quantize(t, T_X, &xq, inp);  // the forward's codes again (same scale)
-        float *s = (float *)cu_scratch(SC_TRAIN_DYT + 1, 2 * SLOT * sizeof(float));
-        dyt.scale = s, xt.scale = s + SLOT;
-        fp8_transpose_cuda(&dyt, &dyq);
-        fp8_transpose_cuda(&xt, &xq);
+    // dY^T (OC, N) and X^T (C, N), the tokens innermost, quantized from dY and X in one pass each:
+    // per tensor with the scales of dX's and the forward's products, or in 1x128 groups along the tokens
+    FP8Tensor dyt = act_tensor(t, OC, N, gfmt, SC_TRAIN_DYT);
+    quantize_t(t, T_DY, &dyt, dout);
+    XCache *c = &(t->leader ? t->leader : t)->bwd;
+    if (!reuse(t, c, inp, N, me)) {
+        c->q = act_tensor(t, C, N, FP8_E4M3, SC_TRAIN_XT);
+        tensor_scale(t, T_X, inp, (size_t)N * C);
+        quantize_t(t, T_X, &c->q, inp);
     }
-    fp8_gemm_cuda(dw, DT_F32, &dyt, &xt, 1);
+    fp8_gemm_cuda(dw, DT_F32, &dyt, &c->q, 1);
 }
 
 // After an optimizer step: the weights changed (each re-quantized at its next forward); delayed

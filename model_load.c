@@ -701,7 +701,9 @@ void model_fp8_train(Model *m, const FP8Recipe *r) {
             QWeight *w = &m->w.layers[l].lin[i];
             if (w->gran != FP8_OFF) die("FP8 training updates the weights, and layer %d's are FP8 (frozen): load with --load_in_fp8 off", l);
             char why[256];
-            if (!(w->train = be->fp8_train_new(w, r, why, sizeof why))) die("--fp8_recipe: %s: use --fp8_recipe off to train in BF16", why);
+            // k and v read q's input, up reads gate's: one FP8 copy of it (fp8_train.cu)
+            FP8Train *leader = i == LIN_K || i == LIN_V ? m->w.layers[l].lin[LIN_Q].train : i == LIN_UP ? m->w.layers[l].lin[LIN_GATE].train : NULL;
+            if (!(w->train = be->fp8_train_new(w, r, leader, why, sizeof why))) die("--fp8_recipe: %s: use --fp8_recipe off to train in BF16", why);
             m->fp8_train[m->n_fp8_train++] = w->train;
         }
 }

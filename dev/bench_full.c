@@ -8,7 +8,8 @@
 //
 //   make bench-full && ./build/bench_full --model 1b --recipe off,delayed,current,block --batch 8 --seq 2048
 //   ./build/bench_full --model 3b --recipe off,block --batch 4 --seq 2048 --recompute
-// With --profile, one more step per recipe with every backend op timed (dev/op_profile.h).
+// With --profile, one more step per recipe with every backend op timed (dev/op_profile.h); with
+// --parts, one linear layer's products and kernels timed alone at the 1B projections' shapes.
 // Prints one table last: tokens/s, the ratio to BF16 (the first "off" row), peak GiB, the loss.
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fp8_cuda.h"
 #include "full.h"
 #include "model.h"
 #include "op_profile.h"
@@ -124,9 +126,95 @@ static Result run(const char *size, const char *recipe, int B, int T, int steps,
     return res;
 }
 
+// ---- --parts: one linear layer's pieces, timed alone ---------------------------------------
+// For the projections of the 1B shape at N tokens: the BF16 products, the FP8 training products
+// under block and delayed (through the backend's linear ops), and the kernels they are made of.
+static double time_it(const Backend *be, void (*f)(void *), void *arg) {
+    f(arg);
+    be->sync();
+    int reps = 20;
+    double a = now_sec();
+    for (int i = 0; i < reps; i++) f(arg);
+    be->sync();
+    return (now_sec() - a) / reps * 1e3;
+}
+typedef struct {
+    const Backend *be;
+    QWeight *w;
+    void *x, *dy, *y, *dx, *dw, *bf;
+    FP8Tensor q, qt;
+    int N, what;
+} Part;
+static void run_part(void *arg) {
+    Part *p = (Part *)arg;
+    switch (p->what) {
+        case 0: p->be->linear_forward(p->y, p->x, p->w, NULL, p->N); break;
+        case 1: p->be->linear_backward(p->dx, 0, NULL, NULL, p->dy, p->x, p->w, p->N); break;
+        case 2: p->be->linear_backward(NULL, 0, p->dw, NULL, p->dy, p->x, p->w, p->N); break;
+        case 3: fp8_quantize_cuda(&p->q, p->x, DT_BF16, 0); break;
+        case 4: fp8_quantize_t_cuda(&p->qt, p->x, NULL, NULL); break;
+        case 5: fp8_transpose_cuda(&p->qt, &p->q); break;
+    }
+}
+static void parts(int N) {
+    const Backend *be = backend_select("cuda", 0);
+    int shapes[3][2] = {{2048, 2048}, {8192, 2048}, {2048, 8192}};  // (OC, C): q/o, gate/up, down
+    printf("\none linear layer, %d tokens, ms (20 calls each)\n\n", N);
+    printf("| OC x C | BF16 fwd | dX | dW | block fwd | dX | dW | delayed fwd | dX | dW | quant 1x128 X | quant_t X | transpose X |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for (int k = 0; k < 3; k++) {
+        int OC = shapes[k][0], C = shapes[k][1];
+        Part p;
+        memset(&p, 0, sizeof p);
+        p.be = be, p.N = N;
+        p.x = be->alloc((size_t)N * C * 2), p.dy = be->alloc((size_t)N * OC * 2), p.y = be->alloc((size_t)N * OC * 2);
+        p.dx = be->alloc((size_t)N * C * 2), p.dw = be->alloc((size_t)OC * C * 4);
+        float *h = (float *)mallocCheck((size_t)N * (C > OC ? C : OC) * sizeof(float));
+        Rng r = rng_make(3);
+        for (size_t i = 0; i < (size_t)N * C; i++) h[i] = rng_normal(&r);
+        be->upload_convert(p.x, DT_BF16, h, DT_F32, (size_t)N * C);
+        for (size_t i = 0; i < (size_t)N * OC; i++) h[i] = 1e-3f * rng_normal(&r);
+        be->upload_convert(p.dy, DT_BF16, h, DT_F32, (size_t)N * OC);
+        QWeight w;
+        memset(&w, 0, sizeof w);
+        w.rows = OC, w.cols = C, w.gran = FP8_OFF, w.dense = be->alloc((size_t)OC * C * 2);
+        for (size_t i = 0; i < (size_t)OC * C; i++) h[i] = 0.02f * rng_normal(&r);
+        be->upload_convert(w.dense, DT_BF16, h, DT_F32, (size_t)OC * C);
+        p.w = &w;
+        double t[12];
+        for (int i = 0; i < 3; i++) p.what = i, t[i] = time_it(be, run_part, &p);
+        for (int rk = 0; rk < 2; rk++) {
+            FP8Recipe rc = fp8_recipe_default();
+            rc.kind = rk ? FP8_RECIPE_DELAYED : FP8_RECIPE_BLOCK;
+            char why[256];
+            w.train = be->fp8_train_new(&w, &rc, NULL, why, sizeof why);
+            if (!w.train) die("%s", why);
+            for (int i = 0; i < 3; i++) p.what = i, t[3 + 3 * rk + i] = time_it(be, run_part, &p);
+            be->fp8_train_free(w.train);
+            w.train = NULL;
+        }
+        FP8Tensor q = {0}, qt = {0};
+        q.rows = N, q.cols = C, q.gran = FP8_BLOCK, q.fmt = FP8_E4M3, q.block_rows = 1;
+        q.data = (uint8_t *)be->alloc((size_t)N * C), q.scale = (float *)be->alloc(fp8_num_scales(FP8_BLOCK, N, C, 1) * 4);
+        qt = q, qt.rows = C, qt.cols = N;
+        qt.data = (uint8_t *)be->alloc((size_t)N * C), qt.scale = (float *)be->alloc(fp8_num_scales(FP8_BLOCK, C, N, 1) * 4);
+        p.q = q, p.qt = qt;
+        p.what = 3, t[9] = time_it(be, run_part, &p);
+        p.what = 4, t[10] = time_it(be, run_part, &p);
+        p.q.gran = p.qt.gran = FP8_TENSOR;
+        p.what = 5, t[11] = time_it(be, run_part, &p);
+        printf("| %d x %d |", OC, C);
+        for (int i = 0; i < 12; i++) printf(" %.3f |", t[i]);
+        printf("\n");
+        void *fr[] = {p.x, p.dy, p.y, p.dx, p.dw, w.dense, q.data, q.scale, qt.data, qt.scale};
+        for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) be->free(fr[i]);
+        free(h);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *size = "1b", *recipes = "off,delayed,current,block";
-    int B = 4, T = 2048, steps = 5, warmup = 2, recompute = 0;
+    int B = 4, T = 2048, steps = 5, warmup = 2, recompute = 0, parts_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) size = argv[++i];
         else if (!strcmp(argv[i], "--recipe") && i + 1 < argc) recipes = argv[++i];
@@ -136,10 +224,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--recompute")) recompute = 1;
         else if (!strcmp(argv[i], "--profile")) profile = 1;
+        else if (!strcmp(argv[i], "--parts")) parts_only = 1;
         else die("usage: bench_full [--model 1b|3b] [--recipe off,delayed,current,block] [--batch B] [--seq T] [--steps n] "
-                 "[--warmup n] [--recompute] [--profile]");
+                 "[--warmup n] [--recompute] [--profile] [--parts]");
     }
     if (B < 1 || T < 2 || steps < 1 || warmup < 0) die("bad --batch/--seq/--steps/--warmup");
+    if (parts_only) {
+        parts(B * T);
+        return 0;
+    }
     Result res[8];
     int n = 0;
     char list[256];

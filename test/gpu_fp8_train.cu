@@ -110,7 +110,7 @@ START_TEST(test_quantize_transposed) {
                 fp8_quantize_cpu(&ref, xt, 0);
                 void *xd = up_act(x, (size_t)R * C);
                 FP8Tensor t = dev_tensor(C, R, FP8_BLOCK, (FP8Format)f, br);
-                fp8_quantize_t_cuda(&t, xd);
+                fp8_quantize_t_cuda(&t, xd, NULL, NULL);
                 char what[96];
                 snprintf(what, sizeof what, "x^T %dx%d %s %s", R, C, br == 1 ? "1x128" : "128x128", f ? "e5m2" : "e4m3");
                 check_same_tensor(what, &t, &ref);
@@ -141,6 +141,31 @@ START_TEST(test_quantize_transposed) {
     fp8_quantize_cuda(&q, xd, DT_BF16, 0);
     fp8_transpose_cuda(&qt, &q);
     check_same_tensor("transpose 190x260 tensor e4m3", &qt, &ref);
+    // per tensor with a given scale (TE's x * mul), straight from x, and the current scale of x
+    for (int f = 0; f < 2; f++) {
+        float amax_h = 0;
+        for (size_t i = 0; i < (size_t)R * C; i++) amax_h = fmaxf(amax_h, fabsf(x[i]));
+        float smax = fp8_max((FP8Format)f) * 0.5f, mul = smax / amax_h;  // (a margin of 1)
+        FP8Tensor r2;
+        fp8_tensor_alloc_cpu(&r2, C, R, FP8_TENSOR, (FP8Format)f, 1);
+        float amax_ref = fp8_quantize_scaled_cpu(&r2, xt, mul);
+        float *muld = (float *)G->alloc(16);
+        unsigned *amax = (unsigned *)G->alloc(16), zero = 0, bits = 0;
+        fp8_tensor_scale_cuda(muld, amax, xd, DT_BF16, (size_t)R * C, smax);
+        float mul_gpu;
+        G->download(&mul_gpu, muld, 4);
+        ck_assert_msg(mul_gpu == mul, "current scale %g, the CPU's %g", mul_gpu, mul);
+        G->upload(amax, &zero, 4);
+        FP8Tensor t2 = dev_tensor(C, R, FP8_TENSOR, (FP8Format)f, 1);
+        fp8_quantize_t_cuda(&t2, xd, muld, amax);
+        check_same_tensor(f ? "x^T 190x260 tensor e5m2, given scale" : "x^T 190x260 tensor e4m3, given scale", &t2, &r2);
+        G->download(&bits, amax, 4);
+        ck_assert_msg(bits == *(unsigned *)&amax_ref, "amax recorded by the transposed quantization");
+        dev_tensor_free(&t2);
+        fp8_tensor_free_cpu(&r2);
+        G->free(muld);
+        G->free(amax);
+    }
     dev_tensor_free(&q);
     dev_tensor_free(&qt);
     fp8_tensor_free_cpu(&ref);
@@ -164,7 +189,11 @@ static void ref_quantize(FP8Tensor *t, Mirror *mr, int i, const float *x, int ro
     int block = mr->r.kind == FP8_RECIPE_BLOCK;
     fp8_tensor_alloc_cpu(t, rows, cols, block ? FP8_BLOCK : FP8_TENSOR, fmt, block && i == 1 ? FP8_BLOCK_SIZE : 1);
     if (mr->r.kind == FP8_RECIPE_DELAYED) delayed_record(&mr->d[i], fp8_quantize_scaled_cpu(t, x, mr->d[i].scale));
-    else fp8_quantize_cpu(t, x, 0);
+    else if (mr->r.kind == FP8_RECIPE_CURRENT) {  // TE's current scaling: fmax 2^-margin / amax of x now
+        float amax = 0, smax = fp8_max(fmt) * powf(2.0f, -mr->r.margin);
+        for (size_t k = 0; k < (size_t)rows * cols; k++) amax = fmaxf(amax, fabsf(x[k]));
+        fp8_quantize_scaled_cpu(t, x, amax > 0 ? smax / amax : 1.0f);
+    } else fp8_quantize_cpu(t, x, 0);
 }
 
 // sum over k of |a_k b_k| for each output of y = a b^T, a (M, K), b (N, K), from dequantized operands
@@ -214,7 +243,7 @@ static void check_linear(const char *name, FP8Recipe r) {
     float *w = randn_bf((size_t)OC * C, 0.05f);
     qw.dense = up_act(w, (size_t)OC * C);
     char why[256];
-    qw.train = G->fp8_train_new(&qw, &r, why, sizeof why);
+    qw.train = G->fp8_train_new(&qw, &r, NULL, why, sizeof why);
     ck_assert_msg(qw.train, "%s", why);
     void *y = G->alloc((size_t)N * OC * 2), *dx = G->alloc((size_t)N * C * 2), *dw = G->alloc((size_t)OC * C * 4);
     long overflows = 0;
@@ -225,9 +254,16 @@ static void check_linear(const char *name, FP8Recipe r) {
         for (int n = 0; n < N; n += 5) x[(size_t)n * C + 17] = bfr(30.0f * x[(size_t)n * C + 17]);  // an outlier channel
         void *xd = up_act(x, (size_t)N * C), *dyd = up_act(dy, (size_t)N * OC);
         G->zero(dw, (size_t)OC * C * 4);
+        // the three products one at a time, each by cuBLASLt where the GPU has it (sm_90: every one)
+        const char *ran[3];
         G->linear_forward(y, xd, &qw, NULL, N);
-        G->linear_backward(dx, 0, dw, NULL, dyd, xd, &qw, N);
-        const char *ran = fp8_cuda_last_backend();
+        ran[0] = fp8_cuda_last_backend();
+        G->linear_backward(dx, 0, NULL, NULL, dyd, xd, &qw, N);
+        ran[1] = fp8_cuda_last_backend();
+        G->linear_backward(NULL, 0, dw, NULL, dyd, xd, &qw, N);
+        ran[2] = fp8_cuda_last_backend();
+        if (fp8_cuda_cc() >= 90)
+            for (int i = 0; i < 3; i++) ck_assert_msg(!strcmp(ran[i], "cublaslt"), "%s: product %d ran on %s", name, i, ran[i]);
         // the reference: the recipe's operands, in fp64
         FP8Tensor xq, wq, dyq;
         ref_quantize(&xq, &mr, 0, x, N, C);
@@ -265,7 +301,7 @@ static void check_linear(const char *name, FP8Recipe r) {
         for (size_t i = 0; i < (size_t)OC * C; i++) tdw[i] = ACC_TC * mdw[i] + 1e-30;
         float *yg = down_act(y, (size_t)N * OC), *dxg = down_act(dx, (size_t)N * C), *dwg = down_hp(dw, (size_t)OC * C);
         char what[128];
-        printf("%s step %d (dW by %s):\n", name, step, ran);
+        printf("%s step %d (Y, dX, dW by %s, %s, %s):\n", name, step, ran[0], ran[1], ran[2]);
         snprintf(what, sizeof what, "Y = X W^T");
         check_close(what, yg, yf, ty, (size_t)N * OC);
         snprintf(what, sizeof what, "dX = dY W");
@@ -318,6 +354,63 @@ START_TEST(test_linear_recipes) {
 }
 END_TEST
 
+// k reads q's input right after q (model.c's order): it reuses q's FP8 copy of it, forward and
+// backward, and gets the bytes it would get alone; called after another input, it quantizes anew
+START_TEST(test_shared_input) {
+    int N = 384, C = 256, OC = 128;
+    for (int kind = 0; kind < 2; kind++) {
+        FP8Recipe r = fp8_recipe_default();
+        r.kind = kind ? FP8_RECIPE_CURRENT : FP8_RECIPE_BLOCK;
+        QWeight w[3];  // q (the leader), k (its member), k alone
+        float *wh[2] = {randn_bf((size_t)OC * C, 0.05f), randn_bf((size_t)OC * C, 0.05f)};
+        char why[256];
+        for (int i = 0; i < 3; i++) {
+            memset(&w[i], 0, sizeof w[i]);
+            w[i].rows = OC, w[i].cols = C, w[i].gran = FP8_OFF, w[i].dense = up_act(wh[i ? 1 : 0], (size_t)OC * C);
+            w[i].train = G->fp8_train_new(&w[i], &r, i == 1 ? w[0].train : NULL, why, sizeof why);
+            ck_assert_msg(w[i].train, "%s", why);
+        }
+        float *x1 = randn_bf((size_t)N * C, 1.0f), *x2 = randn_bf((size_t)N * C, 3.0f), *dy = randn_bf((size_t)N * OC, 0.01f);
+        void *xd1 = up_act(x1, (size_t)N * C), *xd2 = up_act(x2, (size_t)N * C), *dyd = up_act(dy, (size_t)N * OC);
+        void *y[2], *dx[2], *dw[2];
+        for (int i = 0; i < 2; i++) {
+            y[i] = G->alloc((size_t)N * OC * 2), dx[i] = G->alloc((size_t)N * C * 2), dw[i] = G->alloc((size_t)OC * C * 4);
+            G->zero(dw[i], (size_t)OC * C * 4);
+        }
+        for (int pass = 0; pass < 2; pass++) {  // pass 0: k right after q; pass 1: after q on another input
+            G->linear_forward(y[0], pass ? xd2 : xd1, &w[0], NULL, N);
+            if (pass) G->linear_forward(y[0], xd2, &w[2], NULL, N);  // a call between: k must not take q's codes
+            G->linear_forward(y[0], xd1, &w[1], NULL, N);
+            G->linear_forward(y[1], xd1, &w[2], NULL, N);
+            check_exact(pass ? "k's forward after another input" : "k's forward reusing q's input", down_bytes(y[0], (size_t)N * OC * 2),
+                        down_bytes(y[1], (size_t)N * OC * 2), (size_t)N * OC * 2);
+            G->linear_backward(dx[0], 0, dw[0], NULL, dyd, xd1, &w[0], N);
+            G->linear_backward(dx[0], 0, dw[0], NULL, dyd, xd1, &w[1], N);
+            G->linear_backward(dx[1], 0, dw[1], NULL, dyd, xd1, &w[2], N);
+            G->zero(dw[0], (size_t)OC * C * 4);  // k's alone: q's went in first
+            G->linear_backward(NULL, 0, dw[0], NULL, dyd, xd1, &w[0], N);
+            G->linear_backward(NULL, 0, dw[0], NULL, dyd, xd1, &w[1], N);
+            G->zero(dw[1], (size_t)OC * C * 4);
+            G->linear_backward(NULL, 0, dw[1], NULL, dyd, xd1, &w[2], N);
+            check_exact("k's dX", down_bytes(dx[0], (size_t)N * C * 2), down_bytes(dx[1], (size_t)N * C * 2), (size_t)N * C * 2);
+        }
+        // dW of k after q = dW(q) + dW(k); of k alone = dW(k): compare k's part through a fresh q-only run
+        void *dq = G->alloc((size_t)OC * C * 4);
+        G->zero(dq, (size_t)OC * C * 4);
+        G->linear_backward(NULL, 0, dq, NULL, dyd, xd1, &w[0], N);
+        float *a = down_hp(dw[0], (size_t)OC * C), *b = down_hp(dw[1], (size_t)OC * C), *q = down_hp(dq, (size_t)OC * C);
+        long bad = 0;
+        for (size_t i = 0; i < (size_t)OC * C; i++) bad += a[i] - q[i] != b[i] && fabsf(a[i] - q[i] - b[i]) > 1e-6f * (fabsf(a[i]) + fabsf(q[i]));
+        ck_assert_msg(bad == 0, "k's dW after q differs from k's alone in %ld values", bad);
+        printf("  %s: k's dW after q = q's + k's alone (%d values)\n", kind ? "current" : "block", OC * C);
+        for (int i = 0; i < 3; i++) G->fp8_train_free(w[i].train), G->free(w[i].dense);
+        for (int i = 0; i < 2; i++) G->free(y[i]), G->free(dx[i]), G->free(dw[i]), free(wh[i]);
+        G->free(dq), G->free(xd1), G->free(xd2), G->free(dyd);
+        free(a), free(b), free(q), free(x1), free(x2), free(dy);
+    }
+}
+END_TEST
+
 static Suite *gpu_fp8_train_suite(void) {
     Suite *s = suite_create("gpu_fp8_train");
     TCase *tc = tcase_create("core");
@@ -325,6 +418,7 @@ static Suite *gpu_fp8_train_suite(void) {
     tcase_add_test(tc, test_quantize_scaled);
     tcase_add_test(tc, test_quantize_transposed);
     tcase_add_test(tc, test_linear_recipes);
+    tcase_add_test(tc, test_shared_input);
     suite_add_tcase(s, tc);
     return s;
 }
