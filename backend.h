@@ -112,8 +112,8 @@ struct Backend {
     // reuses, or NULL. NULL, with the reason in why, where the device cannot.
     FP8Train *(*fp8_train_new)(const QWeight *w, const FP8Recipe *r, FP8Train *leader, char *why, size_t why_cap);
     void (*fp8_train_free)(FP8Train *t);
-    // after an optimizer step, for all n trained weights: each is quantized anew at its next
-    // forward; delayed scaling rolls the amax histories (*overflows += tensors whose amax was inf/NaN)
+    // after an optimizer step, for all n trained weights: delayed scaling rolls the amax histories
+    // and sets the next scales (*overflows += tensors whose amax was inf/NaN)
     void (*fp8_train_step)(FP8Train *const *t, int n, long *overflows);
     // LoRA, unmerged: ax (N, R) hp = inp A^T ; out (N, OC) act += scale * ax B^T
     // A (R, C) hp, B (OC, R) hp

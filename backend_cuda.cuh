@@ -27,7 +27,8 @@ enum {
     SC_ATT,      // attention backward D / decode partials
     SC_SORT,     // sampling: sorted keys, ids, CUB temp
     SC_SMALL,    // per-row sampling state
-    SC_TRAIN_DY, SC_TRAIN_DY_S,    // FP8 training: dY's codes and scales,
+    SC_TRAIN_W, SC_TRAIN_W_S,      // FP8 training: W's (or W^T's) codes and scales,
+    SC_TRAIN_DY, SC_TRAIN_DY_S,    // dY's,
     SC_TRAIN_DYT, SC_TRAIN_DYT_S,  // dY^T's,
     SC_TRAIN_XT, SC_TRAIN_XT_S,    // X^T's (fp8_train.cu)
     SC_COUNT

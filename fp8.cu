@@ -406,48 +406,6 @@ void fp8_quantize_t_cuda(FP8Tensor *t, const void *x, const float *mul, unsigned
     launchCheck();
 }
 
-// dst (C, R) = src (R, C) transposed, byte for byte, through 64x64 tiles in shared memory
-__global__ void transpose_u8_kernel(uint8_t *dst, const uint8_t *src, int R, int C) {
-    __shared__ uint8_t tile[64][68];
-    int r0 = blockIdx.y * 64, c0 = blockIdx.x * 64;
-    for (int p = threadIdx.x; p < 64 * 64; p += blockDim.x) {
-        int r = p >> 6, c = p & 63;
-        if (r0 + r < R && c0 + c < C) tile[r][c] = src[(size_t)(r0 + r) * C + c0 + c];
-    }
-    __syncthreads();
-    for (int p = threadIdx.x; p < 64 * 64; p += blockDim.x) {
-        int c = p >> 6, r = p & 63;
-        if (r0 + r < R && c0 + c < C) dst[(size_t)(c0 + c) * R + r0 + r] = tile[r][c];
-    }
-}
-// a 128x128 block-scale grid transposed: dst (cb, rb) = src (rb, cb); padding columns 1
-__global__ void transpose_scales_kernel(float *dst, const float *src, int rbs, int cbs, int ld_src, int ld_dst) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= cbs * ld_dst) return;
-    int cb = i / ld_dst, rb = i % ld_dst;
-    dst[i] = rb < rbs ? src[(size_t)rb * ld_src + cb] : 1.0f;
-}
-
-void fp8_transpose_cuda(FP8Tensor *dst, const FP8Tensor *src) {
-    need_init();
-    int R = src->rows, C = src->cols;
-    if (dst->rows != C || dst->cols != R || dst->gran != src->gran || dst->fmt != src->fmt)
-        die("fp8_transpose_cuda: dst must be (%d, %d) with src's granularity and format", C, R);
-    if (src->gran == FP8_ROW || (src->gran == FP8_BLOCK && (src->block_rows != FP8_BLOCK_SIZE || dst->block_rows != FP8_BLOCK_SIZE)))
-        die("fp8_transpose_cuda: per-row and 1x128 scales do not survive a transpose (fp8_quantize_t_cuda requantizes)");
-    dim3 grid(cdiv(C, 64), cdiv(R, 64));
-    transpose_u8_kernel<<<grid, 256, 0, ctx.stream>>>(dst->data, src->data, R, C);
-    launchCheck();
-    if (src->gran == FP8_TENSOR) {
-        cudaCheck(cudaMemcpyAsync(dst->scale, src->scale, sizeof(float), cudaMemcpyDeviceToDevice, ctx.stream));
-    } else {
-        int rbs = cdiv(R, FP8_BLOCK_SIZE), cbs = cdiv(C, FP8_BLOCK_SIZE);
-        int ld_src = fp8_scale_ld(FP8_BLOCK, R, C, FP8_BLOCK_SIZE), ld_dst = fp8_scale_ld(FP8_BLOCK, C, R, FP8_BLOCK_SIZE);
-        transpose_scales_kernel<<<cdiv(cbs * ld_dst, 256), 256, 0, ctx.stream>>>(dst->scale, src->scale, rbs, cbs, ld_src, ld_dst);
-        launchCheck();
-    }
-}
-
 // ----------------------------------------------------------------------------
 // dequantization
 

@@ -14,8 +14,7 @@
 //                                  hand-written kernels where they are faster or cuBLASLt declines
 //   bf16_gemm_cuda(...)            the same product in BF16 (cuBLASLt): baseline and fallback
 //   fp8_linear_dx_cuda(...)        dX = dY W through a frozen FP8 weight (backward)
-//   fp8_tensor_scale_cuda, fp8_quantize_scaled_cuda, fp8_quantize_t_cuda, fp8_transpose_cuda:
-//                                  FP8 training's operands
+//   fp8_tensor_scale_cuda, fp8_quantize_scaled_cuda, fp8_quantize_t_cuda: FP8 training's operands
 #ifndef FP8_CUDA_H
 #define FP8_CUDA_H
 
@@ -101,10 +100,6 @@ void fp8_quantize_scaled_cuda(FP8Tensor *t, const void *x, DType xdt, const floa
 // bytes as fp8_quantize_cuda of x transposed. TENSOR: encode(x * mul[0]) as above (amax recorded
 // when given).
 void fp8_quantize_t_cuda(FP8Tensor *t, const void *x, const float *mul, unsigned *amax);
-// dst (C, R) = src (R, C) transposed: the codes, and a per-tensor scale or a 128x128 tile grid
-// (the only scalings a transpose keeps); W^T for the input gradient dX = dY W
-void fp8_transpose_cuda(FP8Tensor *dst, const FP8Tensor *src);
-
 #ifdef __cplusplus
 }
 #endif

@@ -10,8 +10,8 @@
 //   input grad   dX (N, C)  = dY (N, OC) . W^T (C, OC)^T     dY    E5M2 (hybrid) or E4M3
 //   weight grad  dW (OC, C) = dY^T (OC, N) . X^T (C, N)^T    the reduction runs over the tokens
 // Hopper's FP8 tensor cores read both operands K-major (fp8.cu), so each product needs its
-// operands laid out with the reduced dimension innermost: W^T for dX (the codes of W transposed,
-// made once per optimizer step with W), dY^T and X^T for dW (made in the backward). Everything else
+// operands laid out with the reduced dimension innermost: W^T for dX, dY^T and X^T for dW, each
+// quantized in one pass from the bf16 tensor, transposing as it goes (fp8_quantize_t_cuda). Everything else
 // stays as in BF16 training, for the reasons TE and the seed give: the master weights, gradients
 // and AdamW in fp32 (an update is often below an FP8, even a BF16, step of the weight); the
 // embeddings, norms, attention (softmax), the LM head and the loss in bf16/fp32 (small GEMMs or
@@ -46,14 +46,11 @@ struct FP8Train {
     FP8Recipe r;
     FP8Train *leader;  // the projection whose input this one shares and that runs just before it, or NULL
     XCache fwd, bwd;   // a leader's: X's codes for the forward, X^T's for the weight gradient
-    FP8Tensor w, wt;   // (OC, C) and (C, OC) E4M3: W and W^T as of the last optimizer step
-    int fresh;         // w, wt hold the current weights (0 after an optimizer step)
     // device, one 16-byte slot each (cuBLASLt reads scales only from 16-byte aligned addresses):
     // mul[3] (delayed: TE's multiplying scales), inv[3] (their inverses, what the GEMMs read;
     // current: the tensor's own scale), amax[3] (delayed: this step's, as float bits)
     float *dev;
     DelayedScale d[3];  // host: the histories (delayed)
-    void *mem;          // the codes and scales of w and wt
 };
 
 enum { SLOT = 4, SLOTS = 9 };  // floats per slot; slots: mul[3], inv[3], amax[3]
@@ -80,20 +77,6 @@ FP8Train *cu_fp8_train_new(const QWeight *w, const FP8Recipe *r, FP8Train *leade
     FP8Train *t = (FP8Train *)callocCheck(1, sizeof *t);
     t->r = *r;
     t->leader = leader;
-    int OC = w->rows, C = w->cols;
-    FP8Gran g = recipe_gran(r);
-    int br = g == FP8_BLOCK ? FP8_BLOCK_SIZE : 1;
-    t->w = tensor_of(OC, C, g, FP8_E4M3, br);
-    t->wt = tensor_of(C, OC, g, FP8_E4M3, br);
-    // codes, codes, scales, scales, each at a 256-byte boundary (cuBLASLt reads a per-tensor scale
-    // only from a 16-byte aligned address: otherwise the product falls back to a slower path)
-    size_t codes = (size_t)OC * C, sw = fp8_num_scales(g, OC, C, br), swt = fp8_num_scales(g, C, OC, br);
-    size_t part[4] = {codes, codes, sw * 4, swt * 4}, bytes = 0;
-    for (int i = 0; i < 4; i++) bytes += (part[i] + 255) / 256 * 256;
-    cudaCheck(cudaMalloc(&t->mem, bytes));
-    char *p = (char *)t->mem;
-    void **at[4] = {(void **)&t->w.data, (void **)&t->wt.data, (void **)&t->w.scale, (void **)&t->wt.scale};
-    for (int i = 0; i < 4; i++) *at[i] = p, p += (part[i] + 255) / 256 * 256;
     cudaCheck(cudaMalloc(&t->dev, SLOT * SLOTS * sizeof(float)));
     float init[SLOT * SLOTS] = {0};
     for (int i = 0; i < 6; i++) init[SLOT * i] = 1.0f;  // delayed: scale 1 before any history (TE); amax 0
@@ -108,7 +91,6 @@ FP8Train *cu_fp8_train_new(const QWeight *w, const FP8Recipe *r, FP8Train *leade
 
 void cu_fp8_train_free(FP8Train *t) {
     if (!t) return;
-    cudaFree(t->mem);
     cudaFree(t->dev);
     for (int i = 0; i < 3; i++) delayed_free(&t->d[i]);
     free(t);
@@ -141,12 +123,21 @@ static void quantize_t(FP8Train *t, int i, FP8Tensor *q, const void *x) {
     fp8_quantize_t_cuda(q, x, dev_mul(t, i), t->r.kind == FP8_RECIPE_DELAYED ? dev_amax(t, i) : NULL);
 }
 
-// W and W^T for this optimizer step (once, at the first forward after it)
-static void weights(FP8Train *t, const QWeight *w) {
-    if (t->fresh) return;
-    quantize(t, T_W, &t->w, w->dense);  // (a per-tensor scale in t's slot, copied to wt's)
-    fp8_transpose_cuda(&t->wt, &t->w);
-    t->fresh = 1;
+// W (OC, C) for the forward, or W^T (C, OC) for dX, quantized from the bf16 weight into scratch at
+// each call: no FP8 copy of the weights is kept, so FP8 training holds no more memory than BF16 (a
+// kept W and W^T would cost 2 bytes a parameter, for one pass over the weight a call saved)
+static FP8Tensor weight_q(FP8Train *t, const QWeight *w, int transposed) {
+    FP8Gran g = recipe_gran(&t->r);
+    int rows = transposed ? w->cols : w->rows, cols = transposed ? w->rows : w->cols;
+    FP8Tensor q = tensor_of(rows, cols, g, FP8_E4M3, g == FP8_BLOCK ? FP8_BLOCK_SIZE : 1);
+    q.data = (uint8_t *)cu_scratch(SC_TRAIN_W, (size_t)rows * cols);
+    if (g == FP8_BLOCK) q.scale = (float *)cu_scratch(SC_TRAIN_W_S, fp8_num_scales(g, rows, cols, FP8_BLOCK_SIZE) * 4);
+    if (!transposed) quantize(t, T_W, &q, w->dense);
+    else {
+        tensor_scale(t, T_W, w->dense, (size_t)rows * cols);
+        quantize_t(t, T_W, &q, w->dense);  // 128x128 tiles: the transpose of W's
+    }
+    return q;
 }
 
 // an activation-layout FP8 tensor (rows, cols) of format fmt over scratch buffers sc (codes) and sc + 1 (scales)
@@ -170,13 +161,13 @@ static int reuse(FP8Train *t, XCache *c, const void *inp, int N, unsigned long m
 // out (N, OC) (yt: DT_BF16, or DT_F32 for the caller's bias pass) = inp (N, C) W^T in FP8
 void cu_fp8_train_forward(void *out, DType yt, const void *inp, const QWeight *w, int N) {
     FP8Train *t = w->train;
-    weights(t, w);
+    FP8Tensor wq = weight_q(t, w, 0);
     XCache *c = &(t->leader ? t->leader : t)->fwd;
     if (!reuse(t, c, inp, N, ++calls)) {
         c->q = act_tensor(t, N, w->cols, FP8_E4M3, SC_ACT_Q);
         quantize(t, T_X, &c->q, inp);
     }
-    fp8_gemm_cuda(out, yt, &c->q, &t->w, 0);
+    fp8_gemm_cuda(out, yt, &c->q, &wq, 0);
 }
 
 // dinp (N, C) bf16 (=, or += with accumulate) = dout W ; dw (OC, C) f32 += dout^T inp ; in FP8
@@ -186,15 +177,15 @@ void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *do
     int C = w->cols, OC = w->rows;
     FP8Format gfmt = t->r.hybrid ? FP8_E5M2 : FP8_E4M3;
     unsigned long me = ++calls;
-    weights(t, w);  // (a backward without a forward since the step: a recomputed one)
     if (dinp) {
+        FP8Tensor wt = weight_q(t, w, 1);
         FP8Tensor dyq = act_tensor(t, N, OC, gfmt, SC_TRAIN_DY);
         quantize(t, T_DY, &dyq, dout);
         size_t n = (size_t)N * C;
-        if (!accumulate) fp8_gemm_cuda(dinp, DT_BF16, &dyq, &t->wt, 0);
+        if (!accumulate) fp8_gemm_cuda(dinp, DT_BF16, &dyq, &wt, 0);
         else {
             float *y = (float *)cu_scratch(SC_F32, n * 4);
-            fp8_gemm_cuda(y, DT_F32, &dyq, &t->wt, 0);
+            fp8_gemm_cuda(y, DT_F32, &dyq, &wt, 0);
             cu_accumulate_f32((bf16 *)dinp, y, n);
         }
     } else tensor_scale(t, T_DY, dout, (size_t)N * OC);
@@ -212,10 +203,9 @@ void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *do
     fp8_gemm_cuda(dw, DT_F32, &dyt, &c->q, 1);
 }
 
-// After an optimizer step: the weights changed (each re-quantized at its next forward); delayed
-// scaling rolls every tensor's history and sets the next scales, from one download and one upload.
+// After an optimizer step: delayed scaling rolls every tensor's history and sets the next scales,
+// from one download and one upload (the other recipes keep nothing between steps).
 void cu_fp8_train_step(FP8Train *const *ts, int n, long *overflows) {
-    for (int k = 0; k < n; k++) ts[k]->fresh = 0;
     if (n == 0 || ts[0]->r.kind != FP8_RECIPE_DELAYED) return;
     const size_t per = SLOT * SLOTS;
     float *host;

@@ -202,7 +202,7 @@ void model_free(Model *m);
 // recipe r from now on (fp8_train.cu says which tensors are FP8). Dies in one line where the
 // backend (the CPU's) or the GPU (no FP8 tensor cores) cannot, naming BF16 as the way on.
 void model_fp8_train(Model *m, const FP8Recipe *r);
-// after each optimizer step that changed the weights (full_step calls it): re-quantize, roll the histories
+// after each optimizer step (full_step calls it): delayed scaling's histories roll
 void model_fp8_train_step(Model *m);
 void model_free_scratch(Model *m);  // the activation arena and decode scratch (weights stay)
 // turn the time-shared arena on with this budget (bytes); see Arena

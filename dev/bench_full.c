@@ -153,15 +153,14 @@ static void run_part(void *arg) {
         case 2: p->be->linear_backward(NULL, 0, p->dw, NULL, p->dy, p->x, p->w, p->N); break;
         case 3: fp8_quantize_cuda(&p->q, p->x, DT_BF16, 0); break;
         case 4: fp8_quantize_t_cuda(&p->qt, p->x, NULL, NULL); break;
-        case 5: fp8_transpose_cuda(&p->qt, &p->q); break;
     }
 }
 static void parts(int N) {
     const Backend *be = backend_select("cuda", 0);
     int shapes[3][2] = {{2048, 2048}, {8192, 2048}, {2048, 8192}};  // (OC, C): q/o, gate/up, down
     printf("\none linear layer, %d tokens, ms (20 calls each)\n\n", N);
-    printf("| OC x C | BF16 fwd | dX | dW | block fwd | dX | dW | delayed fwd | dX | dW | quant 1x128 X | quant_t X | transpose X |\n");
-    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    printf("| OC x C | BF16 fwd | dX | dW | block fwd | dX | dW | delayed fwd | dX | dW | quant 1x128 X | quant_t X |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (int k = 0; k < 3; k++) {
         int OC = shapes[k][0], C = shapes[k][1];
         Part p;
@@ -181,7 +180,7 @@ static void parts(int N) {
         for (size_t i = 0; i < (size_t)OC * C; i++) h[i] = 0.02f * rng_normal(&r);
         be->upload_convert(w.dense, DT_BF16, h, DT_F32, (size_t)OC * C);
         p.w = &w;
-        double t[12];
+        double t[11];
         for (int i = 0; i < 3; i++) p.what = i, t[i] = time_it(be, run_part, &p);
         for (int rk = 0; rk < 2; rk++) {
             FP8Recipe rc = fp8_recipe_default();
@@ -201,10 +200,8 @@ static void parts(int N) {
         p.q = q, p.qt = qt;
         p.what = 3, t[9] = time_it(be, run_part, &p);
         p.what = 4, t[10] = time_it(be, run_part, &p);
-        p.q.gran = p.qt.gran = FP8_TENSOR;
-        p.what = 5, t[11] = time_it(be, run_part, &p);
         printf("| %d x %d |", OC, C);
-        for (int i = 0; i < 12; i++) printf(" %.3f |", t[i]);
+        for (int i = 0; i < 11; i++) printf(" %.3f |", t[i]);
         printf("\n");
         void *fr[] = {p.x, p.dy, p.y, p.dx, p.dw, w.dense, q.data, q.scale, qt.data, qt.scale};
         for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) be->free(fr[i]);
