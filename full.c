@@ -11,6 +11,15 @@ void full_init(FullTrainer *ft, Model *m) {
             if (m->w.layers[l].lin[i].gran != FP8_OFF)
                 die("full-weight training updates every weight, and layer %d's are FP8 (frozen): load the model with "
                     "--load_in_fp8 off", l);
+    // what full training adds to the weights: fp32 gradients, masters and two AdamW moments, 16
+    // bytes a parameter; said before anything is allocated where the device cannot hold it
+    size_t n = m->w.dense_bytes / dtype_size(be->act), need = 4 * n * dtype_size(be->hp), cap = be->mem_capacity();
+    size_t used = be->mem_in_use(NULL);
+    if (cap > 0 && used + need > cap)
+        die("full-weight training needs %.1f GiB beyond the model's %.1f GiB (fp32 gradients, master weights and AdamW's two "
+            "moments: 16 bytes a parameter, %.2fB parameters), and the GPU has %.1f GiB left: train a LoRA adapter instead "
+            "(--use_peft), or a smaller model",
+            need / 1073741824.0, m->w.dense_bytes / 1073741824.0, n / 1e9, (cap > used ? cap - used : 0) / 1073741824.0);
     model_alloc_grads(m);
     memset(ft, 0, sizeof *ft);
     ft->be = be;

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "full.h"
 #include "lora.h"
 #include "model.h"
 #include "safetensors.h"
@@ -340,7 +341,7 @@ START_TEST(test_fp8_linear_matches_reference_gemm) {
     for (int i = 0; i < N * K; i++) w[i] = rng_normal(&r) * 0.05f;
     FP8Gran grans[3] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK};
     for (int g = 0; g < 3; g++) {
-        QWeight qw = {N, K, grans[g], {0}, NULL};
+        QWeight qw = {N, K, grans[g], {0}, NULL, NULL};
         fp8_tensor_alloc_cpu(&qw.q, N, K, grans[g], FP8_E4M3, 128);
         be->quantize_weight(&qw, w, DT_F32, 0);
         float *y = (float *)mallocCheck(M * N * sizeof(float)), *yr = (float *)mallocCheck(M * N * sizeof(float));
@@ -909,6 +910,35 @@ START_TEST(test_no_gpu_reason) {
 }
 END_TEST
 
+// Full-weight and FP8 training say in one line when they cannot run: a model that does not fit with
+// its fp32 gradients, masters and moments (how much it needs, and LoRA as the way on), FP8 training
+// on the CPU backend, and an FP8 (frozen) checkpoint
+static size_t tiny_capacity(void) { return 64 * 1024; }
+static size_t no_use(size_t *peak) {
+    if (peak) *peak = 0;
+    return 0;
+}
+START_TEST(test_full_training_refusals) {
+    Model m;
+    load_fixture(&m, "qwen3", FP8_OFF);
+    Backend small = *m.be;  // the CPU backend, as if it were a device with 64 KiB
+    small.mem_capacity = tiny_capacity;
+    small.mem_in_use = no_use;
+    const Backend *real = m.be;
+    m.be = &small;
+    FullTrainer ft;
+    EXPECT_DIE(full_init(&ft, &m), "full-weight training needs");
+    ck_assert_msg(strstr(testutil_err, "16 bytes a parameter") && strstr(testutil_err, "--use_peft"), "%s", testutil_err);
+    m.be = real;
+    FP8Recipe r = fp8_recipe_default();
+    EXPECT_DIE(model_fp8_train(&m, &r), "FP8 training (--fp8_recipe) runs on the GPU");
+    model_free(&m);
+    load_fixture(&m, "qwen3", FP8_BLOCK);
+    EXPECT_DIE(full_init(&ft, &m), "--load_in_fp8 off");
+    model_free(&m);
+}
+END_TEST
+
 static Suite *model_suite(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("model");
@@ -935,6 +965,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_generate_cli);
     tcase_add_test(tc, test_tokenizer_checkpoint_disagree);
     tcase_add_test(tc, test_no_gpu_reason);
+    tcase_add_test(tc, test_full_training_refusals);
     suite_add_tcase(s, tc);
     return s;
 }
