@@ -18,7 +18,6 @@
 // contents: one function per stage (load, warm-up, rollout, score, update, evaluate,
 // log, checkpoint, finish).
 #include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <sys/stat.h>
@@ -324,78 +323,7 @@ static double evaluate(Model *m, const Task *task, const Formatter *f, int n, in
 }
 
 // ----------------------------------------------------------------------------
-// output directory, checkpoints, metrics
-
-static int dir_exists(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-static void mkdir_or_die(const char *p) {
-    if (mkdir(p, 0755) != 0 && errno != EEXIST) die("cannot create directory %s (%s)", p, strerror(errno));
-}
-static void rm_rf(const char *p) {
-    DIR *d = opendir(p);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char q[4096];
-        path_join(q, sizeof q, p, e->d_name);
-        if (dir_exists(q)) rm_rf(q);
-        else remove(q);
-    }
-    closedir(d);
-    rmdir(p);
-}
-
-// dir and its parents, as mkdir -p
-static void mkdir_p(const char *dir) {
-    char p[4096];
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *c = p + 1; *c; c++) {
-        if (*c != '/') continue;
-        *c = 0;
-        mkdir_or_die(p);
-        *c = '/';
-    }
-    mkdir_or_die(p);
-}
-
-// dir exists (made if need be) and this process can create files in it; else one line and
-// exit now, not after minutes of warm-up
-static void make_writable_dir(const char *dir) {
-    struct stat sb;
-    if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) die("output directory %s exists and is not a directory: give another --output_dir", dir);
-    mkdir_p(dir);
-    char probe[4200];
-    snprintf(probe, sizeof probe, "%s/.write_test_XXXXXX", dir);
-    int fd = mkstemp(probe);
-    if (fd < 0) die("cannot write in output directory %s (%s): give another --output_dir", dir, strerror(errno));
-    close(fd);
-    unlink(probe);
-}
-
-// the largest N of dir's directories named prefix-N (prefix "checkpoint": its newest checkpoint; "run":
-// its newest run), counting only those that hold a checkpoint when with_checkpoint; -1 if none
-static int newest_numbered(const char *dir, const char *prefix, int with_checkpoint) {
-    DIR *d = opendir(dir);
-    if (!d) return -1;
-    int best = -1;
-    size_t np = strlen(prefix);
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        int n;
-        char tail, p[4200];
-        if (strncmp(e->d_name, prefix, np) || e->d_name[np] != '-' || sscanf(e->d_name + np + 1, "%d%c", &n, &tail) != 1 ||
-            n < 0 || n <= best)
-            continue;
-        path_join(p, sizeof p, dir, e->d_name);
-        if (dir_exists(p) && (!with_checkpoint || newest_numbered(p, "checkpoint", 0) >= 0)) best = n;
-    }
-    closedir(d);
-    return best;
-}
-static int last_checkpoint(const char *dir) { return newest_numbered(dir, "checkpoint", 0); }
+// checkpoints (checkpoint.h: the output directory, writing and reading them)
 
 // the settings a checkpoint must agree with to be resumed
 static cJSON *run_identity(const Opts *o, const GrpoConfig *g) {
@@ -414,69 +342,14 @@ static cJSON *run_identity(const Opts *o, const GrpoConfig *g) {
 }
 
 static void save_checkpoint(const Opts *o, const GrpoConfig *g, const LoRA *lo, const Model *m, int step) {
-    char final[4096], tmp[4096], p[4200];
-    snprintf(final, sizeof final, "%s/checkpoint-%d", o->output_dir, step);
-    snprintf(tmp, sizeof tmp, "%s/checkpoint-%d.tmp", o->output_dir, step);
-    rm_rf(tmp);
-    mkdir_or_die(tmp);
+    char tmp[4200], p[4300];
+    checkpoint_begin(o->output_dir, step, tmp, sizeof tmp);
     lora_save_peft(lo, m, tmp, o->model ? o->model : "builtin-tiny");
-    snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
+    path_join(p, sizeof p, tmp, "optimizer.safetensors");
     lora_save_state(lo, p);
-    cJSON *st = cJSON_CreateObject();
-    cJSON_AddNumberToObject(st, "global_step", step);
-    cJSON_AddItemToObject(st, "run", run_identity(o, g));
-    char *text = cJSON_Print(st);
-    cJSON_Delete(st);
-    snprintf(p, sizeof p, "%s/trainer_state.json", tmp);
-    write_file_atomic(p, text, strlen(text));
-    free(text);
-    // the directory appears under its final name only once complete
-    if (dir_exists(final)) rm_rf(final);
-    if (rename(tmp, final) != 0) die("cannot rename %s to %s (%s)", tmp, final, strerror(errno));
-}
-
-static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
-
-// TRL's save_total_limit, called once checkpoint-`newest` is complete (renamed into place):
-// delete dir's oldest checkpoints until at most `limit` remain, never `newest` itself nor `keep`
-// (the one this run resumed from; -1: none). Checkpoints numbered above newest were left by an
-// earlier run that --overwrite_output_dir started over: not counted, not touched. Each goes
-// atomically as far as --resume can tell: first renamed out of the checkpoint-N names (to a
-// hidden .checkpoint-N.deleting that the next rotation finishes removing if this one is killed),
-// then removed, so a half-deleted checkpoint is never taken for one to resume.
-static void rotate_checkpoints(const char *dir, int limit, int newest, int keep, int quiet) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    int *steps = NULL, n = 0, cap = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        int k;
-        char tail, p[4200];
-        path_join(p, sizeof p, dir, e->d_name);
-        if (!strncmp(e->d_name, ".checkpoint-", 12) && strstr(e->d_name, ".deleting")) {
-            rm_rf(p);  // what a killed rotation left
-            continue;
-        }
-        if (strncmp(e->d_name, "checkpoint-", 11) || sscanf(e->d_name + 11, "%d%c", &k, &tail) != 1 || k < 0 || k > newest ||
-            !dir_exists(p))
-            continue;
-        if (n == cap) steps = (int *)reallocCheck(steps, (cap = cap ? 2 * cap : 16) * sizeof(int));
-        steps[n++] = k;
-    }
-    closedir(d);
-    if (n) qsort(steps, n, sizeof(int), cmp_int);
-    for (int i = 0, left = n; i < n && left > limit; i++) {
-        if (steps[i] == newest || steps[i] == keep) continue;
-        char from[4200], to[4200];
-        snprintf(from, sizeof from, "%s/checkpoint-%d", dir, steps[i]);
-        snprintf(to, sizeof to, "%s/.checkpoint-%d.deleting", dir, steps[i]);
-        rm_rf(to);
-        if (rename(from, to) != 0) die("--save_total_limit: cannot remove %s (%s)", from, strerror(errno));
-        rm_rf(to);
-        left--;
-        if (!quiet) printf("deleted %s (--save_total_limit %d)\n", from, limit);
-    }
-    free(steps);
+    cJSON *run = run_identity(o, g);
+    checkpoint_commit(o->output_dir, step, tmp, run);
+    cJSON_Delete(run);
 }
 
 // restore a checkpoint (checkpoint.c); returns its step
@@ -491,23 +364,6 @@ static int load_checkpoint(const Opts *o, const GrpoConfig *g, LoRA *lo, int n) 
     return n;
 }
 
-// keep the metrics lines of steps <= upto (after a resume, later lines belong to the lost run)
-static void metrics_truncate(const char *path, int upto) {
-    if (!file_exists(path)) return;
-    char *text = read_file(path, NULL), *keep = (char *)callocCheck(strlen(text) + 1, 1), *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        cJSON *j = cJSON_Parse(line);
-        cJSON *s = j ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL;
-        if (cJSON_IsNumber(s) && s->valueint <= upto) {
-            strcat(keep, line);
-            strcat(keep, "\n");
-        }
-        cJSON_Delete(j);
-    }
-    write_file_atomic(path, keep, strlen(keep));
-    free(text);
-    free(keep);
-}
 
 // ----------------------------------------------------------------------------
 // the run
