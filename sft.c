@@ -1,6 +1,5 @@
 // sft.c: supervised fine-tuning: the JSONL data, its tokens, batches, the completion-only loss
 // and the optimizer step (sft.h).
-#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 
@@ -8,6 +7,7 @@
 
 #include "grpo.h"  // lr_cosine_with_warmup, grad_clip_factor
 #include "sft.h"
+#include "tasks.h"  // jsonl_next
 
 // ----------------------------------------------------------------------------
 // JSONL
@@ -94,40 +94,24 @@ int sft_read_jsonl(const char *path, SftText **out, long *n_out, char *err, size
     *out = NULL, *n_out = 0;
     FILE *f = fopen(path, "r");
     if (!f) return error_msg(err, cap, "cannot open %s: %s", path, strerror(errno));
-    char *line = NULL, why[512];
-    size_t lcap = 0;
-    long lineno = 0, n = 0, ncap = 0;
-    int rc = 0;
+    JsonlReader rd = {f, path, NULL, 0, 0};
+    char why[512];
+    long n = 0, ncap = 0;
+    int rc;
     SftText *t = NULL;
-    while (getline(&line, &lcap, f) >= 0) {
-        lineno++;
-        char *s = line;
-        while (isspace((unsigned char)*s)) s++;
-        if (!*s) continue;  // blank lines are allowed
-        const char *end = NULL;
-        cJSON *j = cJSON_ParseWithOpts(s, &end, 0);
-        if (!j) {
-            const char *e = cJSON_GetErrorPtr();
-            rc = error_msg(err, cap, "%s:%ld: not valid JSON (near \"%.20s\")", path, lineno, e ? e : s);
-            break;
-        }
-        while (end && isspace((unsigned char)*end)) end++;
-        if (end && *end) {
-            rc = error_msg(err, cap, "%s:%ld: more than one JSON value on the line (one object per line)", path, lineno);
-            cJSON_Delete(j);
-            break;
-        }
+    cJSON *j;
+    while ((rc = jsonl_next(&rd, &j, err, cap)) > 0) {
         if (n == ncap) t = (SftText *)reallocCheck(t, (size_t)(ncap = ncap ? 2 * ncap : 256) * sizeof(SftText));
         memset(&t[n], 0, sizeof t[n]);
         const char *e = read_example(j, &t[n], why, sizeof why);
         cJSON_Delete(j);
         if (e) {
-            rc = error_msg(err, cap, "%s:%ld: %s", path, lineno, e);
+            rc = error_msg(err, cap, "%s:%ld: %s", path, rd.lineno, e);
             break;
         }
-        t[n++].line = lineno;
+        t[n++].line = rd.lineno;
     }
-    free(line);
+    free(rd.line);
     fclose(f);
     if (!rc && n == 0)
         rc = error_msg(err, cap, "%s: no examples (one JSON object per line: {\"prompt\", \"completion\"} or {\"messages\"})", path);
