@@ -20,8 +20,8 @@
 # SAN=1: AddressSanitizer + UndefinedBehaviorSanitizer (float-cast-overflow too), the first report
 # fatal (-fno-sanitize-recover=all), CPU backend only, everything in build-san/ (the programs as
 # build-san/train_grpo, build-san/train_sft and build-san/generate, and the suites run there), so
-# that the normal build is untouched; all but the CPU kernels (see KCFLAGS below). CI runs make test in both builds
-# (.ci/run).
+# that the normal build is untouched; all but the CPU kernels (see KCFLAGS below). CI runs make
+# test in both builds (.ci/run).
 
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
 CC      ?= gcc

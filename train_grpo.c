@@ -34,6 +34,7 @@
 #include "plot.h"
 #include "rollout.h"
 #include "safetensors.h"
+#include "sft.h"
 #include "tasks.h"
 #include "tokenizer.h"
 
@@ -404,8 +405,8 @@ static void add_num(cJSON *j, const char *k, double v) {
 }
 
 // ----------------------------------------------------------------------------
-// supervised warm-up of the built-in model: full fine-tuning (fp32, every weight)
-// on task demonstrations "prompt answer<eos>", loss = mean -log p of the answer tokens.
+// supervised warm-up of the built-in model: SFT (sft.h) of every weight (full.h) on task
+// demonstrations "prompt answer<eos>" made in memory, the loss on the answer tokens only.
 // It gives GRPO a model that is sometimes right, so rewards have variance to learn from.
 
 // The answer a warm-up demonstration shows. With probability p_forget an addition whose
@@ -426,64 +427,33 @@ static void sft_warmup(Model *m, const Task *task, const Formatter *f, int steps
     Rng demo_rng = rng_make((uint64_t)seed ^ 0xd3e0ull);
     FullTrainer ft;
     full_init(&ft, m);
-    int T = 0;
-    int **ids = (int **)mallocCheck(batch * sizeof(int *)), *lens = (int *)mallocCheck(batch * sizeof(int)),
-        *plen = (int *)mallocCheck(batch * sizeof(int));
+    SftTrainer tr = {.m = m, .full = &ft, .micro_batch = batch, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .max_grad_norm = 1.0};
+    SftFormat fmt = {.tok = f->tok, .eos = eos};
+    SftExample *ex = (SftExample *)callocCheck(batch, sizeof(SftExample));
+    const SftExample **exp = (const SftExample **)mallocCheck(batch * sizeof(SftExample *));
     double t0 = now_sec();
     for (int step = 0; step < steps; step++) {
-        T = 0;
-        for (int b = 0; b < batch; b++) {
-            Example ex;
-            task_example(task, SPLIT_TRAIN, (uint64_t)step * batch + b + (uint64_t)seed * 1000003ull, &ex);
-            int *p, *a;
+        for (int b = 0; b < batch; b++) {  // the step's demonstrations: the same on every run
+            Example e;
+            task_example(task, SPLIT_TRAIN, (uint64_t)step * batch + b + (uint64_t)seed * 1000003ull, &e);
             char ans[64];
-            demo_answer(&ex, p_forget, &demo_rng, ans, sizeof ans);
-            int np = encode_prompt(f, ex.prompt, &p), na = tokenizer_encode(f->tok, ans, &a);
-            ids[b] = (int *)mallocCheck((np + na + 1) * sizeof(int));
-            memcpy(ids[b], p, np * sizeof(int));
-            memcpy(ids[b] + np, a, na * sizeof(int));
-            ids[b][np + na] = eos;
-            lens[b] = np + na + 1;
-            plen[b] = np;
-            if (lens[b] > T) T = lens[b];
-            free(p);
-            free(a);
-            example_free(&ex);
+            demo_answer(&e, p_forget, &demo_rng, ans, sizeof ans);
+            sft_encode(&fmt, NULL, e.prompt, ans, &ex[b]);
+            exp[b] = &ex[b];
+            example_free(&e);
         }
-        int *flat = (int *)callocCheck((size_t)batch * T, sizeof(int)), *tg = (int *)mallocCheck((size_t)batch * T * sizeof(int));
-        double *w = (double *)callocCheck((size_t)batch * T, sizeof(double)), *lp = (double *)mallocCheck((size_t)batch * T * sizeof(double));
-        int ntok = 0;
-        for (int b = 0; b < batch; b++)
-            for (int t = 0; t < T; t++) {
-                flat[b * T + t] = t < lens[b] ? ids[b][t] : 0;
-                int predicts_answer = t >= plen[b] - 1 && t + 1 < lens[b];
-                tg[b * T + t] = predicts_answer ? ids[b][t + 1] : -1;
-                ntok += predicts_answer;
-            }
-        for (int i = 0; i < batch * T; i++) w[i] = tg[i] >= 0 ? -1.0 / ntok : 0;
-        model_forward(m, flat, batch, T);
-        model_logprobs(m, tg, 1.0f, lp);
-        double loss = 0;
-        for (int i = 0; i < batch * T; i++) loss += w[i] * lp[i];
-        model_zero_grads(m);
-        model_backward(m, w);
-        double lr = lr_cosine_with_warmup(3e-3, step, steps / 10, steps);
-        double gn = full_step(&ft, m, (float)lr, 0.9f, 0.99f, 1e-8f, 0.0f, 1.0);
+        double lr = sft_learning_rate("cosine", 3e-3, step, steps / 10, steps);
+        SftStats st = sft_step(&tr, exp, batch, lr);
         if (!quiet && ((step + 1) % 50 == 0 || step == steps - 1)) {
             double acc = evaluate(m, task, f, eval_size, max_new, &eos, 1);
-            printf("warm-up %4d/%d | loss %.4f | grad_norm %.3f | lr %.2e | held-out %.3f | %.1f s\n", step + 1, steps, loss, gn,
-                   lr, acc, now_sec() - t0);
+            printf("warm-up %4d/%d | loss %.4f | grad_norm %.3f | lr %.2e | held-out %.3f | %.1f s\n", step + 1, steps, st.loss,
+                   st.grad_norm, lr, acc, now_sec() - t0);
         }
-        for (int b = 0; b < batch; b++) free(ids[b]);
-        free(flat);
-        free(tg);
-        free(w);
-        free(lp);
+        for (int b = 0; b < batch; b++) sft_example_free(&ex[b]);
     }
     full_free(&ft);
-    free(ids);
-    free(lens);
-    free(plen);
+    free(ex);
+    free(exp);
 }
 
 // The built-in byte-level vocabulary as a Hugging Face tokenizer.json, so that the warm-up
