@@ -47,9 +47,9 @@ typedef struct {
 #define OFF(f) offsetof(Opts, f)
 static const Option OPTIONS[] = {
     {.name = "model and data", .kind = OPT_SECTION},
-    {"model", OPT_STRING, OFF(model), .meta = "DIR", .unset = "none: required",
+    {"model", OPT_STRING, OFF(model), .meta = "DIR", .unset = "required",
      .help = "Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)"},
-    {"data", OPT_STRING, OFF(data), .meta = "FILE", .unset = "none: required",
+    {"data", OPT_STRING, OFF(data), .meta = "FILE", .unset = "required",
      .help = "JSONL, one example per line: {\"prompt\", \"completion\"} as text or as chat messages, or {\"messages\"}"},
     {"max_length", OPT_INT, OFF(max_length), 2, 1e7, .dflt = "1024",
      .help = "tokens kept per example, prompt + completion (the start is kept; at most the model's max_position_embeddings)"},

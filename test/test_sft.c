@@ -6,7 +6,8 @@
 // fixture); gradient accumulation against one big batch (fp64 backend); a few hundred steps on
 // the built-in arithmetic lowering the loss; and ./train_sft end to end: a full run's checkpoint
 // holds exactly the trained weights (bf16 when the model was bf16) and ./generate reloads it,
-// --resume is bit-exact (every weight and LoRA), bad flags and data are one-line errors.
+// --resume is bit-exact (every weight and LoRA), --gradient_checkpointing changes nothing, bad
+// flags and data are one-line errors.
 #include <check.h>
 #include <math.h>
 #include <sys/wait.h>
@@ -576,6 +577,22 @@ START_TEST(test_resume_bit_exact) {
 }
 END_TEST
 
+START_TEST(test_gradient_checkpointing_same_result) {
+    // recomputing each layer in the backward changes the memory, not one bit of the result (CPU)
+    setup_program();
+    char cmd[4096], out[8192], p[1400], q[1400];
+    const char *dirs[2] = {tmp_path("nogc"), tmp_path("gc")};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "./train_sft --device cpu --quiet --max_steps 3 --model %s --data %s --output_dir %s %s", model_dir,
+                 data_path, dirs[k], k ? "--gradient_checkpointing" : "");
+        ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
+    }
+    snprintf(p, sizeof p, "%s/checkpoint-3/optimizer.safetensors", dirs[0]);
+    snprintf(q, sizeof q, "%s/checkpoint-3/optimizer.safetensors", dirs[1]);
+    ck_assert_msg(same_file(p, q), "--gradient_checkpointing changed the trained weights");
+}
+END_TEST
+
 START_TEST(test_bad_flags_and_data) {
     setup_program();
     const char *bad = tmp_path("bad_data.jsonl");
@@ -640,6 +657,7 @@ static Suite *sft_suite(void) {
     tcase_add_test(tc, test_full_checkpoint_reloads);
     tcase_add_test(tc, test_bf16_model_saved_in_bf16);
     tcase_add_test(tc, test_resume_bit_exact);
+    tcase_add_test(tc, test_gradient_checkpointing_same_result);
     tcase_add_test(tc, test_bad_flags_and_data);
     suite_add_tcase(s, tc);
     return s;
