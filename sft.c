@@ -178,9 +178,10 @@ int sft_data_load(SftData *d, const char *path, const SftFormat *f, uint64_t see
     for (long i = 0; i < d->n_text; i++) {
         const SftText *t = &d->text[i];
         if (t->conversational && !f->chat) {
+            long line = t->line;  // (t is freed with d)
             sft_data_free(d);
             return error_msg(err, cap, "%s:%ld: a conversation (chat messages), but prompts are raw text here (the checkpoint has no "
-                             "chat template, or --chat 0): give \"prompt\"/\"completion\" text", path, t->line);
+                             "chat template, or --chat 0): give \"prompt\"/\"completion\" text", path, line);
         }
         SftExample *e = &d->ex[d->n];
         d->truncated += sft_encode(f, t->system, t->prompt, t->completion, e) > 0;
