@@ -666,5 +666,11 @@ static Suite *sft_suite(void) {
 int main(void) {
     // one process: the model made by the first program test is reused by the others
     setenv("CK_FORK", "no", 1);
-    return run_suite(sft_suite());
+    int rc = run_suite(sft_suite());
+    if (rc == 0 && !strstr(base_dir, "XXXXXX")) {  // passed: the temporary directory goes (kept on a failure, to look at)
+        char cmd[1200];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", base_dir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", base_dir);
+    }
+    return rc;
 }
