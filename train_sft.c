@@ -14,7 +14,9 @@
 // renamed, checkpoint.h) is what the run trained, readable by others, plus what --resume needs:
 //   every weight: a Hugging Face checkpoint (config.json, model.safetensors in the --model
 //                 checkpoint's dtype: bf16 stays bf16, anything else is saved in fp32) with the
-//                 tokenizer files copied, so ./generate and transformers load it as it is;
+//                 tokenizer files copied, so ./generate and transformers load it as it is; it holds
+//                 the weights the model computes with (model_save_hf): the fp32 masters on the CPU,
+//                 their bf16 rounding on the GPU (the masters are in optimizer.safetensors);
 //   LoRA:         the PEFT adapter (adapter_config.json, adapter_model.safetensors);
 //   both:         optimizer.safetensors (fp32 masters and Adam moments) and trainer_state.json
 //                 (global_step and the settings a resume must share). The data position is
