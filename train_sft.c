@@ -361,7 +361,7 @@ int main(int argc, char **argv) {
         checkpoint(&r, step);
     }
     if (r.start >= r.total) printf("checkpoint-%d is at the run's last step %ld: nothing left to do\n", r.start, r.total);
-    else printf("done: %ld steps in %.1f s, last loss %.4f; %s/checkpoint-%ld holds the %s\n", r.total - r.start, now_sec() - t0,
+    else printf("done: %ld steps in %.1f s, the last one's loss %.4f; %s/checkpoint-%ld holds the %s\n", r.total - r.start, now_sec() - t0,
                 last_loss, r.o.output_dir, r.total, r.lo ? "adapter (PEFT format)" : "model (a Hugging Face checkpoint)");
     free(ex);
     run_free(&r);
