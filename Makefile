@@ -1,6 +1,6 @@
 # Makefile for fp8-grpo.
 #
-#   make              build ./train_grpo, ./generate and ./export (CPU backend always; CUDA
+#   make              build ./train_grpo, ./train_sft, ./generate and ./export (CPU backend always; CUDA
 #                     backend too when nvcc is found), on every core
 #   make test         build and run the CPU test suites (Check); non-zero on any failure
 #   make test-gpu     build and run the GPU test suites (needs a CUDA GPU)
@@ -20,9 +20,9 @@
 # all of them); LDFLAGS=... is added to likewise.
 # SAN=1: AddressSanitizer + UndefinedBehaviorSanitizer (float-cast-overflow too), the first report
 # fatal (-fno-sanitize-recover=all), CPU backend only, everything in build-san/ (the programs as
-# build-san/train_grpo and build-san/generate, and the suites run there), so that the normal build
-# is untouched; all but the CPU kernels (see KCFLAGS below). CI runs make test in both builds
-# (.ci/run).
+# build-san/train_grpo, build-san/train_sft and build-san/generate, and the suites run there), so
+# that the normal build is untouched; all but the CPU kernels (see KCFLAGS below). CI runs make
+# test in both builds (.ci/run).
 
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
 CC      ?= gcc
@@ -122,7 +122,7 @@ endif
 # ---- sources ----
 # the library: everything but the programs' mains
 LIB_C   := safetensors.c model.c model_load.c backend.c backend_cpu.c ops_cpu.c fp8_cpu.c fp8_recipe.c \
-           tokenizer.c unicode.c lora.c full.c checkpoint.c grpo.c tasks.c rollout.c plot.c options.c
+           tokenizer.c unicode.c lora.c full.c sft.c checkpoint.c grpo.c tasks.c rollout.c plot.c options.c
 LIB_C   := $(wildcard $(LIB_C))
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C)))
 # the CPU reference kernels and backend again, in fp64 (backend "cpu64")
@@ -136,7 +136,7 @@ ifeq ($(filter backend_cuda.cu,$(LIB_CU)),)
 LIB_OBJ += $(BUILD)/backend_cuda_stub.o
 endif
 LIB     := $(BUILD)/libfp8grpo.a
-PROGS   := $(patsubst %.c,$(BIN)%,$(wildcard train_grpo.c generate.c export.c))
+PROGS   := $(patsubst %.c,$(BIN)%,$(wildcard train_grpo.c train_sft.c generate.c export.c))
 HEADERS := $(wildcard *.h *.cuh)
 
 VPATH := .:test
@@ -171,7 +171,7 @@ TESTS_CPU := $(patsubst test/%.c,$(BUILD)/%,$(wildcard test/test_*.c))
 $(BUILD)/test_%: test/test_%.c test/testutil.h $(LIB) $(HEADERS)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) $(CHECK_LIBS) -o $@
 
-# (SAN=1: run inside build-san/, where the suites' ./train_grpo and ./generate are its own)
+# (SAN=1: run inside build-san/, where the suites' ./train_grpo, ./train_sft and ./generate are its own)
 TEST_RUN := $(if $(BIN),cd $(BUILD) && FIXTURES=$(CURDIR)/test/fixtures UBSAN_OPTIONS=print_stacktrace=1,)
 test: $(TESTS_CPU) $(PROGS)
 	@set -e; total=0; \

@@ -1,20 +1,51 @@
-// checkpoint.h: reading back a run's checkpoint-N/ (what train_grpo's --resume continues from):
-// trainer_state.json (global_step, and "run": the settings the run must share) and
-// optimizer.safetensors (the LoRA's parameters, Adam moments and step, lora_save_state's format).
-// train_grpo.c writes them (save_checkpoint); the PEFT adapter next to them is for peft / vLLM.
+// checkpoint.h: a training run's output directory and its checkpoints, shared by ./train_grpo
+// and ./train_sft: the directory made and checked writable before any work, checkpoint-N/ written
+// under a temporary name and renamed into place once complete (trainer_state.json: global_step,
+// and "run": the settings a resumed run must share), TRL's save_total_limit, and what --resume
+// reads back: trainer_state.json, then optimizer.safetensors (a LoRA's parameters and Adam moments,
+// lora_save_state's format, or a full run's masters and moments, full_save_state's).
 // Implemented in checkpoint.c. Bad files: a one-line error naming the file and the field (die).
 #ifndef CHECKPOINT_H
 #define CHECKPOINT_H
 
+#include <cjson/cJSON.h>
+
+#include "full.h"
 #include "lora.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+// ---- the output directory ----
+int dir_exists(const char *p);
+void mkdir_or_die(const char *p);
+void rm_rf(const char *p);  // a directory and everything in it (rm -rf)
+void mkdir_p(const char *dir);
+// dir exists (made if need be) and this process can create files in it; else one line and exit
+void make_writable_dir(const char *dir);
+// the largest N of dir's directories named prefix-N, counting only those that hold a checkpoint
+// when with_checkpoint; -1 if none
+int newest_numbered(const char *dir, const char *prefix, int with_checkpoint);
+int last_checkpoint(const char *dir);  // the newest checkpoint-N in dir, -1: none
+// TRL's save_total_limit once checkpoint-`newest` is complete: the oldest deleted (atomically)
+// until at most limit remain, never newest nor keep (the one resumed from; -1: none)
+void rotate_checkpoints(const char *dir, int limit, int newest, int keep, int quiet);
+// keep the lines of metrics.jsonl whose "step" is <= upto (after a resume, later ones belong to the lost run)
+void metrics_truncate(const char *path, int upto);
+
+// ---- writing checkpoint-N ----
+// a fresh out_dir/checkpoint-N.tmp (its path into tmp) for the caller to fill
+void checkpoint_begin(const char *out_dir, int step, char *tmp, size_t cap);
+// trainer_state.json (global_step = step, "run": run) into tmp, then tmp renamed to checkpoint-N
+void checkpoint_commit(const char *out_dir, int step, const char *tmp, const cJSON *run);
+
+// ---- reading one back (--resume) ----
 // Restore lo (made with the run's LoRA settings) from dir, the checkpoint of global step `step`.
 // identity_json: the "run" object this run would write (JSON text); the checkpoint's must equal it.
 void checkpoint_read(const char *dir, int step, const char *identity_json, LoRA *lo);
+// the same for full-weight training: ft's masters and moments (m's weights from the masters)
+void checkpoint_read_full(const char *dir, int step, const char *identity_json, FullTrainer *ft, Model *m);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,7 @@
 
 #include "full.h"
 #include "grpo.h"  // grad_clip_factor
+#include "safetensors.h"
 
 void full_init(FullTrainer *ft, Model *m) {
     const Backend *be = m->be;
@@ -58,4 +59,40 @@ double full_step(FullTrainer *ft, Model *m, float lr, float beta1, float beta2, 
 void full_free(FullTrainer *ft) {
     if (ft->mem) ft->be->free(ft->mem);
     memset(ft, 0, sizeof *ft);
+}
+
+void full_save_state(const FullTrainer *ft, const char *path) {
+    const Backend *be = ft->be;
+    size_t bytes = ft->n * dtype_size(be->hp);
+    const void *src[3] = {ft->master, ft->adam_m, ft->adam_v};
+    const char *names[3] = {"params", "adam_m", "adam_v"};
+    STWrite t[3];
+    void *h[3];
+    for (int i = 0; i < 3; i++) {
+        h[i] = mallocCheck(bytes);
+        be->download(h[i], src[i], bytes);
+        t[i] = (STWrite){names[i], be->hp, 1, {(int64_t)ft->n}, h[i]};
+    }
+    char md[64];
+    snprintf(md, sizeof md, "{\"step\":\"%d\"}", ft->step);
+    st_write(path, t, 3, md);
+    for (int i = 0; i < 3; i++) free(h[i]);
+}
+
+void full_load_state(FullTrainer *ft, Model *m, const char *path) {
+    const Backend *be = ft->be;
+    SafeTensors st;
+    st_open(&st, path);
+    const char *names[3] = {"params", "adam_m", "adam_v"};
+    void *dst[3] = {ft->master, ft->adam_m, ft->adam_v};
+    for (int i = 0; i < 3; i++) {
+        const STensor *t = st_find(&st, names[i]);
+        if (!t || t->dtype != be->hp || (size_t)t->numel != ft->n)
+            die("%s: %s missing or not %zu %s values: the checkpoint is another model's (or another backend's)", path, names[i],
+                ft->n, dtype_name(be->hp));
+        be->upload(dst[i], t->data, t->nbytes);
+    }
+    ft->step = st_metadata_int(&st, "step", path);
+    st_close(&st);
+    be->to_act(m->w.dense_mem, ft->master, ft->n);
 }

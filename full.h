@@ -1,6 +1,6 @@
 // full.h: full-weight training of a model's dense weights (every weight: embeddings, norms,
 // projections, the LM head) with AdamW on fp32 master weights.
-//   defines: FullTrainer, full_init, full_step, full_free
+//   defines: FullTrainer, full_init, full_step, full_free, full_save_state, full_load_state
 // The model computes in its backend's act type (bf16 on the GPU, fp32 on the CPU): the trainer
 // keeps the fp32 (hp) master copy of every weight and AdamW's two moments, steps them with the
 // gradients model_backward accumulates (model_alloc_grads), and rounds the masters into the act
@@ -33,6 +33,12 @@ void full_init(FullTrainer *ft, Model *m);
 double full_step(FullTrainer *ft, Model *m, float lr, float beta1, float beta2, float eps, float weight_decay,
                  double max_grad_norm);
 void full_free(FullTrainer *ft);
+// The trainer's state for a checkpoint that resumes bit-exactly: the masters and both moments
+// (n hp values each, as "params", "adam_m", "adam_v") and the step, in a safetensors file (the
+// layout of lora_save_state's). Loading also sets m's weights from the masters; dies naming the
+// file when it holds another model's state.
+void full_save_state(const FullTrainer *ft, const char *path);
+void full_load_state(FullTrainer *ft, Model *m, const char *path);
 
 #ifdef __cplusplus
 }

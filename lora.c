@@ -440,19 +440,7 @@ void lora_load_state(LoRA *lo, const char *path) {
                 lo->n, dtype_name(be->hp));
         be->upload(dst[i], t->data, t->nbytes);
     }
-    // the step lives in the header's metadata
-    uint64_t hl;
-    memcpy(&hl, st.maps[0], 8);
-    char *hdr = (char *)mallocCheck(hl + 1);
-    memcpy(hdr, (char *)st.maps[0] + 8, hl);
-    hdr[hl] = 0;
-    cJSON *root = cJSON_Parse(hdr);
-    free(hdr);
-    cJSON *md = root ? cJSON_GetObjectItemCaseSensitive(root, "__metadata__") : NULL;
-    cJSON *sp = md ? cJSON_GetObjectItemCaseSensitive(md, "step") : NULL;
-    if (!cJSON_IsString(sp)) die("%s: no step in the metadata", path);
-    lo->step = atoi(sp->valuestring);
-    cJSON_Delete(root);
+    lo->step = st_metadata_int(&st, "step", path);  // the step lives in the header's metadata
     st_close(&st);
     lo->act_valid = 0;
 }

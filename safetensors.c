@@ -261,6 +261,22 @@ const STensor *st_find(const SafeTensors *st, const char *name) {
     return NULL;
 }
 
+int st_metadata_int(const SafeTensors *st, const char *key, const char *path) {
+    uint64_t hl;
+    memcpy(&hl, st->maps[0], 8);
+    char *hdr = (char *)mallocCheck(hl + 1);
+    memcpy(hdr, (char *)st->maps[0] + 8, hl);
+    hdr[hl] = 0;
+    cJSON *root = cJSON_Parse(hdr);
+    free(hdr);
+    cJSON *md = root ? cJSON_GetObjectItemCaseSensitive(root, "__metadata__") : NULL;
+    cJSON *v = md ? cJSON_GetObjectItemCaseSensitive(md, key) : NULL;
+    if (!cJSON_IsString(v)) die("%s: no %s in the metadata", path, key);
+    int x = atoi(v->valuestring);
+    cJSON_Delete(root);
+    return x;
+}
+
 void st_close(SafeTensors *st) {
     for (int i = 0; i < st->n; i++) free(st->t[i].name), free(st->t[i].copy);
     for (int i = 0; i < st->nfiles; i++) {

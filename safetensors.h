@@ -52,6 +52,9 @@ void st_open_dir(SafeTensors *st, const char *dir);
 // the tensor called name, or NULL
 const STensor *st_find(const SafeTensors *st, const char *name);
 void st_close(SafeTensors *st);
+// the integer a single-file st holds as the string value of key in its header's __metadata__
+// (st_write's {"step":"12"}); dies naming path when it is missing
+int st_metadata_int(const SafeTensors *st, const char *key, const char *path);
 
 // One tensor to write; data is host memory of numel * dtype_size(dtype) bytes.
 typedef struct {

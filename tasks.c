@@ -382,32 +382,39 @@ static int normalize_answer(char *a, char *err, size_t cap) {
     return 0;
 }
 
-static int jsonl_open(Task *t, const char *path, char *err, size_t cap) {
-    FILE *f = fopen(path, "r");
-    if (!f) return error_msg(err, cap, "cannot open %s: %s", path, strerror(errno));
-    char *line = NULL;
-    size_t lcap = 0;
-    ssize_t len;
-    long lineno = 0, ncap = 0;
-    int rc = 0;
-    while ((len = getline(&line, &lcap, f)) >= 0) {
-        lineno++;
-        char *s = line;
+int jsonl_next(JsonlReader *r, cJSON **out, char *err, size_t cap) {
+    *out = NULL;
+    while (getline(&r->line, &r->cap, r->f) >= 0) {
+        r->lineno++;
+        char *s = r->line;
         while (isspace((unsigned char)*s)) s++;
         if (!*s) continue;  // blank lines are allowed
         const char *end = NULL;
         cJSON *j = cJSON_ParseWithOpts(s, &end, 0);
         if (!j) {
             const char *e = cJSON_GetErrorPtr();
-            rc = error_msg(err, cap, "%s:%ld: not valid JSON (near \"%.20s\")", path, lineno, e ? e : s);
-            break;
+            return error_msg(err, cap, "%s:%ld: not valid JSON (near \"%.20s\")", r->path, r->lineno, e ? e : s);
         }
         while (end && isspace((unsigned char)*end)) end++;
         if (end && *end) {
-            rc = error_msg(err, cap, "%s:%ld: more than one JSON value on the line (one object per line)", path, lineno);
             cJSON_Delete(j);
-            break;
+            return error_msg(err, cap, "%s:%ld: more than one JSON value on the line (one object per line)", r->path, r->lineno);
         }
+        *out = j;
+        return 1;
+    }
+    return 0;
+}
+
+static int jsonl_open(Task *t, const char *path, char *err, size_t cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) return error_msg(err, cap, "cannot open %s: %s", path, strerror(errno));
+    JsonlReader rd = {f, path, NULL, 0, 0};
+    long ncap = 0;
+    int rc;
+    cJSON *j;
+    while ((rc = jsonl_next(&rd, &j, err, cap)) > 0) {
+        long lineno = rd.lineno;
         const char *why = NULL;
         cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
         if (!p) p = cJSON_GetObjectItemCaseSensitive(j, "question");  // GSM8K's own files say "question"
@@ -449,7 +456,7 @@ static int jsonl_open(Task *t, const char *path, char *err, size_t cap) {
         ex->key = task_key(ex->prompt);
         cJSON_Delete(j);
     }
-    free(line);
+    free(rd.line);
     fclose(f);
     if (rc) return rc;
     if (t->n_items == 0) return error_msg(err, cap, "%s: no examples (one JSON object per line with \"prompt\" and \"answer\")", path);

@@ -18,6 +18,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -59,6 +60,20 @@ typedef struct {
     uint32_t *order[2];       // per split: arithmetic problem codes / JSONL item indices, seeded shuffle
     long n[2];                // sizes of order[]
 } Task;
+
+// The JSONL reader of every data file (a task's, ./train_sft's): jsonl_next gives the next
+// non-blank line of f parsed as one JSON value: 1 and *out (the caller cJSON_Deletes it), 0 at the
+// end, or -1 with "path:line: not valid JSON (near ...)" (or more than one value) in err.
+// lineno: the line just read. The caller frees line and closes f.
+struct cJSON;
+typedef struct {
+    FILE *f;
+    const char *path;  // for the messages
+    char *line;        // getline's buffer
+    size_t cap;
+    long lineno;
+} JsonlReader;
+int jsonl_next(JsonlReader *r, struct cJSON **out, char *err, size_t cap);
 
 // spec: "arithmetic", "countdown", or a path to a .jsonl file. opt NULL = defaults.
 // Returns 0, or -1 with a one-line message ("data.jsonl:3: missing \"answer\"").

@@ -18,7 +18,6 @@
 // contents: one function per stage (load, warm-up, rollout, score, update, evaluate,
 // log, checkpoint, finish).
 #include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <sys/stat.h>
@@ -35,6 +34,7 @@
 #include "plot.h"
 #include "rollout.h"
 #include "safetensors.h"
+#include "sft.h"
 #include "tasks.h"
 #include "tokenizer.h"
 
@@ -324,78 +324,7 @@ static double evaluate(Model *m, const Task *task, const Formatter *f, int n, in
 }
 
 // ----------------------------------------------------------------------------
-// output directory, checkpoints, metrics
-
-static int dir_exists(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-static void mkdir_or_die(const char *p) {
-    if (mkdir(p, 0755) != 0 && errno != EEXIST) die("cannot create directory %s (%s)", p, strerror(errno));
-}
-static void rm_rf(const char *p) {
-    DIR *d = opendir(p);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char q[4096];
-        path_join(q, sizeof q, p, e->d_name);
-        if (dir_exists(q)) rm_rf(q);
-        else remove(q);
-    }
-    closedir(d);
-    rmdir(p);
-}
-
-// dir and its parents, as mkdir -p
-static void mkdir_p(const char *dir) {
-    char p[4096];
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *c = p + 1; *c; c++) {
-        if (*c != '/') continue;
-        *c = 0;
-        mkdir_or_die(p);
-        *c = '/';
-    }
-    mkdir_or_die(p);
-}
-
-// dir exists (made if need be) and this process can create files in it; else one line and
-// exit now, not after minutes of warm-up
-static void make_writable_dir(const char *dir) {
-    struct stat sb;
-    if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) die("output directory %s exists and is not a directory: give another --output_dir", dir);
-    mkdir_p(dir);
-    char probe[4200];
-    snprintf(probe, sizeof probe, "%s/.write_test_XXXXXX", dir);
-    int fd = mkstemp(probe);
-    if (fd < 0) die("cannot write in output directory %s (%s): give another --output_dir", dir, strerror(errno));
-    close(fd);
-    unlink(probe);
-}
-
-// the largest N of dir's directories named prefix-N (prefix "checkpoint": its newest checkpoint; "run":
-// its newest run), counting only those that hold a checkpoint when with_checkpoint; -1 if none
-static int newest_numbered(const char *dir, const char *prefix, int with_checkpoint) {
-    DIR *d = opendir(dir);
-    if (!d) return -1;
-    int best = -1;
-    size_t np = strlen(prefix);
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        int n;
-        char tail, p[4200];
-        if (strncmp(e->d_name, prefix, np) || e->d_name[np] != '-' || sscanf(e->d_name + np + 1, "%d%c", &n, &tail) != 1 ||
-            n < 0 || n <= best)
-            continue;
-        path_join(p, sizeof p, dir, e->d_name);
-        if (dir_exists(p) && (!with_checkpoint || newest_numbered(p, "checkpoint", 0) >= 0)) best = n;
-    }
-    closedir(d);
-    return best;
-}
-static int last_checkpoint(const char *dir) { return newest_numbered(dir, "checkpoint", 0); }
+// checkpoints (checkpoint.h: the output directory, writing and reading them)
 
 // the settings a checkpoint must agree with to be resumed
 static cJSON *run_identity(const Opts *o, const GrpoConfig *g) {
@@ -414,69 +343,14 @@ static cJSON *run_identity(const Opts *o, const GrpoConfig *g) {
 }
 
 static void save_checkpoint(const Opts *o, const GrpoConfig *g, const LoRA *lo, const Model *m, int step) {
-    char final[4096], tmp[4096], p[4200];
-    snprintf(final, sizeof final, "%s/checkpoint-%d", o->output_dir, step);
-    snprintf(tmp, sizeof tmp, "%s/checkpoint-%d.tmp", o->output_dir, step);
-    rm_rf(tmp);
-    mkdir_or_die(tmp);
+    char tmp[4200], p[4300];
+    checkpoint_begin(o->output_dir, step, tmp, sizeof tmp);
     lora_save_peft(lo, m, tmp, o->model ? o->model : "builtin-tiny");
-    snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
+    path_join(p, sizeof p, tmp, "optimizer.safetensors");
     lora_save_state(lo, p);
-    cJSON *st = cJSON_CreateObject();
-    cJSON_AddNumberToObject(st, "global_step", step);
-    cJSON_AddItemToObject(st, "run", run_identity(o, g));
-    char *text = cJSON_Print(st);
-    cJSON_Delete(st);
-    snprintf(p, sizeof p, "%s/trainer_state.json", tmp);
-    write_file_atomic(p, text, strlen(text));
-    free(text);
-    // the directory appears under its final name only once complete
-    if (dir_exists(final)) rm_rf(final);
-    if (rename(tmp, final) != 0) die("cannot rename %s to %s (%s)", tmp, final, strerror(errno));
-}
-
-static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
-
-// TRL's save_total_limit, called once checkpoint-`newest` is complete (renamed into place):
-// delete dir's oldest checkpoints until at most `limit` remain, never `newest` itself nor `keep`
-// (the one this run resumed from; -1: none). Checkpoints numbered above newest were left by an
-// earlier run that --overwrite_output_dir started over: not counted, not touched. Each goes
-// atomically as far as --resume can tell: first renamed out of the checkpoint-N names (to a
-// hidden .checkpoint-N.deleting that the next rotation finishes removing if this one is killed),
-// then removed, so a half-deleted checkpoint is never taken for one to resume.
-static void rotate_checkpoints(const char *dir, int limit, int newest, int keep, int quiet) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    int *steps = NULL, n = 0, cap = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        int k;
-        char tail, p[4200];
-        path_join(p, sizeof p, dir, e->d_name);
-        if (!strncmp(e->d_name, ".checkpoint-", 12) && strstr(e->d_name, ".deleting")) {
-            rm_rf(p);  // what a killed rotation left
-            continue;
-        }
-        if (strncmp(e->d_name, "checkpoint-", 11) || sscanf(e->d_name + 11, "%d%c", &k, &tail) != 1 || k < 0 || k > newest ||
-            !dir_exists(p))
-            continue;
-        if (n == cap) steps = (int *)reallocCheck(steps, (cap = cap ? 2 * cap : 16) * sizeof(int));
-        steps[n++] = k;
-    }
-    closedir(d);
-    if (n) qsort(steps, n, sizeof(int), cmp_int);
-    for (int i = 0, left = n; i < n && left > limit; i++) {
-        if (steps[i] == newest || steps[i] == keep) continue;
-        char from[4200], to[4200];
-        snprintf(from, sizeof from, "%s/checkpoint-%d", dir, steps[i]);
-        snprintf(to, sizeof to, "%s/.checkpoint-%d.deleting", dir, steps[i]);
-        rm_rf(to);
-        if (rename(from, to) != 0) die("--save_total_limit: cannot remove %s (%s)", from, strerror(errno));
-        rm_rf(to);
-        left--;
-        if (!quiet) printf("deleted %s (--save_total_limit %d)\n", from, limit);
-    }
-    free(steps);
+    cJSON *run = run_identity(o, g);
+    checkpoint_commit(o->output_dir, step, tmp, run);
+    cJSON_Delete(run);
 }
 
 // restore a checkpoint (checkpoint.c); returns its step
@@ -491,23 +365,6 @@ static int load_checkpoint(const Opts *o, const GrpoConfig *g, LoRA *lo, int n) 
     return n;
 }
 
-// keep the metrics lines of steps <= upto (after a resume, later lines belong to the lost run)
-static void metrics_truncate(const char *path, int upto) {
-    if (!file_exists(path)) return;
-    char *text = read_file(path, NULL), *keep = (char *)callocCheck(strlen(text) + 1, 1), *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        cJSON *j = cJSON_Parse(line);
-        cJSON *s = j ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL;
-        if (cJSON_IsNumber(s) && s->valueint <= upto) {
-            strcat(keep, line);
-            strcat(keep, "\n");
-        }
-        cJSON_Delete(j);
-    }
-    write_file_atomic(path, keep, strlen(keep));
-    free(text);
-    free(keep);
-}
 
 // ----------------------------------------------------------------------------
 // the run
@@ -548,8 +405,8 @@ static void add_num(cJSON *j, const char *k, double v) {
 }
 
 // ----------------------------------------------------------------------------
-// supervised warm-up of the built-in model: full fine-tuning (fp32, every weight)
-// on task demonstrations "prompt answer<eos>", loss = mean -log p of the answer tokens.
+// supervised warm-up of the built-in model: SFT (sft.h) of every weight (full.h) on task
+// demonstrations "prompt answer<eos>" made in memory, the loss on the answer tokens only.
 // It gives GRPO a model that is sometimes right, so rewards have variance to learn from.
 
 // The answer a warm-up demonstration shows. With probability p_forget an addition whose
@@ -570,64 +427,33 @@ static void sft_warmup(Model *m, const Task *task, const Formatter *f, int steps
     Rng demo_rng = rng_make((uint64_t)seed ^ 0xd3e0ull);
     FullTrainer ft;
     full_init(&ft, m);
-    int T = 0;
-    int **ids = (int **)mallocCheck(batch * sizeof(int *)), *lens = (int *)mallocCheck(batch * sizeof(int)),
-        *plen = (int *)mallocCheck(batch * sizeof(int));
+    SftTrainer tr = {.m = m, .full = &ft, .micro_batch = batch, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .max_grad_norm = 1.0};
+    SftFormat fmt = {.tok = f->tok, .eos = eos};
+    SftExample *ex = (SftExample *)callocCheck(batch, sizeof(SftExample));
+    const SftExample **exp = (const SftExample **)mallocCheck(batch * sizeof(SftExample *));
     double t0 = now_sec();
     for (int step = 0; step < steps; step++) {
-        T = 0;
-        for (int b = 0; b < batch; b++) {
-            Example ex;
-            task_example(task, SPLIT_TRAIN, (uint64_t)step * batch + b + (uint64_t)seed * 1000003ull, &ex);
-            int *p, *a;
+        for (int b = 0; b < batch; b++) {  // the step's demonstrations: the same on every run
+            Example e;
+            task_example(task, SPLIT_TRAIN, (uint64_t)step * batch + b + (uint64_t)seed * 1000003ull, &e);
             char ans[64];
-            demo_answer(&ex, p_forget, &demo_rng, ans, sizeof ans);
-            int np = encode_prompt(f, ex.prompt, &p), na = tokenizer_encode(f->tok, ans, &a);
-            ids[b] = (int *)mallocCheck((np + na + 1) * sizeof(int));
-            memcpy(ids[b], p, np * sizeof(int));
-            memcpy(ids[b] + np, a, na * sizeof(int));
-            ids[b][np + na] = eos;
-            lens[b] = np + na + 1;
-            plen[b] = np;
-            if (lens[b] > T) T = lens[b];
-            free(p);
-            free(a);
-            example_free(&ex);
+            demo_answer(&e, p_forget, &demo_rng, ans, sizeof ans);
+            sft_encode(&fmt, NULL, e.prompt, ans, &ex[b]);
+            exp[b] = &ex[b];
+            example_free(&e);
         }
-        int *flat = (int *)callocCheck((size_t)batch * T, sizeof(int)), *tg = (int *)mallocCheck((size_t)batch * T * sizeof(int));
-        double *w = (double *)callocCheck((size_t)batch * T, sizeof(double)), *lp = (double *)mallocCheck((size_t)batch * T * sizeof(double));
-        int ntok = 0;
-        for (int b = 0; b < batch; b++)
-            for (int t = 0; t < T; t++) {
-                flat[b * T + t] = t < lens[b] ? ids[b][t] : 0;
-                int predicts_answer = t >= plen[b] - 1 && t + 1 < lens[b];
-                tg[b * T + t] = predicts_answer ? ids[b][t + 1] : -1;
-                ntok += predicts_answer;
-            }
-        for (int i = 0; i < batch * T; i++) w[i] = tg[i] >= 0 ? -1.0 / ntok : 0;
-        model_forward(m, flat, batch, T);
-        model_logprobs(m, tg, 1.0f, lp);
-        double loss = 0;
-        for (int i = 0; i < batch * T; i++) loss += w[i] * lp[i];
-        model_zero_grads(m);
-        model_backward(m, w);
-        double lr = lr_cosine_with_warmup(3e-3, step, steps / 10, steps);
-        double gn = full_step(&ft, m, (float)lr, 0.9f, 0.99f, 1e-8f, 0.0f, 1.0);
+        double lr = sft_learning_rate("cosine", 3e-3, step, steps / 10, steps);
+        SftStats st = sft_step(&tr, exp, batch, lr);
         if (!quiet && ((step + 1) % 50 == 0 || step == steps - 1)) {
             double acc = evaluate(m, task, f, eval_size, max_new, &eos, 1);
-            printf("warm-up %4d/%d | loss %.4f | grad_norm %.3f | lr %.2e | held-out %.3f | %.1f s\n", step + 1, steps, loss, gn,
-                   lr, acc, now_sec() - t0);
+            printf("warm-up %4d/%d | loss %.4f | grad_norm %.3f | lr %.2e | held-out %.3f | %.1f s\n", step + 1, steps, st.loss,
+                   st.grad_norm, lr, acc, now_sec() - t0);
         }
-        for (int b = 0; b < batch; b++) free(ids[b]);
-        free(flat);
-        free(tg);
-        free(w);
-        free(lp);
+        for (int b = 0; b < batch; b++) sft_example_free(&ex[b]);
     }
     full_free(&ft);
-    free(ids);
-    free(lens);
-    free(plen);
+    free(ex);
+    free(exp);
 }
 
 // The built-in byte-level vocabulary as a Hugging Face tokenizer.json, so that the warm-up

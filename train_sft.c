@@ -1,0 +1,369 @@
+// train_sft.c: supervised fine-tuning (SFT) of a Hugging Face checkpoint on a JSONL of prompts
+// and completions, every weight or a LoRA adapter; the loss on the completion tokens only.
+//
+//   ./train_sft --model DIR --data FILE.jsonl --output_dir DIR            every weight (fp32 masters)
+//   ./train_sft --model DIR --data FILE.jsonl --use_peft --lora_r 16 ...  a LoRA adapter (frozen base,
+//                                                                         FP8 with --load_in_fp8)
+//   ./train_sft --help                                                   every option, its default and meaning
+//
+// Option names are TRL's SFTConfig / TrainingArguments ones. sft.h holds the data, the loss and
+// the optimizer step; this file is the program around them: load, then per optimizer step the
+// next per_device_train_batch_size x gradient_accumulation_steps examples of the seeded shuffle
+// (sft_data_at), sft_step, a line in metrics.jsonl every logging_steps, a checkpoint every
+// save_steps and at the end. A checkpoint (checkpoint-N/, written under a temporary name and
+// renamed, checkpoint.h) is what the run trained, readable by others, plus what --resume needs:
+//   every weight: a Hugging Face checkpoint (config.json, model.safetensors in the --model
+//                 checkpoint's dtype: bf16 stays bf16, anything else is saved in fp32) with the
+//                 tokenizer files copied, so ./generate and transformers load it as it is; it holds
+//                 the weights the model computes with (model_save_hf): the fp32 masters on the CPU,
+//                 their bf16 rounding on the GPU (the masters are in optimizer.safetensors);
+//   LoRA:         the PEFT adapter (adapter_config.json, adapter_model.safetensors);
+//   both:         optimizer.safetensors (fp32 masters and Adam moments) and trainer_state.json
+//                 (global_step and the settings a resume must share). The data position is
+//                 global_step x the examples per step: sft_data_at gives the same example for
+//                 the same position on every run, so --resume continues bit-exactly (CPU).
+// main(), at the bottom, is the list of stages.
+#include <math.h>
+#include <sys/stat.h>
+
+#include <cjson/cJSON.h>
+
+#include "checkpoint.h"
+#include "options.h"
+#include "safetensors.h"
+#include "sft.h"
+
+// ----------------------------------------------------------------------------
+// options: one table (options.h)
+
+typedef struct {
+    const char *model, *data, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules, *load_in_fp8;
+    int resume, overwrite_output_dir, use_peft, gradient_checkpointing, quiet, chat;
+    int max_steps, per_device_train_batch_size, gradient_accumulation_steps, max_length, lora_r;
+    int logging_steps, save_steps, save_total_limit;
+    double num_train_epochs, learning_rate, warmup_ratio, weight_decay, max_grad_norm, adam_beta1, adam_beta2, adam_epsilon;
+    double lora_alpha;
+    long seed;
+} Opts;
+
+#define OFF(f) offsetof(Opts, f)
+static const Option OPTIONS[] = {
+    {.name = "model and data", .kind = OPT_SECTION},
+    {"model", OPT_STRING, OFF(model), .meta = "DIR", .unset = "required",
+     .help = "Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)"},
+    {"data", OPT_STRING, OFF(data), .meta = "FILE", .unset = "required",
+     .help = "JSONL, one example per line: {\"prompt\", \"completion\"} as text or as chat messages, or {\"messages\"}"},
+    {"max_length", OPT_INT, OFF(max_length), 2, 1e7, .dflt = "1024",
+     .help = "tokens kept per example, prompt + completion (the start is kept; at most the model's max_position_embeddings)"},
+    {"chat", OPT_INT, OFF(chat), -1, 1, .dflt = "-1",
+     .help = "prompts in the chat template: -1 when the tokenizer has one, 0 raw text, 1 always"},
+    {"system_prompt", OPT_STRING, OFF(system_prompt), .help = "system message of the examples that have none (chat template only)"},
+    {"device", OPT_CHOICE, OFF(device), .choices = "auto|cpu|cuda", .dflt = "auto", .help = "auto: the GPU when usable, else the CPU"},
+    {"seed", OPT_LONG, OFF(seed), 0, 9e18, .dflt = "42", .help = "seed of the data order (a shuffle per epoch) and the LoRA init"},
+
+    {.name = "training (TRL's SFTConfig names)", .kind = OPT_SECTION},
+    {"num_train_epochs", OPT_DOUBLE, OFF(num_train_epochs), 1e-9, 1e6, .dflt = "3", .help = "passes over the data (when no --max_steps)"},
+    {"max_steps", OPT_INT, OFF(max_steps), -1, 1e9, .dflt = "-1", .help = "optimizer steps in all (-1: from num_train_epochs)"},
+    {"per_device_train_batch_size", OPT_INT, OFF(per_device_train_batch_size), 1, 1e6, .dflt = "8",
+     .help = "examples per forward/backward (a micro-batch, right-padded to its longest)"},
+    {"gradient_accumulation_steps", OPT_INT, OFF(gradient_accumulation_steps), 1, 1e6, .dflt = "1",
+     .help = "micro-batches per optimizer step (the loss: the mean over all their completion tokens)"},
+    {"learning_rate", OPT_DOUBLE, OFF(learning_rate), 0, 1, .dflt = "2e-5", .help = "peak learning rate"},
+    {"lr_scheduler_type", OPT_CHOICE, OFF(lr_scheduler_type), .choices = "linear|cosine|constant", .dflt = "linear",
+     .help = "the learning rate after the warm-up: down to 0 linearly or as a cosine, or constant"},
+    {"warmup_ratio", OPT_DOUBLE, OFF(warmup_ratio), 0, 1, .dflt = "0", .help = "share of the steps that ramp the learning rate up"},
+    {"weight_decay", OPT_DOUBLE, OFF(weight_decay), 0, 1, .dflt = "0", .help = "decoupled weight decay (AdamW)"},
+    {"adam_beta1", OPT_DOUBLE, OFF(adam_beta1), 0, 0.999999, .dflt = "0.9", .help = "AdamW beta1"},
+    {"adam_beta2", OPT_DOUBLE, OFF(adam_beta2), 0, 0.999999999, .dflt = "0.999", .help = "AdamW beta2"},
+    {"adam_epsilon", OPT_DOUBLE, OFF(adam_epsilon), 1e-30, 1, .dflt = "1e-8", .help = "AdamW epsilon"},
+    {"max_grad_norm", OPT_DOUBLE, OFF(max_grad_norm), 0, 1e9, .dflt = "1", .help = "clip the global gradient norm to this (0: off)"},
+    {"gradient_checkpointing", OPT_FLAG, OFF(gradient_checkpointing), .help = "recompute each layer in the backward (less memory)"},
+
+    {.name = "what is trained", .kind = OPT_SECTION},
+    {"use_peft", OPT_FLAG, OFF(use_peft), .help = "train a LoRA adapter on the frozen weights (else every weight, fp32 masters)"},
+    {"lora_r", OPT_INT, OFF(lora_r), 1, 4096, .dflt = "16", .help = "LoRA rank (with --use_peft)"},
+    {"lora_alpha", OPT_DOUBLE, OFF(lora_alpha), 1e-6, 1e6, .dflt = "32", .help = "LoRA scale alpha / r (with --use_peft)"},
+    {"lora_target_modules", OPT_STRING, OFF(lora_target_modules), .meta = "LIST", .dflt = "all",
+     .help = "comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj, or all (with --use_peft)"},
+    {"load_in_fp8", OPT_CHOICE, OFF(load_in_fp8), .choices = "block|row|tensor|off", .dflt = "off",
+     .help = "the frozen linear weights in E4M3 (LoRA only: training every weight needs them unquantized, off)"},
+
+    {.name = "logging and checkpoints", .kind = OPT_SECTION},
+    {"output_dir", OPT_STRING, OFF(output_dir), .meta = "DIR", .dflt = "out/sft",
+     .help = "where metrics.jsonl and checkpoint-N/ go"},
+    {"resume", OPT_FLAG, OFF(resume), .help = "continue from the last checkpoint of --output_dir"},
+    {"overwrite_output_dir", OPT_FLAG, OFF(overwrite_output_dir), .help = "start over in an --output_dir that holds checkpoints"},
+    {"logging_steps", OPT_INT, OFF(logging_steps), 1, 1e9, .dflt = "10",
+     .help = "a line (and a metrics.jsonl record) every N steps: the loss is their mean"},
+    {"save_steps", OPT_INT, OFF(save_steps), 0, 1e9, .dflt = "500", .help = "checkpoint every N steps (0: only at the end)"},
+    {"save_total_limit", OPT_INT, OFF(save_total_limit), 0, 1e9, .unset = "none, every checkpoint is kept",
+     .help = "keep only the newest N checkpoints (never the one --resume continued; 0: keep all)"},
+    {"quiet", OPT_FLAG, OFF(quiet), .help = "no per-step lines, only the summary"},
+};
+#define N_OPTIONS ((int)(sizeof OPTIONS / sizeof OPTIONS[0]))
+
+static void parse_options(int argc, char **argv, Opts *o) {
+    memset(o, 0, sizeof *o);
+    OptionTable t = {.usage = "usage: ./train_sft --model DIR --data FILE.jsonl [--name value | --name=value ...]\n"
+                              "Supervised fine-tuning, the loss on the completion tokens only: every weight, or a LoRA "
+                              "adapter with --use_peft. Names as TRL's; '-' and '_' are the same; a flag alone means true.",
+                     .rows = OPTIONS, .n = N_OPTIONS, .base = o};
+    options_parse(&t, argc, argv);
+    if (!o->model) die("--model is required: a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)");
+    if (!o->data) die("--data is required: a JSONL file, one {\"prompt\", \"completion\"} or {\"messages\"} per line");
+    if (!o->use_peft && strcmp(o->load_in_fp8, "off"))
+        die("--load_in_fp8 %s freezes the linear weights in FP8, but training every weight updates them: use --load_in_fp8 off, "
+            "or --use_peft to train a LoRA adapter on the FP8 weights", o->load_in_fp8);
+    if (o->resume && o->overwrite_output_dir) die("--resume and --overwrite_output_dir contradict each other");
+}
+
+// ----------------------------------------------------------------------------
+// the run's state
+
+typedef struct {
+    Opts o;
+    char metrics[4200];  // <output_dir>/metrics.jsonl
+    int last;            // the newest checkpoint-N in output_dir (-1: none)
+    const Backend *be;
+    Tokenizer *tok;
+    Model m;
+    DType save_dt;       // the dtype a full run's checkpoints are saved in (the --model checkpoint's)
+    SftData data;
+    FullTrainer ft;      // every weight...
+    LoRA *lo;            // ...or an adapter
+    SftTrainer tr;
+    int per_step;        // examples per optimizer step: batch x gradient accumulation
+    long total;          // optimizer steps of the whole run
+    long warmup;         // of which ramp the learning rate up
+    int start;           // the step resumed from (0: a fresh run)
+} Run;
+
+// the stats of the steps since the last logged one
+typedef struct {
+    int steps;
+    double loss, t0;
+    long tokens, seq_tokens;
+} Window;
+
+// ----------------------------------------------------------------------------
+// the stages, in the order main() calls them
+
+// Where the run writes, checked before any work: a directory holding checkpoints needs --resume
+// or --overwrite_output_dir.
+static void prepare_output(Run *r) {
+    const Opts *o = &r->o;
+    make_writable_dir(o->output_dir);
+    path_join(r->metrics, sizeof r->metrics, o->output_dir, "metrics.jsonl");
+    r->last = last_checkpoint(o->output_dir);
+    if (r->last >= 0 && !o->resume && !o->overwrite_output_dir)
+        die("%s already holds checkpoint-%d: pass --resume to continue it, --overwrite_output_dir to start over, or another --output_dir",
+            o->output_dir, r->last);
+    if (o->resume && r->last < 0) die("--resume: no checkpoint-N in %s", o->output_dir);
+    printf("output: %s\n", o->output_dir);
+}
+
+// the dtype of a checkpoint's weights as model_save_hf can write them: bf16 stays, others fp32
+static DType checkpoint_dtype(const char *dir) {
+    SafeTensors st;
+    st_open_dir(&st, dir);
+    const STensor *t = st_find(&st, "model.embed_tokens.weight");
+    DType dt = t && t->dtype == DT_BF16 ? DT_BF16 : DT_F32;
+    st_close(&st);
+    return dt;
+}
+
+// Stage "load": the tokenizer and the data (each bad input said in one line before the weights
+// are read), the backend, the model, and what is trained.
+static void load(Run *r) {
+    Opts *o = &r->o;
+    r->tok = tokenizer_load_dir(o->model);
+    Config cfg;
+    config_load_dir(&cfg, o->model);
+    config_check_tokenizer(&cfg, tokenizer_vocab_size(r->tok), o->model);
+    int chat = o->chat >= 0 ? o->chat : strcmp(tokenizer_chat_format(r->tok), "none") != 0;
+    int max_length = o->max_length;
+    if (max_length > cfg.max_pos) {
+        printf("max_length %d is more than the model's max_position_embeddings %d: examples are cut at %d tokens\n", max_length,
+               cfg.max_pos, cfg.max_pos);
+        max_length = cfg.max_pos;
+    }
+    SftFormat f = {r->tok, chat, o->system_prompt, sft_eos_id(r->tok, chat), max_length};
+    if (f.eos < 0) die("%s: the tokenizer has no eos_token to end a completion with: add one to tokenizer_config.json", o->model);
+    char err[1024];
+    if (sft_data_load(&r->data, o->data, &f, (uint64_t)o->seed, err, sizeof err) < 0) die("%s", err);
+    const SftData *d = &r->data;
+    printf("data: %ld examples from %s (%ld completion tokens, the longest %ld tokens; prompts %s)\n", d->n, o->data,
+           d->completion_tokens, d->max_tokens, chat ? "in the chat template" : "as raw text");
+    if (d->truncated) printf("data: %ld examples longer than %d tokens cut to it (the completion's end lost)\n", d->truncated, max_length);
+    if (d->dropped)
+        printf("data: %ld examples left out, their prompt alone fills max_length %d (line %ld is the first)\n", d->dropped,
+               max_length, d->first_dropped);
+
+    r->be = backend_select(o->device, 1);
+    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), 0, 0, 0};
+    model_load(&r->m, o->model, r->be, &mo);
+    r->m.recompute = o->gradient_checkpointing;
+    SftTrainer tr = {.m = &r->m, .micro_batch = o->per_device_train_batch_size, .beta1 = (float)o->adam_beta1,
+                     .beta2 = (float)o->adam_beta2, .eps = (float)o->adam_epsilon, .weight_decay = (float)o->weight_decay,
+                     .max_grad_norm = o->max_grad_norm};
+    if (o->use_peft) {
+        r->lo = lora_create(&r->m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17);
+        r->m.lora = r->lo;
+        r->m.lora_on = 1;
+        tr.lora = r->lo;
+        printf("training: a LoRA adapter (r %d, alpha %g, %zu parameters) on the frozen weights (%s)\n", r->lo->r, r->lo->alpha,
+               r->lo->n, o->load_in_fp8);
+    } else {
+        full_init(&r->ft, &r->m);
+        tr.full = &r->ft;
+        r->save_dt = checkpoint_dtype(o->model);
+        printf("training: every weight (%zu values, fp32 masters and AdamW: %.1f MiB), saved in %s\n", r->ft.n,
+               3.0 * r->ft.n * dtype_size(r->be->hp) / 1048576.0, dtype_name(r->save_dt));
+    }
+    r->tr = tr;
+}
+
+// the settings a checkpoint must agree with to be resumed (those that change the data or the state)
+static cJSON *run_identity(const Opts *o) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model", o->model);
+    cJSON_AddStringToObject(j, "data", o->data);
+    cJSON_AddNumberToObject(j, "max_length", o->max_length);
+    cJSON_AddNumberToObject(j, "chat", o->chat);
+    cJSON_AddStringToObject(j, "system_prompt", o->system_prompt ? o->system_prompt : "");
+    cJSON_AddNumberToObject(j, "per_device_train_batch_size", o->per_device_train_batch_size);
+    cJSON_AddNumberToObject(j, "gradient_accumulation_steps", o->gradient_accumulation_steps);
+    cJSON_AddBoolToObject(j, "use_peft", o->use_peft);
+    cJSON_AddStringToObject(j, "load_in_fp8", o->load_in_fp8);
+    if (o->use_peft) {
+        cJSON_AddNumberToObject(j, "lora_r", o->lora_r);
+        cJSON_AddNumberToObject(j, "lora_alpha", o->lora_alpha);
+        cJSON_AddStringToObject(j, "lora_target_modules", o->lora_target_modules);
+    }
+    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    return j;
+}
+
+// The run's length, and where it starts: a checkpoint's step (--resume) or 0.
+static void begin(Run *r) {
+    const Opts *o = &r->o;
+    r->per_step = o->per_device_train_batch_size * o->gradient_accumulation_steps;
+    r->total = o->max_steps > 0 ? o->max_steps : (long)ceil(o->num_train_epochs * r->data.n / r->per_step);
+    if (r->total < 1) r->total = 1;
+    r->warmup = warmup_steps_from_ratio(o->warmup_ratio, r->total);
+    if (o->resume) {
+        char dir[4300];
+        snprintf(dir, sizeof dir, "%s/checkpoint-%d", o->output_dir, r->last);
+        cJSON *mine = run_identity(o);
+        char *id = cJSON_PrintUnformatted(mine);
+        cJSON_Delete(mine);
+        if (o->use_peft) checkpoint_read(dir, r->last, id, r->lo);
+        else checkpoint_read_full(dir, r->last, id, &r->ft, &r->m);
+        free(id);
+        r->start = r->last;
+        metrics_truncate(r->metrics, r->start);
+        printf("resumed from %s (the data at example %ld)\n", dir, (long)r->start * r->per_step);
+    } else if (file_exists(r->metrics)) remove(r->metrics);
+    printf("SFT: %ld steps x %d examples (%d x %d accumulated), %.2f epochs of %ld examples, lr %g (%s, %ld warm-up steps)\n",
+           r->total, r->per_step, o->per_device_train_batch_size, o->gradient_accumulation_steps,
+           (double)r->total * r->per_step / r->data.n, r->data.n, o->learning_rate, o->lr_scheduler_type, r->warmup);
+}
+
+// the tokenizer's files, copied into a full run's checkpoint so that it loads on its own
+static void copy_tokenizer_files(const char *from, const char *to) {
+    const char *names[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                           "generation_config.json", "vocab.json", "merges.txt"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char src[4300], dst[4300];
+        path_join(src, sizeof src, from, names[i]);
+        if (!file_exists(src)) continue;
+        path_join(dst, sizeof dst, to, names[i]);
+        size_t n;
+        char *data = read_file(src, &n);
+        write_file_atomic(dst, data, n);
+        free(data);
+    }
+}
+
+// Stage "checkpoint": checkpoint-<step>/ (every save_steps, and at the end), then the oldest
+// deleted past save_total_limit.
+static void checkpoint(const Run *r, int step) {
+    const Opts *o = &r->o;
+    if (step != r->total && (o->save_steps == 0 || step % o->save_steps)) return;
+    char tmp[4200], p[4300];
+    checkpoint_begin(o->output_dir, step, tmp, sizeof tmp);
+    path_join(p, sizeof p, tmp, "optimizer.safetensors");
+    if (r->lo) {
+        lora_save_peft(r->lo, &r->m, tmp, o->model);
+        lora_save_state(r->lo, p);
+    } else {
+        model_save_hf(&r->m, tmp, r->save_dt);
+        copy_tokenizer_files(o->model, tmp);
+        full_save_state(&r->ft, p);
+    }
+    cJSON *run = run_identity(o);
+    checkpoint_commit(o->output_dir, step, tmp, run);
+    cJSON_Delete(run);
+    if (!o->quiet) printf("saved %s/checkpoint-%d\n", o->output_dir, step);
+    if (o->save_total_limit > 0) rotate_checkpoints(o->output_dir, o->save_total_limit, step, o->resume ? r->start : -1, o->quiet);
+}
+
+// Stage "log": every logging_steps (and the last step), the window's mean loss, the step's
+// grad_norm and learning rate, tokens/s, as a line and a metrics.jsonl record (TRL's names).
+static void log_step(const Run *r, Window *w, const SftStats *s, int step, double lr, long tokens_seen) {
+    const Opts *o = &r->o;
+    w->steps++, w->loss += s->loss, w->tokens += s->tokens, w->seq_tokens += s->seq_tokens;
+    if (step % o->logging_steps && step != r->total) return;
+    double dt = now_sec() - w->t0, loss = w->loss / w->steps, tps = w->seq_tokens / (dt > 0 ? dt : 1e-9);
+    double epoch = (double)step * r->per_step / r->data.n;
+    if (!o->quiet)
+        printf("step %4d/%ld | loss %.4f | grad_norm %.3f | lr %.3e | epoch %.2f | %.0f tokens/s\n", step, r->total, loss,
+               s->grad_norm, lr, epoch, tps);
+    FILE *f = fopenCheck(r->metrics, "a");
+    fprintf(f, "{\"step\": %d, \"epoch\": %.6f, \"loss\": %.8f, \"grad_norm\": %.8f, \"learning_rate\": %.8e, "
+               "\"num_tokens\": %ld, \"tokens_per_second\": %.1f}\n",
+            step, epoch, loss, s->grad_norm, lr, tokens_seen, tps);
+    fclose(f);
+    memset(w, 0, sizeof *w);
+    w->t0 = now_sec();
+}
+
+static void run_free(Run *r) {
+    if (r->lo) lora_free(r->lo);
+    else full_free(&r->ft);
+    r->m.lora = NULL;
+    model_free(&r->m);
+    sft_data_free(&r->data);
+    tokenizer_free(r->tok);
+}
+
+int main(int argc, char **argv) {
+    Run r;
+    memset(&r, 0, sizeof r);
+    parse_options(argc, argv, &r.o);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    prepare_output(&r);  // where the run writes, checked before any work
+    load(&r);            // tokenizer, data, backend, model, what is trained
+    begin(&r);           // the run's length; resume a checkpoint
+
+    const SftExample **ex = (const SftExample **)mallocCheck(r.per_step * sizeof(SftExample *));
+    Window w = {.t0 = now_sec()};
+    long tokens_seen = 0;  // of this process's steps (prompt and completion, no padding)
+    double t0 = now_sec(), last_loss = NAN;
+    for (int step = r.start + 1; step <= r.total; step++) {
+        long pos = (long)(step - 1) * r.per_step;  // the data stream's position: the same after a resume
+        for (int i = 0; i < r.per_step; i++) ex[i] = sft_data_at(&r.data, pos + i);
+        double lr = sft_learning_rate(r.o.lr_scheduler_type, r.o.learning_rate, step - 1, r.warmup, r.total);
+        SftStats s = sft_step(&r.tr, ex, r.per_step, lr);
+        tokens_seen += s.seq_tokens;
+        last_loss = s.loss;
+        log_step(&r, &w, &s, step, lr, tokens_seen);
+        checkpoint(&r, step);
+    }
+    if (r.start >= r.total) printf("checkpoint-%d is at the run's last step %ld: nothing left to do\n", r.start, r.total);
+    else printf("done: %ld steps in %.1f s, the last one's loss %.4f; %s/checkpoint-%ld holds the %s\n", r.total - r.start, now_sec() - t0,
+                last_loss, r.o.output_dir, r.total, r.lo ? "adapter (PEFT format)" : "model (a Hugging Face checkpoint)");
+    free(ex);
+    run_free(&r);
+    return 0;
+}
