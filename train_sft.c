@@ -38,7 +38,10 @@
 
 typedef struct {
     const char *model, *data, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules, *load_in_fp8;
+    const char *fp8_recipe, *fp8_format, *fp8_amax_compute_algo;
     int resume, overwrite_output_dir, use_peft, gradient_checkpointing, quiet, chat;
+    int fp8_amax_history_len, bf16_first_layers, bf16_last_layers;
+    double fp8_margin;
     int max_steps, per_device_train_batch_size, gradient_accumulation_steps, max_length, lora_r;
     int logging_steps, save_steps, save_total_limit;
     double num_train_epochs, learning_rate, warmup_ratio, weight_decay, max_grad_norm, adam_beta1, adam_beta2, adam_epsilon;
@@ -88,6 +91,19 @@ static const Option OPTIONS[] = {
     {"load_in_fp8", OPT_CHOICE, OFF(load_in_fp8), .choices = "block|row|tensor|off", .dflt = "off",
      .help = "the frozen linear weights in E4M3 (LoRA only: training every weight needs them unquantized, off)"},
 
+    {.name = "FP8 training of every weight (Transformer Engine's names; the GPU, fp8_train.cu)", .kind = OPT_SECTION},
+    {"fp8_recipe", OPT_CHOICE, OFF(fp8_recipe), .choices = "off|delayed|current|block", .dflt = "off",
+     .help = "each projection's three GEMMs in FP8: delayed (scales from the amax history), current (each tensor's amax "
+             "now), block (1x128 and 128x128 groups, DeepSeek-V3); off: BF16"},
+    {"fp8_format", OPT_CHOICE, OFF(fp8_format), .choices = "hybrid|e4m3", .dflt = "hybrid",
+     .help = "hybrid: E4M3 forward, E5M2 gradients; e4m3: E4M3 everywhere"},
+    {"fp8_amax_history_len", OPT_INT, OFF(fp8_amax_history_len), 1, 1 << 20, .dflt = "1024", .help = "delayed: steps of amax history"},
+    {"fp8_amax_compute_algo", OPT_CHOICE, OFF(fp8_amax_compute_algo), .choices = "max|most_recent", .dflt = "max",
+     .help = "delayed: the scale from the history's max, or from the last step's amax"},
+    {"fp8_margin", OPT_DOUBLE, OFF(fp8_margin), 0, 64, .dflt = "0", .help = "scales leave 2^margin of headroom"},
+    {"bf16_first_layers", OPT_INT, OFF(bf16_first_layers), 0, 1 << 20, .dflt = "0", .help = "keep the first N layers in BF16"},
+    {"bf16_last_layers", OPT_INT, OFF(bf16_last_layers), 0, 1 << 20, .dflt = "0", .help = "keep the last N layers in BF16"},
+
     {.name = "logging and checkpoints", .kind = OPT_SECTION},
     {"output_dir", OPT_STRING, OFF(output_dir), .meta = "DIR", .dflt = "out/sft",
      .help = "where metrics.jsonl and checkpoint-N/ go"},
@@ -115,6 +131,25 @@ static void parse_options(int argc, char **argv, Opts *o) {
         die("--load_in_fp8 %s freezes the linear weights in FP8, but training every weight updates them: use --load_in_fp8 off, "
             "or --use_peft to train a LoRA adapter on the FP8 weights", o->load_in_fp8);
     if (o->resume && o->overwrite_output_dir) die("--resume and --overwrite_output_dir contradict each other");
+    if (o->use_peft && strcmp(o->fp8_recipe, "off"))
+        die("--fp8_recipe %s trains every weight in FP8; with --use_peft the base is frozen: use --load_in_fp8 for an FP8 base "
+            "under a LoRA adapter, or drop --use_peft",
+            o->fp8_recipe);
+    if (!strcmp(o->device, "cpu") && strcmp(o->fp8_recipe, "off"))
+        die("--fp8_recipe %s: FP8 training runs on the GPU (the CPU backend has no FP8 GEMMs): use --device cuda, or --fp8_recipe "
+            "off to train in BF16",
+            o->fp8_recipe);
+}
+
+// the FP8 training recipe of the options (fp8_recipe.h)
+static FP8Recipe recipe_of(const Opts *o) {
+    FP8Recipe r = fp8_recipe_default();
+    r.kind = (FP8RecipeKind)fp8_recipe_parse(o->fp8_recipe);
+    r.hybrid = fp8_format_hybrid_parse(o->fp8_format);
+    r.history_len = o->fp8_amax_history_len;
+    r.algo = (AmaxAlgo)amax_algo_parse(o->fp8_amax_compute_algo);
+    r.margin = (float)o->fp8_margin;
+    return r;
 }
 
 // ----------------------------------------------------------------------------
@@ -200,7 +235,7 @@ static void load(Run *r) {
                max_length, d->first_dropped);
 
     r->be = backend_select(o->device, 1);
-    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), 0, 0, 0};
+    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), 0, o->bf16_first_layers, o->bf16_last_layers};
     model_load(&r->m, o->model, r->be, &mo);
     r->m.recompute = o->gradient_checkpointing;
     SftTrainer tr = {.m = &r->m, .micro_batch = o->per_device_train_batch_size, .beta1 = (float)o->adam_beta1,
@@ -216,6 +251,12 @@ static void load(Run *r) {
     } else {
         full_init(&r->ft, &r->m);
         tr.full = &r->ft;
+        if (strcmp(o->fp8_recipe, "off")) {
+            FP8Recipe rc = recipe_of(o);
+            model_fp8_train(&r->m, &rc);
+            printf("training: FP8 recipe %s, %s, the projections of layers %d..%d (fp8_train.cu)\n", o->fp8_recipe, o->fp8_format,
+                   o->bf16_first_layers, r->m.cfg.L - 1 - o->bf16_last_layers);
+        }
         r->save_dt = checkpoint_dtype(o->model);
         printf("training: every weight (%zu values, fp32 masters and AdamW: %.1f MiB), saved in %s\n", r->ft.n,
                3.0 * r->ft.n * dtype_size(r->be->hp) / 1048576.0, dtype_name(r->save_dt));
@@ -235,6 +276,15 @@ static cJSON *run_identity(const Opts *o) {
     cJSON_AddNumberToObject(j, "gradient_accumulation_steps", o->gradient_accumulation_steps);
     cJSON_AddBoolToObject(j, "use_peft", o->use_peft);
     cJSON_AddStringToObject(j, "load_in_fp8", o->load_in_fp8);
+    if (strcmp(o->fp8_recipe, "off")) {  // FP8 training: its recipe (a resume restarts delayed scaling's histories)
+        cJSON_AddStringToObject(j, "fp8_recipe", o->fp8_recipe);
+        cJSON_AddStringToObject(j, "fp8_format", o->fp8_format);
+        cJSON_AddNumberToObject(j, "fp8_amax_history_len", o->fp8_amax_history_len);
+        cJSON_AddStringToObject(j, "fp8_amax_compute_algo", o->fp8_amax_compute_algo);
+        cJSON_AddNumberToObject(j, "fp8_margin", o->fp8_margin);
+        cJSON_AddNumberToObject(j, "bf16_first_layers", o->bf16_first_layers);
+        cJSON_AddNumberToObject(j, "bf16_last_layers", o->bf16_last_layers);
+    }
     if (o->use_peft) {
         cJSON_AddNumberToObject(j, "lora_r", o->lora_r);
         cJSON_AddNumberToObject(j, "lora_alpha", o->lora_alpha);
