@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""dev/plot_sft_curves.py DIR: the runs of dev/sft_fp8_curves.sh (DIR/<recipe>-<seed>.jsonl): a table of
+the final training loss (the mean of the last 50 steps' losses) per recipe, mean and spread over the
+seeds, relative to BF16; and the curves (the loss, smoothed over 10 steps) in dev/sft_fp8_curves.svg."""
+import glob, json, os, statistics, sys
+
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+d = sys.argv[1] if len(sys.argv) > 1 else "/tmp/sft_curves"
+runs = {}
+for p in sorted(glob.glob(os.path.join(d, "*-*.jsonl"))):
+    recipe, seed = os.path.basename(p)[:-6].rsplit("-", 1)
+    rows = [json.loads(l) for l in open(p) if l.strip()]
+    runs.setdefault(recipe, {})[seed] = [(r["step"], r["loss"]) for r in rows if "loss" in r]
+final = {rc: [statistics.mean(l for _, l in v[-50:]) for v in s.values()] for rc, s in runs.items()}
+base = statistics.mean(final["off"])
+print("| recipe | seeds | final loss, mean | spread (max - min) | vs BF16 |")
+print("| --- | --- | --- | --- | --- |")
+for rc in ("off", "delayed", "block", "current"):
+    if rc in final:
+        f = final[rc]
+        print(f"| {'BF16' if rc == 'off' else 'FP8 ' + rc} | {len(f)} | {statistics.mean(f):.4f} | {max(f) - min(f):.4f} | "
+              f"{(statistics.mean(f) / base - 1) * 100:+.2f}% |")
+fig, ax = plt.subplots(figsize=(8, 4.5))
+colors = {"off": "black", "delayed": "tab:blue", "block": "tab:orange", "current": "tab:green"}
+for rc, s in runs.items():
+    for i, (seed, v) in enumerate(sorted(s.items())):
+        st = [x for x, _ in v]
+        lo = [statistics.mean(l for _, l in v[max(0, k - 9):k + 1]) for k in range(len(v))]
+        ax.plot(st, lo, color=colors.get(rc, "gray"), lw=1, alpha=0.8, label=("BF16" if rc == "off" else "FP8 " + rc) if i == 0 else None)
+ax.set_yscale("log")
+ax.set_xlabel("optimizer step")
+ax.set_ylabel("training loss (completion tokens, 10-step mean)")
+ax.set_title("SFT of a Llama-3.2-1B-shaped model on a + b = c: BF16 vs FP8 (3 seeds each)")
+ax.legend()
+fig.tight_layout()
+out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sft_fp8_curves.svg")
+fig.savefig(out)
+print("plot:", out)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# dev/sft_fp8_curves.sh: does FP8 training learn like BF16? (issue 20) Supervised fine-tuning of a
+# Llama-3.2-1B-shaped model (hidden 2048, 16 layers, 32/8 heads, FF 8192, vocab 128256; random
+# weights, the built-in byte-level tokenizer) on the built-in kind of data (a + b = c), with
+# ./train_sft in BF16, FP8 delayed and FP8 block (hybrid), three data-order seeds each, the same
+# initial weights for all. Each run's metrics.jsonl goes to OUT/<recipe>-<seed>.jsonl; then
+#   python3 dev/plot_sft_curves.py OUT      (the table of final losses and dev/sft_fp8_curves.svg)
+# From the repository root on a GPU machine after make; needs python3 with transformers (the random
+# checkpoint). STEPS (default 500), BATCH (32), SEEDS ("1 2 3"), RECIPES ("off delayed block").
+set -euo pipefail
+out=${1:-/tmp/sft_curves}
+steps=${STEPS:-500}
+batch=${BATCH:-32}
+w=$(mktemp -d /tmp/sft_curves_work.XXXXXX)
+mkdir -p "$out"
+./train_grpo --max_steps 1 --eval_size 4 --output_dir "$w/grpo" >/dev/null  # the built-in tokenizer.json
+python3 - "$w" <<'PY'
+import json, os, random, sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+w = sys.argv[1]
+cfg = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                  num_key_value_heads=8, head_dim=64, max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=True,
+                  bos_token_id=None, eos_token_id=256)
+torch.manual_seed(0)
+LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(f"{w}/model", safe_serialization=True)
+os.system(f"cp {w}/grpo/warmup/tokenizer.json {w}/model/")
+rng = random.Random(0)
+with open(f"{w}/data.jsonl", "w") as f:
+    for _ in range(20000):
+        a, b = rng.randrange(100), rng.randrange(100)
+        f.write(json.dumps({"prompt": f"{a}+{b}=", "completion": str(a + b)}) + "\n")
+PY
+for seed in ${SEEDS:-1 2 3}; do
+  for recipe in ${RECIPES:-off delayed block}; do
+    s=$(date +%s)
+    ./train_sft --device cuda --model "$w/model" --data "$w/data.jsonl" --chat 0 --max_steps "$steps" \
+      --per_device_train_batch_size "$batch" --learning_rate 1e-4 --lr_scheduler_type cosine --warmup_ratio 0.05 \
+      --logging_steps 1 --save_steps 0 --seed "$seed" --fp8_recipe "$recipe" --output_dir "$w/run" --overwrite_output_dir --quiet \
+      | tail -1
+    cp "$w/run/metrics.jsonl" "$out/$recipe-$seed.jsonl"
+    echo "$recipe seed $seed: $(( $(date +%s) - s )) s"
+    rm -rf "$w/run"
+  done
+done
+rm -rf "$w"
