@@ -230,10 +230,10 @@ FUZZ_TARGETS ?= safetensors model tokenizer jsonl peft resume
 FUZZ_SECONDS ?= 60
 FUZZ_BINS := $(patsubst %,$(BUILD)/fuzz_%,$(FUZZ_TARGETS))
 ifeq ($(FUZZ),1)
-$(BUILD)/fuzz_%: test/fuzz/fuzz_%.c test/fuzz/fuzz.h $(LIB) $(HEADERS)
+$(BUILD)/fuzz_%: test/fuzz/fuzz_%.c $(wildcard test/fuzz/*.h) $(LIB) $(HEADERS)
 	$(CC) $(CFLAGS) -fsanitize=fuzzer $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 else
-$(BUILD)/fuzz_%: test/fuzz/fuzz_%.c test/fuzz/fuzz.h test/fuzz/replay.c $(LIB) $(HEADERS)
+$(BUILD)/fuzz_%: test/fuzz/fuzz_%.c $(wildcard test/fuzz/*.h) test/fuzz/replay.c $(LIB) $(HEADERS)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< test/fuzz/replay.c $(LIB) $(LDLIBS) -o $@
 endif
 fuzz-replay: $(FUZZ_BINS)

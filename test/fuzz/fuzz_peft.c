@@ -1,10 +1,9 @@
 // test/fuzz/fuzz_peft.c: a PEFT LoRA adapter directory through lora_load_peft (lora.c:
 // adapter_config.json and adapter_model.safetensors checked against the model) onto a fixed
-// model of the test fixtures' qwen3 shape (test/fixtures/README.md: vocab 320, hidden 64,
-// intermediate 160, 2 layers, 4 heads of 32, 2 KV heads, random weights, kept dense: a forward
-// through FP8 weights spends the time dequantizing, not on the adapter), then a forward of four
-// tokens with the adapter on, as ./generate --lora runs it. Input: adapter_config.json, then
-// adapter_model.safetensors (test/fuzz/fuzz.h's separator between them).
+// model (base_model.h), then a forward of four tokens with the adapter on, as ./generate --lora
+// runs it. Input: adapter_config.json, then adapter_model.safetensors (test/fuzz/fuzz.h's
+// separator between them).
+#include "base_model.h"
 #include "fuzz.h"
 #include "lora.h"
 
@@ -23,11 +22,7 @@ static void body(const char *dir, const uint8_t *rest, size_t nrest) {
 }
 
 static void init(void) {
-    Config c = {0};
-    c.arch = ARCH_QWEN3, c.V = 320, c.C = 64, c.FF = 160, c.L = 2, c.NH = 4, c.KVH = 2, c.HD = 32, c.max_pos = 128;
-    c.eps = 1e-6f, c.rope_theta = 1e4f, c.qk_norm = 1, c.tied = 1, c.bos_id = -1;
-    ModelOptions o = {FP8_OFF, 0, 0, 0};
-    model_init_random(&base, &c, backend_cpu(), &o, 1);
+    fuzz_base_model(&base);
     // the buffers a forward with an adapter makes and keeps in the model: before the first input
     base.lora = lora_create(&base, 4, 8.0f, (1u << LIN_COUNT) - 1, 1);
     base.lora_on = 1;
