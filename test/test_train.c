@@ -450,7 +450,7 @@ END_TEST
 // weights, the task's data or any step
 START_TEST(test_tokenizer_checkpoint_disagree) {
     setup();
-    char dir[1200], model[1300], data[1300], cmd[8192], err[2048], rel[1024], q[PATH_MAX], t[1024];
+    char dir[1200], model[1300], data[1300], cmd[3 * PATH_MAX + 4096], err[2048], rel[1024], q[PATH_MAX], t[1024];
     fresh_dir("tokmismatch", dir, sizeof dir);
     snprintf(model, sizeof model, "%s/model", dir);
     fixture_path(rel, sizeof rel, "qwen3");
