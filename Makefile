@@ -1,11 +1,12 @@
 # Makefile for fp8-grpo.
 #
-#   make              build ./train_grpo and ./generate (CPU backend always; CUDA
+#   make              build ./train_grpo, ./generate and ./export (CPU backend always; CUDA
 #                     backend too when nvcc is found), on every core
 #   make test         build and run the CPU test suites (Check); non-zero on any failure
 #   make test-gpu     build and run the GPU test suites (needs a CUDA GPU)
 #   make bench-gemm   build build/bench_gemm (the FP8 GEMM as the programs run it; dev/Makefile)
 #   make bench-train  build build/bench_train (the LoRA training step on the CUDA backend)
+#   make bench-full   build build/bench_full (full fine-tuning, BF16 and the FP8 recipes)
 #   make bench-rollout build build/bench_rollout (rollout throughput on the CUDA backend)
 #   make dev-check    build the FP8 GEMM kernel lab (dev/cuda) and run each version's validation (GPU)
 #   make fuzz-replay  build the fuzz targets (test/fuzz) as plain programs and replay their corpora
@@ -139,7 +140,7 @@ LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C)))
 # the CPU reference kernels and backend again, in fp64 (backend "cpu64")
 LIB_OBJ += $(BUILD)/ops_cpu64.o $(BUILD)/backend_cpu64.o
 ifeq ($(HAVE_CUDA),1)
-LIB_CU  := $(wildcard backend_cuda.cu ops_cuda.cu sample.cu attention.cu fp8.cu fp8_hopper.cu)
+LIB_CU  := $(wildcard backend_cuda.cu ops_cuda.cu sample.cu attention.cu fp8.cu fp8_hopper.cu fp8_train.cu)
 LIB_OBJ += $(patsubst %.cu,$(BUILD)/%.o,$(notdir $(LIB_CU)))
 LDLIBS  += $(CUDA_LIBS)
 endif
@@ -147,12 +148,12 @@ ifeq ($(filter backend_cuda.cu,$(LIB_CU)),)
 LIB_OBJ += $(BUILD)/backend_cuda_stub.o
 endif
 LIB     := $(BUILD)/libfp8grpo.a
-PROGS   := $(patsubst %.c,$(BIN)%,$(wildcard train_grpo.c generate.c))
+PROGS   := $(patsubst %.c,$(BIN)%,$(wildcard train_grpo.c generate.c export.c))
 HEADERS := $(wildcard *.h *.cuh)
 
 VPATH := .:test
 
-.PHONY: all test test-gpu clean bench-gemm bench-train bench-rollout fuzz fuzz-run fuzz-replay
+.PHONY: all test test-gpu clean bench-gemm bench-train bench-full bench-rollout fuzz fuzz-run fuzz-replay
 all: $(PROGS)
 
 $(BUILD):
@@ -210,10 +211,11 @@ DEV_ARGS = GPU_ARCH=$(GPU_ARCH) $(if $(DEPS_PREFIX),DEPS_PREFIX=$(DEPS_PREFIX))
 # (the library first, here: parallel dev makes then find it built)
 bench-gemm: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_gemm
 bench-train: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_train
+bench-full: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_full
 bench-rollout: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_rollout
 dev-check: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) check
 else
-test-gpu bench-gemm bench-train bench-rollout dev-check:
+test-gpu bench-gemm bench-train bench-full bench-rollout dev-check:
 	@echo "no nvcc: the GPU suites need the CUDA toolkit (and a GPU to run)"; exit 1
 endif
 

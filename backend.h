@@ -31,6 +31,7 @@
 
 #include "common.h"
 #include "fp8.h"
+#include "fp8_recipe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -38,11 +39,13 @@ extern "C" {
 
 // A frozen linear weight W (OC, C), as Hugging Face stores it: either FP8 codes
 // with scales (gran != FP8_OFF, in q) or dense act-dtype values (gran == FP8_OFF, in dense).
+typedef struct FP8Train FP8Train;  // a trained weight's FP8 state (the backend's: fp8_train.cu)
 typedef struct {
     int rows, cols;  // OC, C
     FP8Gran gran;
     FP8Tensor q;     // gran != OFF: codes (OC, C) + scales, block_rows 128 for BLOCK
     void *dense;     // gran == OFF: (OC, C) act
+    FP8Train *train; // FP8 training (--fp8_recipe) of a dense weight: its three products in FP8, else NULL
 } QWeight;
 
 // options for turning a high-precision weight into a QWeight
@@ -102,6 +105,16 @@ struct Backend {
     // dbias (OC) hp += sum dout, each when not NULL (dw only for gran OFF)
     void (*linear_backward)(void *dinp, int accumulate, void *dw, void *dbias, const void *dout,
                             const void *inp, const QWeight *w, int N);
+    // ---- FP8 training (--fp8_recipe; NULL where the backend has none: the CPU's) ----
+    // The state that makes w's three products (forward, dinp, dw in linear_forward/backward) FP8
+    // GEMMs under recipe r; w dense. leader: the trained weight that reads the same input and is
+    // called just before this one (k and v: q's; up: gate's), whose FP8 copy of the input this one
+    // reuses, or NULL. NULL, with the reason in why, where the device cannot.
+    FP8Train *(*fp8_train_new)(const QWeight *w, const FP8Recipe *r, FP8Train *leader, char *why, size_t why_cap);
+    void (*fp8_train_free)(FP8Train *t);
+    // after an optimizer step, for all n trained weights: each is quantized anew at its next
+    // forward; delayed scaling rolls the amax histories (*overflows += tensors whose amax was inf/NaN)
+    void (*fp8_train_step)(FP8Train *const *t, int n, long *overflows);
     // LoRA, unmerged: ax (N, R) hp = inp A^T ; out (N, OC) act += scale * ax B^T
     // A (R, C) hp, B (OC, R) hp
     void (*lora_forward)(void *out, void *ax, const void *inp, const void *A, const void *B, float scale,

@@ -286,7 +286,9 @@ static void cu_linear_forward(void *out, const void *inp, const QWeight *w, cons
     size_t n = (size_t)N * OC;
     void *y = bias ? cu_scratch(SC_F32, n * 4) : out;
     DType yt = bias ? DT_F32 : DT_BF16;
-    if (w->gran == FP8_OFF) {
+    if (w->train) {
+        cu_fp8_train_forward(y, yt, inp, w, N);
+    } else if (w->gran == FP8_OFF) {
         gemm_xwt(y, bias ? F32 : BF, inp, w->dense, N, OC, C, 1.f, 0.f);
     } else {
         // the activations, quantized dynamically to the weight's granularity (as backend_cpu.c)
@@ -315,6 +317,11 @@ __global__ void accumulate_kernel(bf16 *dinp, const T *y, size_t n) {
         dinp[i] = __float2bfloat16_rn(__bfloat162float(dinp[i]) + ld_f(y, i));
 }
 
+void cu_accumulate_f32(bf16 *dinp, const float *y, size_t n) {
+    accumulate_kernel<<<grid_for(n), 256, 0, G.stream>>>(dinp, y, n);
+    launchCheck();
+}
+
 // With accumulate, the product goes to scratch and is added in a second pass: a GEMM with
 // beta = 1 and a bf16 output may split K and round its partial sums to bf16 (seen on H100:
 // errors of 3 bf16 ulps), which the fp32 scratch avoids (FP8 weights: bf16 scratch, one
@@ -323,6 +330,11 @@ static void cu_linear_backward(void *dinp, int accumulate, void *dw, void *dbias
                                const QWeight *w, int N) {
     int C = w->cols, OC = w->rows;
     if (N <= 0) return;
+    if (w->train) {
+        cu_fp8_train_backward(dinp, accumulate, (float *)dw, dout, inp, w, N);
+        if (dbias) cu_colsum((float *)dbias, (const bf16 *)dout, N, OC);
+        return;
+    }
     if (dinp) {
         size_t n = (size_t)N * C;
         if (w->gran == FP8_OFF) {
@@ -694,6 +706,9 @@ static Backend be = {
     .rmsnorm_backward = cu_rmsnorm_backward,
     .linear_forward = cu_linear_forward,
     .linear_backward = cu_linear_backward,
+    .fp8_train_new = cu_fp8_train_new,
+    .fp8_train_free = cu_fp8_train_free,
+    .fp8_train_step = cu_fp8_train_step,
     .lora_forward = cu_lora_forward,
     .lora_apply = cu_lora_apply,
     .to_act = cu_to_act,

@@ -27,6 +27,9 @@ enum {
     SC_ATT,      // attention backward D / decode partials
     SC_SORT,     // sampling: sorted keys, ids, CUB temp
     SC_SMALL,    // per-row sampling state
+    SC_TRAIN_DY, SC_TRAIN_DY_S,    // FP8 training: dY's codes and scales,
+    SC_TRAIN_DYT, SC_TRAIN_DYT_S,  // dY^T's,
+    SC_TRAIN_XT, SC_TRAIN_XT_S,    // X^T's (fp8_train.cu)
     SC_COUNT
 };
 cudaStream_t cu_stream(void);              // every op runs on it
@@ -51,6 +54,17 @@ void cu_embedding_forward(void *out, const int32_t *ids, const void *wte, int N,
 void cu_embedding_backward(void *dwte, const int32_t *ids, const void *dout, int N, int C);
 // dst (C) f32 += the column sums of a (N, C) bf16, in a fixed order (a bias's gradient)
 void cu_colsum(float *dst, const bf16 *a, int N, int C);
+
+// dinp (n) bf16 = bf16(dinp + y), summed in fp32 (backend_cuda.cu)
+void cu_accumulate_f32(bf16 *dinp, const float *y, size_t n);
+
+// ---- fp8_train.cu ----
+FP8Train *cu_fp8_train_new(const QWeight *w, const FP8Recipe *r, FP8Train *leader, char *why, size_t why_cap);
+void cu_fp8_train_free(FP8Train *t);
+void cu_fp8_train_step(FP8Train *const *t, int n, long *overflows);
+// linear_forward / linear_backward of a weight with an FP8Train (out: yt DT_BF16 or DT_F32)
+void cu_fp8_train_forward(void *out, DType yt, const void *inp, const QWeight *w, int N);
+void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *dout, const void *inp, const QWeight *w, int N);
 
 // ---- sample.cu ----
 void cu_sample(int32_t *tokens, void *logp, const void *logits, uint64_t *rng, int S, int V, float temperature,

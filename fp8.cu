@@ -26,7 +26,7 @@
 typedef struct {
     // key
     int used, M, N, K, kind;  // kind: 0 fp8 (granularity gran), 1 bf16
-    int gran, fx, fw, ydt, transa, align_a, align_b, align_y;
+    int gran, fx, fw, ydt, transa, align_a, align_b, align_y;  // gran | 16: BLOCK with W in 1x128 groups too
     // value
     int ok;
     char why[160];
@@ -242,6 +242,210 @@ void fp8_quantize_cuda(FP8Tensor *t, const void *x, DType xdt, int pow2) {
     if (xdt == DT_BF16) quantize_t(t, (const bf16 *)x, pow2);
     else if (xdt == DT_F32) quantize_t(t, (const float *)x, pow2);
     else die("fp8_quantize_cuda: input must be bf16 or f32, got %s", dtype_name(xdt));
+}
+
+// ----------------------------------------------------------------------------
+// FP8 training (fp8_train.cu): quantization with a scale the recipe gives, and the transposed
+// copies the backward's products need (Hopper's FP8 GEMMs read both operands K-major, and the
+// weight gradient reduces over tokens: its operands are dY and X with the tokens innermost).
+
+// *amax = max(*amax, the bits of m over the block): one atomic per block. On the bits of |x| a NaN
+// (sign cleared) orders above inf, above every number: the host sees NaN if any value was NaN.
+__device__ __forceinline__ void block_amax_record(unsigned *amax, unsigned m) {
+    __shared__ unsigned part[32];
+    m = __reduce_max_sync(0xffffffffu, m);
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    if (l == 0) part[w] = m;
+    __syncthreads();
+    if (w == 0) {
+        m = __reduce_max_sync(0xffffffffu, l < (int)(blockDim.x >> 5) ? part[l] : 0u);
+        if (l == 0 && m) atomicMax(amax, m);
+    }
+}
+
+template <typename T>
+__global__ void amax_bits_kernel(unsigned *amax, const T *x, size_t n) {
+    unsigned m = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        m = max(m, __float_as_uint(fabsf(load_f(x, i))));
+    block_amax_record(amax, m);
+}
+
+// TE's current scaling: mul = scaled_max / amax in fp32 (FLT_MAX where that overflows), 1 for an
+// amax of 0, inf or NaN; inv = 1 / mul
+__global__ void mul_from_amax_kernel(float *mul, const unsigned *amax, float scaled_max) {
+    float a = __uint_as_float(*amax), s = 1.0f;
+    if (a > 0.0f && !isinf(a)) {
+        s = __fdiv_rn(scaled_max, a);
+        if (isinf(s)) s = FLT_MAX;
+    }
+    *mul = s;
+}
+
+// q = encode(x * mul[0]), TE's convention (delayed scaling: mul from the amax of earlier steps;
+// current: from this tensor's, fp8_tensor_scale_cuda); scale_inv[0] = 1 / mul[0] (IEEE); with
+// amax, this tensor's amax recorded (block_amax_record). Four values a thread: one 4-byte store.
+template <typename T>
+__global__ void quant_scaled_kernel(uint8_t *q, float *scale_inv, unsigned *amax, const float *mul, const T *x, size_t n,
+                                    int fmt) {
+    float s = *mul;
+    if (blockIdx.x == 0 && threadIdx.x == 0) scale_inv[0] = __frcp_rn(s);
+    unsigned m = 0;
+    size_t n4 = ((uintptr_t)q & 3) ? 0 : n / 4;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t word = 0;
+        for (int j = 0; j < 4; j++) {
+            float v = load_f(x, 4 * i + j);
+            m = max(m, __float_as_uint(fabsf(v)));
+            word |= (uint32_t)fp8_encode_dev(v * s, fmt) << (8 * j);
+        }
+        ((uint32_t *)q)[i] = word;
+    }
+    for (size_t i = 4 * n4 + blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = load_f(x, i);
+        m = max(m, __float_as_uint(fabsf(v)));
+        q[i] = fp8_encode_dev(v * s, fmt);
+    }
+    if (amax) block_amax_record(amax, m);
+}
+
+void fp8_tensor_scale_cuda(float *mul, unsigned *amax, const void *x, DType xdt, size_t n, float scaled_max) {
+    need_init();
+    cudaCheck(cudaMemsetAsync(amax, 0, sizeof(unsigned), ctx.stream));
+    if (xdt == DT_BF16) amax_bits_kernel<<<grid_for(n), 256, 0, ctx.stream>>>(amax, (const bf16 *)x, n);
+    else if (xdt == DT_F32) amax_bits_kernel<<<grid_for(n), 256, 0, ctx.stream>>>(amax, (const float *)x, n);
+    else die("fp8_tensor_scale_cuda: input must be bf16 or f32, got %s", dtype_name(xdt));
+    launchCheck();
+    mul_from_amax_kernel<<<1, 1, 0, ctx.stream>>>(mul, amax, scaled_max);
+    launchCheck();
+}
+
+void fp8_quantize_scaled_cuda(FP8Tensor *t, const void *x, DType xdt, const float *mul, unsigned *amax) {
+    need_init();
+    if (t->gran != FP8_TENSOR) die("fp8_quantize_scaled_cuda: a given scale is per tensor, not %s", fp8_gran_name(t->gran));
+    size_t n = (size_t)t->rows * t->cols;
+    if (xdt == DT_BF16)
+        quant_scaled_kernel<<<grid_for(n / 4 + 1), 256, 0, ctx.stream>>>(t->data, t->scale, amax, mul, (const bf16 *)x, n, t->fmt);
+    else if (xdt == DT_F32)
+        quant_scaled_kernel<<<grid_for(n / 4 + 1), 256, 0, ctx.stream>>>(t->data, t->scale, amax, mul, (const float *)x, n, t->fmt);
+    else die("fp8_quantize_scaled_cuda: input must be bf16 or f32, got %s", dtype_name(xdt));
+    launchCheck();
+}
+
+// t (C, R) = the block quantization of x^T, x (R, C) bf16: 1x128 groups along R (block_rows 1)
+// or 128x128 tiles. One block of 256 threads per 128x128 tile of x, staged in shared memory
+// (rows padded to 130 values, so that a warp reading one column touches 32 banks); then each warp
+// writes whole output rows: lane l encodes rows l, l + 32, l + 64, l + 96 of the tile's column, so
+// every store instruction writes 32 consecutive bytes of t.
+__global__ void __launch_bounds__(256) quant_t_kernel(uint8_t *q, float *scale, const bf16 *x, int R, int C, int block_rows,
+                                                      int ldk, int fmt, const float *mul, unsigned *amax) {
+    __shared__ bf16 tile[128][130];
+    int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
+    if (r0 + 128 <= R && c0 + 128 <= C && (C & 7) == 0 && ((uintptr_t)x & 15) == 0) {
+        for (int p = threadIdx.x; p < 128 * 16; p += 256) {  // 16-byte loads, 8 values each
+            int r = p >> 4, k = (p & 15) * 8;
+            uint4 v = *(const uint4 *)(x + (size_t)(r0 + r) * C + c0 + k);
+            uint32_t *d = (uint32_t *)&tile[r][k];
+            d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w;
+        }
+    } else {  // an edge tile: zeros beyond x (they change no amax)
+        for (int p = threadIdx.x; p < 128 * 128; p += 256) {
+            int r = p >> 7, c = p & 127;
+            tile[r][c] = (r0 + r < R && c0 + c < C) ? x[(size_t)(r0 + r) * C + c0 + c] : __float2bfloat16(0.0f);
+        }
+    }
+    __syncthreads();
+    float tile_s = 1.0f;
+    if (mul) {  // per tensor: encode(x * mul), TE's convention, as fp8_quantize_scaled_cuda
+        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) scale[0] = __frcp_rn(*mul);
+        if (amax) {
+            unsigned m = 0;
+            for (int p = threadIdx.x; p < 128 * 128; p += 256) m = max(m, __float_as_uint(fabsf(__bfloat162float(tile[p >> 7][p & 127]))));
+            block_amax_record(amax, m);
+        }
+    } else if (block_rows != 1) {  // one scale for the whole tile
+        float m = 0.0f;
+        for (int p = threadIdx.x; p < 128 * 128; p += 256) m = fmaxf(m, fabsf(__bfloat162float(tile[p >> 7][p & 127])));
+        tile_s = fp8_scale_dev(block_max(m), fmt, 0);
+        if (threadIdx.x == 0) {
+            scale[(size_t)blockIdx.x * ldk + blockIdx.y] = tile_s;
+            if (blockIdx.y == gridDim.y - 1)  // the row's padding columns
+                for (int k = gridDim.y; k < ldk; k++) scale[(size_t)blockIdx.x * ldk + k] = 1.0f;
+        }
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int c = warp; c < 128 && c0 + c < C; c += 8) {  // output row c0 + c
+        float v[4], m = 0.0f;
+        for (int j = 0; j < 4; j++) m = fmaxf(m, fabsf(v[j] = __bfloat162float(tile[lane + 32 * j][c])));
+        uint8_t *out = q + (size_t)(c0 + c) * R + r0;
+        if (mul) {
+            float s = *mul;
+            for (int j = 0; j < 4; j++)
+                if (r0 + lane + 32 * j < R) out[lane + 32 * j] = fp8_encode_dev(v[j] * s, fmt);
+            continue;
+        }
+        float s = tile_s;
+        if (block_rows == 1) {
+            s = fp8_scale_dev(warp_max(m), fmt, 0);
+            if (lane == 0) scale[(size_t)blockIdx.y * C + c0 + c] = s;  // (R/128, C): fp8.h's 1x128 layout
+        }
+        for (int j = 0; j < 4; j++)
+            if (r0 + lane + 32 * j < R) out[lane + 32 * j] = fp8_encode_dev(__fdiv_rn(v[j], s), fmt);
+    }
+}
+
+void fp8_quantize_t_cuda(FP8Tensor *t, const void *x, const float *mul, unsigned *amax) {
+    need_init();
+    int R = t->cols, C = t->rows;  // x is (R, C)
+    if (t->gran == FP8_TENSOR ? !mul : (t->gran != FP8_BLOCK || (t->block_rows != 1 && t->block_rows != FP8_BLOCK_SIZE)))
+        die("fp8_quantize_t_cuda: per tensor with a given scale, or blocks of 1x128 or 128x128");
+    int ldk = fp8_scale_ld(FP8_BLOCK, C, R, t->block_rows);
+    dim3 grid(cdiv(C, 128), cdiv(R, 128));
+    quant_t_kernel<<<grid, 256, 0, ctx.stream>>>(t->data, t->scale, (const bf16 *)x, R, C, t->block_rows, ldk, t->fmt,
+                                                 t->gran == FP8_TENSOR ? mul : NULL, amax);
+    launchCheck();
+}
+
+// dst (C, R) = src (R, C) transposed, byte for byte, through 64x64 tiles in shared memory
+__global__ void transpose_u8_kernel(uint8_t *dst, const uint8_t *src, int R, int C) {
+    __shared__ uint8_t tile[64][68];
+    int r0 = blockIdx.y * 64, c0 = blockIdx.x * 64;
+    for (int p = threadIdx.x; p < 64 * 64; p += blockDim.x) {
+        int r = p >> 6, c = p & 63;
+        if (r0 + r < R && c0 + c < C) tile[r][c] = src[(size_t)(r0 + r) * C + c0 + c];
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < 64 * 64; p += blockDim.x) {
+        int c = p >> 6, r = p & 63;
+        if (r0 + r < R && c0 + c < C) dst[(size_t)(c0 + c) * R + r0 + r] = tile[r][c];
+    }
+}
+// a 128x128 block-scale grid transposed: dst (cb, rb) = src (rb, cb); padding columns 1
+__global__ void transpose_scales_kernel(float *dst, const float *src, int rbs, int cbs, int ld_src, int ld_dst) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= cbs * ld_dst) return;
+    int cb = i / ld_dst, rb = i % ld_dst;
+    dst[i] = rb < rbs ? src[(size_t)rb * ld_src + cb] : 1.0f;
+}
+
+void fp8_transpose_cuda(FP8Tensor *dst, const FP8Tensor *src) {
+    need_init();
+    int R = src->rows, C = src->cols;
+    if (dst->rows != C || dst->cols != R || dst->gran != src->gran || dst->fmt != src->fmt)
+        die("fp8_transpose_cuda: dst must be (%d, %d) with src's granularity and format", C, R);
+    if (src->gran == FP8_ROW || (src->gran == FP8_BLOCK && (src->block_rows != FP8_BLOCK_SIZE || dst->block_rows != FP8_BLOCK_SIZE)))
+        die("fp8_transpose_cuda: per-row and 1x128 scales do not survive a transpose (fp8_quantize_t_cuda requantizes)");
+    dim3 grid(cdiv(C, 64), cdiv(R, 64));
+    transpose_u8_kernel<<<grid, 256, 0, ctx.stream>>>(dst->data, src->data, R, C);
+    launchCheck();
+    if (src->gran == FP8_TENSOR) {
+        cudaCheck(cudaMemcpyAsync(dst->scale, src->scale, sizeof(float), cudaMemcpyDeviceToDevice, ctx.stream));
+    } else {
+        int rbs = cdiv(R, FP8_BLOCK_SIZE), cbs = cdiv(C, FP8_BLOCK_SIZE);
+        int ld_src = fp8_scale_ld(FP8_BLOCK, R, C, FP8_BLOCK_SIZE), ld_dst = fp8_scale_ld(FP8_BLOCK, C, R, FP8_BLOCK_SIZE);
+        transpose_scales_kernel<<<cdiv(cbs * ld_dst, 256), 256, 0, ctx.stream>>>(dst->scale, src->scale, rbs, cbs, ld_src, ld_dst);
+        launchCheck();
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -502,7 +706,10 @@ static void plan_build(LtPlan *p, cudaDataType_t ta, cudaDataType_t tb, int lda)
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
         cublasLtMatmulMatrixScale_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, mb = ma;
         if (p->gran == FP8_ROW) ma = mb = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-        if (p->gran == FP8_BLOCK) { ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F; mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F; }
+        if ((p->gran & 15) == FP8_BLOCK) {  // W 128x128 tiles, or 1x128 groups as X (the weight gradient's X^T)
+            ma = p->gran & 16 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+            mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        }
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
         // the heuristic needs scale pointers set to know the mode is in use; real ones come per call
@@ -537,7 +744,12 @@ static LtPlan *fp8_plan(DType ydt, const FP8Tensor *x, const FP8Tensor *w, const
     if (N % (ydt == DT_BF16 ? 8 : 4)) { snprintf(why, cap, "N = %d: output rows must be 16-byte multiples", N); return NULL; }
     int aa = ptr_align(w->data), ab = ptr_align(x->data), ay = y ? ptr_align(y) : 256;
     if (aa < 16 || ab < 16 || ay < 16) { snprintf(why, cap, "operand pointers must be 16-byte aligned"); return NULL; }
-    LtPlan *p = plan_find(0, M, N, K, x->gran, x->fmt, w->fmt, ydt, 1, aa, ab, ay);
+    if (x->gran == FP8_TENSOR && (ptr_align(w->scale) < 16 || ptr_align(x->scale) < 16)) {  // (NOT_SUPPORTED at the call on H100)
+        snprintf(why, cap, "per-tensor scales must lie at 16-byte aligned addresses");
+        return NULL;
+    }
+    int gran = x->gran | (x->gran == FP8_BLOCK && w->block_rows == 1 ? 16 : 0);
+    LtPlan *p = plan_find(0, M, N, K, gran, x->fmt, w->fmt, ydt, 1, aa, ab, ay);
     if (!p->desc) plan_build(p, cuda_fp8_type(w->fmt), cuda_fp8_type(x->fmt), K);
     if (!p->ok) { snprintf(why, cap, "%s for %dx%dx%d %s", p->why, M, N, K, fp8_gran_name((FP8Gran)x->gran)); return NULL; }
     return p;
@@ -549,8 +761,12 @@ static void lt_run(LtPlan *p, void *y, const void *A, const void *B, const void 
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
     }
     float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    cublasCheck(cublasLtMatmul(ctx.lt, p->desc, &alpha, A, p->la, B, p->lb, &beta, y, p->ly, y, p->ly, &p->algo,
-                               ctx.workspace, ctx.workspace_bytes, ctx.stream));
+    cublasStatus_t st = cublasLtMatmul(ctx.lt, p->desc, &alpha, A, p->la, B, p->lb, &beta, y, p->ly, y, p->ly, &p->algo,
+                                       ctx.workspace, ctx.workspace_bytes, ctx.stream);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        die("cuBLASLt matmul %dx%dx%d (%s, gran %d, X %s, W %s, out %s%s): %s", p->M, p->N, p->K, p->kind ? "bf16" : "fp8",
+            p->gran, p->fx ? "e5m2" : "e4m3", p->fw ? "e5m2" : "e4m3", dtype_name((DType)p->ydt), accumulate ? ", accumulate" : "",
+            cublasLtGetStatusString(st));
 }
 
 // BF16: D (N x M) = op(A) * B with B = X (K x M, ld K); A = W as (K x N, ld K) transposed
@@ -589,15 +805,22 @@ static int mma_supported(const GemmArgs &a, char *why, size_t cap) {
     return 1;
 }
 
+// the hand-written kernels read W's block scales as 128x128 tiles (a weight), never 1x128 groups
+static int kernel_scales_ok(const FP8Tensor *x, const FP8Tensor *w, char *why, size_t cap) {
+    if (x->gran != FP8_BLOCK || w->block_rows != 1) return 1;
+    snprintf(why, cap, "the kernels read W's block scales as 128x128 tiles, not 1x128 groups");
+    return 0;
+}
+
 // whether backend b can run this product (AUTO: always), and if not why
 static int supported(FP8GemmBackend b, DType ydt, const FP8Tensor *x, const FP8Tensor *w, const void *y,
                      const GemmArgs &a, char *why, size_t cap) {
     switch (b) {
         case FP8_GEMM_AUTO: return 1;
         case FP8_GEMM_CUBLASLT: return fp8_plan(ydt, x, w, y, why, cap) != NULL;
-        case FP8_GEMM_MMA: return mma_supported(a, why, cap);
-        case FP8_GEMM_WGMMA: return hopper_supported(a, 0, why, cap);
-        case FP8_GEMM_DECODE: return hopper_supported(a, 1, why, cap);
+        case FP8_GEMM_MMA: return kernel_scales_ok(x, w, why, cap) && mma_supported(a, why, cap);
+        case FP8_GEMM_WGMMA: return kernel_scales_ok(x, w, why, cap) && hopper_supported(a, 0, why, cap);
+        case FP8_GEMM_DECODE: return kernel_scales_ok(x, w, why, cap) && hopper_supported(a, 1, why, cap);
         case FP8_GEMM_BF16: return 1;
     }
     return 0;
@@ -606,6 +829,7 @@ static int supported(FP8GemmBackend b, DType ydt, const FP8Tensor *x, const FP8T
 static FP8GemmBackend auto_choice(DType ydt, const FP8Tensor *x, const FP8Tensor *w, const void *y, const GemmArgs &a) {
     char why[256];
     if (!ctx.has_fp8) return FP8_GEMM_BF16;
+    if (!kernel_scales_ok(x, w, why, sizeof why)) return fp8_plan(ydt, x, w, y, why, sizeof why) ? FP8_GEMM_CUBLASLT : FP8_GEMM_BF16;
     if (hopper_decode_preferred(a.M, a.N, a.K) && hopper_supported(a, 1, why, sizeof why)) return FP8_GEMM_DECODE;
     if (hopper_wgmma_preferred(a.M, a.N, a.K, ctx.sms) && hopper_supported(a, 0, why, sizeof why)) return FP8_GEMM_WGMMA;
     if (fp8_plan(ydt, x, w, y, why, sizeof why)) return FP8_GEMM_CUBLASLT;
@@ -631,8 +855,9 @@ void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, i
     int M = x->rows, N = w->rows, K = x->cols;
     if (w->cols != K) die("fp8_gemm_cuda: X is (%d, %d) but W is (%d, %d): inner dimensions differ", M, K, N, w->cols);
     if (x->gran != w->gran) die("fp8_gemm_cuda: X is %s-scaled, W %s-scaled: use one granularity", fp8_gran_name(x->gran), fp8_gran_name(w->gran));
-    if (x->gran == FP8_BLOCK && (x->block_rows != 1 || w->block_rows != FP8_BLOCK_SIZE))
-        die("fp8_gemm_cuda: BLOCK needs X in 1x128 groups and W in 128x128 tiles (block_rows %d, %d)", x->block_rows, w->block_rows);
+    if (x->gran == FP8_BLOCK && (x->block_rows != 1 || (w->block_rows != FP8_BLOCK_SIZE && w->block_rows != 1)))
+        die("fp8_gemm_cuda: BLOCK needs X in 1x128 groups and W in 128x128 tiles or 1x128 groups (block_rows %d, %d)",
+            x->block_rows, w->block_rows);
     if (ydt != DT_BF16 && ydt != DT_F32) die("fp8_gemm_cuda: output must be bf16 or f32, got %s", dtype_name(ydt));
     GemmArgs a = gemm_args(x, w, accumulate);
     FP8GemmBackend b = ctx.backend;

@@ -14,6 +14,8 @@
 //                                  hand-written kernels where they are faster or cuBLASLt declines
 //   bf16_gemm_cuda(...)            the same product in BF16 (cuBLASLt): baseline and fallback
 //   fp8_linear_dx_cuda(...)        dX = dY W through a frozen FP8 weight (backward)
+//   fp8_tensor_scale_cuda, fp8_quantize_scaled_cuda, fp8_quantize_t_cuda, fp8_transpose_cuda:
+//                                  FP8 training's operands
 #ifndef FP8_CUDA_H
 #define FP8_CUDA_H
 
@@ -85,6 +87,23 @@ int fp8_gemm_supported(FP8GemmBackend b, DType ydt, const FP8Tensor *x, const FP
 // FP8 would need a transposed second copy of every weight (principle 1) or a transpose
 // per layer, which costs the same pass as the dequantization.
 void fp8_linear_dx_cuda(void *dx, int accumulate, const void *dy, const FP8Tensor *w, int M);
+
+// ---- FP8 training (fp8_train.cu) -------------------------------------------------
+// TE's convention for a per-tensor scale: q = encode(x * mul), dequantized by 1 / mul.
+// *mul = the current scale of x (n values): scaled_max / amax(x) in fp32 (FLT_MAX where that
+// overflows; 1 for an amax of 0, inf or NaN); *amax = amax(x) as float bits (device scalars)
+void fp8_tensor_scale_cuda(float *mul, unsigned *amax, const void *x, DType xdt, size_t n, float scaled_max);
+// t (TENSOR, allocated) = encode(x * mul[0]), t->scale[0] = 1 / mul[0]; with amax (device, float
+// bits), *amax = max(*amax, |x|), NaN above inf above numbers. Same bytes as fp8_quantize_scaled_cpu.
+void fp8_quantize_scaled_cuda(FP8Tensor *t, const void *x, DType xdt, const float *mul, unsigned *amax);
+// t (C, R) = the quantization of x^T, x (R, C) bf16: the weight gradient's operands, whose
+// reduction runs over the tokens R. BLOCK, block_rows 1 (1x128 groups along R) or 128: same
+// bytes as fp8_quantize_cuda of x transposed. TENSOR: encode(x * mul[0]) as above (amax recorded
+// when given).
+void fp8_quantize_t_cuda(FP8Tensor *t, const void *x, const float *mul, unsigned *amax);
+// dst (C, R) = src (R, C) transposed: the codes, and a per-tensor scale or a 128x128 tile grid
+// (the only scalings a transpose keeps); W^T for the input gradient dX = dY W
+void fp8_transpose_cuda(FP8Tensor *dst, const FP8Tensor *src);
 
 #ifdef __cplusplus
 }

@@ -42,6 +42,7 @@ double full_step(FullTrainer *ft, Model *m, float lr, float beta1, float beta2, 
     ft->step++;
     be->adamw(ft->master, m->grads, ft->adam_m, ft->adam_v, ft->n, lr, beta1, beta2, eps, weight_decay, ft->step);
     be->to_act(m->w.dense_mem, ft->master, ft->n);
+    model_fp8_train_step(m);  // FP8 training: the new weights quantized at the next forward
     return norm;
 }
 

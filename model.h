@@ -165,6 +165,9 @@ typedef struct {
                            // (comparisons, debugging)
     int kv_fp8;            // the KV caches this model allocates hold FP8 E4M3 (--kv_cache_dtype fp8)
     Arena arena;
+    FP8Train **fp8_train;  // (n_fp8_train) the linear weights trained in FP8 (model_fp8_train), or NULL
+    int n_fp8_train;
+    long fp8_overflows;    // delayed scaling: tensors whose amax was inf/NaN at a step, so far
 } Model;
 
 // ---- config and weights (model_load.c) ----
@@ -179,10 +182,28 @@ void config_check_tokenizer(const Config *cfg, int tokenizer_vocab, const char *
 void model_load(Model *m, const char *dir, const Backend *be, const ModelOptions *opt);
 // a random-weight model of the given config (for the built-in tiny model and tests); std 0.02-ish init
 void model_init_random(Model *m, const Config *cfg, const Backend *be, const ModelOptions *opt, uint64_t seed);
+// One tensor of the model under its Hugging Face checkpoint name (model_hf_tensors): a vector (cols 0)
+// or matrix of act values (dense), or a linear layer's weight (lin: dense or FP8, as it is held)
+typedef struct {
+    char name[96];      // "model.layers.0.self_attn.q_proj.weight"
+    int64_t rows, cols;
+    const void *dense;  // (rows) or (rows, cols) act; NULL for a linear weight
+    const QWeight *lin; // the linear weight (rows, cols), or NULL
+    int layer, which;   // lin: its layer and LIN_*; else -1
+} HFTensor;
+// the model's tensors as a checkpoint names and orders them, into out (NULL: counted only); returns the count
+int model_hf_tensors(const Model *m, HFTensor *out);
 // write the model's weights as a Hugging Face checkpoint (config.json + model.safetensors, bf16 or f32),
 // dense weights only (a model loaded with FP8 is dequantized)
 void model_save_hf(const Model *m, const char *dir, DType dt);
 void model_free(Model *m);
+// FP8 training (--fp8_recipe): the dense projections (q, k, v, o, gate, up, down) of every layer
+// but the --bf16_first_layers / --bf16_last_layers run their three products as FP8 GEMMs under
+// recipe r from now on (fp8_train.cu says which tensors are FP8). Dies in one line where the
+// backend (the CPU's) or the GPU (no FP8 tensor cores) cannot, naming BF16 as the way on.
+void model_fp8_train(Model *m, const FP8Recipe *r);
+// after each optimizer step that changed the weights (full_step calls it): re-quantize, roll the histories
+void model_fp8_train_step(Model *m);
 void model_free_scratch(Model *m);  // the activation arena and decode scratch (weights stay)
 // turn the time-shared arena on with this budget (bytes); see Arena
 void model_arena_init(Model *m, size_t cap);

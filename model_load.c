@@ -4,7 +4,8 @@
 // the weight layout walker (one allocation for the dense weights, one for the
 // FP8 codes + scales), model_load (safetensors, BF16/F16/F32, or pre-quantized
 // FP8 with weight_scale_inv read as is), config_load_dir and config_check_tokenizer (a tokenizer
-// of another checkpoint, said before the weights are read), model_init_random, model_save_hf,
+// of another checkpoint, said before the weights are read), model_init_random, model_hf_tensors (the
+// checkpoint names of the model's tensors), model_save_hf,
 // and the per-layer quantization error (SQNR) report.
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -617,59 +618,59 @@ static void config_write(const Config *c, const char *path, DType dt) {
     free(text);
 }
 
-void model_save_hf(const Model *m, const char *dir, DType dt) {
+// The model's tensors in a Hugging Face checkpoint's names and order (model.h)
+int model_hf_tensors(const Model *m, HFTensor *out) {
     const Config *c = &m->cfg;
-    if (dt != DT_F32 && dt != DT_BF16) die("model_save_hf: dtype must be F32 or BF16");
-    mkdir(dir, 0755);
-    int cap = 3 + c->L * (4 + 3 + LIN_COUNT), n = 0;
-    STWrite *t = (STWrite *)callocCheck(cap, sizeof(STWrite));
-    char **names = (char **)callocCheck(cap, sizeof(char *));
-    void **bufs = (void **)callocCheck(cap, sizeof(void *));
-#define ADD(nm_, src_, d0, d1, lin_, w_)                                                               \
-    do {                                                                                               \
-        names[n] = str_dup(nm_);                                                                       \
-        bufs[n] = to_host_dtype(m, src_, (size_t)(d0) * ((d1) ? (d1) : 1), dt, lin_, w_);              \
-        t[n] = (STWrite){names[n], dt, (d1) ? 2 : 1, {(d0), (d1)}, bufs[n]};                           \
-        n++;                                                                                           \
+    int n = 0;
+#define ADD(dense_, lin_, l_, i_, d0, d1, ...)                                                              \
+    do {                                                                                                   \
+        if (out) {                                                                                         \
+            out[n] = (HFTensor){.rows = (d0), .cols = (d1), .dense = (dense_), .lin = (lin_), .layer = (l_), .which = (i_)}; \
+            snprintf(out[n].name, sizeof out[n].name, __VA_ARGS__);                                        \
+        }                                                                                                  \
+        n++;                                                                                               \
     } while (0)
-    char nm[512];
-    ADD("model.embed_tokens.weight", m->w.wte, c->V, c->C, 0, NULL);
-    ADD("model.norm.weight", m->w.norm, c->C, 0, 0, NULL);
-    if (!c->tied) ADD("lm_head.weight", m->w.lm_head, c->V, c->C, 0, NULL);
+    ADD(m->w.wte, NULL, -1, -1, c->V, c->C, "model.embed_tokens.weight");
+    ADD(m->w.norm, NULL, -1, -1, c->C, 0, "model.norm.weight");
+    if (!c->tied) ADD(m->w.lm_head, NULL, -1, -1, c->V, c->C, "lm_head.weight");
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *lw = &m->w.layers[l];
-        snprintf(nm, sizeof nm, "model.layers.%d.input_layernorm.weight", l);
-        ADD(nm, lw->ln1, c->C, 0, 0, NULL);
-        snprintf(nm, sizeof nm, "model.layers.%d.post_attention_layernorm.weight", l);
-        ADD(nm, lw->ln2, c->C, 0, 0, NULL);
+        ADD(lw->ln1, NULL, -1, -1, c->C, 0, "model.layers.%d.input_layernorm.weight", l);
+        ADD(lw->ln2, NULL, -1, -1, c->C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
         if (c->qk_norm) {
-            snprintf(nm, sizeof nm, "model.layers.%d.self_attn.q_norm.weight", l);
-            ADD(nm, lw->q_norm, c->HD, 0, 0, NULL);
-            snprintf(nm, sizeof nm, "model.layers.%d.self_attn.k_norm.weight", l);
-            ADD(nm, lw->k_norm, c->HD, 0, 0, NULL);
+            ADD(lw->q_norm, NULL, -1, -1, c->HD, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+            ADD(lw->k_norm, NULL, -1, -1, c->HD, 0, "model.layers.%d.self_attn.k_norm.weight", l);
         }
         if (c->qkv_bias)
-            for (int i = 0; i < 3; i++) {
-                snprintf(nm, sizeof nm, "model.layers.%d.self_attn.%s.bias", l, lin_names[i]);
-                ADD(nm, lw->bias[i], lw->lin[i].rows, 0, 0, NULL);
-            }
-        for (int i = 0; i < LIN_COUNT; i++) {
-            snprintf(nm, sizeof nm, "model.layers.%d.%s.%s.weight", l, lin_parent[i], lin_names[i]);
-            ADD(nm, NULL, lw->lin[i].rows, lw->lin[i].cols, 1, &lw->lin[i]);
-        }
+            for (int i = 0; i < 3; i++) ADD(lw->bias[i], NULL, -1, -1, lw->lin[i].rows, 0, "model.layers.%d.self_attn.%s.bias", l, lin_names[i]);
+        for (int i = 0; i < LIN_COUNT; i++)
+            ADD(NULL, &lw->lin[i], l, i, lw->lin[i].rows, lw->lin[i].cols, "model.layers.%d.%s.%s.weight", l, lin_parent[i], lin_names[i]);
     }
 #undef ADD
+    return n;
+}
+
+void model_save_hf(const Model *m, const char *dir, DType dt) {
+    if (dt != DT_F32 && dt != DT_BF16) die("model_save_hf: dtype must be F32 or BF16");
+    mkdir(dir, 0755);
+    int n = model_hf_tensors(m, NULL);
+    HFTensor *h = (HFTensor *)mallocCheck(n * sizeof(HFTensor));
+    model_hf_tensors(m, h);
+    STWrite *t = (STWrite *)callocCheck(n, sizeof(STWrite));
+    void **bufs = (void **)callocCheck(n, sizeof(void *));
+    for (int i = 0; i < n; i++) {
+        size_t numel = (size_t)h[i].rows * (h[i].cols ? h[i].cols : 1);
+        bufs[i] = to_host_dtype(m, h[i].dense, numel, dt, h[i].lin != NULL, h[i].lin);
+        t[i] = (STWrite){h[i].name, dt, h[i].cols ? 2 : 1, {h[i].rows, h[i].cols}, bufs[i]};
+    }
     char p[4096];
     path_join(p, sizeof p, dir, "model.safetensors");
     st_write(p, t, n, "{\"format\":\"pt\"}");
     path_join(p, sizeof p, dir, "config.json");
-    config_write(c, p, dt);
-    for (int i = 0; i < n; i++) {
-        free(names[i]);
-        free(bufs[i]);
-    }
+    config_write(&m->cfg, p, dt);
+    for (int i = 0; i < n; i++) free(bufs[i]);
+    free(h);
     free(t);
-    free(names);
     free(bufs);
 }
 
@@ -682,8 +683,33 @@ void model_free(Model *m) {
     if (m->grads) be->free(m->grads);
     free(m->gw.layers);
     if (m->inv_freq) be->free(m->inv_freq);
+    for (int i = 0; i < m->n_fp8_train; i++) be->fp8_train_free(m->fp8_train[i]);
+    free(m->fp8_train);
     model_free_scratch(m);
     memset(m, 0, sizeof *m);
+}
+
+void model_fp8_train(Model *m, const FP8Recipe *r) {
+    const Backend *be = m->be;
+    if (!be->fp8_train_new)
+        die("FP8 training (--fp8_recipe) runs on the GPU (the %s backend has no FP8 GEMMs): use --device cuda, or "
+            "--fp8_recipe off to train in BF16", be->name);
+    int L = m->cfg.L, first = m->opt.bf16_first, last = m->opt.bf16_last;
+    m->fp8_train = (FP8Train **)callocCheck((size_t)L * LIN_COUNT, sizeof(FP8Train *));
+    for (int l = first; l < L - last; l++)
+        for (int i = 0; i < LIN_COUNT; i++) {
+            QWeight *w = &m->w.layers[l].lin[i];
+            if (w->gran != FP8_OFF) die("FP8 training updates the weights, and layer %d's are FP8 (frozen): load with --load_in_fp8 off", l);
+            char why[256];
+            // k and v read q's input, up reads gate's: one FP8 copy of it (fp8_train.cu)
+            FP8Train *leader = i == LIN_K || i == LIN_V ? m->w.layers[l].lin[LIN_Q].train : i == LIN_UP ? m->w.layers[l].lin[LIN_GATE].train : NULL;
+            if (!(w->train = be->fp8_train_new(w, r, leader, why, sizeof why))) die("--fp8_recipe: %s: use --fp8_recipe off to train in BF16", why);
+            m->fp8_train[m->n_fp8_train++] = w->train;
+        }
+}
+
+void model_fp8_train_step(Model *m) {
+    if (m->n_fp8_train) m->be->fp8_train_step(m->fp8_train, m->n_fp8_train, &m->fp8_overflows);
 }
 
 // ----------------------------------------------------------------------------

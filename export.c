@@ -1,0 +1,459 @@
+// export.c: a merged Hugging Face checkpoint to serve what was trained, with transformers or vLLM.
+//
+//   ./export --model BASE --lora out/run-1/checkpoint-150 --output_dir merged --dtype bf16
+//   ./export --model BASE --lora ADAPTER --output_dir merged-fp8 --dtype fp8
+//   ./export --model FULL_FINETUNE --output_dir converted --dtype fp8   (no adapter: a conversion)
+//   ./export --help
+//
+// The base (BF16, F16, F32, or FP8 block with weight_scale_inv) is read on the CPU backend with every
+// linear weight unquantized: fp32 on the host, 4 bytes per parameter (33 GB for an 8B model). Each
+// adapted projection is merged as W + (alpha / r) B A in fp64 and rounded once to what is written:
+//   --dtype bf16  every tensor BF16; config.json the base's with torch_dtype bfloat16.
+//   --dtype fp8   q, k, v, o, gate, up and down as float8_e4m3fn codes with weight_scale_inv (fp32, one per
+//                 128x128 block, edge blocks by their own amax: fp8.h's quantizer, the one --load_in_fp8
+//                 block runs at load), the rest (embeddings, norms, biases, lm_head) BF16; config.json gains
+//                 the quantization_config below. The merge is rounded to fp32 and quantized from there, so
+//                 that ./generate --load_in_fp8 block on the merged weights holds the same codes and scales.
+// Above --max_shard_size the tensors go to model-0000i-of-0000n.safetensors with
+// model.safetensors.index.json, as transformers' save_pretrained shards them. The tokenizer files
+// are copied. Everything is written into OUTPUT_DIR.tmp-XXXXXX and renamed to OUTPUT_DIR at the end;
+// a failure removes the temporary directory, so OUTPUT_DIR is either complete or absent (or, with
+// --overwrite, the previous one untouched). A process killed outright leaves OUTPUT_DIR.tmp-XXXXXX
+// behind, never a partial OUTPUT_DIR.
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <limits.h>
+#include <math.h>
+#include <sys/stat.h>
+#include <cjson/cJSON.h>
+
+#include "lora.h"
+#include "model.h"
+#include "options.h"
+#include "safetensors.h"
+
+// ----------------------------------------------------------------------------
+// options
+
+typedef struct {
+    const char *model, *lora, *output_dir, *dtype, *max_shard_size;
+    int overwrite;
+} ExportOpts;
+
+#define OFF(f) offsetof(ExportOpts, f)
+static const Option OPTIONS[] = {
+    {.name = "what to export", .kind = OPT_SECTION},
+    {"model", OPT_STRING, OFF(model), .meta = "DIR", .unset = "none, it is required",
+     .help = "the base (or fully fine-tuned) Hugging Face checkpoint directory"},
+    {"lora", OPT_STRING, OFF(lora), .meta = "DIR", .help = "a PEFT LoRA adapter to merge into it (e.g. train_grpo's checkpoint-N)"},
+    {.name = "output", .kind = OPT_SECTION},
+    {"output_dir", OPT_STRING, OFF(output_dir), .meta = "DIR", .unset = "none, it is required",
+     .help = "where the merged checkpoint goes (must not exist or be empty, unless --overwrite)"},
+    {"dtype", OPT_CHOICE, OFF(dtype), .choices = "bf16|fp8", .dflt = "bf16",
+     .help = "bf16: every tensor BF16; fp8: the projections E4M3 with 128x128 block scales, the rest BF16"},
+    {"max_shard_size", OPT_STRING, OFF(max_shard_size), .dflt = "5GB", .meta = "SIZE",
+     .help = "largest safetensors file before sharding, as transformers reads it: 5GB = 5e9 bytes, 4GiB, 500MB, 1000000"},
+    {"overwrite", OPT_FLAG, OFF(overwrite), .help = "replace a non-empty --output_dir (only once the new one is complete)"},
+};
+#define N_OPTIONS ((int)(sizeof OPTIONS / sizeof OPTIONS[0]))
+
+// "5GB" -> 5e9: transformers' convert_file_size_to_int (KB/MB/GB are powers of 10, KiB/MiB/GiB of 2)
+static size_t parse_size(const char *s) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    static const struct { const char *unit; double mult; } units[] = {
+        {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+    };
+    if (end != s && !errno && v > 0)
+        for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+            if (!strcmp(end, units[i].unit) && v * units[i].mult >= 1 && v * units[i].mult < 1e18)
+                return (size_t)(v * units[i].mult);
+    die("--max_shard_size: '%s' is not a size: give bytes or a number with KB, MB, GB, KiB, MiB or GiB (e.g. 5GB)", s);
+}
+
+static int dir_is_empty(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) die("--output_dir %s: cannot read it (%s)", path, strerror(errno));
+    struct dirent *e;
+    int empty = 1;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = 0;
+    closedir(d);
+    return empty;
+}
+
+// Every output problem before any work: the directory and what replacing it would mean
+static void check_output(const ExportOpts *o) {
+    struct stat sb;
+    if (stat(o->output_dir, &sb) == 0) {
+        if (!S_ISDIR(sb.st_mode)) die("--output_dir %s exists and is not a directory: choose another path", o->output_dir);
+        if (!o->overwrite && !dir_is_empty(o->output_dir))
+            die("--output_dir %s exists and is not empty: choose another path, or pass --overwrite to replace it", o->output_dir);
+        char a[PATH_MAX], b[PATH_MAX];
+        const char *inputs[2] = {o->model, o->lora};
+        for (int i = 0; i < 2; i++)
+            if (inputs[i] && realpath(o->output_dir, a) && realpath(inputs[i], b) && !strcmp(a, b))
+                die("--output_dir %s is the checkpoint being read (--%s): write the export elsewhere", o->output_dir,
+                    i ? "lora" : "model");
+    }
+}
+
+static void parse_options(int argc, char **argv, ExportOpts *o) {
+    memset(o, 0, sizeof *o);
+    OptionTable t = {.usage = "usage: ./export --model DIR [--lora ADAPTER] --output_dir DIR [--dtype bf16|fp8] [--name value ...]\n"
+                              "'-' and '_' are the same in names; a flag alone means true.",
+                     .rows = OPTIONS, .n = N_OPTIONS, .base = o};
+    options_parse(&t, argc, argv);
+    if (!o->model) die("--model DIR is required (see --help)");
+    if (!o->output_dir) die("--output_dir DIR is required (see --help)");
+    static char out[PATH_MAX];  // without trailing '/': DIR.tmp-XXXXXX must lie beside DIR, not in it
+    int k = snprintf(out, sizeof out, "%s", o->output_dir);
+    if (k < 0 || (size_t)k >= sizeof out - 16) die("--output_dir: path too long");
+    while (k > 1 && out[k - 1] == '/') out[--k] = 0;
+    o->output_dir = out;
+    parse_size(o->max_shard_size);
+    check_output(o);
+}
+
+// ----------------------------------------------------------------------------
+// the temporary directory: removed by exit() (die() too) until it has been renamed
+
+static char tmp_dir[PATH_MAX];
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) { return remove(path); }
+static void remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+static void remove_tmp_dir(void) {
+    if (tmp_dir[0]) remove_tree(tmp_dir);
+}
+
+// ----------------------------------------------------------------------------
+// merging and rounding
+
+// x (fp64) to the nearest BF16, rounded once. Through fp32 with round-to-odd (an inexact result gets
+// an odd last bit, a sticky bit) and then to nearest even: fp32 has 16 more bits than BF16, enough for
+// the second rounding to equal the direct one (Boldo and Melquiond). (float)x alone would round twice.
+static uint16_t f64_to_bf16(double x) {
+    float f = (float)x;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((double)f != x && isfinite(f) && !(u & 1)) {
+        f = nextafterf(f, (float)(x > f ? INFINITY : -INFINITY));  // the odd neighbour on x's side
+        if (isinf(f)) f = (float)x;
+    }
+    return f32_to_bf16(f);
+}
+
+// The merged weight of one linear layer: W + (alpha / r) B A in fp64, W (rows, cols) fp32 as loaded,
+// A (r, cols), B (rows, r) the adapter's fp32 masters. out (rows, cols) fp64.
+static void merge_linear(double *out, const Model *m, int l, int which) {
+    const QWeight *w = &m->w.layers[l].lin[which];
+    const float *W = (const float *)w->dense;
+    size_t n = (size_t)w->rows * w->cols;
+    const LoRA *lo = m->lora;
+    const float *A = lo ? (const float *)lo->A[l * LIN_COUNT + which] : NULL;
+    if (!A) {
+        for (size_t i = 0; i < n; i++) out[i] = W[i];
+        return;
+    }
+    const float *B = (const float *)lo->B[l * LIN_COUNT + which];
+    double s = (double)lo->alpha / lo->r;
+    int R = lo->r, cols = w->cols;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < w->rows; r++)
+        for (int c = 0; c < cols; c++) {
+            double d = 0;
+            for (int k = 0; k < R; k++) d += (double)B[(size_t)r * R + k] * A[(size_t)k * cols + c];
+            out[(size_t)r * cols + c] = W[(size_t)r * cols + c] + s * d;
+        }
+}
+
+// ----------------------------------------------------------------------------
+// the tensors to write: each model tensor, and for FP8 each projection's scales after its codes
+
+typedef struct {
+    const HFTensor *src;
+    int scales;        // 1: the weight_scale_inv of the FP8 tensor written just before
+    char name[112];
+    DType dtype;
+    int64_t shape[2];
+    int ndim;
+    size_t bytes;
+    int shard;
+} OutTensor;
+
+static int plan_tensors(const HFTensor *h, int nh, int fp8, OutTensor *out) {
+    int n = 0;
+    for (int i = 0; i < nh; i++) {
+        OutTensor t = {&h[i], 0, "", DT_BF16, {h[i].rows, h[i].cols}, h[i].cols ? 2 : 1, 0, 0};
+        snprintf(t.name, sizeof t.name, "%s", h[i].name);
+        if (fp8 && h[i].lin) t.dtype = DT_E4M3;
+        t.bytes = (size_t)h[i].rows * (h[i].cols ? h[i].cols : 1) * dtype_size(t.dtype);
+        if (out) out[n] = t;
+        n++;
+        if (fp8 && h[i].lin) {  // HF's weight_scale_inv: (ceil(rows / 128), ceil(cols / 128)) fp32
+            OutTensor s = t;
+            s.scales = 1;
+            s.dtype = DT_F32;
+            snprintf(s.name, sizeof s.name, "%s_scale_inv", h[i].name);
+            s.shape[0] = (h[i].rows + FP8_BLOCK_SIZE - 1) / FP8_BLOCK_SIZE;
+            s.shape[1] = (h[i].cols + FP8_BLOCK_SIZE - 1) / FP8_BLOCK_SIZE;
+            s.bytes = (size_t)s.shape[0] * s.shape[1] * sizeof(float);
+            if (out) out[n] = s;
+            n++;
+        }
+    }
+    return n;
+}
+
+// The shards as huggingface_hub's split_state_dict_into_shards makes them: tensors in order, a new shard
+// when the next tensor would take the current one past the limit (a tensor larger than the limit
+// alone). An FP8 weight and its scales stay together: a reader may look for the scales beside it.
+static int plan_shards(OutTensor *t, int n, size_t max_bytes) {
+    int shard = 0;
+    size_t cur = 0;
+    for (int i = 0; i < n; i++) {
+        size_t b = t[i].bytes + (i + 1 < n && t[i + 1].scales ? t[i + 1].bytes : 0);
+        if (t[i].scales) {
+            t[i].shard = shard;
+            continue;
+        }
+        if (cur > 0 && cur + b > max_bytes) shard++, cur = 0;
+        t[i].shard = shard;
+        cur += b;
+    }
+    return shard + 1;
+}
+
+// One tensor's bytes as written (malloc'ed). FP8 codes also return their scales in *scales_out
+// (HF's (br, bc) layout, malloc'ed) for the scales tensor that follows.
+static void *tensor_bytes(const Model *m, const OutTensor *t, float **scales_out) {
+    const HFTensor *h = t->src;
+    size_t n = (size_t)h->rows * (h->cols ? h->cols : 1);
+    if (t->scales) {
+        void *s = *scales_out;
+        *scales_out = NULL;
+        return s;
+    }
+    if (!h->lin) {  // embeddings, norms, biases: fp32 as loaded, rounded to BF16
+        uint16_t *b = (uint16_t *)mallocCheck(n * 2);
+        for (size_t i = 0; i < n; i++) b[i] = f32_to_bf16(((const float *)h->dense)[i]);
+        return b;
+    }
+    double *x = (double *)mallocCheck(n * sizeof(double));
+    merge_linear(x, m, h->layer, h->which);
+    void *out;
+    if (t->dtype == DT_E4M3) {
+        float *f = (float *)mallocCheck(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) f[i] = (float)x[i];
+        FP8Tensor q;
+        fp8_tensor_alloc_cpu(&q, (int)h->rows, (int)h->cols, FP8_BLOCK, FP8_E4M3, FP8_BLOCK_SIZE);
+        fp8_quantize_cpu(&q, f, 0);
+        // fp8.h pads each row of block scales to a multiple of 4 (cuBLASLt's layout); HF's has no padding
+        int br = (q.rows + FP8_BLOCK_SIZE - 1) / FP8_BLOCK_SIZE, bc = (q.cols + FP8_BLOCK_SIZE - 1) / FP8_BLOCK_SIZE;
+        int ld = fp8_scale_ld(FP8_BLOCK, q.rows, q.cols, FP8_BLOCK_SIZE);
+        float *s = (float *)mallocCheck((size_t)br * bc * sizeof(float));
+        for (int r = 0; r < br; r++) memcpy(s + (size_t)r * bc, q.scale + (size_t)r * ld, bc * sizeof(float));
+        out = q.data;  // the codes, (rows, cols) row-major as HF stores them
+        free(q.scale);
+        free(f);
+        *scales_out = s;
+    } else {
+        uint16_t *b = (uint16_t *)mallocCheck(n * 2);
+        for (size_t i = 0; i < n; i++) b[i] = f64_to_bf16(x[i]);
+        out = b;
+    }
+    free(x);
+    return out;
+}
+
+static void shard_name(char *out, size_t cap, int shard, int nshards) {
+    if (nshards == 1) snprintf(out, cap, "model.safetensors");
+    else snprintf(out, cap, "model-%05d-of-%05d.safetensors", shard + 1, nshards);
+}
+
+// the weights: each shard converted and written in turn (one shard's bytes in memory at a time)
+static void write_weights(const Model *m, OutTensor *t, int n, int nshards, const char *dir) {
+    STWrite *w = (STWrite *)mallocCheck(n * sizeof(STWrite));
+    void **bufs = (void **)mallocCheck(n * sizeof(void *));
+    size_t total = 0;
+    for (int s = 0, i = 0; s < nshards; s++) {
+        int k = 0;
+        float *scales = NULL;
+        for (; i < n && t[i].shard == s; i++, k++) {
+            bufs[k] = tensor_bytes(m, &t[i], &scales);
+            w[k] = (STWrite){t[i].name, t[i].dtype, t[i].ndim, {t[i].shape[0], t[i].shape[1]}, bufs[k]};
+            total += t[i].bytes;
+        }
+        char name[64], p[4096];
+        shard_name(name, sizeof name, s, nshards);
+        path_join(p, sizeof p, dir, name);
+        st_write(p, w, k, "{\"format\":\"pt\"}");
+        for (int j = 0; j < k; j++) free(bufs[j]);
+    }
+    free(w);
+    free(bufs);
+    if (nshards == 1) return;
+    // model.safetensors.index.json: total_size (bytes of tensor data) and weight_map, as save_pretrained
+    // writes them (the map sorted by name)
+    int *order = (int *)mallocCheck(n * sizeof(int));
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = 1; i < n; i++)  // insertion sort by name (hundreds of names)
+        for (int j = i; j > 0 && strcmp(t[order[j - 1]].name, t[order[j]].name) > 0; j--) {
+            int x = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = x;
+        }
+    cJSON *root = cJSON_CreateObject(), *md = cJSON_AddObjectToObject(root, "metadata");
+    cJSON_AddNumberToObject(md, "total_size", (double)total);
+    cJSON *wm = cJSON_AddObjectToObject(root, "weight_map");
+    for (int i = 0; i < n; i++) {
+        char name[64];
+        shard_name(name, sizeof name, t[order[i]].shard, nshards);
+        cJSON_AddStringToObject(wm, t[order[i]].name, name);
+    }
+    free(order);
+    char *text = cJSON_Print(root), p[4096];
+    cJSON_Delete(root);
+    path_join(p, sizeof p, dir, "model.safetensors.index.json");
+    write_file_atomic(p, text, strlen(text));
+    free(text);
+}
+
+// ----------------------------------------------------------------------------
+// config.json and the tokenizer files
+
+// The base's config.json with the new dtype; the FP8 export's quantization_config, and which reader
+// reads which field:
+//   quant_method "fp8"        vLLM Fp8Config.from_config: "fp8" in quant_method means the checkpoint holds
+//                             FP8 (is_checkpoint_fp8_serialized); transformers picks FineGrainedFP8Config
+//   activation_scheme         both: "dynamic" (per-token 1x128 scales computed at run time) is the only one
+//                             either accepts with block weights
+//   weight_block_size         both: [128, 128] makes vLLM create weight_scale_inv (ceil(N/128), ceil(K/128))
+//                             fp32 for each linear layer, and transformers' FP8Linear the same
+//   fmt "e4m3"                read by neither (DeepSeek-V3 and Qwen3-FP8 write it): says the codes' format
+//   modules_to_not_convert    transformers (vLLM reads it when ignored_layers is absent): lm_head stays BF16;
+//                             the embeddings and norms are no linear layers, so neither quantizes them
+// vLLM also needs every part of a fused projection (q, k, v; gate, up) to be a multiple of 128 rows
+// (validate_fp8_block_shape): true of real checkpoints (KV heads of 128), not of the tiny fixtures.
+static void write_config(const char *model_dir, const char *dir, int fp8) {
+    char p[4096];
+    path_join(p, sizeof p, model_dir, "config.json");
+    char *text = read_file(p, NULL);
+    cJSON *r = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(r)) die("%s: not valid JSON", p);
+    cJSON_DeleteItemFromObjectCaseSensitive(r, "torch_dtype");
+    cJSON_AddStringToObject(r, "torch_dtype", "bfloat16");
+    if (cJSON_GetObjectItemCaseSensitive(r, "dtype")) {  // transformers 5.x writes "dtype"
+        cJSON_DeleteItemFromObjectCaseSensitive(r, "dtype");
+        cJSON_AddStringToObject(r, "dtype", "bfloat16");
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(r, "quantization_config");  // an FP8 base's, now stale
+    if (fp8) {
+        cJSON *q = cJSON_AddObjectToObject(r, "quantization_config");
+        cJSON_AddStringToObject(q, "quant_method", "fp8");
+        cJSON_AddStringToObject(q, "fmt", "e4m3");
+        cJSON_AddStringToObject(q, "activation_scheme", "dynamic");
+        cJSON *b = cJSON_AddArrayToObject(q, "weight_block_size");
+        cJSON_AddItemToArray(b, cJSON_CreateNumber(FP8_BLOCK_SIZE));
+        cJSON_AddItemToArray(b, cJSON_CreateNumber(FP8_BLOCK_SIZE));
+        cJSON *skip = cJSON_AddArrayToObject(q, "modules_to_not_convert");
+        cJSON_AddItemToArray(skip, cJSON_CreateString("lm_head"));
+    }
+    text = cJSON_Print(r);
+    cJSON_Delete(r);
+    path_join(p, sizeof p, dir, "config.json");
+    write_file_atomic(p, text, strlen(text));
+    free(text);
+}
+
+// what transformers' AutoTokenizer and GenerationConfig read beside the weights
+static const char *const TOKENIZER_FILES[] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json", "chat_template.jinja",
+    "chat_template.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+};
+
+static void copy_tokenizer_files(const char *model_dir, const char *dir) {
+    for (size_t i = 0; i < sizeof TOKENIZER_FILES / sizeof TOKENIZER_FILES[0]; i++) {
+        char src[4096], dst[4096];
+        path_join(src, sizeof src, model_dir, TOKENIZER_FILES[i]);
+        struct stat sb;
+        if (lstat(src, &sb) != 0) continue;  // absent: the checkpoint does not have it
+        if (!file_exists(src)) die("%s: not a regular file (or a link to none): remove it or replace it with the file", src);
+        size_t n;
+        char *data = read_file(src, &n);
+        path_join(dst, sizeof dst, dir, TOKENIZER_FILES[i]);
+        write_file_atomic(dst, data, n);
+        free(data);
+    }
+}
+
+// ----------------------------------------------------------------------------
+
+int main(int argc, char **argv) {
+    ExportOpts o;
+    parse_options(argc, argv, &o);
+    int fp8 = !strcmp(o.dtype, "fp8");
+    size_t max_shard = parse_size(o.max_shard_size);
+
+    // the base in fp32 on the host, linear weights unquantized (an FP8 base dequantized); the adapter's
+    // fp32 masters. Both loaders check everything before the output directory is created.
+    const Backend *be = backend_cpu();
+    ModelOptions mo = {FP8_OFF, 0, 0, 0};
+    Model m;
+    model_load(&m, o.model, be, &mo);
+    if (o.lora) m.lora = lora_load_peft(&m, o.lora);
+
+    int nh = model_hf_tensors(&m, NULL);
+    HFTensor *h = (HFTensor *)mallocCheck(nh * sizeof(HFTensor));
+    model_hf_tensors(&m, h);
+    int n = plan_tensors(h, nh, fp8, NULL);
+    OutTensor *t = (OutTensor *)mallocCheck(n * sizeof(OutTensor));
+    plan_tensors(h, nh, fp8, t);
+    int nshards = plan_shards(t, n, max_shard);
+
+    snprintf(tmp_dir, sizeof tmp_dir, "%s.tmp-XXXXXX", o.output_dir);
+    if (!mkdtemp(tmp_dir)) {
+        int e = errno;
+        tmp_dir[0] = 0;
+        die("--output_dir %s: cannot create a directory beside it (%s): does its parent exist and is it writable?",
+            o.output_dir, strerror(e));
+    }
+    atexit(remove_tmp_dir);
+    chmod(tmp_dir, 0755);  // mkdtemp makes it 0700: the export is meant to be read by others (a server)
+
+    write_weights(&m, t, n, nshards, tmp_dir);
+    write_config(o.model, tmp_dir, fp8);
+    copy_tokenizer_files(o.model, tmp_dir);
+
+    // into place: rename() replaces an empty directory atomically; a non-empty one (--overwrite) is
+    // first moved aside, and removed only once the new one is in its place
+    char old[PATH_MAX] = "";
+    struct stat sb;
+    if (stat(o.output_dir, &sb) == 0 && !dir_is_empty(o.output_dir)) {
+        snprintf(old, sizeof old, "%s.old-XXXXXX", o.output_dir);
+        if (!mkdtemp(old) || rename(o.output_dir, old) != 0)
+            die("--output_dir %s: cannot move the old one aside (%s)", o.output_dir, strerror(errno));
+    }
+    if (rename(tmp_dir, o.output_dir) != 0) {
+        int e = errno;
+        if (old[0]) rename(old, o.output_dir);
+        die("cannot rename %s to %s (%s)", tmp_dir, o.output_dir, strerror(e));
+    }
+    tmp_dir[0] = 0;
+    if (old[0]) remove_tree(old);
+
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += t[i].bytes;
+    fprintf(stderr, "wrote %s: %s, %d tensors, %.1f MB in %d file%s%s\n", o.output_dir,
+            fp8 ? "FP8 E4M3 projections with 128x128 block scales, the rest BF16" : "BF16", n, total / 1e6, nshards,
+            nshards > 1 ? "s + model.safetensors.index.json" : "", o.lora ? ", adapter merged" : "");
+    free(t);
+    free(h);
+    if (m.lora) lora_free(m.lora);
+    model_free(&m);
+    return 0;
+}

@@ -1,0 +1,437 @@
+// test/gpu_fp8_train.cu: FP8 training on the CUDA backend (fp8_train.cu, the training kernels of
+// fp8.cu) against the CPU reference (fp8_recipe.c, fp8_cpu.c):
+//   - quantization with a given scale (delayed scaling): codes, inverse scale and amax bit for bit,
+//     NaN and inf included;
+//   - the transposed block quantization (the weight gradient's operands) and the transpose of a
+//     quantized tensor: bit for bit against the CPU quantization of the transposed matrix;
+//   - a linear layer's three products under each recipe (current, delayed, block; hybrid and e4m3)
+//     over three optimizer steps, the weights and the data's range changing between them, against
+//     fp8_linear_train_cpu on the operands the recipe defines (delayed: the CPU's DelayedScale fed
+//     the same amaxes): within the FP8 tensor cores' accumulation (ACC_TC, gpu_util.cuh) and the
+//     bf16 rounding of Y and dX.
+// Run on a GPU: make test-gpu (CK_FORK=no).
+#include "gpu_util.cuh"
+
+#include "fp8_recipe.h"
+
+static void *dev_bytes(const void *h, size_t n) {
+    void *d = G->alloc(n);
+    G->upload(d, h, n);
+    return d;
+}
+static void *down_bytes(const void *d, size_t n) {
+    void *h = mallocCheck(n);
+    G->download(h, d, n);
+    return h;
+}
+// a device FP8 tensor of the given shape (codes and scales allocated)
+static FP8Tensor dev_tensor(int rows, int cols, FP8Gran g, FP8Format fmt, int block_rows) {
+    FP8Tensor t;
+    memset(&t, 0, sizeof t);
+    t.rows = rows, t.cols = cols, t.gran = g, t.fmt = fmt, t.block_rows = block_rows;
+    t.data = (uint8_t *)G->alloc((size_t)rows * cols);
+    t.scale = (float *)G->alloc(fp8_num_scales(g, rows, cols, block_rows) * 4 + 4);
+    return t;
+}
+static void dev_tensor_free(FP8Tensor *t) {
+    G->free(t->data);
+    G->free(t->scale);
+}
+// codes and scales of a device tensor equal a host one's, byte for byte
+static void check_same_tensor(const char *what, const FP8Tensor *dev, const FP8Tensor *host) {
+    size_t n = (size_t)host->rows * host->cols, ns = fp8_num_scales(host->gran, host->rows, host->cols, host->block_rows);
+    void *q = down_bytes(dev->data, n), *s = down_bytes(dev->scale, ns * 4);
+    char w[160];
+    snprintf(w, sizeof w, "%s codes", what);
+    check_exact(w, q, host->data, n);
+    snprintf(w, sizeof w, "%s scales", what);
+    check_exact(w, s, host->scale, ns * 4);
+    free(q);
+    free(s);
+}
+static float *transpose_f(const float *x, int R, int C) {
+    float *t = fmalloc((size_t)R * C);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) t[(size_t)c * R + r] = x[(size_t)r * C + c];
+    return t;
+}
+
+START_TEST(test_quantize_scaled) {
+    size_t n = 300007;
+    for (int f = 0; f < 2; f++)
+        for (int special = 0; special < 3; special++) {  // none, an inf, a NaN
+            FP8Format fmt = (FP8Format)f;
+            float *x = randn_bf(n, 3.0f);
+            x[11] = 4000.0f;  // beyond E4M3's range at this scale: saturates
+            if (special == 1) x[n / 2] = -INFINITY;
+            if (special == 2) x[n / 3] = NAN;
+            float mul = f == FP8_E4M3 ? 37.5f : 0.71f;
+            FP8Tensor ref;
+            fp8_tensor_alloc_cpu(&ref, 1, (int)n, FP8_TENSOR, fmt, 1);
+            float amax_ref = fp8_quantize_scaled_cpu(&ref, x, mul);
+            for (int bf = 0; bf < 2; bf++) {  // bf16 and f32 input
+                void *xd = bf ? up_act(x, n) : up_hp(x, n);
+                FP8Tensor t = dev_tensor(1, (int)n, FP8_TENSOR, fmt, 1);
+                float *muld = (float *)dev_bytes(&mul, 4);
+                unsigned zero = 0, *amax = (unsigned *)dev_bytes(&zero, 4);
+                fp8_quantize_scaled_cuda(&t, xd, bf ? DT_BF16 : DT_F32, muld, amax);
+                char what[96];
+                snprintf(what, sizeof what, "scaled %s %s %s", fmt ? "e5m2" : "e4m3", bf ? "bf16" : "f32",
+                         special == 0 ? "" : special == 1 ? "(inf)" : "(NaN)");
+                check_same_tensor(what, &t, &ref);
+                unsigned bits;
+                G->download(&bits, amax, 4);
+                float amax_gpu;
+                memcpy(&amax_gpu, &bits, 4);
+                ck_assert_msg(isnan(amax_ref) ? isnan(amax_gpu) : amax_gpu == amax_ref, "%s: amax %g, the CPU's %g", what, amax_gpu,
+                              amax_ref);
+                dev_tensor_free(&t);
+                G->free(xd);
+                G->free(muld);
+                G->free(amax);
+            }
+            fp8_tensor_free_cpu(&ref);
+            free(x);
+        }
+}
+END_TEST
+
+START_TEST(test_quantize_transposed) {
+    int shapes[][2] = {{256, 384}, {300, 200}, {301, 130}, {77, 129}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+        for (int br = 1; br <= FP8_BLOCK_SIZE; br += FP8_BLOCK_SIZE - 1)
+            for (int f = 0; f < 2; f++) {
+                int R = shapes[k][0], C = shapes[k][1];
+                float *x = randn_bf((size_t)R * C, 1.0f);
+                for (int r = 0; r < R; r += 7) x[(size_t)r * C + (r % C)] *= 64.0f;  // outliers
+                float *xt = transpose_f(x, R, C);
+                FP8Tensor ref;
+                fp8_tensor_alloc_cpu(&ref, C, R, FP8_BLOCK, (FP8Format)f, br);
+                fp8_quantize_cpu(&ref, xt, 0);
+                void *xd = up_act(x, (size_t)R * C);
+                FP8Tensor t = dev_tensor(C, R, FP8_BLOCK, (FP8Format)f, br);
+                fp8_quantize_t_cuda(&t, xd, NULL, NULL);
+                char what[96];
+                snprintf(what, sizeof what, "x^T %dx%d %s %s", R, C, br == 1 ? "1x128" : "128x128", f ? "e5m2" : "e4m3");
+                check_same_tensor(what, &t, &ref);
+                // and the 128x128 tiles survive a transpose: quantize x, transpose, = the above
+                if (br == FP8_BLOCK_SIZE) {
+                    FP8Tensor q = dev_tensor(R, C, FP8_BLOCK, (FP8Format)f, br), qt = dev_tensor(C, R, FP8_BLOCK, (FP8Format)f, br);
+                    fp8_quantize_cuda(&q, xd, DT_BF16, 0);
+                    fp8_transpose_cuda(&qt, &q);
+                    snprintf(what, sizeof what, "transpose %dx%d 128x128 %s", R, C, f ? "e5m2" : "e4m3");
+                    check_same_tensor(what, &qt, &ref);
+                    dev_tensor_free(&q);
+                    dev_tensor_free(&qt);
+                }
+                dev_tensor_free(&t);
+                fp8_tensor_free_cpu(&ref);
+                G->free(xd);
+                free(x);
+                free(xt);
+            }
+    // a per-tensor scale: the codes move, the scale is copied
+    int R = 190, C = 260;
+    float *x = randn_bf((size_t)R * C, 2.0f), *xt = transpose_f(x, R, C);
+    FP8Tensor ref;
+    fp8_tensor_alloc_cpu(&ref, C, R, FP8_TENSOR, FP8_E4M3, 1);
+    fp8_quantize_cpu(&ref, xt, 0);
+    void *xd = up_act(x, (size_t)R * C);
+    FP8Tensor q = dev_tensor(R, C, FP8_TENSOR, FP8_E4M3, 1), qt = dev_tensor(C, R, FP8_TENSOR, FP8_E4M3, 1);
+    fp8_quantize_cuda(&q, xd, DT_BF16, 0);
+    fp8_transpose_cuda(&qt, &q);
+    check_same_tensor("transpose 190x260 tensor e4m3", &qt, &ref);
+    // per tensor with a given scale (TE's x * mul), straight from x, and the current scale of x
+    for (int f = 0; f < 2; f++) {
+        float amax_h = 0;
+        for (size_t i = 0; i < (size_t)R * C; i++) amax_h = fmaxf(amax_h, fabsf(x[i]));
+        float smax = fp8_max((FP8Format)f) * 0.5f, mul = smax / amax_h;  // (a margin of 1)
+        FP8Tensor r2;
+        fp8_tensor_alloc_cpu(&r2, C, R, FP8_TENSOR, (FP8Format)f, 1);
+        float amax_ref = fp8_quantize_scaled_cpu(&r2, xt, mul);
+        float *muld = (float *)G->alloc(16);
+        unsigned *amax = (unsigned *)G->alloc(16), zero = 0, bits = 0;
+        fp8_tensor_scale_cuda(muld, amax, xd, DT_BF16, (size_t)R * C, smax);
+        float mul_gpu;
+        G->download(&mul_gpu, muld, 4);
+        ck_assert_msg(mul_gpu == mul, "current scale %g, the CPU's %g", mul_gpu, mul);
+        G->upload(amax, &zero, 4);
+        FP8Tensor t2 = dev_tensor(C, R, FP8_TENSOR, (FP8Format)f, 1);
+        fp8_quantize_t_cuda(&t2, xd, muld, amax);
+        check_same_tensor(f ? "x^T 190x260 tensor e5m2, given scale" : "x^T 190x260 tensor e4m3, given scale", &t2, &r2);
+        G->download(&bits, amax, 4);
+        ck_assert_msg(bits == *(unsigned *)&amax_ref, "amax recorded by the transposed quantization");
+        dev_tensor_free(&t2);
+        fp8_tensor_free_cpu(&r2);
+        G->free(muld);
+        G->free(amax);
+    }
+    dev_tensor_free(&q);
+    dev_tensor_free(&qt);
+    fp8_tensor_free_cpu(&ref);
+    G->free(xd);
+    free(x);
+    free(xt);
+}
+END_TEST
+
+// ---- a linear layer under a recipe, against the CPU ------------------------------------
+
+typedef struct {
+    FP8Recipe r;
+    DelayedScale d[3];  // x, w, dy: the CPU's mirror of the GPU's histories (delayed)
+} Mirror;
+
+// x (rows, cols), bf16-exact values, quantized as the recipe quantizes tensor i (activation layout
+// for x and dy, a weight for w); delayed: records the amax in the mirror
+static void ref_quantize(FP8Tensor *t, Mirror *mr, int i, const float *x, int rows, int cols) {
+    FP8Format fmt = i == 2 && mr->r.hybrid ? FP8_E5M2 : FP8_E4M3;
+    int block = mr->r.kind == FP8_RECIPE_BLOCK;
+    fp8_tensor_alloc_cpu(t, rows, cols, block ? FP8_BLOCK : FP8_TENSOR, fmt, block && i == 1 ? FP8_BLOCK_SIZE : 1);
+    if (mr->r.kind == FP8_RECIPE_DELAYED) delayed_record(&mr->d[i], fp8_quantize_scaled_cpu(t, x, mr->d[i].scale));
+    else if (mr->r.kind == FP8_RECIPE_CURRENT) {  // TE's current scaling: fmax 2^-margin / amax of x now
+        float amax = 0, smax = fp8_max(fmt) * powf(2.0f, -mr->r.margin);
+        for (size_t k = 0; k < (size_t)rows * cols; k++) amax = fmaxf(amax, fabsf(x[k]));
+        fp8_quantize_scaled_cpu(t, x, amax > 0 ? smax / amax : 1.0f);
+    } else fp8_quantize_cpu(t, x, 0);
+}
+
+// sum over k of |a_k b_k| for each output of y = a b^T, a (M, K), b (N, K), from dequantized operands
+static double *mag_abt(const FP8Tensor *a, const FP8Tensor *b) {
+    int M = a->rows, N = b->rows, K = a->cols;
+    float *af = fmalloc((size_t)M * K), *bf = fmalloc((size_t)N * K);
+    fp8_dequantize_cpu(af, a);
+    fp8_dequantize_cpu(bf, b);
+    double *m = dmalloc_h((size_t)M * N);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) s += fabs((double)af[(size_t)i * K + k] * bf[(size_t)j * K + k]);
+            m[(size_t)i * N + j] = s;
+        }
+    free(af);
+    free(bf);
+    return m;
+}
+static FP8Tensor transposed_copy(const FP8Tensor *t) {  // host: codes transposed, a tensor scale kept
+    FP8Tensor u;
+    fp8_tensor_alloc_cpu(&u, t->cols, t->rows, t->gran, t->fmt, t->block_rows);
+    for (int r = 0; r < t->rows; r++)
+        for (int c = 0; c < t->cols; c++) u.data[(size_t)c * t->rows + r] = t->data[(size_t)r * t->cols + c];
+    u.scale[0] = t->scale[0];
+    return u;
+}
+static float *to_f(const double *y, size_t n) {
+    float *f = fmalloc(n);
+    for (size_t i = 0; i < n; i++) f[i] = (float)y[i];
+    return f;
+}
+
+static void check_linear(const char *name, FP8Recipe r) {
+    int N = 272, C = 320, OC = 208;  // tokens not a multiple of 128: edge groups along every dimension
+    Mirror mr;
+    memset(&mr, 0, sizeof mr);
+    mr.r = r;
+    if (r.kind == FP8_RECIPE_DELAYED) {
+        delayed_init(&mr.d[0], &r, FP8_E4M3);
+        delayed_init(&mr.d[1], &r, FP8_E4M3);
+        delayed_init(&mr.d[2], &r, r.hybrid ? FP8_E5M2 : FP8_E4M3);
+    }
+    QWeight qw;
+    memset(&qw, 0, sizeof qw);
+    qw.rows = OC, qw.cols = C, qw.gran = FP8_OFF;
+    float *w = randn_bf((size_t)OC * C, 0.05f);
+    qw.dense = up_act(w, (size_t)OC * C);
+    char why[256];
+    qw.train = G->fp8_train_new(&qw, &r, NULL, why, sizeof why);
+    ck_assert_msg(qw.train, "%s", why);
+    void *y = G->alloc((size_t)N * OC * 2), *dx = G->alloc((size_t)N * C * 2), *dw = G->alloc((size_t)OC * C * 4);
+    long overflows = 0;
+    for (int step = 0; step < 3; step++) {
+        // the data's range grows 8x a step: delayed scaling lags (its scale is the last step's), the others follow
+        float sx = ldexpf(1.0f, 3 * step);
+        float *x = randn_bf((size_t)N * C, sx), *dy = randn_bf((size_t)N * OC, 1e-3f * sx);
+        for (int n = 0; n < N; n += 5) x[(size_t)n * C + 17] = bfr(30.0f * x[(size_t)n * C + 17]);  // an outlier channel
+        void *xd = up_act(x, (size_t)N * C), *dyd = up_act(dy, (size_t)N * OC);
+        G->zero(dw, (size_t)OC * C * 4);
+        // the three products one at a time, each by cuBLASLt where the GPU has it (sm_90: every one)
+        const char *ran[3];
+        G->linear_forward(y, xd, &qw, NULL, N);
+        ran[0] = fp8_cuda_last_backend();
+        G->linear_backward(dx, 0, NULL, NULL, dyd, xd, &qw, N);
+        ran[1] = fp8_cuda_last_backend();
+        G->linear_backward(NULL, 0, dw, NULL, dyd, xd, &qw, N);
+        ran[2] = fp8_cuda_last_backend();
+        if (fp8_cuda_cc() >= 90)
+            for (int i = 0; i < 3; i++) ck_assert_msg(!strcmp(ran[i], "cublaslt"), "%s: product %d ran on %s", name, i, ran[i]);
+        // the reference: the recipe's operands, in fp64
+        FP8Tensor xq, wq, dyq;
+        ref_quantize(&xq, &mr, 0, x, N, C);
+        ref_quantize(&wq, &mr, 1, w, OC, C);
+        ref_quantize(&dyq, &mr, 2, dy, N, OC);
+        double *yr = dmalloc_h((size_t)N * OC), *dxr = dmalloc_h((size_t)N * C), *dwr = dmalloc_h((size_t)OC * C);
+        fp8_linear_train_cpu(yr, dxr, NULL, &xq, &wq, &dyq);
+        FP8Tensor dyt, xt;  // dW = dY^T X with the tokens innermost
+        if (r.kind == FP8_RECIPE_BLOCK) {
+            float *dyT = transpose_f(dy, N, OC), *xT = transpose_f(x, N, C);
+            fp8_tensor_alloc_cpu(&dyt, OC, N, FP8_BLOCK, dyq.fmt, 1);
+            fp8_tensor_alloc_cpu(&xt, C, N, FP8_BLOCK, FP8_E4M3, 1);
+            fp8_quantize_cpu(&dyt, dyT, 0);
+            fp8_quantize_cpu(&xt, xT, 0);
+            free(dyT);
+            free(xT);
+        } else {
+            dyt = transposed_copy(&dyq);
+            xt = transposed_copy(&xq);
+        }
+        fp8_linear_train_cpu(dwr, NULL, NULL, &dyt, &xt, NULL);
+        // W^T as a weight for the magnitudes of dX = dY W
+        FP8Tensor wt;
+        if (r.kind != FP8_RECIPE_BLOCK) wt = transposed_copy(&wq);
+        else {
+            float *wT = transpose_f(w, OC, C);
+            fp8_tensor_alloc_cpu(&wt, C, OC, FP8_BLOCK, FP8_E4M3, FP8_BLOCK_SIZE);
+            fp8_quantize_cpu(&wt, wT, 0);
+            free(wT);
+        }
+        double *my = mag_abt(&xq, &wq), *mdx = mag_abt(&dyq, &wt), *mdw = mag_abt(&dyt, &xt);
+        float *yf = to_f(yr, (size_t)N * OC), *dxf = to_f(dxr, (size_t)N * C), *dwf = to_f(dwr, (size_t)OC * C);
+        double *ty = tol_bf(yf, my, ACC_TC, (size_t)N * OC), *tdx = tol_bf(dxf, mdx, ACC_TC, (size_t)N * C);
+        double *tdw = dmalloc_h((size_t)OC * C);
+        for (size_t i = 0; i < (size_t)OC * C; i++) tdw[i] = ACC_TC * mdw[i] + 1e-30;
+        float *yg = down_act(y, (size_t)N * OC), *dxg = down_act(dx, (size_t)N * C), *dwg = down_hp(dw, (size_t)OC * C);
+        char what[128];
+        printf("%s step %d (Y, dX, dW by %s, %s, %s):\n", name, step, ran[0], ran[1], ran[2]);
+        snprintf(what, sizeof what, "Y = X W^T");
+        check_close(what, yg, yf, ty, (size_t)N * OC);
+        snprintf(what, sizeof what, "dX = dY W");
+        check_close(what, dxg, dxf, tdx, (size_t)N * C);
+        snprintf(what, sizeof what, "dW = dY^T X");
+        check_close(what, dwg, dwf, tdw, (size_t)OC * C);
+        // the optimizer step: new weights (quantized at the next forward), the histories roll
+        G->fp8_train_step(&qw.train, 1, &overflows);
+        if (r.kind == FP8_RECIPE_DELAYED)
+            for (int i = 0; i < 3; i++) delayed_update(&mr.d[i]);
+        free(w);
+        w = randn_bf((size_t)OC * C, 0.05f * (step + 2));
+        void *wd = up_act(w, (size_t)OC * C);
+        G->copy(qw.dense, wd, (size_t)OC * C * 2);
+        G->free(wd);
+        FP8Tensor *all[] = {&xq, &wq, &dyq, &dyt, &xt, &wt};
+        for (int i = 0; i < 6; i++) fp8_tensor_free_cpu(all[i]);
+        void *frees[] = {yr, dxr, dwr, my, mdx, mdw, yf, dxf, dwf, ty, tdx, tdw, yg, dxg, dwg, x, dy};
+        for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) free(frees[i]);
+        G->free(xd);
+        G->free(dyd);
+    }
+    ck_assert_int_eq(overflows, 0);
+    G->fp8_train_free(qw.train);
+    G->free(qw.dense);
+    G->free(y);
+    G->free(dx);
+    G->free(dw);
+    free(w);
+    for (int i = 0; i < 3; i++) delayed_free(&mr.d[i]);
+}
+
+START_TEST(test_linear_recipes) {
+    FP8Recipe r = fp8_recipe_default();  // delayed, hybrid, history 1024, max
+    r.history_len = 4;
+    check_linear("delayed hybrid (history 4, max)", r);
+    r.algo = AMAX_MOST_RECENT;
+    r.margin = 1;
+    check_linear("delayed hybrid (most_recent, margin 1)", r);
+    r = fp8_recipe_default();
+    r.hybrid = 0;
+    check_linear("delayed e4m3", r);
+    r = fp8_recipe_default();
+    r.kind = FP8_RECIPE_CURRENT;
+    check_linear("current hybrid", r);
+    r.kind = FP8_RECIPE_BLOCK;
+    check_linear("block hybrid", r);
+    r.hybrid = 0;
+    check_linear("block e4m3", r);
+}
+END_TEST
+
+// k reads q's input right after q (model.c's order): it reuses q's FP8 copy of it, forward and
+// backward, and gets the bytes it would get alone; called after another input, it quantizes anew
+START_TEST(test_shared_input) {
+    int N = 384, C = 256, OC = 128;
+    for (int kind = 0; kind < 2; kind++) {
+        FP8Recipe r = fp8_recipe_default();
+        r.kind = kind ? FP8_RECIPE_CURRENT : FP8_RECIPE_BLOCK;
+        QWeight w[3];  // q (the leader), k (its member), k alone
+        float *wh[2] = {randn_bf((size_t)OC * C, 0.05f), randn_bf((size_t)OC * C, 0.05f)};
+        char why[256];
+        for (int i = 0; i < 3; i++) {
+            memset(&w[i], 0, sizeof w[i]);
+            w[i].rows = OC, w[i].cols = C, w[i].gran = FP8_OFF, w[i].dense = up_act(wh[i ? 1 : 0], (size_t)OC * C);
+            w[i].train = G->fp8_train_new(&w[i], &r, i == 1 ? w[0].train : NULL, why, sizeof why);
+            ck_assert_msg(w[i].train, "%s", why);
+        }
+        float *x1 = randn_bf((size_t)N * C, 1.0f), *x2 = randn_bf((size_t)N * C, 3.0f), *dy = randn_bf((size_t)N * OC, 0.01f);
+        void *xd1 = up_act(x1, (size_t)N * C), *xd2 = up_act(x2, (size_t)N * C), *dyd = up_act(dy, (size_t)N * OC);
+        void *y[2], *dx[2], *dw[2];
+        for (int i = 0; i < 2; i++) {
+            y[i] = G->alloc((size_t)N * OC * 2), dx[i] = G->alloc((size_t)N * C * 2), dw[i] = G->alloc((size_t)OC * C * 4);
+            G->zero(dw[i], (size_t)OC * C * 4);
+        }
+        for (int pass = 0; pass < 2; pass++) {  // pass 0: k right after q; pass 1: after q on another input
+            G->linear_forward(y[0], pass ? xd2 : xd1, &w[0], NULL, N);
+            if (pass) G->linear_forward(y[0], xd2, &w[2], NULL, N);  // a call between: k must not take q's codes
+            G->linear_forward(y[0], xd1, &w[1], NULL, N);
+            G->linear_forward(y[1], xd1, &w[2], NULL, N);
+            check_exact(pass ? "k's forward after another input" : "k's forward reusing q's input", down_bytes(y[0], (size_t)N * OC * 2),
+                        down_bytes(y[1], (size_t)N * OC * 2), (size_t)N * OC * 2);
+            G->linear_backward(dx[0], 0, dw[0], NULL, dyd, xd1, &w[0], N);
+            G->linear_backward(dx[0], 0, dw[0], NULL, dyd, xd1, &w[1], N);
+            G->linear_backward(dx[1], 0, dw[1], NULL, dyd, xd1, &w[2], N);
+            G->zero(dw[0], (size_t)OC * C * 4);  // k's alone: q's went in first
+            G->linear_backward(NULL, 0, dw[0], NULL, dyd, xd1, &w[0], N);
+            G->linear_backward(NULL, 0, dw[0], NULL, dyd, xd1, &w[1], N);
+            G->zero(dw[1], (size_t)OC * C * 4);
+            G->linear_backward(NULL, 0, dw[1], NULL, dyd, xd1, &w[2], N);
+            check_exact("k's dX", down_bytes(dx[0], (size_t)N * C * 2), down_bytes(dx[1], (size_t)N * C * 2), (size_t)N * C * 2);
+        }
+        // dW of k after q = dW(q) + dW(k); of k alone = dW(k): compare k's part through a fresh q-only run
+        void *dq = G->alloc((size_t)OC * C * 4);
+        G->zero(dq, (size_t)OC * C * 4);
+        G->linear_backward(NULL, 0, dq, NULL, dyd, xd1, &w[0], N);
+        float *a = down_hp(dw[0], (size_t)OC * C), *b = down_hp(dw[1], (size_t)OC * C), *q = down_hp(dq, (size_t)OC * C);
+        long bad = 0;
+        for (size_t i = 0; i < (size_t)OC * C; i++) bad += a[i] - q[i] != b[i] && fabsf(a[i] - q[i] - b[i]) > 1e-6f * (fabsf(a[i]) + fabsf(q[i]));
+        ck_assert_msg(bad == 0, "k's dW after q differs from k's alone in %ld values", bad);
+        printf("  %s: k's dW after q = q's + k's alone (%d values)\n", kind ? "current" : "block", OC * C);
+        for (int i = 0; i < 3; i++) G->fp8_train_free(w[i].train), G->free(w[i].dense);
+        for (int i = 0; i < 2; i++) G->free(y[i]), G->free(dx[i]), G->free(dw[i]), free(wh[i]);
+        G->free(dq), G->free(xd1), G->free(xd2), G->free(dyd);
+        free(a), free(b), free(q), free(x1), free(x2), free(dy);
+    }
+}
+END_TEST
+
+static Suite *gpu_fp8_train_suite(void) {
+    Suite *s = suite_create("gpu_fp8_train");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_quantize_scaled);
+    tcase_add_test(tc, test_quantize_transposed);
+    tcase_add_test(tc, test_linear_recipes);
+    tcase_add_test(tc, test_shared_input);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    char why[256];
+    G = backend_cuda(why, sizeof why);
+    if (!G) {
+        fprintf(stderr, "gpu_fp8_train: %s; this suite runs on a GPU machine (make test-gpu)\n", why);
+        return 1;
+    }
+    CPU = backend_cpu();
+    rng = rng_make(20261125);
+    printf("gpu_fp8_train on %s\n", G->device_desc);
+    return run_suite(gpu_fp8_train_suite());
+}
