@@ -9,7 +9,10 @@
 #   make bench-full   build build/bench_full (full fine-tuning, BF16 and the FP8 recipes)
 #   make bench-rollout build build/bench_rollout (rollout throughput on the CUDA backend)
 #   make dev-check    build the FP8 GEMM kernel lab (dev/cuda) and run each version's validation (GPU)
-#   make test SAN=1   the sanitizer build (below) of the CPU suites
+#   make fuzz-replay  build the fuzz targets (test/fuzz) as plain programs and replay their corpora
+#   make fuzz         build the fuzz targets with clang's libFuzzer (+ ASan, UBSan) into build-fuzz/
+#                     and run each for FUZZ_SECONDS (default 60); FUZZ_TARGETS picks some
+#   make test SAN=1   the sanitizer build (below) of the CPU suites; make fuzz-replay SAN=1 likewise
 #
 # Knobs: CUDA_HOME=/path (default: where nvcc lives), NO_CUDA=1 (CPU only),
 # GPU_ARCH=90a|89|120|all (default: probe the GPU, else all), DEPS_PREFIX=dir
@@ -20,14 +23,23 @@
 # all of them); LDFLAGS=... is added to likewise.
 # SAN=1: AddressSanitizer + UndefinedBehaviorSanitizer (float-cast-overflow too), the first report
 # fatal (-fno-sanitize-recover=all), CPU backend only, everything in build-san/ (the programs as
-# build-san/train_grpo, build-san/train_sft and build-san/generate, and the suites run there), so
-# that the normal build is untouched; all but the CPU kernels (see KCFLAGS below). CI runs make
-# test in both builds (.ci/run).
+# build-san/train_grpo, build-san/train_sft, build-san/export and build-san/generate, and the
+# suites run there), so that the normal build is untouched; all but the CPU kernels (see KCFLAGS
+# below). CI runs make test and make fuzz-replay in both builds (.ci/run).
 
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
 CC      ?= gcc
 OMP     := -fopenmp
-ifeq ($(SAN),1)
+ifeq ($(FUZZ),1)
+# make fuzz: clang, libFuzzer's coverage, ASan + UBSan, one thread (OpenMP's pragmas ignored)
+CC      := clang
+CFLAGS  ?= -O1 -g -march=native
+SANFLAGS := -fsanitize=fuzzer-no-link,address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer
+OMP     := -fopenmp-simd
+BUILD   := build-fuzz
+BIN     := build-fuzz/
+NO_CUDA := 1
+else ifeq ($(SAN),1)
 CFLAGS  ?= -O1 -g -march=native
 SANFLAGS := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer
 BUILD   := build-san
@@ -71,7 +83,7 @@ override CFLAGS += $(SANFLAGS)
 # The CPU kernels (ops_cpu.c in both precisions, fp8_cpu.c): with SAN=1 at -O3 and without the
 # sanitizers, whose checks in their inner loops stop the vectorizer (instrumented, a training step
 # runs 8 to 15 times slower and test_train alone takes over an hour on 2 cores). They are loops
-# over buffers sized where those are allocated.
+# over buffers sized where those are allocated; make fuzz instruments them like the rest.
 ifeq ($(SAN),1)
 KCFLAGS = $(filter-out $(SANFLAGS),$(CFLAGS)) -O3
 else
@@ -141,7 +153,7 @@ HEADERS := $(wildcard *.h *.cuh)
 
 VPATH := .:test
 
-.PHONY: all test test-gpu clean bench-gemm bench-train bench-full bench-rollout
+.PHONY: all test test-gpu clean bench-gemm bench-train bench-full bench-rollout fuzz fuzz-run fuzz-replay
 all: $(PROGS)
 
 $(BUILD):
@@ -168,7 +180,7 @@ $(PROGS): $(BIN)%: %.c $(LIB) $(HEADERS)
 # ---- tests ----
 # CPU suites: test/test_*.c (Check); each is one program; all must pass.
 TESTS_CPU := $(patsubst test/%.c,$(BUILD)/%,$(wildcard test/test_*.c))
-$(BUILD)/test_%: test/test_%.c test/testutil.h $(LIB) $(HEADERS)
+$(BUILD)/test_%: test/test_%.c test/testutil.h test/fuzz/fuzz.h $(LIB) $(HEADERS)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) $(CHECK_LIBS) -o $@
 
 # (SAN=1: run inside build-san/, where the suites' ./train_grpo, ./train_sft and ./generate are its own)
@@ -207,5 +219,51 @@ test-gpu bench-gemm bench-train bench-full bench-rollout dev-check:
 	@echo "no nvcc: the GPU suites need the CUDA toolkit (and a GPU to run)"; exit 1
 endif
 
+# ---- fuzz targets: test/fuzz/fuzz_<target>.c, one per loader (test/fuzz/README.md) ----
+# Each defines LLVMFuzzerTestOneInput. fuzz-replay links it with test/fuzz/replay.c (a main that
+# runs every file of the corpus directories given) and runs it over test/fuzz/corpus/<target>/;
+# with SAN=1 under the sanitizers (what CI runs). make fuzz builds it with clang's libFuzzer, ASan
+# and UBSan into build-fuzz/ (FUZZ=1) and runs each target FUZZ_SECONDS: new inputs go to
+# build-fuzz/corpus/<target>/ (the committed corpus is read, never written), crashes to
+# build-fuzz/artifacts/, the log to build-fuzz/<target>.log; a table of executions last, and a
+# non-zero exit when there were findings. (ASan's quarantine of freed memory is 16 MB instead of
+# 256: a third faster.)
+FUZZ_TARGETS ?= safetensors model tokenizer jsonl peft resume
+FUZZ_SECONDS ?= 60
+FUZZ_BINS := $(patsubst %,$(BUILD)/fuzz_%,$(FUZZ_TARGETS))
+ifeq ($(FUZZ),1)
+$(BUILD)/fuzz_%: test/fuzz/fuzz_%.c $(wildcard test/fuzz/*.h) $(LIB) $(HEADERS)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+else
+$(BUILD)/fuzz_%: test/fuzz/fuzz_%.c $(wildcard test/fuzz/*.h) test/fuzz/replay.c $(LIB) $(HEADERS)
+	$(CC) $(CFLAGS) $(LDFLAGS) $< test/fuzz/replay.c $(LIB) $(LDLIBS) -o $@
+endif
+fuzz-replay: $(FUZZ_BINS)
+	@set -e; for t in $(FUZZ_TARGETS); do $(BUILD)/fuzz_$$t test/fuzz/corpus/$$t; done
+fuzz:
+	@command -v clang >/dev/null || { echo "make fuzz needs clang and libFuzzer (Debian: apt-get install clang libclang-rt-dev)"; exit 1; }
+	$(MAKE) FUZZ=1 fuzz-run
+fuzz-run: $(FUZZ_BINS)
+	@mkdir -p $(BUILD)/artifacts; touch $(BUILD)/fuzz-run.start; \
+	for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(BUILD)/corpus/$$t; \
+	  echo "== fuzz_$$t for $(FUZZ_SECONDS) s (log: $(BUILD)/$$t.log)"; \
+	  t0=$$(date +%s); \
+	  ASAN_OPTIONS=$${ASAN_OPTIONS:-quarantine_size_mb=16} \
+	  $(BUILD)/fuzz_$$t $(BUILD)/corpus/$$t test/fuzz/corpus/$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 \
+	    -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=$(BUILD)/artifacts/$$t- \
+	    $$([ -f test/fuzz/$$t.dict ] && echo -dict=test/fuzz/$$t.dict) > $(BUILD)/$$t.log 2>&1 || true; \
+	  echo $$(( $$(date +%s) - t0 )) > $(BUILD)/$$t.seconds; \
+	done; \
+	printf '%-12s %8s %12s %8s %9s\n' target seconds executions exec/s findings; n=0; \
+	for t in $(FUZZ_TARGETS); do \
+	  runs=$$(sed -n 's/^stat::number_of_executed_units: *//p' $(BUILD)/$$t.log); \
+	  [ -n "$$runs" ] || runs=$$(sed -n 's/^#\([0-9]*\).*/\1/p' $(BUILD)/$$t.log | tail -n1); \
+	  secs=$$(cat $(BUILD)/$$t.seconds); \
+	  found=$$(find $(BUILD)/artifacts -name "$$t-*" -newer $(BUILD)/fuzz-run.start | wc -l); n=$$((n + found)); \
+	  printf '%-12s %8s %12s %8s %9s\n' $$t $$secs "$$runs" $$(( $${runs:-0} / ($$secs > 0 ? $$secs : 1) )) $$found; \
+	done; \
+	if [ $$n -gt 0 ]; then echo "make fuzz: $$n findings in $(BUILD)/artifacts/ (see the logs)"; exit 1; fi
+
 clean:
-	rm -rf build build-san $(PROGS)
+	rm -rf build build-san build-fuzz $(PROGS)

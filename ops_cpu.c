@@ -5,10 +5,15 @@
 // Reductions accumulate in double whatever `real` is: these are the truth the
 // fast kernels are compared with, so they favour accuracy over speed.
 #include <math.h>
-#include <omp.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#else  // built without OpenMP (make fuzz: -fopenmp-simd): one thread, a team never resized
+#define omp_get_max_threads() 1
+#define omp_set_num_threads(n) ((void)(n))
+#endif
 #include <sys/resource.h>
 #include <unistd.h>
 

@@ -8,6 +8,7 @@
 // another checkpoint said at load, the reason given on a machine without a GPU.
 #include <check.h>
 #include <dlfcn.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -863,11 +864,12 @@ END_TEST
 // A tokenizer.json of another checkpoint (ids up to 606 against vocab_size 320) is said at
 // load, in one line naming both, before any weight is read: not "token id out of range" later
 START_TEST(test_tokenizer_checkpoint_disagree) {
-    char dir[] = "/tmp/fp8grpo_tokXXXXXX", q[1024], t[1024], cmd[4096];
+    char dir[] = "/tmp/fp8grpo_tokXXXXXX", rel[1024], q[PATH_MAX], t[1024], cmd[3 * PATH_MAX];
     ck_assert(mkdtemp(dir));
-    fixture(q, sizeof q, "qwen3", "");
+    fixture(rel, sizeof rel, "qwen3", "");
+    ck_assert(realpath(rel, q));  // the links' targets absolute (FIXTURES is absolute in make test SAN=1)
     fixture(t, sizeof t, "tokenizer/gpt2", "tokenizer.json");
-    snprintf(cmd, sizeof cmd, "ln -s $PWD/%s/config.json $PWD/%s/model.safetensors %s/ && cp %s %s/", q, q, dir, t, dir);
+    snprintf(cmd, sizeof cmd, "ln -s %s/config.json %s/model.safetensors %s/ && cp %s %s/", q, q, dir, t, dir);
     ck_assert_int_eq(system(cmd), 0);
     const char *args[] = {"--prompt hello", "--tokens '1 2 3'", "--prompt hello --load_in_fp8 off --device cpu"};
     for (int i = 0; i < 3; i++) {

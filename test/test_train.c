@@ -12,6 +12,7 @@
 // the one a run resumed from.
 #include <check.h>
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
 #include <sys/stat.h>
 
@@ -449,15 +450,16 @@ END_TEST
 // weights, the task's data or any step
 START_TEST(test_tokenizer_checkpoint_disagree) {
     setup();
-    char dir[1200], model[1300], data[1300], cmd[8192], err[2048], q[1024], t[1024];
+    char dir[1200], model[1300], data[1300], cmd[3 * PATH_MAX + 4096], err[2048], rel[1024], q[PATH_MAX], t[1024];
     fresh_dir("tokmismatch", dir, sizeof dir);
     snprintf(model, sizeof model, "%s/model", dir);
-    fixture_path(q, sizeof q, "qwen3");
+    fixture_path(rel, sizeof rel, "qwen3");
+    ck_assert(realpath(rel, q));  // the links' targets absolute (FIXTURES is absolute in make test SAN=1)
     fixture_path(t, sizeof t, "tokenizer/gpt2/tokenizer.json");
     snprintf(data, sizeof data, "%s/data.jsonl", dir);
     const char *text = "{\"prompt\": \"1+1?\", \"answer\": \"2\"}\n";
     write_file_atomic(data, text, strlen(text));
-    snprintf(cmd, sizeof cmd, "mkdir %s && ln -s $PWD/%s/config.json $PWD/%s/model.safetensors %s/ && cp %s %s/", model, q, q, model, t,
+    snprintf(cmd, sizeof cmd, "mkdir %s && ln -s %s/config.json %s/model.safetensors %s/ && cp %s %s/", model, q, q, model, t,
              model);
     ck_assert_int_eq(system(cmd), 0);
     snprintf(cmd, sizeof cmd, "./train_grpo --device cpu --model %s --data %s --output_dir %s/out", model, data, dir);

@@ -1,0 +1,44 @@
+// test/fuzz/fuzz_jsonl.c: user data through task_open (tasks.c: JSONL, one {"prompt", "answer"}
+// per line, GSM8K's "#### 72"), every example of both splits, and a completion scored against
+// each by the reward functions, as train_grpo scores its rollouts. Input: data.jsonl, then the
+// completion text (test/fuzz/fuzz.h's separator between them).
+#include "fuzz.h"
+#include "tasks.h"
+
+static void score(const Example *ex, const char *completion) {
+    char out[256];
+    extract_answer(ex, completion, out, sizeof out);
+    for (int r = 0; r < N_REWARD_FUNCS; r++) {
+        REWARD_FUNCS[r].fn(ex, completion, 0);
+        REWARD_FUNCS[r].fn(ex, completion, 1);
+    }
+}
+
+static void body(const char *dir, const uint8_t *rest, size_t nrest) {
+    char p[600], err[512];
+    snprintf(p, sizeof p, "%s/data.jsonl", dir);
+    Task t;
+    if (task_open(&t, p, NULL, err, sizeof err)) die("%s", err);
+    size_t n = nrest < 4096 ? nrest : 4096;
+    char *completion = (char *)mallocCheck(n + 1);
+    if (n) memcpy(completion, rest, n);
+    completion[n] = 0;
+    for (int s = 0; s < 2; s++)
+        for (long i = 0; i < task_size(&t, (Split)s) && i < 16; i++) {
+            Example ex;
+            task_example(&t, (Split)s, (uint64_t)i, &ex);
+            score(&ex, completion);
+            score(&ex, ex.answer);  // the answer itself scores (a reward's own edge cases)
+            example_free(&ex);
+        }
+    // the completion as a countdown expression
+    Rational v;
+    long lits[8];
+    int nl, nums[3] = {3, 5, 7};
+    expr_eval(completion, &v, lits, 8, &nl, err, sizeof err);
+    countdown_check(nums, 3, 22, completion, err, sizeof err);
+    free(completion);
+    task_free(&t);
+}
+
+FUZZ_TARGET(body, NULL, "data.jsonl")

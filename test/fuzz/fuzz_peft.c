@@ -1,0 +1,36 @@
+// test/fuzz/fuzz_peft.c: a PEFT LoRA adapter directory through lora_load_peft (lora.c:
+// adapter_config.json and adapter_model.safetensors checked against the model) onto a fixed
+// model (base_model.h), then a forward of four tokens with the adapter on, as ./generate --lora
+// runs it. Input: adapter_config.json, then adapter_model.safetensors (test/fuzz/fuzz.h's
+// separator between them).
+#include "base_model.h"
+#include "fuzz.h"
+#include "lora.h"
+
+static Model base;  // made once (init), shared by every input
+
+static void body(const char *dir, const uint8_t *rest, size_t nrest) {
+    (void)rest, (void)nrest;
+    LoRA *lo = lora_load_peft(&base, dir);
+    base.lora = lo;
+    base.lora_on = 1;
+    int ids[4] = {1, 2, 3, 4};
+    model_forward(&base, ids, 1, 4);
+    base.lora = NULL;
+    base.lora_on = 0;
+    lora_free(lo);
+}
+
+static void init(void) {
+    fuzz_base_model(&base);
+    // the buffers a forward with an adapter makes and keeps in the model: before the first input
+    base.lora = lora_create(&base, 4, 8.0f, (1u << LIN_COUNT) - 1, 1);
+    base.lora_on = 1;
+    int ids[4] = {1, 2, 3, 4};
+    model_forward(&base, ids, 1, 4);
+    lora_free(base.lora);
+    base.lora = NULL;
+    base.lora_on = 0;
+}
+
+FUZZ_TARGET(body, init, "adapter_config.json", "adapter_model.safetensors")
