@@ -518,6 +518,18 @@ START_TEST(test_full_checkpoint_reloads) {
     ck_assert_int_eq(lg.n, 4 * mm.cfg.V);
     model_logits(&mm, mine);
     for (long i = 0; i < lg.n; i++) ck_assert_msg(lg.data[i] == mine[i], "logit %ld: %g vs %g", i, lg.data[i], mine[i]);
+    // and transformers reads it as the same model: its logits of this checkpoint (made by
+    // dev/make_sft_fixture.py from the same deterministic CPU run) within 1e-4 of the largest logit,
+    // the model fixtures' tolerance for two fp32 forwards that sum in different orders
+    fixture_path(q, sizeof q, "sft/transformers_logits.npy");
+    Npy hf = npy_read(q);
+    ck_assert_int_eq(hf.n, lg.n);
+    double big = 0, worst = 0;
+    for (long i = 0; i < hf.n; i++) big = fmax(big, fabs(hf.data[i]));
+    for (long i = 0; i < hf.n; i++) worst = fmax(worst, fabs(hf.data[i] - lg.data[i]));
+    printf("full fine-tune checkpoint in transformers: max |diff| %.3g of max |logit| %.3g\n", worst, big);
+    ck_assert_msg(worst <= 1e-4 * big, "transformers' logits differ by %g (max |logit| %g)", worst, big);
+    npy_free(&hf);
     free(mine);
     npy_free(&lg);
     model_free(&mm);
