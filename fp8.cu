@@ -324,10 +324,11 @@ void fp8_quantize_scaled_cuda(FP8Tensor *t, const void *x, DType xdt, const floa
     need_init();
     if (t->gran != FP8_TENSOR) die("fp8_quantize_scaled_cuda: a given scale is per tensor, not %s", fp8_gran_name(t->gran));
     size_t n = (size_t)t->rows * t->cols;
+    unsigned blocks = grid_for(n / 4 + 1);
     if (xdt == DT_BF16)
-        quant_scaled_kernel<<<grid_for(n / 4 + 1), 256, 0, ctx.stream>>>(t->data, t->scale, amax, mul, (const bf16 *)x, n, t->fmt);
+        quant_scaled_kernel<<<blocks, 256, 0, ctx.stream>>>(t->data, t->scale, amax, mul, (const bf16 *)x, n, t->fmt);
     else if (xdt == DT_F32)
-        quant_scaled_kernel<<<grid_for(n / 4 + 1), 256, 0, ctx.stream>>>(t->data, t->scale, amax, mul, (const float *)x, n, t->fmt);
+        quant_scaled_kernel<<<blocks, 256, 0, ctx.stream>>>(t->data, t->scale, amax, mul, (const float *)x, n, t->fmt);
     else die("fp8_quantize_scaled_cuda: input must be bf16 or f32, got %s", dtype_name(xdt));
     launchCheck();
 }
@@ -360,7 +361,8 @@ __global__ void __launch_bounds__(256) quant_t_kernel(uint8_t *q, float *scale, 
         if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) scale[0] = __frcp_rn(*mul);
         if (amax) {
             unsigned m = 0;
-            for (int p = threadIdx.x; p < 128 * 128; p += 256) m = max(m, __float_as_uint(fabsf(__bfloat162float(tile[p >> 7][p & 127]))));
+            for (int p = threadIdx.x; p < 128 * 128; p += 256)
+                m = max(m, __float_as_uint(fabsf(__bfloat162float(tile[p >> 7][p & 127]))));
             block_amax_record(amax, m);
         }
     } else if (block_rows != 1) {  // one scale for the whole tile

@@ -11,8 +11,9 @@
 //   weight grad  dW (OC, C) = dY^T (OC, N) . X^T (C, N)^T    the reduction runs over the tokens
 // Hopper's FP8 tensor cores read both operands K-major (fp8.cu), so each product needs its
 // operands laid out with the reduced dimension innermost: W^T for dX, dY^T and X^T for dW, each
-// quantized in one pass from the bf16 tensor, transposing as it goes (fp8_quantize_t_cuda). Everything else
-// stays as in BF16 training, for the reasons TE and the seed give: the master weights, gradients
+// quantized in one pass from the bf16 tensor, transposing as it goes (fp8_quantize_t_cuda). No FP8
+// copy of a weight is kept between calls (memory as BF16 training's). Everything else stays as in
+// BF16 training, for the reasons TE and the seed give: the master weights, gradients
 // and AdamW in fp32 (an update is often below an FP8, even a BF16, step of the weight); the
 // embeddings, norms, attention (softmax), the LM head and the loss in bf16/fp32 (small GEMMs or
 // none, and the logits' precision sets the loss's); the saved activations in bf16 (the backward
