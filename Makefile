@@ -129,23 +129,49 @@ NVCCFLAGS += -I$(DEPS_PREFIX)/include
 NVLDFLAGS := -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Xlinker -rpath=$(DEPS_PREFIX)/lib/x86_64-linux-gnu
 endif
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -lstdc++ -ldl -lrt -lpthread
+# ---- NCCL (several GPUs): from a package, never from this tree. NCCL_HOME=dir (dir/include/nccl.h,
+# dir/lib/libnccl.so*), else the system's (Debian/Ubuntu: libnccl-dev), else the pip wheel
+# nvidia-nccl-cu13 (or -cu12) of python3 (nvidia/nccl/include, nvidia/nccl/lib). Without it the
+# programs still run on several GPUs, their gradients through the host (slow): said here, once.
+ifndef NCCL_HOME
+ifeq ($(shell printf '\043include <nccl.h>\n' | $(CC) -E -I$(CUDA_HOME)/include -x c - >/dev/null 2>&1 && echo yes),yes)
+NCCL_HOME := system
+else
+NCCL_HOME := $(shell python3 -c 'import nvidia.nccl as m, os; p = list(m.__path__)[0]; print(p if os.path.exists(p + "/include/nccl.h") else "")' 2>/dev/null)
+endif
+endif
+ifeq ($(NCCL_HOME),)
+$(info probe NCCL: not found: several GPUs work, through the host (slow); for NCCL: make NCCL_HOME=dir, or pip install nvidia-nccl-cu13 (README, "Several GPUs"))
+else ifeq ($(NCCL_HOME),system)
+$(info probe NCCL: the system's nccl.h and libnccl)
+NCCL_FLAGS := -DHAVE_NCCL
+CUDA_LIBS  += -lnccl
+else
+ifeq ($(wildcard $(NCCL_HOME)/include/nccl.h),)
+$(error NCCL_HOME=$(NCCL_HOME) has no include/nccl.h: point it at the directory that holds include/ and lib/)
+endif
+NCCL_LIBFILE := $(firstword $(wildcard $(NCCL_HOME)/lib/libnccl.so $(NCCL_HOME)/lib/libnccl.so.2))
+$(info probe NCCL: $(NCCL_HOME) ($(notdir $(NCCL_LIBFILE))))
+NCCL_FLAGS := -DHAVE_NCCL -I$(NCCL_HOME)/include
+CUDA_LIBS  += -L$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib -l:$(notdir $(NCCL_LIBFILE))
+endif
 endif
 
 # ---- sources ----
 # the library: everything but the programs' mains
 LIB_C   := safetensors.c model.c model_load.c backend.c backend_cpu.c ops_cpu.c fp8_cpu.c fp8_recipe.c \
-           tokenizer.c unicode.c lora.c full.c sft.c checkpoint.c grpo.c tasks.c rollout.c plot.c options.c
+           tokenizer.c unicode.c lora.c full.c sft.c checkpoint.c grpo.c tasks.c rollout.c plot.c options.c dist.c dp.c
 LIB_C   := $(wildcard $(LIB_C))
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C)))
 # the CPU reference kernels and backend again, in fp64 (backend "cpu64")
 LIB_OBJ += $(BUILD)/ops_cpu64.o $(BUILD)/backend_cpu64.o
 ifeq ($(HAVE_CUDA),1)
-LIB_CU  := $(wildcard backend_cuda.cu ops_cuda.cu sample.cu attention.cu fp8.cu fp8_hopper.cu fp8_train.cu)
+LIB_CU  := $(wildcard backend_cuda.cu ops_cuda.cu sample.cu attention.cu fp8.cu fp8_hopper.cu fp8_train.cu dist_cuda.cu)
 LIB_OBJ += $(patsubst %.cu,$(BUILD)/%.o,$(notdir $(LIB_CU)))
 LDLIBS  += $(CUDA_LIBS)
 endif
 ifeq ($(filter backend_cuda.cu,$(LIB_CU)),)
-LIB_OBJ += $(BUILD)/backend_cuda_stub.o
+LIB_OBJ += $(BUILD)/backend_cuda_stub.o $(BUILD)/dist_cuda_stub.o
 endif
 LIB     := $(BUILD)/libfp8grpo.a
 PROGS   := $(patsubst %.c,$(BIN)%,$(wildcard train_grpo.c train_sft.c generate.c export.c))
@@ -169,6 +195,8 @@ $(BUILD)/backend_cpu64.o: backend_cpu.c $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -DCPU_F64 -c $< -o $@
 $(BUILD)/%.o: %.cu $(HEADERS) | $(BUILD)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+$(BUILD)/dist_cuda.o: dist_cuda.cu $(HEADERS) | $(BUILD)
+	$(NVCC) $(NVCCFLAGS) $(NCCL_FLAGS) -c $< -o $@
 
 $(LIB): $(LIB_OBJ)
 	@rm -f $@
