@@ -143,7 +143,7 @@ endif
 ifeq ($(NCCL_HOME),)
 $(info probe NCCL: not found: several GPUs work, through the host (slow); for NCCL: make NCCL_HOME=dir, or pip install nvidia-nccl-cu13 (README, "Several GPUs"))
 else ifeq ($(NCCL_HOME),system)
-$(info probe NCCL: the system's nccl.h and libnccl)
+$(info probe NCCL: nccl.h and libnccl of the system or of $(CUDA_HOME))
 NCCL_FLAGS := -DHAVE_NCCL
 CUDA_LIBS  += -lnccl
 else
@@ -153,7 +153,8 @@ endif
 NCCL_LIBFILE := $(firstword $(wildcard $(NCCL_HOME)/lib/libnccl.so $(NCCL_HOME)/lib/libnccl.so.2))
 $(info probe NCCL: $(NCCL_HOME) ($(notdir $(NCCL_LIBFILE))))
 NCCL_FLAGS := -DHAVE_NCCL -I$(NCCL_HOME)/include
-CUDA_LIBS  += -L$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib -l:$(notdir $(NCCL_LIBFILE))
+# first, so that its directory is searched before CUDA's (which may hold another libnccl.so.2)
+CUDA_LIBS  := -L$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib -l:$(notdir $(NCCL_LIBFILE)) $(CUDA_LIBS)
 endif
 endif
 

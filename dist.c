@@ -596,11 +596,11 @@ void dist_reduce_scatter_sum(Dist *d, const Backend *be, void *x, size_t n) {
     if (use_nccl(d, be)) dist_nccl_run(d, d->nccl, 1, x, n, 0);
     else VIA_HOST(d, be, x, n * d->world * sizeof(float), dist_reduce_scatter_sum_f32_host(d, (float *)h_, n));
 }
-void dist_all_gather(Dist *d, const Backend *be, void *x, size_t n) {
-    if (d->world == 1 || n == 0) return;
+void dist_all_gather(Dist *d, const Backend *be, void *x, size_t bytes) {
+    if (d->world == 1 || bytes == 0) return;
     be->sync();
-    if (use_nccl(d, be)) dist_nccl_run(d, d->nccl, 2, x, n, 0);
-    else VIA_HOST(d, be, x, n * d->world * sizeof(float), dist_all_gather_host(d, h_, n * sizeof(float)));
+    if (use_nccl(d, be)) dist_nccl_run(d, d->nccl, 2, x, bytes, 0);
+    else VIA_HOST(d, be, x, bytes * d->world, dist_all_gather_host(d, h_, bytes));
 }
 void dist_broadcast(Dist *d, const Backend *be, void *x, size_t bytes, int root) {
     if (d->world == 1 || bytes == 0) return;

@@ -126,7 +126,7 @@ void dist_barrier(Dist *d);
 // be->sync() first: the buffers are what the backend's queued work leaves in them.
 void dist_all_reduce_sum(Dist *d, const Backend *be, void *x, size_t n);
 void dist_reduce_scatter_sum(Dist *d, const Backend *be, void *x, size_t n);  // x (world * n), as the host's
-void dist_all_gather(Dist *d, const Backend *be, void *x, size_t n);          // x (world * n) fp32 values
+void dist_all_gather(Dist *d, const Backend *be, void *x, size_t bytes);      // x (world * bytes), any type
 void dist_broadcast(Dist *d, const Backend *be, void *x, size_t bytes, int root);
 // "nccl" or "tcp": what dist_all_reduce_sum uses for backend be
 const char *dist_transport(const Dist *d, const Backend *be);
@@ -138,9 +138,9 @@ void dist_cuda_set_device(int local_rank);
 // NCCL over the ranks, its unique id sent round the ring: NULL (and the reason in why) when the
 // build has no NCCL or the process no GPU
 void *dist_nccl_init(Dist *d, char *why, size_t cap);
-// op 0: all-reduce sum, 1: reduce-scatter sum, 2: all-gather, 3: broadcast from root; fp32 device
-// buffers as the dist_* functions above take them (n: their n; broadcast: n fp32 values, or bytes / 4
-// rounded up). Waits for the result, asking dist_peer_lost meanwhile: a dead rank aborts NCCL and dies.
+// op 0: all-reduce sum, 1: reduce-scatter sum (n fp32 values: their n), 2: all-gather, 3: broadcast
+// from root (n bytes), on device buffers as the dist_* functions above take them. Waits for the
+// result, asking dist_peer_lost meanwhile: a dead rank aborts NCCL and dies.
 void dist_nccl_run(Dist *d, void *comm, int op, void *x, size_t n, int root);
 void dist_nccl_free(void *comm);
 

@@ -66,7 +66,7 @@ extern "C" void dist_nccl_run(Dist *d, void *comm, int op, void *x, size_t n, in
     case 0: r = ncclAllReduce(f, f, n, ncclFloat32, ncclSum, c->comm, c->stream); break;
     // rank r's block of the (W, n) buffer receives the sum of everyone's block r
     case 1: r = ncclReduceScatter(f, f + (size_t)me * n, n, ncclFloat32, ncclSum, c->comm, c->stream); break;
-    case 2: r = ncclAllGather(f + (size_t)me * n, f, n, ncclFloat32, c->comm, c->stream); break;
+    case 2: r = ncclAllGather((char *)x + (size_t)me * n, x, n, ncclInt8, c->comm, c->stream); break;  // n bytes a rank
     default: r = ncclBroadcast(x, x, n, ncclInt8, root, c->comm, c->stream); break;  // n bytes
     }
     if (r != ncclSuccess) die("rank %d of %d: NCCL collective failed (%s)", me, W, ncclGetErrorString(r));

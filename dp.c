@@ -3,7 +3,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "dp.h"
+#include "safetensors.h"  // read_file, file_exists
 
 Dist *dist_from_env(void) {
     DistEnv e;
@@ -28,17 +31,36 @@ DpBatch dp_batch(const Dist *d, int per_device, int G) {
     return b;
 }
 
-int dp_resume_batch_check(int train_batch_size, int per_device, int world, int G, char *err, size_t cap) {
-    if ((long)per_device * world == train_batch_size) return 0;
-    if (train_batch_size % ((long)world * G))
-        return error_msg(err, cap,
-                         "the checkpoint was trained with %d completions a step, which %d ranks cannot split into whole groups of "
-                         "num_generations %d: resume on a number of ranks that divides %d prompts",
-                         train_batch_size, world, G, train_batch_size / G);
-    return error_msg(err, cap,
-                     "the checkpoint was trained with %d completions a step; on %d rank%s that is --per_device_train_batch_size %d "
-                     "(not %d)",
-                     train_batch_size, world, world > 1 ? "s" : "", train_batch_size / world, per_device);
+int dp_resume_batch_check(int train_batch_size, int per_device, int accum, int world, int G, char *err, size_t cap) {
+    long tbs = train_batch_size, unit = (long)world * accum * (G > 0 ? G : 1);
+    const char *what = G > 0 ? "completions" : "examples";
+    if ((long)per_device * accum * world == tbs) return 0;
+    if (tbs % unit) {
+        if (G > 0)
+            return error_msg(err, cap, "the checkpoint was trained with %ld %s a step, which %d ranks cannot split into whole groups "
+                                       "of num_generations %d: resume on a number of ranks that divides %ld prompts",
+                             tbs, what, world, G, tbs / G);
+        return error_msg(err, cap, "the checkpoint was trained with %ld %s a step, which %d ranks x gradient_accumulation_steps %d "
+                                   "cannot split: resume on a number of ranks that divides %ld",
+                         tbs, what, world, accum, tbs / accum);
+    }
+    return error_msg(err, cap, "the checkpoint was trained with %ld %s a step; on %d rank%s that is --per_device_train_batch_size %ld "
+                               "(not %d)%s",
+                     tbs, what, world, world > 1 ? "s" : "", tbs / ((long)world * accum), per_device,
+                     accum > 1 ? " with the same --gradient_accumulation_steps" : "");
+}
+
+int dp_checkpoint_batch(const char *dir) {
+    char state[4200];
+    path_join(state, sizeof state, dir, "trainer_state.json");
+    if (!file_exists(state)) return -1;
+    char *text = read_file(state, NULL);
+    cJSON *st = cJSON_Parse(text);
+    cJSON *tbs = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(st, "run"), "train_batch_size");
+    int n = cJSON_IsNumber(tbs) ? tbs->valueint : -1;
+    cJSON_Delete(st);
+    free(text);
+    return n;
 }
 
 GrpoNorm dp_norm(Dist *d, GrpoNorm local, int S_all) {
@@ -75,9 +97,9 @@ double dp_all_reduce_grads(Dist *d, const Backend *be, void *grads, size_t n) {
 }
 
 DpShard dp_shard(size_t n, int world, int rank) {
-    DpShard s = {n, (n + world - 1) / world, 0, 0};
-    s.lo = s.shard * rank < n ? s.shard * rank : n;
-    s.hi = s.lo + s.shard < n ? s.lo + s.shard : n;
+    DpShard s = {n, n / world, 0, 0};
+    s.lo = s.shard * rank;
+    s.hi = rank == world - 1 ? n : s.lo + s.shard;
     return s;
 }
 

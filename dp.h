@@ -42,11 +42,14 @@ typedef struct {
 } DpBatch;
 DpBatch dp_batch(const Dist *d, int per_device, int G);
 
-// A checkpoint trained with train_batch_size completions a step, resumed with per_device on
-// world ranks: 0 when per_device x world equals it; else -1 and one line: the
+// A checkpoint trained with train_batch_size sequences a step (GRPO's completions, in groups of
+// G = num_generations; SFT's examples, G = 0, each rank's per_device x accum of them), resumed with
+// per_device (x accum) on world ranks: 0 when that makes the same batch; else -1 and one line: the
 // --per_device_train_batch_size that continues it on this many ranks, or that this world size does
-// not divide the batch into whole groups of G.
-int dp_resume_batch_check(int train_batch_size, int per_device, int world, int G, char *err, size_t cap);
+// not divide the batch (into whole groups).
+int dp_resume_batch_check(int train_batch_size, int per_device, int accum, int world, int G, char *err, size_t cap);
+// the checkpoint's train_batch_size (trainer_state.json's "run"), or -1 when it has none (older runs)
+int dp_checkpoint_batch(const char *checkpoint_dir);
 
 // The normalizers of the whole batch from this rank's (grpo_prepare on its rows): the token counts
 // summed over ranks, B the step's sequences.
@@ -61,12 +64,13 @@ void dp_stats(Dist *d, GrpoStats *st);
 double dp_all_reduce_grads(Dist *d, const Backend *be, void *grads, size_t n);
 #define DP_BUCKET_VALUES ((size_t)25 << 18)  // 25 MiB of fp32
 
-// ZeRO: n values split into world contiguous shards of equal size (the last padded): rank r owns
-// [r shard, (r+1) shard) of a buffer of world x shard values
+// ZeRO: n values split into world contiguous blocks of shard = floor(n / world) values, the last rank's
+// also holding the tail of n - world x shard (< world) values: the blocks are what a reduce-scatter
+// and an all-gather of shard values a rank move, the tail goes by a small all-reduce / broadcast
 typedef struct {
-    size_t n;       // values in all (unpadded)
-    size_t shard;   // values a rank owns: ceil(n / world)
-    size_t lo, hi;  // this rank's [lo, hi) within [0, n) (hi - lo < shard on the last ranks when padded)
+    size_t n;       // values in all
+    size_t shard;   // floor(n / world)
+    size_t lo, hi;  // this rank's [lo, hi): [rank shard, (rank+1) shard), the last rank's up to n
 } DpShard;
 DpShard dp_shard(size_t n, int world, int rank);
 

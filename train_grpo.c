@@ -383,16 +383,11 @@ static void save_checkpoint(const Opts *o, const GrpoConfig *g, const LoRA *lo, 
 // restore a checkpoint (checkpoint.c); returns its step. A batch that differs because the number
 // of ranks did is said first, with the --per_device_train_batch_size that continues it.
 static int load_checkpoint(const Opts *o, const GrpoConfig *g, LoRA *lo, int n, int world) {
-    char dir[4096], state[4200], err[512];
+    char dir[4096], err[512];
     snprintf(dir, sizeof dir, "%s/checkpoint-%d", o->output_dir, n);
-    path_join(state, sizeof state, dir, "trainer_state.json");
-    char *text = file_exists(state) ? read_file(state, NULL) : NULL;
-    cJSON *st = text ? cJSON_Parse(text) : NULL;
-    cJSON *tbs = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(st, "run"), "train_batch_size");
-    if (cJSON_IsNumber(tbs) && dp_resume_batch_check(tbs->valueint, o->per_device_train_batch_size, world, g->num_generations, err, sizeof err))
+    int tbs = dp_checkpoint_batch(dir);
+    if (tbs > 0 && dp_resume_batch_check(tbs, o->per_device_train_batch_size, 1, world, g->num_generations, err, sizeof err))
         die("%s: %s", dir, err);
-    cJSON_Delete(st);
-    free(text);
     cJSON *mine = run_identity(o, g, world);
     char *id = cJSON_PrintUnformatted(mine);
     cJSON_Delete(mine);
