@@ -8,13 +8,16 @@
 #   make bench-train  build build/bench_train (the LoRA training step on the CUDA backend)
 #   make bench-full   build build/bench_full (full fine-tuning, BF16 and the FP8 recipes)
 #   make bench-rollout build build/bench_rollout (rollout throughput on the CUDA backend)
+#   make bench-dp     build build/bench_dp (several GPUs: the GRPO step data parallel, full fine-tuning
+#                     sharded; dev/multi_gpu_check.sh runs it)
 #   make dev-check    build the FP8 GEMM kernel lab (dev/cuda) and run each version's validation (GPU)
 #   make fuzz-replay  build the fuzz targets (test/fuzz) as plain programs and replay their corpora
 #   make fuzz         build the fuzz targets with clang's libFuzzer (+ ASan, UBSan) into build-fuzz/
 #                     and run each for FUZZ_SECONDS (default 60); FUZZ_TARGETS picks some
 #   make test SAN=1   the sanitizer build (below) of the CPU suites; make fuzz-replay SAN=1 likewise
 #
-# Knobs: CUDA_HOME=/path (default: where nvcc lives), NO_CUDA=1 (CPU only),
+# Knobs: CUDA_HOME=/path (default: where nvcc lives), NO_CUDA=1 (CPU only), NCCL_HOME=dir (NCCL's
+# include/ and lib/: below),
 # GPU_ARCH=90a|89|120|all (default: probe the GPU, else all), DEPS_PREFIX=dir
 # (Check/cJSON/PCRE2 unpacked there: see fetch_deps.sh).
 # CFLAGS=... replaces the optimization and debug flags (default -O3 -march=native -g; with SAN=1
@@ -145,7 +148,7 @@ $(info probe NCCL: not found: several GPUs work, through the host (slow); for NC
 else ifeq ($(NCCL_HOME),system)
 $(info probe NCCL: nccl.h and libnccl of the system or of $(CUDA_HOME))
 NCCL_FLAGS := -DHAVE_NCCL
-CUDA_LIBS  += -lnccl
+NCCL_LIBS  := -lnccl
 else
 ifeq ($(wildcard $(NCCL_HOME)/include/nccl.h),)
 $(error NCCL_HOME=$(NCCL_HOME) has no include/nccl.h: point it at the directory that holds include/ and lib/)
@@ -153,9 +156,10 @@ endif
 NCCL_LIBFILE := $(firstword $(wildcard $(NCCL_HOME)/lib/libnccl.so $(NCCL_HOME)/lib/libnccl.so.2))
 $(info probe NCCL: $(NCCL_HOME) ($(notdir $(NCCL_LIBFILE))))
 NCCL_FLAGS := -DHAVE_NCCL -I$(NCCL_HOME)/include
-# first, so that its directory is searched before CUDA's (which may hold another libnccl.so.2)
-CUDA_LIBS  := -L$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib -l:$(notdir $(NCCL_LIBFILE)) $(CUDA_LIBS)
+NCCL_LIBS  := -L$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib -l:$(notdir $(NCCL_LIBFILE))
 endif
+# NCCL first, so that its directory is searched before CUDA's (which may hold another libnccl.so.2)
+CUDA_LIBS := $(NCCL_LIBS) $(CUDA_LIBS)
 endif
 
 # ---- sources ----
@@ -180,7 +184,7 @@ HEADERS := $(wildcard *.h *.cuh)
 
 VPATH := .:test
 
-.PHONY: all test test-gpu clean bench-gemm bench-train bench-full bench-rollout fuzz fuzz-run fuzz-replay
+.PHONY: all test test-gpu clean bench-gemm bench-train bench-full bench-rollout bench-dp fuzz fuzz-run fuzz-replay
 all: $(PROGS)
 
 $(BUILD):
@@ -235,16 +239,17 @@ test-gpu: $(TESTS_GPU)
 	@set -e; for t in $(TESTS_GPU); do echo "== $$t"; CK_FORK=no $$t; done; echo "make test-gpu: all GPU suites passed"
 # the benchmarks and the FP8 GEMM kernel lab are built by dev/Makefile (into build/, against the
 # library): bench-gemm, bench-train, bench-rollout; dev-check runs the lab's validations (GPU)
-DEV_ARGS = GPU_ARCH=$(GPU_ARCH) $(if $(DEPS_PREFIX),DEPS_PREFIX=$(DEPS_PREFIX))
+DEV_ARGS = GPU_ARCH=$(GPU_ARCH) $(if $(DEPS_PREFIX),DEPS_PREFIX=$(DEPS_PREFIX)) NCCL_LIBS='$(NCCL_LIBS)' $(if $(filter-out system,$(NCCL_HOME)),NCCL_HOME=$(NCCL_HOME))
 .PHONY: dev-check
 # (the library first, here: parallel dev makes then find it built)
 bench-gemm: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_gemm
 bench-train: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_train
 bench-full: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_full
 bench-rollout: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_rollout
+bench-dp: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_dp
 dev-check: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) check
 else
-test-gpu bench-gemm bench-train bench-full bench-rollout dev-check:
+test-gpu bench-gemm bench-train bench-full bench-rollout bench-dp dev-check:
 	@echo "no nvcc: the GPU suites need the CUDA toolkit (and a GPU to run)"; exit 1
 endif
 

@@ -58,7 +58,7 @@ int dist_env_parse(DistGetenv get, DistEnv *e, char *err, size_t cap) {
     e->timeout = (double)t;
     const char *addr = get("MASTER_ADDR");
     if (get("RANK") || get("WORLD_SIZE")) {
-        e->source = "torchrun";
+        e->source = get("FP8GRPO_LAUNCHED") ? "--nproc_per_node" : "torchrun";
         if (!get("RANK") || !get("WORLD_SIZE"))
             return error_msg(err, cap, "%s is set but %s is not: a launcher sets both (torchrun, or --nproc_per_node N)",
                              get("RANK") ? "RANK" : "WORLD_SIZE", get("RANK") ? "WORLD_SIZE" : "RANK");

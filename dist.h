@@ -47,7 +47,8 @@ typedef struct {
     char addr[256];              // MASTER_ADDR: where rank 0 listens (host name or IP)
     int port;                    // MASTER_PORT
     double timeout;              // seconds without progress before a collective gives up
-    const char *source;          // "torchrun" (RANK, WORLD_SIZE, ...), "slurm" (SLURM_PROCID, ...), "none" (one process)
+    const char *source;          // "torchrun" (RANK, WORLD_SIZE, ...), "--nproc_per_node" (the same, set by dist_launch),
+                                 // "slurm" (SLURM_PROCID, ...), "none" (one process)
 } DistEnv;
 
 // an environment lookup: getenv, or a table (the tests')

@@ -17,8 +17,8 @@ Dist *dist_from_env(void) {
     Dist *d = dist_init(&e);
     dist_quiet_others(d);
     if (e.world > 1)
-        printf("data parallel: %d ranks (from %s's environment), rank 0 at %s:%d; %d on this machine\n", e.world, e.source, e.addr,
-               e.port, e.local_world);
+        printf("data parallel: %d ranks (started by %s), rank 0 at %s:%d; %d on this machine\n", e.world, e.source, e.addr, e.port,
+               e.local_world);
     return d;
 }
 
