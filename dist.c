@@ -201,6 +201,7 @@ struct Dist {
     int next, prev;       // sockets: to rank + 1, from rank - 1 (world > 1)
     double timeout;
     void *nccl;           // NCCL communicator, or NULL
+    int nccl_tried;       // dist_nccl_init was called (once)
     char nccl_why[256];   // why there is none (said once)
     void *stage;          // host copy of device buffers for the ring (grown)
     size_t stage_cap;
@@ -549,11 +550,11 @@ void dist_quiet_others(const Dist *d) {
 // ----------------------------------------------------------------------------
 // backend memory: NCCL where it can, else through the host
 
+// NCCL starts at the first collective on a GPU's memory (every rank reaches it at the same point)
 static int use_nccl(Dist *d, const Backend *be) {
-    static int tried = 0;
     if (d->world == 1 || strcmp(be->name, "cuda")) return 0;
-    if (!tried) {
-        tried = 1;
+    if (!d->nccl_tried) {
+        d->nccl_tried = 1;
         d->nccl = dist_nccl_init(d, d->nccl_why, sizeof d->nccl_why);
         if (!d->nccl && d->rank == 0)
             fprintf(stderr, "note: no NCCL (%s): the GPUs' gradients go through the host and TCP (slow)\n", d->nccl_why);

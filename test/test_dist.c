@@ -52,6 +52,20 @@ static void expect_error(const char *const *tab, const char *substr) {
     ck_assert_msg(!strchr(err, '\n'), "error '%s' is not one line", err);
 }
 
+// the table parses to these values
+static void expect_env(const char *const *tab, int rank, int world, int lrank, int lworld, const char *addr, int port, const char *source) {
+    DistEnv e;
+    char err[512];
+    ck_assert_msg(parse(tab, &e, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(e.rank, rank);
+    ck_assert_int_eq(e.world, world);
+    ck_assert_int_eq(e.local_rank, lrank);
+    ck_assert_int_eq(e.local_world, lworld);
+    ck_assert_str_eq(e.addr, addr);
+    ck_assert_int_eq(e.port, port);
+    ck_assert_str_eq(e.source, source);
+}
+
 START_TEST(test_env_none_and_torchrun) {
     DistEnv e;
     char err[512];
@@ -62,15 +76,12 @@ START_TEST(test_env_none_and_torchrun) {
     ck_assert_str_eq(e.source, "none");
     ck_assert(e.timeout == 1800);
     // what torchrun --nnodes 2 --nproc_per_node 4 sets on the second machine's third process
-    const char *tr[] = {"RANK=6", "WORLD_SIZE=8", "LOCAL_RANK=2", "LOCAL_WORLD_SIZE=4", "MASTER_ADDR=node1", "MASTER_PORT=29400", NULL};
-    ck_assert_int_eq(parse(tr, &e, err, sizeof err), 0);
-    ck_assert_int_eq(e.rank, 6);
-    ck_assert_int_eq(e.world, 8);
-    ck_assert_int_eq(e.local_rank, 2);
-    ck_assert_int_eq(e.local_world, 4);
-    ck_assert_str_eq(e.addr, "node1");
-    ck_assert_int_eq(e.port, 29400);
-    ck_assert_str_eq(e.source, "torchrun");
+    expect_env((const char *[]){"RANK=6", "WORLD_SIZE=8", "LOCAL_RANK=2", "LOCAL_WORLD_SIZE=4", "MASTER_ADDR=node1", "MASTER_PORT=29400", NULL},
+               6, 8, 2, 4, "node1", 29400, "torchrun");
+    // what --nproc_per_node 2 sets
+    expect_env((const char *[]){"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=40000",
+                                "FP8GRPO_LAUNCHED=1", NULL},
+               1, 2, 1, 2, "127.0.0.1", 40000, "--nproc_per_node");
     // one machine, only RANK and WORLD_SIZE: LOCAL_RANK = RANK, rank 0 on this host, torchrun's port
     const char *min[] = {"RANK=1", "WORLD_SIZE=2", "FP8GRPO_DIST_TIMEOUT=5", NULL};
     ck_assert_int_eq(parse(min, &e, err, sizeof err), 0);
@@ -83,26 +94,15 @@ START_TEST(test_env_none_and_torchrun) {
 END_TEST
 
 START_TEST(test_env_slurm) {
-    DistEnv e;
-    char err[512];
     // srun -N 2 --ntasks-per-node 4 inside job 123456: task 5 is the second node's second
-    const char *sl[] = {"SLURM_PROCID=5", "SLURM_NTASKS=8", "SLURM_STEP_NUM_TASKS=8", "SLURM_LOCALID=1",
-                        "SLURM_STEP_TASKS_PER_NODE=4(x2)", "SLURM_JOB_ID=123456", "SLURM_STEP_NODELIST=gpu[07-08]", NULL};
-    ck_assert_int_eq(parse(sl, &e, err, sizeof err), 0);
-    ck_assert_int_eq(e.rank, 5);
-    ck_assert_int_eq(e.world, 8);
-    ck_assert_int_eq(e.local_rank, 1);
-    ck_assert_int_eq(e.local_world, 4);
-    ck_assert_str_eq(e.addr, "gpu07");
-    ck_assert_int_eq(e.port, 20000 + 123456 % 20000);
-    ck_assert_str_eq(e.source, "slurm");
+    expect_env((const char *[]){"SLURM_PROCID=5", "SLURM_NTASKS=8", "SLURM_STEP_NUM_TASKS=8", "SLURM_LOCALID=1",
+                                "SLURM_STEP_TASKS_PER_NODE=4(x2)", "SLURM_JOB_ID=123456", "SLURM_STEP_NODELIST=gpu[07-08]", NULL},
+               5, 8, 1, 4, "gpu07", 20000 + 123456 % 20000, "slurm");
+    // the batch script's own environment (no srun step): SLURM_NTASKS of the allocation, one node
+    expect_env((const char *[]){"SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_JOB_ID=7", NULL}, 0, 1, 0, 1, "127.0.0.1", 20007, "slurm");
     // MASTER_ADDR / MASTER_PORT given win; torchrun's variables win over Slurm's
-    const char *both[] = {"SLURM_PROCID=3", "SLURM_NTASKS=4", "MASTER_ADDR=10.0.0.9", "MASTER_PORT=1234", "RANK=0", "WORLD_SIZE=1", NULL};
-    ck_assert_int_eq(parse(both, &e, err, sizeof err), 0);
-    ck_assert_str_eq(e.source, "torchrun");
-    ck_assert_int_eq(e.world, 1);
-    ck_assert_str_eq(e.addr, "10.0.0.9");
-    ck_assert_int_eq(e.port, 1234);
+    expect_env((const char *[]){"SLURM_PROCID=3", "SLURM_NTASKS=4", "MASTER_ADDR=10.0.0.9", "MASTER_PORT=1234", "RANK=0", "WORLD_SIZE=1", NULL},
+               0, 1, 0, 1, "10.0.0.9", 1234, "torchrun");
     char h[64];
     ck_assert_int_eq(dist_slurm_first_host("a[07-09,12],b", h, sizeof h), 0);
     ck_assert_str_eq(h, "a07");
