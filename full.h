@@ -17,7 +17,9 @@
 // the act weights all-gathered so every rank computes with all of them again. The sum over ranks is
 // the whole batch's gradient when each rank's loss is normalized by the whole batch (sft.c). A
 // checkpoint holds the whole masters and moments (rank 0 gathers them), so it resumes on any number
-// of ranks, or on one.
+// of ranks, or on one. FP8 training (--fp8_recipe) keeps each rank's own amax histories: the weights'
+// are the same on every rank, the activations' and gradients' are of the rank's own data
+// (Transformer Engine reduces those over the data-parallel ranks; here each rank scales its own).
 #ifndef FULL_H
 #define FULL_H
 
