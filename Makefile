@@ -149,6 +149,7 @@ else ifeq ($(NCCL_HOME),system)
 $(info probe NCCL: nccl.h and libnccl of the system or of $(CUDA_HOME))
 NCCL_FLAGS := -DHAVE_NCCL
 NCCL_LIBS  := -lnccl
+NCCL_NVLIBS := -lnccl
 else
 ifeq ($(wildcard $(NCCL_HOME)/include/nccl.h),)
 $(error NCCL_HOME=$(NCCL_HOME) has no include/nccl.h: point it at the directory that holds include/ and lib/)
@@ -157,6 +158,8 @@ NCCL_LIBFILE := $(firstword $(wildcard $(NCCL_HOME)/lib/libnccl.so $(NCCL_HOME)/
 $(info probe NCCL: $(NCCL_HOME) ($(notdir $(NCCL_LIBFILE))))
 NCCL_FLAGS := -DHAVE_NCCL -I$(NCCL_HOME)/include
 NCCL_LIBS  := -L$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib -l:$(notdir $(NCCL_LIBFILE))
+# the same for nvcc's link lines (the GPU suites)
+NCCL_NVLIBS := -L$(NCCL_HOME)/lib -Xlinker -rpath=$(NCCL_HOME)/lib -Xlinker -l:$(notdir $(NCCL_LIBFILE))
 endif
 # NCCL first, so that its directory is searched before CUDA's (which may hold another libnccl.so.2)
 CUDA_LIBS := $(NCCL_LIBS) $(CUDA_LIBS)
@@ -234,7 +237,7 @@ SHELL := /bin/bash
 ifeq ($(HAVE_CUDA),1)
 TESTS_GPU := $(patsubst test/%.cu,$(BUILD)/%,$(wildcard test/gpu_*.cu))
 $(BUILD)/gpu_%: test/gpu_%.cu test/testutil.h $(LIB) $(HEADERS)
-	$(NVCC) $(NVCCFLAGS) $(NVLDFLAGS) $< $(LIB) -o $@ -lcjson -lpcre2-8 -lcheck -lsubunit -lcublasLt -lcublas -lgomp -lm -lrt -lpthread
+	$(NVCC) $(NVCCFLAGS) $(NVLDFLAGS) $< $(LIB) -o $@ -lcjson -lpcre2-8 -lcheck -lsubunit $(NCCL_NVLIBS) -lcublasLt -lcublas -lgomp -lm -lrt -lpthread
 test-gpu: $(TESTS_GPU)
 	@set -e; for t in $(TESTS_GPU); do echo "== $$t"; CK_FORK=no $$t; done; echo "make test-gpu: all GPU suites passed"
 # the benchmarks and the FP8 GEMM kernel lab are built by dev/Makefile (into build/, against the
