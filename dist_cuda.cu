@@ -27,11 +27,39 @@ extern "C" void dist_cuda_set_device(int local_rank) {
 
 #ifdef HAVE_NCCL
 #include <nccl.h>
+#include <pthread.h>
 
 typedef struct {
     ncclComm_t comm;
     cudaStream_t stream;
 } Nccl;
+
+// ncclCommInitRank waits for every rank and cannot be aborted before it returns: a rank that dies
+// in that moment would leave the others there forever. A thread watches the TCP ring meanwhile and
+// ends the process with one line when a neighbour goes (or after FP8GRPO_DIST_TIMEOUT).
+typedef struct {
+    Dist *d;
+    volatile int done;
+} InitWatch;
+
+static void *init_watch(void *arg) {
+    InitWatch *w = (InitWatch *)arg;
+    char msg[512];
+    double t0 = now_sec();
+    while (!w->done) {
+        if (dist_peer_lost(w->d, msg, sizeof msg)) {
+            fprintf(stderr, "error: %s (while NCCL started)\n", msg);
+            _exit(1);
+        }
+        if (now_sec() - t0 > dist_timeout(w->d)) {
+            fprintf(stderr, "error: rank %d of %d: NCCL did not start within %.0f s (FP8GRPO_DIST_TIMEOUT): run with NCCL_DEBUG=WARN "
+                            "to see why\n", dist_rank(w->d), dist_world(w->d), dist_timeout(w->d));
+            _exit(1);
+        }
+        usleep(10000);
+    }
+    return NULL;
+}
 
 extern "C" void *dist_nccl_init(Dist *d, char *why, size_t cap) {
     int n = 0;
@@ -47,7 +75,12 @@ extern "C" void *dist_nccl_init(Dist *d, char *why, size_t cap) {
     if (dist_rank(d) == 0 && ncclGetUniqueId(&id) != ncclSuccess) die("rank 0: ncclGetUniqueId failed: check NCCL_SOCKET_IFNAME / the network");
     dist_broadcast_host(d, &id, sizeof id, 0);  // round the TCP ring
     Nccl *c = (Nccl *)calloc(1, sizeof(Nccl));
+    InitWatch w = {d, 0};
+    pthread_t th;
+    int watching = pthread_create(&th, NULL, init_watch, &w) == 0;
     ncclResult_t r = ncclCommInitRank(&c->comm, dist_world(d), id, dist_rank(d));
+    w.done = 1;
+    if (watching) pthread_join(th, NULL);
     if (r != ncclSuccess)
         die("rank %d: ncclCommInitRank failed (%s): run with NCCL_DEBUG=WARN for NCCL's reason", dist_rank(d), ncclGetErrorString(r));
     if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess) die("rank %d: cannot create a CUDA stream", dist_rank(d));
