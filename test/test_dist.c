@@ -4,7 +4,8 @@
 //   ring       the CPU collectives on 2 and 3 real processes over TCP, random inputs (never zeros),
 //              sizes that do not divide by the ranks, smaller than them, and larger than a socket's
 //              buffer: sums within the fp32 bound of their order and identical on every rank,
-//              gathers and broadcasts exact
+//              gathers and broadcasts exact; the same through a stand-in device's memory (a GPU
+//              without NCCL)
 //   failures   a rank that dies (every other one stops with one line, in seconds), one that hangs
 //              (the timeout), one that never comes (the rendezvous says so), a wrong WORLD_SIZE
 //   dp         which ranks resume a checkpoint's batch and the line when they cannot; ZeRO's shards
@@ -271,10 +272,66 @@ static int all_collectives(Dist *d, int rank, int W) {
     return bad ? 1 : 0;
 }
 
+// The backend-memory collectives as a GPU without NCCL runs them (down to the host, the ring, back
+// up), on a stand-in device: host memory behind a backend that says it has device memory, whose
+// copies are memcpy and count themselves.
+static long fake_moves;
+static size_t fake_capacity(void) { return (size_t)1 << 30; }
+static void fake_sync(void) {}
+static void fake_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes), fake_moves++; }
+static int device_collectives(Dist *d, int rank, int W) {
+    Backend fake;
+    memset(&fake, 0, sizeof fake);
+    fake.name = "fake", fake.act = fake.hp = DT_F32;
+    fake.mem_capacity = fake_capacity, fake.sync = fake_sync, fake.upload = fake_copy, fake.download = fake_copy;
+    size_t n = 100003;  // not a multiple of the ranks
+    float *x = (float *)mallocCheck(W * n * sizeof(float));
+    int bad = 0;
+    double g32 = (W - 1) * 0x1.0p-24 / (1 - (W - 1) * 0x1.0p-24);
+    for (size_t i = 0; i < n; i++) x[i] = rval(rank, 7, i);
+    dist_all_reduce_sum(d, &fake, x, n);
+    for (size_t i = 0; i < n; i++) {
+        double exact = 0, mag = 0;
+        for (int r = 0; r < W; r++) exact += rval(r, 7, i), mag += fabs(rval(r, 7, i));
+        if (fabs(x[i] - exact) > g32 * mag) bad |= 1;
+    }
+    for (size_t i = 0; i < W * n; i++) x[i] = rval(rank, 8, i);
+    dist_reduce_scatter_sum(d, &fake, x, n);
+    for (size_t i = 0; i < n; i++) {
+        double exact = 0, mag = 0;
+        for (int r = 0; r < W; r++) exact += rval(r, 8, rank * n + i), mag += fabs(rval(r, 8, rank * n + i));
+        if (fabs(x[rank * n + i] - exact) > g32 * mag) bad |= 2;
+    }
+    for (size_t i = 0; i < n; i++) x[rank * n + i] = rval(rank, 9, i);
+    dist_all_gather(d, &fake, x, n * sizeof(float));
+    for (int r = 0; r < W; r++)
+        for (size_t i = 0; i < n; i++)
+            if (x[r * n + i] != rval(r, 9, i)) bad |= 4;
+    for (size_t i = 0; i < n; i++) x[i] = rval(rank, 10, i);
+    dist_broadcast(d, &fake, x, 3 * sizeof(float) + 1, W - 1);  // 13 bytes: not whole values
+    uint32_t last = 0, mine = 0, want = 0;
+    float v = rval(W - 1, 10, 3), w = rval(rank, 10, 3);
+    memcpy(&want, &v, 4), memcpy(&mine, &w, 4), memcpy(&last, &x[3], 4);
+    for (int i = 0; i < 3; i++)
+        if (x[i] != rval(W - 1, 10, i)) bad |= 8;
+    if ((last & 0xff) != (want & 0xff) || (last >> 8) != (mine >> 8)) bad |= 16;  // byte 13 came, byte 14 on did not
+    if (fake_moves != 8) bad |= 32;  // each collective: one download, one upload
+    if (!strcmp(dist_transport(d, &fake), "nccl")) bad |= 64;
+    free(x);
+    if (bad) fprintf(stderr, "rank %d: failed checks mask %d (%ld moves)\n", rank, bad, fake_moves);
+    return bad ? 1 : 0;
+}
+
 START_TEST(test_ring_collectives) {
     for (int W = 2; W <= 3; W++) {
         int code[8];
         run_ranks(W, all_collectives, NULL, NULL, code, 120);
+        for (int r = 0; r < W; r++) {
+            char *e = rank_err(r);
+            ck_assert_msg(code[r] == 0, "world %d rank %d exit %d: %s", W, r, code[r], e);
+            free(e);
+        }
+        run_ranks(W, device_collectives, NULL, NULL, code, 120);
         for (int r = 0; r < W; r++) {
             char *e = rank_err(r);
             ck_assert_msg(code[r] == 0, "world %d rank %d exit %d: %s", W, r, code[r], e);
