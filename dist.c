@@ -525,7 +525,8 @@ Dist *dist_init(const DistEnv *e) {
     nonblocking(d->prev);
     int me = d->rank, from = -1;
     sendrecv(d, &me, sizeof me, &from, sizeof from);
-    if (from != (d->rank + W - 1) % W) dist_die(d, "the ring is miswired (rank %d connected where rank %d was expected)", from, (d->rank + W - 1) % W);
+    if (from != (d->rank + W - 1) % W)
+        dist_die(d, "the ring is miswired (rank %d connected where rank %d was expected)", from, (d->rank + W - 1) % W);
     free(where);
     dist_barrier(d);
     return d;

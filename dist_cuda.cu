@@ -72,7 +72,8 @@ extern "C" void *dist_nccl_init(Dist *d, char *why, size_t cap) {
     // and on the machines this was written for its setup fails or hangs
     setenv("NCCL_NVLS_ENABLE", "0", 1);
     ncclUniqueId id;
-    if (dist_rank(d) == 0 && ncclGetUniqueId(&id) != ncclSuccess) die("rank 0: ncclGetUniqueId failed: check NCCL_SOCKET_IFNAME / the network");
+    if (dist_rank(d) == 0 && ncclGetUniqueId(&id) != ncclSuccess)
+        die("rank 0: ncclGetUniqueId failed: check NCCL_SOCKET_IFNAME / the network");
     dist_broadcast_host(d, &id, sizeof id, 0);  // round the TCP ring
     Nccl *c = (Nccl *)calloc(1, sizeof(Nccl));
     InitWatch w = {d, 0};
@@ -83,10 +84,12 @@ extern "C" void *dist_nccl_init(Dist *d, char *why, size_t cap) {
     if (watching) pthread_join(th, NULL);
     if (r != ncclSuccess)
         die("rank %d: ncclCommInitRank failed (%s): run with NCCL_DEBUG=WARN for NCCL's reason", dist_rank(d), ncclGetErrorString(r));
-    if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess) die("rank %d: cannot create a CUDA stream", dist_rank(d));
+    if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess)
+        die("rank %d: cannot create a CUDA stream", dist_rank(d));
     int v = 0;
     ncclGetVersion(&v);
-    if (dist_rank(d) == 0) fprintf(stderr, "NCCL %d.%d.%d over %d ranks (NCCL_NVLS_ENABLE=0)\n", v / 10000, v / 100 % 100, v % 100, dist_world(d));
+    if (dist_rank(d) == 0)
+        fprintf(stderr, "NCCL %d.%d.%d over %d ranks (NCCL_NVLS_ENABLE=0)\n", v / 10000, v / 100 % 100, v % 100, dist_world(d));
     return c;
 }
 
@@ -122,7 +125,8 @@ extern "C" void dist_nccl_run(Dist *d, void *comm, int op, void *x, size_t n, in
             said = now_sec();
             if (said - t0 > dist_timeout(d)) {  // FP8GRPO_DIST_TIMEOUT: a peer alive but stuck
                 ncclCommAbort(c->comm);
-                die("rank %d of %d: an NCCL collective waited %.0f s: a rank hangs; every rank stops, rerun with --resume", me, W, said - t0);
+                die("rank %d of %d: an NCCL collective waited %.0f s: a rank hangs; every rank stops, rerun with --resume", me, W,
+                    said - t0);
             }
         }
         usleep(50);
