@@ -13,7 +13,7 @@ Dist *dist_from_env(void) {
     char err[512];
     if (dist_env_parse((DistGetenv)getenv, &e, err, sizeof err)) die("%s", err);
     if (e.world > 1) setenv("NCCL_NVLS_ENABLE", "0", 1);  // NVLink multicast stays off (dist_cuda.cu)
-    dist_cuda_set_device(e.local_rank);  // before the CUDA backend starts on device 0
+    if (e.local_rank > 0) dist_cuda_set_device(e.local_rank);  // before the CUDA backend starts (on device 0, local rank 0's)
     Dist *d = dist_init(&e);
     dist_quiet_others(d);
     if (e.world > 1)
