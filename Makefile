@@ -8,13 +8,16 @@
 #   make bench-train  build build/bench_train (the LoRA training step on the CUDA backend)
 #   make bench-full   build build/bench_full (full fine-tuning, BF16 and the FP8 recipes)
 #   make bench-rollout build build/bench_rollout (rollout throughput on the CUDA backend)
+#   make bench-dp     build build/bench_dp (several GPUs: the GRPO step data parallel, full fine-tuning
+#                     sharded; dev/multi_gpu_check.sh runs it)
 #   make dev-check    build the FP8 GEMM kernel lab (dev/cuda) and run each version's validation (GPU)
 #   make fuzz-replay  build the fuzz targets (test/fuzz) as plain programs and replay their corpora
 #   make fuzz         build the fuzz targets with clang's libFuzzer (+ ASan, UBSan) into build-fuzz/
 #                     and run each for FUZZ_SECONDS (default 60); FUZZ_TARGETS picks some
 #   make test SAN=1   the sanitizer build (below) of the CPU suites; make fuzz-replay SAN=1 likewise
 #
-# Knobs: CUDA_HOME=/path (default: where nvcc lives), NO_CUDA=1 (CPU only),
+# Knobs: CUDA_HOME=/path (default: where nvcc lives), NO_CUDA=1 (CPU only), NCCL_HOME=dir (NCCL's
+# include/ and lib/: below),
 # GPU_ARCH=90a|89|120|all (default: probe the GPU, else all), DEPS_PREFIX=dir
 # (Check/cJSON/PCRE2 unpacked there: see fetch_deps.sh).
 # CFLAGS=... replaces the optimization and debug flags (default -O3 -march=native -g; with SAN=1
@@ -129,23 +132,54 @@ NVCCFLAGS += -I$(DEPS_PREFIX)/include
 NVLDFLAGS := -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Xlinker -rpath=$(DEPS_PREFIX)/lib/x86_64-linux-gnu
 endif
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -lstdc++ -ldl -lrt -lpthread
+# ---- NCCL (several GPUs): from a package, never from this tree. NCCL_HOME=dir (dir/include/nccl.h,
+# dir/lib/libnccl.so*), else the system's (Debian/Ubuntu: libnccl-dev), else the pip wheel
+# nvidia-nccl-cu13 (or -cu12) of python3 (nvidia/nccl/include, nvidia/nccl/lib). Without it the
+# programs still run on several GPUs, their gradients through the host (slow): said here, once.
+ifndef NCCL_HOME
+ifeq ($(shell printf '\043include <nccl.h>\n' | $(CC) -E -I$(CUDA_HOME)/include -x c - >/dev/null 2>&1 && echo yes),yes)
+NCCL_HOME := system
+else
+NCCL_HOME := $(shell python3 -c 'import nvidia.nccl as m, os; p = list(m.__path__)[0]; print(p if os.path.exists(p + "/include/nccl.h") else "")' 2>/dev/null)
+endif
+endif
+ifeq ($(NCCL_HOME),)
+$(info probe NCCL: not found: several GPUs work, through the host (slow); for NCCL: make NCCL_HOME=dir, or pip install nvidia-nccl-cu13 (README, "Several GPUs"))
+else ifeq ($(NCCL_HOME),system)
+$(info probe NCCL: nccl.h and libnccl of the system or of $(CUDA_HOME))
+NCCL_FLAGS := -DHAVE_NCCL
+NCCL_LIBS  := -lnccl
+NCCL_NVLIBS := -lnccl
+else
+ifeq ($(wildcard $(NCCL_HOME)/include/nccl.h),)
+$(error NCCL_HOME=$(NCCL_HOME) has no include/nccl.h: point it at the directory that holds include/ and lib/)
+endif
+NCCL_LIBFILE := $(firstword $(wildcard $(NCCL_HOME)/lib/libnccl.so $(NCCL_HOME)/lib/libnccl.so.2))
+$(info probe NCCL: $(NCCL_HOME) ($(notdir $(NCCL_LIBFILE))))
+NCCL_FLAGS := -DHAVE_NCCL -I$(NCCL_HOME)/include
+NCCL_LIBS  := -L$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib -l:$(notdir $(NCCL_LIBFILE))
+# the same for nvcc's link lines (the GPU suites)
+NCCL_NVLIBS := -L$(NCCL_HOME)/lib -Xlinker -rpath=$(NCCL_HOME)/lib -Xlinker -l:$(notdir $(NCCL_LIBFILE))
+endif
+# NCCL first, so that its directory is searched before CUDA's (which may hold another libnccl.so.2)
+CUDA_LIBS := $(NCCL_LIBS) $(CUDA_LIBS)
 endif
 
 # ---- sources ----
 # the library: everything but the programs' mains
 LIB_C   := safetensors.c model.c model_load.c backend.c backend_cpu.c ops_cpu.c fp8_cpu.c fp8_recipe.c \
-           tokenizer.c unicode.c lora.c full.c sft.c checkpoint.c grpo.c tasks.c rollout.c plot.c options.c
+           tokenizer.c unicode.c lora.c full.c sft.c checkpoint.c grpo.c tasks.c rollout.c plot.c options.c dist.c dp.c
 LIB_C   := $(wildcard $(LIB_C))
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C)))
 # the CPU reference kernels and backend again, in fp64 (backend "cpu64")
 LIB_OBJ += $(BUILD)/ops_cpu64.o $(BUILD)/backend_cpu64.o
 ifeq ($(HAVE_CUDA),1)
-LIB_CU  := $(wildcard backend_cuda.cu ops_cuda.cu sample.cu attention.cu fp8.cu fp8_hopper.cu fp8_train.cu)
+LIB_CU  := $(wildcard backend_cuda.cu ops_cuda.cu sample.cu attention.cu fp8.cu fp8_hopper.cu fp8_train.cu dist_cuda.cu)
 LIB_OBJ += $(patsubst %.cu,$(BUILD)/%.o,$(notdir $(LIB_CU)))
 LDLIBS  += $(CUDA_LIBS)
 endif
 ifeq ($(filter backend_cuda.cu,$(LIB_CU)),)
-LIB_OBJ += $(BUILD)/backend_cuda_stub.o
+LIB_OBJ += $(BUILD)/backend_cuda_stub.o $(BUILD)/dist_cuda_stub.o
 endif
 LIB     := $(BUILD)/libfp8grpo.a
 PROGS   := $(patsubst %.c,$(BIN)%,$(wildcard train_grpo.c train_sft.c generate.c export.c))
@@ -153,7 +187,7 @@ HEADERS := $(wildcard *.h *.cuh)
 
 VPATH := .:test
 
-.PHONY: all test test-gpu clean bench-gemm bench-train bench-full bench-rollout fuzz fuzz-run fuzz-replay
+.PHONY: all test test-gpu clean bench-gemm bench-train bench-full bench-rollout bench-dp fuzz fuzz-run fuzz-replay
 all: $(PROGS)
 
 $(BUILD):
@@ -169,6 +203,8 @@ $(BUILD)/backend_cpu64.o: backend_cpu.c $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -DCPU_F64 -c $< -o $@
 $(BUILD)/%.o: %.cu $(HEADERS) | $(BUILD)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+$(BUILD)/dist_cuda.o: dist_cuda.cu $(HEADERS) | $(BUILD)
+	$(NVCC) $(NVCCFLAGS) $(NCCL_FLAGS) -c $< -o $@
 
 $(LIB): $(LIB_OBJ)
 	@rm -f $@
@@ -201,21 +237,22 @@ SHELL := /bin/bash
 ifeq ($(HAVE_CUDA),1)
 TESTS_GPU := $(patsubst test/%.cu,$(BUILD)/%,$(wildcard test/gpu_*.cu))
 $(BUILD)/gpu_%: test/gpu_%.cu test/testutil.h $(LIB) $(HEADERS)
-	$(NVCC) $(NVCCFLAGS) $(NVLDFLAGS) $< $(LIB) -o $@ -lcjson -lpcre2-8 -lcheck -lsubunit -lcublasLt -lcublas -lgomp -lm -lrt -lpthread
+	$(NVCC) $(NVCCFLAGS) $(NVLDFLAGS) $< $(LIB) -o $@ -lcjson -lpcre2-8 -lcheck -lsubunit $(NCCL_NVLIBS) -lcublasLt -lcublas -lgomp -lm -lrt -lpthread
 test-gpu: $(TESTS_GPU)
 	@set -e; for t in $(TESTS_GPU); do echo "== $$t"; CK_FORK=no $$t; done; echo "make test-gpu: all GPU suites passed"
 # the benchmarks and the FP8 GEMM kernel lab are built by dev/Makefile (into build/, against the
 # library): bench-gemm, bench-train, bench-rollout; dev-check runs the lab's validations (GPU)
-DEV_ARGS = GPU_ARCH=$(GPU_ARCH) $(if $(DEPS_PREFIX),DEPS_PREFIX=$(DEPS_PREFIX))
+DEV_ARGS = GPU_ARCH=$(GPU_ARCH) $(if $(DEPS_PREFIX),DEPS_PREFIX=$(DEPS_PREFIX)) NCCL_LIBS='$(NCCL_LIBS)' $(if $(filter-out system,$(NCCL_HOME)),NCCL_HOME=$(NCCL_HOME))
 .PHONY: dev-check
 # (the library first, here: parallel dev makes then find it built)
 bench-gemm: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_gemm
 bench-train: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_train
 bench-full: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_full
 bench-rollout: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_rollout
+bench-dp: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_dp
 dev-check: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) check
 else
-test-gpu bench-gemm bench-train bench-full bench-rollout dev-check:
+test-gpu bench-gemm bench-train bench-full bench-rollout bench-dp dev-check:
 	@echo "no nvcc: the GPU suites need the CUDA toolkit (and a GPU to run)"; exit 1
 endif
 

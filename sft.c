@@ -5,6 +5,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "dp.h"    // dp_all_reduce_grads
 #include "grpo.h"  // lr_cosine_with_warmup, grad_clip_factor
 #include "sft.h"
 #include "tasks.h"  // jsonl_next
@@ -281,6 +282,11 @@ SftStats sft_step(SftTrainer *t, const SftExample *const *ex, int n, double lr) 
         s.tokens += ex[i]->n - ex[i]->plen;
         s.seq_tokens += ex[i]->n;
     }
+    if (t->dist) {  // the whole step's counts: the loss's normalizer is every rank's tokens
+        double c[2] = {(double)s.tokens, (double)s.seq_tokens};
+        dist_all_reduce_sum_f64_host(t->dist, c, 2);
+        s.tokens = (long)c[0], s.seq_tokens = (long)c[1];
+    }
     if (s.tokens == 0) die("sft_step: the step's examples have no completion token");
     if (t->full) model_zero_grads(m);
     else lora_zero_grads(t->lora);
@@ -291,9 +297,11 @@ SftStats sft_step(SftTrainer *t, const SftExample *const *ex, int n, double lr) 
         s.pad_tokens += (long)b.B * b.T;
         sft_batch_free(&b);
     }
+    if (t->dist) dist_all_reduce_sum_f64_host(t->dist, &s.loss, 1);
     if (t->full) {
         s.grad_norm = full_step(t->full, m, (float)lr, t->beta1, t->beta2, t->eps, t->weight_decay, t->max_grad_norm);
     } else {
+        if (t->dist) dp_all_reduce_grads(t->dist, m->be, t->lora->grads, t->lora->n);
         s.grad_norm = lora_grad_norm(t->lora);
         double clip = grad_clip_factor(s.grad_norm, t->max_grad_norm);
         if (!isfinite(clip)) die("SFT: the gradient norm is %g (NaN/inf) at step %d: lower the learning rate", s.grad_norm, t->lora->step + 1);

@@ -145,6 +145,8 @@ typedef struct {
     int micro_batch;       // sequences per forward/backward
     float beta1, beta2, eps, weight_decay;  // AdamW
     double max_grad_norm;  // clip the global gradient norm to this (0: off)
+    Dist *dist;            // data parallel: the ranks whose examples make the step together (each calls
+                           // sft_step with its share), or NULL: this process alone. Full: full's dist.
 } SftTrainer;
 
 typedef struct {
@@ -158,6 +160,10 @@ typedef struct {
 // One optimizer step on ex (n): micro-batches of micro_batch examples in order (each padded to
 // its longest), gradients accumulated, the loss the mean over the completion tokens of all n;
 // the gradient norm clipped, AdamW at learning rate lr. Dies on a NaN/inf gradient norm.
+// Data parallel (t->dist): ex are this rank's share; the loss is the mean over the completion
+// tokens of every rank's examples (their count summed first, so that the ranks' gradients add up to
+// the whole step's), the gradients summed over the ranks (LoRA: all-reduced, every rank steps its
+// copy; full: reduce-scattered, each rank steps its block, full.h), the stats the whole step's.
 SftStats sft_step(SftTrainer *t, const SftExample *const *ex, int n, double lr);
 
 // The learning rate of optimizer step `step` (0-based) of total: a linear ramp over the first

@@ -17,6 +17,10 @@
 // from the last checkpoint bit-exactly. main(), at the bottom, is the table of
 // contents: one function per stage (load, warm-up, rollout, score, update, evaluate,
 // log, checkpoint, finish).
+// Several processes (one per GPU; torchrun, srun or --nproc_per_node N start them) train as one:
+// each rolls out its share of the step's prompts, the LoRA gradients are summed over them, and
+// each steps its own identical copy of the optimizer (dp.h says why that equals one process with
+// the whole batch); rank 0 alone writes metrics, checkpoints and the plot.
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -26,6 +30,7 @@
 #include <cjson/cJSON.h>
 
 #include "checkpoint.h"
+#include "dp.h"
 #include "full.h"
 #include "grpo.h"
 #include "lora.h"
@@ -46,7 +51,7 @@ typedef struct {
     const char *load_in_fp8, *kv_cache_dtype;
     int resume, overwrite_output_dir, fp8_pow2, bf16_first_layers, bf16_last_layers, quiet, gradient_checkpointing;
     int max_steps, per_device_train_batch_size, micro_batch_size, lora_r, top_k, logging_steps, save_steps;
-    int eval_steps, eval_size, warmup_sft_steps, max_prompt_length, chat, max_operand, save_total_limit;
+    int eval_steps, eval_size, warmup_sft_steps, max_prompt_length, chat, max_operand, save_total_limit, nproc_per_node;
     double learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm, warmup_ratio;
     double lora_alpha, temperature, top_p, gpu_memory_utilization, warmup_carry_errors;
     long seed;
@@ -149,6 +154,10 @@ static const Option OPTIONS[] = {
      .help = "the rollouts' KV cache: the activations' type, or E4M3 with a scale per token and head (half the bytes)"},
     {"gpu_memory_utilization", OPT_DOUBLE, OFF(gpu_memory_utilization), 0.05, 0.99, .dflt = "0.6",
      .help = "share of the GPU's memory for weights, LoRA and the arena (KV cache in rollouts, activations in updates)"},
+
+    {.name = "several GPUs (data parallel; README: Several GPUs)", .kind = OPT_SECTION},
+    {"nproc_per_node", OPT_INT, OFF(nproc_per_node), 1, 1024, .unset = "one process, or the ranks torchrun / srun started",
+     .help = "start N processes on this machine, one per GPU, each with per_device_train_batch_size completions a step"},
 };
 #define N_OPTIONS ((int)(sizeof OPTIONS / sizeof OPTIONS[0]))
 
@@ -190,6 +199,9 @@ typedef struct {
     Opts o;
     GrpoConfig g;
     const char *prog;       // argv[0]: the generate command printed at the end is its neighbour
+    Dist *dist;             // the ranks (world 1: this process alone)
+    DpBatch dp;             // this rank's share of a step's prompts and sequences
+    int rank0;              // this process writes the metrics, checkpoints, plot and prints the run
     char dir[4096];         // where this run writes: --output_dir, or a new out/run-N
     char warm_dir[4200];    // the built-in model's warm-up cache: <output_dir>/warmup, or out/warmup (shared)
     char metrics[4200];     // <dir>/metrics.jsonl
@@ -202,7 +214,7 @@ typedef struct {
     Model m;                // the frozen weights (FP8 unless --load_in_fp8 off) with...
     LoRA *lo;               // ...the adapter GRPO trains
     size_t lora_bytes;      // LoRA parameters, gradients, AdamW m and v
-    int G, S, P, Tc, mb, R; // group size, sequences per step (P prompts x G), max completion tokens, micro-batch, reward functions
+    int G, S, P, Tc, mb, R; // group size, this rank's sequences per step (P prompts x G), max completion tokens, micro-batch, reward functions
     long total_updates;     // optimizer steps of the whole run (max_steps x num_iterations)
     long lr_warmup;         // of which ramp the learning rate up
     float inv_temp;         // logprobs at the sampling temperature, as TRL's trainer computes them
@@ -221,7 +233,9 @@ typedef struct {
     int **prompts, *plens;   // (P) their prompt token ids, lengths
     uint64_t *seeds;         // (S) a sampling seed per sequence
     Rollout ro;              // (S, Tc) completion ids, lengths, the sampler's logprobs
-    double *rewards;         // (S, R)
+    double *rewards;         // (S, R) this rank's
+    double *rewards_all;     // (S_all, R) every rank's, gathered (the advantages and reward metrics see the whole batch)
+    double *adv_all;         // (S_all)
     double *adv;             // (S) advantages
     uint8_t *mask, *trunc;   // (S, Tc) 1 on completion tokens; (S) 1 when cut at Tc
     double *samp;            // (S, Tc) logprobs of the completion tokens: the sampler's,
@@ -239,6 +253,7 @@ typedef struct {
     int minlen, maxlen, nclip;
     double loss, gnorm, lr;
     double t_step, t_roll, t_ref, t_train, t_total;  // seconds: start, rollout, reference passes, all training, all
+    double t_reduce;         // of t_train: the gradient all-reduce (waiting for the slowest rank included)
 } Step;
 
 // ----------------------------------------------------------------------------
@@ -292,16 +307,22 @@ static const char *acc_text(double acc, const char *why_none, char *buf, size_t 
     return buf;
 }
 
-static double evaluate(Model *m, const Task *task, const Formatter *f, int n, int max_new, const int *eos, int neos) {
-    if (n <= 0) return NAN;
+// the held-out problems an evaluation of n asks for that exist (0: none)
+static int eval_count(const Task *task, int n) {
     long avail = task_size(task, SPLIT_HELDOUT);
-    if (avail == 0) return NAN;
-    if (avail > 0 && n > avail) n = (int)avail;
+    if (n <= 0 || avail == 0) return 0;
+    return avail > 0 && n > avail ? (int)avail : n;
+}
+
+// the number of held-out problems i0 <= i < i1 answered correctly (greedy)
+static double evaluate_range(Model *m, const Task *task, const Formatter *f, int i0, int i1, int max_new, const int *eos, int neos) {
+    int n = i1 - i0;
+    if (n <= 0) return 0;
     int **prompts = (int **)mallocCheck(n * sizeof(int *)), *plens = (int *)mallocCheck(n * sizeof(int));
     Example *ex = (Example *)callocCheck(n, sizeof(Example));
     uint64_t *seeds = (uint64_t *)callocCheck(n, sizeof(uint64_t));
     for (int i = 0; i < n; i++) {
-        task_example(task, SPLIT_HELDOUT, i, &ex[i]);
+        task_example(task, SPLIT_HELDOUT, i0 + i, &ex[i]);
         plens[i] = encode_prompt(f, ex[i].prompt, &prompts[i]);
     }
     RolloutConfig rc = {1, max_new, 0.0f, 1.0f, 0, eos, neos, 16, 1};
@@ -320,14 +341,20 @@ static double evaluate(Model *m, const Task *task, const Formatter *f, int n, in
     free(plens);
     free(ex);
     free(seeds);
-    return correct / n;
+    return correct;
+}
+
+static double evaluate(Model *m, const Task *task, const Formatter *f, int n, int max_new, const int *eos, int neos) {
+    n = eval_count(task, n);
+    return n ? evaluate_range(m, task, f, 0, n, max_new, eos, neos) / n : NAN;
 }
 
 // ----------------------------------------------------------------------------
 // checkpoints (checkpoint.h: the output directory, writing and reading them)
 
-// the settings a checkpoint must agree with to be resumed
-static cJSON *run_identity(const Opts *o, const GrpoConfig *g) {
+// the settings a checkpoint must agree with to be resumed; the batch is the step's over all ranks
+// (train_batch_size), so that a run resumes on any number of ranks that splits it (dp.h)
+static cJSON *run_identity(const Opts *o, const GrpoConfig *g, int world) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", o->model ? o->model : "builtin-tiny");
     cJSON_AddStringToObject(j, "data", o->data ? o->data : o->task);
@@ -336,28 +363,32 @@ static cJSON *run_identity(const Opts *o, const GrpoConfig *g) {
     cJSON_AddNumberToObject(j, "lora_r", o->lora_r);
     cJSON_AddNumberToObject(j, "lora_alpha", o->lora_alpha);
     cJSON_AddStringToObject(j, "lora_target_modules", o->lora_target_modules);
-    cJSON_AddNumberToObject(j, "per_device_train_batch_size", o->per_device_train_batch_size);
+    cJSON_AddNumberToObject(j, "train_batch_size", (double)o->per_device_train_batch_size * world);
     cJSON_AddNumberToObject(j, "num_generations", g->num_generations);
     cJSON_AddNumberToObject(j, "seed", (double)o->seed);
     return j;
 }
 
-static void save_checkpoint(const Opts *o, const GrpoConfig *g, const LoRA *lo, const Model *m, int step) {
+static void save_checkpoint(const Opts *o, const GrpoConfig *g, const LoRA *lo, const Model *m, int step, int world) {
     char tmp[4200], p[4300];
     checkpoint_begin(o->output_dir, step, tmp, sizeof tmp);
     lora_save_peft(lo, m, tmp, o->model ? o->model : "builtin-tiny");
     path_join(p, sizeof p, tmp, "optimizer.safetensors");
     lora_save_state(lo, p);
-    cJSON *run = run_identity(o, g);
+    cJSON *run = run_identity(o, g, world);
     checkpoint_commit(o->output_dir, step, tmp, run);
     cJSON_Delete(run);
 }
 
-// restore a checkpoint (checkpoint.c); returns its step
-static int load_checkpoint(const Opts *o, const GrpoConfig *g, LoRA *lo, int n) {
-    char dir[4096];
+// restore a checkpoint (checkpoint.c); returns its step. A batch that differs because the number
+// of ranks did is said first, with the --per_device_train_batch_size that continues it.
+static int load_checkpoint(const Opts *o, const GrpoConfig *g, LoRA *lo, int n, int world) {
+    char dir[4096], err[512];
     snprintf(dir, sizeof dir, "%s/checkpoint-%d", o->output_dir, n);
-    cJSON *mine = run_identity(o, g);
+    int tbs = dp_checkpoint_batch(dir);
+    if (tbs > 0 && dp_resume_batch_check(tbs, o->per_device_train_batch_size, 1, world, g->num_generations, err, sizeof err))
+        die("%s: %s", dir, err);
+    cJSON *mine = run_identity(o, g, world);
     char *id = cJSON_PrintUnformatted(mine);
     cJSON_Delete(mine);
     checkpoint_read(dir, n, id, lo);
@@ -516,7 +547,8 @@ static void write_tokenizer_json(const Tokenizer *tok, const char *path) {
 
 // Stage "warm-up": the built-in model, trained once by sft_warmup and cached in warm_dir
 // as a Hugging Face checkpoint (config.json, model.safetensors, tokenizer.json), keyed by
-// the settings that change it (warmup.json); then loaded as any checkpoint is.
+// the settings that change it (warmup.json); then loaded as any checkpoint is. With several ranks,
+// rank 0 makes it while the others wait (they would all make the same one), then each loads it.
 static void warmup(Run *r, const ModelOptions *mo) {
     const Opts *o = &r->o;
     r->tok = tokenizer_byte_level();
@@ -530,7 +562,8 @@ static void warmup(Run *r, const ModelOptions *mo) {
              "{\"task\":\"%s\",\"max_operand\":%d,\"steps\":%d,\"carry_errors\":%g,\"seed\":%ld,\"C\":%d,\"L\":%d,\"FF\":%d}",
              o->task, o->max_operand, o->warmup_sft_steps, o->warmup_carry_errors, o->seed, tc.C, tc.L, tc.FF);
     int cached = 0;
-    if (file_exists(wjson)) {
+    if (!r->rank0) cached = 1;  // rank 0 makes it (or finds it) before the barrier below
+    else if (file_exists(wjson)) {
         char *have = read_file(wjson, NULL);
         cached = !strcmp(have, want);
         free(have);
@@ -549,7 +582,8 @@ static void warmup(Run *r, const ModelOptions *mo) {
         model_free(&w);
     } else printf("built-in model: warm-up loaded from %s\n", r->warm_dir);
     path_join(tjson, sizeof tjson, r->warm_dir, "tokenizer.json");
-    if (!file_exists(tjson)) write_tokenizer_json(r->tok, tjson);  // also into caches made before it was written
+    if (r->rank0 && !file_exists(tjson)) write_tokenizer_json(r->tok, tjson);  // also into caches made before it was written
+    dist_barrier(r->dist);
     model_load(&r->m, r->warm_dir, r->be, mo);
 }
 
@@ -560,8 +594,17 @@ static void warmup(Run *r, const ModelOptions *mo) {
 // gets a new out/run-N, so the default command runs again without losing the last run, and
 // the runs share the warm-up cache out/warmup; --resume continues the newest out/run-N.
 // With --output_dir: that directory (and its warmup/), never clobbered by accident.
+// Rank 0 decides (out/run-N is claimed by one mkdir) and tells the others.
 static void prepare_output(Run *r) {
     Opts *o = &r->o;
+    if (!r->rank0) {
+        dist_broadcast_host(r->dist, r->dir, sizeof r->dir, 0);
+        dist_broadcast_host(r->dist, r->warm_dir, sizeof r->warm_dir, 0);
+        dist_broadcast_host(r->dist, &r->last, sizeof r->last, 0);
+        o->output_dir = r->dir;
+        path_join(r->metrics, sizeof r->metrics, r->dir, "metrics.jsonl");
+        return;
+    }
     if (o->output_dir) {
         make_writable_dir(o->output_dir);
         snprintf(r->dir, sizeof r->dir, "%s", o->output_dir);
@@ -588,6 +631,9 @@ static void prepare_output(Run *r) {
             r->dir, r->last);
     if (o->resume && r->last < 0) die("--resume: no checkpoint-N in %s", r->dir);
     printf("output: %s%s\n", r->dir, why);
+    dist_broadcast_host(r->dist, r->dir, sizeof r->dir, 0);
+    dist_broadcast_host(r->dist, r->warm_dir, sizeof r->warm_dir, 0);
+    dist_broadcast_host(r->dist, &r->last, sizeof r->last, 0);
 }
 
 // Stage "load": the task, the tokenizer (checked against the checkpoint's vocabulary), the
@@ -650,7 +696,14 @@ static void load(Run *r) {
 }
 
 // the held-out accuracy of the model as it is now (greedy, eval_size problems)
-static double held_out_accuracy(Run *r) { return evaluate(&r->m, &r->task, &r->fmt, r->o.eval_size, r->Tc, r->eos, r->neos); }
+// (several ranks: each evaluates its slice of the problems, the counts are summed)
+static double held_out_accuracy(Run *r) {
+    int n = eval_count(&r->task, r->o.eval_size), W = r->dp.world, k = r->dp.rank;
+    if (n == 0) return NAN;
+    double correct = evaluate_range(&r->m, &r->task, &r->fmt, (int)((long)n * k / W), (int)((long)n * (k + 1) / W), r->Tc, r->eos, r->neos);
+    dist_all_reduce_sum_f64_host(r->dist, &correct, 1);
+    return correct / n;
+}
 
 // what to print for an accuracy that is not there (evaluate's NaN, or no line in metrics.jsonl)
 static const char *no_accuracy(const Run *r) {
@@ -661,14 +714,26 @@ static const char *no_accuracy(const Run *r) {
 
 // The shapes of a step, and where the run starts: a checkpoint's step (--resume), or 0 with
 // the held-out accuracy before GRPO (LoRA off: the frozen model alone) as metrics line 0.
+// Rank 0 reads the checkpoint and sends it to the others (so only rank 0's disk needs it); a fresh
+// run sends rank 0's initial adapter (the same seed gives the same one, but this way the copies are
+// equal by construction, as DDP broadcasts the model at its start).
 static void begin(Run *r) {
     const Opts *o = &r->o;
-    if (o->resume) {
-        r->start = load_checkpoint(o, &r->g, r->lo, r->last);
+    r->dp = dp_batch(r->dist, o->per_device_train_batch_size, r->g.num_generations);
+    if (o->resume && r->rank0) {
+        r->start = load_checkpoint(o, &r->g, r->lo, r->last, r->dp.world);
         metrics_truncate(r->metrics, r->start);
         printf("resumed from %s/checkpoint-%d\n", r->dir, r->start);
-    } else if (file_exists(r->metrics)) remove(r->metrics);
-    hist_from_metrics(&r->hist, r->metrics);
+    } else if (r->rank0 && file_exists(r->metrics)) remove(r->metrics);
+    LoRA *lo = r->lo;
+    dist_broadcast(r->dist, r->be, lo->params, lo->n * dtype_size(r->be->hp), 0);
+    if (o->resume) {
+        dist_broadcast(r->dist, r->be, lo->m, lo->n * dtype_size(r->be->hp), 0);
+        dist_broadcast(r->dist, r->be, lo->v, lo->n * dtype_size(r->be->hp), 0);
+        dist_broadcast_host(r->dist, &lo->step, sizeof lo->step, 0);
+        dist_broadcast_host(r->dist, &r->start, sizeof r->start, 0);
+    }
+    if (r->rank0) hist_from_metrics(&r->hist, r->metrics);
     r->end = r->start > o->max_steps ? r->start : o->max_steps;
 
     r->G = r->g.num_generations, r->S = o->per_device_train_batch_size, r->P = r->S / r->G, r->Tc = r->g.max_completion_length;
@@ -697,14 +762,19 @@ static void begin(Run *r) {
             printf("held-out accuracy before GRPO: %.3f (%ld held-out problems, greedy)\n", acc,
                    avail >= 0 && avail < o->eval_size ? avail : (long)o->eval_size);
         else printf("held-out accuracy before GRPO: %s\n", no_accuracy(r));
-        FILE *mf = fopenCheck(r->metrics, "a");
-        if (isfinite(acc)) fprintf(mf, "{\"step\": 0, \"eval/accuracy\": %.6f}\n", acc);
-        else fprintf(mf, "{\"step\": 0, \"eval/accuracy\": null}\n");
-        fclose(mf);
+        if (r->rank0) {
+            FILE *mf = fopenCheck(r->metrics, "a");
+            if (isfinite(acc)) fprintf(mf, "{\"step\": 0, \"eval/accuracy\": %.6f}\n", acc);
+            else fprintf(mf, "{\"step\": 0, \"eval/accuracy\": null}\n");
+            fclose(mf);
+        }
         hist_add(&r->hist, 0, NAN, acc, NAN, NAN);
     }
-    printf("GRPO: %d steps x %d prompts x %d completions, max %d new tokens, loss %s, beta %g, lr %g\n", o->max_steps, r->P, r->G,
-           r->Tc, grpo_loss_type_name(r->g.loss_type), r->g.beta, o->learning_rate);
+    printf("GRPO: %d steps x %d prompts x %d completions, max %d new tokens, loss %s, beta %g, lr %g\n", o->max_steps, r->dp.P_all,
+           r->G, r->Tc, grpo_loss_type_name(r->g.loss_type), r->g.beta, o->learning_rate);
+    if (r->dp.world > 1)
+        printf("data parallel: %d ranks x %d prompts; gradients summed over them by %s, optimizer replicated\n", r->dp.world, r->P,
+               dist_transport(r->dist, r->be));
 }
 
 static void step_alloc(const Run *r, Step *s) {
@@ -715,6 +785,8 @@ static void step_alloc(const Run *r, Step *s) {
     s->ex = (Example *)callocCheck(P, sizeof(Example));
     s->seeds = (uint64_t *)mallocCheck(S * sizeof(uint64_t));
     s->rewards = (double *)mallocCheck((size_t)S * r->R * sizeof(double));
+    s->rewards_all = (double *)mallocCheck((size_t)r->dp.S_all * r->R * sizeof(double));
+    s->adv_all = (double *)mallocCheck((size_t)r->dp.S_all * sizeof(double));
     s->adv = (double *)mallocCheck(S * sizeof(double));
     s->mask = (uint8_t *)mallocCheck((size_t)S * Tc);
     s->trunc = (uint8_t *)mallocCheck(S);
@@ -725,23 +797,27 @@ static void step_alloc(const Run *r, Step *s) {
     s->dlogp = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
 }
 
-// Stage "rollout": the step's P problems (the same on every run and after a resume), then
-// G completions of each, sampled with LoRA on.
+// Stage "rollout": the step's problems (the same on every run and after a resume; this rank's
+// P of the step's P_all), then G completions of each, sampled with LoRA on, with the seeds one
+// process would give them.
 static void rollout(Run *r, Step *s, int step) {
+    const DpBatch *b = &r->dp;
     for (int p = 0; p < r->P; p++) {
         example_free(&s->ex[p]);
         free(s->prompts[p]);
-        task_example(&r->task, SPLIT_TRAIN, (uint64_t)(step - 1) * r->P + p, &s->ex[p]);
+        task_example(&r->task, SPLIT_TRAIN, (uint64_t)(step - 1) * b->P_all + b->p0 + p, &s->ex[p]);
         s->plens[p] = encode_prompt(&r->fmt, s->ex[p].prompt, &s->prompts[p]);
     }
-    for (int q = 0; q < r->S; q++) s->seeds[q] = seq_seed(r->o.seed, step, q, 1);
+    for (int q = 0; q < r->S; q++) s->seeds[q] = seq_seed(r->o.seed, step, b->q0 + q, 1);
     RolloutConfig rc = {r->G, r->Tc, (float)r->o.temperature, (float)r->o.top_p, r->o.top_k, r->eos, r->neos, 16, 1};
     rollout_run(&r->m, &rc, r->P, (const int *const *)s->prompts, s->plens, s->seeds, &s->ro);
     s->t_roll = now_sec() - s->t_step;
 }
 
 // Stage "score": each completion's rewards, the group advantages, the loss's normalizers,
-// and the masks and sampler logprobs of the completion tokens.
+// and the masks and sampler logprobs of the completion tokens. With several ranks the rewards of
+// all are gathered and the advantages computed over the whole batch (each rank then takes its
+// rows), the normalizers and length metrics summed: every rank has the numbers one process would.
 static void score(Run *r, Step *s) {
     int S = r->S, R = r->R, Tc = r->Tc;
     const Rollout *ro = &s->ro;
@@ -760,8 +836,16 @@ static void score(Run *r, Step *s) {
             s->samp[q * Tc + j] = j < ro->len[q] ? ro->logp[(size_t)q * Tc + j] : 0;
         }
     }
-    grpo_advantages(&r->g, S, R, s->rewards, r->weights, s->adv, &s->rm);
-    s->norm = grpo_prepare(&r->g, S, Tc, s->mask, s->trunc);
+    const DpBatch *b = &r->dp;
+    memcpy(s->rewards_all + (size_t)b->q0 * R, s->rewards, (size_t)S * R * sizeof(double));
+    dist_all_gather_host(r->dist, s->rewards_all, (size_t)S * R * sizeof(double));
+    grpo_advantages(&r->g, b->S_all, R, s->rewards_all, r->weights, s->adv_all, &s->rm);
+    memcpy(s->adv, s->adv_all + b->q0, S * sizeof(double));
+    s->norm = dp_norm(r->dist, grpo_prepare(&r->g, S, Tc, s->mask, s->trunc), b->S_all);
+    double sums[2] = {(double)s->gen_tokens, s->nclip}, ext[2] = {s->maxlen, -s->minlen};
+    dist_all_reduce_sum_f64_host(r->dist, sums, 2);
+    dist_all_reduce_max_f64_host(r->dist, ext, 2);
+    s->gen_tokens = (long)sums[0], s->nclip = (int)sums[1], s->maxlen = (int)ext[0], s->minlen = (int)-ext[1];
 }
 
 // The training batch: prompt + completion per sequence, right-padded to T; tg holds the token
@@ -812,6 +896,7 @@ static void update(Run *r, Step *s, int step) {
     make_batch(r, s);
     int T = s->T;
     int need_old = g->num_iterations > 1;
+    s->t_reduce = 0;
     for (int pass = 0; pass < 2; pass++) {  // 0: the reference, 1: the old policy
         if ((pass == 0 && g->beta == 0) || (pass == 1 && !need_old)) continue;
         m->lora_on = pass == 1;
@@ -844,6 +929,9 @@ static void update(Run *r, Step *s, int step) {
                 for (int j = 0; j < s->ro.len[q]; j++) s->dl[(size_t)(q - b0) * T + s->plens[q / r->G] - 1 + j] = s->dlogp[q * Tc + j];
             model_backward(m, s->dl);
         }
+        // every rank's gradient of its rows, summed: the whole batch's (dp.h); then the same clip
+        // and AdamW step on every rank keep the copies equal
+        s->t_reduce += dp_all_reduce_grads(r->dist, r->be, r->lo->grads, r->lo->n);
         s->gnorm = lora_grad_norm(r->lo);
         double clip = grad_clip_factor(s->gnorm, r->o.max_grad_norm);
         if (!isfinite(clip)) die("step %d: the gradient norm is %g (NaN/inf): lower --learning_rate or check the data", step, s->gnorm);
@@ -852,6 +940,8 @@ static void update(Run *r, Step *s, int step) {
         lora_adamw_step(r->lo, (float)s->lr, (float)r->o.adam_beta1, (float)r->o.adam_beta2, (float)r->o.adam_epsilon,
                         (float)r->o.weight_decay);
     }
+    dp_stats(r->dist, &st);
+    dist_all_reduce_sum_f64_host(r->dist, &s->loss, 1);
     s->gm = grpo_metrics(&st);
     s->t_train = now_sec() - t_train0, s->t_total = now_sec() - s->t_step;
 }
@@ -878,9 +968,10 @@ static void memory_report(const Run *r, const Step *s) {
 
 // Stage "log": the step's metrics.jsonl line (TRL's names), the plot's history, the printed line.
 static void log_step(Run *r, const Step *s, int step) {
+    if (!r->rank0) return;
     const Model *m = &r->m;
     const GrpoConfig *g = &r->g;
-    int S = r->S, T = s->T;
+    int S = r->dp.S_all, T = s->T;  // (the update's tokens/s: this rank's T, all ranks' sequences)
     double t_upd = s->t_train - s->t_ref;
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "step", step);
@@ -901,7 +992,7 @@ static void log_step(Run *r, const Step *s, int step) {
     add_num(j, "clip_ratio/low_mean", s->gm.clip_low_mean);
     add_num(j, "clip_ratio/high_mean", s->gm.clip_high_mean);
     add_num(j, "clip_ratio/region_mean", s->gm.clip_region_mean);
-    add_num(j, "completions/mean_length", (double)s->gen_tokens / S);
+    add_num(j, "completions/mean_length", (double)s->gen_tokens / S);  // (S, gen_tokens: all ranks')
     add_num(j, "completions/min_length", s->minlen);
     add_num(j, "completions/max_length", s->maxlen);
     add_num(j, "completions/clipped_ratio", (double)s->nclip / S);
@@ -915,6 +1006,7 @@ static void log_step(Run *r, const Step *s, int step) {
     add_num(j, "time/rollout", s->t_roll);
     add_num(j, "time/reference", s->t_ref);
     add_num(j, "time/update", t_upd);
+    if (r->dp.world > 1) add_num(j, "time/all_reduce", s->t_reduce);
     add_num(j, "tokens_per_sec/rollout", s->gen_tokens / fmax(s->t_roll, 1e-9));
     double ref_passes = (g->beta != 0) + (g->num_iterations > 1), upd_tok_s = (double)g->num_iterations * S * T / fmax(t_upd, 1e-9);
     add_num(j, "tokens_per_sec/reference", ref_passes > 0 ? ref_passes * S * T / fmax(s->t_ref, 1e-9) : 0.0);
@@ -949,8 +1041,8 @@ static void log_step(Run *r, const Step *s, int step) {
 // Stage "checkpoint": every save_steps and after the last step; then, with --save_total_limit,
 // the oldest ones beyond the limit go (never the new one, nor the one the run resumed from)
 static void checkpoint(const Run *r, int step) {
-    if ((r->o.save_steps > 0 && step % r->o.save_steps == 0) || step == r->o.max_steps) {
-        save_checkpoint(&r->o, &r->g, r->lo, &r->m, step);
+    if (r->rank0 && ((r->o.save_steps > 0 && step % r->o.save_steps == 0) || step == r->o.max_steps)) {
+        save_checkpoint(&r->o, &r->g, r->lo, &r->m, step, r->dp.world);
         if (r->o.save_total_limit > 0)
             rotate_checkpoints(r->dir, r->o.save_total_limit, step, r->o.resume ? r->start : -1, r->o.quiet);
     }
@@ -1057,6 +1149,7 @@ static void step_free(const Run *r, Step *s) {
         free(s->prompts[p]);
     }
     free(s->prompts), free(s->plens), free(s->ex), free(s->seeds), free(s->rewards), free(s->adv), free(s->mask), free(s->trunc);
+    free(s->rewards_all), free(s->adv_all);
     free(s->samp), free(s->logp), free(s->old), free(s->ref), free(s->dlogp);
 }
 
@@ -1077,7 +1170,10 @@ int main(int argc, char **argv) {
     memset(&r, 0, sizeof r);
     r.prog = argv[0];
     parse_options(argc, argv, &r.o, &r.g);
+    dist_launch(argc, argv);  // --nproc_per_node N: start N of these (each goes on below), wait, exit
     setvbuf(stdout, NULL, _IOLBF, 0);
+    r.dist = dist_from_env();  // the ranks (torchrun's or srun's environment; none: one process)
+    r.rank0 = dist_rank(r.dist) == 0;
     prepare_output(&r);  // where the run writes; checked now, not after the warm-up
     load(&r);            // task, tokenizer, model (the built-in one: warm-up, cached), LoRA
     begin(&r);           // resume a checkpoint, or the held-out accuracy before GRPO
@@ -1085,6 +1181,7 @@ int main(int argc, char **argv) {
     Step s;
     step_alloc(&r, &s);
     for (int step = r.start + 1; step <= r.o.max_steps; step++) {
+        dp_test_kill(r.dist, step);
         s.t_step = now_sec();
         rollout(&r, &s, step);  // P prompts x G completions, LoRA on
         score(&r, &s);          // rewards -> group advantages
@@ -1094,9 +1191,10 @@ int main(int argc, char **argv) {
         checkpoint(&r, step);
         step_end(&s);
     }
-    finish(&r);  // plot, accuracy before -> after, the generate command
+    if (r.rank0) finish(&r);  // plot, accuracy before -> after, the generate command
 
     step_free(&r, &s);
     run_free(&r);
+    dist_finalize(r.dist);
     return 0;
 }

@@ -22,6 +22,9 @@
 //                 (global_step and the settings a resume must share). The data position is
 //                 global_step x the examples per step: sft_data_at gives the same example for
 //                 the same position on every run, so --resume continues bit-exactly (CPU).
+// Several processes (torchrun, srun or --nproc_per_node N; dist.h) train as one: each takes its
+// share of a step's examples, and every weight's masters and AdamW moments are sharded over them
+// (ZeRO, full.h; a LoRA adapter's are small and replicated); rank 0 writes metrics and checkpoints.
 // main(), at the bottom, is the list of stages.
 #include <math.h>
 #include <sys/stat.h>
@@ -29,6 +32,7 @@
 #include <cjson/cJSON.h>
 
 #include "checkpoint.h"
+#include "dp.h"
 #include "options.h"
 #include "safetensors.h"
 #include "sft.h"
@@ -43,7 +47,7 @@ typedef struct {
     int fp8_amax_history_len, bf16_first_layers, bf16_last_layers;
     double fp8_margin;
     int max_steps, per_device_train_batch_size, gradient_accumulation_steps, max_length, lora_r;
-    int logging_steps, save_steps, save_total_limit;
+    int logging_steps, save_steps, save_total_limit, nproc_per_node;
     double num_train_epochs, learning_rate, warmup_ratio, weight_decay, max_grad_norm, adam_beta1, adam_beta2, adam_epsilon;
     double lora_alpha;
     long seed;
@@ -115,6 +119,11 @@ static const Option OPTIONS[] = {
     {"save_total_limit", OPT_INT, OFF(save_total_limit), 0, 1e9, .unset = "none, every checkpoint is kept",
      .help = "keep only the newest N checkpoints (never the one --resume continued; 0: keep all)"},
     {"quiet", OPT_FLAG, OFF(quiet), .help = "no per-step lines, only the summary"},
+
+    {.name = "several GPUs (README: Several GPUs)", .kind = OPT_SECTION},
+    {"nproc_per_node", OPT_INT, OFF(nproc_per_node), 1, 1024, .unset = "one process, or the ranks torchrun / srun started",
+     .help = "start N processes on this machine, one per GPU: each trains per_device_train_batch_size x "
+             "gradient_accumulation_steps examples a step, every weight's optimizer state sharded over them"},
 };
 #define N_OPTIONS ((int)(sizeof OPTIONS / sizeof OPTIONS[0]))
 
@@ -157,6 +166,8 @@ static FP8Recipe recipe_of(const Opts *o) {
 
 typedef struct {
     Opts o;
+    Dist *dist;          // the ranks (world 1: this process alone)
+    int rank, world;
     char metrics[4200];  // <output_dir>/metrics.jsonl
     int last;            // the newest checkpoint-N in output_dir (-1: none)
     const Backend *be;
@@ -167,7 +178,8 @@ typedef struct {
     FullTrainer ft;      // every weight...
     LoRA *lo;            // ...or an adapter
     SftTrainer tr;
-    int per_step;        // examples per optimizer step: batch x gradient accumulation
+    int per_step;        // this rank's examples per optimizer step: batch x gradient accumulation
+    int per_step_all;    // every rank's: world x per_step
     long total;          // optimizer steps of the whole run
     long warmup;         // of which ramp the learning rate up
     int start;           // the step resumed from (0: a fresh run)
@@ -187,6 +199,10 @@ typedef struct {
 // or --overwrite_output_dir.
 static void prepare_output(Run *r) {
     const Opts *o = &r->o;
+    if (r->rank) {  // rank 0 checks; the others need only which checkpoint a resume reads
+        dist_broadcast_host(r->dist, &r->last, sizeof r->last, 0);
+        return;
+    }
     make_writable_dir(o->output_dir);
     path_join(r->metrics, sizeof r->metrics, o->output_dir, "metrics.jsonl");
     r->last = last_checkpoint(o->output_dir);
@@ -195,6 +211,7 @@ static void prepare_output(Run *r) {
             o->output_dir, r->last);
     if (o->resume && r->last < 0) die("--resume: no checkpoint-N in %s", o->output_dir);
     printf("output: %s\n", o->output_dir);
+    dist_broadcast_host(r->dist, &r->last, sizeof r->last, 0);
 }
 
 // the dtype of a checkpoint's weights as model_save_hf can write them: bf16 stays, others fp32
@@ -249,7 +266,7 @@ static void load(Run *r) {
         printf("training: a LoRA adapter (r %d, alpha %g, %zu parameters) on the frozen weights (%s)\n", r->lo->r, r->lo->alpha,
                r->lo->n, o->load_in_fp8);
     } else {
-        full_init(&r->ft, &r->m);
+        full_init_sharded(&r->ft, &r->m, r->dist);
         tr.full = &r->ft;
         if (strcmp(o->fp8_recipe, "off")) {
             FP8Recipe rc = recipe_of(o);
@@ -258,21 +275,25 @@ static void load(Run *r) {
                    o->bf16_first_layers, r->m.cfg.L - 1 - o->bf16_last_layers);
         }
         r->save_dt = checkpoint_dtype(o->model);
-        printf("training: every weight (%zu values, fp32 masters and AdamW: %.1f MiB), saved in %s\n", r->ft.n,
-               3.0 * r->ft.n * dtype_size(r->be->hp) / 1048576.0, dtype_name(r->save_dt));
+        printf("training: every weight (%zu values, fp32 masters and AdamW: %.1f MiB%s), saved in %s\n", r->ft.n,
+               3.0 * (r->ft.hi - r->ft.lo) * dtype_size(r->be->hp) / 1048576.0, r->world > 1 ? " a rank, sharded over the ranks" : "",
+               dtype_name(r->save_dt));
     }
+    tr.dist = r->world > 1 ? r->dist : NULL;
     r->tr = tr;
 }
 
-// the settings a checkpoint must agree with to be resumed (those that change the data or the state)
-static cJSON *run_identity(const Opts *o) {
+// the settings a checkpoint must agree with to be resumed (those that change the data or the
+// state); the batch is the step's over every rank (train_batch_size), so that a run resumes on any
+// number of ranks that splits it
+static cJSON *run_identity(const Opts *o, int world) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", o->model);
     cJSON_AddStringToObject(j, "data", o->data);
     cJSON_AddNumberToObject(j, "max_length", o->max_length);
     cJSON_AddNumberToObject(j, "chat", o->chat);
     cJSON_AddStringToObject(j, "system_prompt", o->system_prompt ? o->system_prompt : "");
-    cJSON_AddNumberToObject(j, "per_device_train_batch_size", o->per_device_train_batch_size);
+    cJSON_AddNumberToObject(j, "train_batch_size", (double)o->per_device_train_batch_size * o->gradient_accumulation_steps * world);
     cJSON_AddNumberToObject(j, "gradient_accumulation_steps", o->gradient_accumulation_steps);
     cJSON_AddBoolToObject(j, "use_peft", o->use_peft);
     cJSON_AddStringToObject(j, "load_in_fp8", o->load_in_fp8);
@@ -295,28 +316,47 @@ static cJSON *run_identity(const Opts *o) {
 }
 
 // The run's length, and where it starts: a checkpoint's step (--resume) or 0.
+// With several ranks, rank 0 reads the checkpoint and sends the state: the sharded masters and
+// moments each rank's block (full_load_state), a LoRA adapter's to all.
 static void begin(Run *r) {
     const Opts *o = &r->o;
     r->per_step = o->per_device_train_batch_size * o->gradient_accumulation_steps;
-    r->total = o->max_steps > 0 ? o->max_steps : (long)ceil(o->num_train_epochs * r->data.n / r->per_step);
+    r->per_step_all = r->per_step * r->world;
+    r->total = o->max_steps > 0 ? o->max_steps : (long)ceil(o->num_train_epochs * r->data.n / r->per_step_all);
     if (r->total < 1) r->total = 1;
     r->warmup = warmup_steps_from_ratio(o->warmup_ratio, r->total);
     if (o->resume) {
         char dir[4300];
         snprintf(dir, sizeof dir, "%s/checkpoint-%d", o->output_dir, r->last);
-        cJSON *mine = run_identity(o);
-        char *id = cJSON_PrintUnformatted(mine);
-        cJSON_Delete(mine);
-        if (o->use_peft) checkpoint_read(dir, r->last, id, r->lo);
-        else checkpoint_read_full(dir, r->last, id, &r->ft, &r->m);
-        free(id);
+        if (r->rank == 0) {
+            char err[512];
+            int tbs = dp_checkpoint_batch(dir);
+            if (tbs > 0 && dp_resume_batch_check(tbs, o->per_device_train_batch_size, o->gradient_accumulation_steps, r->world, 0, err,
+                                                 sizeof err))
+                die("%s: %s", dir, err);
+            cJSON *mine = run_identity(o, r->world);
+            char *id = cJSON_PrintUnformatted(mine);
+            cJSON_Delete(mine);
+            if (o->use_peft) checkpoint_read(dir, r->last, id, r->lo);
+            else checkpoint_read_full(dir, r->last, id, &r->ft, &r->m);
+            free(id);
+            metrics_truncate(r->metrics, r->last);
+        } else if (!o->use_peft) full_load_state(&r->ft, &r->m, NULL);  // its block, from rank 0
+        if (o->use_peft) {
+            size_t bytes = r->lo->n * dtype_size(r->be->hp);
+            dist_broadcast(r->dist, r->be, r->lo->params, bytes, 0);
+            dist_broadcast(r->dist, r->be, r->lo->m, bytes, 0);
+            dist_broadcast(r->dist, r->be, r->lo->v, bytes, 0);
+            dist_broadcast_host(r->dist, &r->lo->step, sizeof r->lo->step, 0);
+        }
         r->start = r->last;
-        metrics_truncate(r->metrics, r->start);
-        printf("resumed from %s (the data at example %ld)\n", dir, (long)r->start * r->per_step);
-    } else if (file_exists(r->metrics)) remove(r->metrics);
-    printf("SFT: %ld steps x %d examples (%d x %d accumulated), %.2f epochs of %ld examples, lr %g (%s, %ld warm-up steps)\n",
-           r->total, r->per_step, o->per_device_train_batch_size, o->gradient_accumulation_steps,
-           (double)r->total * r->per_step / r->data.n, r->data.n, o->learning_rate, o->lr_scheduler_type, r->warmup);
+        printf("resumed from %s (the data at example %ld)\n", dir, (long)r->start * r->per_step_all);
+    } else if (r->rank == 0 && file_exists(r->metrics)) remove(r->metrics);
+    if (o->use_peft && !o->resume) dist_broadcast(r->dist, r->be, r->lo->params, r->lo->n * dtype_size(r->be->hp), 0);
+    printf("SFT: %ld steps x %d examples (%d x %d accumulated%s), %.2f epochs of %ld examples, lr %g (%s, %ld warm-up steps)\n",
+           r->total, r->per_step_all, o->per_device_train_batch_size, o->gradient_accumulation_steps,
+           r->world > 1 ? " on each rank" : "", (double)r->total * r->per_step_all / r->data.n, r->data.n, o->learning_rate,
+           o->lr_scheduler_type, r->warmup);
 }
 
 // the tokenizer's files, copied into a full run's checkpoint so that it loads on its own
@@ -337,9 +377,15 @@ static void copy_tokenizer_files(const char *from, const char *to) {
 
 // Stage "checkpoint": checkpoint-<step>/ (every save_steps, and at the end), then the oldest
 // deleted past save_total_limit.
+// Rank 0 writes; sharded full training gathers the masters and moments to it (every rank calls
+// full_save_state).
 static void checkpoint(const Run *r, int step) {
     const Opts *o = &r->o;
     if (step != r->total && (o->save_steps == 0 || step % o->save_steps)) return;
+    if (r->rank) {
+        if (!r->lo) full_save_state(&r->ft, &r->m, NULL);
+        return;
+    }
     char tmp[4200], p[4300];
     checkpoint_begin(o->output_dir, step, tmp, sizeof tmp);
     path_join(p, sizeof p, tmp, "optimizer.safetensors");
@@ -351,7 +397,7 @@ static void checkpoint(const Run *r, int step) {
         copy_tokenizer_files(o->model, tmp);
         full_save_state(&r->ft, &r->m, p);
     }
-    cJSON *run = run_identity(o);
+    cJSON *run = run_identity(o, r->world);
     checkpoint_commit(o->output_dir, step, tmp, run);
     cJSON_Delete(run);
     if (!o->quiet) printf("saved %s/checkpoint-%d\n", o->output_dir, step);
@@ -363,9 +409,9 @@ static void checkpoint(const Run *r, int step) {
 static void log_step(const Run *r, Window *w, const SftStats *s, int step, double lr, long tokens_seen) {
     const Opts *o = &r->o;
     w->steps++, w->loss += s->loss, w->tokens += s->tokens, w->seq_tokens += s->seq_tokens;
-    if (step % o->logging_steps && step != r->total) return;
+    if (r->rank || (step % o->logging_steps && step != r->total)) return;
     double dt = now_sec() - w->t0, loss = w->loss / w->steps, tps = w->seq_tokens / (dt > 0 ? dt : 1e-9);
-    double epoch = (double)step * r->per_step / r->data.n;
+    double epoch = (double)step * r->per_step_all / r->data.n;
     if (!o->quiet)
         printf("step %4d/%ld | loss %.4f | grad_norm %.3f | lr %.3e | epoch %.2f | %.0f tokens/s\n", step, r->total, loss,
                s->grad_norm, lr, epoch, tps);
@@ -391,17 +437,21 @@ int main(int argc, char **argv) {
     Run r;
     memset(&r, 0, sizeof r);
     parse_options(argc, argv, &r.o);
+    dist_launch(argc, argv);  // --nproc_per_node N: start N of these (each goes on below), wait, exit
     setvbuf(stdout, NULL, _IOLBF, 0);
+    r.dist = dist_from_env();  // the ranks (torchrun's or srun's environment; none: one process)
+    r.rank = dist_rank(r.dist), r.world = dist_world(r.dist);
     prepare_output(&r);  // where the run writes, checked before any work
     load(&r);            // tokenizer, data, backend, model, what is trained
     begin(&r);           // the run's length; resume a checkpoint
 
     const SftExample **ex = (const SftExample **)mallocCheck(r.per_step * sizeof(SftExample *));
     Window w = {.t0 = now_sec()};
-    long tokens_seen = 0;  // of this process's steps (prompt and completion, no padding)
+    long tokens_seen = 0;  // of this run's steps, every rank's (prompt and completion, no padding)
     double t0 = now_sec(), last_loss = NAN;
     for (int step = r.start + 1; step <= r.total; step++) {
-        long pos = (long)(step - 1) * r.per_step;  // the data stream's position: the same after a resume
+        // the data stream's position (the same after a resume); this rank's share of the step's examples
+        long pos = (long)(step - 1) * r.per_step_all + (long)r.rank * r.per_step;
         for (int i = 0; i < r.per_step; i++) ex[i] = sft_data_at(&r.data, pos + i);
         double lr = sft_learning_rate(r.o.lr_scheduler_type, r.o.learning_rate, step - 1, r.warmup, r.total);
         SftStats s = sft_step(&r.tr, ex, r.per_step, lr);
@@ -415,5 +465,6 @@ int main(int argc, char **argv) {
                 last_loss, r.o.output_dir, r.total, r.lo ? "adapter (PEFT format)" : "model (a Hugging Face checkpoint)");
     free(ex);
     run_free(&r);
+    dist_finalize(r.dist);
     return 0;
 }

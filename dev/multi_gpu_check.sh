@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# dev/multi_gpu_check.sh: what issue 24 must check and measure on GPUs, in stages that each fit in a
+# few minutes (run them in order on one machine; the build stays between them):
+#
+#   bash dev/multi_gpu_check.sh build    make with NCCL (found by make, or unpacked from a carried wheel
+#                                        .whl/nvidia_nccl_cu1*.whl), bench_dp
+#   bash dev/multi_gpu_check.sh one      world size 1 on one GPU: ./train_grpo as before, then the same
+#                                        through --nproc_per_node 1 (the data-parallel code with one rank)
+#   bash dev/multi_gpu_check.sh grpo     the GRPO step at the Qwen3-8B shape on 1, 2 and 4 GPUs (those
+#                                        there are), the same per-GPU batch: speed-up over one GPU and the
+#                                        all-reduce's share (issue: >= 1.85x on 2, >= 3.6x on 4)
+#   bash dev/multi_gpu_check.sh full     full fine-tuning at the Llama-3.2-3B shape, sharded: 1 GPU, then
+#                                        2: tokens/s and each GPU's peak memory
+#   bash dev/multi_gpu_check.sh kill     ./train_grpo on 2 GPUs with rank 1 killed at step 3: every rank
+#                                        stops with one line, in seconds; --resume finishes the run
+#   bash dev/multi_gpu_check.sh all      all of them
+#
+# Output: each stage's log and a summary line per result in ${OUT:-.bench}/multi_gpu/ (summary.txt).
+# NVLink multicast stays off (the programs set NCCL_NVLS_ENABLE=0; so does this script).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+stage=${1:-all}
+dir=${OUT:-.bench}/multi_gpu
+mkdir -p "$dir"
+export NCCL_NVLS_ENABLE=0
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+say() { echo "$*" | tee -a "$dir/summary.txt"; }
+
+nccl_args() {  # NCCL_HOME for make: given, found by make itself, or the carried wheel unpacked
+  if [ -n "${NCCL_HOME:-}" ]; then echo "NCCL_HOME=$NCCL_HOME"; return; fi
+  local whl; whl=$(ls .whl/nvidia_nccl_cu1*.whl 2>/dev/null | head -n1)
+  if [ -n "$whl" ] && make -n 2>/dev/null | grep -q "^probe NCCL: not found"; then
+    mkdir -p .whl/nccl && python3 -m zipfile -e "$whl" .whl/nccl >/dev/null 2>&1
+    echo "NCCL_HOME=$PWD/.whl/nccl/nvidia/nccl"
+  fi
+}
+
+do_build() {
+  local args; args=$(nccl_args)
+  echo "make $args (GPUs: $ngpu)"
+  make $args 2>&1 | tee "$dir/build.log" | grep -E "^probe|error" || true
+  make $args bench-dp 2>&1 | tee -a "$dir/build.log" | grep -E "error" || true
+  [ -x ./train_grpo ] && [ -x build/bench_dp ] || { echo "build failed: see $dir/build.log"; exit 1; }
+  grep -q "probe NCCL: not found" "$dir/build.log" && say "build: WITHOUT NCCL (gradients through the host): carry the wheel in .whl/"
+  say "build: $(grep '^probe NCCL' "$dir/build.log" | head -n1)"
+}
+
+do_one() {
+  rm -rf "$dir/one" "$dir/one-dp"
+  local t0=$SECONDS
+  ./train_grpo --output_dir "$dir/one" > "$dir/one.log" 2>&1
+  say "world 1, ./train_grpo: exit $?, $(( SECONDS - t0 )) s, $(grep 'held-out accuracy:' "$dir/one.log")"
+  ./train_grpo --nproc_per_node 1 --output_dir "$dir/one-dp" > "$dir/one-dp.log" 2>&1
+  say "world 1, --nproc_per_node 1: $(grep 'held-out accuracy:' "$dir/one-dp.log")"
+  if [ "$ngpu" -ge 2 ]; then
+    rm -rf "$dir/two"
+    ./train_grpo --nproc_per_node 2 --per_device_train_batch_size 32 --output_dir "$dir/two" > "$dir/two.log" 2>&1
+    say "world 2 (2 x 32 completions a step): $(grep 'held-out accuracy:' "$dir/two.log"); $(grep -o 'gradients summed over them by [a-z]*' "$dir/two.log")"
+  fi
+}
+
+# the GRPO step: 64 completions a GPU (8 prompts x 8), prompt 128 + 256 new tokens, micro-batches of 4, recompute
+do_grpo() {
+  local base="" W
+  for W in 1 2 4; do
+    [ "$W" -le "$ngpu" ] || continue
+    ./build/bench_dp grpo --model 8b --batch 64 --group 8 --prompt 128 --new 256 --micro 4 --recompute --steps 3 --warmup 1 \
+      --nproc_per_node "$W" > "$dir/grpo-$W.log" 2>&1 || { say "grpo world $W: failed (see $dir/grpo-$W.log)"; continue; }
+    local row tps share
+    row=$(grep -A1 '^world' "$dir/grpo-$W.log" | tail -n1)
+    tps=$(echo "$row" | awk '{print $NF}')
+    share=$(echo "$row" | awk '{print $9}')
+    [ -n "$base" ] || base=$tps
+    say "grpo 8B shape, world $W: $tps completion tokens/s, $(awk -v a="$tps" -v b="$base" 'BEGIN {printf "%.2fx", a / b}') one GPU's, all-reduce $share of the step; $(grep 'peak GiB' "$dir/grpo-$W.log")"
+  done
+}
+
+do_full() {
+  local W
+  for W in 1 2; do
+    [ "$W" -le "$ngpu" ] || continue
+    ./build/bench_dp full --model 3b --batch 4 --seq 2048 --recompute --steps 3 --warmup 1 --nproc_per_node "$W" \
+      > "$dir/full-$W.log" 2>&1 || { say "full 3B world $W: failed ($(grep -m1 error "$dir/full-$W.log"))"; continue; }
+    say "full 3B shape, world $W: $(grep -A1 '^world' "$dir/full-$W.log" | tail -n1 | awk '{print $NF}') tokens/s; $(grep 'peak GiB' "$dir/full-$W.log"); $(grep 'a rank holds' "$dir/full-$W.log")"
+  done
+}
+
+do_kill() {
+  [ "$ngpu" -ge 2 ] || { say "kill: needs 2 GPUs"; return; }
+  rm -rf "$dir/kill"
+  local t0 rc
+  t0=$(date +%s)
+  FP8GRPO_TEST_KILL=1:3 ./train_grpo --nproc_per_node 2 --max_steps 6 --save_steps 2 --output_dir "$dir/kill" > "$dir/kill.log" 2>&1
+  rc=$?
+  say "kill: exit $rc after $(( $(date +%s) - t0 )) s: $(grep -m1 'error: rank' "$dir/kill.log")"
+  ./train_grpo --nproc_per_node 2 --max_steps 6 --save_steps 2 --resume --output_dir "$dir/kill" > "$dir/resume.log" 2>&1
+  say "resume: exit $? $(grep -m1 'resumed from' "$dir/resume.log"); $(grep 'held-out accuracy:' "$dir/resume.log")"
+}
+
+case "$stage" in
+  build) do_build ;;
+  one) do_one ;;
+  grpo) do_grpo ;;
+  full) do_full ;;
+  kill) do_kill ;;
+  all) do_build && do_one && do_grpo && do_full && do_kill ;;
+  *) echo "usage: bash dev/multi_gpu_check.sh build|one|grpo|full|kill|all"; exit 1 ;;
+esac
+echo "summary: $dir/summary.txt"
