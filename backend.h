@@ -88,8 +88,9 @@ struct Backend {
     void (*dequantize_weight)(void *out, const QWeight *w);
 
     // ---- transformer ops ---------------------------------------------------
-    // out (N, C) act = wte[ids[n]]; ids (N) i32
-    void (*embedding_forward)(void *out, const int32_t *ids, const void *wte, int N, int C);
+    // out (N, C) act = wte[ids[n]]; ids (N) i32; wte (V, C): dense act values, or FP8 E4M3 with a scale
+    // per row (FP8_ROW: --fp8_embeddings), each row dequantized (code * scale, rounded once to act)
+    void (*embedding_forward)(void *out, const int32_t *ids, const QWeight *wte, int N);
     // dwte (V, C) hp += scatter of dout (N, C) act rows to ids (training the embeddings: warm-up / SFT)
     void (*embedding_backward)(void *dwte, const int32_t *ids, const void *dout, int N, int C);
     // out (N, C) act = inp / rms(inp) * w ; rstd (N) hp saved for backward; out may alias inp
@@ -157,16 +158,21 @@ struct Backend {
     void (*split_columns)(void *const *outs, const int *widths, int n, const void *inp, int N);
 
     // ---- the language-model head -------------------------------------------
-    // logits (N, V) hp = h (N, C) wlm (V, C)^T
-    void (*logits_forward)(void *logits, const void *h, const void *wlm, int N, int C, int V);
+    // wlm (V, C): dense act values, or FP8 E4M3 with a scale per vocabulary row (FP8_ROW, the
+    // --fp8_embeddings option); then h is quantized per row (token) to E4M3 as linear_forward does, the
+    // product is an FP8 GEMM with fp32 output, and the backward's dh goes through W dequantized
+    // (straight-through, as for the linear layers). C = wlm->cols, V = wlm->rows.
+    // logits (N, V) hp = h (N, C) wlm^T
+    void (*logits_forward)(void *logits, const void *h, const QWeight *wlm, int N);
     // logp (N) hp = log_softmax(inv_temp * h wlm^T)[targets[n]], lse (N) hp saved;
     // rows with targets[n] < 0 give 0. Never materializes (N, V).
-    void (*logprobs_forward)(void *logp, void *lse, const void *h, const void *wlm, const int32_t *targets,
-                             float inv_temp, int N, int C, int V);
+    void (*logprobs_forward)(void *logp, void *lse, const void *h, const QWeight *wlm, const int32_t *targets,
+                             float inv_temp, int N);
     // dh (N, C) act = d(sum_n dlogp[n] logp[n]) / dh ; dlogp (N) hp;
-    // dwlm (V, C) hp += the same gradient with respect to wlm (NULL: frozen head, the LoRA case)
+    // dwlm (V, C) hp += the same gradient with respect to wlm (NULL: frozen head, the LoRA case; an FP8
+    // head is always frozen)
     void (*logprobs_backward)(void *dh, void *dwlm, const void *dlogp, const void *lse, const void *h,
-                              const void *wlm, const int32_t *targets, float inv_temp, int N, int C, int V);
+                              const QWeight *wlm, const int32_t *targets, float inv_temp, int N);
 
     // ---- KV cache and decode -----------------------------------------------
     // The cache of one layer is a pool of blocks: kc, vc (NB, BS, KVH, HD). A token's slot is

@@ -182,8 +182,19 @@ static void cpu_lora_backward(void *dinp, void *dA, void *dB, const void *dout, 
 }
 
 // ---- thin wrappers (the void* interface over the typed kernels) -------------------
-static void w_embedding_forward(void *out, const int32_t *ids, const void *wte, int N, int C) {
-    OP(embedding_forward)((real *)out, ids, (const real *)wte, N, C);
+// FP8 rows (--fp8_embeddings): each looked-up row dequantized, code * scale in fp32
+static void w_embedding_forward(void *out, const int32_t *ids, const QWeight *wte, int N) {
+    int C = wte->cols;
+    if (wte->gran == FP8_OFF) {
+        OP(embedding_forward)((real *)out, ids, (const real *)wte->dense, N, C);
+        return;
+    }
+    float *row = (float *)mallocCheck(C * sizeof(float));
+    for (int n = 0; n < N; n++) {
+        fp8_dequantize_row_cpu(row, &wte->q, ids[n]);
+        for (int c = 0; c < C; c++) ((real *)out)[(size_t)n * C + c] = row[c];
+    }
+    free(row);
 }
 static void w_embedding_backward(void *dwte, const int32_t *ids, const void *dout, int N, int C) {
     OP(embedding_backward)((real *)dwte, ids, (const real *)dout, N, C);
@@ -252,17 +263,44 @@ static void w_split_columns(void *const *outs, const int *widths, int n, const v
 static void w_gather_rows(void *out, const void *inp, const int32_t *idx, int n_idx, int C) {
     OP(gather_rows)((real *)out, (const real *)inp, idx, n_idx, C);
 }
-static void w_logits_forward(void *logits, const void *h, const void *wlm, int N, int C, int V) {
-    OP(matmul_forward)((real *)logits, (const real *)h, (const real *)wlm, NULL, N, C, V);
+// The LM head through an FP8 weight (--fp8_embeddings) is fake quantization, as the linear layers: h
+// quantized per row (token), W dequantized from its codes; then the dense reference. The backward
+// differentiates through the same fake-quantized h and dequantized W (straight-through).
+typedef struct {
+    const real *h, *w;
+    real *hq, *wd;  // owned copies when the head is FP8, else NULL
+} HeadOperands;
+static HeadOperands head_operands(const void *h, const QWeight *wlm, int N) {
+    HeadOperands o = {(const real *)h, (const real *)wlm->dense, NULL, NULL};
+    if (wlm->gran == FP8_OFF) return o;
+    o.hq = fake_quant_act((const real *)h, N, wlm->cols, wlm->gran);
+    o.wd = (real *)mallocCheck((size_t)wlm->rows * wlm->cols * sizeof(real));
+    cpu_dequantize_weight(o.wd, wlm);
+    o.h = o.hq, o.w = o.wd;
+    return o;
 }
-static void w_logprobs_forward(void *logp, void *lse, const void *h, const void *wlm, const int32_t *targets,
-                               float inv_temp, int N, int C, int V) {
-    OP(logprobs_forward)((real *)logp, (real *)lse, (const real *)h, (const real *)wlm, targets, inv_temp, N, C, V);
+static void head_operands_free(HeadOperands *o) {
+    free(o->hq);
+    free(o->wd);
+}
+static void w_logits_forward(void *logits, const void *h, const QWeight *wlm, int N) {
+    HeadOperands o = head_operands(h, wlm, N);
+    OP(matmul_forward)((real *)logits, o.h, o.w, NULL, N, wlm->cols, wlm->rows);
+    head_operands_free(&o);
+}
+static void w_logprobs_forward(void *logp, void *lse, const void *h, const QWeight *wlm, const int32_t *targets,
+                               float inv_temp, int N) {
+    HeadOperands o = head_operands(h, wlm, N);
+    OP(logprobs_forward)((real *)logp, (real *)lse, o.h, o.w, targets, inv_temp, N, wlm->cols, wlm->rows);
+    head_operands_free(&o);
 }
 static void w_logprobs_backward(void *dh, void *dwlm, const void *dlogp, const void *lse, const void *h,
-                                const void *wlm, const int32_t *targets, float inv_temp, int N, int C, int V) {
-    OP(logprobs_backward)((real *)dh, (real *)dwlm, (const real *)dlogp, (const real *)lse, (const real *)h,
-                          (const real *)wlm, targets, inv_temp, N, C, V);
+                                const QWeight *wlm, const int32_t *targets, float inv_temp, int N) {
+    if (dwlm && wlm->gran != FP8_OFF) die(BACKEND_NAME " backend: an FP8 LM head is frozen (no gradient)");
+    HeadOperands o = head_operands(h, wlm, N);
+    OP(logprobs_backward)((real *)dh, (real *)dwlm, (const real *)dlogp, (const real *)lse, o.h, o.w, targets,
+                          inv_temp, N, wlm->cols, wlm->rows);
+    head_operands_free(&o);
 }
 static void w_kv_write(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots,
                        int N, int KVH, int HD) {

@@ -200,6 +200,20 @@ static void cu_quantize_weight(QWeight *w, const void *src, DType st, int pow2) 
         cu_upload_convert(w->dense, DT_BF16, src, st, n);
         return;
     }
+    if (w->gran == FP8_ROW && n > ((size_t)32 << 20) && w->rows > 1) {
+        // rows quantize on their own: a large table (an FP8 embedding, 4.2 GB in f32 at the 70B shape)
+        // goes through the staging buffers in chunks of rows, never all at once
+        int rows = (int)(((size_t)32 << 20) / w->cols);
+        if (rows < 1) rows = 1;
+        for (int r0 = 0; r0 < w->rows; r0 += rows) {
+            QWeight part = *w;
+            part.rows = part.q.rows = w->rows - r0 < rows ? w->rows - r0 : rows;
+            part.q.data += (size_t)r0 * w->cols;
+            part.q.scale += r0;
+            cu_quantize_weight(&part, (const char *)src + (size_t)r0 * w->cols * dtype_size(st), st, pow2);
+        }
+        return;
+    }
     // fp8_quantize_cuda reads bf16 or f32; other sources go through an f32 copy (as the CPU does)
     void *stage = cu_scratch(SC_STAGE, n * dtype_size(st));
     cu_upload(stage, src, n * dtype_size(st));
@@ -428,9 +442,58 @@ static void cu_attention_decode(void *out, const void *q, const void *kc, const 
 // ----------------------------------------------------------------------------
 // the language-model head
 
-static void cu_logits_forward(void *logits, const void *h, const void *wlm, int N, int C, int V) {
+// z (nr, V) f32 = h (nr, C) W^T: a BF16 GEMM, or for an FP8 head (E4M3 rows) h quantized per row as
+// linear_forward quantizes a ROW weight's input, and the FP8 GEMM with fp32 output
+static void head_logits(float *z, const void *h, const QWeight *w, int nr) {
+    int V = w->rows, C = w->cols;
+    if (w->gran == FP8_OFF) {
+        gemm_xwt(z, F32, h, w->dense, nr, V, C, 1.f, 0.f);
+        return;
+    }
+    FP8Tensor xq;
+    memset(&xq, 0, sizeof xq);
+    xq.rows = nr;
+    xq.cols = C;
+    xq.gran = w->gran;
+    xq.fmt = FP8_E4M3;
+    xq.block_rows = 1;
+    xq.data = (uint8_t *)cu_scratch(SC_ACT_Q, (size_t)nr * C);
+    xq.scale = (float *)cu_scratch(SC_ACT_S, fp8_num_scales(w->gran, nr, C, 1) * 4);
+    fp8_quantize_cuda(&xq, h, DT_BF16, 0);
+    fp8_gemm_cuda(z, DT_F32, &xq, &w->q, 0);
+}
+
+// vocabulary rows of an FP8 head dequantized at a time in its backward: 8192 x C bf16 (64 MiB at
+// C 4096), where the whole of W in bf16 would be the 1.16 GiB the FP8 head saves
+#define HEAD_DX_ROWS 8192
+
+// dh (nr, C) bf16 = dz (nr, V) bf16 W (V, C): W dense, or FP8 dequantized a chunk of rows at a
+// time (straight-through), the chunks' products summed in fp32 and rounded once
+static void head_dx(bf16 *dh, const bf16 *dz, const QWeight *w, int nr) {
+    int V = w->rows, C = w->cols;
+    if (w->gran == FP8_OFF) {
+        gemm_xw(dh, BF, dz, w->dense, nr, V, C, 1.f, 0.f);
+        return;
+    }
+    int VC = V < HEAD_DX_ROWS ? V : HEAD_DX_ROWS;
+    bf16 *wc = (bf16 *)cu_scratch(SC_HEAD_W, (size_t)VC * C * 2);
+    float *acc = (float *)cu_scratch(SC_HEAD_DH, (size_t)nr * C * 4);
+    for (int v0 = 0; v0 < V; v0 += VC) {
+        int nv = V - v0 < VC ? V - v0 : VC;
+        FP8Tensor part = w->q;  // rows v0 .. v0 + nv: their codes and their row scales
+        part.rows = nv;
+        part.data += (size_t)v0 * C;
+        part.scale += v0;
+        fp8_dequantize_cuda(wc, DT_BF16, &part);
+        // acc (nr, C) (+)= dz[:, v0 : v0 + nv] (ld V) wc (nv, C), as gemm_xw with dz's leading dimension V
+        gemm(OPN, OPN, C, nr, nv, 1.f, wc, BF, C, dz + v0, BF, V, v0 ? 1.f : 0.f, acc, F32, C);
+    }
+    to_bf16(dh, acc, (size_t)nr * C);
+}
+
+static void cu_logits_forward(void *logits, const void *h, const QWeight *wlm, int N) {
     if (N <= 0) return;
-    gemm_xwt(logits, F32, h, wlm, N, V, C, 1.f, 0.f);
+    head_logits((float *)logits, h, wlm, N);
 }
 
 // rows of the logits are processed in chunks of at most this many bytes of fp32
@@ -499,14 +562,15 @@ __global__ void logprobs_rows_kernel(float *logp, float *lse, const float *logit
     }
 }
 
-static void cu_logprobs_forward(void *logp, void *lse, const void *h, const void *wlm, const int32_t *targets,
-                                float inv_temp, int N, int C, int V) {
+static void cu_logprobs_forward(void *logp, void *lse, const void *h, const QWeight *wlm, const int32_t *targets,
+                                float inv_temp, int N) {
+    int C = wlm->cols, V = wlm->rows;
     if (N <= 0) return;
     int CH = logits_chunk_rows(N, V);
     float *z = (float *)cu_scratch(SC_F32, (size_t)CH * V * 4);
     for (int r0 = 0; r0 < N; r0 += CH) {
         int nr = N - r0 < CH ? N - r0 : CH;
-        gemm_xwt(z, F32, (const bf16 *)h + (size_t)r0 * C, wlm, nr, V, C, 1.f, 0.f);
+        head_logits(z, (const bf16 *)h + (size_t)r0 * C, wlm, nr);
         logprobs_rows_kernel<<<nr, 256, 0, G.stream>>>((float *)logp + r0, (float *)lse + r0, z, targets + r0, inv_temp,
                                                         V);
         launchCheck();
@@ -528,19 +592,21 @@ __global__ void logprobs_dz_kernel(bf16 *dz, const float *logits, const float *d
 }
 
 static void cu_logprobs_backward(void *dh, void *dwlm, const void *dlogp, const void *lse, const void *h,
-                                 const void *wlm, const int32_t *targets, float inv_temp, int N, int C, int V) {
+                                 const QWeight *wlm, const int32_t *targets, float inv_temp, int N) {
+    int C = wlm->cols, V = wlm->rows;
     if (N <= 0) return;
+    if (dwlm && wlm->gran != FP8_OFF) die("cuda backend: an FP8 LM head is frozen (no gradient)");
     int CH = logits_chunk_rows(N, V);
     float *z = (float *)cu_scratch(SC_F32, (size_t)CH * V * 4);
     bf16 *dz = (bf16 *)cu_scratch(SC_BF16, (size_t)CH * V * 2);
     for (int r0 = 0; r0 < N; r0 += CH) {
         int nr = N - r0 < CH ? N - r0 : CH;
         const bf16 *hc = (const bf16 *)h + (size_t)r0 * C;
-        gemm_xwt(z, F32, hc, wlm, nr, V, C, 1.f, 0.f);
+        head_logits(z, hc, wlm, nr);  // the forward's logits again, the same GEMM
         logprobs_dz_kernel<<<nr, 256, 0, G.stream>>>(dz, z, (const float *)dlogp + r0, (const float *)lse + r0,
                                                       targets + r0, inv_temp, V);
         launchCheck();
-        gemm_xw((bf16 *)dh + (size_t)r0 * C, BF, dz, wlm, nr, V, C, 1.f, 0.f);  // dh (nr, C) = dz W
+        head_dx((bf16 *)dh + (size_t)r0 * C, dz, wlm, nr);                   // dh (nr, C) = dz W
         if (dwlm) gemm_xtz(dwlm, F32, dz, hc, nr, V, C, 1.f, 1.f);             // dW (V, C) += dz^T h
     }
 }

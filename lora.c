@@ -154,6 +154,12 @@ size_t lora_acts_bytes(const LoRA *lo) {
     return (size_t)lo->ax_cap * lo->r * dtype_size(lo->be->hp) * count;
 }
 
+size_t lora_state_bytes(const LoRA *lo) { return 4 * lo->n * dtype_size(lo->be->hp); }
+
+size_t lora_copies_bytes(const LoRA *lo) {
+    return (lo->act_mem ? lo->n * dtype_size(lo->be->act) : 0) + (lo->grp_mem ? lo->grp_bytes : 0);
+}
+
 // the members of the decode step's groups: projections that share their input
 static const int GROUP_FIRST[2] = {LIN_Q, LIN_GATE}, GROUP_N[2] = {3, 2};
 
@@ -174,6 +180,7 @@ static void groups_alloc(LoRA *lo) {
     lo->gB = (void **)callocCheck((size_t)lo->L * 2, sizeof(void *));
     if (!total) return;
     lo->grp_mem = be->alloc(total * act);
+    lo->grp_bytes = total * act;
     be->zero(lo->grp_mem, total * act);
     char *p = (char *)lo->grp_mem;
     for (int l = 0; l < lo->L; l++)

@@ -41,6 +41,7 @@ struct LoRA {
     // on the block diagonal of (fused width, gR), zeros elsewhere, so that one lora_apply adds every
     // member's product to the fused output (2 small GEMMs for the group instead of 2 per member)
     void *grp_mem;
+    size_t grp_bytes;       // of grp_mem
     void **gA, **gB;        // (L * 2): group 0 = q|k|v, 1 = gate|up; NULL where none is adapted
     int gR[2];              // r times the group's adapted members
     int step;               // AdamW steps taken
@@ -84,6 +85,10 @@ void lora_hook_backward(Model *m, int layer, int which, void *dinp, const void *
 void lora_ensure_acts(LoRA *lo, int N);
 // bytes of the saved activations (all adapters)
 size_t lora_acts_bytes(const LoRA *lo);
+// bytes of the parameters, their gradients and AdamW's m and v (the optimizer state, all adapters)
+size_t lora_state_bytes(const LoRA *lo);
+// bytes of the act-typed copies the rollouts read (each adapter's, and the groups'), once made
+size_t lora_copies_bytes(const LoRA *lo);
 
 #ifdef __cplusplus
 }

@@ -126,9 +126,9 @@ void model_arena_reserve(Model *m, size_t bytes, const char *what) {
     if (ar->kv_bytes) die("memory: the arena cannot grow while a KV cache lives in it");
     if (bytes > ar->cap)
         die("memory: %s need %.2f GiB of the KV-cache/activation arena, but --gpu_memory_utilization leaves it "
-            "%.2f GiB: raise --gpu_memory_utilization, or lower --per_device_train_batch_size / --micro_batch_size / "
+            "%.2f GiB: raise --gpu_memory_utilization, %sor lower --per_device_train_batch_size / --micro_batch_size / "
             "--max_completion_length",
-            what, bytes / 1073741824.0, ar->cap / 1073741824.0);
+            what, bytes / 1073741824.0, ar->cap / 1073741824.0, m->recompute ? "" : "turn on --gradient_checkpointing, ");
     if (ar->mem) m->be->free(ar->mem);
     ar->mem = m->be->alloc(bytes);
     ar->bytes = bytes;
@@ -259,7 +259,7 @@ static void forward_impl(Model *m, const int *ids_host, int B, int T, KVCache *k
     be->upload(a->pos, pos, N * sizeof(int32_t));
     free(pos);
 
-    be->embedding_forward(a->x, (const int32_t *)a->ids, m->w.wte, N, c->C);
+    be->embedding_forward(a->x, (const int32_t *)a->ids, &m->w.emb, N);
     for (int l = 0; l < c->L; l++) {
         LayerActs la = layer_acts(m, l);
         layer_forward(m, l, &la, kv, slots_dev);
@@ -278,7 +278,7 @@ void model_logprobs(Model *m, const int *targets_host, float inv_temp, double *l
     for (int i = 0; i < N; i++)
         if (targets_host[i] >= c->V) die("target id %d out of range [0, %d)", targets_host[i], c->V);
     be->upload(a->targets, targets_host, N * sizeof(int32_t));
-    be->logprobs_forward(a->logp, a->lsef, a->lnf, m->w.lm_head, (const int32_t *)a->targets, inv_temp, N, c->C, c->V);
+    be->logprobs_forward(a->logp, a->lsef, a->lnf, &m->w.head, (const int32_t *)a->targets, inv_temp, N);
     a->inv_temp = inv_temp;
     size_t hp = dtype_size(be->hp);
     void *tmp = mallocCheck(N * hp);
@@ -293,7 +293,7 @@ void model_logits(Model *m, float *logits_host) {
     int N = m->B * m->T;
     size_t hp = dtype_size(be->hp), n = (size_t)N * c->V;
     void *dev = be->alloc(n * hp);
-    be->logits_forward(dev, m->acts.lnf, m->w.lm_head, N, c->C, c->V);
+    be->logits_forward(dev, m->acts.lnf, &m->w.head, N);
     void *tmp = mallocCheck(n * hp);
     be->download(tmp, dev, n * hp);
     convert_to_f32(logits_host, tmp, be->hp, n);
@@ -315,8 +315,8 @@ void model_backward(Model *m, const double *dlogp_host) {
 
     be->upload_convert(a->dlogp, be->hp, dlogp_host, DT_F64, N);
     // the head: dlnf, then the final norm into the residual gradient dx
-    be->logprobs_backward(a->dln, gw ? gw->lm_head : NULL, a->dlogp, a->lsef, a->lnf, m->w.lm_head,
-                          (const int32_t *)a->targets, a->inv_temp, N, c->C, c->V);
+    be->logprobs_backward(a->dln, gw ? gw->lm_head : NULL, a->dlogp, a->lsef, a->lnf, &m->w.head,
+                          (const int32_t *)a->targets, a->inv_temp, N);
     be->zero(a->dx, N * C * act);
     be->rmsnorm_backward(a->dx, gw ? gw->norm : NULL, a->dln, LAYER(a->x, c->L, N * C * act), m->w.norm, a->rstdf, N,
                          c->C);
@@ -476,7 +476,7 @@ void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_h
     be->upload(m->dec.pos, last, B * sizeof(int32_t));
     free(last);
     be->gather_rows(m->dec.ln, m->acts.lnf, (const int32_t *)m->dec.pos, B, c->C);
-    be->logits_forward(logits, m->dec.ln, m->w.lm_head, B, c->C, c->V);
+    be->logits_forward(logits, m->dec.ln, &m->w.head, B);
 }
 
 // The decode step's projections of a group of layer l that share their input (group 0: q, k, v; 1:
@@ -534,7 +534,7 @@ static void decode_compute(void *arg) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     DecodeScratch *d = &m->dec;
-    be->embedding_forward(d->x, (const int32_t *)d->tok, m->w.wte, S, c->C);
+    be->embedding_forward(d->x, (const int32_t *)d->tok, &m->w.emb, S);
     be->rmsnorm_forward(d->ln, d->rstd, d->x, m->w.layers[0].ln1, S, c->C, c->eps);
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *lw = &m->w.layers[l];
@@ -559,7 +559,7 @@ static void decode_compute(void *arg) {
         const void *next_norm = l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm;
         be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, next_norm, S, c->C, c->eps);
     }
-    be->logits_forward(d->logits, d->ln, m->w.lm_head, S, c->C, c->V);
+    be->logits_forward(d->logits, d->ln, &m->w.head, S);
 }
 
 // what a recorded decode step depends on: every buffer and size it saw (backend.h replay)

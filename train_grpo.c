@@ -29,6 +29,7 @@
 #include "full.h"
 #include "grpo.h"
 #include "lora.h"
+#include "memfit.h"
 #include "model.h"
 #include "options.h"
 #include "plot.h"
@@ -44,7 +45,7 @@
 typedef struct {
     const char *model, *data, *task, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules;
     const char *load_in_fp8, *kv_cache_dtype;
-    int resume, overwrite_output_dir, fp8_pow2, bf16_first_layers, bf16_last_layers, quiet, gradient_checkpointing;
+    int resume, overwrite_output_dir, fp8_pow2, bf16_first_layers, bf16_last_layers, quiet, gradient_checkpointing, fp8_embeddings;
     int max_steps, per_device_train_batch_size, micro_batch_size, lora_r, top_k, logging_steps, save_steps;
     int eval_steps, eval_size, warmup_sft_steps, max_prompt_length, chat, max_operand, save_total_limit;
     double learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm, warmup_ratio;
@@ -142,9 +143,14 @@ static const Option OPTIONS[] = {
     {"quiet", OPT_FLAG, OFF(quiet), .help = "no per-step lines, only the summary"},
 
     {.name = "memory", .kind = OPT_SECTION},
-    {"micro_batch_size", OPT_INT, OFF(micro_batch_size), 1, 1e6, .unset = "all of per_device_train_batch_size",
+    {"micro_batch_size", OPT_INT, OFF(micro_batch_size), 1, 1e6,
+     .unset = "chosen each step to fit the arena: all of per_device_train_batch_size when it fits",
      .help = "sequences per forward/backward"},
-    {"gradient_checkpointing", OPT_FLAG, OFF(gradient_checkpointing), .help = "recompute each layer in the backward (less memory)"},
+    {"gradient_checkpointing", OPT_FLAG, OFF(gradient_checkpointing),
+     .help = "recompute each layer in the backward (less memory); without it, turned on by itself when the update would "
+             "not fit otherwise"},
+    {"fp8_embeddings", OPT_FLAG, OFF(fp8_embeddings),
+     .help = "the embedding table and LM head in E4M3 too, a scale per row (frozen; tied ones share one copy)"},
     {"kv_cache_dtype", OPT_CHOICE, OFF(kv_cache_dtype), .choices = "auto|fp8", .dflt = "auto",
      .help = "the rollouts' KV cache: the activations' type, or E4M3 with a scale per token and head (half the bytes)"},
     {"gpu_memory_utilization", OPT_DOUBLE, OFF(gpu_memory_utilization), 0.05, 0.99, .dflt = "0.6",
@@ -539,7 +545,7 @@ static void warmup(Run *r, const ModelOptions *mo) {
         printf("built-in model: %d layers, hidden %d, vocab %d (byte-level); supervised warm-up on '%s' for %d steps (cached in %s)\n",
                tc.L, tc.C, tc.V, o->task, o->warmup_sft_steps, r->warm_dir);
         Model w;  // every weight trained (full.h), unquantized, on the run's backend
-        ModelOptions dense = {FP8_OFF, 0, 0, 0};
+        ModelOptions dense = {FP8_OFF, 0, 0, 0, 0};
         model_init_random(&w, &tc, r->be, &dense, (uint64_t)o->seed);
         sft_warmup(&w, &r->task, &r->fmt, o->warmup_sft_steps, 64, o->seed, tc.eos_ids[0], o->quiet, o->eval_size,
                    r->g.max_completion_length, o->warmup_carry_errors);
@@ -607,7 +613,8 @@ static void load(Run *r) {
         config_check_tokenizer(&cfg, tokenizer_vocab_size(r->tok), o->model);
     }
     r->be = backend_select(o->device, 1);
-    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), o->fp8_pow2, o->bf16_first_layers, o->bf16_last_layers};
+    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), o->fp8_pow2, o->bf16_first_layers, o->bf16_last_layers,
+                       o->fp8_embeddings};
     r->fmt.system = o->system_prompt;
     r->fmt.max_prompt = o->max_prompt_length;
     Model *m = &r->m;
@@ -630,7 +637,7 @@ static void load(Run *r) {
     m->lora = r->lo;
     m->lora_on = 1;
     printf("LoRA: r %d, alpha %g, %zu parameters\n", r->lo->r, r->lo->alpha, r->lo->n);
-    r->lora_bytes = 4 * r->lo->n * dtype_size(r->be->hp);  // parameters, gradients, Adam m and v
+    r->lora_bytes = lora_state_bytes(r->lo);  // parameters, gradients, Adam m and v
     printf("memory (%s): weights %.1f MiB (linear %.1f MiB as %s), LoRA + AdamW %.1f MiB\n", r->be->name,
            (m->w.dense_bytes + m->w.fp8_bytes) / 1048576.0, m->w.linear_bytes / 1048576.0, o->load_in_fp8, r->lora_bytes / 1048576.0);
     if (r->be->mem_capacity() > 0) {  // a device with a memory budget (not the host)
@@ -672,7 +679,6 @@ static void begin(Run *r) {
     r->end = r->start > o->max_steps ? r->start : o->max_steps;
 
     r->G = r->g.num_generations, r->S = o->per_device_train_batch_size, r->P = r->S / r->G, r->Tc = r->g.max_completion_length;
-    r->mb = o->micro_batch_size > 0 ? o->micro_batch_size : r->S;
     r->total_updates = (long)o->max_steps * r->g.num_iterations;
     r->lr_warmup = warmup_steps_from_ratio(o->warmup_ratio, r->total_updates);
     r->inv_temp = o->temperature > 0 ? (float)(1.0 / o->temperature) : 1.0f;
@@ -802,15 +808,45 @@ static double learning_rate(const Run *r, long upd) {
     return upd < warm ? lr * upd / (double)(warm > 0 ? warm : 1) : lr;
 }
 
+// The update's micro-batch and recomputation for this step's T (memfit.h): the user's choice where
+// given, else the largest that fits the arena; printed when it changes. When nothing fits, one line
+// naming every option that would help.
+static int fit_update(Run *r, int T) {
+    const Opts *o = &r->o;
+    FitChoice fc;
+    if (memfit_update(&r->m, r->S, T, o->micro_batch_size, o->gradient_checkpointing ? 1 : -1, &fc) < 0) {
+        char help[512] = "";
+        size_t n = 0;
+        if (o->gpu_memory_utilization < 0.95)
+            n += snprintf(help + n, sizeof help - n, "raise --gpu_memory_utilization (now %.2f), ", o->gpu_memory_utilization);
+        if (fc.mb > 1) n += snprintf(help + n, sizeof help - n, "lower --micro_batch_size (now %d), ", fc.mb);
+        if (!fc.recompute) n += snprintf(help + n, sizeof help - n, "turn on --gradient_checkpointing, ");
+        if (strcmp(o->load_in_fp8, "off") == 0) n += snprintf(help + n, sizeof help - n, "use --load_in_fp8 block, ");
+        if (!o->fp8_embeddings) n += snprintf(help + n, sizeof help - n, "add --fp8_embeddings, ");
+        snprintf(help + n, sizeof help - n, "or lower --max_completion_length (%d) / --max_prompt_length", r->Tc);
+        die("memory: the update of sequences of %d tokens needs %.2f GiB of activations at micro-batch %d with%s "
+            "recomputation, but the arena holds %.2f GiB: %s",
+            T, fc.bytes / 1073741824.0, fc.mb, fc.recompute ? "" : "out", r->m.arena.cap / 1073741824.0, help);
+    }
+    if (r->m.arena.cap && (fc.mb != r->mb || fc.recompute != r->m.recompute))  // (no arena: the CPU, nothing to choose)
+        printf("memory: updates in micro-batches of %d x %d tokens, recomputation %s (%s; activations %.2f GiB)\n", fc.mb,
+               T, fc.recompute ? "on" : "off",
+               o->micro_batch_size && o->gradient_checkpointing ? "as asked" : "chosen to fit the arena", fc.bytes / 1073741824.0);
+    r->mb = fc.mb;
+    r->m.recompute = fc.recompute;
+    return fc.mb;
+}
+
 // Stage "update": the reference (LoRA off) and old-policy logprobs when the loss needs them,
 // then num_iterations x (per micro-batch: forward, logprobs, grpo_loss, backward; clip, AdamW).
 static void update(Run *r, Step *s, int step) {
     Model *m = &r->m;
     const GrpoConfig *g = &r->g;
-    int S = r->S, Tc = r->Tc, mb = r->mb;
+    int S = r->S, Tc = r->Tc;
     double t_train0 = now_sec();
     make_batch(r, s);
     int T = s->T;
+    int mb = fit_update(r, T);
     int need_old = g->num_iterations > 1;
     for (int pass = 0; pass < 2; pass++) {  // 0: the reference, 1: the old policy
         if ((pass == 0 && g->beta == 0) || (pass == 1 && !need_old)) continue;

@@ -235,7 +235,7 @@ static void load(Run *r) {
                max_length, d->first_dropped);
 
     r->be = backend_select(o->device, 1);
-    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), 0, o->bf16_first_layers, o->bf16_last_layers};
+    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), 0, o->bf16_first_layers, o->bf16_last_layers, 0};
     model_load(&r->m, o->model, r->be, &mo);
     r->m.recompute = o->gradient_checkpointing;
     SftTrainer tr = {.m = &r->m, .micro_batch = o->per_device_train_batch_size, .beta1 = (float)o->adam_beta1,

@@ -531,7 +531,9 @@ START_TEST(test_norm_rope_elementwise) {
     for (int i = 0; i < NT; i++) ids[i] = i % 7 == 0 ? 5 : (int)(rng_u64(&rng) % 200) * 5;  // many repeats
     void *dwte = up_act(wte, (size_t)V * C), *dids = up_i32(ids, NT), *dE_ = up_act(dE, (size_t)NT * C);
     void *demb = G->alloc((size_t)NT * C * 2), *dacc = up_hp(acc0, (size_t)V * C);
-    G->embedding_forward(demb, (const int32_t *)dids, dwte, NT, C);
+    QWeight qwte = {V, C, FP8_OFF};
+    qwte.dense = dwte;
+    G->embedding_forward(demb, (const int32_t *)dids, &qwte, NT);
     float *ge = down_act(demb, (size_t)NT * C), *re = fmalloc((size_t)NT * C);
     embedding_forward_cpu(re, ids, wte, NT, C);
     check_exact("embedding_forward", ge, re, (size_t)NT * C * 4);
@@ -881,7 +883,9 @@ static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
     tg[0] = V - 1;
     void *dh = up_act(h, (size_t)N * C), *dw = up_act(w, (size_t)V * C), *dt = up_i32(tg, N);
     void *dlp = G->alloc(N * 4), *dls = G->alloc(N * 4);
-    G->logprobs_forward(dlp, dls, dh, dw, (const int32_t *)dt, inv_temp, N, C, V);
+    QWeight qw = {V, C, FP8_OFF};
+    qw.dense = dw;
+    G->logprobs_forward(dlp, dls, dh, &qw, (const int32_t *)dt, inv_temp, N);
     float *rlp = fmalloc(N), *rls = fmalloc(N);
     logprobs_forward_cpu(rlp, rls, h, w, tg, inv_temp, N, C, V);
     float *glp = down_hp(dlp, N), *gls = down_hp(dls, N);
@@ -910,7 +914,7 @@ static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
         dw0 = randn((size_t)V * C, 0.1f);
         ddw = up_hp(dw0, (size_t)V * C);
     }
-    G->logprobs_backward(ddh, ddw, dg, dls, dh, dw, (const int32_t *)dt, inv_temp, N, C, V);
+    G->logprobs_backward(ddh, ddw, dg, dls, dh, &qw, (const int32_t *)dt, inv_temp, N);
     float *rdh = fmalloc((size_t)N * C), *rdw = with_dwlm ? fdup(dw0, (size_t)V * C) : NULL;
     logprobs_backward_cpu(rdh, rdw, g, rls, h, w, tg, inv_temp, N, C, V);
     float *gdh = down_act(ddh, (size_t)N * C);
@@ -946,7 +950,7 @@ static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
     // logits_forward on the first rows: fp32 out
     int NL = N < 20 ? N : 20;
     void *dz = G->alloc((size_t)NL * V * 4);
-    G->logits_forward(dz, dh, dw, NL, C, V);
+    G->logits_forward(dz, dh, &qw, NL);
     float *gz = down_hp(dz, (size_t)NL * V), *rz = fmalloc((size_t)NL * V);
     matmul_forward_cpu(rz, h, w, NULL, NL, C, V);
     double *tz = dmalloc_h((size_t)NL * V);
@@ -964,11 +968,103 @@ static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
     free(gdh); free(colmax); free(mag); free(t); free(dw0); free(gz); free(rz); free(tz);
 }
 
+// The FP8 embedding table and LM head (--fp8_embeddings: E4M3, a scale per row) against the CPU
+// backend's fake quantization of the same codes. The GPU quantizes the bf16 h per row to the same
+// bytes as the CPU (fp8_quantize_cuda's contract), so the logits differ only by fp32 summation order:
+// acc32(C) sum_c |hq_c wq_c|, plus the logsumexp's fp32 rounding as in logprobs_case. The backward: dz
+// rounded to bf16 and the dequantized rows of W rounded to bf16 (2^-9 each: 2^-7 covers both, as above).
+static void fp8_head_case(int N, int C, int V, float inv_temp) {
+    const Backend *cpu = backend_cpu();
+    float *h = randn_bf((size_t)N * C, 1.0f), *w = randn((size_t)V * C, 0.5f);
+    int32_t *tg = (int32_t *)mallocCheck(N * 4);
+    for (int i = 0; i < N; i++) tg[i] = i % 5 == 3 ? -1 : (int)(rng_u64(&rng) % V);
+    // the weight's codes and row scales, made on the host and uploaded: both backends read the same
+    QWeight cw = {V, C, FP8_ROW};
+    fp8_tensor_alloc_cpu(&cw.q, V, C, FP8_ROW, FP8_E4M3, FP8_BLOCK_SIZE);
+    fp8_quantize_cpu(&cw.q, w, 0);
+    QWeight gw = cw;
+    gw.q.data = (uint8_t *)G->alloc((size_t)V * C);
+    gw.q.scale = (float *)G->alloc((size_t)V * 4);
+    G->upload(gw.q.data, cw.q.data, (size_t)V * C);
+    G->upload(gw.q.scale, cw.q.scale, (size_t)V * 4);
+    void *dh = up_act(h, (size_t)N * C), *dt = up_i32(tg, N);
+    void *dlp = G->alloc(N * 4), *dls = G->alloc(N * 4);
+    G->logprobs_forward(dlp, dls, dh, &gw, (const int32_t *)dt, inv_temp, N);
+    float *rlp = fmalloc(N), *rls = fmalloc(N);
+    cpu->logprobs_forward(rlp, rls, h, &cw, tg, inv_temp, N);
+    float *glp = down_hp(dlp, N), *gls = down_hp(dls, N);
+    // |hq_c| <= |h_c| (1 + 2^-4) and |wq_jc| <= max_j |wq_j| per column: the bound of logprobs_case on
+    // the quantized operands
+    float *wd = fmalloc((size_t)V * C);
+    fp8_dequantize_cpu(wd, &cw.q);
+    double wmax = 0;
+    for (size_t i = 0; i < (size_t)V * C; i++) wmax = fmax(wmax, fabs(wd[i]));
+    double *tl = dmalloc_h(N);
+    for (int i = 0; i < N; i++) {
+        double sh = 0;
+        for (int c = 0; c < C; c++) sh += fabs(h[(size_t)i * C + c]) * (1 + 0x1p-4);
+        tl[i] = 2 * acc32(C) * inv_temp * wmax * sh + 0x1p-14 * (1 + fabs(rls[i]));
+    }
+    char what[128];
+    snprintf(what, sizeof what, "FP8 head logprobs_forward logp N %d C %d V %d", N, C, V);
+    check_close(what, glp, rlp, tl, N);
+    snprintf(what, sizeof what, "FP8 head logprobs_forward lse N %d C %d V %d", N, C, V);
+    check_close(what, gls, rls, tl, N);
+    // backward, in chunks of the vocabulary on the GPU (V > 8192 covers several)
+    float *g = randn(N, 1.0f);
+    void *dg = up_hp(g, N), *ddh = G->alloc((size_t)N * C * 2);
+    G->logprobs_backward(ddh, NULL, dg, dls, dh, &gw, (const int32_t *)dt, inv_temp, N);
+    float *rdh = fmalloc((size_t)N * C);
+    cpu->logprobs_backward(rdh, NULL, g, rls, h, &cw, tg, inv_temp, N);
+    float *gdh = down_act(ddh, (size_t)N * C);
+    double *colmax = dmalloc_h(C), *mag = dmalloc_h((size_t)N * C);
+    for (size_t j = 0; j < (size_t)V; j++)
+        for (int c = 0; c < C; c++) colmax[c] = fmax(colmax[c], fabs(wd[j * C + c]));
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) mag[(size_t)i * C + c] = tg[i] < 0 ? 0 : 2 * fabs(g[i]) * inv_temp * colmax[c];
+    double *t = tol_bf(rdh, mag, 0x1p-7, (size_t)N * C);
+    snprintf(what, sizeof what, "FP8 head logprobs_backward dh N %d C %d V %d", N, C, V);
+    check_close(what, gdh, rdh, t, (size_t)N * C);
+    // logits_forward (the decode step's): the forward's bound per element
+    int NL = N < 16 ? N : 16;
+    void *dz = G->alloc((size_t)NL * V * 4);
+    G->logits_forward(dz, dh, &gw, NL);
+    float *gz = down_hp(dz, (size_t)NL * V), *rz = fmalloc((size_t)NL * V);
+    cpu->logits_forward(rz, h, &cw, NL);
+    double *tz = dmalloc_h((size_t)NL * V);
+    for (int i = 0; i < NL; i++)
+        for (int j = 0; j < V; j++) {
+            double s = 0;
+            for (int c = 0; c < C; c++) s += fabs(h[(size_t)i * C + c] * (1 + 0x1p-4) * wd[(size_t)j * C + c]);
+            tz[(size_t)i * V + j] = acc32(C) * s;
+        }
+    snprintf(what, sizeof what, "FP8 head logits_forward N %d C %d V %d", NL, C, V);
+    check_close(what, gz, rz, tz, (size_t)NL * V);
+    // the embedding rows: code * scale in fp32 on both, rounded once to bf16 on the GPU
+    int NT = 3 * N;
+    int32_t *ids = (int32_t *)mallocCheck(NT * 4);
+    for (int i = 0; i < NT; i++) ids[i] = (int)(rng_u64(&rng) % V);
+    void *dids = up_i32(ids, NT), *demb = G->alloc((size_t)NT * C * 2);
+    G->embedding_forward(demb, (const int32_t *)dids, &gw, NT);
+    float *ge = down_act(demb, (size_t)NT * C), *re = fmalloc((size_t)NT * C);
+    cpu->embedding_forward(re, ids, &cw, NT);
+    for (size_t i = 0; i < (size_t)NT * C; i++) re[i] = bfr(re[i]);
+    snprintf(what, sizeof what, "FP8 embedding_forward N %d C %d V %d", NT, C, V);
+    check_exact(what, ge, re, (size_t)NT * C * 4);
+    G->free(gw.q.data); G->free(gw.q.scale); G->free(dh); G->free(dt); G->free(dlp); G->free(dls); G->free(dg);
+    G->free(ddh); G->free(dz); G->free(dids); G->free(demb);
+    fp8_tensor_free_cpu(&cw.q);
+    free(h); free(w); free(tg); free(rlp); free(rls); free(glp); free(gls); free(wd); free(tl); free(g); free(rdh);
+    free(gdh); free(colmax); free(mag); free(t); free(gz); free(rz); free(tz); free(ids); free(ge); free(re);
+}
+
 START_TEST(test_logprobs) {
     logprobs_case(37, 64, 151936, 1.0f / 0.7f, 0);  // the Qwen vocabulary, rows with target -1
     logprobs_case(45, 64, 151936, 1.0f, 1);         // with the lm_head gradient
     // several row chunks (FP8GRPO_LOGITS_CHUNK_ROWS = 16, set in main)
     logprobs_case(70, 128, 3000, 1.0f, 1);
+    fp8_head_case(29, 256, 20000, 1.0f / 0.7f);  // several vocabulary chunks in the backward (8192 rows each)
+    fp8_head_case(70, 128, 3000, 1.0f);          // several row chunks
 }
 END_TEST
 

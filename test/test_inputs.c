@@ -57,7 +57,7 @@ END_TEST
 static const char *const MODEL[] = {"config.json", "model.safetensors"};
 static void load_model(const char *name) {
     Model m;
-    ModelOptions o = {FP8_BLOCK, 0, 0, 0};
+    ModelOptions o = {FP8_BLOCK, 0, 0, 0, 0};
     model_load(&m, unpack("model", name, MODEL, 2), backend_cpu(), &o);
     model_free(&m);
 }
@@ -126,7 +126,7 @@ static Model qwen3;
 static void load_qwen3(void) {
     char p[1024];
     fixture_path(p, sizeof p, "qwen3");
-    ModelOptions o = {FP8_OFF, 0, 0, 0};
+    ModelOptions o = {FP8_OFF, 0, 0, 0, 0};
     model_load(&qwen3, p, backend_cpu(), &o);
 }
 

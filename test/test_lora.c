@@ -15,7 +15,7 @@
 static void load_qwen3(Model *m, const Backend *be) {
     char p[1024];
     fixture_path(p, sizeof p, "qwen3");
-    ModelOptions o = {FP8_OFF, 0, 0, 0};
+    ModelOptions o = {FP8_OFF, 0, 0, 0, 0};
     model_load(m, p, be, &o);
 }
 
@@ -257,7 +257,7 @@ START_TEST(test_grpo_loss_gradient_through_lora) {
     c.arch = ARCH_QWEN3, c.V = 19, c.C = 16, c.FF = 24, c.L = 2, c.NH = 4, c.KVH = 2, c.HD = 8, c.max_pos = 32;
     c.eps = 1e-5f, c.rope_theta = 100.0f, c.qk_norm = 1, c.tied = 1, c.bos_id = -1;
     Model m;
-    ModelOptions o = {FP8_OFF, 0, 0, 0};
+    ModelOptions o = {FP8_OFF, 0, 0, 0, 0};
     model_init_random(&m, &c, be, &o, 21);
     LoRA *lo = lora_create(&m, 2, 4.0f, lora_parse_targets("q_proj,v_proj,up_proj,down_proj"), 4);
     Rng r = rng_make(8);

@@ -27,7 +27,7 @@ static void fixture(char *out, size_t cap, const char *arch, const char *file) {
 }
 
 static ModelOptions opt_dense(void) {
-    ModelOptions o = {FP8_OFF, 0, 0, 0};
+    ModelOptions o = {FP8_OFF, 0, 0, 0, 0};
     return o;
 }
 

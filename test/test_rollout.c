@@ -14,7 +14,7 @@
 static void load(Model *m, const char *arch, FP8Gran g) {
     char p[1024];
     fixture_path(p, sizeof p, arch);
-    ModelOptions o = {g, 0, 0, 0};
+    ModelOptions o = {g, 0, 0, 0, 0};
     model_load(m, p, backend_cpu(), &o);
 }
 

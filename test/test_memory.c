@@ -1,0 +1,203 @@
+// test/test_memory.c: the memory options of issue 23 on the CPU reference backend.
+// Checks: the FP8 embedding table and LM head (--fp8_embeddings: E4M3, a scale per row) within
+// bounds derived from E4M3's precision, op by op and through a whole fixture model; the tied
+// checkpoint's one copy; the bytes it saves; frozen (no gradients).
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "model.h"
+#include "testutil.h"
+
+static Rng rng;
+
+static float *randu(size_t n, float a) {
+    float *x = (float *)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        float u;
+        do u = (float)(2 * rng_uniform(&rng) - 1);
+        while (u == 0);  // never zeros
+        x[i] = a * u;
+    }
+    return x;
+}
+
+// E4M3 rounds to nearest with 3 mantissa bits: a normal value moves by at most 2^-4 of itself; below
+// the normal range (2^-6 of the scale) the step is 2^-9 of the scale, so at most 2^-10 scale absolute.
+// |q(x) - x| <= 2^-4 |x| + 2^-10 s, s the group's dequantization scale (amax / 448).
+static double e4m3_err(double x, double s) { return 0x1p-4 * fabs(x) + 0x1p-10 * s; }
+
+static float row_scale(const float *x, int C) {
+    float amax = 0;
+    for (int c = 0; c < C; c++) amax = fmaxf(amax, fabsf(x[c]));
+    return fp8_scale_from_amax(amax, FP8_E4M3, 0);
+}
+
+// The CPU backend's FP8 head against the dense one on the same fp32 W and h. Per logit,
+// |hq.wq - h.w| <= sum_c |dh_c| |w_c| + |h_c| |dw_c| + |dh_c| |dw_c| with the bounds above; a logprob
+// moves by at most its logit's error plus the largest one (the logsumexp is 1-Lipschitz in max norm).
+START_TEST(test_fp8_head_ops) {
+    const Backend *be = backend_cpu();
+    int N = 13, C = 96, V = 500;
+    float *h = randu((size_t)N * C, 2.0f), *w = randu((size_t)V * C, 0.3f);
+    int32_t tg[13];
+    for (int i = 0; i < N; i++) tg[i] = i == 4 ? -1 : rng_int(&rng, V);
+    QWeight dense = {.rows = V, .cols = C, .gran = FP8_OFF};
+    dense.dense = w;
+    QWeight q8 = {.rows = V, .cols = C, .gran = FP8_ROW};
+    fp8_tensor_alloc_cpu(&q8.q, V, C, FP8_ROW, FP8_E4M3, FP8_BLOCK_SIZE);
+    be->quantize_weight(&q8, w, DT_F32, 0);
+    float *zd = (float *)mallocCheck((size_t)N * V * 4), *zq = (float *)mallocCheck((size_t)N * V * 4);
+    be->logits_forward(zd, h, &dense, N);
+    be->logits_forward(zq, h, &q8, N);
+    double worst = 0, moved = 0, *zb = (double *)mallocCheck(N * sizeof(double));
+    for (int n = 0; n < N; n++) {
+        double sh = row_scale(h + (size_t)n * C, C);
+        zb[n] = 0;
+        for (int j = 0; j < V; j++) {
+            double sw = row_scale(w + (size_t)j * C, C), b = 0;
+            for (int c = 0; c < C; c++) {
+                double x = h[(size_t)n * C + c], y = w[(size_t)j * C + c], ex = e4m3_err(x, sh), ey = e4m3_err(y, sw);
+                b += ex * fabs(y) + fabs(x) * ey + ex * ey;
+            }
+            double e = fabs((double)zq[(size_t)n * V + j] - zd[(size_t)n * V + j]);
+            ck_assert_msg(e <= b * (1 + 1e-5) + 1e-6, "FP8 logit (%d, %d) off by %g > bound %g", n, j, e, b);
+            worst = fmax(worst, e / b);
+            moved = fmax(moved, e);
+            zb[n] = fmax(zb[n], b);
+        }
+    }
+    ck_assert_msg(moved > 0, "the FP8 head gave the dense logits exactly: its path did not run");
+    printf("  FP8 head logits: worst err / E4M3 bound %.3f\n", worst);
+    // logprobs
+    float lpd[13], lpq[13], lsd[13], lsq[13];
+    be->logprobs_forward(lpd, lsd, h, &dense, tg, 1.0f, N);
+    be->logprobs_forward(lpq, lsq, h, &q8, tg, 1.0f, N);
+    for (int n = 0; n < N; n++) {
+        if (tg[n] < 0) {
+            ck_assert(lpq[n] == 0);
+            continue;
+        }
+        ck_assert_msg(fabsf(lpq[n] - lpd[n]) <= 2 * zb[n] * (1 + 1e-5) + 1e-5, "logprob %d off by %g > %g", n,
+                      fabsf(lpq[n] - lpd[n]), 2 * zb[n]);
+    }
+    // the backward goes through the same operands: dh of the FP8 head = the dense backward on the
+    // fake-quantized h and the dequantized W (straight-through), here rebuilt by hand
+    float g[13], *dhq = (float *)mallocCheck((size_t)N * C * 4), *dhr = (float *)mallocCheck((size_t)N * C * 4);
+    for (int n = 0; n < N; n++) g[n] = (float)(rng_uniform(&rng) + 0.5);
+    be->logprobs_backward(dhq, NULL, g, lsq, h, &q8, tg, 1.0f, N);
+    float *hq = (float *)mallocCheck((size_t)N * C * 4), *wq = (float *)mallocCheck((size_t)V * C * 4);
+    FP8Tensor ht;
+    fp8_tensor_alloc_cpu(&ht, N, C, FP8_ROW, FP8_E4M3, 1);
+    fp8_quantize_cpu(&ht, h, 0);
+    fp8_dequantize_cpu(hq, &ht);
+    fp8_dequantize_cpu(wq, &q8.q);
+    QWeight deq = {.rows = V, .cols = C, .gran = FP8_OFF};
+    deq.dense = wq;
+    be->logprobs_backward(dhr, NULL, g, lsq, hq, &deq, tg, 1.0f, N);
+    for (size_t i = 0; i < (size_t)N * C; i++)
+        ck_assert_msg(fabsf(dhq[i] - dhr[i]) <= 1e-5f * (1 + fabsf(dhr[i])), "dh[%zu] %g != %g", i, dhq[i], dhr[i]);
+    // the frozen head has no gradient
+    float *dw = (float *)callocCheck((size_t)V * C, 4);
+    EXPECT_DIE(be->logprobs_backward(dhq, dw, g, lsq, h, &q8, tg, 1.0f, N), "frozen");
+    // embedding rows: each within the bound of its own row scale
+    float *e = (float *)mallocCheck((size_t)N * C * 4);
+    int32_t ids[13];
+    for (int n = 0; n < N; n++) ids[n] = rng_int(&rng, V);
+    be->embedding_forward(e, ids, &q8, N);
+    for (int n = 0; n < N; n++) {
+        const float *src = w + (size_t)ids[n] * C;
+        double s = row_scale(src, C);
+        for (int c = 0; c < C; c++)
+            ck_assert_msg(fabs((double)e[(size_t)n * C + c] - src[c]) <= e4m3_err(src[c], s) * (1 + 1e-6),
+                          "embedding (%d, %d): %g from %g", n, c, e[(size_t)n * C + c], src[c]);
+    }
+    fp8_tensor_free_cpu(&q8.q);
+    fp8_tensor_free_cpu(&ht);
+    free(h); free(w); free(zd); free(zq); free(zb); free(dhq); free(dhr); free(hq); free(wq); free(dw); free(e);
+}
+END_TEST
+
+static void load(Model *m, const char *arch, int fp8_embed) {
+    char p[1024];
+    fixture_path(p, sizeof p, arch);
+    ModelOptions o = {FP8_BLOCK, 0, 0, 0, fp8_embed};
+    model_load(m, p, backend_cpu(), &o);
+}
+
+// A fixture model with --fp8_embeddings against the same model whose dense embedding table and head
+// hold the FP8 tables' dequantized values: the embeddings are then identical, and so is everything up
+// to the head, which differs only by the quantization of its input h per row: per logit
+// sum_c (2^-4 |h_c| + 2^-10 s_h) |wq_c|.
+static void fp8_embed_model_case(const char *arch) {
+    Model q, d;
+    load(&q, arch, 1);
+    load(&d, arch, 0);
+    const Config *c = &q.cfg;
+    int V = c->V, C = c->C;
+    ck_assert_int_eq(q.w.emb.gran, FP8_ROW);
+    ck_assert_msg(q.w.wte == NULL && q.w.lm_head == NULL, "FP8 tables keep no dense copy");
+    if (c->tied) ck_assert_msg(q.w.head.q.data == q.w.emb.q.data, "tied: one FP8 copy");
+    else ck_assert_msg(q.w.head.q.data != q.w.emb.q.data, "untied: two tables");
+    // bytes: the dense part loses the tables (act = 4 bytes on the CPU), the FP8 part gains a byte per
+    // value and a scale per row, each tensor 256-byte aligned
+    int ntab = c->tied ? 1 : 2;
+    size_t cut = d.w.dense_bytes - q.w.dense_bytes, gain = q.w.fp8_bytes - d.w.fp8_bytes;
+    ck_assert_msg(cut >= (size_t)ntab * V * C * 4 && cut < (size_t)ntab * (V * C * 4 + 1024), "dense part shrank by %zu", cut);
+    ck_assert_msg(gain >= (size_t)ntab * ((size_t)V * C + V * 4) && gain < (size_t)ntab * ((size_t)V * C + V * 4 + 512),
+                  "FP8 part grew by %zu", gain);
+    // the dense model gets the dequantized tables
+    float *t = (float *)mallocCheck((size_t)V * C * 4);
+    fp8_dequantize_cpu(t, &q.w.emb.q);
+    memcpy(d.w.wte, t, (size_t)V * C * 4);
+    if (!c->tied) fp8_dequantize_cpu(t, &q.w.head.q);
+    if (!c->tied) memcpy(d.w.lm_head, t, (size_t)V * C * 4);
+    int B = 2, T = 9, N = B * T;
+    int ids[18];
+    for (int i = 0; i < N; i++) ids[i] = rng_int(&rng, V);
+    float *lq = (float *)mallocCheck((size_t)N * V * 4), *ld = (float *)mallocCheck((size_t)N * V * 4);
+    model_forward(&q, ids, B, T);
+    model_logits(&q, lq);
+    model_forward(&d, ids, B, T);
+    model_logits(&d, ld);
+    const float *h = (const float *)d.acts.lnf;  // the head's input, the same in both up to here
+    double worst = 0, moved = 0;
+    for (int n = 0; n < N; n++) {
+        double sh = row_scale(h + (size_t)n * C, C);
+        for (int j = 0; j < V; j++) {
+            double b = 0;
+            for (int k = 0; k < C; k++) b += e4m3_err(h[(size_t)n * C + k], sh) * fabs(t[(size_t)j * C + k]);
+            double e = fabs((double)lq[(size_t)n * V + j] - ld[(size_t)n * V + j]);
+            ck_assert_msg(e <= b * (1 + 1e-4) + 1e-5, "%s: logit (%d, %d) off by %g > bound %g", arch, n, j, e, b);
+            worst = fmax(worst, e / b);
+            moved = fmax(moved, e);
+        }
+    }
+    ck_assert_msg(moved > 0, "%s: the head's input was not quantized", arch);
+    printf("  %s with --fp8_embeddings: worst logit err / E4M3 bound %.3f\n", arch, worst);
+    EXPECT_DIE(model_alloc_grads(&q), "drop --fp8_embeddings");
+    free(t); free(lq); free(ld);
+    model_free(&q);
+    model_free(&d);
+}
+
+START_TEST(test_fp8_embed_model) {
+    fp8_embed_model_case("qwen3");   // tied
+    fp8_embed_model_case("llama3");  // untied
+}
+END_TEST
+
+static Suite *memory_suite(void) {
+    Suite *s = suite_create("memory");
+    TCase *tc = tcase_create("memory");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_fp8_head_ops);
+    tcase_add_test(tc, test_fp8_embed_model);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    rng = rng_make(23);
+    return run_suite(memory_suite());
+}
