@@ -1,11 +1,14 @@
 // test/test_memory.c: the memory options of issue 23 on the CPU reference backend.
 // Checks: the FP8 embedding table and LM head (--fp8_embeddings: E4M3, a scale per row) within
 // bounds derived from E4M3's precision, op by op and through a whole fixture model; the tied
-// checkpoint's one copy; the bytes it saves; frozen (no gradients).
+// checkpoint's one copy; the bytes it saves; frozen (no gradients). The update's micro-batch and
+// recomputation chosen to fit the arena (memfit.h).
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
 
+#include "lora.h"
+#include "memfit.h"
 #include "model.h"
 #include "testutil.h"
 
@@ -187,12 +190,57 @@ START_TEST(test_fp8_embed_model) {
 }
 END_TEST
 
+// memfit (memfit.h's rule) on a fixture model with LoRA, against arena caps placed between the needs
+START_TEST(test_memfit) {
+    Model m;
+    load(&m, "qwen3", 0);
+    LoRA *lo = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 3);
+    m.lora = lo;
+    m.lora_on = 1;
+    int S = 8, T = 40;
+    FitChoice f;
+    // the needs grow with the micro-batch, and recomputation lowers them
+    for (int mb = 1; mb < S; mb++) {
+        ck_assert(memfit_bytes(&m, mb, T, 0) < memfit_bytes(&m, mb + 1, T, 0));
+        ck_assert(memfit_bytes(&m, mb, T, 1) < memfit_bytes(&m, mb, T, 0));
+    }
+    // no arena (the CPU): the whole batch, no recomputation
+    ck_assert(memfit_update(&m, S, T, 0, -1, &f) == 0 && f.mb == S && f.recompute == 0);
+    // room for the whole batch
+    m.arena.cap = memfit_bytes(&m, S, T, 0);
+    ck_assert(memfit_update(&m, S, T, 0, -1, &f) == 0 && f.mb == S && f.recompute == 0 && f.bytes == m.arena.cap);
+    // room for all of it with recomputation only: short sequences (a micro-batch of fewer than
+    // MEMFIT_MIN_TOKENS tokens without it) recompute over the whole batch
+    m.arena.cap = memfit_bytes(&m, S, T, 1);
+    ck_assert(memfit_update(&m, S, T, 0, -1, &f) == 0 && f.mb == S && f.recompute == 1);
+    // long sequences (2 x 4096 tokens) keep the plain backward at a smaller micro-batch
+    int TL = 4096;
+    m.arena.cap = memfit_bytes(&m, 2, TL, 0);
+    ck_assert(memfit_update(&m, S, TL, 0, -1, &f) == 0 && f.mb == 2 && f.recompute == 0);
+    // the user's options win: --gradient_checkpointing, --micro_batch_size
+    ck_assert(memfit_update(&m, S, TL, 0, 1, &f) == 0 && f.recompute == 1 && f.bytes <= m.arena.cap);
+    ck_assert(memfit_update(&m, S, TL, 1, -1, &f) == 0 && f.mb == 1 && f.recompute == 0);
+    m.arena.cap = memfit_bytes(&m, 4, TL, 1);  // 4 sequences fit with recomputation only
+    ck_assert(memfit_update(&m, S, TL, 4, -1, &f) == 0 && f.mb == 4 && f.recompute == 1);
+    // nothing fits: -1 and the need of the smallest setting (micro-batch 1, recomputation on)
+    m.arena.cap = memfit_bytes(&m, 1, T, 1) - 1;
+    ck_assert(memfit_update(&m, S, T, 0, -1, &f) == -1 && f.mb == 1 && f.recompute == 1 &&
+              f.bytes == memfit_bytes(&m, 1, T, 1));
+    ck_assert(memfit_update(&m, S, T, 3, -1, &f) == -1 && f.mb == 3);
+    m.arena.cap = 0;
+    m.lora = NULL;
+    lora_free(lo);
+    model_free(&m);
+}
+END_TEST
+
 static Suite *memory_suite(void) {
     Suite *s = suite_create("memory");
     TCase *tc = tcase_create("memory");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_fp8_head_ops);
     tcase_add_test(tc, test_fp8_embed_model);
+    tcase_add_test(tc, test_memfit);
     suite_add_tcase(s, tc);
     return s;
 }
