@@ -119,7 +119,7 @@ typedef struct {
     size_t bytes;
     int B, T;     // the shape the arena was sized for (capacity)
     float inv_temp;  // of the last model_logprobs (its backward uses the same)
-    int recompute;   // the arena was laid out for recomputation (one layer of per-layer buffers)
+    int recompute;   // the layout: 1 recomputation (one layer of per-layer buffers), ACTS_FORWARD_ONLY a prefill
 } Acts;
 
 typedef struct LoRA LoRA;
@@ -215,8 +215,11 @@ void model_free_scratch(Model *m);  // the activation arena and decode scratch (
 void model_arena_init(Model *m, size_t cap);
 // make the arena hold at least bytes (moving it: nothing may live in it); dies beyond the budget
 void model_arena_reserve(Model *m, size_t bytes, const char *what);
-// bytes the activations of B sequences of T tokens take: every layer's, or one layer's with recompute
-// (what a prefill uses: it has no backward)
+// m->recompute / Acts.recompute: a forward that no backward follows (the rollout's prefill): one
+// layer's buffers, two of x in turn, none of the backward's
+#define ACTS_FORWARD_ONLY 2
+// bytes the activations of B sequences of T tokens take: every layer's, one layer's with recompute
+// (1), or a forward alone's (ACTS_FORWARD_ONLY: what a prefill uses)
 size_t model_acts_bytes(const Model *m, int B, int T, int recompute);
 // per-layer quantization error report: SQNR (dB) of each linear weight at each granularity
 void model_sqnr_report(const char *dir, FILE *f);

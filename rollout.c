@@ -164,7 +164,7 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
     // fewer, what it holds beside the prefill: groups then wait and are admitted as earlier
     // completions finish and return their blocks (continuous batching).
     int NB = (int)total;
-    size_t blk = kvcache_bytes(m, 1, BS), acts = model_acts_bytes(m, nprompts, r.Tmax, 1);
+    size_t blk = kvcache_bytes(m, 1, BS), acts = model_acts_bytes(m, nprompts, r.Tmax, ACTS_FORWARD_ONLY);
     if (m->arena.cap && kvcache_bytes(m, NB, BS) + acts > m->arena.cap) {
         size_t room = m->arena.cap > acts ? m->arena.cap - acts : 0;
         NB = (int)(room / blk);

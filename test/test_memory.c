@@ -204,6 +204,8 @@ START_TEST(test_memfit) {
         ck_assert(memfit_bytes(&m, mb, T, 0) < memfit_bytes(&m, mb + 1, T, 0));
         ck_assert(memfit_bytes(&m, mb, T, 1) < memfit_bytes(&m, mb, T, 0));
     }
+    // a prefill's forward alone holds less than recomputation's layout (two slots of x, no backward)
+    ck_assert(model_acts_bytes(&m, S, T, ACTS_FORWARD_ONLY) < model_acts_bytes(&m, S, T, 1));
     // no arena (the CPU): the whole batch, no recomputation
     ck_assert(memfit_update(&m, S, T, 0, -1, &f) == 0 && f.mb == S && f.recompute == 0);
     // room for the whole batch

@@ -379,7 +379,7 @@ START_TEST(test_continuous_batching) {
         Model a, b;
         load(&a, "qwen3", FP8_OFF);
         load(&b, "qwen3", FP8_OFF);
-        size_t cap = kvcache_bytes(&b, share ? 30 : 45, 4) + model_acts_bytes(&b, share ? P : P * G, 13, 1);
+        size_t cap = kvcache_bytes(&b, share ? 30 : 45, 4) + model_acts_bytes(&b, share ? P : P * G, 13, ACTS_FORWARD_ONLY);
         model_arena_init(&b, cap);
         Rollout ra, rb;
         rollout_run(&a, &rc, P, (const int *const *)pr, plens, seeds, &ra);
