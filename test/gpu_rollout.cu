@@ -309,9 +309,10 @@ START_TEST(test_prefix_sharing_gpu) {
             // one), so no share is required, but each divergence must be explained
             cmp_runs("gpu vs cpu (sampled)", &mg, &mc, &sh, &cpu, prompts, seeds, rc.temperature, 0.0);
             // continuous batching: an arena with room for one prompt's group (10-11 of the 31 blocks)
-            // at a time beside the prefill; the later prompts wait for blocks and are prefilled alone
+            // at a time beside the prefill of one prompt (rollout.c: a pool that cannot hold every
+            // group prefills one at a time); the later prompts wait for blocks and are prefilled alone
             Rollout cb;
-            model_arena_init(&mg, kvcache_bytes(&mg, 15, 16) + model_acts_bytes(&mg, NP2, 37, ACTS_FORWARD_ONLY));
+            model_arena_init(&mg, kvcache_bytes(&mg, 15, 16) + model_acts_bytes(&mg, 1, 37, ACTS_FORWARD_ONLY));
             rollout_run(&mg, &rc, NP2, prompts, PLEN2, seeds, &cb);
             ck_assert_msg(cb.admissions == NP2 - 1, "%d later admissions, expected %d", cb.admissions, NP2 - 1);
             cmp_runs("continuous batching", &mg, &mc, &sh, &cb, prompts, seeds, rc.temperature, 0.75);
