@@ -16,11 +16,13 @@
 //   make -C dev ../build/bench_grpo
 //   ./build/bench_grpo --model 8b                               # FP8 block, 8 prompts x 8, 256 + 512
 //   ./build/bench_grpo --model 8b --fp8 off                     # the project's BF16 mode, same step
-//   ./build/bench_grpo --model 8b --fp8_embeddings --kv fp8 --lora_dtype bf16 --total_gib 10
+//   ./build/bench_grpo --model 8b --fp8_embeddings --kv fp8 --total_gib 10
 //   ./build/bench_grpo --model 8b --total_gib 24 --fit_new      # the longest completion that fits 24 GiB
 // --total_gib X caps what the process holds, context included: the arena (KV cache / activations) gets
 // X less the context, weights, LoRA and --reserve_gib for the backend's scratch; without it the arena
-// gets --gpu_memory_utilization of the device, as train_grpo. --fit_new: --new becomes the longest
+// gets --gpu_memory_utilization of the device, as train_grpo; --arena_gib X sets the arena's cap itself
+// (two runs compared at the same arena). --save DIR writes the shape's random weights as a bf16
+// checkpoint and stops (for ./train_grpo --model DIR, with a tokenizer.json put beside). --fit_new: --new becomes the longest
 // completion (a multiple of 64) whose step fits that arena for one prompt's G completions (the KV cache
 // of the prompt and its G completions, and the update of one sequence with recomputation), then runs.
 // Prints one summary table last.
@@ -52,9 +54,10 @@ static size_t sample(void) {
 typedef struct {
     const char *size;
     FP8Gran gran;
-    int kv_fp8, fp8_embed, lora_bf16;
+    int kv_fp8, fp8_embed;
     int P, G, prompt, nnew, rank, want_mb, want_rc, fit_new;
-    double total_gib, util, reserve_gib;
+    double total_gib, util, reserve_gib, arena_gib;
+    const char *save;
 } Args;
 
 // bytes of the weights by part: FP8 (or dense) linears, embedding table, LM head, the rest (norms, biases)
@@ -110,11 +113,14 @@ static void run(Args *a) {
     be->sync();
     size_t held = sample(), reserve = (size_t)(a->reserve_gib * 1073741824.0);
     size_t budget = a->total_gib > 0 ? (size_t)(a->total_gib * 1073741824.0) : ctx + (size_t)(a->util * (total - ctx));
-    if (budget <= held + reserve)
-        die("the budget of %.2f GiB is below what the weights and LoRA hold (%.2f GiB, context included) and the "
-            "reserve (%.2f GiB): raise --total_gib / --gpu_memory_utilization",
-            gib(budget), gib(held), gib(reserve));
-    model_arena_init(&m, budget - held - reserve);
+    if (a->arena_gib > 0) model_arena_init(&m, (size_t)(a->arena_gib * 1073741824.0));
+    else {
+        if (budget <= held + reserve)
+            die("the budget of %.2f GiB is below what the weights and LoRA hold (%.2f GiB, context included) and the "
+                "reserve (%.2f GiB): raise --total_gib / --gpu_memory_utilization",
+                gib(budget), gib(held), gib(reserve));
+        model_arena_init(&m, budget - held - reserve);
+    }
     if (a->fit_new) a->nnew = fit_new_tokens(&m, a, m.arena.cap);
     fprintf(stderr, "%s %s: weights in %.1f s, %.2f GiB held with the context; arena up to %.2f GiB\n", a->size,
             fp8_gran_name(a->gran), t_init, gib(held), gib(m.arena.cap));
@@ -180,8 +186,8 @@ static void run(Args *a) {
     size_t parts = ctx + wb.linear + wb.emb + wb.head + wb.other + lora_state + lora_other + m.arena.bytes + m.dec.bytes;
     size_t scratch = peak > parts ? peak - parts : 0;
     printf("\nGRPO step, %s shape (random weights), %s, %d prompts x %d completions, prompt %d + %d new, LoRA r %d "
-           "on all 7 projections (%s state)\n",
-           a->size, be->device_desc, P, G, a->prompt, a->nnew, a->rank, a->lora_bf16 ? "bf16" : "fp32");
+           "on all 7 projections (fp32 state)\n",
+           a->size, be->device_desc, P, G, a->prompt, a->nnew, a->rank);
     printf("weights %s, embeddings/LM head %s, KV cache %s; update: micro-batch %d x %d tokens, recomputation %s; "
            "rollout %.1f s (%d admissions after the first), update %.1f s; mean logprob %.3f\n",
            a->gran == FP8_OFF ? "bf16" : fp8_gran_name(a->gran), a->fp8_embed ? "fp8 rows" : "bf16",
@@ -213,7 +219,7 @@ static void run(Args *a) {
 }
 
 int main(int argc, char **argv) {
-    Args a = {"8b", FP8_BLOCK, 0, 0, 0, 8, 8, 256, 512, 16, 0, -1, 0, 0, 0.9, 1.0};
+    Args a = {"8b", FP8_BLOCK, 0, 0, 8, 8, 256, 512, 16, 0, -1, 0, 0, 0.9, 1.0, 0, NULL};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(k, "--model") && v) a.size = v, i++;
@@ -223,7 +229,6 @@ int main(int argc, char **argv) {
             a.gran = (FP8Gran)g, i++;
         } else if (!strcmp(k, "--kv") && v) a.kv_fp8 = !strcmp(v, "fp8"), i++;
         else if (!strcmp(k, "--fp8_embeddings")) a.fp8_embed = 1;
-        else if (!strcmp(k, "--lora_dtype") && v) a.lora_bf16 = !strcmp(v, "bf16"), i++;
         else if (!strcmp(k, "--prompts") && v) a.P = atoi(v), i++;
         else if (!strcmp(k, "--generations") && v) a.G = atoi(v), i++;
         else if (!strcmp(k, "--prompt") && v) a.prompt = atoi(v), i++;
@@ -234,15 +239,26 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--total_gib") && v) a.total_gib = atof(v), i++;
         else if (!strcmp(k, "--gpu_memory_utilization") && v) a.util = atof(v), i++;
         else if (!strcmp(k, "--reserve_gib") && v) a.reserve_gib = atof(v), i++;
+        else if (!strcmp(k, "--arena_gib") && v) a.arena_gib = atof(v), i++;
         else if (!strcmp(k, "--fit_new")) a.fit_new = 1;
+        else if (!strcmp(k, "--save") && v) a.save = v, i++;
         else die("usage: bench_grpo [--model " SHAPE_NAMES "] [--fp8 block|row|tensor|off] [--kv auto|fp8] "
-                 "[--fp8_embeddings] [--lora_dtype fp32|bf16] [--prompts 8] [--generations 8] [--prompt 256] [--new 512] "
+                 "[--fp8_embeddings] [--prompts 8] [--generations 8] [--prompt 256] [--new 512] "
                  "[--rank 16] [--micro_batch N] [--recompute] [--total_gib X | --gpu_memory_utilization 0.9] "
-                 "[--reserve_gib 1] [--fit_new]");
+                 "[--arena_gib X] [--reserve_gib 1] [--fit_new] [--save DIR]");
     }
     if (a.P < 1 || a.G < 1 || a.prompt < 1 || a.nnew < 1 || a.rank < 1 || a.want_mb < 0)
         die("--prompts, --generations, --prompt, --new, --rank must be positive");
-    if (a.lora_bf16) die("--lora_dtype bf16: not in this build yet");
+    if (a.save) {  // the shape's random weights as a bf16 Hugging Face checkpoint (config.json + model.safetensors)
+        Config cfg = bench_shape(a.size);
+        ModelOptions dense = {FP8_OFF, 0, 0, 0, 0};
+        Model m;
+        model_init_random(&m, &cfg, backend_select("cuda", 1), &dense, 1234);
+        model_save_hf(&m, a.save, DT_BF16);
+        model_free(&m);
+        printf("wrote a random %s checkpoint (bf16) to %s\n", a.size, a.save);
+        return 0;
+    }
     run(&a);
     return 0;
 }
