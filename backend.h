@@ -117,8 +117,9 @@ struct Backend {
     // and sets the next scales (*overflows += tensors whose amax was inf/NaN)
     void (*fp8_train_step)(FP8Train *const *t, int n, long *overflows);
     // LoRA, unmerged: ax (N, R) hp = inp A^T ; out (N, OC) act += scale * ax B^T
-    // A (R, C) hp, B (OC, R) hp
-    void (*lora_forward)(void *out, void *ax, const void *inp, const void *A, const void *B, float scale,
+    // A (R, C), B (OC, R) of type wdt: hp (fp32 masters), or bf16 where act is bf16 (--lora_dtype bf16's
+    // masters on CUDA: the values the fp32 path would round them to for its GEMMs, so the same product)
+    void (*lora_forward)(void *out, void *ax, const void *inp, const void *A, const void *B, DType wdt, float scale,
                          int N, int C, int R, int OC);
     // out (N, OC) act += scale * (inp A^T) B^T with A (R, C), B (OC, R) in act (copies of the hp
     // masters, made once per rollout) and inp A^T rounded to act: lora_forward's product for the
@@ -127,9 +128,9 @@ struct Backend {
                        int OC);
     // dst (n) act = src (n) hp, rounded (device to device)
     void (*to_act)(void *dst, const void *src, size_t n);
-    // dA (R, C) hp += ; dB (OC, R) hp += ; dinp (N, C) act += scale * (dout B) A
+    // dA (R, C) hp += ; dB (OC, R) hp += ; dinp (N, C) act += scale * (dout B) A; A, B of type wdt (above)
     void (*lora_backward)(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax,
-                          const void *A, const void *B, float scale, int N, int C, int R, int OC);
+                          const void *A, const void *B, DType wdt, float scale, int N, int C, int R, int OC);
     // x (N, H, HD) act rotated in place by position pos[n] (Hugging Face rotate_half
     // convention); inv_freq (HD/2) hp. Backward rotates by the negative angle.
     void (*rope_forward)(void *x, const int32_t *pos, const void *inv_freq, int N, int H, int HD);
@@ -209,6 +210,12 @@ struct Backend {
     // AdamW on n hp values: m, v hp state; step counts from 1 (bias correction)
     void (*adamw)(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
                   float eps, float weight_decay, int step);
+    // AdamW with param, m and v held as bf16 values (--lora_dtype bf16: bf16 storage where act is bf16, the
+    // CUDA backend's; on the CPU backends their values in hp storage); grad hp. The same fp64 arithmetic as
+    // adamw, then each of the three rounded to bf16 stochastically (common.h f32_to_bf16_sr, its bits from
+    // sr_bits(seed, step, i, 0 param / 1 m / 2 v)), bit-exact between the backends
+    void (*adamw_bf16)(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
+                       float eps, float weight_decay, int step, uint64_t seed);
     // sum of squares of n hp values, returned to the host (deterministic)
     double (*sumsq)(const void *x, size_t n);
     // x (n hp) *= s

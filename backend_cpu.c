@@ -149,8 +149,10 @@ static void cpu_linear_backward(void *dinp, int accumulate, void *dw, void *dbia
 }
 
 // ---- LoRA: out += scale * (inp A^T) B^T ------------------------------------------
-static void cpu_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, float scale, int N,
-                             int C, int R, int OC) {
+// A, B: hp (wdt is hp on the CPU backends: --lora_dtype bf16 holds bf16 values in hp storage)
+static void cpu_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, DType wdt, float scale,
+                             int N, int C, int R, int OC) {
+    if (wdt != REAL_DT) die(BACKEND_NAME " backend: LoRA weights are %s, not %s", dtype_name(wdt), dtype_name(REAL_DT));
     OP(matmul_forward)((real *)ax, (const real *)inp, (const real *)A, NULL, N, C, R);
     real *tmp = (real *)mallocCheck((size_t)N * OC * sizeof(real));
     OP(matmul_forward)(tmp, (const real *)ax, (const real *)B, NULL, N, R, OC);
@@ -163,13 +165,14 @@ static void cpu_lora_forward(void *out, void *ax, const void *inp, const void *A
 static void cpu_lora_apply(void *out, const void *inp, const void *A, const void *B, float scale, int N, int C, int R,
                            int OC) {
     real *ax = (real *)mallocCheck((size_t)N * R * sizeof(real));
-    cpu_lora_forward(out, ax, inp, A, B, scale, N, C, R, OC);
+    cpu_lora_forward(out, ax, inp, A, B, REAL_DT, scale, N, C, R, OC);
     free(ax);
 }
 static void cpu_to_act(void *dst, const void *src, size_t n) { memcpy(dst, src, n * sizeof(real)); }
 
 static void cpu_lora_backward(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax,
-                              const void *A, const void *B, float scale, int N, int C, int R, int OC) {
+                              const void *A, const void *B, DType wdt, float scale, int N, int C, int R, int OC) {
+    if (wdt != REAL_DT) die(BACKEND_NAME " backend: LoRA weights are %s, not %s", dtype_name(wdt), dtype_name(REAL_DT));
     // the adapter's output is scale * ax B^T, so its upstream gradient is scale * dout
     size_t nd = (size_t)N * OC;
     real *sd = (real *)mallocCheck(nd * sizeof(real));
@@ -319,6 +322,25 @@ static void w_adamw(void *param, const void *grad, void *m, void *v, size_t n, f
                     float eps, float weight_decay, int step) {
     OP(adamw)((real *)param, (const real *)grad, (real *)m, (real *)v, n, lr, beta1, beta2, eps, weight_decay, step);
 }
+// AdamW of adamw (ops_cpu.c: the same fp64 arithmetic in the same order), its three results rounded to
+// bf16 stochastically and kept as hp values (backend.h adamw_bf16)
+static void cpu_adamw_bf16(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
+                           float eps, float weight_decay, int step, uint64_t seed) {
+    real *p = (real *)param, *mm = (real *)m, *vv = (real *)v;
+    const real *g = (const real *)grad;
+    double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        double gi = g[i];
+        double mi = beta1 * (double)mm[i] + (1.0 - beta1) * gi;
+        double vi = beta2 * (double)vv[i] + (1.0 - beta2) * gi * gi;
+        double pi = (double)p[i] * (1.0 - (double)lr * weight_decay);
+        pi -= lr * (mi / bc1) / (sqrt(vi / bc2) + eps);
+        p[i] = bf16_to_f32(f32_to_bf16_sr((float)pi, sr_bits(seed, step, i, 0)));
+        mm[i] = bf16_to_f32(f32_to_bf16_sr((float)mi, sr_bits(seed, step, i, 1)));
+        vv[i] = bf16_to_f32(f32_to_bf16_sr((float)vi, sr_bits(seed, step, i, 2)));
+    }
+}
 static double w_sumsq(const void *x, size_t n) { return OP(sumsq)((const real *)x, n); }
 
 // replay: nothing to record on the CPU, the ops just run
@@ -372,6 +394,7 @@ static Backend be = {
     .attention_decode = w_attention_decode,
     .sample = w_sample,
     .adamw = w_adamw,
+    .adamw_bf16 = cpu_adamw_bf16,
     .sumsq = w_sumsq,
     .scale = w_scale,
     .replay = cpu_replay,

@@ -378,12 +378,24 @@ static void cu_linear_backward(void *dinp, int accumulate, void *dw, void *dbias
 
 // ---- LoRA: out += scale * (inp A^T) B^T, in BF16 GEMMs (see the top of the file) ----
 
-static void cu_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, float scale, int N,
-                            int C, int R, int OC) {
+// A and B as the GEMMs read them: bf16 masters as they are, fp32 ones rounded into scratch
+static void lora_bf16_weights(const void *A, const void *B, DType wdt, int C, int R, int OC, const bf16 **Ab,
+                              const bf16 **Bb) {
+    if (wdt == DT_BF16) {
+        *Ab = (const bf16 *)A, *Bb = (const bf16 *)B;
+        return;
+    }
+    bf16 *a = (bf16 *)cu_scratch(SC_LORA_A, (size_t)R * C * 2), *b = (bf16 *)cu_scratch(SC_LORA_B, (size_t)OC * R * 2);
+    to_bf16_2(a, (const float *)A, (size_t)R * C, b, (const float *)B, (size_t)OC * R);
+    *Ab = a, *Bb = b;
+}
+
+static void cu_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, DType wdt, float scale,
+                            int N, int C, int R, int OC) {
     if (N <= 0) return;
-    bf16 *Ab = (bf16 *)cu_scratch(SC_LORA_A, (size_t)R * C * 2), *Bb = (bf16 *)cu_scratch(SC_LORA_B, (size_t)OC * R * 2);
+    const bf16 *Ab, *Bb;
+    lora_bf16_weights(A, B, wdt, C, R, OC, &Ab, &Bb);
     bf16 *axb = (bf16 *)cu_scratch(SC_LORA_X, (size_t)N * R * 2);
-    to_bf16_2(Ab, (const float *)A, (size_t)R * C, Bb, (const float *)B, (size_t)OC * R);
     gemm_xwt(ax, F32, inp, Ab, N, R, C, 1.f, 0.f);  // ax (N, R) f32 = inp A^T
     to_bf16(axb, (const float *)ax, (size_t)N * R);
     gemm_xwt(out, BF, axb, Bb, N, OC, R, scale, 1.f);  // out (N, OC) += scale ax B^T
@@ -399,12 +411,12 @@ static void cu_lora_apply(void *out, const void *inp, const void *A, const void 
 static void cu_to_act(void *dst, const void *src, size_t n) { to_bf16((bf16 *)dst, (const float *)src, n); }
 
 static void cu_lora_backward(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax,
-                             const void *A, const void *B, float scale, int N, int C, int R, int OC) {
+                             const void *A, const void *B, DType wdt, float scale, int N, int C, int R, int OC) {
     if (N <= 0) return;
-    bf16 *Ab = (bf16 *)cu_scratch(SC_LORA_A, (size_t)R * C * 2), *Bb = (bf16 *)cu_scratch(SC_LORA_B, (size_t)OC * R * 2);
+    const bf16 *Ab, *Bb;
+    lora_bf16_weights(A, B, wdt, C, R, OC, &Ab, &Bb);
     bf16 *xb = (bf16 *)cu_scratch(SC_LORA_X, (size_t)N * R * 2);
     float *dax = (float *)cu_scratch(SC_LORA_DX, (size_t)N * R * 4);
-    to_bf16_2(Ab, (const float *)A, (size_t)R * C, Bb, (const float *)B, (size_t)OC * R);
     to_bf16(xb, (const float *)ax, (size_t)N * R);
     gemm_xw(dax, F32, dout, Bb, N, OC, R, scale, 0.f);    // dax (N, R) = scale dout B
     gemm_xtz(dB, F32, dout, xb, N, OC, R, scale, 1.f);    // dB (OC, R) += scale dout^T ax
@@ -636,6 +648,29 @@ static void cu_adamw(void *param, const void *grad, void *m, void *v, size_t n, 
     launchCheck();
 }
 
+// adamw_kernel's arithmetic on bf16 param, m, v, each result rounded stochastically (common.h), as the CPU's
+__global__ void adamw_bf16_kernel(bf16 *param, const float *grad, bf16 *m, bf16 *v, size_t n, double lr, double b1,
+                                  double b2, double eps, double wd, double bc1, double bc2, int step, uint64_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        double g = grad[i];
+        double mi = __dadd_rn(__dmul_rn(b1, (double)__bfloat162float(m[i])), __dmul_rn(__dsub_rn(1.0, b1), g));
+        double vi = __dadd_rn(__dmul_rn(b2, (double)__bfloat162float(v[i])), __dmul_rn(__dmul_rn(__dsub_rn(1.0, b2), g), g));
+        double p = __dmul_rn((double)__bfloat162float(param[i]), __dsub_rn(1.0, __dmul_rn(lr, wd)));
+        double st = __ddiv_rn(__dmul_rn(lr, __ddiv_rn(mi, bc1)), __dadd_rn(__dsqrt_rn(__ddiv_rn(vi, bc2)), eps));
+        param[i] = __ushort_as_bfloat16(f32_to_bf16_sr((float)__dsub_rn(p, st), sr_bits(seed, step, i, 0)));
+        m[i] = __ushort_as_bfloat16(f32_to_bf16_sr((float)mi, sr_bits(seed, step, i, 1)));
+        v[i] = __ushort_as_bfloat16(f32_to_bf16_sr((float)vi, sr_bits(seed, step, i, 2)));
+    }
+}
+static void cu_adamw_bf16(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
+                          float eps, float weight_decay, int step, uint64_t seed) {
+    if (!n) return;
+    double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
+    adamw_bf16_kernel<<<grid_for(n), 256, 0, G.stream>>>((bf16 *)param, (const float *)grad, (bf16 *)m, (bf16 *)v, n, lr,
+                                                         beta1, beta2, eps, weight_decay, bc1, bc2, step, seed);
+    launchCheck();
+}
+
 #define SUMSQ_BLOCKS 512
 __global__ void sumsq_partial(double *part, const float *x, size_t n) {
     __shared__ double sm[256];
@@ -797,6 +832,7 @@ static Backend be = {
     .attention_decode = cu_attention_decode,
     .sample = cu_sample,
     .adamw = cu_adamw,
+    .adamw_bf16 = cu_adamw_bf16,
     .sumsq = cu_sumsq,
     .scale = cu_scale,
     .replay = cu_replay,

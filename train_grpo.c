@@ -44,7 +44,7 @@
 
 typedef struct {
     const char *model, *data, *task, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules;
-    const char *load_in_fp8, *kv_cache_dtype;
+    const char *load_in_fp8, *kv_cache_dtype, *lora_dtype;
     int resume, overwrite_output_dir, fp8_pow2, bf16_first_layers, bf16_last_layers, quiet, gradient_checkpointing, fp8_embeddings;
     int max_steps, per_device_train_batch_size, micro_batch_size, lora_r, top_k, logging_steps, save_steps;
     int eval_steps, eval_size, warmup_sft_steps, max_prompt_length, chat, max_operand, save_total_limit;
@@ -120,6 +120,9 @@ static const Option OPTIONS[] = {
     {"lora_alpha", OPT_DOUBLE, OFF(lora_alpha), 1e-6, 1e6, .dflt = "32", .help = "scale alpha / r"},
     {"lora_target_modules", OPT_STRING, OFF(lora_target_modules), .meta = "LIST", .dflt = "all",
      .help = "comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj, or all"},
+    {"lora_dtype", OPT_CHOICE, OFF(lora_dtype), .choices = "fp32|bf16", .dflt = "fp32",
+     .help = "the adapters' masters and AdamW state; bf16: 10 bytes a parameter instead of 16, stochastic rounding "
+             "at each update (the gradients stay fp32)"},
 
     {.name = "sampling (the rollouts)", .kind = OPT_SECTION},
     {"temperature", OPT_DOUBLE, OFF(temperature), 0, 100, .dflt = "1",
@@ -342,6 +345,7 @@ static cJSON *run_identity(const Opts *o, const GrpoConfig *g) {
     cJSON_AddNumberToObject(j, "lora_r", o->lora_r);
     cJSON_AddNumberToObject(j, "lora_alpha", o->lora_alpha);
     cJSON_AddStringToObject(j, "lora_target_modules", o->lora_target_modules);
+    if (strcmp(o->lora_dtype, "fp32")) cJSON_AddStringToObject(j, "lora_dtype", o->lora_dtype);  // (older runs: fp32)
     cJSON_AddNumberToObject(j, "per_device_train_batch_size", o->per_device_train_batch_size);
     cJSON_AddNumberToObject(j, "num_generations", g->num_generations);
     cJSON_AddNumberToObject(j, "seed", (double)o->seed);
@@ -633,7 +637,8 @@ static void load(Run *r) {
 
     m->recompute = o->gradient_checkpointing;
     m->kv_fp8 = !strcmp(o->kv_cache_dtype, "fp8");
-    r->lo = lora_create(m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17);
+    r->lo = lora_create(m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17,
+                        !strcmp(o->lora_dtype, "bf16"));
     m->lora = r->lo;
     m->lora_on = 1;
     printf("LoRA: r %d, alpha %g, %zu parameters\n", r->lo->r, r->lo->alpha, r->lo->n);

@@ -242,7 +242,7 @@ static void load(Run *r) {
                      .beta2 = (float)o->adam_beta2, .eps = (float)o->adam_epsilon, .weight_decay = (float)o->weight_decay,
                      .max_grad_norm = o->max_grad_norm};
     if (o->use_peft) {
-        r->lo = lora_create(&r->m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17);
+        r->lo = lora_create(&r->m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17, 0);
         r->m.lora = r->lo;
         r->m.lora_on = 1;
         tr.lora = r->lo;

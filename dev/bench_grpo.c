@@ -16,7 +16,7 @@
 //   make -C dev ../build/bench_grpo
 //   ./build/bench_grpo --model 8b                               # FP8 block, 8 prompts x 8, 256 + 512
 //   ./build/bench_grpo --model 8b --fp8 off                     # the project's BF16 mode, same step
-//   ./build/bench_grpo --model 8b --fp8_embeddings --kv fp8 --total_gib 10
+//   ./build/bench_grpo --model 8b --fp8_embeddings --kv fp8 --lora_dtype bf16 --total_gib 10
 //   ./build/bench_grpo --model 8b --total_gib 24 --fit_new      # the longest completion that fits 24 GiB
 // --total_gib X caps what the process holds, context included: the arena (KV cache / activations) gets
 // X less the context, weights, LoRA and --reserve_gib for the backend's scratch; without it the arena
@@ -54,7 +54,7 @@ static size_t sample(void) {
 typedef struct {
     const char *size;
     FP8Gran gran;
-    int kv_fp8, fp8_embed;
+    int kv_fp8, fp8_embed, lora_bf16;
     int P, G, prompt, nnew, rank, want_mb, want_rc, fit_new;
     double total_gib, util, reserve_gib, arena_gib;
     const char *save;
@@ -106,7 +106,7 @@ static void run(Args *a) {
     double t_init = now_sec() - t0;
     size_t after_w = sample();
     m.kv_fp8 = a->kv_fp8;
-    LoRA *lo = lora_create(&m, a->rank, 2.0f * a->rank, (1u << LIN_COUNT) - 1, 7);
+    LoRA *lo = lora_create(&m, a->rank, 2.0f * a->rank, (1u << LIN_COUNT) - 1, 7, a->lora_bf16);
     m.lora = lo;
     m.lora_on = 1;
     size_t lora_state = lora_state_bytes(lo);
@@ -186,8 +186,8 @@ static void run(Args *a) {
     size_t parts = ctx + wb.linear + wb.emb + wb.head + wb.other + lora_state + lora_other + m.arena.bytes + m.dec.bytes;
     size_t scratch = peak > parts ? peak - parts : 0;
     printf("\nGRPO step, %s shape (random weights), %s, %d prompts x %d completions, prompt %d + %d new, LoRA r %d "
-           "on all 7 projections (fp32 state)\n",
-           a->size, be->device_desc, P, G, a->prompt, a->nnew, a->rank);
+           "on all 7 projections (%s masters and AdamW state)\n",
+           a->size, be->device_desc, P, G, a->prompt, a->nnew, a->rank, a->lora_bf16 ? "bf16" : "fp32");
     printf("weights %s, embeddings/LM head %s, KV cache %s; update: micro-batch %d x %d tokens, recomputation %s; "
            "rollout %.1f s (%d admissions after the first), update %.1f s; mean logprob %.3f\n",
            a->gran == FP8_OFF ? "bf16" : fp8_gran_name(a->gran), a->fp8_embed ? "fp8 rows" : "bf16",
@@ -219,7 +219,7 @@ static void run(Args *a) {
 }
 
 int main(int argc, char **argv) {
-    Args a = {"8b", FP8_BLOCK, 0, 0, 8, 8, 256, 512, 16, 0, -1, 0, 0, 0.9, 1.0, 0, NULL};
+    Args a = {"8b", FP8_BLOCK, 0, 0, 0, 8, 8, 256, 512, 16, 0, -1, 0, 0, 0.9, 1.0, 0, NULL};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(k, "--model") && v) a.size = v, i++;
@@ -229,6 +229,7 @@ int main(int argc, char **argv) {
             a.gran = (FP8Gran)g, i++;
         } else if (!strcmp(k, "--kv") && v) a.kv_fp8 = !strcmp(v, "fp8"), i++;
         else if (!strcmp(k, "--fp8_embeddings")) a.fp8_embed = 1;
+        else if (!strcmp(k, "--lora_dtype") && v) a.lora_bf16 = !strcmp(v, "bf16"), i++;
         else if (!strcmp(k, "--prompts") && v) a.P = atoi(v), i++;
         else if (!strcmp(k, "--generations") && v) a.G = atoi(v), i++;
         else if (!strcmp(k, "--prompt") && v) a.prompt = atoi(v), i++;
@@ -243,7 +244,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--fit_new")) a.fit_new = 1;
         else if (!strcmp(k, "--save") && v) a.save = v, i++;
         else die("usage: bench_grpo [--model " SHAPE_NAMES "] [--fp8 block|row|tensor|off] [--kv auto|fp8] "
-                 "[--fp8_embeddings] [--prompts 8] [--generations 8] [--prompt 256] [--new 512] "
+                 "[--fp8_embeddings] [--lora_dtype fp32|bf16] [--prompts 8] [--generations 8] [--prompt 256] [--new 512] "
                  "[--rank 16] [--micro_batch N] [--recompute] [--total_gib X | --gpu_memory_utilization 0.9] "
                  "[--arena_gib X] [--reserve_gib 1] [--fit_new] [--save DIR]");
     }

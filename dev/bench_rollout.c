@@ -65,7 +65,7 @@ static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nne
     m.kv_fp8 = kv_fp8;
     LoRA *lo = NULL;
     if (rank > 0) {
-        lo = lora_create(&m, rank, (float)rank, (1u << LIN_COUNT) - 1, 7);
+        lo = lora_create(&m, rank, (float)rank, (1u << LIN_COUNT) - 1, 7, 0);
         m.lora = lo;
         m.lora_on = 1;
     }

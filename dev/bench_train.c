@@ -135,7 +135,7 @@ static Result run(const char *size, FP8Gran gran, int B, int T, int steps, int w
     double t0 = now_sec();
     model_init_random(&m, &cfg, be, &opt, SEED);
     fprintf(stderr, "  %s %s: random weights in %.1f s\n", size, fp8_gran_name(gran), now_sec() - t0);
-    LoRA *lo = lora_create(&m, rank, (float)rank, (1u << LIN_COUNT) - 1, 99);
+    LoRA *lo = lora_create(&m, rank, (float)rank, (1u << LIN_COUNT) - 1, 99, 0);
     m.recompute = recompute;
     m.lora = lo;
     m.lora_on = 1;

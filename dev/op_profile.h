@@ -64,12 +64,13 @@ static void pw_linear_forward(void *out, const void *inp, const QWeight *w, cons
 static void pw_linear_backward(void *dinp, int acc, void *dw, void *db, const void *dout, const void *inp, const QWeight *w, int N) {
     PW(P_LIN_B, PF.R->linear_backward(dinp, acc, dw, db, dout, inp, w, N));
 }
-static void pw_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, float s, int N, int C, int Rk, int OC) {
-    PW(P_LORA_F, PF.R->lora_forward(out, ax, inp, A, B, s, N, C, Rk, OC));
+static void pw_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, DType wdt, float s, int N, int C,
+                            int Rk, int OC) {
+    PW(P_LORA_F, PF.R->lora_forward(out, ax, inp, A, B, wdt, s, N, C, Rk, OC));
 }
 static void pw_lora_backward(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax, const void *A,
-                             const void *B, float s, int N, int C, int Rk, int OC) {
-    PW(P_LORA_B, PF.R->lora_backward(dinp, dA, dB, dout, inp, ax, A, B, s, N, C, Rk, OC));
+                             const void *B, DType wdt, float s, int N, int C, int Rk, int OC) {
+    PW(P_LORA_B, PF.R->lora_backward(dinp, dA, dB, dout, inp, ax, A, B, wdt, s, N, C, Rk, OC));
 }
 static void pw_att_f(void *out, void *lse, const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD) {
     PW(P_ATT_F, PF.R->attention_forward(out, lse, q, k, v, B, T, NH, KVH, HD));

@@ -262,9 +262,9 @@ START_TEST(test_lora) {
     float *out0 = randn_bf((size_t)N * OC, 1.0f);
     void *dx = up_act(x, (size_t)N * C), *dA = up_hp(A, (size_t)R * C), *dB = up_hp(B, (size_t)OC * R);
     void *dout = up_act(out0, (size_t)N * OC), *dax = G->alloc((size_t)N * R * 4);
-    G->lora_forward(dout, dax, dx, dA, dB, scale, N, C, R, OC);
+    G->lora_forward(dout, dax, dx, dA, dB, DT_F32, scale, N, C, R, OC);
     float *rout = fdup(out0, (size_t)N * OC), *rax = fmalloc((size_t)N * R);
-    CPU->lora_forward(rout, rax, x, A, B, scale, N, C, R, OC);
+    CPU->lora_forward(rout, rax, x, A, B, DT_F32, scale, N, C, R, OC);
     float *gax = down_hp(dax, (size_t)N * R), *gout = down_act(dout, (size_t)N * OC);
     // ax = x A^T with A rounded to bf16: 2^-8 sum |x a| + fp32 accumulation
     double *max_ = dmalloc_h((size_t)N * R), *tax = dmalloc_h((size_t)N * R);
@@ -297,6 +297,14 @@ START_TEST(test_lora) {
     G->lora_apply(dout2, dx, dA16, dB16, scale, N, C, R, OC);
     float *gout2 = down_act(dout2, (size_t)N * OC);
     check_close("lora_apply out +=", gout2, rout, to, (size_t)N * OC);
+    // bf16 masters (--lora_dtype bf16) are the values the fp32 path rounds A and B to for its GEMMs:
+    // the same products, bit for bit
+    void *dout3 = up_act(out0, (size_t)N * OC), *dax3 = G->alloc((size_t)N * R * 4);
+    G->lora_forward(dout3, dax3, dx, dA16, dB16, DT_BF16, scale, N, C, R, OC);
+    float *gax3 = down_hp(dax3, (size_t)N * R), *gout3 = down_act(dout3, (size_t)N * OC);
+    check_exact("lora_forward with bf16 masters: ax", gax3, gax, (size_t)N * R * 4);
+    check_exact("lora_forward with bf16 masters: out +=", gout3, gout, (size_t)N * OC * 4);
+    G->free(dout3); G->free(dax3); free(gax3); free(gout3);
     G->free(dA16); G->free(dB16); G->free(dout2); free(gA16); free(rA16); free(gout2);
 
     // backward
@@ -304,9 +312,9 @@ START_TEST(test_lora) {
     float *gA0 = randn((size_t)R * C, 0.1f), *gB0 = randn((size_t)OC * R, 0.1f);
     void *dg = up_act(g, (size_t)N * OC), *ddin = up_act(din0, (size_t)N * C), *dgA = up_hp(gA0, (size_t)R * C),
          *dgB = up_hp(gB0, (size_t)OC * R);
-    G->lora_backward(ddin, dgA, dgB, dg, dx, dax, dA, dB, scale, N, C, R, OC);
+    G->lora_backward(ddin, dgA, dgB, dg, dx, dax, dA, dB, DT_F32, scale, N, C, R, OC);
     float *rdin = fdup(din0, (size_t)N * C), *rgA = fdup(gA0, (size_t)R * C), *rgB = fdup(gB0, (size_t)OC * R);
-    CPU->lora_backward(rdin, rgA, rgB, g, x, rax, A, B, scale, N, C, R, OC);
+    CPU->lora_backward(rdin, rgA, rgB, g, x, rax, A, B, DT_F32, scale, N, C, R, OC);
     float *gdin = down_act(ddin, (size_t)N * C), *ggA = down_hp(dgA, (size_t)R * C), *ggB = down_hp(dgB, (size_t)OC * R);
     // dB += scale g^T ax: ax rounded to bf16 (ax itself carries the forward's error, bounded above)
     double *tB = dmalloc_h((size_t)OC * R), *mdax = dmalloc_h((size_t)N * R);
@@ -1129,6 +1137,18 @@ START_TEST(test_optimizer) {
     check_exact("adamw param (3 steps, fp64, CPU order)", gp, p, n * 4);
     check_exact("adamw m", gm, m, n * 4);
     check_exact("adamw v", gv, v, n * 4);
+    // --lora_dtype bf16: bf16 param, m, v, stochastic rounding from the same hashed bits on both sides
+    for (size_t i = 0; i < n; i++) p[i] = bfr(p[i]), m[i] = bfr(m[i]), v[i] = bfr(v[i]);
+    void *bp = up_act(p, n), *bm = up_act(m, n), *bv = up_act(v, n);
+    for (int step = 1; step <= 3; step++) {
+        G->adamw_bf16(bp, dg, bm, bv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step, 77);
+        CPU->adamw_bf16(p, g, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step, 77);
+    }
+    float *bgp = down_act(bp, n), *bgm = down_act(bm, n), *bgv = down_act(bv, n);
+    check_exact("adamw_bf16 param (3 steps, stochastic rounding)", bgp, p, n * 4);
+    check_exact("adamw_bf16 m", bgm, m, n * 4);
+    check_exact("adamw_bf16 v", bgv, v, n * 4);
+    G->free(bp); G->free(bm); G->free(bv); free(bgp); free(bgm); free(bgv);
     double s1 = G->sumsq(dg, n), s2 = G->sumsq(dg, n), rs = sumsq_cpu(g, n);
     ck_assert_msg(s1 == s2, "sumsq not deterministic: %.17g vs %.17g", s1, s2);
     // both sum n non-negative fp64 terms; the CPU sequentially, whose own error bound is n 2^-53

@@ -447,7 +447,7 @@ START_TEST(test_arena_handover_gpu) {
         load(&a, "qwen3", GPU, GRANS[gi]);
         load(&b, "qwen3", GPU, GRANS[gi]);
         model_arena_init(&a, (size_t)256 << 20);
-        LoRA *la = lora_create(&a, 4, 8.0f, (1u << LIN_COUNT) - 1, 5), *lb = lora_create(&b, 4, 8.0f, (1u << LIN_COUNT) - 1, 5);
+        LoRA *la = lora_create(&a, 4, 8.0f, (1u << LIN_COUNT) - 1, 5, 0), *lb = lora_create(&b, 4, 8.0f, (1u << LIN_COUNT) - 1, 5, 0);
         a.lora = la, a.lora_on = 1, b.lora = lb, b.lora_on = 1;
         int *pool = token_pool("qwen3"), plens[2] = {7, 13};
         const int *prompts[2] = {pool, pool + 20};

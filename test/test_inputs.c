@@ -147,7 +147,7 @@ END_TEST
 static const char RUN[] = "{\"model\":\"builtin-tiny\",\"data\":\"arithmetic\",\"lora_r\":2,\"lora_alpha\":4}";  // fuzz_resume.c's
 static const char *const RESUME[] = {"trainer_state.json", "optimizer.safetensors"};
 static void resume(const char *name) {
-    LoRA *lo = lora_create(&qwen3, 2, 4.0f, (1u << LIN_Q) | (1u << LIN_V), 1);
+    LoRA *lo = lora_create(&qwen3, 2, 4.0f, (1u << LIN_Q) | (1u << LIN_V), 1, 0);
     checkpoint_read(unpack("resume", name, RESUME, 2), 3, RUN, lo);
     lora_free(lo);
 }

@@ -2,10 +2,12 @@
 // Checks: the FP8 embedding table and LM head (--fp8_embeddings: E4M3, a scale per row) within
 // bounds derived from E4M3's precision, op by op and through a whole fixture model; the tied
 // checkpoint's one copy; the bytes it saves; frozen (no gradients). The update's micro-batch and
-// recomputation chosen to fit the arena (memfit.h).
+// recomputation chosen to fit the arena (memfit.h). LoRA masters and AdamW state in bf16 (--lora_dtype
+// bf16): stochastic rounding's expectation, a small update kept on average, training as fp32 state does.
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "lora.h"
 #include "memfit.h"
@@ -194,7 +196,7 @@ END_TEST
 START_TEST(test_memfit) {
     Model m;
     load(&m, "qwen3", 0);
-    LoRA *lo = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 3);
+    LoRA *lo = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 3, 0);
     m.lora = lo;
     m.lora_on = 1;
     int S = 8, T = 40;
@@ -236,6 +238,116 @@ START_TEST(test_memfit) {
 }
 END_TEST
 
+// f32_to_bf16_sr over all 2^16 random halves: the mean is the input exactly (its expectation), every
+// result is one of the two bf16 neighbours, and rounding to nearest is one of them
+START_TEST(test_stochastic_rounding) {
+    for (int k = 0; k < 200; k++) {
+        float f = (float)((rng_uniform(&rng) - 0.5) * pow(2.0, rng_int(&rng, 40) - 20));
+        if (f == 0) continue;
+        uint16_t lo = f32_to_bf16_sr(f, 0), hi = f32_to_bf16_sr(f, 0xffff);
+        double sum = 0;
+        for (uint32_t r = 0; r < 65536; r++) {
+            uint16_t b = f32_to_bf16_sr(f, r);
+            ck_assert_msg(b == lo || b == hi, "SR(%g) gave %g, not a neighbour", f, bf16_to_f32(b));
+            sum += bf16_to_f32(b);
+        }
+        ck_assert_msg(sum == (double)f * 65536, "SR(%g): mean %.10g", f, sum / 65536);
+        uint16_t rn = f32_to_bf16(f);
+        ck_assert(rn == lo || rn == hi);
+    }
+    // the hashed bits: uniform enough that their mean over 2^20 elements is 2^15 - 1/2 within 6 sigma
+    double mean = 0;
+    for (size_t i = 0; i < (1u << 20); i++) mean += sr_bits(99, 3, i, i % 3);
+    mean /= 1u << 20;
+    ck_assert_msg(fabs(mean - 32767.5) < 6 * 18918.6 / 1024, "sr_bits mean %.2f", mean);
+}
+END_TEST
+
+// adamw_bf16 on the CPU backend: an update of 1/16 of a bf16 step, which rounding to nearest would
+// drop, moves the weights by the right amount on average; every result is a bf16 value; it repeats
+START_TEST(test_adamw_bf16) {
+    const Backend *be = backend_cpu();
+    size_t n = 100000;
+    float *p = (float *)mallocCheck(n * 4), *g = (float *)mallocCheck(n * 4), *m = (float *)callocCheck(n, 4),
+          *v = (float *)callocCheck(n, 4);
+    for (size_t i = 0; i < n; i++) p[i] = 1.0f, g[i] = 0.5f + rng_uniform(&rng);
+    float lr = 0x1p-12f;  // the first Adam step is lr g / (|g| + eps) ~ lr: 1/16 of bf16's step below 1.0 (2^-8)
+    be->adamw_bf16(p, g, m, v, n, lr, 0.9f, 0.999f, 1e-8f, 0.0f, 1, 5);
+    double mean = 0;
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_msg(bf16_to_f32(f32_to_bf16(p[i])) == p[i] && bf16_to_f32(f32_to_bf16(m[i])) == m[i] &&
+                          bf16_to_f32(f32_to_bf16(v[i])) == v[i], "element %zu is not a bf16 value", i);
+        mean += p[i];
+    }
+    mean /= n;
+    // each weight is 1 - 2^-8 (the bf16 below 1) with probability q = 2^-12 / 2^-8 = 1/16: the mean moves by
+    // lr, with a standard deviation of 2^-8 sqrt(q (1 - q) / n)
+    double sd = 0x1p-8 * sqrt(1.0 / 16 * 15 / 16 / n);
+    ck_assert_msg(fabs(mean - (1.0 - lr)) < 6 * sd, "mean weight %.9f, expected %.9f +- %.2g", mean, 1.0 - lr, sd);
+    ck_assert_msg(f32_to_bf16(1.0f - lr) == f32_to_bf16(1.0f), "rounding to nearest would have moved it");
+    float *p2 = (float *)mallocCheck(n * 4), *m2 = (float *)callocCheck(n, 4), *v2 = (float *)callocCheck(n, 4);
+    for (size_t i = 0; i < n; i++) p2[i] = 1.0f;
+    be->adamw_bf16(p2, g, m2, v2, n, lr, 0.9f, 0.999f, 1e-8f, 0.0f, 1, 5);
+    ck_assert(!memcmp(p, p2, n * 4) && !memcmp(m, m2, n * 4) && !memcmp(v, v2, n * 4));
+    free(p); free(g); free(m); free(v); free(p2); free(m2); free(v2);
+}
+END_TEST
+
+// LoRA with bf16 masters and AdamW state on a fixture model: a few steps raising the log-likelihood
+// of fixed targets do so as the fp32 state does (within a quarter of the gain), the masters stay bf16
+// values, and the state written for --resume reads back as it was
+START_TEST(test_lora_bf16) {
+    int B = 2, T = 12, N = B * T;
+    int ids[24], tg[24];
+    for (int i = 0; i < N; i++) ids[i] = rng_int(&rng, 300);
+    for (int i = 0; i < N; i++) tg[i] = i % T == T - 1 ? -1 : ids[i + 1];
+    double gain[2];
+    for (int bf = 0; bf < 2; bf++) {
+        Model m;
+        load(&m, "qwen3", 0);
+        LoRA *lo = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 11, bf);
+        m.lora = lo;
+        m.lora_on = 1;
+        double lp[24], dl[24], first = 0, last = 0;
+        for (int step = 0; step <= 8; step++) {
+            model_forward(&m, ids, B, T);
+            model_logprobs(&m, tg, 1.0f, lp);
+            double sum = 0;
+            for (int i = 0; i < N; i++) sum += lp[i], dl[i] = tg[i] < 0 ? 0 : -1.0 / N;  // minimize -mean logp
+            if (step == 0) first = sum;
+            last = sum;
+            if (step == 8) break;
+            lora_zero_grads(lo);
+            model_backward(&m, dl);
+            lora_adamw_step(lo, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f);
+        }
+        gain[bf] = last - first;
+        ck_assert_msg(gain[bf] > 0, "%s state: log-likelihood %g -> %g", bf ? "bf16" : "fp32", first, last);
+        if (bf) {
+            const float *pp = (const float *)lo->params;
+            for (size_t i = 0; i < lo->n; i++) ck_assert(bf16_to_f32(f32_to_bf16(pp[i])) == pp[i]);
+            ck_assert(lora_state_bytes(lo) == lo->n * 16);  // the CPU keeps bf16 values in fp32 storage
+            char path[] = "/tmp/test_memory_state_XXXXXX";
+            int fd = mkstemp(path);
+            ck_assert(fd >= 0);
+            close(fd);
+            lora_save_state(lo, path);
+            LoRA *l2 = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 12, 1);
+            lora_load_state(l2, path);
+            ck_assert(l2->step == lo->step && !memcmp(l2->params, lo->params, lo->n * 4) &&
+                      !memcmp(l2->m, lo->m, lo->n * 4) && !memcmp(l2->v, lo->v, lo->n * 4));
+            lora_free(l2);
+            remove(path);
+        }
+        m.lora = NULL;
+        lora_free(lo);
+        model_free(&m);
+    }
+    printf("  LoRA, 8 steps: log-likelihood gain %.4f with fp32 state, %.4f with bf16\n", gain[0], gain[1]);
+    ck_assert_msg(fabs(gain[1] - gain[0]) <= 0.25 * gain[0], "bf16 state gained %g, fp32 %g", gain[1], gain[0]);
+}
+END_TEST
+
 static Suite *memory_suite(void) {
     Suite *s = suite_create("memory");
     TCase *tc = tcase_create("memory");
@@ -243,6 +355,9 @@ static Suite *memory_suite(void) {
     tcase_add_test(tc, test_fp8_head_ops);
     tcase_add_test(tc, test_fp8_embed_model);
     tcase_add_test(tc, test_memfit);
+    tcase_add_test(tc, test_stochastic_rounding);
+    tcase_add_test(tc, test_adamw_bf16);
+    tcase_add_test(tc, test_lora_bf16);
     suite_add_tcase(s, tc);
     return s;
 }

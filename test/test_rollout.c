@@ -250,7 +250,7 @@ START_TEST(test_arena_handover) {
     load(&a, "qwen3", FP8_OFF);
     load(&b, "qwen3", FP8_OFF);
     model_arena_init(&a, (size_t)64 << 20);
-    LoRA *la = lora_create(&a, 4, 8.0f, (1u << LIN_COUNT) - 1, 5), *lb = lora_create(&b, 4, 8.0f, (1u << LIN_COUNT) - 1, 5);
+    LoRA *la = lora_create(&a, 4, 8.0f, (1u << LIN_COUNT) - 1, 5, 0), *lb = lora_create(&b, 4, 8.0f, (1u << LIN_COUNT) - 1, 5, 0);
     a.lora = la, a.lora_on = 1, b.lora = lb, b.lora_on = 1;
     int *pr0 = fixture_prompt("qwen3", 0, 7), *pr1 = fixture_prompt("qwen3", 1, 13), plens[2] = {7, 13};
     const int *prompts[2] = {pr0, pr1};
@@ -321,7 +321,7 @@ START_TEST(test_lora_groups) {
         Model a;
         load(&a, "qwen3", FP8_OFF);
         ck_assert_msg(a.w.layers[0].qkv.rows && a.w.layers[0].gateup.rows, "the fixture has no fused q|k|v / gate|up views");
-        LoRA *la = lora_create(&a, 4, 8.0f, sets[si], 5);
+        LoRA *la = lora_create(&a, 4, 8.0f, sets[si], 5, 0);
         // B = 0 after lora_create (the adapter adds nothing): random A and B instead
         double *h = (double *)mallocCheck(la->n * sizeof(double));
         Rng rng = rng_make(77 + si);
