@@ -4,13 +4,15 @@
 #   bash dev/memory_check.sh build      make (sm_90a), the GPU suites and dev/bench_grpo
 #   bash dev/memory_check.sh tests      make test-gpu (gpu_backend has the FP8 embedding / LM head cases)
 #   bash dev/memory_check.sh 8b         the Qwen3-8B-shape GRPO step (8 prompts x 8, 256 + 512, LoRA r 16
-#                                       on all seven projections): FP8 at 10 GiB, the project's BF16 mode at
-#                                       the same arena, and the step as train_grpo's defaults choose it
+#                                       on all seven projections): FP8 (+ FP8 embeddings, FP8 KV, bf16 LoRA
+#                                       state) at the smallest arena, the project's BF16 mode at its
+#                                       smallest, and the step as train_grpo's defaults choose it
 #   bash dev/memory_check.sh 32b        the Qwen3-32B shape, same step, within 40 GiB
 #   bash dev/memory_check.sh 70b        the Llama-3.3-70B shape, same step, on one H100 (80 GB)
 #   bash dev/memory_check.sh 70b-h200   the same with the project's default embeddings, on one H200
 #   bash dev/memory_check.sh context    the longest completion a batch of 8 reaches when the 8B total is
 #                                       24 GiB: FP8 weights + FP8 KV against BF16 weights + BF16 KV
+#   bash dev/memory_check.sh learning   dev/learning.sh with --lora_dtype bf16 against the fp32 state
 #   bash dev/memory_check.sh train      ./train_grpo --model DIR --data FILE with no other option on an
 #                                       8B-shaped random checkpoint, then with the process held to 16 GiB
 # Each bench_grpo run prints its memory by part and the peak held (cudaMemGetInfo, CUDA context
@@ -32,8 +34,10 @@ tests)
     make GPU_ARCH=$ARCH test-gpu
     ;;
 8b)
-    run small_chunks $B --model 8b --fp8_embeddings --kv fp8 --total_gib 10 --reserve_gib 0.6
-    run small_chunks $B --model 8b --fp8 off --arena_gib 0.7 --reserve_gib 0.6
+    # the arena at what one prompt's 8 completions need (FP8 KV: 0.32 GiB + its prefill) and the update of
+    # one sequence with recomputation (0.41 GiB); the BF16 mode's KV cache needs 0.62 GiB for the same
+    run small_chunks $B --model 8b --fp8_embeddings --kv fp8 --lora_dtype bf16 --arena_gib 0.45
+    run small_chunks $B --model 8b --fp8 off --arena_gib 0.7
     run $B --model 8b --gpu_memory_utilization 0.6
     ;;
 32b)
@@ -41,7 +45,7 @@ tests)
     run $B --model 32b --total_gib 39.5
     ;;
 70b)
-    run $B --model 70b --fp8_embeddings --kv fp8 --gpu_memory_utilization 0.97 --reserve_gib 2
+    run $B --model 70b --fp8_embeddings --kv fp8 --lora_dtype bf16 --gpu_memory_utilization 0.97 --reserve_gib 2
     ;;
 70b-h200)
     run $B --model 70b --kv fp8 --total_gib 100
@@ -49,6 +53,10 @@ tests)
 context)
     run $B --model 8b --prompts 1 --generations 8 --fp8_embeddings --kv fp8 --total_gib 24 --fit_new
     run $B --model 8b --prompts 1 --generations 8 --fp8 off --total_gib 24 --fit_new
+    ;;
+learning)
+    # the learning check with the adapters' state in BF16 against fp32 (3 seeds each; compare the block rows)
+    bash dev/learning.sh /tmp/learning_fp32 && bash dev/learning.sh /tmp/learning_bf16 --lora_dtype bf16
     ;;
 train)
     w=${WORK:-/tmp/memory_check}
@@ -62,7 +70,7 @@ train)
         --gpu_memory_utilization 0.19
     ;;
 *)
-    sed -n '2,17p' "$0"
+    sed -n '2,19p' "$0"
     exit 2
     ;;
 esac
