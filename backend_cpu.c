@@ -322,24 +322,10 @@ static void w_adamw(void *param, const void *grad, void *m, void *v, size_t n, f
                     float eps, float weight_decay, int step) {
     OP(adamw)((real *)param, (const real *)grad, (real *)m, (real *)v, n, lr, beta1, beta2, eps, weight_decay, step);
 }
-// AdamW of adamw (ops_cpu.c: the same fp64 arithmetic in the same order), its three results rounded to
-// bf16 stochastically and kept as hp values (backend.h adamw_bf16)
-static void cpu_adamw_bf16(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
-                           float eps, float weight_decay, int step, uint64_t seed) {
-    real *p = (real *)param, *mm = (real *)m, *vv = (real *)v;
-    const real *g = (const real *)grad;
-    double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
-#pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
-        double gi = g[i];
-        double mi = beta1 * (double)mm[i] + (1.0 - beta1) * gi;
-        double vi = beta2 * (double)vv[i] + (1.0 - beta2) * gi * gi;
-        double pi = (double)p[i] * (1.0 - (double)lr * weight_decay);
-        pi -= lr * (mi / bc1) / (sqrt(vi / bc2) + eps);
-        p[i] = bf16_to_f32(f32_to_bf16_sr((float)pi, sr_bits(seed, step, i, 0)));
-        mm[i] = bf16_to_f32(f32_to_bf16_sr((float)mi, sr_bits(seed, step, i, 1)));
-        vv[i] = bf16_to_f32(f32_to_bf16_sr((float)vi, sr_bits(seed, step, i, 2)));
-    }
+static void w_adamw_bf16(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
+                         float eps, float weight_decay, int step, uint64_t seed) {
+    OP(adamw_bf16)((real *)param, (const real *)grad, (real *)m, (real *)v, n, lr, beta1, beta2, eps, weight_decay, step,
+                   seed);
 }
 static double w_sumsq(const void *x, size_t n) { return OP(sumsq)((const real *)x, n); }
 
@@ -394,7 +380,7 @@ static Backend be = {
     .attention_decode = w_attention_decode,
     .sample = w_sample,
     .adamw = w_adamw,
-    .adamw_bf16 = cpu_adamw_bf16,
+    .adamw_bf16 = w_adamw_bf16,
     .sumsq = w_sumsq,
     .scale = w_scale,
     .replay = cpu_replay,

@@ -294,6 +294,22 @@ __global__ void bias_out_kernel(bf16 *out, const float *y, const bf16 *bias, siz
 // ----------------------------------------------------------------------------
 // linear layers
 
+// y (N, OC) (ydt bf16 or f32) = inp (N, C) bf16 W^T for an FP8 weight: the activations quantized
+// dynamically to the weight's granularity (as backend_cpu.c), then the FP8 GEMM
+static void fp8_act_gemm(void *y, DType yt, const void *inp, const QWeight *w, int N) {
+    FP8Tensor xq;
+    memset(&xq, 0, sizeof xq);
+    xq.rows = N;
+    xq.cols = w->cols;
+    xq.gran = w->gran;
+    xq.fmt = FP8_E4M3;
+    xq.block_rows = 1;
+    xq.data = (uint8_t *)cu_scratch(SC_ACT_Q, (size_t)N * w->cols);
+    xq.scale = (float *)cu_scratch(SC_ACT_S, fp8_num_scales(w->gran, N, w->cols, 1) * 4);
+    fp8_quantize_cuda(&xq, inp, DT_BF16, 0);
+    fp8_gemm_cuda(y, yt, &xq, &w->q, 0);
+}
+
 static void cu_linear_forward(void *out, const void *inp, const QWeight *w, const void *bias, int N) {
     int C = w->cols, OC = w->rows;
     if (N <= 0) return;
@@ -304,20 +320,7 @@ static void cu_linear_forward(void *out, const void *inp, const QWeight *w, cons
         cu_fp8_train_forward(y, yt, inp, w, N);
     } else if (w->gran == FP8_OFF) {
         gemm_xwt(y, bias ? F32 : BF, inp, w->dense, N, OC, C, 1.f, 0.f);
-    } else {
-        // the activations, quantized dynamically to the weight's granularity (as backend_cpu.c)
-        FP8Tensor xq;
-        memset(&xq, 0, sizeof xq);
-        xq.rows = N;
-        xq.cols = C;
-        xq.gran = w->gran;
-        xq.fmt = FP8_E4M3;
-        xq.block_rows = 1;
-        xq.data = (uint8_t *)cu_scratch(SC_ACT_Q, (size_t)N * C);
-        xq.scale = (float *)cu_scratch(SC_ACT_S, fp8_num_scales(w->gran, N, C, 1) * 4);
-        fp8_quantize_cuda(&xq, inp, DT_BF16, 0);
-        fp8_gemm_cuda(y, yt, &xq, &w->q, 0);
-    }
+    } else fp8_act_gemm(y, yt, inp, w, N);
     if (bias) {
         bias_out_kernel<<<grid_for(n), 256, 0, G.stream>>>((bf16 *)out, (const float *)y, (const bf16 *)bias, n, OC);
         launchCheck();
@@ -457,22 +460,8 @@ static void cu_attention_decode(void *out, const void *q, const void *kc, const 
 // z (nr, V) f32 = h (nr, C) W^T: a BF16 GEMM, or for an FP8 head (E4M3 rows) h quantized per row as
 // linear_forward quantizes a ROW weight's input, and the FP8 GEMM with fp32 output
 static void head_logits(float *z, const void *h, const QWeight *w, int nr) {
-    int V = w->rows, C = w->cols;
-    if (w->gran == FP8_OFF) {
-        gemm_xwt(z, F32, h, w->dense, nr, V, C, 1.f, 0.f);
-        return;
-    }
-    FP8Tensor xq;
-    memset(&xq, 0, sizeof xq);
-    xq.rows = nr;
-    xq.cols = C;
-    xq.gran = w->gran;
-    xq.fmt = FP8_E4M3;
-    xq.block_rows = 1;
-    xq.data = (uint8_t *)cu_scratch(SC_ACT_Q, (size_t)nr * C);
-    xq.scale = (float *)cu_scratch(SC_ACT_S, fp8_num_scales(w->gran, nr, C, 1) * 4);
-    fp8_quantize_cuda(&xq, h, DT_BF16, 0);
-    fp8_gemm_cuda(z, DT_F32, &xq, &w->q, 0);
+    if (w->gran == FP8_OFF) gemm_xwt(z, F32, h, w->dense, nr, w->rows, w->cols, 1.f, 0.f);
+    else fp8_act_gemm(z, DT_F32, h, w, nr);
 }
 
 // vocabulary rows of an FP8 head dequantized at a time in its backward: 8192 x C bf16 (64 MiB at

@@ -884,6 +884,42 @@ END_TEST
 
 // ---- language-model head -------------------------------------------------------------
 
+// logp and lse against the reference: fp32 logits, each within acc32(C) sum|h w| inv_temp <=
+// acc32(C) inv_temp max|w| sum|h| (h grown by hgrow: its quantization), and the logsumexp's fp32
+// rounding of V terms (~2^-14 with the per-thread runs). Returns the tolerances (N).
+static double *check_logprobs(const char *label, const float *glp, const float *gls, const float *rlp, const float *rls,
+                              const float *h, double wmax, double hgrow, float inv_temp, int N, int C, int V) {
+    double *tl = dmalloc_h(N);
+    for (int i = 0; i < N; i++) {
+        double sh = 0;
+        for (int c = 0; c < C; c++) sh += fabs(h[(size_t)i * C + c]) * hgrow;
+        tl[i] = 2 * acc32(C) * inv_temp * wmax * sh + 0x1p-14 * (1 + fabs(rls[i]));
+    }
+    char what[128];
+    snprintf(what, sizeof what, "%slogprobs_forward logp N %d C %d V %d", label, N, C, V);
+    check_close(what, glp, rlp, tl, N);
+    snprintf(what, sizeof what, "%slogprobs_forward lse N %d C %d V %d", label, N, C, V);
+    check_close(what, gls, rls, tl, N);
+    return tl;
+}
+
+// dh = dz W against the reference, W (V, C) the values the head computes with: dz rounded to bf16,
+// sum_j |dz_j| <= 2 |g| inv_temp, so |err| <= 2^-7 |g| inv_temp max_j |w_jc| (x2 headroom) + the
+// output's rounding
+static void check_dh(const char *label, const float *gdh, const float *rdh, const float *w, const float *g,
+                     const int32_t *tg, float inv_temp, int N, int C, int V) {
+    double *colmax = dmalloc_h(C), *mag = dmalloc_h((size_t)N * C);
+    for (size_t j = 0; j < (size_t)V; j++)
+        for (int c = 0; c < C; c++) colmax[c] = fmax(colmax[c], fabs(w[j * C + c]));
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) mag[(size_t)i * C + c] = tg[i] < 0 ? 0 : 2 * fabs(g[i]) * inv_temp * colmax[c];
+    double *t = tol_bf(rdh, mag, 0x1p-7, (size_t)N * C);
+    char what[128];
+    snprintf(what, sizeof what, "%slogprobs_backward dh N %d C %d V %d", label, N, C, V);
+    check_close(what, gdh, rdh, t, (size_t)N * C);
+    free(colmax); free(mag); free(t);
+}
+
 static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
     float *h = randn_bf((size_t)N * C, 1.0f), *w = randn_bf((size_t)V * C, 0.5f);
     int32_t *tg = (int32_t *)mallocCheck(N * 4);
@@ -897,21 +933,10 @@ static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
     float *rlp = fmalloc(N), *rls = fmalloc(N);
     logprobs_forward_cpu(rlp, rls, h, w, tg, inv_temp, N, C, V);
     float *glp = down_hp(dlp, N), *gls = down_hp(dls, N);
-    // fp32 logits: each within acc32(C) sum|h w| inv_temp <= acc32(C) inv_temp max|w| sum|h|; the
-    // logsumexp adds fp32 rounding of V terms (~2^-14 with the per-thread runs)
-    double wmax = 0;
+    double wmax = 0;  // for the tolerances of check_logprobs
     for (size_t i = 0; i < (size_t)V * C; i++) wmax = fmax(wmax, fabs(w[i]));
-    double *tl = dmalloc_h(N);
-    for (int i = 0; i < N; i++) {
-        double sh = 0;
-        for (int c = 0; c < C; c++) sh += fabs(h[(size_t)i * C + c]);
-        tl[i] = 2 * acc32(C) * inv_temp * wmax * sh + 0x1p-14 * (1 + fabs(rls[i]));
-    }
+    double *tl = check_logprobs("", glp, gls, rlp, rls, h, wmax, 1.0, inv_temp, N, C, V);
     char what[128];
-    snprintf(what, sizeof what, "logprobs_forward logp N %d C %d V %d", N, C, V);
-    check_close(what, glp, rlp, tl, N);
-    snprintf(what, sizeof what, "logprobs_forward lse N %d C %d V %d", N, C, V);
-    check_close(what, gls, rls, tl, N);
     // backward: dh = dz W with dz rounded to bf16; sum_j |dz_j| <= 2 |g| inv_temp, so
     // |err| <= 2^-7 |g| inv_temp max_j |w_jc| (x2 headroom) + output rounding
     float *g = randn(N, 1.0f);
@@ -926,14 +951,7 @@ static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
     float *rdh = fmalloc((size_t)N * C), *rdw = with_dwlm ? fdup(dw0, (size_t)V * C) : NULL;
     logprobs_backward_cpu(rdh, rdw, g, rls, h, w, tg, inv_temp, N, C, V);
     float *gdh = down_act(ddh, (size_t)N * C);
-    double *colmax = dmalloc_h(C), *mag = dmalloc_h((size_t)N * C);
-    for (size_t j = 0; j < (size_t)V; j++)
-        for (int c = 0; c < C; c++) colmax[c] = fmax(colmax[c], fabs(w[j * C + c]));
-    for (int i = 0; i < N; i++)
-        for (int c = 0; c < C; c++) mag[(size_t)i * C + c] = tg[i] < 0 ? 0 : 2 * fabs(g[i]) * inv_temp * colmax[c];
-    double *t = tol_bf(rdh, mag, 0x1p-7, (size_t)N * C);
-    snprintf(what, sizeof what, "logprobs_backward dh N %d C %d V %d", N, C, V);
-    check_close(what, gdh, rdh, t, (size_t)N * C);
+    check_dh("", gdh, rdh, w, g, tg, inv_temp, N, C, V);
     for (int i = 0; i < N; i++)
         if (tg[i] < 0 || g[i] == 0)
             for (int c = 0; c < C; c++) ck_assert_msg(gdh[(size_t)i * C + c] == 0, "dh row %d without gradient is not zero", i);
@@ -973,7 +991,7 @@ static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
     G->free(dh); G->free(dw); G->free(dt); G->free(dlp); G->free(dls); G->free(dg); G->free(ddh); G->free(dz);
     if (ddw) G->free(ddw);
     free(h); free(w); free(tg); free(rlp); free(rls); free(glp); free(gls); free(tl); free(g); free(rdh); free(rdw);
-    free(gdh); free(colmax); free(mag); free(t); free(dw0); free(gz); free(rz); free(tz);
+    free(gdh); free(dw0); free(gz); free(rz); free(tz);
 }
 
 // The FP8 embedding table and LM head (--fp8_embeddings: E4M3, a scale per row) against the CPU
@@ -1007,17 +1025,8 @@ static void fp8_head_case(int N, int C, int V, float inv_temp) {
     fp8_dequantize_cpu(wd, &cw.q);
     double wmax = 0;
     for (size_t i = 0; i < (size_t)V * C; i++) wmax = fmax(wmax, fabs(wd[i]));
-    double *tl = dmalloc_h(N);
-    for (int i = 0; i < N; i++) {
-        double sh = 0;
-        for (int c = 0; c < C; c++) sh += fabs(h[(size_t)i * C + c]) * (1 + 0x1p-4);
-        tl[i] = 2 * acc32(C) * inv_temp * wmax * sh + 0x1p-14 * (1 + fabs(rls[i]));
-    }
+    double *tl = check_logprobs("FP8 head ", glp, gls, rlp, rls, h, wmax, 1 + 0x1p-4, inv_temp, N, C, V);
     char what[128];
-    snprintf(what, sizeof what, "FP8 head logprobs_forward logp N %d C %d V %d", N, C, V);
-    check_close(what, glp, rlp, tl, N);
-    snprintf(what, sizeof what, "FP8 head logprobs_forward lse N %d C %d V %d", N, C, V);
-    check_close(what, gls, rls, tl, N);
     // backward, in chunks of the vocabulary on the GPU (V > 8192 covers several)
     float *g = randn(N, 1.0f);
     void *dg = up_hp(g, N), *ddh = G->alloc((size_t)N * C * 2);
@@ -1025,14 +1034,7 @@ static void fp8_head_case(int N, int C, int V, float inv_temp) {
     float *rdh = fmalloc((size_t)N * C);
     cpu->logprobs_backward(rdh, NULL, g, rls, h, &cw, tg, inv_temp, N);
     float *gdh = down_act(ddh, (size_t)N * C);
-    double *colmax = dmalloc_h(C), *mag = dmalloc_h((size_t)N * C);
-    for (size_t j = 0; j < (size_t)V; j++)
-        for (int c = 0; c < C; c++) colmax[c] = fmax(colmax[c], fabs(wd[j * C + c]));
-    for (int i = 0; i < N; i++)
-        for (int c = 0; c < C; c++) mag[(size_t)i * C + c] = tg[i] < 0 ? 0 : 2 * fabs(g[i]) * inv_temp * colmax[c];
-    double *t = tol_bf(rdh, mag, 0x1p-7, (size_t)N * C);
-    snprintf(what, sizeof what, "FP8 head logprobs_backward dh N %d C %d V %d", N, C, V);
-    check_close(what, gdh, rdh, t, (size_t)N * C);
+    check_dh("FP8 head ", gdh, rdh, wd, g, tg, inv_temp, N, C, V);
     // logits_forward (the decode step's): the forward's bound per element
     int NL = N < 16 ? N : 16;
     void *dz = G->alloc((size_t)NL * V * 4);
@@ -1063,7 +1065,7 @@ static void fp8_head_case(int N, int C, int V, float inv_temp) {
     G->free(ddh); G->free(dz); G->free(dids); G->free(demb);
     fp8_tensor_free_cpu(&cw.q);
     free(h); free(w); free(tg); free(rlp); free(rls); free(glp); free(gls); free(wd); free(tl); free(g); free(rdh);
-    free(gdh); free(colmax); free(mag); free(t); free(gz); free(rz); free(tz); free(ids); free(ge); free(re);
+    free(gdh); free(gz); free(rz); free(tz); free(ids); free(ge); free(re);
 }
 
 START_TEST(test_logprobs) {
