@@ -77,13 +77,13 @@ static WeightBytes weight_bytes(const Model *m) {
 }
 
 // the longest completion (a multiple of 64) whose step fits an arena of cap bytes, one prompt's G
-// completions at a time (what continuous batching needs at least) and an update of one sequence with
-// recomputation
+// completions at a time (what continuous batching needs at least: their KV blocks, rollout.c's count
+// plus one per completion, beside the prompt's prefill) and an update of one sequence with recomputation
 static int fit_new_tokens(const Model *m, const Args *a, size_t cap) {
     int best = 0;
     for (int n = 64; a->prompt + n <= m->cfg.max_pos; n += 64) {
         int blocks = (a->prompt + 15) / 16 + a->G * ((n + 15) / 16 + 1);  // the shared prompt + each completion
-        size_t kv = kvcache_bytes(m, blocks, 16);
+        size_t kv = kvcache_bytes(m, blocks, 16) + model_acts_bytes(m, 1, a->prompt, ACTS_FORWARD_ONLY);  // + its prefill
         size_t acts = memfit_bytes(m, 1, a->prompt + n, 1);
         if (kv > cap || acts > cap) break;
         best = n;

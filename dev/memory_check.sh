@@ -42,7 +42,7 @@ tests)
     ;;
 32b)
     run $B --model 32b --fp8_embeddings --kv fp8 --total_gib 38
-    run $B --model 32b --total_gib 39.5
+    run $B --model 32b --total_gib 39
     ;;
 70b)
     run $B --model 70b --fp8_embeddings --kv fp8 --lora_dtype bf16 --gpu_memory_utilization 0.97 --reserve_gib 2
