@@ -116,6 +116,11 @@ struct Backend {
     // after an optimizer step, for all n trained weights: delayed scaling rolls the amax histories
     // and sets the next scales (*overflows += tensors whose amax was inf/NaN)
     void (*fp8_train_step)(FP8Train *const *t, int n, long *overflows);
+    // delayed scaling's state of n trained weights as floats, for a checkpoint: per weight and
+    // tensor (x, w, dy) the scale in force, then the amax history (len values); into buf (set 0),
+    // or from it (set 1: the scales uploaded too). Returns the count (buf NULL: counted only), 0
+    // for the recipes that keep nothing between steps.
+    size_t (*fp8_train_state)(FP8Train *const *t, int n, float *buf, int set);
     // LoRA, unmerged: ax (N, R) hp = inp A^T ; out (N, OC) act += scale * ax B^T
     // A (R, C), B (OC, R) of type wdt: hp (fp32 masters), or bf16 where act is bf16 (--lora_dtype bf16's
     // masters on CUDA: the values the fp32 path would round them to for its GEMMs, so the same product)

@@ -799,6 +799,7 @@ static Backend be = {
     .fp8_train_new = cu_fp8_train_new,
     .fp8_train_free = cu_fp8_train_free,
     .fp8_train_step = cu_fp8_train_step,
+    .fp8_train_state = cu_fp8_train_state,
     .lora_forward = cu_lora_forward,
     .lora_apply = cu_lora_apply,
     .to_act = cu_to_act,

@@ -1,6 +1,6 @@
 // fp8_train.cu: FP8 training of a dense linear layer on the CUDA backend (--fp8_recipe): the three
 // products of Y = X W^T run as FP8 GEMMs, with the scaling rules of fp8_recipe.h.
-//   defines: the backend ops fp8_train_new, fp8_train_free, fp8_train_step, and
+//   defines: the backend ops fp8_train_new, fp8_train_free, fp8_train_step, fp8_train_state, and
 //            cu_fp8_train_forward / cu_fp8_train_backward, which backend_cuda.cu's linear ops call
 //            for a weight that has an FP8Train
 //
@@ -230,4 +230,29 @@ void cu_fp8_train_step(FP8Train *const *ts, int n, long *overflows) {
     }
     cudaCheck(cudaStreamSynchronize(cu_stream()));
     cudaFreeHost(host);
+}
+
+// Delayed scaling's state for a checkpoint (what makes a resumed run scale as the unbroken one
+// would): per weight and tensor, the scale in force and the history. Setting it uploads the scales.
+size_t cu_fp8_train_state(FP8Train *const *ts, int n, float *buf, int set) {
+    if (n == 0 || ts[0]->r.kind != FP8_RECIPE_DELAYED) return 0;
+    size_t per = 1 + (size_t)ts[0]->r.history_len, count = (size_t)n * 3 * per;
+    if (!buf) return count;
+    for (int k = 0; k < n; k++) {
+        float slots[SLOT * SLOTS] = {0};  // set: the scales, and this step's amaxes at 0 (as after a step)
+        for (int i = 0; i < 3; i++) {
+            DelayedScale *d = &ts[k]->d[i];
+            float *b = buf + ((size_t)k * 3 + i) * per;
+            if (!set) {
+                b[0] = d->scale;
+                memcpy(b + 1, d->history, d->len * sizeof(float));
+                continue;
+            }
+            d->scale = b[0], d->scale_inv = 1.0f / b[0];
+            memcpy(d->history, b + 1, d->len * sizeof(float));
+            slots[SLOT * i] = d->scale, slots[SLOT * (3 + i)] = d->scale_inv;
+        }
+        if (set) cudaCheck(cudaMemcpy(ts[k]->dev, slots, sizeof slots, cudaMemcpyHostToDevice));
+    }
+    return count;
 }

@@ -61,22 +61,32 @@ void full_free(FullTrainer *ft) {
     memset(ft, 0, sizeof *ft);
 }
 
-void full_save_state(const FullTrainer *ft, const char *path) {
+void full_save_state(const FullTrainer *ft, const Model *m, const char *path) {
     const Backend *be = ft->be;
     size_t bytes = ft->n * dtype_size(be->hp);
     const void *src[3] = {ft->master, ft->adam_m, ft->adam_v};
     const char *names[3] = {"params", "adam_m", "adam_v"};
-    STWrite t[3];
-    void *h[3];
+    STWrite t[4];
+    void *h[4] = {0};
     for (int i = 0; i < 3; i++) {
         h[i] = mallocCheck(bytes);
         be->download(h[i], src[i], bytes);
         t[i] = (STWrite){names[i], be->hp, 1, {(int64_t)ft->n}, h[i]};
     }
-    char md[64];
-    snprintf(md, sizeof md, "{\"step\":\"%d\"}", ft->step);
-    st_write(path, t, 3, md);
-    for (int i = 0; i < 3; i++) free(h[i]);
+    // FP8 delayed scaling: the scales and amax histories, so that a resumed run scales as the
+    // unbroken one would (restarted histories would scale the first steps after a resume from
+    // nothing: by 1, TE's initial scale)
+    size_t nf = model_fp8_train_state(m, NULL, 0);
+    int nt = 3;
+    if (nf) {
+        h[3] = mallocCheck(nf * sizeof(float));
+        model_fp8_train_state(m, (float *)h[3], 0);
+        t[nt++] = (STWrite){"fp8_delayed_state", DT_F32, 1, {(int64_t)nf}, h[3]};
+    }
+    char md[96];
+    snprintf(md, sizeof md, "{\"step\":\"%d\",\"fp8_overflows\":\"%ld\"}", ft->step, m->fp8_overflows);
+    st_write(path, t, nt, md);
+    for (int i = 0; i < 4; i++) free(h[i]);
 }
 
 void full_load_state(FullTrainer *ft, Model *m, const char *path) {
@@ -91,6 +101,17 @@ void full_load_state(FullTrainer *ft, Model *m, const char *path) {
             die("%s: %s missing or not %zu %s values: the checkpoint is another model's (or another backend's)", path, names[i],
                 ft->n, dtype_name(be->hp));
         be->upload(dst[i], t->data, t->nbytes);
+    }
+    size_t nf = model_fp8_train_state(m, NULL, 0);
+    if (nf) {
+        const STensor *t = st_find(&st, "fp8_delayed_state");
+        if (!t || t->dtype != DT_F32 || (size_t)t->numel != nf)
+            die("%s: fp8_delayed_state missing or not %zu f32 values: not a checkpoint of this FP8 delayed-scaling run", path, nf);
+        float *f = (float *)mallocCheck(nf * sizeof(float));
+        memcpy(f, t->data, nf * sizeof(float));  // the mapped file's bytes may sit unaligned
+        model_fp8_train_state(m, f, 1);
+        free(f);
+        m->fp8_overflows = st_metadata_int(&st, "fp8_overflows", path);
     }
     ft->step = st_metadata_int(&st, "step", path);
     st_close(&st);

@@ -35,9 +35,11 @@ double full_step(FullTrainer *ft, Model *m, float lr, float beta1, float beta2, 
 void full_free(FullTrainer *ft);
 // The trainer's state for a checkpoint that resumes bit-exactly: the masters and both moments
 // (n hp values each, as "params", "adam_m", "adam_v") and the step, in a safetensors file (the
-// layout of lora_save_state's). Loading also sets m's weights from the masters; dies naming the
-// file when it holds another model's state.
-void full_save_state(const FullTrainer *ft, const char *path);
+// layout of lora_save_state's), and with FP8 delayed scaling m's scales and amax histories
+// ("fp8_delayed_state", model_fp8_train_state). Loading also sets m's weights from the masters
+// (and m's FP8 state: call model_fp8_train first); dies naming the file when it holds another
+// model's state.
+void full_save_state(const FullTrainer *ft, const Model *m, const char *path);
 void full_load_state(FullTrainer *ft, Model *m, const char *path);
 
 #ifdef __cplusplus

@@ -210,6 +210,9 @@ void model_free(Model *m);
 void model_fp8_train(Model *m, const FP8Recipe *r);
 // after each optimizer step (full_step calls it): delayed scaling's histories roll
 void model_fp8_train_step(Model *m);
+// delayed scaling's state (scales and amax histories) as floats into buf, or from it (set 1), for
+// a checkpoint; returns the count (buf NULL: counted only), 0 when nothing is kept between steps
+size_t model_fp8_train_state(const Model *m, float *buf, int set);
 void model_free_scratch(Model *m);  // the activation arena and decode scratch (weights stay)
 // turn the time-shared arena on with this budget (bytes); see Arena
 void model_arena_init(Model *m, size_t cap);

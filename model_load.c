@@ -741,6 +741,10 @@ void model_fp8_train_step(Model *m) {
     if (m->n_fp8_train) m->be->fp8_train_step(m->fp8_train, m->n_fp8_train, &m->fp8_overflows);
 }
 
+size_t model_fp8_train_state(const Model *m, float *buf, int set) {
+    return m->n_fp8_train ? m->be->fp8_train_state(m->fp8_train, m->n_fp8_train, buf, set) : 0;
+}
+
 // ----------------------------------------------------------------------------
 // gradients of the dense weights (full fine-tuning, gradient checks): the same
 // layout as the dense weights, in hp

@@ -276,7 +276,7 @@ static cJSON *run_identity(const Opts *o) {
     cJSON_AddNumberToObject(j, "gradient_accumulation_steps", o->gradient_accumulation_steps);
     cJSON_AddBoolToObject(j, "use_peft", o->use_peft);
     cJSON_AddStringToObject(j, "load_in_fp8", o->load_in_fp8);
-    if (strcmp(o->fp8_recipe, "off")) {  // FP8 training: its recipe (a resume restarts delayed scaling's histories)
+    if (strcmp(o->fp8_recipe, "off")) {  // FP8 training: its recipe (the checkpoint holds delayed scaling's state)
         cJSON_AddStringToObject(j, "fp8_recipe", o->fp8_recipe);
         cJSON_AddStringToObject(j, "fp8_format", o->fp8_format);
         cJSON_AddNumberToObject(j, "fp8_amax_history_len", o->fp8_amax_history_len);
@@ -349,7 +349,7 @@ static void checkpoint(const Run *r, int step) {
     } else {
         model_save_hf(&r->m, tmp, r->save_dt);
         copy_tokenizer_files(o->model, tmp);
-        full_save_state(&r->ft, p);
+        full_save_state(&r->ft, &r->m, p);
     }
     cJSON *run = run_identity(o);
     checkpoint_commit(o->output_dir, step, tmp, run);

@@ -19,6 +19,8 @@ B not zero). Then:
                                                 through; every weight rounded once to bf16: test_export.c derives it)
        transformers + peft, unmerged     vs ref  tol 1e-5 (the same fp32 computation: the adapter itself)
        fp8 export dequantized, float32   vs c8d  tol 1e-5 (the same weights: the codes and scales are read right)
+       fp8 export, transformers' loader  vs c8d  tol 1e-5: transformers reads the FP8 format itself
+         (FineGrainedFP8Config(dequantize=True): quantization_config, codes, weight_scale_inv), fp32
        fp8 export, transformers' FP8      vs c8   tol 2^-5 + q: transformers runs FineGrainedFP8 (weights E4M3 in
          (FP8Linear, bf16 activations           128x128 blocks, activations quantized per 1x128 group at run
           on the GPU)                           time: the project's semantics) on bf16 activations; a bf16 rounding
@@ -172,6 +174,13 @@ def main():
         check("transformers + peft, unmerged   vs C base + adapter", hf_logits(pm, ids), ref, 1e-5)
     m = dequantized_fp8_model(fp8)
     check("fp8 export dequantized, fp32    vs C --load_in_fp8 off", hf_logits(m, ids), c8d, 1e-5)
+    # transformers' own reading of the FP8 format (quantization_config, E4M3 codes, weight_scale_inv per
+    # 128x128 block): its FineGrainedFP8 loader with dequantize=True, which needs no GPU kernel
+    from transformers import FineGrainedFP8Config
+
+    m = AutoModelForCausalLM.from_pretrained(fp8, dtype=torch.float32,
+                                             quantization_config=FineGrainedFP8Config(dequantize=True)).eval()
+    check("fp8 export, transformers' FP8 loader (dequantize) vs C off", hf_logits(m, ids), c8d, 1e-5)
     q = rel_l2(c8, c8d)
     print(f"  (FP8's own effect on these logits: q = rel L2 (C block, C dequantized) = {q:.3e})")
     try:

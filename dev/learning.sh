@@ -5,6 +5,8 @@
 # Each seed's warm-up is made once and shared by its runs. Writes runs/<gran>_s<seed>/
 # and, with matplotlib, learning.png (held-out accuracy per step, all runs).
 #   bash dev/learning.sh [OUTDIR] [extra train_grpo options...]
+# EXTRA="row tensor" (the default) names the granularities run once (seed 1) besides block and off;
+# EXTRA="" runs block and off alone.
 set -euo pipefail
 out=${1:-runs}; shift || true
 mkdir -p "$out"
@@ -19,6 +21,6 @@ run() {  # gran seed [options]
 }
 for s in 1 2 3; do (mkdir -p "$out/block_s$s"; run block $s "$@"; run off $s "$@") & done
 wait
-(run row 1 "$@") & (run tensor 1 "$@") &
+for g in ${EXTRA-row tensor}; do (run "$g" 1 "$@") & done
 wait
 python3 dev/plot_learning.py "$out" "$out/learning.png" || echo "(no plot: matplotlib missing?)"

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """dev/plot_sft_curves.py DIR: the runs of dev/sft_fp8_curves.sh (DIR/<recipe>-<seed>.jsonl): a table of
 the final training loss (the mean of the last 50 steps' losses) per recipe, mean and spread over the
-seeds, relative to BF16; and the curves (the loss, smoothed over 10 steps) in dev/sft_fp8_curves.svg."""
+seeds, relative to BF16, and paired (each seed's FP8 run against its BF16 run: the same batches in the same
+order, so the data's noise cancels); and the curves (the loss, smoothed over 10 steps) in SVG (default
+dev/sft_fp8_curves.svg; a second argument names another)."""
 import glob, json, os, statistics, sys
 
 import matplotlib
@@ -16,13 +18,16 @@ for p in sorted(glob.glob(os.path.join(d, "*-*.jsonl"))):
     runs.setdefault(recipe, {})[seed] = [(r["step"], r["loss"]) for r in rows if "loss" in r]
 final = {rc: [statistics.mean(l for _, l in v[-50:]) for v in s.values()] for rc, s in runs.items()}
 base = statistics.mean(final["off"])
-print("| recipe | seeds | final loss, mean | spread (max - min) | vs BF16 |")
-print("| --- | --- | --- | --- | --- |")
+fin = {rc: {seed: statistics.mean(l for _, l in v[-50:]) for seed, v in s.items()} for rc, s in runs.items()}
+print("| recipe | seeds | final loss, mean | spread (max - min) | vs BF16 (means) | paired: per seed vs its BF16 run |")
+print("| --- | --- | --- | --- | --- | --- |")
 for rc in ("off", "delayed", "block", "current"):
     if rc in final:
         f = final[rc]
+        pair = [(fin[rc][sd] / fin["off"][sd] - 1) * 100 for sd in sorted(fin[rc]) if sd in fin["off"]]
+        ps = ", ".join(f"{x:+.2f}%" for x in pair) if rc != "off" else ""
         print(f"| {'BF16' if rc == 'off' else 'FP8 ' + rc} | {len(f)} | {statistics.mean(f):.4f} | {max(f) - min(f):.4f} | "
-              f"{(statistics.mean(f) / base - 1) * 100:+.2f}% |")
+              f"{(statistics.mean(f) / base - 1) * 100:+.2f}% | {ps} |")
 fig, ax = plt.subplots(figsize=(8, 4.5))
 colors = {"off": "black", "delayed": "tab:blue", "block": "tab:orange", "current": "tab:green"}
 for rc, s in runs.items():
@@ -33,9 +38,9 @@ for rc, s in runs.items():
 ax.set_yscale("log")
 ax.set_xlabel("optimizer step")
 ax.set_ylabel("training loss (completion tokens, 10-step mean)")
-ax.set_title("SFT of a Llama-3.2-1B-shaped model on a + b = c: BF16 vs FP8 (3 seeds each)")
+ax.set_title(f"SFT of a Llama-3.2-1B-shaped model ({os.path.basename(os.path.abspath(d))}): BF16 vs FP8, {len(final['off'])} seeds each")
 ax.legend()
 fig.tight_layout()
-out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sft_fp8_curves.svg")
+out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "sft_fp8_curves.svg")
 fig.savefig(out)
 print("plot:", out)

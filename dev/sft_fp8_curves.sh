@@ -3,10 +3,14 @@
 # Llama-3.2-1B-shaped model (hidden 2048, 16 layers, 32/8 heads, FF 8192, vocab 128256; random
 # weights, the built-in byte-level tokenizer) on the built-in kind of data (a + b = c), with
 # ./train_sft in BF16, FP8 delayed and FP8 block (hybrid), three data-order seeds each, the same
-# initial weights for all. Each run's metrics.jsonl goes to OUT/<recipe>-<seed>.jsonl; then
-#   python3 dev/plot_sft_curves.py OUT      (the table of final losses and dev/sft_fp8_curves.svg)
+# initial weights for all. TASK=text: language modelling on text instead (Python's standard library
+# as bytes, 128 a sequence: 16 of prompt, 112 of completion), whose loss stays high (bits of real
+# entropy), so that 0.5% of it is a difference the seeds can resolve. Each run's metrics.jsonl
+# goes to OUT/<recipe>-<seed>.jsonl; then
+#   python3 dev/plot_sft_curves.py OUT      (the table of final losses and the curves' svg)
 # From the repository root on a GPU machine after make; needs python3 with transformers (the random
-# checkpoint). STEPS (default 500), BATCH (32), SEEDS ("1 2 3"), RECIPES ("off delayed block").
+# checkpoint). STEPS (default 500), BATCH (32), SEEDS ("1 2 3"), RECIPES ("off delayed block");
+# PARALLEL=1 runs the seeds of a recipe at once (3 x ~22 GiB: an 80 GB GPU holds them).
 set -euo pipefail
 out=${1:-/tmp/sft_curves}
 steps=${STEPS:-500}
@@ -14,7 +18,7 @@ batch=${BATCH:-32}
 w=$(mktemp -d /tmp/sft_curves_work.XXXXXX)
 mkdir -p "$out"
 ./train_grpo --max_steps 1 --eval_size 4 --output_dir "$w/grpo" >/dev/null  # the built-in tokenizer.json
-python3 - "$w" <<'PY'
+python3 - "$w" "${TASK:-sum}" <<'PY'
 import json, os, random, sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 w = sys.argv[1]
@@ -26,20 +30,30 @@ LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(f"{w}/model", safe_seri
 os.system(f"cp {w}/grpo/warmup/tokenizer.json {w}/model/")
 rng = random.Random(0)
 with open(f"{w}/data.jsonl", "w") as f:
-    for _ in range(20000):
-        a, b = rng.randrange(100), rng.randrange(100)
-        f.write(json.dumps({"prompt": f"{a}+{b}=", "completion": str(a + b)}) + "\n")
+    if sys.argv[2] == "text":  # the standard library's modules, in name order, cut into 128-byte pieces
+        lib = os.path.dirname(os.__file__)
+        text = b"".join(open(os.path.join(lib, n), "rb").read() for n in sorted(os.listdir(lib)) if n.endswith(".py"))
+        text = text.decode("ascii", "ignore")
+        for k in range(0, min(len(text), 128 * 60000) - 128, 128):
+            f.write(json.dumps({"prompt": text[k:k + 16], "completion": text[k + 16:k + 128]}) + "\n")
+    else:
+        for _ in range(20000):
+            a, b = rng.randrange(100), rng.randrange(100)
+            f.write(json.dumps({"prompt": f"{a}+{b}=", "completion": str(a + b)}) + "\n")
 PY
-for seed in ${SEEDS:-1 2 3}; do
-  for recipe in ${RECIPES:-off delayed block}; do
+one() {  # recipe seed
+  ./train_sft --device cuda --model "$w/model" --data "$w/data.jsonl" --chat 0 --max_steps "$steps" \
+    --per_device_train_batch_size "$batch" --learning_rate 1e-4 --lr_scheduler_type cosine --warmup_ratio 0.05 \
+    --logging_steps 1 --save_steps 0 --seed "$2" --fp8_recipe "$1" --output_dir "$w/run-$1-$2" --overwrite_output_dir --quiet \
+    | tail -1
+  cp "$w/run-$1-$2/metrics.jsonl" "$out/$1-$2.jsonl"
+  rm -rf "$w/run-$1-$2"
+}
+for recipe in ${RECIPES:-off delayed block}; do
+  for seed in ${SEEDS:-1 2 3}; do
     s=$(date +%s)
-    ./train_sft --device cuda --model "$w/model" --data "$w/data.jsonl" --chat 0 --max_steps "$steps" \
-      --per_device_train_batch_size "$batch" --learning_rate 1e-4 --lr_scheduler_type cosine --warmup_ratio 0.05 \
-      --logging_steps 1 --save_steps 0 --seed "$seed" --fp8_recipe "$recipe" --output_dir "$w/run" --overwrite_output_dir --quiet \
-      | tail -1
-    cp "$w/run/metrics.jsonl" "$out/$recipe-$seed.jsonl"
-    echo "$recipe seed $seed: $(( $(date +%s) - s )) s"
-    rm -rf "$w/run"
+    if [ "${PARALLEL:-0}" = 1 ]; then one "$recipe" "$seed" & else one "$recipe" "$seed"; echo "$recipe seed $seed: $(( $(date +%s) - s )) s"; fi
   done
+  wait
 done
 rm -rf "$w"

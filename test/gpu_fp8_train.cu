@@ -8,7 +8,9 @@
 //     over three optimizer steps, the weights and the data's range changing between them, against
 //     fp8_linear_train_cpu on the operands the recipe defines (delayed: the CPU's DelayedScale fed
 //     the same amaxes): within the FP8 tensor cores' accumulation (ACC_TC, gpu_util.cuh) and the
-//     bf16 rounding of Y and dX.
+//     bf16 rounding of Y and dX;
+//   - delayed scaling's state through a checkpoint (fp8_train_state): set into a fresh linear, the
+//     same forward bytes.
 // Run on a GPU: make test-gpu (CK_FORK=no).
 #include "gpu_util.cuh"
 
@@ -397,6 +399,57 @@ START_TEST(test_shared_input) {
 }
 END_TEST
 
+// A checkpoint's delayed-scaling state (fp8_train_state): a linear trained for some steps, its
+// state set into a fresh one, which then gets the same state back and makes the same bytes as the
+// original at the next step (the scales the GEMMs read were uploaded); a fresh one without it does
+// not (its scale is still 1)
+START_TEST(test_delayed_state) {
+    int N = 256, C = 384, OC = 128;
+    FP8Recipe r = fp8_recipe_default();
+    r.history_len = 5;
+    QWeight w[2];
+    float *wh = randn_bf((size_t)OC * C, 0.05f);
+    char why[256];
+    for (int i = 0; i < 2; i++) {
+        memset(&w[i], 0, sizeof w[i]);
+        w[i].rows = OC, w[i].cols = C, w[i].gran = FP8_OFF, w[i].dense = up_act(wh, (size_t)OC * C);
+        w[i].train = G->fp8_train_new(&w[i], &r, NULL, why, sizeof why);
+        ck_assert_msg(w[i].train, "%s", why);
+    }
+    void *y[2] = {G->alloc((size_t)N * OC * 2), G->alloc((size_t)N * OC * 2)}, *dx = G->alloc((size_t)N * C * 2);
+    void *dw = G->alloc((size_t)OC * C * 4);
+    long overflows = 0;
+    for (int step = 0; step < 3; step++) {  // amaxes that change from step to step: a history of distinct values
+        float *x = randn_bf((size_t)N * C, ldexpf(1.0f, step + 2)), *dy = randn_bf((size_t)N * OC, ldexpf(1e-3f, -step));
+        void *xd = up_act(x, (size_t)N * C), *dyd = up_act(dy, (size_t)N * OC);
+        G->linear_forward(y[0], xd, &w[0], NULL, N);
+        G->linear_backward(dx, 0, dw, NULL, dyd, xd, &w[0], N);
+        G->fp8_train_step(&w[0].train, 1, &overflows);
+        free(x), free(dy), G->free(xd), G->free(dyd);
+    }
+    size_t n = G->fp8_train_state(&w[0].train, 1, NULL, 0);
+    ck_assert_int_eq(n, 3 * (1 + r.history_len));
+    float *a = fmalloc(n), *b = fmalloc(n);
+    G->fp8_train_state(&w[0].train, 1, a, 0);
+    for (int i = 0; i < 3; i++) ck_assert_msg(a[i * (1 + r.history_len)] != 1.0f, "tensor %d's scale is still 1 after 3 steps", i);
+    float *x = randn_bf((size_t)N * C, 8.0f);
+    void *xd = up_act(x, (size_t)N * C);
+    G->linear_forward(y[1], xd, &w[1], NULL, N);  // no state yet: scale 1, other bytes
+    G->linear_forward(y[0], xd, &w[0], NULL, N);
+    void *ya = down_bytes(y[0], (size_t)N * OC * 2), *yb = down_bytes(y[1], (size_t)N * OC * 2);
+    ck_assert_msg(memcmp(ya, yb, (size_t)N * OC * 2) != 0, "a fresh linear made the trained one's bytes without its state");
+    G->fp8_train_state(&w[1].train, 1, a, 1);
+    G->fp8_train_state(&w[1].train, 1, b, 0);
+    check_exact("the state set, read back", a, b, n * sizeof(float));
+    G->linear_forward(y[1], xd, &w[1], NULL, N);
+    check_same_bytes("Y with the state set", y[0], y[1], (size_t)N * OC * 2);
+    printf("  delayed state: %zu floats round trip; the next forward equals the unbroken one's\n", n);
+    for (int i = 0; i < 2; i++) G->fp8_train_free(w[i].train), G->free(w[i].dense), G->free(y[i]);
+    G->free(dx), G->free(dw), G->free(xd);
+    free(a), free(b), free(x), free(wh), free(ya), free(yb);
+}
+END_TEST
+
 static Suite *gpu_fp8_train_suite(void) {
     Suite *s = suite_create("gpu_fp8_train");
     TCase *tc = tcase_create("core");
@@ -405,6 +458,7 @@ static Suite *gpu_fp8_train_suite(void) {
     tcase_add_test(tc, test_quantize_transposed);
     tcase_add_test(tc, test_linear_recipes);
     tcase_add_test(tc, test_shared_input);
+    tcase_add_test(tc, test_delayed_state);
     suite_add_tcase(s, tc);
     return s;
 }
