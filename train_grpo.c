@@ -157,17 +157,19 @@ static const Option OPTIONS[] = {
     {"kv_cache_dtype", OPT_CHOICE, OFF(kv_cache_dtype), .choices = "auto|fp8", .dflt = "auto",
      .help = "the rollouts' KV cache: the activations' type, or E4M3 with a scale per token and head (half the bytes)"},
     {"gpu_memory_utilization", OPT_DOUBLE, OFF(gpu_memory_utilization), 0.05, 0.99, .dflt = "0.6",
-     .help = "share of the GPU's memory for weights, LoRA and the arena (KV cache in rollouts, activations in updates)"},
+     .help = "share of the GPU's memory for weights, LoRA and the arena (KV cache in rollouts, activations in updates); "
+             "not given, raised up to 0.95 where the default would leave the arena under 2 GiB"},
 };
 #define N_OPTIONS ((int)(sizeof OPTIONS / sizeof OPTIONS[0]))
 
-static void parse_options(int argc, char **argv, Opts *o, GrpoConfig *g) {
+static void parse_options(int argc, char **argv, Opts *o, GrpoConfig *g, int *util_given) {
     memset(o, 0, sizeof *o);
     OptionTable t = {.usage = "usage: ./train_grpo [--name value | --name=value ...]\n"
                               "GRPO with LoRA on frozen FP8 weights; without --model, the built-in tiny model and task (a\n"
                               "supervised warm-up, cached, then GRPO). Names as TRL's; '-' and '_' are the same; a flag alone means true.",
                      .rows = OPTIONS, .n = N_OPTIONS, .base = o, .grpo = g};
     options_parse(&t, argc, argv);
+    *util_given = options_given(&t, "gpu_memory_utilization");
     char err[256];
     if (grpo_config_check(g, err, sizeof err) < 0) die("%s", err);
     if (o->per_device_train_batch_size % g->num_generations)
@@ -211,6 +213,7 @@ typedef struct {
     Model m;                // the frozen weights (FP8 unless --load_in_fp8 off) with...
     LoRA *lo;               // ...the adapter GRPO trains
     size_t lora_bytes;      // LoRA parameters, gradients, AdamW m and v
+    int gpu_util_given;     // --gpu_memory_utilization was on the command line (else it may be raised to fit)
     int G, S, P, Tc, mb, R; // group size, sequences per step (P prompts x G), max completion tokens, micro-batch, reward functions
     long total_updates;     // optimizer steps of the whole run (max_steps x num_iterations)
     long lr_warmup;         // of which ramp the learning rate up
@@ -600,6 +603,40 @@ static void prepare_output(Run *r) {
     printf("output: %s%s\n", r->dir, why);
 }
 
+// What the process may hold: --gpu_memory_utilization of the device. Left at its default, a share that
+// leaves the arena less than MIN_ARENA beside the weights, LoRA and the 1 GiB reserve (a large model on
+// a small GPU) is raised as far as 0.95, and said. Dies in one line, naming what would help, when even
+// that leaves no arena.
+#define MIN_ARENA ((size_t)2 << 30)
+static size_t arena_budget(Run *r) {
+    Opts *o = &r->o;
+    double cap = (double)r->be->mem_capacity();
+    size_t used = r->be->mem_in_use(NULL), reserve = (size_t)1 << 30;
+    if (!r->gpu_util_given && o->gpu_memory_utilization * cap < (double)(used + reserve + MIN_ARENA)) {
+        double u = fmin(0.95, (double)(used + reserve + MIN_ARENA) / cap);
+        if (u > o->gpu_memory_utilization) {
+            printf("memory: --gpu_memory_utilization %.2f would leave the KV-cache/activation arena %.2f GiB beside the "
+                   "weights: using %.2f (the option sets it)\n",
+                   o->gpu_memory_utilization, fmax(0, o->gpu_memory_utilization * cap - used - reserve) / 1073741824.0, u);
+            o->gpu_memory_utilization = u;
+        }
+    }
+    size_t budget = (size_t)(o->gpu_memory_utilization * cap);
+    if (budget <= used + reserve) {
+        char help[256] = "";
+        size_t n = 0;
+        if (o->gpu_memory_utilization < 0.95) n += snprintf(help + n, sizeof help - n, "raise --gpu_memory_utilization, ");
+        if (!strcmp(o->load_in_fp8, "off")) n += snprintf(help + n, sizeof help - n, "use --load_in_fp8 block, ");
+        if (!o->fp8_embeddings) n += snprintf(help + n, sizeof help - n, "add --fp8_embeddings, ");
+        if (strcmp(o->lora_dtype, "bf16")) n += snprintf(help + n, sizeof help - n, "use --lora_dtype bf16, ");
+        snprintf(help + n, sizeof help - n, "or lower --lora_r");
+        die("--gpu_memory_utilization %.2f gives %.2f GiB, but the weights, LoRA and optimizer hold %.2f GiB and the "
+            "backend keeps 1 GiB in reserve: %s",
+            o->gpu_memory_utilization, budget / 1073741824.0, used / 1073741824.0, help);
+    }
+    return budget;
+}
+
 // Stage "load": the task, the tokenizer (checked against the checkpoint's vocabulary), the
 // backend, the model (the built-in one through its warm-up), LoRA, and the GPU arena's budget.
 static void load(Run *r) {
@@ -649,12 +686,7 @@ static void load(Run *r) {
         // the time-shared arena (KV cache during rollouts, activations during updates) gets what
         // --gpu_memory_utilization leaves after what is held now and a reserve for the backend's
         // scratch, which grows lazily (FP8 activation codes, 512 MiB logits chunks, LoRA copies)
-        size_t budget = (size_t)(o->gpu_memory_utilization * (double)r->be->mem_capacity()), used = r->be->mem_in_use(NULL);
-        size_t reserve = (size_t)1 << 30;
-        if (budget <= used + reserve)
-            die("--gpu_memory_utilization %.2f gives %.2f GiB, but the weights, LoRA and optimizer hold %.2f GiB and the "
-                "backend keeps 1 GiB in reserve: raise --gpu_memory_utilization",
-                o->gpu_memory_utilization, budget / 1073741824.0, used / 1073741824.0);
+        size_t budget = arena_budget(r), used = r->be->mem_in_use(NULL), reserve = (size_t)1 << 30;
         model_arena_init(m, budget - used - reserve);
         printf("arena (KV cache during rollouts, activations during updates): up to %.2f GiB, grown on demand\n",
                (budget - used - reserve) / 1073741824.0);
@@ -1117,7 +1149,7 @@ int main(int argc, char **argv) {
     Run r;
     memset(&r, 0, sizeof r);
     r.prog = argv[0];
-    parse_options(argc, argv, &r.o, &r.g);
+    parse_options(argc, argv, &r.o, &r.g, &r.gpu_util_given);
     setvbuf(stdout, NULL, _IOLBF, 0);
     prepare_output(&r);  // where the run writes; checked now, not after the warm-up
     load(&r);            // task, tokenizer, model (the built-in one: warm-up, cached), LoRA
