@@ -10,6 +10,7 @@
 #   make bench-rollout build build/bench_rollout (rollout throughput on the CUDA backend)
 #   make bench-dp     build build/bench_dp (several GPUs: the GRPO step data parallel, full fine-tuning
 #                     sharded; dev/multi_gpu_check.sh runs it)
+#   make bench-grpo   build build/bench_grpo (one GRPO step at a named shape and its memory by part)
 #   make dev-check    build the FP8 GEMM kernel lab (dev/cuda) and run each version's validation (GPU)
 #   make fuzz-replay  build the fuzz targets (test/fuzz) as plain programs and replay their corpora
 #   make fuzz         build the fuzz targets with clang's libFuzzer (+ ASan, UBSan) into build-fuzz/
@@ -168,7 +169,7 @@ endif
 # ---- sources ----
 # the library: everything but the programs' mains
 LIB_C   := safetensors.c model.c model_load.c backend.c backend_cpu.c ops_cpu.c fp8_cpu.c fp8_recipe.c \
-           tokenizer.c unicode.c lora.c full.c sft.c checkpoint.c grpo.c tasks.c rollout.c plot.c options.c dist.c dp.c
+           tokenizer.c unicode.c lora.c full.c sft.c checkpoint.c grpo.c tasks.c rollout.c plot.c options.c dist.c dp.c memfit.c
 LIB_C   := $(wildcard $(LIB_C))
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C)))
 # the CPU reference kernels and backend again, in fp64 (backend "cpu64")
@@ -187,7 +188,7 @@ HEADERS := $(wildcard *.h *.cuh)
 
 VPATH := .:test
 
-.PHONY: all test test-gpu clean bench-gemm bench-train bench-full bench-rollout bench-dp fuzz fuzz-run fuzz-replay
+.PHONY: all test test-gpu clean bench-gemm bench-train bench-full bench-rollout bench-dp bench-grpo fuzz fuzz-run fuzz-replay
 all: $(PROGS)
 
 $(BUILD):
@@ -241,7 +242,7 @@ $(BUILD)/gpu_%: test/gpu_%.cu test/testutil.h $(LIB) $(HEADERS)
 test-gpu: $(TESTS_GPU)
 	@set -e; for t in $(TESTS_GPU); do echo "== $$t"; CK_FORK=no $$t; done; echo "make test-gpu: all GPU suites passed"
 # the benchmarks and the FP8 GEMM kernel lab are built by dev/Makefile (into build/, against the
-# library): bench-gemm, bench-train, bench-rollout; dev-check runs the lab's validations (GPU)
+# library): bench-gemm, bench-train, bench-rollout, bench-dp, bench-grpo; dev-check runs the lab's validations (GPU)
 DEV_ARGS = GPU_ARCH=$(GPU_ARCH) $(if $(DEPS_PREFIX),DEPS_PREFIX=$(DEPS_PREFIX)) NCCL_LIBS='$(NCCL_LIBS)' $(if $(filter-out system,$(NCCL_HOME)),NCCL_HOME=$(NCCL_HOME))
 .PHONY: dev-check
 # (the library first, here: parallel dev makes then find it built)
@@ -250,9 +251,10 @@ bench-train: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_train
 bench-full: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_full
 bench-rollout: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_rollout
 bench-dp: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_dp
+bench-grpo: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_grpo
 dev-check: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) check
 else
-test-gpu bench-gemm bench-train bench-full bench-rollout bench-dp dev-check:
+test-gpu bench-gemm bench-train bench-full bench-rollout bench-dp bench-grpo dev-check:
 	@echo "no nvcc: the GPU suites need the CUDA toolkit (and a GPU to run)"; exit 1
 endif
 

@@ -88,8 +88,9 @@ struct Backend {
     void (*dequantize_weight)(void *out, const QWeight *w);
 
     // ---- transformer ops ---------------------------------------------------
-    // out (N, C) act = wte[ids[n]]; ids (N) i32
-    void (*embedding_forward)(void *out, const int32_t *ids, const void *wte, int N, int C);
+    // out (N, C) act = wte[ids[n]]; ids (N) i32; wte (V, C): dense act values, or FP8 E4M3 with a scale
+    // per row (FP8_ROW: --fp8_embeddings), each row dequantized (code * scale, rounded once to act)
+    void (*embedding_forward)(void *out, const int32_t *ids, const QWeight *wte, int N);
     // dwte (V, C) hp += scatter of dout (N, C) act rows to ids (training the embeddings: warm-up / SFT)
     void (*embedding_backward)(void *dwte, const int32_t *ids, const void *dout, int N, int C);
     // out (N, C) act = inp / rms(inp) * w ; rstd (N) hp saved for backward; out may alias inp
@@ -121,8 +122,9 @@ struct Backend {
     // for the recipes that keep nothing between steps.
     size_t (*fp8_train_state)(FP8Train *const *t, int n, float *buf, int set);
     // LoRA, unmerged: ax (N, R) hp = inp A^T ; out (N, OC) act += scale * ax B^T
-    // A (R, C) hp, B (OC, R) hp
-    void (*lora_forward)(void *out, void *ax, const void *inp, const void *A, const void *B, float scale,
+    // A (R, C), B (OC, R) of type wdt: hp (fp32 masters), or bf16 where act is bf16 (--lora_dtype bf16's
+    // masters on CUDA: the values the fp32 path would round them to for its GEMMs, so the same product)
+    void (*lora_forward)(void *out, void *ax, const void *inp, const void *A, const void *B, DType wdt, float scale,
                          int N, int C, int R, int OC);
     // out (N, OC) act += scale * (inp A^T) B^T with A (R, C), B (OC, R) in act (copies of the hp
     // masters, made once per rollout) and inp A^T rounded to act: lora_forward's product for the
@@ -131,9 +133,9 @@ struct Backend {
                        int OC);
     // dst (n) act = src (n) hp, rounded (device to device)
     void (*to_act)(void *dst, const void *src, size_t n);
-    // dA (R, C) hp += ; dB (OC, R) hp += ; dinp (N, C) act += scale * (dout B) A
+    // dA (R, C) hp += ; dB (OC, R) hp += ; dinp (N, C) act += scale * (dout B) A; A, B of type wdt (above)
     void (*lora_backward)(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax,
-                          const void *A, const void *B, float scale, int N, int C, int R, int OC);
+                          const void *A, const void *B, DType wdt, float scale, int N, int C, int R, int OC);
     // x (N, H, HD) act rotated in place by position pos[n] (Hugging Face rotate_half
     // convention); inv_freq (HD/2) hp. Backward rotates by the negative angle.
     void (*rope_forward)(void *x, const int32_t *pos, const void *inv_freq, int N, int H, int HD);
@@ -162,16 +164,21 @@ struct Backend {
     void (*split_columns)(void *const *outs, const int *widths, int n, const void *inp, int N);
 
     // ---- the language-model head -------------------------------------------
-    // logits (N, V) hp = h (N, C) wlm (V, C)^T
-    void (*logits_forward)(void *logits, const void *h, const void *wlm, int N, int C, int V);
+    // wlm (V, C): dense act values, or FP8 E4M3 with a scale per vocabulary row (FP8_ROW, the
+    // --fp8_embeddings option); then h is quantized per row (token) to E4M3 as linear_forward does, the
+    // product is an FP8 GEMM with fp32 output, and the backward's dh goes through W dequantized
+    // (straight-through, as for the linear layers). C = wlm->cols, V = wlm->rows.
+    // logits (N, V) hp = h (N, C) wlm^T
+    void (*logits_forward)(void *logits, const void *h, const QWeight *wlm, int N);
     // logp (N) hp = log_softmax(inv_temp * h wlm^T)[targets[n]], lse (N) hp saved;
     // rows with targets[n] < 0 give 0. Never materializes (N, V).
-    void (*logprobs_forward)(void *logp, void *lse, const void *h, const void *wlm, const int32_t *targets,
-                             float inv_temp, int N, int C, int V);
+    void (*logprobs_forward)(void *logp, void *lse, const void *h, const QWeight *wlm, const int32_t *targets,
+                             float inv_temp, int N);
     // dh (N, C) act = d(sum_n dlogp[n] logp[n]) / dh ; dlogp (N) hp;
-    // dwlm (V, C) hp += the same gradient with respect to wlm (NULL: frozen head, the LoRA case)
+    // dwlm (V, C) hp += the same gradient with respect to wlm (NULL: frozen head, the LoRA case; an FP8
+    // head is always frozen)
     void (*logprobs_backward)(void *dh, void *dwlm, const void *dlogp, const void *lse, const void *h,
-                              const void *wlm, const int32_t *targets, float inv_temp, int N, int C, int V);
+                              const QWeight *wlm, const int32_t *targets, float inv_temp, int N);
 
     // ---- KV cache and decode -----------------------------------------------
     // The cache of one layer is a pool of blocks: kc, vc (NB, BS, KVH, HD). A token's slot is
@@ -208,6 +215,12 @@ struct Backend {
     // AdamW on n hp values: m, v hp state; step counts from 1 (bias correction)
     void (*adamw)(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
                   float eps, float weight_decay, int step);
+    // AdamW with param, m and v held as bf16 values (--lora_dtype bf16: bf16 storage where act is bf16, the
+    // CUDA backend's; on the CPU backends their values in hp storage); grad hp. The same fp64 arithmetic as
+    // adamw, then each of the three rounded to bf16 stochastically (common.h f32_to_bf16_sr, its bits from
+    // sr_bits(seed, step, i, 0 param / 1 m / 2 v)), bit-exact between the backends
+    void (*adamw_bf16)(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
+                       float eps, float weight_decay, int step, uint64_t seed);
     // sum of squares of n hp values, returned to the host (deterministic)
     double (*sumsq)(const void *x, size_t n);
     // x (n hp) *= s

@@ -149,8 +149,10 @@ static void cpu_linear_backward(void *dinp, int accumulate, void *dw, void *dbia
 }
 
 // ---- LoRA: out += scale * (inp A^T) B^T ------------------------------------------
-static void cpu_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, float scale, int N,
-                             int C, int R, int OC) {
+// A, B: hp (wdt is hp on the CPU backends: --lora_dtype bf16 holds bf16 values in hp storage)
+static void cpu_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, DType wdt, float scale,
+                             int N, int C, int R, int OC) {
+    if (wdt != REAL_DT) die(BACKEND_NAME " backend: LoRA weights are %s, not %s", dtype_name(wdt), dtype_name(REAL_DT));
     OP(matmul_forward)((real *)ax, (const real *)inp, (const real *)A, NULL, N, C, R);
     real *tmp = (real *)mallocCheck((size_t)N * OC * sizeof(real));
     OP(matmul_forward)(tmp, (const real *)ax, (const real *)B, NULL, N, R, OC);
@@ -163,13 +165,14 @@ static void cpu_lora_forward(void *out, void *ax, const void *inp, const void *A
 static void cpu_lora_apply(void *out, const void *inp, const void *A, const void *B, float scale, int N, int C, int R,
                            int OC) {
     real *ax = (real *)mallocCheck((size_t)N * R * sizeof(real));
-    cpu_lora_forward(out, ax, inp, A, B, scale, N, C, R, OC);
+    cpu_lora_forward(out, ax, inp, A, B, REAL_DT, scale, N, C, R, OC);
     free(ax);
 }
 static void cpu_to_act(void *dst, const void *src, size_t n) { memcpy(dst, src, n * sizeof(real)); }
 
 static void cpu_lora_backward(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax,
-                              const void *A, const void *B, float scale, int N, int C, int R, int OC) {
+                              const void *A, const void *B, DType wdt, float scale, int N, int C, int R, int OC) {
+    if (wdt != REAL_DT) die(BACKEND_NAME " backend: LoRA weights are %s, not %s", dtype_name(wdt), dtype_name(REAL_DT));
     // the adapter's output is scale * ax B^T, so its upstream gradient is scale * dout
     size_t nd = (size_t)N * OC;
     real *sd = (real *)mallocCheck(nd * sizeof(real));
@@ -182,8 +185,19 @@ static void cpu_lora_backward(void *dinp, void *dA, void *dB, const void *dout, 
 }
 
 // ---- thin wrappers (the void* interface over the typed kernels) -------------------
-static void w_embedding_forward(void *out, const int32_t *ids, const void *wte, int N, int C) {
-    OP(embedding_forward)((real *)out, ids, (const real *)wte, N, C);
+// FP8 rows (--fp8_embeddings): each looked-up row dequantized, code * scale in fp32
+static void w_embedding_forward(void *out, const int32_t *ids, const QWeight *wte, int N) {
+    int C = wte->cols;
+    if (wte->gran == FP8_OFF) {
+        OP(embedding_forward)((real *)out, ids, (const real *)wte->dense, N, C);
+        return;
+    }
+    float *row = (float *)mallocCheck(C * sizeof(float));
+    for (int n = 0; n < N; n++) {
+        fp8_dequantize_row_cpu(row, &wte->q, ids[n]);
+        for (int c = 0; c < C; c++) ((real *)out)[(size_t)n * C + c] = row[c];
+    }
+    free(row);
 }
 static void w_embedding_backward(void *dwte, const int32_t *ids, const void *dout, int N, int C) {
     OP(embedding_backward)((real *)dwte, ids, (const real *)dout, N, C);
@@ -252,17 +266,44 @@ static void w_split_columns(void *const *outs, const int *widths, int n, const v
 static void w_gather_rows(void *out, const void *inp, const int32_t *idx, int n_idx, int C) {
     OP(gather_rows)((real *)out, (const real *)inp, idx, n_idx, C);
 }
-static void w_logits_forward(void *logits, const void *h, const void *wlm, int N, int C, int V) {
-    OP(matmul_forward)((real *)logits, (const real *)h, (const real *)wlm, NULL, N, C, V);
+// The LM head through an FP8 weight (--fp8_embeddings) is fake quantization, as the linear layers: h
+// quantized per row (token), W dequantized from its codes; then the dense reference. The backward
+// differentiates through the same fake-quantized h and dequantized W (straight-through).
+typedef struct {
+    const real *h, *w;
+    real *hq, *wd;  // owned copies when the head is FP8, else NULL
+} HeadOperands;
+static HeadOperands head_operands(const void *h, const QWeight *wlm, int N) {
+    HeadOperands o = {(const real *)h, (const real *)wlm->dense, NULL, NULL};
+    if (wlm->gran == FP8_OFF) return o;
+    o.hq = fake_quant_act((const real *)h, N, wlm->cols, wlm->gran);
+    o.wd = (real *)mallocCheck((size_t)wlm->rows * wlm->cols * sizeof(real));
+    cpu_dequantize_weight(o.wd, wlm);
+    o.h = o.hq, o.w = o.wd;
+    return o;
 }
-static void w_logprobs_forward(void *logp, void *lse, const void *h, const void *wlm, const int32_t *targets,
-                               float inv_temp, int N, int C, int V) {
-    OP(logprobs_forward)((real *)logp, (real *)lse, (const real *)h, (const real *)wlm, targets, inv_temp, N, C, V);
+static void head_operands_free(HeadOperands *o) {
+    free(o->hq);
+    free(o->wd);
+}
+static void w_logits_forward(void *logits, const void *h, const QWeight *wlm, int N) {
+    HeadOperands o = head_operands(h, wlm, N);
+    OP(matmul_forward)((real *)logits, o.h, o.w, NULL, N, wlm->cols, wlm->rows);
+    head_operands_free(&o);
+}
+static void w_logprobs_forward(void *logp, void *lse, const void *h, const QWeight *wlm, const int32_t *targets,
+                               float inv_temp, int N) {
+    HeadOperands o = head_operands(h, wlm, N);
+    OP(logprobs_forward)((real *)logp, (real *)lse, o.h, o.w, targets, inv_temp, N, wlm->cols, wlm->rows);
+    head_operands_free(&o);
 }
 static void w_logprobs_backward(void *dh, void *dwlm, const void *dlogp, const void *lse, const void *h,
-                                const void *wlm, const int32_t *targets, float inv_temp, int N, int C, int V) {
-    OP(logprobs_backward)((real *)dh, (real *)dwlm, (const real *)dlogp, (const real *)lse, (const real *)h,
-                          (const real *)wlm, targets, inv_temp, N, C, V);
+                                const QWeight *wlm, const int32_t *targets, float inv_temp, int N) {
+    if (dwlm && wlm->gran != FP8_OFF) die(BACKEND_NAME " backend: an FP8 LM head is frozen (no gradient)");
+    HeadOperands o = head_operands(h, wlm, N);
+    OP(logprobs_backward)((real *)dh, (real *)dwlm, (const real *)dlogp, (const real *)lse, o.h, o.w, targets,
+                          inv_temp, N, wlm->cols, wlm->rows);
+    head_operands_free(&o);
 }
 static void w_kv_write(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots,
                        int N, int KVH, int HD) {
@@ -280,6 +321,11 @@ static void w_sample(int32_t *tokens, void *logp, const void *logits, uint64_t *
 static void w_adamw(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
                     float eps, float weight_decay, int step) {
     OP(adamw)((real *)param, (const real *)grad, (real *)m, (real *)v, n, lr, beta1, beta2, eps, weight_decay, step);
+}
+static void w_adamw_bf16(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
+                         float eps, float weight_decay, int step, uint64_t seed) {
+    OP(adamw_bf16)((real *)param, (const real *)grad, (real *)m, (real *)v, n, lr, beta1, beta2, eps, weight_decay, step,
+                   seed);
 }
 static double w_sumsq(const void *x, size_t n) { return OP(sumsq)((const real *)x, n); }
 
@@ -334,6 +380,7 @@ static Backend be = {
     .attention_decode = w_attention_decode,
     .sample = w_sample,
     .adamw = w_adamw,
+    .adamw_bf16 = w_adamw_bf16,
     .sumsq = w_sumsq,
     .scale = w_scale,
     .replay = cpu_replay,

@@ -200,6 +200,20 @@ static void cu_quantize_weight(QWeight *w, const void *src, DType st, int pow2) 
         cu_upload_convert(w->dense, DT_BF16, src, st, n);
         return;
     }
+    if (w->gran == FP8_ROW && n > ((size_t)32 << 20) && w->rows > 1) {
+        // rows quantize on their own: a large table (an FP8 embedding, 4.2 GB in f32 at the 70B shape)
+        // goes through the staging buffers in chunks of rows, never all at once
+        int rows = (int)(((size_t)32 << 20) / w->cols);
+        if (rows < 1) rows = 1;
+        for (int r0 = 0; r0 < w->rows; r0 += rows) {
+            QWeight part = *w;
+            part.rows = part.q.rows = w->rows - r0 < rows ? w->rows - r0 : rows;
+            part.q.data += (size_t)r0 * w->cols;
+            part.q.scale += r0;
+            cu_quantize_weight(&part, (const char *)src + (size_t)r0 * w->cols * dtype_size(st), st, pow2);
+        }
+        return;
+    }
     // fp8_quantize_cuda reads bf16 or f32; other sources go through an f32 copy (as the CPU does)
     void *stage = cu_scratch(SC_STAGE, n * dtype_size(st));
     cu_upload(stage, src, n * dtype_size(st));
@@ -280,6 +294,22 @@ __global__ void bias_out_kernel(bf16 *out, const float *y, const bf16 *bias, siz
 // ----------------------------------------------------------------------------
 // linear layers
 
+// y (N, OC) (ydt bf16 or f32) = inp (N, C) bf16 W^T for an FP8 weight: the activations quantized
+// dynamically to the weight's granularity (as backend_cpu.c), then the FP8 GEMM
+static void fp8_act_gemm(void *y, DType yt, const void *inp, const QWeight *w, int N) {
+    FP8Tensor xq;
+    memset(&xq, 0, sizeof xq);
+    xq.rows = N;
+    xq.cols = w->cols;
+    xq.gran = w->gran;
+    xq.fmt = FP8_E4M3;
+    xq.block_rows = 1;
+    xq.data = (uint8_t *)cu_scratch(SC_ACT_Q, (size_t)N * w->cols);
+    xq.scale = (float *)cu_scratch(SC_ACT_S, fp8_num_scales(w->gran, N, w->cols, 1) * 4);
+    fp8_quantize_cuda(&xq, inp, DT_BF16, 0);
+    fp8_gemm_cuda(y, yt, &xq, &w->q, 0);
+}
+
 static void cu_linear_forward(void *out, const void *inp, const QWeight *w, const void *bias, int N) {
     int C = w->cols, OC = w->rows;
     if (N <= 0) return;
@@ -290,20 +320,7 @@ static void cu_linear_forward(void *out, const void *inp, const QWeight *w, cons
         cu_fp8_train_forward(y, yt, inp, w, N);
     } else if (w->gran == FP8_OFF) {
         gemm_xwt(y, bias ? F32 : BF, inp, w->dense, N, OC, C, 1.f, 0.f);
-    } else {
-        // the activations, quantized dynamically to the weight's granularity (as backend_cpu.c)
-        FP8Tensor xq;
-        memset(&xq, 0, sizeof xq);
-        xq.rows = N;
-        xq.cols = C;
-        xq.gran = w->gran;
-        xq.fmt = FP8_E4M3;
-        xq.block_rows = 1;
-        xq.data = (uint8_t *)cu_scratch(SC_ACT_Q, (size_t)N * C);
-        xq.scale = (float *)cu_scratch(SC_ACT_S, fp8_num_scales(w->gran, N, C, 1) * 4);
-        fp8_quantize_cuda(&xq, inp, DT_BF16, 0);
-        fp8_gemm_cuda(y, yt, &xq, &w->q, 0);
-    }
+    } else fp8_act_gemm(y, yt, inp, w, N);
     if (bias) {
         bias_out_kernel<<<grid_for(n), 256, 0, G.stream>>>((bf16 *)out, (const float *)y, (const bf16 *)bias, n, OC);
         launchCheck();
@@ -364,12 +381,24 @@ static void cu_linear_backward(void *dinp, int accumulate, void *dw, void *dbias
 
 // ---- LoRA: out += scale * (inp A^T) B^T, in BF16 GEMMs (see the top of the file) ----
 
-static void cu_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, float scale, int N,
-                            int C, int R, int OC) {
+// A and B as the GEMMs read them: bf16 masters as they are, fp32 ones rounded into scratch
+static void lora_bf16_weights(const void *A, const void *B, DType wdt, int C, int R, int OC, const bf16 **Ab,
+                              const bf16 **Bb) {
+    if (wdt == DT_BF16) {
+        *Ab = (const bf16 *)A, *Bb = (const bf16 *)B;
+        return;
+    }
+    bf16 *a = (bf16 *)cu_scratch(SC_LORA_A, (size_t)R * C * 2), *b = (bf16 *)cu_scratch(SC_LORA_B, (size_t)OC * R * 2);
+    to_bf16_2(a, (const float *)A, (size_t)R * C, b, (const float *)B, (size_t)OC * R);
+    *Ab = a, *Bb = b;
+}
+
+static void cu_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, DType wdt, float scale,
+                            int N, int C, int R, int OC) {
     if (N <= 0) return;
-    bf16 *Ab = (bf16 *)cu_scratch(SC_LORA_A, (size_t)R * C * 2), *Bb = (bf16 *)cu_scratch(SC_LORA_B, (size_t)OC * R * 2);
+    const bf16 *Ab, *Bb;
+    lora_bf16_weights(A, B, wdt, C, R, OC, &Ab, &Bb);
     bf16 *axb = (bf16 *)cu_scratch(SC_LORA_X, (size_t)N * R * 2);
-    to_bf16_2(Ab, (const float *)A, (size_t)R * C, Bb, (const float *)B, (size_t)OC * R);
     gemm_xwt(ax, F32, inp, Ab, N, R, C, 1.f, 0.f);  // ax (N, R) f32 = inp A^T
     to_bf16(axb, (const float *)ax, (size_t)N * R);
     gemm_xwt(out, BF, axb, Bb, N, OC, R, scale, 1.f);  // out (N, OC) += scale ax B^T
@@ -385,12 +414,12 @@ static void cu_lora_apply(void *out, const void *inp, const void *A, const void 
 static void cu_to_act(void *dst, const void *src, size_t n) { to_bf16((bf16 *)dst, (const float *)src, n); }
 
 static void cu_lora_backward(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax,
-                             const void *A, const void *B, float scale, int N, int C, int R, int OC) {
+                             const void *A, const void *B, DType wdt, float scale, int N, int C, int R, int OC) {
     if (N <= 0) return;
-    bf16 *Ab = (bf16 *)cu_scratch(SC_LORA_A, (size_t)R * C * 2), *Bb = (bf16 *)cu_scratch(SC_LORA_B, (size_t)OC * R * 2);
+    const bf16 *Ab, *Bb;
+    lora_bf16_weights(A, B, wdt, C, R, OC, &Ab, &Bb);
     bf16 *xb = (bf16 *)cu_scratch(SC_LORA_X, (size_t)N * R * 2);
     float *dax = (float *)cu_scratch(SC_LORA_DX, (size_t)N * R * 4);
-    to_bf16_2(Ab, (const float *)A, (size_t)R * C, Bb, (const float *)B, (size_t)OC * R);
     to_bf16(xb, (const float *)ax, (size_t)N * R);
     gemm_xw(dax, F32, dout, Bb, N, OC, R, scale, 0.f);    // dax (N, R) = scale dout B
     gemm_xtz(dB, F32, dout, xb, N, OC, R, scale, 1.f);    // dB (OC, R) += scale dout^T ax
@@ -428,9 +457,44 @@ static void cu_attention_decode(void *out, const void *q, const void *kc, const 
 // ----------------------------------------------------------------------------
 // the language-model head
 
-static void cu_logits_forward(void *logits, const void *h, const void *wlm, int N, int C, int V) {
+// z (nr, V) f32 = h (nr, C) W^T: a BF16 GEMM, or for an FP8 head (E4M3 rows) h quantized per row as
+// linear_forward quantizes a ROW weight's input, and the FP8 GEMM with fp32 output
+static void head_logits(float *z, const void *h, const QWeight *w, int nr) {
+    if (w->gran == FP8_OFF) gemm_xwt(z, F32, h, w->dense, nr, w->rows, w->cols, 1.f, 0.f);
+    else fp8_act_gemm(z, DT_F32, h, w, nr);
+}
+
+// vocabulary rows of an FP8 head dequantized at a time in its backward: 8192 x C bf16 (64 MiB at
+// C 4096), where the whole of W in bf16 would be the 1.16 GiB the FP8 head saves
+#define HEAD_DX_ROWS 8192
+
+// dh (nr, C) bf16 = dz (nr, V) bf16 W (V, C): W dense, or FP8 dequantized a chunk of rows at a
+// time (straight-through), the chunks' products summed in fp32 and rounded once
+static void head_dx(bf16 *dh, const bf16 *dz, const QWeight *w, int nr) {
+    int V = w->rows, C = w->cols;
+    if (w->gran == FP8_OFF) {
+        gemm_xw(dh, BF, dz, w->dense, nr, V, C, 1.f, 0.f);
+        return;
+    }
+    int VC = V < HEAD_DX_ROWS ? V : HEAD_DX_ROWS;
+    bf16 *wc = (bf16 *)cu_scratch(SC_HEAD_W, (size_t)VC * C * 2);
+    float *acc = (float *)cu_scratch(SC_HEAD_DH, (size_t)nr * C * 4);
+    for (int v0 = 0; v0 < V; v0 += VC) {
+        int nv = V - v0 < VC ? V - v0 : VC;
+        FP8Tensor part = w->q;  // rows v0 .. v0 + nv: their codes and their row scales
+        part.rows = nv;
+        part.data += (size_t)v0 * C;
+        part.scale += v0;
+        fp8_dequantize_cuda(wc, DT_BF16, &part);
+        // acc (nr, C) (+)= dz[:, v0 : v0 + nv] (ld V) wc (nv, C), as gemm_xw with dz's leading dimension V
+        gemm(OPN, OPN, C, nr, nv, 1.f, wc, BF, C, dz + v0, BF, V, v0 ? 1.f : 0.f, acc, F32, C);
+    }
+    to_bf16(dh, acc, (size_t)nr * C);
+}
+
+static void cu_logits_forward(void *logits, const void *h, const QWeight *wlm, int N) {
     if (N <= 0) return;
-    gemm_xwt(logits, F32, h, wlm, N, V, C, 1.f, 0.f);
+    head_logits((float *)logits, h, wlm, N);
 }
 
 // rows of the logits are processed in chunks of at most this many bytes of fp32
@@ -499,14 +563,15 @@ __global__ void logprobs_rows_kernel(float *logp, float *lse, const float *logit
     }
 }
 
-static void cu_logprobs_forward(void *logp, void *lse, const void *h, const void *wlm, const int32_t *targets,
-                                float inv_temp, int N, int C, int V) {
+static void cu_logprobs_forward(void *logp, void *lse, const void *h, const QWeight *wlm, const int32_t *targets,
+                                float inv_temp, int N) {
+    int C = wlm->cols, V = wlm->rows;
     if (N <= 0) return;
     int CH = logits_chunk_rows(N, V);
     float *z = (float *)cu_scratch(SC_F32, (size_t)CH * V * 4);
     for (int r0 = 0; r0 < N; r0 += CH) {
         int nr = N - r0 < CH ? N - r0 : CH;
-        gemm_xwt(z, F32, (const bf16 *)h + (size_t)r0 * C, wlm, nr, V, C, 1.f, 0.f);
+        head_logits(z, (const bf16 *)h + (size_t)r0 * C, wlm, nr);
         logprobs_rows_kernel<<<nr, 256, 0, G.stream>>>((float *)logp + r0, (float *)lse + r0, z, targets + r0, inv_temp,
                                                         V);
         launchCheck();
@@ -528,19 +593,21 @@ __global__ void logprobs_dz_kernel(bf16 *dz, const float *logits, const float *d
 }
 
 static void cu_logprobs_backward(void *dh, void *dwlm, const void *dlogp, const void *lse, const void *h,
-                                 const void *wlm, const int32_t *targets, float inv_temp, int N, int C, int V) {
+                                 const QWeight *wlm, const int32_t *targets, float inv_temp, int N) {
+    int C = wlm->cols, V = wlm->rows;
     if (N <= 0) return;
+    if (dwlm && wlm->gran != FP8_OFF) die("cuda backend: an FP8 LM head is frozen (no gradient)");
     int CH = logits_chunk_rows(N, V);
     float *z = (float *)cu_scratch(SC_F32, (size_t)CH * V * 4);
     bf16 *dz = (bf16 *)cu_scratch(SC_BF16, (size_t)CH * V * 2);
     for (int r0 = 0; r0 < N; r0 += CH) {
         int nr = N - r0 < CH ? N - r0 : CH;
         const bf16 *hc = (const bf16 *)h + (size_t)r0 * C;
-        gemm_xwt(z, F32, hc, wlm, nr, V, C, 1.f, 0.f);
+        head_logits(z, hc, wlm, nr);  // the forward's logits again, the same GEMM
         logprobs_dz_kernel<<<nr, 256, 0, G.stream>>>(dz, z, (const float *)dlogp + r0, (const float *)lse + r0,
                                                       targets + r0, inv_temp, V);
         launchCheck();
-        gemm_xw((bf16 *)dh + (size_t)r0 * C, BF, dz, wlm, nr, V, C, 1.f, 0.f);  // dh (nr, C) = dz W
+        head_dx((bf16 *)dh + (size_t)r0 * C, dz, wlm, nr);                   // dh (nr, C) = dz W
         if (dwlm) gemm_xtz(dwlm, F32, dz, hc, nr, V, C, 1.f, 1.f);             // dW (V, C) += dz^T h
     }
 }
@@ -567,6 +634,29 @@ static void cu_adamw(void *param, const void *grad, void *m, void *v, size_t n, 
     double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
     adamw_kernel<<<grid_for(n), 256, 0, G.stream>>>((float *)param, (const float *)grad, (float *)m, (float *)v, n, lr,
                                                     beta1, beta2, eps, weight_decay, bc1, bc2);
+    launchCheck();
+}
+
+// adamw_kernel's arithmetic on bf16 param, m, v, each result rounded stochastically (common.h), as the CPU's
+__global__ void adamw_bf16_kernel(bf16 *param, const float *grad, bf16 *m, bf16 *v, size_t n, double lr, double b1,
+                                  double b2, double eps, double wd, double bc1, double bc2, int step, uint64_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        double g = grad[i];
+        double mi = __dadd_rn(__dmul_rn(b1, (double)__bfloat162float(m[i])), __dmul_rn(__dsub_rn(1.0, b1), g));
+        double vi = __dadd_rn(__dmul_rn(b2, (double)__bfloat162float(v[i])), __dmul_rn(__dmul_rn(__dsub_rn(1.0, b2), g), g));
+        double p = __dmul_rn((double)__bfloat162float(param[i]), __dsub_rn(1.0, __dmul_rn(lr, wd)));
+        double st = __ddiv_rn(__dmul_rn(lr, __ddiv_rn(mi, bc1)), __dadd_rn(__dsqrt_rn(__ddiv_rn(vi, bc2)), eps));
+        param[i] = __ushort_as_bfloat16(f32_to_bf16_sr((float)__dsub_rn(p, st), sr_bits(seed, step, i, 0)));
+        m[i] = __ushort_as_bfloat16(f32_to_bf16_sr((float)mi, sr_bits(seed, step, i, 1)));
+        v[i] = __ushort_as_bfloat16(f32_to_bf16_sr((float)vi, sr_bits(seed, step, i, 2)));
+    }
+}
+static void cu_adamw_bf16(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
+                          float eps, float weight_decay, int step, uint64_t seed) {
+    if (!n) return;
+    double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
+    adamw_bf16_kernel<<<grid_for(n), 256, 0, G.stream>>>((bf16 *)param, (const float *)grad, (bf16 *)m, (bf16 *)v, n, lr,
+                                                         beta1, beta2, eps, weight_decay, bc1, bc2, step, seed);
     launchCheck();
 }
 
@@ -732,6 +822,7 @@ static Backend be = {
     .attention_decode = cu_attention_decode,
     .sample = cu_sample,
     .adamw = cu_adamw,
+    .adamw_bf16 = cu_adamw_bf16,
     .sumsq = cu_sumsq,
     .scale = cu_scale,
     .replay = cu_replay,

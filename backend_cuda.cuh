@@ -19,6 +19,8 @@ enum {
     SC_ACT_S,    // their scales
     SC_F32,      // fp32 (rows, OC) of a linear with bias; the logits chunk of logprobs
     SC_BF16,     // bf16 dz chunk of logprobs_backward
+    SC_HEAD_W,   // an FP8 LM head's backward: bf16 rows of W dequantized, a chunk of the vocabulary
+    SC_HEAD_DH,  // its fp32 dh, summed over the chunks
     SC_LORA_A,   // bf16 copy of A (R, C)
     SC_LORA_B,   // bf16 copy of B (OC, R)
     SC_LORA_X,   // bf16 ax (N, R)
@@ -51,7 +53,7 @@ void cu_swiglu_backward(void *dgate, void *dup, const void *dout, const void *ga
 void cu_add(void *out, const void *a, const void *b, size_t n);
 void cu_gather_rows(void *out, const void *inp, const int32_t *idx, int n_idx, int C);
 void cu_split_columns(void *const *outs, const int *widths, int n, const void *inp, int N);
-void cu_embedding_forward(void *out, const int32_t *ids, const void *wte, int N, int C);
+void cu_embedding_forward(void *out, const int32_t *ids, const QWeight *wte, int N);
 void cu_embedding_backward(void *dwte, const int32_t *ids, const void *dout, int N, int C);
 // dst (C) f32 += the column sums of a (N, C) bf16, in a fixed order (a bias's gradient)
 void cu_colsum(float *dst, const bf16 *a, int N, int C);

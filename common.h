@@ -115,6 +115,13 @@ static inline const char *dtype_name(DType t) {
     return nm[t];
 }
 
+// The few helpers a CUDA kernel shares with the host, bit for bit (the stochastic rounding below)
+#ifdef __CUDACC__
+#define HOST_DEVICE __host__ __device__
+#else
+#define HOST_DEVICE
+#endif
+
 // bf16 <-> f32 on the host. f32 -> bf16 rounds to nearest even (NaN stays NaN),
 // exactly what PyTorch's .to(torch.bfloat16) does.
 static inline float bf16_to_f32(uint16_t h) {
@@ -123,7 +130,7 @@ static inline float bf16_to_f32(uint16_t h) {
     memcpy(&f, &u, 4);
     return f;
 }
-static inline uint16_t f32_to_bf16(float f) {
+HOST_DEVICE static inline uint16_t f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
@@ -153,11 +160,29 @@ static inline float f16_to_f32(uint16_t h) {
 
 typedef struct { uint64_t s; } Rng;
 
-static inline uint64_t splitmix64(uint64_t *x) {
+HOST_DEVICE static inline uint64_t splitmix64(uint64_t *x) {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
+}
+
+// Stochastic rounding to bf16 (the LoRA masters and AdamW state of --lora_dtype bf16). f rounds up
+// to the next bf16 with probability (its 16 dropped bits) / 2^16, else down: the expectation is f,
+// so an update far below a bf16 step (lr 1e-5 on weights of 1e-2: 2^-10 of them, a bf16 step being
+// 2^-8) still moves the value on average, where rounding to nearest would drop it every time.
+// The 16 random bits come from a hash of what names the rounding (seed, step, element, which of
+// param / m / v), so a run repeats bit for bit and the CPU and the GPU agree.
+HOST_DEVICE static inline uint32_t sr_bits(uint64_t seed, int step, size_t i, int which) {
+    uint64_t x = seed ^ ((uint64_t)step * 0xd1b54a32d192ed03ull) ^ (((uint64_t)i * 4 + (uint64_t)which) * 0x9e3779b97f4a7c15ull);
+    return (uint32_t)(splitmix64(&x) & 0xffffu);
+}
+HOST_DEVICE static inline uint16_t f32_to_bf16_sr(float f, uint32_t r16) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return f32_to_bf16(f);  // inf and NaN as they are
+    u += r16;  // a carry out of the dropped half rounds the magnitude up (the sign bit stays)
+    return (uint16_t)(u >> 16);
 }
 static inline Rng rng_make(uint64_t seed) { Rng r = {seed}; return r; }
 static inline uint64_t rng_u64(Rng *r) { return splitmix64(&r->s); }

@@ -402,7 +402,7 @@ int main(int argc, char **argv) {
     // the base in fp32 on the host, linear weights unquantized (an FP8 base dequantized); the adapter's
     // fp32 masters. Both loaders check everything before the output directory is created.
     const Backend *be = backend_cpu();
-    ModelOptions mo = {FP8_OFF, 0, 0, 0};
+    ModelOptions mo = {FP8_OFF, 0, 0, 0, 0};
     Model m;
     model_load(&m, o.model, be, &mo);
     if (o.lora) m.lora = lora_load_peft(&m, o.lora);

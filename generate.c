@@ -207,7 +207,7 @@ int main(int argc, char **argv) {
         config_check_tokenizer(&cfg, tokenizer_vocab_size(tok), o.model);
     }
     const Backend *be = backend_select(o.device, 1);
-    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o.load_in_fp8), o.fp8_pow2, o.bf16_first_layers, o.bf16_last_layers};
+    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o.load_in_fp8), o.fp8_pow2, o.bf16_first_layers, o.bf16_last_layers, 0};
     Model m;
     model_load(&m, o.model, be, &mo);
     config_print(&m.cfg, stderr);

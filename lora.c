@@ -31,9 +31,12 @@ unsigned lora_parse_targets(const char *list) {
     return mask;
 }
 
-// layout of the four blobs (params, grads, m, v): A then B of each adapted (layer, projection)
-static void lora_layout(LoRA *lo, const Model *m, int r, float alpha, unsigned targets) {
+// layout of the four blobs (params, grads, m, v): A then B of each adapted (layer, projection);
+// params, m and v in lo->sdt, grads in hp
+static void lora_layout(LoRA *lo, const Model *m, int r, float alpha, unsigned targets, int bf16) {
     const Config *c = &m->cfg;
+    lo->bf16 = bf16;
+    lo->sdt = bf16 && m->be->act == DT_BF16 ? DT_BF16 : m->be->hp;
     lo->r = r;
     lo->alpha = alpha;
     lo->scale = alpha / r;
@@ -54,12 +57,12 @@ static void lora_layout(LoRA *lo, const Model *m, int r, float alpha, unsigned t
     for (int l = 0; l < c->L; l++)
         for (int i = 0; i < LIN_COUNT; i++)
             if (targets & (1u << i)) lo->n += (size_t)r * lo->in[i] + (size_t)lo->out[i] * r;
-    size_t hp = dtype_size(m->be->hp), bytes = lo->n * hp;
+    size_t hp = dtype_size(m->be->hp), sd = dtype_size(lo->sdt), bytes = lo->n * sd;
     lo->params = m->be->alloc(bytes);
-    lo->grads = m->be->alloc(bytes);
+    lo->grads = m->be->alloc(lo->n * hp);
     lo->m = m->be->alloc(bytes);
     lo->v = m->be->alloc(bytes);
-    m->be->zero(lo->grads, bytes);
+    m->be->zero(lo->grads, lo->n * hp);
     m->be->zero(lo->m, bytes);
     m->be->zero(lo->v, bytes);
     size_t off = 0;
@@ -68,19 +71,28 @@ static void lora_layout(LoRA *lo, const Model *m, int r, float alpha, unsigned t
             if (!(targets & (1u << i))) continue;
             int k = l * LIN_COUNT + i;
             size_t na = (size_t)r * lo->in[i], nb = (size_t)lo->out[i] * r;
-            lo->A[k] = (char *)lo->params + off * hp;
+            lo->A[k] = (char *)lo->params + off * sd;
             lo->dA[k] = (char *)lo->grads + off * hp;
             off += na;
-            lo->B[k] = (char *)lo->params + off * hp;
+            lo->B[k] = (char *)lo->params + off * sd;
             lo->dB[k] = (char *)lo->grads + off * hp;
             off += nb;
         }
 }
 
-LoRA *lora_create(const Model *m, int r, float alpha, unsigned targets, uint64_t seed) {
+// the masters from fp64 host values: rounded to bf16 (to nearest) first with bf16, so that both
+// backends hold the same values whatever their storage
+static void upload_params(LoRA *lo, double *h) {
+    if (lo->bf16)
+        for (size_t i = 0; i < lo->n; i++) h[i] = bf16_to_f32(f32_to_bf16((float)h[i]));
+    lo->be->upload_convert(lo->params, lo->sdt, h, DT_F64, lo->n);
+}
+
+LoRA *lora_create(const Model *m, int r, float alpha, unsigned targets, uint64_t seed, int bf16) {
     if (r <= 0) die("lora_r must be positive (got %d)", r);
     LoRA *lo = (LoRA *)callocCheck(1, sizeof(LoRA));
-    lora_layout(lo, m, r, alpha, targets);
+    lora_layout(lo, m, r, alpha, targets, bf16);
+    lo->sr_seed = seed ^ 0x5bf0363e2ad1f7a3ull;
     // kaiming_uniform_(A, a=sqrt(5)): bound = sqrt(6 / ((1 + a^2) fan_in)) = 1 / sqrt(fan_in); B = 0
     double *h = (double *)mallocCheck(lo->n * sizeof(double));
     Rng rng = rng_make(seed);
@@ -92,7 +104,7 @@ LoRA *lora_create(const Model *m, int r, float alpha, unsigned targets, uint64_t
             for (size_t j = 0; j < (size_t)r * lo->in[i]; j++) h[off++] = bound * (2.0 * rng_uniform_d(&rng) - 1.0);
             for (size_t j = 0; j < (size_t)lo->out[i] * r; j++) h[off++] = 0.0;
         }
-    m->be->upload_convert(lo->params, m->be->hp, h, DT_F64, lo->n);
+    upload_params(lo, h);
     free(h);
     return lo;
 }
@@ -125,7 +137,10 @@ void lora_scale_grads(LoRA *lo, float s) { lo->be->scale(lo->grads, lo->n, s); }
 
 void lora_adamw_step(LoRA *lo, float lr, float beta1, float beta2, float eps, float weight_decay) {
     lo->step++;
-    lo->be->adamw(lo->params, lo->grads, lo->m, lo->v, lo->n, lr, beta1, beta2, eps, weight_decay, lo->step);
+    if (lo->bf16)
+        lo->be->adamw_bf16(lo->params, lo->grads, lo->m, lo->v, lo->n, lr, beta1, beta2, eps, weight_decay, lo->step,
+                           lo->sr_seed);
+    else lo->be->adamw(lo->params, lo->grads, lo->m, lo->v, lo->n, lr, beta1, beta2, eps, weight_decay, lo->step);
     lo->act_valid = 0;  // the masters moved
 }
 
@@ -154,6 +169,12 @@ size_t lora_acts_bytes(const LoRA *lo) {
     return (size_t)lo->ax_cap * lo->r * dtype_size(lo->be->hp) * count;
 }
 
+size_t lora_state_bytes(const LoRA *lo) { return lo->n * (3 * dtype_size(lo->sdt) + dtype_size(lo->be->hp)); }
+
+size_t lora_copies_bytes(const LoRA *lo) {
+    return (lo->act_mem ? lo->n * dtype_size(lo->be->act) : 0) + (lo->grp_mem ? lo->grp_bytes : 0);
+}
+
 // the members of the decode step's groups: projections that share their input
 static const int GROUP_FIRST[2] = {LIN_Q, LIN_GATE}, GROUP_N[2] = {3, 2};
 
@@ -174,6 +195,7 @@ static void groups_alloc(LoRA *lo) {
     lo->gB = (void **)callocCheck((size_t)lo->L * 2, sizeof(void *));
     if (!total) return;
     lo->grp_mem = be->alloc(total * act);
+    lo->grp_bytes = total * act;
     be->zero(lo->grp_mem, total * act);
     char *p = (char *)lo->grp_mem;
     for (int l = 0; l < lo->L; l++)
@@ -212,18 +234,19 @@ static void groups_fill(LoRA *lo) {
 void lora_sync_act(LoRA *lo) {
     const Backend *be = lo->be;
     if (!lo->act_mem) {
-        size_t hp = dtype_size(be->hp), act = dtype_size(be->act);
+        size_t sd = dtype_size(lo->sdt), act = dtype_size(be->act);
         lo->act_mem = be->alloc(lo->n * act);
         lo->A_act = (void **)callocCheck((size_t)lo->L * LIN_COUNT, sizeof(void *));
         lo->B_act = (void **)callocCheck((size_t)lo->L * LIN_COUNT, sizeof(void *));
         for (int k = 0; k < lo->L * LIN_COUNT; k++) {
             if (!lo->A[k]) continue;
-            lo->A_act[k] = (char *)lo->act_mem + ((char *)lo->A[k] - (char *)lo->params) / hp * act;
-            lo->B_act[k] = (char *)lo->act_mem + ((char *)lo->B[k] - (char *)lo->params) / hp * act;
+            lo->A_act[k] = (char *)lo->act_mem + ((char *)lo->A[k] - (char *)lo->params) / sd * act;
+            lo->B_act[k] = (char *)lo->act_mem + ((char *)lo->B[k] - (char *)lo->params) / sd * act;
         }
         groups_alloc(lo);
     }
-    be->to_act(lo->act_mem, lo->params, lo->n);
+    if (lo->sdt == be->hp) be->to_act(lo->act_mem, lo->params, lo->n);
+    else be->copy(lo->act_mem, lo->params, lo->n * dtype_size(lo->sdt));  // bf16 masters are act values already
     groups_fill(lo);
     lo->act_valid = 1;
 }
@@ -246,14 +269,15 @@ void lora_hook_forward(Model *m, int layer, int which, void *out, const void *in
         return;
     }
     if (lo->ax_cap < N) die("lora: activation buffers hold %d rows, forward has %d", lo->ax_cap, N);
-    lo->be->lora_forward(out, lo->ax[k], inp, lo->A[k], lo->B[k], lo->scale, N, lo->in[which], lo->r, lo->out[which]);
+    lo->be->lora_forward(out, lo->ax[k], inp, lo->A[k], lo->B[k], lo->sdt, lo->scale, N, lo->in[which], lo->r,
+                         lo->out[which]);
 }
 
 void lora_hook_backward(Model *m, int layer, int which, void *dinp, const void *dout, const void *inp, int N) {
     LoRA *lo = m->lora;
     int k = layer * LIN_COUNT + which;
     if (!lo->A[k]) return;
-    lo->be->lora_backward(dinp, lo->dA[k], lo->dB[k], dout, inp, lo->ax[k], lo->A[k], lo->B[k], lo->scale, N,
+    lo->be->lora_backward(dinp, lo->dA[k], lo->dB[k], dout, inp, lo->ax[k], lo->A[k], lo->B[k], lo->sdt, lo->scale, N,
                           lo->in[which], lo->r, lo->out[which]);
 }
 
@@ -267,11 +291,11 @@ static void peft_name(char *out, size_t cap, int l, int i, char ab) {
 void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char *base_model_name) {
     const Backend *be = lo->be;
     mkdir(dir, 0755);
-    size_t hp = dtype_size(be->hp);
-    void *raw = mallocCheck(lo->n * hp);
-    be->download(raw, lo->params, lo->n * hp);
+    size_t sd = dtype_size(lo->sdt);
+    void *raw = mallocCheck(lo->n * sd);
+    be->download(raw, lo->params, lo->n * sd);
     float *f = (float *)mallocCheck(lo->n * sizeof(float));
-    convert_to_f32(f, raw, be->hp, lo->n);
+    convert_to_f32(f, raw, lo->sdt, lo->n);
     free(raw);
     int cnt = 0;
     for (int k = 0; k < lo->L * LIN_COUNT; k++) cnt += lo->A[k] != NULL;
@@ -379,7 +403,7 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
     for (int k = 0; k < st.n; k++) have += (size_t)st.t[k].numel;
     if (want > have) die("%s: \"r\" %d needs %zu values, and %s holds %zu", pc, rank, want, p, have);
     LoRA *lo = (LoRA *)callocCheck(1, sizeof(LoRA));
-    lora_layout(lo, m, rank, alpha, targets);
+    lora_layout(lo, m, rank, alpha, targets, 0);
     double *h = (double *)mallocCheck(lo->n * sizeof(double));
     size_t off = 0;
     for (int l = 0; l < lo->L; l++)
@@ -400,26 +424,26 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
                 off += (size_t)t->numel;
             }
         }
-    m->be->upload_convert(lo->params, m->be->hp, h, DT_F64, lo->n);
+    upload_params(lo, h);
     free(h);
     st_close(&st);
     return lo;
 }
 
 // ----------------------------------------------------------------------------
-// optimizer state for resume: params, Adam m and v in their own element type, plus the step
+// optimizer state for resume: params, Adam m and v in their own element type (sdt), plus the step
 
 void lora_save_state(const LoRA *lo, const char *path) {
     const Backend *be = lo->be;
-    size_t bytes = lo->n * dtype_size(be->hp);
+    size_t bytes = lo->n * dtype_size(lo->sdt);
     void *buf[3] = {mallocCheck(bytes), mallocCheck(bytes), mallocCheck(bytes)};
     be->download(buf[0], lo->params, bytes);
     be->download(buf[1], lo->m, bytes);
     be->download(buf[2], lo->v, bytes);
     STWrite t[3] = {
-        {"params", be->hp, 1, {(int64_t)lo->n}, buf[0]},
-        {"adam_m", be->hp, 1, {(int64_t)lo->n}, buf[1]},
-        {"adam_v", be->hp, 1, {(int64_t)lo->n}, buf[2]},
+        {"params", lo->sdt, 1, {(int64_t)lo->n}, buf[0]},
+        {"adam_m", lo->sdt, 1, {(int64_t)lo->n}, buf[1]},
+        {"adam_v", lo->sdt, 1, {(int64_t)lo->n}, buf[2]},
     };
     char md[128];
     snprintf(md, sizeof md, "{\"step\":\"%d\",\"r\":\"%d\"}", lo->step, lo->r);
@@ -435,9 +459,9 @@ void lora_load_state(LoRA *lo, const char *path) {
     void *dst[3] = {lo->params, lo->m, lo->v};
     for (int i = 0; i < 3; i++) {
         const STensor *t = st_find(&st, nm[i]);
-        if (!t || t->dtype != be->hp || (size_t)t->numel != lo->n)
+        if (!t || t->dtype != lo->sdt || (size_t)t->numel != lo->n)
             die("%s: %s missing or not %zu %s values: the checkpoint was made with other LoRA settings", path, nm[i],
-                lo->n, dtype_name(be->hp));
+                lo->n, dtype_name(lo->sdt));
         be->upload(dst[i], t->data, t->nbytes);
     }
     lo->step = st_metadata_int(&st, "step", path);  // the step lives in the header's metadata

@@ -1,7 +1,9 @@
 // lora.h: LoRA adapters on the frozen (FP8) linear layers, applied unmerged:
 //   y = W x + scale * B (A x),  scale = alpha / r,  A (r, in), B (out, r)
 // on any of q, k, v, o, gate, up, down. FP32 master weights (hp), their
-// gradients and AdamW state live in one allocation each. PEFT-format save/load
+// gradients and AdamW state live in one allocation each; with --lora_dtype bf16 the masters and
+// AdamW's m and v are bf16 (stochastic rounding at each update: backend.h adamw_bf16) and the
+// gradients stay fp32 (they sum over micro-batches): 10 bytes a parameter instead of 16. PEFT-format save/load
 // (adapter_model.safetensors + adapter_config.json) so peft / vLLM load them.
 // model.c calls the two hooks for every linear layer; everything else (init,
 // optimizer, clipping, I/O) is here.
@@ -22,10 +24,14 @@ struct LoRA {
     int in[LIN_COUNT], out[LIN_COUNT];
     const Backend *be;
     // per (layer, projection): pointers into the four blobs (NULL where not adapted)
-    void **A, **B;          // (L * LIN_COUNT): A (r, in), B (out, r) hp
+    void **A, **B;          // (L * LIN_COUNT): A (r, in), B (out, r) sdt
     void **dA, **dB;        // gradients, same shapes, hp
     size_t n;               // number of parameters (all adapters)
-    void *params, *grads, *m, *v;  // four allocations of n hp values, same layout
+    void *params, *grads, *m, *v;  // four allocations of n values, same layout: params, m, v sdt, grads hp
+    int bf16;               // --lora_dtype bf16: params, m, v hold bf16 values, updated by adamw_bf16
+    DType sdt;              // their element type: hp; bf16 with bf16 on a backend whose act is bf16 (CUDA)
+                            // (the CPU keeps the bf16 values in hp storage)
+    uint64_t sr_seed;       // the stochastic rounding's seed (bf16)
     // activations saved by the training forward: ax = x A^T per (layer, projection)
     void **ax;              // (L * LIN_COUNT): (N, r) hp
     void *ax_mem;
@@ -41,6 +47,7 @@ struct LoRA {
     // on the block diagonal of (fused width, gR), zeros elsewhere, so that one lora_apply adds every
     // member's product to the fused output (2 small GEMMs for the group instead of 2 per member)
     void *grp_mem;
+    size_t grp_bytes;       // of grp_mem
     void **gA, **gB;        // (L * 2): group 0 = q|k|v, 1 = gate|up; NULL where none is adapted
     int gR[2];              // r times the group's adapted members
     int step;               // AdamW steps taken
@@ -48,8 +55,9 @@ struct LoRA {
 
 // bit mask from a comma-separated list of PEFT names ("q_proj,v_proj" or "all"); dies on unknown names
 unsigned lora_parse_targets(const char *list);
-// Create adapters for model m: A ~ PEFT's kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)), B = 0
-LoRA *lora_create(const Model *m, int r, float alpha, unsigned targets, uint64_t seed);
+// Create adapters for model m: A ~ PEFT's kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)), B = 0;
+// bf16: masters and AdamW state in bf16 (--lora_dtype bf16; A rounded to nearest at creation)
+LoRA *lora_create(const Model *m, int r, float alpha, unsigned targets, uint64_t seed, int bf16);
 void lora_free(LoRA *lo);
 void lora_zero_grads(LoRA *lo);
 // global L2 norm of the gradients
@@ -84,6 +92,10 @@ void lora_hook_backward(Model *m, int layer, int which, void *dinp, const void *
 void lora_ensure_acts(LoRA *lo, int N);
 // bytes of the saved activations (all adapters)
 size_t lora_acts_bytes(const LoRA *lo);
+// bytes of the parameters, their gradients and AdamW's m and v (the optimizer state, all adapters)
+size_t lora_state_bytes(const LoRA *lo);
+// bytes of the act-typed copies the rollouts read (each adapter's, and the groups'), once made
+size_t lora_copies_bytes(const LoRA *lo);
 
 #ifdef __cplusplus
 }

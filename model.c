@@ -33,11 +33,14 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, A
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     size_t N = (size_t)B * T;
-    // per-layer buffers hold every layer, or one with recomputation (x always holds all L + 1)
+    // per-layer buffers hold every layer, or one with recomputation; x holds all L + 1 layer inputs
+    // (the backward starts each layer from its input), or with ACTS_FORWARD_ONLY two, in turn, and no
+    // backward buffers at all (b = 0)
     size_t act = dtype_size(be->act), hp = dtype_size(be->hp), L = recompute ? 1 : c->L;
     size_t q = (size_t)c->NH * c->HD, kv = (size_t)c->KVH * c->HD;
+    size_t xl = recompute == ACTS_FORWARD_ONLY ? 2 : (size_t)c->L + 1, b = recompute == ACTS_FORWARD_ONLY ? 0 : 1;
     ASlot t[] = {
-        {&a->x, (c->L + 1) * N * c->C * act},
+        {&a->x, xl * N * c->C * act},
         {&a->ln1, L * N * c->C * act},
         {&a->rstd1, L * N * hp},
         {&a->qpre, c->qk_norm ? L * N * q * act : 0},
@@ -59,21 +62,21 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, A
         {&a->rstdf, N * hp},
         {&a->logp, N * hp},
         {&a->lsef, N * hp},
-        {&a->dx, N * c->C * act},
-        {&a->dln, N * c->C * act},
-        {&a->dq, N * q * act},
-        {&a->dk, N * kv * act},
-        {&a->dv, N * kv * act},
-        {&a->datt, N * q * act},
-        {&a->dqpre, N * q * act},
-        {&a->dkpre, N * kv * act},
-        {&a->dff1, N * c->FF * act},
-        {&a->dff2, N * c->FF * act},
-        {&a->dff3, N * c->FF * act},
+        {&a->dx, b * N * c->C * act},
+        {&a->dln, b * N * c->C * act},
+        {&a->dq, b * N * q * act},
+        {&a->dk, b * N * kv * act},
+        {&a->dv, b * N * kv * act},
+        {&a->datt, b * N * q * act},
+        {&a->dqpre, b * N * q * act},
+        {&a->dkpre, b * N * kv * act},
+        {&a->dff1, b * N * c->FF * act},
+        {&a->dff2, b * N * c->FF * act},
+        {&a->dff3, b * N * c->FF * act},
         {&a->ids, N * 4},
         {&a->pos, N * 4},
         {&a->targets, N * 4},
-        {&a->dlogp, N * hp},
+        {&a->dlogp, b * N * hp},
     };
     memcpy(s, t, sizeof t);
     return sizeof t / sizeof t[0];
@@ -126,9 +129,9 @@ void model_arena_reserve(Model *m, size_t bytes, const char *what) {
     if (ar->kv_bytes) die("memory: the arena cannot grow while a KV cache lives in it");
     if (bytes > ar->cap)
         die("memory: %s need %.2f GiB of the KV-cache/activation arena, but --gpu_memory_utilization leaves it "
-            "%.2f GiB: raise --gpu_memory_utilization, or lower --per_device_train_batch_size / --micro_batch_size / "
+            "%.2f GiB: raise --gpu_memory_utilization, %sor lower --per_device_train_batch_size / --micro_batch_size / "
             "--max_completion_length",
-            what, bytes / 1073741824.0, ar->cap / 1073741824.0);
+            what, bytes / 1073741824.0, ar->cap / 1073741824.0, m->recompute ? "" : "turn on --gradient_checkpointing, ");
     if (ar->mem) m->be->free(ar->mem);
     ar->mem = m->be->alloc(bytes);
     ar->bytes = bytes;
@@ -182,14 +185,18 @@ typedef struct {
     void *x, *xn, *ln1, *rstd1, *qpre, *kpre, *qrstd, *krstd, *q, *k, *v, *att, *lse, *xmid, *ln2, *rstd2, *gate, *up, *hm;
 } LayerActs;
 
+// the slot of x holding layer l's input: l, or with ACTS_FORWARD_ONLY l % 2 (two slots in turn)
+static int x_slot(const Model *m, int l) { return m->recompute == ACTS_FORWARD_ONLY ? l % 2 : l; }
+
 static LayerActs layer_acts(const Model *m, int l) {
     const Config *c = &m->cfg;
     const Acts *a = &m->acts;
     size_t N = (size_t)m->B * m->T, act = dtype_size(m->be->act), hp = dtype_size(m->be->hp);
     size_t C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD, FF = c->FF;
     int i = m->recompute ? 0 : l;
+    int x0 = x_slot(m, l), x1 = x_slot(m, l + 1);
     LayerActs la = {
-        LAYER(a->x, l, N * C * act), LAYER(a->x, l + 1, N * C * act), LAYER(a->ln1, i, N * C * act),
+        LAYER(a->x, x0, N * C * act), LAYER(a->x, x1, N * C * act), LAYER(a->ln1, i, N * C * act),
         LAYER(a->rstd1, i, N * hp), NULL, NULL, NULL, NULL, LAYER(a->q, i, N * q * act), LAYER(a->k, i, N * kvw * act),
         LAYER(a->v, i, N * kvw * act), LAYER(a->att, i, N * q * act), LAYER(a->lse, i, N * c->NH * hp),
         LAYER(a->xmid, i, N * C * act), LAYER(a->ln2, i, N * C * act), LAYER(a->rstd2, i, N * hp),
@@ -259,12 +266,12 @@ static void forward_impl(Model *m, const int *ids_host, int B, int T, KVCache *k
     be->upload(a->pos, pos, N * sizeof(int32_t));
     free(pos);
 
-    be->embedding_forward(a->x, (const int32_t *)a->ids, m->w.wte, N, c->C);
+    be->embedding_forward(a->x, (const int32_t *)a->ids, &m->w.emb, N);
     for (int l = 0; l < c->L; l++) {
         LayerActs la = layer_acts(m, l);
         layer_forward(m, l, &la, kv, slots_dev);
     }
-    be->rmsnorm_forward(a->lnf, a->rstdf, LAYER(a->x, c->L, (size_t)N * c->C * dtype_size(be->act)), m->w.norm, N, c->C,
+    be->rmsnorm_forward(a->lnf, a->rstdf, LAYER(a->x, x_slot(m, c->L), (size_t)N * c->C * dtype_size(be->act)), m->w.norm, N, c->C,
                         c->eps);
 }
 
@@ -278,7 +285,7 @@ void model_logprobs(Model *m, const int *targets_host, float inv_temp, double *l
     for (int i = 0; i < N; i++)
         if (targets_host[i] >= c->V) die("target id %d out of range [0, %d)", targets_host[i], c->V);
     be->upload(a->targets, targets_host, N * sizeof(int32_t));
-    be->logprobs_forward(a->logp, a->lsef, a->lnf, m->w.lm_head, (const int32_t *)a->targets, inv_temp, N, c->C, c->V);
+    be->logprobs_forward(a->logp, a->lsef, a->lnf, &m->w.head, (const int32_t *)a->targets, inv_temp, N);
     a->inv_temp = inv_temp;
     size_t hp = dtype_size(be->hp);
     void *tmp = mallocCheck(N * hp);
@@ -293,7 +300,7 @@ void model_logits(Model *m, float *logits_host) {
     int N = m->B * m->T;
     size_t hp = dtype_size(be->hp), n = (size_t)N * c->V;
     void *dev = be->alloc(n * hp);
-    be->logits_forward(dev, m->acts.lnf, m->w.lm_head, N, c->C, c->V);
+    be->logits_forward(dev, m->acts.lnf, &m->w.head, N);
     void *tmp = mallocCheck(n * hp);
     be->download(tmp, dev, n * hp);
     convert_to_f32(logits_host, tmp, be->hp, n);
@@ -315,8 +322,8 @@ void model_backward(Model *m, const double *dlogp_host) {
 
     be->upload_convert(a->dlogp, be->hp, dlogp_host, DT_F64, N);
     // the head: dlnf, then the final norm into the residual gradient dx
-    be->logprobs_backward(a->dln, gw ? gw->lm_head : NULL, a->dlogp, a->lsef, a->lnf, m->w.lm_head,
-                          (const int32_t *)a->targets, a->inv_temp, N, c->C, c->V);
+    be->logprobs_backward(a->dln, gw ? gw->lm_head : NULL, a->dlogp, a->lsef, a->lnf, &m->w.head,
+                          (const int32_t *)a->targets, a->inv_temp, N);
     be->zero(a->dx, N * C * act);
     be->rmsnorm_backward(a->dx, gw ? gw->norm : NULL, a->dln, LAYER(a->x, c->L, N * C * act), m->w.norm, a->rstdf, N,
                          c->C);
@@ -459,10 +466,12 @@ void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_h
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     dec_ensure(m, B, 1);
-    // no backward follows, so one layer's buffers do (the layout of recomputation): a prefill of
-    // 64 x 128 tokens of an 8B model would otherwise hold 36 layers of activations (~36 GiB)
+    // no backward follows, so one layer's buffers and two of x do (ACTS_FORWARD_ONLY): a prefill of
+    // 64 x 128 tokens of an 8B model would otherwise hold 36 layers of activations (~36 GiB), and with
+    // recomputation's layout still 37 layers of x and the backward's buffers (1.08 -> 0.29 GiB for
+    // 8 prompts of 256 tokens)
     int recompute = m->recompute;
-    m->recompute = 1;
+    m->recompute = ACTS_FORWARD_ONLY;
     acts_ensure(m, B, T);
     // slots go through the arena's targets buffer (unused by a prefill)
     be->upload(m->acts.targets, slots_host, (size_t)B * T * sizeof(int32_t));
@@ -476,7 +485,7 @@ void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_h
     be->upload(m->dec.pos, last, B * sizeof(int32_t));
     free(last);
     be->gather_rows(m->dec.ln, m->acts.lnf, (const int32_t *)m->dec.pos, B, c->C);
-    be->logits_forward(logits, m->dec.ln, m->w.lm_head, B, c->C, c->V);
+    be->logits_forward(logits, m->dec.ln, &m->w.head, B);
 }
 
 // The decode step's projections of a group of layer l that share their input (group 0: q, k, v; 1:
@@ -534,7 +543,7 @@ static void decode_compute(void *arg) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     DecodeScratch *d = &m->dec;
-    be->embedding_forward(d->x, (const int32_t *)d->tok, m->w.wte, S, c->C);
+    be->embedding_forward(d->x, (const int32_t *)d->tok, &m->w.emb, S);
     be->rmsnorm_forward(d->ln, d->rstd, d->x, m->w.layers[0].ln1, S, c->C, c->eps);
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *lw = &m->w.layers[l];
@@ -559,7 +568,7 @@ static void decode_compute(void *arg) {
         const void *next_norm = l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm;
         be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, next_norm, S, c->C, c->eps);
     }
-    be->logits_forward(d->logits, d->ln, m->w.lm_head, S, c->C, c->V);
+    be->logits_forward(d->logits, d->ln, &m->w.head, S);
 }
 
 // what a recorded decode step depends on: every buffer and size it saw (backend.h replay)

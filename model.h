@@ -57,9 +57,13 @@ typedef struct {
 } LayerWeights;
 
 typedef struct {
-    void *wte;             // (V, C) act   embed_tokens
+    void *wte;             // (V, C) act   embed_tokens; NULL when FP8 (emb)
     void *norm;            // (C) act      final norm
-    void *lm_head;         // (V, C) act   == wte when tied
+    void *lm_head;         // (V, C) act   == wte when tied; NULL when FP8 (head)
+    // The embedding table and the LM head as the ops read them (backend.h): dense (gran OFF, dense =
+    // wte / lm_head), or with ModelOptions.fp8_embed E4M3 codes (V, C) + a scale per row (FP8_ROW) in
+    // fp8_mem. Tied: head == emb, one copy.
+    QWeight emb, head;
     LayerWeights *layers;  // (L) host array of pointers into the two blobs below
     void *dense_mem;       // one allocation: embeddings, norms, biases, lm_head, linears kept dense
     size_t dense_bytes;
@@ -73,6 +77,8 @@ typedef struct {
     FP8Gran gran;          // FP8_OFF keeps them dense (act dtype)
     int pow2;              // power-of-two scales
     int bf16_first, bf16_last;  // keep the first / last N layers dense
+    int fp8_embed;         // the embedding table and LM head in E4M3 with a scale per row (--fp8_embeddings):
+                           // frozen, half the bytes of BF16 (1.16 GiB less at the Qwen3-8B shape)
 } ModelOptions;
 
 // Saved activations of the training forward, for B sequences of T tokens (N = B*T).
@@ -113,7 +119,7 @@ typedef struct {
     size_t bytes;
     int B, T;     // the shape the arena was sized for (capacity)
     float inv_temp;  // of the last model_logprobs (its backward uses the same)
-    int recompute;   // the arena was laid out for recomputation (one layer of per-layer buffers)
+    int recompute;   // the layout: 1 recomputation (one layer of per-layer buffers), ACTS_FORWARD_ONLY a prefill
 } Acts;
 
 typedef struct LoRA LoRA;
@@ -212,8 +218,11 @@ void model_free_scratch(Model *m);  // the activation arena and decode scratch (
 void model_arena_init(Model *m, size_t cap);
 // make the arena hold at least bytes (moving it: nothing may live in it); dies beyond the budget
 void model_arena_reserve(Model *m, size_t bytes, const char *what);
-// bytes the activations of B sequences of T tokens take: every layer's, or one layer's with recompute
-// (what a prefill uses: it has no backward)
+// m->recompute / Acts.recompute: a forward that no backward follows (the rollout's prefill): one
+// layer's buffers, two of x in turn, none of the backward's
+#define ACTS_FORWARD_ONLY 2
+// bytes the activations of B sequences of T tokens take: every layer's, one layer's with recompute
+// (1), or a forward alone's (ACTS_FORWARD_ONLY: what a prefill uses)
 size_t model_acts_bytes(const Model *m, int B, int T, int recompute);
 // per-layer quantization error report: SQNR (dB) of each linear weight at each granularity
 void model_sqnr_report(const char *dir, FILE *f);

@@ -241,9 +241,22 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
     SlotTable dense = {NULL, 0, 0, act}, fp8 = {NULL, 0, 0, 0};
     memset(w, 0, sizeof *w);
     w->layers = (LayerWeights *)callocCheck(c->L, sizeof(LayerWeights));
-    slot_add(&dense, &w->wte, (size_t)c->V * c->C * act);
+    // the embedding table and the LM head: dense, or FP8 rows (codes, then the row scales)
+    int fp8_embed = o->fp8_embed && !dense_only_hp;
+    QWeight *vw[2] = {&w->emb, c->tied ? NULL : &w->head};
+    void **vdense[2] = {&w->wte, &w->lm_head};
+    for (int i = 0; i < 2; i++) {
+        if (!vw[i]) continue;
+        *vw[i] = (QWeight){.rows = c->V, .cols = c->C, .gran = fp8_embed ? FP8_ROW : FP8_OFF};
+        if (!fp8_embed) {
+            slot_add(&dense, vdense[i], (size_t)c->V * c->C * act);
+            continue;
+        }
+        vw[i]->q = (FP8Tensor){.rows = c->V, .cols = c->C, .gran = FP8_ROW, .fmt = FP8_E4M3, .block_rows = FP8_BLOCK_SIZE};
+        slot_add(&fp8, (void **)&vw[i]->q.data, (size_t)c->V * c->C);
+        slot_add(&fp8, (void **)&vw[i]->q.scale, (size_t)c->V * sizeof(float));
+    }
     slot_add(&dense, &w->norm, (size_t)c->C * act);
-    if (!c->tied) slot_add(&dense, &w->lm_head, (size_t)c->V * c->C * act);
     for (int l = 0; l < c->L; l++) {
         LayerWeights *lw = &w->layers[l];
         slot_add(&dense, &lw->ln1, (size_t)c->C * act);
@@ -288,7 +301,9 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
         w->fp8_mem = be->alloc(w->fp8_bytes);
         slots_point(&fp8, w->fp8_mem);
     }
-    if (c->tied) w->lm_head = w->wte;
+    w->emb.dense = w->wte;
+    w->head.dense = w->lm_head;
+    if (c->tied) w->lm_head = w->wte, w->head = w->emb;
     free(dense.s);
     free(fp8.s);
     for (int l = 0; l < c->L; l++) {
@@ -433,6 +448,19 @@ static void load_linear(const Loader *ld, QWeight *w, const char *name, int rows
     free(f);
 }
 
+// the embedding table or the LM head (V, C) into w as it is held: dense, or quantized to FP8 rows
+// from the tensor as it lies in the mapped file (one tensor at a time, no copy of the whole model);
+// w NULL: checked only
+static void load_vocab(const Loader *ld, QWeight *w, const char *name, int pow2) {
+    if (!w || w->gran == FP8_OFF) {
+        load_dense(ld, w ? w->dense : NULL, name, ld->c->V, ld->c->C);
+        return;
+    }
+    const STensor *t = need(ld, name, ld->c->V, ld->c->C);
+    if (t->dtype == DT_E4M3) die("%s: tensor %s is FP8 but only linear weights may be", ld->dir, name);
+    ld->be->quantize_weight(w, t->data, t->dtype, pow2);
+}
+
 static void read_config(Config *c, const char *dir) {
     char p[4096];
     path_join(p, sizeof p, dir, "config.json");
@@ -451,9 +479,9 @@ static void read_config(Config *c, const char *dir) {
 static void walk_tensors(const Loader *ld, Model *m) {
     const Config *c = ld->c;
     char nm[512];
-    load_dense(ld, m ? m->w.wte : NULL, "model.embed_tokens.weight", c->V, c->C);
+    load_vocab(ld, m ? &m->w.emb : NULL, "model.embed_tokens.weight", m ? m->opt.pow2 : 0);
     load_dense(ld, m ? m->w.norm : NULL, "model.norm.weight", c->C, 0);
-    if (!c->tied) load_dense(ld, m ? m->w.lm_head : NULL, "lm_head.weight", c->V, c->C);
+    if (!c->tied) load_vocab(ld, m ? &m->w.head : NULL, "lm_head.weight", m ? m->opt.pow2 : 0);
     for (int l = 0; l < c->L; l++) {
         LayerWeights *lw = m ? &m->w.layers[l] : NULL;
 #define LNAME(fmt, ...) (snprintf(nm, sizeof nm, "model.layers.%d." fmt, l, __VA_ARGS__), nm)
@@ -523,10 +551,10 @@ void model_init_random(Model *m, const Config *c, const Backend *be, const Model
     double es = sqrt(3.0 / c->C);  // uniform(-b, b) has std b / sqrt(3)
     uint64_t tag = 1;
     fill_uniform(buf, (size_t)c->V * c->C, es, seed, tag++);
-    be->upload_convert(m->w.wte, be->act, buf, DT_F32, (size_t)c->V * c->C);
+    be->quantize_weight(&m->w.emb, buf, DT_F32, m->opt.pow2);  // dense: converted; FP8: rows quantized
     if (!c->tied) {
         fill_uniform(buf, (size_t)c->V * c->C, es, seed, tag++);
-        be->upload_convert(m->w.lm_head, be->act, buf, DT_F32, (size_t)c->V * c->C);
+        be->quantize_weight(&m->w.head, buf, DT_F32, m->opt.pow2);
     }
     for (int i = 0; i < c->C; i++) buf[i] = 1.0f;
     be->upload_convert(m->w.norm, be->act, buf, DT_F32, c->C);
@@ -630,9 +658,10 @@ int model_hf_tensors(const Model *m, HFTensor *out) {
         }                                                                                                  \
         n++;                                                                                               \
     } while (0)
-    ADD(m->w.wte, NULL, -1, -1, c->V, c->C, "model.embed_tokens.weight");
+    // FP8 embeddings / LM head are given as weights (lin), which model_save_hf dequantizes
+    ADD(m->w.wte, m->w.wte ? NULL : &m->w.emb, -1, -1, c->V, c->C, "model.embed_tokens.weight");
     ADD(m->w.norm, NULL, -1, -1, c->C, 0, "model.norm.weight");
-    if (!c->tied) ADD(m->w.lm_head, NULL, -1, -1, c->V, c->C, "lm_head.weight");
+    if (!c->tied) ADD(m->w.lm_head, m->w.lm_head ? NULL : &m->w.head, -1, -1, c->V, c->C, "lm_head.weight");
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *lw = &m->w.layers[l];
         ADD(lw->ln1, NULL, -1, -1, c->C, 0, "model.layers.%d.input_layernorm.weight", l);
@@ -722,6 +751,9 @@ size_t model_fp8_train_state(const Model *m, float *buf, int set) {
 
 void model_alloc_grads(Model *m) {
     if (m->grads) return;
+    if (m->w.emb.gran != FP8_OFF)
+        die("the embedding table and LM head are FP8 (--fp8_embeddings), and FP8 weights are frozen: training every "
+            "weight needs them dense (drop --fp8_embeddings)");
     ModelOptions dense = m->opt;
     dense.gran = FP8_OFF;
     Weights g;

@@ -592,20 +592,43 @@ void FN(sample)(int32_t *tokens, real *logp, const real *logits, uint64_t *rng, 
     }
 }
 
+// one element of AdamW in fp64, in the order both backends compute it (backend_cuda.cu's kernels spell
+// each rounding out): *m and *v updated, the new parameter returned. Decoupled weight decay
+// (torch.optim.AdamW): p -= lr * wd * p, then the Adam step.
+static inline double adamw_elem(double p, double g, double *m, double *v, float lr, float beta1, float beta2, float eps,
+                                float weight_decay, double bc1, double bc2) {
+    double mi = beta1 * *m + (1.0 - beta1) * g;
+    double vi = beta2 * *v + (1.0 - beta2) * g * g;
+    *m = mi;
+    *v = vi;
+    p *= 1.0 - (double)lr * weight_decay;
+    return p - lr * (mi / bc1) / (sqrt(vi / bc2) + eps);
+}
+
 void FN(adamw)(real *param, const real *grad, real *m, real *v, size_t n, float lr, float beta1, float beta2, float eps,
                float weight_decay, int step) {
     double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
-        double g = grad[i];
-        double mi = beta1 * (double)m[i] + (1.0 - beta1) * g;
-        double vi = beta2 * (double)v[i] + (1.0 - beta2) * g * g;
+        double mi = m[i], vi = v[i];
+        double p = adamw_elem(param[i], grad[i], &mi, &vi, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
         m[i] = (real)mi;
         v[i] = (real)vi;
-        // decoupled weight decay (torch.optim.AdamW): p -= lr * wd * p, then the Adam step
-        double p = (double)param[i] * (1.0 - (double)lr * weight_decay);
-        p -= lr * (mi / bc1) / (sqrt(vi / bc2) + eps);
         param[i] = (real)p;
+    }
+}
+
+// adamw with the three results rounded to bf16 stochastically (backend.h adamw_bf16), kept as real values
+void FN(adamw_bf16)(real *param, const real *grad, real *m, real *v, size_t n, float lr, float beta1, float beta2,
+                    float eps, float weight_decay, int step, uint64_t seed) {
+    double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        double mi = m[i], vi = v[i];
+        double p = adamw_elem(param[i], grad[i], &mi, &vi, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+        param[i] = bf16_to_f32(f32_to_bf16_sr((float)p, sr_bits(seed, step, i, 0)));
+        m[i] = bf16_to_f32(f32_to_bf16_sr((float)mi, sr_bits(seed, step, i, 1)));
+        v[i] = bf16_to_f32(f32_to_bf16_sr((float)vi, sr_bits(seed, step, i, 2)));
     }
 }
 

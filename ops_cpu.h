@@ -52,6 +52,8 @@ extern "C" {
                    float temperature, int top_k, float top_p);                                                       \
     void adamw##S(real *param, const real *grad, real *m, real *v, size_t n, float lr, float beta1, float beta2,     \
                   float eps, float weight_decay, int step);                                                          \
+    void adamw_bf16##S(real *param, const real *grad, real *m, real *v, size_t n, float lr, float beta1, float beta2, \
+                       float eps, float weight_decay, int step, uint64_t seed);                                       \
     double sumsq##S(const real *x, size_t n);                                                                        \
     void scale##S(real *x, size_t n, float s);
 

@@ -563,8 +563,27 @@ void cu_split_columns(void *const *outs, const int *widths, int n, const void *i
     launchCheck();
 }
 
-void cu_embedding_forward(void *out, const int32_t *ids, const void *wte, int N, int C) {
-    cu_gather_rows(out, wte, ids, N, C);
+// out row i = bf16(decode(code) * scale) of FP8 row idx[i] (E4M3, a scale per row): the CPU's
+// fp8_dequantize_row_cpu in fp32, rounded once
+__global__ void gather_fp8_rows_kernel(bf16 *out, const uint8_t *codes, const float *scale, const int32_t *idx, int C) {
+    int i = blockIdx.x;
+    size_t r = (size_t)idx[i];
+    const uint8_t *src = codes + r * C;
+    float s = scale[r];
+    bf16 *dst = out + (size_t)i * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) dst[c] = __float2bfloat16_rn(fp8_decode_dev(src[c], FP8_E4M3) * s);
+}
+
+void cu_embedding_forward(void *out, const int32_t *ids, const QWeight *wte, int N) {
+    int C = wte->cols;
+    if (wte->gran == FP8_OFF) {
+        cu_gather_rows(out, wte->dense, ids, N, C);
+        return;
+    }
+    if (wte->gran != FP8_ROW || wte->q.fmt != FP8_E4M3) die("embedding_forward: FP8 tables are E4M3 with a scale per row");
+    if (N <= 0) return;
+    gather_fp8_rows_kernel<<<N, 128, 0, cu_stream()>>>((bf16 *)out, wte->q.data, wte->q.scale, ids, C);
+    launchCheck();
 }
 
 // dwte[id] += dout rows, deterministic and equal to the CPU's row order: the block of the

@@ -53,6 +53,7 @@ typedef struct {
     int P, G, S, BS, MB, Tmax, share, V;
     Group *gr;
     int next_group;        // groups are admitted in order
+    int max_q;             // prompts one admission prefills at most (what the prefill's activations were sized for)
     int *free_ids, nfree;  // the block pool: a stack of free block ids
     int *table;            // (S, MB) each sequence's blocks
     KVCache kv;
@@ -75,7 +76,7 @@ static int admit(Run *r) {
     const Backend *be = r->m->be;
     size_t hp = dtype_size(be->hp), row = (size_t)r->V * hp;
     int nq = 0, g0 = r->next_group, T = 0;
-    while (r->next_group < r->P && r->gr[r->next_group].need <= r->nfree) {
+    while (r->next_group < r->P && r->gr[r->next_group].need <= r->nfree && nq + r->gr[r->next_group].nq <= r->max_q) {
         int p = r->next_group++, pl = r->plens[p], full, own;
         group_blocks(r, p, &full, &own);
         Group *g = &r->gr[p];
@@ -163,11 +164,16 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
     // The pool: every group's blocks at once, or, when the arena (--gpu_memory_utilization) holds
     // fewer, what it holds beside the prefill: groups then wait and are admitted as earlier
     // completions finish and return their blocks (continuous batching).
+    // A pool that cannot hold every group prefills one group at a time (the later ones at the next
+    // decode steps), so that the prefill's activations take one group's room, not every prompt's.
     int NB = (int)total;
-    size_t blk = kvcache_bytes(m, 1, BS), acts = model_acts_bytes(m, nprompts, r.Tmax, 1);
+    r.max_q = nprompts;
+    size_t blk = kvcache_bytes(m, 1, BS), acts = model_acts_bytes(m, nprompts, r.Tmax, ACTS_FORWARD_ONLY);
     if (m->arena.cap && kvcache_bytes(m, NB, BS) + acts > m->arena.cap) {
+        r.max_q = r.share ? 1 : G;
+        acts = model_acts_bytes(m, r.max_q, r.Tmax, ACTS_FORWARD_ONLY);
         size_t room = m->arena.cap > acts ? m->arena.cap - acts : 0;
-        NB = (int)(room / blk);
+        NB = room / blk < (size_t)total ? (int)(room / blk) : (int)total;
         if (NB < most)
             die("rollout: one prompt's %d completions need %.1f MiB of KV cache, but the arena leaves %.1f MiB beside the "
                 "prefill: raise --gpu_memory_utilization or lower --max_completion_length / --num_generations",

@@ -34,6 +34,7 @@
 #include "full.h"
 #include "grpo.h"
 #include "lora.h"
+#include "memfit.h"
 #include "model.h"
 #include "options.h"
 #include "plot.h"
@@ -48,8 +49,8 @@
 
 typedef struct {
     const char *model, *data, *task, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules;
-    const char *load_in_fp8, *kv_cache_dtype;
-    int resume, overwrite_output_dir, fp8_pow2, bf16_first_layers, bf16_last_layers, quiet, gradient_checkpointing;
+    const char *load_in_fp8, *kv_cache_dtype, *lora_dtype;
+    int resume, overwrite_output_dir, fp8_pow2, bf16_first_layers, bf16_last_layers, quiet, gradient_checkpointing, fp8_embeddings;
     int max_steps, per_device_train_batch_size, micro_batch_size, lora_r, top_k, logging_steps, save_steps;
     int eval_steps, eval_size, warmup_sft_steps, max_prompt_length, chat, max_operand, save_total_limit, nproc_per_node;
     double learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm, warmup_ratio;
@@ -124,6 +125,9 @@ static const Option OPTIONS[] = {
     {"lora_alpha", OPT_DOUBLE, OFF(lora_alpha), 1e-6, 1e6, .dflt = "32", .help = "scale alpha / r"},
     {"lora_target_modules", OPT_STRING, OFF(lora_target_modules), .meta = "LIST", .dflt = "all",
      .help = "comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj, or all"},
+    {"lora_dtype", OPT_CHOICE, OFF(lora_dtype), .choices = "fp32|bf16", .dflt = "fp32",
+     .help = "the adapters' masters and AdamW state; bf16: 10 bytes a parameter instead of 16, stochastic rounding "
+             "at each update (the gradients stay fp32)"},
 
     {.name = "sampling (the rollouts)", .kind = OPT_SECTION},
     {"temperature", OPT_DOUBLE, OFF(temperature), 0, 100, .dflt = "1",
@@ -147,13 +151,19 @@ static const Option OPTIONS[] = {
     {"quiet", OPT_FLAG, OFF(quiet), .help = "no per-step lines, only the summary"},
 
     {.name = "memory", .kind = OPT_SECTION},
-    {"micro_batch_size", OPT_INT, OFF(micro_batch_size), 1, 1e6, .unset = "all of per_device_train_batch_size",
+    {"micro_batch_size", OPT_INT, OFF(micro_batch_size), 1, 1e6,
+     .unset = "chosen each step to fit the arena: all of per_device_train_batch_size when it fits",
      .help = "sequences per forward/backward"},
-    {"gradient_checkpointing", OPT_FLAG, OFF(gradient_checkpointing), .help = "recompute each layer in the backward (less memory)"},
+    {"gradient_checkpointing", OPT_FLAG, OFF(gradient_checkpointing),
+     .help = "recompute each layer in the backward (less memory); without it, turned on by itself when the update would "
+             "not fit otherwise"},
+    {"fp8_embeddings", OPT_FLAG, OFF(fp8_embeddings),
+     .help = "the embedding table and LM head in E4M3 too, a scale per row (frozen; tied ones share one copy)"},
     {"kv_cache_dtype", OPT_CHOICE, OFF(kv_cache_dtype), .choices = "auto|fp8", .dflt = "auto",
      .help = "the rollouts' KV cache: the activations' type, or E4M3 with a scale per token and head (half the bytes)"},
     {"gpu_memory_utilization", OPT_DOUBLE, OFF(gpu_memory_utilization), 0.05, 0.99, .dflt = "0.6",
-     .help = "share of the GPU's memory for weights, LoRA and the arena (KV cache in rollouts, activations in updates)"},
+     .help = "share of the GPU's memory for weights, LoRA and the arena (KV cache in rollouts, activations in updates); "
+             "not given, raised up to 0.95 where the default would leave the arena under 2 GiB"},
 
     {.name = "several GPUs (data parallel; README: Several GPUs)", .kind = OPT_SECTION},
     {"nproc_per_node", OPT_INT, OFF(nproc_per_node), 1, 1024, .unset = "one process, or the ranks torchrun / srun started",
@@ -161,13 +171,14 @@ static const Option OPTIONS[] = {
 };
 #define N_OPTIONS ((int)(sizeof OPTIONS / sizeof OPTIONS[0]))
 
-static void parse_options(int argc, char **argv, Opts *o, GrpoConfig *g) {
+static void parse_options(int argc, char **argv, Opts *o, GrpoConfig *g, int *util_given) {
     memset(o, 0, sizeof *o);
     OptionTable t = {.usage = "usage: ./train_grpo [--name value | --name=value ...]\n"
                               "GRPO with LoRA on frozen FP8 weights; without --model, the built-in tiny model and task (a\n"
                               "supervised warm-up, cached, then GRPO). Names as TRL's; '-' and '_' are the same; a flag alone means true.",
                      .rows = OPTIONS, .n = N_OPTIONS, .base = o, .grpo = g};
     options_parse(&t, argc, argv);
+    *util_given = options_given(&t, "gpu_memory_utilization");
     char err[256];
     if (grpo_config_check(g, err, sizeof err) < 0) die("%s", err);
     if (o->per_device_train_batch_size % g->num_generations)
@@ -214,6 +225,7 @@ typedef struct {
     Model m;                // the frozen weights (FP8 unless --load_in_fp8 off) with...
     LoRA *lo;               // ...the adapter GRPO trains
     size_t lora_bytes;      // LoRA parameters, gradients, AdamW m and v
+    int gpu_util_given;     // --gpu_memory_utilization was on the command line (else it may be raised to fit)
     int G, S, P, Tc, mb, R; // group size, this rank's sequences per step (P prompts x G), max completion tokens, micro-batch, reward functions
     long total_updates;     // optimizer steps of the whole run (max_steps x num_iterations)
     long lr_warmup;         // of which ramp the learning rate up
@@ -363,6 +375,7 @@ static cJSON *run_identity(const Opts *o, const GrpoConfig *g, int world) {
     cJSON_AddNumberToObject(j, "lora_r", o->lora_r);
     cJSON_AddNumberToObject(j, "lora_alpha", o->lora_alpha);
     cJSON_AddStringToObject(j, "lora_target_modules", o->lora_target_modules);
+    if (strcmp(o->lora_dtype, "fp32")) cJSON_AddStringToObject(j, "lora_dtype", o->lora_dtype);  // (older runs: fp32)
     cJSON_AddNumberToObject(j, "train_batch_size", (double)o->per_device_train_batch_size * world);
     cJSON_AddNumberToObject(j, "num_generations", g->num_generations);
     cJSON_AddNumberToObject(j, "seed", (double)o->seed);
@@ -572,7 +585,7 @@ static void warmup(Run *r, const ModelOptions *mo) {
         printf("built-in model: %d layers, hidden %d, vocab %d (byte-level); supervised warm-up on '%s' for %d steps (cached in %s)\n",
                tc.L, tc.C, tc.V, o->task, o->warmup_sft_steps, r->warm_dir);
         Model w;  // every weight trained (full.h), unquantized, on the run's backend
-        ModelOptions dense = {FP8_OFF, 0, 0, 0};
+        ModelOptions dense = {FP8_OFF, 0, 0, 0, 0};
         model_init_random(&w, &tc, r->be, &dense, (uint64_t)o->seed);
         sft_warmup(&w, &r->task, &r->fmt, o->warmup_sft_steps, 64, o->seed, tc.eos_ids[0], o->quiet, o->eval_size,
                    r->g.max_completion_length, o->warmup_carry_errors);
@@ -636,6 +649,40 @@ static void prepare_output(Run *r) {
     dist_broadcast_host(r->dist, &r->last, sizeof r->last, 0);
 }
 
+// What the process may hold: --gpu_memory_utilization of the device. Left at its default, a share that
+// leaves the arena less than MIN_ARENA beside the weights, LoRA and the 1 GiB reserve (a large model on
+// a small GPU) is raised as far as 0.95, and said. Dies in one line, naming what would help, when even
+// that leaves no arena.
+#define MIN_ARENA ((size_t)2 << 30)
+static size_t arena_budget(Run *r) {
+    Opts *o = &r->o;
+    double cap = (double)r->be->mem_capacity();
+    size_t used = r->be->mem_in_use(NULL), reserve = (size_t)1 << 30;
+    if (!r->gpu_util_given && o->gpu_memory_utilization * cap < (double)(used + reserve + MIN_ARENA)) {
+        double u = fmin(0.95, (double)(used + reserve + MIN_ARENA) / cap);
+        if (u > o->gpu_memory_utilization) {
+            printf("memory: --gpu_memory_utilization %.2f would leave the KV-cache/activation arena %.2f GiB beside the "
+                   "weights: using %.2f (the option sets it)\n",
+                   o->gpu_memory_utilization, fmax(0, o->gpu_memory_utilization * cap - used - reserve) / 1073741824.0, u);
+            o->gpu_memory_utilization = u;
+        }
+    }
+    size_t budget = (size_t)(o->gpu_memory_utilization * cap);
+    if (budget <= used + reserve) {
+        char help[256] = "";
+        size_t n = 0;
+        if (o->gpu_memory_utilization < 0.95) n += snprintf(help + n, sizeof help - n, "raise --gpu_memory_utilization, ");
+        if (!strcmp(o->load_in_fp8, "off")) n += snprintf(help + n, sizeof help - n, "use --load_in_fp8 block, ");
+        if (!o->fp8_embeddings) n += snprintf(help + n, sizeof help - n, "add --fp8_embeddings, ");
+        if (strcmp(o->lora_dtype, "bf16")) n += snprintf(help + n, sizeof help - n, "use --lora_dtype bf16, ");
+        snprintf(help + n, sizeof help - n, "or lower --lora_r");
+        die("--gpu_memory_utilization %.2f gives %.2f GiB, but the weights, LoRA and optimizer hold %.2f GiB and the "
+            "backend keeps 1 GiB in reserve: %s",
+            o->gpu_memory_utilization, budget / 1073741824.0, used / 1073741824.0, help);
+    }
+    return budget;
+}
+
 // Stage "load": the task, the tokenizer (checked against the checkpoint's vocabulary), the
 // backend, the model (the built-in one through its warm-up), LoRA, and the GPU arena's budget.
 static void load(Run *r) {
@@ -653,7 +700,8 @@ static void load(Run *r) {
         config_check_tokenizer(&cfg, tokenizer_vocab_size(r->tok), o->model);
     }
     r->be = backend_select(o->device, 1);
-    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), o->fp8_pow2, o->bf16_first_layers, o->bf16_last_layers};
+    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), o->fp8_pow2, o->bf16_first_layers, o->bf16_last_layers,
+                       o->fp8_embeddings};
     r->fmt.system = o->system_prompt;
     r->fmt.max_prompt = o->max_prompt_length;
     Model *m = &r->m;
@@ -672,23 +720,19 @@ static void load(Run *r) {
 
     m->recompute = o->gradient_checkpointing;
     m->kv_fp8 = !strcmp(o->kv_cache_dtype, "fp8");
-    r->lo = lora_create(m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17);
+    r->lo = lora_create(m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17,
+                        !strcmp(o->lora_dtype, "bf16"));
     m->lora = r->lo;
     m->lora_on = 1;
     printf("LoRA: r %d, alpha %g, %zu parameters\n", r->lo->r, r->lo->alpha, r->lo->n);
-    r->lora_bytes = 4 * r->lo->n * dtype_size(r->be->hp);  // parameters, gradients, Adam m and v
+    r->lora_bytes = lora_state_bytes(r->lo);  // parameters, gradients, Adam m and v
     printf("memory (%s): weights %.1f MiB (linear %.1f MiB as %s), LoRA + AdamW %.1f MiB\n", r->be->name,
            (m->w.dense_bytes + m->w.fp8_bytes) / 1048576.0, m->w.linear_bytes / 1048576.0, o->load_in_fp8, r->lora_bytes / 1048576.0);
     if (r->be->mem_capacity() > 0) {  // a device with a memory budget (not the host)
         // the time-shared arena (KV cache during rollouts, activations during updates) gets what
         // --gpu_memory_utilization leaves after what is held now and a reserve for the backend's
         // scratch, which grows lazily (FP8 activation codes, 512 MiB logits chunks, LoRA copies)
-        size_t budget = (size_t)(o->gpu_memory_utilization * (double)r->be->mem_capacity()), used = r->be->mem_in_use(NULL);
-        size_t reserve = (size_t)1 << 30;
-        if (budget <= used + reserve)
-            die("--gpu_memory_utilization %.2f gives %.2f GiB, but the weights, LoRA and optimizer hold %.2f GiB and the "
-                "backend keeps 1 GiB in reserve: raise --gpu_memory_utilization",
-                o->gpu_memory_utilization, budget / 1073741824.0, used / 1073741824.0);
+        size_t budget = arena_budget(r), used = r->be->mem_in_use(NULL), reserve = (size_t)1 << 30;
         model_arena_init(m, budget - used - reserve);
         printf("arena (KV cache during rollouts, activations during updates): up to %.2f GiB, grown on demand\n",
                (budget - used - reserve) / 1073741824.0);
@@ -726,10 +770,10 @@ static void begin(Run *r) {
         printf("resumed from %s/checkpoint-%d\n", r->dir, r->start);
     } else if (r->rank0 && file_exists(r->metrics)) remove(r->metrics);
     LoRA *lo = r->lo;
-    dist_broadcast(r->dist, r->be, lo->params, lo->n * dtype_size(r->be->hp), 0);
+    dist_broadcast(r->dist, r->be, lo->params, lo->n * dtype_size(lo->sdt), 0);
     if (o->resume) {
-        dist_broadcast(r->dist, r->be, lo->m, lo->n * dtype_size(r->be->hp), 0);
-        dist_broadcast(r->dist, r->be, lo->v, lo->n * dtype_size(r->be->hp), 0);
+        dist_broadcast(r->dist, r->be, lo->m, lo->n * dtype_size(lo->sdt), 0);
+        dist_broadcast(r->dist, r->be, lo->v, lo->n * dtype_size(lo->sdt), 0);
         dist_broadcast_host(r->dist, &lo->step, sizeof lo->step, 0);
         dist_broadcast_host(r->dist, &r->start, sizeof r->start, 0);
     }
@@ -737,7 +781,6 @@ static void begin(Run *r) {
     r->end = r->start > o->max_steps ? r->start : o->max_steps;
 
     r->G = r->g.num_generations, r->S = o->per_device_train_batch_size, r->P = r->S / r->G, r->Tc = r->g.max_completion_length;
-    r->mb = o->micro_batch_size > 0 ? o->micro_batch_size : r->S;
     r->total_updates = (long)o->max_steps * r->g.num_iterations;
     r->lr_warmup = warmup_steps_from_ratio(o->warmup_ratio, r->total_updates);
     r->inv_temp = o->temperature > 0 ? (float)(1.0 / o->temperature) : 1.0f;
@@ -886,15 +929,45 @@ static double learning_rate(const Run *r, long upd) {
     return upd < warm ? lr * upd / (double)(warm > 0 ? warm : 1) : lr;
 }
 
+// The update's micro-batch and recomputation for this step's T (memfit.h): the user's choice where
+// given, else the largest that fits the arena; printed when it changes. When nothing fits, one line
+// naming every option that would help.
+static int fit_update(Run *r, int T) {
+    const Opts *o = &r->o;
+    FitChoice fc;
+    if (memfit_update(&r->m, r->S, T, o->micro_batch_size, o->gradient_checkpointing ? 1 : -1, &fc) < 0) {
+        char help[512] = "";
+        size_t n = 0;
+        if (o->gpu_memory_utilization < 0.95)
+            n += snprintf(help + n, sizeof help - n, "raise --gpu_memory_utilization (now %.2f), ", o->gpu_memory_utilization);
+        if (fc.mb > 1) n += snprintf(help + n, sizeof help - n, "lower --micro_batch_size (now %d), ", fc.mb);
+        if (!fc.recompute) n += snprintf(help + n, sizeof help - n, "turn on --gradient_checkpointing, ");
+        if (strcmp(o->load_in_fp8, "off") == 0) n += snprintf(help + n, sizeof help - n, "use --load_in_fp8 block, ");
+        if (!o->fp8_embeddings) n += snprintf(help + n, sizeof help - n, "add --fp8_embeddings, ");
+        snprintf(help + n, sizeof help - n, "or lower --max_completion_length (%d) / --max_prompt_length", r->Tc);
+        die("memory: the update of sequences of %d tokens needs %.2f GiB of activations at micro-batch %d with%s "
+            "recomputation, but the arena holds %.2f GiB: %s",
+            T, fc.bytes / 1073741824.0, fc.mb, fc.recompute ? "" : "out", r->m.arena.cap / 1073741824.0, help);
+    }
+    if (r->m.arena.cap && (fc.mb != r->mb || fc.recompute != r->m.recompute))  // (no arena: the CPU, nothing to choose)
+        printf("memory: updates in micro-batches of %d x %d tokens, recomputation %s (%s; activations %.2f GiB)\n", fc.mb,
+               T, fc.recompute ? "on" : "off",
+               o->micro_batch_size && o->gradient_checkpointing ? "as asked" : "chosen to fit the arena", fc.bytes / 1073741824.0);
+    r->mb = fc.mb;
+    r->m.recompute = fc.recompute;
+    return fc.mb;
+}
+
 // Stage "update": the reference (LoRA off) and old-policy logprobs when the loss needs them,
 // then num_iterations x (per micro-batch: forward, logprobs, grpo_loss, backward; clip, AdamW).
 static void update(Run *r, Step *s, int step) {
     Model *m = &r->m;
     const GrpoConfig *g = &r->g;
-    int S = r->S, Tc = r->Tc, mb = r->mb;
+    int S = r->S, Tc = r->Tc;
     double t_train0 = now_sec();
     make_batch(r, s);
     int T = s->T;
+    int mb = fit_update(r, T);
     int need_old = g->num_iterations > 1;
     s->t_reduce = 0;
     for (int pass = 0; pass < 2; pass++) {  // 0: the reference, 1: the old policy
@@ -1169,7 +1242,7 @@ int main(int argc, char **argv) {
     Run r;
     memset(&r, 0, sizeof r);
     r.prog = argv[0];
-    parse_options(argc, argv, &r.o, &r.g);
+    parse_options(argc, argv, &r.o, &r.g, &r.gpu_util_given);
     dist_launch(argc, argv);  // --nproc_per_node N: start N of these (each goes on below), wait, exit
     setvbuf(stdout, NULL, _IOLBF, 0);
     r.dist = dist_from_env();  // the ranks (torchrun's or srun's environment; none: one process)

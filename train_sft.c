@@ -252,14 +252,14 @@ static void load(Run *r) {
                max_length, d->first_dropped);
 
     r->be = backend_select(o->device, 1);
-    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), 0, o->bf16_first_layers, o->bf16_last_layers};
+    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), 0, o->bf16_first_layers, o->bf16_last_layers, 0};
     model_load(&r->m, o->model, r->be, &mo);
     r->m.recompute = o->gradient_checkpointing;
     SftTrainer tr = {.m = &r->m, .micro_batch = o->per_device_train_batch_size, .beta1 = (float)o->adam_beta1,
                      .beta2 = (float)o->adam_beta2, .eps = (float)o->adam_epsilon, .weight_decay = (float)o->weight_decay,
                      .max_grad_norm = o->max_grad_norm};
     if (o->use_peft) {
-        r->lo = lora_create(&r->m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17);
+        r->lo = lora_create(&r->m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17, 0);
         r->m.lora = r->lo;
         r->m.lora_on = 1;
         tr.lora = r->lo;
@@ -343,7 +343,7 @@ static void begin(Run *r) {
             metrics_truncate(r->metrics, r->last);
         } else if (!o->use_peft) full_load_state(&r->ft, &r->m, NULL);  // its block, from rank 0
         if (o->use_peft) {
-            size_t bytes = r->lo->n * dtype_size(r->be->hp);
+            size_t bytes = r->lo->n * dtype_size(r->lo->sdt);
             dist_broadcast(r->dist, r->be, r->lo->params, bytes, 0);
             dist_broadcast(r->dist, r->be, r->lo->m, bytes, 0);
             dist_broadcast(r->dist, r->be, r->lo->v, bytes, 0);
@@ -352,7 +352,7 @@ static void begin(Run *r) {
         r->start = r->last;
         printf("resumed from %s (the data at example %ld)\n", dir, (long)r->start * r->per_step_all);
     } else if (r->rank == 0 && file_exists(r->metrics)) remove(r->metrics);
-    if (o->use_peft && !o->resume) dist_broadcast(r->dist, r->be, r->lo->params, r->lo->n * dtype_size(r->be->hp), 0);
+    if (o->use_peft && !o->resume) dist_broadcast(r->dist, r->be, r->lo->params, r->lo->n * dtype_size(r->lo->sdt), 0);
     printf("SFT: %ld steps x %d examples (%d x %d accumulated%s), %.2f epochs of %ld examples, lr %g (%s, %ld warm-up steps)\n",
            r->total, r->per_step_all, o->per_device_train_batch_size, o->gradient_accumulation_steps,
            r->world > 1 ? " on each rank" : "", (double)r->total * r->per_step_all / r->data.n, r->data.n, o->learning_rate,

@@ -23,7 +23,7 @@
 #include "full.h"
 #include "lora.h"
 #include "model.h"
-#include "qwen3_shapes.h"
+#include "shapes.h"
 #include "rollout.h"
 
 static int cmp_d(const void *a, const void *b) {
@@ -136,7 +136,7 @@ int main(int argc, char **argv) {
     Dist *d = dist_from_env();
     int W = dist_world(d), rank = dist_rank(d);
     const Backend *be = backend_select("cuda", rank == 0);
-    Config cfg = grpo ? qwen3_shape(a.model) : llama32_shape(a.model);
+    Config cfg = grpo ? bench_shape(a.model) : llama32_shape(a.model);
     ModelOptions opt = {grpo ? FP8_BLOCK : FP8_OFF, 0, 0, 0};
     Model m;
     model_init_random(&m, &cfg, be, &opt, 1234);

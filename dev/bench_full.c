@@ -22,7 +22,7 @@
 #include "full.h"
 #include "model.h"
 #include "op_profile.h"
-#include "qwen3_shapes.h"  // llama32_shape
+#include "shapes.h"  // llama32_shape
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

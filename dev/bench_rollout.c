@@ -19,7 +19,7 @@
 #include "lora.h"
 #include "model.h"
 #include "op_profile.h"
-#include "qwen3_shapes.h"
+#include "shapes.h"
 #include "rollout.h"
 #include "safetensors.h"
 
@@ -57,15 +57,15 @@ static int kv_fp8;   // the row's KV cache: FP8 (--kv fp8)
 
 static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nnew, int rank, int graphs) {
     const Backend *be = backend_select("cuda", 0);
-    Config cfg = qwen3_shape(size);
+    Config cfg = bench_shape(size);
     size_t base = gpu_used();
-    ModelOptions opt = {gran, 0, 0, 0};
+    ModelOptions opt = {gran, 0, 0, 0, 0};
     Model m;
     model_init_random(&m, &cfg, be, &opt, 1234);
     m.kv_fp8 = kv_fp8;
     LoRA *lo = NULL;
     if (rank > 0) {
-        lo = lora_create(&m, rank, (float)rank, (1u << LIN_COUNT) - 1, 7);
+        lo = lora_create(&m, rank, (float)rank, (1u << LIN_COUNT) - 1, 7, 0);
         m.lora = lo;
         m.lora_on = 1;
     }
@@ -145,12 +145,12 @@ static double read_dir_s(const char *dir) {
 
 static void startup(const char *size, const char *dir) {
     const Backend *be = backend_select("cuda", 0);
-    Config cfg = qwen3_shape(size);
+    Config cfg = bench_shape(size);
     char p[4096];
     path_join(p, sizeof p, dir, "config.json");
     if (!file_exists(p)) {
         Model m;
-        ModelOptions dense = {FP8_OFF, 0, 0, 0};
+        ModelOptions dense = {FP8_OFF, 0, 0, 0, 0};
         double t0 = now_sec();
         model_init_random(&m, &cfg, be, &dense, 99);
         model_save_hf(&m, dir, DT_BF16);
@@ -161,7 +161,7 @@ static void startup(const char *size, const char *dir) {
     double t_read = read_dir_s(dir);
     double t0 = now_sec();
     Model m;
-    ModelOptions o = {FP8_BLOCK, 0, 0, 0};
+    ModelOptions o = {FP8_BLOCK, 0, 0, 0, 0};
     model_load(&m, dir, be, &o);
     double t_load = now_sec() - t0;
     int prompt[128], plen = 128;
@@ -200,7 +200,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--profile")) profile = 1;
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc) kvs = argv[++i];
         else if (!strcmp(argv[i], "--gemm") && i + 1 < argc) gemm = argv[++i];
-        else die("usage: bench_rollout [--model 0.6b|8b] [--fp8 block,row,tensor,off] [--batch 64,256] [--prompt 128] "
+        else die("usage: bench_rollout [--model " SHAPE_NAMES "] [--fp8 block,row,tensor,off] [--batch 64,256] [--prompt 128] "
                  "[--new 256] [--generations G] [--lora r] [--graphs on,off] [--kv auto,fp8] [--gemm auto|cublaslt] "
                  "[--profile] [--startup DIR]");
     }

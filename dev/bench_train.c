@@ -32,7 +32,7 @@
 #include "lora.h"
 #include "model.h"
 #include "op_profile.h"
-#include "qwen3_shapes.h"
+#include "shapes.h"
 
 
 static size_t gpu_used(void) {
@@ -75,7 +75,7 @@ static struct {
 // fp32 backend (see the header comment)
 static double *lp_reference(const char *size, const int *ids, const int *tg, int B, int T) {
     const Backend *cpu = backend_select("cpu", 0);
-    Config cfg = qwen3_shape(size);
+    Config cfg = bench_shape(size);
     ModelOptions opt;
     memset(&opt, 0, sizeof opt);
     opt.gran = FP8_OFF;
@@ -124,7 +124,7 @@ static int recompute;  // --recompute: gradient checkpointing (model.h's m->reco
 
 static Result run(const char *size, FP8Gran gran, int B, int T, int steps, int warmup, int rank, int profile) {
     const Backend *be = backend_select("cuda", 0);
-    Config cfg = qwen3_shape(size);
+    Config cfg = bench_shape(size);
     Result res;
     memset(&res, 0, sizeof res);
     res.gran = gran;
@@ -135,7 +135,7 @@ static Result run(const char *size, FP8Gran gran, int B, int T, int steps, int w
     double t0 = now_sec();
     model_init_random(&m, &cfg, be, &opt, SEED);
     fprintf(stderr, "  %s %s: random weights in %.1f s\n", size, fp8_gran_name(gran), now_sec() - t0);
-    LoRA *lo = lora_create(&m, rank, (float)rank, (1u << LIN_COUNT) - 1, 99);
+    LoRA *lo = lora_create(&m, rank, (float)rank, (1u << LIN_COUNT) - 1, 99, 0);
     m.recompute = recompute;
     m.lora = lo;
     m.lora_on = 1;
@@ -240,7 +240,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--profile")) profile = 1;
         else if (!strcmp(argv[i], "--recompute")) recompute = 1;
         else if (!strcmp(argv[i], "--logprob-error")) lpe.on = 1;
-        else die("usage: bench_train [--model 0.6b|8b] [--fp8 block,row,tensor,off] [--batch B] [--seq T] [--steps n] "
+        else die("usage: bench_train [--model " SHAPE_NAMES "] [--fp8 block,row,tensor,off] [--batch B] [--seq T] [--steps n] "
                  "[--warmup n] [--rank r] [--profile] [--recompute] [--logprob-error]");
     }
     if (B < 1 || T < 2 || steps < 1 || warmup < 0) die("bad --batch/--seq/--steps/--warmup");

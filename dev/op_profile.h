@@ -64,12 +64,13 @@ static void pw_linear_forward(void *out, const void *inp, const QWeight *w, cons
 static void pw_linear_backward(void *dinp, int acc, void *dw, void *db, const void *dout, const void *inp, const QWeight *w, int N) {
     PW(P_LIN_B, PF.R->linear_backward(dinp, acc, dw, db, dout, inp, w, N));
 }
-static void pw_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, float s, int N, int C, int Rk, int OC) {
-    PW(P_LORA_F, PF.R->lora_forward(out, ax, inp, A, B, s, N, C, Rk, OC));
+static void pw_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, DType wdt, float s, int N, int C,
+                            int Rk, int OC) {
+    PW(P_LORA_F, PF.R->lora_forward(out, ax, inp, A, B, wdt, s, N, C, Rk, OC));
 }
 static void pw_lora_backward(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax, const void *A,
-                             const void *B, float s, int N, int C, int Rk, int OC) {
-    PW(P_LORA_B, PF.R->lora_backward(dinp, dA, dB, dout, inp, ax, A, B, s, N, C, Rk, OC));
+                             const void *B, DType wdt, float s, int N, int C, int Rk, int OC) {
+    PW(P_LORA_B, PF.R->lora_backward(dinp, dA, dB, dout, inp, ax, A, B, wdt, s, N, C, Rk, OC));
 }
 static void pw_att_f(void *out, void *lse, const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD) {
     PW(P_ATT_F, PF.R->attention_forward(out, lse, q, k, v, B, T, NH, KVH, HD));
@@ -110,18 +111,18 @@ static void pw_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, c
 // no recording: every op runs (and is timed) each step
 static void pw_replay(const void *key, size_t key_bytes, void (*run)(void *arg), void *arg) { run(arg); }
 static void pw_split(void *const *o, const int *w, int n, const void *in, int N) { PW(P_MEM, PF.R->split_columns(o, w, n, in, N)); }
-static void pw_logits(void *lg, const void *h, const void *w, int N, int C, int V) { PW(P_LOGITS, PF.R->logits_forward(lg, h, w, N, C, V)); }
-static void pw_logp_f(void *logp, void *lse, const void *h, const void *wlm, const int32_t *t, float it, int N, int C, int V) {
-    PW(P_HEAD_F, PF.R->logprobs_forward(logp, lse, h, wlm, t, it, N, C, V));
+static void pw_logits(void *lg, const void *h, const QWeight *w, int N) { PW(P_LOGITS, PF.R->logits_forward(lg, h, w, N)); }
+static void pw_logp_f(void *logp, void *lse, const void *h, const QWeight *wlm, const int32_t *t, float it, int N) {
+    PW(P_HEAD_F, PF.R->logprobs_forward(logp, lse, h, wlm, t, it, N));
 }
-static void pw_logp_b(void *dh, void *dwlm, const void *dl, const void *lse, const void *h, const void *wlm, const int32_t *t,
-                      float it, int N, int C, int V) {
-    PW(P_HEAD_B, PF.R->logprobs_backward(dh, dwlm, dl, lse, h, wlm, t, it, N, C, V));
+static void pw_logp_b(void *dh, void *dwlm, const void *dl, const void *lse, const void *h, const QWeight *wlm,
+                      const int32_t *t, float it, int N) {
+    PW(P_HEAD_B, PF.R->logprobs_backward(dh, dwlm, dl, lse, h, wlm, t, it, N));
 }
 static void pw_sample(int32_t *tok, void *logp, const void *lg, uint64_t *rng, int S, int V, float T, int k, float p) {
     PW(P_SAMPLE, PF.R->sample(tok, logp, lg, rng, S, V, T, k, p));
 }
-static void pw_emb_f(void *out, const int32_t *ids, const void *wte, int N, int C) { PW(P_EMB, PF.R->embedding_forward(out, ids, wte, N, C)); }
+static void pw_emb_f(void *out, const int32_t *ids, const QWeight *wte, int N) { PW(P_EMB, PF.R->embedding_forward(out, ids, wte, N)); }
 static void pw_adamw(void *p, const void *g, void *m, void *v, size_t n, float lr, float b1, float b2, float eps, float wd, int step) {
     PW(P_OPT, PF.R->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, step));
 }

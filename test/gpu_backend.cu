@@ -262,9 +262,9 @@ START_TEST(test_lora) {
     float *out0 = randn_bf((size_t)N * OC, 1.0f);
     void *dx = up_act(x, (size_t)N * C), *dA = up_hp(A, (size_t)R * C), *dB = up_hp(B, (size_t)OC * R);
     void *dout = up_act(out0, (size_t)N * OC), *dax = G->alloc((size_t)N * R * 4);
-    G->lora_forward(dout, dax, dx, dA, dB, scale, N, C, R, OC);
+    G->lora_forward(dout, dax, dx, dA, dB, DT_F32, scale, N, C, R, OC);
     float *rout = fdup(out0, (size_t)N * OC), *rax = fmalloc((size_t)N * R);
-    CPU->lora_forward(rout, rax, x, A, B, scale, N, C, R, OC);
+    CPU->lora_forward(rout, rax, x, A, B, DT_F32, scale, N, C, R, OC);
     float *gax = down_hp(dax, (size_t)N * R), *gout = down_act(dout, (size_t)N * OC);
     // ax = x A^T with A rounded to bf16: 2^-8 sum |x a| + fp32 accumulation
     double *max_ = dmalloc_h((size_t)N * R), *tax = dmalloc_h((size_t)N * R);
@@ -297,6 +297,14 @@ START_TEST(test_lora) {
     G->lora_apply(dout2, dx, dA16, dB16, scale, N, C, R, OC);
     float *gout2 = down_act(dout2, (size_t)N * OC);
     check_close("lora_apply out +=", gout2, rout, to, (size_t)N * OC);
+    // bf16 masters (--lora_dtype bf16) are the values the fp32 path rounds A and B to for its GEMMs:
+    // the same products, bit for bit
+    void *dout3 = up_act(out0, (size_t)N * OC), *dax3 = G->alloc((size_t)N * R * 4);
+    G->lora_forward(dout3, dax3, dx, dA16, dB16, DT_BF16, scale, N, C, R, OC);
+    float *gax3 = down_hp(dax3, (size_t)N * R), *gout3 = down_act(dout3, (size_t)N * OC);
+    check_exact("lora_forward with bf16 masters: ax", gax3, gax, (size_t)N * R * 4);
+    check_exact("lora_forward with bf16 masters: out +=", gout3, gout, (size_t)N * OC * 4);
+    G->free(dout3); G->free(dax3); free(gax3); free(gout3);
     G->free(dA16); G->free(dB16); G->free(dout2); free(gA16); free(rA16); free(gout2);
 
     // backward
@@ -304,9 +312,9 @@ START_TEST(test_lora) {
     float *gA0 = randn((size_t)R * C, 0.1f), *gB0 = randn((size_t)OC * R, 0.1f);
     void *dg = up_act(g, (size_t)N * OC), *ddin = up_act(din0, (size_t)N * C), *dgA = up_hp(gA0, (size_t)R * C),
          *dgB = up_hp(gB0, (size_t)OC * R);
-    G->lora_backward(ddin, dgA, dgB, dg, dx, dax, dA, dB, scale, N, C, R, OC);
+    G->lora_backward(ddin, dgA, dgB, dg, dx, dax, dA, dB, DT_F32, scale, N, C, R, OC);
     float *rdin = fdup(din0, (size_t)N * C), *rgA = fdup(gA0, (size_t)R * C), *rgB = fdup(gB0, (size_t)OC * R);
-    CPU->lora_backward(rdin, rgA, rgB, g, x, rax, A, B, scale, N, C, R, OC);
+    CPU->lora_backward(rdin, rgA, rgB, g, x, rax, A, B, DT_F32, scale, N, C, R, OC);
     float *gdin = down_act(ddin, (size_t)N * C), *ggA = down_hp(dgA, (size_t)R * C), *ggB = down_hp(dgB, (size_t)OC * R);
     // dB += scale g^T ax: ax rounded to bf16 (ax itself carries the forward's error, bounded above)
     double *tB = dmalloc_h((size_t)OC * R), *mdax = dmalloc_h((size_t)N * R);
@@ -531,7 +539,9 @@ START_TEST(test_norm_rope_elementwise) {
     for (int i = 0; i < NT; i++) ids[i] = i % 7 == 0 ? 5 : (int)(rng_u64(&rng) % 200) * 5;  // many repeats
     void *dwte = up_act(wte, (size_t)V * C), *dids = up_i32(ids, NT), *dE_ = up_act(dE, (size_t)NT * C);
     void *demb = G->alloc((size_t)NT * C * 2), *dacc = up_hp(acc0, (size_t)V * C);
-    G->embedding_forward(demb, (const int32_t *)dids, dwte, NT, C);
+    QWeight qwte = {V, C, FP8_OFF};
+    qwte.dense = dwte;
+    G->embedding_forward(demb, (const int32_t *)dids, &qwte, NT);
     float *ge = down_act(demb, (size_t)NT * C), *re = fmalloc((size_t)NT * C);
     embedding_forward_cpu(re, ids, wte, NT, C);
     check_exact("embedding_forward", ge, re, (size_t)NT * C * 4);
@@ -874,6 +884,42 @@ END_TEST
 
 // ---- language-model head -------------------------------------------------------------
 
+// logp and lse against the reference: fp32 logits, each within acc32(C) sum|h w| inv_temp <=
+// acc32(C) inv_temp max|w| sum|h| (h grown by hgrow: its quantization), and the logsumexp's fp32
+// rounding of V terms (~2^-14 with the per-thread runs). Returns the tolerances (N).
+static double *check_logprobs(const char *label, const float *glp, const float *gls, const float *rlp, const float *rls,
+                              const float *h, double wmax, double hgrow, float inv_temp, int N, int C, int V) {
+    double *tl = dmalloc_h(N);
+    for (int i = 0; i < N; i++) {
+        double sh = 0;
+        for (int c = 0; c < C; c++) sh += fabs(h[(size_t)i * C + c]) * hgrow;
+        tl[i] = 2 * acc32(C) * inv_temp * wmax * sh + 0x1p-14 * (1 + fabs(rls[i]));
+    }
+    char what[128];
+    snprintf(what, sizeof what, "%slogprobs_forward logp N %d C %d V %d", label, N, C, V);
+    check_close(what, glp, rlp, tl, N);
+    snprintf(what, sizeof what, "%slogprobs_forward lse N %d C %d V %d", label, N, C, V);
+    check_close(what, gls, rls, tl, N);
+    return tl;
+}
+
+// dh = dz W against the reference, W (V, C) the values the head computes with: dz rounded to bf16,
+// sum_j |dz_j| <= 2 |g| inv_temp, so |err| <= 2^-7 |g| inv_temp max_j |w_jc| (x2 headroom) + the
+// output's rounding
+static void check_dh(const char *label, const float *gdh, const float *rdh, const float *w, const float *g,
+                     const int32_t *tg, float inv_temp, int N, int C, int V) {
+    double *colmax = dmalloc_h(C), *mag = dmalloc_h((size_t)N * C);
+    for (size_t j = 0; j < (size_t)V; j++)
+        for (int c = 0; c < C; c++) colmax[c] = fmax(colmax[c], fabs(w[j * C + c]));
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) mag[(size_t)i * C + c] = tg[i] < 0 ? 0 : 2 * fabs(g[i]) * inv_temp * colmax[c];
+    double *t = tol_bf(rdh, mag, 0x1p-7, (size_t)N * C);
+    char what[128];
+    snprintf(what, sizeof what, "%slogprobs_backward dh N %d C %d V %d", label, N, C, V);
+    check_close(what, gdh, rdh, t, (size_t)N * C);
+    free(colmax); free(mag); free(t);
+}
+
 static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
     float *h = randn_bf((size_t)N * C, 1.0f), *w = randn_bf((size_t)V * C, 0.5f);
     int32_t *tg = (int32_t *)mallocCheck(N * 4);
@@ -881,25 +927,16 @@ static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
     tg[0] = V - 1;
     void *dh = up_act(h, (size_t)N * C), *dw = up_act(w, (size_t)V * C), *dt = up_i32(tg, N);
     void *dlp = G->alloc(N * 4), *dls = G->alloc(N * 4);
-    G->logprobs_forward(dlp, dls, dh, dw, (const int32_t *)dt, inv_temp, N, C, V);
+    QWeight qw = {V, C, FP8_OFF};
+    qw.dense = dw;
+    G->logprobs_forward(dlp, dls, dh, &qw, (const int32_t *)dt, inv_temp, N);
     float *rlp = fmalloc(N), *rls = fmalloc(N);
     logprobs_forward_cpu(rlp, rls, h, w, tg, inv_temp, N, C, V);
     float *glp = down_hp(dlp, N), *gls = down_hp(dls, N);
-    // fp32 logits: each within acc32(C) sum|h w| inv_temp <= acc32(C) inv_temp max|w| sum|h|; the
-    // logsumexp adds fp32 rounding of V terms (~2^-14 with the per-thread runs)
-    double wmax = 0;
+    double wmax = 0;  // for the tolerances of check_logprobs
     for (size_t i = 0; i < (size_t)V * C; i++) wmax = fmax(wmax, fabs(w[i]));
-    double *tl = dmalloc_h(N);
-    for (int i = 0; i < N; i++) {
-        double sh = 0;
-        for (int c = 0; c < C; c++) sh += fabs(h[(size_t)i * C + c]);
-        tl[i] = 2 * acc32(C) * inv_temp * wmax * sh + 0x1p-14 * (1 + fabs(rls[i]));
-    }
+    double *tl = check_logprobs("", glp, gls, rlp, rls, h, wmax, 1.0, inv_temp, N, C, V);
     char what[128];
-    snprintf(what, sizeof what, "logprobs_forward logp N %d C %d V %d", N, C, V);
-    check_close(what, glp, rlp, tl, N);
-    snprintf(what, sizeof what, "logprobs_forward lse N %d C %d V %d", N, C, V);
-    check_close(what, gls, rls, tl, N);
     // backward: dh = dz W with dz rounded to bf16; sum_j |dz_j| <= 2 |g| inv_temp, so
     // |err| <= 2^-7 |g| inv_temp max_j |w_jc| (x2 headroom) + output rounding
     float *g = randn(N, 1.0f);
@@ -910,18 +947,11 @@ static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
         dw0 = randn((size_t)V * C, 0.1f);
         ddw = up_hp(dw0, (size_t)V * C);
     }
-    G->logprobs_backward(ddh, ddw, dg, dls, dh, dw, (const int32_t *)dt, inv_temp, N, C, V);
+    G->logprobs_backward(ddh, ddw, dg, dls, dh, &qw, (const int32_t *)dt, inv_temp, N);
     float *rdh = fmalloc((size_t)N * C), *rdw = with_dwlm ? fdup(dw0, (size_t)V * C) : NULL;
     logprobs_backward_cpu(rdh, rdw, g, rls, h, w, tg, inv_temp, N, C, V);
     float *gdh = down_act(ddh, (size_t)N * C);
-    double *colmax = dmalloc_h(C), *mag = dmalloc_h((size_t)N * C);
-    for (size_t j = 0; j < (size_t)V; j++)
-        for (int c = 0; c < C; c++) colmax[c] = fmax(colmax[c], fabs(w[j * C + c]));
-    for (int i = 0; i < N; i++)
-        for (int c = 0; c < C; c++) mag[(size_t)i * C + c] = tg[i] < 0 ? 0 : 2 * fabs(g[i]) * inv_temp * colmax[c];
-    double *t = tol_bf(rdh, mag, 0x1p-7, (size_t)N * C);
-    snprintf(what, sizeof what, "logprobs_backward dh N %d C %d V %d", N, C, V);
-    check_close(what, gdh, rdh, t, (size_t)N * C);
+    check_dh("", gdh, rdh, w, g, tg, inv_temp, N, C, V);
     for (int i = 0; i < N; i++)
         if (tg[i] < 0 || g[i] == 0)
             for (int c = 0; c < C; c++) ck_assert_msg(gdh[(size_t)i * C + c] == 0, "dh row %d without gradient is not zero", i);
@@ -946,7 +976,7 @@ static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
     // logits_forward on the first rows: fp32 out
     int NL = N < 20 ? N : 20;
     void *dz = G->alloc((size_t)NL * V * 4);
-    G->logits_forward(dz, dh, dw, NL, C, V);
+    G->logits_forward(dz, dh, &qw, NL);
     float *gz = down_hp(dz, (size_t)NL * V), *rz = fmalloc((size_t)NL * V);
     matmul_forward_cpu(rz, h, w, NULL, NL, C, V);
     double *tz = dmalloc_h((size_t)NL * V);
@@ -961,7 +991,81 @@ static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
     G->free(dh); G->free(dw); G->free(dt); G->free(dlp); G->free(dls); G->free(dg); G->free(ddh); G->free(dz);
     if (ddw) G->free(ddw);
     free(h); free(w); free(tg); free(rlp); free(rls); free(glp); free(gls); free(tl); free(g); free(rdh); free(rdw);
-    free(gdh); free(colmax); free(mag); free(t); free(dw0); free(gz); free(rz); free(tz);
+    free(gdh); free(dw0); free(gz); free(rz); free(tz);
+}
+
+// The FP8 embedding table and LM head (--fp8_embeddings: E4M3, a scale per row) against the CPU
+// backend's fake quantization of the same codes. The GPU quantizes the bf16 h per row to the same
+// bytes as the CPU (fp8_quantize_cuda's contract), so the logits differ only by fp32 summation order:
+// acc32(C) sum_c |hq_c wq_c|, plus the logsumexp's fp32 rounding as in logprobs_case. The backward: dz
+// rounded to bf16 and the dequantized rows of W rounded to bf16 (2^-9 each: 2^-7 covers both, as above).
+static void fp8_head_case(int N, int C, int V, float inv_temp) {
+    const Backend *cpu = backend_cpu();
+    float *h = randn_bf((size_t)N * C, 1.0f), *w = randn((size_t)V * C, 0.5f);
+    int32_t *tg = (int32_t *)mallocCheck(N * 4);
+    for (int i = 0; i < N; i++) tg[i] = i % 5 == 3 ? -1 : (int)(rng_u64(&rng) % V);
+    // the weight's codes and row scales, made on the host and uploaded: both backends read the same
+    QWeight cw = {V, C, FP8_ROW};
+    fp8_tensor_alloc_cpu(&cw.q, V, C, FP8_ROW, FP8_E4M3, FP8_BLOCK_SIZE);
+    fp8_quantize_cpu(&cw.q, w, 0);
+    QWeight gw = cw;
+    gw.q.data = (uint8_t *)G->alloc((size_t)V * C);
+    gw.q.scale = (float *)G->alloc((size_t)V * 4);
+    G->upload(gw.q.data, cw.q.data, (size_t)V * C);
+    G->upload(gw.q.scale, cw.q.scale, (size_t)V * 4);
+    void *dh = up_act(h, (size_t)N * C), *dt = up_i32(tg, N);
+    void *dlp = G->alloc(N * 4), *dls = G->alloc(N * 4);
+    G->logprobs_forward(dlp, dls, dh, &gw, (const int32_t *)dt, inv_temp, N);
+    float *rlp = fmalloc(N), *rls = fmalloc(N);
+    cpu->logprobs_forward(rlp, rls, h, &cw, tg, inv_temp, N);
+    float *glp = down_hp(dlp, N), *gls = down_hp(dls, N);
+    // |hq_c| <= |h_c| (1 + 2^-4) and |wq_jc| <= max_j |wq_j| per column: the bound of logprobs_case on
+    // the quantized operands
+    float *wd = fmalloc((size_t)V * C);
+    fp8_dequantize_cpu(wd, &cw.q);
+    double wmax = 0;
+    for (size_t i = 0; i < (size_t)V * C; i++) wmax = fmax(wmax, fabs(wd[i]));
+    double *tl = check_logprobs("FP8 head ", glp, gls, rlp, rls, h, wmax, 1 + 0x1p-4, inv_temp, N, C, V);
+    char what[128];
+    // backward, in chunks of the vocabulary on the GPU (V > 8192 covers several)
+    float *g = randn(N, 1.0f);
+    void *dg = up_hp(g, N), *ddh = G->alloc((size_t)N * C * 2);
+    G->logprobs_backward(ddh, NULL, dg, dls, dh, &gw, (const int32_t *)dt, inv_temp, N);
+    float *rdh = fmalloc((size_t)N * C);
+    cpu->logprobs_backward(rdh, NULL, g, rls, h, &cw, tg, inv_temp, N);
+    float *gdh = down_act(ddh, (size_t)N * C);
+    check_dh("FP8 head ", gdh, rdh, wd, g, tg, inv_temp, N, C, V);
+    // logits_forward (the decode step's): the forward's bound per element
+    int NL = N < 16 ? N : 16;
+    void *dz = G->alloc((size_t)NL * V * 4);
+    G->logits_forward(dz, dh, &gw, NL);
+    float *gz = down_hp(dz, (size_t)NL * V), *rz = fmalloc((size_t)NL * V);
+    cpu->logits_forward(rz, h, &cw, NL);
+    double *tz = dmalloc_h((size_t)NL * V);
+    for (int i = 0; i < NL; i++)
+        for (int j = 0; j < V; j++) {
+            double s = 0;
+            for (int c = 0; c < C; c++) s += fabs(h[(size_t)i * C + c] * (1 + 0x1p-4) * wd[(size_t)j * C + c]);
+            tz[(size_t)i * V + j] = acc32(C) * s;
+        }
+    snprintf(what, sizeof what, "FP8 head logits_forward N %d C %d V %d", NL, C, V);
+    check_close(what, gz, rz, tz, (size_t)NL * V);
+    // the embedding rows: code * scale in fp32 on both, rounded once to bf16 on the GPU
+    int NT = 3 * N;
+    int32_t *ids = (int32_t *)mallocCheck(NT * 4);
+    for (int i = 0; i < NT; i++) ids[i] = (int)(rng_u64(&rng) % V);
+    void *dids = up_i32(ids, NT), *demb = G->alloc((size_t)NT * C * 2);
+    G->embedding_forward(demb, (const int32_t *)dids, &gw, NT);
+    float *ge = down_act(demb, (size_t)NT * C), *re = fmalloc((size_t)NT * C);
+    cpu->embedding_forward(re, ids, &cw, NT);
+    for (size_t i = 0; i < (size_t)NT * C; i++) re[i] = bfr(re[i]);
+    snprintf(what, sizeof what, "FP8 embedding_forward N %d C %d V %d", NT, C, V);
+    check_exact(what, ge, re, (size_t)NT * C * 4);
+    G->free(gw.q.data); G->free(gw.q.scale); G->free(dh); G->free(dt); G->free(dlp); G->free(dls); G->free(dg);
+    G->free(ddh); G->free(dz); G->free(dids); G->free(demb);
+    fp8_tensor_free_cpu(&cw.q);
+    free(h); free(w); free(tg); free(rlp); free(rls); free(glp); free(gls); free(wd); free(tl); free(g); free(rdh);
+    free(gdh); free(gz); free(rz); free(tz); free(ids); free(ge); free(re);
 }
 
 START_TEST(test_logprobs) {
@@ -969,6 +1073,8 @@ START_TEST(test_logprobs) {
     logprobs_case(45, 64, 151936, 1.0f, 1);         // with the lm_head gradient
     // several row chunks (FP8GRPO_LOGITS_CHUNK_ROWS = 16, set in main)
     logprobs_case(70, 128, 3000, 1.0f, 1);
+    fp8_head_case(29, 256, 20000, 1.0f / 0.7f);  // several vocabulary chunks in the backward (8192 rows each)
+    fp8_head_case(70, 128, 3000, 1.0f);          // several row chunks
 }
 END_TEST
 
@@ -1033,6 +1139,18 @@ START_TEST(test_optimizer) {
     check_exact("adamw param (3 steps, fp64, CPU order)", gp, p, n * 4);
     check_exact("adamw m", gm, m, n * 4);
     check_exact("adamw v", gv, v, n * 4);
+    // --lora_dtype bf16: bf16 param, m, v, stochastic rounding from the same hashed bits on both sides
+    for (size_t i = 0; i < n; i++) p[i] = bfr(p[i]), m[i] = bfr(m[i]), v[i] = bfr(v[i]);
+    void *bp = up_act(p, n), *bm = up_act(m, n), *bv = up_act(v, n);
+    for (int step = 1; step <= 3; step++) {
+        G->adamw_bf16(bp, dg, bm, bv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step, 77);
+        CPU->adamw_bf16(p, g, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step, 77);
+    }
+    float *bgp = down_act(bp, n), *bgm = down_act(bm, n), *bgv = down_act(bv, n);
+    check_exact("adamw_bf16 param (3 steps, stochastic rounding)", bgp, p, n * 4);
+    check_exact("adamw_bf16 m", bgm, m, n * 4);
+    check_exact("adamw_bf16 v", bgv, v, n * 4);
+    G->free(bp); G->free(bm); G->free(bv); free(bgp); free(bgm); free(bgv);
     double s1 = G->sumsq(dg, n), s2 = G->sumsq(dg, n), rs = sumsq_cpu(g, n);
     ck_assert_msg(s1 == s2, "sumsq not deterministic: %.17g vs %.17g", s1, s2);
     // both sum n non-negative fp64 terms; the CPU sequentially, whose own error bound is n 2^-53

@@ -91,7 +91,7 @@ static void model_run(ModelRun *r, const char *arch, const Backend *be, FP8Gran 
 
     // LoRA on all projections with random A and B (the same on every backend); logprobs of the
     // next token (some rows -1) at temperature 0.8; backward of sum dlogp * logp
-    LoRA *lo = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 7);
+    LoRA *lo = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 7, 0);
     Rng pr = rng_make(31);
     double *par = (double *)mallocCheck(lo->n * sizeof(double));
     for (size_t i = 0; i < lo->n; i++) par[i] = 0.1 * rng_normal(&pr);
@@ -213,7 +213,7 @@ static void grpo_step(GrpoStep *r, const Backend *be, FP8Gran gran, const double
         }
     for (int b = 0; b < GS_B; b++)
         for (int j = 0; j < GS_TC; j++) mask[b * GS_TC + j] = j < lens[b] && tg[b * GS_T + GS_P - 1 + j] >= 0;
-    LoRA *lo = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 7);
+    LoRA *lo = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 7, 0);
     Rng pr = rng_make(77);
     double *par = (double *)mallocCheck(lo->n * sizeof(double));
     for (size_t i = 0; i < lo->n; i++) par[i] = 0.1 * rng_normal(&pr);

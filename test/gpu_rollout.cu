@@ -309,9 +309,10 @@ START_TEST(test_prefix_sharing_gpu) {
             // one), so no share is required, but each divergence must be explained
             cmp_runs("gpu vs cpu (sampled)", &mg, &mc, &sh, &cpu, prompts, seeds, rc.temperature, 0.0);
             // continuous batching: an arena with room for one prompt's group (10-11 of the 31 blocks)
-            // at a time beside the prefill; the later prompts wait for blocks and are prefilled alone
+            // at a time beside the prefill of one prompt (rollout.c: a pool that cannot hold every
+            // group prefills one at a time); the later prompts wait for blocks and are prefilled alone
             Rollout cb;
-            model_arena_init(&mg, kvcache_bytes(&mg, 15, 16) + model_acts_bytes(&mg, NP2, 37, 1));
+            model_arena_init(&mg, kvcache_bytes(&mg, 15, 16) + model_acts_bytes(&mg, 1, 37, ACTS_FORWARD_ONLY));
             rollout_run(&mg, &rc, NP2, prompts, PLEN2, seeds, &cb);
             ck_assert_msg(cb.admissions == NP2 - 1, "%d later admissions, expected %d", cb.admissions, NP2 - 1);
             cmp_runs("continuous batching", &mg, &mc, &sh, &cb, prompts, seeds, rc.temperature, 0.75);
@@ -446,7 +447,7 @@ START_TEST(test_arena_handover_gpu) {
         load(&a, "qwen3", GPU, GRANS[gi]);
         load(&b, "qwen3", GPU, GRANS[gi]);
         model_arena_init(&a, (size_t)256 << 20);
-        LoRA *la = lora_create(&a, 4, 8.0f, (1u << LIN_COUNT) - 1, 5), *lb = lora_create(&b, 4, 8.0f, (1u << LIN_COUNT) - 1, 5);
+        LoRA *la = lora_create(&a, 4, 8.0f, (1u << LIN_COUNT) - 1, 5, 0), *lb = lora_create(&b, 4, 8.0f, (1u << LIN_COUNT) - 1, 5, 0);
         a.lora = la, a.lora_on = 1, b.lora = lb, b.lora_on = 1;
         int *pool = token_pool("qwen3"), plens[2] = {7, 13};
         const int *prompts[2] = {pool, pool + 20};

@@ -181,7 +181,7 @@ static void write_merged_f32(const Inputs *in, const char *model_rel, const char
 // logits (B*T, V) of a checkpoint directory on the CPU backend, for qwen3's tokens.npy
 static float *logits_of(const char *dir, FP8Gran gran, const char *lora_dir, Model *keep) {
     Model m;
-    ModelOptions o = {gran, 0, 0, 0};
+    ModelOptions o = {gran, 0, 0, 0, 0};
     model_load(&m, dir, backend_cpu(), &o);
     if (lora_dir) {
         m.lora = lora_load_peft(&m, lora_dir);

@@ -57,7 +57,7 @@ END_TEST
 static const char *const MODEL[] = {"config.json", "model.safetensors"};
 static void load_model(const char *name) {
     Model m;
-    ModelOptions o = {FP8_BLOCK, 0, 0, 0};
+    ModelOptions o = {FP8_BLOCK, 0, 0, 0, 0};
     model_load(&m, unpack("model", name, MODEL, 2), backend_cpu(), &o);
     model_free(&m);
 }
@@ -126,7 +126,7 @@ static Model qwen3;
 static void load_qwen3(void) {
     char p[1024];
     fixture_path(p, sizeof p, "qwen3");
-    ModelOptions o = {FP8_OFF, 0, 0, 0};
+    ModelOptions o = {FP8_OFF, 0, 0, 0, 0};
     model_load(&qwen3, p, backend_cpu(), &o);
 }
 
@@ -147,7 +147,7 @@ END_TEST
 static const char RUN[] = "{\"model\":\"builtin-tiny\",\"data\":\"arithmetic\",\"lora_r\":2,\"lora_alpha\":4}";  // fuzz_resume.c's
 static const char *const RESUME[] = {"trainer_state.json", "optimizer.safetensors"};
 static void resume(const char *name) {
-    LoRA *lo = lora_create(&qwen3, 2, 4.0f, (1u << LIN_Q) | (1u << LIN_V), 1);
+    LoRA *lo = lora_create(&qwen3, 2, 4.0f, (1u << LIN_Q) | (1u << LIN_V), 1, 0);
     checkpoint_read(unpack("resume", name, RESUME, 2), 3, RUN, lo);
     lora_free(lo);
 }

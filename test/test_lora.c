@@ -15,7 +15,7 @@
 static void load_qwen3(Model *m, const Backend *be) {
     char p[1024];
     fixture_path(p, sizeof p, "qwen3");
-    ModelOptions o = {FP8_OFF, 0, 0, 0};
+    ModelOptions o = {FP8_OFF, 0, 0, 0, 0};
     model_load(m, p, be, &o);
 }
 
@@ -102,7 +102,7 @@ END_TEST
 START_TEST(test_init_like_peft) {
     Model m;
     load_qwen3(&m, backend_cpu());
-    LoRA *lo = lora_create(&m, 8, 16.0f, lora_parse_targets("q_proj,v,down_proj"), 1);
+    LoRA *lo = lora_create(&m, 8, 16.0f, lora_parse_targets("q_proj,v,down_proj"), 1, 0);
     ck_assert_uint_eq(lo->targets, (1u << LIN_Q) | (1u << LIN_V) | (1u << LIN_DOWN));
     ck_assert(lo->A[LIN_K] == NULL && lo->A[LIN_Q] != NULL);
     for (int l = 0; l < m.cfg.L; l++)
@@ -161,7 +161,7 @@ END_TEST
 START_TEST(test_state_roundtrip) {
     Model m;
     load_qwen3(&m, backend_cpu());
-    LoRA *a = lora_create(&m, 4, 8.0f, lora_parse_targets("all"), 3);
+    LoRA *a = lora_create(&m, 4, 8.0f, lora_parse_targets("all"), 3, 0);
     Rng r = rng_make(5);
     for (size_t i = 0; i < a->n; i++) {
         ((float *)a->grads)[i] = rng_normal(&r);
@@ -172,13 +172,13 @@ START_TEST(test_state_roundtrip) {
     int fd = mkstemp(path);
     ck_assert(fd >= 0);
     lora_save_state(a, path);
-    LoRA *b = lora_create(&m, 4, 8.0f, lora_parse_targets("all"), 99);
+    LoRA *b = lora_create(&m, 4, 8.0f, lora_parse_targets("all"), 99, 0);
     lora_load_state(b, path);
     ck_assert_int_eq(b->step, 2);
     ck_assert(memcmp(a->params, b->params, a->n * 4) == 0);
     ck_assert(memcmp(a->m, b->m, a->n * 4) == 0);
     ck_assert(memcmp(a->v, b->v, a->n * 4) == 0);
-    LoRA *c = lora_create(&m, 8, 8.0f, lora_parse_targets("all"), 3);
+    LoRA *c = lora_create(&m, 8, 8.0f, lora_parse_targets("all"), 3, 0);
     EXPECT_DIE(lora_load_state(c, path), "other LoRA settings");
     lora_free(a);
     lora_free(b);
@@ -257,9 +257,9 @@ START_TEST(test_grpo_loss_gradient_through_lora) {
     c.arch = ARCH_QWEN3, c.V = 19, c.C = 16, c.FF = 24, c.L = 2, c.NH = 4, c.KVH = 2, c.HD = 8, c.max_pos = 32;
     c.eps = 1e-5f, c.rope_theta = 100.0f, c.qk_norm = 1, c.tied = 1, c.bos_id = -1;
     Model m;
-    ModelOptions o = {FP8_OFF, 0, 0, 0};
+    ModelOptions o = {FP8_OFF, 0, 0, 0, 0};
     model_init_random(&m, &c, be, &o, 21);
-    LoRA *lo = lora_create(&m, 2, 4.0f, lora_parse_targets("q_proj,v_proj,up_proj,down_proj"), 4);
+    LoRA *lo = lora_create(&m, 2, 4.0f, lora_parse_targets("q_proj,v_proj,up_proj,down_proj"), 4, 0);
     Rng r = rng_make(8);
     for (size_t i = 0; i < lo->n; i++) ((double *)lo->params)[i] += 0.2 * rng_normal(&r);
     m.lora = lo;

@@ -27,7 +27,7 @@ static void fixture(char *out, size_t cap, const char *arch, const char *file) {
 }
 
 static ModelOptions opt_dense(void) {
-    ModelOptions o = {FP8_OFF, 0, 0, 0};
+    ModelOptions o = {FP8_OFF, 0, 0, 0, 0};
     return o;
 }
 
@@ -544,7 +544,7 @@ static void gradient_check(Arch arch, int tied) {
         if (c.qkv_bias)
             for (int i = 0; i < lw->lin[1].rows; i++) ((double *)lw->bias[1])[i] = 0.2 * rng_normal(&r);
     }
-    LoRA *lo = lora_create(&m, 3, 6.0f, lora_parse_targets("all"), 5);
+    LoRA *lo = lora_create(&m, 3, 6.0f, lora_parse_targets("all"), 5, 0);
     // B = 0 at init would hide dA: give B random values
     for (size_t i = 0; i < lo->n; i++) ((double *)lo->params)[i] += 0.1 * rng_normal(&r);
     m.lora = lo;
@@ -604,7 +604,7 @@ END_TEST
 START_TEST(test_recompute_identical) {
     Model m;
     load_fixture(&m, "qwen3", FP8_BLOCK);
-    LoRA *lo = lora_create(&m, 4, 8.0f, lora_parse_targets("all"), 2);
+    LoRA *lo = lora_create(&m, 4, 8.0f, lora_parse_targets("all"), 2, 0);
     Rng r = rng_make(9);
     for (size_t i = 0; i < lo->n; i++) ((float *)lo->params)[i] += 0.05f * rng_normal(&r);
     m.lora = lo;

@@ -14,7 +14,7 @@
 static void load(Model *m, const char *arch, FP8Gran g) {
     char p[1024];
     fixture_path(p, sizeof p, arch);
-    ModelOptions o = {g, 0, 0, 0};
+    ModelOptions o = {g, 0, 0, 0, 0};
     model_load(m, p, backend_cpu(), &o);
 }
 
@@ -250,7 +250,7 @@ START_TEST(test_arena_handover) {
     load(&a, "qwen3", FP8_OFF);
     load(&b, "qwen3", FP8_OFF);
     model_arena_init(&a, (size_t)64 << 20);
-    LoRA *la = lora_create(&a, 4, 8.0f, (1u << LIN_COUNT) - 1, 5), *lb = lora_create(&b, 4, 8.0f, (1u << LIN_COUNT) - 1, 5);
+    LoRA *la = lora_create(&a, 4, 8.0f, (1u << LIN_COUNT) - 1, 5, 0), *lb = lora_create(&b, 4, 8.0f, (1u << LIN_COUNT) - 1, 5, 0);
     a.lora = la, a.lora_on = 1, b.lora = lb, b.lora_on = 1;
     int *pr0 = fixture_prompt("qwen3", 0, 7), *pr1 = fixture_prompt("qwen3", 1, 13), plens[2] = {7, 13};
     const int *prompts[2] = {pr0, pr1};
@@ -321,7 +321,7 @@ START_TEST(test_lora_groups) {
         Model a;
         load(&a, "qwen3", FP8_OFF);
         ck_assert_msg(a.w.layers[0].qkv.rows && a.w.layers[0].gateup.rows, "the fixture has no fused q|k|v / gate|up views");
-        LoRA *la = lora_create(&a, 4, 8.0f, sets[si], 5);
+        LoRA *la = lora_create(&a, 4, 8.0f, sets[si], 5, 0);
         // B = 0 after lora_create (the adapter adds nothing): random A and B instead
         double *h = (double *)mallocCheck(la->n * sizeof(double));
         Rng rng = rng_make(77 + si);
@@ -379,7 +379,9 @@ START_TEST(test_continuous_batching) {
         Model a, b;
         load(&a, "qwen3", FP8_OFF);
         load(&b, "qwen3", FP8_OFF);
-        size_t cap = kvcache_bytes(&b, share ? 30 : 45, 4) + model_acts_bytes(&b, share ? P : P * G, 13, 1);
+        // room for 30 (45) blocks beside the prefill of one group (rollout.c: a pool that cannot hold
+        // every group prefills one at a time)
+        size_t cap = kvcache_bytes(&b, share ? 30 : 45, 4) + model_acts_bytes(&b, share ? 1 : G, 13, ACTS_FORWARD_ONLY);
         model_arena_init(&b, cap);
         Rollout ra, rb;
         rollout_run(&a, &rc, P, (const int *const *)pr, plens, seeds, &ra);

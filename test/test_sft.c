@@ -257,7 +257,7 @@ END_TEST
 static void load_qwen3(Model *m, const Backend *be) {
     char p[1024];
     fixture_path(p, sizeof p, "qwen3");
-    ModelOptions o = {FP8_OFF, 0, 0, 0};
+    ModelOptions o = {FP8_OFF, 0, 0, 0, 0};
     model_load(m, p, be, &o);
 }
 
@@ -372,7 +372,7 @@ START_TEST(test_builtin_data_loss_falls) {
     c.C = 64, c.FF = 128, c.L = 2, c.NH = 4, c.KVH = 2, c.HD = 16, c.max_pos = 64;
     c.eps = 1e-6f, c.rope_theta = 10000.0f, c.qk_norm = 1, c.tied = 1, c.bos_id = -1;
     Model m;
-    ModelOptions dense = {FP8_OFF, 0, 0, 0};
+    ModelOptions dense = {FP8_OFF, 0, 0, 0, 0};
     model_init_random(&m, &c, backend_cpu(), &dense, 5);
     FullTrainer ft;
     full_init(&ft, &m);
@@ -497,7 +497,7 @@ START_TEST(test_full_checkpoint_reloads) {
     // masters of optimizer.safetensors bit for bit (one flat layout: model_load pads as full.h's)
     snprintf(p, sizeof p, "%s/checkpoint-20", dir);
     Model mm;
-    ModelOptions dense = {FP8_OFF, 0, 0, 0};
+    ModelOptions dense = {FP8_OFF, 0, 0, 0, 0};
     model_load(&mm, p, backend_cpu(), &dense);
     snprintf(q, sizeof q, "%s/optimizer.safetensors", p);
     SafeTensors st;
@@ -541,7 +541,7 @@ START_TEST(test_bf16_model_saved_in_bf16) {
     // the warm-up model in bf16, with its tokenizer
     const char *src = tmp_path("bf16model"), *dir = tmp_path("bf16run");
     Model mm;
-    ModelOptions dense = {FP8_OFF, 0, 0, 0};
+    ModelOptions dense = {FP8_OFF, 0, 0, 0, 0};
     model_load(&mm, model_dir, backend_cpu(), &dense);
     model_save_hf(&mm, src, DT_BF16);
     model_free(&mm);

@@ -202,6 +202,33 @@ START_TEST(test_resume_bit_exact) {
 }
 END_TEST
 
+// the memory options end to end (issue 23): --fp8_embeddings and --lora_dtype bf16 run, resume bit-exactly
+// (the stochastic rounding's bits come from the step, not from a stream), and a checkpoint of one is not
+// resumed without the same --lora_dtype
+START_TEST(test_memory_options) {
+    setup();
+    char a[1200], b[1200], cmd[8192], out[8192], err[2048];
+    const char *opts = EASY " --max_steps 2 --save_steps 1 --eval_steps 0 --eval_size 20 --fp8_embeddings --lora_dtype bf16";
+    fresh_dir("mem_straight", a, sizeof a);
+    snprintf(cmd, sizeof cmd, "./train_grpo %s --output_dir %s", opts, a);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(strstr(out, "LoRA: r 16"), "%s", out);
+    fresh_dir("mem_resumed", b, sizeof b);
+    snprintf(cmd, sizeof cmd, "cp -r %s/checkpoint-1 %s/ && head -n 2 %s/metrics.jsonl > %s/metrics.jsonl", a, b, a, b);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "./train_grpo %s --resume --output_dir %s", opts, b);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+    size_t na, nb;
+    char *x = slurp(a, "checkpoint-2/optimizer.safetensors", &na), *y = slurp(b, "checkpoint-2/optimizer.safetensors", &nb);
+    ck_assert_msg(na == nb && memcmp(x, y, na) == 0, "the bf16 state differs after resume");
+    free(x);
+    free(y);
+    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 3 --fp8_embeddings --resume --output_dir %s", a);
+    ck_assert(run(cmd, err, sizeof err) != 0);
+    ck_assert_msg(strstr(err, "other settings") && strstr(err, "lora_dtype"), "%s", err);
+}
+END_TEST
+
 // GRPO fixes what the warm-up got wrong: held-out accuracy rises, the sampled reward does not fall
 START_TEST(test_grpo_learns) {
     setup();
@@ -567,6 +594,7 @@ static Suite *train_suite(void) {
     tcase_add_test(tc, test_bad_jsonl);
     tcase_add_test(tc, test_checkpoint_never_overwritten);
     tcase_add_test(tc, test_resume_bit_exact);
+    tcase_add_test(tc, test_memory_options);
     tcase_add_test(tc, test_grpo_learns);
     tcase_add_test(tc, test_tokenizer_checkpoint_disagree);
     tcase_add_test(tc, test_resume_finished_run);

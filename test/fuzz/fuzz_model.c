@@ -7,7 +7,7 @@
 
 static void body(const char *dir, const uint8_t *rest, size_t nrest) {
     static const FP8Gran grans[4] = {FP8_BLOCK, FP8_ROW, FP8_TENSOR, FP8_OFF};
-    ModelOptions o = {nrest ? grans[rest[0] % 4] : FP8_BLOCK, 0, 0, 0};
+    ModelOptions o = {nrest ? grans[rest[0] % 4] : FP8_BLOCK, 0, 0, 0, 0};
     Model m;
     model_load(&m, dir, backend_cpu(), &o);
     int T = m.cfg.max_pos < 4 ? m.cfg.max_pos : 4, ids[4];
@@ -24,7 +24,7 @@ static void init(void) {
     Config c = {0};
     c.arch = ARCH_QWEN3, c.V = 16, c.C = 8, c.FF = 8, c.L = 1, c.NH = 2, c.KVH = 1, c.HD = 4, c.max_pos = 8;
     c.eps = 1e-6f, c.rope_theta = 1e4f, c.qk_norm = 1, c.bos_id = -1;
-    ModelOptions o = {FP8_BLOCK, 0, 0, 0};
+    ModelOptions o = {FP8_BLOCK, 0, 0, 0, 0};
     Model m;
     model_init_random(&m, &c, backend_cpu(), &o, 1);
     int ids[2] = {1, 2};

@@ -24,7 +24,7 @@ static void body(const char *dir, const uint8_t *rest, size_t nrest) {
 static void init(void) {
     fuzz_base_model(&base);
     // the buffers a forward with an adapter makes and keeps in the model: before the first input
-    base.lora = lora_create(&base, 4, 8.0f, (1u << LIN_COUNT) - 1, 1);
+    base.lora = lora_create(&base, 4, 8.0f, (1u << LIN_COUNT) - 1, 1, 0);
     base.lora_on = 1;
     int ids[4] = {1, 2, 3, 4};
     model_forward(&base, ids, 1, 4);

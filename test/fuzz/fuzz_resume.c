@@ -12,7 +12,7 @@ static Model base;
 
 static void body(const char *dir, const uint8_t *rest, size_t nrest) {
     (void)rest, (void)nrest;
-    LoRA *lo = lora_create(&base, 2, 4.0f, (1u << LIN_Q) | (1u << LIN_V), 1);
+    LoRA *lo = lora_create(&base, 2, 4.0f, (1u << LIN_Q) | (1u << LIN_V), 1, 0);
     checkpoint_read(dir, 3, RUN, lo);
     lora_free(lo);
 }

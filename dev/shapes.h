@@ -1,0 +1,64 @@
+// dev/shapes.h: the model shapes the benchmarks build from random weights (the 0.6B and 8B ones are
+// the configurations dev/peers.py builds for the peers). Each is the checkpoint's config.json as
+// model_load would read it: Qwen3-0.6B, Qwen3-8B, Qwen3-32B, and Llama-3.3-70B (Llama 3 RoPE scaling);
+// and the Llama-3.2 1B and 3B shapes of the full fine-tuning benchmarks (bench_full, bench_dp).
+#ifndef SHAPES_H
+#define SHAPES_H
+
+#include <string.h>
+
+#include "model.h"
+
+#define SHAPE_NAMES "0.6b|8b|32b|70b"
+
+// "0.6b": 28 layers, hidden 1024, 16/8 heads x 128, FF 3072, tied; "8b": 36 layers, hidden 4096,
+// 32/8 heads, FF 12288, untied; "32b": 64 layers, hidden 5120, 64/8 heads, FF 25600, untied (vocab
+// 151,936 each, Qwen3); "70b": Llama-3.3-70B, 80 layers, hidden 8192, 64/8 heads, FF 28672, vocab
+// 128,256, untied. Dies on another name.
+static inline Config bench_shape(const char *size) {
+    Config c;
+    memset(&c, 0, sizeof c);
+    c.arch = ARCH_QWEN3;
+    c.V = 151936;
+    c.HD = 128;
+    c.KVH = 8;
+    c.max_pos = 40960;
+    c.eps = 1e-6f;
+    c.rope_theta = 1e6f;
+    c.qk_norm = 1;
+    c.bos_id = -1;
+    c.eos_ids[0] = 151645;
+    c.n_eos = 1;
+    if (!strcmp(size, "0.6b")) {
+        c.C = 1024, c.FF = 3072, c.L = 28, c.NH = 16, c.tied = 1;
+    } else if (!strcmp(size, "8b")) {
+        c.C = 4096, c.FF = 12288, c.L = 36, c.NH = 32, c.tied = 0;
+    } else if (!strcmp(size, "32b")) {
+        c.C = 5120, c.FF = 25600, c.L = 64, c.NH = 64, c.tied = 0;
+    } else if (!strcmp(size, "70b")) {
+        c.arch = ARCH_LLAMA;
+        c.V = 128256, c.C = 8192, c.FF = 28672, c.L = 80, c.NH = 64, c.tied = 0, c.qk_norm = 0;
+        c.max_pos = 131072, c.eps = 1e-5f, c.rope_theta = 500000.0f;
+        c.rope_scaling = 1, c.rope_factor = 8.0f, c.rope_low_freq_factor = 1.0f, c.rope_high_freq_factor = 4.0f;
+        c.rope_original_max_pos = 8192;
+        c.bos_id = 128000;
+        c.eos_ids[0] = 128001, c.eos_ids[1] = 128008, c.eos_ids[2] = 128009, c.n_eos = 3;
+    } else die("--model must be one of " SHAPE_NAMES ", got '%s'", size);
+    return c;
+}
+
+// "1b": Llama-3.2-1B (hidden 2048, 16 layers, 32/8 heads x 64, FF 8192, tied, vocab 128256);
+// "3b": Llama-3.2-3B (hidden 3072, 28 layers, 24/8 heads x 128, FF 8192, tied)
+static inline Config llama32_shape(const char *size) {
+    Config c;
+    memset(&c, 0, sizeof c);
+    c.arch = ARCH_LLAMA;
+    c.V = 128256, c.KVH = 8, c.max_pos = 131072, c.eps = 1e-5f, c.rope_theta = 500000.0f, c.tied = 1;
+    c.bos_id = 128000, c.eos_ids[0] = 128001, c.n_eos = 1;
+    if (!strcmp(size, "1b")) c.C = 2048, c.FF = 8192, c.L = 16, c.NH = 32, c.HD = 64;
+    else if (!strcmp(size, "3b")) c.C = 3072, c.FF = 8192, c.L = 28, c.NH = 24, c.HD = 128;
+    else die("--model must be 1b or 3b, got '%s'", size);
+    return c;
+}
+
+#endif  // SHAPES_H
