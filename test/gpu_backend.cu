@@ -884,16 +884,17 @@ END_TEST
 
 // ---- language-model head -------------------------------------------------------------
 
-// logp and lse against the reference: fp32 logits, each within acc32(C) sum|h w| inv_temp <=
-// acc32(C) inv_temp max|w| sum|h| (h grown by hgrow: its quantization), and the logsumexp's fp32
-// rounding of V terms (~2^-14 with the per-thread runs). Returns the tolerances (N).
+// logp and lse against the reference: fp32 logits, each within acc sum|h w| inv_temp <= acc inv_temp
+// max|w| sum|h| (acc: the GEMM's accumulation, acc32(C) for bf16 products, ACC_TC for the FP8 tensor
+// cores; h grown by hgrow: its quantization), and the logsumexp's fp32 rounding of V terms (~2^-14
+// with the per-thread runs). Returns the tolerances (N).
 static double *check_logprobs(const char *label, const float *glp, const float *gls, const float *rlp, const float *rls,
-                              const float *h, double wmax, double hgrow, float inv_temp, int N, int C, int V) {
+                              const float *h, double wmax, double hgrow, double acc, float inv_temp, int N, int C, int V) {
     double *tl = dmalloc_h(N);
     for (int i = 0; i < N; i++) {
         double sh = 0;
         for (int c = 0; c < C; c++) sh += fabs(h[(size_t)i * C + c]) * hgrow;
-        tl[i] = 2 * acc32(C) * inv_temp * wmax * sh + 0x1p-14 * (1 + fabs(rls[i]));
+        tl[i] = 2 * acc * inv_temp * wmax * sh + 0x1p-14 * (1 + fabs(rls[i]));
     }
     char what[128];
     snprintf(what, sizeof what, "%slogprobs_forward logp N %d C %d V %d", label, N, C, V);
@@ -935,7 +936,7 @@ static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
     float *glp = down_hp(dlp, N), *gls = down_hp(dls, N);
     double wmax = 0;  // for the tolerances of check_logprobs
     for (size_t i = 0; i < (size_t)V * C; i++) wmax = fmax(wmax, fabs(w[i]));
-    double *tl = check_logprobs("", glp, gls, rlp, rls, h, wmax, 1.0, inv_temp, N, C, V);
+    double *tl = check_logprobs("", glp, gls, rlp, rls, h, wmax, 1.0, acc32(C), inv_temp, N, C, V);
     char what[128];
     // backward: dh = dz W with dz rounded to bf16; sum_j |dz_j| <= 2 |g| inv_temp, so
     // |err| <= 2^-7 |g| inv_temp max_j |w_jc| (x2 headroom) + output rounding
@@ -996,8 +997,9 @@ static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
 
 // The FP8 embedding table and LM head (--fp8_embeddings: E4M3, a scale per row) against the CPU
 // backend's fake quantization of the same codes. The GPU quantizes the bf16 h per row to the same
-// bytes as the CPU (fp8_quantize_cuda's contract), so the logits differ only by fp32 summation order:
-// acc32(C) sum_c |hq_c wq_c|, plus the logsumexp's fp32 rounding as in logprobs_case. The backward: dz
+// bytes as the CPU (fp8_quantize_cuda's contract), so the logits differ only by the FP8 GEMM's
+// accumulation: ACC_TC sum_c |hq_c wq_c| (Hopper's FP8 tensor cores keep ~14 bits within a group of
+// 32 products: gpu_util.cuh), plus the logsumexp's fp32 rounding as in logprobs_case. The backward: dz
 // rounded to bf16 and the dequantized rows of W rounded to bf16 (2^-9 each: 2^-7 covers both, as above).
 static void fp8_head_case(int N, int C, int V, float inv_temp) {
     const Backend *cpu = backend_cpu();
@@ -1025,7 +1027,7 @@ static void fp8_head_case(int N, int C, int V, float inv_temp) {
     fp8_dequantize_cpu(wd, &cw.q);
     double wmax = 0;
     for (size_t i = 0; i < (size_t)V * C; i++) wmax = fmax(wmax, fabs(wd[i]));
-    double *tl = check_logprobs("FP8 head ", glp, gls, rlp, rls, h, wmax, 1 + 0x1p-4, inv_temp, N, C, V);
+    double *tl = check_logprobs("FP8 head ", glp, gls, rlp, rls, h, wmax, 1 + 0x1p-4, ACC_TC, inv_temp, N, C, V);
     char what[128];
     // backward, in chunks of the vocabulary on the GPU (V > 8192 covers several)
     float *g = randn(N, 1.0f);
@@ -1046,7 +1048,7 @@ static void fp8_head_case(int N, int C, int V, float inv_temp) {
         for (int j = 0; j < V; j++) {
             double s = 0;
             for (int c = 0; c < C; c++) s += fabs(h[(size_t)i * C + c] * (1 + 0x1p-4) * wd[(size_t)j * C + c]);
-            tz[(size_t)i * V + j] = acc32(C) * s;
+            tz[(size_t)i * V + j] = ACC_TC * s;
         }
     snprintf(what, sizeof what, "FP8 head logits_forward N %d C %d V %d", NL, C, V);
     check_close(what, gz, rz, tz, (size_t)NL * V);
