@@ -8,6 +8,7 @@
 //   make bench-rollout && ./build/bench_rollout --model 0.6b --fp8 block,off --batch 64,256
 //   ./build/bench_rollout --model 8b --fp8 block,off --batch 64 --startup /tmp/q8b
 // --kv auto,fp8 adds rows with the FP8 KV cache (--kv_cache_dtype fp8 of train_grpo).
+// --fp8_embeddings: the FP8 rows hold the embedding table and LM head in E4M3 too (train_grpo's option).
 // With --profile, one more rollout per row runs without graphs, every op timed by CUDA
 // events (dev/op_profile.h): the GPU time per op category per decode step.
 // Prints one summary table last.
@@ -46,7 +47,7 @@ static double decode_floor_ms(const Config *c, const Model *m, int S, int prompt
         lin += (double)w->rows * w->cols * (w->gran == FP8_OFF ? 2 : 1);
     }
     lin *= c->L;
-    double head = 2.0 * c->V * c->C;
+    double head = (m->w.head.gran != FP8_OFF ? 1.0 : 2.0) * c->V * c->C;
     double ctx = prompt + nnew / 2.0;
     double kv = ctx * S * c->L * 2.0 * c->KVH * (m->kv_fp8 ? c->HD + 4.0 : c->HD * 2.0);  // FP8: codes + a scale
     return (lin + head + kv) / 3.0e12 * 1e3;
@@ -54,12 +55,13 @@ static double decode_floor_ms(const Config *c, const Model *m, int S, int prompt
 
 static int profile;  // --profile
 static int kv_fp8;   // the row's KV cache: FP8 (--kv fp8)
+static int fp8_embed;  // --fp8_embeddings (FP8 rows only)
 
 static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nnew, int rank, int graphs) {
     const Backend *be = backend_select("cuda", 0);
     Config cfg = bench_shape(size);
     size_t base = gpu_used();
-    ModelOptions opt = {gran, 0, 0, 0, 0};
+    ModelOptions opt = {gran, 0, 0, 0, fp8_embed && gran != FP8_OFF};
     Model m;
     model_init_random(&m, &cfg, be, &opt, 1234);
     m.kv_fp8 = kv_fp8;
@@ -198,11 +200,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--startup") && i + 1 < argc) startup_dir = argv[++i];
         else if (!strcmp(argv[i], "--graphs") && i + 1 < argc) graph_list = argv[++i];
         else if (!strcmp(argv[i], "--profile")) profile = 1;
+        else if (!strcmp(argv[i], "--fp8_embeddings")) fp8_embed = 1;
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc) kvs = argv[++i];
         else if (!strcmp(argv[i], "--gemm") && i + 1 < argc) gemm = argv[++i];
         else die("usage: bench_rollout [--model " SHAPE_NAMES "] [--fp8 block,row,tensor,off] [--batch 64,256] [--prompt 128] "
                  "[--new 256] [--generations G] [--lora r] [--graphs on,off] [--kv auto,fp8] [--gemm auto|cublaslt] "
-                 "[--profile] [--startup DIR]");
+                 "[--profile] [--fp8_embeddings] [--startup DIR]");
     }
     const Backend *be = backend_select("cuda", 1);
     (void)be;
