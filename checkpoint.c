@@ -196,6 +196,21 @@ static void read_trainer_state(const char *dir, int step, const char *identity_j
     cJSON_Delete(st);
 }
 
+void checkpoint_copy_tokenizer(const char *from, const char *to) {
+    const char *names[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                           "generation_config.json", "vocab.json", "merges.txt"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char src[4300], dst[4300];
+        path_join(src, sizeof src, from, names[i]);
+        if (!file_exists(src)) continue;
+        path_join(dst, sizeof dst, to, names[i]);
+        size_t n;
+        char *data = read_file(src, &n);
+        write_file_atomic(dst, data, n);
+        free(data);
+    }
+}
+
 void checkpoint_read(const char *dir, int step, const char *identity_json, LoRA *lo) {
     read_trainer_state(dir, step, identity_json);
     char p[4200];

@@ -39,6 +39,9 @@ void metrics_truncate(const char *path, int upto);
 void checkpoint_begin(const char *out_dir, int step, char *tmp, size_t cap);
 // trainer_state.json (global_step = step, "run": run) into tmp, then tmp renamed to checkpoint-N
 void checkpoint_commit(const char *out_dir, int step, const char *tmp, const cJSON *run);
+// the tokenizer's files of checkpoint directory from, copied into to (a full run's checkpoint, so
+// that it loads on its own); those from lacks are skipped
+void checkpoint_copy_tokenizer(const char *from, const char *to);
 
 // ---- reading one back (--resume) ----
 // Restore lo (made with the run's LoRA settings) from dir, the checkpoint of global step `step`.

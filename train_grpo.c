@@ -51,6 +51,7 @@ typedef struct {
     const char *model, *data, *task, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules;
     const char *load_in_fp8, *kv_cache_dtype, *lora_dtype;
     int resume, overwrite_output_dir, fp8_pow2, bf16_first_layers, bf16_last_layers, quiet, gradient_checkpointing, fp8_embeddings;
+    int use_peft;
     int max_steps, per_device_train_batch_size, micro_batch_size, lora_r, top_k, logging_steps, save_steps;
     int eval_steps, eval_size, warmup_sft_steps, max_prompt_length, chat, max_operand, save_total_limit, nproc_per_node;
     double learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm, warmup_ratio;
@@ -121,6 +122,9 @@ static const Option OPTIONS[] = {
     {"max_grad_norm", OPT_DOUBLE, OFF(max_grad_norm), 0, 1e9, .dflt = "1", .help = "clip the global gradient norm to this (0: off)"},
 
     {.name = "LoRA", .kind = OPT_SECTION},
+    {"use_peft", OPT_FLAG, OFF(use_peft), .dflt = "true",
+     .help = "train a LoRA adapter on the frozen (FP8) weights; false: every weight (fp32 masters and AdamW, "
+             "--load_in_fp8 off, --beta 0, one process), the rollouts sampling from the bf16 weights it trains"},
     {"lora_r", OPT_INT, OFF(lora_r), 1, 4096, .dflt = "16", .help = "rank"},
     {"lora_alpha", OPT_DOUBLE, OFF(lora_alpha), 1e-6, 1e6, .dflt = "32", .help = "scale alpha / r"},
     {"lora_target_modules", OPT_STRING, OFF(lora_target_modules), .meta = "LIST", .dflt = "all",
@@ -181,6 +185,14 @@ static void parse_options(int argc, char **argv, Opts *o, GrpoConfig *g, int *ut
     *util_given = options_given(&t, "gpu_memory_utilization");
     char err[256];
     if (grpo_config_check(g, err, sizeof err) < 0) die("%s", err);
+    // full-weight GRPO (--use_peft false): what it needs, said before any work
+    if (!o->use_peft && strcmp(o->load_in_fp8, "off"))
+        die("--use_peft false trains every weight, and FP8 weights are frozen: add --load_in_fp8 off (or train a LoRA "
+            "adapter on the FP8 weights: --use_peft)");
+    if (!o->use_peft && g->beta != 0)
+        die("--use_peft false keeps no reference model (the KL term's frozen weights are the ones it trains): use --beta 0 "
+            "(the default), or --use_peft, whose reference is the frozen base");
+    if (!o->use_peft && o->fp8_embeddings) die("--use_peft false trains the embeddings too, which --fp8_embeddings freezes: drop it");
     if (o->per_device_train_batch_size % g->num_generations)
         die("per_device_train_batch_size %d is not a multiple of num_generations %d", o->per_device_train_batch_size,
             g->num_generations);
@@ -223,7 +235,8 @@ typedef struct {
     Formatter fmt;
     int eos[8], neos;       // ids that end a completion: the tokenizer's and config.json's
     Model m;                // the frozen weights (FP8 unless --load_in_fp8 off) with...
-    LoRA *lo;               // ...the adapter GRPO trains
+    LoRA *lo;               // ...the adapter GRPO trains (NULL with --use_peft false:)
+    FullTrainer ft;         // every weight trained instead: fp32 masters and AdamW (full.h)
     size_t lora_bytes;      // LoRA parameters, gradients, AdamW m and v
     int gpu_util_given;     // --gpu_memory_utilization was on the command line (else it may be raised to fit)
     int G, S, P, Tc, mb, R; // group size, this rank's sequences per step (P prompts x G), max completion tokens, micro-batch, reward functions
@@ -372,6 +385,7 @@ static cJSON *run_identity(const Opts *o, const GrpoConfig *g, int world) {
     cJSON_AddStringToObject(j, "data", o->data ? o->data : o->task);
     cJSON_AddStringToObject(j, "load_in_fp8", o->load_in_fp8);
     cJSON_AddStringToObject(j, "kv_cache_dtype", o->kv_cache_dtype);
+    if (!o->use_peft) cJSON_AddBoolToObject(j, "use_peft", 0);  // (older runs: LoRA)
     cJSON_AddNumberToObject(j, "lora_r", o->lora_r);
     cJSON_AddNumberToObject(j, "lora_alpha", o->lora_alpha);
     cJSON_AddStringToObject(j, "lora_target_modules", o->lora_target_modules);
@@ -382,12 +396,21 @@ static cJSON *run_identity(const Opts *o, const GrpoConfig *g, int world) {
     return j;
 }
 
-static void save_checkpoint(const Opts *o, const GrpoConfig *g, const LoRA *lo, const Model *m, int step, int world) {
+// checkpoint-N: the adapter (PEFT format) and its optimizer state; with --use_peft false the whole
+// model as a Hugging Face checkpoint (bf16, with the tokenizer's files) and the masters and moments
+static void save_checkpoint(const Opts *o, const GrpoConfig *g, const LoRA *lo, const FullTrainer *ft, const Model *m,
+                            const char *base, int step, int world) {
     char tmp[4200], p[4300];
     checkpoint_begin(o->output_dir, step, tmp, sizeof tmp);
-    lora_save_peft(lo, m, tmp, o->model ? o->model : "builtin-tiny");
     path_join(p, sizeof p, tmp, "optimizer.safetensors");
-    lora_save_state(lo, p);
+    if (lo) {
+        lora_save_peft(lo, m, tmp, o->model ? o->model : "builtin-tiny");
+        lora_save_state(lo, p);
+    } else {
+        model_save_hf(m, tmp, DT_BF16);
+        checkpoint_copy_tokenizer(base, tmp);
+        full_save_state(ft, m, p);
+    }
     cJSON *run = run_identity(o, g, world);
     checkpoint_commit(o->output_dir, step, tmp, run);
     cJSON_Delete(run);
@@ -395,7 +418,7 @@ static void save_checkpoint(const Opts *o, const GrpoConfig *g, const LoRA *lo, 
 
 // restore a checkpoint (checkpoint.c); returns its step. A batch that differs because the number
 // of ranks did is said first, with the --per_device_train_batch_size that continues it.
-static int load_checkpoint(const Opts *o, const GrpoConfig *g, LoRA *lo, int n, int world) {
+static int load_checkpoint(const Opts *o, const GrpoConfig *g, LoRA *lo, FullTrainer *ft, Model *m, int n, int world) {
     char dir[4096], err[512];
     snprintf(dir, sizeof dir, "%s/checkpoint-%d", o->output_dir, n);
     int tbs = dp_checkpoint_batch(dir);
@@ -404,7 +427,8 @@ static int load_checkpoint(const Opts *o, const GrpoConfig *g, LoRA *lo, int n, 
     cJSON *mine = run_identity(o, g, world);
     char *id = cJSON_PrintUnformatted(mine);
     cJSON_Delete(mine);
-    checkpoint_read(dir, n, id, lo);
+    if (lo) checkpoint_read(dir, n, id, lo);
+    else checkpoint_read_full(dir, n, id, ft, m);
     free(id);
     return n;
 }
@@ -715,19 +739,28 @@ static void load(Run *r) {
         for (int i = 0; i < m->cfg.n_eos && r->neos < 8; i++) r->eos[r->neos++] = m->cfg.eos_ids[i];
     } else warmup(r, &mo);
     config_print(&m->cfg, stdout);
-    printf("frozen linear weights: %s, %.2f MiB (of %.2f MiB of weights)\n", o->load_in_fp8, m->w.linear_bytes / 1048576.0,
-           (m->w.dense_bytes + m->w.fp8_bytes) / 1048576.0);
+    printf("%s linear weights: %s, %.2f MiB (of %.2f MiB of weights)\n", o->use_peft ? "frozen" : "trained", o->load_in_fp8,
+           m->w.linear_bytes / 1048576.0, (m->w.dense_bytes + m->w.fp8_bytes) / 1048576.0);
 
     m->recompute = o->gradient_checkpointing;
     m->kv_fp8 = !strcmp(o->kv_cache_dtype, "fp8");
-    r->lo = lora_create(m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17,
-                        !strcmp(o->lora_dtype, "bf16"));
-    m->lora = r->lo;
-    m->lora_on = 1;
-    printf("LoRA: r %d, alpha %g, %zu parameters\n", r->lo->r, r->lo->alpha, r->lo->n);
-    r->lora_bytes = lora_state_bytes(r->lo);  // parameters, gradients, Adam m and v
-    printf("memory (%s): weights %.1f MiB (linear %.1f MiB as %s), LoRA + AdamW %.1f MiB\n", r->be->name,
-           (m->w.dense_bytes + m->w.fp8_bytes) / 1048576.0, m->w.linear_bytes / 1048576.0, o->load_in_fp8, r->lora_bytes / 1048576.0);
+    if (o->use_peft) {
+        r->lo = lora_create(m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17,
+                            !strcmp(o->lora_dtype, "bf16"));
+        m->lora = r->lo;
+        m->lora_on = 1;
+        printf("LoRA: r %d, alpha %g, %zu parameters\n", r->lo->r, r->lo->alpha, r->lo->n);
+        r->lora_bytes = lora_state_bytes(r->lo);  // parameters, gradients, Adam m and v
+    } else {
+        if (dist_world(r->dist) > 1) die("--use_peft false runs on one process so far: train a LoRA adapter (--use_peft) on several GPUs");
+        full_init(&r->ft, m);  // fp32 gradients, masters and AdamW's moments: 16 bytes a parameter
+        r->lora_bytes = 4 * r->ft.n * dtype_size(r->be->hp);
+        printf("training: every weight (%zu values; gradients, fp32 masters and AdamW %.1f MiB); the rollouts sample from "
+               "the bf16 weights it trains\n", r->ft.n, r->lora_bytes / 1048576.0);
+    }
+    printf("memory (%s): weights %.1f MiB (linear %.1f MiB as %s), %s %.1f MiB\n", r->be->name,
+           (m->w.dense_bytes + m->w.fp8_bytes) / 1048576.0, m->w.linear_bytes / 1048576.0, o->load_in_fp8,
+           r->lo ? "LoRA + AdamW" : "gradients + masters + AdamW", r->lora_bytes / 1048576.0);
     if (r->be->mem_capacity() > 0) {  // a device with a memory budget (not the host)
         // the time-shared arena (KV cache during rollouts, activations during updates) gets what
         // --gpu_memory_utilization leaves after what is held now and a reserve for the backend's
@@ -765,18 +798,18 @@ static void begin(Run *r) {
     const Opts *o = &r->o;
     r->dp = dp_batch(r->dist, o->per_device_train_batch_size, r->g.num_generations);
     if (o->resume && r->rank0) {
-        r->start = load_checkpoint(o, &r->g, r->lo, r->last, r->dp.world);
+        r->start = load_checkpoint(o, &r->g, r->lo, &r->ft, &r->m, r->last, r->dp.world);
         metrics_truncate(r->metrics, r->start);
         printf("resumed from %s/checkpoint-%d\n", r->dir, r->start);
     } else if (r->rank0 && file_exists(r->metrics)) remove(r->metrics);
     LoRA *lo = r->lo;
-    dist_broadcast(r->dist, r->be, lo->params, lo->n * dtype_size(lo->sdt), 0);
-    if (o->resume) {
+    if (lo) dist_broadcast(r->dist, r->be, lo->params, lo->n * dtype_size(lo->sdt), 0);
+    if (lo && o->resume) {
         dist_broadcast(r->dist, r->be, lo->m, lo->n * dtype_size(lo->sdt), 0);
         dist_broadcast(r->dist, r->be, lo->v, lo->n * dtype_size(lo->sdt), 0);
         dist_broadcast_host(r->dist, &lo->step, sizeof lo->step, 0);
-        dist_broadcast_host(r->dist, &r->start, sizeof r->start, 0);
     }
+    if (o->resume) dist_broadcast_host(r->dist, &r->start, sizeof r->start, 0);
     if (r->rank0) hist_from_metrics(&r->hist, r->metrics);
     r->end = r->start > o->max_steps ? r->start : o->max_steps;
 
@@ -986,7 +1019,8 @@ static void update(Run *r, Step *s, int step) {
     grpo_stats_init(&st);
     for (int it = 0; it < g->num_iterations; it++) {
         grpo_stats_init(&st);
-        lora_zero_grads(r->lo);
+        if (r->lo) lora_zero_grads(r->lo);
+        else model_zero_grads(m);
         s->loss = 0;
         for (int b0 = 0; b0 < S; b0 += mb) {
             int nb = S - b0 < mb ? S - b0 : mb;
@@ -1002,6 +1036,12 @@ static void update(Run *r, Step *s, int step) {
                 for (int j = 0; j < s->ro.len[q]; j++) s->dl[(size_t)(q - b0) * T + s->plens[q / r->G] - 1 + j] = s->dlogp[q * Tc + j];
             model_backward(m, s->dl);
         }
+        s->lr = learning_rate(r, (long)(step - 1) * g->num_iterations + it);
+        if (!r->lo) {  // every weight: full_step clips the global norm and steps the masters (full.h)
+            s->gnorm = full_step(&r->ft, m, (float)s->lr, (float)r->o.adam_beta1, (float)r->o.adam_beta2,
+                                 (float)r->o.adam_epsilon, (float)r->o.weight_decay, r->o.max_grad_norm);
+            continue;
+        }
         // every rank's gradient of its rows, summed: the whole batch's (dp.h); then the same clip
         // and AdamW step on every rank keep the copies equal
         s->t_reduce += dp_all_reduce_grads(r->dist, r->be, r->lo->grads, r->lo->n);
@@ -1009,7 +1049,6 @@ static void update(Run *r, Step *s, int step) {
         double clip = grad_clip_factor(s->gnorm, r->o.max_grad_norm);
         if (!isfinite(clip)) die("step %d: the gradient norm is %g (NaN/inf): lower --learning_rate or check the data", step, s->gnorm);
         if (clip != 1.0) lora_scale_grads(r->lo, (float)clip);
-        s->lr = learning_rate(r, (long)(step - 1) * g->num_iterations + it);
         lora_adamw_step(r->lo, (float)s->lr, (float)r->o.adam_beta1, (float)r->o.adam_beta2, (float)r->o.adam_epsilon,
                         (float)r->o.weight_decay);
     }
@@ -1027,10 +1066,10 @@ static void memory_report(const Run *r, const Step *s) {
     const Model *m = &r->m;
     size_t peak = 0;
     r->be->mem_in_use(&peak);
-    printf("memory after the first step: weights %.1f MiB, LoRA + AdamW %.1f MiB, activations %.1f MiB "
+    printf("memory after the first step: weights %.1f MiB, %s %.1f MiB, activations %.1f MiB "
            "(%s), KV cache %.1f MiB (during the rollout), decode scratch %.1f MiB; peak held %.1f MiB\n",
-           (m->w.dense_bytes + m->w.fp8_bytes) / 1048576.0, r->lora_bytes / 1048576.0,
-           (m->acts.bytes + lora_acts_bytes(r->lo)) / 1048576.0, m->recompute ? "recomputed per layer" : "all layers kept",
+           (m->w.dense_bytes + m->w.fp8_bytes) / 1048576.0, r->lo ? "LoRA + AdamW" : "gradients + masters + AdamW",
+           r->lora_bytes / 1048576.0, (m->acts.bytes + (r->lo ? lora_acts_bytes(r->lo) : 0)) / 1048576.0, m->recompute ? "recomputed per layer" : "all layers kept",
            s->ro.kv_bytes / 1048576.0, m->dec.bytes / 1048576.0, peak / 1048576.0);
     if (m->arena.cap)
         printf("arena: %.1f MiB, time-shared: KV cache %.1f MiB at most, activations %.1f MiB at most "
@@ -1115,7 +1154,7 @@ static void log_step(Run *r, const Step *s, int step) {
 // the oldest ones beyond the limit go (never the new one, nor the one the run resumed from)
 static void checkpoint(const Run *r, int step) {
     if (r->rank0 && ((r->o.save_steps > 0 && step % r->o.save_steps == 0) || step == r->o.max_steps)) {
-        save_checkpoint(&r->o, &r->g, r->lo, &r->m, step, r->dp.world);
+        save_checkpoint(&r->o, &r->g, r->lo, &r->ft, &r->m, r->o.model ? r->o.model : r->warm_dir, step, r->dp.world);
         if (r->o.save_total_limit > 0)
             rotate_checkpoints(r->dir, r->o.save_total_limit, step, r->o.resume ? r->start : -1, r->o.quiet);
     }
@@ -1162,11 +1201,13 @@ static void print_generate_command(const Run *r) {
     const char *slash = strrchr(r->prog, '/');  // ./generate beside ./train_grpo
     snprintf(path, sizeof path, "%.*sgenerate", slash ? (int)(slash - r->prog + 1) : 0, r->prog);
     cmd_word(&c, path, 0);
-    cmd_add(&c, " --model");
-    cmd_word(&c, o->model ? o->model : r->warm_dir, 0);
     snprintf(path, sizeof path, "%s/checkpoint-%d", r->dir, r->end);
-    cmd_add(&c, " --lora");
-    cmd_word(&c, path, 0);
+    cmd_add(&c, " --model");
+    if (r->lo) {
+        cmd_word(&c, o->model ? o->model : r->warm_dir, 0);
+        cmd_add(&c, " --lora");
+    }
+    cmd_word(&c, path, 0);  // the adapter, or (--use_peft false) the whole trained model
     if (strcmp(o->load_in_fp8, "block")) cmd_add(&c, " --load_in_fp8 %s", o->load_in_fp8);
     if (o->fp8_pow2) cmd_add(&c, " --fp8_pow2_scales");
     if (o->bf16_first_layers) cmd_add(&c, " --bf16_first_layers %d", o->bf16_first_layers);
@@ -1212,7 +1253,8 @@ static void finish(Run *r) {
     acc_text(i1 >= 0 ? h->acc[i1] : NAN, none, a1, sizeof a1);
     if (i0 < 0 && i1 < 0) printf("held-out accuracy: %s\n", none);
     else printf("held-out accuracy: %s before GRPO -> %s after %d steps\n", a0, a1, i1 >= 0 ? (int)h->step[i1] : r->end);
-    printf("adapter: %s/checkpoint-%d (PEFT format)\nmetrics: %s\nplot: %s\n", r->dir, r->end, r->metrics, plot);
+    printf("%s: %s/checkpoint-%d (%s)\nmetrics: %s\nplot: %s\n", r->lo ? "adapter" : "model", r->dir, r->end,
+           r->lo ? "PEFT format" : "a Hugging Face checkpoint", r->metrics, plot);
     print_generate_command(r);
 }
 
@@ -1230,7 +1272,8 @@ static void run_free(Run *r) {
     History *h = &r->hist;
     free(h->step), free(h->reward), free(h->acc), free(h->kl), free(h->len);
     r->m.lora = NULL;
-    lora_free(r->lo);
+    if (r->lo) lora_free(r->lo);
+    else full_free(&r->ft);
     model_free(&r->m);
     tokenizer_free(r->tok);
     task_free(&r->task);

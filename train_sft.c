@@ -359,22 +359,6 @@ static void begin(Run *r) {
            o->lr_scheduler_type, r->warmup);
 }
 
-// the tokenizer's files, copied into a full run's checkpoint so that it loads on its own
-static void copy_tokenizer_files(const char *from, const char *to) {
-    const char *names[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                           "generation_config.json", "vocab.json", "merges.txt"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        char src[4300], dst[4300];
-        path_join(src, sizeof src, from, names[i]);
-        if (!file_exists(src)) continue;
-        path_join(dst, sizeof dst, to, names[i]);
-        size_t n;
-        char *data = read_file(src, &n);
-        write_file_atomic(dst, data, n);
-        free(data);
-    }
-}
-
 // Stage "checkpoint": checkpoint-<step>/ (every save_steps, and at the end), then the oldest
 // deleted past save_total_limit.
 // Rank 0 writes; sharded full training gathers the masters and moments to it (every rank calls
@@ -394,7 +378,7 @@ static void checkpoint(const Run *r, int step) {
         lora_save_state(r->lo, p);
     } else {
         model_save_hf(&r->m, tmp, r->save_dt);
-        copy_tokenizer_files(o->model, tmp);
+        checkpoint_copy_tokenizer(o->model, tmp);
         full_save_state(&r->ft, &r->m, p);
     }
     cJSON *run = run_identity(o, r->world);

@@ -18,6 +18,7 @@
 
 #include <unistd.h>
 
+#include "backend.h"  // convert_to_f64
 #include "safetensors.h"
 #include "testutil.h"
 #include "tokenizer.h"
@@ -95,6 +96,9 @@ START_TEST(test_bad_options) {
         {"--fp8 row", "unknown option --fp8: did you mean --load_in_fp8?"},
         {"--resume --overwrite_output_dir", "contradict"},
         {"--save_total_limit -1", "--save_total_limit: '-1' is not an integer >= 0"},
+        {"--use_peft false", "FP8 weights are frozen: add --load_in_fp8 off"},
+        {"--use_peft false --load_in_fp8 off --beta 0.04", "use --beta 0"},
+        {"--use_peft false --load_in_fp8 off --fp8_embeddings", "--fp8_embeddings freezes"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char cmd[2048], err[2048], dir[1200];
@@ -199,6 +203,64 @@ START_TEST(test_resume_bit_exact) {
     ck_assert_int_eq(lines, 5);  // step 0 (before GRPO) and steps 1..4
     free(ma);
     free(mb);
+}
+END_TEST
+
+// GRPO of every weight (--use_peft false): it trains (the weights move, the checkpoint is a Hugging Face
+// model that ./generate loads on its own), and resumes bit-exactly (4 steps straight == 2 + 2)
+START_TEST(test_full_weight_grpo) {
+    setup();
+    char a[1200], b[1200], cmd[8192], out[8192], err[2048];
+    const char *opts = EASY " --use_peft false --load_in_fp8 off --learning_rate 1e-4 --max_steps 4 --save_steps 2 --eval_steps 0"
+                            " --eval_size 20";
+    fresh_dir("full_straight", a, sizeof a);
+    snprintf(cmd, sizeof cmd, "./train_grpo %s --output_dir %s", opts, a);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    const char *names[] = {"model.safetensors", "config.json", "tokenizer.json", "optimizer.safetensors"};
+    for (int i = 0; i < 4; i++) {
+        char p[1400];
+        snprintf(p, sizeof p, "%s/checkpoint-4/%s", a, names[i]);
+        ck_assert_msg(path_exists(p), "%s missing", p);
+    }
+    // the weights move from step 2 to step 4 (both saved in bf16), and ./generate loads the checkpoint alone
+    SafeTensors w2, w4;
+    snprintf(cmd, sizeof cmd, "%s/checkpoint-2", a);
+    st_open_dir(&w2, cmd);
+    snprintf(cmd, sizeof cmd, "%s/checkpoint-4", a);
+    st_open_dir(&w4, cmd);
+    const char *tn = "model.layers.0.mlp.down_proj.weight";
+    const STensor *t2 = st_find(&w2, tn), *t4 = st_find(&w4, tn);
+    ck_assert(t2 && t4 && t2->numel == t4->numel && t2->dtype == t4->dtype);
+    double *v2 = (double *)mallocCheck(t2->numel * sizeof(double)), *v4 = (double *)mallocCheck(t2->numel * sizeof(double));
+    convert_to_f64(v2, t2->data, t2->dtype, t2->numel);
+    convert_to_f64(v4, t4->data, t4->dtype, t4->numel);
+    long moved = 0;
+    for (int64_t i = 0; i < t2->numel; i++) moved += v2[i] != v4[i];
+    ck_assert_msg(moved > t2->numel / 10, "only %ld of %ld weights moved in 2 steps", moved, (long)t2->numel);
+    free(v2);
+    free(v4);
+    st_close(&w2);
+    st_close(&w4);
+    snprintf(cmd, sizeof cmd, "./generate --device cpu --model %s/checkpoint-4 --load_in_fp8 off --prompt '3+4=' --max_new_tokens 3", a);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+    // resumed from checkpoint-2: the same model and optimizer state at step 4
+    fresh_dir("full_resumed", b, sizeof b);
+    snprintf(cmd, sizeof cmd, "cp -r %s/checkpoint-2 %s/ && head -n 3 %s/metrics.jsonl > %s/metrics.jsonl", a, b, a, b);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "./train_grpo %s --resume --output_dir %s", opts, b);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+    const char *files[] = {"checkpoint-4/model.safetensors", "checkpoint-4/optimizer.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        size_t na, nb;
+        char *x = slurp(a, files[i], &na), *y = slurp(b, files[i], &nb);
+        ck_assert_msg(na == nb && memcmp(x, y, na) == 0, "%s differs after resume", files[i]);
+        free(x);
+        free(y);
+    }
+    // and a LoRA run does not resume it
+    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 5 --resume --output_dir %s", b);
+    ck_assert(run(cmd, err, sizeof err) != 0);
+    ck_assert_msg(strstr(err, "other settings") && strstr(err, "use_peft"), "%s", err);
 }
 END_TEST
 
@@ -595,6 +657,7 @@ static Suite *train_suite(void) {
     tcase_add_test(tc, test_checkpoint_never_overwritten);
     tcase_add_test(tc, test_resume_bit_exact);
     tcase_add_test(tc, test_memory_options);
+    tcase_add_test(tc, test_full_weight_grpo);
     tcase_add_test(tc, test_grpo_learns);
     tcase_add_test(tc, test_tokenizer_checkpoint_disagree);
     tcase_add_test(tc, test_resume_finished_run);
