@@ -135,6 +135,26 @@ static char *slurp(const char *dir, const char *rel, size_t *n) {
     return read_file(p, n);
 }
 
+// The run in a "killed" after checkpoint-k: a fresh directory b (named name) holding a's checkpoint-k and
+// the first k + 1 lines of its metrics (line 0 is before GRPO), resumed with opts; each of files
+// (relative to the run's directory) must then be a's, byte for byte
+static void resume_matches(const char *a, const char *name, char *b, size_t bcap, const char *opts, int k,
+                           const char *const *files, int nfiles) {
+    char cmd[8192], err[2048];
+    fresh_dir(name, b, bcap);
+    snprintf(cmd, sizeof cmd, "cp -r %s/checkpoint-%d %s/ && head -n %d %s/metrics.jsonl > %s/metrics.jsonl", a, k, b, k + 1, a, b);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "./train_grpo %s --resume --output_dir %s", opts, b);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < nfiles; i++) {
+        size_t na, nb;
+        char *x = slurp(a, files[i], &na), *y = slurp(b, files[i], &nb);
+        ck_assert_msg(na == nb && memcmp(x, y, na) == 0, "%s differs after resume (%s)", files[i], name);
+        free(x);
+        free(y);
+    }
+}
+
 // a finished run, then attempts that must fail without touching its checkpoint
 START_TEST(test_checkpoint_never_overwritten) {
     setup();
@@ -167,22 +187,11 @@ START_TEST(test_resume_bit_exact) {
     setup();
     char a[1200], b[1200], cmd[8192], err[2048];
     fresh_dir("straight", a, sizeof a);
-    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 4 --save_steps 2 --eval_steps 2 --output_dir %s", a);
-    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
-    // the interrupted run: a copy of the straight run as it was after step 2
-    fresh_dir("resumed", b, sizeof b);
-    snprintf(cmd, sizeof cmd, "cp -r %s/checkpoint-2 %s/ && head -n 3 %s/metrics.jsonl > %s/metrics.jsonl", a, b, a, b);
-    ck_assert_int_eq(system(cmd), 0);
-    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 4 --save_steps 2 --eval_steps 2 --resume --output_dir %s", b);
+    const char *opts = EASY " --max_steps 4 --save_steps 2 --eval_steps 2";
+    snprintf(cmd, sizeof cmd, "./train_grpo %s --output_dir %s", opts, a);
     ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
     const char *files[] = {"checkpoint-4/adapter_model.safetensors", "checkpoint-4/optimizer.safetensors"};
-    for (int i = 0; i < 2; i++) {
-        size_t na, nb;
-        char *x = slurp(a, files[i], &na), *y = slurp(b, files[i], &nb);
-        ck_assert_msg(na == nb && memcmp(x, y, na) == 0, "%s differs after resume", files[i]);
-        free(x);
-        free(y);
-    }
+    resume_matches(a, "resumed", b, sizeof b, opts, 2, files, 2);
     // the metrics of steps 3 and 4 agree too (all but the timings)
     char *ma = slurp(a, "metrics.jsonl", NULL), *mb = slurp(b, "metrics.jsonl", NULL);
     cJSON *la = NULL, *lb = NULL;
@@ -244,19 +253,8 @@ START_TEST(test_full_weight_grpo) {
     snprintf(cmd, sizeof cmd, "./generate --device cpu --model %s/checkpoint-4 --load_in_fp8 off --prompt '3+4=' --max_new_tokens 3", a);
     ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
     // resumed from checkpoint-2: the same model and optimizer state at step 4
-    fresh_dir("full_resumed", b, sizeof b);
-    snprintf(cmd, sizeof cmd, "cp -r %s/checkpoint-2 %s/ && head -n 3 %s/metrics.jsonl > %s/metrics.jsonl", a, b, a, b);
-    ck_assert_int_eq(system(cmd), 0);
-    snprintf(cmd, sizeof cmd, "./train_grpo %s --resume --output_dir %s", opts, b);
-    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
     const char *files[] = {"checkpoint-4/model.safetensors", "checkpoint-4/optimizer.safetensors"};
-    for (int i = 0; i < 2; i++) {
-        size_t na, nb;
-        char *x = slurp(a, files[i], &na), *y = slurp(b, files[i], &nb);
-        ck_assert_msg(na == nb && memcmp(x, y, na) == 0, "%s differs after resume", files[i]);
-        free(x);
-        free(y);
-    }
+    resume_matches(a, "full_resumed", b, sizeof b, opts, 2, files, 2);
     // and a LoRA run does not resume it
     snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 5 --resume --output_dir %s", b);
     ck_assert(run(cmd, err, sizeof err) != 0);
@@ -275,16 +273,8 @@ START_TEST(test_memory_options) {
     snprintf(cmd, sizeof cmd, "./train_grpo %s --output_dir %s", opts, a);
     ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
     ck_assert_msg(strstr(out, "LoRA: r 16"), "%s", out);
-    fresh_dir("mem_resumed", b, sizeof b);
-    snprintf(cmd, sizeof cmd, "cp -r %s/checkpoint-1 %s/ && head -n 2 %s/metrics.jsonl > %s/metrics.jsonl", a, b, a, b);
-    ck_assert_int_eq(system(cmd), 0);
-    snprintf(cmd, sizeof cmd, "./train_grpo %s --resume --output_dir %s", opts, b);
-    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
-    size_t na, nb;
-    char *x = slurp(a, "checkpoint-2/optimizer.safetensors", &na), *y = slurp(b, "checkpoint-2/optimizer.safetensors", &nb);
-    ck_assert_msg(na == nb && memcmp(x, y, na) == 0, "the bf16 state differs after resume");
-    free(x);
-    free(y);
+    const char *files[] = {"checkpoint-2/optimizer.safetensors"};  // the bf16 state
+    resume_matches(a, "mem_resumed", b, sizeof b, opts, 1, files, 1);
     snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 3 --fp8_embeddings --resume --output_dir %s", a);
     ck_assert(run(cmd, err, sizeof err) != 0);
     ck_assert_msg(strstr(err, "other settings") && strstr(err, "lora_dtype"), "%s", err);
