@@ -209,8 +209,13 @@ void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *do
 void cu_fp8_train_step(FP8Train *const *ts, int n, long *overflows) {
     if (n == 0 || ts[0]->r.kind != FP8_RECIPE_DELAYED) return;
     const size_t per = SLOT * SLOTS;
-    float *host;
-    cudaCheck(cudaMallocHost(&host, n * per * sizeof(float)));
+    static float *host;  // pinned, grown to the most weights seen (kept: this runs every step)
+    static size_t cap;
+    if (cap < n * per) {
+        if (host) cudaFreeHost(host);
+        cudaCheck(cudaMallocHost(&host, n * per * sizeof(float)));
+        cap = n * per;
+    }
     for (int k = 0; k < n; k++)
         cudaCheck(cudaMemcpyAsync(host + per * k, ts[k]->dev, per * sizeof(float), cudaMemcpyDeviceToHost, cu_stream()));
     cudaCheck(cudaStreamSynchronize(cu_stream()));
@@ -229,7 +234,6 @@ void cu_fp8_train_step(FP8Train *const *ts, int n, long *overflows) {
         cudaCheck(cudaMemcpyAsync(ts[k]->dev, h, per * sizeof(float), cudaMemcpyHostToDevice, cu_stream()));
     }
     cudaCheck(cudaStreamSynchronize(cu_stream()));
-    cudaFreeHost(host);
 }
 
 // Delayed scaling's state for a checkpoint (what makes a resumed run scale as the unbroken one
