@@ -101,6 +101,10 @@ struct Backend {
     // out (N, OC) act = inp (N, C) W^T + bias; activations quantized dynamically to
     // match W's granularity (TENSOR: per tensor, ROW: per token, BLOCK: 1x128)
     void (*linear_forward)(void *out, const void *inp, const QWeight *w, const void *bias, int N);
+    // linear_forward's product from its input already quantized: xq (N, C) E4M3 with W's granularity
+    // (ROW or BLOCK), as the decode step's producers make it (add_rmsnorm, swiglu_gu: their outq), so
+    // the FP8 GEMM runs without a quantization pass of its own
+    void (*linear_forward_q)(void *out, const FP8Tensor *xq, const QWeight *w, const void *bias, int N);
     // dinp (N, C) act (= if !accumulate, += if accumulate) = dout (N, OC) W (W dequantized:
     // a straight-through estimator for FP8 weights); dw (OC, C) hp += dout^T inp and
     // dbias (OC) hp += sum dout, each when not NULL (dw only for gran OFF)
@@ -154,14 +158,17 @@ struct Backend {
     void (*swiglu_backward)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
     // out = a + b (n act); out may alias a or b
     void (*add)(void *out, const void *a, const void *b, size_t n);
-    // A fusion of the decode step, equal to the ops it replaces (same roundings): x (N, C) act += dx;
-    // out = rmsnorm(x) * w; rstd (N) hp (add, then rmsnorm_forward)
-    void (*add_rmsnorm)(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps);
+    // Fusions of the decode step, equal to the ops they replace (same roundings). outq, when not NULL
+    // (E4M3, ROW or BLOCK with block_rows 1, rows N, buffers given): out's FP8 copy for the weight out
+    // feeds, the bytes fp8_quantize gives for out's act values, written in the same pass (see
+    // linear_forward_q). x (N, C) act += dx; out = rmsnorm(x) * w; rstd (N) hp (add, then rmsnorm_forward)
+    void (*add_rmsnorm)(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps,
+                        FP8Tensor *outq);
+    // out (N, FF) act = silu(gate) * up read from gu (N, 2 FF), the fused gate|up product (its halves
+    // through swiglu_forward); outq as add_rmsnorm's
+    void (*swiglu_gu)(void *out, FP8Tensor *outq, const void *gu, int N, int FF);
     // out (n_idx, C) act = inp[idx[i]] rows; idx (n_idx) i32
     void (*gather_rows)(void *out, const void *inp, const int32_t *idx, int n_idx, int C);
-    // outs[i] (N, widths[i]) act = the i-th block of columns of inp (N, sum of widths) act, n <= 4:
-    // the parts of a fused projection (q|k|v, gate|up) back in their own buffers
-    void (*split_columns)(void *const *outs, const int *widths, int n, const void *inp, int N);
 
     // ---- the language-model head -------------------------------------------
     // wlm (V, C): dense act values, or FP8 E4M3 with a scale per vocabulary row (FP8_ROW, the

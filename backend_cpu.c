@@ -101,34 +101,55 @@ static void cpu_dequantize_weight(void *out, const QWeight *w) {
 // ---- the linear layer with FP8 fake quantization ---------------------------------
 // Activations (N, C) quantized with the weight's granularity (TENSOR: one scale,
 // ROW: per token, BLOCK: 1x128 groups), E4M3, then dequantized: xq (N, C) real.
-static real *fake_quant_act(const real *x, int N, int C, FP8Gran gran) {
-    size_t n = (size_t)N * C;
+// q (allocated, shape and granularity set) = the quantization of x (n = rows * cols values)
+static void quantize_act(FP8Tensor *q, const real *x) {
+    size_t n = (size_t)q->rows * q->cols;
     float *f = (float *)mallocCheck(n * sizeof(float));
     for (size_t i = 0; i < n; i++) f[i] = (float)x[i];
+    fp8_quantize_cpu(q, f, 0);
+    free(f);
+}
+// xq's values, dequantized (N, C) real
+static real *dequantize_act(const FP8Tensor *q) {
+    size_t n = (size_t)q->rows * q->cols;
+    float *f = (float *)mallocCheck(n * sizeof(float));
+    fp8_dequantize_cpu(f, q);
+    real *x = (real *)mallocCheck(n * sizeof(real));
+    for (size_t i = 0; i < n; i++) x[i] = f[i];
+    free(f);
+    return x;
+}
+static real *fake_quant_act(const real *x, int N, int C, FP8Gran gran) {
     FP8Tensor q;
     fp8_tensor_alloc_cpu(&q, N, C, gran, FP8_E4M3, 1);
-    fp8_quantize_cpu(&q, f, 0);
-    fp8_dequantize_cpu(f, &q);
+    quantize_act(&q, x);
+    real *xq = dequantize_act(&q);
     fp8_tensor_free_cpu(&q);
-    real *xq = (real *)mallocCheck(n * sizeof(real));
-    for (size_t i = 0; i < n; i++) xq[i] = f[i];
-    free(f);
     return xq;
 }
 
+// out = xq W^T + bias: xq the fake-quantized activations, the weight dequantized from its codes
+static void fp8_linear(void *out, real *xq, const QWeight *w, const void *bias, int N) {
+    int C = w->cols, OC = w->rows;
+    real *wd = (real *)mallocCheck((size_t)OC * C * sizeof(real));
+    cpu_dequantize_weight(wd, w);
+    OP(matmul_forward)((real *)out, xq, wd, (const real *)bias, N, C, OC);
+    free(wd);
+    free(xq);
+}
 static void cpu_linear_forward(void *out, const void *inp, const QWeight *w, const void *bias, int N) {
     int C = w->cols, OC = w->rows;
     if (w->gran == FP8_OFF) {
         OP(matmul_forward)((real *)out, (const real *)inp, (const real *)w->dense, (const real *)bias, N, C, OC);
         return;
     }
-    // both operands fake-quantized: activations now, the weight dequantized from its codes
-    real *xq = fake_quant_act((const real *)inp, N, C, w->gran);
-    real *wd = (real *)mallocCheck((size_t)OC * C * sizeof(real));
-    cpu_dequantize_weight(wd, w);
-    OP(matmul_forward)((real *)out, xq, wd, (const real *)bias, N, C, OC);
-    free(wd);
-    free(xq);
+    fp8_linear(out, fake_quant_act((const real *)inp, N, C, w->gran), w, bias, N);
+}
+static void cpu_linear_forward_q(void *out, const FP8Tensor *xq, const QWeight *w, const void *bias, int N) {
+    if (xq->gran != w->gran || (w->gran != FP8_ROW && w->gran != FP8_BLOCK) || xq->rows != N || xq->cols != w->cols)
+        die("linear_forward_q: an input quantized as gran %d, %d x %d, for %d rows into a weight of gran %d and %d "
+            "columns", (int)xq->gran, xq->rows, xq->cols, N, (int)w->gran, w->cols);
+    fp8_linear(out, dequantize_act(xq), w, bias, N);
 }
 
 // dX = dY W with W dequantized (straight-through for the FP8 weights)
@@ -210,9 +231,18 @@ static void w_rmsnorm_backward(void *dinp, void *dw, const void *dout, const voi
     OP(rmsnorm_backward)((real *)dinp, (real *)dw, (const real *)dout, (const real *)inp, (const real *)w,
                          (const real *)rstd, N, C);
 }
-static void w_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps) {
+static void w_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps,
+                          FP8Tensor *outq) {
     OP(add)((real *)x, (const real *)x, (const real *)dx, (size_t)N * C);
     OP(rmsnorm_forward)((real *)out, (real *)rstd, (const real *)x, (const real *)w, N, C, eps);
+    if (outq) quantize_act(outq, (const real *)out);
+}
+static void w_swiglu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF) {
+    for (int n = 0; n < N; n++) {
+        const real *g = (const real *)gu + (size_t)n * 2 * FF;
+        OP(swiglu_forward)((real *)out + (size_t)n * FF, g, g + FF, FF);
+    }
+    if (outq) quantize_act(outq, (const real *)out);
 }
 // the rows of q, k, v gathered from where they lie (memmove: qin may be q), then each head normed,
 // q and k rotated, k and v written to the cache
@@ -259,9 +289,6 @@ static void w_swiglu_backward(void *dgate, void *dup, const void *dout, const vo
 }
 static void w_add(void *out, const void *a, const void *b, size_t n) {
     OP(add)((real *)out, (const real *)a, (const real *)b, n);
-}
-static void w_split_columns(void *const *outs, const int *widths, int n, const void *inp, int N) {
-    OP(split_columns)((real *const *)outs, widths, n, (const real *)inp, N);
 }
 static void w_gather_rows(void *out, const void *inp, const int32_t *idx, int n_idx, int C) {
     OP(gather_rows)((real *)out, (const real *)inp, idx, n_idx, C);
@@ -357,6 +384,7 @@ static Backend be = {
     .rmsnorm_forward = w_rmsnorm_forward,
     .rmsnorm_backward = w_rmsnorm_backward,
     .linear_forward = cpu_linear_forward,
+    .linear_forward_q = cpu_linear_forward_q,
     .linear_backward = cpu_linear_backward,
     .lora_forward = cpu_lora_forward,
     .lora_apply = cpu_lora_apply,
@@ -364,6 +392,7 @@ static Backend be = {
     .lora_backward = cpu_lora_backward,
     .rope_forward = w_rope_forward,
     .add_rmsnorm = w_add_rmsnorm,
+    .swiglu_gu = w_swiglu_gu,
     .qkv_rope_kv = cpu_qkv_rope_kv,
     .rope_backward = w_rope_backward,
     .attention_forward = w_attention_forward,
@@ -372,7 +401,6 @@ static Backend be = {
     .swiglu_backward = w_swiglu_backward,
     .add = w_add,
     .gather_rows = w_gather_rows,
-    .split_columns = w_split_columns,
     .logits_forward = w_logits_forward,
     .logprobs_forward = w_logprobs_forward,
     .logprobs_backward = w_logprobs_backward,

@@ -310,13 +310,19 @@ static void fp8_act_gemm(void *y, DType yt, const void *inp, const QWeight *w, i
     fp8_gemm_cuda(y, yt, &xq, &w->q, 0);
 }
 
-static void cu_linear_forward(void *out, const void *inp, const QWeight *w, const void *bias, int N) {
+// linear_forward (inp act) and linear_forward_q (xq, inp's FP8 copy): the product, then the bias
+static void linear_impl(void *out, const void *inp, const FP8Tensor *xq, const QWeight *w, const void *bias, int N) {
     int C = w->cols, OC = w->rows;
     if (N <= 0) return;
     size_t n = (size_t)N * OC;
     void *y = bias ? cu_scratch(SC_F32, n * 4) : out;
     DType yt = bias ? DT_F32 : DT_BF16;
-    if (w->train) {
+    if (xq) {
+        if (w->train || xq->gran != w->gran || (w->gran != FP8_ROW && w->gran != FP8_BLOCK) || xq->rows != N || xq->cols != C)
+            die("linear_forward_q: an input quantized as gran %d, %d x %d, for %d rows into a weight of gran %d and %d "
+                "columns", (int)xq->gran, xq->rows, xq->cols, N, (int)w->gran, C);
+        fp8_gemm_cuda(y, yt, xq, &w->q, 0);
+    } else if (w->train) {
         cu_fp8_train_forward(y, yt, inp, w, N);
     } else if (w->gran == FP8_OFF) {
         gemm_xwt(y, bias ? F32 : BF, inp, w->dense, N, OC, C, 1.f, 0.f);
@@ -325,6 +331,12 @@ static void cu_linear_forward(void *out, const void *inp, const QWeight *w, cons
         bias_out_kernel<<<grid_for(n), 256, 0, G.stream>>>((bf16 *)out, (const float *)y, (const bf16 *)bias, n, OC);
         launchCheck();
     }
+}
+static void cu_linear_forward(void *out, const void *inp, const QWeight *w, const void *bias, int N) {
+    linear_impl(out, inp, NULL, w, bias, N);
+}
+static void cu_linear_forward_q(void *out, const FP8Tensor *xq, const QWeight *w, const void *bias, int N) {
+    linear_impl(out, NULL, xq, w, bias, N);
 }
 
 // dinp (n) bf16 = bf16(dinp + y), y f32 or bf16, summed in fp32
@@ -795,6 +807,7 @@ static Backend be = {
     .rmsnorm_forward = cu_rmsnorm_forward,
     .rmsnorm_backward = cu_rmsnorm_backward,
     .linear_forward = cu_linear_forward,
+    .linear_forward_q = cu_linear_forward_q,
     .linear_backward = cu_linear_backward,
     .fp8_train_new = cu_fp8_train_new,
     .fp8_train_free = cu_fp8_train_free,
@@ -812,8 +825,8 @@ static Backend be = {
     .swiglu_backward = cu_swiglu_backward,
     .add = cu_add,
     .add_rmsnorm = cu_add_rmsnorm,
+    .swiglu_gu = cu_swiglu_gu,
     .gather_rows = cu_gather_rows,
-    .split_columns = cu_split_columns,
     .logits_forward = cu_logits_forward,
     .logprobs_forward = cu_logprobs_forward,
     .logprobs_backward = cu_logprobs_backward,

@@ -44,15 +44,16 @@ void cu_rmsnorm_backward(void *dinp, void *dw, const void *dout, const void *inp
                          int N, int C);
 void cu_rope_forward(void *x, const int32_t *pos, const void *inv_freq, int N, int H, int HD);
 void cu_rope_backward(void *dx, const int32_t *pos, const void *inv_freq, int N, int H, int HD);
-void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps);
+void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps,
+                    FP8Tensor *outq);
 void cu_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, const void *vin, int ldq, int ldkv,
                     const void *q_norm, const void *k_norm, const int32_t *pos, const void *inv_freq, void *kc, void *vc,
                     float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps);
 void cu_swiglu_forward(void *out, const void *gate, const void *up, size_t n);
+void cu_swiglu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF);
 void cu_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
 void cu_add(void *out, const void *a, const void *b, size_t n);
 void cu_gather_rows(void *out, const void *inp, const int32_t *idx, int n_idx, int C);
-void cu_split_columns(void *const *outs, const int *widths, int n, const void *inp, int N);
 void cu_embedding_forward(void *out, const int32_t *ids, const QWeight *wte, int N);
 void cu_embedding_backward(void *dwte, const int32_t *ids, const void *dout, int N, int C);
 // dst (C) f32 += the column sums of a (N, C) bf16, in a fixed order (a bias's gradient)

@@ -3,7 +3,7 @@
 //   defines: cudaCheck / cublasCheck / launchCheck (file, line and the error's name),
 //   cdiv, grid_for (the grid of a grid-stride loop), load_f / store_f (bf16 or f32 as f32),
 //   warp_sum / warp_max / block_max, and the device FP8 codec: fp8_encode_dev, fp8_decode_dev,
-//   fp8_scale_dev and fp8_quantize_warp, the one routine that turns a row of values into FP8
+//   fp8_scale_dev and fp8_quantize_warp (_regs), the one routine that turns a row of values into FP8
 //   codes and their scale (the GEMM's 1x128 activation groups and the KV cache's rows both use it).
 // The numerics are fp8.h's, bit for bit: scale = amax / max in fp32 (1 for an all-zero group),
 // codes = encode(x / scale) with an IEEE division, round to nearest even, saturating.
@@ -129,18 +129,17 @@ __device__ __forceinline__ float fp8_scale_dev(float amax, int fmt, int pow2) {
 // of each 128-wide chunk in registers between the amax and the encode, so x is read once.
 // q[0..n) = codes, *scale (lane 0 writes it) = the group's scale. 4-byte stores where q allows.
 // Callers: activations in 1x128 groups (fp8.cu) and the FP8 KV cache's (token, head) rows.
-template <int CHUNKS, typename T>
-__device__ __forceinline__ void fp8_quantize_warp(uint8_t *q, float *scale, const T *x, int n, int fmt, int pow2) {
+// fp8_quantize_warp_regs: the same from values the lanes already hold (v[c][j] = value c * 128 + lane * 4
+// + j, 0 beyond n).
+template <int CHUNKS>
+__device__ __forceinline__ void fp8_quantize_warp_regs(uint8_t *q, float *scale, const float (&v)[CHUNKS][4], int n,
+                                                       int fmt, int pow2) {
     int lane = threadIdx.x & 31;
-    float v[CHUNKS][4], m = 0.0f;
+    float m = 0.0f;
 #pragma unroll
     for (int c = 0; c < CHUNKS; c++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int i = c * 128 + lane * 4 + j;
-            v[c][j] = i < n ? load_f(x, i) : 0.0f;
-            m = fmaxf(m, fabsf(v[c][j]));
-        }
+        for (int j = 0; j < 4; j++) m = fmaxf(m, fabsf(v[c][j]));
     float s = fp8_scale_dev(warp_max(m), fmt, pow2);
     if (lane == 0) *scale = s;
     bool packed = ((uintptr_t)q & 3) == 0;
@@ -157,6 +156,19 @@ __device__ __forceinline__ void fp8_quantize_warp(uint8_t *q, float *scale, cons
                 if (i0 + j < n) q[i0 + j] = fp8_encode_dev(__fdiv_rn(v[c][j], s), fmt);
         }
     }
+}
+template <int CHUNKS, typename T>
+__device__ __forceinline__ void fp8_quantize_warp(uint8_t *q, float *scale, const T *x, int n, int fmt, int pow2) {
+    int lane = threadIdx.x & 31;
+    float v[CHUNKS][4];
+#pragma unroll
+    for (int c = 0; c < CHUNKS; c++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int i = c * 128 + lane * 4 + j;
+            v[c][j] = i < n ? load_f(x, i) : 0.0f;
+        }
+    fp8_quantize_warp_regs<CHUNKS>(q, scale, v, n, fmt, pow2);
 }
 
 #endif  // CUDA_COMMON_CUH

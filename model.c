@@ -155,11 +155,16 @@ void model_free_scratch(Model *m) {
 // ----------------------------------------------------------------------------
 // a linear layer with its LoRA adapter
 
-static void linear_fwd(Model *m, int l, int which, void *out, const void *inp, int N, int save) {
+// xq: inp's FP8 copy made by its producer (the decode step: decode_fp8_input), or NULL
+static void linear_fwd_q(Model *m, int l, int which, void *out, const void *inp, const FP8Tensor *xq, int N, int save) {
     const LayerWeights *lw = &m->w.layers[l];
     const void *bias = which <= LIN_V ? lw->bias[which] : NULL;
-    m->be->linear_forward(out, inp, &lw->lin[which], bias, N);
+    if (xq) m->be->linear_forward_q(out, xq, &lw->lin[which], bias, N);
+    else m->be->linear_forward(out, inp, &lw->lin[which], bias, N);
     if (m->lora && m->lora_on) lora_hook_forward(m, l, which, out, inp, N, save);
+}
+static void linear_fwd(Model *m, int l, int which, void *out, const void *inp, int N, int save) {
+    linear_fwd_q(m, l, which, out, inp, NULL, N, save);
 }
 
 // dinp (= or +=) gradient through W (and the adapter); dense weight grads when allocated
@@ -433,6 +438,8 @@ static void dec_ensure(Model *m, int S, int MB) {
     size_t q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD;
     size_t wide = q > (size_t)c->C ? q : (size_t)c->C;
     size_t fused = q + 2 * kvw > 2 * (size_t)c->FF ? q + 2 * kvw : 2 * (size_t)c->FF;
+    size_t qin = c->C > c->FF ? c->C : c->FF;  // the widest input quantized by its producer
+    void *xq_scales;
     ASlot s[] = {
         {&d->fused, cap * fused * act},
         {&d->x, cap * c->C * act}, {&d->ln, cap * c->C * act}, {&d->q, cap * q * act}, {&d->k, cap * kvw * act},
@@ -441,6 +448,7 @@ static void dec_ensure(Model *m, int S, int MB) {
         // the step's index arrays back to back (tok, pos, slots, seq_lens: cap each; block_table): one upload
         {&d->tok, ((size_t)4 * cap + (size_t)cap * mb) * 4},
         {&d->rstd, cap * (size_t)c->NH * hp},
+        {(void **)&d->xq.data, cap * qin}, {&xq_scales, cap * ((qin + FP8_BLOCK_SIZE - 1) / FP8_BLOCK_SIZE) * 4},
         {&d->logits, (size_t)cap * c->V * hp},
     };
     size_t ns = sizeof s / sizeof s[0], total = 0;
@@ -452,6 +460,7 @@ static void dec_ensure(Model *m, int S, int MB) {
         *s[i].ptr = p;
         p += al256(s[i].bytes);
     }
+    d->xq.scale = (float *)xq_scales;
     int32_t *ix = (int32_t *)d->tok;
     d->pos = ix + cap;
     d->slots = ix + 2 * cap;
@@ -494,7 +503,9 @@ void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_h
 // group (lora_group_act); returns d->fused (N, the parts' widths summed). Where it has not (per-tensor
 // scales, or block scales whose boundaries do not line up), one GEMM and adapter per part into
 // parts[i]; returns NULL.
-static void *decode_project(Model *m, int l, int group, void *const *parts, const void *inp, int N) {
+// xq: inp's FP8 copy for the fused weight (decode_fp8_input), or NULL.
+static void *decode_project(Model *m, int l, int group, void *const *parts, const void *inp, const FP8Tensor *xq,
+                            int N) {
     const LayerWeights *lw = &m->w.layers[l];
     const QWeight *fw = group == 0 ? &lw->qkv : &lw->gateup;
     int first = group == 0 ? LIN_Q : LIN_GATE, n = group == 0 ? 3 : 2, lora = m->lora && m->lora_on;
@@ -503,22 +514,39 @@ static void *decode_project(Model *m, int l, int group, void *const *parts, cons
         return NULL;
     }
     void *fused = m->dec.fused;
-    m->be->linear_forward(fused, inp, fw, group == 0 ? lw->bias_qkv : NULL, N);
+    const void *bias = group == 0 ? lw->bias_qkv : NULL;
+    if (xq) m->be->linear_forward_q(fused, xq, fw, bias, N);
+    else m->be->linear_forward(fused, inp, fw, bias, N);
     const void *A, *B;
     int R = lora ? lora_group_act(m->lora, l, group, &A, &B) : 0;
     if (R) m->be->lora_apply(fused, inp, A, B, m->lora->scale, N, fw->cols, R, fw->rows);
     return fused;
 }
 
+// The FP8 copy of the decode step's input to w (S rows), for the op that makes that input to write in
+// the same pass (add_rmsnorm, swiglu_gu: backend.h outq): where w is a fused or plain FP8 weight
+// whose activations are quantized a row or a 1x128 group at a time. NULL where w quantizes its input
+// itself (BF16 weights, per-tensor scales: the amax of the whole input first, parts not fused).
+static FP8Tensor *decode_fp8_input(Model *m, const QWeight *w, int S) {
+    if (!w->rows || w->train || (w->gran != FP8_ROW && w->gran != FP8_BLOCK)) return NULL;
+    FP8Tensor *t = &m->dec.xq;
+    t->rows = S;
+    t->cols = w->cols;
+    t->gran = w->gran;
+    t->fmt = FP8_E4M3;
+    t->block_rows = 1;
+    return t;
+}
+
 // A decode step's attention inputs for layer l: q (S, NH, HD) normed and rotated in d->q, this
-// token's k and v in the cache (kc, vc, ks, vs: kvcache_layer)
-static void decode_qkv(Model *m, int l, int S, void *kc, void *vc, float *ks, float *vs) {
+// token's k and v in the cache (kc, vc, ks, vs: kvcache_layer). xq: d->ln's FP8 copy, or NULL.
+static void decode_qkv(Model *m, int l, int S, const FP8Tensor *xq, void *kc, void *vc, float *ks, float *vs) {
     const Config *c = &m->cfg;
     const LayerWeights *lw = &m->w.layers[l];
     DecodeScratch *d = &m->dec;
     int q = c->NH * c->HD, kvw = c->KVH * c->HD;
     void *parts[3] = {d->q, d->k, d->v};
-    const char *fused = (const char *)decode_project(m, l, 0, parts, d->ln, S);
+    const char *fused = (const char *)decode_project(m, l, 0, parts, d->ln, xq, S);
     size_t act = dtype_size(m->be->act);
     const void *qin = fused ? fused : d->q, *kin = fused ? fused + q * act : d->k, *vin = fused ? fused + (q + kvw) * act : d->v;
     int ldq = fused ? q + 2 * kvw : q, ldkv = fused ? q + 2 * kvw : kvw;
@@ -545,28 +573,32 @@ static void decode_compute(void *arg) {
     DecodeScratch *d = &m->dec;
     be->embedding_forward(d->x, (const int32_t *)d->tok, &m->w.emb, S);
     be->rmsnorm_forward(d->ln, d->rstd, d->x, m->w.layers[0].ln1, S, c->C, c->eps);
+    // The inputs of the FP8 products are quantized by the ops that make them (xq: decode_fp8_input):
+    // the norms for q|k|v and gate|up, the SwiGLU for down; layer 0's q|k|v and every o (the attention's
+    // output) quantize their own.
+    FP8Tensor *xq = NULL;
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *lw = &m->w.layers[l];
         void *kc, *vc;
         float *ks, *vs;
         kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
-        decode_qkv(m, l, S, kc, vc, ks, vs);
+        decode_qkv(m, l, S, xq, kc, vc, ks, vs);
         be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens,
                              S, c->NH, c->KVH, c->HD, kv->BS, st->MB);
         linear_fwd(m, l, LIN_O, d->tmp, d->att, S, 0);
         // the residual add and the post-attention norm in one op
-        be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps);
+        xq = decode_fp8_input(m, &lw->gateup, S);
+        be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps, xq);
         void *gu[2] = {d->ff1, d->ff2};
-        void *fused = decode_project(m, l, 1, gu, d->ln, S);
-        if (fused) {
-            int widths[2] = {c->FF, c->FF};
-            be->split_columns(gu, widths, 2, fused, S);
-        }
-        be->swiglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
-        linear_fwd(m, l, LIN_DOWN, d->tmp, d->ff3, S, 0);
+        void *fused = decode_project(m, l, 1, gu, d->ln, xq, S);
+        xq = fused ? decode_fp8_input(m, &lw->lin[LIN_DOWN], S) : NULL;
+        if (fused) be->swiglu_gu(d->ff3, xq, fused, S, c->FF);  // SwiGLU straight from the fused product
+        else be->swiglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
+        linear_fwd_q(m, l, LIN_DOWN, d->tmp, d->ff3, xq, S, 0);
         // the residual add and the next layer's input norm (or the final norm)
         const void *next_norm = l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm;
-        be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, next_norm, S, c->C, c->eps);
+        xq = l + 1 < c->L ? decode_fp8_input(m, &m->w.layers[l + 1].qkv, S) : NULL;
+        be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, next_norm, S, c->C, c->eps, xq);
     }
     be->logits_forward(d->logits, d->ln, &m->w.head, S);
 }

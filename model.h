@@ -145,6 +145,8 @@ typedef struct {
     void *ff1, *ff2, *ff3;                  // (cap, FF) act
     void *fused;                            // (cap, max((NH + 2 KVH) HD, 2 FF)) act: a fused projection's output
     void *rstd;                             // (cap * NH) hp
+    FP8Tensor xq;                           // the next FP8 product's input, quantized by the op that makes it
+                                            // (codes (cap, max(C, FF)), scales for 1x128 groups; decode_fp8_input)
     void *tok, *pos, *slots, *seq_lens;     // (cap) i32, back to back (one upload per step)
     void *block_table;                      // (cap, mb_cap) i32, right after seq_lens
     void *logits;                           // (cap, V) hp: what the (replayed) decode step writes

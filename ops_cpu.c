@@ -387,14 +387,6 @@ void FN(add)(real *out, const real *a, const real *b, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-void FN(split_columns)(real *const *outs, const int *widths, int n, const real *inp, int N) {
-    int total = 0;
-    for (int i = 0; i < n; i++) total += widths[i];
-    for (int r = 0; r < N; r++)
-        for (int i = 0, c0 = 0; i < n; c0 += widths[i++])
-            memcpy(outs[i] + (size_t)r * widths[i], inp + (size_t)r * total + c0, widths[i] * sizeof(real));
-}
-
 void FN(gather_rows)(real *out, const real *inp, const int32_t *idx, int n_idx, int C) {
     for (int i = 0; i < n_idx; i++) memcpy(out + (size_t)i * C, inp + (size_t)idx[i] * C, C * sizeof(real));
 }

@@ -37,7 +37,6 @@ extern "C" {
     void swiglu_backward##S(real *dgate, real *dup, const real *dout, const real *gate, const real *up, size_t n);   \
     void add##S(real *out, const real *a, const real *b, size_t n);                                                  \
     void gather_rows##S(real *out, const real *inp, const int32_t *idx, int n_idx, int C);                          \
-    void split_columns##S(real *const *outs, const int *widths, int n, const real *inp, int N);                      \
     void logprobs_forward##S(real *logp, real *lse, const real *h, const real *wlm, const int32_t *targets,         \
                              float inv_temp, int N, int C, int V);                                                   \
     void logprobs_backward##S(real *dh, real *dwlm, const real *dlogp, const real *lse, const real *h,             \

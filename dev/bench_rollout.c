@@ -2,7 +2,8 @@
 // Qwen3-shaped random models, prompt 128 + 256 new tokens at fixed length (no EOS),
 // sampling at temperature 1 as transformers' generate in dev/peers.py does.
 // Reports tokens/s (new tokens over prefill + decode), the decode step time against the
-// floor of BENCHMARKS.md (bytes read per step / 3.0 TB/s), and memory. With --startup,
+// floor of BENCHMARKS.md (bytes read per step / 3.0 TB/s), and memory (the process's peak so far beyond the
+// CUDA context: run one row per process for a row's own). With --startup,
 // also the time from a bf16 safetensors checkpoint on disk to the first sampled token.
 //
 //   make bench-rollout && ./build/bench_rollout --model 0.6b --fp8 block,off --batch 64,256
@@ -26,11 +27,6 @@
 
 
 static double gib(size_t b) { return b / 1073741824.0; }
-static size_t gpu_used(void) {
-    size_t fr = 0, tot = 0;
-    cudaMemGetInfo(&fr, &tot);
-    return tot - fr;
-}
 
 typedef struct {
     const char *gran;
@@ -60,7 +56,6 @@ static int fp8_embed;  // --fp8_embeddings (FP8 rows only)
 static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nnew, int rank, int graphs) {
     const Backend *be = backend_select("cuda", 0);
     Config cfg = bench_shape(size);
-    size_t base = gpu_used();
     ModelOptions opt = {gran, 0, 0, 0, fp8_embed && gran != FP8_OFF};
     Model m;
     model_init_random(&m, &cfg, be, &opt, 1234);
@@ -119,7 +114,9 @@ static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nne
     row.tok_s = (double)S * nnew / (ro.prefill_s + ro.decode_s);
     row.step_ms = ro.decode_s / (ro.decode_steps + 1) * 1e3;  // nnew samples: nnew - 1 decode steps + 1 first sample
     row.floor_ms = decode_floor_ms(&cfg, &m, S, prompt, nnew);
-    row.peak_gib = gib(gpu_used() - base);
+    size_t peak = 0;  // the backend samples device memory at every allocation: the most held so far
+    be->mem_in_use(&peak);
+    row.peak_gib = gib(peak);
     row.kv_gib = gib(ro.kv_bytes);
     row.weights_gib = gib(m.w.dense_bytes + m.w.fp8_bytes);
     long sum = 0;
@@ -229,7 +226,7 @@ int main(int argc, char **argv) {
     }
     printf("rollout, %s shape (random weights), prompt %d + %d new tokens, temperature 1, %s, G %d%s, FP8 GEMM %s:\n", size,
            prompt, nnew, be->device_desc, G, rank ? ", LoRA on" : "", gemm);
-    printf("| weights | batch | graphs | tokens/s | prefill s | decode s | decode step ms | floor ms | step/floor | peak GiB | KV GiB | weights GiB | = no graphs |\n");
+    printf("| weights | batch | graphs | tokens/s | prefill s | decode s | decode step ms | floor ms | step/floor | process peak GiB | KV GiB | weights GiB | = no graphs |\n");
     printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     fflush(stdout);
     int gon[2], ngr = 0;

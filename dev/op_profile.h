@@ -24,7 +24,7 @@ static const char *const prof_name[P_COUNT] = {
     "linear forward (FP8 quantize + GEMM)", "linear backward (dX)", "LoRA forward", "LoRA backward",
     "attention forward", "attention backward", "attention decode (paged)", "KV cache write",
     "rmsnorm f+b (decode: + residual add)", "rope f+b (decode: + q/k norm, KV write)", "swiglu f+b", "residual add", "logits (lm head, decode)", "logprobs forward (lm head)",
-    "logprobs backward (lm head)", "sampling", "embedding", "AdamW + grad zero", "memcpy / memset / split"};
+    "logprobs backward (lm head)", "sampling", "embedding", "AdamW + grad zero", "memcpy / memset"};
 
 static double prof_ms[P_COUNT];
 static long prof_calls[P_COUNT];
@@ -61,12 +61,18 @@ static void prof_end(int i) { cudaEventRecord(PF.b[i], PF.st); }
 static void pw_linear_forward(void *out, const void *inp, const QWeight *w, const void *bias, int N) {
     PW(P_LIN_F, PF.R->linear_forward(out, inp, w, bias, N));
 }
+static void pw_linear_forward_q(void *out, const FP8Tensor *xq, const QWeight *w, const void *bias, int N) {
+    PW(P_LIN_F, PF.R->linear_forward_q(out, xq, w, bias, N));
+}
 static void pw_linear_backward(void *dinp, int acc, void *dw, void *db, const void *dout, const void *inp, const QWeight *w, int N) {
     PW(P_LIN_B, PF.R->linear_backward(dinp, acc, dw, db, dout, inp, w, N));
 }
 static void pw_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, DType wdt, float s, int N, int C,
                             int Rk, int OC) {
     PW(P_LORA_F, PF.R->lora_forward(out, ax, inp, A, B, wdt, s, N, C, Rk, OC));
+}
+static void pw_lora_apply(void *out, const void *inp, const void *A, const void *B, float s, int N, int C, int Rk, int OC) {
+    PW(P_LORA_F, PF.R->lora_apply(out, inp, A, B, s, N, C, Rk, OC));
 }
 static void pw_lora_backward(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax, const void *A,
                              const void *B, DType wdt, float s, int N, int C, int Rk, int OC) {
@@ -100,9 +106,10 @@ static void pw_swiglu_b(void *dg, void *du, const void *d, const void *g, const 
     PW(P_SWIGLU, PF.R->swiglu_backward(dg, du, d, g, u, n));
 }
 static void pw_add(void *o, const void *a, const void *b, size_t n) { PW(P_ADD, PF.R->add(o, a, b, n)); }
-static void pw_add_rmsnorm(void *x, void *o, void *r, const void *dx, const void *w, int N, int C, float eps) {
-    PW(P_NORM, PF.R->add_rmsnorm(x, o, r, dx, w, N, C, eps));
+static void pw_add_rmsnorm(void *x, void *o, void *r, const void *dx, const void *w, int N, int C, float eps, FP8Tensor *q) {
+    PW(P_NORM, PF.R->add_rmsnorm(x, o, r, dx, w, N, C, eps, q));
 }
+static void pw_swiglu_gu(void *o, FP8Tensor *q, const void *gu, int N, int FF) { PW(P_SWIGLU, PF.R->swiglu_gu(o, q, gu, N, FF)); }
 static void pw_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, const void *vin, int ldq, int ldkv,
                            const void *qn, const void *kn, const int32_t *pos, const void *f, void *kc, void *vc, float *ks,
                            float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps) {
@@ -110,7 +117,6 @@ static void pw_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, c
 }
 // no recording: every op runs (and is timed) each step
 static void pw_replay(const void *key, size_t key_bytes, void (*run)(void *arg), void *arg) { run(arg); }
-static void pw_split(void *const *o, const int *w, int n, const void *in, int N) { PW(P_MEM, PF.R->split_columns(o, w, n, in, N)); }
 static void pw_logits(void *lg, const void *h, const QWeight *w, int N) { PW(P_LOGITS, PF.R->logits_forward(lg, h, w, N)); }
 static void pw_logp_f(void *logp, void *lse, const void *h, const QWeight *wlm, const int32_t *t, float it, int N) {
     PW(P_HEAD_F, PF.R->logprobs_forward(logp, lse, h, wlm, t, it, N));
@@ -146,13 +152,14 @@ static void prof_install(const Backend *real, Backend *W) {
     memset(prof_calls, 0, sizeof prof_calls);
     *W = *real;
     W->linear_forward = pw_linear_forward; W->linear_backward = pw_linear_backward;
-    W->lora_forward = pw_lora_forward; W->lora_backward = pw_lora_backward;
+    W->lora_forward = pw_lora_forward; W->lora_backward = pw_lora_backward; W->lora_apply = pw_lora_apply;
     W->attention_forward = pw_att_f; W->attention_backward = pw_att_b;
     W->attention_decode = pw_att_dec; W->kv_write = pw_kv_write;
     W->rmsnorm_forward = pw_norm_f; W->rmsnorm_backward = pw_norm_b;
     W->rope_forward = pw_rope_f; W->rope_backward = pw_rope_b;
     W->swiglu_forward = pw_swiglu_f; W->swiglu_backward = pw_swiglu_b; W->add = pw_add;
-    W->add_rmsnorm = pw_add_rmsnorm; W->qkv_rope_kv = pw_qkv_rope_kv; W->split_columns = pw_split;
+    W->add_rmsnorm = pw_add_rmsnorm; W->qkv_rope_kv = pw_qkv_rope_kv;
+    W->linear_forward_q = pw_linear_forward_q; W->swiglu_gu = pw_swiglu_gu;
     W->logits_forward = pw_logits; W->logprobs_forward = pw_logp_f; W->logprobs_backward = pw_logp_b;
     W->sample = pw_sample; W->embedding_forward = pw_emb_f; W->adamw = pw_adamw;
     W->zero = pw_zero; W->upload = pw_upload; W->download = pw_download; W->copy = pw_copy;

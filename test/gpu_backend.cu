@@ -155,6 +155,43 @@ END_TEST
 
 // ---- linear layers ------------------------------------------------------------------
 
+// an activation-shaped FP8 tensor (E4M3, ROW or 1x128 BLOCK) in device memory, and its release
+static void fp8_device_tensor(FP8Tensor *t, int rows, int cols, FP8Gran g) {
+    memset(t, 0, sizeof *t);
+    t->rows = rows;
+    t->cols = cols;
+    t->gran = g;
+    t->fmt = FP8_E4M3;
+    t->block_rows = 1;
+    t->data = (uint8_t *)G->alloc((size_t)rows * cols);
+    t->scale = (float *)G->alloc(fp8_num_scales(g, rows, cols, 1) * 4);
+}
+static void fp8_device_tensor_free(FP8Tensor *t) {
+    G->free(t->data);
+    G->free(t->scale);
+}
+// a fused op's FP8 copy (backend.h outq) against fp8_quantize_cuda of the act values it was made from:
+// the same codes and scales, bit for bit
+static void check_fp8_copy(const char *what, const FP8Tensor *got, const void *from) {
+    FP8Tensor ref;
+    fp8_device_tensor(&ref, got->rows, got->cols, got->gran);
+    fp8_quantize_cuda(&ref, from, DT_BF16, 0);
+    size_t nc = (size_t)got->rows * got->cols, ns = fp8_num_scales(got->gran, got->rows, got->cols, 1);
+    uint8_t *a = (uint8_t *)mallocCheck(nc), *b = (uint8_t *)mallocCheck(nc);
+    float *sa = fmalloc(ns), *sb = fmalloc(ns);
+    G->download(a, got->data, nc);
+    G->download(b, ref.data, nc);
+    G->download(sa, got->scale, ns * 4);
+    G->download(sb, ref.scale, ns * 4);
+    char w[160];
+    snprintf(w, sizeof w, "%s: codes", what);
+    check_exact(w, a, b, nc);
+    snprintf(w, sizeof w, "%s: scales", what);
+    check_exact(w, sa, sb, ns * 4);
+    free(a); free(b); free(sa); free(sb);
+    fp8_device_tensor_free(&ref);
+}
+
 START_TEST(test_linear) {
     int N = 77, C = 320, OC = 200;
     FP8Gran grans[4] = {FP8_OFF, FP8_TENSOR, FP8_ROW, FP8_BLOCK};
@@ -188,6 +225,17 @@ START_TEST(test_linear) {
             char what[96];
             snprintf(what, sizeof what, "linear_forward %s%s (N %d, C %d, OC %d)", fp8_gran_name(g), with_bias ? " + bias" : "", N, C, OC);
             check_close(what, got, ref, tol, (size_t)N * OC);
+            if (g == FP8_ROW || g == FP8_BLOCK) {  // linear_forward_q: the same product from the input's codes
+                FP8Tensor xq;
+                fp8_device_tensor(&xq, N, C, g);
+                fp8_quantize_cuda(&xq, dx, DT_BF16, 0);
+                void *dy2 = G->alloc((size_t)N * OC * 2);
+                G->linear_forward_q(dy2, &xq, &gw, with_bias ? db : NULL, N);
+                float *got2 = down_act(dy2, (size_t)N * OC);
+                snprintf(what, sizeof what, "linear_forward_q = linear_forward, %s%s", fp8_gran_name(g), with_bias ? " + bias" : "");
+                check_exact(what, got2, got, (size_t)N * OC * 4);
+                free(got2); G->free(dy2); fp8_device_tensor_free(&xq);
+            }
             free(got); free(tol); free(mag); free(ref);
 
             // backward: dX (= and +=); dW and dbias (dense only) accumulate into fp32
@@ -434,38 +482,62 @@ START_TEST(test_norm_rope_elementwise) {
         void *x1 = up_act(x, (size_t)Nf * Cf), *x2 = up_act(x, (size_t)Nf * Cf), *ddx = up_act(dxh, (size_t)Nf * Cf);
         void *dw = up_act(w, Cf), *o1 = G->alloc((size_t)Nf * Cf * 2), *o2 = G->alloc((size_t)Nf * Cf * 2);
         void *r1 = G->alloc(Nf * 4), *r2 = G->alloc(Nf * 4);
-        G->add_rmsnorm(x1, o1, r1, ddx, dw, Nf, Cf, 1e-6f);
-        G->add(x2, x2, ddx, (size_t)Nf * Cf);
-        G->rmsnorm_forward(o2, r2, x2, dw, Nf, Cf, 1e-6f);
-        float *a = down_act(x1, (size_t)Nf * Cf), *b = down_act(x2, (size_t)Nf * Cf);
-        check_exact("add_rmsnorm x", a, b, (size_t)Nf * Cf * 4);
-        free(a); free(b);
-        a = down_act(o1, (size_t)Nf * Cf), b = down_act(o2, (size_t)Nf * Cf);
-        check_exact("add_rmsnorm out", a, b, (size_t)Nf * Cf * 4);
-        free(a); free(b); free(x); free(dxh); free(w);
+        // with the FP8 copy of out: none, per token, 1x128 groups (C 100: one partial group)
+        for (int qi = 0; qi < 3; qi++) {
+            FP8Tensor oq;
+            if (qi) fp8_device_tensor(&oq, Nf, Cf, qi == 1 ? FP8_ROW : FP8_BLOCK);
+            G->upload_convert(x1, DT_BF16, x, DT_F32, (size_t)Nf * Cf);
+            G->upload_convert(x2, DT_BF16, x, DT_F32, (size_t)Nf * Cf);
+            G->add_rmsnorm(x1, o1, r1, ddx, dw, Nf, Cf, 1e-6f, qi ? &oq : NULL);
+            G->add(x2, x2, ddx, (size_t)Nf * Cf);
+            G->rmsnorm_forward(o2, r2, x2, dw, Nf, Cf, 1e-6f);
+            float *a = down_act(x1, (size_t)Nf * Cf), *b = down_act(x2, (size_t)Nf * Cf);
+            check_exact("add_rmsnorm x", a, b, (size_t)Nf * Cf * 4);
+            free(a); free(b);
+            a = down_act(o1, (size_t)Nf * Cf), b = down_act(o2, (size_t)Nf * Cf);
+            check_exact("add_rmsnorm out", a, b, (size_t)Nf * Cf * 4);
+            free(a); free(b);
+            if (qi) {
+                check_fp8_copy(qi == 1 ? "add_rmsnorm's FP8 copy, ROW" : "add_rmsnorm's FP8 copy, BLOCK", &oq, o2);
+                fp8_device_tensor_free(&oq);
+            }
+        }
+        free(x); free(dxh); free(w);
         G->free(x1); G->free(x2); G->free(ddx); G->free(dw); G->free(o1); G->free(o2); G->free(r1); G->free(r2);
     }
 
-    // split_columns (a fused projection's output into its parts): a copy, so exact; 16-byte and scalar paths
-    int wsets[2][4] = {{2048, 1024, 1024, 0}, {40, 5, 3, 16}}, nws[2] = {3, 4};
-    for (int ws = 0; ws < 2; ws++) {
-        int Ns = 37, tot = 0;
-        for (int i = 0; i < nws[ws]; i++) tot += wsets[ws][i];
-        float *in = randn_bf((size_t)Ns * tot, 1.0f);
-        void *din = up_act(in, (size_t)Ns * tot), *douts[4];
-        float *refs[4];
-        for (int i = 0; i < nws[ws]; i++) {
-            douts[i] = G->alloc((size_t)Ns * wsets[ws][i] * 2);
-            refs[i] = fmalloc((size_t)Ns * wsets[ws][i]);
+    // swiglu_gu (SwiGLU from the fused gate|up product) against swiglu_forward of the two halves, and its
+    // FP8 copies against fp8_quantize_cuda: bit for bit (FF 100: a partial 128-group; 3072: 0.6B's)
+    const int ffs[3] = {100, 3072, 12288};
+    for (int fi = 0; fi < 3; fi++) {
+        int Ng = 37, FF = ffs[fi];
+        float *gu = randn_bf((size_t)Ng * 2 * FF, 2.0f), *gh = fmalloc((size_t)Ng * FF), *uh = fmalloc((size_t)Ng * FF);
+        for (int r = 0; r < Ng; r++) {
+            memcpy(gh + (size_t)r * FF, gu + (size_t)r * 2 * FF, FF * 4);
+            memcpy(uh + (size_t)r * FF, gu + (size_t)r * 2 * FF + FF, FF * 4);
         }
-        G->split_columns(douts, wsets[ws], nws[ws], din, Ns);
-        split_columns_cpu(refs, wsets[ws], nws[ws], in, Ns);
-        for (int i = 0; i < nws[ws]; i++) {
-            float *got = down_act(douts[i], (size_t)Ns * wsets[ws][i]);
-            check_exact("split_columns", got, refs[i], (size_t)Ns * wsets[ws][i] * 4);
-            free(got); free(refs[i]); G->free(douts[i]);
+        void *dgu = up_act(gu, (size_t)Ng * 2 * FF), *dg = up_act(gh, (size_t)Ng * FF), *du = up_act(uh, (size_t)Ng * FF);
+        void *o1 = G->alloc((size_t)Ng * FF * 2), *o2 = G->alloc((size_t)Ng * FF * 2);
+        G->swiglu_forward(o2, dg, du, (size_t)Ng * FF);
+        float *b = down_act(o2, (size_t)Ng * FF);
+        for (int qi = 0; qi < 3; qi++) {
+            FP8Tensor oq;
+            if (qi) fp8_device_tensor(&oq, Ng, FF, qi == 1 ? FP8_ROW : FP8_BLOCK);
+            G->zero(o1, (size_t)Ng * FF * 2);
+            G->swiglu_gu(o1, qi ? &oq : NULL, dgu, Ng, FF);
+            float *a = down_act(o1, (size_t)Ng * FF);
+            char what[96];
+            snprintf(what, sizeof what, "swiglu_gu = swiglu_forward (FF %d, copy %d)", FF, qi);
+            check_exact(what, a, b, (size_t)Ng * FF * 4);
+            free(a);
+            if (qi) {
+                snprintf(what, sizeof what, "swiglu_gu's FP8 copy, %s (FF %d)", qi == 1 ? "ROW" : "BLOCK", FF);
+                check_fp8_copy(what, &oq, o2);
+                fp8_device_tensor_free(&oq);
+            }
         }
-        free(in); G->free(din);
+        free(b); free(gu); free(gh); free(uh);
+        G->free(dgu); G->free(dg); G->free(du); G->free(o1); G->free(o2);
     }
 
     // RoPE on (N, H, HD) with positions up to 5000; backward = rotation by -angle
@@ -783,7 +855,7 @@ static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const in
     free(ref); free(got); free(mag); free(p); free(t);
 }
 
-// the q|k|v epilogue (qkv_rope_kv) against the plain ops it replaces: split_columns, rmsnorm_forward per
+// the q|k|v epilogue (qkv_rope_kv) against the plain ops it replaces: the columns split, rmsnorm_forward per
 // head, rope_forward, kv_write, bit for bit (q, k, the cache's codes / values and scales), bf16 and FP8
 // caches, with and without the q/k norms, a skipped slot (-1). Two layouts of its inputs: the column
 // blocks of one fused q|k|v output (parts 0), and three buffers with q normed in place (parts 1).
@@ -807,8 +879,9 @@ static void qkv_rope_kv_case(int S, int NH, int KVH, int HD, int norm, int fp8, 
         if (all[i]) G->zero(all[i], i < 4 ? cb : nsc * 4);
     // the plain ops
     void *outs[3] = {q2, k2, v2};
-    int widths[3] = {NH * HD, KVH * HD, KVH * HD};
-    G->split_columns(outs, widths, 3, dqkv, S);
+    size_t widths[3] = {(size_t)NH * HD, (size_t)KVH * HD, (size_t)KVH * HD}, ld = (widths[0] + 2 * widths[1]) * 2;
+    for (int i = 0, c0 = 0; i < 3; c0 += (int)widths[i++])  // the column blocks of q|k|v into their buffers
+        G->copy_2d(outs[i], widths[i] * 2, (const char *)dqkv + (size_t)c0 * 2, ld, widths[i] * 2, S);
     if (parts) {  // the inputs as three buffers, q in its output
         G->copy(q1, q2, nq * 2);
         G->copy(kin, k2, nk * 2);
