@@ -6,7 +6,7 @@
 # and, with matplotlib, learning.png (held-out accuracy per step, all runs).
 #   bash dev/learning.sh [OUTDIR] [extra train_grpo options...]
 # EXTRA="row tensor" (the default) names the granularities run once (seed 1) besides block and off;
-# EXTRA="" runs block and off alone.
+# EXTRA="" runs block and off alone. SEEDS (default "1 2 3") names the seeds of block and off.
 set -euo pipefail
 out=${1:-runs}; shift || true
 mkdir -p "$out"
@@ -19,7 +19,7 @@ run() {  # gran seed [options]
   "$TRAIN" --load_in_fp8 "$g" --seed "$s" --output_dir "$d" --quiet "$@" > "$d.log" 2>&1 || { echo "run $g seed $s failed:"; tail -3 "$d.log"; }
   grep "held-out accuracy:" "$d.log" | sed "s/^/$g seed $s: /" || true
 }
-for s in 1 2 3; do (mkdir -p "$out/block_s$s"; run block $s "$@"; run off $s "$@") & done
+for s in ${SEEDS:-1 2 3}; do (mkdir -p "$out/block_s$s"; run block $s "$@"; run off $s "$@") & done
 wait
 for g in ${EXTRA-row tensor}; do (run "$g" 1 "$@") & done
 wait
