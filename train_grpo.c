@@ -678,6 +678,18 @@ static void prepare_output(Run *r) {
 // a small GPU) is raised as far as 0.95, and said. Dies in one line, naming what would help, when even
 // that leaves no arena.
 #define MIN_ARENA ((size_t)2 << 30)
+// The options that would shrink what the whole run holds, those not at their leanest yet, as the start
+// of a one-line error's advice ("raise --gpu_memory_utilization (now 0.60), use --load_in_fp8 block, ");
+// returns the characters written. arena_budget and fit_update add what their own shortfall depends on.
+static size_t memory_options(const Opts *o, char *help, size_t cap) {
+    size_t n = 0;
+    help[0] = 0;
+    if (o->gpu_memory_utilization < 0.95)
+        n += snprintf(help + n, cap - n, "raise --gpu_memory_utilization (now %.2f), ", o->gpu_memory_utilization);
+    if (!strcmp(o->load_in_fp8, "off")) n += snprintf(help + n, cap - n, "use --load_in_fp8 block, ");
+    if (!o->fp8_embeddings) n += snprintf(help + n, cap - n, "add --fp8_embeddings, ");
+    return n;
+}
 static size_t arena_budget(Run *r) {
     Opts *o = &r->o;
     double cap = (double)r->be->mem_capacity();
@@ -693,11 +705,8 @@ static size_t arena_budget(Run *r) {
     }
     size_t budget = (size_t)(o->gpu_memory_utilization * cap);
     if (budget <= used + reserve) {
-        char help[256] = "";
-        size_t n = 0;
-        if (o->gpu_memory_utilization < 0.95) n += snprintf(help + n, sizeof help - n, "raise --gpu_memory_utilization, ");
-        if (!strcmp(o->load_in_fp8, "off")) n += snprintf(help + n, sizeof help - n, "use --load_in_fp8 block, ");
-        if (!o->fp8_embeddings) n += snprintf(help + n, sizeof help - n, "add --fp8_embeddings, ");
+        char help[256];
+        size_t n = memory_options(o, help, sizeof help);
         if (strcmp(o->lora_dtype, "bf16")) n += snprintf(help + n, sizeof help - n, "use --lora_dtype bf16, ");
         snprintf(help + n, sizeof help - n, "or lower --lora_r");
         die("--gpu_memory_utilization %.2f gives %.2f GiB, but the weights, LoRA and optimizer hold %.2f GiB and the "
@@ -969,14 +978,10 @@ static int fit_update(Run *r, int T) {
     const Opts *o = &r->o;
     FitChoice fc;
     if (memfit_update(&r->m, r->S, T, o->micro_batch_size, o->gradient_checkpointing ? 1 : -1, &fc) < 0) {
-        char help[512] = "";
-        size_t n = 0;
-        if (o->gpu_memory_utilization < 0.95)
-            n += snprintf(help + n, sizeof help - n, "raise --gpu_memory_utilization (now %.2f), ", o->gpu_memory_utilization);
+        char help[512];
+        size_t n = memory_options(o, help, sizeof help);
         if (fc.mb > 1) n += snprintf(help + n, sizeof help - n, "lower --micro_batch_size (now %d), ", fc.mb);
         if (!fc.recompute) n += snprintf(help + n, sizeof help - n, "turn on --gradient_checkpointing, ");
-        if (strcmp(o->load_in_fp8, "off") == 0) n += snprintf(help + n, sizeof help - n, "use --load_in_fp8 block, ");
-        if (!o->fp8_embeddings) n += snprintf(help + n, sizeof help - n, "add --fp8_embeddings, ");
         snprintf(help + n, sizeof help - n, "or lower --max_completion_length (%d) / --max_prompt_length", r->Tc);
         die("memory: the update of sequences of %d tokens needs %.2f GiB of activations at micro-batch %d with%s "
             "recomputation, but the arena holds %.2f GiB: %s",
