@@ -1,5 +1,5 @@
 // backend.c: choosing a backend at run time (GPU when usable, CPU otherwise),
-// and host-side conversions of backend values for reports and tests.
+// and host-side conversions of backend values for reports and tests, and the checks both backends share.
 #include <string.h>
 
 #include "backend.h"
@@ -35,4 +35,11 @@ const Backend *backend_select(const char *device, int verbose) {
     } else die("unknown --device '%s': use auto, cpu or cuda", device);
     if (verbose) fprintf(stderr, "backend: %s\n", be->device_desc);
     return be;
+}
+
+void linear_q_check(const FP8Tensor *xq, const QWeight *w, int N) {
+    if (w->train || xq->gran != w->gran || (w->gran != FP8_ROW && w->gran != FP8_BLOCK) || xq->rows != N ||
+        xq->cols != w->cols)
+        die("linear_forward_q: an input quantized as gran %d, %d x %d, for %d rows into a weight of gran %d and %d "
+            "columns", (int)xq->gran, xq->rows, xq->cols, N, (int)w->gran, w->cols);
 }

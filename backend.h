@@ -247,6 +247,10 @@ struct Backend {
     int (*replay_rows)(int S);
 };
 
+// linear_forward_q's precondition, for both backends: dies in one line unless xq (N rows) was quantized
+// for w (ROW or BLOCK, its granularity and width; a frozen weight)
+void linear_q_check(const FP8Tensor *xq, const QWeight *w, int N);
+
 // the backends
 const Backend *backend_cpu(void);    // fp32
 const Backend *backend_cpu64(void);  // fp64 (tests)

@@ -128,7 +128,7 @@ static real *fake_quant_act(const real *x, int N, int C, FP8Gran gran) {
     return xq;
 }
 
-// out = xq W^T + bias: xq the fake-quantized activations, the weight dequantized from its codes
+// out = xq W^T + bias: xq the fake-quantized activations (freed here), the weight dequantized from its codes
 static void fp8_linear(void *out, real *xq, const QWeight *w, const void *bias, int N) {
     int C = w->cols, OC = w->rows;
     real *wd = (real *)mallocCheck((size_t)OC * C * sizeof(real));
@@ -146,9 +146,7 @@ static void cpu_linear_forward(void *out, const void *inp, const QWeight *w, con
     fp8_linear(out, fake_quant_act((const real *)inp, N, C, w->gran), w, bias, N);
 }
 static void cpu_linear_forward_q(void *out, const FP8Tensor *xq, const QWeight *w, const void *bias, int N) {
-    if (xq->gran != w->gran || (w->gran != FP8_ROW && w->gran != FP8_BLOCK) || xq->rows != N || xq->cols != w->cols)
-        die("linear_forward_q: an input quantized as gran %d, %d x %d, for %d rows into a weight of gran %d and %d "
-            "columns", (int)xq->gran, xq->rows, xq->cols, N, (int)w->gran, w->cols);
+    linear_q_check(xq, w, N);
     fp8_linear(out, dequantize_act(xq), w, bias, N);
 }
 

@@ -318,9 +318,7 @@ static void linear_impl(void *out, const void *inp, const FP8Tensor *xq, const Q
     void *y = bias ? cu_scratch(SC_F32, n * 4) : out;
     DType yt = bias ? DT_F32 : DT_BF16;
     if (xq) {
-        if (w->train || xq->gran != w->gran || (w->gran != FP8_ROW && w->gran != FP8_BLOCK) || xq->rows != N || xq->cols != C)
-            die("linear_forward_q: an input quantized as gran %d, %d x %d, for %d rows into a weight of gran %d and %d "
-                "columns", (int)xq->gran, xq->rows, xq->cols, N, (int)w->gran, C);
+        linear_q_check(xq, w, N);
         fp8_gemm_cuda(y, yt, xq, &w->q, 0);
     } else if (w->train) {
         cu_fp8_train_forward(y, yt, inp, w, N);
