@@ -710,6 +710,17 @@ void kv_write_cuda(void *kc, void *vc, float *ks, float *vs, const void *k, cons
 #define DEC_MAXREP 8  // query heads per block; larger groups take several blocks
 #define DEC_WARPS 4
 
+// The FP8 copy (1x128 groups, E4M3) of heads h0 .. h0 + nh - 1 of output row s that this block has just
+// written: a warp per group through fp8_quantize_warp, as fp8.cu's quant_1x128_kernel does it, so the
+// bytes are fp8_quantize_cuda's. oq (S, NH HD) codes, oqs (NH HD / 128, S) scales; HD % 128 == 0.
+__device__ void decode_out_fp8(uint8_t *oq, float *oqs, const bf16 *out, int nh, int h0, int s, int S, int NH, int HD) {
+    __syncthreads();  // the block's writes of out are visible to all its threads
+    const int C = NH * HD, g0 = h0 * HD / FP8_BLOCK_SIZE, ng = nh * HD / FP8_BLOCK_SIZE;
+    for (int g = g0 + (threadIdx.x >> 5); g < g0 + ng; g += blockDim.x >> 5)
+        fp8_quantize_warp<1>(oq + (size_t)s * C + g * FP8_BLOCK_SIZE, oqs + (size_t)g * S + s,
+                             out + (size_t)s * C + g * FP8_BLOCK_SIZE, FP8_BLOCK_SIZE, FP8_E4M3, 0);
+}
+
 // The end of both decode kernels: each warp left (max, sum, accumulator) per query head in shared
 // memory (sm_m, sm_l [DEC_WARPS][reps], sm_acc [DEC_WARPS][reps][accw]); merge them per output
 // element, then write the output (one split) or the split's partial (max, sum, accumulator)
@@ -744,7 +755,7 @@ template <int NP>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
     attn_decode_kernel(bf16 *out, float *part, const bf16 *q, const bf16 *kc, const bf16 *vc, const int32_t *bt,
                        const int32_t *lens, int NH, int KVH, int HD, int BS, int MB, int ngroups, int nsplit, int tps,
-                       float sc) {
+                       float sc, uint8_t *oq, float *oqs) {
     __shared__ float sm_m[DEC_WARPS][DEC_MAXREP], sm_l[DEC_WARPS][DEC_MAXREP];
     __shared__ float sm_acc[DEC_WARPS][DEC_MAXREP][64 * NP];
     const int sp = blockIdx.x, s = blockIdx.z, kvh = blockIdx.y / ngroups, grp = blockIdx.y % ngroups;
@@ -811,6 +822,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     __syncthreads();
     decode_merge_warps(out, part, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0], DEC_MAXREP, 64 * NP, nh, h0, s, sp, NH, HD,
                        nsplit);
+    if (oq && nsplit == 1) decode_out_fp8(oq, oqs, out, nh, h0, s, gridDim.z, NH, HD);
 }
 
 // The fast path for HD in {32, 64, 128, 256} (every model we know): LPT = HD/8 lanes share a
@@ -873,7 +885,7 @@ template <int HD, int REP, bool F8>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
     attn_decode_vec_kernel(bf16 *out, float *part, const bf16 *q, const void *kc, const void *vc, const float *ks,
                            const float *vs, const int32_t *bt, const int32_t *lens, int NH, int KVH, int BS, int MB,
-                           int ngroups, int nsplit, int tps, float sc) {
+                           int ngroups, int nsplit, int tps, float sc, uint8_t *oq, float *oqs) {
     constexpr int LPT = HD / 8, TPW = 32 / LPT, U = REP <= 2 ? 4 : 2, STEP = DEC_WARPS * TPW;
     __shared__ float sm_m[DEC_WARPS][REP], sm_l[DEC_WARPS][REP];
     __shared__ float sm_acc[DEC_WARPS][REP][HD];
@@ -991,9 +1003,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         }
     __syncthreads();
     decode_merge_warps(out, part, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0], REP, HD, nh, h0, s, sp, NH, HD, nsplit);
+    if (oq && nsplit == 1) decode_out_fp8(oq, oqs, out, nh, h0, s, gridDim.z, NH, HD);
 }
 
-__global__ void attn_decode_combine(bf16 *out, const float *part, int NH, int HD, int nsplit) {
+__global__ void attn_decode_combine(bf16 *out, const float *part, int NH, int HD, int nsplit, uint8_t *oq, float *oqs) {
     const int h = blockIdx.x, s = blockIdx.y;
     const float *pp = part + ((size_t)s * NH + h) * nsplit * (HD + 2);
     float M = -INFINITY;
@@ -1009,6 +1022,7 @@ __global__ void attn_decode_combine(bf16 *out, const float *part, int NH, int HD
         }
         out[((size_t)s * NH + h) * HD + d] = __float2bfloat16_rn(L > 0.f ? A / L : 0.f);
     }
+    if (oq) decode_out_fp8(oq, oqs, out, 1, h, s, gridDim.y, NH, HD);
 }
 
 static int num_sms(void) {
@@ -1039,8 +1053,9 @@ size_t attention_decode_scratch(int S, int NH, int KVH, int HD, int BS, int MB) 
 
 void attention_decode_cuda(void *out, const void *q, const void *kc, const void *vc, const float *ks, const float *vs,
                            const int32_t *block_table, const int32_t *seq_lens, int S, int NH, int KVH, int HD, int BS,
-                           int MB, float *scratch, void *stream) {
+                           int MB, float *scratch, uint8_t *oq, float *oqs, void *stream) {
     check_heads("attention_decode", NH, KVH, HD);
+    if (oq && HD % FP8_BLOCK_SIZE) die("attention_decode: the FP8 copy of out needs head_dim %% 128 == 0 (got %d)", HD);
     if (S <= 0) return;
     cudaStream_t st = (cudaStream_t)stream;
     int maxlen = BS * MB, ns = decode_nsplit(S, NH, KVH, maxlen), tps = (maxlen + ns - 1) / ns;
@@ -1056,14 +1071,15 @@ void attention_decode_cuda(void *out, const void *q, const void *kc, const void 
     int REP = rep <= 2 ? 2 : rep <= 4 ? 4 : DEC_MAXREP;  // groups of more than 8 take ngroups blocks of 8
 #define DEC_VEC(H, R, F)                                                                                              \
     attn_decode_vec_kernel<H, R, F><<<grid, DEC_WARPS * 32, 0, st>>>(o, scratch, qq, kc, vc, ks, vs, block_table,    \
-                                                                      seq_lens, NH, KVH, BS, MB, ngroups, ns, tps, sc)
+                                                                      seq_lens, NH, KVH, BS, MB, ngroups, ns, tps, sc, oq, oqs)
 #define DEC_VEC_F(H, R) \
     if (ks) DEC_VEC(H, R, true); else DEC_VEC(H, R, false)
 #define DEC_VEC_H(H) \
     if (REP == 2) { DEC_VEC_F(H, 2); } else if (REP == 4) { DEC_VEC_F(H, 4); } else { DEC_VEC_F(H, 8); }
 #define DEC_LAUNCH(NP)                                                                                           \
     attn_decode_kernel<NP><<<grid, DEC_WARPS * 32, 0, st>>>(o, scratch, qq, (const bf16 *)kc, (const bf16 *)vc,    \
-                                                             block_table, seq_lens, NH, KVH, HD, BS, MB, ngroups, ns, tps, sc)
+                                                             block_table, seq_lens, NH, KVH, HD, BS, MB, ngroups, ns, tps, sc, \
+                                                             oq, oqs)
     if (vec && HD == 32) { DEC_VEC_H(32); }
     else if (vec && HD == 64) { DEC_VEC_H(64); }
     else if (vec && HD == 128) { DEC_VEC_H(128); }
@@ -1077,7 +1093,7 @@ void attention_decode_cuda(void *out, const void *q, const void *kc, const void 
 #undef DEC_VEC
     launchCheck();
     if (ns > 1) {
-        attn_decode_combine<<<dim3(NH, S), 128, 0, st>>>(o, scratch, NH, HD, ns);
+        attn_decode_combine<<<dim3(NH, S), 128, 0, st>>>(o, scratch, NH, HD, ns, oq, oqs);
         launchCheck();
     }
 }

@@ -33,10 +33,11 @@ void attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout, con
                              float *scratch, void *stream);
 // floats of scratch attention_decode_cuda needs for these shapes (split partials)
 size_t attention_decode_scratch(int S, int NH, int KVH, int HD, int BS, int MB);
-// kc, vc bf16, or FP8 E4M3 codes when ks, vs (scales per (slot, head)) are given (backend.h)
+// kc, vc bf16, or FP8 E4M3 codes when ks, vs (scales per (slot, head)) are given (backend.h). With oq,
+// out's FP8 copy as well (E4M3, 1x128 groups: codes oq (S, NH HD), scales oqs (NH HD / 128, S)); HD % 128 == 0
 void attention_decode_cuda(void *out, const void *q, const void *kc, const void *vc, const float *ks, const float *vs,
                            const int32_t *block_table, const int32_t *seq_lens, int S, int NH, int KVH, int HD, int BS,
-                           int MB, float *scratch, void *stream);
+                           int MB, float *scratch, uint8_t *oq, float *oqs, void *stream);
 void kv_write_cuda(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots, int N,
                    int KVH, int HD, void *stream);
 

@@ -204,10 +204,11 @@ struct Backend {
                         const void *q_norm, const void *k_norm, const int32_t *pos, const void *inv_freq, void *kc,
                         void *vc, float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps);
     // one query token per sequence: q (S, NH, HD), out (S, NH, HD) act; sequence s
-    // attends to its first seq_lens[s] cached tokens, found through block_table (S, MB) i32
+    // attends to its first seq_lens[s] cached tokens, found through block_table (S, MB) i32;
+    // outq as add_rmsnorm's (out's FP8 copy: the o projection's input)
     void (*attention_decode)(void *out, const void *q, const void *kc, const void *vc, const float *ks,
                              const float *vs, const int32_t *block_table, const int32_t *seq_lens, int S, int NH,
-                             int KVH, int HD, int BS, int MB);
+                             int KVH, int HD, int BS, int MB, FP8Tensor *outq);
 
     // ---- sampling ----------------------------------------------------------
     // For each of S rows of logits (S, V) hp: sample a token from softmax(logits / temperature)

@@ -336,8 +336,9 @@ static void w_kv_write(void *kc, void *vc, float *ks, float *vs, const void *k, 
 }
 static void w_attention_decode(void *out, const void *q, const void *kc, const void *vc, const float *ks,
                                const float *vs, const int32_t *block_table, const int32_t *seq_lens, int S, int NH,
-                               int KVH, int HD, int BS, int MB) {
+                               int KVH, int HD, int BS, int MB, FP8Tensor *outq) {
     OP(attention_decode)((real *)out, (const real *)q, kc, vc, ks, vs, block_table, seq_lens, S, NH, KVH, HD, BS, MB);
+    if (outq) quantize_act(outq, (const real *)out);
 }
 static void w_sample(int32_t *tokens, void *logp, const void *logits, uint64_t *rng, int S, int V, float temperature,
                      int top_k, float top_p) {

@@ -458,10 +458,15 @@ static void cu_kv_write(void *kc, void *vc, float *ks, float *vs, const void *k,
 }
 static void cu_attention_decode(void *out, const void *q, const void *kc, const void *vc, const float *ks,
                                 const float *vs, const int32_t *block_table, const int32_t *seq_lens, int S, int NH,
-                                int KVH, int HD, int BS, int MB) {
+                                int KVH, int HD, int BS, int MB, FP8Tensor *outq) {
     size_t ns = attention_decode_scratch(S, NH, KVH, HD, BS, MB);
     float *part = ns ? (float *)cu_scratch(SC_ATT, ns * 4) : NULL;
-    attention_decode_cuda(out, q, kc, vc, ks, vs, block_table, seq_lens, S, NH, KVH, HD, BS, MB, part, G.stream);
+    if (outq) cu_check_outq(outq, S, NH * HD, "attention_decode");
+    // the FP8 copy in the same launch where a head is whole 1x128 groups (ROW needs the whole row's amax)
+    int fuse = outq && outq->gran == FP8_BLOCK && HD % FP8_BLOCK_SIZE == 0;
+    attention_decode_cuda(out, q, kc, vc, ks, vs, block_table, seq_lens, S, NH, KVH, HD, BS, MB, part,
+                          fuse ? outq->data : NULL, fuse ? outq->scale : NULL, G.stream);
+    if (outq && !fuse) fp8_quantize_cuda(outq, out, DT_BF16, 0);
 }
 
 // ----------------------------------------------------------------------------

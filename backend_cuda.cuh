@@ -51,6 +51,8 @@ void cu_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, const vo
                     float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps);
 void cu_swiglu_forward(void *out, const void *gate, const void *up, size_t n);
 void cu_swiglu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF);
+// dies in one line unless outq (backend.h) is a copy the fused kernels can write for (N, C) act
+void cu_check_outq(const FP8Tensor *outq, int N, int C, const char *op);
 void cu_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
 void cu_add(void *out, const void *a, const void *b, size_t n);
 void cu_gather_rows(void *out, const void *inp, const int32_t *idx, int n_idx, int C);

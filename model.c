@@ -438,7 +438,7 @@ static void dec_ensure(Model *m, int S, int MB) {
     size_t q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD;
     size_t wide = q > (size_t)c->C ? q : (size_t)c->C;
     size_t fused = q + 2 * kvw > 2 * (size_t)c->FF ? q + 2 * kvw : 2 * (size_t)c->FF;
-    size_t qin = c->C > c->FF ? c->C : c->FF;  // the widest input quantized by its producer
+    size_t qin = wide > (size_t)c->FF ? wide : (size_t)c->FF;  // the widest input quantized by its producer
     void *xq_scales;
     ASlot s[] = {
         {&d->fused, cap * fused * act},
@@ -524,7 +524,7 @@ static void *decode_project(Model *m, int l, int group, void *const *parts, cons
 }
 
 // The FP8 copy of the decode step's input to w (S rows), for the op that makes that input to write in
-// the same pass (add_rmsnorm, swiglu_gu: backend.h outq): where w is a fused or plain FP8 weight
+// the same pass (add_rmsnorm, attention_decode, swiglu_gu: backend.h outq): where w is a fused or plain FP8 weight
 // whose activations are quantized a row or a 1x128 group at a time. NULL where w quantizes its input
 // itself (BF16 weights, per-tensor scales: the amax of the whole input first, parts not fused).
 static FP8Tensor *decode_fp8_input(Model *m, const QWeight *w, int S) {
@@ -574,8 +574,8 @@ static void decode_compute(void *arg) {
     be->embedding_forward(d->x, (const int32_t *)d->tok, &m->w.emb, S);
     be->rmsnorm_forward(d->ln, d->rstd, d->x, m->w.layers[0].ln1, S, c->C, c->eps);
     // The inputs of the FP8 products are quantized by the ops that make them (xq: decode_fp8_input):
-    // the norms for q|k|v and gate|up, the SwiGLU for down; layer 0's q|k|v and every o (the attention's
-    // output) quantize their own.
+    // the norms for q|k|v and gate|up, the attention for o, the SwiGLU for down; layer 0's q|k|v
+    // quantizes its own.
     FP8Tensor *xq = NULL;
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *lw = &m->w.layers[l];
@@ -583,9 +583,10 @@ static void decode_compute(void *arg) {
         float *ks, *vs;
         kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
         decode_qkv(m, l, S, xq, kc, vc, ks, vs);
+        xq = decode_fp8_input(m, &lw->lin[LIN_O], S);
         be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens,
-                             S, c->NH, c->KVH, c->HD, kv->BS, st->MB);
-        linear_fwd(m, l, LIN_O, d->tmp, d->att, S, 0);
+                             S, c->NH, c->KVH, c->HD, kv->BS, st->MB, xq);
+        linear_fwd_q(m, l, LIN_O, d->tmp, d->att, xq, S, 0);
         // the residual add and the post-attention norm in one op
         xq = decode_fp8_input(m, &lw->gateup, S);
         be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps, xq);

@@ -119,53 +119,102 @@ __device__ __forceinline__ void row_scale(bf16 *y, const bf16 *x, const bf16 *w,
         for (int i = lane; i < C; i += 32) y[i] = __float2bfloat16_rn((__bfloat162float(x[i]) * r) * __bfloat162float(w[i]));
 }
 
-// The same norm with the lane's part of the row held in registers (chunk k of lane: elements
-// lane * 8 + 256 k .. + 7, as row_rstd / row_scale walk it, in the same order, so the results are
-// theirs bit for bit). row_rstd then row_scale read the row twice and loop over it with a memory
-// round trip per 256 elements: at decode (64 rows, 8 of 256-thread blocks) that made the 8B
-// model's add + norm 19.5 us a call (bench_rollout --profile); here every load of the row is in
-// flight at once and the blocks are small enough to spread over the SMs. C <= 256 * ROW_MAXCH
-// (5120: Qwen3-14B); wider rows take the loops.
-#define ROW_MAXCH 20
-__device__ __forceinline__ float regs_rstd(const uint4 (&c)[ROW_MAXCH], int C, float eps, int lane) {
-    float ss = 0.f;
-#pragma unroll
-    for (int k = 0; k < ROW_MAXCH; k++)
-        if (lane * 8 + 256 * k < C) {
-            float f[8];
-            unpack8(f, c[k]);
-#pragma unroll
-            for (int j = 0; j < 8; j++) ss += f[j] * f[j];
-        }
-    ss = warp_sum(ss);
-    return 1.0f / sqrtf(ss / C + eps);
-}
-// y = (x * r) * w; w's chunks were loaded before (wv), next to the row's
-__device__ __forceinline__ void regs_scale(bf16 *y, const uint4 (&c)[ROW_MAXCH], const uint4 (&wv)[ROW_MAXCH], float r,
-                                          int C, int lane) {
-#pragma unroll
-    for (int k = 0; k < ROW_MAXCH; k++)
-        if (lane * 8 + 256 * k < C) {
-            float f[8], g[8];
-            uint4 u = c[k];  // unpacked again, not kept from regs_rstd (that would hold 8 floats per chunk)
-            asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
-            unpack8(f, u);
-            unpack8(g, wv[k]);
-#pragma unroll
-            for (int j = 0; j < 8; j++) f[j] = (f[j] * r) * g[j];
-            *(uint4 *)(y + lane * 8 + 256 * k) = pack8(f);
-        }
-}
-__device__ __forceinline__ void regs_load(uint4 (&c)[ROW_MAXCH], const bf16 *x, int C, int lane) {
-#pragma unroll
-    for (int k = 0; k < ROW_MAXCH; k++)
-        if (lane * 8 + 256 * k < C) c[k] = *(const uint4 *)(x + lane * 8 + 256 * k);
-}
-// Few rows (a decode step): the row in registers, one row per block so that the rows spread over
-// the SMs. Many rows (training, prefill): the loops, 8 rows per block; there the SMs are full of
-// warps anyway, and the register kernels' ~200 registers would cut that to 8 warps per SM.
+// Few rows (a decode step): one block per row, C / 8 threads, thread t holding elements 8t .. 8t + 7
+// in registers, so every load of the row is in flight at once and the rows spread over the SMs (a
+// warp per row left 64 warps on the GPU at batch 64: the 0.6B model's add + norm took 7.4 us a call
+// in the decode graph). The results are those of the loops bit for bit: the add rounds as add_kernel
+// does, and norm_row_rstd sums the squares in row_rstd's order. Many rows (training, prefill): the
+// loops, 8 rows per block; there the SMs are full of warps anyway.
 #define ROW_FEW 1024
+#define NORM_ROW_MAXC 8192  // 1024 threads
 static int row_warps(int N) { return N <= ROW_FEW ? 1 : 8; }
+static int norm_row_ok(int N, int C) { return N <= ROW_FEW && C % 8 == 0 && C <= NORM_ROW_MAXC; }
+static unsigned norm_row_threads(int C) { return 32 * cdiv(C / 8, 32); }
+
+// row_rstd's sum: its lane l adds elements 8 l + 256 k + j for k, then j. Here the values pass through
+// shared memory (v: [k][j][lane], blockDim.x * 8 floats) and lane l of warp 0 adds them in that order.
+__device__ __forceinline__ float norm_row_rstd(float *v, const float (&f)[8], int C, float eps) {
+    __shared__ float r_shared;
+    int t = threadIdx.x, lane = t & 31, k = t >> 5;
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[(k * 8 + j) * 32 + lane] = f[j];
+    __syncthreads();
+    if (t < 32) {
+        float ss = 0.f;
+        for (int kk = 0; lane * 8 + 256 * kk < C; kk++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float x = v[(kk * 8 + j) * 32 + lane];
+                ss += x * x;
+            }
+        ss = warp_sum(ss);
+        if (t == 0) r_shared = 1.0f / sqrtf(ss / C + eps);
+    }
+    __syncthreads();
+    return r_shared;
+}
+
+// out = rmsnorm(x (+= dx when ADD)) * w for row blockIdx.x; with q (C % 128 == 0), out's FP8 copy in
+// 1x128 groups as well: the 16 threads of a group find its amax by shuffles and encode their 8 values
+// as fp8_quantize_warp does (scales (C / 128, N)), so the bytes are fp8_quantize_cuda's.
+template <bool ADD>
+__global__ void __launch_bounds__(1024) norm_row_kernel(bf16 *x, bf16 *out, float *rstd, const bf16 *dx,
+                                                        const bf16 *w, int N, int C, float eps, uint8_t *q, float *qs) {
+    extern __shared__ float norm_v[];
+    int row = blockIdx.x, i0 = 8 * threadIdx.x;
+    bool in = i0 < C;
+    uint4 wv = make_uint4(0, 0, 0, 0), c = wv;
+    if (in) wv = *(const uint4 *)(w + i0);
+    bf16 *xr = x + (size_t)row * C;
+    float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (in) {
+        c = *(const uint4 *)(xr + i0);
+        if (ADD) {
+            float g[8];
+            unpack8(f, c);
+            load8(g, dx + (size_t)row * C + i0);
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] += g[j];
+            c = pack8(f);
+            *(uint4 *)(xr + i0) = c;
+        }
+        unpack8(f, c);  // the rounded sums
+    }
+    float r = norm_row_rstd(norm_v, f, C, eps);
+    if (threadIdx.x == 0) rstd[row] = r;
+    if (!in) return;
+    float g[8];
+    unpack8(g, wv);
+#pragma unroll
+    for (int j = 0; j < 8; j++) f[j] = (f[j] * r) * g[j];
+    uint4 y = pack8(f);
+    *(uint4 *)(out + (size_t)row * C + i0) = y;
+    if (!q) return;
+    unpack8(f, y);  // the copy encodes the stored (rounded) values
+    float m = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
+    unsigned half = 0xffffu << (threadIdx.x & 16);  // the 16 threads of the group (the other half may have left)
+    for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(half, m, o));
+    float sc = fp8_scale_dev(m, FP8_E4M3, 0);
+    if (threadIdx.x % 16 == 0) qs[(size_t)(i0 / FP8_BLOCK_SIZE) * N + row] = sc;
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        lo |= (uint32_t)fp8_encode_dev(__fdiv_rn(f[j], sc), FP8_E4M3) << (8 * j);
+        hi |= (uint32_t)fp8_encode_dev(__fdiv_rn(f[j + 4], sc), FP8_E4M3) << (8 * j);
+    }
+    *(uint2 *)(q + (size_t)row * C + i0) = make_uint2(lo, hi);
+}
+// norm_row_kernel over N rows (norm_row_ok)
+static void norm_row(bf16 *x, bf16 *out, float *rstd, const bf16 *dx, const bf16 *w, int N, int C, float eps,
+                     uint8_t *q, float *qs) {
+    unsigned th = norm_row_threads(C);
+    size_t smem = th * 8 * sizeof(float);
+    if (dx) norm_row_kernel<true><<<N, th, smem, cu_stream()>>>(x, out, rstd, dx, w, N, C, eps, q, qs);
+    else norm_row_kernel<false><<<N, th, smem, cu_stream()>>>(x, out, rstd, dx, w, N, C, eps, q, qs);
+    launchCheck();
+}
 
 // one warp per row; y = (x * rstd) * w with fp32 statistics; out may alias inp
 template <bool VEC>
@@ -177,24 +226,12 @@ __global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, cons
     if (lane == 0) rstd[row] = r;
     row_scale<VEC>(out + (size_t)row * C, x, w, r, C, lane);
 }
-__global__ void rmsnorm_regs_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int N, int C, float eps) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (row >= N) return;
-    uint4 c[ROW_MAXCH], wv[ROW_MAXCH];
-    regs_load(c, inp + (size_t)row * C, C, lane);
-    regs_load(wv, w, C, lane);
-    float r = regs_rstd(c, C, eps, lane);
-    if (lane == 0) rstd[row] = r;
-    regs_scale(out + (size_t)row * C, c, wv, r, C, lane);
-}
-
 void cu_rmsnorm_forward(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
     if (N <= 0) return;
     int wpb = row_warps(N);
     unsigned gr = cdiv(N, wpb);
-    if (N <= ROW_FEW && C % 8 == 0 && C <= 256 * ROW_MAXCH && aligned16(out, inp, w, NULL))
-        rmsnorm_regs_kernel<<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp, (const bf16 *)w,
-                                                           N, C, eps);
+    if (norm_row_ok(N, C) && aligned16(out, inp, w, NULL))
+        norm_row((bf16 *)inp, (bf16 *)out, (float *)rstd, NULL, (const bf16 *)w, N, C, eps, NULL, NULL);
     else if (C % 8 == 0 && aligned16(out, inp, w, NULL))
         rmsnorm_fwd_kernel<true><<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp,
                                                                   (const bf16 *)w, N, C, eps);
@@ -292,7 +329,7 @@ void cu_rope_backward(void *dx, const int32_t *pos, const void *inv_freq, int N,
 // ---- decode fusions (backend.h): the same arithmetic as the kernels they replace ----
 
 // outq's checks (backend.h): what the fused kernels can write
-static void check_outq(const FP8Tensor *t, int N, int C, const char *op) {
+void cu_check_outq(const FP8Tensor *t, int N, int C, const char *op) {
     if ((t->gran != FP8_ROW && t->gran != FP8_BLOCK) || t->fmt != FP8_E4M3 || t->rows != N || t->cols != C ||
         (t->gran == FP8_BLOCK && t->block_rows != 1))
         die("%s: the FP8 copy must be E4M3, ROW or 1x128 BLOCK, (%d, %d) (got gran %d, (%d, %d))", op, N, C,
@@ -323,59 +360,16 @@ __global__ void add_rmsnorm_kernel(bf16 *x, bf16 *out, float *rstd, const bf16 *
     if (lane == 0) rstd[row] = r;
     row_scale<VEC>(y, xr, w, r, C, lane);
 }
-// The FP8 copy (outq, 1x128 BLOCK) of one row y of C <= ADD_RMSNORM_FP8_MAX_C act values that this warp
-// has just written, into row r of q (N, C): each group through fp8_quantize_warp as fp8.cu's
-// quant_1x128_kernel does it (scales (C / 128, N)), so the bytes are fp8_quantize_cuda's.
-#define ADD_RMSNORM_FP8_MAX_C 1024
-__device__ __forceinline__ void row_to_fp8_warp(uint8_t *q, float *qs, const bf16 *y, int r, int N, int C) {
-    __syncwarp();  // the lanes read values other lanes wrote
-    for (int c0 = 0; c0 < C; c0 += FP8_BLOCK_SIZE)
-        fp8_quantize_warp<1>(q + (size_t)r * C + c0, qs + (size_t)(c0 / FP8_BLOCK_SIZE) * N + r, y + c0,
-                             min(FP8_BLOCK_SIZE, C - c0), FP8_E4M3, 0);
-}
-// the same with the row in registers (rmsnorm_regs_kernel): the rounded sums are kept, stored, and
-// normalized from the registers; with q, out's FP8 copy (row_to_fp8_warp)
-__global__ void add_rmsnorm_regs_kernel(bf16 *x, bf16 *out, float *rstd, const bf16 *dx, const bf16 *w, int N, int C,
-                                        float eps, uint8_t *q, float *qs) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (row >= N) return;
-    bf16 *xr = x + (size_t)row * C;
-    uint4 c[ROW_MAXCH], wv[ROW_MAXCH];
-    regs_load(c, xr, C, lane);
-    regs_load(wv, dx + (size_t)row * C, C, lane);  // dx now (all loads before the first store), w later
-#pragma unroll
-    for (int k = 0; k < ROW_MAXCH; k++)
-        if (lane * 8 + 256 * k < C) {
-            float f[8], g[8];
-            unpack8(f, c[k]);
-            unpack8(g, wv[k]);
-#pragma unroll
-            for (int j = 0; j < 8; j++) f[j] += g[j];
-            c[k] = pack8(f);
-            *(uint4 *)(xr + lane * 8 + 256 * k) = c[k];
-        }
-    regs_load(wv, w, C, lane);
-    float r = regs_rstd(c, C, eps, lane);
-    if (lane == 0) rstd[row] = r;
-    regs_scale(out + (size_t)row * C, c, wv, r, C, lane);
-    if (q) row_to_fp8_warp(q, qs, out + (size_t)row * C, row, N, C);
-}
 void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps,
                     FP8Tensor *outq) {
     if (N <= 0) return;
-    if (outq) check_outq(outq, N, C, "add_rmsnorm");
+    if (outq) cu_check_outq(outq, N, C, "add_rmsnorm");
     int wpb = row_warps(N);
     unsigned gr = cdiv(N, wpb);
-    if (N <= ROW_FEW && C % 8 == 0 && C <= 256 * ROW_MAXCH && aligned16(x, out, dx, w)) {
-        // The FP8 copy in the same pass where the row is narrow (1x128 groups). One warp encodes its
-        // row's values, an IEEE division each, so a wide row costs more there than a quantization pass
-        // spread over the whole GPU: on the H100 at batch 64, fused took the 0.6B decode step (C 1024)
-        // from 2.54 to 2.45 ms and the 8B one (C 4096) from 6.56 to 6.92 ms.
-        int fuse = outq && outq->gran == FP8_BLOCK && C <= ADD_RMSNORM_FP8_MAX_C;
-        add_rmsnorm_regs_kernel<<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)x, (bf16 *)out, (float *)rstd,
-                                                               (const bf16 *)dx, (const bf16 *)w, N, C, eps,
-                                                               fuse ? outq->data : NULL, fuse ? outq->scale : NULL);
-        launchCheck();
+    if (norm_row_ok(N, C) && aligned16(x, out, dx, w)) {
+        int fuse = outq && outq->gran == FP8_BLOCK && C % FP8_BLOCK_SIZE == 0 && !((uintptr_t)outq->data & 7);
+        norm_row((bf16 *)x, (bf16 *)out, (float *)rstd, (const bf16 *)dx, (const bf16 *)w, N, C, eps,
+                 fuse ? outq->data : NULL, fuse ? outq->scale : NULL);
         if (outq && !fuse) fp8_quantize_cuda(outq, out, DT_BF16, 0);
         return;
     }
@@ -386,7 +380,7 @@ void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *
         add_rmsnorm_kernel<false><<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)x, (bf16 *)out, (float *)rstd,
                                                                    (const bf16 *)dx, (const bf16 *)w, N, C, eps);
     launchCheck();
-    if (outq) fp8_quantize_cuda(outq, out, DT_BF16, 0);  // rows too wide for registers: a pass of its own
+    if (outq) fp8_quantize_cuda(outq, out, DT_BF16, 0);  // many rows or odd ones: a pass of its own
 }
 
 // rope_kernel's rotation of one head row v (HD) at position p, by one warp
@@ -555,7 +549,7 @@ __global__ void swiglu_gu_kernel(bf16 *out, const bf16 *gu, int N, int FF, uint8
 }
 void cu_swiglu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF) {
     if (N <= 0) return;
-    if (outq) check_outq(outq, N, FF, "swiglu_gu");
+    if (outq) cu_check_outq(outq, N, FF, "swiglu_gu");
     int block = outq && outq->gran == FP8_BLOCK;  // ROW needs the whole row's amax: a pass of its own
     swiglu_gu_kernel<<<cdiv((long)N * cdiv(FF, FP8_BLOCK_SIZE), 8), 256, 0, cu_stream()>>>(
         (bf16 *)out, (const bf16 *)gu, N, FF, block ? outq->data : NULL, block ? outq->scale : NULL);

@@ -86,8 +86,9 @@ static void pw_att_b(void *dq, void *dk, void *dv, const void *dout, const void 
     PW(P_ATT_B, PF.R->attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, KVH, HD));
 }
 static void pw_att_dec(void *out, const void *q, const void *kc, const void *vc, const float *ks, const float *vs,
-                       const int32_t *bt, const int32_t *sl, int S, int NH, int KVH, int HD, int BS, int MB) {
-    PW(P_ATT_DEC, PF.R->attention_decode(out, q, kc, vc, ks, vs, bt, sl, S, NH, KVH, HD, BS, MB));
+                       const int32_t *bt, const int32_t *sl, int S, int NH, int KVH, int HD, int BS, int MB,
+                       FP8Tensor *outq) {
+    PW(P_ATT_DEC, PF.R->attention_decode(out, q, kc, vc, ks, vs, bt, sl, S, NH, KVH, HD, BS, MB, outq));
 }
 static void pw_kv_write(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots, int N,
                         int KVH, int HD) {

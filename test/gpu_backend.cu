@@ -470,13 +470,33 @@ START_TEST(test_norm_rope_elementwise) {
     rmsnorm_case(1000, 128, 0, 1);  // q/k-norm shape (rows of head_dim)
     rmsnorm_case(37, 100, 1, 1);    // C not a multiple of 8: the scalar path
     rmsnorm_case(64, 4096, 1, 0);   // decode (8B hidden): the row in registers, one row per block
-    rmsnorm_case(40, 6400, 0, 1);   // C over 256 * ROW_MAXCH: the loop over the row
+    rmsnorm_case(40, 9216, 0, 1);   // C over NORM_ROW_MAXC: the loop over the row
     rmsnorm_case(3000, 1024, 0, 1); // many rows (training): the loops, 8 rows per block
 
+    // one block per row (few rows) against the loops (many rows): bit for bit, rstd included (the same
+    // sum of squares in the same order). C 1000: the last warp of a row part empty.
+    const int rowC[3] = {1000, 1024, 4096};
+    for (int vi = 0; vi < 3; vi++) {
+        int Nm = 1100, Nr = 64, C = rowC[vi];
+        float *x = randn_bf((size_t)Nm * C, 1.5f), *w = randn_bf(C, 1.0f);
+        void *dx = up_act(x, (size_t)Nm * C), *dw = up_act(w, C), *om = G->alloc((size_t)Nm * C * 2);
+        void *orow = G->alloc((size_t)Nr * C * 2), *rm = G->alloc(Nm * 4), *rr = G->alloc(Nr * 4);
+        G->rmsnorm_forward(om, rm, dx, dw, Nm, C, 1e-6f);
+        G->rmsnorm_forward(orow, rr, dx, dw, Nr, C, 1e-6f);
+        float *a = down_act(om, (size_t)Nr * C), *b = down_act(orow, (size_t)Nr * C);
+        check_exact("rmsnorm_forward, a block per row against the loops", a, b, (size_t)Nr * C * 4);
+        free(a); free(b);
+        a = down_hp(rm, Nr), b = down_hp(rr, Nr);
+        check_exact("rmsnorm_forward rstd, a block per row against the loops", a, b, (size_t)Nr * 4);
+        free(a); free(b); free(x); free(w);
+        G->free(dx); G->free(dw); G->free(om); G->free(orow); G->free(rm); G->free(rr);
+    }
+
     // the decode fusions against the GPU ops they replace: bit for bit (same roundings, same order)
-    // (C 100: scalar kernels; 1024, 4096: rows in registers; 6400: 16-byte loops over the row)
-    const int fusedC[4] = {100, 1024, 4096, 6400};
-    for (int vi = 0; vi < 4; vi++) {
+    // (C 100: scalar kernels; 1000, 1024, 1152, 4096, 6400: a block per row, C 1000 with the FP8 copy
+    // in a pass of its own (a partial group), 1152 with a half-empty last warp; 9216: 16-byte loops)
+    const int fusedC[7] = {100, 1000, 1024, 1152, 4096, 6400, 9216};
+    for (int vi = 0; vi < 7; vi++) {
         int Nf = 64, Cf = fusedC[vi];
         float *x = randn_bf((size_t)Nf * Cf, 1.0f), *dxh = randn_bf((size_t)Nf * Cf, 1.0f), *w = randn_bf(Cf, 1.0f);
         void *x1 = up_act(x, (size_t)Nf * Cf), *x2 = up_act(x, (size_t)Nf * Cf), *ddx = up_act(dxh, (size_t)Nf * Cf);
@@ -816,9 +836,25 @@ static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const in
     size_t nq = (size_t)S * NH * HD;
     float *q = randn_bf(nq, 1.0f), *ref = fmalloc(nq);
     void *dq = up_act(q, nq), *dt = up_i32(table, (size_t)S * MB), *dl = up_i32(sl, S), *dout = G->alloc(nq * 2);
-    G->attention_decode(dout, dq, dkc, dvc, dks, dvs, (const int32_t *)dt, (const int32_t *)dl, S, NH, KVH, HD, BS, MB);
+    G->attention_decode(dout, dq, dkc, dvc, dks, dvs, (const int32_t *)dt, (const int32_t *)dl, S, NH, KVH, HD, BS, MB,
+                        NULL);
     attention_decode_cpu(ref, q, kc, vc, ks, vs, table, sl, S, NH, KVH, HD, BS, MB);
     float *got = down_act(dout, nq);
+    // with out's FP8 copy (the o projection's input): out unchanged bit for bit, the copy fp8_quantize_cuda's
+    // (BLOCK in the same launch where HD % 128 == 0, else and for ROW a pass of its own)
+    for (int qi = 0; qi < 2; qi++) {
+        FP8Tensor oq;
+        fp8_device_tensor(&oq, S, NH * HD, qi ? FP8_BLOCK : FP8_ROW);
+        void *dout2 = G->alloc(nq * 2);
+        G->attention_decode(dout2, dq, dkc, dvc, dks, dvs, (const int32_t *)dt, (const int32_t *)dl, S, NH, KVH, HD, BS,
+                            MB, &oq);
+        float *got2 = down_act(dout2, nq);
+        check_exact("attention_decode's out with its FP8 copy", got2, got, nq * 4);
+        check_fp8_copy(qi ? "attention_decode's FP8 copy, BLOCK" : "attention_decode's FP8 copy, ROW", &oq, dout2);
+        free(got2);
+        G->free(dout2);
+        fp8_device_tensor_free(&oq);
+    }
     // fp32 throughout: output rounding + 2^-12 of sum p |v| (v as the kernel reads it: dequantized for fp8)
     double *mag = dmalloc_h(nq), sc = 1.0 / sqrt((double)HD);
     int rep = NH / KVH;
