@@ -303,7 +303,44 @@ END_TEST
 
 // ---- LoRA ---------------------------------------------------------------------------
 
+// lora_apply against the CPU's lora_forward, with test_lora's tolerance (A, ax, B each rounded to bf16,
+// fp32 sums), at the decode step's shapes
+static void lora_apply_case(int N, int C, int R, int OC) {
+    float scale = 2.0f;
+    float *x = randn_bf((size_t)N * C, 1.0f), *A = randn((size_t)R * C, 0.05f), *B = randn((size_t)OC * R, 0.05f);
+    float *out0 = randn_bf((size_t)N * OC, 1.0f), *rout = fdup(out0, (size_t)N * OC), *rax = fmalloc((size_t)N * R);
+    CPU->lora_forward(rout, rax, x, A, B, DT_F32, scale, N, C, R, OC);
+    double *max_ = dmalloc_h((size_t)N * R), *mo = dmalloc_h((size_t)N * OC);
+    for (int i = 0; i < N; i++)
+        for (int r = 0; r < R; r++) {
+            double s = 0;
+            for (int c = 0; c < C; c++) s += fabs(x[(size_t)i * C + c] * A[(size_t)r * C + c]);
+            max_[(size_t)i * R + r] = s;
+        }
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < OC; o++) {
+            double s = 0;
+            for (int r = 0; r < R; r++) s += max_[(size_t)i * R + r] * fabs(B[(size_t)o * R + r]);
+            mo[(size_t)i * OC + o] = scale * s;
+        }
+    double *to = tol_bf(rout, mo, 3 * U8 + acc32(C), (size_t)N * OC);
+    void *dx = up_act(x, (size_t)N * C), *dA = up_hp(A, (size_t)R * C), *dB = up_hp(B, (size_t)OC * R);
+    void *dA16 = G->alloc((size_t)R * C * 2), *dB16 = G->alloc((size_t)OC * R * 2), *dout = up_act(out0, (size_t)N * OC);
+    G->to_act(dA16, dA, (size_t)R * C);
+    G->to_act(dB16, dB, (size_t)OC * R);
+    G->lora_apply(dout, dx, dA16, dB16, scale, N, C, R, OC);
+    float *got = down_act(dout, (size_t)N * OC);
+    char what[96];
+    snprintf(what, sizeof what, "lora_apply out += N %d C %d R %d OC %d", N, C, R, OC);
+    check_close(what, got, rout, to, (size_t)N * OC);
+    free(x); free(A); free(B); free(out0); free(rout); free(rax); free(max_); free(mo); free(to); free(got);
+    G->free(dx); G->free(dA); G->free(dB); G->free(dA16); G->free(dB16); G->free(dout);
+}
+
 START_TEST(test_lora) {
+    lora_apply_case(64, 1024, 48, 4096);  // the 0.6B shape's q|k|v group at batch 64 (r 16, three members)
+    lora_apply_case(5, 3072, 16, 1024);   // down, a few rows
+    lora_apply_case(7, 320, 12, 200);     // odd sizes
     int N = 150, C = 320, R = 16, OC = 200;
     float scale = 2.0f;
     float *x = randn_bf((size_t)N * C, 1.0f), *A = randn((size_t)R * C, 0.05f), *B = randn((size_t)OC * R, 0.05f);
