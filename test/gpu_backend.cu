@@ -303,6 +303,25 @@ END_TEST
 
 // ---- LoRA ---------------------------------------------------------------------------
 
+// the magnitudes the LoRA tolerances scale with: mx (N, R) = sum |x a| of each ax, mo (N, OC) = scale
+// sum_r mx |b| of each output's term
+static void lora_mags(double **mx, double **mo, const float *x, const float *A, const float *B, float scale, int N,
+                      int C, int R, int OC) {
+    *mx = dmalloc_h((size_t)N * R), *mo = dmalloc_h((size_t)N * OC);
+    for (int i = 0; i < N; i++)
+        for (int r = 0; r < R; r++) {
+            double s = 0;
+            for (int c = 0; c < C; c++) s += fabs(x[(size_t)i * C + c] * A[(size_t)r * C + c]);
+            (*mx)[(size_t)i * R + r] = s;
+        }
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < OC; o++) {
+            double s = 0;
+            for (int r = 0; r < R; r++) s += (*mx)[(size_t)i * R + r] * fabs(B[(size_t)o * R + r]);
+            (*mo)[(size_t)i * OC + o] = scale * s;
+        }
+}
+
 // lora_apply against the CPU's lora_forward, with test_lora's tolerance (A, ax, B each rounded to bf16,
 // fp32 sums), at the decode step's shapes
 static void lora_apply_case(int N, int C, int R, int OC) {
@@ -310,19 +329,8 @@ static void lora_apply_case(int N, int C, int R, int OC) {
     float *x = randn_bf((size_t)N * C, 1.0f), *A = randn((size_t)R * C, 0.05f), *B = randn((size_t)OC * R, 0.05f);
     float *out0 = randn_bf((size_t)N * OC, 1.0f), *rout = fdup(out0, (size_t)N * OC), *rax = fmalloc((size_t)N * R);
     CPU->lora_forward(rout, rax, x, A, B, DT_F32, scale, N, C, R, OC);
-    double *max_ = dmalloc_h((size_t)N * R), *mo = dmalloc_h((size_t)N * OC);
-    for (int i = 0; i < N; i++)
-        for (int r = 0; r < R; r++) {
-            double s = 0;
-            for (int c = 0; c < C; c++) s += fabs(x[(size_t)i * C + c] * A[(size_t)r * C + c]);
-            max_[(size_t)i * R + r] = s;
-        }
-    for (int i = 0; i < N; i++)
-        for (int o = 0; o < OC; o++) {
-            double s = 0;
-            for (int r = 0; r < R; r++) s += max_[(size_t)i * R + r] * fabs(B[(size_t)o * R + r]);
-            mo[(size_t)i * OC + o] = scale * s;
-        }
+    double *max_, *mo;
+    lora_mags(&max_, &mo, x, A, B, scale, N, C, R, OC);
     double *to = tol_bf(rout, mo, 3 * U8 + acc32(C), (size_t)N * OC);
     void *dx = up_act(x, (size_t)N * C), *dA = up_hp(A, (size_t)R * C), *dB = up_hp(B, (size_t)OC * R);
     void *dA16 = G->alloc((size_t)R * C * 2), *dB16 = G->alloc((size_t)OC * R * 2), *dout = up_act(out0, (size_t)N * OC);
@@ -352,23 +360,11 @@ START_TEST(test_lora) {
     CPU->lora_forward(rout, rax, x, A, B, DT_F32, scale, N, C, R, OC);
     float *gax = down_hp(dax, (size_t)N * R), *gout = down_act(dout, (size_t)N * OC);
     // ax = x A^T with A rounded to bf16: 2^-8 sum |x a| + fp32 accumulation
-    double *max_ = dmalloc_h((size_t)N * R), *tax = dmalloc_h((size_t)N * R);
-    for (int i = 0; i < N; i++)
-        for (int r = 0; r < R; r++) {
-            double s = 0;
-            for (int c = 0; c < C; c++) s += fabs(x[(size_t)i * C + c] * A[(size_t)r * C + c]);
-            max_[(size_t)i * R + r] = s;
-            tax[(size_t)i * R + r] = (U8 + acc32(C)) * s;
-        }
+    double *max_, *mo, *tax = dmalloc_h((size_t)N * R);
+    lora_mags(&max_, &mo, x, A, B, scale, N, C, R, OC);
+    for (size_t i = 0; i < (size_t)N * R; i++) tax[i] = (U8 + acc32(C)) * max_[i];
     check_close("lora_forward ax", gax, rax, tax, (size_t)N * R);
     // out += scale ax B^T: A, ax and B each rounded to bf16 (3 x 2^-8 of the magnitude), bf16 output
-    double *mo = dmalloc_h((size_t)N * OC);
-    for (int i = 0; i < N; i++)
-        for (int o = 0; o < OC; o++) {
-            double s = 0;
-            for (int r = 0; r < R; r++) s += max_[(size_t)i * R + r] * fabs(B[(size_t)o * R + r]);
-            mo[(size_t)i * OC + o] = scale * s;
-        }
     double *to = tol_bf(rout, mo, 3 * U8 + acc32(C), (size_t)N * OC);
     check_close("lora_forward out +=", gout, rout, to, (size_t)N * OC);
     // lora_apply (the decode step's path): A and B as bf16 copies (to_act), ax rounded to bf16 by
