@@ -27,6 +27,7 @@
 #define FUZZ_H
 
 #include <dirent.h>
+#include <link.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -138,13 +139,59 @@ FUZZ_HARNESS static void fuzz_on_free(const volatile void *ptr) {
         }
     __atomic_clear(&fuzz_lock, __ATOMIC_RELEASE);
 }
-// the blocks still held: freed (free_them) or counted; the set emptied
+// ---- the OpenMP runtime's own blocks. The CPU kernels size their OpenMP team to the cores other
+// processes leave idle (ops_cpu.c, cpu_threads_update), so on a busy machine the team changes size
+// during an input; libgomp then allocates a team of the new size on the thread running the input
+// and keeps it cached after the parallel region ends (its pool's last team), freeing it only when
+// the size changes again. That block is the runtime's, not the loader's: it must be neither
+// counted as a leak nor freed after a die() (libgomp would reuse it). A block is the runtime's
+// when the code that called malloc, the first frame of its allocation stack (ASan records one for
+// every block) outside the sanitizer runtime, lies in libgomp. Exact, and cheap: asked only of
+// the blocks still held after an input.
+__attribute__((weak)) size_t __asan_get_alloc_stack(void *addr, void **trace, size_t size, int *thread_id);
+#define FUZZ_MAX_RANGES 64
+__attribute__((unused)) static struct { uintptr_t lo, hi; int omp; } fuzz_range[FUZZ_MAX_RANGES];  // omp: libgomp, else the sanitizers'
+__attribute__((unused)) static int fuzz_nrange;
+FUZZ_HARNESS static int fuzz_add_ranges(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size, (void)data;
+    const char *name = info->dlpi_name ? info->dlpi_name : "";
+    const char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
+    int omp = !strncmp(base, "libgomp", 7);
+    if (!omp && strncmp(base, "libasan", 7) && strncmp(base, "libubsan", 8)) return 0;
+    for (int i = 0; i < info->dlpi_phnum && fuzz_nrange < FUZZ_MAX_RANGES; i++)
+        if (info->dlpi_phdr[i].p_type == PT_LOAD) {
+            uintptr_t lo = info->dlpi_addr + info->dlpi_phdr[i].p_vaddr;
+            fuzz_range[fuzz_nrange].lo = lo, fuzz_range[fuzz_nrange].hi = lo + info->dlpi_phdr[i].p_memsz;
+            fuzz_range[fuzz_nrange++].omp = omp;
+        }
+    return 0;
+}
+// -1: not in libgomp nor a sanitizer runtime; else that range's omp
+FUZZ_HARNESS static int fuzz_pc_kind(uintptr_t pc) {
+    for (int i = 0; i < fuzz_nrange; i++)
+        if (pc >= fuzz_range[i].lo && pc < fuzz_range[i].hi) return fuzz_range[i].omp;
+    return -1;
+}
+FUZZ_HARNESS static int fuzz_runtime_block(uintptr_t p) {
+    if (!__asan_get_alloc_stack) return 0;
+    void *trace[16];
+    int tid;
+    size_t n = __asan_get_alloc_stack((void *)p, trace, 16, &tid);
+    for (size_t i = 0; i < n; i++) {
+        int kind = fuzz_pc_kind((uintptr_t)trace[i]);
+        if (kind < 0) return 0;     // the caller of malloc is the program's (or a library's) own code
+        if (kind == 1) return 1;    // ... is libgomp
+    }
+    return 0;
+}
+
+// the blocks still held, the OpenMP runtime's left out: freed (free_them) or counted; the set emptied
 FUZZ_HARNESS static int fuzz_held(int free_them) {
     int n = 0;
     for (int k = 0; k < fuzz_nused; k++) {
         uintptr_t p = fuzz_slot[fuzz_used[k]];
         fuzz_slot[fuzz_used[k]] = 0;
-        if (p > 1) {
+        if (p > 1 && !fuzz_runtime_block(p)) {
             n++;
             if (free_them) free((void *)p);
         }
@@ -179,8 +226,10 @@ typedef void (*FuzzBody)(const char *dir, const uint8_t *rest, size_t nrest);
 // one input through body; 0 when it loaded, 1 when a loader rejected it (fuzz_error says why)
 FUZZ_HARNESS static int fuzz_run(const uint8_t *data, size_t size, const char *const *names, int n, FuzzBody body) {
     static int hooked;
-    if (!hooked && __sanitizer_install_malloc_and_free_hooks)
+    if (!hooked && __sanitizer_install_malloc_and_free_hooks) {
         hooked = __sanitizer_install_malloc_and_free_hooks(fuzz_on_malloc, fuzz_on_free);
+        dl_iterate_phdr(fuzz_add_ranges, NULL);  // where libgomp and the sanitizers' runtimes lie (fuzz_runtime_block)
+    }
     size_t nrest;
     const uint8_t *rest = fuzz_files(data, size, names, n, &nrest);
     fuzz_error[0] = 0;
