@@ -11,7 +11,7 @@
 #   make bench-dp     build build/bench_dp (several GPUs: the GRPO step data parallel, full fine-tuning
 #                     sharded; dev/multi_gpu_check.sh runs it)
 #   make bench-grpo   build build/bench_grpo (one GRPO step at a named shape and its memory by part)
-#   make dev-check    build the FP8 GEMM kernel lab (dev/cuda) and run each version's validation (GPU)
+#   make dev-check    build the FP8 GEMM's versions (dev/cuda) and run each one's validation (GPU)
 #   make fuzz-replay  build the fuzz targets (test/fuzz) as plain programs and replay their corpora
 #   make fuzz         build the fuzz targets with clang's libFuzzer (+ ASan, UBSan) into build-fuzz/
 #                     and run each for FUZZ_SECONDS (default 60); FUZZ_TARGETS picks some
@@ -164,6 +164,8 @@ NCCL_NVLIBS := -L$(NCCL_HOME)/lib -Xlinker -rpath=$(NCCL_HOME)/lib -Xlinker -l:$
 endif
 # NCCL first, so that its directory is searched before CUDA's (which may hold another libnccl.so.2)
 CUDA_LIBS := $(NCCL_LIBS) $(CUDA_LIBS)
+# what nvcc's link lines (the GPU suites, the lab's CUDA programs) add after the library
+NVLDLIBS := -lcjson -lpcre2-8 $(NCCL_NVLIBS) -lcublasLt -lcublas -lgomp -lm -lrt -lpthread
 endif
 
 # ---- sources ----
@@ -238,23 +240,50 @@ SHELL := /bin/bash
 ifeq ($(HAVE_CUDA),1)
 TESTS_GPU := $(patsubst test/%.cu,$(BUILD)/%,$(wildcard test/gpu_*.cu))
 $(BUILD)/gpu_%: test/gpu_%.cu test/testutil.h $(LIB) $(HEADERS)
-	$(NVCC) $(NVCCFLAGS) $(NVLDFLAGS) $< $(LIB) -o $@ -lcjson -lpcre2-8 -lcheck -lsubunit $(NCCL_NVLIBS) -lcublasLt -lcublas -lgomp -lm -lrt -lpthread
+	$(NVCC) $(NVCCFLAGS) $(NVLDFLAGS) $< $(LIB) -o $@ -lcheck -lsubunit $(NVLDLIBS)
 test-gpu: $(TESTS_GPU)
 	@set -e; for t in $(TESTS_GPU); do echo "== $$t"; CK_FORK=no $$t; done; echo "make test-gpu: all GPU suites passed"
-# the benchmarks and the FP8 GEMM kernel lab are built by dev/Makefile (into build/, against the
-# library): bench-gemm, bench-train, bench-rollout, bench-dp, bench-grpo; dev-check runs the lab's validations (GPU)
-DEV_ARGS = GPU_ARCH=$(GPU_ARCH) $(if $(DEPS_PREFIX),DEPS_PREFIX=$(DEPS_PREFIX)) NCCL_LIBS='$(NCCL_LIBS)' $(if $(filter-out system,$(NCCL_HOME)),NCCL_HOME=$(NCCL_HOME))
-.PHONY: dev-check
-# (the library first, here: parallel dev makes then find it built)
-bench-gemm: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_gemm
-bench-train: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_train
-bench-full: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_full
-bench-rollout: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_rollout
-bench-dp: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_dp
-bench-grpo: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) ../$(BUILD)/bench_grpo
-dev-check: $(LIB) ; $(MAKE) -C dev $(DEV_ARGS) check
+endif
+
+# ---- dev/: the lab, never linked into the programs, built into $(BUILD)/ against the library with
+# this file's probes and flags: the benchmarks and tools in C (dev/*.c: every machine), the FP8
+# GEMM's versions and the CUDA tools (dev/cuda/*.cu, dev/bench_gemm.cu: where nvcc is), the kernel
+# tracer (where CUPTI is). make dev builds them all, and checks the lab's scripts' syntax (bash -n;
+# python3's compile where python3 is): CI runs it, so an API change that breaks the lab fails there.
+# (dev/Makefile forwards make -C dev ... here.)
+DEV_C    := $(filter-out $(BUILD)/kernel_trace,$(patsubst dev/%.c,$(BUILD)/%,$(wildcard dev/*.c)))
+DEV_BINS := $(DEV_C)
+$(DEV_C): $(BUILD)/%: dev/%.c $(LIB) $(HEADERS) $(wildcard dev/*.h)
+	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+ifeq ($(HAVE_CUDA),1)
+DEV_CU   := $(patsubst dev/cuda/%.cu,$(BUILD)/%,$(wildcard dev/cuda/*.cu)) $(BUILD)/bench_gemm
+DEV_BINS += $(DEV_CU)
+$(DEV_CU): $(BUILD)/%: $(LIB) $(HEADERS) dev/cuda/common.cuh
+	$(NVCC) $(NVCCFLAGS) $(NVLDFLAGS) $(firstword $(wildcard dev/cuda/$*.cu dev/$*.cu)) $(LIB) -o $@ $(NVLDLIBS)
+ifneq ($(wildcard $(CUDA_HOME)/include/cupti.h),)
+DEV_BINS += $(BUILD)/kernel_trace.so
+endif
+$(BUILD)/kernel_trace.so: dev/kernel_trace.c | $(BUILD)
+	$(CC) -O2 -shared -fPIC $< -o $@ -I$(CUDA_HOME)/include -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcupti
+endif
+.PHONY: dev dev-scripts
+dev: $(DEV_BINS) dev-scripts
+	@echo "make dev: $(words $(DEV_BINS)) lab programs built$(if $(filter 1,$(HAVE_CUDA)),, (no nvcc: the CUDA ones skipped))"
+dev-scripts:
+	@set -e; for f in dev/*.sh; do bash -n $$f; done; \
+	if command -v python3 >/dev/null; then python3 -c 'import sys, ast; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' dev/*.py test/fuzz/*.py; fi
+
+# the benchmarks and the lab's checks by name
+bench-gemm bench-train bench-full bench-rollout bench-dp bench-grpo: bench-%: $(BUILD)/bench_%
+ifeq ($(HAVE_CUDA),1)
+# each FP8 GEMM version's validation on the GPU (partial tiles, more tiles than SMs: dev/cuda/common.cuh); stops at
+# the first failure (the Hopper versions need an sm_90a GPU and build)
+DEV_VERSIONS := $(patsubst dev/cuda/%.cu,$(BUILD)/%,$(sort $(wildcard dev/cuda/fp8_gemm_v*.cu)))
+dev-check: $(DEV_VERSIONS)
+	@set -e; for v in $(DEV_VERSIONS); do echo "== $$v --validate"; $$v --validate; done; \
+	echo "make dev-check: every FP8 GEMM version within its tolerance"
 else
-test-gpu bench-gemm bench-train bench-full bench-rollout bench-dp bench-grpo dev-check:
+test-gpu dev-check:
 	@echo "no nvcc: the GPU suites need the CUDA toolkit (and a GPU to run)"; exit 1
 endif
 

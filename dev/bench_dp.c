@@ -130,23 +130,23 @@ int main(int argc, char **argv) {
         die("usage: bench_dp grpo|full [--model 8b|0.6b (grpo), 3b|1b (full)] [--batch B] [--group G] [--prompt T] [--new T] "
             "[--micro B] [--seq T] [--recompute] [--steps n] [--warmup n] [--nproc_per_node N]");
     if (!a.model) a.model = grpo ? "8b" : "3b";
-    if (a.batch < 1 || a.group < 1 || a.batch % a.group || a.micro < 1 || a.steps < 1)
-        die("bench_dp: --batch must be a positive multiple of --group, --micro and --steps positive");
+    if (a.batch < 1 || a.micro < 1 || a.steps < 1 || a.warmup < 0) die("bench_dp: --batch, --micro and --steps must be positive");
+    if (grpo && (a.group < 1 || a.batch % a.group)) die("bench_dp grpo: --batch must be a positive multiple of --group");
     dist_launch(argc, argv);
     Dist *d = dist_from_env();
     int W = dist_world(d), rank = dist_rank(d);
     const Backend *be = backend_select("cuda", rank == 0);
     Config cfg = grpo ? bench_shape(a.model) : llama32_shape(a.model);
-    ModelOptions opt = {grpo ? FP8_BLOCK : FP8_OFF, 0, 0, 0};
+    ModelOptions opt = {grpo ? FP8_BLOCK : FP8_OFF, 0, 0, 0, 0};
     Model m;
     model_init_random(&m, &cfg, be, &opt, 1234);
     m.recompute = a.recompute;
     Times *tm = (Times *)callocCheck(a.steps + a.warmup, sizeof(Times));
     double tokens_step;  // this rank's tokens a step
     if (grpo) {
-        LoRA *lo = lora_create(&m, 16, 32.0f, (1u << LIN_COUNT) - 1, 7);
+        LoRA *lo = lora_create(&m, 16, 32.0f, (1u << LIN_COUNT) - 1, 7, 0);
         m.lora = lo, m.lora_on = 1;
-        dist_broadcast(d, be, lo->params, lo->n * dtype_size(be->hp), 0);  // as train_grpo's begin
+        dist_broadcast(d, be, lo->params, lo->n * dtype_size(lo->sdt), 0);  // as train_grpo's begin
         int P = a.batch / a.group;
         Rng r = rng_make(11 + rank);  // each rank its own prompts
         int **prompts = (int **)mallocCheck(P * sizeof(int *)), *plens = (int *)mallocCheck(P * sizeof(int));

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dev/multi_gpu_check.sh: what issue 24 must check and measure on GPUs, in stages that each fit in a
+# dev/multi_gpu_check.sh: what several GPUs must show, checked and measured, in stages that each fit in a
 # few minutes (run them in order on one machine; the build stays between them):
 #
 #   bash dev/multi_gpu_check.sh build    make with NCCL (found by make, or unpacked from a carried wheel
@@ -8,7 +8,7 @@
 #                                        through --nproc_per_node 1 (the data-parallel code with one rank)
 #   bash dev/multi_gpu_check.sh grpo     the GRPO step at the Qwen3-8B shape on 1, 2 and 4 GPUs (those
 #                                        there are), the same per-GPU batch: speed-up over one GPU and the
-#                                        all-reduce's share (issue: >= 1.85x on 2, >= 3.6x on 4)
+#                                        all-reduce's share (the goal: >= 1.85x on 2, >= 3.6x on 4)
 #   bash dev/multi_gpu_check.sh full     full fine-tuning at the Llama-3.2-3B shape, sharded: 1 GPU, then
 #                                        2: tokens/s and each GPU's peak memory
 #   bash dev/multi_gpu_check.sh kill     ./train_grpo on 2 GPUs with rank 1 killed at step 3: every rank
