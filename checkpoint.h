@@ -21,9 +21,21 @@ extern "C" {
 int dir_exists(const char *p);
 void mkdir_or_die(const char *p);
 void rm_rf(const char *p);  // a directory and everything in it (rm -rf)
-void mkdir_p(const char *dir);
-// dir exists (made if need be) and this process can create files in it; else one line and exit
-void make_writable_dir(const char *dir);
+// The directory a run writes, claimed before any work: made if need be (with its parents), writable,
+// and locked (dir/.lock, flock: one run at a time; a second one stops at once with one line naming
+// the first's pid; the kernel releases the lock when the process ends, however it ends). What the
+// claim made is removed again at exit while it holds nothing but the lock, so a run that stops on a
+// bad input leaves no empty directory. A directory holding checkpoints needs resume (continue the
+// newest) or overwrite (start over); returns the newest checkpoint-N to resume (-1: none).
+int run_dir_claim(const char *dir, int resume, int overwrite);
+// a new parent/prefix-N (the next N; mkdir takes it, so two runs started at once never share one),
+// claimed likewise; its path into dir, returns N
+int run_dir_claim_new(const char *parent, const char *prefix, char *dir, size_t cap);
+// When the run is about to write (its inputs all read and checked): with overwrite, every file an
+// earlier run left (checkpoint-N, metrics.jsonl, plot.svg, partial checkpoints) moved aside and
+// removed, so that nothing of it can be resumed or read beside the new run's; without it, a
+// metrics.jsonl left by a run that stopped before its first checkpoint removed.
+void run_dir_start(const char *dir, int overwrite);
 // the largest N of dir's directories named prefix-N, counting only those that hold a checkpoint
 // when with_checkpoint; -1 if none
 int newest_numbered(const char *dir, const char *prefix, int with_checkpoint);
@@ -44,6 +56,10 @@ void checkpoint_commit(const char *out_dir, int step, const char *tmp, const cJS
 void checkpoint_copy_tokenizer(const char *from, const char *to);
 
 // ---- reading one back (--resume) ----
+// dir's trainer_state.json: its "run" settings equal identity_json (the "run" this run would write),
+// its global_step is step; else one line naming the settings that differ. The programs call it
+// before any work, then again through checkpoint_read*.
+void checkpoint_check_run(const char *dir, int step, const char *identity_json);
 // Restore lo (made with the run's LoRA settings) from dir, the checkpoint of global step `step`.
 // identity_json: the "run" object this run would write (JSON text); the checkpoint's must equal it.
 void checkpoint_read(const char *dir, int step, const char *identity_json, LoRA *lo);

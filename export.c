@@ -38,15 +38,17 @@
 
 typedef struct {
     const char *model, *lora, *output_dir, *dtype, *max_shard_size;
-    int overwrite;
+    int overwrite, allow_other_base;
 } ExportOpts;
 
 #define OFF(f) offsetof(ExportOpts, f)
 static const Option OPTIONS[] = {
     {.name = "what to export", .kind = OPT_SECTION},
-    {"model", OPT_STRING, OFF(model), .meta = "DIR", .unset = "none, it is required",
+    {"model", OPT_STRING, OFF(model), .meta = "DIR", .unset = "with --lora: the base its adapter_config.json names, else required",
      .help = "the base (or fully fine-tuned) Hugging Face checkpoint directory"},
     {"lora", OPT_STRING, OFF(lora), .meta = "DIR", .help = "a PEFT LoRA adapter to merge into it (e.g. train_grpo's checkpoint-N)"},
+    {"allow_other_base", OPT_FLAG, OFF(allow_other_base),
+     .help = "merge --lora into a --model other than the base it was trained on (its weights' fingerprint differs)"},
     {.name = "output", .kind = OPT_SECTION},
     {"output_dir", OPT_STRING, OFF(output_dir), .meta = "DIR", .unset = "none, it is required",
      .help = "where the merged checkpoint goes (must not exist or be empty, unless --overwrite)"},
@@ -107,6 +109,7 @@ static void parse_options(int argc, char **argv, ExportOpts *o) {
                               "'-' and '_' are the same in names; a flag alone means true.",
                      .rows = OPTIONS, .n = N_OPTIONS, .base = o};
     options_parse(&t, argc, argv);
+    if (!o->model && o->lora) o->model = lora_base_dir(o->lora);
     if (!o->model) die("--model DIR is required (see --help)");
     if (!o->output_dir) die("--output_dir DIR is required (see --help)");
     static char out[PATH_MAX];  // without trailing '/': DIR.tmp-XXXXXX must lie beside DIR, not in it
@@ -404,6 +407,7 @@ int main(int argc, char **argv) {
     const Backend *be = backend_cpu();
     ModelOptions mo = {FP8_OFF, 0, 0, 0, 0};
     Model m;
+    if (o.lora) lora_check_base(o.lora, o.model, o.allow_other_base);
     model_load(&m, o.model, be, &mo);
     if (o.lora) m.lora = lora_load_peft(&m, o.lora);
 

@@ -27,7 +27,7 @@
 
 typedef struct {
     const char *model, *lora, *prompt, *tokens, *system_prompt, *device, *load_in_fp8, *dump_logits;
-    int chat, tokenize, sqnr, print_ids, fp8_pow2, bf16_first_layers, bf16_last_layers, max_new_tokens, top_k;
+    int chat, tokenize, sqnr, print_ids, allow_other_base, fp8_pow2, bf16_first_layers, bf16_last_layers, max_new_tokens, top_k;
     double temperature, top_p;
     long seed;
 } GenOpts;
@@ -35,9 +35,11 @@ typedef struct {
 #define OFF(f) offsetof(GenOpts, f)
 static const Option OPTIONS[] = {
     {.name = "model and prompt", .kind = OPT_SECTION},
-    {"model", OPT_STRING, OFF(model), .meta = "DIR", .unset = "none, it is required",
+    {"model", OPT_STRING, OFF(model), .meta = "DIR", .unset = "with --lora: the base its adapter_config.json names, else required",
      .help = "Hugging Face checkpoint directory (config.json, *.safetensors; tokenizer.json for text)"},
     {"lora", OPT_STRING, OFF(lora), .meta = "DIR", .help = "a PEFT LoRA adapter to apply (e.g. train_grpo's checkpoint-N)"},
+    {"allow_other_base", OPT_FLAG, OFF(allow_other_base),
+     .help = "apply --lora to a --model other than the base it was trained on (its weights' fingerprint differs)"},
     {"prompt", OPT_STRING, OFF(prompt), .help = "the prompt as text (needs the checkpoint's tokenizer.json)"},
     {"tokens", OPT_STRING, OFF(tokens), .meta = "IDS", .help = "or the prompt as token ids, separated by spaces or commas"},
     {"chat", OPT_FLAG, OFF(chat), .help = "wrap --prompt in the checkpoint's chat format (user turn + assistant prefix)"},
@@ -73,6 +75,7 @@ static void parse_options(int argc, char **argv, GenOpts *o) {
                               "'-' and '_' are the same in names; a flag alone means true.",
                      .rows = OPTIONS, .n = N_OPTIONS, .base = o};
     options_parse(&t, argc, argv);
+    if (!o->model && o->lora) o->model = lora_base_dir(o->lora);
     if (!o->model) die("--model DIR is required (see --help)");
     if (!o->sqnr && !!o->tokens + !!o->prompt != 1) die("give exactly one of --tokens or --prompt (see --help)");
     if (o->system_prompt && !o->chat) die("--system_prompt needs --chat");
@@ -116,12 +119,13 @@ static void npy_write_f32(const char *path, const float *x, int rows, int cols) 
     free(buf);
 }
 
-// the prompt's ids (malloc'ed): --prompt through the tokenizer (chat-wrapped with --chat), or --tokens
+// the prompt's ids (malloc'ed): --prompt through the tokenizer (chat-wrapped with --chat), or --tokens;
+// none is an error, except to --tokenize (an empty text is no tokens, as tokenizers says)
 static int prompt_ids(const GenOpts *o, const Tokenizer *tok, int **ids) {
     if (!o->prompt) return parse_ids(o->tokens, ids);
     if (!tok) die("%s: no tokenizer.json, so --prompt cannot be encoded: use --tokens", o->model);
     int n = o->chat ? tokenizer_chat_prompt(tok, o->system_prompt, o->prompt, ids) : tokenizer_encode(tok, o->prompt, ids);
-    if (n == 0) die("--prompt encodes to no tokens");
+    if (n == 0 && !o->tokenize) die("--prompt encodes to no tokens");
     return n;
 }
 
@@ -195,9 +199,11 @@ int main(int argc, char **argv) {
     path_join(tp, sizeof tp, o.model, "tokenizer.json");
     Tokenizer *tok = file_exists(tp) ? tokenizer_load_dir(o.model) : NULL;  // without one: ids in, ids out
     int *ids, n = prompt_ids(&o, tok, &ids);
-    if (o.tokenize) {
+    if (o.tokenize) {  // the ids on one line (an empty one for no tokens)
         for (int i = 0; i < n; i++) printf("%s%d", i ? " " : "", ids[i]);
         printf("\n");
+        tokenizer_free(tok);
+        free(ids);
         return 0;
     }
 
@@ -206,6 +212,7 @@ int main(int argc, char **argv) {
         config_load_dir(&cfg, o.model);
         config_check_tokenizer(&cfg, tokenizer_vocab_size(tok), o.model);
     }
+    if (o.lora) lora_check_base(o.lora, o.model, o.allow_other_base);  // before the weights are read, too
     const Backend *be = backend_select(o.device, 1);
     ModelOptions mo = {(FP8Gran)fp8_gran_parse(o.load_in_fp8), o.fp8_pow2, o.bf16_first_layers, o.bf16_last_layers, 0};
     Model m;

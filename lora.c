@@ -4,6 +4,8 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <sys/stat.h>
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 
 #include "lora.h"
 #include "safetensors.h"
@@ -15,6 +17,8 @@ unsigned lora_parse_targets(const char *list) {
     if (!strcmp(list, "all") || !strcmp(list, "all-linear")) return (1u << LIN_COUNT) - 1;
     unsigned mask = 0;
     char *s = str_dup(list), *save = NULL;
+    for (const char *c = list; *c; c++)
+        if (*c == ',' && (c == list || c[1] == ',' || c[1] == 0)) die("LoRA target modules '%s': an empty name in the list", list);
     for (char *tok = strtok_r(s, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         int found = -1;
         for (int i = 0; i < LIN_COUNT; i++) {
@@ -288,7 +292,7 @@ static void peft_name(char *out, size_t cap, int l, int i, char ab) {
     snprintf(out, cap, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l, lin_parent_name[i], lin_names[i], ab);
 }
 
-void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char *base_model_name) {
+void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char *base_model_name, const char *base_fingerprint) {
     const Backend *be = lo->be;
     mkdir(dir, 0755);
     size_t sd = dtype_size(lo->sdt);
@@ -320,7 +324,10 @@ void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char 
         }
     char p[4096];
     path_join(p, sizeof p, dir, "adapter_model.safetensors");
-    st_write(p, t, n, "{\"format\":\"pt\"}");
+    char md[128];
+    snprintf(md, sizeof md, "{\"format\":\"pt\"%s%s%s}", base_fingerprint ? ",\"base_model_fingerprint\":\"" : "",
+             base_fingerprint ? base_fingerprint : "", base_fingerprint ? "\"" : "");
+    st_write(p, t, n, md);
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
     free(t);
@@ -347,6 +354,68 @@ void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char 
     write_file_atomic(p, text, strlen(text));
     free(text);
     (void)m;
+}
+
+// does PEFT's target_modules select the module called name?
+typedef struct {
+    const cJSON *tm;
+    pcre2_code *re;  // a string target_modules, compiled
+    pcre2_match_data *md;
+} PeftTargets;
+static int peft_selects(const PeftTargets *t, const char *name) {
+    if (t->re) {
+        int rc = pcre2_match(t->re, (PCRE2_SPTR)name, PCRE2_ZERO_TERMINATED, 0, 0, t->md, NULL);
+        if (rc < PCRE2_ERROR_NOMATCH) die("target_modules: the regular expression failed on %s (PCRE2 error %d)", name, rc);
+        return rc >= 0;
+    }
+    const cJSON *e;
+    size_t n = strlen(name);
+    cJSON_ArrayForEach(e, t->tm) {  // a name equal to the module's, or to the end of it after a '.'
+        size_t k = strlen(e->valuestring);
+        if (!strcmp(name, e->valuestring) || (k < n && name[n - k - 1] == '.' && !strcmp(name + n - k, e->valuestring))) return 1;
+    }
+    return 0;
+}
+
+// The projections adapter_config.json's target_modules selects, as PEFT reads it against the modules
+// model.layers.{l}.{self_attn|mlp}.{q_proj|...}: a string is a regular expression that the whole name
+// must match (Python's re.fullmatch), "all-linear" every projection; a list holds names that a module's
+// name equals or ends with after a '.'. Adapters on every layer only: a projection selected in some
+// layers and not others is an error, as is a selection of no projection at all.
+static unsigned peft_targets(const cJSON *tm, int L, const char *path) {
+    PeftTargets t = {tm, NULL, NULL};
+    if (cJSON_IsString(tm)) {
+        if (!strcmp(tm->valuestring, "all-linear")) return (1u << LIN_COUNT) - 1;
+        int err;
+        PCRE2_SIZE off;
+        t.re = pcre2_compile((PCRE2_SPTR)tm->valuestring, PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED | PCRE2_ENDANCHORED | PCRE2_UTF, &err,
+                             &off, NULL);
+        if (!t.re) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(err, msg, sizeof msg);
+            die("%s: target_modules \"%.80s\" is not a regular expression (%s at offset %zu); PEFT reads a string as one",
+                path, tm->valuestring, (const char *)msg, (size_t)off);
+        }
+        t.md = pcre2_match_data_create_from_pattern(t.re, NULL);
+    } else if (cJSON_IsArray(tm)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, tm) if (!cJSON_IsString(e)) die("%s: target_modules must be names", path);
+    } else die("%s: missing target_modules", path);
+    unsigned targets = 0;
+    for (int i = 0; i < LIN_COUNT; i++) {
+        int hits = 0;
+        char name[128];
+        for (int l = 0; l < L; l++) {
+            snprintf(name, sizeof name, "model.layers.%d.%s.%s", l, lin_parent_name[i], lin_names[i]);
+            hits += peft_selects(&t, name);
+        }
+        if (hits == L) targets |= 1u << i;
+        else if (hits > 0)
+            die("%s: target_modules selects %s in %d of the %d layers: adapters on every layer only", path, lin_names[i], hits, L);
+    }
+    if (t.re) pcre2_match_data_free(t.md), pcre2_code_free(t.re);
+    if (!targets) die("%s: target_modules selects none of the projections (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)", path);
+    return targets;
 }
 
 LoRA *lora_load_peft(const Model *m, const char *dir) {
@@ -378,16 +447,7 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
     if (lt && !cJSON_IsNull(lt)) die("%s: layers_to_transform is not supported (adapters on every layer only)", p);
     cJSON *fi = cJSON_GetObjectItemCaseSensitive(r, "fan_in_fan_out");
     if (cJSON_IsTrue(fi)) die("%s: fan_in_fan_out adapters are not supported", p);
-    unsigned targets = 0;
-    cJSON *tm = cJSON_GetObjectItemCaseSensitive(r, "target_modules");
-    if (cJSON_IsString(tm)) targets = lora_parse_targets(tm->valuestring);
-    else if (cJSON_IsArray(tm)) {
-        cJSON *e;
-        cJSON_ArrayForEach(e, tm) {
-            if (!cJSON_IsString(e)) die("%s: target_modules must be names", p);
-            targets |= lora_parse_targets(e->valuestring);
-        }
-    } else die("%s: missing target_modules", p);
+    unsigned targets = peft_targets(cJSON_GetObjectItemCaseSensitive(r, "target_modules"), m->cfg.L, p);
     int rank = (int)jr->valuedouble;
     cJSON_Delete(r);
 
@@ -405,6 +465,7 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
     LoRA *lo = (LoRA *)callocCheck(1, sizeof(LoRA));
     lora_layout(lo, m, rank, alpha, targets, 0);
     double *h = (double *)mallocCheck(lo->n * sizeof(double));
+    uint8_t *used = (uint8_t *)callocCheck(st.n ? st.n : 1, 1);  // (st.n) the tensors read
     size_t off = 0;
     for (int l = 0; l < lo->L; l++)
         for (int i = 0; i < LIN_COUNT; i++) {
@@ -422,8 +483,12 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
                     die("%s: %s has dtype %s", p, nm, dtype_name(t->dtype));
                 convert_to_f64(h + off, t->data, t->dtype, (size_t)t->numel);
                 off += (size_t)t->numel;
+                used[t - st.t] = 1;
             }
         }
+    for (int k = 0; k < st.n; k++)  // PEFT would not load a tensor of a module target_modules leaves out
+        if (!used[k]) die("%s: tensor %s is of no module that target_modules in %s selects", p, st.t[k].name, pc);
+    free(used);
     upload_params(lo, h);
     free(h);
     st_close(&st);
@@ -467,4 +532,53 @@ void lora_load_state(LoRA *lo, const char *path) {
     lo->step = st_metadata_int(&st, "step", path);  // the step lives in the header's metadata
     st_close(&st);
     lo->act_valid = 0;
+}
+
+// ----------------------------------------------------------------------------
+// the base an adapter was trained on
+
+void lora_check_base(const char *adapter_dir, const char *model_dir, int allow_other) {
+    char p[4096], want[64], have[17], base[512] = "";
+    path_join(p, sizeof p, adapter_dir, "adapter_model.safetensors");
+    char pc[4096];
+    path_join(pc, sizeof pc, adapter_dir, "adapter_config.json");
+    if (!file_exists(p) || !file_exists(pc)) return;  // not an adapter: lora_load_peft says so
+    SafeTensors st;
+    st_open(&st, p);
+    int recorded = st_metadata_str(&st, "base_model_fingerprint", want, sizeof want) == 0;
+    st_close(&st);
+    if (!recorded) return;  // an adapter made elsewhere (peft): nothing to compare
+    st_dir_fingerprint(model_dir, have);
+    if (!strcmp(want, have)) return;
+    {  // the base's path as training saw it, for the message
+        char *text = read_file(pc, NULL);
+        cJSON *r = cJSON_Parse(text), *b = r ? cJSON_GetObjectItemCaseSensitive(r, "base_model_name_or_path") : NULL;
+        if (cJSON_IsString(b)) snprintf(base, sizeof base, "%s, ", b->valuestring);
+        cJSON_Delete(r);
+        free(text);
+    }
+    if (allow_other)
+        fprintf(stderr, "warning: %s was trained on another base (%sweights %s) than %s (weights %s): applied anyway "
+                "(--allow_other_base)\n", adapter_dir, base, want, model_dir, have);
+    else
+        die("%s was trained on another base (%sweights %s) than %s (weights %s): give the model it was trained on, or "
+            "--allow_other_base to apply it anyway", adapter_dir, base, want, model_dir, have);
+}
+
+const char *lora_base_dir(const char *adapter_dir) {
+    static char base[4096];
+    char p[4096];
+    path_join(p, sizeof p, adapter_dir, "adapter_config.json");
+    if (!file_exists(p)) die("%s: no adapter_config.json (expected a PEFT LoRA adapter directory)", adapter_dir);
+    char *text = read_file(p, NULL);
+    cJSON *r = cJSON_Parse(text), *b = r ? cJSON_GetObjectItemCaseSensitive(r, "base_model_name_or_path") : NULL;
+    free(text);
+    int ok = cJSON_IsString(b) && b->valuestring[0];
+    if (ok) snprintf(base, sizeof base, "%s", b->valuestring);
+    cJSON_Delete(r);
+    if (!ok) die("%s names no base_model_name_or_path: give --model", p);
+    char cfg[4200];
+    path_join(cfg, sizeof cfg, base, "config.json");
+    if (!file_exists(cfg)) die("%s's base %s is not a checkpoint directory here: give --model", adapter_dir, base);
+    return base;
 }

@@ -68,9 +68,19 @@ void lora_adamw_step(LoRA *lo, float lr, float beta1, float beta2, float eps, fl
 void lora_scale_grads(LoRA *lo, float s);
 
 // PEFT format. Tensor names: base_model.model.model.layers.{l}.{self_attn|mlp}.{proj}.lora_{A|B}.weight
-void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char *base_model_name);
-// Load adapters saved by lora_save_peft or by peft; dies naming the file on a mismatch with the model
+// base_fingerprint (st_fingerprint's, of the base it was trained on; NULL: none) goes into
+// adapter_model.safetensors' metadata as "base_model_fingerprint" (peft and vLLM ignore it)
+void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char *base_model_name, const char *base_fingerprint);
+// Load adapters saved by lora_save_peft or by peft; dies naming the file on a mismatch with the model, and
+// on a tensor of a module target_modules does not select (PEFT's reading of target_modules: lora.c)
 LoRA *lora_load_peft(const Model *m, const char *dir);
+// An adapter applied to a base other than the one it was trained on computes something else, silently:
+// when adapter_dir records its base's fingerprint and model_dir's weights have another, one line naming
+// both and exit (allow_other: a warning, and on)
+void lora_check_base(const char *adapter_dir, const char *model_dir, int allow_other);
+// the base adapter_config.json names (base_model_name_or_path, as PEFT's AutoPeftModel reads it), when
+// it is a checkpoint directory here; else one line asking for --model
+const char *lora_base_dir(const char *adapter_dir);
 // raw state (params + Adam m, v + step) for checkpoints that resume bit-exactly
 void lora_save_state(const LoRA *lo, const char *path);
 void lora_load_state(LoRA *lo, const char *path);

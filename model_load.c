@@ -363,11 +363,13 @@ typedef struct {
     const Config *c;
     const Backend *be;
     const char *dir;
+    uint8_t *used;  // (st->n) 1 for each tensor the model reads (walk_tensors marks them); NULL: not kept
 } Loader;
 
 static const STensor *need(const Loader *ld, const char *name, int64_t d0, int64_t d1) {
     const STensor *t = st_find(ld->st, name);
     if (!t) die("%s: missing tensor %s", ld->dir, name);
+    if (ld->used) ld->used[t - ld->st->t] = 1;
     int ok = d1 ? (t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1) : (t->ndim == 1 && t->shape[0] == d0);
     if (!ok) {
         char got[128] = "";
@@ -394,6 +396,7 @@ static const STensor *need_scales(const Loader *ld, const char *name, int rows, 
     const STensor *s = st_find(ld->st, sn);
     int br = (rows + 127) / 128, bc = (cols + 127) / 128;
     if (!s || (s->dtype != DT_F32 && s->dtype != DT_BF16)) die("%s: FP8 tensor %s has no F32/BF16 %s", ld->dir, name, sn);
+    if (ld->used) ld->used[s - ld->st->t] = 1;
     if (!(s->ndim == 2 && s->shape[0] == br && s->shape[1] == bc))
         die("%s: %s must have shape (%d, %d): only 128x128 block-scaled FP8 checkpoints are supported", ld->dir, sn, br, bc);
     return s;
@@ -502,6 +505,27 @@ static void walk_tensors(const Loader *ld, Model *m) {
     }
 }
 
+// The checkpoint's tensors the model config.json describes does not read, named on one line, as
+// transformers names them ("Some weights of the model checkpoint were not used"): a num_hidden_layers
+// below the checkpoint's layers, say, loads a smaller model than the one trained. Not named: what
+// transformers ignores too (a tied model's lm_head.weight, the rotary inv_freq buffers of older
+// Llama checkpoints).
+static void warn_unused(const Loader *ld) {
+    int n = 0;
+    char names[512] = "";
+    size_t len = 0;
+    for (int i = 0; i < ld->st->n; i++) {
+        const char *nm = ld->st->t[i].name;
+        size_t k = strlen(nm);
+        if (ld->used[i] || (ld->c->tied && !strcmp(nm, "lm_head.weight")) || (k >= 9 && !strcmp(nm + k - 9, ".inv_freq"))) continue;
+        if (n++ < 3 && len < sizeof names) len += snprintf(names + len, sizeof names - len, "%s%s", n > 1 ? ", " : "", nm);
+    }
+    if (n)
+        fprintf(stderr, "warning: %s: %d tensor%s of the checkpoint %s not used by the model config.json describes (%s%s): "
+                "check config.json (num_hidden_layers %d)\n", ld->dir, n, n > 1 ? "s" : "", n > 1 ? "are" : "is", names,
+                n > 3 ? ", ..." : "", ld->c->L);
+}
+
 void config_load_dir(Config *c, const char *dir) { read_config(c, dir); }
 
 // A tokenizer with more ids than the checkpoint's vocabulary (a tokenizer.json of another
@@ -521,11 +545,13 @@ void model_load(Model *m, const char *dir, const Backend *be, const ModelOptions
     SafeTensors st;
     st_open_dir(&st, dir);
     if (!c.tied && !st_find(&st, "lm_head.weight")) die("%s: missing tensor lm_head.weight (and tie_word_embeddings is false)", dir);
-    Loader ld = {&st, &c, be, dir};
+    Loader ld = {&st, &c, be, dir, (uint8_t *)callocCheck(st.n ? st.n : 1, 1)};
     walk_tensors(&ld, NULL);
+    warn_unused(&ld);
     model_common_init(m, &c, be, opt);
     walk_tensors(&ld, m);
     be->sync();
+    free(ld.used);
     st_close(&st);
 }
 
@@ -774,7 +800,7 @@ void model_sqnr_report(const char *dir, FILE *f) {
     read_config(&c, dir);
     SafeTensors st;
     st_open_dir(&st, dir);
-    Loader ld = {&st, &c, NULL, dir};
+    Loader ld = {&st, &c, NULL, dir, NULL};
     fprintf(f, "per-layer FP8 (E4M3) quantization error of %s: SQNR in dB (higher is better)\n", dir);
     fprintf(f, "%-5s %-10s %9s %9s %9s %11s\n", "layer", "weight", "tensor", "row", "block", "block-pow2");
     double tot[4] = {0};

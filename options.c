@@ -58,7 +58,9 @@ static void opt_set(OptionTable *t, int i, const char *v) {
             else snprintf(what, sizeof what, "an integer in [%.0f, %.0f]", o->lo, o->hi);
             errno = 0;
             long long x = strtoll(v, &end, 10);
-            if (errno || end == v || *end || x < o->lo || x > o->hi) die("--%s: '%s' is not %s", o->name, v, what);
+            if (end == v || *end) die("--%s: '%s' is not %s", o->name, v, what);
+            if ((errno == ERANGE && x > 0) || x > o->hi) die("--%s: %s is too large: at most %.0f", o->name, v, o->hi);
+            if (errno == ERANGE || x < o->lo) die("--%s: %s is too small: at least %.0f", o->name, v, o->lo);
             if (o->kind == OPT_LONG) *(long *)p = (long)x;
             else *(int *)p = (int)x;
             break;

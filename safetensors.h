@@ -55,6 +55,14 @@ void st_close(SafeTensors *st);
 // the integer a single-file st holds as the string value of key in its header's __metadata__
 // (st_write's {"step":"12"}); dies naming path when it is missing
 int st_metadata_int(const SafeTensors *st, const char *key, const char *path);
+// the string value of key in a single-file st's __metadata__ into out: 0, or -1 when it has none
+int st_metadata_str(const SafeTensors *st, const char *key, char *out, size_t cap);
+// A fingerprint of the weights (16 hex digits): what an adapter records of the base it was trained
+// on, so that applying it to another base is caught (lora.h, lora_check_base). From every tensor's
+// name, dtype, shape and a sample of its bytes (safetensors.c says which); st_dir_fingerprint opens
+// a checkpoint directory as st_open_dir does.
+void st_fingerprint(const SafeTensors *st, char out[17]);
+void st_dir_fingerprint(const char *dir, char out[17]);
 
 // One tensor to write; data is host memory of numel * dtype_size(dtype) bytes.
 typedef struct {

@@ -382,11 +382,38 @@ static int normalize_answer(char *a, char *err, size_t cap) {
     return 0;
 }
 
+// What JSON allows and a C string cannot hold, or leaves undefined, said instead of read wrongly: a
+// NUL character (the text would end there, silently) and a key twice in one object (which value
+// wins is up to the reader: Python's json takes the last one, cJSON the first).
+static int has_nul_escape(const char *s) {  // "\u0000" (backslashes appear in JSON only inside strings)
+    for (; *s; s++)
+        if (*s == '\\') {
+            if (s[1] == 'u' && !strncmp(s + 2, "0000", 4)) return 1;
+            if (s[1]) s++;
+        }
+    return 0;
+}
+static const char *duplicate_key(const cJSON *j) {
+    for (const cJSON *a = j ? j->child : NULL; a; a = a->next) {
+        if (cJSON_IsObject(j))
+            for (const cJSON *b = a->next; b; b = b->next)
+                if (!strcmp(a->string, b->string)) return a->string;
+        const char *d = duplicate_key(a);
+        if (d) return d;
+    }
+    return NULL;
+}
+
 int jsonl_next(JsonlReader *r, cJSON **out, char *err, size_t cap) {
     *out = NULL;
-    while (getline(&r->line, &r->cap, r->f) >= 0) {
+    ssize_t len;
+    while ((len = getline(&r->line, &r->cap, r->f)) >= 0) {
         r->lineno++;
         char *s = r->line;
+        if ((size_t)len != strlen(s)) return error_msg(err, cap, "%s:%ld: holds a NUL byte: not a text file", r->path, r->lineno);
+        if (has_nul_escape(s))
+            return error_msg(err, cap, "%s:%ld: a string holds \\u0000 (a NUL character), which a prompt or answer cannot", r->path,
+                             r->lineno);
         while (isspace((unsigned char)*s)) s++;
         if (!*s) continue;  // blank lines are allowed
         const char *end = NULL;
@@ -399,6 +426,12 @@ int jsonl_next(JsonlReader *r, cJSON **out, char *err, size_t cap) {
         if (end && *end) {
             cJSON_Delete(j);
             return error_msg(err, cap, "%s:%ld: more than one JSON value on the line (one object per line)", r->path, r->lineno);
+        }
+        const char *dup = duplicate_key(j);
+        if (dup) {
+            int rc = error_msg(err, cap, "%s:%ld: the key \"%.40s\" appears twice in one object: keep one", r->path, r->lineno, dup);
+            cJSON_Delete(j);
+            return rc;
         }
         *out = j;
         return 1;

@@ -69,7 +69,7 @@ static const Option OPTIONS[] = {
     {"task", OPT_CHOICE, OFF(task), .choices = "arithmetic|countdown", .dflt = "arithmetic", .help = "the built-in task, when no --data"},
     {"max_operand", OPT_INT, OFF(max_operand), 1, 999, .dflt = "30", .help = "built-in arithmetic: operands in [0, max_operand]"},
     {"warmup_sft_steps", OPT_INT, OFF(warmup_sft_steps), 0, 1e7, .dflt = "1000",
-     .help = "built-in model: supervised warm-up steps before GRPO (made once, cached in the warm-up directory)"},
+     .help = "built-in model: supervised warm-up steps before GRPO (made once per setting, cached in warmup-<key>/)"},
     {"warmup_carry_errors", OPT_DOUBLE, OFF(warmup_carry_errors), 0, 1, .dflt = "0.7",
      .help = "built-in arithmetic: share of the warm-up's additions shown with the carry forgotten (for GRPO to fix)"},
     {"chat", OPT_INT, OFF(chat), -1, 1, .dflt = "-1",
@@ -140,8 +140,8 @@ static const Option OPTIONS[] = {
     {"top_k", OPT_INT, OFF(top_k), 0, 1e9, .dflt = "0", .help = "top-k sampling (0: off)"},
 
     {.name = "logging and checkpoints", .kind = OPT_SECTION},
-    {"output_dir", OPT_STRING, OFF(output_dir), .meta = "DIR", .unset = "a new out/run-N per run, the warm-up cache in out/warmup",
-     .help = "where metrics.jsonl, checkpoint-N/ and plot.svg go (and warmup/ with --output_dir)"},
+    {"output_dir", OPT_STRING, OFF(output_dir), .meta = "DIR", .unset = "a new out/run-N per run, the warm-up caches in out/",
+     .help = "where metrics.jsonl, checkpoint-N/ and plot.svg go (and the built-in model's warmup-<key>/ with --output_dir)"},
     {"resume", OPT_FLAG, OFF(resume), .help = "continue from the last checkpoint of --output_dir (without it: the newest out/run-N that has one)"},
     {"overwrite_output_dir", OPT_FLAG, OFF(overwrite_output_dir), .help = "start over in an --output_dir that holds checkpoints"},
     {"logging_steps", OPT_INT, OFF(logging_steps), 1, 1e9, .dflt = "1", .help = "print a step's line every N steps"},
@@ -197,6 +197,9 @@ static void parse_options(int argc, char **argv, Opts *o, GrpoConfig *g, int *ut
         die("per_device_train_batch_size %d is not a multiple of num_generations %d", o->per_device_train_batch_size,
             g->num_generations);
     if (o->data && o->model == NULL) die("--data needs --model (the built-in tiny model only knows the built-in tasks)");
+    if (o->temperature < 1e-3)  // (0 is greedy sampling)
+        die("--temperature %g samples (all but) greedily: the completions of a group are the same, so every advantage and "
+            "gradient is 0 and GRPO cannot learn; use a temperature of at least 0.001 (the default is 1)", o->temperature);
     if (o->resume && o->overwrite_output_dir) die("--resume and --overwrite_output_dir contradict each other");
     if (o->overwrite_output_dir && !o->output_dir)
         die("--overwrite_output_dir needs --output_dir (without it each run writes to a new out/run-N)");
@@ -226,7 +229,10 @@ typedef struct {
     DpBatch dp;             // this rank's share of a step's prompts and sequences
     int rank0;              // this process writes the metrics, checkpoints, plot and prints the run
     char dir[4096];         // where this run writes: --output_dir, or a new out/run-N
-    char warm_dir[4200];    // the built-in model's warm-up cache: <output_dir>/warmup, or out/warmup (shared)
+    char warm_root[4096];   // where the built-in model's warm-ups are cached: --output_dir, or out (shared by the runs)
+    char warm_dir[4400];    // this run's: <warm_root>/warmup-<key>, one per setting (warmup_settings)
+    char warm_json[512];    // the settings that define the built-in model's weights ("" with --model)
+    char base_fp[17];       // the fingerprint of the base's weights (st_fingerprint; "": not known yet)
     char metrics[4200];     // <dir>/metrics.jsonl
     int last;               // the newest checkpoint-N in dir (-1: none)
     const Backend *be;
@@ -378,10 +384,16 @@ static double evaluate(Model *m, const Task *task, const Formatter *f, int n, in
 // checkpoints (checkpoint.h: the output directory, writing and reading them)
 
 // the settings a checkpoint must agree with to be resumed; the batch is the step's over all ranks
-// (train_batch_size), so that a run resumes on any number of ranks that splits it (dp.h)
-static cJSON *run_identity(const Opts *o, const GrpoConfig *g, int world) {
+// (train_batch_size), so that a run resumes on any number of ranks that splits it (dp.h); the base
+// by its weights' fingerprint too, so that a checkpoint never continues on another model saved
+// under the same path (or another warm-up of the built-in one)
+static cJSON *run_identity(const Run *r) {
+    const Opts *o = &r->o;
+    const GrpoConfig *g = &r->g;
+    int world = dist_world(r->dist);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", o->model ? o->model : "builtin-tiny");
+    if (!o->model) cJSON_AddItemToObject(j, "warmup", cJSON_Parse(r->warm_json));  // what made the built-in model's weights
     cJSON_AddStringToObject(j, "data", o->data ? o->data : o->task);
     cJSON_AddStringToObject(j, "load_in_fp8", o->load_in_fp8);
     cJSON_AddStringToObject(j, "kv_cache_dtype", o->kv_cache_dtype);
@@ -393,44 +405,57 @@ static cJSON *run_identity(const Opts *o, const GrpoConfig *g, int world) {
     cJSON_AddNumberToObject(j, "train_batch_size", (double)o->per_device_train_batch_size * world);
     cJSON_AddNumberToObject(j, "num_generations", g->num_generations);
     cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    if (r->base_fp[0]) cJSON_AddStringToObject(j, "base_model_fingerprint", r->base_fp);
     return j;
 }
 
 // checkpoint-N: the adapter (PEFT format) and its optimizer state; with --use_peft false the whole
 // model as a Hugging Face checkpoint (bf16, with the tokenizer's files) and the masters and moments
-static void save_checkpoint(const Opts *o, const GrpoConfig *g, const LoRA *lo, const FullTrainer *ft, const Model *m,
-                            const char *base, int step, int world) {
+static void save_checkpoint(const Run *r, int step) {
+    const char *base = r->o.model ? r->o.model : r->warm_dir;
     char tmp[4200], p[4300];
-    checkpoint_begin(o->output_dir, step, tmp, sizeof tmp);
+    checkpoint_begin(r->dir, step, tmp, sizeof tmp);
     path_join(p, sizeof p, tmp, "optimizer.safetensors");
-    if (lo) {
-        lora_save_peft(lo, m, tmp, o->model ? o->model : "builtin-tiny");
-        lora_save_state(lo, p);
+    if (r->lo) {
+        lora_save_peft(r->lo, &r->m, tmp, base, r->base_fp);
+        lora_save_state(r->lo, p);
     } else {
-        model_save_hf(m, tmp, DT_BF16);
+        model_save_hf(&r->m, tmp, DT_BF16);
         checkpoint_copy_tokenizer(base, tmp);
-        full_save_state(ft, m, p);
+        full_save_state(&r->ft, &r->m, p);
     }
-    cJSON *run = run_identity(o, g, world);
-    checkpoint_commit(o->output_dir, step, tmp, run);
+    cJSON *run = run_identity(r);
+    checkpoint_commit(r->dir, step, tmp, run);
     cJSON_Delete(run);
 }
 
 // restore a checkpoint (checkpoint.c); returns its step. A batch that differs because the number
 // of ranks did is said first, with the --per_device_train_batch_size that continues it.
-static int load_checkpoint(const Opts *o, const GrpoConfig *g, LoRA *lo, FullTrainer *ft, Model *m, int n, int world) {
-    char dir[4096], err[512];
-    snprintf(dir, sizeof dir, "%s/checkpoint-%d", o->output_dir, n);
+// (resume_check: the settings and the batch, before any work; load_checkpoint: the state, with the base's
+// fingerprint now that it is known)
+static void resume_check(const Run *r) {
+    const Opts *o = &r->o;
+    char dir[4300], err[512];
+    snprintf(dir, sizeof dir, "%s/checkpoint-%d", r->dir, r->last);
     int tbs = dp_checkpoint_batch(dir);
-    if (tbs > 0 && dp_resume_batch_check(tbs, o->per_device_train_batch_size, 1, world, g->num_generations, err, sizeof err))
+    if (tbs > 0 && dp_resume_batch_check(tbs, o->per_device_train_batch_size, 1, dist_world(r->dist), r->g.num_generations, err, sizeof err))
         die("%s: %s", dir, err);
-    cJSON *mine = run_identity(o, g, world);
+    cJSON *mine = run_identity(r);
     char *id = cJSON_PrintUnformatted(mine);
     cJSON_Delete(mine);
-    if (lo) checkpoint_read(dir, n, id, lo);
-    else checkpoint_read_full(dir, n, id, ft, m);
+    checkpoint_check_run(dir, r->last, id);
     free(id);
-    return n;
+}
+static int load_checkpoint(Run *r) {
+    char dir[4300];
+    snprintf(dir, sizeof dir, "%s/checkpoint-%d", r->dir, r->last);
+    cJSON *mine = run_identity(r);
+    char *id = cJSON_PrintUnformatted(mine);
+    cJSON_Delete(mine);
+    if (r->lo) checkpoint_read(dir, r->last, id, r->lo);
+    else checkpoint_read_full(dir, r->last, id, &r->ft, &r->m);
+    free(id);
+    return r->last;
 }
 
 
@@ -582,44 +607,57 @@ static void write_tokenizer_json(const Tokenizer *tok, const char *path) {
     cJSON_Delete(root);
 }
 
-// Stage "warm-up": the built-in model, trained once by sft_warmup and cached in warm_dir
-// as a Hugging Face checkpoint (config.json, model.safetensors, tokenizer.json), keyed by
-// the settings that change it (warmup.json); then loaded as any checkpoint is. With several ranks,
-// rank 0 makes it while the others wait (they would all make the same one), then each loads it.
-static void warmup(Run *r, const ModelOptions *mo) {
+// The settings that define the built-in model's weights (warm_json), and the cache directory of
+// that warm-up: <warm_root>/warmup-<a hash of them>. A run with other settings gets a directory of
+// its own, so that a warm-up is never replaced by another under an adapter trained on it.
+static void warmup_settings(Run *r, const Config *tc) {
     const Opts *o = &r->o;
-    r->tok = tokenizer_byte_level();
-    r->fmt.tok = r->tok;
-    r->fmt.chat = 0;
-    Config tc = tiny_config(tokenizer_vocab_size(r->tok), !strcmp(r->be->name, "cuda"));
-    r->eos[r->neos++] = tc.eos_ids[0];
-    char wjson[4300], tjson[4300], want[512];
-    path_join(wjson, sizeof wjson, r->warm_dir, "warmup.json");
-    snprintf(want, sizeof want,
+    snprintf(r->warm_json, sizeof r->warm_json,
              "{\"task\":\"%s\",\"max_operand\":%d,\"steps\":%d,\"carry_errors\":%g,\"seed\":%ld,\"C\":%d,\"L\":%d,\"FF\":%d}",
-             o->task, o->max_operand, o->warmup_sft_steps, o->warmup_carry_errors, o->seed, tc.C, tc.L, tc.FF);
-    int cached = 0;
-    if (!r->rank0) cached = 1;  // rank 0 makes it (or finds it) before the barrier below
-    else if (file_exists(wjson)) {
+             o->task, o->max_operand, o->warmup_sft_steps, o->warmup_carry_errors, o->seed, tc->C, tc->L, tc->FF);
+    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+    for (const char *c = r->warm_json; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+    snprintf(r->warm_dir, sizeof r->warm_dir, "%s/warmup-%08x", r->warm_root, (unsigned)(h ^ h >> 32));
+}
+
+// Stage "warm-up": the built-in model, trained once by sft_warmup and cached in warm_dir as a Hugging
+// Face checkpoint (config.json, model.safetensors, tokenizer.json, and warmup.json: its settings);
+// then loaded as any checkpoint is. The cache is written whole into a temporary directory and renamed
+// into place, so a warm_dir is complete or absent; one that holds other settings is an error, never
+// replaced. With several ranks, rank 0 makes it (or finds it) while the others wait, then each loads it.
+static void warmup(Run *r, const Config *tc, const ModelOptions *mo) {
+    const Opts *o = &r->o;
+    char wjson[4500], tmp[4500], p[4600];
+    path_join(wjson, sizeof wjson, r->warm_dir, "warmup.json");
+    if (r->rank0 && dir_exists(r->warm_dir)) {
+        if (!file_exists(wjson)) die("%s holds no warmup.json: not a warm-up this program made; remove it", r->warm_dir);
         char *have = read_file(wjson, NULL);
-        cached = !strcmp(have, want);
+        if (strcmp(have, r->warm_json))
+            die("%s holds another warm-up (%s) than this run's (%s): remove it", r->warm_dir, have, r->warm_json);
         free(have);
-    }
-    if (!cached) {
+        printf("built-in model: warm-up loaded from %s\n", r->warm_dir);
+    } else if (r->rank0) {
         printf("built-in model: %d layers, hidden %d, vocab %d (byte-level); supervised warm-up on '%s' for %d steps (cached in %s)\n",
-               tc.L, tc.C, tc.V, o->task, o->warmup_sft_steps, r->warm_dir);
+               tc->L, tc->C, tc->V, o->task, o->warmup_sft_steps, r->warm_dir);
         Model w;  // every weight trained (full.h), unquantized, on the run's backend
         ModelOptions dense = {FP8_OFF, 0, 0, 0, 0};
-        model_init_random(&w, &tc, r->be, &dense, (uint64_t)o->seed);
-        sft_warmup(&w, &r->task, &r->fmt, o->warmup_sft_steps, 64, o->seed, tc.eos_ids[0], o->quiet, o->eval_size,
+        model_init_random(&w, tc, r->be, &dense, (uint64_t)o->seed);
+        sft_warmup(&w, &r->task, &r->fmt, o->warmup_sft_steps, 64, o->seed, tc->eos_ids[0], o->quiet, o->eval_size,
                    r->g.max_completion_length, o->warmup_carry_errors);
-        mkdir_or_die(r->warm_dir);
-        model_save_hf(&w, r->warm_dir, DT_F32);
-        write_file_atomic(wjson, want, strlen(want));
+        snprintf(tmp, sizeof tmp, "%s.tmp-%d", r->warm_dir, (int)getpid());
+        rm_rf(tmp);
+        mkdir_or_die(tmp);
+        model_save_hf(&w, tmp, DT_F32);
+        path_join(p, sizeof p, tmp, "tokenizer.json");
+        write_tokenizer_json(r->tok, p);
+        path_join(p, sizeof p, tmp, "warmup.json");
+        write_file_atomic(p, r->warm_json, strlen(r->warm_json));
         model_free(&w);
-    } else printf("built-in model: warm-up loaded from %s\n", r->warm_dir);
-    path_join(tjson, sizeof tjson, r->warm_dir, "tokenizer.json");
-    if (r->rank0 && !file_exists(tjson)) write_tokenizer_json(r->tok, tjson);  // also into caches made before it was written
+        if (rename(tmp, r->warm_dir) != 0) {  // another run made the same warm-up meanwhile: theirs is as good
+            if (!dir_exists(r->warm_dir)) die("cannot rename %s to %s (%s)", tmp, r->warm_dir, strerror(errno));
+            rm_rf(tmp);
+        }
+    }
     dist_barrier(r->dist);
     model_load(&r->m, r->warm_dir, r->be, mo);
 }
@@ -627,50 +665,38 @@ static void warmup(Run *r, const ModelOptions *mo) {
 // ----------------------------------------------------------------------------
 // the stages, in the order main() calls them
 
-// Where the run writes, decided and checked before any work. Without --output_dir each run
-// gets a new out/run-N, so the default command runs again without losing the last run, and
-// the runs share the warm-up cache out/warmup; --resume continues the newest out/run-N.
-// With --output_dir: that directory (and its warmup/), never clobbered by accident.
+// Where the run writes, claimed before any work (checkpoint.h: made, locked, checked). Without
+// --output_dir each run gets a new out/run-N, so the default command runs again without losing the
+// last run, and the runs share the warm-up caches in out/; --resume continues the newest out/run-N
+// that holds a checkpoint. With --output_dir: that directory (and the warm-ups in it).
 // Rank 0 decides (out/run-N is claimed by one mkdir) and tells the others.
 static void prepare_output(Run *r) {
     Opts *o = &r->o;
-    if (!r->rank0) {
-        dist_broadcast_host(r->dist, r->dir, sizeof r->dir, 0);
-        dist_broadcast_host(r->dist, r->warm_dir, sizeof r->warm_dir, 0);
-        dist_broadcast_host(r->dist, &r->last, sizeof r->last, 0);
-        o->output_dir = r->dir;
-        path_join(r->metrics, sizeof r->metrics, r->dir, "metrics.jsonl");
-        return;
-    }
-    if (o->output_dir) {
-        make_writable_dir(o->output_dir);
-        snprintf(r->dir, sizeof r->dir, "%s", o->output_dir);
-        path_join(r->warm_dir, sizeof r->warm_dir, r->dir, "warmup");
-    } else {
-        make_writable_dir("out");
-        path_join(r->warm_dir, sizeof r->warm_dir, "out", "warmup");
-        int n = newest_numbered("out", "run", o->resume);
-        if (o->resume && n < 0) die("--resume: no out/run-N holds a checkpoint: give the run's --output_dir");
-        if (!o->resume)  // the next number; mkdir claims it, so two runs started at once never share one
-            for (n = n < 0 ? 1 : n + 1;; n++) {
+    if (r->rank0) {
+        if (o->output_dir) {
+            snprintf(r->dir, sizeof r->dir, "%s", o->output_dir);
+            snprintf(r->warm_root, sizeof r->warm_root, "%s", o->output_dir);
+            r->last = run_dir_claim(r->dir, o->resume, o->overwrite_output_dir);
+        } else {
+            snprintf(r->warm_root, sizeof r->warm_root, "out");
+            if (o->resume) {
+                int n = newest_numbered("out", "run", 1);
+                if (n < 0) die("--resume: no out/run-N holds a checkpoint: give the run's --output_dir");
                 snprintf(r->dir, sizeof r->dir, "out/run-%d", n);
-                if (mkdir(r->dir, 0755) == 0) break;
-                if (errno != EEXIST) die("cannot create directory %s (%s)", r->dir, strerror(errno));
+                r->last = run_dir_claim(r->dir, 1, 0);
+            } else {
+                run_dir_claim_new("out", "run", r->dir, sizeof r->dir);
+                r->last = -1;
             }
-        snprintf(r->dir, sizeof r->dir, "out/run-%d", n);
+        }
+        const char *why = o->output_dir ? "" : o->resume ? " (the newest out/run-N with a checkpoint)" : " (a new out/run-N for each run without --output_dir)";
+        printf("output: %s%s\n", r->dir, why);
     }
-    const char *why = o->output_dir ? "" : o->resume ? " (the newest out/run-N with a checkpoint)" : " (a new out/run-N for each run without --output_dir)";
+    dist_broadcast_host(r->dist, r->dir, sizeof r->dir, 0);
+    dist_broadcast_host(r->dist, r->warm_root, sizeof r->warm_root, 0);
+    dist_broadcast_host(r->dist, &r->last, sizeof r->last, 0);
     o->output_dir = r->dir;
     path_join(r->metrics, sizeof r->metrics, r->dir, "metrics.jsonl");
-    r->last = last_checkpoint(r->dir);
-    if (r->last >= 0 && !o->resume && !o->overwrite_output_dir)
-        die("%s already holds checkpoint-%d: pass --resume to continue it, --overwrite_output_dir to start over, or another --output_dir",
-            r->dir, r->last);
-    if (o->resume && r->last < 0) die("--resume: no checkpoint-N in %s", r->dir);
-    printf("output: %s%s\n", r->dir, why);
-    dist_broadcast_host(r->dist, r->dir, sizeof r->dir, 0);
-    dist_broadcast_host(r->dist, r->warm_dir, sizeof r->warm_dir, 0);
-    dist_broadcast_host(r->dist, &r->last, sizeof r->last, 0);
 }
 
 // What the process may hold: --gpu_memory_utilization of the device. Left at its default, a share that
@@ -733,10 +759,26 @@ static void load(Run *r) {
         config_check_tokenizer(&cfg, tokenizer_vocab_size(r->tok), o->model);
     }
     r->be = backend_select(o->device, 1);
+    Config tc;  // the built-in model's shape (on a GPU a larger one), and the warm-up that makes its weights
+    if (!o->model) {
+        r->tok = tokenizer_byte_level();
+        r->fmt.tok = r->tok;
+        r->fmt.chat = 0;
+        tc = tiny_config(tokenizer_vocab_size(r->tok), !strcmp(r->be->name, "cuda"));
+        r->eos[r->neos++] = tc.eos_ids[0];
+        warmup_settings(r, &tc);
+    }
     ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), o->fp8_pow2, o->bf16_first_layers, o->bf16_last_layers,
                        o->fp8_embeddings};
     r->fmt.system = o->system_prompt;
     r->fmt.max_prompt = o->max_prompt_length;
+    // a resume checked against its checkpoint before any work: the settings, the batch, and the
+    // base's fingerprint where the base is there to read (a warm-up still to make: after it)
+    if (r->rank0) {
+        if (o->model) st_dir_fingerprint(o->model, r->base_fp);
+        else if (dir_exists(r->warm_dir)) st_dir_fingerprint(r->warm_dir, r->base_fp);
+        if (o->resume) resume_check(r);
+    }
     Model *m = &r->m;
     if (o->model) {
         r->fmt.tok = r->tok;
@@ -746,7 +788,10 @@ static void load(Run *r) {
         const int *e = tokenizer_eos_ids(r->tok, &n);
         for (int i = 0; i < n && r->neos < 8; i++) r->eos[r->neos++] = e[i];
         for (int i = 0; i < m->cfg.n_eos && r->neos < 8; i++) r->eos[r->neos++] = m->cfg.eos_ids[i];
-    } else warmup(r, &mo);
+    } else {
+        warmup(r, &tc, &mo);
+        if (r->rank0 && !r->base_fp[0]) st_dir_fingerprint(r->warm_dir, r->base_fp);
+    }
     config_print(&m->cfg, stdout);
     printf("%s linear weights: %s, %.2f MiB (of %.2f MiB of weights)\n", o->use_peft ? "frozen" : "trained", o->load_in_fp8,
            m->w.linear_bytes / 1048576.0, (m->w.dense_bytes + m->w.fp8_bytes) / 1048576.0);
@@ -807,10 +852,10 @@ static void begin(Run *r) {
     const Opts *o = &r->o;
     r->dp = dp_batch(r->dist, o->per_device_train_batch_size, r->g.num_generations);
     if (o->resume && r->rank0) {
-        r->start = load_checkpoint(o, &r->g, r->lo, &r->ft, &r->m, r->last, r->dp.world);
+        r->start = load_checkpoint(r);
         metrics_truncate(r->metrics, r->start);
         printf("resumed from %s/checkpoint-%d\n", r->dir, r->start);
-    } else if (r->rank0 && file_exists(r->metrics)) remove(r->metrics);
+    } else if (r->rank0) run_dir_start(r->dir, o->overwrite_output_dir);
     LoRA *lo = r->lo;
     if (lo) dist_broadcast(r->dist, r->be, lo->params, lo->n * dtype_size(lo->sdt), 0);
     if (lo && o->resume) {
@@ -825,7 +870,7 @@ static void begin(Run *r) {
     r->G = r->g.num_generations, r->S = o->per_device_train_batch_size, r->P = r->S / r->G, r->Tc = r->g.max_completion_length;
     r->total_updates = (long)o->max_steps * r->g.num_iterations;
     r->lr_warmup = warmup_steps_from_ratio(o->warmup_ratio, r->total_updates);
-    r->inv_temp = o->temperature > 0 ? (float)(1.0 / o->temperature) : 1.0f;
+    r->inv_temp = (float)(1.0 / o->temperature);
     r->R = N_REWARD_FUNCS;
     double defaults[GRPO_MAX_REWARDS];
     for (int k = 0; k < r->R; k++) defaults[k] = REWARD_FUNCS[k].weight, r->reward_names[k] = REWARD_FUNCS[k].name;
@@ -1159,7 +1204,7 @@ static void log_step(Run *r, const Step *s, int step) {
 // the oldest ones beyond the limit go (never the new one, nor the one the run resumed from)
 static void checkpoint(const Run *r, int step) {
     if (r->rank0 && ((r->o.save_steps > 0 && step % r->o.save_steps == 0) || step == r->o.max_steps)) {
-        save_checkpoint(&r->o, &r->g, r->lo, &r->ft, &r->m, r->o.model ? r->o.model : r->warm_dir, step, r->dp.world);
+        save_checkpoint(r, step);
         if (r->o.save_total_limit > 0)
             rotate_checkpoints(r->dir, r->o.save_total_limit, step, r->o.resume ? r->start : -1, r->o.quiet);
     }

@@ -170,6 +170,7 @@ typedef struct {
     int rank, world;
     char metrics[4200];  // <output_dir>/metrics.jsonl
     int last;            // the newest checkpoint-N in output_dir (-1: none)
+    char base_fp[17];    // the fingerprint of --model's weights (st_fingerprint), recorded in checkpoints
     const Backend *be;
     Tokenizer *tok;
     Model m;
@@ -195,21 +196,67 @@ typedef struct {
 // ----------------------------------------------------------------------------
 // the stages, in the order main() calls them
 
-// Where the run writes, checked before any work: a directory holding checkpoints needs --resume
-// or --overwrite_output_dir.
+// the settings a checkpoint must agree with to be resumed (those that change the data or the
+// state); the batch is the step's over every rank (train_batch_size), so that a run resumes on any
+// number of ranks that splits it; and the fingerprint of the base's weights, so that a checkpoint
+// is never continued on another model saved under the same path
+static cJSON *run_identity(const Run *r) {
+    const Opts *o = &r->o;
+    int world = r->world;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model", o->model);
+    cJSON_AddStringToObject(j, "data", o->data);
+    cJSON_AddNumberToObject(j, "max_length", o->max_length);
+    cJSON_AddNumberToObject(j, "chat", o->chat);
+    cJSON_AddStringToObject(j, "system_prompt", o->system_prompt ? o->system_prompt : "");
+    cJSON_AddNumberToObject(j, "train_batch_size", (double)o->per_device_train_batch_size * o->gradient_accumulation_steps * world);
+    cJSON_AddNumberToObject(j, "gradient_accumulation_steps", o->gradient_accumulation_steps);
+    cJSON_AddBoolToObject(j, "use_peft", o->use_peft);
+    cJSON_AddStringToObject(j, "load_in_fp8", o->load_in_fp8);
+    if (strcmp(o->fp8_recipe, "off")) {  // FP8 training: its recipe (the checkpoint holds delayed scaling's state)
+        cJSON_AddStringToObject(j, "fp8_recipe", o->fp8_recipe);
+        cJSON_AddStringToObject(j, "fp8_format", o->fp8_format);
+        cJSON_AddNumberToObject(j, "fp8_amax_history_len", o->fp8_amax_history_len);
+        cJSON_AddStringToObject(j, "fp8_amax_compute_algo", o->fp8_amax_compute_algo);
+        cJSON_AddNumberToObject(j, "fp8_margin", o->fp8_margin);
+        cJSON_AddNumberToObject(j, "bf16_first_layers", o->bf16_first_layers);
+        cJSON_AddNumberToObject(j, "bf16_last_layers", o->bf16_last_layers);
+    }
+    if (o->use_peft) {
+        cJSON_AddNumberToObject(j, "lora_r", o->lora_r);
+        cJSON_AddNumberToObject(j, "lora_alpha", o->lora_alpha);
+        cJSON_AddStringToObject(j, "lora_target_modules", o->lora_target_modules);
+    }
+    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    cJSON_AddStringToObject(j, "base_model_fingerprint", r->base_fp);  // the weights of --model (st_fingerprint)
+    return j;
+}
+
+// Where the run writes, claimed before any work (checkpoint.h: made, locked, checked: a directory
+// holding checkpoints needs --resume or --overwrite_output_dir). A resume is checked against its
+// checkpoint here too (the settings, the base's weights, the batch), before the data and the model are read.
 static void prepare_output(Run *r) {
     const Opts *o = &r->o;
     if (r->rank) {  // rank 0 checks; the others need only which checkpoint a resume reads
         dist_broadcast_host(r->dist, &r->last, sizeof r->last, 0);
         return;
     }
-    make_writable_dir(o->output_dir);
+    r->last = run_dir_claim(o->output_dir, o->resume, o->overwrite_output_dir);
     path_join(r->metrics, sizeof r->metrics, o->output_dir, "metrics.jsonl");
-    r->last = last_checkpoint(o->output_dir);
-    if (r->last >= 0 && !o->resume && !o->overwrite_output_dir)
-        die("%s already holds checkpoint-%d: pass --resume to continue it, --overwrite_output_dir to start over, or another --output_dir",
-            o->output_dir, r->last);
-    if (o->resume && r->last < 0) die("--resume: no checkpoint-N in %s", o->output_dir);
+    st_dir_fingerprint(o->model, r->base_fp);
+    if (o->resume) {
+        char dir[4300], err[512];
+        snprintf(dir, sizeof dir, "%s/checkpoint-%d", o->output_dir, r->last);
+        int tbs = dp_checkpoint_batch(dir);
+        if (tbs > 0 &&
+            dp_resume_batch_check(tbs, o->per_device_train_batch_size, o->gradient_accumulation_steps, r->world, 0, err, sizeof err))
+            die("%s: %s", dir, err);
+        cJSON *mine = run_identity(r);
+        char *id = cJSON_PrintUnformatted(mine);
+        checkpoint_check_run(dir, r->last, id);
+        cJSON_Delete(mine);
+        free(id);
+    }
     printf("output: %s\n", o->output_dir);
     dist_broadcast_host(r->dist, &r->last, sizeof r->last, 0);
 }
@@ -283,38 +330,6 @@ static void load(Run *r) {
     r->tr = tr;
 }
 
-// the settings a checkpoint must agree with to be resumed (those that change the data or the
-// state); the batch is the step's over every rank (train_batch_size), so that a run resumes on any
-// number of ranks that splits it
-static cJSON *run_identity(const Opts *o, int world) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "model", o->model);
-    cJSON_AddStringToObject(j, "data", o->data);
-    cJSON_AddNumberToObject(j, "max_length", o->max_length);
-    cJSON_AddNumberToObject(j, "chat", o->chat);
-    cJSON_AddStringToObject(j, "system_prompt", o->system_prompt ? o->system_prompt : "");
-    cJSON_AddNumberToObject(j, "train_batch_size", (double)o->per_device_train_batch_size * o->gradient_accumulation_steps * world);
-    cJSON_AddNumberToObject(j, "gradient_accumulation_steps", o->gradient_accumulation_steps);
-    cJSON_AddBoolToObject(j, "use_peft", o->use_peft);
-    cJSON_AddStringToObject(j, "load_in_fp8", o->load_in_fp8);
-    if (strcmp(o->fp8_recipe, "off")) {  // FP8 training: its recipe (the checkpoint holds delayed scaling's state)
-        cJSON_AddStringToObject(j, "fp8_recipe", o->fp8_recipe);
-        cJSON_AddStringToObject(j, "fp8_format", o->fp8_format);
-        cJSON_AddNumberToObject(j, "fp8_amax_history_len", o->fp8_amax_history_len);
-        cJSON_AddStringToObject(j, "fp8_amax_compute_algo", o->fp8_amax_compute_algo);
-        cJSON_AddNumberToObject(j, "fp8_margin", o->fp8_margin);
-        cJSON_AddNumberToObject(j, "bf16_first_layers", o->bf16_first_layers);
-        cJSON_AddNumberToObject(j, "bf16_last_layers", o->bf16_last_layers);
-    }
-    if (o->use_peft) {
-        cJSON_AddNumberToObject(j, "lora_r", o->lora_r);
-        cJSON_AddNumberToObject(j, "lora_alpha", o->lora_alpha);
-        cJSON_AddStringToObject(j, "lora_target_modules", o->lora_target_modules);
-    }
-    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
-    return j;
-}
-
 // The run's length, and where it starts: a checkpoint's step (--resume) or 0.
 // With several ranks, rank 0 reads the checkpoint and sends the state: the sharded masters and
 // moments each rank's block (full_load_state), a LoRA adapter's to all.
@@ -328,13 +343,8 @@ static void begin(Run *r) {
     if (o->resume) {
         char dir[4300];
         snprintf(dir, sizeof dir, "%s/checkpoint-%d", o->output_dir, r->last);
-        if (r->rank == 0) {
-            char err[512];
-            int tbs = dp_checkpoint_batch(dir);
-            if (tbs > 0 && dp_resume_batch_check(tbs, o->per_device_train_batch_size, o->gradient_accumulation_steps, r->world, 0, err,
-                                                 sizeof err))
-                die("%s: %s", dir, err);
-            cJSON *mine = run_identity(o, r->world);
+        if (r->rank == 0) {  // (checked already by prepare_output; read now)
+            cJSON *mine = run_identity(r);
             char *id = cJSON_PrintUnformatted(mine);
             cJSON_Delete(mine);
             if (o->use_peft) checkpoint_read(dir, r->last, id, r->lo);
@@ -351,7 +361,7 @@ static void begin(Run *r) {
         }
         r->start = r->last;
         printf("resumed from %s (the data at example %ld)\n", dir, (long)r->start * r->per_step_all);
-    } else if (r->rank == 0 && file_exists(r->metrics)) remove(r->metrics);
+    } else if (r->rank == 0) run_dir_start(o->output_dir, o->overwrite_output_dir);
     if (o->use_peft && !o->resume) dist_broadcast(r->dist, r->be, r->lo->params, r->lo->n * dtype_size(r->lo->sdt), 0);
     printf("SFT: %ld steps x %d examples (%d x %d accumulated%s), %.2f epochs of %ld examples, lr %g (%s, %ld warm-up steps)\n",
            r->total, r->per_step_all, o->per_device_train_batch_size, o->gradient_accumulation_steps,
@@ -374,14 +384,14 @@ static void checkpoint(const Run *r, int step) {
     checkpoint_begin(o->output_dir, step, tmp, sizeof tmp);
     path_join(p, sizeof p, tmp, "optimizer.safetensors");
     if (r->lo) {
-        lora_save_peft(r->lo, &r->m, tmp, o->model);
+        lora_save_peft(r->lo, &r->m, tmp, o->model, r->base_fp);
         lora_save_state(r->lo, p);
     } else {
         model_save_hf(&r->m, tmp, r->save_dt);
         checkpoint_copy_tokenizer(o->model, tmp);
         full_save_state(&r->ft, &r->m, p);
     }
-    cJSON *run = run_identity(o, r->world);
+    cJSON *run = run_identity(r);
     checkpoint_commit(o->output_dir, step, tmp, run);
     cJSON_Delete(run);
     if (!o->quiet) printf("saved %s/checkpoint-%d\n", o->output_dir, step);

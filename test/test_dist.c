@@ -373,20 +373,19 @@ static void expect_rank_error(int r, const int *code, const char *substr) {
 
 START_TEST(test_dead_rank_stops_all) {
     int code[8];
-    double t = run_ranks(3, die_early, NULL, "30", code, 60);
+    // (the timeout far beyond the wait run_ranks allows: the EOF stops them, whatever the machine's load)
+    run_ranks(3, die_early, NULL, "600", code, 240);
     ck_assert_int_eq(code[1], 3);
     expect_rank_error(0, code, "lost rank");
     expect_rank_error(2, code, "lost rank 1");
-    ck_assert_msg(t < 10, "%.1f s to stop: the EOF, not the 30 s timeout, should stop them", t);
 }
 END_TEST
 
 START_TEST(test_hung_rank_times_out) {
     int code[8];
-    double t = run_ranks(3, hang, NULL, "1", code, 60);
+    run_ranks(3, hang, NULL, "1", code, 240);
     expect_rank_error(2, code, "FP8GRPO_DIST_TIMEOUT");  // waits on rank 1 directly
     ck_assert_msg(code[0] != 0 && code[1] != 0, "every rank stops (exit %d, %d)", code[0], code[1]);
-    ck_assert_msg(t < 20, "%.1f s", t);
 }
 END_TEST
 
@@ -471,8 +470,10 @@ static void train_setup(void) {
 
 static void fresh(const char *name, char *out, size_t cap) {
     snprintf(out, cap, "%s/%s", run_dir, name);
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp -r %s/warm/warmup %s/", out, out, run_dir, out);
+    char cmd[8192], warm[4096];
+    snprintf(cmd, sizeof cmd, "%s/warm", run_dir);
+    warm_dir_in(cmd, warm, sizeof warm);
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp -r %s %s/", out, out, warm, out);
     ck_assert_int_eq(system(cmd), 0);
 }
 
@@ -599,12 +600,11 @@ START_TEST(test_killed_rank_and_resume) {
     ck_assert_msg(sh(cmd, err, sizeof err) == 0, "%s", err);
 
     fresh("killed", killed, sizeof killed);
-    snprintf(cmd, sizeof cmd, "FP8GRPO_TEST_KILL=1:3 FP8GRPO_DIST_TIMEOUT=60 " BASE " %s --nproc_per_node 2 --output_dir %s", F, killed);
-    double t0 = now_sec();
+    // (stopped by the EOF, "lost rank", never by the timeout, whose message differs)
+    snprintf(cmd, sizeof cmd, "FP8GRPO_TEST_KILL=1:3 FP8GRPO_DIST_TIMEOUT=1800 " BASE " %s --nproc_per_node 2 --output_dir %s", F, killed);
     int rc = sh(cmd, err, sizeof err);
     ck_assert_msg(rc != 0, "a run with a killed rank exited 0");
-    ck_assert_msg(now_sec() - t0 < 50, "%.0f s: the EOF, not the 60 s timeout, should stop it", now_sec() - t0);
-    ck_assert_msg(strstr(err, "error: rank 0 of 2: lost rank 1") && strstr(err, "--resume"), "%s", err);
+    ck_assert_msg(strstr(err, "error: rank 0 of 2: lost rank 1") && strstr(err, "--resume") && !strstr(err, "FP8GRPO_DIST_TIMEOUT"), "%s", err);
     char p[2048];
     snprintf(p, sizeof p, "%s/checkpoint-2/adapter_model.safetensors", killed);
     ck_assert(file_exists(p));
@@ -688,9 +688,12 @@ START_TEST(test_sft_sharded_equals_one_process) {
         snprintf(one, sizeof one, "%s/sft-one-%d", run_dir, peft);
         snprintf(two, sizeof two, "%s/sft-two-%d", run_dir, peft);
         snprintf(res, sizeof res, "%s/sft-res-%d", run_dir, peft);
+        char runs[1200], warm[1300];
+        snprintf(runs, sizeof runs, "%s/warm", run_dir);
+        warm_dir_in(runs, warm, sizeof warm);
         snprintf(F, sizeof F, "./train_sft --device cpu --quiet --max_steps 2 --save_steps 1 --logging_steps 1 --learning_rate 1e-3 "
-                              "--adam_epsilon 1 --max_grad_norm 0 --model %s/warm/warmup --data %s%s",
-                 run_dir, data, peft ? " --use_peft" : "");
+                              "--adam_epsilon 1 --max_grad_norm 0 --model %s --data %s%s",
+                 warm, data, peft ? " --use_peft" : "");
         snprintf(cmd, sizeof cmd, "rm -rf %s %s %s && %s --per_device_train_batch_size 4 --gradient_accumulation_steps 2 --output_dir %s",
                  one, two, res, F, one);
         ck_assert_msg(sh(cmd, err, sizeof err) == 0, "%s", err);

@@ -4,6 +4,7 @@
 // optimizer-state round trip, bad adapter files. (The gradients through LoRA are
 // checked by finite differences in test_model.c.)
 #include <check.h>
+#include <cjson/cJSON.h>
 #include <math.h>
 
 #include "grpo.h"
@@ -74,7 +75,7 @@ START_TEST(test_peft_roundtrip) {
     fixture_path(p, sizeof p, "peft/qwen3_lora");
     LoRA *a = lora_load_peft(&m, p);
     ck_assert(mkdtemp(dir));
-    lora_save_peft(a, &m, dir, "test/fixtures/qwen3");
+    lora_save_peft(a, &m, dir, "test/fixtures/qwen3", NULL);
     LoRA *b = lora_load_peft(&m, dir);
     ck_assert_uint_eq(a->n, b->n);
     ck_assert(memcmp(a->params, b->params, a->n * sizeof(float)) == 0);
@@ -95,6 +96,61 @@ START_TEST(test_peft_roundtrip) {
     lora_free(b);
     m.lora = NULL;
     model_free(&m);
+}
+END_TEST
+
+// adapter_config.json's target_modules read as PEFT reads it: a string is a regular expression the
+// whole module name must match, a list holds names (or name endings); a tensor of a module the
+// config does not select is an error, never ignored
+static void write_targets(const char *dir, const char *json) {
+    char p[1200];
+    snprintf(p, sizeof p, "%s/adapter_config.json", dir);
+    char *text = read_file(p, NULL);
+    cJSON *r = cJSON_Parse(text);
+    free(text);
+    cJSON_ReplaceItemInObject(r, "target_modules", cJSON_Parse(json));
+    text = cJSON_Print(r);
+    write_file_atomic(p, text, strlen(text));
+    free(text);
+    cJSON_Delete(r);
+}
+START_TEST(test_peft_target_modules) {
+    Model m;
+    load_qwen3(&m, backend_cpu());
+    char dir[] = "/tmp/fp8grpo_loratmXXXXXX";
+    ck_assert(mkdtemp(dir));
+    unsigned qv = (1u << LIN_Q) | (1u << LIN_V);
+    LoRA *a = lora_create(&m, 4, 8.0f, qv, 3, 0);
+    lora_save_peft(a, &m, dir, "test/fixtures/qwen3", NULL);
+    const char *ok[] = {"\"model\\\\.layers\\\\.\\\\d+\\\\.self_attn\\\\.(q|v)_proj\"", "\".*[qv]_proj\"", "[\"q_proj\", \"v_proj\"]",
+                        "[\"self_attn.q_proj\", \"v_proj\", \"lm_head\"]"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        write_targets(dir, ok[i]);
+        LoRA *b = lora_load_peft(&m, dir);
+        ck_assert_msg(b->targets == qv, "%s: targets %x", ok[i], b->targets);
+        ck_assert(b->n == a->n && memcmp(a->params, b->params, a->n * sizeof(float)) == 0);
+        lora_free(b);
+    }
+    struct { const char *json, *msg; } bad[] = {
+        {"\"q,,v\"", "target_modules selects none of the projections"},  // a regex that matches no module, as PEFT reads it
+        {"\"q_proj\"", "target_modules selects none of the projections"},  // a full match: not a name ending
+        {"\"model\\\\.layers\\\\.0\\\\..*_proj\"", "target_modules selects q_proj in 1 of the 2 layers: adapters on every layer only"},
+        {"\"(q_proj\"", "is not a regular expression"},
+        {"[\"q_proj\"]", "tensor base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight is of no module that target_modules"},
+        {"[\"q_proj\", \"k_proj\", \"v_proj\"]", "\"r\" 4 needs 3584 values"},  // k_proj's tensors are not there
+        {"[\"q_proj\", 3]", "target_modules must be names"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_targets(dir, bad[i].json);
+        EXPECT_DIE(lora_load_peft(&m, dir), bad[i].msg);
+    }
+    EXPECT_DIE(lora_parse_targets("q,,v"), "an empty name in the list");
+    EXPECT_DIE(lora_parse_targets("q,v,"), "an empty name in the list");
+    lora_free(a);
+    model_free(&m);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 
@@ -329,6 +385,7 @@ static Suite *lora_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_peft_adapter_logits);
     tcase_add_test(tc, test_peft_roundtrip);
+    tcase_add_test(tc, test_peft_target_modules);
     tcase_add_test(tc, test_init_like_peft);
     tcase_add_test(tc, test_adamw_step);
     tcase_add_test(tc, test_state_roundtrip);

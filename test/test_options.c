@@ -111,7 +111,10 @@ START_TEST(bad_input_names_the_option) {
     EXPECT_DIE(parse("--no-such 3"), "unknown option --no-such (see --help)");
     EXPECT_DIE(parse("--mode off"), "unknown option --mode: did you mean --load_mode?");
     EXPECT_DIE(parse("--load_mode int4"), "--load_mode: unknown value 'int4': use block, row or off");
-    EXPECT_DIE(parse("--max_steps 0"), "--max_steps: '0' is not an integer >= 1");
+    EXPECT_DIE(parse("--max_steps 0"), "--max_steps: 0 is too small: at least 1");
+    EXPECT_DIE(parse("--max_steps 3000000000"), "--max_steps: 3000000000 is too large: at most 1000000000");
+    EXPECT_DIE(parse("--max_steps 99999999999999999999"), "--max_steps: 99999999999999999999 is too large: at most 1000000000");
+    EXPECT_DIE(parse("--max_steps -99999999999999999999"), "--max_steps: -99999999999999999999 is too small: at least 1");
     EXPECT_DIE(parse("--max_steps 2x"), "--max_steps: '2x' is not an integer >= 1");
     EXPECT_DIE(parse("--max_steps 1e99"), "--max_steps: '1e99' is not an integer");
     EXPECT_DIE(parse("--learning_rate 2"), "--learning_rate: '2' is not a number in [0, 1]");

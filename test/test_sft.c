@@ -438,7 +438,7 @@ static void setup_program(void) {
                               "--per_device_train_batch_size 8 --output_dir %s",
              tmp_path("grpo"));
     ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
-    snprintf(model_dir, sizeof model_dir, "%s/warmup", tmp_path("grpo"));
+    warm_dir_in(tmp_path("grpo"), model_dir, sizeof model_dir);
     snprintf(data_path, sizeof data_path, "%s", tmp_path("sum.jsonl"));
     char text[16384] = "";
     for (int i = 0; i < 48; i++)
@@ -589,6 +589,40 @@ START_TEST(test_resume_bit_exact) {
 }
 END_TEST
 
+// --overwrite_output_dir: the earlier run's checkpoints and metrics gone, so a later --resume continues
+// the new run and metrics.jsonl holds its lines alone; a start-over that fails on its data leaves the
+// earlier run as it was, and a run that fails into a new directory leaves none behind
+START_TEST(test_overwrite_output_dir) {
+    setup_program();
+    char dir[1200], cmd[4096], out[8192], p[1400];
+    snprintf(dir, sizeof dir, "%s", tmp_path("over"));
+    const char *args = "./train_sft --device cpu --quiet --logging_steps 1 --save_steps 1";
+    snprintf(cmd, sizeof cmd, "%s --max_steps 3 --model %s --data %s --output_dir %s", args, model_dir, data_path, dir);
+    ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
+    snprintf(cmd, sizeof cmd, "%s --max_steps 1 --model %s --data %s.none --output_dir %s --overwrite_output_dir", args, model_dir,
+             data_path, dir);
+    ck_assert_msg(run_cmd(cmd, out, sizeof out) != 0, "%s", out);
+    snprintf(p, sizeof p, "%s/checkpoint-3", dir);
+    ck_assert_msg(access(p, F_OK) == 0, "the earlier run was touched");
+    ck_assert(!isnan(metrics_loss(dir, 3)));
+    snprintf(cmd, sizeof cmd, "%s --max_steps 1 --model %s --data %s --output_dir %s --overwrite_output_dir", args, model_dir, data_path,
+             dir);
+    ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
+    snprintf(cmd, sizeof cmd, "ls -A %s | grep -v -x -e checkpoint-1 -e metrics.jsonl -e .lock", dir);
+    ck_assert_msg(run_cmd(cmd, out, sizeof out) != 0, "left of the earlier run: %s", out);
+    ck_assert(!isnan(metrics_loss(dir, 1)) && isnan(metrics_loss(dir, 2)) && isnan(metrics_loss(dir, 3)));
+    snprintf(cmd, sizeof cmd, "%s --max_steps 2 --model %s --data %s --output_dir %s --resume", args, model_dir, data_path, dir);
+    ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0 && strstr(out, "/checkpoint-1 (the data at example"), "%s", out);
+    ck_assert(!isnan(metrics_loss(dir, 2)) && isnan(metrics_loss(dir, 3)));
+    // a run that fails on its data into a directory it would make: nothing left
+    snprintf(p, sizeof p, "%s", tmp_path("new/sub"));
+    snprintf(cmd, sizeof cmd, "%s --max_steps 1 --model %s --data %s.none --output_dir %s", args, model_dir, data_path, p);
+    ck_assert_msg(run_cmd(cmd, out, sizeof out) != 0 && strstr(out, "output: "), "%s", out);
+    snprintf(p, sizeof p, "%s", tmp_path("new"));
+    ck_assert_msg(access(p, F_OK) != 0, "%s left behind", p);
+}
+END_TEST
+
 START_TEST(test_gradient_checkpointing_same_result) {
     // recomputing each layer in the backward changes the memory, not one bit of the result (CPU)
     setup_program();
@@ -620,7 +654,7 @@ START_TEST(test_bad_flags_and_data) {
         {model, "", "", "--data is required"},
         {model, data, "--load_in_fp8 block", "--load_in_fp8 block freezes the linear weights in FP8, but training every weight"},
         {model, data, "--lr_scheduler_type polynomial", "--lr_scheduler_type: unknown value 'polynomial': use linear, cosine or constant"},
-        {model, data, "--per_device_train_batch_size 0", "--per_device_train_batch_size: '0' is not an integer in [1, 1000000]"},
+        {model, data, "--per_device_train_batch_size 0", "--per_device_train_batch_size: 0 is too small: at least 1"},
         {model, data, "--max_steps abc", "--max_steps: 'abc' is not an integer"},
         {model, data, "--num_generations 4", "unknown option --num_generations"},
         {model, data, "--resume --overwrite_output_dir", "contradict"},
@@ -673,6 +707,7 @@ static Suite *sft_suite(void) {
     tcase_add_test(tc, test_bf16_model_saved_in_bf16);
     tcase_add_test(tc, test_resume_bit_exact);
     tcase_add_test(tc, test_gradient_checkpointing_same_result);
+    tcase_add_test(tc, test_overwrite_output_dir);
     tcase_add_test(tc, test_bad_flags_and_data);
     suite_add_tcase(s, tc);
     return s;

@@ -416,6 +416,11 @@ START_TEST(jsonl_errors_name_file_and_line) {
         {"{\"prompt\": \"x\", \"answer\": \"  \"}\n", 1, "\"answer\" is empty"},
         {"{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}], \"answer\": \"1\"}\n", 1, "list of messages"},
         {"{\"prompt\": \"a\", \"answer\": \"1\"} {\"prompt\": \"b\", \"answer\": \"2\"}\n", 1, "more than one JSON value"},
+        // what a C string cannot hold, or JSON leaves undefined: said, never read as something else
+        {"{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"prompt\": \"x\\u0000y\", \"answer\": \"1\"}\n", 2, "a string holds \\u0000"},
+        {"{\"prompt\": \"x\\\\u0000y\", \"answer\": \"1\"}\n{\"prompt\": \"b\", \"prompt\": \"c\", \"answer\": \"1\"}\n", 2,
+         "the key \"prompt\" appears twice in one object"},
+        {"{\"prompt\": \"b\", \"answer\": \"1\", \"meta\": {\"k\": 1, \"k\": 2}}\n", 1, "the key \"k\" appears twice"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         Task t;
@@ -431,6 +436,14 @@ START_TEST(jsonl_errors_name_file_and_line) {
     Task t;
     char err[512];
     const char *path;
+    // a NUL byte in the file (after the object, where a parser of C strings would stop reading)
+    char nul[] = "/tmp/fp8grpo_nulXXXXXX";
+    int fd = mkstemp(nul);
+    const char bytes[] = "{\"prompt\": \"a\", \"answer\": \"1\"}\0{\"prompt\": \"b\"\n";
+    ck_assert(fd >= 0 && write(fd, bytes, sizeof bytes - 1) == (ssize_t)(sizeof bytes - 1) && close(fd) == 0);
+    ck_assert_int_eq(task_open(&t, nul, NULL, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, ":1: holds a NUL byte") != NULL, "%s", err);
+    unlink(nul);
     ck_assert_int_eq(open_text(&t, "\n  \n", err, sizeof err, &path), -1);
     ck_assert_msg(strstr(err, "no examples") != NULL, "%s", err);
     unlink(path);

@@ -14,11 +14,14 @@
 #include <cjson/cJSON.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <unistd.h>
 
 #include "backend.h"  // convert_to_f64
+#include "checkpoint.h"  // run_dir_claim
 #include "safetensors.h"
 #include "testutil.h"
 #include "tokenizer.h"
@@ -67,8 +70,10 @@ static void setup(void) {
 
 static void fresh_dir(const char *name, char *out, size_t cap) {
     snprintf(out, cap, "%s/%s", base_dir, name);
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp -r %s/warm/warmup %s/", out, out, base_dir, out);
+    char cmd[8192], warm[1400];
+    snprintf(cmd, sizeof cmd, "%s/warm", base_dir);
+    warm_dir_in(cmd, warm, sizeof warm);
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp -r %s %s/", out, out, warm, out);
     ck_assert_int_eq(system(cmd), 0);
 }
 
@@ -83,7 +88,9 @@ START_TEST(test_bad_options) {
         {"--per_device_train_batch_size 12 --num_generations 8", "not a multiple of num_generations"},
         {"--load_in_fp8 int4", "--load_in_fp8: unknown value 'int4': use block, row, tensor or off"},
         {"--loss_type foo", "unknown loss_type 'foo'"},
-        {"--max_steps 0", "--max_steps: '0' is not an integer >= 1"},
+        {"--max_steps 0", "--max_steps: 0 is too small: at least 1"},
+        {"--max_steps 3000000000", "--max_steps: 3000000000 is too large: at most 1000000000"},
+        {"--temperature 0", "--temperature 0 samples (all but) greedily"},
         {"--lr_scheduler_type polynomial", "--lr_scheduler_type: unknown value 'polynomial': use cosine or constant"},
         {"--device tpu", "--device: unknown value 'tpu': use auto, cpu or cuda"},
         {"--task sudoku", "--task: unknown value 'sudoku'"},
@@ -95,7 +102,7 @@ START_TEST(test_bad_options) {
         {"--lr 0.1", "unknown option --lr (see --help)"},
         {"--fp8 row", "unknown option --fp8: did you mean --load_in_fp8?"},
         {"--resume --overwrite_output_dir", "contradict"},
-        {"--save_total_limit -1", "--save_total_limit: '-1' is not an integer >= 0"},
+        {"--save_total_limit -1", "--save_total_limit: -1 is too small: at least 0"},
         {"--use_peft false", "FP8 weights are frozen: add --load_in_fp8 off"},
         {"--use_peft false --load_in_fp8 off --beta 0.04", "use --beta 0"},
         {"--use_peft false --load_in_fp8 off --fp8_embeddings", "--fp8_embeddings freezes"},
@@ -331,7 +338,7 @@ START_TEST(test_help_lists_defaults) {
     for (int i = 0; i < 8; i++) ck_assert_msg(strstr(out, sections[i]), "no section '%s'", sections[i] + 1);
     // each option: its line, and "(default: ...)" before the next option (flags that default to off excepted)
     struct { const char *name, *dflt; } want[] = {
-        {"model", "the built-in tiny model"}, {"output_dir", "a new out/run-N per run, the warm-up cache in out/warmup"},
+        {"model", "the built-in tiny model"}, {"output_dir", "a new out/run-N per run, the warm-up caches in out/"},
         {"load_in_fp8", "block"}, {"learning_rate", "5e-4; 1e-5 with --model"}, {"max_steps", "150; 200 with --model"},
         {"max_completion_length", "8; 256 with --model"}, {"eval_size", "200; 100 with --model"},
         {"eval_steps", "25; 50 with --model"}, {"per_device_train_batch_size", "64"}, {"lora_r", "16"}, {"lora_alpha", "32"},
@@ -393,38 +400,42 @@ START_TEST(test_dash_underscore_same_run) {
 }
 END_TEST
 
-// a bad output directory fails at once, before the warm-up (a fresh cwd: no cache to load)
+// a bad output directory fails at once, before the warm-up (a fresh cwd: no cache to load); a run that
+// fails on its inputs leaves no directory behind
 START_TEST(test_output_dir_checked_first) {
     setup();
     char dir[1200], cmd[4096], err[2048], here[1024];
     ck_assert(getcwd(here, sizeof here));
     fresh_dir("badout", dir, sizeof dir);
-    snprintf(cmd, sizeof cmd, "rm -rf %s/warmup && echo x > %s/file", dir, dir);
+    snprintf(cmd, sizeof cmd, "rm -rf %s/warmup-* && echo x > %s/file", dir, dir);
     ck_assert_int_eq(system(cmd), 0);
     struct { const char *args, *msg; } cases[] = {
         {"--output_dir file", "output directory file exists and is not a directory"},
         {"--output_dir file/sub", "cannot create directory file/sub"},
         {"--overwrite_output_dir", "--overwrite_output_dir needs --output_dir"},
         {"--resume", "--resume: no out/run-N holds a checkpoint"},
+        // a run that fails on its inputs after its directory was made: the directory goes again
+        {"--model /nonexistent/m", "/nonexistent/m is not a directory"},
+        {"--model /nonexistent/m --output_dir new/sub", "/nonexistent/m is not a directory"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        double t0 = now_sec();
         snprintf(cmd, sizeof cmd, "cd %s && %s/train_grpo --device cpu %s", dir, here, cases[i].args);
         int rc = run(cmd, err, sizeof err);
         ck_assert_msg(rc != 0 && strstr(err, cases[i].msg), "'%s': rc %d, stderr '%s'", cases[i].args, rc, err);
         ck_assert_msg(strncmp(err, "error: ", 7) == 0 && strchr(err, '\n') == err + strlen(err) - 1, "not one line: %s", err);
-        ck_assert_msg(now_sec() - t0 < 10, "'%s' took %.1f s: the check came after the work", cases[i].args, now_sec() - t0);
+        // nothing made: no warm-up (so the check came before that work), no out/, no new/
+        snprintf(cmd, sizeof cmd, "ls -A %s | grep -v -x -e file", dir);
+        ck_assert_msg(run_out(cmd, err, sizeof err, NULL, 0) != 0, "'%s' left behind: %s", cases[i].args, err);
     }
-    snprintf(cmd, sizeof cmd, "%s/warmup", dir);
-    ck_assert(!path_exists(cmd));
 }
 END_TEST
 
 // the warm-up checkpoint's tokenizer.json reads back as the built-in byte-level vocabulary
 START_TEST(test_warmup_tokenizer_json) {
     setup();
-    char dir[1200];
-    snprintf(dir, sizeof dir, "%s/warm/warmup", base_dir);
+    char dir[1400], warm[1200];
+    snprintf(warm, sizeof warm, "%s/warm", base_dir);
+    warm_dir_in(warm, dir, sizeof dir);
     Tokenizer *a = tokenizer_byte_level(), *b = tokenizer_load_dir(dir);
     ck_assert_int_eq(tokenizer_vocab_size(a), tokenizer_vocab_size(b));
     ck_assert_str_eq(tokenizer_chat_format(a), tokenizer_chat_format(b));
@@ -463,29 +474,33 @@ static int line_after(const char *text, const char *key, char *out, size_t cap) 
 }
 
 // The default command without --output_dir, twice (out/run-1, out/run-2, the warm-up shared
-// in out/warmup), --resume continuing the newest run that has a checkpoint, and the
+// in out/warmup-<key>), --resume continuing the newest run that has a checkpoint, and the
 // ./generate command a run prints: it runs, and prints the completion's text (the decode of
 // its --print_ids ids).
 START_TEST(test_default_runs_and_generate) {
     setup();
-    char dir[1200], cmd[8192], out[16384], err[4096], here[1024], line[4096];
+    char dir[1200], cmd[8192], out[16384], err[4096], here[1024], line[4096], warm[1400], name[1400];
     ck_assert(getcwd(here, sizeof here));
     snprintf(dir, sizeof dir, "%s/default", base_dir);
-    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s/out && cp -r %s/warm/warmup %s/out/", dir, dir, base_dir, dir);
+    snprintf(cmd, sizeof cmd, "%s/warm", base_dir);
+    warm_dir_in(cmd, warm, sizeof warm);
+    snprintf(name, sizeof name, "out/%s", strrchr(warm, '/') + 1);  // out/warmup-<key>
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s/out && cp -r %s %s/out/", dir, dir, warm, dir);
     ck_assert_int_eq(system(cmd), 0);
     for (int r = 1; r <= 2; r++) {
         snprintf(cmd, sizeof cmd, "cd %s && %s/train_grpo " EASY " --max_steps 1", dir, here);
         ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "run %d: %s", r, err);
-        char want[64];
+        char want[1500];
         snprintf(want, sizeof want, "output: out/run-%d (a new out/run-N", r);
         ck_assert_msg(strstr(out, want), "run %d: %s", r, out);
-        ck_assert_msg(strstr(out, "warm-up loaded from out/warmup"), "run %d did not reuse the warm-up: %s", r, out);
+        snprintf(want, sizeof want, "warm-up loaded from %s", name);
+        ck_assert_msg(strstr(out, want), "run %d did not reuse the warm-up: %s", r, out);
         snprintf(cmd, sizeof cmd, "%s/out/run-%d/checkpoint-1/adapter_model.safetensors", dir, r);
         ck_assert(file_exists(cmd));
     }
     // the ready-to-copy generate command, with the real paths
     ck_assert_msg(line_after(out, "try it: ", line, sizeof line), "%s", out);
-    snprintf(cmd, sizeof cmd, "%s/generate --model out/warmup --lora out/run-2/checkpoint-1 --max_new_tokens 8 --prompt '", here);
+    snprintf(cmd, sizeof cmd, "%s/generate --model %s --lora out/run-2/checkpoint-1 --max_new_tokens 8 --prompt '", here, name);
     ck_assert_msg(!strncmp(line, cmd, strlen(cmd)), "'%s'", line);
     snprintf(cmd, sizeof cmd, "cd %s && %s", dir, line);
     ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s: %s", line, err);
@@ -624,12 +639,192 @@ START_TEST(test_save_total_limit) {
         snprintf(p, sizeof p, "%s/checkpoint-%d", dir, k);
         ck_assert_msg(path_exists(p) == kept2[k], "after the resume: checkpoint-%d %s", k, kept2[k] ? "deleted" : "kept");
     }
-    snprintf(cmd, sizeof cmd, "ls -A %s | grep -v -x -e checkpoint-4 -e checkpoint-6 -e metrics.jsonl -e plot.svg -e warmup", dir);
+    snprintf(cmd, sizeof cmd, "ls -A %s | grep -v -x -e checkpoint-4 -e checkpoint-6 -e metrics.jsonl -e plot.svg -e 'warmup-[0-9a-f]*' -e .lock", dir);
     ck_assert_msg(run_out(cmd, out, sizeof out, NULL, 0) != 0, "left behind: %s", out);
     // and the last one is whole: the adapter loads
-    snprintf(cmd, sizeof cmd, "./generate --device cpu --model %s/warmup --lora %s/checkpoint-6 --prompt '1+2=' --max_new_tokens 4", dir,
-             dir);
+    char warm[1400];
+    warm_dir_in(dir, warm, sizeof warm);
+    snprintf(cmd, sizeof cmd, "./generate --device cpu --model %s --lora %s/checkpoint-6 --prompt '1+2=' --max_new_tokens 4", warm, dir);
     ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+}
+END_TEST
+
+// stderr ends in one line "error: ..." naming want (after the backend's line, where one was chosen)
+static void assert_one_line(const char *err, const char *want) {
+    const char *e = strstr(err, "error: ");
+    ck_assert_msg(e && (e == err || e[-1] == '\n') && strstr(e, want) && strchr(e, '\n') == e + strlen(e) - 1,
+                  "stderr '%s', want one line with '%s'", err, want);
+}
+
+// the number of warm-up caches in dir
+static int count_warmups(const char *dir) {
+    char pat[1400];
+    snprintf(pat, sizeof pat, "%s/warmup-*", dir);
+    glob_t g;
+    int n = glob(pat, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+    globfree(&g);
+    return n;
+}
+
+// The built-in model's warm-up is cached per setting, never replaced by another; an adapter records
+// the base it was trained on (its weights' fingerprint), and ./generate, ./export and --resume refuse
+// another base with one line naming both (--allow_other_base: generate and export go on, warned); a
+// resume with other settings stops before any work (no warm-up made for it); a cache that holds other
+// settings than its name says is refused, not replaced.
+START_TEST(test_warmups_and_bases) {
+    setup();
+    char dir[1200], cmd[8192], out[16384], err[4096], here[1024], a[1600], b[1600], outdir[1300];
+    ck_assert(getcwd(here, sizeof here));
+    snprintf(dir, sizeof dir, "%s/bases", base_dir);
+    snprintf(outdir, sizeof outdir, "%s/out", dir);
+    snprintf(cmd, sizeof cmd, "%s/warm", base_dir);
+    warm_dir_in(cmd, a, sizeof a);
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp -r %s %s/", dir, outdir, a, outdir);
+    ck_assert_int_eq(system(cmd), 0);
+    char name[256];
+    snprintf(name, sizeof name, "%s", strrchr(a, '/') + 1);
+    snprintf(a, sizeof a, "%s/%s", outdir, name);  // warm-up A, in out/
+    // run-1 on the shared warm-up A; run-2 with another seed and warm-up length makes a warm-up B of its own
+    size_t n0, n1;
+    char *before = slurp(a, "model.safetensors", &n0);
+    snprintf(cmd, sizeof cmd, "cd %s && %s/train_grpo " EASY " --max_steps 1", dir, here);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+    snprintf(cmd, sizeof cmd, "cd %s && %s/train_grpo " EASY " --max_steps 1 --seed 7 --warmup_sft_steps 20", dir, here);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(count_warmups(outdir), 2);
+    char *after = slurp(a, "model.safetensors", &n1);
+    ck_assert_msg(n0 == n1 && !memcmp(before, after, n0), "warm-up A was replaced");
+    free(before), free(after);
+    snprintf(cmd, sizeof cmd, "ls -d %s/warmup-* | grep -v -x %s", outdir, a);
+    ck_assert_int_eq(run_out(cmd, b, sizeof b, NULL, 0), 0);
+    b[strcspn(b, "\n")] = 0;  // warm-up B
+    // run-1's adapter: on its own base it runs; on B refused, naming both; forced, a warning
+    const char *gen = "--device cpu --lora out/run-1/checkpoint-1 --prompt 1+2= --max_new_tokens 4";
+    snprintf(cmd, sizeof cmd, "cd %s && %s/generate --model %s %s", dir, here, a, gen);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+    char out_a[256], out_none[256];  // without --model: the base adapter_config.json names, A
+    snprintf(cmd, sizeof cmd, "cd %s && %s/generate --model %s %s", dir, here, a, gen);
+    ck_assert_int_eq(run_out(cmd, out_a, sizeof out_a, NULL, 0), 0);
+    snprintf(cmd, sizeof cmd, "cd %s && %s/generate %s", dir, here, gen);
+    ck_assert_msg(run_out(cmd, out_none, sizeof out_none, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(out_a, out_none);
+    snprintf(cmd, sizeof cmd, "cd %s && %s/generate --model %s %s", dir, here, b, gen);
+    ck_assert_int_ne(run(cmd, err, sizeof err), 0);
+    assert_one_line(err, "out/run-1/checkpoint-1 was trained on another base");
+    ck_assert_msg(strstr(err, name) && strstr(err, b) && strstr(err, "--allow_other_base"), "%s", err);
+    snprintf(cmd, sizeof cmd, "cd %s && %s/generate --model %s %s --allow_other_base", dir, here, b, gen);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0 && strstr(err, "warning: ") && strstr(err, "applied anyway"),
+                  "%s", err);
+    snprintf(cmd, sizeof cmd, "cd %s && %s/export --model %s --lora out/run-1/checkpoint-1 --output_dir merged", dir, here, b);
+    ck_assert_int_ne(run(cmd, err, sizeof err), 0);
+    assert_one_line(err, "was trained on another base");
+    snprintf(cmd, sizeof cmd, "%s/merged", dir);
+    ck_assert(!path_exists(cmd));
+    // a resume (of run-2, the newest) with other settings: stopped before any work, naming what differs
+    snprintf(cmd, sizeof cmd, "cd %s && %s/train_grpo " EASY " --max_steps 2 --resume --seed 9 --warmup_sft_steps 30", dir, here);
+    ck_assert_int_ne(run(cmd, err, sizeof err), 0);
+    assert_one_line(err, "was made with other settings than this run");
+    ck_assert_msg(strstr(err, "seed 7 there, 9 here") && strstr(err, "\"steps\":20") && strstr(err, "\"steps\":30"), "%s", err);
+    ck_assert_int_eq(count_warmups(outdir), 2);
+    // its base replaced under the same path (B's weights now A's): refused by the fingerprint
+    snprintf(cmd, sizeof cmd, "cp %s/model.safetensors %s/b.safetensors && cp %s/model.safetensors %s/", b, dir, a, b);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "cd %s && %s/train_grpo " EASY " --max_steps 2 --resume --seed 7 --warmup_sft_steps 20", dir, here);
+    ck_assert_int_ne(run(cmd, err, sizeof err), 0);
+    assert_one_line(err, "base_model_fingerprint");
+    snprintf(cmd, sizeof cmd, "mv %s/b.safetensors %s/model.safetensors", dir, b);
+    ck_assert_int_eq(system(cmd), 0);
+    // a cache whose warmup.json is not what its name says: refused, left as it is
+    snprintf(cmd, sizeof cmd, "%s/warmup.json", b);
+    write_file_atomic(cmd, "{}", 2);
+    snprintf(cmd, sizeof cmd, "cd %s && %s/train_grpo " EASY " --max_steps 1 --seed 7 --warmup_sft_steps 20 --output_dir out", dir, here);
+    ck_assert_int_ne(run(cmd, err, sizeof err), 0);
+    assert_one_line(err, "holds another warm-up");
+    char *w = slurp(b, "warmup.json", NULL);
+    ck_assert_str_eq(w, "{}");
+    free(w);
+}
+END_TEST
+
+// --overwrite_output_dir: nothing of the earlier run is left to resume or to read beside the new
+// one's metrics; a start-over that fails on its inputs leaves the earlier run as it was
+START_TEST(test_overwrite_output_dir) {
+    setup();
+    char dir[1200], cmd[4096], out[16384], err[2048], p[1400];
+    fresh_dir("over", dir, sizeof dir);
+    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 3 --save_steps 1 --output_dir %s", dir);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 1 --overwrite_output_dir --model %s/none --output_dir %s", dir, dir);
+    ck_assert_int_ne(run(cmd, err, sizeof err), 0);
+    snprintf(p, sizeof p, "%s/checkpoint-3", dir);
+    ck_assert_msg(path_exists(p) && metric_at(dir, 3, "loss") == metric_at(dir, 3, "loss"), "the earlier run was touched");
+    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 1 --overwrite_output_dir --output_dir %s", dir);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+    snprintf(cmd, sizeof cmd, "ls -A %s | grep -v -x -e checkpoint-1 -e metrics.jsonl -e plot.svg -e 'warmup-[0-9a-f]*' -e .lock", dir);
+    ck_assert_msg(run_out(cmd, out, sizeof out, NULL, 0) != 0, "left of the earlier run: %s", out);
+    ck_assert(isnan(metric_at(dir, 2, "loss")) && isnan(metric_at(dir, 3, "loss")) && !isnan(metric_at(dir, 1, "loss")));
+    // a resume continues the new run
+    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 2 --resume --output_dir %s", dir);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    snprintf(p, sizeof p, "resumed from %s/checkpoint-1", dir);
+    ck_assert_msg(strstr(out, p), "%s", out);
+    ck_assert(!isnan(metric_at(dir, 2, "loss")) && isnan(metric_at(dir, 3, "loss")));
+}
+END_TEST
+
+// One run at a time in an output directory: a second stops at once, naming the first's pid; the lock
+// goes with the process that held it, however that ends (here: SIGKILL)
+START_TEST(test_output_dir_locked) {
+    setup();
+    char dir[1200], cmd[4096], err[2048], want[128];
+    fresh_dir("locked", dir, sizeof dir);
+    int ready[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    pid_t pid = fork();
+    if (pid == 0) {  // a run that holds the directory
+        run_dir_claim(dir, 0, 0);
+        if (write(ready[1], "x", 1) != 1) _exit(1);
+        for (;;) pause();
+    }
+    char c;
+    ck_assert_int_eq(read(ready[0], &c, 1), 1);
+    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 1 --output_dir %s", dir);
+    ck_assert_int_ne(run(cmd, err, sizeof err), 0);
+    snprintf(want, sizeof want, "is in use by another run (pid %d)", (int)pid);
+    assert_one_line(err, want);
+    snprintf(cmd, sizeof cmd, "./train_sft --device cpu --model %s --data x.jsonl --output_dir %s", dir, dir);
+    ck_assert_int_ne(run(cmd, err, sizeof err), 0);
+    assert_one_line(err, want);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    close(ready[0]), close(ready[1]);
+    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 1 --output_dir %s", dir);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "after the holder was killed: %s", err);
+}
+END_TEST
+
+// ./generate --tokenize: the ids on stdout (a file here), an empty prompt none, exit 0; a config.json
+// with fewer layers than its checkpoint names the tensors it leaves unused
+START_TEST(test_generate_tokenize_and_unused_tensors) {
+    setup();
+    char warm[1400], cmd[8192], out[4096], err[4096], dir[1300];
+    snprintf(cmd, sizeof cmd, "%s/warm", base_dir);
+    warm_dir_in(cmd, warm, sizeof warm);
+    snprintf(cmd, sizeof cmd, "./generate --model %s --tokenize --prompt ''", warm);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(out, "\n");
+    snprintf(cmd, sizeof cmd, "./generate --model %s --tokenize --prompt '17+25='", warm);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(out, "49 55 43 50 53 61\n");  // a byte a token
+    snprintf(dir, sizeof dir, "%s/fewer_layers", base_dir);
+    snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s && sed -i 's/\"num_hidden_layers\":[[:space:]]*4/\"num_hidden_layers\": 2/' %s/config.json",
+             dir, warm, dir, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "./generate --device cpu --model %s --tokens '1 2' --max_new_tokens 1", dir);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(strstr(err, "warning: ") && strstr(err, ": 22 tensors of the checkpoint are not used by the model config.json "
+                                                      "describes (model.layers.2.input_layernorm.weight"),
+                  "%s", err);
 }
 END_TEST
 
@@ -652,6 +847,10 @@ static Suite *train_suite(void) {
     tcase_add_test(tc, test_tokenizer_checkpoint_disagree);
     tcase_add_test(tc, test_resume_finished_run);
     tcase_add_test(tc, test_save_total_limit);
+    tcase_add_test(tc, test_warmups_and_bases);
+    tcase_add_test(tc, test_overwrite_output_dir);
+    tcase_add_test(tc, test_output_dir_locked);
+    tcase_add_test(tc, test_generate_tokenize_and_unused_tensors);
     suite_add_tcase(s, tc);
     return s;
 }

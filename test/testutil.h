@@ -21,6 +21,18 @@ static inline const char *fixture_dir(void) {
 }
 static inline void fixture_path(char *out, size_t cap, const char *rel) { path_join(out, cap, fixture_dir(), rel); }
 
+// the one warm-up cache of the built-in model in dir (train_grpo's dir/warmup-<key of its settings>)
+// into out
+#include <glob.h>
+static inline void warm_dir_in(const char *dir, char *out, size_t cap) {
+    char pat[8300];
+    snprintf(pat, sizeof pat, "%s/warmup-*", dir);
+    glob_t g;
+    ck_assert_msg(glob(pat, 0, NULL, &g) == 0 && g.gl_pathc == 1, "%s: not one warm-up", pat);
+    snprintf(out, cap, "%s", g.gl_pathv[0]);
+    globfree(&g);
+}
+
 // A loaded .npy array: data converted to double (float32/float64/int32/int64/uint8/bool),
 // shape up to 4 dims.
 typedef struct {

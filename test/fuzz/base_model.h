@@ -11,7 +11,7 @@ static void fuzz_base_model(Model *m) {
     Config c = {0};
     c.arch = ARCH_QWEN3, c.V = 320, c.C = 64, c.FF = 160, c.L = 2, c.NH = 4, c.KVH = 2, c.HD = 32, c.max_pos = 128;
     c.eps = 1e-6f, c.rope_theta = 1e4f, c.qk_norm = 1, c.tied = 1, c.bos_id = -1;
-    ModelOptions o = {FP8_OFF, 0, 0, 0};
+    ModelOptions o = {FP8_OFF, 0, 0, 0, 0};
     model_init_random(m, &c, backend_cpu(), &o, 1);
 }
 

@@ -154,10 +154,10 @@ __attribute__((unused)) static struct { uintptr_t lo, hi; int omp; } fuzz_range[
 __attribute__((unused)) static int fuzz_nrange;
 FUZZ_HARNESS static int fuzz_add_ranges(struct dl_phdr_info *info, size_t size, void *data) {
     (void)size, (void)data;
-    const char *name = info->dlpi_name ? info->dlpi_name : "";
-    const char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
-    int omp = !strncmp(base, "libgomp", 7);
-    if (!omp && strncmp(base, "libasan", 7) && strncmp(base, "libubsan", 8)) return 0;
+    const char *name = info->dlpi_name, *slash = name ? strrchr(name, '/') : NULL, *base = slash ? slash + 1 : name;
+    if (!base) return 0;
+    int omp = strstr(base, "libgomp") == base;
+    if (!omp && strstr(base, "libasan") != base && strstr(base, "libubsan") != base) return 0;
     for (int i = 0; i < info->dlpi_phnum && fuzz_nrange < FUZZ_MAX_RANGES; i++)
         if (info->dlpi_phdr[i].p_type == PT_LOAD) {
             uintptr_t lo = info->dlpi_addr + info->dlpi_phdr[i].p_vaddr;
