@@ -327,23 +327,26 @@ void checkpoint_check_run(const char *dir, int step, const char *identity_json) 
     free(text);
     if (!st) die("%s: not valid JSON", p);
     cJSON *run = cJSON_GetObjectItemCaseSensitive(st, "run"), *mine = cJSON_Parse(identity_json);
-    if (!cJSON_IsObject(run)) die("%s records no \"run\" settings: not a checkpoint this program wrote", p);
+    if (!cJSON_IsObject(run)) {
+        cJSON_Delete(st), cJSON_Delete(mine);
+        die("%s records no \"run\" settings: not a checkpoint this program wrote", p);
+    }
     // the base's fingerprint is compared where both have it (checkpoints of earlier versions lack
     // it; a caller that cannot know it yet leaves it out, and checks again once it can)
     if (!cJSON_GetObjectItemCaseSensitive(run, "base_model_fingerprint") || !cJSON_GetObjectItemCaseSensitive(mine, "base_model_fingerprint")) {
         cJSON_DeleteItemFromObject(mine, "base_model_fingerprint");
         cJSON_DeleteItemFromObject(run, "base_model_fingerprint");
     }
-    if (!cJSON_Compare(run, mine, 1)) {
-        char diff[1024];
-        describe_difference(run, mine, diff, sizeof diff);
+    char diff[1024] = "";
+    if (!cJSON_Compare(run, mine, 1)) describe_difference(run, mine, diff, sizeof diff);
+    cJSON *gs = cJSON_GetObjectItemCaseSensitive(st, "global_step");
+    int step_ok = cJSON_IsNumber(gs) && gs->valuedouble == step;
+    cJSON_Delete(mine);
+    cJSON_Delete(st);
+    if (diff[0])
         die("%s was made with other settings than this run (%s): resume with the same options and model, or use a new "
             "--output_dir", dir, diff);
-    }
-    cJSON_Delete(mine);
-    cJSON *gs = cJSON_GetObjectItemCaseSensitive(st, "global_step");
-    if (!cJSON_IsNumber(gs) || gs->valuedouble != step) die("%s: global_step does not match the directory name", p);
-    cJSON_Delete(st);
+    if (!step_ok) die("%s: global_step does not match the directory name", p);
 }
 
 void checkpoint_copy_tokenizer(const char *from, const char *to) {

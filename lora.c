@@ -410,8 +410,10 @@ static unsigned peft_targets(const cJSON *tm, int L, const char *path) {
             hits += peft_selects(&t, name);
         }
         if (hits == L) targets |= 1u << i;
-        else if (hits > 0)
+        else if (hits > 0) {
+            if (t.re) pcre2_match_data_free(t.md), pcre2_code_free(t.re);
             die("%s: target_modules selects %s in %d of the %d layers: adapters on every layer only", path, lin_names[i], hits, L);
+        }
     }
     if (t.re) pcre2_match_data_free(t.md), pcre2_code_free(t.re);
     if (!targets) die("%s: target_modules selects none of the projections (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)", path);

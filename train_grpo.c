@@ -631,10 +631,11 @@ static void warmup(Run *r, const Config *tc, const ModelOptions *mo) {
     path_join(wjson, sizeof wjson, r->warm_dir, "warmup.json");
     if (r->rank0 && dir_exists(r->warm_dir)) {
         if (!file_exists(wjson)) die("%s holds no warmup.json: not a warm-up this program made; remove it", r->warm_dir);
-        char *have = read_file(wjson, NULL);
-        if (strcmp(have, r->warm_json))
-            die("%s holds another warm-up (%s) than this run's (%s): remove it", r->warm_dir, have, r->warm_json);
-        free(have);
+        char *text = read_file(wjson, NULL), have[512];
+        snprintf(have, sizeof have, "%s", text);
+        int same = !strcmp(text, r->warm_json);
+        free(text);
+        if (!same) die("%s holds another warm-up (%.200s) than this run's (%s): remove it", r->warm_dir, have, r->warm_json);
         printf("built-in model: warm-up loaded from %s\n", r->warm_dir);
     } else if (r->rank0) {
         printf("built-in model: %d layers, hidden %d, vocab %d (byte-level); supervised warm-up on '%s' for %d steps (cached in %s)\n",

@@ -212,6 +212,9 @@ def jsonl_seeds():
              '{"prompt": "Cost?", "answer": "$1,234"}', '  {"prompt": "p\\u00e9", "answer": "-3"}  ']
     put("jsonl", "seed-mixed", "\n".join(lines) + "\n", "Let me think. <answer>42</answer> #### 72 \\boxed{7}")
     put("jsonl", "seed-countdown", '{"prompt": "3,5,7->22:", "answer": "3*5+7"}\n', "(3+5)*7/8*22-7")
+    # JSON a C string cannot hold, or leaves undefined: refused, never read as something else
+    put("jsonl", "regress-duplicate-key", '{"prompt": "1+1=", "prompt": "2+2=", "answer": "4"}\n', "4")
+    put("jsonl", "regress-nul-escape", '{"prompt": "1+1=\\u0000x", "answer": "2"}\n', "2")
 
 
 # ---- PEFT adapters and checkpoints, for the model of fuzz_peft.c / fuzz_resume.c ----------------------
@@ -242,6 +245,11 @@ def peft_seeds():
     put("peft", "regress-alpha-huge", json.dumps(dict(cfg, lora_alpha=1e300)), adapter(1, ["q_proj", "v_proj"]))
     # r in bounds but far larger than the tensors: refused by the file's size before anything is allocated
     put("peft", "regress-r-unbacked", json.dumps(dict(cfg, r=65536)), adapter(1, ["q_proj", "v_proj"]))
+    # target_modules as PEFT reads it: a string is a regular expression matched against the whole name
+    put("peft", "seed-r1-qv-regex", json.dumps(dict(cfg, target_modules=r"model\.layers\.\d+\.self_attn\.[qv]_proj")),
+        adapter(1, ["q_proj", "v_proj"]))
+    # a tensor of a module target_modules does not select: refused, not ignored
+    put("peft", "regress-tensor-unselected", json.dumps(dict(cfg, target_modules=["q_proj"])), adapter(1, ["q_proj", "v_proj"]))
 
 
 RUN = {"model": "builtin-tiny", "data": "arithmetic", "lora_r": 2, "lora_alpha": 4}  # fuzz_resume.c's
