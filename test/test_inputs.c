@@ -12,6 +12,7 @@
 #include "lora.h"
 #include "model.h"
 #include "safetensors.h"
+#include "tasks.h"
 #include "testutil.h"
 #include "tokenizer.h"
 
@@ -139,8 +140,30 @@ START_TEST(test_peft) {
     EXPECT_DIE(load_peft("regress-alpha-huge"), "adapter_config.json: \"lora_alpha\" must be a number in (0, 1e6]");
     // r = 65536 over tensors of rank 1: refused by the size of the file before the LoRA is allocated
     EXPECT_DIE(load_peft("regress-r-unbacked"), "adapter_config.json: \"r\" 65536 needs 41943040 values, and");
+    // a tensor of a module target_modules leaves out: refused (it was ignored); a string is a regex
+    EXPECT_DIE(load_peft("regress-tensor-unselected"), "tensor base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight is of "
+                                                       "no module that target_modules");
+    load_peft("seed-r1-qv-regex");
     load_peft("seed-r2-all-bf16");
     model_free(&qwen3);
+}
+END_TEST
+
+// JSONL data: a duplicate key and a NUL character, refused with the line (they were read as the first
+// value, and cut at the NUL)
+START_TEST(test_jsonl) {
+    const char *const names[] = {"data.jsonl"};
+    const struct { const char *name, *msg; } bad[] = {
+        {"regress-duplicate-key", "data.jsonl:1: the key \"prompt\" appears twice in one object: keep one"},
+        {"regress-nul-escape", "data.jsonl:1: a string holds \\u0000 (a NUL character), which a prompt or answer cannot"},
+    };
+    for (int i = 0; i < 2; i++) {
+        char p[1200], err[512];
+        snprintf(p, sizeof p, "%s/data.jsonl", unpack("jsonl", bad[i].name, names, 1));
+        Task t;
+        ck_assert_int_eq(task_open(&t, p, NULL, err, sizeof err), -1);
+        ck_assert_msg(strstr(err, bad[i].msg), "%s", err);
+    }
 }
 END_TEST
 
@@ -198,6 +221,7 @@ Suite *inputs_suite(void) {
     tcase_add_test(tc, test_config);
     tcase_add_test(tc, test_tokenizer);
     tcase_add_test(tc, test_peft);
+    tcase_add_test(tc, test_jsonl);
     tcase_add_test(tc, test_resume);
     tcase_add_test(tc, test_programs);
     suite_add_tcase(s, tc);
