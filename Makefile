@@ -86,7 +86,7 @@ CHECK_LIBS := -lcheck -lsubunit -lpthread -lrt -lm
 override CFLAGS += $(SANFLAGS)
 # The CPU kernels (ops_cpu.c in both precisions, fp8_cpu.c): with SAN=1 at -O3 and without the
 # sanitizers, whose checks in their inner loops stop the vectorizer (instrumented, a training step
-# runs 8 to 15 times slower and test_train alone takes over an hour on 2 cores). They are loops
+# runs 8 to 15 times slower and test_train_grpo alone takes over an hour on 2 cores). They are loops
 # over buffers sized where those are allocated; make fuzz instruments them like the rest.
 ifeq ($(SAN),1)
 KCFLAGS = $(filter-out $(SANFLAGS),$(CFLAGS)) -O3
@@ -169,26 +169,29 @@ NVLDLIBS := -lcjson -lpcre2-8 $(NCCL_NVLIBS) -lcublasLt -lcublas -lgomp -lm -lrt
 endif
 
 # ---- sources ----
-# the library: everything but the programs' mains
-LIB_C   := safetensors.c model.c model_load.c backend.c backend_cpu.c ops_cpu.c fp8_cpu.c fp8_recipe.c \
-           tokenizer.c unicode.c lora.c full.c sft.c checkpoint.c grpo.c tasks.c rollout.c plot.c options.c dist.c dp.c memfit.c
-LIB_C   := $(wildcard $(LIB_C))
+# the library: everything but the programs' mains. The lesson lies at the root (model, fp8, lora,
+# grpo, tokenizer, rollout); the machinery in folders named for their job (README: the layout):
+# core (what every file builds on), cpu and cuda (the two backends), train (the training recipes),
+# io (file formats and the command line), text (Unicode for the tokenizer), tasks (data and
+# rewards), dist (several processes). Includes name the folder: #include "cuda/fp8_cuda.h".
+SRC_DIRS := core cpu cuda train io text tasks dist
+STUBS   := cuda/backend_cuda_stub.c dist/dist_cuda_stub.c
+LIB_C   := model.c lora.c grpo.c tokenizer.c rollout.c $(filter-out $(STUBS),$(wildcard $(addsuffix /*.c,$(SRC_DIRS))))
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C)))
 # the CPU reference kernels and backend again, in fp64 (backend "cpu64")
 LIB_OBJ += $(BUILD)/ops_cpu64.o $(BUILD)/backend_cpu64.o
 ifeq ($(HAVE_CUDA),1)
-LIB_CU  := $(wildcard backend_cuda.cu ops_cuda.cu sample.cu attention.cu fp8.cu fp8_hopper.cu fp8_train.cu dist_cuda.cu)
+LIB_CU  := fp8.cu $(wildcard cuda/*.cu dist/*.cu)
 LIB_OBJ += $(patsubst %.cu,$(BUILD)/%.o,$(notdir $(LIB_CU)))
 LDLIBS  += $(CUDA_LIBS)
-endif
-ifeq ($(filter backend_cuda.cu,$(LIB_CU)),)
-LIB_OBJ += $(BUILD)/backend_cuda_stub.o $(BUILD)/dist_cuda_stub.o
+else  # the CUDA backend's and NCCL's stand-ins: the programs link, and say why they run on the CPU
+LIB_OBJ += $(patsubst %.c,$(BUILD)/%.o,$(notdir $(STUBS)))
 endif
 LIB     := $(BUILD)/libfp8grpo.a
 PROGS   := $(patsubst %.c,$(BIN)%,$(wildcard train_grpo.c train_sft.c generate.c export.c))
-HEADERS := $(wildcard *.h *.cuh)
+HEADERS := $(wildcard *.h $(addsuffix /*.h,$(SRC_DIRS)) $(addsuffix /*.cuh,$(SRC_DIRS)))
 
-VPATH := .:test
+VPATH := . $(SRC_DIRS) test
 
 .PHONY: all test test-gpu clean bench-gemm bench-train bench-full bench-rollout bench-dp bench-grpo fuzz fuzz-run fuzz-replay
 all: $(PROGS)
@@ -200,13 +203,13 @@ $(BUILD)/%.o: %.c $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -c $< -o $@
 $(BUILD)/ops_cpu.o $(BUILD)/fp8_cpu.o: $(BUILD)/%.o: %.c $(HEADERS) | $(BUILD)
 	$(CC) $(KCFLAGS) -c $< -o $@
-$(BUILD)/ops_cpu64.o: ops_cpu.c $(HEADERS) | $(BUILD)
+$(BUILD)/ops_cpu64.o: cpu/ops_cpu.c $(HEADERS) | $(BUILD)
 	$(CC) $(KCFLAGS) -DCPU_F64 -c $< -o $@
-$(BUILD)/backend_cpu64.o: backend_cpu.c $(HEADERS) | $(BUILD)
+$(BUILD)/backend_cpu64.o: cpu/backend_cpu.c $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -DCPU_F64 -c $< -o $@
 $(BUILD)/%.o: %.cu $(HEADERS) | $(BUILD)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
-$(BUILD)/dist_cuda.o: dist_cuda.cu $(HEADERS) | $(BUILD)
+$(BUILD)/dist_cuda.o: dist/dist_cuda.cu $(HEADERS) | $(BUILD)
 	$(NVCC) $(NVCCFLAGS) $(NCCL_FLAGS) -c $< -o $@
 
 $(LIB): $(LIB_OBJ)

@@ -30,8 +30,8 @@
 
 #include "lora.h"
 #include "model.h"
-#include "options.h"
-#include "safetensors.h"
+#include "io/options.h"
+#include "io/safetensors.h"
 
 // ----------------------------------------------------------------------------
 // options

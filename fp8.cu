@@ -11,9 +11,9 @@
 // Needs: CUDA >= 12.9 (cuBLASLt's VEC128 / BLK128x128 scale modes), cuBLASLt.
 #include <cublasLt.h>
 
-#include "cuda_common.cuh"
-#include "fp8_cuda.h"
-#include "fp8_gemm.cuh"
+#include "cuda/cuda_common.cuh"
+#include "cuda/fp8_cuda.h"
+#include "cuda/fp8_gemm.cuh"
 
 #if CUBLAS_VERSION < 120900
 #error "fp8.cu needs cuBLAS >= 12.9 (CUDA 12.9) for VEC128_32F / BLK128x128_32F block scaling"
@@ -453,11 +453,11 @@ void fp8_dequantize_cuda(void *out, DType odt, const FP8Tensor *t) {
 // different banks. Block scaling: each step's products go into a fresh partial sum, promoted into the
 // fp32 accumulator with sx[m, kb] * sw[n/128, kb] (DeepSeek-V3); tensor / row: straight into the
 // accumulator, scaled once at the end. Needs K % 16 == 0 (16-byte rows for cp.async).
-#define V3_BM 128
-#define V3_BN 128
-#define V3_BK 128
-#define V3_LDS (V3_BK + 16)
-#define V3_SMEM (2 * (V3_BM + V3_BN) * V3_LDS)
+#define MMA_BM 128
+#define MMA_BN 128
+#define MMA_BK 128
+#define MMA_LDS (MMA_BK + 16)
+#define MMA_SMEM (2 * (MMA_BM + MMA_BN) * MMA_LDS)
 
 // D (16x8 f32) += A (16x32 fp8, row) * B (32x8 fp8, col): FX/FW pick e4m3 or e5m2
 template <int FX, int FW>
@@ -477,23 +477,23 @@ __device__ __forceinline__ void mma_fp8(float *d, const uint32_t *a, const uint3
 }
 
 template <typename T, int FX, int FW, bool BLOCKWISE>
-__global__ void __launch_bounds__(256) gemm_fp8_v3_kernel(T *y, GemmArgs a) {
+__global__ void __launch_bounds__(256) gemm_fp8_mma_kernel(T *y, GemmArgs a) {
     extern __shared__ __align__(16) uint8_t smem[];
-    uint8_t *xs = smem, *ws = smem + 2 * V3_BM * V3_LDS;  // [stage][row][V3_LDS]
+    uint8_t *xs = smem, *ws = smem + 2 * MMA_BM * MMA_LDS;  // [stage][row][MMA_LDS]
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int g = lane >> 2, t4 = lane & 3;     // mma fragment coordinates
     int wm = warp >> 2, wn = warp & 3;    // warp tile (64 x 32) in the block tile
-    int m0 = blockIdx.y * V3_BM, n0 = blockIdx.x * V3_BN;
-    int KT = cdiv(a.K, V3_BK);
+    int m0 = blockIdx.y * MMA_BM, n0 = blockIdx.x * MMA_BN;
+    int KT = cdiv(a.K, MMA_BK);
 
     auto load_stage = [&](int stage, int kt) {
-        int k0 = kt * V3_BK;
-        for (int c = tid; c < V3_BM * (V3_BK / 16); c += 256) {  // 1024 chunks of 16 bytes
+        int k0 = kt * MMA_BK;
+        for (int c = tid; c < MMA_BM * (MMA_BK / 16); c += 256) {  // 1024 chunks of 16 bytes
             int r = c >> 3, kc = (c & 7) * 16;
             bool kin = k0 + kc < a.K;
             int mr = min(m0 + r, a.M - 1), nr = min(n0 + r, a.N - 1), kk = kin ? k0 + kc : 0;
-            cp_async16(xs + (stage * V3_BM + r) * V3_LDS + kc, a.x + (size_t)mr * a.K + kk, kin && m0 + r < a.M);
-            cp_async16(ws + (stage * V3_BN + r) * V3_LDS + kc, a.w + (size_t)nr * a.K + kk, kin && n0 + r < a.N);
+            cp_async16(xs + (stage * MMA_BM + r) * MMA_LDS + kc, a.x + (size_t)mr * a.K + kk, kin && m0 + r < a.M);
+            cp_async16(ws + (stage * MMA_BN + r) * MMA_LDS + kc, a.w + (size_t)nr * a.K + kk, kin && n0 + r < a.N);
         }
         cp_async_commit();
     };
@@ -511,7 +511,7 @@ __global__ void __launch_bounds__(256) gemm_fp8_v3_kernel(T *y, GemmArgs a) {
         if (kt + 1 < KT) { load_stage((kt + 1) & 1, kt + 1); cp_async_wait<1>(); }
         else cp_async_wait<0>();
         __syncthreads();
-        const uint8_t *xt = xs + (kt & 1) * V3_BM * V3_LDS, *wt = ws + (kt & 1) * V3_BN * V3_LDS;
+        const uint8_t *xt = xs + (kt & 1) * MMA_BM * MMA_LDS, *wt = ws + (kt & 1) * MMA_BN * MMA_LDS;
         if (BLOCKWISE) {
 #pragma unroll
             for (int i = 0; i < 4; i++)
@@ -521,19 +521,19 @@ __global__ void __launch_bounds__(256) gemm_fp8_v3_kernel(T *y, GemmArgs a) {
                     for (int v = 0; v < 4; v++) part[i][j][v] = 0.0f;
         }
 #pragma unroll
-        for (int kk = 0; kk < V3_BK; kk += 32) {
+        for (int kk = 0; kk < MMA_BK; kk += 32) {
             uint32_t af[4][4], bf[4][2];
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const uint8_t *p = xt + (wm * 64 + i * 16 + g) * V3_LDS + kk + t4 * 4;
+                const uint8_t *p = xt + (wm * 64 + i * 16 + g) * MMA_LDS + kk + t4 * 4;
                 af[i][0] = *(const uint32_t *)p;
-                af[i][1] = *(const uint32_t *)(p + 8 * V3_LDS);
+                af[i][1] = *(const uint32_t *)(p + 8 * MMA_LDS);
                 af[i][2] = *(const uint32_t *)(p + 16);
-                af[i][3] = *(const uint32_t *)(p + 8 * V3_LDS + 16);
+                af[i][3] = *(const uint32_t *)(p + 8 * MMA_LDS + 16);
             }
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                const uint8_t *p = wt + (wn * 32 + j * 8 + g) * V3_LDS + kk + t4 * 4;
+                const uint8_t *p = wt + (wn * 32 + j * 8 + g) * MMA_LDS + kk + t4 * 4;
                 bf[j][0] = *(const uint32_t *)p;
                 bf[j][1] = *(const uint32_t *)(p + 16);
             }
@@ -581,11 +581,11 @@ template <typename T, int FX, int FW, bool BW>
 static void launch_v3_t(T *y, const GemmArgs &a) {
     static int attr_set = 0;  // per instantiation
     if (!attr_set) {
-        cudaCheck(cudaFuncSetAttribute(gemm_fp8_v3_kernel<T, FX, FW, BW>, cudaFuncAttributeMaxDynamicSharedMemorySize, V3_SMEM));
+        cudaCheck(cudaFuncSetAttribute(gemm_fp8_mma_kernel<T, FX, FW, BW>, cudaFuncAttributeMaxDynamicSharedMemorySize, MMA_SMEM));
         attr_set = 1;
     }
-    dim3 grid(cdiv(a.N, V3_BN), cdiv(a.M, V3_BM));
-    gemm_fp8_v3_kernel<T, FX, FW, BW><<<grid, 256, V3_SMEM, ctx.stream>>>(y, a);
+    dim3 grid(cdiv(a.N, MMA_BN), cdiv(a.M, MMA_BM));
+    gemm_fp8_mma_kernel<T, FX, FW, BW><<<grid, 256, MMA_SMEM, ctx.stream>>>(y, a);
     launchCheck();
 }
 template <typename T, int FX, int FW>
@@ -660,8 +660,8 @@ static void plan_build(LtPlan *p, cudaDataType_t ta, cudaDataType_t tb, int lda)
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     if (p->kind == 0) {
         // fast accumulation off: with it Hopper's FP8 tensor cores keep ~14 accumulator bits over
-        // the whole K (relative error 4.7e-2 at K = 16384 on all-positive data against 1.9e-3 off:
-        // dev/RESULTS.md); off, cuBLASLt promotes the partial sums to fp32 as the kernels here do
+        // the whole K (an error that grows with K: dev/RESULTS.md); off, cuBLASLt promotes the
+        // partial sums to fp32 as the kernels here do
         int8_t fast = 0;
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
         cublasLtMatmulMatrixScale_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, mb = ma;

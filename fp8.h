@@ -34,7 +34,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "common.h"
+#include "core/common.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -18,9 +18,9 @@
 
 #include "lora.h"
 #include "model.h"
-#include "options.h"
-#include "safetensors.h"
 #include "tokenizer.h"
+#include "io/options.h"
+#include "io/safetensors.h"
 
 // ----------------------------------------------------------------------------
 // options

@@ -1,8 +1,8 @@
 // grpo.c: GRPO on the host, in double precision. Defines the config (TRL's
 // GRPOConfig names and defaults) and its string parser, group advantages, the
 // clipped-surrogate loss with KL, GSPO and truncated importance sampling, and its
-// gradient with respect to each per-token log-probability; also the LR schedule
-// and the grad-norm clip factor. Depends on common.h only. See grpo.h for the API.
+// gradient with respect to each per-token log-probability. Depends on core/common.h only.
+// See grpo.h for the API.
 //
 // TRL version followed: the 0.2x GRPOTrainer (read at v0.25+ where
 // vllm_importance_sampling_mode exists; config defaults from that grpo_config.py):
@@ -45,7 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "core/common.h"
 
 #define LOGRATIO_CLAMP 20.0
 
@@ -582,24 +582,4 @@ GrpoMetrics grpo_metrics(const GrpoStats *st) {
         m.is_ratio_min = m.is_ratio_mean = m.is_ratio_max = NAN;
     }
     return m;
-}
-
-// ----------------------------------------------------------------------------
-// optimizer helpers
-
-double lr_cosine_with_warmup(double lr, long step, long warmup, long total) {
-    if (step < warmup) return lr * (double)step / (double)(warmup > 1 ? warmup : 1);
-    long span = total - warmup;
-    double progress = (double)(step - warmup) / (double)(span > 1 ? span : 1);
-    double f = 0.5 * (1.0 + cos(3.14159265358979323846 * progress));
-    return lr * (f > 0 ? f : 0);
-}
-
-long warmup_steps_from_ratio(double ratio, long total) { return (long)ceil(ratio * (double)total); }
-
-double grad_clip_factor(double norm, double max_norm) {
-    if (!(max_norm > 0)) return 1.0;
-    if (!isfinite(norm)) return NAN;
-    double f = max_norm / (norm + 1e-6);
-    return f < 1.0 ? f : 1.0;
 }

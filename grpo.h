@@ -1,6 +1,6 @@
 // grpo.h: the host side of GRPO. Rewards -> group advantages; per-token
 // log-probabilities -> the loss and its gradient dL/dlogp, which the model then
-// back-propagates; the learning-rate schedule and the gradient-clip factor.
+// back-propagates (the learning-rate schedule and clipping: train/optim.h).
 // Everything here is plain C on the host in double precision; it knows nothing of
 // models, tokens or GPUs.
 //
@@ -16,7 +16,7 @@
 //   GrpoStats st; grpo_stats_init(&st);
 //   for each micro-batch of whole sequences [b0, b0+nb):
 //       loss += grpo_loss(&cfg, &norm, &in_for_rows_b0, nb, dlogp_rows, &st);  // backprop dlogp
-//   GrpoMetrics m = grpo_metrics(&cfg, &st);
+//   GrpoMetrics m = grpo_metrics(&st);
 // The sum of the micro-batch losses is the full-batch loss and each micro-batch's
 // dL/dlogp is exactly the full batch's rows (tested), whatever the split.
 #ifndef GRPO_H
@@ -177,21 +177,6 @@ typedef struct {
     double is_ratio_min, is_ratio_mean, is_ratio_max;        // the IS weight (after truncate/mask)
 } GrpoMetrics;
 GrpoMetrics grpo_metrics(const GrpoStats *st);
-
-// ----------------------------------------------------------------------------
-// optimizer helpers
-
-// transformers' get_cosine_schedule_with_warmup (num_cycles 0.5): step = optimizer
-// steps already taken (0 for the first update, as LambdaLR counts).
-//   step < warmup: lr * step / max(1, warmup)
-//   else:          lr * max(0, 0.5 * (1 + cos(pi * (step - warmup) / max(1, total - warmup))))
-double lr_cosine_with_warmup(double lr, long step, long warmup_steps, long total_steps);
-// transformers' warmup_ratio -> steps: ceil(ratio * total)
-long warmup_steps_from_ratio(double warmup_ratio, long total_steps);
-// torch.nn.utils.clip_grad_norm_: multiply gradients by min(1, max_norm / (norm + 1e-6)).
-// max_norm <= 0 disables clipping (1.0). A non-finite norm returns NaN: the caller
-// should stop with a message rather than apply it.
-double grad_clip_factor(double total_norm, double max_norm);
 
 #ifdef __cplusplus
 }

@@ -8,7 +8,7 @@
 #include <pcre2.h>
 
 #include "lora.h"
-#include "safetensors.h"
+#include "io/safetensors.h"
 
 static const char *const lin_parent_name[LIN_COUNT] = {"self_attn", "self_attn", "self_attn", "self_attn",
                                                        "mlp",       "mlp",       "mlp"};

@@ -7,7 +7,7 @@
 #ifndef MODEL_H
 #define MODEL_H
 
-#include "backend.h"
+#include "core/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -125,7 +125,7 @@ typedef struct {
 typedef struct LoRA LoRA;
 typedef struct KVCache KVCache;
 
-// The time-shared pool (DESIGN.md principle 2): one allocation that holds the KV cache during a
+// The time-shared pool: one allocation that holds the KV cache during a
 // rollout (at its top, with the prefill's activations at its bottom) and the training
 // activations during an update (from its bottom), never both at once, so their peaks do not add.
 // It grows on demand up to cap (--gpu_memory_utilization's budget) and dies naming the budget

@@ -23,10 +23,10 @@
 #include <pthread.h>
 #include <sys/stat.h>
 
-#include "common.h"
 #include "tokenizer.h"
-#include "tokenizer_unicode.h"
-#include "unicode.h"
+#include "core/common.h"
+#include "text/tokenizer_unicode.h"
+#include "text/unicode.h"
 
 // ----------------------------------------------------------------------------
 // small growable arrays

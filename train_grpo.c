@@ -19,7 +19,7 @@
 // log, checkpoint, finish).
 // Several processes (one per GPU; torchrun, srun or --nproc_per_node N start them) train as one:
 // each rolls out its share of the step's prompts, the LoRA gradients are summed over them, and
-// each steps its own identical copy of the optimizer (dp.h says why that equals one process with
+// each steps its own identical copy of the optimizer (data_parallel.h says why that equals one process with
 // the whole batch); rank 0 alone writes metrics, checkpoints and the plot.
 #include <ctype.h>
 #include <errno.h>
@@ -29,20 +29,21 @@
 
 #include <cjson/cJSON.h>
 
-#include "checkpoint.h"
-#include "dp.h"
-#include "full.h"
 #include "grpo.h"
 #include "lora.h"
-#include "memfit.h"
 #include "model.h"
-#include "options.h"
-#include "plot.h"
 #include "rollout.h"
-#include "safetensors.h"
-#include "sft.h"
-#include "tasks.h"
 #include "tokenizer.h"
+#include "dist/data_parallel.h"
+#include "io/options.h"
+#include "io/plot.h"
+#include "io/safetensors.h"
+#include "tasks/tasks.h"
+#include "train/checkpoint.h"
+#include "train/full_finetune.h"
+#include "train/memory_fit.h"
+#include "train/optim.h"
+#include "train/sft.h"
 
 // ----------------------------------------------------------------------------
 // options: one table (options.h); the GRPO ones go to GrpoConfig through grpo.c
@@ -112,8 +113,8 @@ static const Option OPTIONS[] = {
 
     {.name = "optimizer (AdamW on the LoRA weights)", .kind = OPT_SECTION},
     {"learning_rate", OPT_DOUBLE, OFF(learning_rate), 0, 1, .dflt = "5e-4", .dflt_model = "1e-5", .help = "peak learning rate"},
-    {"lr_scheduler_type", OPT_CHOICE, OFF(lr_scheduler_type), .choices = "cosine|constant", .dflt = "cosine",
-     .help = "the learning rate after the warm-up"},
+    {"lr_scheduler_type", OPT_CHOICE, OFF(lr_scheduler_type), .choices = "cosine|linear|constant", .dflt = "cosine",
+     .help = "the learning rate after the warm-up (train/optim.h)"},
     {"warmup_ratio", OPT_DOUBLE, OFF(warmup_ratio), 0, 1, .dflt = "0", .help = "share of the updates that ramp the learning rate up"},
     {"weight_decay", OPT_DOUBLE, OFF(weight_decay), 0, 1, .dflt = "0", .help = "decoupled weight decay"},
     {"adam_beta1", OPT_DOUBLE, OFF(adam_beta1), 0, 0.999999, .dflt = "0.9", .help = "AdamW beta1"},
@@ -242,7 +243,7 @@ typedef struct {
     int eos[8], neos;       // ids that end a completion: the tokenizer's and config.json's
     Model m;                // the frozen weights (FP8 unless --load_in_fp8 off) with...
     LoRA *lo;               // ...the adapter GRPO trains (NULL with --use_peft false:)
-    FullTrainer ft;         // every weight trained instead: fp32 masters and AdamW (full.h)
+    FullTrainer ft;         // every weight trained instead: fp32 masters and AdamW (full_finetune.h)
     size_t lora_bytes;      // LoRA parameters, gradients, AdamW m and v
     int gpu_util_given;     // --gpu_memory_utilization was on the command line (else it may be raised to fit)
     int G, S, P, Tc, mb, R; // group size, this rank's sequences per step (P prompts x G), max completion tokens, micro-batch, reward functions
@@ -384,7 +385,7 @@ static double evaluate(Model *m, const Task *task, const Formatter *f, int n, in
 // checkpoints (checkpoint.h: the output directory, writing and reading them)
 
 // the settings a checkpoint must agree with to be resumed; the batch is the step's over all ranks
-// (train_batch_size), so that a run resumes on any number of ranks that splits it (dp.h); the base
+// (train_batch_size), so that a run resumes on any number of ranks that splits it (data_parallel.h); the base
 // by its weights' fingerprint too, so that a checkpoint never continues on another model saved
 // under the same path (or another warm-up of the built-in one)
 static cJSON *run_identity(const Run *r) {
@@ -498,7 +499,7 @@ static void add_num(cJSON *j, const char *k, double v) {
 }
 
 // ----------------------------------------------------------------------------
-// supervised warm-up of the built-in model: SFT (sft.h) of every weight (full.h) on task
+// supervised warm-up of the built-in model: SFT (sft.h) of every weight (full_finetune.h) on task
 // demonstrations "prompt answer<eos>" made in memory, the loss on the answer tokens only.
 // It gives GRPO a model that is sometimes right, so rewards have variance to learn from.
 
@@ -535,7 +536,7 @@ static void sft_warmup(Model *m, const Task *task, const Formatter *f, int steps
             exp[b] = &ex[b];
             example_free(&e);
         }
-        double lr = sft_learning_rate("cosine", 3e-3, step, steps / 10, steps);
+        double lr = lr_schedule("cosine", 3e-3, step, steps / 10, steps);
         SftStats st = sft_step(&tr, exp, batch, lr);
         if (!quiet && ((step + 1) % 50 == 0 || step == steps - 1)) {
             double acc = evaluate(m, task, f, eval_size, max_new, &eos, 1);
@@ -552,7 +553,7 @@ static void sft_warmup(Model *m, const Task *task, const Formatter *f, int steps
 // The built-in byte-level vocabulary as a Hugging Face tokenizer.json, so that the warm-up
 // directory is a checkpoint ./generate reads on its own: BPE without merges over ByteLevel
 // without the regex split or a prefix space, so each byte is one token as in
-// tokenizer_byte_level(), and its special tokens as added tokens. (test_train reads it back
+// tokenizer_byte_level(), and its special tokens as added tokens. (test_train_grpo reads it back
 // through tokenizer_load_dir and compares ids and text with tokenizer_byte_level's.)
 static void write_tokenizer_json(const Tokenizer *tok, const char *path) {
     cJSON *root = cJSON_CreateObject(), *vocab = cJSON_CreateObject(), *added = cJSON_CreateArray();
@@ -640,7 +641,7 @@ static void warmup(Run *r, const Config *tc, const ModelOptions *mo) {
     } else if (r->rank0) {
         printf("built-in model: %d layers, hidden %d, vocab %d (byte-level); supervised warm-up on '%s' for %d steps (cached in %s)\n",
                tc->L, tc->C, tc->V, o->task, o->warmup_sft_steps, r->warm_dir);
-        Model w;  // every weight trained (full.h), unquantized, on the run's backend
+        Model w;  // every weight trained (full_finetune.h), unquantized, on the run's backend
         ModelOptions dense = {FP8_OFF, 0, 0, 0, 0};
         model_init_random(&w, tc, r->be, &dense, (uint64_t)o->seed);
         sft_warmup(&w, &r->task, &r->fmt, o->warmup_sft_steps, 64, o->seed, tc->eos_ids[0], o->quiet, o->eval_size,
@@ -1009,15 +1010,8 @@ static void to_completion(const Run *r, const Step *s, const double *full, doubl
             comp[q * r->Tc + j] = j < s->ro.len[q] ? full[(size_t)(q - b0) * s->T + s->plens[q / r->G] - 1 + j] : 0;
 }
 
-// the learning rate of optimizer step upd (0-based): cosine or constant, after a linear warm-up
-static double learning_rate(const Run *r, long upd) {
-    double lr = r->o.learning_rate;
-    long warm = r->lr_warmup;
-    if (!strcmp(r->o.lr_scheduler_type, "cosine")) return lr_cosine_with_warmup(lr, upd, warm, r->total_updates);
-    return upd < warm ? lr * upd / (double)(warm > 0 ? warm : 1) : lr;
-}
 
-// The update's micro-batch and recomputation for this step's T (memfit.h): the user's choice where
+// The update's micro-batch and recomputation for this step's T (memory_fit.h): the user's choice where
 // given, else the largest that fits the arena; printed when it changes. When nothing fits, one line
 // naming every option that would help.
 static int fit_update(Run *r, int T) {
@@ -1087,13 +1081,14 @@ static void update(Run *r, Step *s, int step) {
                 for (int j = 0; j < s->ro.len[q]; j++) s->dl[(size_t)(q - b0) * T + s->plens[q / r->G] - 1 + j] = s->dlogp[q * Tc + j];
             model_backward(m, s->dl);
         }
-        s->lr = learning_rate(r, (long)(step - 1) * g->num_iterations + it);
-        if (!r->lo) {  // every weight: full_step clips the global norm and steps the masters (full.h)
+        s->lr = lr_schedule(r->o.lr_scheduler_type, r->o.learning_rate, (long)(step - 1) * g->num_iterations + it, r->lr_warmup,
+                            r->total_updates);
+        if (!r->lo) {  // every weight: full_step clips the global norm and steps the masters (full_finetune.h)
             s->gnorm = full_step(&r->ft, m, (float)s->lr, (float)r->o.adam_beta1, (float)r->o.adam_beta2,
                                  (float)r->o.adam_epsilon, (float)r->o.weight_decay, r->o.max_grad_norm);
             continue;
         }
-        // every rank's gradient of its rows, summed: the whole batch's (dp.h); then the same clip
+        // every rank's gradient of its rows, summed: the whole batch's (data_parallel.h); then the same clip
         // and AdamW step on every rank keep the copies equal
         s->t_reduce += dp_all_reduce_grads(r->dist, r->be, r->lo->grads, r->lo->n);
         s->gnorm = lora_grad_norm(r->lo);

@@ -24,18 +24,19 @@
 //                 the same position on every run, so --resume continues bit-exactly (CPU).
 // Several processes (torchrun, srun or --nproc_per_node N; dist.h) train as one: each takes its
 // share of a step's examples, and every weight's masters and AdamW moments are sharded over them
-// (ZeRO, full.h; a LoRA adapter's are small and replicated); rank 0 writes metrics and checkpoints.
+// (ZeRO, full_finetune.h; a LoRA adapter's are small and replicated); rank 0 writes metrics and checkpoints.
 // main(), at the bottom, is the list of stages.
 #include <math.h>
 #include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
-#include "checkpoint.h"
-#include "dp.h"
-#include "options.h"
-#include "safetensors.h"
-#include "sft.h"
+#include "dist/data_parallel.h"
+#include "io/options.h"
+#include "io/safetensors.h"
+#include "train/checkpoint.h"
+#include "train/optim.h"
+#include "train/sft.h"
 
 // ----------------------------------------------------------------------------
 // options: one table (options.h)
@@ -447,7 +448,7 @@ int main(int argc, char **argv) {
         // the data stream's position (the same after a resume); this rank's share of the step's examples
         long pos = (long)(step - 1) * r.per_step_all + (long)r.rank * r.per_step;
         for (int i = 0; i < r.per_step; i++) ex[i] = sft_data_at(&r.data, pos + i);
-        double lr = sft_learning_rate(r.o.lr_scheduler_type, r.o.learning_rate, step - 1, r.warmup, r.total);
+        double lr = lr_schedule(r.o.lr_scheduler_type, r.o.learning_rate, step - 1, r.warmup, r.total);
         SftStats s = sft_step(&r.tr, ex, r.per_step, lr);
         tokens_seen += s.seq_tokens;
         last_loss = s.loss;

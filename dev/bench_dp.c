@@ -5,7 +5,7 @@
 //         the ranks (dp_all_reduce_grads: NCCL), AdamW. The same per-GPU batch at every world size,
 //         so the ideal is world x one GPU's completions/s; the all-reduce's share of the step is
 //         timed after a barrier (so it holds no wait for a slower rank).
-//   full  full fine-tuning at the Llama-3.2 shape, sharded (full.h's ZeRO: masters and AdamW moments
+//   full  full fine-tuning at the Llama-3.2 shape, sharded (full_finetune.h's ZeRO: masters and AdamW moments
 //         by rank, gradients reduce-scattered, weights all-gathered); tokens/s and each GPU's peak.
 // Each step is timed from a barrier to a barrier; the median of --steps after --warmup. Rank 0 prints
 // one table last (world size, the machine); every rank's peak memory is gathered.
@@ -19,12 +19,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dp.h"
-#include "full.h"
 #include "lora.h"
 #include "model.h"
-#include "shapes.h"
 #include "rollout.h"
+#include "shapes.h"
+#include "dist/data_parallel.h"
+#include "train/full_finetune.h"
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

@@ -18,11 +18,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "fp8_cuda.h"
-#include "full.h"
 #include "model.h"
 #include "op_profile.h"
 #include "shapes.h"  // llama32_shape
+#include "cuda/fp8_cuda.h"
+#include "train/full_finetune.h"
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

@@ -3,7 +3,7 @@
 // into the format the model computes with (model_init_random: one tensor at a time through a staging
 // buffer, never a BF16 copy of the model). The step is train_grpo's: the rollout engine samples G
 // completions of each of P random prompts (no EOS: every completion runs to --new tokens), then the
-// update runs forward + logprobs + backward over micro-batches (chosen by memfit.h as train_grpo
+// update runs forward + logprobs + backward over micro-batches (chosen by memory_fit.h as train_grpo
 // chooses them, or --micro_batch / --recompute) and one AdamW step; dL/dlogp is +-1/N per token, an
 // advantage-like weight (the GRPO loss itself is host arithmetic and takes no device memory).
 //
@@ -33,10 +33,10 @@
 #include <string.h>
 
 #include "lora.h"
-#include "memfit.h"
 #include "model.h"
 #include "rollout.h"
 #include "shapes.h"
+#include "train/memory_fit.h"
 
 static double gib(size_t b) { return b / 1073741824.0; }
 static size_t gpu_used(void) {

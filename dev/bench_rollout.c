@@ -17,13 +17,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "fp8_cuda.h"
 #include "lora.h"
 #include "model.h"
 #include "op_profile.h"
-#include "shapes.h"
 #include "rollout.h"
-#include "safetensors.h"
+#include "shapes.h"
+#include "cuda/fp8_cuda.h"
+#include "io/safetensors.h"
 
 
 static double gib(size_t b) { return b / 1073741824.0; }

@@ -3,16 +3,15 @@
 //
 //   python3 dev/make_tokenizer_fixtures.py --bench   # build/tokenizer_bench/: a 151,643-vocab
 //                                                    # Qwen2-style tokenizer.json, 1 MB of text, HF's ids
-//   gcc -std=c11 -D_GNU_SOURCE -O2 -I. dev/bench_tokenizer.c tokenizer.c safetensors.c -lcjson -lpcre2-8 -lpthread -lm
-//       -o build/bench_tokenizer     (one line)
+//   make build/bench_tokenizer       (or make dev: every lab program)
 //   taskset -c 0 build/bench_tokenizer [tokenizer.json text.txt [hf_ids.bin]]
 //
 // Defaults to the build/tokenizer_bench files. Prints one summary table last.
 #include <sys/utsname.h>
 
-#include "common.h"
-#include "safetensors.h"  // read_file
 #include "tokenizer.h"
+#include "core/common.h"
+#include "io/safetensors.h"  // read_file
 
 static void cpu_name(char *out, size_t cap) {
     snprintf(out, cap, "unknown CPU");

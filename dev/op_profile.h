@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "backend.h"
+#include "core/backend.h"
 
 void *backend_cuda_stream(void);  // backend_cuda.cu: the stream every op runs on
 

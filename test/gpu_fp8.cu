@@ -12,8 +12,8 @@
 #include <math.h>
 
 #include "fp8.h"
-#include "fp8_cuda.h"
 #include "testutil.h"
+#include "cuda/fp8_cuda.h"
 
 #define CU(e)                                                                                           \
     do {                                                                                                \
@@ -507,8 +507,8 @@ START_TEST(test_bf16_gemm_and_dx) {
 END_TEST
 
 // AUTO's choice at the M = 8192 benchmark shapes (dev/bench_gemm.cu) and two more with K = 1024, as
-// fp8_hopper.cu's hopper_wgmma_preferred states it from the measurements (dev/RESULTS.md, session 5): on Hopper
-// the wgmma kernel (version 7) at K <= 1024 where its tiles keep the GPU >= 90% busy (132 SMs),
+// fp8_hopper.cu's hopper_wgmma_preferred states the rule (its measurements: dev/RESULTS.md): on Hopper
+// the wgmma kernel at K <= 1024 where its tiles keep the GPU >= 90% busy (132 SMs),
 // cuBLASLt elsewhere. Only the choice is asserted here:
 // each kernel's numbers are checked, forced, by test_gemm_backends.
 START_TEST(test_gemm_auto_choice) {

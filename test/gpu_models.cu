@@ -1,8 +1,9 @@
 // test/gpu_models.cu: GPU suite for whole models from the Hugging Face fixtures
 // (test/fixtures/{qwen3,qwen2,llama3}) on both backends: logits, KV-cache decode, LoRA gradients, and
 // one GRPO step and one full-weight training step CPU vs GPU. Tolerances: gpu_util.cuh. Run on a GPU: make test-gpu (CK_FORK=no).
-#include "full.h"
 #include "gpu_util.cuh"
+#include "train/full_finetune.h"
+#include "train/optim.h"
 
 // ---- whole models: the fixtures on both backends -----------------------------------------------
 
@@ -315,7 +316,7 @@ START_TEST(test_grpo_step) {
 }
 END_TEST
 
-// One full-weight training step (full.h) on each fixture, CPU vs GPU: the gradients of every dense
+// One full-weight training step (full_finetune.h) on each fixture, CPU vs GPU: the gradients of every dense
 // weight (embeddings, norms, projections, biases, the LM head) within the LoRA gradients' allowance
 // (2^-4 rel L2: the chain runs forward and back through bf16 storage), the AdamW update of the fp32
 // masters the same where the gradient's sign is beyond doubt, and the act weights after the step

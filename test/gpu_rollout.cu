@@ -21,11 +21,11 @@
 #include <check.h>
 #include <math.h>
 
-#include "backend.h"
 #include "lora.h"
 #include "model.h"
 #include "rollout.h"
 #include "testutil.h"
+#include "core/backend.h"
 
 static const Backend *GPU;  // CUDA
 static const Backend *CPU;  // fp32 reference backend

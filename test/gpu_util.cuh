@@ -20,13 +20,13 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
-#include "backend.h"
-#include "fp8_cuda.h"
 #include "grpo.h"
 #include "lora.h"
 #include "model.h"
-#include "ops_cpu.h"
 #include "testutil.h"
+#include "core/backend.h"
+#include "cpu/ops_cpu.h"
+#include "cuda/fp8_cuda.h"
 
 static const Backend *G;    // CUDA
 static const Backend *CPU;  // fp32 reference backend

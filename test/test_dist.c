@@ -1,4 +1,4 @@
-// test/test_dist.c: several processes as one (dist.h, dp.h, ./train_grpo --nproc_per_node).
+// test/test_dist.c: several processes as one (dist.h, data_parallel.h, ./train_grpo --nproc_per_node).
 //   env        the rank environment of torchrun and Slurm read as they set it, each bad one a
 //              one-line error naming the variable; Slurm host lists
 //   ring       the CPU collectives on 2 and 3 real processes over TCP, random inputs (never zeros),
@@ -24,10 +24,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "dist.h"
-#include "dp.h"
-#include "safetensors.h"
 #include "testutil.h"
+#include "dist/data_parallel.h"
+#include "dist/dist.h"
+#include "io/safetensors.h"
 
 // ----------------------------------------------------------------------------
 // env: a table in place of the process environment

@@ -21,8 +21,8 @@
 #include "fp8.h"
 #include "lora.h"
 #include "model.h"
-#include "safetensors.h"
 #include "testutil.h"
+#include "io/safetensors.h"
 
 static char tmp[64];  // this suite's scratch directory (per test: Check forks each)
 

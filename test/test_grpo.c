@@ -9,6 +9,7 @@
 
 #include "grpo.h"
 #include "testutil.h"
+#include "train/optim.h"
 
 // Tolerances. Fixture and C are both float64 evaluations of the same formulas;
 // they differ only in summation order, ~1e-16 relative. 1e-11 leaves room for
@@ -586,18 +587,18 @@ END_TEST
 START_TEST(schedule_matches_transformers) {
     Npy s = load("grpo/schedule_w3_t20.npy");
     for (long k = 0; k < s.n; k++) {
-        double lr = lr_cosine_with_warmup(1e-3, k, 3, 20);
+        double lr = lr_schedule("cosine", 1e-3, k, 3, 20);
         ck_assert_msg(fabs(lr - s.data[k]) <= 1e-15, "step %ld: %.17g want %.17g", k, lr, s.data[k]);
     }
     npy_free(&s);
     // by hand: warmup is linear from 0; the peak; half-way down is half; the end is 0
-    ck_assert(lr_cosine_with_warmup(1.0, 0, 10, 110) == 0.0);
-    ck_assert(fabs(lr_cosine_with_warmup(1.0, 5, 10, 110) - 0.5) < 1e-15);
-    ck_assert(fabs(lr_cosine_with_warmup(1.0, 10, 10, 110) - 1.0) < 1e-15);
-    ck_assert(fabs(lr_cosine_with_warmup(1.0, 60, 10, 110) - 0.5) < 1e-15);
-    ck_assert(fabs(lr_cosine_with_warmup(1.0, 110, 10, 110)) < 1e-15);
-    ck_assert(lr_cosine_with_warmup(1.0, 200, 10, 110) >= 0.0);
-    ck_assert(fabs(lr_cosine_with_warmup(2.0, 0, 0, 10) - 2.0) < 1e-15);  // no warmup: starts at the peak
+    ck_assert(lr_schedule("cosine", 1.0, 0, 10, 110) == 0.0);
+    ck_assert(fabs(lr_schedule("cosine", 1.0, 5, 10, 110) - 0.5) < 1e-15);
+    ck_assert(fabs(lr_schedule("cosine", 1.0, 10, 10, 110) - 1.0) < 1e-15);
+    ck_assert(fabs(lr_schedule("cosine", 1.0, 60, 10, 110) - 0.5) < 1e-15);
+    ck_assert(fabs(lr_schedule("cosine", 1.0, 110, 10, 110)) < 1e-15);
+    ck_assert(lr_schedule("cosine", 1.0, 200, 10, 110) >= 0.0);
+    ck_assert(fabs(lr_schedule("cosine", 2.0, 0, 0, 10) - 2.0) < 1e-15);  // no warmup: starts at the peak
     ck_assert_int_eq(warmup_steps_from_ratio(0.1, 95), 10);                  // ceil(9.5)
     ck_assert_int_eq(warmup_steps_from_ratio(0.0, 95), 0);
 }

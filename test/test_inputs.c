@@ -7,14 +7,14 @@
 #include <sys/wait.h>
 #include <time.h>
 
-#include "checkpoint.h"
 #include "fuzz/fuzz.h"
 #include "lora.h"
 #include "model.h"
-#include "safetensors.h"
-#include "tasks.h"
 #include "testutil.h"
 #include "tokenizer.h"
+#include "io/safetensors.h"
+#include "tasks/tasks.h"
+#include "train/checkpoint.h"
 
 // the files of the regression input test/fuzz/corpus/<target>/<name>, written as names[] into the
 // scratch directory (fuzz.h's format); returns the directory

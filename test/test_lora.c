@@ -10,8 +10,8 @@
 #include "grpo.h"
 #include "lora.h"
 #include "model.h"
-#include "safetensors.h"
 #include "testutil.h"
+#include "io/safetensors.h"
 
 static void load_qwen3(Model *m, const Backend *be) {
     char p[1024];

@@ -1,8 +1,8 @@
-// test/test_memory.c: the memory options of issue 23 on the CPU reference backend.
+// test/test_memory.c: the memory options on the CPU reference backend.
 // Checks: the FP8 embedding table and LM head (--fp8_embeddings: E4M3, a scale per row) within
 // bounds derived from E4M3's precision, op by op and through a whole fixture model; the tied
 // checkpoint's one copy; the bytes it saves; frozen (no gradients). The update's micro-batch and
-// recomputation chosen to fit the arena (memfit.h). LoRA masters and AdamW state in bf16 (--lora_dtype
+// recomputation chosen to fit the arena (memory_fit.h). LoRA masters and AdamW state in bf16 (--lora_dtype
 // bf16): stochastic rounding's expectation, a small update kept on average, training as fp32 state does.
 #include <check.h>
 #include <math.h>
@@ -10,9 +10,9 @@
 #include <unistd.h>
 
 #include "lora.h"
-#include "memfit.h"
 #include "model.h"
 #include "testutil.h"
+#include "train/memory_fit.h"
 
 static Rng rng;
 
@@ -192,7 +192,7 @@ START_TEST(test_fp8_embed_model) {
 }
 END_TEST
 
-// memfit (memfit.h's rule) on a fixture model with LoRA, against arena caps placed between the needs
+// memfit (memory_fit.h's rule) on a fixture model with LoRA, against arena caps placed between the needs
 START_TEST(test_memfit) {
     Model m;
     load(&m, "qwen3", 0);

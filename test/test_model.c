@@ -12,11 +12,11 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "full.h"
 #include "lora.h"
 #include "model.h"
-#include "safetensors.h"
 #include "testutil.h"
+#include "io/safetensors.h"
+#include "train/full_finetune.h"
 
 static const char *ARCHS[] = {"qwen3", "qwen2", "llama3"};
 

@@ -4,8 +4,8 @@
 // input one error naming the option and what is allowed, and --help's defaults and width.
 #include <check.h>
 
-#include "options.h"
 #include "testutil.h"
+#include "io/options.h"
 
 typedef struct {
     const char *model, *name, *mode;

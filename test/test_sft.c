@@ -12,10 +12,11 @@
 #include <math.h>
 #include <sys/wait.h>
 
-#include "safetensors.h"
-#include "sft.h"
-#include "tasks.h"
 #include "testutil.h"
+#include "io/safetensors.h"
+#include "tasks/tasks.h"
+#include "train/optim.h"
+#include "train/sft.h"
 
 static char base_dir[] = "/tmp/fp8grpo_sftXXXXXX";
 
@@ -393,7 +394,7 @@ START_TEST(test_builtin_data_loss_falls) {
             b[i] = &ex[i];
             example_free(&e);
         }
-        SftStats s = sft_step(&tr, b, B, sft_learning_rate("cosine", 3e-3, step, STEPS / 10, STEPS));
+        SftStats s = sft_step(&tr, b, B, lr_schedule("cosine", 3e-3, step, STEPS / 10, STEPS));
         if (step < 10) first += s.loss / 10;
         if (step >= STEPS - 10) last += s.loss / 10;
         for (int i = 0; i < B; i++) sft_example_free(&ex[i]);
@@ -410,15 +411,15 @@ END_TEST
 
 START_TEST(test_learning_rate_schedules) {
     // transformers' schedules: a linear ramp over warmup, then linear to 0, cosine to 0, or constant
-    ck_assert_double_eq_tol(sft_learning_rate("linear", 1.0, 0, 2, 10), 0.0, 1e-15);
-    ck_assert_double_eq_tol(sft_learning_rate("linear", 1.0, 1, 2, 10), 0.5, 1e-15);
-    ck_assert_double_eq_tol(sft_learning_rate("linear", 1.0, 2, 2, 10), 1.0, 1e-15);
-    ck_assert_double_eq_tol(sft_learning_rate("linear", 1.0, 6, 2, 10), 0.5, 1e-15);
-    ck_assert_double_eq_tol(sft_learning_rate("cosine", 1.0, 6, 2, 10), 0.5, 1e-12);
-    ck_assert_double_eq_tol(sft_learning_rate("cosine", 1.0, 4, 2, 10), 0.5 * (1 + cos(M_PI * 0.25)), 1e-12);
-    ck_assert_double_eq_tol(sft_learning_rate("constant", 1.0, 9, 2, 10), 1.0, 1e-15);
-    ck_assert_double_eq_tol(sft_learning_rate("constant", 1.0, 1, 2, 10), 0.5, 1e-15);
-    EXPECT_DIE(sft_learning_rate("polynomial", 1.0, 1, 2, 10), "unknown lr_scheduler_type 'polynomial': use linear, cosine or constant");
+    ck_assert_double_eq_tol(lr_schedule("linear", 1.0, 0, 2, 10), 0.0, 1e-15);
+    ck_assert_double_eq_tol(lr_schedule("linear", 1.0, 1, 2, 10), 0.5, 1e-15);
+    ck_assert_double_eq_tol(lr_schedule("linear", 1.0, 2, 2, 10), 1.0, 1e-15);
+    ck_assert_double_eq_tol(lr_schedule("linear", 1.0, 6, 2, 10), 0.5, 1e-15);
+    ck_assert_double_eq_tol(lr_schedule("cosine", 1.0, 6, 2, 10), 0.5, 1e-12);
+    ck_assert_double_eq_tol(lr_schedule("cosine", 1.0, 4, 2, 10), 0.5 * (1 + cos(M_PI * 0.25)), 1e-12);
+    ck_assert_double_eq_tol(lr_schedule("constant", 1.0, 9, 2, 10), 1.0, 1e-15);
+    ck_assert_double_eq_tol(lr_schedule("constant", 1.0, 1, 2, 10), 0.5, 1e-15);
+    EXPECT_DIE(lr_schedule("polynomial", 1.0, 1, 2, 10), "unknown lr_scheduler_type 'polynomial': use linear, cosine or constant");
 }
 END_TEST
 
@@ -494,7 +495,7 @@ START_TEST(test_full_checkpoint_reloads) {
     free(m);
 
     // the Hugging Face checkpoint holds exactly the trained weights: read back, they are the fp32
-    // masters of optimizer.safetensors bit for bit (one flat layout: model_load pads as full.h's)
+    // masters of optimizer.safetensors bit for bit (one flat layout: model_load pads as full_finetune.h's)
     snprintf(p, sizeof p, "%s/checkpoint-20", dir);
     Model mm;
     ModelOptions dense = {FP8_OFF, 0, 0, 0, 0};

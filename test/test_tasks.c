@@ -6,8 +6,8 @@
 #include <check.h>
 #include <unistd.h>
 
-#include "tasks.h"
 #include "testutil.h"
+#include "tasks/tasks.h"
 
 // a temporary file holding text; returns its path (static buffer, one at a time)
 static const char *tmp_file(const char *text) {

@@ -13,9 +13,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "safetensors.h"  // read_file
 #include "testutil.h"
 #include "tokenizer.h"
+#include "io/safetensors.h"  // read_file
 
 // ----------------------------------------------------------------------------
 // helpers

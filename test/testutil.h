@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "core/common.h"
 
 // fixtures live in test/fixtures (run from the repo root, as make test does)
 static inline const char *fixture_dir(void) {
@@ -20,6 +20,14 @@ static inline const char *fixture_dir(void) {
     return d ? d : "test/fixtures";
 }
 static inline void fixture_path(char *out, size_t cap, const char *rel) { path_join(out, cap, fixture_dir(), rel); }
+
+// random values with log-normal magnitudes (sigma binades), random signs; never zero
+static void fill_random(float *x, size_t n, Rng *r, float sigma) {
+    for (size_t i = 0; i < n; i++) {
+        float v = expf(rng_normal(r) * sigma);
+        x[i] = rng_uniform(r) < 0.5f ? -v : v;
+    }
+}
 
 // the one warm-up cache of the built-in model in dir (train_grpo's dir/warmup-<key of its settings>)
 // into out

@@ -23,10 +23,10 @@
 #ifndef DEV_CUDA_COMMON_CUH
 #define DEV_CUDA_COMMON_CUH
 
-#include "cuda_common.cuh"
-#include "fp8_cuda.h"
-#include "fp8_gemm.cuh"
-#include "wgmma_tile.cuh"  // hopper.cuh and the tile pieces the Hopper versions share with fp8_hopper.cu
+#include "cuda/cuda_common.cuh"
+#include "cuda/fp8_cuda.h"
+#include "cuda/fp8_gemm.cuh"
+#include "cuda/wgmma_tile.cuh"  // hopper.cuh and the tile pieces the Hopper versions share with fp8_hopper.cu
 
 // the H100 SXM's dense FP8 tensor-core peak from NVIDIA's datasheet (3958 is the figure with 2:4
 // sparsity): a floor no kernel reaches (boost clock; these GEMMs run power-capped at ~1.3-1.5 GHz)

@@ -16,8 +16,8 @@
 //                tile by tile (the ceiling of a re-laid-out weight)
 #include <cuda.h>
 
-#include "cuda_common.cuh"
-#include "hopper.cuh"
+#include "cuda/cuda_common.cuh"
+#include "cuda/hopper.cuh"
 
 #define STAGES 4
 #define STAGE_BYTES 16384

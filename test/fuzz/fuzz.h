@@ -37,7 +37,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "core/common.h"
 
 // The harness's own code is not the fuzzed program: no coverage (its comparisons would feed the
 // fuzzer noise) and no sanitizer checks (they would cost every malloc and free twice); unused is

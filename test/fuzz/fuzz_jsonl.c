@@ -3,7 +3,7 @@
 // each by the reward functions, as train_grpo scores its rollouts. Input: data.jsonl, then the
 // completion text (test/fuzz/fuzz.h's separator between them).
 #include "fuzz.h"
-#include "tasks.h"
+#include "tasks/tasks.h"
 
 static void score(const Example *ex, const char *completion) {
     char out[256];

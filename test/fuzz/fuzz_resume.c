@@ -4,8 +4,8 @@
 // base_model.h, as checkpoint 3 of a run whose identity is RUN below. Input:
 // trainer_state.json, then optimizer.safetensors (test/fuzz/fuzz.h's separator between them).
 #include "base_model.h"
-#include "checkpoint.h"
 #include "fuzz.h"
+#include "train/checkpoint.h"
 
 static const char RUN[] = "{\"model\":\"builtin-tiny\",\"data\":\"arithmetic\",\"lora_r\":2,\"lora_alpha\":4}";
 static Model base;

@@ -3,8 +3,8 @@
 // file is opened alone (st_open), or as a sharded checkpoint directory when the index is there
 // (st_open_dir); every tensor is looked up by name and every element read as a number.
 #include "fuzz.h"
-#include "backend.h"
-#include "safetensors.h"
+#include "core/backend.h"
+#include "io/safetensors.h"
 
 static void body(const char *dir, const uint8_t *rest, size_t nrest) {
     (void)rest, (void)nrest;

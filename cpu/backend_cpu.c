@@ -1,0 +1,421 @@
+// backend_cpu.c: the CPU reference backend ("cpu", fp32) and, compiled again
+// with -DCPU_F64, the fp64 backend ("cpu64") used by the gradient checks.
+// Each Backend op is a thin wrapper over the reference kernels of ops_cpu.c and
+// fp8_cpu.c; the fused ops of the decode step are the plain ops they fuse, in
+// turn. The only logic here is FP8 fake quantization in the linear layer:
+// activations are quantized dynamically to the weight's granularity and both
+// operands are dequantized and multiplied in full precision, which is the
+// numeric truth for the real FP8 GEMMs (they must agree with it to FP8-derived
+// tolerances).
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "cpu/ops_cpu.h"
+
+#ifdef CPU_F64
+typedef double real;
+#define OP(name) name##_cpu64
+#define BACKEND_NAME "cpu64"
+#define BACKEND_FN backend_cpu64
+#define REAL_DT DT_F64
+#else
+typedef float real;
+#define OP(name) name##_cpu
+#define BACKEND_NAME "cpu"
+#define BACKEND_FN backend_cpu
+#define REAL_DT DT_F32
+#endif
+
+// ---- memory: plain host memory, each block's size kept in a 64-byte header -------------
+static size_t mem_now, mem_peak;
+static void *cpu_alloc(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes + 64) != 0) die("out of host memory allocating %zu bytes", bytes);
+    *(size_t *)p = bytes;
+    mem_now += bytes;
+    if (mem_now > mem_peak) mem_peak = mem_now;
+    return (char *)p + 64;
+}
+static void cpu_free(void *p) {
+    if (!p) return;
+    char *b = (char *)p - 64;
+    mem_now -= *(size_t *)b;
+    free(b);
+}
+static size_t cpu_mem_in_use(size_t *peak) {
+    if (peak) *peak = mem_peak;
+    return mem_now;
+}
+static size_t cpu_mem_capacity(void) { return 0; }  // host memory: no budget to fit into
+static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
+static void cpu_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
+    for (size_t r = 0; r < rows; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+}
+static void cpu_sync(void) {}
+
+static void cpu_upload_convert(void *dst, DType dt, const void *src, DType st, size_t n) {
+    if (dt != REAL_DT) die(BACKEND_NAME " backend: upload_convert to %s unsupported", dtype_name(dt));
+    real *d = (real *)dst;
+    switch (st) {
+        case DT_F32: for (size_t i = 0; i < n; i++) d[i] = (real)((const float *)src)[i]; break;
+        case DT_F64: for (size_t i = 0; i < n; i++) d[i] = (real)((const double *)src)[i]; break;
+        case DT_BF16: for (size_t i = 0; i < n; i++) d[i] = bf16_to_f32(((const uint16_t *)src)[i]); break;
+        case DT_F16: for (size_t i = 0; i < n; i++) d[i] = f16_to_f32(((const uint16_t *)src)[i]); break;
+        default: die(BACKEND_NAME " backend: cannot convert %s to %s", dtype_name(st), dtype_name(dt));
+    }
+}
+
+// ---- weights -------------------------------------------------------------------
+static float *to_f32(const void *src, DType st, size_t n) {
+    float *f = (float *)mallocCheck(n * sizeof(float));
+    convert_to_f32(f, src, st, n);
+    return f;
+}
+
+static void cpu_quantize_weight(QWeight *w, const void *src, DType st, int pow2) {
+    size_t n = (size_t)w->rows * w->cols;
+    if (w->gran == FP8_OFF) {
+        cpu_upload_convert(w->dense, REAL_DT, src, st, n);
+        return;
+    }
+    float *f = to_f32(src, st, n);
+    fp8_quantize_cpu(&w->q, f, pow2);
+    free(f);
+}
+
+static void cpu_dequantize_weight(void *out, const QWeight *w) {
+    size_t n = (size_t)w->rows * w->cols;
+    if (w->gran == FP8_OFF) {
+        memcpy(out, w->dense, n * sizeof(real));
+        return;
+    }
+    float *f = (float *)mallocCheck(n * sizeof(float));
+    fp8_dequantize_cpu(f, &w->q);
+    for (size_t i = 0; i < n; i++) ((real *)out)[i] = f[i];
+    free(f);
+}
+
+// ---- the linear layer with FP8 fake quantization ---------------------------------
+// Activations (N, C) quantized with the weight's granularity (TENSOR: one scale,
+// ROW: per token, BLOCK: 1x128 groups), E4M3, then dequantized: xq (N, C) real.
+// q (allocated, shape and granularity set) = the quantization of x (n = rows * cols values)
+static void quantize_act(FP8Tensor *q, const real *x) {
+    size_t n = (size_t)q->rows * q->cols;
+    float *f = (float *)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) f[i] = (float)x[i];
+    fp8_quantize_cpu(q, f, 0);
+    free(f);
+}
+// xq's values, dequantized (N, C) real
+static real *dequantize_act(const FP8Tensor *q) {
+    size_t n = (size_t)q->rows * q->cols;
+    float *f = (float *)mallocCheck(n * sizeof(float));
+    fp8_dequantize_cpu(f, q);
+    real *x = (real *)mallocCheck(n * sizeof(real));
+    for (size_t i = 0; i < n; i++) x[i] = f[i];
+    free(f);
+    return x;
+}
+static real *fake_quant_act(const real *x, int N, int C, FP8Gran gran) {
+    FP8Tensor q;
+    fp8_tensor_alloc_cpu(&q, N, C, gran, FP8_E4M3, 1);
+    quantize_act(&q, x);
+    real *xq = dequantize_act(&q);
+    fp8_tensor_free_cpu(&q);
+    return xq;
+}
+
+// out = xq W^T + bias: xq the fake-quantized activations (freed here), the weight dequantized from its codes
+static void fp8_linear(void *out, real *xq, const QWeight *w, const void *bias, int N) {
+    int C = w->cols, OC = w->rows;
+    real *wd = (real *)mallocCheck((size_t)OC * C * sizeof(real));
+    cpu_dequantize_weight(wd, w);
+    OP(matmul_forward)((real *)out, xq, wd, (const real *)bias, N, C, OC);
+    free(wd);
+    free(xq);
+}
+static void cpu_linear_forward(void *out, const void *inp, const QWeight *w, const void *bias, int N) {
+    int C = w->cols, OC = w->rows;
+    if (w->gran == FP8_OFF) {
+        OP(matmul_forward)((real *)out, (const real *)inp, (const real *)w->dense, (const real *)bias, N, C, OC);
+        return;
+    }
+    fp8_linear(out, fake_quant_act((const real *)inp, N, C, w->gran), w, bias, N);
+}
+static void cpu_linear_forward_q(void *out, const FP8Tensor *xq, const QWeight *w, const void *bias, int N) {
+    linear_q_check(xq, w, N);
+    fp8_linear(out, dequantize_act(xq), w, bias, N);
+}
+
+// dX = dY W with W dequantized (straight-through for the FP8 weights)
+static void cpu_linear_backward(void *dinp, int accumulate, void *dw, void *dbias, const void *dout, const void *inp,
+                                const QWeight *w, int N) {
+    int C = w->cols, OC = w->rows;
+    if (w->gran == FP8_OFF) {
+        OP(matmul_backward)((real *)dinp, accumulate, (real *)dw, (real *)dbias, (const real *)dout,
+                            (const real *)inp, (const real *)w->dense, N, C, OC);
+        return;
+    }
+    if (dw) die(BACKEND_NAME " backend: weight gradients of FP8 weights are not supported (they are frozen)");
+    real *wd = (real *)mallocCheck((size_t)OC * C * sizeof(real));
+    cpu_dequantize_weight(wd, w);
+    OP(matmul_backward)((real *)dinp, accumulate, NULL, (real *)dbias, (const real *)dout, (const real *)inp, wd, N, C,
+                        OC);
+    free(wd);
+}
+
+// ---- LoRA: out += scale * (inp A^T) B^T ------------------------------------------
+// A, B: hp (wdt is hp on the CPU backends: --lora_dtype bf16 holds bf16 values in hp storage)
+static void cpu_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, DType wdt, float scale,
+                             int N, int C, int R, int OC) {
+    if (wdt != REAL_DT) die(BACKEND_NAME " backend: LoRA weights are %s, not %s", dtype_name(wdt), dtype_name(REAL_DT));
+    OP(matmul_forward)((real *)ax, (const real *)inp, (const real *)A, NULL, N, C, R);
+    real *tmp = (real *)mallocCheck((size_t)N * OC * sizeof(real));
+    OP(matmul_forward)(tmp, (const real *)ax, (const real *)B, NULL, N, R, OC);
+    real *o = (real *)out;
+    for (size_t i = 0; i < (size_t)N * OC; i++) o[i] += (real)(scale * (double)tmp[i]);
+    free(tmp);
+}
+
+// act == hp on the CPU backends: the copies are the masters' values and nothing is rounded
+static void cpu_lora_apply(void *out, const void *inp, const void *A, const void *B, float scale, int N, int C, int R,
+                           int OC) {
+    real *ax = (real *)mallocCheck((size_t)N * R * sizeof(real));
+    cpu_lora_forward(out, ax, inp, A, B, REAL_DT, scale, N, C, R, OC);
+    free(ax);
+}
+static void cpu_to_act(void *dst, const void *src, size_t n) { memcpy(dst, src, n * sizeof(real)); }
+
+static void cpu_lora_backward(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax,
+                              const void *A, const void *B, DType wdt, float scale, int N, int C, int R, int OC) {
+    if (wdt != REAL_DT) die(BACKEND_NAME " backend: LoRA weights are %s, not %s", dtype_name(wdt), dtype_name(REAL_DT));
+    // the adapter's output is scale * ax B^T, so its upstream gradient is scale * dout
+    size_t nd = (size_t)N * OC;
+    real *sd = (real *)mallocCheck(nd * sizeof(real));
+    for (size_t i = 0; i < nd; i++) sd[i] = (real)(scale * (double)((const real *)dout)[i]);
+    real *dax = (real *)mallocCheck((size_t)N * R * sizeof(real));
+    OP(matmul_backward)(dax, 0, (real *)dB, NULL, sd, (const real *)ax, (const real *)B, N, R, OC);
+    OP(matmul_backward)((real *)dinp, 1, (real *)dA, NULL, dax, (const real *)inp, (const real *)A, N, C, R);
+    free(sd);
+    free(dax);
+}
+
+// ---- thin wrappers (the void* interface over the typed kernels) -------------------
+// FP8 rows (--fp8_embeddings): each looked-up row dequantized, code * scale in fp32
+static void w_embedding_forward(void *out, const int32_t *ids, const QWeight *wte, int N) {
+    int C = wte->cols;
+    if (wte->gran == FP8_OFF) {
+        OP(embedding_forward)((real *)out, ids, (const real *)wte->dense, N, C);
+        return;
+    }
+    float *row = (float *)mallocCheck(C * sizeof(float));
+    for (int n = 0; n < N; n++) {
+        fp8_dequantize_row_cpu(row, &wte->q, ids[n]);
+        for (int c = 0; c < C; c++) ((real *)out)[(size_t)n * C + c] = row[c];
+    }
+    free(row);
+}
+static void w_embedding_backward(void *dwte, const int32_t *ids, const void *dout, int N, int C) {
+    OP(embedding_backward)((real *)dwte, ids, (const real *)dout, N, C);
+}
+static void w_rmsnorm_forward(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
+    OP(rmsnorm_forward)((real *)out, (real *)rstd, (const real *)inp, (const real *)w, N, C, eps);
+}
+static void w_rmsnorm_backward(void *dinp, void *dw, const void *dout, const void *inp, const void *w,
+                               const void *rstd, int N, int C) {
+    OP(rmsnorm_backward)((real *)dinp, (real *)dw, (const real *)dout, (const real *)inp, (const real *)w,
+                         (const real *)rstd, N, C);
+}
+static void w_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps,
+                          FP8Tensor *outq) {
+    OP(add)((real *)x, (const real *)x, (const real *)dx, (size_t)N * C);
+    OP(rmsnorm_forward)((real *)out, (real *)rstd, (const real *)x, (const real *)w, N, C, eps);
+    if (outq) quantize_act(outq, (const real *)out);
+}
+static void w_swiglu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF) {
+    for (int n = 0; n < N; n++) {
+        const real *g = (const real *)gu + (size_t)n * 2 * FF;
+        OP(swiglu_forward)((real *)out + (size_t)n * FF, g, g + FF, FF);
+    }
+    if (outq) quantize_act(outq, (const real *)out);
+}
+// the rows of q, k, v gathered from where they lie (memmove: qin may be q), then each head normed,
+// q and k rotated, k and v written to the cache
+static void cpu_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, const void *vin, int ldq, int ldkv,
+                            const void *q_norm, const void *k_norm, const int32_t *pos, const void *inv_freq, void *kc,
+                            void *vc, float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD,
+                            float eps) {
+    size_t qw = (size_t)NH * HD, kw = (size_t)KVH * HD;
+    real *v = (real *)mallocCheck((size_t)N * kw * sizeof(real)), *rstd = (real *)mallocCheck((size_t)N * NH * sizeof(real));
+    for (int n = 0; n < N; n++) {
+        memmove((real *)q + n * qw, (const real *)qin + (size_t)n * ldq, qw * sizeof(real));
+        memmove((real *)k + n * kw, (const real *)kin + (size_t)n * ldkv, kw * sizeof(real));
+        memcpy(v + n * kw, (const real *)vin + (size_t)n * ldkv, kw * sizeof(real));
+    }
+    if (q_norm) OP(rmsnorm_forward)((real *)q, rstd, (const real *)q, (const real *)q_norm, N * NH, HD, eps);
+    if (k_norm) OP(rmsnorm_forward)((real *)k, rstd, (const real *)k, (const real *)k_norm, N * KVH, HD, eps);
+    OP(rope_forward)((real *)q, pos, (const real *)inv_freq, N, NH, HD, 0);
+    OP(rope_forward)((real *)k, pos, (const real *)inv_freq, N, KVH, HD, 0);
+    OP(kv_write)(kc, vc, ks, vs, (const real *)k, v, slots, N, KVH, HD);
+    free(v);
+    free(rstd);
+}
+static void w_rope_forward(void *x, const int32_t *pos, const void *inv_freq, int N, int H, int HD) {
+    OP(rope_forward)((real *)x, pos, (const real *)inv_freq, N, H, HD, 0);
+}
+static void w_rope_backward(void *dx, const int32_t *pos, const void *inv_freq, int N, int H, int HD) {
+    OP(rope_forward)((real *)dx, pos, (const real *)inv_freq, N, H, HD, 1);
+}
+static void w_attention_forward(void *out, void *lse, const void *q, const void *k, const void *v, int B, int T, int NH,
+                                int KVH, int HD) {
+    OP(attention_forward)((real *)out, (real *)lse, (const real *)q, (const real *)k, (const real *)v, B, T, NH, KVH,
+                          HD);
+}
+static void w_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *out, const void *lse,
+                                 const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD) {
+    OP(attention_backward)((real *)dq, (real *)dk, (real *)dv, (const real *)dout, (const real *)out,
+                           (const real *)lse, (const real *)q, (const real *)k, (const real *)v, B, T, NH, KVH, HD);
+}
+static void w_swiglu_forward(void *out, const void *gate, const void *up, size_t n) {
+    OP(swiglu_forward)((real *)out, (const real *)gate, (const real *)up, n);
+}
+static void w_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n) {
+    OP(swiglu_backward)((real *)dgate, (real *)dup, (const real *)dout, (const real *)gate, (const real *)up, n);
+}
+static void w_add(void *out, const void *a, const void *b, size_t n) {
+    OP(add)((real *)out, (const real *)a, (const real *)b, n);
+}
+static void w_gather_rows(void *out, const void *inp, const int32_t *idx, int n_idx, int C) {
+    OP(gather_rows)((real *)out, (const real *)inp, idx, n_idx, C);
+}
+// The LM head through an FP8 weight (--fp8_embeddings) is fake quantization, as the linear layers: h
+// quantized per row (token), W dequantized from its codes; then the dense reference. The backward
+// differentiates through the same fake-quantized h and dequantized W (straight-through).
+typedef struct {
+    const real *h, *w;
+    real *hq, *wd;  // owned copies when the head is FP8, else NULL
+} HeadOperands;
+static HeadOperands head_operands(const void *h, const QWeight *wlm, int N) {
+    HeadOperands o = {(const real *)h, (const real *)wlm->dense, NULL, NULL};
+    if (wlm->gran == FP8_OFF) return o;
+    o.hq = fake_quant_act((const real *)h, N, wlm->cols, wlm->gran);
+    o.wd = (real *)mallocCheck((size_t)wlm->rows * wlm->cols * sizeof(real));
+    cpu_dequantize_weight(o.wd, wlm);
+    o.h = o.hq, o.w = o.wd;
+    return o;
+}
+static void head_operands_free(HeadOperands *o) {
+    free(o->hq);
+    free(o->wd);
+}
+static void w_logits_forward(void *logits, const void *h, const QWeight *wlm, int N) {
+    HeadOperands o = head_operands(h, wlm, N);
+    OP(matmul_forward)((real *)logits, o.h, o.w, NULL, N, wlm->cols, wlm->rows);
+    head_operands_free(&o);
+}
+static void w_logprobs_forward(void *logp, void *lse, const void *h, const QWeight *wlm, const int32_t *targets,
+                               float inv_temp, int N) {
+    HeadOperands o = head_operands(h, wlm, N);
+    OP(logprobs_forward)((real *)logp, (real *)lse, o.h, o.w, targets, inv_temp, N, wlm->cols, wlm->rows);
+    head_operands_free(&o);
+}
+static void w_logprobs_backward(void *dh, void *dwlm, const void *dlogp, const void *lse, const void *h,
+                                const QWeight *wlm, const int32_t *targets, float inv_temp, int N) {
+    if (dwlm && wlm->gran != FP8_OFF) die(BACKEND_NAME " backend: an FP8 LM head is frozen (no gradient)");
+    HeadOperands o = head_operands(h, wlm, N);
+    OP(logprobs_backward)((real *)dh, (real *)dwlm, (const real *)dlogp, (const real *)lse, o.h, o.w, targets,
+                          inv_temp, N, wlm->cols, wlm->rows);
+    head_operands_free(&o);
+}
+static void w_kv_write(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots,
+                       int N, int KVH, int HD) {
+    OP(kv_write)(kc, vc, ks, vs, (const real *)k, (const real *)v, slots, N, KVH, HD);
+}
+static void w_attention_decode(void *out, const void *q, const void *kc, const void *vc, const float *ks,
+                               const float *vs, const int32_t *block_table, const int32_t *seq_lens, int S, int NH,
+                               int KVH, int HD, int BS, int MB, FP8Tensor *outq) {
+    OP(attention_decode)((real *)out, (const real *)q, kc, vc, ks, vs, block_table, seq_lens, S, NH, KVH, HD, BS, MB);
+    if (outq) quantize_act(outq, (const real *)out);
+}
+static void w_sample(int32_t *tokens, void *logp, const void *logits, uint64_t *rng, int S, int V, float temperature,
+                     int top_k, float top_p) {
+    OP(sample)(tokens, (real *)logp, (const real *)logits, rng, S, V, temperature, top_k, top_p);
+}
+static void w_adamw(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
+                    float eps, float weight_decay, int step) {
+    OP(adamw)((real *)param, (const real *)grad, (real *)m, (real *)v, n, lr, beta1, beta2, eps, weight_decay, step);
+}
+static void w_adamw_bf16(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
+                         float eps, float weight_decay, int step, uint64_t seed) {
+    OP(adamw_bf16)((real *)param, (const real *)grad, (real *)m, (real *)v, n, lr, beta1, beta2, eps, weight_decay, step,
+                   seed);
+}
+static double w_sumsq(const void *x, size_t n) { return OP(sumsq)((const real *)x, n); }
+
+// replay: nothing to record on the CPU, the ops just run
+static void cpu_replay(const void *key, size_t key_bytes, void (*run)(void *arg), void *arg) { run(arg); }
+static void cpu_replay_forget(void) {}
+static int cpu_replay_rows(int S) { return S; }
+static void w_scale(void *x, size_t n, float s) { OP(scale)((real *)x, n, s); }
+
+static Backend be = {
+    .name = BACKEND_NAME,
+    .act = REAL_DT,
+    .hp = REAL_DT,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .zero = cpu_zero,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy = cpu_copy,
+    .copy_2d = cpu_copy_2d,
+    .upload_convert = cpu_upload_convert,
+    .sync = cpu_sync,
+    .mem_in_use = cpu_mem_in_use,
+    .mem_capacity = cpu_mem_capacity,
+    .quantize_weight = cpu_quantize_weight,
+    .dequantize_weight = cpu_dequantize_weight,
+    .embedding_forward = w_embedding_forward,
+    .embedding_backward = w_embedding_backward,
+    .rmsnorm_forward = w_rmsnorm_forward,
+    .rmsnorm_backward = w_rmsnorm_backward,
+    .linear_forward = cpu_linear_forward,
+    .linear_forward_q = cpu_linear_forward_q,
+    .linear_backward = cpu_linear_backward,
+    .lora_forward = cpu_lora_forward,
+    .lora_apply = cpu_lora_apply,
+    .to_act = cpu_to_act,
+    .lora_backward = cpu_lora_backward,
+    .rope_forward = w_rope_forward,
+    .add_rmsnorm = w_add_rmsnorm,
+    .swiglu_gu = w_swiglu_gu,
+    .qkv_rope_kv = cpu_qkv_rope_kv,
+    .rope_backward = w_rope_backward,
+    .attention_forward = w_attention_forward,
+    .attention_backward = w_attention_backward,
+    .swiglu_forward = w_swiglu_forward,
+    .swiglu_backward = w_swiglu_backward,
+    .add = w_add,
+    .gather_rows = w_gather_rows,
+    .logits_forward = w_logits_forward,
+    .logprobs_forward = w_logprobs_forward,
+    .logprobs_backward = w_logprobs_backward,
+    .kv_write = w_kv_write,
+    .attention_decode = w_attention_decode,
+    .sample = w_sample,
+    .adamw = w_adamw,
+    .adamw_bf16 = w_adamw_bf16,
+    .sumsq = w_sumsq,
+    .scale = w_scale,
+    .replay = cpu_replay,
+    .replay_forget = cpu_replay_forget,
+    .replay_rows = cpu_replay_rows,
+};
+
+const Backend *BACKEND_FN(void) {
+    if (!be.device_desc[0]) snprintf(be.device_desc, sizeof be.device_desc, "CPU reference backend (%s)", dtype_name(REAL_DT));
+    return &be;
+}

@@ -1,0 +1,1098 @@
+// attention.cu: the attention kernels of the CUDA backend (see attention_cuda.h).
+//   defines: attention_forward_cuda, attention_backward_cuda, attention_decode_cuda, kv_write_cuda
+// Needs: sm_80+ (mma.sync bf16, ldmatrix, cp.async). The numeric truth is ops_cpu.c's
+// attention_forward_cpu / attention_backward_cpu / attention_decode_cpu.
+//
+// Training attention is FlashAttention-2 written with mma.sync.m16n8k16 (bf16 in, fp32
+// accumulate), for head dims 16, 32, 64 and 128:
+//   forward     a block owns 64 queries of one (batch, head), 4 warps x 16 rows; it walks the
+//               key blocks (64 keys, double-buffered with cp.async) up to the diagonal,
+//               S = Q K^T in registers, online softmax (exp2, running max and sum), O += P V
+//               with P re-packed from the S accumulators as the A operand. Writes lse.
+//   backward    D = rowsum(dO * O) first; then a block owns 64 keys of one (batch, kv head)
+//               and loops over the query blocks and the NH/KVH query heads of its group,
+//               recomputing P = exp(S - lse): dV += P^T dO, dK += dS^T Q with
+//               dS = P (dP - D), dP = dO V^T. dK/dV live in its registers: no atomics.
+//               dQ is a second pass where a block owns 64 queries (the forward's shape):
+//               it recomputes S and dP and accumulates dQ += dS K. Two passes cost two extra
+//               small matmuls per tile but keep the backward deterministic.
+// Shared-memory tiles hold rows of HD bf16 in 16-byte chunks, chunk index XOR-swizzled
+// with the row (mod 8), so that the 8 row addresses of an ldmatrix hit 8 different bank
+// groups. Other even head dims up to 256 take plain fp32 kernels, one warp per row (slow,
+// correct; no model we target uses them).
+// Decode: one block per (sequence, kv head, context split); its warps stride over the cached
+// tokens (found through the block table), each keeping an online softmax for all the query
+// heads of the kv head (GQA: K and V are read once per group); warps, then splits, are
+// combined with their max and sum.
+#include <math.h>
+
+#include "cuda/attention_cuda.h"
+#include "cuda/cuda_common.cuh"
+
+#define LOG2E 1.4426950408889634f
+#define FULL 0xffffffffu
+
+// ----------------------------------------------------------------------------
+// PTX helpers
+
+__device__ __forceinline__ void ldsm4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm4t(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+// c (16x8 f32) += a (16x16 bf16, row) * b (16x8 bf16, col)
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+// A shared-memory tile of rows of HD bf16: chunk c (8 elements) of row r is stored at
+// chunk c ^ (r mod min(8, HD/8)). Element offset of the chunk's start:
+template <int HD>
+__device__ __forceinline__ int toff(int row, int chunk) {
+    constexpr int CH = HD / 8, SW = (CH < 8 ? CH : 8) - 1;
+    return row * HD + ((chunk ^ (row & SW)) << 3);
+}
+// rows [r0, r0 + R) of a row-strided (ld elements) bf16 matrix into a tile; rows >= rmax are zeros
+template <int HD, int R>
+__device__ __forceinline__ void load_rows(bf16 *s, const bf16 *g, size_t ld, int r0, int rmax, int tid) {
+    constexpr int CH = HD / 8, TOTAL = R * CH, ITERS = (TOTAL + 127) / 128;
+#pragma unroll
+    for (int it = 0; it < ITERS; it++) {
+        int i = it * 128 + tid;
+        if (i < TOTAL) {
+            int r = i / CH, c = i % CH;
+            bool ok = r0 + r < rmax;
+            cp_async16(s + toff<HD>(r, c), ok ? g + (size_t)(r0 + r) * ld + c * 8 : g, ok);
+        }
+    }
+}
+
+// Key/value block j is in buffer j & 1 (of Ks, Vs: 2 x BC rows each): start loading block j + 1 into
+// the other, then wait until block j has landed and every thread sees it
+template <int HD, int BC>
+__device__ __forceinline__ void next_kv_block(bf16 *Ks, bf16 *Vs, const bf16 *kg, const bf16 *vg, size_t ldk, int j,
+                                              int nkt, int T, int tid) {
+    if (j + 1 < nkt) {
+        int nb = (j + 1) & 1;
+        load_rows<HD, BC>(Ks + nb * BC * HD, kg, ldk, (j + 1) * BC, T, tid);
+        load_rows<HD, BC>(Vs + nb * BC * HD, vg, ldk, (j + 1) * BC, T, tid);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else cp_async_wait<0>();
+    __syncthreads();
+}
+
+// The fragment addressing used throughout (lane = 0..31):
+//   A operand (16 rows x 16 k) from a row-major tile:    row = m0 + (lane & 15), chunk = 2 kk + (lane >> 4)
+//   B operand, two n-tiles of 8, from a tile holding B^T rows (n rows, k contiguous):
+//                                  row = n0 + (lane & 7) + ((lane >> 4) << 3), chunk = 2 kk + ((lane >> 3) & 1)
+//     -> b0, b1 of n-tile n0 and b0, b1 of n-tile n0 + 8
+//   B operand, two n-tiles, from a tile holding B rows (k rows, n contiguous), transposed load:
+//                                  row = k0 + (lane & 7) + ((lane >> 3) & 1) * 8, chunk = 2 np + (lane >> 4)
+//   C fragment c[4]: rows g = lane / 4 (c0, c1) and g + 8 (c2, c3), columns 2 (lane % 4) + {0, 1};
+//   two C n-tiles (2kk, 2kk+1) re-packed to bf16 are the A operand of k-step kk.
+#define A_ROW(m0) ((m0) + (lane & 15))
+#define A_CH(kk) (2 * (kk) + (lane >> 4))
+#define BN_ROW(n0) ((n0) + (lane & 7) + ((lane >> 4) << 3))
+#define BN_CH(kk) (2 * (kk) + ((lane >> 3) & 1))
+#define BT_ROW(k0) ((k0) + (lane & 7) + ((lane >> 3) & 1) * 8)
+#define BT_CH(np) (2 * (np) + (lane >> 4))
+
+__device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const float c1[4]) {
+    a[0] = pack_bf16(c0[0], c0[1]);
+    a[1] = pack_bf16(c0[2], c0[3]);
+    a[2] = pack_bf16(c1[0], c1[1]);
+    a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+// c1 (16 x 16 NP, as 2 NP n-tiles) += A1 B1^T and c2 += A2 B2^T over the tiles' HD: A1, A2 hold the
+// warp's 16 rows from row a0, B1, B2 the 16 NP rows of B^T. The backward's two products of a tile,
+// S = Q K^T and dP = dO V^T (or their transposes), sharing each k step's loop.
+template <int HD, int NP>
+__device__ __forceinline__ void mma_abt2(float (&c1)[2 * NP][4], float (&c2)[2 * NP][4], const bf16 *A1, const bf16 *A2,
+                                         int a0, const bf16 *B1, const bf16 *B2) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        uint32_t a1[4], a2[4];
+        ldsm4(a1, A1 + toff<HD>(A_ROW(a0), A_CH(kk)));
+        ldsm4(a2, A2 + toff<HD>(A_ROW(a0), A_CH(kk)));
+#pragma unroll
+        for (int np = 0; np < NP; np++) {
+            uint32_t bb[4];
+            ldsm4(bb, B1 + toff<HD>(BN_ROW(np * 16), BN_CH(kk)));
+            mma16816(c1[2 * np], a1, bb[0], bb[1]);
+            mma16816(c1[2 * np + 1], a1, bb[2], bb[3]);
+            ldsm4(bb, B2 + toff<HD>(BN_ROW(np * 16), BN_CH(kk)));
+            mma16816(c2[2 * np], a2, bb[0], bb[1]);
+            mma16816(c2[2 * np + 1], a2, bb[2], bb[3]);
+        }
+    }
+}
+// acc (16 x HD, as HD / 8 n-tiles) += A B: A one k step's operand (16 x 16: c_to_a of two C n-tiles),
+// B the 16 rows from k0 of a tile of rows of HD, read transposed (P V, dS K, P^T dO, dS^T Q)
+template <int HD>
+__device__ __forceinline__ void mma_ab_rows(float (&acc)[HD / 8][4], const uint32_t (&a)[4], const bf16 *B, int k0) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int np = 0; np < HD / 16; np++) {
+        uint32_t bb[4];
+        ldsm4t(bb, B + toff<HD>(BT_ROW(k0), BT_CH(np)));
+        mma16816(acc[2 * np], a, bb[0], bb[1]);
+        mma16816(acc[2 * np + 1], a, bb[2], bb[3]);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// forward (tensor cores)
+
+template <int HD>
+__global__ void __launch_bounds__(128) attn_fwd_mma(bf16 *__restrict__ out, float *__restrict__ lse,
+                                                    const bf16 *__restrict__ q, const bf16 *__restrict__ k,
+                                                    const bf16 *__restrict__ v, int T, int NH, int KVH, float sc) {
+    constexpr int BR = 64, BC = 64, KS = HD / 16, ND = HD / 8;
+    extern __shared__ __align__(128) unsigned char smem[];
+    bf16 *Qs = (bf16 *)smem, *Ks = Qs + BR * HD, *Vs = Ks + 2 * BC * HD;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    // the last query blocks have the most keys: start them first
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / KVH);
+    const int q0 = qt * BR;
+    const size_t ldq = (size_t)NH * HD, ldk = (size_t)KVH * HD;
+    const bf16 *qg = q + (size_t)b * T * ldq + (size_t)h * HD;
+    const bf16 *kg = k + (size_t)b * T * ldk + (size_t)kvh * HD, *vg = v + (size_t)b * T * ldk + (size_t)kvh * HD;
+    load_rows<HD, BR>(Qs, qg, ldq, q0, T, tid);
+    load_rows<HD, BC>(Ks, kg, ldk, 0, T, tid);
+    load_rows<HD, BC>(Vs, vg, ldk, 0, T, tid);
+    cp_async_commit();
+    const int nkt = (min(q0 + BR, T) + BC - 1) / BC;  // causal: key blocks up to the diagonal
+    const float sl2 = sc * LOG2E;
+    const int row0 = q0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+    float o[ND][4];
+#pragma unroll
+    for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    uint32_t qf[KS][4];
+    for (int j = 0; j < nkt; j++) {
+        next_kv_block<HD, BC>(Ks, Vs, kg, vg, ldk, j, nkt, T, tid);
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) ldsm4(qf[kk], Qs + toff<HD>(A_ROW(warp * 16), A_CH(kk)));
+        }
+        const bf16 *Kb = Ks + (j & 1) * BC * HD, *Vb = Vs + (j & 1) * BC * HD;
+        float s[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                ldsm4(bb, Kb + toff<HD>(BN_ROW(np * 16), BN_CH(kk)));
+                mma16816(s[2 * np], qf[kk], bb[0], bb[1]);
+                mma16816(s[2 * np + 1], qf[kk], bb[2], bb[3]);
+            }
+        const int kb = j * BC;
+        if (kb + BC - 1 > q0 + warp * 16) {  // the diagonal block: mask keys after the query
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (kb + nt * 8 + 2 * t4 + (e & 1) > row0 + (e >> 1) * 8) s[nt][e] = -INFINITY;
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
+            float mnew = fmaxf(mrow[r], mx);
+            float mb = mnew == -INFINITY ? 0.f : mnew * sl2;
+            float alpha = exp2f(mrow[r] * sl2 - mb), rs = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                float p0 = exp2f(s[nt][2 * r] * sl2 - mb), p1 = exp2f(s[nt][2 * r + 1] * sl2 - mb);
+                s[nt][2 * r] = p0;
+                s[nt][2 * r + 1] = p1;
+                rs += p0 + p1;
+            }
+            lrow[r] = lrow[r] * alpha + rs;
+            mrow[r] = mnew;
+#pragma unroll
+            for (int nd = 0; nd < ND; nd++) {
+                o[nd][2 * r] *= alpha;
+                o[nd][2 * r + 1] *= alpha;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t a[4];
+            c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+            mma_ab_rows<HD>(o, a, Vb, kk * 16);
+        }
+        __syncthreads();  // the buffer is refilled next iteration
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = lrow[r];
+        l += __shfl_xor_sync(FULL, l, 1);
+        l += __shfl_xor_sync(FULL, l, 2);
+        int row = row0 + r * 8;
+        float inv = l > 0.f ? 1.f / l : 0.f;
+        if (row < T) {
+            bf16 *op = out + ((size_t)b * T + row) * ldq + (size_t)h * HD + 2 * t4;
+#pragma unroll
+            for (int nd = 0; nd < ND; nd++)
+                *(__nv_bfloat162 *)(op + nd * 8) = __floats2bfloat162_rn(o[nd][2 * r] * inv, o[nd][2 * r + 1] * inv);
+            if (t4 == 0) lse[((size_t)b * NH + h) * T + row] = mrow[r] * sc + logf(l);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// backward (tensor cores)
+
+// D[b, h, t] = sum_d dO * O (fp32), one warp per (b, t, h) row
+__global__ void attn_rowdot(float *D, const bf16 *dout, const bf16 *out, int B, int T, int NH, int HD) {
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (row >= (size_t)B * T * NH) return;
+    const bf16 *a = dout + row * HD, *o = out + row * HD;
+    float s = 0.f;
+    for (int d = 2 * lane; d < HD; d += 64) {
+        float2 x = __bfloat1622float2(*(const __nv_bfloat162 *)(a + d)), y = __bfloat1622float2(*(const __nv_bfloat162 *)(o + d));
+        s += x.x * y.x + x.y * y.y;
+    }
+    s = warp_sum(s);
+    int h = (int)(row % NH);
+    size_t bt = row / NH;
+    int t = (int)(bt % T), b = (int)(bt / T);
+    if (lane == 0) D[((size_t)b * NH + h) * T + t] = s;
+}
+
+// dK, dV for 64 keys of one (b, kv head): 4 warps x 16 keys, 32 queries per step over the
+// NH/KVH query heads of the group and the query blocks at or after the keys (causal)
+template <int HD>
+__global__ void __launch_bounds__(128) attn_bwd_dkdv_mma(bf16 *__restrict__ dk, bf16 *__restrict__ dv,
+                                                         const bf16 *__restrict__ dout, const float *__restrict__ lse,
+                                                         const float *__restrict__ Dg, const bf16 *__restrict__ q,
+                                                         const bf16 *__restrict__ k, const bf16 *__restrict__ v, int T,
+                                                         int NH, int KVH, float sc) {
+    constexpr int BC = 64, BQ = 32, ND = HD / 8;
+    extern __shared__ __align__(128) unsigned char smem[];
+    bf16 *Ks = (bf16 *)smem, *Vs = Ks + BC * HD, *Qs = Vs + BC * HD, *dOs = Qs + 2 * BQ * HD;
+    float *Ls = (float *)(dOs + 2 * BQ * HD), *Ds = Ls + 2 * BQ;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int kvh = blockIdx.y, b = blockIdx.z, rep = NH / KVH, k0 = blockIdx.x * BC;
+    const size_t ldq = (size_t)NH * HD, ldk = (size_t)KVH * HD;
+    const bf16 *kg = k + (size_t)b * T * ldk + (size_t)kvh * HD, *vg = v + (size_t)b * T * ldk + (size_t)kvh * HD;
+    load_rows<HD, BC>(Ks, kg, ldk, k0, T, tid);
+    load_rows<HD, BC>(Vs, vg, ldk, k0, T, tid);
+    const int nq = (T - k0 + BQ - 1) / BQ, items = rep * nq;
+    auto load_item = [&](int it, int buf) {
+        int h = kvh * rep + it / nq, qb = k0 + (it % nq) * BQ;
+        load_rows<HD, BQ>(Qs + buf * BQ * HD, q + (size_t)b * T * ldq + (size_t)h * HD, ldq, qb, T, tid);
+        load_rows<HD, BQ>(dOs + buf * BQ * HD, dout + (size_t)b * T * ldq + (size_t)h * HD, ldq, qb, T, tid);
+        if (tid < BQ) {
+            int t = qb + tid;
+            size_t li = ((size_t)b * NH + h) * T + t;
+            Ls[buf * BQ + tid] = t < T ? lse[li] * LOG2E : INFINITY;  // +inf: P = 0 for padding rows
+            Ds[buf * BQ + tid] = t < T ? Dg[li] : 0.f;
+        }
+    };
+    load_item(0, 0);
+    cp_async_commit();
+    const float sl2 = sc * LOG2E;
+    const int key0 = k0 + warp * 16 + g;  // this thread's keys: key0, key0 + 8
+    float dka[ND][4], dva[ND][4];
+#pragma unroll
+    for (int i = 0; i < ND; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dka[i][e] = dva[i][e] = 0.f;
+    for (int it = 0; it < items; it++) {
+        const int buf = it & 1;
+        if (it + 1 < items) {
+            load_item(it + 1, buf ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else cp_async_wait<0>();
+        __syncthreads();
+        const int qb = k0 + (it % nq) * BQ;
+        const bf16 *Qb = Qs + buf * BQ * HD, *dOb = dOs + buf * BQ * HD;
+        const float *Lb = Ls + buf * BQ, *Db = Ds + buf * BQ;
+        float st[4][4], dp[4][4];  // S^T and dP^T: 16 keys x 32 queries per warp
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) st[i][e] = dp[i][e] = 0.f;
+        mma_abt2<HD, 2>(st, dp, Ks, Vs, warp * 16, Qb, dOb);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int qq = nt * 8 + 2 * t4 + (e & 1);
+                float p = key0 + (e >> 1) * 8 > qb + qq ? 0.f : exp2f(st[nt][e] * sl2 - Lb[qq]);
+                st[nt][e] = p;
+                dp[nt][e] = p * (dp[nt][e] - Db[qq]);
+            }
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++) {
+            uint32_t pa[4], da[4];
+            c_to_a(pa, st[2 * kk], st[2 * kk + 1]);
+            c_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
+            mma_ab_rows<HD>(dva, pa, dOb, kk * 16);  // dV += P^T dO
+            mma_ab_rows<HD>(dka, da, Qb, kk * 16);   // dK += dS^T Q
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int key = key0 + r * 8;
+        if (key >= T) continue;
+        size_t off = ((size_t)b * T + key) * ldk + (size_t)kvh * HD + 2 * t4;
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++) {
+            *(__nv_bfloat162 *)(dk + off + nd * 8) = __floats2bfloat162_rn(dka[nd][2 * r] * sc, dka[nd][2 * r + 1] * sc);
+            *(__nv_bfloat162 *)(dv + off + nd * 8) = __floats2bfloat162_rn(dva[nd][2 * r], dva[nd][2 * r + 1]);
+        }
+    }
+}
+
+// dQ for 64 queries of one (b, head): the forward's loop with S and dP recomputed
+template <int HD>
+__global__ void __launch_bounds__(128) attn_bwd_dq_mma(bf16 *__restrict__ dq, const bf16 *__restrict__ dout,
+                                                       const float *__restrict__ lse, const float *__restrict__ Dg,
+                                                       const bf16 *__restrict__ q, const bf16 *__restrict__ k,
+                                                       const bf16 *__restrict__ v, int T, int NH, int KVH, float sc) {
+    constexpr int BR = 64, BC = 64, ND = HD / 8;
+    extern __shared__ __align__(128) unsigned char smem[];
+    bf16 *Qs = (bf16 *)smem, *dOs = Qs + BR * HD, *Ks = dOs + BR * HD, *Vs = Ks + 2 * BC * HD;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / KVH);
+    const int q0 = qt * BR;
+    const size_t ldq = (size_t)NH * HD, ldk = (size_t)KVH * HD;
+    const bf16 *kg = k + (size_t)b * T * ldk + (size_t)kvh * HD, *vg = v + (size_t)b * T * ldk + (size_t)kvh * HD;
+    load_rows<HD, BR>(Qs, q + (size_t)b * T * ldq + (size_t)h * HD, ldq, q0, T, tid);
+    load_rows<HD, BR>(dOs, dout + (size_t)b * T * ldq + (size_t)h * HD, ldq, q0, T, tid);
+    load_rows<HD, BC>(Ks, kg, ldk, 0, T, tid);
+    load_rows<HD, BC>(Vs, vg, ldk, 0, T, tid);
+    cp_async_commit();
+    const int row0 = q0 + warp * 16 + g;
+    float Lr[2], Dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = row0 + r * 8;
+        size_t li = ((size_t)b * NH + h) * T + row;
+        Lr[r] = row < T ? lse[li] * LOG2E : INFINITY;
+        Dr[r] = row < T ? Dg[li] : 0.f;
+    }
+    const int nkt = (min(q0 + BR, T) + BC - 1) / BC;
+    const float sl2 = sc * LOG2E;
+    float dqa[ND][4];
+#pragma unroll
+    for (int i = 0; i < ND; i++) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.f;
+    for (int j = 0; j < nkt; j++) {
+        next_kv_block<HD, BC>(Ks, Vs, kg, vg, ldk, j, nkt, T, tid);
+        const bf16 *Kb = Ks + (j & 1) * BC * HD, *Vb = Vs + (j & 1) * BC * HD;
+        float s[8][4], dp[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
+        mma_abt2<HD, 4>(s, dp, Qs, dOs, warp * 16, Kb, Vb);
+        const int kb = j * BC;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = e >> 1;
+                float p = kb + nt * 8 + 2 * t4 + (e & 1) > row0 + r * 8 ? 0.f : exp2f(s[nt][e] * sl2 - Lr[r]);
+                s[nt][e] = p * (dp[nt][e] - Dr[r]);  // dS
+            }
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t a[4];
+            c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+            mma_ab_rows<HD>(dqa, a, Kb, kk * 16);  // dQ += dS K
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = row0 + r * 8;
+        if (row >= T) continue;
+        bf16 *op = dq + ((size_t)b * T + row) * ldq + (size_t)h * HD + 2 * t4;
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++)
+            *(__nv_bfloat162 *)(op + nd * 8) = __floats2bfloat162_rn(dqa[nd][2 * r] * sc, dqa[nd][2 * r + 1] * sc);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// plain fp32 kernels for other even head dims (<= 256): one warp per row, keys in
+// groups of 32 (one per lane), each lane holding head-dim elements lane + 32 i
+
+#define SIMPLE_MAXD 256
+__device__ __forceinline__ float dot_sf(const float *a, const bf16 *b, int HD) {
+    float s = 0.f;
+    for (int d = 0; d < HD; d++) s += a[d] * __bfloat162float(b[d]);
+    return s;
+}
+
+__global__ void attn_fwd_simple(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int T, int NH,
+                                int KVH, int HD, float sc) {
+    __shared__ float qs[SIMPLE_MAXD];
+    const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, kvh = h / (NH / KVH);
+    const bf16 *qr = q + (((size_t)b * T + t) * NH + h) * HD;
+    for (int d = lane; d < HD; d += 32) qs[d] = __bfloat162float(qr[d]);
+    __syncwarp();
+    float m = -INFINITY, l = 0.f, acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[i] = 0.f;
+    for (int s0 = 0; s0 <= t; s0 += 32) {
+        int s = s0 + lane;
+        float sco = s <= t ? dot_sf(qs, k + (((size_t)b * T + s) * KVH + kvh) * HD, HD) * sc : -INFINITY;
+        float mnew = fmaxf(m, warp_max(sco));
+        float alpha = expf(m - mnew), p = s <= t ? expf(sco - mnew) : 0.f;
+        l = l * alpha + warp_sum(p);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[i] *= alpha;
+        int nj = min(32, t - s0 + 1);
+        for (int jj = 0; jj < nj; jj++) {
+            float pj = __shfl_sync(FULL, p, jj);
+            const bf16 *vr = v + (((size_t)b * T + s0 + jj) * KVH + kvh) * HD;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (lane + 32 * i < HD) acc[i] += pj * __bfloat162float(vr[lane + 32 * i]);
+        }
+        m = mnew;
+    }
+    bf16 *orow = out + (((size_t)b * T + t) * NH + h) * HD;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (lane + 32 * i < HD) orow[lane + 32 * i] = __float2bfloat16_rn(acc[i] / l);
+    if (lane == 0) lse[((size_t)b * NH + h) * T + t] = m + logf(l);
+}
+
+__global__ void attn_bwd_dq_simple(bf16 *dq, const bf16 *dout, const float *lse, const float *Dg, const bf16 *q,
+                                   const bf16 *k, const bf16 *v, int T, int NH, int KVH, int HD, float sc) {
+    __shared__ float qs[SIMPLE_MAXD], dos[SIMPLE_MAXD];
+    const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, kvh = h / (NH / KVH);
+    size_t row = ((size_t)b * T + t) * NH + h;
+    for (int d = lane; d < HD; d += 32) {
+        qs[d] = __bfloat162float(q[row * HD + d]);
+        dos[d] = __bfloat162float(dout[row * HD + d]);
+    }
+    __syncwarp();
+    float L = lse[((size_t)b * NH + h) * T + t], Dt = Dg[((size_t)b * NH + h) * T + t], acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[i] = 0.f;
+    for (int s0 = 0; s0 <= t; s0 += 32) {
+        int s = s0 + lane;
+        float ds = 0.f;
+        if (s <= t) {
+            size_t kr = (((size_t)b * T + s) * KVH + kvh) * HD;
+            float p = expf(dot_sf(qs, k + kr, HD) * sc - L);
+            ds = p * (dot_sf(dos, v + kr, HD) - Dt);
+        }
+        int nj = min(32, t - s0 + 1);
+        for (int jj = 0; jj < nj; jj++) {
+            float dsj = __shfl_sync(FULL, ds, jj);
+            const bf16 *kr = k + (((size_t)b * T + s0 + jj) * KVH + kvh) * HD;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (lane + 32 * i < HD) acc[i] += dsj * __bfloat162float(kr[lane + 32 * i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (lane + 32 * i < HD) dq[row * HD + lane + 32 * i] = __float2bfloat16_rn(acc[i] * sc);
+}
+
+__global__ void attn_bwd_dkdv_simple(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *Dg,
+                                     const bf16 *q, const bf16 *k, const bf16 *v, int T, int NH, int KVH, int HD,
+                                     float sc) {
+    __shared__ float ks[SIMPLE_MAXD], vs[SIMPLE_MAXD];
+    const int s = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, rep = NH / KVH;
+    size_t krow = ((size_t)b * T + s) * KVH + kvh;
+    for (int d = lane; d < HD; d += 32) {
+        ks[d] = __bfloat162float(k[krow * HD + d]);
+        vs[d] = __bfloat162float(v[krow * HD + d]);
+    }
+    __syncwarp();
+    float dka[8], dva[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) dka[i] = dva[i] = 0.f;
+    for (int h = kvh * rep; h < (kvh + 1) * rep; h++)
+        for (int t0 = s; t0 < T; t0 += 32) {
+            int t = t0 + lane;
+            float p = 0.f, ds = 0.f;
+            if (t < T) {
+                size_t qr = (((size_t)b * T + t) * NH + h) * HD, li = ((size_t)b * NH + h) * T + t;
+                p = expf(dot_sf(ks, q + qr, HD) * sc - lse[li]);
+                ds = p * (dot_sf(vs, dout + qr, HD) - Dg[li]);
+            }
+            int nj = min(32, T - t0);
+            for (int jj = 0; jj < nj; jj++) {
+                float pj = __shfl_sync(FULL, p, jj), dsj = __shfl_sync(FULL, ds, jj);
+                size_t qr = (((size_t)b * T + t0 + jj) * NH + h) * HD;
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    if (lane + 32 * i < HD) {
+                        dva[i] += pj * __bfloat162float(dout[qr + lane + 32 * i]);
+                        dka[i] += dsj * __bfloat162float(q[qr + lane + 32 * i]);
+                    }
+            }
+        }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (lane + 32 * i < HD) {
+            dk[krow * HD + lane + 32 * i] = __float2bfloat16_rn(dka[i] * sc);
+            dv[krow * HD + lane + 32 * i] = __float2bfloat16_rn(dva[i]);
+        }
+}
+
+// ----------------------------------------------------------------------------
+// launchers
+
+static int use_mma(int HD, const void *a, const void *b, const void *c, const void *d) {
+    if (HD != 16 && HD != 32 && HD != 64 && HD != 128) return 0;
+    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15) == 0;  // cp.async needs 16-byte rows
+}
+static void check_heads(const char *what, int NH, int KVH, int HD) {
+    if (KVH <= 0 || NH % KVH) die("%s: %d query heads are not a multiple of %d kv heads", what, NH, KVH);
+    if (HD % 2 || HD > SIMPLE_MAXD) die("%s: head_dim %d is not supported (even, <= %d)", what, HD, SIMPLE_MAXD);
+}
+
+template <int HD>
+static void fwd_mma(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int NH, int KVH,
+                    float sc, cudaStream_t st) {
+    const int smem = (64 + 4 * 64) * HD * 2;
+    static int attr = 0;
+    if (!attr) {
+        cudaCheck(cudaFuncSetAttribute(attn_fwd_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        attr = 1;
+    }
+    dim3 grid((T + 63) / 64, NH, B);
+    attn_fwd_mma<HD><<<grid, 128, smem, st>>>(out, lse, q, k, v, T, NH, KVH, sc);
+    launchCheck();
+}
+
+void attention_forward_cuda(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T, int NH,
+                            int KVH, int HD, void *stream) {
+    check_heads("attention_forward", NH, KVH, HD);
+    cudaStream_t st = (cudaStream_t)stream;
+    float sc = 1.0f / sqrtf((float)HD);
+    bf16 *o = (bf16 *)out;
+    const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
+    if (use_mma(HD, out, q, k, v)) {
+        switch (HD) {
+            case 16: fwd_mma<16>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, st); return;
+            case 32: fwd_mma<32>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, st); return;
+            case 64: fwd_mma<64>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, st); return;
+            case 128: fwd_mma<128>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, st); return;
+        }
+    }
+    attn_fwd_simple<<<dim3(T, NH, B), 32, 0, st>>>(o, lse, qq, kk, vv, T, NH, KVH, HD, sc);
+    launchCheck();
+}
+
+size_t attention_backward_scratch(int B, int T, int NH) { return (size_t)B * NH * T; }
+
+template <int HD>
+static void bwd_mma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *D, const bf16 *q,
+                    const bf16 *k, const bf16 *v, int B, int T, int NH, int KVH, float sc, cudaStream_t st) {
+    const int smem_kv = (2 * 64 + 4 * 32) * HD * 2 + 4 * 32 * 4, smem_q = (2 * 64 + 4 * 64) * HD * 2;
+    static int attr = 0;
+    if (!attr) {
+        cudaCheck(cudaFuncSetAttribute(attn_bwd_dkdv_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv));
+        cudaCheck(cudaFuncSetAttribute(attn_bwd_dq_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_q));
+        attr = 1;
+    }
+    attn_bwd_dkdv_mma<HD><<<dim3((T + 63) / 64, KVH, B), 128, smem_kv, st>>>(dk, dv, dout, lse, D, q, k, v, T, NH, KVH, sc);
+    launchCheck();
+    attn_bwd_dq_mma<HD><<<dim3((T + 63) / 64, NH, B), 128, smem_q, st>>>(dq, dout, lse, D, q, k, v, T, NH, KVH, sc);
+    launchCheck();
+}
+
+void attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse,
+                             const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD,
+                             float *scratch, void *stream) {
+    check_heads("attention_backward", NH, KVH, HD);
+    cudaStream_t st = (cudaStream_t)stream;
+    float sc = 1.0f / sqrtf((float)HD);
+    size_t rows = (size_t)B * T * NH;
+    attn_rowdot<<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(scratch, (const bf16 *)dout, (const bf16 *)out, B, T, NH, HD);
+    launchCheck();
+    bf16 *a = (bf16 *)dq, *bk = (bf16 *)dk, *bv = (bf16 *)dv;
+    const bf16 *o = (const bf16 *)dout, *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
+    if (use_mma(HD, q, k, v, dout) && use_mma(HD, dq, dk, dv, out)) {
+        switch (HD) {
+            case 16: bwd_mma<16>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, st); return;
+            case 32: bwd_mma<32>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, st); return;
+            case 64: bwd_mma<64>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, st); return;
+            case 128: bwd_mma<128>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, st); return;
+        }
+    }
+    attn_bwd_dq_simple<<<dim3(T, NH, B), 32, 0, st>>>(a, o, lse, scratch, qq, kk, vv, T, NH, KVH, HD, sc);
+    launchCheck();
+    attn_bwd_dkdv_simple<<<dim3(T, KVH, B), 32, 0, st>>>(bk, bv, o, lse, scratch, qq, kk, vv, T, NH, KVH, HD, sc);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// KV cache
+
+__global__ void kv_write_kernel(bf16 *kc, bf16 *vc, const bf16 *k, const bf16 *v, const int32_t *slots, int row,
+                                int vec) {
+    int n = blockIdx.x, slot = slots[n];
+    if (slot < 0) return;
+    const bf16 *ks = k + (size_t)n * row, *vs = v + (size_t)n * row;
+    bf16 *kd = kc + (size_t)slot * row, *vd = vc + (size_t)slot * row;
+    if (vec) {  // 16-byte copies: rows of whole uint4s, 16-byte aligned pointers
+        for (int i = threadIdx.x; i < row / 8; i += blockDim.x) {
+            ((uint4 *)kd)[i] = ((const uint4 *)ks)[i];
+            ((uint4 *)vd)[i] = ((const uint4 *)vs)[i];
+        }
+    } else {
+        for (int i = threadIdx.x; i < row; i += blockDim.x) {
+            kd[i] = ks[i];
+            vd[i] = vs[i];
+        }
+    }
+}
+
+// FP8 cache: one warp per (token, head, k or v), quantized by the row codec (cuda_common.cuh)
+__global__ void kv_write_fp8_kernel(uint8_t *kc, uint8_t *vc, float *ks, float *vs, const bf16 *k, const bf16 *v,
+                                    const int32_t *slots, int N, int KVH, int HD) {
+    int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (w >= N * KVH * 2) return;
+    int n = w / (KVH * 2), h = (w / 2) % KVH, isv = w & 1, slot = slots[n];
+    if (slot < 0) return;
+    fp8_quantize_warp<KV_CHUNKS>((isv ? vc : kc) + ((size_t)slot * KVH + h) * HD, (isv ? vs : ks) + (size_t)slot * KVH + h,
+                                 (isv ? v : k) + ((size_t)n * KVH + h) * HD, HD, FP8_E4M3, 0);
+}
+
+void kv_write_cuda(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots, int N,
+                   int KVH, int HD, void *stream) {
+    if (ks) {
+        if (N <= 0) return;
+        if (HD > 128 * KV_CHUNKS) die("kv_write_cuda: head_dim %d is over the FP8 KV cache's %d", HD, 128 * KV_CHUNKS);
+        kv_write_fp8_kernel<<<(N * KVH * 2 + 7) / 8, 256, 0, (cudaStream_t)stream>>>(
+            (uint8_t *)kc, (uint8_t *)vc, ks, vs, (const bf16 *)k, (const bf16 *)v, slots, N, KVH, HD);
+        launchCheck();
+        return;
+    }
+    if (N <= 0) return;
+    int row = KVH * HD;
+    int vec = row % 8 == 0 && !(((uintptr_t)kc | (uintptr_t)vc | (uintptr_t)k | (uintptr_t)v) & 15);
+    kv_write_kernel<<<N, 128, 0, (cudaStream_t)stream>>>((bf16 *)kc, (bf16 *)vc, (const bf16 *)k, (const bf16 *)v,
+                                                          slots, row, vec);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// decode
+
+#define DEC_MAXREP 8  // query heads per block; larger groups take several blocks
+#define DEC_WARPS 4
+
+// The FP8 copy (1x128 groups, E4M3) of heads h0 .. h0 + nh - 1 of output row s that this block has just
+// written: a warp per group through fp8_quantize_warp, as fp8.cu's quant_1x128_kernel does it, so the
+// bytes are fp8_quantize_cuda's. oq (S, NH HD) codes, oqs (NH HD / 128, S) scales; HD % 128 == 0.
+__device__ void decode_out_fp8(uint8_t *oq, float *oqs, const bf16 *out, int nh, int h0, int s, int S, int NH, int HD) {
+    __syncthreads();  // the block's writes of out are visible to all its threads
+    const int C = NH * HD, g0 = h0 * HD / FP8_BLOCK_SIZE, ng = nh * HD / FP8_BLOCK_SIZE;
+    for (int g = g0 + (threadIdx.x >> 5); g < g0 + ng; g += blockDim.x >> 5)
+        fp8_quantize_warp<1>(oq + (size_t)s * C + g * FP8_BLOCK_SIZE, oqs + (size_t)g * S + s,
+                             out + (size_t)s * C + g * FP8_BLOCK_SIZE, FP8_BLOCK_SIZE, FP8_E4M3, 0);
+}
+
+// The end of both decode kernels: each warp left (max, sum, accumulator) per query head in shared
+// memory (sm_m, sm_l [DEC_WARPS][reps], sm_acc [DEC_WARPS][reps][accw]); merge them per output
+// element, then write the output (one split) or the split's partial (max, sum, accumulator)
+__device__ void decode_merge_warps(bf16 *out, float *part, const float *sm_m, const float *sm_l, const float *sm_acc, int reps,
+                                   int accw, int nh, int h0, int s, int sp, int NH, int HD, int nsplit) {
+    for (int idx = threadIdx.x; idx < nh * HD; idx += blockDim.x) {
+        int r = idx / HD, d = idx % HD, h = h0 + r;
+        float M = -INFINITY, L = 0.f, A = 0.f;
+        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm_m[w * reps + r]);
+        if (M != -INFINITY)
+            for (int w = 0; w < DEC_WARPS; w++) {
+                float mw = sm_m[w * reps + r];
+                if (mw == -INFINITY) continue;
+                float f = expf(mw - M);
+                L += sm_l[w * reps + r] * f;
+                A += sm_acc[((size_t)w * reps + r) * accw + d] * f;
+            }
+        if (nsplit == 1) out[((size_t)s * NH + h) * HD + d] = __float2bfloat16_rn(L > 0.f ? A / L : 0.f);
+        else {
+            float *pp = part + (((size_t)s * NH + h) * nsplit + sp) * (HD + 2);
+            if (d == 0) {
+                pp[0] = M;
+                pp[1] = L;
+            }
+            pp[2 + d] = A;
+        }
+    }
+}
+
+// NP: bf16 pairs per lane (HD <= 64 NP). Grid (splits, KVH * groups, S).
+template <int NP>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+    attn_decode_kernel(bf16 *out, float *part, const bf16 *q, const bf16 *kc, const bf16 *vc, const int32_t *bt,
+                       const int32_t *lens, int NH, int KVH, int HD, int BS, int MB, int ngroups, int nsplit, int tps,
+                       float sc, uint8_t *oq, float *oqs) {
+    __shared__ float sm_m[DEC_WARPS][DEC_MAXREP], sm_l[DEC_WARPS][DEC_MAXREP];
+    __shared__ float sm_acc[DEC_WARPS][DEC_MAXREP][64 * NP];
+    const int sp = blockIdx.x, s = blockIdx.z, kvh = blockIdx.y / ngroups, grp = blockIdx.y % ngroups;
+    const int rep = NH / KVH, h0 = kvh * rep + grp * DEC_MAXREP, nh = min(DEC_MAXREP, rep - grp * DEC_MAXREP);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int len = lens[s], tb = sp * tps, te = min(len, tb + tps);
+    float2 qv[DEC_MAXREP][NP], acc[DEC_MAXREP][NP];
+    float m[DEC_MAXREP], l[DEC_MAXREP];
+#pragma unroll
+    for (int r = 0; r < DEC_MAXREP; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+            int d = 2 * (lane + 32 * i);
+            acc[r][i] = make_float2(0.f, 0.f);
+            qv[r][i] = (r < nh && d < HD)
+                           ? __bfloat1622float2(*(const __nv_bfloat162 *)(q + ((size_t)s * NH + h0 + r) * HD + d))
+                           : make_float2(0.f, 0.f);
+        }
+    }
+    for (int t = tb + warp; t < te; t += DEC_WARPS) {
+        size_t slot = (size_t)bt[(size_t)s * MB + t / BS] * BS + t % BS;
+        const bf16 *kr = kc + (slot * KVH + kvh) * HD, *vr = vc + (slot * KVH + kvh) * HD;
+        float2 kk[NP], vv[NP];
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+            int d = 2 * (lane + 32 * i);
+            kk[i] = d < HD ? __bfloat1622float2(*(const __nv_bfloat162 *)(kr + d)) : make_float2(0.f, 0.f);
+            vv[i] = d < HD ? __bfloat1622float2(*(const __nv_bfloat162 *)(vr + d)) : make_float2(0.f, 0.f);
+        }
+#pragma unroll
+        for (int r = 0; r < DEC_MAXREP; r++) {
+            if (r >= nh) break;  // uniform across the warp
+            float dt = 0.f;
+#pragma unroll
+            for (int i = 0; i < NP; i++) dt += qv[r][i].x * kk[i].x + qv[r][i].y * kk[i].y;
+            float sco = warp_sum(dt) * sc;
+            float mnew = fmaxf(m[r], sco), a = expf(m[r] - mnew), p = expf(sco - mnew);
+            l[r] = l[r] * a + p;
+            m[r] = mnew;
+#pragma unroll
+            for (int i = 0; i < NP; i++) {
+                acc[r][i].x = acc[r][i].x * a + p * vv[i].x;
+                acc[r][i].y = acc[r][i].y * a + p * vv[i].y;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < DEC_MAXREP; r++) {
+        if (lane == 0) {
+            sm_m[warp][r] = m[r];
+            sm_l[warp][r] = l[r];
+        }
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+            int d = 2 * (lane + 32 * i);
+            if (d < HD) {
+                sm_acc[warp][r][d] = acc[r][i].x;
+                sm_acc[warp][r][d + 1] = acc[r][i].y;
+            }
+        }
+    }
+    __syncthreads();
+    decode_merge_warps(out, part, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0], DEC_MAXREP, 64 * NP, nh, h0, s, sp, NH, HD,
+                       nsplit);
+    if (oq && nsplit == 1) decode_out_fp8(oq, oqs, out, nh, h0, s, gridDim.z, NH, HD);
+}
+
+// The fast path for HD in {32, 64, 128, 256} (every model we know): LPT = HD/8 lanes share a
+// token, each lane holding 8 consecutive dims (one 16-byte load of K and one of V), so a warp
+// covers 32/LPT tokens at once and U steps of them are loaded before any is used: many
+// loads in flight per lane, which is what a memory-bound kernel needs (the kernel above
+// has one token per warp and waits on each load). Scores reduce over LPT lanes only.
+// REP: query heads handled per block (the GQA group, or 8 of it); the register arrays
+// are sized by it, so small groups (Qwen3-0.6B: 2, -8B: 4) use few registers.
+// Grid (splits, KVH * groups, S), 4 warps. Same partial format as attn_decode_kernel.
+// 8 values of a cache row as floats: bf16 (16 bytes), or FP8 E4M3 codes (the first 8 bytes) times
+// the row's scale (the product in fp32, as ops_cpu.c forms it)
+template <bool F8>
+__device__ __forceinline__ void kv8(float f[8], const uint4 &raw, float scale) {
+    if (F8) {
+        const uint32_t w[2] = {raw.x, raw.y};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+            f[2 * i] = __half2float(__half(__half_raw{h.x})) * scale;
+            f[2 * i + 1] = __half2float(__half(__half_raw{h.y})) * scale;
+        }
+    } else {
+        const __nv_bfloat162 *p2 = (const __nv_bfloat162 *)&raw;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 t = __bfloat1622float2(p2[i]);
+            f[2 * i] = t.x, f[2 * i + 1] = t.y;
+        }
+    }
+}
+
+// the K and V rows of the U tokens t0, t0 + step, ... (< te) this lane group reads: lane c's 8 values
+// of each (16 bytes bf16, 8 FP8 codes and the row's scale); zeros past te
+template <int U, bool F8>
+__device__ __forceinline__ void dec_load(uint4 (&kr)[U], uint4 (&vr)[U], float (&ksc)[U], float (&vsc)[U], int t0, int step,
+                                         int te, const int32_t *bt, int BS, int KVH, int kvh, int HD, int c, const void *kc,
+                                         const void *vc, const float *ks, const float *vs) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int t = t0 + u * step;
+        kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+        ksc[u] = vsc[u] = 0.f;
+        if (t < te) {
+            size_t row = ((size_t)bt[t / BS] * BS + t % BS) * KVH + kvh, off = row * HD + c * 8;
+            if (F8) {
+                uint2 a = __ldg((const uint2 *)((const uint8_t *)kc + off)), b = __ldg((const uint2 *)((const uint8_t *)vc + off));
+                kr[u].x = a.x, kr[u].y = a.y, vr[u].x = b.x, vr[u].y = b.y;
+                ksc[u] = __ldg(ks + row), vsc[u] = __ldg(vs + row);
+            } else {
+                kr[u] = __ldg((const uint4 *)((const bf16 *)kc + off));
+                vr[u] = __ldg((const uint4 *)((const bf16 *)vc + off));
+            }
+        }
+    }
+}
+
+// F8: the cache holds FP8 codes with a scale per (slot, head) in ks, vs (8 bytes per lane)
+template <int HD, int REP, bool F8>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+    attn_decode_vec_kernel(bf16 *out, float *part, const bf16 *q, const void *kc, const void *vc, const float *ks,
+                           const float *vs, const int32_t *bt, const int32_t *lens, int NH, int KVH, int BS, int MB,
+                           int ngroups, int nsplit, int tps, float sc, uint8_t *oq, float *oqs) {
+    constexpr int LPT = HD / 8, TPW = 32 / LPT, U = REP <= 2 ? 4 : 2, STEP = DEC_WARPS * TPW;
+    __shared__ float sm_m[DEC_WARPS][REP], sm_l[DEC_WARPS][REP];
+    __shared__ float sm_acc[DEC_WARPS][REP][HD];
+    const int sp = blockIdx.x, s = blockIdx.z, kvh = blockIdx.y / ngroups, grp = blockIdx.y % ngroups;
+    const int rep = NH / KVH, h0 = kvh * rep + grp * REP, nh = min(REP, rep - grp * REP);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane / LPT, c = lane % LPT;
+    const int len = lens[s], tb = sp * tps, te = min(len, tb + tps);
+    float qf[REP][8], acc[REP][8], m[REP], l[REP];
+#pragma unroll
+    for (int r = 0; r < REP; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+        uint4 raw = make_uint4(0, 0, 0, 0);
+        if (r < nh) raw = *(const uint4 *)(q + ((size_t)s * NH + h0 + r) * HD + c * 8);
+        const __nv_bfloat162 *p2 = (const __nv_bfloat162 *)&raw;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 f = __bfloat1622float2(p2[i]);
+            qf[r][2 * i] = f.x * sc;  // the softmax scale folded into q
+            qf[r][2 * i + 1] = f.y * sc;
+            acc[r][2 * i] = acc[r][2 * i + 1] = 0.f;
+        }
+    }
+    // the loop bound is uniform over the warp (the shuffles below need every lane). PF: the next
+    // step's rows are loaded before this step's math, so they are in flight while it runs. The
+    // second set of rows costs registers: with 2 heads a block (U = 4) it still leaves 4 blocks on
+    // an SM; with 4 heads U = 4 would leave 3 (fewer loads in flight: slower), so U = 2; with 8
+    // heads the registers leave no room for it (dev/RESULTS.md has the measurements).
+    constexpr bool PF = REP <= 4;
+    const int32_t *btr = bt + (size_t)s * MB;
+    uint4 kr[U], vr[U];
+    float ksc[U], vsc[U];
+    if (PF) dec_load<U, F8>(kr, vr, ksc, vsc, tb + warp * TPW + g, STEP, te, btr, BS, KVH, kvh, HD, c, kc, vc, ks, vs);
+    for (int base = tb + warp * TPW; base < te; base += STEP * U) {
+        const int t0 = base + g;
+        uint4 kn[U], vn[U];
+        float ksn[U], vsn[U];
+        if (PF) dec_load<U, F8>(kn, vn, ksn, vsn, t0 + STEP * U, STEP, te, btr, BS, KVH, kvh, HD, c, kc, vc, ks, vs);
+        else dec_load<U, F8>(kr, vr, ksc, vsc, t0, STEP, te, btr, BS, KVH, kvh, HD, c, kc, vc, ks, vs);
+        // the U scores of every head first, then one online-softmax update per head for all U
+        // tokens (U + 1 exponentials and one rescale of acc instead of 2U and U)
+        float sc_[U][REP];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const bool ok = t0 + u * STEP < te;  // uniform over the LPT lanes of a token
+            float kf[8];
+            kv8<F8>(kf, kr[u], ksc[u]);
+#pragma unroll
+            for (int r = 0; r < REP; r++) {
+                float d = 0.f;
+#pragma unroll
+                for (int i = 0; i < 8; i++) d += qf[r][i] * kf[i];
+#pragma unroll
+                for (int o = LPT / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                sc_[u][r] = ok ? d : -INFINITY;
+            }
+        }
+        // then, when the step has a token for these lanes (the first is the earliest), per head: the
+        // new max and the rescale; then per token: V decoded once, added to every head's sum (the
+        // same operations in the same order per head as one head at a time, with V decoded REP x less)
+        if (t0 < te) {
+#pragma unroll
+            for (int r = 0; r < REP; r++) {
+                if (r >= nh) continue;
+                float mx = sc_[0][r];
+#pragma unroll
+                for (int u = 1; u < U; u++) mx = fmaxf(mx, sc_[u][r]);
+                float mnew = fmaxf(m[r], mx), a = __expf(m[r] - mnew);
+                l[r] *= a;
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[r][i] *= a;
+                m[r] = mnew;
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                float vf[8];
+                kv8<F8>(vf, vr[u], vsc[u]);
+#pragma unroll
+                for (int r = 0; r < REP; r++) {
+                    if (r >= nh) continue;
+                    float p = __expf(sc_[u][r] - m[r]);  // 0 for masked tokens
+                    l[r] += p;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[r][i] += p * vf[i];
+                }
+            }
+        }
+        if (PF)
+#pragma unroll
+            for (int u = 0; u < U; u++) kr[u] = kn[u], vr[u] = vn[u], ksc[u] = ksn[u], vsc[u] = vsn[u];
+    }
+    // merge the TPW tokens slots of the warp (lanes c, c + LPT, ...), then the warps through shared memory
+#pragma unroll
+    for (int o = LPT; o < 32; o <<= 1)
+#pragma unroll
+        for (int r = 0; r < REP; r++) {
+            float m2 = __shfl_xor_sync(0xffffffffu, m[r], o), l2 = __shfl_xor_sync(0xffffffffu, l[r], o);
+            float M = fmaxf(m[r], m2);
+            float a = M == -INFINITY ? 0.f : __expf(m[r] - M), b = M == -INFINITY ? 0.f : __expf(m2 - M);
+            l[r] = l[r] * a + l2 * b;
+            m[r] = M;
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[r][i] = acc[r][i] * a + __shfl_xor_sync(0xffffffffu, acc[r][i], o) * b;
+        }
+    if (g == 0)
+#pragma unroll
+        for (int r = 0; r < REP; r++) {
+            if (c == 0) {
+                sm_m[warp][r] = m[r];
+                sm_l[warp][r] = l[r];
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) sm_acc[warp][r][c * 8 + i] = acc[r][i];
+        }
+    __syncthreads();
+    decode_merge_warps(out, part, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0], REP, HD, nh, h0, s, sp, NH, HD, nsplit);
+    if (oq && nsplit == 1) decode_out_fp8(oq, oqs, out, nh, h0, s, gridDim.z, NH, HD);
+}
+
+__global__ void attn_decode_combine(bf16 *out, const float *part, int NH, int HD, int nsplit, uint8_t *oq, float *oqs) {
+    const int h = blockIdx.x, s = blockIdx.y;
+    const float *pp = part + ((size_t)s * NH + h) * nsplit * (HD + 2);
+    float M = -INFINITY;
+    for (int sp = 0; sp < nsplit; sp++) M = fmaxf(M, pp[(size_t)sp * (HD + 2)]);
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+        float L = 0.f, A = 0.f;
+        for (int sp = 0; sp < nsplit; sp++) {
+            const float *p = pp + (size_t)sp * (HD + 2);
+            if (p[0] == -INFINITY) continue;
+            float f = expf(p[0] - M);
+            L += p[1] * f;
+            A += p[2 + d] * f;
+        }
+        out[((size_t)s * NH + h) * HD + d] = __float2bfloat16_rn(L > 0.f ? A / L : 0.f);
+    }
+    if (oq) decode_out_fp8(oq, oqs, out, 1, h, s, gridDim.y, NH, HD);
+}
+
+static int num_sms(void) {
+    static int n = 0;
+    if (!n) {
+        int dev;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return n;
+}
+
+// splits of the context: enough blocks for two waves, at least 256 tokens a split, at most 64 splits
+static int decode_nsplit(int S, int NH, int KVH, int maxlen) {
+    int rep = NH / KVH, ngroups = (rep + DEC_MAXREP - 1) / DEC_MAXREP;
+    long blocks = (long)S * KVH * ngroups;
+    long want = (2L * num_sms() + blocks - 1) / blocks;
+    long most = (maxlen + 255) / 256;
+    long ns = want < most ? want : most;
+    if (ns > 64) ns = 64;
+    return ns < 1 ? 1 : (int)ns;
+}
+
+size_t attention_decode_scratch(int S, int NH, int KVH, int HD, int BS, int MB) {
+    int ns = decode_nsplit(S, NH, KVH, BS * MB);
+    return ns > 1 ? (size_t)S * NH * ns * (HD + 2) : 0;
+}
+
+void attention_decode_cuda(void *out, const void *q, const void *kc, const void *vc, const float *ks, const float *vs,
+                           const int32_t *block_table, const int32_t *seq_lens, int S, int NH, int KVH, int HD, int BS,
+                           int MB, float *scratch, uint8_t *oq, float *oqs, void *stream) {
+    check_heads("attention_decode", NH, KVH, HD);
+    if (oq && HD % FP8_BLOCK_SIZE) die("attention_decode: the FP8 copy of out needs head_dim %% 128 == 0 (got %d)", HD);
+    if (S <= 0) return;
+    cudaStream_t st = (cudaStream_t)stream;
+    int maxlen = BS * MB, ns = decode_nsplit(S, NH, KVH, maxlen), tps = (maxlen + ns - 1) / ns;
+    int rep = NH / KVH, ngroups = (rep + DEC_MAXREP - 1) / DEC_MAXREP;
+    float sc = 1.0f / sqrtf((float)HD);
+    dim3 grid(ns, KVH * ngroups, S);
+    bf16 *o = (bf16 *)out;
+    const bf16 *qq = (const bf16 *)q;
+    // the vectorized kernel where HD has a template and every row is aligned (16 bytes, 8 for FP8 codes)
+    int vec = (HD == 32 || HD == 64 || HD == 128 || HD == 256) &&
+              !(((uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc) & (ks ? 7 : 15));
+    if (ks && !vec) die("attention_decode: an FP8 KV cache needs head_dim 32, 64, 128 or 256 (got %d)", HD);
+    int REP = rep <= 2 ? 2 : rep <= 4 ? 4 : DEC_MAXREP;  // groups of more than 8 take ngroups blocks of 8
+#define DEC_VEC(H, R, F)                                                                                              \
+    attn_decode_vec_kernel<H, R, F><<<grid, DEC_WARPS * 32, 0, st>>>(o, scratch, qq, kc, vc, ks, vs, block_table,    \
+                                                                      seq_lens, NH, KVH, BS, MB, ngroups, ns, tps, sc, oq, oqs)
+#define DEC_VEC_F(H, R) \
+    if (ks) DEC_VEC(H, R, true); else DEC_VEC(H, R, false)
+#define DEC_VEC_H(H) \
+    if (REP == 2) { DEC_VEC_F(H, 2); } else if (REP == 4) { DEC_VEC_F(H, 4); } else { DEC_VEC_F(H, 8); }
+#define DEC_LAUNCH(NP)                                                                                           \
+    attn_decode_kernel<NP><<<grid, DEC_WARPS * 32, 0, st>>>(o, scratch, qq, (const bf16 *)kc, (const bf16 *)vc,    \
+                                                             block_table, seq_lens, NH, KVH, HD, BS, MB, ngroups, ns, tps, sc, \
+                                                             oq, oqs)
+    if (vec && HD == 32) { DEC_VEC_H(32); }
+    else if (vec && HD == 64) { DEC_VEC_H(64); }
+    else if (vec && HD == 128) { DEC_VEC_H(128); }
+    else if (vec && HD == 256) { DEC_VEC_H(256); }
+    else if (HD <= 64) DEC_LAUNCH(1);
+    else if (HD <= 128) DEC_LAUNCH(2);
+    else DEC_LAUNCH(4);
+#undef DEC_LAUNCH
+#undef DEC_VEC_H
+#undef DEC_VEC_F
+#undef DEC_VEC
+    launchCheck();
+    if (ns > 1) {
+        attn_decode_combine<<<dim3(NH, S), 128, 0, st>>>(o, scratch, NH, HD, ns, oq, oqs);
+        launchCheck();
+    }
+}

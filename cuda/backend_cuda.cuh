@@ -1,0 +1,80 @@
+// backend_cuda.cuh: what the CUDA backend's files share (backend_cuda.cu, ops_cuda.cu, sample.cu):
+// its stream, its scratch buffers, and the ops whose kernels live outside backend_cuda.cu. Each op
+// is the backend.h op of the same name (its shapes and semantics are there), on bf16 activations
+// and f32 high-precision values.
+#ifndef BACKEND_CUDA_CUH
+#define BACKEND_CUDA_CUH
+
+#include <cublas_v2.h>
+
+#include "core/backend.h"
+#include "cuda/cuda_common.cuh"
+
+// the scratch buffers: one per role, each only grows (moving it bumps the backend's epoch, which
+// drops its recorded decode steps)
+enum {
+    SC_STAGE,    // host upload staging (raw source bytes)
+    SC_STAGE2,   // converted staging (f32 copy of an f16/f64 weight)
+    SC_ACT_Q,    // FP8 codes of the activations of a linear layer
+    SC_ACT_S,    // their scales
+    SC_F32,      // fp32 (rows, OC) of a linear with bias; the logits chunk of logprobs
+    SC_BF16,     // bf16 dz chunk of logprobs_backward
+    SC_HEAD_W,   // an FP8 LM head's backward: bf16 rows of W dequantized, a chunk of the vocabulary
+    SC_HEAD_DH,  // its fp32 dh, summed over the chunks
+    SC_LORA_A,   // bf16 copy of A (R, C)
+    SC_LORA_B,   // bf16 copy of B (OC, R)
+    SC_LORA_X,   // bf16 ax (N, R)
+    SC_LORA_DX,  // fp32 dax (N, R)
+    SC_RED,      // reduction partials
+    SC_ATT,      // attention backward D / decode partials
+    SC_SORT,     // sampling: sorted keys, ids, CUB temp
+    SC_SMALL,    // per-row sampling state
+    SC_TRAIN_W, SC_TRAIN_W_S,      // FP8 training: W's (or W^T's) codes and scales,
+    SC_TRAIN_DY, SC_TRAIN_DY_S,    // dY's,
+    SC_TRAIN_DYT, SC_TRAIN_DYT_S,  // dY^T's,
+    SC_TRAIN_XT, SC_TRAIN_XT_S,    // X^T's (fp8_train.cu)
+    SC_COUNT
+};
+cudaStream_t cu_stream(void);              // every op runs on it
+void *cu_scratch(int which, size_t bytes);  // scratch buffer `which` (SC_*), at least bytes long
+
+// ---- ops_cuda.cu ----
+void cu_rmsnorm_forward(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps);
+void cu_rmsnorm_backward(void *dinp, void *dw, const void *dout, const void *inp, const void *w, const void *rstd,
+                         int N, int C);
+void cu_rope_forward(void *x, const int32_t *pos, const void *inv_freq, int N, int H, int HD);
+void cu_rope_backward(void *dx, const int32_t *pos, const void *inv_freq, int N, int H, int HD);
+void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps,
+                    FP8Tensor *outq);
+void cu_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, const void *vin, int ldq, int ldkv,
+                    const void *q_norm, const void *k_norm, const int32_t *pos, const void *inv_freq, void *kc, void *vc,
+                    float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps);
+void cu_swiglu_forward(void *out, const void *gate, const void *up, size_t n);
+void cu_swiglu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF);
+// dies in one line unless outq (backend.h) is a copy the fused kernels can write for (N, C) act
+void cu_check_outq(const FP8Tensor *outq, int N, int C, const char *op);
+void cu_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
+void cu_add(void *out, const void *a, const void *b, size_t n);
+void cu_gather_rows(void *out, const void *inp, const int32_t *idx, int n_idx, int C);
+void cu_embedding_forward(void *out, const int32_t *ids, const QWeight *wte, int N);
+void cu_embedding_backward(void *dwte, const int32_t *ids, const void *dout, int N, int C);
+// dst (C) f32 += the column sums of a (N, C) bf16, in a fixed order (a bias's gradient)
+void cu_colsum(float *dst, const bf16 *a, int N, int C);
+
+// dinp (n) bf16 = bf16(dinp + y), summed in fp32 (backend_cuda.cu)
+void cu_accumulate_f32(bf16 *dinp, const float *y, size_t n);
+
+// ---- fp8_train.cu ----
+FP8Train *cu_fp8_train_new(const QWeight *w, const FP8Recipe *r, FP8Train *leader, char *why, size_t why_cap);
+void cu_fp8_train_free(FP8Train *t);
+void cu_fp8_train_step(FP8Train *const *t, int n, long *overflows);
+size_t cu_fp8_train_state(FP8Train *const *t, int n, float *buf, int set);
+// linear_forward / linear_backward of a weight with an FP8Train (out: yt DT_BF16 or DT_F32)
+void cu_fp8_train_forward(void *out, DType yt, const void *inp, const QWeight *w, int N);
+void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *dout, const void *inp, const QWeight *w, int N);
+
+// ---- sample.cu ----
+void cu_sample(int32_t *tokens, void *logp, const void *logits, uint64_t *rng, int S, int V, float temperature,
+               int top_k, float top_p);
+
+#endif  // BACKEND_CUDA_CUH

@@ -1,0 +1,174 @@
+// cuda_common.cuh: what every .cu file of fp8-grpo shares (included by fp8.cu, fp8_hopper.cu,
+// attention.cu, backend_cuda.cu, sample.cu, and the kernel versions in dev/cuda/).
+//   defines: cudaCheck / cublasCheck / launchCheck (file, line and the error's name),
+//   cdiv, grid_for (the grid of a grid-stride loop), load_f / store_f (bf16 or f32 as f32),
+//   warp_sum / warp_max / block_max, and the device FP8 codec: fp8_encode_dev, fp8_decode_dev,
+//   fp8_scale_dev and fp8_quantize_warp (_regs), the one routine that turns a row of values into FP8
+//   codes and their scale (the GEMM's 1x128 activation groups and the KV cache's rows both use it).
+// The numerics are fp8.h's, bit for bit: scale = amax / max in fp32 (1 for an all-zero group),
+// codes = encode(x / scale) with an IEEE division, round to nearest even, saturating.
+#ifndef CUDA_COMMON_CUH
+#define CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <float.h>
+#include <stdint.h>
+
+#include "fp8.h"
+#include "core/common.h"
+
+typedef __nv_bfloat16 bf16;
+
+// ----------------------------------------------------------------------------
+// checks that say where and why
+
+static inline void cuda_check(cudaError_t e, const char *file, int line) {
+    if (e != cudaSuccess) die("CUDA error %s at %s:%d: %s", cudaGetErrorName(e), file, line, cudaGetErrorString(e));
+}
+#define cudaCheck(e) cuda_check((e), __FILE__, __LINE__)
+#define launchCheck() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
+#ifdef CUBLAS_VERSION  // files that include cuBLAS (before this header) get its check too
+static inline void cublas_check(cublasStatus_t s, const char *file, int line) {
+    if (s != CUBLAS_STATUS_SUCCESS) die("cuBLAS error %d at %s:%d", (int)s, file, line);
+}
+#define cublasCheck(s) cublas_check((s), __FILE__, __LINE__)
+#endif
+
+__host__ __device__ static inline int cdiv(long a, long b) { return (int)((a + b - 1) / b); }
+// the largest power of two (<= 256) that divides the address: what vector loads, TMA and
+// cuBLASLt's alignment rules ask of an operand
+static inline int ptr_align(const void *p) {
+    uintptr_t u = (uintptr_t)p;
+    int a = 256;
+    while (a > 1 && (u % a)) a >>= 1;
+    return a;
+}
+
+// blocks of 256 threads for a grid-stride loop over n items: one item a thread up to 8192
+// blocks (enough to fill any GPU several times over), then each thread takes several
+static inline unsigned grid_for(size_t n) {
+    size_t g = (n + 255) / 256;
+    return (unsigned)(g < 8192 ? (g ? g : 1) : 8192);
+}
+
+// ----------------------------------------------------------------------------
+// element access: activations are bf16 on the GPU, high-precision values f32
+
+__device__ __forceinline__ float load_f(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float load_f(const bf16 *p, size_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void store_f(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void store_f(bf16 *p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+// ----------------------------------------------------------------------------
+// reductions (every lane / thread gets the result; fixed order, so results repeat bit for bit)
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// max over a block of blockDim.x threads (a multiple of 32, <= 1024)
+__device__ __forceinline__ float block_max(float v) {
+    __shared__ float part[32];
+    v = warp_max(v);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();  // part may still be read by a previous call
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
+    return warp_max(v);
+}
+
+// ----------------------------------------------------------------------------
+// asynchronous copies global -> shared (sm_80+): tiles staged while the previous one is in use
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// 16 (4) bytes; with ok == false the bytes are zero-filled and nothing is read
+__device__ __forceinline__ void cp_async16(void *s, const void *g, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(s)), "l"(g), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void *s, const void *g, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(s)), "l"(g), "r"(ok ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>  // wait until at most N committed groups are still in flight
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// ----------------------------------------------------------------------------
+// the FP8 codec on the device (the same numbers as fp8_cpu.c)
+
+__device__ __forceinline__ uint8_t fp8_encode_dev(float v, int fmt) {
+    // the hardware cvt (sm_89+, emulated in software below) rounds to nearest even and, with
+    // satfinite, clamps +-inf and overflow to +-max; NaN keeps its sign as PyTorch does
+    if (isnan(v)) return (signbit(v) ? 0x80 : 0x00) | 0x7F;
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, fmt == FP8_E4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+__device__ __forceinline__ float fp8_decode_dev(uint8_t q, int fmt) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q, fmt == FP8_E4M3 ? __NV_E4M3 : __NV_E5M2);
+    return __half2float(__half(h));
+}
+// fp8_scale_from_amax: amax / max (1 for 0, inf or NaN), at least FLT_MIN, pow2: rounded up to 2^k
+__device__ __forceinline__ float fp8_scale_dev(float amax, int fmt, int pow2) {
+    if (!(amax > 0.0f) || isinf(amax)) return 1.0f;
+    float s = __fdiv_rn(amax, fmt == FP8_E4M3 ? FP8_E4M3_MAX : FP8_E5M2_MAX);
+    if (s == 0.0f) s = FLT_MIN;
+    if (pow2) {
+        int e;
+        float m = frexpf(s, &e);
+        s = m == 0.5f ? s : ldexpf(1.0f, e);
+    }
+    return s;
+}
+
+// One group of n values (n <= 128 * CHUNKS) quantized by one warp: lane l holds values 4l..4l+3
+// of each 128-wide chunk in registers between the amax and the encode, so x is read once.
+// q[0..n) = codes, *scale (lane 0 writes it) = the group's scale. 4-byte stores where q allows.
+// Callers: activations in 1x128 groups (fp8.cu) and the FP8 KV cache's (token, head) rows.
+// fp8_quantize_warp_regs: the same from values the lanes already hold (v[c][j] = value c * 128 + lane * 4
+// + j, 0 beyond n).
+template <int CHUNKS>
+__device__ __forceinline__ void fp8_quantize_warp_regs(uint8_t *q, float *scale, const float (&v)[CHUNKS][4], int n,
+                                                       int fmt, int pow2) {
+    int lane = threadIdx.x & 31;
+    float m = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; c++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) m = fmaxf(m, fabsf(v[c][j]));
+    float s = fp8_scale_dev(warp_max(m), fmt, pow2);
+    if (lane == 0) *scale = s;
+    bool packed = ((uintptr_t)q & 3) == 0;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; c++) {
+        int i0 = c * 128 + lane * 4;
+        if (packed && i0 + 3 < n) {
+            uint32_t word = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) word |= (uint32_t)fp8_encode_dev(__fdiv_rn(v[c][j], s), fmt) << (8 * j);
+            *(uint32_t *)(q + i0) = word;
+        } else {
+            for (int j = 0; j < 4; j++)
+                if (i0 + j < n) q[i0 + j] = fp8_encode_dev(__fdiv_rn(v[c][j], s), fmt);
+        }
+    }
+}
+template <int CHUNKS, typename T>
+__device__ __forceinline__ void fp8_quantize_warp(uint8_t *q, float *scale, const T *x, int n, int fmt, int pow2) {
+    int lane = threadIdx.x & 31;
+    float v[CHUNKS][4];
+#pragma unroll
+    for (int c = 0; c < CHUNKS; c++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int i = c * 128 + lane * 4 + j;
+            v[c][j] = i < n ? load_f(x, i) : 0.0f;
+        }
+    fp8_quantize_warp_regs<CHUNKS>(q, scale, v, n, fmt, pow2);
+}
+
+#endif  // CUDA_COMMON_CUH

@@ -1,0 +1,262 @@
+// fp8_train.cu: FP8 training of a dense linear layer on the CUDA backend (--fp8_recipe): the three
+// products of Y = X W^T run as FP8 GEMMs, with the scaling rules of fp8_recipe.h.
+//   defines: the backend ops fp8_train_new, fp8_train_free, fp8_train_step, fp8_train_state, and
+//            cu_fp8_train_forward / cu_fp8_train_backward, which backend_cuda.cu's linear ops call
+//            for a weight that has an FP8Train
+//
+// What is FP8 and what is not. The three GEMMs of every trained projection (q, k, v, o, gate, up,
+// down) read FP8 operands and accumulate in fp32:
+//   forward      Y  (N, OC) = X  (N, C)  . W   (OC, C)^T     X, W  E4M3
+//   input grad   dX (N, C)  = dY (N, OC) . W^T (C, OC)^T     dY    E5M2 (hybrid) or E4M3
+//   weight grad  dW (OC, C) = dY^T (OC, N) . X^T (C, N)^T    the reduction runs over the tokens
+// Hopper's FP8 tensor cores read both operands K-major (fp8.cu), so each product needs its
+// operands laid out with the reduced dimension innermost: W^T for dX, dY^T and X^T for dW, each
+// quantized in one pass from the bf16 tensor, transposing as it goes (fp8_quantize_t_cuda). No FP8
+// copy of a weight is kept between calls (memory as BF16 training's). Everything else stays as in
+// BF16 training, for the reasons Transformer Engine gives: the master weights, gradients
+// and AdamW in fp32 (an update is often below an FP8, even a BF16, step of the weight); the
+// embeddings, norms, attention (softmax), the LM head and the loss in bf16/fp32 (small GEMMs or
+// none, and the logits' precision sets the loss's); the saved activations in bf16 (the backward
+// quantizes them again, with the forward's scale, so the codes are the forward's).
+//
+// Scaling, per tensor x, w, dy of each linear (fp8_recipe.h):
+//   current  the tensor's own amax now (an amax pass, then the encode with TE's scale fmax / amax);
+//   delayed  the scale from the amax history of earlier steps (fp8_quantize_scaled_cuda: one pass
+//            that also records this step's amax); after the optimizer step fp8_train_step
+//            downloads the amaxes, rolls the histories (delayed_update, the CPU code tested
+//            against TE's rules) and uploads the next scales;
+//   block    1x128 groups for X and dY along the reduction (C, OC in the forward and dX; the tokens
+//            in dW, quantized again transposed), 128x128 tiles for W (and W^T: the same tiles).
+#include <math.h>
+
+#include "cuda/backend_cuda.cuh"
+#include "cuda/fp8_cuda.h"
+#include "train/fp8_recipe.h"
+
+enum { T_X = 0, T_W, T_DY };  // a linear's three scaled tensors
+
+// the FP8 codes of a layer input, kept for the projections that read it next (see reuse)
+typedef struct {
+    const void *in;      // the input they were made of, (n, cols)
+    int n;
+    unsigned long call;  // the call that made or last used them
+    FP8Tensor q;
+} XCache;
+
+struct FP8Train {
+    FP8Recipe r;
+    FP8Train *leader;  // the projection whose input this one shares and that runs just before it, or NULL
+    XCache fwd, bwd;   // a leader's: X's codes for the forward, X^T's for the weight gradient
+    // device, one 16-byte slot each (cuBLASLt reads scales only from 16-byte aligned addresses):
+    // mul[3] (delayed: TE's multiplying scales), inv[3] (their inverses, what the GEMMs read;
+    // current: the tensor's own scale), amax[3] (delayed: this step's, as float bits)
+    float *dev;
+    DelayedScale d[3];  // host: the histories (delayed)
+};
+
+enum { SLOT = 4, SLOTS = 9 };  // floats per slot; slots: mul[3], inv[3], amax[3]
+static float *dev_mul(const FP8Train *t, int i) { return t->dev + SLOT * i; }
+static float *dev_inv(const FP8Train *t, int i) { return t->dev + SLOT * (3 + i); }
+static unsigned *dev_amax(const FP8Train *t, int i) { return (unsigned *)(t->dev + SLOT * (6 + i)); }
+
+static FP8Gran recipe_gran(const FP8Recipe *r) { return r->kind == FP8_RECIPE_BLOCK ? FP8_BLOCK : FP8_TENSOR; }
+
+static FP8Tensor tensor_of(int rows, int cols, FP8Gran g, FP8Format fmt, int block_rows) {
+    FP8Tensor t;
+    memset(&t, 0, sizeof t);
+    t.rows = rows, t.cols = cols, t.gran = g, t.fmt = fmt, t.block_rows = block_rows;
+    return t;
+}
+
+FP8Train *cu_fp8_train_new(const QWeight *w, const FP8Recipe *r, FP8Train *leader, char *why, size_t why_cap) {
+    if (w->gran != FP8_OFF) die("fp8_train_new: the weight must be dense (--load_in_fp8 off)");
+    if (fp8_cuda_cc() < 89) {
+        snprintf(why, why_cap, "this GPU (compute capability %d.%d) has no FP8 tensor cores (sm_89+: Ada, Hopper, Blackwell)",
+                 fp8_cuda_cc() / 10, fp8_cuda_cc() % 10);
+        return NULL;
+    }
+    FP8Train *t = (FP8Train *)callocCheck(1, sizeof *t);
+    t->r = *r;
+    t->leader = leader;
+    cudaCheck(cudaMalloc(&t->dev, SLOT * SLOTS * sizeof(float)));
+    float init[SLOT * SLOTS] = {0};
+    for (int i = 0; i < 6; i++) init[SLOT * i] = 1.0f;  // delayed: scale 1 before any history (TE); amax 0
+    cudaCheck(cudaMemcpy(t->dev, init, sizeof init, cudaMemcpyHostToDevice));
+    if (r->kind == FP8_RECIPE_DELAYED) {
+        delayed_init(&t->d[T_X], r, FP8_E4M3);
+        delayed_init(&t->d[T_W], r, FP8_E4M3);
+        delayed_init(&t->d[T_DY], r, r->hybrid ? FP8_E5M2 : FP8_E4M3);
+    }
+    return t;
+}
+
+void cu_fp8_train_free(FP8Train *t) {
+    if (!t) return;
+    cudaFree(t->dev);
+    for (int i = 0; i < 3; i++) delayed_free(&t->d[i]);
+    free(t);
+}
+
+static float scaled_max(const FP8Train *t, int i) {
+    return fp8_max(i == T_DY && t->r.hybrid ? FP8_E5M2 : FP8_E4M3) * powf(2.0f, -t->r.margin);
+}
+
+// current scaling: tensor i's scale from x's amax now (n values); delayed: the history's, already set
+static void tensor_scale(FP8Train *t, int i, const void *x, size_t n) {
+    if (t->r.kind == FP8_RECIPE_CURRENT) fp8_tensor_scale_cuda(dev_mul(t, i), dev_amax(t, i), x, DT_BF16, n, scaled_max(t, i));
+}
+
+// x (rows, cols) bf16 quantized as tensor i of t by the recipe into q (codes and, for block, scales
+// in scratch; a per-tensor scale in t's slot for tensor i)
+static void quantize(FP8Train *t, int i, FP8Tensor *q, const void *x) {
+    if (t->r.kind == FP8_RECIPE_BLOCK) {
+        fp8_quantize_cuda(q, x, DT_BF16, 0);
+        return;
+    }
+    tensor_scale(t, i, x, (size_t)q->rows * q->cols);
+    q->scale = dev_inv(t, i);
+    fp8_quantize_scaled_cuda(q, x, DT_BF16, dev_mul(t, i), t->r.kind == FP8_RECIPE_DELAYED ? dev_amax(t, i) : NULL);
+}
+
+// the same, transposed: q (cols, rows) = quantize(x^T); block: 1x128 groups along x's rows
+static void quantize_t(FP8Train *t, int i, FP8Tensor *q, const void *x) {
+    if (t->r.kind != FP8_RECIPE_BLOCK) q->scale = dev_inv(t, i);
+    fp8_quantize_t_cuda(q, x, dev_mul(t, i), t->r.kind == FP8_RECIPE_DELAYED ? dev_amax(t, i) : NULL);
+}
+
+// W (OC, C) for the forward, or W^T (C, OC) for dX, quantized from the bf16 weight into scratch at
+// each call: no FP8 copy of the weights is kept, so FP8 training holds no more memory than BF16 (a
+// kept W and W^T would cost 2 bytes a parameter, for one pass over the weight a call saved)
+static FP8Tensor weight_q(FP8Train *t, const QWeight *w, int transposed) {
+    FP8Gran g = recipe_gran(&t->r);
+    int rows = transposed ? w->cols : w->rows, cols = transposed ? w->rows : w->cols;
+    FP8Tensor q = tensor_of(rows, cols, g, FP8_E4M3, g == FP8_BLOCK ? FP8_BLOCK_SIZE : 1);
+    q.data = (uint8_t *)cu_scratch(SC_TRAIN_W, (size_t)rows * cols);
+    if (g == FP8_BLOCK) q.scale = (float *)cu_scratch(SC_TRAIN_W_S, fp8_num_scales(g, rows, cols, FP8_BLOCK_SIZE) * 4);
+    if (!transposed) quantize(t, T_W, &q, w->dense);
+    else {
+        tensor_scale(t, T_W, w->dense, (size_t)rows * cols);
+        quantize_t(t, T_W, &q, w->dense);  // 128x128 tiles: the transpose of W's
+    }
+    return q;
+}
+
+// an activation-layout FP8 tensor (rows, cols) of format fmt over scratch buffers sc (codes) and sc + 1 (scales)
+static FP8Tensor act_tensor(const FP8Train *t, int rows, int cols, FP8Format fmt, int sc) {
+    FP8Tensor q = tensor_of(rows, cols, recipe_gran(&t->r), fmt, 1);
+    q.data = (uint8_t *)cu_scratch(sc, (size_t)rows * cols);
+    if (q.gran == FP8_BLOCK) q.scale = (float *)cu_scratch(sc + 1, fp8_num_scales(FP8_BLOCK, rows, cols, 1) * 4);
+    return q;
+}
+
+// Projections that read one input (q, k, v; gate, up) quantize it once: a member reuses the codes
+// its group's leader made, when the call just before was the group's with the same input (model.c
+// calls them back to back); else it quantizes for itself. The calls are counted to know that.
+static unsigned long calls;
+static int reuse(FP8Train *t, XCache *c, const void *inp, int N, unsigned long me) {
+    int hit = t->leader && c->in == inp && c->n == N && c->call == me - 1;
+    c->in = inp, c->n = N, c->call = me;
+    return hit;
+}
+
+// out (N, OC) (yt: DT_BF16, or DT_F32 for the caller's bias pass) = inp (N, C) W^T in FP8
+void cu_fp8_train_forward(void *out, DType yt, const void *inp, const QWeight *w, int N) {
+    FP8Train *t = w->train;
+    FP8Tensor wq = weight_q(t, w, 0);
+    XCache *c = &(t->leader ? t->leader : t)->fwd;
+    if (!reuse(t, c, inp, N, ++calls)) {
+        c->q = act_tensor(t, N, w->cols, FP8_E4M3, SC_ACT_Q);
+        quantize(t, T_X, &c->q, inp);
+    }
+    fp8_gemm_cuda(out, yt, &c->q, &wq, 0);
+}
+
+// dinp (N, C) bf16 (=, or += with accumulate) = dout W ; dw (OC, C) f32 += dout^T inp ; in FP8
+void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *dout, const void *inp, const QWeight *w,
+                           int N) {
+    FP8Train *t = w->train;
+    int C = w->cols, OC = w->rows;
+    FP8Format gfmt = t->r.hybrid ? FP8_E5M2 : FP8_E4M3;
+    unsigned long me = ++calls;
+    if (dinp) {
+        FP8Tensor wt = weight_q(t, w, 1);
+        FP8Tensor dyq = act_tensor(t, N, OC, gfmt, SC_TRAIN_DY);
+        quantize(t, T_DY, &dyq, dout);
+        size_t n = (size_t)N * C;
+        if (!accumulate) fp8_gemm_cuda(dinp, DT_BF16, &dyq, &wt, 0);
+        else {
+            float *y = (float *)cu_scratch(SC_F32, n * 4);
+            fp8_gemm_cuda(y, DT_F32, &dyq, &wt, 0);
+            cu_accumulate_f32((bf16 *)dinp, y, n);
+        }
+    } else tensor_scale(t, T_DY, dout, (size_t)N * OC);
+    if (!dw) return;
+    // dY^T (OC, N) and X^T (C, N), the tokens innermost, quantized from dY and X in one pass each:
+    // per tensor with the scales of dX's and the forward's products, or in 1x128 groups along the tokens
+    FP8Tensor dyt = act_tensor(t, OC, N, gfmt, SC_TRAIN_DYT);
+    quantize_t(t, T_DY, &dyt, dout);
+    XCache *c = &(t->leader ? t->leader : t)->bwd;
+    if (!reuse(t, c, inp, N, me)) {
+        c->q = act_tensor(t, C, N, FP8_E4M3, SC_TRAIN_XT);
+        tensor_scale(t, T_X, inp, (size_t)N * C);
+        quantize_t(t, T_X, &c->q, inp);
+    }
+    fp8_gemm_cuda(dw, DT_F32, &dyt, &c->q, 1);
+}
+
+// After an optimizer step: delayed scaling rolls every tensor's history and sets the next scales,
+// from one download and one upload (the other recipes keep nothing between steps).
+void cu_fp8_train_step(FP8Train *const *ts, int n, long *overflows) {
+    if (n == 0 || ts[0]->r.kind != FP8_RECIPE_DELAYED) return;
+    const size_t per = SLOT * SLOTS;
+    static float *host;  // pinned, grown to the most weights seen (kept: this runs every step)
+    static size_t cap;
+    if (cap < n * per) {
+        if (host) cudaFreeHost(host);
+        cudaCheck(cudaMallocHost(&host, n * per * sizeof(float)));
+        cap = n * per;
+    }
+    for (int k = 0; k < n; k++)
+        cudaCheck(cudaMemcpyAsync(host + per * k, ts[k]->dev, per * sizeof(float), cudaMemcpyDeviceToHost, cu_stream()));
+    cudaCheck(cudaStreamSynchronize(cu_stream()));
+    for (int k = 0; k < n; k++) {
+        float *h = host + per * k;
+        for (int i = 0; i < 3; i++) {
+            DelayedScale *d = &ts[k]->d[i];
+            long before = d->overflows;
+            delayed_record(d, h[SLOT * (6 + i)]);  // the amax bits, read as the float they are
+            delayed_update(d);
+            if (overflows) *overflows += d->overflows - before;
+            h[SLOT * i] = d->scale;
+            h[SLOT * (3 + i)] = d->scale_inv;
+            h[SLOT * (6 + i)] = 0.0f;  // the next step's amax starts at 0
+        }
+        cudaCheck(cudaMemcpyAsync(ts[k]->dev, h, per * sizeof(float), cudaMemcpyHostToDevice, cu_stream()));
+    }
+    cudaCheck(cudaStreamSynchronize(cu_stream()));
+}
+
+// Delayed scaling's state for a checkpoint (what makes a resumed run scale as the unbroken one
+// would): per weight and tensor, the scale in force and the history. Setting it uploads the scales.
+size_t cu_fp8_train_state(FP8Train *const *ts, int n, float *buf, int set) {
+    if (n == 0 || ts[0]->r.kind != FP8_RECIPE_DELAYED) return 0;
+    size_t per = 1 + (size_t)ts[0]->r.history_len, count = (size_t)n * 3 * per;
+    if (!buf) return count;
+    for (int k = 0; k < n; k++) {
+        float slots[SLOT * SLOTS] = {0};  // set: the scales, and this step's amaxes at 0 (as after a step)
+        for (int i = 0; i < 3; i++) {
+            DelayedScale *d = &ts[k]->d[i];
+            float *b = buf + ((size_t)k * 3 + i) * per;
+            if (!set) {
+                b[0] = d->scale;
+                memcpy(b + 1, d->history, d->len * sizeof(float));
+                continue;
+            }
+            d->scale = b[0], d->scale_inv = 1.0f / b[0];
+            memcpy(d->history, b + 1, d->len * sizeof(float));
+            slots[SLOT * i] = d->scale, slots[SLOT * (3 + i)] = d->scale_inv;
+        }
+        if (set) cudaCheck(cudaMemcpy(ts[k]->dev, slots, sizeof slots, cudaMemcpyHostToDevice));
+    }
+    return count;
+}

@@ -1,0 +1,838 @@
+// model_load.c: from a Hugging Face checkpoint directory to a Model.
+// Defines: config_from_json (Llama 3 / Qwen2 / Qwen3 config.json, both the
+// transformers 4.x keys (rope_theta, rope_scaling) and 5.x (rope_parameters)),
+// the weight layout walker (one allocation for the dense weights, one for the
+// FP8 codes + scales), model_load (safetensors, BF16/F16/F32, or pre-quantized
+// FP8 with weight_scale_inv read as is), config_load_dir and config_check_tokenizer (a tokenizer
+// of another checkpoint, said before the weights are read), model_init_random, model_hf_tensors (the
+// checkpoint names of the model's tensors), model_save_hf,
+// and the per-layer quantization error (SQNR) report.
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <sys/stat.h>
+
+#include "model.h"
+#include "io/safetensors.h"
+
+const char *const lin_names[LIN_COUNT] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+static const char *const lin_parent[LIN_COUNT] = {"self_attn", "self_attn", "self_attn", "self_attn", "mlp", "mlp", "mlp"};
+
+// ----------------------------------------------------------------------------
+// config.json
+
+static double json_num(cJSON *root, const char *key, double dflt, int required, const char *path) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) die("%s: missing \"%s\"", path, key);
+        return dflt;
+    }
+    if (!cJSON_IsNumber(v)) die("%s: \"%s\" must be a number", path, key);
+    return v->valuedouble;
+}
+// an integer in [lo, hi]: the bounds keep every size and product of sizes the model computes
+// (heads x head_dim, rows x columns) in range, and the error states them
+static int json_int(cJSON *root, const char *key, int dflt, int required, int lo, int hi, const char *path) {
+    double d = json_num(root, key, dflt, required, path);
+    if (!(d >= lo && d <= hi) || d != floor(d)) die("%s: \"%s\" is %.15g: it must be an integer in [%d, %d]", path, key, d, lo, hi);
+    return (int)d;
+}
+// a finite number in (lo, hi]
+static double json_pos(cJSON *root, const char *key, double dflt, int required, double lo, double hi, const char *path) {
+    double d = json_num(root, key, dflt, required, path);
+    if (!(d > lo && d <= hi)) die("%s: \"%s\" is %.15g: it must be a number in (%g, %g]", path, key, d, lo, hi);
+    return d;
+}
+// a token id: an integer in [0, vocab_size)
+static int json_id(cJSON *v, const char *key, int V, const char *path) {
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < V) || v->valuedouble != floor(v->valuedouble))
+        die("%s: \"%s\" must be a token id: an integer in [0, vocab_size %d)", path, key, V);
+    return (int)v->valuedouble;
+}
+
+// The bounds of config.json's sizes (generous: Llama 3.1 405B has hidden 16384, intermediate 53248,
+// 126 layers, 128 heads of 128; Qwen3's vocabulary is 151936)
+enum { MAX_VOCAB = 1 << 24, MAX_HIDDEN = 1 << 16, MAX_FF = 1 << 18, MAX_LAYERS = 1024, MAX_HEADS = 1024, MAX_HEAD_DIM = 1024,
+       MAX_POS = 1 << 24 };
+static int json_bool(cJSON *root, const char *key, int dflt, const char *path) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!v || cJSON_IsNull(v)) return dflt;
+    if (!cJSON_IsBool(v)) die("%s: \"%s\" must be true or false", path, key);
+    return cJSON_IsTrue(v);
+}
+
+void config_from_json(Config *c, const char *text, const char *path) {
+    memset(c, 0, sizeof *c);
+    cJSON *root = cJSON_Parse(text);
+    if (!root || !cJSON_IsObject(root)) die("%s: not valid JSON", path);
+    cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (!cJSON_IsString(mt)) die("%s: missing \"model_type\"", path);
+    if (!strcmp(mt->valuestring, "llama")) c->arch = ARCH_LLAMA;
+    else if (!strcmp(mt->valuestring, "qwen2")) c->arch = ARCH_QWEN2;
+    else if (!strcmp(mt->valuestring, "qwen3")) c->arch = ARCH_QWEN3;
+    else die("%s: unsupported architecture \"%s\": fp8-grpo runs llama (Llama 3), qwen2 and qwen3 checkpoints", path, mt->valuestring);
+
+    c->V = json_int(root, "vocab_size", 0, 1, 1, MAX_VOCAB, path);
+    c->C = json_int(root, "hidden_size", 0, 1, 1, MAX_HIDDEN, path);
+    c->FF = json_int(root, "intermediate_size", 0, 1, 1, MAX_FF, path);
+    c->L = json_int(root, "num_hidden_layers", 0, 1, 1, MAX_LAYERS, path);
+    c->NH = json_int(root, "num_attention_heads", 0, 1, 1, MAX_HEADS, path);
+    c->KVH = json_int(root, "num_key_value_heads", c->NH, 0, 1, MAX_HEADS, path);
+    if (c->NH % c->KVH) die("%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path, c->NH, c->KVH);
+    if (c->C % c->NH && !cJSON_GetObjectItemCaseSensitive(root, "head_dim"))
+        die("%s: hidden_size %d not divisible by num_attention_heads %d and no head_dim", path, c->C, c->NH);
+    c->HD = json_int(root, "head_dim", c->C / c->NH, 0, 2, MAX_HEAD_DIM, path);
+    if (c->HD % 2) die("%s: head_dim %d must be even (RoPE rotates pairs)", path, c->HD);
+    c->max_pos = json_int(root, "max_position_embeddings", 4096, 0, 1, MAX_POS, path);
+    c->eps = (float)json_pos(root, "rms_norm_eps", 1e-6, 0, 0, 1, path);
+    c->tied = json_bool(root, "tie_word_embeddings", 0, path);
+    c->qkv_bias = c->arch == ARCH_QWEN2;
+    c->qk_norm = c->arch == ARCH_QWEN3;
+
+    cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu")))
+        die("%s: hidden_act must be \"silu\" (SwiGLU)", path);
+    if (c->arch != ARCH_QWEN2 && json_bool(root, "attention_bias", 0, path))
+        die("%s: attention_bias true is not supported for %s", path, mt->valuestring);
+    if (json_bool(root, "mlp_bias", 0, path)) die("%s: mlp_bias true is not supported", path);
+    if (json_bool(root, "use_sliding_window", 0, path)) die("%s: sliding-window attention is not supported", path);
+
+    // RoPE: transformers 5.x writes rope_parameters {rope_theta, rope_type, ...};
+    // 4.x checkpoints have rope_theta and rope_scaling {rope_type | type, ...}.
+    cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
+    cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    c->rope_theta = (float)json_pos(root, "rope_theta", 10000.0, 0, 1, 1e12, path);
+    cJSON *scaling = NULL;
+    if (cJSON_IsObject(rp)) {
+        c->rope_theta = (float)json_pos(rp, "rope_theta", c->rope_theta, 0, 1, 1e12, path);
+        scaling = rp;
+    }
+    if (cJSON_IsObject(rs)) scaling = rs;
+    char sp[4200];  // its fields' errors name it: "config.json: rope_scaling: \"factor\" is 0: ..."
+    snprintf(sp, sizeof sp, "%s: %s", path, scaling == rs ? "rope_scaling" : "rope_parameters");
+    if (scaling) {
+        cJSON *ty = cJSON_GetObjectItemCaseSensitive(scaling, "rope_type");
+        if (!ty) ty = cJSON_GetObjectItemCaseSensitive(scaling, "type");
+        const char *t = cJSON_IsString(ty) ? ty->valuestring : "default";
+        if (!strcmp(t, "llama3")) {
+            c->rope_scaling = 1;
+            c->rope_factor = (float)json_pos(scaling, "factor", 0, 1, 0, 1e6, sp);
+            c->rope_low_freq_factor = (float)json_pos(scaling, "low_freq_factor", 0, 1, 0, 1e6, sp);
+            c->rope_high_freq_factor = (float)json_pos(scaling, "high_freq_factor", 0, 1, 0, 1e6, sp);
+            c->rope_original_max_pos = json_int(scaling, "original_max_position_embeddings", 0, 1, 1, MAX_POS, sp);
+            if (c->rope_high_freq_factor <= c->rope_low_freq_factor)
+                die("%s: llama3 rope scaling needs high_freq_factor > low_freq_factor", path);
+        } else if (strcmp(t, "default"))
+            die("%s: rope scaling type \"%s\" is not supported (default and llama3 are)", path, t);
+    }
+
+    c->bos_id = -1;
+    cJSON *bos = cJSON_GetObjectItemCaseSensitive(root, "bos_token_id");
+    if (bos && !cJSON_IsNull(bos)) c->bos_id = json_id(bos, "bos_token_id", c->V, path);
+    cJSON *eos = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
+    if (cJSON_IsArray(eos)) {
+        int n = cJSON_GetArraySize(eos);
+        if (n > (int)(sizeof c->eos_ids / sizeof c->eos_ids[0]))
+            die("%s: \"eos_token_id\" lists %d ids: at most %d are supported", path, n, (int)(sizeof c->eos_ids / sizeof c->eos_ids[0]));
+        cJSON *e;
+        cJSON_ArrayForEach(e, eos) c->eos_ids[c->n_eos++] = json_id(e, "eos_token_id", c->V, path);
+    } else if (eos && !cJSON_IsNull(eos)) c->eos_ids[c->n_eos++] = json_id(eos, "eos_token_id", c->V, path);
+    cJSON_Delete(root);
+}
+
+void config_print(const Config *c, FILE *f) {
+    static const char *an[] = {"llama", "qwen2", "qwen3"};
+    fprintf(f, "model: %s, %d layers, hidden %d, mlp %d, heads %d/%d x %d, vocab %d, %s embeddings%s%s\n", an[c->arch], c->L,
+            c->C, c->FF, c->NH, c->KVH, c->HD, c->V, c->tied ? "tied" : "untied", c->rope_scaling ? ", llama3 rope" : "",
+            c->qk_norm ? ", qk-norm" : "");
+}
+
+// ----------------------------------------------------------------------------
+// weight layout: one table of slots per allocation, a walker sets the pointers.
+// Every tensor starts on a 256-byte boundary (vector loads, cuBLASLt alignment).
+
+typedef struct {
+    void **ptr;
+    size_t bytes;
+} Slot;
+typedef struct {
+    Slot *s;
+    int n, cap;
+    size_t esize;  // element size of the table's slots (act or hp), 0: bytes (FP8 codes and scales)
+} SlotTable;
+
+static void slot_add(SlotTable *t, void **ptr, size_t bytes) {
+    if (t->n == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 64;
+        t->s = (Slot *)reallocCheck(t->s, t->cap * sizeof(Slot));
+    }
+    t->s[t->n++] = (Slot){ptr, bytes};
+}
+static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+// a slot's room: 256-byte aligned, and in a table of elements a multiple of 128 of them, so that the
+// dense weights (act) and their gradients and master copies (hp) have every tensor at the same
+// element offset: full-weight training updates them as one flat array (full_finetune.c)
+static size_t slot_room(const SlotTable *t, size_t bytes) {
+    if (t->esize) bytes = (bytes / t->esize + 127) / 128 * 128 * t->esize;
+    return align256(bytes);
+}
+static size_t slots_total(const SlotTable *t) {
+    size_t s = 0;
+    for (int i = 0; i < t->n; i++) s += slot_room(t, t->s[i].bytes);
+    return s;
+}
+static void slots_point(const SlotTable *t, void *base) {
+    char *p = (char *)base;
+    for (int i = 0; i < t->n; i++) {
+        *t->s[i].ptr = p;
+        p += slot_room(t, t->s[i].bytes);
+    }
+}
+
+// which granularity layer l's linears get under the options
+static FP8Gran layer_gran(const ModelOptions *o, int l, int L) {
+    if (l < o->bf16_first || l >= L - o->bf16_last) return FP8_OFF;
+    return o->gran;
+}
+
+static void lin_shape(const Config *c, int which, int *rows, int *cols) {
+    int q = c->NH * c->HD, kv = c->KVH * c->HD;
+    switch (which) {
+        case LIN_Q: *rows = q; *cols = c->C; break;
+        case LIN_K:
+        case LIN_V: *rows = kv; *cols = c->C; break;
+        case LIN_O: *rows = c->C; *cols = q; break;
+        case LIN_GATE:
+        case LIN_UP: *rows = c->FF; *cols = c->C; break;
+        default: *rows = c->C; *cols = c->FF; break;
+    }
+}
+
+// Build the tables of both allocations for config c and allocate them.
+// grads: a mirror of the dense part in hp (for full fine-tuning / gradient checks).
+// out = parts[0..n-1] as one weight (rows summed) when they lie back to back: dense values, or FP8
+// codes and scales where the scales concatenate (row; blocks of 128 whole rows), else rows = 0.
+// Per-tensor scales differ between the parts, so TENSOR never fuses.
+static void fuse_views(QWeight *out, const QWeight *parts, int n, size_t act) {
+    memset(out, 0, sizeof *out);
+    const QWeight *p0 = &parts[0];
+    int rows = 0;
+    for (int i = 0; i < n; i++) {
+        const QWeight *p = &parts[i];
+        if (p->gran != p0->gran || p->cols != p0->cols || p->gran == FP8_TENSOR) return;
+        if (p->gran == FP8_BLOCK && i < n - 1 && p->rows % FP8_BLOCK_SIZE) return;
+        if (i > 0) {
+            const QWeight *q = &parts[i - 1];
+            if (p->gran == FP8_OFF) {
+                if ((char *)q->dense + (size_t)q->rows * q->cols * act != (char *)p->dense) return;
+            } else {
+                size_t ns = fp8_num_scales(q->gran, q->rows, q->cols, FP8_BLOCK_SIZE);
+                if (q->q.data + (size_t)q->rows * q->cols != p->q.data || q->q.scale + ns != p->q.scale) return;
+            }
+        }
+        rows += p->rows;
+    }
+    *out = *p0;
+    out->rows = rows;
+    out->q.rows = rows;
+}
+
+static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, const Backend *be, int dense_only_hp) {
+    size_t act = dtype_size(dense_only_hp ? be->hp : be->act);
+    SlotTable dense = {NULL, 0, 0, act}, fp8 = {NULL, 0, 0, 0};
+    memset(w, 0, sizeof *w);
+    w->layers = (LayerWeights *)callocCheck(c->L, sizeof(LayerWeights));
+    // the embedding table and the LM head: dense, or FP8 rows (codes, then the row scales)
+    int fp8_embed = o->fp8_embed && !dense_only_hp;
+    QWeight *vw[2] = {&w->emb, c->tied ? NULL : &w->head};
+    void **vdense[2] = {&w->wte, &w->lm_head};
+    for (int i = 0; i < 2; i++) {
+        if (!vw[i]) continue;
+        *vw[i] = (QWeight){.rows = c->V, .cols = c->C, .gran = fp8_embed ? FP8_ROW : FP8_OFF};
+        if (!fp8_embed) {
+            slot_add(&dense, vdense[i], (size_t)c->V * c->C * act);
+            continue;
+        }
+        vw[i]->q = (FP8Tensor){.rows = c->V, .cols = c->C, .gran = FP8_ROW, .fmt = FP8_E4M3, .block_rows = FP8_BLOCK_SIZE};
+        slot_add(&fp8, (void **)&vw[i]->q.data, (size_t)c->V * c->C);
+        slot_add(&fp8, (void **)&vw[i]->q.scale, (size_t)c->V * sizeof(float));
+    }
+    slot_add(&dense, &w->norm, (size_t)c->C * act);
+    for (int l = 0; l < c->L; l++) {
+        LayerWeights *lw = &w->layers[l];
+        slot_add(&dense, &lw->ln1, (size_t)c->C * act);
+        slot_add(&dense, &lw->ln2, (size_t)c->C * act);
+        if (c->qk_norm) {
+            slot_add(&dense, &lw->q_norm, (size_t)c->HD * act);
+            slot_add(&dense, &lw->k_norm, (size_t)c->HD * act);
+        }
+        if (c->qkv_bias)  // one slot: q|k|v biases back to back (the fused projection's bias)
+            slot_add(&dense, &lw->bias[0], (size_t)(c->NH + 2 * c->KVH) * c->HD * act);
+        FP8Gran g = dense_only_hp ? FP8_OFF : layer_gran(o, l, c->L);
+        // a layer's seven codes blocks first, then their scales, in projection order, so that
+        // q|k|v and gate|up can lie back to back (fuse_views)
+        for (int pass = 0; pass < 2; pass++)
+            for (int i = 0; i < LIN_COUNT; i++) {
+                QWeight *q = &lw->lin[i];
+                lin_shape(c, i, &q->rows, &q->cols);
+                q->gran = g;
+                if (g == FP8_OFF) {
+                    if (pass) continue;
+                    slot_add(&dense, &q->dense, (size_t)q->rows * q->cols * act);
+                    w->linear_bytes += (size_t)q->rows * q->cols * act;
+                } else {
+                    q->q.rows = q->rows;
+                    q->q.cols = q->cols;
+                    q->q.gran = g;
+                    q->q.fmt = FP8_E4M3;
+                    q->q.block_rows = FP8_BLOCK_SIZE;
+                    size_t ns = fp8_num_scales(g, q->rows, q->cols, FP8_BLOCK_SIZE);
+                    if (!pass) slot_add(&fp8, (void **)&q->q.data, (size_t)q->rows * q->cols);
+                    else slot_add(&fp8, (void **)&q->q.scale, ns * sizeof(float));
+                    if (pass) w->linear_bytes += (size_t)q->rows * q->cols + ns * sizeof(float);
+                }
+            }
+    }
+    w->dense_bytes = slots_total(&dense);
+    w->fp8_bytes = slots_total(&fp8);
+    w->dense_mem = be->alloc(w->dense_bytes);
+    be->zero(w->dense_mem, w->dense_bytes);  // the padding between tensors too: full_finetune.c steps it as weights
+    slots_point(&dense, w->dense_mem);
+    if (w->fp8_bytes) {
+        w->fp8_mem = be->alloc(w->fp8_bytes);
+        slots_point(&fp8, w->fp8_mem);
+    }
+    w->emb.dense = w->wte;
+    w->head.dense = w->lm_head;
+    if (c->tied) w->lm_head = w->wte, w->head = w->emb;
+    free(dense.s);
+    free(fp8.s);
+    for (int l = 0; l < c->L; l++) {
+        LayerWeights *lw = &w->layers[l];
+        fuse_views(&lw->qkv, lw->lin + LIN_Q, 3, act);
+        fuse_views(&lw->gateup, lw->lin + LIN_GATE, 2, act);
+        if (c->qkv_bias) {
+            lw->bias[1] = (char *)lw->bias[0] + (size_t)c->NH * c->HD * act;
+            lw->bias[2] = (char *)lw->bias[1] + (size_t)c->KVH * c->HD * act;
+            lw->bias_qkv = lw->bias[0];
+        }
+    }
+}
+
+static void model_common_init(Model *m, const Config *c, const Backend *be, const ModelOptions *opt) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *c;
+    m->be = be;
+    if (opt) m->opt = *opt;
+    if (m->opt.gran < FP8_OFF || m->opt.gran > FP8_BLOCK) die("bad FP8 granularity");
+    weights_layout(&m->w, c, &m->opt, be, 0);
+
+    // RoPE inverse frequencies, with llama3 scaling (transformers' _compute_llama3_parameters):
+    // wavelengths shorter than original_max / high_freq_factor stay, longer than
+    // original_max / low_freq_factor are divided by factor, the band between is interpolated.
+    int half = c->HD / 2;
+    double *f = (double *)mallocCheck(half * sizeof(double));
+    for (int i = 0; i < half; i++) {
+        // as transformers: 1 / theta^(arange(0, HD, 2) / HD), computed in fp32
+        float e = (float)(2 * i) / (float)c->HD;
+        float inv = 1.0f / powf(c->rope_theta, e);
+        double x = inv;
+        if (c->rope_scaling == 1) {
+            double lo_wl = c->rope_original_max_pos / c->rope_low_freq_factor;
+            double hi_wl = c->rope_original_max_pos / c->rope_high_freq_factor;
+            double wl = 2 * M_PI / inv;
+            if (wl > lo_wl) x = inv / c->rope_factor;
+            else if (wl >= hi_wl) {
+                double smooth = (c->rope_original_max_pos / wl - c->rope_low_freq_factor) /
+                                (c->rope_high_freq_factor - c->rope_low_freq_factor);
+                x = (1 - smooth) * inv / c->rope_factor + smooth * inv;
+            }
+            x = (float)x;
+        }
+        f[i] = x;
+    }
+    m->inv_freq = be->alloc(half * dtype_size(be->hp));
+    be->upload_convert(m->inv_freq, be->hp, f, DT_F64, half);
+    free(f);
+}
+
+// ----------------------------------------------------------------------------
+// loading
+
+typedef struct {
+    const SafeTensors *st;
+    const Config *c;
+    const Backend *be;
+    const char *dir;
+    uint8_t *used;  // (st->n) 1 for each tensor the model reads (walk_tensors marks them); NULL: not kept
+} Loader;
+
+static const STensor *need(const Loader *ld, const char *name, int64_t d0, int64_t d1) {
+    const STensor *t = st_find(ld->st, name);
+    if (!t) die("%s: missing tensor %s", ld->dir, name);
+    if (ld->used) ld->used[t - ld->st->t] = 1;
+    int ok = d1 ? (t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1) : (t->ndim == 1 && t->shape[0] == d0);
+    if (!ok) {
+        char got[128] = "";
+        for (int i = 0; i < t->ndim; i++) snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        die("%s: tensor %s has shape (%s) but config.json implies (%lld%s%lld)", ld->dir, name, got, (long long)d0,
+            d1 ? ", " : "", d1 ? (long long)d1 : 0LL);
+    }
+    if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16 && t->dtype != DT_E4M3)
+        die("%s: tensor %s has dtype %s (expected BF16, F16, F32 or F8_E4M3)", ld->dir, name, dtype_name(t->dtype));
+    return t;
+}
+
+// dst NULL: the tensor checked only (walk_tensors)
+static void load_dense(const Loader *ld, void *dst, const char *name, int64_t d0, int64_t d1) {
+    const STensor *t = need(ld, name, d0, d1);
+    if (t->dtype == DT_E4M3) die("%s: tensor %s is FP8 but only linear weights may be", ld->dir, name);
+    if (dst) ld->be->upload_convert(dst, ld->be->act, t->data, t->dtype, (size_t)t->numel);
+}
+
+// a pre-quantized FP8 weight's scales, name + "_scale_inv": F32 or BF16, one per 128x128 block
+static const STensor *need_scales(const Loader *ld, const char *name, int rows, int cols) {
+    char sn[600];
+    snprintf(sn, sizeof sn, "%s_scale_inv", name);
+    const STensor *s = st_find(ld->st, sn);
+    int br = (rows + 127) / 128, bc = (cols + 127) / 128;
+    if (!s || (s->dtype != DT_F32 && s->dtype != DT_BF16)) die("%s: FP8 tensor %s has no F32/BF16 %s", ld->dir, name, sn);
+    if (ld->used) ld->used[s - ld->st->t] = 1;
+    if (!(s->ndim == 2 && s->shape[0] == br && s->shape[1] == bc))
+        die("%s: %s must have shape (%d, %d): only 128x128 block-scaled FP8 checkpoints are supported", ld->dir, sn, br, bc);
+    return s;
+}
+
+// A pre-quantized FP8 weight (F8_E4M3 + weight_scale_inv, 128x128 blocks, as
+// vLLM / transformers' FineGrainedFP8 write them) dequantized to fp32 on the host.
+static float *dequant_prequantized(const Loader *ld, const STensor *t, const char *name) {
+    int rows = (int)t->shape[0], cols = (int)t->shape[1];
+    int br = (rows + 127) / 128, bc = (cols + 127) / 128;
+    const STensor *s = need_scales(ld, name, rows, cols);
+    float *sc = (float *)mallocCheck((size_t)br * bc * sizeof(float));
+    convert_to_f32(sc, s->data, s->dtype, (size_t)br * bc);
+    float *f = (float *)mallocCheck((size_t)rows * cols * sizeof(float));
+    const uint8_t *q = (const uint8_t *)t->data;
+    for (int r = 0; r < rows; r++)
+        for (int k = 0; k < cols; k++) f[(size_t)r * cols + k] = fp8_e4m3_decode(q[(size_t)r * cols + k]) * sc[(r / 128) * bc + k / 128];
+    free(sc);
+    return f;
+}
+
+// w NULL: the tensor (rows, cols) checked only (walk_tensors)
+static void load_linear(const Loader *ld, QWeight *w, const char *name, int rows, int cols, int pow2) {
+    const STensor *t = need(ld, name, rows, cols);
+    if (!w) {
+        if (t->dtype == DT_E4M3) need_scales(ld, name, rows, cols);
+        return;
+    }
+    if (t->dtype != DT_E4M3) {
+        ld->be->quantize_weight(w, t->data, t->dtype, pow2);
+        return;
+    }
+    // Pre-quantized block FP8 and we hold block FP8: take the codes and scales as they are.
+    char sn[600];
+    snprintf(sn, sizeof sn, "%s_scale_inv", name);
+    const STensor *s = st_find(ld->st, sn);
+    int br = (w->rows + 127) / 128, bc = (w->cols + 127) / 128;
+    if (w->gran == FP8_BLOCK && s && s->dtype == DT_F32 && s->ndim == 2 && s->shape[0] == br && s->shape[1] == bc) {
+        // HF's weight_scale_inv is (br, bc); ours pads each row to fp8_scale_ld floats (fp8.h)
+        int sld = fp8_scale_ld(FP8_BLOCK, w->rows, w->cols, 128);
+        size_t ns = fp8_num_scales(FP8_BLOCK, w->rows, w->cols, 128);
+        float *sc = (float *)mallocCheck(ns * sizeof(float));
+        for (size_t i = 0; i < ns; i++) sc[i] = 1.0f;
+        for (int r = 0; r < br; r++) memcpy(sc + (size_t)r * sld, (const float *)s->data + (size_t)r * bc, bc * sizeof(float));
+        ld->be->upload(w->q.data, t->data, (size_t)w->rows * w->cols);
+        ld->be->upload(w->q.scale, sc, ns * sizeof(float));
+        free(sc);
+        return;
+    }
+    float *f = dequant_prequantized(ld, t, name);  // other granularities: requantize
+    ld->be->quantize_weight(w, f, DT_F32, pow2);
+    free(f);
+}
+
+// the embedding table or the LM head (V, C) into w as it is held: dense, or quantized to FP8 rows
+// from the tensor as it lies in the mapped file (one tensor at a time, no copy of the whole model);
+// w NULL: checked only
+static void load_vocab(const Loader *ld, QWeight *w, const char *name, int pow2) {
+    if (!w || w->gran == FP8_OFF) {
+        load_dense(ld, w ? w->dense : NULL, name, ld->c->V, ld->c->C);
+        return;
+    }
+    const STensor *t = need(ld, name, ld->c->V, ld->c->C);
+    if (t->dtype == DT_E4M3) die("%s: tensor %s is FP8 but only linear weights may be", ld->dir, name);
+    ld->be->quantize_weight(w, t->data, t->dtype, pow2);
+}
+
+static void read_config(Config *c, const char *dir) {
+    char p[4096];
+    path_join(p, sizeof p, dir, "config.json");
+    if (!file_exists(p)) die("%s: no config.json: --model expects a Hugging Face checkpoint directory", dir);
+    char *text = read_file(p, NULL);
+    config_from_json(c, text, p);
+    free(text);
+}
+
+// Every tensor of the checkpoint in config.json's shapes: with m NULL, each one's presence, shape
+// and dtype (and a pre-quantized weight's scales) checked; with the model, loaded. model_load walks
+// twice, checking before it allocates anything, so that a config.json that disagrees with its
+// weights (vocab_size 953326694 next to an embedding table of 320 rows) is an error naming the
+// tensor, never an allocation sized by config.json alone: what is allocated is then bounded by the
+// size of the files.
+static void walk_tensors(const Loader *ld, Model *m) {
+    const Config *c = ld->c;
+    char nm[512];
+    load_vocab(ld, m ? &m->w.emb : NULL, "model.embed_tokens.weight", m ? m->opt.pow2 : 0);
+    load_dense(ld, m ? m->w.norm : NULL, "model.norm.weight", c->C, 0);
+    if (!c->tied) load_vocab(ld, m ? &m->w.head : NULL, "lm_head.weight", m ? m->opt.pow2 : 0);
+    for (int l = 0; l < c->L; l++) {
+        LayerWeights *lw = m ? &m->w.layers[l] : NULL;
+#define LNAME(fmt, ...) (snprintf(nm, sizeof nm, "model.layers.%d." fmt, l, __VA_ARGS__), nm)
+        load_dense(ld, lw ? lw->ln1 : NULL, LNAME("%s", "input_layernorm.weight"), c->C, 0);
+        load_dense(ld, lw ? lw->ln2 : NULL, LNAME("%s", "post_attention_layernorm.weight"), c->C, 0);
+        if (c->qk_norm) {
+            load_dense(ld, lw ? lw->q_norm : NULL, LNAME("%s", "self_attn.q_norm.weight"), c->HD, 0);
+            load_dense(ld, lw ? lw->k_norm : NULL, LNAME("%s", "self_attn.k_norm.weight"), c->HD, 0);
+        }
+        for (int i = 0; i < LIN_COUNT; i++) {
+            int rows, cols;
+            lin_shape(c, i, &rows, &cols);
+            if (c->qkv_bias && i < 3) load_dense(ld, lw ? lw->bias[i] : NULL, LNAME("self_attn.%s.bias", lin_names[i]), rows, 0);
+            load_linear(ld, lw ? &lw->lin[i] : NULL, LNAME("%s.%s.weight", lin_parent[i], lin_names[i]), rows, cols,
+                        m ? m->opt.pow2 : 0);
+        }
+#undef LNAME
+    }
+}
+
+// The checkpoint's tensors the model config.json describes does not read, named on one line, as
+// transformers names them ("Some weights of the model checkpoint were not used"): a num_hidden_layers
+// below the checkpoint's layers, say, loads a smaller model than the one trained. Not named: what
+// transformers ignores too (a tied model's lm_head.weight, the rotary inv_freq buffers of older
+// Llama checkpoints).
+static void warn_unused(const Loader *ld) {
+    int n = 0;
+    char names[512] = "";
+    size_t len = 0;
+    for (int i = 0; i < ld->st->n; i++) {
+        const char *nm = ld->st->t[i].name;
+        size_t k = strlen(nm);
+        if (ld->used[i] || (ld->c->tied && !strcmp(nm, "lm_head.weight")) || (k >= 9 && !strcmp(nm + k - 9, ".inv_freq"))) continue;
+        if (n++ < 3 && len < sizeof names) len += snprintf(names + len, sizeof names - len, "%s%s", n > 1 ? ", " : "", nm);
+    }
+    if (n)
+        fprintf(stderr, "warning: %s: %d tensor%s of the checkpoint %s not used by the model config.json describes (%s%s): "
+                "check config.json (num_hidden_layers %d)\n", ld->dir, n, n > 1 ? "s" : "", n > 1 ? "are" : "is", names,
+                n > 3 ? ", ..." : "", ld->c->L);
+}
+
+void config_load_dir(Config *c, const char *dir) { read_config(c, dir); }
+
+// A tokenizer with more ids than the checkpoint's vocabulary (a tokenizer.json of another
+// model) would fail at the first prompt that reaches a large id, with an id out of range deep
+// in the forward: said here instead, before the weights are read. The reverse is normal: real
+// checkpoints pad vocab_size beyond the tokenizer's ids (Qwen: 151,936 rows, 151,669 ids).
+void config_check_tokenizer(const Config *c, int tokenizer_vocab, const char *dir) {
+    if (tokenizer_vocab > c->V)
+        die("%s: tokenizer.json has ids up to %d but config.json's vocab_size is %d: the tokenizer and the checkpoint "
+            "disagree (use the tokenizer.json saved with this checkpoint)",
+            dir, tokenizer_vocab - 1, c->V);
+}
+
+void model_load(Model *m, const char *dir, const Backend *be, const ModelOptions *opt) {
+    Config c;
+    read_config(&c, dir);
+    SafeTensors st;
+    st_open_dir(&st, dir);
+    if (!c.tied && !st_find(&st, "lm_head.weight")) die("%s: missing tensor lm_head.weight (and tie_word_embeddings is false)", dir);
+    Loader ld = {&st, &c, be, dir, (uint8_t *)callocCheck(st.n ? st.n : 1, 1)};
+    walk_tensors(&ld, NULL);
+    warn_unused(&ld);
+    model_common_init(m, &c, be, opt);
+    walk_tensors(&ld, m);
+    be->sync();
+    free(ld.used);
+    st_close(&st);
+}
+
+// buf[i] = bound * U(-1, 1), element i drawn from its own counter-based stream (seed, tag, i):
+// parallel over elements and the same for any thread count (an 8B model in seconds)
+static void fill_uniform(float *buf, size_t n, double bound, uint64_t seed, uint64_t tag) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        uint64_t x = seed * 0x9e3779b97f4a7c15ull ^ tag * 0xd1b54a32d192ed03ull ^ i;
+        double u = (double)(splitmix64(&x) >> 11) * (1.0 / 9007199254740992.0);
+        buf[i] = (float)(bound * (2.0 * u - 1.0));
+    }
+}
+
+// nn.Linear-like init: uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)); embeddings uniform with std
+// 1/sqrt(C); norms 1, biases 0
+void model_init_random(Model *m, const Config *c, const Backend *be, const ModelOptions *opt, uint64_t seed) {
+    model_common_init(m, c, be, opt);
+    size_t big = (size_t)c->V * c->C;
+    size_t lmax = (size_t)(c->FF > c->NH * c->HD ? c->FF : c->NH * c->HD) * (c->C > c->FF ? c->C : c->FF);
+    if (lmax > big) big = lmax;
+    float *buf = (float *)mallocCheck(big * sizeof(float));
+    double es = sqrt(3.0 / c->C);  // uniform(-b, b) has std b / sqrt(3)
+    uint64_t tag = 1;
+    fill_uniform(buf, (size_t)c->V * c->C, es, seed, tag++);
+    be->quantize_weight(&m->w.emb, buf, DT_F32, m->opt.pow2);  // dense: converted; FP8: rows quantized
+    if (!c->tied) {
+        fill_uniform(buf, (size_t)c->V * c->C, es, seed, tag++);
+        be->quantize_weight(&m->w.head, buf, DT_F32, m->opt.pow2);
+    }
+    for (int i = 0; i < c->C; i++) buf[i] = 1.0f;
+    be->upload_convert(m->w.norm, be->act, buf, DT_F32, c->C);
+    for (int l = 0; l < c->L; l++) {
+        LayerWeights *lw = &m->w.layers[l];
+        for (int i = 0; i < c->C; i++) buf[i] = 1.0f;
+        be->upload_convert(lw->ln1, be->act, buf, DT_F32, c->C);
+        be->upload_convert(lw->ln2, be->act, buf, DT_F32, c->C);
+        if (c->qk_norm) {
+            be->upload_convert(lw->q_norm, be->act, buf, DT_F32, c->HD);
+            be->upload_convert(lw->k_norm, be->act, buf, DT_F32, c->HD);
+        }
+        if (c->qkv_bias)
+            for (int i = 0; i < 3; i++) {
+                for (int j = 0; j < lw->lin[i].rows; j++) buf[j] = 0.0f;
+                be->upload_convert(lw->bias[i], be->act, buf, DT_F32, lw->lin[i].rows);
+            }
+        for (int i = 0; i < LIN_COUNT; i++) {
+            QWeight *w = &lw->lin[i];
+            fill_uniform(buf, (size_t)w->rows * w->cols, 1.0 / sqrt((double)w->cols), seed, tag++);
+            be->quantize_weight(w, buf, DT_F32, m->opt.pow2);
+        }
+    }
+    free(buf);
+    be->sync();
+}
+
+// ----------------------------------------------------------------------------
+// saving as a Hugging Face checkpoint
+
+static void *to_host_dtype(const Model *m, const void *src, size_t n, DType dt, int is_linear, const QWeight *w) {
+    const Backend *be = m->be;
+    size_t esz = dtype_size(be->act);
+    void *tmp = mallocCheck(n * esz);
+    if (is_linear) {
+        void *dev = be->alloc(n * esz);
+        be->dequantize_weight(dev, w);
+        be->download(tmp, dev, n * esz);
+        be->free(dev);
+    } else be->download(tmp, src, n * esz);
+    float *f = (float *)mallocCheck(n * sizeof(float));
+    convert_to_f32(f, tmp, be->act, n);
+    free(tmp);
+    if (dt == DT_F32) return f;
+    uint16_t *b = (uint16_t *)mallocCheck(n * 2);
+    for (size_t i = 0; i < n; i++) b[i] = f32_to_bf16(f[i]);
+    free(f);
+    return b;
+}
+
+static void config_write(const Config *c, const char *path, DType dt) {
+    static const char *mt[] = {"llama", "qwen2", "qwen3"};
+    static const char *cls[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+    cJSON *r = cJSON_CreateObject();
+    cJSON *ar = cJSON_AddArrayToObject(r, "architectures");
+    cJSON_AddItemToArray(ar, cJSON_CreateString(cls[c->arch]));
+    cJSON_AddStringToObject(r, "model_type", mt[c->arch]);
+    cJSON_AddNumberToObject(r, "vocab_size", c->V);
+    cJSON_AddNumberToObject(r, "hidden_size", c->C);
+    cJSON_AddNumberToObject(r, "intermediate_size", c->FF);
+    cJSON_AddNumberToObject(r, "num_hidden_layers", c->L);
+    cJSON_AddNumberToObject(r, "num_attention_heads", c->NH);
+    cJSON_AddNumberToObject(r, "num_key_value_heads", c->KVH);
+    cJSON_AddNumberToObject(r, "head_dim", c->HD);
+    cJSON_AddNumberToObject(r, "max_position_embeddings", c->max_pos);
+    cJSON_AddNumberToObject(r, "rms_norm_eps", c->eps);
+    cJSON_AddNumberToObject(r, "rope_theta", c->rope_theta);
+    if (c->rope_scaling == 1) {
+        cJSON *s = cJSON_AddObjectToObject(r, "rope_scaling");
+        cJSON_AddStringToObject(s, "rope_type", "llama3");
+        cJSON_AddNumberToObject(s, "factor", c->rope_factor);
+        cJSON_AddNumberToObject(s, "low_freq_factor", c->rope_low_freq_factor);
+        cJSON_AddNumberToObject(s, "high_freq_factor", c->rope_high_freq_factor);
+        cJSON_AddNumberToObject(s, "original_max_position_embeddings", c->rope_original_max_pos);
+    }
+    cJSON_AddBoolToObject(r, "tie_word_embeddings", c->tied);
+    cJSON_AddStringToObject(r, "hidden_act", "silu");
+    cJSON_AddBoolToObject(r, "attention_bias", 0);
+    if (c->bos_id >= 0) cJSON_AddNumberToObject(r, "bos_token_id", c->bos_id);
+    if (c->n_eos == 1) cJSON_AddNumberToObject(r, "eos_token_id", c->eos_ids[0]);
+    else if (c->n_eos > 1) {
+        cJSON *e = cJSON_AddArrayToObject(r, "eos_token_id");
+        for (int i = 0; i < c->n_eos; i++) cJSON_AddItemToArray(e, cJSON_CreateNumber(c->eos_ids[i]));
+    }
+    cJSON_AddStringToObject(r, "torch_dtype", dt == DT_F32 ? "float32" : "bfloat16");
+    char *text = cJSON_Print(r);
+    cJSON_Delete(r);
+    write_file_atomic(path, text, strlen(text));
+    free(text);
+}
+
+// The model's tensors in a Hugging Face checkpoint's names and order (model.h)
+int model_hf_tensors(const Model *m, HFTensor *out) {
+    const Config *c = &m->cfg;
+    int n = 0;
+#define ADD(dense_, lin_, l_, i_, d0, d1, ...)                                                              \
+    do {                                                                                                   \
+        if (out) {                                                                                         \
+            out[n] = (HFTensor){.rows = (d0), .cols = (d1), .dense = (dense_), .lin = (lin_), .layer = (l_), .which = (i_)}; \
+            snprintf(out[n].name, sizeof out[n].name, __VA_ARGS__);                                        \
+        }                                                                                                  \
+        n++;                                                                                               \
+    } while (0)
+    // FP8 embeddings / LM head are given as weights (lin), which model_save_hf dequantizes
+    ADD(m->w.wte, m->w.wte ? NULL : &m->w.emb, -1, -1, c->V, c->C, "model.embed_tokens.weight");
+    ADD(m->w.norm, NULL, -1, -1, c->C, 0, "model.norm.weight");
+    if (!c->tied) ADD(m->w.lm_head, m->w.lm_head ? NULL : &m->w.head, -1, -1, c->V, c->C, "lm_head.weight");
+    for (int l = 0; l < c->L; l++) {
+        const LayerWeights *lw = &m->w.layers[l];
+        ADD(lw->ln1, NULL, -1, -1, c->C, 0, "model.layers.%d.input_layernorm.weight", l);
+        ADD(lw->ln2, NULL, -1, -1, c->C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        if (c->qk_norm) {
+            ADD(lw->q_norm, NULL, -1, -1, c->HD, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+            ADD(lw->k_norm, NULL, -1, -1, c->HD, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+        }
+        if (c->qkv_bias)
+            for (int i = 0; i < 3; i++) ADD(lw->bias[i], NULL, -1, -1, lw->lin[i].rows, 0, "model.layers.%d.self_attn.%s.bias", l, lin_names[i]);
+        for (int i = 0; i < LIN_COUNT; i++)
+            ADD(NULL, &lw->lin[i], l, i, lw->lin[i].rows, lw->lin[i].cols, "model.layers.%d.%s.%s.weight", l, lin_parent[i], lin_names[i]);
+    }
+#undef ADD
+    return n;
+}
+
+void model_save_hf(const Model *m, const char *dir, DType dt) {
+    if (dt != DT_F32 && dt != DT_BF16) die("model_save_hf: dtype must be F32 or BF16");
+    mkdir(dir, 0755);
+    int n = model_hf_tensors(m, NULL);
+    HFTensor *h = (HFTensor *)mallocCheck(n * sizeof(HFTensor));
+    model_hf_tensors(m, h);
+    STWrite *t = (STWrite *)callocCheck(n, sizeof(STWrite));
+    void **bufs = (void **)callocCheck(n, sizeof(void *));
+    for (int i = 0; i < n; i++) {
+        size_t numel = (size_t)h[i].rows * (h[i].cols ? h[i].cols : 1);
+        bufs[i] = to_host_dtype(m, h[i].dense, numel, dt, h[i].lin != NULL, h[i].lin);
+        t[i] = (STWrite){h[i].name, dt, h[i].cols ? 2 : 1, {h[i].rows, h[i].cols}, bufs[i]};
+    }
+    char p[4096];
+    path_join(p, sizeof p, dir, "model.safetensors");
+    st_write(p, t, n, "{\"format\":\"pt\"}");
+    path_join(p, sizeof p, dir, "config.json");
+    config_write(&m->cfg, p, dt);
+    for (int i = 0; i < n; i++) free(bufs[i]);
+    free(h);
+    free(t);
+    free(bufs);
+}
+
+void model_free(Model *m) {
+    const Backend *be = m->be;
+    if (!be) return;
+    if (m->w.dense_mem) be->free(m->w.dense_mem);
+    if (m->w.fp8_mem) be->free(m->w.fp8_mem);
+    free(m->w.layers);
+    if (m->grads) be->free(m->grads);
+    free(m->gw.layers);
+    if (m->inv_freq) be->free(m->inv_freq);
+    for (int i = 0; i < m->n_fp8_train; i++) be->fp8_train_free(m->fp8_train[i]);
+    free(m->fp8_train);
+    model_free_scratch(m);
+    memset(m, 0, sizeof *m);
+}
+
+void model_fp8_train(Model *m, const FP8Recipe *r) {
+    const Backend *be = m->be;
+    if (!be->fp8_train_new)
+        die("FP8 training (--fp8_recipe) runs on the GPU (the %s backend has no FP8 GEMMs): use --device cuda, or "
+            "--fp8_recipe off to train in BF16", be->name);
+    int L = m->cfg.L, first = m->opt.bf16_first, last = m->opt.bf16_last;
+    m->fp8_train = (FP8Train **)callocCheck((size_t)L * LIN_COUNT, sizeof(FP8Train *));
+    for (int l = first; l < L - last; l++)
+        for (int i = 0; i < LIN_COUNT; i++) {
+            QWeight *w = &m->w.layers[l].lin[i];
+            if (w->gran != FP8_OFF) die("FP8 training updates the weights, and layer %d's are FP8 (frozen): load with --load_in_fp8 off", l);
+            char why[256];
+            // k and v read q's input, up reads gate's: one FP8 copy of it (fp8_train.cu)
+            FP8Train *leader = i == LIN_K || i == LIN_V ? m->w.layers[l].lin[LIN_Q].train : i == LIN_UP ? m->w.layers[l].lin[LIN_GATE].train : NULL;
+            if (!(w->train = be->fp8_train_new(w, r, leader, why, sizeof why))) die("--fp8_recipe: %s: use --fp8_recipe off to train in BF16", why);
+            m->fp8_train[m->n_fp8_train++] = w->train;
+        }
+}
+
+void model_fp8_train_step(Model *m) {
+    if (m->n_fp8_train) m->be->fp8_train_step(m->fp8_train, m->n_fp8_train, &m->fp8_overflows);
+}
+
+size_t model_fp8_train_state(const Model *m, float *buf, int set) {
+    return m->n_fp8_train ? m->be->fp8_train_state(m->fp8_train, m->n_fp8_train, buf, set) : 0;
+}
+
+// ----------------------------------------------------------------------------
+// gradients of the dense weights (full fine-tuning, gradient checks): the same
+// layout as the dense weights, in hp
+
+void model_alloc_grads(Model *m) {
+    if (m->grads) return;
+    if (m->w.emb.gran != FP8_OFF)
+        die("the embedding table and LM head are FP8 (--fp8_embeddings), and FP8 weights are frozen: training every "
+            "weight needs them dense (drop --fp8_embeddings)");
+    ModelOptions dense = m->opt;
+    dense.gran = FP8_OFF;
+    Weights g;
+    weights_layout(&g, &m->cfg, &dense, m->be, 1);
+    m->gw = g;
+    m->grads = g.dense_mem;
+    model_zero_grads(m);
+}
+void model_zero_grads(Model *m) {
+    if (m->grads) m->be->zero(m->grads, m->gw.dense_bytes);
+}
+
+// ----------------------------------------------------------------------------
+// SQNR report: each linear weight of a checkpoint at each granularity
+
+void model_sqnr_report(const char *dir, FILE *f) {
+    Config c;
+    read_config(&c, dir);
+    SafeTensors st;
+    st_open_dir(&st, dir);
+    Loader ld = {&st, &c, NULL, dir, NULL};
+    fprintf(f, "per-layer FP8 (E4M3) quantization error of %s: SQNR in dB (higher is better)\n", dir);
+    fprintf(f, "%-5s %-10s %9s %9s %9s %11s\n", "layer", "weight", "tensor", "row", "block", "block-pow2");
+    double tot[4] = {0};
+    int cnt = 0;
+    for (int l = 0; l < c.L; l++)
+        for (int i = 0; i < LIN_COUNT; i++) {
+            char nm[512];
+            snprintf(nm, sizeof nm, "model.layers.%d.%s.%s.weight", l, lin_parent[i], lin_names[i]);
+            int rows, cols;
+            lin_shape(&c, i, &rows, &cols);
+            const STensor *t = need(&ld, nm, rows, cols);
+            size_t n = (size_t)rows * cols;
+            float *x;
+            if (t->dtype == DT_E4M3) x = dequant_prequantized(&ld, t, nm);
+            else {
+                x = (float *)mallocCheck(n * sizeof(float));
+                convert_to_f32(x, t->data, t->dtype, n);
+            }
+            double db[4];
+            FP8Gran gs[4] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK, FP8_BLOCK};
+            for (int k = 0; k < 4; k++) {
+                FP8Tensor q;
+                fp8_tensor_alloc_cpu(&q, rows, cols, gs[k], FP8_E4M3, 128);
+                fp8_quantize_cpu(&q, x, k == 3);
+                db[k] = fp8_sqnr_db(x, &q);
+                tot[k] += db[k];
+                fp8_tensor_free_cpu(&q);
+            }
+            cnt++;
+            fprintf(f, "%-5d %-10s %9.2f %9.2f %9.2f %11.2f\n", l, lin_names[i], db[0], db[1], db[2], db[3]);
+            free(x);
+        }
+    fprintf(f, "%-16s %9.2f %9.2f %9.2f %11.2f\n", "mean", tot[0] / cnt, tot[1] / cnt, tot[2] / cnt, tot[3] / cnt);
+    st_close(&st);
+}

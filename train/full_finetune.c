@@ -1,0 +1,202 @@
+// full_finetune.c: full-weight training with fp32 master weights and AdamW (full_finetune.h), alone or sharded over
+// several ranks (ZeRO: full_finetune.h says how).
+#include <math.h>
+
+#include "dist/data_parallel.h"
+#include "io/safetensors.h"
+#include "train/full_finetune.h"
+#include "train/optim.h"  // grad_clip_factor
+
+void full_init(FullTrainer *ft, Model *m) { full_init_sharded(ft, m, NULL); }
+
+static int sharded(const FullTrainer *ft) { return ft->dist && dist_world(ft->dist) > 1; }
+
+void full_init_sharded(FullTrainer *ft, Model *m, Dist *d) {
+    const Backend *be = m->be;
+    for (int l = 0; l < m->cfg.L; l++)
+        for (int i = 0; i < LIN_COUNT; i++)
+            if (m->w.layers[l].lin[i].gran != FP8_OFF)
+                die("full-weight training updates every weight, and layer %d's are FP8 (frozen): load the model with "
+                    "--load_in_fp8 off", l);
+    // what full training adds to the weights: fp32 gradients, masters and two AdamW moments, 16
+    // bytes a parameter (4 + 12 / world sharded); said before anything is allocated where the
+    // device cannot hold it
+    int W = d ? dist_world(d) : 1;
+    size_t n = m->w.dense_bytes / dtype_size(be->act), k = W > 1 ? dp_shard(n, W, dist_rank(d)).hi - dp_shard(n, W, dist_rank(d)).lo : n;
+    size_t need = (n + (W > 1 ? 4 : 3) * k) * dtype_size(be->hp), cap = be->mem_capacity();
+    size_t used = be->mem_in_use(NULL);
+    if (cap > 0 && used + need > cap)
+        die("full-weight training needs %.1f GiB beyond the model's %.1f GiB (fp32 gradients, and master weights and AdamW's two "
+            "moments %s: %.2fB parameters), and the GPU has %.1f GiB left: train a LoRA adapter instead (--use_peft), a smaller "
+            "model, or shard over more GPUs (--nproc_per_node)",
+            need / 1073741824.0, m->w.dense_bytes / 1073741824.0, W > 1 ? "sharded over the ranks" : "(16 bytes a parameter)", n / 1e9,
+            (cap > used ? cap - used : 0) / 1073741824.0);
+    model_alloc_grads(m);
+    memset(ft, 0, sizeof *ft);
+    ft->be = be;
+    size_t act = dtype_size(be->act), hp = dtype_size(be->hp);
+    ft->n = n;
+    if (m->gw.dense_bytes != ft->n * hp) die("full_init: the gradients' layout differs from the weights'");
+    ft->lo = 0, ft->hi = n;
+    if (W > 1) {
+        DpShard s = dp_shard(n, W, dist_rank(d));
+        ft->dist = d, ft->lo = s.lo, ft->hi = s.hi, ft->shard = s.shard;
+    }
+    ft->mem = be->alloc(3 * k * hp);
+    ft->master = ft->mem;
+    ft->adam_m = (char *)ft->mem + k * hp;
+    ft->adam_v = (char *)ft->mem + 2 * k * hp;
+    be->zero(ft->adam_m, 2 * k * hp);
+    // the masters start as the act weights of the block, through the host (once): act -> f64 -> hp
+    void *raw = mallocCheck(k * act);
+    double *h = (double *)mallocCheck(k * sizeof(double));
+    be->download(raw, (char *)m->w.dense_mem + ft->lo * act, k * act);
+    convert_to_f64(h, raw, be->act, k);
+    be->upload_convert(ft->master, be->hp, h, DT_F64, k);
+    free(raw);
+    free(h);
+}
+
+// Sharded: every rank's block of masters, rounded into its block of the act weights, then the
+// blocks all-gathered (the last rank's tail broadcast): every rank has all the weights again.
+static void publish_weights(FullTrainer *ft, Model *m) {
+    const Backend *be = ft->be;
+    size_t act = dtype_size(be->act);
+    be->to_act((char *)m->w.dense_mem + ft->lo * act, ft->master, ft->hi - ft->lo);
+    if (!sharded(ft)) return;
+    int W = dist_world(ft->dist);
+    dist_all_gather(ft->dist, be, m->w.dense_mem, ft->shard * act);
+    size_t tail = ft->n - W * ft->shard;
+    if (tail) dist_broadcast(ft->dist, be, (char *)m->w.dense_mem + W * ft->shard * act, tail * act, W - 1);
+}
+
+double full_step(FullTrainer *ft, Model *m, float lr, float beta1, float beta2, float eps, float weight_decay,
+                 double max_grad_norm) {
+    const Backend *be = ft->be;
+    size_t hp = dtype_size(be->hp), k = ft->hi - ft->lo;
+    void *g = (char *)m->grads + ft->lo * hp;  // this rank's block of the gradients
+    if (sharded(ft)) {
+        // rank r's block summed over the ranks (each holds its own rows' gradient of everything)
+        int W = dist_world(ft->dist);
+        dist_reduce_scatter_sum(ft->dist, be, m->grads, ft->shard);
+        size_t tail = ft->n - W * ft->shard;
+        if (tail) dist_all_reduce_sum(ft->dist, be, (char *)m->grads + W * ft->shard * hp, tail);
+    }
+    double ss = be->sumsq(g, k);
+    if (sharded(ft)) dist_all_reduce_sum_f64_host(ft->dist, &ss, 1);  // the global norm from the blocks'
+    double norm = sqrt(ss);
+    double clip = grad_clip_factor(norm, max_grad_norm);
+    if (!isfinite(clip)) die("full-weight training: the gradient norm is %g (NaN/inf) at step %d: lower the learning rate", norm, ft->step + 1);
+    if (clip != 1.0) be->scale(g, k, (float)clip);
+    ft->step++;
+    be->adamw(ft->master, g, ft->adam_m, ft->adam_v, k, lr, beta1, beta2, eps, weight_decay, ft->step);
+    publish_weights(ft, m);
+    model_fp8_train_step(m);  // FP8 training: delayed scaling's histories roll
+    return norm;
+}
+
+void full_free(FullTrainer *ft) {
+    if (ft->mem) ft->be->free(ft->mem);
+    if (ft->stage) ft->be->free(ft->stage);
+    memset(ft, 0, sizeof *ft);
+}
+
+// Sharded checkpoints: rank r's block [lo_r, hi_r) of each array crosses over in pieces through
+// ft->stage (64 MiB on the backend), each a broadcast from its owner (to rank 0 when saving) or from
+// rank 0 (to its owner when loading).
+#define STAGE_VALUES ((size_t)16 << 20)
+static void *stage_of(FullTrainer *ft) {
+    if (!ft->stage) ft->stage = ft->be->alloc(STAGE_VALUES * dtype_size(ft->be->hp));
+    return ft->stage;
+}
+
+// saving (to_host 1): rank r's block of mine (this rank's block of an array) into host (n values) on
+// rank 0; loading (to_host 0): host's values on rank 0 into every rank's block of mine
+static void move_blocks(FullTrainer *ft, void *mine, void *host, int to_host) {
+    const Backend *be = ft->be;
+    size_t hp = dtype_size(be->hp);
+    int me = dist_rank(ft->dist);
+    void *st = stage_of(ft);
+    for (int r = 0; r < dist_world(ft->dist); r++) {
+        DpShard s = dp_shard(ft->n, dist_world(ft->dist), r);
+        for (size_t off = 0; off < s.hi - s.lo; off += STAGE_VALUES) {
+            size_t k = s.hi - s.lo - off < STAGE_VALUES ? s.hi - s.lo - off : STAGE_VALUES;
+            char *blk = (char *)mine + off * hp, *h = (char *)host + (s.lo + off) * hp;
+            if (to_host && r == me) be->copy(st, blk, k * hp);
+            if (!to_host && me == 0) be->upload(st, h, k * hp);
+            dist_broadcast(ft->dist, be, st, k * hp, to_host ? r : 0);
+            if (to_host && me == 0) be->download(h, st, k * hp);
+            if (!to_host && r == me) be->copy(blk, st, k * hp);
+        }
+    }
+}
+
+void full_save_state(const FullTrainer *ftc, const Model *m, const char *path) {
+    FullTrainer *ft = (FullTrainer *)ftc;  // (sharded: its stage buffer is made on first use)
+    const Backend *be = ft->be;
+    size_t bytes = ft->n * dtype_size(be->hp);
+    const void *src[3] = {ft->master, ft->adam_m, ft->adam_v};
+    const char *names[3] = {"params", "adam_m", "adam_v"};
+    STWrite t[4];
+    void *h[4] = {0};
+    int writer = !sharded(ft) || dist_rank(ft->dist) == 0;
+    for (int i = 0; i < 3; i++) {
+        h[i] = writer ? mallocCheck(bytes) : NULL;
+        if (sharded(ft)) move_blocks(ft, (void *)src[i], h[i], 1);
+        else be->download(h[i], src[i], bytes);
+        t[i] = (STWrite){names[i], be->hp, 1, {(int64_t)ft->n}, h[i]};
+    }
+    if (!writer) return;
+    // FP8 delayed scaling: the scales and amax histories, so that a resumed run scales as the
+    // unbroken one would (restarted histories would scale the first steps after a resume from
+    // nothing: by 1, TE's initial scale). Sharded, each rank keeps its own; rank 0's are saved,
+    // and a resume gives them to every rank.
+    size_t nf = model_fp8_train_state(m, NULL, 0);
+    int nt = 3;
+    if (nf) {
+        h[3] = mallocCheck(nf * sizeof(float));
+        model_fp8_train_state(m, (float *)h[3], 0);
+        t[nt++] = (STWrite){"fp8_delayed_state", DT_F32, 1, {(int64_t)nf}, h[3]};
+    }
+    char md[96];
+    snprintf(md, sizeof md, "{\"step\":\"%d\",\"fp8_overflows\":\"%ld\"}", ft->step, m->fp8_overflows);
+    st_write(path, t, nt, md);
+    for (int i = 0; i < 4; i++) free(h[i]);
+}
+
+void full_load_state(FullTrainer *ft, Model *m, const char *path) {
+    const Backend *be = ft->be;
+    int reader = !sharded(ft) || dist_rank(ft->dist) == 0;
+    SafeTensors st;
+    if (reader) st_open(&st, path);
+    const char *names[3] = {"params", "adam_m", "adam_v"};
+    void *dst[3] = {ft->master, ft->adam_m, ft->adam_v};
+    for (int i = 0; i < 3; i++) {
+        const STensor *t = reader ? st_find(&st, names[i]) : NULL;
+        if (reader && (!t || t->dtype != be->hp || (size_t)t->numel != ft->n))
+            die("%s: %s missing or not %zu %s values: the checkpoint is another model's (or another backend's)", path, names[i],
+                ft->n, dtype_name(be->hp));
+        if (sharded(ft)) move_blocks(ft, dst[i], t ? (void *)t->data : NULL, 0);
+        else be->upload(dst[i], t->data, t->nbytes);
+    }
+    size_t nf = model_fp8_train_state(m, NULL, 0);
+    if (nf) {
+        float *f = (float *)mallocCheck(nf * sizeof(float));
+        if (reader) {
+            const STensor *t = st_find(&st, "fp8_delayed_state");
+            if (!t || t->dtype != DT_F32 || (size_t)t->numel != nf)
+                die("%s: fp8_delayed_state missing or not %zu f32 values: not a checkpoint of this FP8 delayed-scaling run", path, nf);
+            memcpy(f, t->data, nf * sizeof(float));  // the mapped file's bytes may sit unaligned
+            m->fp8_overflows = st_metadata_int(&st, "fp8_overflows", path);
+        }
+        if (sharded(ft)) dist_broadcast_host(ft->dist, f, nf * sizeof(float), 0);
+        model_fp8_train_state(m, f, 1);
+        free(f);
+    }
+    if (reader) {
+        ft->step = st_metadata_int(&st, "step", path);
+        st_close(&st);
+    }
+    if (sharded(ft)) dist_broadcast_host(ft->dist, &ft->step, sizeof ft->step, 0);
+    publish_weights(ft, m);
+}

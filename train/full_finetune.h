@@ -1,0 +1,69 @@
+// full_finetune.h: full-weight training of a model's dense weights (every weight: embeddings, norms,
+// projections, the LM head) with AdamW on fp32 master weights.
+//   defines: FullTrainer, full_init, full_step, full_free, full_save_state, full_load_state
+// The model computes in its backend's act type (bf16 on the GPU, fp32 on the CPU): the trainer
+// keeps the fp32 (hp) master copy of every weight and AdamW's two moments, steps them with the
+// gradients model_backward accumulates (model_alloc_grads), and rounds the masters into the act
+// weights after each step. The weights, gradients and masters share one layout (model_load.c pads
+// every tensor to 128 elements), so each is one flat array of n values. Needs the linear weights
+// unquantized (--load_in_fp8 off): a frozen FP8 weight has no master to update.
+//
+// Sharded over several ranks (full_init_sharded, ZeRO stage 2's split without its bucketed
+// gradient release): every rank keeps the whole act weights (its forward and backward need them)
+// and a whole gradient buffer (model_backward accumulates into it), but the fp32 masters and both
+// AdamW moments (12 of the 16 bytes a parameter) only for its block [lo, hi) of the n values. A
+// step: the gradients reduce-scattered (rank r gets the sum over ranks of its block), the global norm
+// from each block's sum of squares, AdamW on the block, the block rounded into the act weights, and
+// the act weights all-gathered so every rank computes with all of them again. The sum over ranks is
+// the whole batch's gradient when each rank's loss is normalized by the whole batch (sft.c). A
+// checkpoint holds the whole masters and moments (rank 0 gathers them), so it resumes on any number
+// of ranks, or on one. FP8 training (--fp8_recipe) keeps each rank's own amax histories: the weights'
+// are the same on every rank, the activations' and gradients' are of the rank's own data
+// (Transformer Engine reduces those over the data-parallel ranks; here each rank scales its own).
+#ifndef FULL_H
+#define FULL_H
+
+#include "model.h"
+#include "dist/dist.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    const Backend *be;
+    size_t n;          // values in the dense weights (= in the gradients)
+    void *mem;         // one allocation: master (hi - lo) hp, adam_m (hi - lo) hp, adam_v (hi - lo) hp
+    void *master, *adam_m, *adam_v;
+    int step;          // AdamW steps taken
+    Dist *dist;        // the ranks that share the state (NULL or world 1: this process holds all of it)
+    size_t lo, hi;     // the values held: [lo, hi) of the n (all n alone; dp_shard's block when sharded)
+    size_t shard;      // floor(n / world): the blocks the collectives move
+    void *stage;       // (hi - lo) hp on the backend: one rank's block in transit (checkpoints), or NULL
+} FullTrainer;
+
+// Master weights from m's current weights, zero moments; allocates m's gradients. Dies naming
+// --load_in_fp8 off when a linear weight is FP8.
+void full_init(FullTrainer *ft, Model *m);
+// the same, the masters and moments sharded over d's ranks (above); d NULL or of world 1: full_init
+void full_init_sharded(FullTrainer *ft, Model *m, Dist *d);
+// One update from the gradients in m->grads (the caller zeroes them before the backward): the
+// global norm is clipped to max_grad_norm (0: no clipping), AdamW steps the masters, and the act
+// weights get the rounded masters. Returns the gradient norm before clipping; dies on a NaN/inf norm.
+double full_step(FullTrainer *ft, Model *m, float lr, float beta1, float beta2, float eps, float weight_decay,
+                 double max_grad_norm);
+void full_free(FullTrainer *ft);
+// The trainer's state for a checkpoint that resumes bit-exactly: the masters and both moments
+// (n hp values each, as "params", "adam_m", "adam_v") and the step, in a safetensors file (the
+// layout of lora_save_state's), and with FP8 delayed scaling m's scales and amax histories
+// ("fp8_delayed_state", model_fp8_train_state). Loading also sets m's weights from the masters
+// (and m's FP8 state: call model_fp8_train first); dies naming the file when it holds another
+// model's state. Sharded: every rank calls them (collectives); rank 0 alone writes or reads path
+// (the others may pass NULL) and sends each rank its block.
+void full_save_state(const FullTrainer *ft, const Model *m, const char *path);
+void full_load_state(FullTrainer *ft, Model *m, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // FULL_H
