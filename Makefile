@@ -249,16 +249,21 @@ test-gpu: $(TESTS_GPU)
 endif
 
 # ---- dev/: the lab, never linked into the programs, built into $(BUILD)/ against the library with
-# this file's probes and flags: the benchmarks and tools in C (dev/*.c: every machine), the FP8
-# GEMM's versions and the CUDA tools (dev/cuda/*.cu, dev/bench_gemm.cu: where nvcc is), the kernel
-# tracer (where CUPTI is). make dev builds them all, and checks the lab's scripts' syntax (bash -n;
+# this file's probes and flags: the tokenizer benchmark on every machine; where nvcc is, the
+# benchmarks (dev/*.c, on the CUDA runtime), the FP8 GEMM's versions and the CUDA tools
+# (dev/cuda/*.cu, dev/bench_gemm.cu); the kernel tracer where CUPTI is. make dev builds them all, and checks the lab's scripts' syntax (bash -n;
 # python3's compile where python3 is): CI runs it, so an API change that breaks the lab fails there.
 # (dev/Makefile forwards make -C dev ... here.)
-DEV_C    := $(filter-out $(BUILD)/kernel_trace,$(patsubst dev/%.c,$(BUILD)/%,$(wildcard dev/*.c)))
-DEV_BINS := $(DEV_C)
-$(DEV_C): $(BUILD)/%: dev/%.c $(LIB) $(HEADERS) $(wildcard dev/*.h)
+DEV_CPU  := $(BUILD)/bench_tokenizer
+DEV_BINS := $(DEV_CPU)
+$(DEV_CPU): $(BUILD)/%: dev/%.c $(LIB) $(HEADERS)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 ifeq ($(HAVE_CUDA),1)
+# the benchmarks in C, on the CUDA runtime's API (events, memory)
+DEV_C    := $(filter-out $(DEV_CPU) $(BUILD)/kernel_trace,$(patsubst dev/%.c,$(BUILD)/%,$(wildcard dev/*.c)))
+DEV_BINS += $(DEV_C)
+$(DEV_C): $(BUILD)/%: dev/%.c $(LIB) $(HEADERS) $(wildcard dev/*.h)
+	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 DEV_CU   := $(patsubst dev/cuda/%.cu,$(BUILD)/%,$(wildcard dev/cuda/*.cu)) $(BUILD)/bench_gemm
 DEV_BINS += $(DEV_CU)
 $(DEV_CU): $(BUILD)/%: $(LIB) $(HEADERS) dev/cuda/common.cuh
