@@ -26,17 +26,21 @@ export NCCL_NVLS_ENABLE=0
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 say() { echo "$*" | tee -a "$dir/summary.txt"; }
 
-nccl_args() {  # NCCL_HOME for make: given, found by make itself, or the carried wheel unpacked
+make_args() {  # for make: DEPS_PREFIX (given, or the carried .devdeps/), and NCCL_HOME: given, found by
+  # make itself, or the carried wheel unpacked
+  local deps=${DEPS_PREFIX:-} d=""
+  [ -z "$deps" ] && [ -d .devdeps/usr ] && deps=$PWD/.devdeps/usr
+  [ -n "$deps" ] && d="DEPS_PREFIX=$deps" && echo -n "$d "
   if [ -n "${NCCL_HOME:-}" ]; then echo "NCCL_HOME=$NCCL_HOME"; return; fi
   local whl; whl=$(ls .whl/nvidia_nccl_cu1*.whl 2>/dev/null | head -n1)
-  if [ -n "$whl" ] && make -n 2>/dev/null | grep -q "^probe NCCL: not found"; then
+  if [ -n "$whl" ] && make $d -n 2>/dev/null | grep -q "^probe NCCL: not found"; then
     mkdir -p .whl/nccl && python3 -m zipfile -e "$whl" .whl/nccl >/dev/null 2>&1
     echo "NCCL_HOME=$PWD/.whl/nccl/nvidia/nccl"
   fi
 }
 
 do_build() {
-  local args; args=$(nccl_args)
+  local args; args=$(make_args)
   echo "make $args (GPUs: $ngpu)"
   make $args 2>&1 | tee "$dir/build.log" | grep -E "^probe|error" || true
   make $args bench-dp 2>&1 | tee -a "$dir/build.log" | grep -E "error" || true
