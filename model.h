@@ -210,8 +210,9 @@ void model_free(Model *m);
 // recipe r from now on (fp8_train.cu says which tensors are FP8). Dies in one line where the
 // backend (the CPU's) or the GPU (no FP8 tensor cores) cannot, naming BF16 as the way on.
 void model_fp8_train(Model *m, const FP8Recipe *r);
-// after each optimizer step (full_step calls it): delayed scaling's histories roll
-void model_fp8_train_step(Model *m);
+// after each optimizer step (full_step calls it): delayed scaling's histories roll, from the step's
+// amaxes as reduce leaves them (NULL: as this process saw them; several ranks: their max)
+void model_fp8_train_step(Model *m, AmaxReduce reduce, void *ctx);
 // delayed scaling's state (scales and amax histories) as floats into buf, or from it (set 1), for
 // a checkpoint; returns the count (buf NULL: counted only), 0 when nothing is kept between steps
 size_t model_fp8_train_state(const Model *m, float *buf, int set);

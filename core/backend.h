@@ -118,8 +118,9 @@ struct Backend {
     FP8Train *(*fp8_train_new)(const QWeight *w, const FP8Recipe *r, FP8Train *leader, char *why, size_t why_cap);
     void (*fp8_train_free)(FP8Train *t);
     // after an optimizer step, for all n trained weights: delayed scaling rolls the amax histories
-    // and sets the next scales (*overflows += tensors whose amax was inf/NaN)
-    void (*fp8_train_step)(FP8Train *const *t, int n, long *overflows);
+    // and sets the next scales (*overflows += tensors whose amax was inf/NaN). reduce (or NULL) gets
+    // the step's 3 n amaxes (x, w, dy of each weight) first, to reduce them over the ranks.
+    void (*fp8_train_step)(FP8Train *const *t, int n, AmaxReduce reduce, void *ctx, long *overflows);
     // delayed scaling's state of n trained weights as floats, for a checkpoint: per weight and
     // tensor (x, w, dy) the scale in force, then the amax history (len values); into buf (set 0),
     // or from it (set 1: the scales uploaded too). Returns the count (buf NULL: counted only), 0

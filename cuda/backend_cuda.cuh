@@ -67,7 +67,7 @@ void cu_accumulate_f32(bf16 *dinp, const float *y, size_t n);
 // ---- fp8_train.cu ----
 FP8Train *cu_fp8_train_new(const QWeight *w, const FP8Recipe *r, FP8Train *leader, char *why, size_t why_cap);
 void cu_fp8_train_free(FP8Train *t);
-void cu_fp8_train_step(FP8Train *const *t, int n, long *overflows);
+void cu_fp8_train_step(FP8Train *const *t, int n, AmaxReduce reduce, void *ctx, long *overflows);
 size_t cu_fp8_train_state(FP8Train *const *t, int n, float *buf, int set);
 // linear_forward / linear_backward of a weight with an FP8Train (out: yt DT_BF16 or DT_F32)
 void cu_fp8_train_forward(void *out, DType yt, const void *inp, const QWeight *w, int N);

@@ -206,7 +206,7 @@ void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *do
 
 // After an optimizer step: delayed scaling rolls every tensor's history and sets the next scales,
 // from one download and one upload (the other recipes keep nothing between steps).
-void cu_fp8_train_step(FP8Train *const *ts, int n, long *overflows) {
+void cu_fp8_train_step(FP8Train *const *ts, int n, AmaxReduce reduce, void *ctx, long *overflows) {
     if (n == 0 || ts[0]->r.kind != FP8_RECIPE_DELAYED) return;
     const size_t per = SLOT * SLOTS;
     static float *host;  // pinned, grown to the most weights seen (kept: this runs every step)
@@ -219,6 +219,15 @@ void cu_fp8_train_step(FP8Train *const *ts, int n, long *overflows) {
     for (int k = 0; k < n; k++)
         cudaCheck(cudaMemcpyAsync(host + per * k, ts[k]->dev, per * sizeof(float), cudaMemcpyDeviceToHost, cu_stream()));
     cudaCheck(cudaStreamSynchronize(cu_stream()));
+    if (reduce) {  // the amaxes (their bits, read as the floats they are) side by side, reduced, put back
+        float *a = (float *)mallocCheck(3 * (size_t)n * sizeof(float));
+        for (int k = 0; k < n; k++)
+            for (int i = 0; i < 3; i++) a[3 * k + i] = host[per * k + SLOT * (6 + i)];
+        reduce(a, 3 * (size_t)n, ctx);
+        for (int k = 0; k < n; k++)
+            for (int i = 0; i < 3; i++) host[per * k + SLOT * (6 + i)] = a[3 * k + i];
+        free(a);
+    }
     for (int k = 0; k < n; k++) {
         float *h = host + per * k;
         for (int i = 0; i < 3; i++) {

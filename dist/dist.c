@@ -347,6 +347,14 @@ void dist_all_reduce_max_f64_host(Dist *d, double *x, size_t n) {
     ring_reduce_scatter(d, x, n, sizeof(double), max_f64);
     ring_all_gather(d, x, n, sizeof(double));
 }
+void dist_reduce_amax(Dist *d, float *amax, size_t n) {
+    if (d->world == 1 || n == 0) return;
+    double *x = (double *)mallocCheck(2 * n * sizeof(double));  // the amaxes (NaN as +inf), then NaN flags
+    for (size_t i = 0; i < n; i++) x[i] = isnan(amax[i]) ? INFINITY : amax[i], x[n + i] = isnan(amax[i]);
+    dist_all_reduce_max_f64_host(d, x, 2 * n);
+    for (size_t i = 0; i < n; i++) amax[i] = x[n + i] > 0 ? NAN : (float)x[i];  // float -> double -> float: exact
+    free(x);
+}
 void dist_reduce_scatter_sum_f32_host(Dist *d, float *x, size_t n) {
     if (d->world > 1 && n > 0) ring_reduce_scatter(d, x, n * d->world, sizeof(float), add_f32);
 }

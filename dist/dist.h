@@ -111,6 +111,10 @@ void dist_all_reduce_sum_f32_host(Dist *d, float *x, size_t n);
 void dist_all_reduce_sum_f64_host(Dist *d, double *x, size_t n);
 // elementwise max over ranks, fp64 (metrics: the longest completion, the largest IS ratio)
 void dist_all_reduce_max_f64_host(Dist *d, double *x, size_t n);
+// FP8 delayed scaling's amaxes (n floats) reduced as Transformer Engine's reduce_amax does: the
+// largest any rank saw, a NaN on any rank a NaN on every rank (it marks the step: fp8_recipe.h), so
+// that every rank rolls the same history and quantizes with the same scales
+void dist_reduce_amax(Dist *d, float *amax, size_t n);
 // x (world * n): rank r's n values at [r n, (r+1) n) on entry; on return the sum over ranks of that
 // block is there on rank r (the other blocks are scratch). The first half of an all-reduce.
 void dist_reduce_scatter_sum_f32_host(Dist *d, float *x, size_t n);

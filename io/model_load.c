@@ -763,8 +763,8 @@ void model_fp8_train(Model *m, const FP8Recipe *r) {
         }
 }
 
-void model_fp8_train_step(Model *m) {
-    if (m->n_fp8_train) m->be->fp8_train_step(m->fp8_train, m->n_fp8_train, &m->fp8_overflows);
+void model_fp8_train_step(Model *m, AmaxReduce reduce, void *ctx) {
+    if (m->n_fp8_train) m->be->fp8_train_step(m->fp8_train, m->n_fp8_train, reduce, ctx, &m->fp8_overflows);
 }
 
 size_t model_fp8_train_state(const Model *m, float *buf, int set) {

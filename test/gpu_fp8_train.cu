@@ -298,7 +298,7 @@ static void check_linear(const char *name, FP8Recipe r) {
         snprintf(what, sizeof what, "dW = dY^T X");
         check_close(what, dwg, dwf, tdw, (size_t)OC * C);
         // the optimizer step: new weights (quantized at the next forward), the histories roll
-        G->fp8_train_step(&qw.train, 1, &overflows);
+        G->fp8_train_step(&qw.train, 1, NULL, NULL, &overflows);
         if (r.kind == FP8_RECIPE_DELAYED)
             for (int i = 0; i < 3; i++) delayed_update(&mr.d[i]);
         free(w);
@@ -424,7 +424,7 @@ START_TEST(test_delayed_state) {
         void *xd = up_act(x, (size_t)N * C), *dyd = up_act(dy, (size_t)N * OC);
         G->linear_forward(y[0], xd, &w[0], NULL, N);
         G->linear_backward(dx, 0, dw, NULL, dyd, xd, &w[0], N);
-        G->fp8_train_step(&w[0].train, 1, &overflows);
+        G->fp8_train_step(&w[0].train, 1, NULL, NULL, &overflows);
         free(x), free(dy), G->free(xd), G->free(dyd);
     }
     size_t n = G->fp8_train_state(&w[0].train, 1, NULL, 0);

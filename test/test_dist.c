@@ -28,6 +28,7 @@
 #include "dist/data_parallel.h"
 #include "dist/dist.h"
 #include "io/safetensors.h"
+#include "train/fp8_recipe.h"
 
 // ----------------------------------------------------------------------------
 // env: a table in place of the process environment
@@ -321,6 +322,69 @@ static int device_collectives(Dist *d, int rank, int W) {
     if (bad) fprintf(stderr, "rank %d: failed checks mask %d (%ld moves)\n", rank, bad, fake_moves);
     return bad ? 1 : 0;
 }
+
+// FP8 delayed scaling on several ranks (Transformer Engine's reduce_amax): each rank sees its own rows
+// of every tensor; once dist_reduce_amax has reduced the step's amaxes, every rank rolls the history one
+// process seeing all the rows would, so its scales equal that process's bit for bit (the max is exact),
+// through a NaN on one rank and an inf on another. Without the reduction the ranks' scales would part
+// (checked: each rank's own amax differs from the whole batch's at some step).
+static float amax_value(int step, int t, int q, int j) {
+    if (step == 5 && t == 1 && q == 1 && j == 0) return NAN;
+    if (step == 8 && t == 3 && q == 0 && j == 2) return INFINITY;
+    return expf(4.0f * sinf(0.7f * step + 1.3f * t + 2.1f * q + 0.37f * j));
+}
+static int amax_ranks(Dist *d, int rank, int W) {
+    enum { T = 4, STEPS = 12, ROWS = 5 };  // tensors, steps, rows a rank
+    FP8Recipe r = fp8_recipe_default();
+    r.history_len = 4;
+    DelayedScale mine[T], one[T];
+    for (int t = 0; t < T; t++) {
+        delayed_init(&mine[t], &r, t == 2 ? FP8_E5M2 : FP8_E4M3);
+        delayed_init(&one[t], &r, t == 2 ? FP8_E5M2 : FP8_E4M3);
+    }
+    int bad = 0, parted = 0;
+    for (int step = 0; step < STEPS; step++) {
+        float local[T], all[T];
+        for (int t = 0; t < T; t++) {
+            local[t] = all[t] = 0.0f;
+            for (int q = 0; q < W; q++)
+                for (int j = 0; j < ROWS; j++) {
+                    float v = fabsf(amax_value(step, t, q, j));
+                    if (q == rank) local[t] = isnan(v) || isnan(local[t]) ? NAN : fmaxf(local[t], v);
+                    all[t] = isnan(v) || isnan(all[t]) ? NAN : fmaxf(all[t], v);
+                }
+            parted |= !(local[t] == all[t] || (isnan(local[t]) && isnan(all[t])));
+        }
+        dist_reduce_amax(d, local, T);
+        for (int t = 0; t < T; t++) {
+            delayed_record(&mine[t], local[t]);
+            delayed_update(&mine[t]);
+            delayed_record(&one[t], all[t]);
+            delayed_update(&one[t]);
+            if (mine[t].scale != one[t].scale || mine[t].scale_inv != one[t].scale_inv || mine[t].overflows != one[t].overflows) bad = 1;
+        }
+    }
+    if (!parted) bad = 1;  // the case would test nothing
+    for (int t = 0; t < T; t++) {
+        if (one[t].overflows != (t == 1 || t == 3)) bad = 1;  // the NaN step and the inf step, once each
+        delayed_free(&mine[t]);
+        delayed_free(&one[t]);
+    }
+    return bad;
+}
+
+START_TEST(test_fp8_amax_over_ranks) {
+    for (int W = 2; W <= 3; W++) {
+        int code[8];
+        run_ranks(W, amax_ranks, NULL, NULL, code, 120);
+        for (int r = 0; r < W; r++) {
+            char *e = rank_err(r);
+            ck_assert_msg(code[r] == 0, "world %d rank %d: the scales differ from one process's (exit %d): %s", W, r, code[r], e);
+            free(e);
+        }
+    }
+}
+END_TEST
 
 START_TEST(test_ring_collectives) {
     for (int W = 2; W <= 3; W++) {
@@ -749,6 +813,7 @@ static Suite *dist_suite(void) {
     tcase_add_test(ring, test_dead_rank_stops_all);
     tcase_add_test(ring, test_hung_rank_times_out);
     tcase_add_test(ring, test_rendezvous_errors);
+    tcase_add_test(ring, test_fp8_amax_over_ranks);
     suite_add_tcase(s, ring);
     TCase *train = tcase_create("train");
     tcase_set_timeout(train, 900);

@@ -22,7 +22,7 @@ static inline const char *fixture_dir(void) {
 static inline void fixture_path(char *out, size_t cap, const char *rel) { path_join(out, cap, fixture_dir(), rel); }
 
 // random values with log-normal magnitudes (sigma binades), random signs; never zero
-static void fill_random(float *x, size_t n, Rng *r, float sigma) {
+static inline void fill_random(float *x, size_t n, Rng *r, float sigma) {
     for (size_t i = 0; i < n; i++) {
         float v = expf(rng_normal(r) * sigma);
         x[i] = rng_uniform(r) < 0.5f ? -v : v;

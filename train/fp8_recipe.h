@@ -33,6 +33,9 @@ extern "C" {
 
 typedef enum { FP8_RECIPE_CURRENT = 0, FP8_RECIPE_DELAYED, FP8_RECIPE_BLOCK } FP8RecipeKind;
 typedef enum { AMAX_MAX = 0, AMAX_MOST_RECENT } AmaxAlgo;
+// What a trainer does with a step's amaxes (n floats) before the histories roll: with several
+// data-parallel ranks, reduce them over the ranks (dist_reduce_amax), so that all hold one history
+typedef void (*AmaxReduce)(float *amax, size_t n, void *ctx);
 
 typedef struct {
     FP8RecipeKind kind;

@@ -70,6 +70,8 @@ static void publish_weights(FullTrainer *ft, Model *m) {
     if (tail) dist_broadcast(ft->dist, be, (char *)m->w.dense_mem + W * ft->shard * act, tail * act, W - 1);
 }
 
+static void reduce_amax(float *amax, size_t n, void *dist) { dist_reduce_amax((Dist *)dist, amax, n); }
+
 double full_step(FullTrainer *ft, Model *m, float lr, float beta1, float beta2, float eps, float weight_decay,
                  double max_grad_norm) {
     const Backend *be = ft->be;
@@ -91,7 +93,8 @@ double full_step(FullTrainer *ft, Model *m, float lr, float beta1, float beta2, 
     ft->step++;
     be->adamw(ft->master, g, ft->adam_m, ft->adam_v, k, lr, beta1, beta2, eps, weight_decay, ft->step);
     publish_weights(ft, m);
-    model_fp8_train_step(m);  // FP8 training: delayed scaling's histories roll
+    // FP8 training: delayed scaling's histories roll, from the amaxes of every rank's data
+    model_fp8_train_step(m, sharded(ft) ? reduce_amax : NULL, ft->dist);
     return norm;
 }
 
