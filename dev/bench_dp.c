@@ -12,7 +12,7 @@
 //
 //   make bench-dp
 //   ./build/bench_dp grpo --model 8b --batch 32 --group 8 --prompt 128 --new 256 --micro 4 --nproc_per_node 2
-//   ./build/bench_dp full --model 3b --batch 4 --seq 2048 --recompute --nproc_per_node 2
+//   ./build/bench_dp full --model 3b --batch 4 --seq 2048 --recompute --recipe delayed --nproc_per_node 2
 // (--nproc_per_node as the programs': or launch it with torchrun / srun; NCCL_NVLS_ENABLE=0 is set.)
 #include <math.h>
 #include <stdio.h>
@@ -36,7 +36,7 @@ static double median(double *x, int n) {
 }
 
 typedef struct {
-    const char *mode, *model;
+    const char *mode, *model, *recipe;
     int batch, group, prompt, nnew, micro, seq, steps, warmup, recompute;
 } Args;
 
@@ -108,12 +108,13 @@ static void full_one(Dist *d, Model *m, FullTrainer *ft, const Args *a, const in
 }
 
 int main(int argc, char **argv) {
-    Args a = {.mode = argc > 1 ? argv[1] : "", .model = NULL, .batch = 32, .group = 8, .prompt = 128, .nnew = 256, .micro = 4,
+    Args a = {.mode = argc > 1 ? argv[1] : "", .model = NULL, .recipe = "off", .batch = 32, .group = 8, .prompt = 128, .nnew = 256, .micro = 4,
               .seq = 2048, .steps = 3, .warmup = 1, .recompute = 0};
     for (int i = 2; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(k, "--recompute")) a.recompute = 1;
         else if (!strcmp(k, "--model")) a.model = v, i++;
+        else if (!strcmp(k, "--recipe")) a.recipe = v, i++;
         else if (!strcmp(k, "--batch")) a.batch = atoi(v), i++;
         else if (!strcmp(k, "--group")) a.group = atoi(v), i++;
         else if (!strcmp(k, "--prompt")) a.prompt = atoi(v), i++;
@@ -128,7 +129,7 @@ int main(int argc, char **argv) {
     int grpo = !strcmp(a.mode, "grpo");
     if (!grpo && strcmp(a.mode, "full"))
         die("usage: bench_dp grpo|full [--model 8b|0.6b (grpo), 3b|1b (full)] [--batch B] [--group G] [--prompt T] [--new T] "
-            "[--micro B] [--seq T] [--recompute] [--steps n] [--warmup n] [--nproc_per_node N]");
+            "[--micro B] [--seq T] [--recompute] [--recipe off|delayed|current|block (full)] [--steps n] [--warmup n] [--nproc_per_node N]");
     if (!a.model) a.model = grpo ? "8b" : "3b";
     if (a.batch < 1 || a.micro < 1 || a.steps < 1 || a.warmup < 0) die("bench_dp: --batch, --micro and --steps must be positive");
     if (grpo && (a.group < 1 || a.batch % a.group)) die("bench_dp grpo: --batch must be a positive multiple of --group");
@@ -167,6 +168,13 @@ int main(int argc, char **argv) {
             printf("LoRA: %zu parameters, %.1f MiB of fp32 gradients all-reduced a step (%s)\n", lo->n, lo->n * 4 / 1048576.0,
                    dist_transport(d, be));
     } else {
+        if (strcmp(a.recipe, "off")) {  // FP8 training (fp8_train.cu); delayed: the amaxes reduced over the ranks
+            FP8Recipe rc = fp8_recipe_default();
+            int k = fp8_recipe_parse(a.recipe);
+            if (k < 0) die("bench_dp: --recipe: unknown '%s' (off, delayed, current, block)", a.recipe);
+            rc.kind = (FP8RecipeKind)k;
+            model_fp8_train(&m, &rc);
+        }
         FullTrainer ft;
         full_init_sharded(&ft, &m, d);
         int N = a.batch * a.seq;
@@ -198,8 +206,9 @@ int main(int argc, char **argv) {
     peaks[rank] = peak / 1073741824.0;
     dist_all_gather_host(d, peaks, sizeof(double));
     if (rank == 0) {
-        printf("\nbench_dp %s, %s shape, %d GPU%s (%s), %s\n", a.mode, a.model, W, W > 1 ? "s" : "", be->device_desc,
-               grpo ? "FP8 block weights, LoRA r 16" : "BF16 weights, fp32 masters + AdamW sharded");
+        printf("\nbench_dp %s, %s shape, %d GPU%s (%s), %s%s%s\n", a.mode, a.model, W, W > 1 ? "s" : "", be->device_desc,
+               grpo ? "FP8 block weights, LoRA r 16" : "BF16 weights, fp32 masters + AdamW sharded", grpo ? "" : ", FP8 recipe ",
+               grpo ? "" : a.recipe);
         if (grpo)
             printf("%-5s %-9s %-9s %-8s %-9s %-9s %-13s %-8s %-16s %s\n", "world", "per GPU", "prompt", "new", "step s", "rollout s",
                    "update s", "allred ms", "allred share", "completion tok/s (all GPUs)");

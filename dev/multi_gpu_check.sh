@@ -9,8 +9,12 @@
 #   bash dev/multi_gpu_check.sh grpo     the GRPO step at the Qwen3-8B shape on 1, 2 and 4 GPUs (those
 #                                        there are), the same per-GPU batch: speed-up over one GPU and the
 #                                        all-reduce's share (the goal: >= 1.85x on 2, >= 3.6x on 4)
-#   bash dev/multi_gpu_check.sh full     full fine-tuning at the Llama-3.2-3B shape, sharded: 1 GPU, then
-#                                        2: tokens/s and each GPU's peak memory
+#   bash dev/multi_gpu_check.sh full     full fine-tuning, FP8 delayed, sharded: the Llama-3.2-3B shape on
+#                                        1, 2, 4 GPUs (tokens/s, each GPU's peak), the 8B shape on 1 and all
+#   bash dev/multi_gpu_check.sh balance  GRPO on every GPU with EOS-ended completions: the share of a step
+#                                        the ranks wait for the slowest one
+#   bash dev/multi_gpu_check.sh sft      SFT (FP8 delayed) on 1 GPU and on 2, the same global batch: the
+#                                        loss curves (dev/plot_dp_sft.py draws them)
 #   bash dev/multi_gpu_check.sh kill     ./train_grpo on 2 GPUs with rank 1 killed at step 3: every rank
 #                                        stops with one line, in seconds; --resume finishes the run
 #   bash dev/multi_gpu_check.sh all      all of them
@@ -79,14 +83,62 @@ do_grpo() {
   done
 }
 
+# full fine-tuning, FP8 delayed scaling (its amaxes reduced over the ranks), 4 x 2048 tokens a GPU, recompute:
+# tokens/s and each GPU's peak on 1, 2, 4 GPUs at the 3B shape (the goal: >= 1.85x on 2, >= 3.6x on 4,
+# each GPU's peak on 4 at most half one GPU's); then the 8B shape on the most GPUs there are, and on one
+# (which says how much it would need)
 do_full() {
-  local W
-  for W in 1 2; do
+  local W base="" basepk=""
+  for W in 1 2 4; do
     [ "$W" -le "$ngpu" ] || continue
-    ./build/bench_dp full --model 3b --batch 4 --seq 2048 --recompute --steps 3 --warmup 1 --nproc_per_node "$W" \
+    ./build/bench_dp full --model 3b --batch 4 --seq 2048 --recompute --recipe delayed --steps 3 --warmup 1 --nproc_per_node "$W" \
       > "$dir/full-$W.log" 2>&1 || { say "full 3B world $W: failed ($(grep -m1 error "$dir/full-$W.log"))"; continue; }
-    say "full 3B shape, world $W: $(grep -A1 '^world' "$dir/full-$W.log" | tail -n1 | awk '{print $NF}') tokens/s; $(grep 'peak GiB' "$dir/full-$W.log"); $(grep 'a rank holds' "$dir/full-$W.log")"
+    local tps pk
+    tps=$(grep -A1 '^world' "$dir/full-$W.log" | tail -n1 | awk '{print $NF}')
+    pk=$(grep 'peak GiB' "$dir/full-$W.log" | awk '{m = 0; for (i = 4; i <= NF; i++) if ($i > m) m = $i; print m}')
+    [ -n "$base" ] || base=$tps basepk=$pk
+    say "full 3B shape, FP8 delayed, world $W: $tps tokens/s ($(awk -v a="$tps" -v b="$base" 'BEGIN {printf "%.2fx", a / b}') one GPU's); peak GiB per GPU: $(grep 'peak GiB' "$dir/full-$W.log" | cut -d: -f2) (the largest $(awk -v a="$pk" -v b="$basepk" 'BEGIN {printf "%.2fx", a / b}') one GPU's); $(grep 'a rank holds' "$dir/full-$W.log")"
   done
+  for W in 1 $ngpu; do
+    ./build/bench_dp full --model 8b --batch 4 --seq 2048 --recompute --recipe delayed --steps 3 --warmup 1 --nproc_per_node "$W" \
+      > "$dir/full8b-$W.log" 2>&1
+    if grep -q '^world' "$dir/full8b-$W.log"; then
+      say "full 8B shape, FP8 delayed, world $W: $(grep -A1 '^world' "$dir/full8b-$W.log" | tail -n1 | awk '{print $NF}') tokens/s; $(grep 'peak GiB' "$dir/full8b-$W.log")"
+    else say "full 8B shape, world $W: $(grep -m1 error "$dir/full8b-$W.log")"; fi
+  done
+}
+
+# GRPO with completions that end at EOS (the built-in task's lengths) on every GPU: each step the ranks
+# wait for the slowest rank's rollout (time/rank_wait) and update (time/all_reduce, with the transfer);
+# their share of the step (the goal: <= 10%)
+do_balance() {
+  [ "$ngpu" -ge 2 ] || { say "balance: needs 2 GPUs"; return; }
+  rm -rf "$dir/balance"
+  ./train_grpo --nproc_per_node "$ngpu" --max_steps 60 --eval_steps 0 --output_dir "$dir/balance" > "$dir/balance.log" 2>&1
+  say "balance, $ngpu GPUs, built-in task (EOS), steps 11-60: $(python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if "\"step_time\"" in l]
+rows = [r for r in rows if r["step"] > 10]
+st = sum(r["step_time"] for r in rows); w = sum(r["time/rank_wait"] for r in rows); a = sum(r["time/all_reduce"] for r in rows)
+print("step %.1f ms, waiting for the slowest rollout %.1f ms (%.1f%%), at the all-reduce %.1f ms (%.1f%%): idle %.1f%% of the step"
+      % (1e3 * st / len(rows), 1e3 * w / len(rows), 100 * w / st, 1e3 * a / len(rows), 100 * a / st, 100 * (w + a) / st))
+' "$dir/balance/metrics.jsonl" 2>&1)"
+}
+
+# SFT of every weight, FP8 delayed, on 1 GPU and on 2 with the same global batch (16 a step): the two
+# loss curves (metrics.jsonl of each, for dev/plot_dp_sft.py)
+do_sft() {
+  [ "$ngpu" -ge 2 ] || { say "sft: needs 2 GPUs"; return; }
+  rm -rf "$dir/sft-1" "$dir/sft-2" "$dir/sft-base"
+  ./train_grpo --max_steps 1 --output_dir "$dir/sft-base" > "$dir/sft-base.log" 2>&1
+  local model; model=$(ls -d "$dir"/sft-base/warmup-* | head -n1)
+  for i in $(seq 0 399); do echo "{\"prompt\": \"$((i % 23))+$((i % 17))=\", \"completion\": \"$((i % 23 + i % 17))\"}"; done >"$dir/sum.jsonl"
+  local args="--model $model --data $dir/sum.jsonl --chat 0 --max_steps 200 --learning_rate 2e-4 --logging_steps 1 --fp8_recipe delayed --quiet"
+  ./train_sft $args --per_device_train_batch_size 8 --gradient_accumulation_steps 2 --output_dir "$dir/sft-1" > "$dir/sft-1.log" 2>&1
+  local rc1=$?
+  ./train_sft $args --per_device_train_batch_size 8 --nproc_per_node 2 --output_dir "$dir/sft-2" > "$dir/sft-2.log" 2>&1
+  say "sft, FP8 delayed, 16 examples a step: 1 GPU (exit $rc1) $(tail -n1 "$dir/sft-1.log"); 2 GPUs (exit $?) $(tail -n1 "$dir/sft-2.log")"
+  cp "$dir/sft-1/metrics.jsonl" "$dir/sft-1.jsonl" 2>/dev/null; cp "$dir/sft-2/metrics.jsonl" "$dir/sft-2.jsonl" 2>/dev/null
 }
 
 do_kill() {
@@ -107,7 +159,9 @@ case "$stage" in
   grpo) do_grpo ;;
   full) do_full ;;
   kill) do_kill ;;
-  all) do_build && do_one && do_grpo && do_full && do_kill ;;
-  *) echo "usage: bash dev/multi_gpu_check.sh build|one|grpo|full|kill|all"; exit 1 ;;
+  balance) do_balance ;;
+  sft) do_sft ;;
+  all) do_build && do_one && do_grpo && do_full && do_balance && do_sft && do_kill ;;
+  *) echo "usage: bash dev/multi_gpu_check.sh build|one|grpo|full|balance|sft|kill|all"; exit 1 ;;
 esac
 echo "summary: $dir/summary.txt"

@@ -48,7 +48,8 @@ static inline Config bench_shape(const char *size) {
 }
 
 // "1b": Llama-3.2-1B (hidden 2048, 16 layers, 32/8 heads x 64, FF 8192, tied, vocab 128256);
-// "3b": Llama-3.2-3B (hidden 3072, 28 layers, 24/8 heads x 128, FF 8192, tied)
+// "3b": Llama-3.2-3B (hidden 3072, 28 layers, 24/8 heads x 128, FF 8192, tied);
+// "8b": Llama-3.1-8B (hidden 4096, 32 layers, 32/8 heads x 128, FF 14336, an untied head)
 static inline Config llama32_shape(const char *size) {
     Config c;
     memset(&c, 0, sizeof c);
@@ -57,7 +58,8 @@ static inline Config llama32_shape(const char *size) {
     c.bos_id = 128000, c.eos_ids[0] = 128001, c.n_eos = 1;
     if (!strcmp(size, "1b")) c.C = 2048, c.FF = 8192, c.L = 16, c.NH = 32, c.HD = 64;
     else if (!strcmp(size, "3b")) c.C = 3072, c.FF = 8192, c.L = 28, c.NH = 24, c.HD = 128;
-    else die("--model must be 1b or 3b, got '%s'", size);
+    else if (!strcmp(size, "8b")) c.C = 4096, c.FF = 14336, c.L = 32, c.NH = 32, c.HD = 128, c.tied = 0;
+    else die("--model must be 1b, 3b or 8b, got '%s'", size);
     return c;
 }
 
