@@ -95,7 +95,7 @@ do_full() {
       > "$dir/full-$W.log" 2>&1 || { say "full 3B world $W: failed ($(grep -m1 error "$dir/full-$W.log"))"; continue; }
     local tps pk
     tps=$(grep -A1 '^world' "$dir/full-$W.log" | tail -n1 | awk '{print $NF}')
-    pk=$(grep 'peak GiB' "$dir/full-$W.log" | awk '{m = 0; for (i = 4; i <= NF; i++) if ($i > m) m = $i; print m}')
+    pk=$(grep 'peak GiB' "$dir/full-$W.log" | awk '{m = 0; for (i = 5; i <= NF; i++) if ($i + 0 > m) m = $i + 0; print m}')
     [ -n "$base" ] || base=$tps basepk=$pk
     say "full 3B shape, FP8 delayed, world $W: $tps tokens/s ($(awk -v a="$tps" -v b="$base" 'BEGIN {printf "%.2fx", a / b}') one GPU's); peak GiB per GPU: $(grep 'peak GiB' "$dir/full-$W.log" | cut -d: -f2) (the largest $(awk -v a="$pk" -v b="$basepk" 'BEGIN {printf "%.2fx", a / b}') one GPU's); $(grep 'a rank holds' "$dir/full-$W.log")"
   done

@@ -205,7 +205,30 @@ struct Dist {
     char nccl_why[256];   // why there is none (said once)
     void *stage;          // host copy of device buffers for the ring (grown)
     size_t stage_cap;
+    const Backend *nccl_be;  // the backend whose memory NCCL runs on, once it does
+    void *dstage;         // device copy of host buffers for NCCL (grown; host_nccl)
+    size_t dstage_cap;
 };
+
+// Once NCCL runs, the host collectives take it too, through a device copy: a step's control data
+// (rewards, normalizers, metrics: bytes to kilobytes) would otherwise cross W - 1 hops of the TCP ring,
+// some 0.1-1 ms each, a large part of a step that takes milliseconds. op as dist_nccl_run's; returns 0
+// (nothing done) where NCCL is not running.
+#define HOST_NCCL_MAX ((size_t)16 << 20)
+static int host_nccl(Dist *d, void *x, size_t bytes, int op, size_t n, int root) {
+    if (!d->nccl || !d->nccl_be || bytes > HOST_NCCL_MAX) return 0;
+    const Backend *be = d->nccl_be;
+    if (bytes > d->dstage_cap) {
+        if (d->dstage) be->free(d->dstage);
+        d->dstage = be->alloc(bytes);
+        d->dstage_cap = bytes;
+    }
+    be->upload(d->dstage, x, bytes);
+    be->sync();  // NCCL runs on a stream of its own
+    dist_nccl_run(d, d->nccl, op, d->dstage, n, root);
+    be->download(x, d->dstage, bytes);
+    return 1;
+}
 
 int dist_rank(const Dist *d) { return d->rank; }
 int dist_world(const Dist *d) { return d->world; }
@@ -333,17 +356,17 @@ static void max_f64(void *dst, const void *src, size_t k) {
 // all-reduce = reduce-scatter (each rank ends with the sum of its chunk) + all-gather (each rank
 // sends its chunk round): 2 (W-1) steps of n / W values
 void dist_all_reduce_sum_f32_host(Dist *d, float *x, size_t n) {
-    if (d->world == 1 || n == 0) return;
+    if (d->world == 1 || n == 0 || host_nccl(d, x, n * sizeof(float), 0, n, 0)) return;
     ring_reduce_scatter(d, x, n, sizeof(float), add_f32);
     ring_all_gather(d, x, n, sizeof(float));
 }
 void dist_all_reduce_sum_f64_host(Dist *d, double *x, size_t n) {
-    if (d->world == 1 || n == 0) return;
+    if (d->world == 1 || n == 0 || host_nccl(d, x, n * sizeof(double), 4, n, 0)) return;
     ring_reduce_scatter(d, x, n, sizeof(double), add_f64);
     ring_all_gather(d, x, n, sizeof(double));
 }
 void dist_all_reduce_max_f64_host(Dist *d, double *x, size_t n) {
-    if (d->world == 1 || n == 0) return;
+    if (d->world == 1 || n == 0 || host_nccl(d, x, n * sizeof(double), 5, n, 0)) return;
     ring_reduce_scatter(d, x, n, sizeof(double), max_f64);
     ring_all_gather(d, x, n, sizeof(double));
 }
@@ -356,15 +379,15 @@ void dist_reduce_amax(Dist *d, float *amax, size_t n) {
     free(x);
 }
 void dist_reduce_scatter_sum_f32_host(Dist *d, float *x, size_t n) {
-    if (d->world > 1 && n > 0) ring_reduce_scatter(d, x, n * d->world, sizeof(float), add_f32);
+    if (d->world > 1 && n > 0 && !host_nccl(d, x, n * d->world * sizeof(float), 1, n, 0)) ring_reduce_scatter(d, x, n * d->world, sizeof(float), add_f32);
 }
 void dist_all_gather_host(Dist *d, void *x, size_t bytes) {
-    if (d->world > 1 && bytes > 0) ring_all_gather(d, x, bytes * d->world, 1);
+    if (d->world > 1 && bytes > 0 && !host_nccl(d, x, bytes * d->world, 2, bytes, 0)) ring_all_gather(d, x, bytes * d->world, 1);
 }
 
 // from root round the ring: each rank receives from prev and passes it on, unless next is root
 void dist_broadcast_host(Dist *d, void *x, size_t bytes, int root) {
-    if (d->world == 1 || bytes == 0) return;
+    if (d->world == 1 || bytes == 0 || host_nccl(d, x, bytes, 3, bytes, root)) return;
     if (d->rank != root) sendrecv(d, NULL, 0, x, bytes);
     if ((d->rank + 1) % d->world != root) sendrecv(d, x, bytes, NULL, 0);
 }
@@ -547,6 +570,7 @@ void dist_finalize(Dist *d) {
         close(d->next);
         close(d->prev);
     }
+    if (d->dstage) d->nccl_be->free(d->dstage);
     if (d->nccl) dist_nccl_free(d->nccl);
     free(d->stage);
     free(d);
@@ -565,6 +589,7 @@ static int use_nccl(Dist *d, const Backend *be) {
     if (!d->nccl_tried) {
         d->nccl_tried = 1;
         d->nccl = dist_nccl_init(d, d->nccl_why, sizeof d->nccl_why);
+        if (d->nccl) d->nccl_be = be;
         if (!d->nccl && d->rank == 0)
             fprintf(stderr, "note: no NCCL (%s): the GPUs' gradients go through the host and TCP (slow)\n", d->nccl_why);
     }

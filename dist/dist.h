@@ -103,10 +103,11 @@ int dist_peer_lost(Dist *d, char *msg, size_t cap);
 // stdout of ranks other than 0 goes to /dev/null: rank 0 prints the run; errors (stderr) stay
 void dist_quiet_others(const Dist *d);
 
-// ---- collectives on host memory (the TCP ring) ----
+// ---- collectives on host memory (the TCP ring; once NCCL runs on the GPUs, NCCL through a device copy) ----
 // x (n) = the sum over ranks of x (n), identical on every rank. Floating-point addition is not
 // associative, so the result is the sum in one fixed order per element (the ring's), the same
-// on every rank, but not bit-equal to a single process adding the same numbers in another order.
+// on every rank, but not bit-equal to a single process adding the same numbers in another order
+// (NCCL's order: the same on every rank too).
 void dist_all_reduce_sum_f32_host(Dist *d, float *x, size_t n);
 void dist_all_reduce_sum_f64_host(Dist *d, double *x, size_t n);
 // elementwise max over ranks, fp64 (metrics: the longest completion, the largest IS ratio)
@@ -144,7 +145,8 @@ void dist_cuda_set_device(int local_rank);
 // build has no NCCL or the process no GPU
 void *dist_nccl_init(Dist *d, char *why, size_t cap);
 // op 0: all-reduce sum, 1: reduce-scatter sum (n fp32 values: their n), 2: all-gather, 3: broadcast
-// from root (n bytes), on device buffers as the dist_* functions above take them. Waits for the
+// from root (n bytes), 4: all-reduce sum, 5: all-reduce max (n fp64 values), on device buffers as the
+// dist_* functions above take them (4 and 5: the host collectives' copies, once NCCL runs). Waits for the
 // result, asking dist_peer_lost meanwhile: a dead rank aborts NCCL and dies.
 void dist_nccl_run(Dist *d, void *comm, int op, void *x, size_t n, int root);
 void dist_nccl_free(void *comm);
