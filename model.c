@@ -363,6 +363,7 @@ void model_backward(Model *m, const double *dlogp_host) {
         linear_bwd(m, l, LIN_K, a->dln, 1, dkp, la.ln1, N);
         linear_bwd(m, l, LIN_V, a->dln, 1, a->dv, la.ln1, N);
         be->rmsnorm_backward(a->dx, gl ? gl->ln1 : NULL, a->dln, la.x, lw->ln1, la.rstd1, N, c->C);
+        if (gl && m->layer_grads) m->layer_grads(m->layer_grads_ctx, l);  // layer l's gradients are complete
     }
     // a->dx now holds the gradient with respect to the embeddings' output
     if (gw) be->embedding_backward(gw->wte, (const int32_t *)a->ids, a->dx, N, c->C);

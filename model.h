@@ -70,6 +70,8 @@ typedef struct {
     void *fp8_mem;         // one allocation: FP8 codes and their scales
     size_t fp8_bytes;
     size_t linear_bytes;   // bytes of the linear layers alone (codes + scales, or dense)
+    size_t bucket_at, bucket_bytes;  // gradients in a bucket (model_alloc_grads_bucket): where the layers'
+                                     // one bucket begins in dense_mem, and its size; 0: no bucket
 } Weights;
 
 // how to hold the linear weights
@@ -167,7 +169,10 @@ typedef struct {
     Acts acts;
     int B, T;              // shape of the last forward
     void *grads;           // optional fp gradients of every dense weight (hp), one allocation, or NULL
-    Weights gw;            // pointer table into grads (same layout as w's dense part)
+    Weights gw;            // pointer table into grads (same layout as w's dense part, or with a bucket)
+    // called by model_backward after layer l's gradients are complete (bucketed gradients), or NULL
+    void (*layer_grads)(void *ctx, int l);
+    void *layer_grads_ctx;
     DecodeScratch dec;
     int no_graphs;         // 1: run the decode step plainly, never through the backend's replay
                            // (comparisons, debugging)
@@ -243,6 +248,11 @@ void model_logits(Model *m, float *logits_host);
 void model_backward(Model *m, const double *dlogp_host);
 // allocate (zeroed) gradients for every dense weight; zero them again later with model_zero_grads
 void model_alloc_grads(Model *m);
+// the same, but the layers' gradients in one bucket of one layer's size (gw.bucket_at, gw.bucket_bytes),
+// which every layer's backward writes in turn: set m->layer_grads to take each layer's away (summed
+// to where they are kept) and zero the bucket before the next. What sharded full training holds
+// (train/full_finetune.h) instead of every gradient.
+void model_alloc_grads_bucket(Model *m);
 void model_zero_grads(Model *m);
 
 // ---- KV cache decode (model.c) ----

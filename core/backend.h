@@ -234,6 +234,8 @@ struct Backend {
     double (*sumsq)(const void *x, size_t n);
     // x (n hp) *= s
     void (*scale)(void *x, size_t n, float s);
+    // dst (n hp) += src (n hp) (sharded gradients: a layer's share summed into the step's)
+    void (*accumulate)(void *dst, const void *src, size_t n);
 
     // ---- replay: the decode step is ~600 small launches; the CUDA backend records them once -------
     // replay runs run(arg), the ops it issues, through the recording kept under key (key_bytes bytes

@@ -360,6 +360,7 @@ static void cpu_replay(const void *key, size_t key_bytes, void (*run)(void *arg)
 static void cpu_replay_forget(void) {}
 static int cpu_replay_rows(int S) { return S; }
 static void w_scale(void *x, size_t n, float s) { OP(scale)((real *)x, n, s); }
+static void w_accumulate(void *dst, const void *src, size_t n) { OP(accumulate)((real *)dst, (const real *)src, n); }
 
 static Backend be = {
     .name = BACKEND_NAME,
@@ -410,6 +411,7 @@ static Backend be = {
     .adamw_bf16 = w_adamw_bf16,
     .sumsq = w_sumsq,
     .scale = w_scale,
+    .accumulate = w_accumulate,
     .replay = cpu_replay,
     .replay_forget = cpu_replay_forget,
     .replay_rows = cpu_replay_rows,

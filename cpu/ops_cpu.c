@@ -633,3 +633,7 @@ double FN(sumsq)(const real *x, size_t n) {
 void FN(scale)(real *x, size_t n, float s) {
     for (size_t i = 0; i < n; i++) x[i] = (real)(x[i] * (double)s);
 }
+
+void FN(accumulate)(real *dst, const real *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}

@@ -54,7 +54,8 @@ extern "C" {
     void adamw_bf16##S(real *param, const real *grad, real *m, real *v, size_t n, float lr, float beta1, float beta2, \
                        float eps, float weight_decay, int step, uint64_t seed);                                       \
     double sumsq##S(const real *x, size_t n);                                                                        \
-    void scale##S(real *x, size_t n, float s);
+    void scale##S(real *x, size_t n, float s);                                                                      \
+    void accumulate##S(real *dst, const real *src, size_t n);
 
 OPS_CPU_DECLARE(float, _cpu)
 OPS_CPU_DECLARE(double, _cpu64)

@@ -723,6 +723,15 @@ static void cu_scale(void *x, size_t n, float s) {
     launchCheck();
 }
 
+__global__ void accumulate_kernel(float *dst, const float *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) dst[i] += src[i];
+}
+static void cu_accumulate(void *dst, const void *src, size_t n) {
+    if (!n) return;
+    accumulate_kernel<<<grid_for(n), 256, 0, G.stream>>>((float *)dst, (const float *)src, n);
+    launchCheck();
+}
+
 // ----------------------------------------------------------------------------
 // the table and its initialisation
 
@@ -841,6 +850,7 @@ static Backend be = {
     .adamw_bf16 = cu_adamw_bf16,
     .sumsq = cu_sumsq,
     .scale = cu_scale,
+    .accumulate = cu_accumulate,
     .replay = cu_replay,
     .replay_forget = cu_replay_forget,
     .replay_rows = cu_replay_rows,

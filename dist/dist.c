@@ -625,6 +625,12 @@ void dist_all_reduce_sum(Dist *d, const Backend *be, void *x, size_t n) {
     if (use_nccl(d, be)) dist_nccl_run(d, d->nccl, 0, x, n, 0);
     else VIA_HOST(d, be, x, n * sizeof(float), dist_all_reduce_sum_f32_host(d, (float *)h_, n));
 }
+void dist_reduce_sum(Dist *d, const Backend *be, void *x, size_t n, int root) {
+    if (d->world == 1 || n == 0) return;
+    be->sync();
+    if (use_nccl(d, be)) dist_nccl_run(d, d->nccl, 6, x, n, root);
+    else VIA_HOST(d, be, x, n * sizeof(float), dist_all_reduce_sum_f32_host(d, (float *)h_, n));  // (the ring: all get it)
+}
 void dist_reduce_scatter_sum(Dist *d, const Backend *be, void *x, size_t n) {
     if (d->world == 1 || n == 0) return;
     be->sync();

@@ -131,6 +131,8 @@ void dist_barrier(Dist *d);
 // and are uploaded (slow on a GPU, said once at dist_init; the CPU backend's memory is the host's).
 // be->sync() first: the buffers are what the backend's queued work leaves in them.
 void dist_all_reduce_sum(Dist *d, const Backend *be, void *x, size_t n);
+// x (n) of rank root = the sum over the ranks of x (n); the others' x is left as scratch
+void dist_reduce_sum(Dist *d, const Backend *be, void *x, size_t n, int root);
 void dist_reduce_scatter_sum(Dist *d, const Backend *be, void *x, size_t n);  // x (world * n), as the host's
 void dist_all_gather(Dist *d, const Backend *be, void *x, size_t bytes);      // x (world * bytes), any type
 void dist_broadcast(Dist *d, const Backend *be, void *x, size_t bytes, int root);
@@ -145,8 +147,9 @@ void dist_cuda_set_device(int local_rank);
 // build has no NCCL or the process no GPU
 void *dist_nccl_init(Dist *d, char *why, size_t cap);
 // op 0: all-reduce sum, 1: reduce-scatter sum (n fp32 values: their n), 2: all-gather, 3: broadcast
-// from root (n bytes), 4: all-reduce sum, 5: all-reduce max (n fp64 values), on device buffers as the
-// dist_* functions above take them (4 and 5: the host collectives' copies, once NCCL runs). Waits for the
+// from root (n bytes), 4: all-reduce sum, 5: all-reduce max (n fp64 values), 6: reduce sum to root (n
+// fp32 values), on device buffers as the dist_* functions above take them (4 and 5: the host
+// collectives' copies, once NCCL runs). Waits for the
 // result, asking dist_peer_lost meanwhile: a dead rank aborts NCCL and dies.
 void dist_nccl_run(Dist *d, void *comm, int op, void *x, size_t n, int root);
 void dist_nccl_free(void *comm);

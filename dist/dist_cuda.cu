@@ -105,6 +105,7 @@ extern "C" void dist_nccl_run(Dist *d, void *comm, int op, void *x, size_t n, in
     case 2: r = ncclAllGather((char *)x + (size_t)me * n, x, n, ncclInt8, c->comm, c->stream); break;  // n bytes a rank
     case 4: r = ncclAllReduce(x, x, n, ncclFloat64, ncclSum, c->comm, c->stream); break;
     case 5: r = ncclAllReduce(x, x, n, ncclFloat64, ncclMax, c->comm, c->stream); break;
+    case 6: r = ncclReduce(f, f, n, ncclFloat32, ncclSum, root, c->comm, c->stream); break;
     default: r = ncclBroadcast(x, x, n, ncclInt8, root, c->comm, c->stream); break;  // n bytes
     }
     if (r != ncclSuccess) die("rank %d of %d: NCCL collective failed (%s)", me, W, ncclGetErrorString(r));

@@ -180,12 +180,20 @@ static size_t slots_total(const SlotTable *t) {
     for (int i = 0; i < t->n; i++) s += slot_room(t, t->s[i].bytes);
     return s;
 }
-static void slots_point(const SlotTable *t, void *base) {
-    char *p = (char *)base;
+// the slots from base on, one after another; past byte `wrap` (0: never) every wrap_len bytes start
+// again at wrap (the layers' gradients in one bucket: model_alloc_grads_bucket)
+static void slots_point(const SlotTable *t, void *base, size_t wrap, size_t wrap_len) {
+    size_t off = 0;
     for (int i = 0; i < t->n; i++) {
-        *t->s[i].ptr = p;
-        p += slot_room(t, t->s[i].bytes);
+        *t->s[i].ptr = (char *)base + (wrap && off >= wrap ? wrap + (off - wrap) % wrap_len : off);
+        off += slot_room(t, t->s[i].bytes);
     }
+}
+// the bytes of slots [0, k)
+static size_t slots_before(const SlotTable *t, int k) {
+    size_t s = 0;
+    for (int i = 0; i < k; i++) s += slot_room(t, t->s[i].bytes);
+    return s;
 }
 
 // which granularity layer l's linears get under the options
@@ -236,7 +244,10 @@ static void fuse_views(QWeight *out, const QWeight *parts, int n, size_t act) {
     out->q.rows = rows;
 }
 
-static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, const Backend *be, int dense_only_hp) {
+// bucket (with dense_only_hp: gradients): the dense part allocated only up to the end of layer 0, every
+// layer's slots pointing into layer 0's (model_alloc_grads_bucket); w->dense_bytes is what was allocated
+static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, const Backend *be, int dense_only_hp,
+                           int bucket) {
     size_t act = dtype_size(dense_only_hp ? be->hp : be->act);
     SlotTable dense = {NULL, 0, 0, act}, fp8 = {NULL, 0, 0, 0};
     memset(w, 0, sizeof *w);
@@ -257,7 +268,9 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
         slot_add(&fp8, (void **)&vw[i]->q.scale, (size_t)c->V * sizeof(float));
     }
     slot_add(&dense, &w->norm, (size_t)c->C * act);
+    int layer_slot[2] = {0, 0};  // the dense slots where layers 0 and 1 begin
     for (int l = 0; l < c->L; l++) {
+        if (l < 2) layer_slot[l] = dense.n;
         LayerWeights *lw = &w->layers[l];
         slot_add(&dense, &lw->ln1, (size_t)c->C * act);
         slot_add(&dense, &lw->ln2, (size_t)c->C * act);
@@ -294,12 +307,19 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
     }
     w->dense_bytes = slots_total(&dense);
     w->fp8_bytes = slots_total(&fp8);
+    size_t wrap = 0, wrap_len = 0;
+    if (bucket) {
+        wrap = slots_before(&dense, layer_slot[0]);
+        wrap_len = (c->L > 1 ? slots_before(&dense, layer_slot[1]) : w->dense_bytes) - wrap;
+        w->bucket_at = wrap, w->bucket_bytes = wrap_len;
+        w->dense_bytes = wrap + wrap_len;
+    }
     w->dense_mem = be->alloc(w->dense_bytes);
     be->zero(w->dense_mem, w->dense_bytes);  // the padding between tensors too: full_finetune.c steps it as weights
-    slots_point(&dense, w->dense_mem);
+    slots_point(&dense, w->dense_mem, wrap, wrap_len);
     if (w->fp8_bytes) {
         w->fp8_mem = be->alloc(w->fp8_bytes);
-        slots_point(&fp8, w->fp8_mem);
+        slots_point(&fp8, w->fp8_mem, 0, 0);
     }
     w->emb.dense = w->wte;
     w->head.dense = w->lm_head;
@@ -324,7 +344,7 @@ static void model_common_init(Model *m, const Config *c, const Backend *be, cons
     m->be = be;
     if (opt) m->opt = *opt;
     if (m->opt.gran < FP8_OFF || m->opt.gran > FP8_BLOCK) die("bad FP8 granularity");
-    weights_layout(&m->w, c, &m->opt, be, 0);
+    weights_layout(&m->w, c, &m->opt, be, 0, 0);
 
     // RoPE inverse frequencies, with llama3 scaling (transformers' _compute_llama3_parameters):
     // wavelengths shorter than original_max / high_freq_factor stay, longer than
@@ -775,7 +795,7 @@ size_t model_fp8_train_state(const Model *m, float *buf, int set) {
 // gradients of the dense weights (full fine-tuning, gradient checks): the same
 // layout as the dense weights, in hp
 
-void model_alloc_grads(Model *m) {
+static void alloc_grads(Model *m, int bucket) {
     if (m->grads) return;
     if (m->w.emb.gran != FP8_OFF)
         die("the embedding table and LM head are FP8 (--fp8_embeddings), and FP8 weights are frozen: training every "
@@ -783,11 +803,13 @@ void model_alloc_grads(Model *m) {
     ModelOptions dense = m->opt;
     dense.gran = FP8_OFF;
     Weights g;
-    weights_layout(&g, &m->cfg, &dense, m->be, 1);
+    weights_layout(&g, &m->cfg, &dense, m->be, 1, bucket);
     m->gw = g;
     m->grads = g.dense_mem;
     model_zero_grads(m);
 }
+void model_alloc_grads(Model *m) { alloc_grads(m, 0); }
+void model_alloc_grads_bucket(Model *m) { alloc_grads(m, 1); }
 void model_zero_grads(Model *m) {
     if (m->grads) m->be->zero(m->grads, m->gw.dense_bytes);
 }

@@ -1304,6 +1304,13 @@ START_TEST(test_optimizer) {
     scale_cpu(g, n, 0.37f);
     float *gg = down_hp(dg, n);
     check_exact("scale", gg, g, n * 4);
+    void *dx = up_hp(m, n);  // g += m (random, never zero): one fp32 addition each, the same on both
+    G->accumulate(dg, dx, n);
+    accumulate_cpu(g, m, n);
+    free(gg);
+    gg = down_hp(dg, n);
+    check_exact("accumulate", gg, g, n * 4);
+    G->free(dx);
     G->free(dp); G->free(dg); G->free(dm); G->free(dv);
     free(p); free(g); free(m); free(v); free(gp); free(gm); free(gv); free(gg);
 }

@@ -11,6 +11,33 @@ void full_init(FullTrainer *ft, Model *m) { full_init_sharded(ft, m, NULL); }
 
 static int sharded(const FullTrainer *ft) { return ft->dist && dist_world(ft->dist) > 1; }
 
+// The values [a, a + len) of the flat gradient, held in buf (buf[0] = value a), summed over the ranks
+// into their owners' blocks: the part within rank r's [lo, hi) reduced to rank r, which adds it to its
+// gshard (every rank calls this in the same order: each reduction is a collective)
+static void to_owners(FullTrainer *ft, void *buf, size_t a, size_t len) {
+    const Backend *be = ft->be;
+    size_t hp = dtype_size(be->hp);
+    int W = dist_world(ft->dist), me = dist_rank(ft->dist);
+    for (int r = 0; r < W; r++) {
+        DpShard s = dp_shard(ft->n, W, r);
+        size_t x = a > s.lo ? a : s.lo, y = a + len < s.hi ? a + len : s.hi;
+        if (x >= y) continue;
+        void *p = (char *)buf + (x - a) * hp;
+        dist_reduce_sum(ft->dist, be, p, y - x, r);
+        if (r == me) be->accumulate((char *)ft->gshard + (x - s.lo) * hp, p, y - x);
+    }
+}
+
+// model_backward's hook after layer l (sharded): the bucket's values, layer l's gradients, to their
+// owners; the bucket zeroed for layer l - 1
+static void layer_grads(void *ctx, int l) {
+    FullTrainer *ft = (FullTrainer *)ctx;
+    Model *m = ft->model;
+    void *bucket = (char *)m->grads + m->gw.bucket_at;
+    to_owners(ft, bucket, ft->layer0 + (size_t)l * ft->layer_n, ft->layer_n);
+    ft->be->zero(bucket, m->gw.bucket_bytes);
+}
+
 void full_init_sharded(FullTrainer *ft, Model *m, Dist *d) {
     const Backend *be = m->be;
     for (int l = 0; l < m->cfg.L; l++)
@@ -23,7 +50,9 @@ void full_init_sharded(FullTrainer *ft, Model *m, Dist *d) {
     // device cannot hold it
     int W = d ? dist_world(d) : 1;
     size_t n = m->w.dense_bytes / dtype_size(be->act), k = W > 1 ? dp_shard(n, W, dist_rank(d)).hi - dp_shard(n, W, dist_rank(d)).lo : n;
-    size_t need = (n + (W > 1 ? 4 : 3) * k) * dtype_size(be->hp), cap = be->mem_capacity();
+    size_t L = m->cfg.L, layer = L ? (n - (size_t)((char *)m->w.layers[0].ln1 - (char *)m->w.dense_mem) / dtype_size(be->act)) / L : 0;
+    size_t grads = W > 1 ? n - (L - 1) * layer : n;  // sharded: the tensors outside the layers, and one layer's bucket
+    size_t need = (grads + (W > 1 ? 4 : 3) * k) * dtype_size(be->hp), cap = be->mem_capacity();
     size_t used = be->mem_in_use(NULL);
     if (cap > 0 && used + need > cap)
         die("full-weight training needs %.1f GiB beyond the model's %.1f GiB (fp32 gradients, and master weights and AdamW's two "
@@ -31,22 +60,29 @@ void full_init_sharded(FullTrainer *ft, Model *m, Dist *d) {
             "model, or shard over more GPUs (--nproc_per_node)",
             need / 1073741824.0, m->w.dense_bytes / 1073741824.0, W > 1 ? "sharded over the ranks" : "(16 bytes a parameter)", n / 1e9,
             (cap > used ? cap - used : 0) / 1073741824.0);
-    model_alloc_grads(m);
     memset(ft, 0, sizeof *ft);
     ft->be = be;
     size_t act = dtype_size(be->act), hp = dtype_size(be->hp);
     ft->n = n;
-    if (m->gw.dense_bytes != ft->n * hp) die("full_init: the gradients' layout differs from the weights'");
     ft->lo = 0, ft->hi = n;
     if (W > 1) {
         DpShard s = dp_shard(n, W, dist_rank(d));
         ft->dist = d, ft->lo = s.lo, ft->hi = s.hi, ft->shard = s.shard;
+        model_alloc_grads_bucket(m);  // the layers' gradients leave for their owners layer by layer (layer_grads)
+        ft->layer0 = m->gw.bucket_at / hp, ft->layer_n = m->gw.bucket_bytes / hp;
+        if (ft->layer0 + L * ft->layer_n != n) die("full_init: the gradients' layout differs from the weights'");
+        ft->model = m;
+        m->layer_grads = layer_grads, m->layer_grads_ctx = ft;
+    } else {
+        model_alloc_grads(m);
+        if (m->gw.dense_bytes != ft->n * hp) die("full_init: the gradients' layout differs from the weights'");
     }
-    ft->mem = be->alloc(3 * k * hp);
+    ft->mem = be->alloc((W > 1 ? 4 : 3) * k * hp);
     ft->master = ft->mem;
     ft->adam_m = (char *)ft->mem + k * hp;
     ft->adam_v = (char *)ft->mem + 2 * k * hp;
-    be->zero(ft->adam_m, 2 * k * hp);
+    ft->gshard = W > 1 ? (char *)ft->mem + 3 * k * hp : NULL;
+    be->zero(ft->adam_m, (W > 1 ? 3 : 2) * k * hp);
     // the masters start as the act weights of the block, through the host (once): act -> f64 -> hp
     void *raw = mallocCheck(k * act);
     double *h = (double *)mallocCheck(k * sizeof(double));
@@ -76,14 +112,11 @@ double full_step(FullTrainer *ft, Model *m, float lr, float beta1, float beta2, 
                  double max_grad_norm) {
     const Backend *be = ft->be;
     size_t hp = dtype_size(be->hp), k = ft->hi - ft->lo;
-    void *g = (char *)m->grads + ft->lo * hp;  // this rank's block of the gradients
-    if (sharded(ft)) {
-        // rank r's block summed over the ranks (each holds its own rows' gradient of everything)
-        int W = dist_world(ft->dist);
-        dist_reduce_scatter_sum(ft->dist, be, m->grads, ft->shard);
-        size_t tail = ft->n - W * ft->shard;
-        if (tail) dist_all_reduce_sum(ft->dist, be, (char *)m->grads + W * ft->shard * hp, tail);
-    }
+    // this rank's block of the gradients: sharded, the layers' reached their owners during the
+    // backward (layer_grads); the tensors outside the layers (embeddings, head, final norm), summed over
+    // the micro-batches, go now
+    if (sharded(ft)) to_owners(ft, m->grads, 0, ft->layer0);
+    void *g = sharded(ft) ? ft->gshard : (char *)m->grads + ft->lo * hp;
     double ss = be->sumsq(g, k);
     if (sharded(ft)) dist_all_reduce_sum_f64_host(ft->dist, &ss, 1);  // the global norm from the blocks'
     double norm = sqrt(ss);
@@ -92,6 +125,7 @@ double full_step(FullTrainer *ft, Model *m, float lr, float beta1, float beta2, 
     if (clip != 1.0) be->scale(g, k, (float)clip);
     ft->step++;
     be->adamw(ft->master, g, ft->adam_m, ft->adam_v, k, lr, beta1, beta2, eps, weight_decay, ft->step);
+    if (sharded(ft)) be->zero(ft->gshard, k * hp);  // the next step's sums start at 0
     publish_weights(ft, m);
     // FP8 training: delayed scaling's histories roll, from the amaxes of every rank's data
     model_fp8_train_step(m, sharded(ft) ? reduce_amax : NULL, ft->dist);
@@ -99,6 +133,7 @@ double full_step(FullTrainer *ft, Model *m, float lr, float beta1, float beta2, 
 }
 
 void full_free(FullTrainer *ft) {
+    if (ft->model && ft->model->layer_grads_ctx == ft) ft->model->layer_grads = NULL, ft->model->layer_grads_ctx = NULL;
     if (ft->mem) ft->be->free(ft->mem);
     if (ft->stage) ft->be->free(ft->stage);
     memset(ft, 0, sizeof *ft);

@@ -8,18 +8,22 @@
 // every tensor to 128 elements), so each is one flat array of n values. Needs the linear weights
 // unquantized (--load_in_fp8 off): a frozen FP8 weight has no master to update.
 //
-// Sharded over several ranks (full_init_sharded, ZeRO stage 2's split without its bucketed
-// gradient release): every rank keeps the whole act weights (its forward and backward need them)
-// and a whole gradient buffer (model_backward accumulates into it), but the fp32 masters and both
-// AdamW moments (12 of the 16 bytes a parameter) only for its block [lo, hi) of the n values. A
-// step: the gradients reduce-scattered (rank r gets the sum over ranks of its block), the global norm
-// from each block's sum of squares, AdamW on the block, the block rounded into the act weights, and
-// the act weights all-gathered so every rank computes with all of them again. The sum over ranks is
-// the whole batch's gradient when each rank's loss is normalized by the whole batch (sft.c). A
-// checkpoint holds the whole masters and moments (rank 0 gathers them), so it resumes on any number
-// of ranks, or on one. FP8 training (--fp8_recipe) keeps each rank's own amax histories: the weights'
-// are the same on every rank, the activations' and gradients' are of the rank's own data
-// (Transformer Engine reduces those over the data-parallel ranks; here each rank scales its own).
+// Sharded over several ranks (full_init_sharded, ZeRO stage 2): every rank keeps the whole act
+// weights (its forward and backward need them), but the fp32 masters, both AdamW moments and the
+// gradients (all 16 bytes a parameter) only for its block [lo, hi) of the n values. The gradients
+// never exist whole: the layers' share one bucket of one layer's size (model_alloc_grads_bucket);
+// after each layer's backward its values are summed over the ranks straight to their owners (a
+// reduce to rank r of the part within r's block) and added to the owner's block (gshard), and the
+// bucket is reused by the next layer; the tensors outside the layers (embeddings, head, final norm)
+// are kept whole and go the same way at the step. A step: the global norm from each block's sum of
+// squares, AdamW on the block, the block rounded into the act weights, and the act weights
+// all-gathered so every rank computes with all of them again. Per parameter a rank holds 2 bytes of
+// weights and 16 / world of the rest. The sum over ranks is the whole batch's gradient when each
+// rank's loss is normalized by the whole batch (sft.c). A checkpoint holds the whole masters and
+// moments (rank 0 gathers them), so it resumes on any number of ranks, or on one. FP8 training
+// (--fp8_recipe delayed) reduces each step's amaxes over the ranks before the histories roll
+// (dist_reduce_amax, Transformer Engine's reduce_amax), so that every rank quantizes with the same
+// scales and rank 0's checkpoint holds the group's.
 #ifndef FULL_H
 #define FULL_H
 
@@ -40,6 +44,12 @@ typedef struct {
     size_t lo, hi;     // the values held: [lo, hi) of the n (all n alone; dp_shard's block when sharded)
     size_t shard;      // floor(n / world): the blocks the collectives move
     void *stage;       // (hi - lo) hp on the backend: one rank's block in transit (checkpoints), or NULL
+    // sharded: the step's gradients of this rank's block, summed over micro-batches and ranks as the
+    // backward hands them over (hi - lo hp, in mem); where the layers begin in the flat array and one
+    // layer's values (the model's gradient bucket: model_alloc_grads_bucket); the model of the hook
+    void *gshard;
+    size_t layer0, layer_n;
+    Model *model;
 } FullTrainer;
 
 // Master weights from m's current weights, zero moments; allocates m's gradients. Dies naming
