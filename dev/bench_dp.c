@@ -192,8 +192,10 @@ int main(int argc, char **argv) {
         }
         tokens_step = (double)N;
         if (rank == 0)
-            printf("full fine-tuning: %zu parameters; a rank holds masters + moments of %zu (%.1f GiB) and every gradient (%.1f GiB)\n",
-                   ft.n, ft.hi - ft.lo, 12.0 * (ft.hi - ft.lo) / 1073741824.0, 4.0 * ft.n / 1073741824.0);
+            printf("full fine-tuning: %zu parameters; a rank holds masters + moments + gradients of %zu (%.1f GiB), and of the "
+                   "other values %s (%.1f GiB)\n", ft.n, ft.hi - ft.lo, 16.0 * (ft.hi - ft.lo) / 1073741824.0,
+                   W > 1 ? "the gradients outside the layers and one layer's bucket" : "none",
+                   W > 1 ? (double)m.gw.dense_bytes / 1073741824.0 : 0.0);
     }
     double col[4][64];
     for (int k = 0; k < 4; k++)
