@@ -17,7 +17,8 @@
 #                                        loss curves (dev/plot_dp_sft.py draws them)
 #   bash dev/multi_gpu_check.sh kill     ./train_grpo on 2 GPUs with rank 1 killed at step 3: every rank
 #                                        stops with one line, in seconds; --resume finishes the run
-#   bash dev/multi_gpu_check.sh all      all of them
+#   bash dev/multi_gpu_check.sh all      all of them, the summary appended to dev/RESULTS.md (on a machine
+#                                        without GPUs: the build alone, as CI runs it)
 #
 # Output: each stage's log and a summary line per result in ${OUT:-.bench}/multi_gpu/ (summary.txt).
 # NVLink multicast stays off (the programs set NCCL_NVLS_ENABLE=0; so does this script).
@@ -47,6 +48,11 @@ do_build() {
   local args; args=$(make_args)
   echo "make $args (GPUs: $ngpu)"
   make $args 2>&1 | tee "$dir/build.log" | grep -E "^probe|error" || true
+  if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+    say "build: no nvcc: the programs run on the CPU (the ranks through the TCP ring); bench_dp needs CUDA"
+    [ -x ./train_grpo ] || { echo "build failed: see $dir/build.log"; exit 1; }
+    return
+  fi
   make $args bench-dp 2>&1 | tee -a "$dir/build.log" | grep -E "error" || true
   [ -x ./train_grpo ] && [ -x build/bench_dp ] || { echo "build failed: see $dir/build.log"; exit 1; }
   grep -q "probe NCCL: not found" "$dir/build.log" && say "build: WITHOUT NCCL (gradients through the host): carry the wheel in .whl/"
@@ -161,7 +167,14 @@ case "$stage" in
   kill) do_kill ;;
   balance) do_balance ;;
   sft) do_sft ;;
-  all) do_build && do_one && do_grpo && do_full && do_balance && do_sft && do_kill ;;
+  all)  # every stage, then the summary appended to dev/RESULTS.md (this tree's; copy it back from a GPU machine)
+    : > "$dir/summary.txt"
+    do_build
+    if [ "$ngpu" -ge 1 ]; then
+      do_one && do_grpo && do_full && do_balance && do_sft && do_kill
+      { echo; echo "## dev/multi_gpu_check.sh all ($(date -u '+%F %H:%M') UTC, $ngpu x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1))"
+        echo; sed 's/^/- /' "$dir/summary.txt"; } >> dev/RESULTS.md
+    else say "no GPU: only the build stage runs here"; fi ;;
   *) echo "usage: bash dev/multi_gpu_check.sh build|one|grpo|full|balance|sft|kill|all"; exit 1 ;;
 esac
 echo "summary: $dir/summary.txt"
