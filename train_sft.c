@@ -400,7 +400,7 @@ static void checkpoint(const Run *r, int step) {
 }
 
 // Stage "log": every logging_steps (and the last step), the window's mean loss, the step's
-// grad_norm and learning rate, tokens/s, as a line and a metrics.jsonl record (TRL's names).
+// grad_norm and learning rate, the tokens a second, as a line and a metrics.jsonl record (TRL's names).
 static void log_step(const Run *r, Window *w, const SftStats *s, int step, double lr, long tokens_seen) {
     const Opts *o = &r->o;
     w->steps++, w->loss += s->loss, w->tokens += s->tokens, w->seq_tokens += s->seq_tokens;
