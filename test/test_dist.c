@@ -373,34 +373,26 @@ static int amax_ranks(Dist *d, int rank, int W) {
     return bad;
 }
 
-START_TEST(test_fp8_amax_over_ranks) {
-    for (int W = 2; W <= 3; W++) {
-        int code[8];
-        run_ranks(W, amax_ranks, NULL, NULL, code, 120);
-        for (int r = 0; r < W; r++) {
-            char *e = rank_err(r);
-            ck_assert_msg(code[r] == 0, "world %d rank %d: the scales differ from one process's (exit %d): %s", W, r, code[r], e);
-            free(e);
-        }
+// fn on W ranks; every rank must exit 0
+static void expect_ranks_pass(int W, RankFn fn, const char *what) {
+    int code[8];
+    run_ranks(W, fn, NULL, NULL, code, 120);
+    for (int r = 0; r < W; r++) {
+        char *e = rank_err(r);
+        ck_assert_msg(code[r] == 0, "%s, world %d rank %d: exit %d: %s", what, W, r, code[r], e);
+        free(e);
     }
+}
+
+START_TEST(test_fp8_amax_over_ranks) {
+    for (int W = 2; W <= 3; W++) expect_ranks_pass(W, amax_ranks, "the scales differ from one process's");
 }
 END_TEST
 
 START_TEST(test_ring_collectives) {
     for (int W = 2; W <= 3; W++) {
-        int code[8];
-        run_ranks(W, all_collectives, NULL, NULL, code, 120);
-        for (int r = 0; r < W; r++) {
-            char *e = rank_err(r);
-            ck_assert_msg(code[r] == 0, "world %d rank %d exit %d: %s", W, r, code[r], e);
-            free(e);
-        }
-        run_ranks(W, device_collectives, NULL, NULL, code, 120);
-        for (int r = 0; r < W; r++) {
-            char *e = rank_err(r);
-            ck_assert_msg(code[r] == 0, "world %d rank %d exit %d: %s", W, r, code[r], e);
-            free(e);
-        }
+        expect_ranks_pass(W, all_collectives, "host collectives");
+        expect_ranks_pass(W, device_collectives, "backend-memory collectives");
     }
 }
 END_TEST
