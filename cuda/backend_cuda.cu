@@ -9,8 +9,11 @@
 // Where the precision goes (everything else is fp32 arithmetic on bf16 storage):
 //   linear      FP8: activations quantized per call to the weight's granularity (E4M3,
 //               amax scales, as the CPU's fake quantization), FP8 GEMM (cuBLASLt) into
-//               bf16. OFF: BF16 GEMM, fp32 accumulation. dX through FP8 weights: the
-//               weight dequantized to bf16, one BF16 GEMM (fp8_linear_dx_cuda).
+//               bf16. OFF: BF16 GEMM, fp32 accumulation. dX through frozen FP8 weights
+//               (fp8_linear_dx_cuda): where dX is 2048 wide or more, dY quantized as the
+//               forward's X is (E4M3 1x128 groups; E5M2 per tensor), one FP8 GEMM with
+//               W^T (W's codes transposed); narrower, and ROW weights: W dequantized to
+//               bf16, one BF16 GEMM.
 //   LoRA        BF16 tensor-core GEMMs with fp32 accumulation: the fp32 masters A, B and
 //               the saved fp32 ax are rounded to bf16 (2^-8 relative) for each product;
 //               ax, the gradients dA, dB and the masters stay fp32.

@@ -13,7 +13,7 @@
 //   fp8_gemm_cuda(y, x, w)         Y[M,N] = X[M,K] W[N,K]^T, bf16 or f32 out: cuBLASLt, or the
 //                                  hand-written kernels where they are faster or cuBLASLt declines
 //   bf16_gemm_cuda(...)            the same product in BF16 (cuBLASLt): baseline and fallback
-//   fp8_linear_dx_cuda(...)        dX = dY W through a frozen FP8 weight (backward)
+//   fp8_linear_dx_cuda(...)        dX = dY W through a frozen FP8 weight (backward): FP8, or BF16
 //   fp8_tensor_scale_cuda, fp8_quantize_scaled_cuda, fp8_quantize_t_cuda: FP8 training's operands
 #ifndef FP8_CUDA_H
 #define FP8_CUDA_H
@@ -78,14 +78,26 @@ void bf16_gemm_cuda(void *y, DType ydt, const void *x, const void *w, int M, int
 int fp8_gemm_supported(FP8GemmBackend b, DType ydt, const FP8Tensor *x, const FP8Tensor *w, char *why, size_t why_cap);
 
 // ---- backward through a frozen FP8 weight ------------------------------------
-// dX[M,K] bf16 (= or += with accumulate) = dY[M,N] bf16 * W, W an FP8 weight (N, K).
-// W is dequantized to BF16 in a scratch buffer held by the context (N*K*2 bytes, grown
-// on demand), then one BF16 GEMM: this is the straight-through estimator the CPU backend
-// uses, exact up to BF16 rounding of W. Why not FP8: Hopper's FP8 tensor cores (and
-// cuBLASLt) need both operands K-major, and here the reduction runs over W's rows, so
-// FP8 would need a transposed second copy of every weight (principle 1) or a transpose
-// per layer, which costs the same pass as the dequantization.
+// dX[M,K] bf16 (= or += with accumulate) = dY[M,N] bf16 * W, W an FP8 weight (N, K). Where
+// fp8_linear_dx_is_fp8(w): one FP8 product of dY, quantized per call (1x128 groups E4M3, or per
+// tensor E5M2), and W^T (fp8_transpose_cuda into scratch: W's codes and tile scales transposed,
+// its values exactly); else the BF16 reference: W dequantized to BF16 in scratch, one BF16 GEMM,
+// the straight-through estimator of the CPU backend. fp8.cu says why and when each.
 void fp8_linear_dx_cuda(void *dx, int accumulate, const void *dy, const FP8Tensor *w, int M);
+typedef enum {
+    FP8_DX_AUTO = 0,  // the FP8 product where it runs and pays (K >= 2048: fp8.cu), else BF16 (the default)
+    FP8_DX_FP8,       // the FP8 product wherever it runs
+    FP8_DX_BF16,      // the BF16 reference always
+} FP8DxPath;
+// how every later fp8_linear_dx_cuda multiplies (tests and benchmarks compare the paths)
+void fp8_cuda_set_dx(FP8DxPath p);
+// whether fp8_linear_dx_cuda takes the FP8 product for W under that setting: it runs for TENSOR or
+// BLOCK scales, N % 16 == 0, K % 8 == 0, on FP8 tensor cores
+int fp8_linear_dx_is_fp8(const FP8Tensor *w);
+// t (cols, rows of w; w's granularity, format, block_rows; allocated) = w^T: the codes transposed,
+// 128x128 tile scales transposed (padding 1), a per-tensor scale copied (unless t->scale is
+// w->scale). Only TENSOR and BLOCK weights (a row scale of W is a column scale of W^T).
+void fp8_transpose_cuda(FP8Tensor *t, const FP8Tensor *w);
 
 // ---- FP8 training (fp8_train.cu) -------------------------------------------------
 // TE's convention for a per-tensor scale: q = encode(x * mul), dequantized by 1 / mul.

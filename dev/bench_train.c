@@ -7,6 +7,8 @@
 //
 //   make bench-train && ./build/bench_train --model 0.6b --fp8 block,row,tensor,off --batch 8 --seq 1024
 //   ./build/bench_train --model 8b --fp8 block --batch 4 --seq 1024
+// --dx auto,fp8,bf16: each granularity with dX through the frozen FP8 weights as the program takes it
+// (auto), as an FP8 product wherever it runs, and as the BF16 reference (fp8_linear_dx_cuda), a row each
 // Prints one summary table last.
 //
 // With --logprob-error, a second table: the error of the per-token logprobs of each granularity
@@ -32,6 +34,7 @@
 #include "lora.h"
 #include "model.h"
 #include "op_profile.h"
+#include "cuda/fp8_cuda.h"
 #include "shapes.h"
 
 
@@ -227,7 +230,7 @@ static Result run(const char *size, FP8Gran gran, int B, int T, int steps, int w
 }
 
 int main(int argc, char **argv) {
-    const char *size = "0.6b", *grans = "block,row,tensor,off";
+    const char *size = "0.6b", *grans = "block,row,tensor,off", *dxs = "auto";
     int B = 8, T = 1024, steps = 7, warmup = 2, rank = 32, profile = 0, shape_given = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) size = argv[++i];
@@ -239,9 +242,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--rank") && i + 1 < argc) rank = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile")) profile = 1;
         else if (!strcmp(argv[i], "--recompute")) recompute = 1;
+        else if (!strcmp(argv[i], "--dx") && i + 1 < argc) dxs = argv[++i];
         else if (!strcmp(argv[i], "--logprob-error")) lpe.on = 1;
         else die("usage: bench_train [--model " SHAPE_NAMES "] [--fp8 block,row,tensor,off] [--batch B] [--seq T] [--steps n] "
-                 "[--warmup n] [--rank r] [--profile] [--recompute] [--logprob-error]");
+                 "[--warmup n] [--rank r] [--profile] [--recompute] [--dx auto,fp8,bf16] [--logprob-error]");
     }
     if (B < 1 || T < 2 || steps < 1 || warmup < 0) die("bad --batch/--seq/--steps/--warmup");
     const Backend *be = backend_select("cuda", 0);
@@ -268,22 +272,35 @@ int main(int argc, char **argv) {
         ref_abs /= scored;
         ref_sd = sqrt(fmax(s2 / scored - (s1 / scored) * (s1 / scored), 0));
     }
-    Result res[4];
+    Result res[8];
+    FP8DxPath dx[8];
     int nr = 0;
+    static const char *const dx_names[] = {"auto", "fp8", "bf16"};
     char *list = str_dup(grans), *save = NULL;
-    for (char *tok = strtok_r(list, ",", &save); tok && nr < 4; tok = strtok_r(NULL, ",", &save)) {
+    for (char *tok = strtok_r(list, ",", &save); tok && nr < 8; tok = strtok_r(NULL, ",", &save)) {
         int g = fp8_gran_parse(tok);
         if (g < 0) die("--fp8: unknown granularity '%s' (block, row, tensor, off)", tok);
-        res[nr++] = run(size, (FP8Gran)g, B, T, steps, warmup, rank, profile);
+        char *dl = str_dup(dxs), *save2 = NULL;
+        for (char *d = strtok_r(dl, ",", &save2); d && nr < 8; d = strtok_r(NULL, ",", &save2)) {
+            int p = 0;
+            while (p < 3 && strcmp(d, dx_names[p])) p++;
+            if (p == 3) die("--dx: unknown path '%s' (auto, fp8, bf16)", d);
+            dx[nr] = (FP8DxPath)p;
+            fp8_cuda_set_dx(dx[nr]);
+            res[nr++] = run(size, (FP8Gran)g, B, T, steps, warmup, rank, profile);
+        }
+        free(dl);
     }
+    fp8_cuda_set_dx(FP8_DX_AUTO);
     free(list);
     printf("\nLoRA training step, CUDA backend, %s, Qwen3-%s shape, batch %d x %d, LoRA r=%d on all 7 projections, "
            "recompute %s, median of %d steps after %d warm-up\n",
            be->device_desc, size, B, T, rank, recompute ? "on" : "off", steps, warmup);
-    printf("| fp8 | step ms (min-max) | tokens/s | peak GiB | weights | LoRA+AdamW | activations | backend scratch |\n");
-    printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    printf("| fp8 | dX | step ms (min-max) | tokens/s | peak GiB | weights | LoRA+AdamW | activations | backend scratch |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (int i = 0; i < nr; i++)
-        printf("| %s | %.1f (%.1f-%.1f) | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", fp8_gran_name(res[i].gran), res[i].step_ms,
+        printf("| %s | %s | %.1f (%.1f-%.1f) | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", fp8_gran_name(res[i].gran),
+               res[i].gran == FP8_OFF || res[i].gran == FP8_ROW ? "bf16" : dx_names[dx[i]], res[i].step_ms,
                res[i].min_ms, res[i].max_ms, res[i].tok_s, res[i].peak, res[i].weights, res[i].lora, res[i].acts,
                res[i].scratch);
     if (lpe.on) {

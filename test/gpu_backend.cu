@@ -192,9 +192,31 @@ static void check_fp8_copy(const char *what, const FP8Tensor *got, const void *f
     fp8_device_tensor_free(&ref);
 }
 
+// the bound on the error of dout's FP8 quantization for dX (fp8_linear_dx_cuda's FP8 product), element
+// by element: half an ulp of the format (2^-4 E4M3, 2^-3 E5M2) of |d|, or half the smallest subnormal
+// times the group's scale, plus the fp32 division (2^-23); groups: 1x128 along OC (BLOCK, E4M3) or
+// the whole tensor (TENSOR, E5M2)
+static double *dout_quant_err(const float *d, int N, int OC, FP8Gran g) {
+    double *e = dmalloc_h((size_t)N * OC), u = g == FP8_BLOCK ? 0x1p-4 : 0x1p-3;
+    double h = g == FP8_BLOCK ? 0x1p-10 / 448 : 0x1p-17 / 57344, tmax = 0;
+    for (size_t k = 0; k < (size_t)N * OC; k++) tmax = fmax(tmax, fabs(d[k]));
+    for (int i = 0; i < N; i++)
+        for (int o0 = 0; o0 < OC; o0 += 128) {
+            int o1 = o0 + 128 < OC ? o0 + 128 : OC;
+            double amax = g == FP8_BLOCK ? 0 : tmax;
+            for (int o = o0; g == FP8_BLOCK && o < o1; o++) amax = fmax(amax, fabs(d[(size_t)i * OC + o]));
+            for (int o = o0; o < o1; o++) e[(size_t)i * OC + o] = (u + 0x1p-23) * fabs(d[(size_t)i * OC + o]) + h * amax * (1 + 0x1p-23);
+        }
+    return e;
+}
+
 START_TEST(test_linear) {
-    int N = 77, C = 320, OC = 200;
+    int N = 77, C = 320;
     FP8Gran grans[4] = {FP8_OFF, FP8_TENSOR, FP8_ROW, FP8_BLOCK};
+    // OC 200: dX through FP8 weights by the BF16 reference (200 is not a multiple of 16); OC 256: by
+    // the FP8 product for TENSOR and BLOCK weights (forced: AUTO would take it from C = 2048)
+    fp8_cuda_set_dx(FP8_DX_FP8);
+    for (int OC = 200; OC <= 256; OC += 56)
     for (int gi = 0; gi < 4; gi++)
         for (int with_bias = 0; with_bias < 2; with_bias++) {
             FP8Gran g = grans[gi];
@@ -243,6 +265,9 @@ START_TEST(test_linear) {
             float *dw0 = randn((size_t)OC * C, 1.0f), *dbias0 = randn(OC, 1.0f);
             void *ddout = up_act(dout, (size_t)N * OC), *ddx = up_act(dx0, (size_t)N * C);
             void *ddw = g == FP8_OFF ? up_hp(dw0, (size_t)OC * C) : NULL, *ddb = up_hp(dbias0, OC);
+            int dx_fp8 = g != FP8_OFF && fp8_linear_dx_is_fp8(&gw.q);
+            ck_assert_int_eq(dx_fp8, OC == 256 && (g == FP8_TENSOR || g == FP8_BLOCK));
+            double *eq = dx_fp8 ? dout_quant_err(dout, N, OC, g) : NULL;
             for (int accumulate = 0; accumulate < 2; accumulate++) {
                 void *tmp = up_act(dx0, (size_t)N * C);
                 G->copy(ddx, tmp, (size_t)N * C * 2);
@@ -253,19 +278,27 @@ START_TEST(test_linear) {
                 G->linear_backward(ddx, accumulate, first ? ddw : NULL, first ? ddb : NULL, ddout, dx, &gw, N);
                 matmul_backward_cpu(rdx, accumulate, first ? rdw : NULL, first ? rdb : NULL, dout, x, wd, N, C, OC);
                 float *gdx = down_act(ddx, (size_t)N * C);
-                double *m2 = dmalloc_h((size_t)N * C);
+                double *m2 = dmalloc_h((size_t)N * C), *m2q = dmalloc_h((size_t)N * C);  // sum |dout w|; its error's part
                 for (int i = 0; i < N; i++)
                     for (int c = 0; c < C; c++) {
-                        double s = accumulate ? fabs(dx0[(size_t)i * C + c]) : 0;
-                        for (int o = 0; o < OC; o++) s += fabs(dout[(size_t)i * OC + o] * wd[(size_t)o * C + c]);
-                        m2[(size_t)i * C + c] = s;
+                        double s = accumulate ? fabs(dx0[(size_t)i * C + c]) : 0, sq = 0;
+                        for (int o = 0; o < OC; o++) {
+                            s += fabs(dout[(size_t)i * OC + o] * wd[(size_t)o * C + c]);
+                            if (eq) sq += eq[(size_t)i * OC + o] * fabs(wd[(size_t)o * C + c]);
+                        }
+                        m2[(size_t)i * C + c] = s + sq, m2q[(size_t)i * C + c] = sq;
                     }
-                // FP8 weights are dequantized to bf16 for dX: one more 2^-8 of sum |dout w|, and with
-                // accumulate the product is rounded to bf16 once before the sum: another
-                double *t2 = tol_bf(rdx, m2, acc32(OC) + (g == FP8_OFF ? 0 : U8 * (1 + accumulate)), (size_t)N * C);
-                snprintf(what, sizeof what, "linear_backward %s dX %s", fp8_gran_name(g), accumulate ? "+=" : "=");
+                // FP8 weights by the BF16 reference: W dequantized to bf16, one more 2^-8 of sum |dout w|;
+                // by the FP8 product: dout's quantization error (m2q) and the tensor cores' FP8 accumulation
+                // on the quantized values (ACC_TC of their sum |dout w|). With accumulate the product is
+                // rounded to bf16 once before the sum: another 2^-8.
+                double k2 = g == FP8_OFF ? acc32(OC) : dx_fp8 ? ACC_TC + U8 * accumulate : acc32(OC) + U8 * (1 + accumulate);
+                double *t2 = tol_bf(rdx, m2, k2, (size_t)N * C);
+                for (size_t i = 0; i < (size_t)N * C; i++) t2[i] += m2q[i];
+                snprintf(what, sizeof what, "linear_backward %s dX %s%s", fp8_gran_name(g), accumulate ? "+=" : "=",
+                         dx_fp8 ? " (FP8 product)" : "");
                 check_close(what, gdx, rdx, t2, (size_t)N * C);
-                free(gdx); free(m2); free(t2);
+                free(gdx); free(m2); free(m2q); free(t2);
                 if (first && g == FP8_OFF) {
                     float *gdw = down_hp(ddw, (size_t)OC * C);
                     double *t3 = dmalloc_h((size_t)OC * C);
@@ -296,8 +329,9 @@ START_TEST(test_linear) {
             if (ddw) G->free(ddw);
             qweight_free(&gw, 1);
             qweight_free(&cw, 0);
-            free(w); free(x); free(bias); free(wd); free(dout); free(dx0); free(dw0); free(dbias0);
+            free(w); free(x); free(bias); free(wd); free(dout); free(dx0); free(dw0); free(dbias0); free(eq);
         }
+    fp8_cuda_set_dx(FP8_DX_AUTO);
 }
 END_TEST
 

@@ -4,7 +4,8 @@
 // exactly; the FP8 GEMM on every backend (cuBLASLt, the Hopper wgmma kernel where the GPU
 // and build have sm_90a, mma kernel, tiled kernel, BF16 fallback) against fp8_gemm_cpu with
 // tolerances derived from the formats; the BF16 GEMM
-// and the backward dX. Inputs are random, with adversarial cases: all-positive values
+// and the backward dX (the BF16 reference and the FP8 product, W^T's transposition byte for byte).
+// Inputs are random, with adversarial cases: all-positive values
 // with K = 16384, rows of zeros, values far beyond the FP8 range.
 // Run on a GPU: make test-gpu (CK_FORK=no: a CUDA context does not survive fork).
 #include <check.h>
@@ -473,36 +474,110 @@ START_TEST(test_bf16_gemm_and_dx) {
             EXPECT(fabs(hy[(size_t)m * N + n] - s) <= ACC * a, "bf16 gemm (%d,%d)", m, n);
         }
     EXPECT_NONE("bf16 gemm");
-    // dX (M, K) = dY (M, N) W (N, K), W an FP8 weight (block 128x128), bf16 out
-    FP8Tensor hw, dw;
-    fp8_tensor_alloc_cpu(&hw, N, K, FP8_BLOCK, FP8_E4M3, 128);
-    fp8_quantize_cpu(&hw, w, 0);
-    dw = hw;
-    dw.data = (uint8_t *)dup_to_device(hw.data, (size_t)N * K);
-    dw.scale = (float *)dup_to_device(hw.scale, fp8_num_scales(FP8_BLOCK, N, K, 128) * 4);
-    float *wdq = (float *)mallocCheck((size_t)N * K * 4);
-    fp8_dequantize_cpu(wdq, &hw);
+    // dX (M, K) = dY (M, N) W (N, K), W an FP8 weight (128x128 tiles or one scale), bf16 out, by both
+    // paths: the BF16 reference (W dequantized) and the FP8 product (dY quantized, W^T's codes)
     void *ddy = dup_to_device(dyb, (size_t)M * N * 2);
     uint16_t *ddx = (uint16_t *)dmalloc((size_t)M * K * 2), *hdx = (uint16_t *)mallocCheck((size_t)M * K * 2);
-    for (int accumulate = 0; accumulate < 2; accumulate++) {
-        // accumulate: dX starts as the result of the first call, so the second gives 2 dY W
-        fp8_linear_dx_cuda(ddx, accumulate, ddy, &dw, M);
-        download(hdx, ddx, (size_t)M * K * 2);
-        for (int m = 0; m < M; m++)
-            for (int k = 0; k < K; k++) {
-                double s = 0, a = 0;
-                for (int n = 0; n < N; n++) { double p = (double)dy[(size_t)m * N + n] * wdq[(size_t)n * K + k]; s += p; a += fabs(p); }
-                s *= accumulate + 1; a *= accumulate + 1;
-                // W rounded to bf16 (2^-8), fp32 sums (2^-10 bound), bf16 output (2^-8), twice when accumulating
-                double tol = (0x1p-8 + ACC) * a + 0x1p-8 * fabs(s) * (accumulate + 1);
-                double got = bf16_to_f32(hdx[(size_t)m * K + k]);
-                EXPECT(fabs(got - s) <= tol, "dx (%d,%d) accumulate %d: %g vs %g", m, k, accumulate, got, s);
+    float *wdq = (float *)mallocCheck((size_t)N * K * 4), *dyd = (float *)mallocCheck((size_t)M * N * 4);
+    FP8Gran grans[2] = {FP8_BLOCK, FP8_TENSOR};
+    for (int gi = 0; gi < 2; gi++)
+        for (int fp8 = 0; fp8 < 2; fp8++) {
+            FP8Gran g = grans[gi];
+            int br = g == FP8_BLOCK ? 128 : 0;
+            FP8Tensor hw, dw;
+            fp8_tensor_alloc_cpu(&hw, N, K, g, FP8_E4M3, br);
+            fp8_quantize_cpu(&hw, w, 0);
+            dw = hw;
+            dw.data = (uint8_t *)dup_to_device(hw.data, (size_t)N * K);
+            dw.scale = (float *)dup_to_device(hw.scale, fp8_num_scales(g, N, K, br) * 4);
+            fp8_dequantize_cpu(wdq, &hw);
+            // the dY the product reads: as it is (BF16 path), or its codes as fp8_quantize_cpu makes them
+            // (the GPU's quantization is byte-identical to it: test_quantize_all)
+            if (fp8) {
+                FP8Tensor q;
+                fp8_tensor_alloc_cpu(&q, M, N, g, g == FP8_BLOCK ? FP8_E4M3 : FP8_E5M2, g == FP8_BLOCK ? 1 : 0);
+                fp8_quantize_cpu(&q, dy, 0);
+                fp8_dequantize_cpu(dyd, &q);
+                fp8_tensor_free_cpu(&q);
+            } else memcpy(dyd, dy, (size_t)M * N * 4);
+            fp8_cuda_set_dx(fp8 ? FP8_DX_FP8 : FP8_DX_BF16);
+            ck_assert_int_eq(fp8_linear_dx_is_fp8(&dw), fp8);
+            for (int accumulate = 0; accumulate < 2; accumulate++) {
+                // accumulate: dX starts as the result of the first call, so the second gives 2 dY W
+                fp8_linear_dx_cuda(ddx, accumulate, ddy, &dw, M);
+                download(hdx, ddx, (size_t)M * K * 2);
+                for (int m = 0; m < M; m++)
+                    for (int k = 0; k < K; k++) {
+                        double s = 0, a = 0;
+                        for (int n = 0; n < N; n++) { double p = (double)dyd[(size_t)m * N + n] * wdq[(size_t)n * K + k]; s += p; a += fabs(p); }
+                        s *= accumulate + 1; a *= accumulate + 1;
+                        // BF16: W rounded to bf16 (2^-8), fp32 sums (2^-10 bound); FP8: the tensor cores'
+                        // accumulation (ACC_TC) on exact products; bf16 output (2^-8), twice when accumulating
+                        double tol = (fp8 ? ACC_TC : 0x1p-8 + ACC) * a + 0x1p-8 * fabs(s) * (accumulate + 1);
+                        double got = bf16_to_f32(hdx[(size_t)m * K + k]);
+                        EXPECT(fabs(got - s) <= tol, "dx %s %s (%d,%d) accumulate %d: %g vs %g", fp8_gran_name(g),
+                               fp8 ? "fp8" : "bf16", m, k, accumulate, got, s);
+                    }
+                char what[64];
+                snprintf(what, sizeof what, "dx %s %s", fp8_gran_name(g), fp8 ? "fp8" : "bf16");
+                EXPECT_NONE(what);
             }
-        EXPECT_NONE("dx");
-    }
-    fp8_tensor_free_cpu(&hw);
-    cudaFree(dxb); cudaFree(dwb); cudaFree(dyo); cudaFree(dw.data); cudaFree(dw.scale); cudaFree(ddy); cudaFree(ddx);
-    free(x); free(w); free(dy); free(xb); free(wb); free(dyb); free(hy); free(wdq); free(hdx);
+            fp8_tensor_free_cpu(&hw);
+            cudaFree(dw.data); cudaFree(dw.scale);
+        }
+    // a ROW weight, and a reduction that is not a multiple of 16, take the BF16 path; AUTO takes FP8
+    // from K = 2048
+    FP8Tensor rw = {NULL, NULL, N, K, FP8_ROW, FP8_E4M3, 0}, odd = {NULL, NULL, 200, K, FP8_BLOCK, FP8_E4M3, 128};
+    ck_assert(!fp8_linear_dx_is_fp8(&rw) && !fp8_linear_dx_is_fp8(&odd));
+    FP8Tensor k1 = {NULL, NULL, N, 1024, FP8_BLOCK, FP8_E4M3, 128}, k2 = {NULL, NULL, N, 2048, FP8_BLOCK, FP8_E4M3, 128};
+    fp8_cuda_set_dx(FP8_DX_AUTO);
+    ck_assert(!fp8_linear_dx_is_fp8(&k1) && fp8_linear_dx_is_fp8(&k2));
+    cudaFree(dxb); cudaFree(dwb); cudaFree(dyo); cudaFree(ddy); cudaFree(ddx);
+    free(x); free(w); free(dy); free(xb); free(wb); free(dyb); free(hy); free(wdq); free(dyd); free(hdx);
+}
+END_TEST
+
+// W^T of an FP8 weight: the codes transposed byte for byte, the 128x128 tile scales transposed
+// (padding 1), a per-tensor scale as it is; ragged shapes (partial tiles, rows not multiples of 4)
+START_TEST(test_transpose) {
+    int shapes[][2] = {{384, 512}, {200, 328}, {77, 130}, {130, 77}, {64, 64}};
+    Rng r = rng_make(7);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int gi = 0; gi < 2; gi++) {
+            int R = shapes[si][0], C = shapes[si][1];
+            FP8Gran g = gi ? FP8_TENSOR : FP8_BLOCK;
+            int br = g == FP8_BLOCK ? 128 : 0;
+            float *w = (float *)mallocCheck((size_t)R * C * 4);
+            fill_random(w, (size_t)R * C, &r, 2.0f, 0);
+            FP8Tensor hw, ht, dw, dt;
+            fp8_tensor_alloc_cpu(&hw, R, C, g, FP8_E4M3, br);
+            fp8_tensor_alloc_cpu(&ht, C, R, g, FP8_E4M3, br);
+            fp8_quantize_cpu(&hw, w, 0);
+            size_t nsw = fp8_num_scales(g, R, C, br), nst = fp8_num_scales(g, C, R, br);
+            dw = hw, dt = ht;
+            dw.data = (uint8_t *)dup_to_device(hw.data, (size_t)R * C);
+            dw.scale = (float *)dup_to_device(hw.scale, nsw * 4);
+            dt.data = (uint8_t *)dmalloc((size_t)R * C);
+            dt.scale = (float *)dmalloc(nst * 4);
+            fp8_transpose_cuda(&dt, &dw);
+            download(ht.data, dt.data, (size_t)R * C);
+            download(ht.scale, dt.scale, nst * 4);
+            for (int i = 0; i < R; i++)
+                for (int j = 0; j < C; j++) {
+                    EXPECT(ht.data[(size_t)j * R + i] == hw.data[(size_t)i * C + j], "%dx%d %s code (%d,%d)", R, C,
+                           fp8_gran_name(g), i, j);
+                    EXPECT(ht.scale[fp8_scale_index(&ht, j, i)] == hw.scale[fp8_scale_index(&hw, i, j)], "%dx%d %s scale of (%d,%d)",
+                           R, C, fp8_gran_name(g), i, j);
+                }
+            if (g == FP8_BLOCK) {  // the padding of each row of tile scales
+                int ld = fp8_scale_ld(g, C, R, br), rb = (R + 127) / 128;
+                for (size_t k = 0; k < nst; k++) EXPECT((int)(k % ld) < rb || ht.scale[k] == 1.0f, "padding scale %zu", k);
+            }
+            EXPECT_NONE("transpose");
+            fp8_tensor_free_cpu(&hw); fp8_tensor_free_cpu(&ht);
+            cudaFree(dw.data); cudaFree(dw.scale); cudaFree(dt.data); cudaFree(dt.scale);
+            free(w);
+        }
 }
 END_TEST
 
@@ -562,6 +637,7 @@ static Suite *gpu_fp8_suite(void) {
     tcase_add_test(tc, test_gemm_auto_choice);
     tcase_add_test(tc, test_gemm_bf16_fallback);
     tcase_add_test(tc, test_bf16_gemm_and_dx);
+    tcase_add_test(tc, test_transpose);
     suite_add_tcase(s, tc);
     return s;
 }

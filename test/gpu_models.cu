@@ -164,6 +164,19 @@ START_TEST(test_models) {
         model_cmp(arch, "block", "forward logits", gb.logits, cb.logits, cb.nlogits, tl + ql);
         model_cmp(arch, "block", "prefill + 10 decode steps", gb.dec, cb.dec, cb.ndec, tl + qd);
         model_cmp(arch, "block", "LoRA gradients", gb.grads, cb.grads, cb.ngrads, tgr + qg);
+        // dX through the frozen FP8 weights as an FP8 product (dY quantized; forced: these widths are
+        // below AUTO's) against the BF16 reference (W dequantized): what it changes in the LoRA
+        // gradients is at most what the FP8 forward itself changes in them (qg), the quantization
+        // the run has already accepted
+        ModelRun g8, gr;
+        fp8_cuda_set_dx(FP8_DX_FP8);
+        model_run(&g8, arch, G, FP8_BLOCK);
+        fp8_cuda_set_dx(FP8_DX_BF16);
+        model_run(&gr, arch, G, FP8_BLOCK);
+        fp8_cuda_set_dx(FP8_DX_AUTO);
+        model_cmp(arch, "block", "LoRA gradients, FP8 dX", g8.grads, cb.grads, cb.ngrads, tgr + qg);
+        model_cmp(arch, "block", "LoRA grads FP8 dX vs BF16", g8.grads, gr.grads, gr.ngrads, qg);
+        model_run_free(&g8), model_run_free(&gr);
         // logprobs: rows without a target are exactly 0; the rest within the logits' allowance
         const ModelRun *gs[2] = {&go, &gb}, *cs[2] = {&co, &cb};
         for (int k = 0; k < 2; k++) {
