@@ -199,12 +199,13 @@ static Result run(const char *size, FP8Gran gran, int B, int T, int steps, int w
         // useful FLOPs (causal: half the T x T pairs; backward counted as 2.5x forward as FlashAttention does)
         double pairs = (double)B * cfg.NH * T * (T + 1) / 2;
         double af = 4.0 * pairs * cfg.HD * cfg.L;
-        res.att_f_tflops = af / ptime[P_ATT_F] / 1e12;
+        int passes = recompute ? 2 : 1;  // with recomputation the backward runs each layer's forward again
+        res.att_f_tflops = passes * af / ptime[P_ATT_F] / 1e12;
         res.att_b_tflops = 2.5 * af / ptime[P_ATT_B] / 1e12;
         double lin_params = 0;
         for (int i = 0; i < LIN_COUNT; i++) lin_params += (double)m.w.layers[0].lin[i].rows * m.w.layers[0].lin[i].cols;
         double lf = 2.0 * N * lin_params * cfg.L;
-        res.lin_f_tflops = lf / ptime[P_LIN_F] / 1e12;
+        res.lin_f_tflops = passes * lf / ptime[P_LIN_F] / 1e12;
         res.lin_b_tflops = lf / ptime[P_LIN_B] / 1e12;
         printf("  attention forward %.0f TFLOP/s, backward %.0f TFLOP/s (useful FLOPs, causal)\n", res.att_f_tflops, res.att_b_tflops);
         printf("  linear forward %.0f TFLOP/s, linear backward dX %.0f TFLOP/s\n", res.lin_f_tflops, res.lin_b_tflops);
