@@ -5,7 +5,8 @@
 //
 // Training attention is FlashAttention-2 written with mma.sync.m16n8k16 (bf16 in, fp32
 // accumulate), for head dims 16, 32, 64 and 128:
-//   forward     a block owns 64 queries of one (batch, head), 4 warps x 16 rows; it walks the
+//   forward     (on Hopper: the wgmma kernel below it, the same algorithm)
+//               a block owns 64 queries of one (batch, head), 4 warps x 16 rows; it walks the
 //               key blocks (64 keys, double-buffered with cp.async) up to the diagonal,
 //               S = Q K^T in registers, online softmax (exp2, running max and sum), O += P V
 //               with P re-packed from the S accumulators as the A operand. Writes lse.
@@ -28,6 +29,7 @@
 
 #include "cuda/attention_cuda.h"
 #include "cuda/cuda_common.cuh"
+#include "cuda/hopper.cuh"
 
 #define LOG2E 1.4426950408889634f
 #define FULL 0xffffffffu
@@ -260,6 +262,145 @@ __global__ void __launch_bounds__(128) attn_fwd_mma(bf16 *__restrict__ out, floa
             if (t4 == 0) lse[((size_t)b * NH + h) * T + row] = mrow[r] * sc + logf(l);
         }
     }
+}
+
+// ----------------------------------------------------------------------------
+// forward on Hopper (sm_90a): the same algorithm with wgmma
+//
+// mma.sync keeps a warp's tensor-core work in flight only as far as its own registers and issue
+// slots allow (the kernel above: 244 registers, 8 warps an SM, issue slots 35% busy); wgmma is
+// asynchronous and reads its operands from shared memory through descriptors, a warpgroup (4
+// warps) multiplying 64 rows at a time. A block: 2 warpgroups x 64 queries (BR 128) of one
+// (batch, head); thread 0 streams the key and value blocks (64 keys) by TMA into two buffers,
+// each guarded by an mbarrier, one block ahead. Per key block, per warpgroup:
+//   S (64 x 64 fp32) = Q K^T        wgmma.m64n64k16, Q and K K-major (head dim contiguous)
+//   online softmax on S in registers, the same arithmetic as the kernel above
+//   O (64 x HD fp32) += P V         wgmma.m64nHDk16, P from registers (the accumulator layout of S
+//                                   is the register A operand's, once packed to bf16), V from
+//                                   shared memory MN-major (its rows are keys: the reduction)
+// Tiles are stored as TMA's 128-byte swizzle writes them: panels of 64 bf16 columns (hopper.cuh).
+template <int HD>
+__global__ void __launch_bounds__(256) attn_fwd_wgmma(bf16 *__restrict__ out, float *__restrict__ lse,
+                                                      const __grid_constant__ CUtensorMap tq,
+                                                      const __grid_constant__ CUtensorMap tk,
+                                                      const __grid_constant__ CUtensorMap tv, int T, int NH, int KVH,
+                                                      float sc) {
+#ifdef FP8_SM90A
+    constexpr int BR = 128, BC = 64, NP = HD / 64, PANEL = 64 * 128, TILE = NP * PANEL;  // bytes
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *sm = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    unsigned char *Qs = sm, *Ks = Qs + 2 * TILE, *Vs = Ks + 2 * TILE;  // Q per warpgroup; K, V per buffer
+    uint64_t *full = (uint64_t *)(Vs + 2 * TILE);
+    const int wg = threadIdx.x >> 7, t = threadIdx.x & 127, wi = t >> 5, lane = t & 31, g = lane >> 2, t4 = lane & 3;
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / KVH);
+    const int q0 = qt * BR, wrow0 = q0 + 64 * wg;  // the block's and the warpgroup's first query
+    const int nkt = (min(q0 + BR, T) + BC - 1) / BC;  // causal: key blocks up to the block's diagonal
+    if (threadIdx.x == 0) {
+        mbar_init(&full[0], 1);
+        mbar_init(&full[1], 1);
+        mbar_fence_init();
+        mbar_expect_tx(&full[0], 4 * TILE);  // Q (2 warpgroups), K and V of block 0
+        for (int w = 0; w < 2; w++)
+            for (int p = 0; p < NP; p++) tma_load_2d(Qs + w * TILE + p * PANEL, &tq, &full[0], h * HD + 64 * p, b * T + q0 + 64 * w);
+        for (int p = 0; p < NP; p++) {
+            tma_load_2d(Ks + p * PANEL, &tk, &full[0], kvh * HD + 64 * p, b * T);
+            tma_load_2d(Vs + p * PANEL, &tv, &full[0], kvh * HD + 64 * p, b * T);
+        }
+    }
+    __syncthreads();
+    const float sl2 = sc * LOG2E;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+    float o[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+    const int row_a = wrow0 + 16 * wi + g;  // this thread's rows: row_a and row_a + 8
+    for (int j = 0; j < nkt; j++) {
+        const int buf = j & 1, kb = j * BC;
+        if (threadIdx.x == 0 && j + 1 < nkt) {  // the next block into the other buffer (free since the last barrier)
+            const int nb = buf ^ 1;
+            mbar_expect_tx(&full[nb], 2 * TILE);
+            for (int p = 0; p < NP; p++) {
+                tma_load_2d(Ks + nb * TILE + p * PANEL, &tk, &full[nb], kvh * HD + 64 * p, b * T + kb + BC);
+                tma_load_2d(Vs + nb * TILE + p * PANEL, &tv, &full[nb], kvh * HD + 64 * p, b * T + kb + BC);
+            }
+        }
+        mbar_wait(&full[buf], (j >> 1) & 1);
+        if (kb <= wrow0 + 63) {  // else every key of the block comes after this warpgroup's queries
+            float s[32];
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint64_t da = wg_desc(Qs + wg * TILE + (kk / 4) * PANEL) + 2 * (kk % 4);
+                uint64_t db = wg_desc(Ks + buf * TILE + (kk / 4) * PANEL) + 2 * (kk % 4);
+                wgmma_m64n64k16_bf16(s, da, db, kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(s);
+            if (kb + BC - 1 > wrow0) {  // a block on the diagonal: mask keys after the query
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (kb + 8 * i + 2 * t4 + (e & 1) > row_a + 8 * (e >> 1)) s[4 * i + e] = -INFINITY;
+            }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int i = 0; i < 8; i++) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
+                float mnew = fmaxf(mrow[r], mx);
+                float mb = mnew == -INFINITY ? 0.f : mnew * sl2;
+                float alpha = exp2f(mrow[r] * sl2 - mb), rs = 0.f;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    float p0 = exp2f(s[4 * i + 2 * r] * sl2 - mb), p1 = exp2f(s[4 * i + 2 * r + 1] * sl2 - mb);
+                    s[4 * i + 2 * r] = p0;
+                    s[4 * i + 2 * r + 1] = p1;
+                    rs += p0 + p1;
+                }
+                lrow[r] = lrow[r] * alpha + rs;
+                mrow[r] = mnew;
+#pragma unroll
+                for (int i = 0; i < HD / 8; i++) {
+                    o[4 * i + 2 * r] *= alpha;
+                    o[4 * i + 2 * r + 1] *= alpha;
+                }
+            }
+            wgmma_fence();  // o was rescaled in registers: order that before the wgmmas read it
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) {
+                uint32_t a[4] = {pack_bf16(s[8 * kk], s[8 * kk + 1]), pack_bf16(s[8 * kk + 2], s[8 * kk + 3]),
+                                 pack_bf16(s[8 * kk + 4], s[8 * kk + 5]), pack_bf16(s[8 * kk + 6], s[8 * kk + 7])};
+                uint64_t dv = wg_desc_mn(Vs + buf * TILE + kk * 2048, PANEL);
+                if constexpr (HD == 128) wgmma_m64n128k16_bf16_rs(o, a, dv);
+                else wgmma_m64n64k16_bf16_rs(o, a, dv);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(o);
+        }
+        __syncthreads();  // both warpgroups are done with this buffer: it is refilled next iteration
+    }
+    const size_t ldq = (size_t)NH * HD;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = lrow[r];
+        l += __shfl_xor_sync(FULL, l, 1);
+        l += __shfl_xor_sync(FULL, l, 2);
+        int row = row_a + 8 * r;
+        float inv = l > 0.f ? 1.f / l : 0.f;
+        if (row < T) {
+            bf16 *op = out + ((size_t)b * T + row) * ldq + (size_t)h * HD + 2 * t4;
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++)
+                *(__nv_bfloat162 *)(op + 8 * i) = __floats2bfloat162_rn(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+            if (t4 == 0) lse[((size_t)b * NH + h) * T + row] = mrow[r] * sc + logf(l);
+        }
+    }
+#endif
 }
 
 // ----------------------------------------------------------------------------
@@ -591,6 +732,27 @@ static void fwd_mma(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const b
     launchCheck();
 }
 
+static int hopper_off;  // attention_set_hopper(0)
+void attention_set_hopper(int on) { hopper_off = !on; }
+
+// the wgmma forward: maps for TMA over q, k, v as 2-D (tokens, heads x HD), boxes of 64 x 64
+template <int HD>
+static void fwd_wgmma(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int NH, int KVH,
+                      float sc, cudaStream_t st) {
+    const int smem = 6 * (HD / 64) * 64 * 128 + 1024 + 64;  // Q, K, V tiles of 2 x 64 rows; alignment; barriers
+    static int attr = 0;
+    if (!attr) {
+        cudaCheck(cudaFuncSetAttribute(attn_fwd_wgmma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        attr = 1;
+    }
+    CUtensorMap tq = tma_map_2d(q, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, NH * HD, 64, 64);
+    CUtensorMap tk = tma_map_2d(k, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, KVH * HD, 64, 64);
+    CUtensorMap tv = tma_map_2d(v, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, KVH * HD, 64, 64);
+    dim3 grid((T + 127) / 128, NH, B);
+    attn_fwd_wgmma<HD><<<grid, 256, smem, st>>>(out, lse, tq, tk, tv, T, NH, KVH, sc);
+    launchCheck();
+}
+
 void attention_forward_cuda(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T, int NH,
                             int KVH, int HD, void *stream) {
     check_heads("attention_forward", NH, KVH, HD);
@@ -598,6 +760,11 @@ void attention_forward_cuda(void *out, float *lse, const void *q, const void *k,
     float sc = 1.0f / sqrtf((float)HD);
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
+    if (use_mma(HD, out, q, k, v) && !hopper_off && hopper_enabled() && (HD == 64 || HD == 128)) {
+        if (HD == 64) fwd_wgmma<64>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, st);
+        else fwd_wgmma<128>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, st);
+        return;
+    }
     if (use_mma(HD, out, q, k, v)) {
         switch (HD) {
             case 16: fwd_mma<16>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, st); return;

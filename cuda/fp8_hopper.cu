@@ -401,6 +401,7 @@ __global__ void sm90a_probe_kernel(int *out) {
 }
 
 static int hopper_on;
+int hopper_enabled(void) { return hopper_on; }
 
 int hopper_probe(int cc) {
     hopper_on = 0;

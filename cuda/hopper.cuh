@@ -217,6 +217,66 @@ __device__ __forceinline__ void wg_kstep(float (&part)[BN / 2], uint64_t da, uin
     fence_regs(part);
 }
 
+// ---- BF16 (the training attention, attention.cu) ----
+
+// the descriptor of an MN-major tile (the operand's N, or M, dimension contiguous: e.g. V as rows of
+// head-dim values when the product reduces over the keys), stored as TMA's 128-byte swizzle writes
+// it in panels of 64 bf16 columns: rows of 128 bytes, 8-row groups of 1024 bytes (the stride-
+// dimension offset), panels `panel_bytes` apart (the leading-dimension offset, the N step of 64).
+// A k16 step (16 rows) starts 2048 bytes further.
+__device__ __forceinline__ uint64_t wg_desc_mn(const void *tile, uint32_t panel_bytes) {
+    uint64_t d = (uint64_t)((smem_u32(tile) & 0x3FFFF) >> 4);
+    d |= (uint64_t)(panel_bytes >> 4) << 16;
+    d |= (uint64_t)(1024 >> 4) << 32;
+    d |= (uint64_t)1 << 62;
+    return d;
+}
+
+#define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+// D (64 x 64 fp32) (+)= A (64 x 16 bf16, K-major descriptor) B (64 x 16 bf16, K-major descriptor)^T
+__device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+#ifdef FP8_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
+        : "l"(da), "l"(db), "r"(accumulate));
+#endif
+}
+// D (64 x N fp32) += A (64 x 16 bf16 in registers: the mma.sync A fragment of each warp's 16 rows)
+// B (16 x N bf16, MN-major descriptor: wg_desc_mn), N = 64 or 128
+__device__ __forceinline__ void wgmma_m64n128k16_bf16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+#ifdef FP8_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+        "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+#endif
+}
+__device__ __forceinline__ void wgmma_m64n64k16_bf16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+#ifdef FP8_SM90A
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+#endif
+}
+#undef WG_D8
+
+// 1 once fp8_cuda_init found an sm_90a GPU and an sm_90a build (fp8_hopper.cu's probe): the wgmma
+// kernels may be launched
+int hopper_enabled(void);
+
 // ---- host side: TMA tensor maps ----
 
 // the driver's cuTensorMapEncodeTiled, found at run time (no -lcuda); NULL if the driver has none

@@ -20,6 +20,7 @@
 
 #include "model.h"
 #include "op_profile.h"
+#include "cuda/attention_cuda.h"
 #include "shapes.h"  // llama32_shape
 #include "cuda/fp8_cuda.h"
 #include "train/full_finetune.h"
@@ -208,9 +209,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--recompute")) recompute = 1;
         else if (!strcmp(argv[i], "--profile")) profile = 1;
+        else if (!strcmp(argv[i], "--attention") && i + 1 < argc) {  // the training attention's forward kernel
+            const char *k = argv[++i];
+            if (strcmp(k, "auto") && strcmp(k, "mma")) die("--attention: auto (the Hopper kernel where it runs) or mma");
+            attention_set_hopper(!strcmp(k, "auto"));
+        }
         else if (!strcmp(argv[i], "--parts")) parts_only = 1;
         else die("usage: bench_full [--model 1b|3b] [--recipe off,delayed,current,block] [--batch B] [--seq T] [--steps n] "
-                 "[--warmup n] [--recompute] [--profile] [--parts]");
+                 "[--warmup n] [--recompute] [--profile] [--parts] [--attention auto|mma]");
     }
     if (B < 1 || T < 2 || steps < 1 || warmup < 0) die("bad --batch/--seq/--steps/--warmup");
     if (parts_only) {

@@ -34,6 +34,7 @@
 #include "lora.h"
 #include "model.h"
 #include "op_profile.h"
+#include "cuda/attention_cuda.h"
 #include "cuda/fp8_cuda.h"
 #include "shapes.h"
 
@@ -242,11 +243,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--rank") && i + 1 < argc) rank = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile")) profile = 1;
+        else if (!strcmp(argv[i], "--attention") && i + 1 < argc) {  // the training attention's forward kernel
+            const char *k = argv[++i];
+            if (strcmp(k, "auto") && strcmp(k, "mma")) die("--attention: auto (the Hopper kernel where it runs) or mma");
+            attention_set_hopper(!strcmp(k, "auto"));
+        }
         else if (!strcmp(argv[i], "--recompute")) recompute = 1;
         else if (!strcmp(argv[i], "--dx") && i + 1 < argc) dxs = argv[++i];
         else if (!strcmp(argv[i], "--logprob-error")) lpe.on = 1;
         else die("usage: bench_train [--model " SHAPE_NAMES "] [--fp8 block,row,tensor,off] [--batch B] [--seq T] [--steps n] "
-                 "[--warmup n] [--rank r] [--profile] [--recompute] [--dx auto,fp8,bf16] [--logprob-error]");
+                 "[--warmup n] [--rank r] [--profile] [--recompute] [--dx auto,fp8,bf16] [--logprob-error] [--attention auto|mma]");
     }
     if (B < 1 || T < 2 || steps < 1 || warmup < 0) die("bad --batch/--seq/--steps/--warmup");
     const Backend *be = backend_select("cuda", 0);
