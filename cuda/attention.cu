@@ -583,6 +583,246 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_mma(bf16 *__restrict__ dq, co
 }
 
 // ----------------------------------------------------------------------------
+// backward on Hopper (sm_90a): the two kernels above with wgmma, fed by TMA as the forward is.
+// Every product maps onto wgmma as the forward's do: the ones reducing over the head dim read both
+// operands K-major from shared memory (S = Q K^T, dP = dO V^T and their transposes); the ones
+// reducing over queries or keys take P, dS (or their transposes) from registers as A and read the
+// other operand MN-major (dV += P^T dO, dK += dS^T Q, dQ += dS K).
+
+// dQ for 128 queries of one (b, head), 2 warpgroups x 64: S and dP recomputed per key block
+template <int HD>
+__global__ void __launch_bounds__(256) attn_bwd_dq_wgmma(bf16 *__restrict__ dq, const float *__restrict__ lse,
+                                                         const float *__restrict__ Dg, const __grid_constant__ CUtensorMap tq,
+                                                         const __grid_constant__ CUtensorMap tdo,
+                                                         const __grid_constant__ CUtensorMap tk,
+                                                         const __grid_constant__ CUtensorMap tv, int T, int NH, int KVH,
+                                                         float sc) {
+#ifdef FP8_SM90A
+    constexpr int BR = 128, BC = 64, NP = HD / 64, PANEL = 64 * 128, TILE = NP * PANEL;
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *sm = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    unsigned char *Qs = sm, *dOs = Qs + 2 * TILE, *Ks = dOs + 2 * TILE, *Vs = Ks + 2 * TILE;
+    uint64_t *full = (uint64_t *)(Vs + 2 * TILE);
+    const int wg = threadIdx.x >> 7, t = threadIdx.x & 127, wi = t >> 5, lane = t & 31, g = lane >> 2, t4 = lane & 3;
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / KVH);
+    const int q0 = qt * BR, wrow0 = q0 + 64 * wg;
+    const int nkt = (min(q0 + BR, T) + BC - 1) / BC;
+    if (threadIdx.x == 0) {
+        mbar_init(&full[0], 1);
+        mbar_init(&full[1], 1);
+        mbar_fence_init();
+        mbar_expect_tx(&full[0], 6 * TILE);  // Q and dO (2 warpgroups), K and V of block 0
+        for (int w = 0; w < 2; w++)
+            for (int p = 0; p < NP; p++) {
+                tma_load_2d(Qs + w * TILE + p * PANEL, &tq, &full[0], h * HD + 64 * p, b * T + q0 + 64 * w);
+                tma_load_2d(dOs + w * TILE + p * PANEL, &tdo, &full[0], h * HD + 64 * p, b * T + q0 + 64 * w);
+            }
+        for (int p = 0; p < NP; p++) {
+            tma_load_2d(Ks + p * PANEL, &tk, &full[0], kvh * HD + 64 * p, b * T);
+            tma_load_2d(Vs + p * PANEL, &tv, &full[0], kvh * HD + 64 * p, b * T);
+        }
+    }
+    __syncthreads();
+    const int row_a = wrow0 + 16 * wi + g;
+    float Lr[2], Dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = row_a + 8 * r;
+        size_t li = ((size_t)b * NH + h) * T + row;
+        Lr[r] = row < T ? lse[li] * LOG2E : INFINITY;
+        Dr[r] = row < T ? Dg[li] : 0.f;
+    }
+    const float sl2 = sc * LOG2E;
+    float acc[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) acc[i] = 0.f;
+    for (int j = 0; j < nkt; j++) {
+        const int buf = j & 1, kb = j * BC;
+        if (threadIdx.x == 0 && j + 1 < nkt) {
+            const int nb = buf ^ 1;
+            mbar_expect_tx(&full[nb], 2 * TILE);
+            for (int p = 0; p < NP; p++) {
+                tma_load_2d(Ks + nb * TILE + p * PANEL, &tk, &full[nb], kvh * HD + 64 * p, b * T + kb + BC);
+                tma_load_2d(Vs + nb * TILE + p * PANEL, &tv, &full[nb], kvh * HD + 64 * p, b * T + kb + BC);
+            }
+        }
+        mbar_wait(&full[buf], (j >> 1) & 1);
+        if (kb <= wrow0 + 63) {
+            float s[32], dp[32];
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint32_t off = (kk / 4) * PANEL;
+                wgmma_m64n64k16_bf16(s, wg_desc(Qs + wg * TILE + off) + 2 * (kk % 4), wg_desc(Ks + buf * TILE + off) + 2 * (kk % 4), kk > 0);
+                wgmma_m64n64k16_bf16(dp, wg_desc(dOs + wg * TILE + off) + 2 * (kk % 4), wg_desc(Vs + buf * TILE + off) + 2 * (kk % 4), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(s);
+            fence_regs(dp);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = e >> 1;
+                    float p = kb + 8 * i + 2 * t4 + (e & 1) > row_a + 8 * r ? 0.f : exp2f(s[4 * i + e] * sl2 - Lr[r]);
+                    s[4 * i + e] = p * (dp[4 * i + e] - Dr[r]);  // dS
+                }
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) {  // dQ += dS K
+                uint32_t a[4] = {pack_bf16(s[8 * kk], s[8 * kk + 1]), pack_bf16(s[8 * kk + 2], s[8 * kk + 3]),
+                                 pack_bf16(s[8 * kk + 4], s[8 * kk + 5]), pack_bf16(s[8 * kk + 6], s[8 * kk + 7])};
+                uint64_t dk_ = wg_desc_mn(Ks + buf * TILE + kk * 2048, PANEL);
+                if constexpr (HD == 128) wgmma_m64n128k16_bf16_rs(acc, a, dk_);
+                else wgmma_m64n64k16_bf16_rs(acc, a, dk_);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(acc);
+        }
+        __syncthreads();
+    }
+    const size_t ldq = (size_t)NH * HD;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = row_a + 8 * r;
+        if (row >= T) continue;
+        bf16 *op = dq + ((size_t)b * T + row) * ldq + (size_t)h * HD + 2 * t4;
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++)
+            *(__nv_bfloat162 *)(op + 8 * i) = __floats2bfloat162_rn(acc[4 * i + 2 * r] * sc, acc[4 * i + 2 * r + 1] * sc);
+    }
+#endif
+}
+
+// dK, dV for 128 keys of one (b, kv head), 2 warpgroups x 64 keys: blocks of 64 queries over the
+// NH/KVH query heads of the group, from the first query at or after the keys (causal); Q, dO and the
+// blocks' lse and D double-buffered
+template <int HD>
+__global__ void __launch_bounds__(256) attn_bwd_dkdv_wgmma(bf16 *__restrict__ dk, bf16 *__restrict__ dv,
+                                                           const float *__restrict__ lse, const float *__restrict__ Dg,
+                                                           const __grid_constant__ CUtensorMap tq,
+                                                           const __grid_constant__ CUtensorMap tdo,
+                                                           const __grid_constant__ CUtensorMap tk,
+                                                           const __grid_constant__ CUtensorMap tv, int T, int NH, int KVH,
+                                                           float sc) {
+#ifdef FP8_SM90A
+    constexpr int BKEY = 128, BQ = 64, NP = HD / 64, PANEL = 64 * 128, TILE = NP * PANEL;
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *sm = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    unsigned char *Ks = sm, *Vs = Ks + 2 * TILE, *Qs = Vs + 2 * TILE, *dOs = Qs + 2 * TILE;  // K, V per warpgroup; Q, dO per buffer
+    float *Ls = (float *)(dOs + 2 * TILE), *Ds = Ls + 2 * BQ;
+    uint64_t *full = (uint64_t *)(Ds + 2 * BQ);
+    const int wg = threadIdx.x >> 7, t = threadIdx.x & 127, wi = t >> 5, lane = t & 31, g = lane >> 2, t4 = lane & 3;
+    const int kvh = blockIdx.y, b = blockIdx.z, rep = NH / KVH, k0 = blockIdx.x * BKEY, wk0 = k0 + 64 * wg;
+    const int nq = (T - k0 + BQ - 1) / BQ, items = rep * nq;
+    auto issue = [&](int it, int bf) {  // thread 0: Q and dO of item it into buffer bf
+        int h = kvh * rep + it / nq, qb = k0 + (it % nq) * BQ;
+        mbar_expect_tx(&full[bf], 2 * TILE);
+        for (int p = 0; p < NP; p++) {
+            tma_load_2d(Qs + bf * TILE + p * PANEL, &tq, &full[bf], h * HD + 64 * p, b * T + qb);
+            tma_load_2d(dOs + bf * TILE + p * PANEL, &tdo, &full[bf], h * HD + 64 * p, b * T + qb);
+        }
+    };
+    auto load_ld = [&](int it, int bf) {  // threads 0..63: the item's lse (log2 units) and D
+        if (threadIdx.x < BQ) {
+            int h = kvh * rep + it / nq, q = k0 + (it % nq) * BQ + threadIdx.x;
+            size_t li = ((size_t)b * NH + h) * T + q;
+            Ls[bf * BQ + threadIdx.x] = q < T ? lse[li] * LOG2E : INFINITY;  // +inf: P = 0 for padding rows
+            Ds[bf * BQ + threadIdx.x] = q < T ? Dg[li] : 0.f;
+        }
+    };
+    if (threadIdx.x == 0) {
+        mbar_init(&full[0], 1);
+        mbar_init(&full[1], 1);
+        mbar_init(&full[2], 1);
+        mbar_fence_init();
+        mbar_expect_tx(&full[2], 4 * TILE);  // K and V of the block's keys
+        for (int w = 0; w < 2; w++)
+            for (int p = 0; p < NP; p++) {
+                tma_load_2d(Ks + w * TILE + p * PANEL, &tk, &full[2], kvh * HD + 64 * p, b * T + k0 + 64 * w);
+                tma_load_2d(Vs + w * TILE + p * PANEL, &tv, &full[2], kvh * HD + 64 * p, b * T + k0 + 64 * w);
+            }
+        issue(0, 0);
+    }
+    load_ld(0, 0);
+    __syncthreads();
+    mbar_wait(&full[2], 0);
+    const float sl2 = sc * LOG2E;
+    const int key_a = wk0 + 16 * wi + g;  // this thread's keys: key_a and key_a + 8
+    float dka[HD / 2], dva[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) dka[i] = dva[i] = 0.f;
+    for (int it = 0; it < items; it++) {
+        const int buf = it & 1, qb = k0 + (it % nq) * BQ;
+        if (it + 1 < items) {
+            if (threadIdx.x == 0) issue(it + 1, buf ^ 1);
+            load_ld(it + 1, buf ^ 1);
+        }
+        mbar_wait(&full[buf], (it >> 1) & 1);
+        if (qb + BQ - 1 >= wk0) {  // else every query of the block comes before this warpgroup's keys
+            const float *Lb = Ls + buf * BQ, *Db = Ds + buf * BQ;
+            float st[32], dpt[32];  // S^T and dP^T: 64 keys x 64 queries
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint32_t off = (kk / 4) * PANEL;
+                wgmma_m64n64k16_bf16(st, wg_desc(Ks + wg * TILE + off) + 2 * (kk % 4), wg_desc(Qs + buf * TILE + off) + 2 * (kk % 4), kk > 0);
+                wgmma_m64n64k16_bf16(dpt, wg_desc(Vs + wg * TILE + off) + 2 * (kk % 4), wg_desc(dOs + buf * TILE + off) + 2 * (kk % 4), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(st);
+            fence_regs(dpt);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int qq = 8 * i + 2 * t4 + (e & 1);
+                    float p = key_a + 8 * (e >> 1) > qb + qq ? 0.f : exp2f(st[4 * i + e] * sl2 - Lb[qq]);
+                    st[4 * i + e] = p;
+                    dpt[4 * i + e] = p * (dpt[4 * i + e] - Db[qq]);  // dS^T
+                }
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) {
+                uint32_t pa[4] = {pack_bf16(st[8 * kk], st[8 * kk + 1]), pack_bf16(st[8 * kk + 2], st[8 * kk + 3]),
+                                  pack_bf16(st[8 * kk + 4], st[8 * kk + 5]), pack_bf16(st[8 * kk + 6], st[8 * kk + 7])};
+                uint32_t da[4] = {pack_bf16(dpt[8 * kk], dpt[8 * kk + 1]), pack_bf16(dpt[8 * kk + 2], dpt[8 * kk + 3]),
+                                  pack_bf16(dpt[8 * kk + 4], dpt[8 * kk + 5]), pack_bf16(dpt[8 * kk + 6], dpt[8 * kk + 7])};
+                uint64_t ddo = wg_desc_mn(dOs + buf * TILE + kk * 2048, PANEL), dq_ = wg_desc_mn(Qs + buf * TILE + kk * 2048, PANEL);
+                if constexpr (HD == 128) {
+                    wgmma_m64n128k16_bf16_rs(dva, pa, ddo);  // dV += P^T dO
+                    wgmma_m64n128k16_bf16_rs(dka, da, dq_);  // dK += dS^T Q
+                } else {
+                    wgmma_m64n64k16_bf16_rs(dva, pa, ddo);
+                    wgmma_m64n64k16_bf16_rs(dka, da, dq_);
+                }
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(dva);
+            fence_regs(dka);
+        }
+        __syncthreads();  // Q, dO, lse and D of this buffer are refilled next iteration
+    }
+    const size_t ldk = (size_t)KVH * HD;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int key = key_a + 8 * r;
+        if (key >= T) continue;
+        size_t off = ((size_t)b * T + key) * ldk + (size_t)kvh * HD + 2 * t4;
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) {
+            *(__nv_bfloat162 *)(dk + off + 8 * i) = __floats2bfloat162_rn(dka[4 * i + 2 * r] * sc, dka[4 * i + 2 * r + 1] * sc);
+            *(__nv_bfloat162 *)(dv + off + 8 * i) = __floats2bfloat162_rn(dva[4 * i + 2 * r], dva[4 * i + 2 * r + 1]);
+        }
+    }
+#endif
+}
+
+// ----------------------------------------------------------------------------
 // plain fp32 kernels for other even head dims (<= 256): one warp per row, keys in
 // groups of 32 (one per lane), each lane holding head-dim elements lane + 32 i
 
@@ -795,6 +1035,27 @@ static void bwd_mma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float 
     launchCheck();
 }
 
+template <int HD>
+static void bwd_wgmma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *D, const bf16 *q,
+                      const bf16 *k, const bf16 *v, int B, int T, int NH, int KVH, float sc, cudaStream_t st) {
+    const int tile = (HD / 64) * 64 * 128;
+    const int smem_q = 8 * tile + 1024 + 64, smem_kv = 8 * tile + 4 * 64 * 4 + 1024 + 64;
+    static int attr = 0;
+    if (!attr) {
+        cudaCheck(cudaFuncSetAttribute(attn_bwd_dq_wgmma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_q));
+        cudaCheck(cudaFuncSetAttribute(attn_bwd_dkdv_wgmma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv));
+        attr = 1;
+    }
+    CUtensorMap tq = tma_map_2d(q, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, NH * HD, 64, 64);
+    CUtensorMap tdo = tma_map_2d(dout, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, NH * HD, 64, 64);
+    CUtensorMap tk = tma_map_2d(k, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, KVH * HD, 64, 64);
+    CUtensorMap tv = tma_map_2d(v, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, KVH * HD, 64, 64);
+    attn_bwd_dkdv_wgmma<HD><<<dim3((T + 127) / 128, KVH, B), 256, smem_kv, st>>>(dk, dv, lse, D, tq, tdo, tk, tv, T, NH, KVH, sc);
+    launchCheck();
+    attn_bwd_dq_wgmma<HD><<<dim3((T + 127) / 128, NH, B), 256, smem_q, st>>>(dq, lse, D, tq, tdo, tk, tv, T, NH, KVH, sc);
+    launchCheck();
+}
+
 void attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse,
                              const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD,
                              float *scratch, void *stream) {
@@ -806,6 +1067,11 @@ void attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout, con
     launchCheck();
     bf16 *a = (bf16 *)dq, *bk = (bf16 *)dk, *bv = (bf16 *)dv;
     const bf16 *o = (const bf16 *)dout, *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
+    if (use_mma(HD, q, k, v, dout) && use_mma(HD, dq, dk, dv, out) && !hopper_off && hopper_enabled() && (HD == 64 || HD == 128)) {
+        if (HD == 64) bwd_wgmma<64>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, st);
+        else bwd_wgmma<128>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, st);
+        return;
+    }
     if (use_mma(HD, q, k, v, dout) && use_mma(HD, dq, dk, dv, out)) {
         switch (HD) {
             case 16: bwd_mma<16>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, st); return;

@@ -810,14 +810,15 @@ static void attention_case(int B, int T, int NH, int KVH, int HD) {
 }
 
 START_TEST(test_attention) {
-    // head dims 64 and 128 on Hopper: the wgmma forward, then the mma.sync one (what other GPUs run)
+    // head dims 64 and 128 on Hopper: the wgmma kernels, then the mma.sync ones (what other GPUs run)
     for (int hopper = 1; hopper >= 0; hopper--) {
         attention_set_hopper(hopper);
-        printf("  attention forward by the %s kernel where it runs:\n", hopper ? "Hopper (wgmma)" : "mma.sync");
+        printf("  attention by the %s kernels where they run:\n", hopper ? "Hopper (wgmma)" : "mma.sync");
         attention_case(2, 130, 4, 2, 64);   // GQA 2, T not a multiple of the 64 tile
         attention_case(1, 257, 8, 2, 128);  // GQA 4, HD 128
         attention_case(2, 64, 4, 4, 128);   // MHA, exactly one tile
     }
+    attention_set_hopper(1);
     attention_case(2, 50, 4, 2, 32);    // the fixtures' Qwen3 head dim
     attention_case(1, 33, 4, 1, 16);    // the fixtures' Qwen2 / Llama head dim, one kv head
     attention_case(2, 45, 6, 3, 48);    // an even head dim without a tensor-core kernel
