@@ -1,12 +1,13 @@
 // attention.cu: the attention kernels of the CUDA backend (see attention_cuda.h).
 //   defines: attention_forward_cuda, attention_backward_cuda, attention_decode_cuda, kv_write_cuda
-// Needs: sm_80+ (mma.sync bf16, ldmatrix, cp.async). The numeric truth is ops_cpu.c's
+// Needs: sm_80+ (mma.sync bf16, ldmatrix, cp.async); on sm_90a the training kernels for head dims
+// 64 and 128 run as wgmma + TMA versions of the same loops (further down, after the mma.sync ones;
+// attention_set_hopper(0) leaves them aside). The numeric truth is ops_cpu.c's
 // attention_forward_cpu / attention_backward_cpu / attention_decode_cpu.
 //
 // Training attention is FlashAttention-2 written with mma.sync.m16n8k16 (bf16 in, fp32
 // accumulate), for head dims 16, 32, 64 and 128:
-//   forward     (on Hopper: the wgmma kernel below it, the same algorithm)
-//               a block owns 64 queries of one (batch, head), 4 warps x 16 rows; it walks the
+//   forward     a block owns 64 queries of one (batch, head), 4 warps x 16 rows; it walks the
 //               key blocks (64 keys, double-buffered with cp.async) up to the diagonal,
 //               S = Q K^T in registers, online softmax (exp2, running max and sum), O += P V
 //               with P re-packed from the S accumulators as the A operand. Writes lse.

@@ -6,7 +6,7 @@
 //   attention_forward_cuda    fused flash attention (online softmax, never T x T):
 //                             tensor cores (mma.sync bf16, fp32 accumulation) for
 //                             HD in {16, 32, 64, 128}, a scalar fp32 kernel for other even HD;
-//                             on Hopper (sm_90a) wgmma + TMA for HD 64 and 128
+//                             on Hopper (sm_90a) wgmma + TMA for HD 64 and 128 (backward too)
 //   attention_backward_cuda   FlashAttention-2 backward, P recomputed from lse: one kernel
 //                             owns dK/dV per key block (no atomics), a second owns dQ per
 //                             query block; deterministic
@@ -26,8 +26,8 @@ extern "C" {
 // out (B, T, NH, HD) bf16, lse (B, NH, T) f32 (natural log); q (B, T, NH, HD), k, v (B, T, KVH, HD) bf16
 void attention_forward_cuda(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T, int NH,
                             int KVH, int HD, void *stream);
-// 0: attention_forward_cuda leaves the Hopper kernel aside and runs mma.sync (the tests compare them);
-// 1 (the default): the Hopper kernel where it runs
+// 0: attention_forward_cuda and attention_backward_cuda leave the Hopper kernels aside and run the
+// mma.sync ones (the tests check both); 1 (the default): the Hopper kernels where they run
 void attention_set_hopper(int on);
 // floats of scratch attention_backward_cuda needs (the row dot products D = rowsum(dO * O))
 size_t attention_backward_scratch(int B, int T, int NH);
