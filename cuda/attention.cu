@@ -269,9 +269,9 @@ __global__ void __launch_bounds__(128) attn_fwd_mma(bf16 *__restrict__ out, floa
 // forward on Hopper (sm_90a): the same algorithm with wgmma
 //
 // mma.sync keeps a warp's tensor-core work in flight only as far as its own registers and issue
-// slots allow (the kernel above: 244 registers, 8 warps an SM, issue slots 35% busy); wgmma is
-// asynchronous and reads its operands from shared memory through descriptors, a warpgroup (4
-// warps) multiplying 64 rows at a time. A block: 2 warpgroups x 64 queries (BR 128) of one
+// slots allow (the kernel above holds so many registers a thread that few warps share an SM, and
+// they wait on their own products); wgmma is asynchronous and reads its operands from shared memory
+// through descriptors, a warpgroup (4 warps) multiplying 64 rows at a time. A block: 2 warpgroups x 64 queries (BR 128) of one
 // (batch, head); thread 0 streams the key and value blocks (64 keys) by TMA into two buffers,
 // each guarded by an mbarrier, one block ahead. Per key block, per warpgroup:
 //   S (64 x 64 fp32) = Q K^T        wgmma.m64n64k16, Q and K K-major (head dim contiguous)
