@@ -648,7 +648,8 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_wgmma(bf16 *__restrict__ dq, 
             }
         }
         mbar_wait(&full[buf], (j >> 1) & 1);
-        if (kb <= wrow0 + 63) {
+        {  // every warpgroup multiplies every block (one past its diagonal is all masked, P = 0): a
+           // branch on the warpgroup would make ptxas serialize the wgmmas
             float s[32], dp[32];
             wgmma_fence();
 #pragma unroll
@@ -762,7 +763,7 @@ __global__ void __launch_bounds__(256) attn_bwd_dkdv_wgmma(bf16 *__restrict__ dk
             load_ld(it + 1, buf ^ 1);
         }
         mbar_wait(&full[buf], (it >> 1) & 1);
-        if (qb + BQ - 1 >= wk0) {  // else every query of the block comes before this warpgroup's keys
+        {  // every warpgroup, as in the dQ kernel (its first block may be all masked: P = 0)
             const float *Lb = Ls + buf * BQ, *Db = Ds + buf * BQ;
             float st[32], dpt[32];  // S^T and dP^T: 64 keys x 64 queries
             wgmma_fence();
