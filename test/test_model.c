@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "lora.h"
 #include "model.h"
@@ -815,20 +816,37 @@ START_TEST(test_bad_checkpoint) {
 }
 END_TEST
 
+// a file for a child program's stderr, this process's own: test runs side by side on one machine
+// (two CI runs, say) must not read each other's (removed at exit)
+static void err_file_remove(void);
+static char err_path[] = "/tmp/fp8grpo_errXXXXXX";
+static const char *err_file(void) {
+    static int made;
+    if (!made) {
+        int fd = mkstemp(err_path);
+        ck_assert_msg(fd >= 0, "mkstemp %s failed", err_path);
+        close(fd);
+        atexit(err_file_remove);
+        made = 1;
+    }
+    return err_path;
+}
+static void err_file_remove(void) { unlink(err_path); }
+
 // the inference program: a bad flag is a one-line error and a non-zero exit
 START_TEST(test_generate_cli) {
     char cmd[2048], p[1024];
     fixture(p, sizeof p, "qwen3", "");
-    int rc = system("./generate --no-such-flag 2>/tmp/fp8grpo_gen_err.txt");
-    ck_assert_int_ne(rc, 0);
-    char *e = read_file("/tmp/fp8grpo_gen_err.txt", NULL);
+    snprintf(cmd, sizeof cmd, "./generate --no-such-flag 2>%s", err_file());
+    ck_assert_int_ne(system(cmd), 0);
+    char *e = read_file(err_file(), NULL);
     ck_assert_msg(strstr(e, "unknown option --no-such-flag"), "stderr: %s", e);
     free(e);
     snprintf(cmd, sizeof cmd, "./generate --model %s --tokens '1 2 x' 2>/dev/null", p);
     ck_assert_int_ne(system(cmd), 0);
-    snprintf(cmd, sizeof cmd, "./generate --model %s --tokens '1 2 3' --load_in_fp8 int4 2>/tmp/fp8grpo_gen_err.txt", p);
+    snprintf(cmd, sizeof cmd, "./generate --model %s --tokens '1 2 3' --load_in_fp8 int4 2>%s", p, err_file());
     ck_assert_int_ne(system(cmd), 0);
-    e = read_file("/tmp/fp8grpo_gen_err.txt", NULL);
+    e = read_file(err_file(), NULL);
     ck_assert_msg(strstr(e, "--load_in_fp8: unknown value 'int4': use block, row, tensor or off"), "stderr: %s", e);
     free(e);
     snprintf(cmd, sizeof cmd, "./generate --model %s --tokens '1 2 3' --max_new_tokens -1 2>/dev/null", p);
@@ -912,8 +930,10 @@ START_TEST(test_no_gpu_reason) {
                       strstr(why, "this build has no CUDA backend"),
                   "why: '%s'", why);
     ck_assert_msg(!strstr(why, "insufficient"), "why: '%s'", why);
-    ck_assert_int_ne(system("./generate --model test/fixtures/qwen3 --tokens 1 --device cuda 2>/tmp/fp8grpo_gen_err.txt"), 0);
-    char *e = read_file("/tmp/fp8grpo_gen_err.txt", NULL);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "./generate --model test/fixtures/qwen3 --tokens 1 --device cuda 2>%s", err_file());
+    ck_assert_int_ne(system(cmd), 0);
+    char *e = read_file(err_file(), NULL);
     ck_assert_msg(strstr(e, "error: --device cuda: ") && strstr(e, why) && strchr(e, '\n') == e + strlen(e) - 1, "stderr '%s'", e);
     free(e);
 }
