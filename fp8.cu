@@ -867,9 +867,9 @@ void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, i
 //   W^T's rows, and take the BF16 path, as do products FP8 cannot run (N not a multiple of 16,
 //   K not of 8, a GPU without FP8 tensor cores).
 //   Which one AUTO takes: the FP8 product saves GEMM time in proportion to M N K and costs dY's
-//   quantization, 3 bytes moved per element of dY (M N); at the H100's rates (FP8 ~1000, BF16
-//   ~650 TFLOP/s, ~2.5 TB/s) the two meet near K = 1100, so FP8 where K >= 2048 (every product
-//   of an 8B model: +9% on its LoRA step; the 0.6B's K = 1024 products measured 1% slower in FP8).
+//   quantization, 3 bytes moved per element of dY (M N), so it pays only where K is large enough
+//   for the saving to outweigh the pass; with Hopper's FP8 and BF16 tensor-core rates and its memory
+//   bandwidth the two meet near K = 1100, so FP8 where K >= 2048 (dev/RESULTS.md has the measurements).
 //
 //   BF16 (the reference): W dequantized to BF16 in scratch, one BF16 GEMM: the straight-through
 //   estimator the CPU backend computes, exact up to BF16 rounding of W.
