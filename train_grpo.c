@@ -285,9 +285,11 @@ typedef struct {
     int minlen, maxlen, nclip;
     double loss, gnorm, lr;
     double t_step, t_roll, t_ref, t_train, t_total;  // seconds: start, rollout, reference passes, all training, all
-    double t_reduce;         // of t_train: the gradient all-reduce (waiting for the slowest rank included)
-    double t_wait;           // the rewards' gather after the rollout: waiting for the slowest rank's rollout
-                             // (several ranks; t_wait and t_reduce are the ranks' mean)
+    // Several ranks: the time each spends in the first collective after its rollout (the rewards' gather)
+    // and in the gradients' all-reduce, as the ranks' mean and their least. The rank that arrives last
+    // spends the least, the transfer alone; the mean less the least is the mean wait for the slowest rank.
+    double t_wait, t_wait_min;
+    double t_reduce, t_reduce_min;
 } Step;
 
 // ----------------------------------------------------------------------------
@@ -978,11 +980,11 @@ static void score(Run *r, Step *s) {
     grpo_advantages(&r->g, b->S_all, R, s->rewards_all, r->weights, s->adv_all, &s->rm);
     memcpy(s->adv, s->adv_all + b->q0, S * sizeof(double));
     s->norm = dp_norm(r->dist, grpo_prepare(&r->g, S, Tc, s->mask, s->trunc), b->S_all);
-    double sums[3] = {(double)s->gen_tokens, s->nclip, s->t_wait}, ext[2] = {s->maxlen, -s->minlen};
+    double sums[3] = {(double)s->gen_tokens, s->nclip, s->t_wait}, ext[3] = {s->maxlen, -s->minlen, -s->t_wait};
     dist_all_reduce_sum_f64_host(r->dist, sums, 3);
-    dist_all_reduce_max_f64_host(r->dist, ext, 2);
+    dist_all_reduce_max_f64_host(r->dist, ext, 3);
     s->gen_tokens = (long)sums[0], s->nclip = (int)sums[1], s->maxlen = (int)ext[0], s->minlen = (int)-ext[1];
-    s->t_wait = sums[2] / b->world;
+    s->t_wait = sums[2] / b->world, s->t_wait_min = -ext[2];
 }
 
 // The training batch: prompt + completion per sequence, right-padded to T; tg holds the token
@@ -1104,9 +1106,10 @@ static void update(Run *r, Step *s, int step) {
                         (float)r->o.weight_decay);
     }
     dp_stats(r->dist, &st);
-    double red[2] = {s->loss, s->t_reduce};
+    double red[2] = {s->loss, s->t_reduce}, least = -s->t_reduce;
     dist_all_reduce_sum_f64_host(r->dist, red, 2);
-    s->loss = red[0], s->t_reduce = red[1] / r->dp.world;
+    dist_all_reduce_max_f64_host(r->dist, &least, 1);
+    s->loss = red[0], s->t_reduce = red[1] / r->dp.world, s->t_reduce_min = -least;
     s->gm = grpo_metrics(&st);
     s->t_train = now_sec() - t_train0, s->t_total = now_sec() - s->t_step;
 }
@@ -1171,9 +1174,10 @@ static void log_step(Run *r, const Step *s, int step) {
     add_num(j, "time/rollout", s->t_roll);
     add_num(j, "time/reference", s->t_ref);
     add_num(j, "time/update", t_upd);
-    if (r->dp.world > 1) {  // the ranks' mean waits: for the slowest rollout, for the slowest update (with the transfer)
-        add_num(j, "time/rank_wait", s->t_wait);
-        add_num(j, "time/all_reduce", s->t_reduce);
+    if (r->dp.world > 1) {  // the ranks' mean waits for the slowest rank's rollout and update; the transfers
+        add_num(j, "time/rank_wait", s->t_wait - s->t_wait_min);
+        add_num(j, "time/update_wait", s->t_reduce - s->t_reduce_min);
+        add_num(j, "time/all_reduce", s->t_reduce_min);
     }
     add_num(j, "tokens_per_sec/rollout", s->gen_tokens / fmax(s->t_roll, 1e-9));
     double ref_passes = (g->beta != 0) + (g->num_iterations > 1), upd_tok_s = (double)g->num_iterations * S * T / fmax(t_upd, 1e-9);

@@ -17,8 +17,8 @@
 #                                        loss curves (dev/plot_dp_sft.py draws them)
 #   bash dev/multi_gpu_check.sh kill     ./train_grpo on 2 GPUs with rank 1 killed at step 3: every rank
 #                                        stops with one line, in seconds; --resume finishes the run
-#   bash dev/multi_gpu_check.sh all      all of them, the summary appended to dev/RESULTS.md (on a machine
-#                                        without GPUs: the build alone, as CI runs it)
+#   bash dev/multi_gpu_check.sh all      all of them, the summary put into dev/RESULTS.md under "# Today"
+#                                        (on a machine without GPUs: the build alone, as CI runs it)
 #
 # Output: each stage's log and a summary line per result in ${OUT:-.bench}/multi_gpu/ (summary.txt).
 # NVLink multicast stays off (the programs set NCCL_NVLS_ENABLE=0; so does this script).
@@ -115,8 +115,8 @@ do_full() {
 }
 
 # GRPO with completions that end at EOS (the built-in task's lengths) on every GPU: each step the ranks
-# wait for the slowest rank's rollout (time/rank_wait) and update (time/all_reduce, with the transfer);
-# their share of the step (the goal: <= 10%)
+# wait for the slowest rank's rollout (time/rank_wait) and update (time/update_wait), beside the
+# transfers themselves (time/all_reduce); the waits' share of the step (the goal: <= 10%)
 do_balance() {
   [ "$ngpu" -ge 2 ] || { say "balance: needs 2 GPUs"; return; }
   rm -rf "$dir/balance"
@@ -125,9 +125,12 @@ do_balance() {
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if "\"step_time\"" in l]
 rows = [r for r in rows if r["step"] > 10]
-st = sum(r["step_time"] for r in rows); w = sum(r["time/rank_wait"] for r in rows); a = sum(r["time/all_reduce"] for r in rows)
-print("step %.1f ms, waiting for the slowest rollout %.1f ms (%.1f%%), at the all-reduce %.1f ms (%.1f%%): idle %.1f%% of the step"
-      % (1e3 * st / len(rows), 1e3 * w / len(rows), 100 * w / st, 1e3 * a / len(rows), 100 * a / st, 100 * (w + a) / st))
+mean = lambda k: sum(r[k] for r in rows) / len(rows)
+st, ro, w, u, a = (mean(k) for k in ("step_time", "time/rollout", "time/rank_wait", "time/update_wait", "time/all_reduce"))
+share = sorted((r["time/rank_wait"] + r["time/update_wait"]) / r["step_time"] for r in rows)
+print("step %.1f ms (rollout %.1f), waiting for the slowest rollout %.2f ms (%.1f%%), for the slowest update %.2f ms (%.1f%%): idle %.1f%% of the step (a step: median %.1f%%, 90th percentile %.1f%%); the gradients all-reduce %.2f ms"
+      % (1e3 * st, 1e3 * ro, 1e3 * w, 100 * w / st, 1e3 * u, 100 * u / st, 100 * (w + u) / st, 100 * share[len(share) // 2],
+         100 * share[len(share) * 9 // 10], 1e3 * a))
 ' "$dir/balance/metrics.jsonl" 2>&1)"
 }
 
@@ -167,13 +170,19 @@ case "$stage" in
   kill) do_kill ;;
   balance) do_balance ;;
   sft) do_sft ;;
-  all)  # every stage, then the summary appended to dev/RESULTS.md (this tree's; copy it back from a GPU machine)
+  all)  # every stage, then the summary into dev/RESULTS.md (this tree's; copy it back from a GPU machine)
     : > "$dir/summary.txt"
     do_build
     if [ "$ngpu" -ge 1 ]; then
-      do_one && do_grpo && do_full && do_balance && do_sft && do_kill
-      { echo; echo "## dev/multi_gpu_check.sh all ($(date -u '+%F %H:%M') UTC, $ngpu x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1))"
-        echo; sed 's/^/- /' "$dir/summary.txt"; } >> dev/RESULTS.md
+      for st in one grpo full balance sft kill; do
+        t0=$SECONDS; "do_$st"; echo "stage $st: $(( SECONDS - t0 )) s"
+      done
+      { echo "## dev/multi_gpu_check.sh all ($(date -u '+%F %H:%M') UTC, $ngpu x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1))"
+        echo; sed 's/^/- /' "$dir/summary.txt"; } > "$dir/section.md"
+      # under the first "# Today" heading, where today's figures go (at the end where there is none)
+      awk -v f="$dir/section.md" 'BEGIN { while ((getline l < f) > 0) sec = sec l "\n" }
+        { print } /^# Today/ && !done { printf "\n%s", sec; done = 1 } END { if (!done) printf "\n%s", sec }' \
+        dev/RESULTS.md > "$dir/RESULTS.md" && cp "$dir/RESULTS.md" dev/RESULTS.md
     else say "no GPU: only the build stage runs here"; fi ;;
   *) echo "usage: bash dev/multi_gpu_check.sh build|one|grpo|full|balance|sft|kill|all"; exit 1 ;;
 esac

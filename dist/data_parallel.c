@@ -86,6 +86,7 @@ void dp_stats(Dist *d, GrpoStats *st) {
 
 double dp_all_reduce_grads(Dist *d, const Backend *be, void *grads, size_t n) {
     if (dist_world(d) == 1) return 0;
+    be->sync();  // this rank's backward finishes first: its time is work, not waiting
     double t0 = now_sec();
     size_t es = dtype_size(be->hp);
     if (es != sizeof(float)) die("data parallel needs fp32 gradients (backend %s has %zu-byte ones)", be->name, es);

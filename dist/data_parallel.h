@@ -62,7 +62,9 @@ void dp_stats(Dist *d, GrpoStats *st);
 // unit an all-reduce overlapped with the backward would send, which this does not do, as it would
 // not pay: Qwen3-8B's r-16 adapter on every projection is 43.6M values, 175 MB of fp32, which a ring
 // all-reduce over NVLink (some 300 GB/s a GPU) moves in about a millisecond, against a GRPO step of
-// seconds; dev/bench_dp measures the share). Returns the seconds spent.
+// seconds; dev/bench_dp measures the share). Returns the seconds spent in the collectives: this rank's
+// own kernels still queued are waited for first and not counted, so the figure is the transfer and the
+// wait for slower ranks.
 double dp_all_reduce_grads(Dist *d, const Backend *be, void *grads, size_t n);
 #define DP_BUCKET_VALUES ((size_t)25 << 18)  // 25 MiB of fp32
 
