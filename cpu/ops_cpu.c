@@ -597,13 +597,15 @@ static inline double adamw_elem(double p, double g, double *m, double *v, float 
     return p - lr * (mi / bc1) / (sqrt(vi / bc2) + eps);
 }
 
-void FN(adamw)(real *param, const real *grad, real *m, real *v, size_t n, float lr, float beta1, float beta2, float eps,
-               float weight_decay, int step) {
+// the gradient times gscale, rounded as FN(scale) rounds it
+void FN(adamw)(real *param, const real *grad, float gscale, real *m, real *v, size_t n, float lr, float beta1, float beta2,
+               float eps, float weight_decay, int step) {
     double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
         double mi = m[i], vi = v[i];
-        double p = adamw_elem(param[i], grad[i], &mi, &vi, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+        real g = gscale == 1.0f ? grad[i] : (real)(grad[i] * (double)gscale);
+        double p = adamw_elem(param[i], g, &mi, &vi, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
         m[i] = (real)mi;
         v[i] = (real)vi;
         param[i] = (real)p;

@@ -1317,13 +1317,38 @@ START_TEST(test_optimizer) {
     for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
     void *dp = up_hp(p, n), *dg = up_hp(g, n), *dm = up_hp(m, n), *dv = up_hp(v, n);
     for (int step = 1; step <= 3; step++) {
-        G->adamw(dp, dg, dm, dv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
-        adamw_cpu(p, g, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
+        G->adamw(dp, dg, 1.0f, dm, dv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step, NULL);
+        adamw_cpu(p, g, 1.0f, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
     }
     float *gp = down_hp(dp, n), *gm = down_hp(dm, n), *gv = down_hp(dv, n);
     check_exact("adamw param (3 steps, fp64, CPU order)", gp, p, n * 4);
     check_exact("adamw m", gm, m, n * 4);
     check_exact("adamw v", gv, v, n * 4);
+    {  // the fused step (clip factor and act copy in the pass) against the passes it replaces, on the GPU:
+       // scale, AdamW, to_act; and against the CPU's fused step
+        float *g2 = (float *)mallocCheck(n * 4);
+        memcpy(g2, g, n * 4);
+        void *fp = up_hp(p, n), *fm = up_hp(m, n), *fv = up_hp(v, n), *fa = G->alloc(n * 2);
+        void *rp = up_hp(p, n), *rm = up_hp(m, n), *rv = up_hp(v, n), *ra = G->alloc(n * 2), *rg = up_hp(g, n);
+        G->adamw(fp, dg, 0.37f, fm, fv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 4, fa);
+        G->scale(rg, n, 0.37f);
+        G->adamw(rp, rg, 1.0f, rm, rv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 4, NULL);
+        G->to_act(ra, rp, n);
+        adamw_cpu(p, g2, 0.37f, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 4);
+        float *a = down_hp(fp, n), *b = down_hp(rp, n), *fa32 = down_act(fa, n), *ra32 = down_act(ra, n), *g3 = down_hp(dg, n);
+        check_exact("adamw fused (clip 0.37, act copy): param vs scale + adamw", a, b, n * 4);
+        check_exact("adamw fused: param vs the CPU's", a, p, n * 4);
+        check_exact("adamw fused: act copy vs to_act", fa32, ra32, n * 4);
+        check_exact("adamw fused: the gradients left as they were", g3, g, n * 4);
+        free(a); free(b); free(fa32); free(ra32); free(g3);
+        a = down_hp(fm, n), b = down_hp(rm, n);
+        check_exact("adamw fused: m", a, b, n * 4);
+        free(a); free(b);
+        a = down_hp(fv, n), b = down_hp(rv, n);
+        check_exact("adamw fused: v", a, b, n * 4);
+        free(a); free(b); free(g2);
+        G->free(fp); G->free(fm); G->free(fv); G->free(fa); G->free(rp); G->free(rm); G->free(rv); G->free(ra); G->free(rg);
+    }
     // --lora_dtype bf16: bf16 param, m, v, stochastic rounding from the same hashed bits on both sides
     for (size_t i = 0; i < n; i++) p[i] = bfr(p[i]), m[i] = bfr(m[i]), v[i] = bfr(v[i]);
     void *bp = up_act(p, n), *bm = up_act(m, n), *bv = up_act(v, n);

@@ -198,7 +198,7 @@ START_TEST(test_adamw_step) {
     for (int i = 0; i < n; i++) P[i] = p[i];
     for (int step = 1; step <= 2; step++) {
         float *g = step == 1 ? g1 : g2;
-        be->adamw(p, g, m, v, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, step);
+        be->adamw(p, g, 1.0f, m, v, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, step, NULL);
         for (int i = 0; i < n; i++) {
             P[i] *= 1 - lr * wd;
             M[i] = b1 * M[i] + (1 - b1) * g[i];
@@ -210,6 +210,27 @@ START_TEST(test_adamw_step) {
     }
     // the first step moves every parameter with a non-zero gradient by ~lr (Adam's sign-like step)
     ck_assert(fabs(P[4] - (3.0 * (1 - lr * wd) * (1 - lr * wd))) > 0.5 * lr);
+}
+END_TEST
+
+// the fused step (gradients times the clip factor, the act copy written) is the passes it replaces:
+// scale, AdamW, to_act, bit for bit; the gradients stay as they were
+START_TEST(test_adamw_fused) {
+    const Backend *be = backend_cpu();
+    enum { n = 1001 };
+    float p[n], g[n], m[n], v[n], p2[n], g2[n], m2[n], v2[n], act[n], g0[n];
+    Rng r = rng_make(11);
+    for (int i = 0; i < n; i++) {
+        p[i] = p2[i] = rng_normal(&r), g[i] = g2[i] = g0[i] = 0.1f * rng_normal(&r);
+        m[i] = m2[i] = 0.01f * rng_normal(&r), v[i] = v2[i] = 1e-4f * fabsf(rng_normal(&r)) + 1e-6f;
+    }
+    be->adamw(p, g, 0.37f, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 3, act);
+    be->scale(g2, n, 0.37f);
+    be->adamw(p2, g2, 1.0f, m2, v2, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 3, NULL);
+    ck_assert(memcmp(p, p2, sizeof p) == 0 && memcmp(m, m2, sizeof m) == 0 && memcmp(v, v2, sizeof v) == 0);
+    ck_assert(memcmp(act, p, sizeof p) == 0);
+    ck_assert(memcmp(g, g0, sizeof g) == 0);
+    ck_assert(memcmp(g2, g0, sizeof g) != 0);  // (the scaling was not a no-op)
 }
 END_TEST
 
@@ -388,6 +409,7 @@ static Suite *lora_suite(void) {
     tcase_add_test(tc, test_peft_target_modules);
     tcase_add_test(tc, test_init_like_peft);
     tcase_add_test(tc, test_adamw_step);
+    tcase_add_test(tc, test_adamw_fused);
     tcase_add_test(tc, test_state_roundtrip);
     tcase_add_test(tc, test_bad_adapters);
     tcase_add_test(tc, test_grpo_loss_gradient_through_lora);

@@ -38,6 +38,11 @@ static void layer_grads(void *ctx, int l) {
     ft->be->zero(bucket, m->gw.bucket_bytes);
 }
 
+// this rank's block of the act weights the forward reads (where the masters live)
+static void *act_block(const FullTrainer *ft, const Model *m) {
+    return (char *)m->w.dense_mem + ft->lo * dtype_size(ft->be->act);
+}
+
 void full_init_sharded(FullTrainer *ft, Model *m, Dist *d) {
     const Backend *be = m->be;
     for (int l = 0; l < m->cfg.L; l++)
@@ -86,19 +91,20 @@ void full_init_sharded(FullTrainer *ft, Model *m, Dist *d) {
     // the masters start as the act weights of the block, through the host (once): act -> f64 -> hp
     void *raw = mallocCheck(k * act);
     double *h = (double *)mallocCheck(k * sizeof(double));
-    be->download(raw, (char *)m->w.dense_mem + ft->lo * act, k * act);
+    be->download(raw, act_block(ft, m), k * act);
     convert_to_f64(h, raw, be->act, k);
     be->upload_convert(ft->master, be->hp, h, DT_F64, k);
     free(raw);
     free(h);
 }
 
-// Sharded: every rank's block of masters, rounded into its block of the act weights, then the
-// blocks all-gathered (the last rank's tail broadcast): every rank has all the weights again.
-static void publish_weights(FullTrainer *ft, Model *m) {
+// Every rank's block of masters rounded into its block of the act weights (`round`: here; after an
+// optimizer step AdamW has written them in its pass), then, sharded, the blocks all-gathered (the
+// last rank's tail broadcast): every rank has all the weights again.
+static void publish_weights(FullTrainer *ft, Model *m, int round) {
     const Backend *be = ft->be;
     size_t act = dtype_size(be->act);
-    be->to_act((char *)m->w.dense_mem + ft->lo * act, ft->master, ft->hi - ft->lo);
+    if (round) be->to_act(act_block(ft, m), ft->master, ft->hi - ft->lo);
     if (!sharded(ft)) return;
     int W = dist_world(ft->dist);
     dist_all_gather(ft->dist, be, m->w.dense_mem, ft->shard * act);
@@ -122,11 +128,12 @@ double full_step(FullTrainer *ft, Model *m, float lr, float beta1, float beta2, 
     double norm = sqrt(ss);
     double clip = grad_clip_factor(norm, max_grad_norm);
     if (!isfinite(clip)) die("full-weight training: the gradient norm is %g (NaN/inf) at step %d: lower the learning rate", norm, ft->step + 1);
-    if (clip != 1.0) be->scale(g, k, (float)clip);
     ft->step++;
-    be->adamw(ft->master, g, ft->adam_m, ft->adam_v, k, lr, beta1, beta2, eps, weight_decay, ft->step);
+    // one pass: the gradients times the clip factor, AdamW on the masters, their act copy for the forward
+    be->adamw(ft->master, g, (float)clip, ft->adam_m, ft->adam_v, k, lr, beta1, beta2, eps, weight_decay, ft->step,
+              act_block(ft, m));
     if (sharded(ft)) be->zero(ft->gshard, k * hp);  // the next step's sums start at 0
-    publish_weights(ft, m);
+    publish_weights(ft, m, 0);
     // FP8 training: delayed scaling's histories roll, from the amaxes of every rank's data
     model_fp8_train_step(m, sharded(ft) ? reduce_amax : NULL, ft->dist);
     return norm;
@@ -236,5 +243,5 @@ void full_load_state(FullTrainer *ft, Model *m, const char *path) {
         st_close(&st);
     }
     if (sharded(ft)) dist_broadcast_host(ft->dist, &ft->step, sizeof ft->step, 0);
-    publish_weights(ft, m);
+    publish_weights(ft, m, 1);
 }
