@@ -9,7 +9,8 @@
 //   ./generate --help                                             every option, its default and meaning
 //
 // Greedy by default (temperature 0). The frozen weights are quantized as ./train_grpo's are
-// (--load_in_fp8 block by default), so an adapter runs on the weights it was trained on.
+// (--load_in_fp8 block by default; --fp8_embeddings, --kv_cache_dtype as there), so an adapter runs
+// on the weights and cache it was trained with.
 // stdout gets the continuation's text, or its token ids with --print_ids or when the
 // checkpoint has no tokenizer.json; stderr the diagnostics (backend, config). Runs on the GPU
 // when one is usable, else the CPU. Options: the parser and rules of train_grpo (options.h).
@@ -26,8 +27,9 @@
 // options
 
 typedef struct {
-    const char *model, *lora, *prompt, *tokens, *system_prompt, *device, *load_in_fp8, *dump_logits;
-    int chat, tokenize, sqnr, print_ids, allow_other_base, fp8_pow2, bf16_first_layers, bf16_last_layers, max_new_tokens, top_k;
+    const char *model, *lora, *prompt, *tokens, *system_prompt, *device, *load_in_fp8, *kv_cache_dtype, *dump_logits;
+    int chat, tokenize, sqnr, print_ids, allow_other_base, fp8_pow2, bf16_first_layers, bf16_last_layers, fp8_embeddings;
+    int max_new_tokens, top_k;
     double temperature, top_p;
     long seed;
 } GenOpts;
@@ -52,6 +54,10 @@ static const Option OPTIONS[] = {
     {"fp8_pow2_scales", OPT_FLAG, OFF(fp8_pow2), .help = "round the FP8 scales up to powers of two"},
     {"bf16_first_layers", OPT_INT, OFF(bf16_first_layers), 0, 1e6, .dflt = "0", .help = "keep the first N layers unquantized"},
     {"bf16_last_layers", OPT_INT, OFF(bf16_last_layers), 0, 1e6, .dflt = "0", .help = "keep the last N layers unquantized"},
+    {"fp8_embeddings", OPT_FLAG, OFF(fp8_embeddings),
+     .help = "the embedding table and LM head in E4M3 too, a scale per row (as train_grpo --fp8_embeddings)"},
+    {"kv_cache_dtype", OPT_CHOICE, OFF(kv_cache_dtype), .choices = "auto|fp8", .dflt = "auto",
+     .help = "the KV cache: the activations' type, or E4M3 with a scale per token and head (as train_grpo's)"},
 
     {.name = "sampling", .kind = OPT_SECTION},
     {"max_new_tokens", OPT_INT, OFF(max_new_tokens), 0, 1 << 20, .dflt = "16", .help = "tokens to generate at most (EOS stops sooner)"},
@@ -214,10 +220,14 @@ int main(int argc, char **argv) {
     }
     if (o.lora) lora_check_base(o.lora, o.model, o.allow_other_base);  // before the weights are read, too
     const Backend *be = backend_select(o.device, 1);
-    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o.load_in_fp8), o.fp8_pow2, o.bf16_first_layers, o.bf16_last_layers, 0};
+    ModelOptions mo = {(FP8Gran)fp8_gran_parse(o.load_in_fp8), o.fp8_pow2, o.bf16_first_layers, o.bf16_last_layers,
+                       o.fp8_embeddings};
     Model m;
     model_load(&m, o.model, be, &mo);
+    m.kv_fp8 = !strcmp(o.kv_cache_dtype, "fp8");
     config_print(&m.cfg, stderr);
+    fprintf(stderr, "linear weights: %s; embeddings and LM head: %s; KV cache: %s\n", o.load_in_fp8,
+            o.fp8_embeddings ? "fp8 (a scale per row)" : "unquantized", m.kv_fp8 ? "fp8" : dtype_name(be->act));
     if (o.lora) {
         m.lora = lora_load_peft(&m, o.lora);
         m.lora_on = 1;

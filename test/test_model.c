@@ -886,6 +886,78 @@ START_TEST(test_generate_cli) {
 }
 END_TEST
 
+// ./generate --fp8_embeddings and --kv_cache_dtype fp8 reach the model: its ids and logits are the
+// library's with the same settings (the FP8 table and cache themselves are tested in test_fp8 and
+// test_rollout), and the FP8 table changes the logits
+START_TEST(test_generate_frozen_settings) {
+    char p[1024], q[1024], cmd[4096], toks[256] = "", dir[] = "/tmp/fp8grpo_genXXXXXX";
+    ck_assert(mkdtemp(dir));
+    fixture(p, sizeof p, "qwen3", "");
+    fixture(q, sizeof q, "qwen3", "tokens.npy");
+    Npy tk = npy_read(q);
+    int P = 8, ids[8];
+    for (int t = 0; t < P; t++) ids[t] = (int)tk.data[t], snprintf(toks + strlen(toks), sizeof toks - strlen(toks), "%d ", ids[t]);
+    Model m;
+    ModelOptions o = opt_dense();
+    o.fp8_embed = 1;
+    model_load(&m, p, backend_cpu(), &o);
+    m.kv_fp8 = 1;
+    // the library: greedy, 8 new tokens (or to an end token) over an FP8 cache
+    char want[512] = "";
+    int slots[32], table[2] = {0, 1}, n = P;
+    for (int t = 0; t < 32; t++) slots[t] = t;
+    KVCache kv;
+    kvcache_alloc(&kv, &m, 2, 16);
+    float *lg = (float *)mallocCheck(m.cfg.V * sizeof(float)), lp;
+    uint64_t rng = 1;
+    model_prefill(&m, &kv, ids, &n, slots, 1, P, lg);
+    for (int t = 0; t < 8; t++) {
+        int32_t next;
+        m.be->sample(&next, &lp, lg, &rng, 1, m.cfg.V, 0.0f, 0, 1.0f);
+        snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", t ? " " : "", next);
+        int eos = 0;
+        for (int e = 0; e < m.cfg.n_eos; e++) eos |= next == m.cfg.eos_ids[e];
+        if (eos) break;
+        int pos = P + t;
+        model_decode(&m, &kv, &next, &pos, &slots[pos], table, 1, 2, lg);
+    }
+    kvcache_free(&kv, m.be);
+    snprintf(cmd, sizeof cmd, "./generate --device cpu --model %s --load_in_fp8 off --fp8_embeddings --kv_cache_dtype fp8 "
+             "--print_ids --max_new_tokens 8 --tokens \"%s\" 2>/dev/null", p, toks);
+    FILE *f = popen(cmd, "r");
+    char line[512] = "";
+    ck_assert(fgets(line, sizeof line, f) != NULL);
+    ck_assert_int_eq(pclose(f), 0);
+    line[strcspn(line, "\n")] = 0;
+    ck_assert_msg(!strcmp(line, want), "generate with an FP8 table and cache: '%s', the library's '%s'", line, want);
+    // teacher-forced logits: with --fp8_embeddings the library's with the FP8 table, and not the dense table's
+    float *lib = (float *)mallocCheck((size_t)P * m.cfg.V * sizeof(float));
+    model_forward(&m, ids, 1, P);
+    model_logits(&m, lib);
+    const char *flags[] = {"--fp8_embeddings", ""};
+    float diff[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "./generate --device cpu --model %s --load_in_fp8 off %s --tokens \"%s\" --dump_logits %s/l%d.npy "
+                 "2>/dev/null", p, flags[i], toks, dir, i);
+        ck_assert_int_eq(system(cmd), 0);
+        snprintf(q, sizeof q, "%s/l%d.npy", dir, i);
+        Npy l = npy_read(q);
+        ck_assert_int_eq((int)l.n, P * m.cfg.V);
+        diff[i] = 0;
+        for (long j = 0; j < l.n; j++) diff[i] = fmaxf(diff[i], (float)fabs(l.data[j] - lib[j]));
+        npy_free(&l);
+    }
+    ck_assert_msg(diff[0] == 0.0f, "--dump_logits --fp8_embeddings differs from the library's by %g", diff[0]);
+    ck_assert_msg(diff[1] > 0.0f, "the FP8 table changed no logit");
+    free(lib);
+    free(lg);
+    npy_free(&tk);
+    model_free(&m);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 // A tokenizer.json of another checkpoint (ids up to 606 against vocab_size 320) is said at
 // load, in one line naming both, before any weight is read: not "token id out of range" later
 START_TEST(test_tokenizer_checkpoint_disagree) {
@@ -992,6 +1064,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_bad_safetensors);
     tcase_add_test(tc, test_bad_checkpoint);
     tcase_add_test(tc, test_generate_cli);
+    tcase_add_test(tc, test_generate_frozen_settings);
     tcase_add_test(tc, test_tokenizer_checkpoint_disagree);
     tcase_add_test(tc, test_no_gpu_reason);
     tcase_add_test(tc, test_full_training_refusals);
