@@ -14,6 +14,9 @@
 //                 block runs at load), the rest (embeddings, norms, biases, lm_head) BF16; config.json gains
 //                 the quantization_config below. The merge is rounded to fp32 and quantized from there, so
 //                 that ./generate --load_in_fp8 block on the merged weights holds the same codes and scales.
+//   --dtype fp32  every tensor fp32, torch_dtype float32: twice BF16's bytes, and the merge whole. A typical
+//                 LoRA change is ~1e-3 of a weight, below BF16's step (2^-8 of it) at most weights: rounded to
+//                 BF16 most of it is lost, which the line after the export measures (`kept`).
 // Above --max_shard_size the tensors go to model-0000i-of-0000n.safetensors with
 // model.safetensors.index.json, as transformers' save_pretrained shards them. The tokenizer files
 // are copied. Everything is written into OUTPUT_DIR.tmp-XXXXXX and renamed to OUTPUT_DIR at the end;
@@ -52,8 +55,9 @@ static const Option OPTIONS[] = {
     {.name = "output", .kind = OPT_SECTION},
     {"output_dir", OPT_STRING, OFF(output_dir), .meta = "DIR", .unset = "none, it is required",
      .help = "where the merged checkpoint goes (must not exist or be empty, unless --overwrite)"},
-    {"dtype", OPT_CHOICE, OFF(dtype), .choices = "bf16|fp8", .dflt = "bf16",
-     .help = "bf16: every tensor BF16; fp8: the projections E4M3 with 128x128 block scales, the rest BF16"},
+    {"dtype", OPT_CHOICE, OFF(dtype), .choices = "bf16|fp8|fp32", .dflt = "bf16",
+     .help = "bf16: every tensor BF16; fp8: the projections E4M3 with 128x128 block scales, the rest BF16; fp32: every "
+             "tensor fp32 (the merge whole: an adapter's change is often below BF16's resolution)"},
     {"max_shard_size", OPT_STRING, OFF(max_shard_size), .dflt = "5GB", .meta = "SIZE",
      .help = "largest safetensors file before sharding, as transformers reads it: 5GB = 5e9 bytes, 4GiB, 500MB, 1000000"},
     {"overwrite", OPT_FLAG, OFF(overwrite), .help = "replace a non-empty --output_dir (only once the new one is complete)"},
@@ -187,10 +191,10 @@ typedef struct {
     int shard;
 } OutTensor;
 
-static int plan_tensors(const HFTensor *h, int nh, int fp8, OutTensor *out) {
+static int plan_tensors(const HFTensor *h, int nh, int fp8, int fp32, OutTensor *out) {
     int n = 0;
     for (int i = 0; i < nh; i++) {
-        OutTensor t = {&h[i], 0, "", DT_BF16, {h[i].rows, h[i].cols}, h[i].cols ? 2 : 1, 0, 0};
+        OutTensor t = {&h[i], 0, "", fp32 ? DT_F32 : DT_BF16, {h[i].rows, h[i].cols}, h[i].cols ? 2 : 1, 0, 0};
         snprintf(t.name, sizeof t.name, "%s", h[i].name);
         if (fp8 && h[i].lin) t.dtype = DT_E4M3;
         t.bytes = (size_t)h[i].rows * (h[i].cols ? h[i].cols : 1) * dtype_size(t.dtype);
@@ -230,6 +234,13 @@ static int plan_shards(OutTensor *t, int n, size_t max_bytes) {
     return shard + 1;
 }
 
+// How much of the adapter's change survives the output dtype (BF16, fp32): over every merged weight,
+// the change d = (alpha / r) B A and the error of what the file shows of it, (written merge) - (the
+// base's weight in the same dtype) - d. A change below the dtype's resolution at a weight is lost.
+static struct {
+    double change2, err2;
+} kept;
+
 // One tensor's bytes as written (malloc'ed). FP8 codes also return their scales in *scales_out
 // (HF's (br, bc) layout, malloc'ed) for the scales tensor that follows.
 static void *tensor_bytes(const Model *m, const OutTensor *t, float **scales_out) {
@@ -240,6 +251,7 @@ static void *tensor_bytes(const Model *m, const OutTensor *t, float **scales_out
         *scales_out = NULL;
         return s;
     }
+    if (!h->lin && t->dtype == DT_F32) return memcpy(mallocCheck(n * 4), h->dense, n * 4);
     if (!h->lin) {  // embeddings, norms, biases: fp32 as loaded, rounded to BF16
         uint16_t *b = (uint16_t *)mallocCheck(n * 2);
         for (size_t i = 0; i < n; i++) b[i] = f32_to_bf16(((const float *)h->dense)[i]);
@@ -264,9 +276,18 @@ static void *tensor_bytes(const Model *m, const OutTensor *t, float **scales_out
         free(f);
         *scales_out = s;
     } else {
-        uint16_t *b = (uint16_t *)mallocCheck(n * 2);
-        for (size_t i = 0; i < n; i++) b[i] = f64_to_bf16(x[i]);
-        out = b;
+        const float *W = (const float *)m->w.layers[h->layer].lin[h->which].dense;
+        int f32 = t->dtype == DT_F32;
+        out = mallocCheck(n * (f32 ? 4 : 2));
+        for (size_t i = 0; i < n; i++) {
+            double v, vb, d = x[i] - W[i];
+            if (f32) v = ((float *)out)[i] = (float)x[i], vb = W[i];
+            else {
+                uint16_t b = ((uint16_t *)out)[i] = f64_to_bf16(x[i]);
+                v = bf16_to_f32(b), vb = bf16_to_f32(f32_to_bf16(W[i]));
+            }
+            kept.change2 += d * d, kept.err2 += (v - vb - d) * (v - vb - d);
+        }
     }
     free(x);
     return out;
@@ -341,18 +362,19 @@ static void write_weights(const Model *m, OutTensor *t, int n, int nshards, cons
 //                             the embeddings and norms are no linear layers, so neither quantizes them
 // vLLM also needs every part of a fused projection (q, k, v; gate, up) to be a multiple of 128 rows
 // (validate_fp8_block_shape): true of real checkpoints (KV heads of 128), not of the tiny fixtures.
-static void write_config(const char *model_dir, const char *dir, int fp8) {
+static void write_config(const char *model_dir, const char *dir, int fp8, int fp32) {
     char p[4096];
     path_join(p, sizeof p, model_dir, "config.json");
     char *text = read_file(p, NULL);
     cJSON *r = cJSON_Parse(text);
     free(text);
     if (!cJSON_IsObject(r)) die("%s: not valid JSON", p);
+    const char *dt = fp32 ? "float32" : "bfloat16";
     cJSON_DeleteItemFromObjectCaseSensitive(r, "torch_dtype");
-    cJSON_AddStringToObject(r, "torch_dtype", "bfloat16");
+    cJSON_AddStringToObject(r, "torch_dtype", dt);
     if (cJSON_GetObjectItemCaseSensitive(r, "dtype")) {  // transformers 5.x writes "dtype"
         cJSON_DeleteItemFromObjectCaseSensitive(r, "dtype");
-        cJSON_AddStringToObject(r, "dtype", "bfloat16");
+        cJSON_AddStringToObject(r, "dtype", dt);
     }
     cJSON_DeleteItemFromObjectCaseSensitive(r, "quantization_config");  // an FP8 base's, now stale
     if (fp8) {
@@ -399,7 +421,7 @@ static void copy_tokenizer_files(const char *model_dir, const char *dir) {
 int main(int argc, char **argv) {
     ExportOpts o;
     parse_options(argc, argv, &o);
-    int fp8 = !strcmp(o.dtype, "fp8");
+    int fp8 = !strcmp(o.dtype, "fp8"), fp32 = !strcmp(o.dtype, "fp32");
     size_t max_shard = parse_size(o.max_shard_size);
 
     // the base in fp32 on the host, linear weights unquantized (an FP8 base dequantized); the adapter's
@@ -414,9 +436,9 @@ int main(int argc, char **argv) {
     int nh = model_hf_tensors(&m, NULL);
     HFTensor *h = (HFTensor *)mallocCheck(nh * sizeof(HFTensor));
     model_hf_tensors(&m, h);
-    int n = plan_tensors(h, nh, fp8, NULL);
+    int n = plan_tensors(h, nh, fp8, fp32, NULL);
     OutTensor *t = (OutTensor *)mallocCheck(n * sizeof(OutTensor));
-    plan_tensors(h, nh, fp8, t);
+    plan_tensors(h, nh, fp8, fp32, t);
     int nshards = plan_shards(t, n, max_shard);
 
     snprintf(tmp_dir, sizeof tmp_dir, "%s.tmp-XXXXXX", o.output_dir);
@@ -430,7 +452,7 @@ int main(int argc, char **argv) {
     chmod(tmp_dir, 0755);  // mkdtemp makes it 0700: the export is meant to be read by others (a server)
 
     write_weights(&m, t, n, nshards, tmp_dir);
-    write_config(o.model, tmp_dir, fp8);
+    write_config(o.model, tmp_dir, fp8, fp32);
     copy_tokenizer_files(o.model, tmp_dir);
 
     // into place: rename() replaces an empty directory atomically; a non-empty one (--overwrite) is
@@ -453,8 +475,15 @@ int main(int argc, char **argv) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += t[i].bytes;
     fprintf(stderr, "wrote %s: %s, %d tensors, %.1f MB in %d file%s%s\n", o.output_dir,
-            fp8 ? "FP8 E4M3 projections with 128x128 block scales, the rest BF16" : "BF16", n, total / 1e6, nshards,
-            nshards > 1 ? "s + model.safetensors.index.json" : "", o.lora ? ", adapter merged" : "");
+            fp8 ? "FP8 E4M3 projections with 128x128 block scales, the rest BF16" : fp32 ? "fp32" : "BF16", n, total / 1e6,
+            nshards, nshards > 1 ? "s + model.safetensors.index.json" : "", o.lora ? ", adapter merged" : "");
+    if (o.lora && !fp8 && kept.change2 > 0) {
+        double e = sqrt(kept.err2 / kept.change2);
+        fprintf(stderr, "merge: the adapter's change to the weights, as the %s file holds it, is off by %.3g of its size "
+                "(relative L2)%s\n", fp32 ? "fp32" : "BF16", e,
+                e > 0.1 ? ": much of it is below BF16's resolution at these weights, and lost; --dtype fp32 keeps it (or serve "
+                          "the base with the adapter unmerged)" : "");
+    }
     free(t);
     free(h);
     if (m.lora) lora_free(m.lora);

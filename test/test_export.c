@@ -239,7 +239,10 @@ START_TEST(test_bf16_merge) {
     fixture_path(lora, sizeof lora, "peft/qwen3_lora");
     snprintf(out, sizeof out, "%s/merged", tmp);
     snprintf(args, sizeof args, "--model %s --lora %s --output_dir %s/", model, lora, out);  // a trailing '/' too
-    ck_assert_int_eq(run_export(args, NULL), 0);
+    char *err;
+    ck_assert_int_eq(run_export(args, &err), 0);
+    ck_assert_msg(strstr(err, "merge: the adapter's change to the weights, as the BF16 file holds it, is off by "), "%s", err);
+    free(err);
     assert_only("merged", NULL);
     Inputs in;
     inputs_open(&in, model, lora);
@@ -264,6 +267,44 @@ START_TEST(test_bf16_merge) {
     float *base = logits_of(model, FP8_OFF, NULL, NULL);
     ck_assert_msg(rel_l2(base, ref, n) > 10 * tol, "the adapter changes too little to test the merge (%g)", rel_l2(base, ref, n));
     free(base);
+    free(ref);
+    free(got);
+    model_free(&m);
+}
+END_TEST
+
+// --dtype fp32: every tensor fp32, the merge W + s B A rounded once from fp64; the logits are base +
+// adapter unmerged's within fp32's error: a weight off by at most 2^-24 relative, the unmerged path's
+// two products (x W and (x A^T) B^T, summed in fp32 over K <= 160 terms) each off by ~K 2^-24 in the
+// worst case: 160 * 2^-24 ~ 1e-5 of a logit, against BF16's 0.55% RMS above. The survival line
+// says the change is kept (off by < 1e-6 of its size: one fp32 rounding of W + d against W's).
+START_TEST(test_fp32_merge) {
+    char args[4096], out[128], model[1024], lora[1024], p[256];
+    fixture_path(model, sizeof model, "qwen3");
+    fixture_path(lora, sizeof lora, "peft/qwen3_lora");
+    snprintf(out, sizeof out, "%s/merged32", tmp);
+    snprintf(args, sizeof args, "--model %s --lora %s --output_dir %s --dtype fp32", model, lora, out);
+    char *err;
+    ck_assert_int_eq(run_export(args, &err), 0);
+    const char *at = strstr(err, "as the fp32 file holds it, is off by ");
+    ck_assert_msg(at, "%s", err);
+    double off = atof(at + strlen("as the fp32 file holds it, is off by "));
+    ck_assert_msg(off > 0 && off < 1e-6 && !strstr(err, "--dtype fp32 keeps it"), "%s", err);
+    free(err);
+    snprintf(p, sizeof p, "%s/config.json", out);
+    char *cfg = read_file(p, NULL);
+    ck_assert_msg(strstr(cfg, "\"torch_dtype\":\t\"float32\"") && !strstr(cfg, "quantization_config"), "%s", cfg);
+    free(cfg);
+    SafeTensors st;
+    st_open_dir(&st, out);
+    for (int i = 0; i < st.n; i++) ck_assert_msg(st.t[i].dtype == DT_F32, "%s is not F32", st.t[i].name);
+    st_close(&st);
+    Model m;
+    float *ref = logits_of(model, FP8_OFF, lora, &m), *got = logits_of(out, FP8_OFF, NULL, NULL);
+    size_t n = (size_t)2 * 24 * m.cfg.V;
+    double e = rel_l2(got, ref, n);
+    printf("fp32 export: logits rel L2 %.2g from base + adapter unmerged (tol 1e-5)\n", e);
+    ck_assert_msg(e <= 1e-5, "rel L2 %g", e);
     free(ref);
     free(got);
     model_free(&m);
@@ -603,7 +644,7 @@ START_TEST(test_bad_inputs) {
 #define FAIL(want, ...) (snprintf(a, sizeof a, __VA_ARGS__), expect_fail(a, want, o))
     FAIL("--model DIR is required", "--output_dir %s", o);
     FAIL("--output_dir DIR is required", "--model %s", m);
-    FAIL("--dtype: unknown value 'fp16': use bf16 or fp8", "--model %s --output_dir %s --dtype fp16", m, o);
+    FAIL("--dtype: unknown value 'fp16': use bf16, fp8 or fp32", "--model %s --output_dir %s --dtype fp16", m, o);
     FAIL("--max_shard_size: '5XB' is not a size", "--model %s --output_dir %s --max_shard_size 5XB", m, o);
     FAIL("--max_shard_size: '0' is not a size", "--model %s --output_dir %s --max_shard_size 0", m, o);
     FAIL("unknown option --no_such_flag", "--model %s --output_dir %s --no_such_flag", m, o);
@@ -622,7 +663,7 @@ START_TEST(test_bad_inputs) {
     size_t hn = fread(help, 1, sizeof help - 1, f);
     help[hn] = 0;
     ck_assert_int_eq(pclose(f), 0);
-    ck_assert_msg(strstr(help, "--dtype bf16|fp8") && strstr(help, "(default: bf16)") && strstr(help, "(default: 5GB)") &&
+    ck_assert_msg(strstr(help, "--dtype bf16|fp8|fp32") && strstr(help, "(default: bf16)") && strstr(help, "(default: 5GB)") &&
                       strstr(help, "--overwrite") && strstr(help, "--lora DIR"), "%s", help);
     // the directories given as outputs are as they were
     snprintf(a, sizeof a, "test \"$(ls %s)\" = keep && test -d %s/tokenizer.json", full, badtok);
@@ -636,6 +677,7 @@ Suite *export_suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_bf16_merge);
+    tcase_add_test(tc, test_fp32_merge);
     tcase_add_test(tc, test_bf16_rounded_once);
     tcase_add_test(tc, test_fp8_equals_load_in_fp8_block);
     tcase_add_test(tc, test_shards_and_tokenizer_files);
