@@ -23,6 +23,7 @@
 // the whole batch); rank 0 alone writes metrics, checkpoints and the plot.
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -50,7 +51,8 @@
 
 typedef struct {
     const char *model, *data, *task, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules;
-    const char *load_in_fp8, *kv_cache_dtype, *lora_dtype;
+    const char *load_in_fp8, *kv_cache_dtype, *lora_dtype, *eval_data;
+    double heldout_frac;
     int resume, overwrite_output_dir, fp8_pow2, bf16_first_layers, bf16_last_layers, quiet, gradient_checkpointing, fp8_embeddings;
     int use_peft;
     int max_steps, per_device_train_batch_size, micro_batch_size, lora_r, top_k, logging_steps, save_steps;
@@ -67,6 +69,11 @@ static const Option OPTIONS[] = {
      .help = "Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)"},
     {"data", OPT_STRING, OFF(data), .meta = "FILE", .unset = "the built-in --task",
      .help = "JSONL training data, one {\"prompt\", \"answer\"} per line (GSM8K \"#### N\" answers ok); needs --model"},
+    {"eval_data", OPT_STRING, OFF(eval_data), .meta = "FILE", .unset = "a share of --data (--heldout_frac)",
+     .help = "JSONL held-out problems for the evaluations, as --data's lines; with it every line of --data trains"},
+    {"heldout_frac", OPT_DOUBLE, OFF(heldout_frac), 0, 0.9, .dflt = "0.1",
+     .help = "share of --data's problems held out for the evaluations, chosen by a hash of the prompt (the same "
+             "problems on every run and seed; 0: none, no evaluation)"},
     {"task", OPT_CHOICE, OFF(task), .choices = "arithmetic|countdown", .dflt = "arithmetic", .help = "the built-in task, when no --data"},
     {"max_operand", OPT_INT, OFF(max_operand), 1, 999, .dflt = "30", .help = "built-in arithmetic: operands in [0, max_operand]"},
     {"warmup_sft_steps", OPT_INT, OFF(warmup_sft_steps), 0, 1e7, .dflt = "1000",
@@ -184,6 +191,11 @@ static void parse_options(int argc, char **argv, Opts *o, GrpoConfig *g, int *ut
                      .rows = OPTIONS, .n = N_OPTIONS, .base = o, .grpo = g};
     options_parse(&t, argc, argv);
     *util_given = options_given(&t, "gpu_memory_utilization");
+    if (o->eval_data && !o->data) die("--eval_data needs --data (the built-in tasks hold out problems of their own)");
+    if (options_given(&t, "heldout_frac") && !o->data)
+        die("--heldout_frac is the share of --data held out: the built-in tasks hold out a fixed 10%%");
+    if (options_given(&t, "heldout_frac") && o->eval_data)
+        die("--heldout_frac and --eval_data both choose the held-out problems: give one");
     char err[256];
     if (grpo_config_check(g, err, sizeof err) < 0) die("%s", err);
     // full-weight GRPO (--use_peft false): what it needs, said before any work
@@ -350,8 +362,10 @@ static int eval_count(const Task *task, int n) {
     return avail > 0 && n > avail ? (int)avail : n;
 }
 
-// the number of held-out problems i0 <= i < i1 answered correctly (greedy)
-static double evaluate_range(Model *m, const Task *task, const Formatter *f, int i0, int i1, int max_new, const int *eos, int neos) {
+// the number of held-out problems i0 <= i < i1 answered correctly (greedy); each (or NULL): every
+// problem's reward, i1 - i0 of them
+static double evaluate_range(Model *m, const Task *task, const Formatter *f, int i0, int i1, int max_new, const int *eos, int neos,
+                             double *each) {
     int n = i1 - i0;
     if (n <= 0) return 0;
     int **prompts = (int **)mallocCheck(n * sizeof(int *)), *plens = (int *)mallocCheck(n * sizeof(int));
@@ -367,7 +381,9 @@ static double evaluate_range(Model *m, const Task *task, const Formatter *f, int
     double correct = 0;
     for (int i = 0; i < n; i++) {
         char *text = tokenizer_decode_ex(f->tok, r.ids + (size_t)i * max_new, r.len[i], 1, NULL);
-        correct += reward_correctness(&ex[i], text, r.truncated[i]);
+        double c = reward_correctness(&ex[i], text, r.truncated[i]);
+        if (each) each[i] = c;
+        correct += c;
         free(text);
         free(prompts[i]);
         example_free(&ex[i]);
@@ -382,7 +398,7 @@ static double evaluate_range(Model *m, const Task *task, const Formatter *f, int
 
 static double evaluate(Model *m, const Task *task, const Formatter *f, int n, int max_new, const int *eos, int neos) {
     n = eval_count(task, n);
-    return n ? evaluate_range(m, task, f, 0, n, max_new, eos, neos) / n : NAN;
+    return n ? evaluate_range(m, task, f, 0, n, max_new, eos, neos, NULL) / n : NAN;
 }
 
 // ----------------------------------------------------------------------------
@@ -400,6 +416,8 @@ static cJSON *run_identity(const Run *r) {
     cJSON_AddStringToObject(j, "model", o->model ? o->model : "builtin-tiny");
     if (!o->model) cJSON_AddItemToObject(j, "warmup", cJSON_Parse(r->warm_json));  // what made the built-in model's weights
     cJSON_AddStringToObject(j, "data", o->data ? o->data : o->task);
+    if (o->eval_data) cJSON_AddStringToObject(j, "eval_data", o->eval_data);  // (older runs: a share of data)
+    else if (o->data && o->heldout_frac != 0.1) cJSON_AddNumberToObject(j, "heldout_frac", o->heldout_frac);
     cJSON_AddStringToObject(j, "load_in_fp8", o->load_in_fp8);
     cJSON_AddStringToObject(j, "kv_cache_dtype", o->kv_cache_dtype);
     if (!o->use_peft) cJSON_AddBoolToObject(j, "use_peft", 0);  // (older runs: LoRA)
@@ -612,6 +630,18 @@ static void write_tokenizer_json(const Tokenizer *tok, const char *path) {
     cJSON_Delete(root);
 }
 
+// What the built-in model is, beside its tokenizer.json, for the programs that read the warm-up as a
+// checkpoint (./train_sft, ./generate, transformers): no chat template (its prompts are raw text; the
+// vocabulary's ChatML tokens are not a template), and its one end token, <|endoftext|>, not the
+// <|im_end|> a vocabulary with ChatML tokens suggests.
+static void write_tokenizer_config(const char *dir) {
+    char p[4200];
+    path_join(p, sizeof p, dir, "tokenizer_config.json");
+    const char *text = "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n  \"eos_token\": \"<|endoftext|>\",\n"
+                       "  \"bos_token\": null,\n  \"pad_token\": null,\n  \"chat_template\": null\n}\n";
+    write_file_atomic(p, text, strlen(text));
+}
+
 // The settings that define the built-in model's weights (warm_json), and the cache directory of
 // that warm-up: <warm_root>/warmup-<a hash of them>. A run with other settings gets a directory of
 // its own, so that a warm-up is never replaced by another under an adapter trained on it.
@@ -641,6 +671,8 @@ static void warmup(Run *r, const Config *tc, const ModelOptions *mo) {
         int same = !strcmp(text, r->warm_json);
         free(text);
         if (!same) die("%s holds another warm-up (%.200s) than this run's (%s): remove it", r->warm_dir, have, r->warm_json);
+        path_join(p, sizeof p, r->warm_dir, "tokenizer_config.json");
+        if (!file_exists(p)) write_tokenizer_config(r->warm_dir);  // (a warm-up cached before the file was written)
         printf("built-in model: warm-up loaded from %s\n", r->warm_dir);
     } else if (r->rank0) {
         printf("built-in model: %d layers, hidden %d, vocab %d (byte-level); supervised warm-up on '%s' for %d steps (cached in %s)\n",
@@ -656,6 +688,7 @@ static void warmup(Run *r, const Config *tc, const ModelOptions *mo) {
         model_save_hf(&w, tmp, DT_F32);
         path_join(p, sizeof p, tmp, "tokenizer.json");
         write_tokenizer_json(r->tok, p);
+        write_tokenizer_config(tmp);
         path_join(p, sizeof p, tmp, "warmup.json");
         write_file_atomic(p, r->warm_json, strlen(r->warm_json));
         model_free(&w);
@@ -748,6 +781,37 @@ static size_t arena_budget(Run *r) {
     return budget;
 }
 
+// One line on the data: the problems of each split and how the held-out ones were chosen; for a
+// file, the prompts' length in tokens (the text alone, before any chat template) and the answers'.
+static void data_summary(const Run *r) {
+    const Opts *o = &r->o;
+    const Task *t = &r->task;
+    long ntr = task_size(t, SPLIT_TRAIN), nho = task_size(t, SPLIT_HELDOUT);
+    if (ntr < 0) {
+        printf("data: the built-in task %s, problems made on demand, 10%% of them held out (by a hash of the problem)\n", t->name);
+        return;
+    }
+    char how[4300];
+    if (o->eval_data) snprintf(how, sizeof how, "those of %s", o->eval_data);
+    else if (!o->data) snprintf(how, sizeof how, "10%% of the problems, by a hash of the problem");
+    else snprintf(how, sizeof how, "--heldout_frac %g of the problems, by a hash of the prompt", o->heldout_frac);
+    printf("data: %s: %ld training and %ld held-out problems (held out: %s)", o->data ? o->data : t->name, ntr, nho, how);
+    if (t->kind == TASK_JSONL) {
+        long pmin = LONG_MAX, pmax = 0, amin = LONG_MAX, amax = 0;
+        double psum = 0, asum = 0;
+        for (long k = 0; k < t->n_items; k++) {
+            int *ids;
+            long np = tokenizer_encode(r->tok, t->items[k].prompt, &ids), na = (long)strlen(t->items[k].answer);
+            free(ids);
+            pmin = np < pmin ? np : pmin, pmax = np > pmax ? np : pmax, psum += np;
+            amin = na < amin ? na : amin, amax = na > amax ? na : amax, asum += na;
+        }
+        printf("; prompts %ld-%ld tokens (mean %.1f), answers %ld-%ld characters (mean %.1f)", pmin, pmax, psum / t->n_items, amin,
+               amax, asum / t->n_items);
+    }
+    printf("\n");
+}
+
 // Stage "load": the task, the tokenizer (checked against the checkpoint's vocabulary), the
 // backend, the model (the built-in one through its warm-up), LoRA, and the GPU arena's budget.
 static void load(Run *r) {
@@ -757,7 +821,16 @@ static void load(Run *r) {
     TaskOptions to = task_options_default();
     to.seed = (uint64_t)o->seed;
     to.max_operand = o->max_operand;
+    if (o->data) to.heldout_frac = o->eval_data ? 0 : o->heldout_frac;
     task_open_or_die(&r->task, o->data ? o->data : o->task, &to);
+    if (o->eval_data) {
+        char err[512];
+        long both;
+        if (task_set_eval_file(&r->task, o->eval_data, &both, err, sizeof err)) die("--eval_data: %s", err);
+        if (both && r->rank0)
+            printf("note: %ld of the %ld problems of %s are in %s too: the evaluation measures them after training on them\n",
+                   both, task_size(&r->task, SPLIT_HELDOUT), o->eval_data, o->data);
+    }
     if (o->model) {
         r->tok = tokenizer_load_dir(o->model);
         Config cfg;
@@ -774,6 +847,7 @@ static void load(Run *r) {
         r->eos[r->neos++] = tc.eos_ids[0];
         warmup_settings(r, &tc);
     }
+    data_summary(r);
     ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), o->fp8_pow2, o->bf16_first_layers, o->bf16_last_layers,
                        o->fp8_embeddings};
     r->fmt.system = o->system_prompt;
@@ -837,7 +911,8 @@ static void load(Run *r) {
 static double held_out_accuracy(Run *r) {
     int n = eval_count(&r->task, r->o.eval_size), W = r->dp.world, k = r->dp.rank;
     if (n == 0) return NAN;
-    double correct = evaluate_range(&r->m, &r->task, &r->fmt, (int)((long)n * k / W), (int)((long)n * (k + 1) / W), r->Tc, r->eos, r->neos);
+    double correct =
+        evaluate_range(&r->m, &r->task, &r->fmt, (int)((long)n * k / W), (int)((long)n * (k + 1) / W), r->Tc, r->eos, r->neos, NULL);
     dist_all_reduce_sum_f64_host(r->dist, &correct, 1);
     return correct / n;
 }
@@ -1252,9 +1327,36 @@ static void cmd_word(CmdLine *c, const char *word, int quote) {
     if (quote) cmd_add(c, "'");
 }
 
+// The held-out problem the run's command shows: among the first 16, the first that the adapter answers
+// and the base alone (LoRA off) does not, else the first the adapter answers, else the first; *why
+// says which. Two greedy passes over them (rank 0 alone, after the run).
+enum { SHOWCASE = 16 };
+static int showcase_problem(Run *r, const char **why) {
+    int n = eval_count(&r->task, SHOWCASE);
+    *why = "a held-out problem";
+    if (!r->lo || n == 0) return 0;
+    double on[SHOWCASE], off[SHOWCASE];
+    evaluate_range(&r->m, &r->task, &r->fmt, 0, n, r->Tc, r->eos, r->neos, on);
+    r->m.lora_on = 0;
+    evaluate_range(&r->m, &r->task, &r->fmt, 0, n, r->Tc, r->eos, r->neos, off);
+    r->m.lora_on = 1;
+    for (int i = 0; i < n; i++)
+        if (on[i] == 1 && off[i] != 1) {
+            *why = "a held-out problem the adapter answers and the base model alone does not";
+            return i;
+        }
+    for (int i = 0; i < n; i++)
+        if (on[i] == 1) {
+            *why = "a held-out problem the adapter answers (the base model alone answers the first 16 too)";
+            return i;
+        }
+    return 0;
+}
+
 // The ./generate command that samples from the trained adapter: the run's paths, the frozen
-// weights as they were trained, and a held-out prompt (a placeholder for a long one)
-static void print_generate_command(const Run *r) {
+// weights and cache as they were trained, and a held-out prompt (showcase_problem; a placeholder for a
+// long one)
+static void print_generate_command(Run *r) {
     const Opts *o = &r->o;
     CmdLine c = {.n = 0};
     char path[4300];
@@ -1272,17 +1374,21 @@ static void print_generate_command(const Run *r) {
     if (o->fp8_pow2) cmd_add(&c, " --fp8_pow2_scales");
     if (o->bf16_first_layers) cmd_add(&c, " --bf16_first_layers %d", o->bf16_first_layers);
     if (o->bf16_last_layers) cmd_add(&c, " --bf16_last_layers %d", o->bf16_last_layers);
+    if (o->fp8_embeddings) cmd_add(&c, " --fp8_embeddings");
+    if (strcmp(o->kv_cache_dtype, "auto")) cmd_add(&c, " --kv_cache_dtype %s", o->kv_cache_dtype);
     if (r->fmt.chat) cmd_add(&c, " --chat");
     if (r->fmt.chat && o->system_prompt && strlen(o->system_prompt) < 1000) {
         cmd_add(&c, " --system_prompt");
         cmd_word(&c, o->system_prompt, 1);
     }
     cmd_add(&c, " --max_new_tokens %d --prompt", r->Tc);
+    const char *why;
+    int i = showcase_problem(r, &why);
     Example ex;
-    task_example(&r->task, task_size(&r->task, SPLIT_HELDOUT) != 0 ? SPLIT_HELDOUT : SPLIT_TRAIN, 0, &ex);
+    task_example(&r->task, task_size(&r->task, SPLIT_HELDOUT) != 0 ? SPLIT_HELDOUT : SPLIT_TRAIN, (uint64_t)i, &ex);
     cmd_word(&c, strlen(ex.prompt) <= 200 && !strchr(ex.prompt, '\n') ? ex.prompt : "YOUR PROMPT", 1);
+    printf("try it: %s\n        (%s; its answer: %s)\n", c.s, why, ex.answer);
     example_free(&ex);
-    printf("try it: %s\n", c.s);
 }
 
 // Stage "finish": the plot, the accuracy before and after, where everything is.

@@ -559,6 +559,45 @@ void task_free(Task *t) {
     t->n_items = t->n[0] = t->n[1] = 0;
 }
 
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int task_set_eval_file(Task *t, const char *path, long *both, char *err, size_t cap) {
+    if (t->kind != TASK_JSONL || t->opt.heldout_frac != 0 || t->n[SPLIT_HELDOUT])
+        return error_msg(err, cap, "an evaluation file needs a JSONL task opened with heldout_frac 0");
+    Task ev;
+    TaskOptions o = t->opt;
+    if (task_open(&ev, path, &o, err, cap)) return -1;
+    // the shared prompts, by key: the training file's keys sorted, each of ev's looked up
+    uint64_t *keys = (uint64_t *)mallocCheck((size_t)t->n_items * sizeof(uint64_t));
+    for (long k = 0; k < t->n_items; k++) keys[k] = t->items[k].key;
+    qsort(keys, (size_t)t->n_items, sizeof *keys, cmp_u64);
+    *both = 0;
+    for (long k = 0; k < ev.n_items; k++) *both += bsearch(&ev.items[k].key, keys, (size_t)t->n_items, sizeof *keys, cmp_u64) != NULL;
+    free(keys);
+    if (t->n_items + ev.n_items > 0xffffffffL) {
+        task_free(&ev);
+        return error_msg(err, cap, "%s: too many examples", path);
+    }
+    // ev's examples appended to the task's, the held-out order over them (shuffled as a split is)
+    long base = t->n_items;
+    t->items = (Example *)reallocCheck(t->items, (size_t)(base + ev.n_items) * sizeof(Example));
+    memcpy(t->items + base, ev.items, (size_t)ev.n_items * sizeof(Example));
+    free(t->order[SPLIT_HELDOUT]);
+    t->order[SPLIT_HELDOUT] = (uint32_t *)mallocCheck((size_t)ev.n_items * sizeof(uint32_t));
+    for (long k = 0; k < ev.n_items; k++) t->order[SPLIT_HELDOUT][k] = (uint32_t)(base + k);
+    t->n[SPLIT_HELDOUT] = ev.n_items;
+    t->n_items = base + ev.n_items;
+    Rng r = stream(t->opt.seed, SPLIT_HELDOUT, 0, 0x150e);
+    shuffle(t->order[SPLIT_HELDOUT], t->n[SPLIT_HELDOUT], &r);
+    free(ev.items);  // (their strings now belong to t)
+    free(ev.order[0]);
+    free(ev.order[1]);
+    return 0;
+}
+
 long task_size(const Task *t, Split s) { return t->kind == TASK_COUNTDOWN ? -1 : t->n[s]; }
 
 void task_example(const Task *t, Split s, uint64_t i, Example *ex) {

@@ -80,6 +80,11 @@ int jsonl_next(JsonlReader *r, struct cJSON **out, char *err, size_t cap);
 int task_open(Task *t, const char *spec, const TaskOptions *opt, char *err, size_t errcap);
 void task_open_or_die(Task *t, const char *spec, const TaskOptions *opt);
 void task_free(Task *t);
+// A JSONL task's held-out split from a file of its own (--eval_data): every example of path, in the
+// format of the task's file; the task must have been opened with heldout_frac 0 (all of its own
+// examples train). Returns 0 (*both: how many of path's prompts the training file holds too, which the
+// evaluation then measures on problems seen in training), or -1 with a one-line message in err.
+int task_set_eval_file(Task *t, const char *path, long *both, char *err, size_t errcap);
 // distinct problems in a split; -1 for countdown (generated on demand, effectively unlimited)
 long task_size(const Task *t, Split s);
 // The i-th example of a split, the same for the same (task, options, i) on every

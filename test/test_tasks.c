@@ -497,6 +497,53 @@ START_TEST(jsonl_split_by_prompt) {
 }
 END_TEST
 
+// --eval_data: a second file is the held-out split, whole; the training file's examples all train;
+// the prompts in both are counted; the file's errors name it and its line
+START_TEST(jsonl_eval_file) {
+    size_t cap = 1 << 14, n = 0;
+    char *text = (char *)mallocCheck(cap), path[64], err[256];
+    for (int i = 0; i < 50; i++) n += snprintf(text + n, cap - n, "{\"prompt\": \"q%d\", \"answer\": \"%d\"}\n", i, i);
+    snprintf(path, sizeof path, "%s", tmp_file(text));
+    n = 0;
+    for (int i = 40; i < 60; i++) n += snprintf(text + n, cap - n, "{\"prompt\": \"q%d\", \"answer\": \"%d\"}\n", i, i);
+    const char *epath = tmp_file(text);
+    TaskOptions o = task_options_default();
+    Task t;
+    long both = -1;
+    ck_assert_int_eq(task_open(&t, path, &o, err, sizeof err), 0);  // (a share held out already: refused)
+    ck_assert_int_eq(task_set_eval_file(&t, epath, &both, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "heldout_frac 0"), "%s", err);
+    task_free(&t);
+    o.heldout_frac = 0;
+    ck_assert_int_eq(task_open(&t, path, &o, err, sizeof err), 0);
+    ck_assert_int_eq(task_set_eval_file(&t, epath, &both, err, sizeof err), 0);
+    ck_assert_int_eq(task_size(&t, SPLIT_TRAIN), 50);
+    ck_assert_int_eq(task_size(&t, SPLIT_HELDOUT), 20);
+    ck_assert_int_eq(both, 10);  // q40..q49
+    int seen[60] = {0};
+    for (long k = 0; k < 20; k++) {
+        Example e;
+        task_example(&t, SPLIT_HELDOUT, k, &e);
+        int q = atoi(e.prompt + 1);
+        ck_assert_msg(q >= 40 && q < 60 && atoi(e.answer) == q, "held-out %s -> %s", e.prompt, e.answer);
+        seen[q]++;
+        example_free(&e);
+    }
+    for (int q = 40; q < 60; q++) ck_assert_int_eq(seen[q], 1);  // each once, in a shuffled order
+    task_free(&t);
+    unlink(epath);
+    epath = tmp_file("{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"prompt\": \"b\"}\n");
+    ck_assert_int_eq(task_open(&t, path, &o, err, sizeof err), 0);
+    ck_assert_int_eq(task_set_eval_file(&t, epath, &both, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, ":2: missing \"answer\""), "%s", err);
+    ck_assert_int_eq(task_size(&t, SPLIT_HELDOUT), 0);  // (the task as it was)
+    task_free(&t);
+    unlink(epath);
+    unlink(path);
+    free(text);
+}
+END_TEST
+
 START_TEST(options_checked) {
     Task t;
     char err[256];
@@ -544,6 +591,7 @@ Suite *tasks_suite(void) {
     tcase_add_test(tc, jsonl_loads_gsm8k);
     tcase_add_test(tc, jsonl_errors_name_file_and_line);
     tcase_add_test(tc, jsonl_split_by_prompt);
+    tcase_add_test(tc, jsonl_eval_file);
     tcase_add_test(tc, options_checked);
     suite_add_tcase(s, tc);
     return s;

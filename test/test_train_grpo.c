@@ -25,6 +25,7 @@
 #include "core/backend.h"  // convert_to_f64
 #include "io/safetensors.h"
 #include "train/checkpoint.h"  // run_dir_claim
+#include "train/sft.h"         // sft_eos_id
 
 // the default task and warm-up (made once, ~2 min on 2 cores), smaller evaluations
 #define EASY "--eval_size 100 --device cpu --quiet"
@@ -106,6 +107,10 @@ START_TEST(test_bad_options) {
         {"--use_peft false", "FP8 weights are frozen: add --load_in_fp8 off"},
         {"--use_peft false --load_in_fp8 off --beta 0.04", "use --beta 0"},
         {"--use_peft false --load_in_fp8 off --fp8_embeddings", "--fp8_embeddings freezes"},
+        {"--eval_data e.jsonl", "--eval_data needs --data"},
+        {"--heldout_frac 0.2", "--heldout_frac is the share of --data held out"},
+        {"--heldout_frac 0.95", "--heldout_frac: '0.95' is not a number in [0, 0.9]"},
+        {"--model m --data d.jsonl --eval_data e.jsonl --heldout_frac 0.2", "give one"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char cmd[2048], err[2048], dir[1200];
@@ -430,7 +435,9 @@ START_TEST(test_output_dir_checked_first) {
 }
 END_TEST
 
-// the warm-up checkpoint's tokenizer.json reads back as the built-in byte-level vocabulary
+// the warm-up checkpoint's tokenizer.json reads back as the built-in byte-level vocabulary, and its
+// tokenizer_config.json says what the model is: no chat template, one end token (256, the one the
+// warm-up taught), so that ./train_sft and ./generate on it write and stop as the model does
 START_TEST(test_warmup_tokenizer_json) {
     setup();
     char dir[1400], warm[1200];
@@ -438,11 +445,12 @@ START_TEST(test_warmup_tokenizer_json) {
     warm_dir_in(warm, dir, sizeof dir);
     Tokenizer *a = tokenizer_byte_level(), *b = tokenizer_load_dir(dir);
     ck_assert_int_eq(tokenizer_vocab_size(a), tokenizer_vocab_size(b));
-    ck_assert_str_eq(tokenizer_chat_format(a), tokenizer_chat_format(b));
-    int na, nb;
-    const int *ea = tokenizer_eos_ids(a, &na), *eb = tokenizer_eos_ids(b, &nb);
-    ck_assert_int_eq(na, nb);
-    for (int i = 0; i < na; i++) ck_assert_int_eq(ea[i], eb[i]);
+    ck_assert_str_eq(tokenizer_chat_format(b), "none");
+    int nb;
+    const int *eb = tokenizer_eos_ids(b, &nb);
+    ck_assert_int_eq(nb, 1);
+    ck_assert_int_eq(eb[0], 256);
+    ck_assert_int_eq(sft_eos_id(b, 0), 256);
     const char *texts[] = {"17+25=", "42", " 3*5+7 ", "Hello, world!\n\tTabs and  spaces  ", "<|im_start|>user\nhi<|im_end|>",
                            "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x99\x82", "bad utf-8: \xff\xfe\xc3", "<|endoftext|>x<|endoftext|>",
                            "'s 're \\ \" {}"};
@@ -498,8 +506,13 @@ START_TEST(test_default_runs_and_generate) {
         snprintf(cmd, sizeof cmd, "%s/out/run-%d/checkpoint-1/adapter_model.safetensors", dir, r);
         ck_assert(file_exists(cmd));
     }
-    // the ready-to-copy generate command, with the real paths
+    // the ready-to-copy generate command, with the real paths, and below it why that problem
     ck_assert_msg(line_after(out, "try it: ", line, sizeof line), "%s", out);
+    char why[4096], answer[64] = "";
+    ck_assert_msg(line_after(out, "        (a held-out problem", why, sizeof why), "%s", out);
+    const char *a = strstr(why, "its answer: ");
+    ck_assert_msg(a, "%s", why);
+    snprintf(answer, sizeof answer, "%.*s", (int)strcspn(a + 12, ")"), a + 12);
     snprintf(cmd, sizeof cmd, "%s/generate --model %s --lora out/run-2/checkpoint-1 --max_new_tokens 8 --prompt '", here, name);
     ck_assert_msg(!strncmp(line, cmd, strlen(cmd)), "'%s'", line);
     snprintf(cmd, sizeof cmd, "cd %s && %s", dir, line);
@@ -508,6 +521,7 @@ START_TEST(test_default_runs_and_generate) {
     memcpy(text, out, sizeof text);
     ck_assert_msg(strchr(text, '\n') == text + strlen(text) - 1 && strlen(text) > 1, "stdout '%s'", text);
     ck_assert_msg(strstr(err, "backend: ") && !strstr(text, "backend"), "diagnostics not on stderr: '%s'", err);
+    if (strstr(why, "the adapter answers")) ck_assert_msg(strstr(text, answer), "'%s' answered '%s', not %s", line, text, answer);
     // the text is the decode of the ids --print_ids gives (EOS not shown)
     snprintf(cmd, sizeof cmd, "cd %s && %s --print_ids", dir, line);
     ck_assert_int_eq(run_out(cmd, out, sizeof out, NULL, 0), 0);
@@ -562,6 +576,39 @@ START_TEST(test_tokenizer_checkpoint_disagree) {
                               "checkpoint disagree (use the tokenizer.json saved with this checkpoint)") &&
                       !strncmp(err, "error: ", 7) && strchr(err, '\n') == err + strlen(err) - 1,
                   "stderr '%s'", err);
+}
+END_TEST
+
+// --data with --eval_data: the data line says what trains and what is held out, and that a prompt of
+// the evaluation file is in the training file too; --heldout_frac 0 holds none out, said so at the end
+START_TEST(test_data_and_eval_files) {
+    setup();
+    char dir[1200], model[1400], data[1300], eval[1300], cmd[8192], out[16384], err[2048];
+    fresh_dir("evalfile", dir, sizeof dir);
+    warm_dir_in(dir, model, sizeof model);  // the built-in model as a checkpoint (its tokenizer: a byte a token)
+    snprintf(data, sizeof data, "%s/d.jsonl", dir);
+    snprintf(eval, sizeof eval, "%s/e.jsonl", dir);
+    const char *d = "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n{\"prompt\": \"2+2=\", \"answer\": 4}\n"
+                    "{\"prompt\": \"13+5=\", \"answer\": \"18\"}\n";
+    const char *e = "{\"prompt\": \"3+4=\", \"answer\": \"7\"}\n{\"prompt\": \"2+2=\", \"answer\": \"4\"}\n";
+    write_file_atomic(data, d, strlen(d));
+    write_file_atomic(eval, e, strlen(e));
+    const char *small = "--device cpu --quiet --max_steps 1 --per_device_train_batch_size 4 --num_generations 4 "
+                        "--max_completion_length 4 --eval_size 2";
+    snprintf(cmd, sizeof cmd, "./train_grpo %s --model %s --data %s --eval_data %s --output_dir %s/a", small, model, data, eval, dir);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    char want[4096];
+    snprintf(want, sizeof want, "data: %s: 3 training and 2 held-out problems (held out: those of %s); prompts 4-5 tokens "
+             "(mean 4.2), answers 1-2 characters (mean 1.2)", data, eval);
+    ck_assert_msg(strstr(out, want), "stdout lacks '%s':\n%s", want, out);
+    snprintf(want, sizeof want, "note: 1 of the 2 problems of %s are in %s too", eval, data);
+    ck_assert_msg(strstr(out, want), "stdout lacks '%s':\n%s", want, out);
+    ck_assert_msg(strstr(out, "held-out accuracy before GRPO: ") && strstr(out, "(2 held-out problems, greedy)"), "%s", out);
+    snprintf(cmd, sizeof cmd, "./train_grpo %s --model %s --data %s --heldout_frac 0 --output_dir %s/b", small, model, data, dir);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    snprintf(want, sizeof want, "data: %s: 3 training and 0 held-out problems (held out: --heldout_frac 0 of the problems", data);
+    ck_assert_msg(strstr(out, want), "stdout lacks '%s':\n%s", want, out);
+    ck_assert_msg(strstr(out, "not measured (no held-out problems)"), "%s", out);
 }
 END_TEST
 
@@ -839,6 +886,7 @@ static Suite *train_suite(void) {
     tcase_add_test(tc, test_dash_underscore_same_run);
     tcase_add_test(tc, test_default_runs_and_generate);
     tcase_add_test(tc, test_bad_jsonl);
+    tcase_add_test(tc, test_data_and_eval_files);
     tcase_add_test(tc, test_checkpoint_never_overwritten);
     tcase_add_test(tc, test_resume_bit_exact);
     tcase_add_test(tc, test_memory_options);
