@@ -9,7 +9,7 @@ wrote them) in fp32 and scores the ids 49 43 50 61: logits (4, V) float32.
 
 Run from the repository root after make: python3 dev/make_sft_fixture.py  (CPU is enough).
 """
-import os, subprocess, tempfile
+import glob, os, subprocess, tempfile
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ subprocess.run(f"./train_grpo --device cpu --quiet --eval_size 0 --warmup_sft_st
 with open(f"{w}/sum.jsonl", "w") as f:
     for i in range(48):
         f.write(f'{{"prompt": "{i % 13}+{i % 7}=", "completion": "{i % 13 + i % 7}"}}\n')
-subprocess.run(f"./train_sft {SFT_ARGS} --model {w}/grpo/warmup --data {w}/sum.jsonl --output_dir {w}/full", shell=True, check=True)
+subprocess.run(f"./train_sft {SFT_ARGS} --model {glob.glob(w + '/grpo/warmup-*')[0]} --data {w}/sum.jsonl --output_dir {w}/full", shell=True, check=True)
 ckpt = f"{w}/full/checkpoint-20"
 model = AutoModelForCausalLM.from_pretrained(ckpt, torch_dtype=torch.float32).eval()
 with torch.no_grad():
