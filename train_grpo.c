@@ -417,7 +417,8 @@ static cJSON *run_identity(const Run *r) {
     if (!o->model) cJSON_AddItemToObject(j, "warmup", cJSON_Parse(r->warm_json));  // what made the built-in model's weights
     cJSON_AddStringToObject(j, "data", o->data ? o->data : o->task);
     if (o->eval_data) cJSON_AddStringToObject(j, "eval_data", o->eval_data);  // (older runs: a share of data)
-    else if (o->data && o->heldout_frac != 0.1) cJSON_AddNumberToObject(j, "heldout_frac", o->heldout_frac);
+    else if (o->data && o->heldout_frac != task_options_default().heldout_frac)
+        cJSON_AddNumberToObject(j, "heldout_frac", o->heldout_frac);
     cJSON_AddStringToObject(j, "load_in_fp8", o->load_in_fp8);
     cJSON_AddStringToObject(j, "kv_cache_dtype", o->kv_cache_dtype);
     if (!o->use_peft) cJSON_AddBoolToObject(j, "use_peft", 0);  // (older runs: LoRA)
@@ -773,12 +774,13 @@ static void data_summary(const Run *r) {
     const Task *t = &r->task;
     long ntr = task_size(t, SPLIT_TRAIN), nho = task_size(t, SPLIT_HELDOUT);
     if (ntr < 0) {
-        printf("data: the built-in task %s, problems made on demand, 10%% of them held out (by a hash of the problem)\n", t->name);
+        printf("data: the built-in task %s, problems made on demand, %g%% of them held out (by a hash of the problem)\n", t->name,
+               100 * t->opt.heldout_frac);
         return;
     }
     char how[4300];
     if (o->eval_data) snprintf(how, sizeof how, "those of %s", o->eval_data);
-    else if (!o->data) snprintf(how, sizeof how, "10%% of the problems, by a hash of the problem");
+    else if (!o->data) snprintf(how, sizeof how, "%g%% of the problems, by a hash of the problem", 100 * t->opt.heldout_frac);
     else snprintf(how, sizeof how, "--heldout_frac %g of the problems, by a hash of the prompt", o->heldout_frac);
     printf("data: %s: %ld training and %ld held-out problems (held out: %s)", o->data ? o->data : t->name, ntr, nho, how);
     if (t->kind == TASK_JSONL) {
