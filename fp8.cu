@@ -339,9 +339,10 @@ void fp8_quantize_scaled_cuda(FP8Tensor *t, const void *x, DType xdt, const floa
 // or 128x128 tiles. One block of 256 threads per 128x128 tile of x, staged in shared memory
 // (rows padded to 130 values, so that a warp reading one column touches 32 banks); then each warp
 // writes whole output rows: lane l encodes rows l, l + 32, l + 64, l + 96 of the tile's column, so
-// every store instruction writes 32 consecutive bytes of t.
+// every store instruction writes 32 consecutive bytes of t. Per tensor, qrow (or NULL) gets the
+// same codes in x's own layout from the staged tile: both layouts from one read of x.
 __global__ void __launch_bounds__(256) quant_t_kernel(uint8_t *q, float *scale, const bf16 *x, int R, int C, int block_rows,
-                                                      int ldk, int fmt, const float *mul, unsigned *amax) {
+                                                      int ldk, int fmt, const float *mul, unsigned *amax, uint8_t *qrow) {
     __shared__ bf16 tile[128][130];
     int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
     if (r0 + 128 <= R && c0 + 128 <= C && (C & 7) == 0 && ((uintptr_t)x & 15) == 0) {
@@ -366,6 +367,21 @@ __global__ void __launch_bounds__(256) quant_t_kernel(uint8_t *q, float *scale, 
             for (int p = threadIdx.x; p < 128 * 128; p += 256)
                 m = max(m, __float_as_uint(fabsf(__bfloat162float(tile[p >> 7][p & 127]))));
             block_amax_record(amax, m);
+        }
+        if (qrow) {  // x's layout: a thread encodes 4 consecutive values of a row, one 4-byte store
+            float s = *mul;
+            int vec = (C & 3) == 0;
+            for (int p = threadIdx.x; p < 128 * 32; p += 256) {
+                int r = p >> 5, k = (p & 31) * 4;
+                if (r0 + r >= R) continue;
+                uint8_t *o = qrow + (size_t)(r0 + r) * C + c0 + k;
+                if (vec && c0 + k + 4 <= C) {
+                    uint32_t word = 0;
+                    for (int j = 0; j < 4; j++) word |= (uint32_t)fp8_encode_dev(__bfloat162float(tile[r][k + j]) * s, fmt) << (8 * j);
+                    *(uint32_t *)o = word;
+                } else
+                    for (int j = 0; j < 4 && c0 + k + j < C; j++) o[j] = fp8_encode_dev(__bfloat162float(tile[r][k + j]) * s, fmt);
+            }
         }
     } else if (block_rows != 1) {  // one scale for the whole tile
         float m = 0.0f;
@@ -406,8 +422,19 @@ void fp8_quantize_t_cuda(FP8Tensor *t, const void *x, const float *mul, unsigned
     int ldk = fp8_scale_ld(FP8_BLOCK, C, R, t->block_rows);
     dim3 grid(cdiv(C, 128), cdiv(R, 128));
     quant_t_kernel<<<grid, 256, 0, ctx.stream>>>(t->data, t->scale, (const bf16 *)x, R, C, t->block_rows, ldk, t->fmt,
-                                                 t->gran == FP8_TENSOR ? mul : NULL, amax);
+                                                 t->gran == FP8_TENSOR ? mul : NULL, amax, NULL);
     launchCheck();
+}
+
+void fp8_quantize_both_cuda(FP8Tensor *row, FP8Tensor *t, const void *x, const float *mul, unsigned *amax) {
+    need_init();
+    int R = t->cols, C = t->rows;
+    if (t->gran != FP8_TENSOR || row->gran != FP8_TENSOR || !mul || row->rows != R || row->cols != C || row->fmt != t->fmt)
+        die("fp8_quantize_both_cuda: two per-tensor tensors of one format, (R, C) and (C, R), and a given scale");
+    dim3 grid(cdiv(C, 128), cdiv(R, 128));
+    quant_t_kernel<<<grid, 256, 0, ctx.stream>>>(t->data, t->scale, (const bf16 *)x, R, C, 1, 0, t->fmt, mul, amax, row->data);
+    launchCheck();
+    if (row->scale != t->scale) cudaCheck(cudaMemcpyAsync(row->scale, t->scale, sizeof(float), cudaMemcpyDeviceToDevice, ctx.stream));
 }
 
 // ----------------------------------------------------------------------------

@@ -14,7 +14,8 @@
 //                                  hand-written kernels where they are faster or cuBLASLt declines
 //   bf16_gemm_cuda(...)            the same product in BF16 (cuBLASLt): baseline and fallback
 //   fp8_linear_dx_cuda(...)        dX = dY W through a frozen FP8 weight (backward): FP8, or BF16
-//   fp8_tensor_scale_cuda, fp8_quantize_scaled_cuda, fp8_quantize_t_cuda: FP8 training's operands
+//   fp8_tensor_scale_cuda, fp8_quantize_scaled_cuda, fp8_quantize_t_cuda, fp8_quantize_both_cuda:
+//                                  FP8 training's operands
 #ifndef FP8_CUDA_H
 #define FP8_CUDA_H
 
@@ -112,6 +113,9 @@ void fp8_quantize_scaled_cuda(FP8Tensor *t, const void *x, DType xdt, const floa
 // bytes as fp8_quantize_cuda of x transposed. TENSOR: encode(x * mul[0]) as above (amax recorded
 // when given).
 void fp8_quantize_t_cuda(FP8Tensor *t, const void *x, const float *mul, unsigned *amax);
+// per tensor, x (R, C) bf16 in both layouts from one read of x: row (R, C) as fp8_quantize_scaled_cuda
+// and t (C, R) as fp8_quantize_t_cuda write them (the same codes), the amax recorded once when given
+void fp8_quantize_both_cuda(FP8Tensor *row, FP8Tensor *t, const void *x, const float *mul, unsigned *amax);
 #ifdef __cplusplus
 }
 #endif

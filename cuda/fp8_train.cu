@@ -178,10 +178,21 @@ void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *do
     int C = w->cols, OC = w->rows;
     FP8Format gfmt = t->r.hybrid ? FP8_E5M2 : FP8_E4M3;
     unsigned long me = ++calls;
+    // dY is read for dX (row layout) and for dW (transposed): per tensor both take the same scale,
+    // so one pass over dY writes both (blocks: their groups run along different axes, two passes)
+    int both = dinp && dw && t->r.kind != FP8_RECIPE_BLOCK;
+    FP8Tensor dyt;
+    memset(&dyt, 0, sizeof dyt);
+    if (dw) dyt = act_tensor(t, OC, N, gfmt, SC_TRAIN_DYT);
     if (dinp) {
         FP8Tensor wt = weight_q(t, w, 1);
         FP8Tensor dyq = act_tensor(t, N, OC, gfmt, SC_TRAIN_DY);
-        quantize(t, T_DY, &dyq, dout);
+        if (!both) quantize(t, T_DY, &dyq, dout);
+        else {
+            tensor_scale(t, T_DY, dout, (size_t)N * OC);
+            dyq.scale = dyt.scale = dev_inv(t, T_DY);
+            fp8_quantize_both_cuda(&dyq, &dyt, dout, dev_mul(t, T_DY), t->r.kind == FP8_RECIPE_DELAYED ? dev_amax(t, T_DY) : NULL);
+        }
         size_t n = (size_t)N * C;
         if (!accumulate) fp8_gemm_cuda(dinp, DT_BF16, &dyq, &wt, 0);
         else {
@@ -193,8 +204,7 @@ void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *do
     if (!dw) return;
     // dY^T (OC, N) and X^T (C, N), the tokens innermost, quantized from dY and X in one pass each:
     // per tensor with the scales of dX's and the forward's products, or in 1x128 groups along the tokens
-    FP8Tensor dyt = act_tensor(t, OC, N, gfmt, SC_TRAIN_DYT);
-    quantize_t(t, T_DY, &dyt, dout);
+    if (!both) quantize_t(t, T_DY, &dyt, dout);
     XCache *c = &(t->leader ? t->leader : t)->bwd;
     if (!reuse(t, c, inp, N, me)) {
         c->q = act_tensor(t, C, N, FP8_E4M3, SC_TRAIN_XT);

@@ -161,6 +161,40 @@ START_TEST(test_quantize_transposed) {
     G->free(xd);
     free(x);
     free(xt);
+    // both layouts from one read (the backward's dY): each the bytes of its own pass, on shapes with
+    // edge tiles and a width that is not a multiple of 4
+    int both[][2] = {{190, 260}, {256, 384}, {77, 131}};
+    for (size_t k = 0; k < sizeof both / sizeof both[0]; k++)
+        for (int f = 0; f < 2; f++) {
+            int R = both[k][0], C = both[k][1];
+            float *x = randn_bf((size_t)R * C, 2.0f), mul = f ? 0.9f : 61.0f;  // (some E4M3 codes saturate)
+            void *xd = up_act(x, (size_t)R * C);
+            float *muld = (float *)dev_bytes(&mul, 4);
+            unsigned zero = 0, *a1 = (unsigned *)dev_bytes(&zero, 4), *a2 = (unsigned *)dev_bytes(&zero, 4), b1, b2;
+            FP8Tensor row = dev_tensor(R, C, FP8_TENSOR, (FP8Format)f, 1), t = dev_tensor(C, R, FP8_TENSOR, (FP8Format)f, 1);
+            FP8Tensor row_ref = dev_tensor(R, C, FP8_TENSOR, (FP8Format)f, 1), t_ref = dev_tensor(C, R, FP8_TENSOR, (FP8Format)f, 1);
+            fp8_quantize_both_cuda(&row, &t, xd, muld, a1);
+            fp8_quantize_scaled_cuda(&row_ref, xd, DT_BF16, muld, a2);
+            fp8_quantize_t_cuda(&t_ref, xd, muld, NULL);
+            size_t n = (size_t)R * C;
+            uint8_t *h1 = (uint8_t *)mallocCheck(n), *h2 = (uint8_t *)mallocCheck(n);
+            char what[96];
+            G->download(h1, row.data, n), G->download(h2, row_ref.data, n);
+            snprintf(what, sizeof what, "dY %dx%d %s, both layouts at once: row", R, C, f ? "e5m2" : "e4m3");
+            check_exact(what, h1, h2, n);
+            G->download(h1, t.data, n), G->download(h2, t_ref.data, n);
+            snprintf(what, sizeof what, "dY %dx%d %s, both layouts at once: transposed", R, C, f ? "e5m2" : "e4m3");
+            check_exact(what, h1, h2, n);
+            float s1, s2;
+            G->download(&s1, row.scale, 4), G->download(&s2, row_ref.scale, 4);
+            ck_assert_msg(s1 == s2, "both layouts: the row tensor's scale %g, the row pass's %g", s1, s2);
+            G->download(&b1, a1, 4), G->download(&b2, a2, 4);
+            ck_assert_msg(b1 == b2 && b1 != 0, "both layouts: amax bits %08x, the row pass's %08x", b1, b2);
+            free(h1), free(h2);
+            dev_tensor_free(&row), dev_tensor_free(&t), dev_tensor_free(&row_ref), dev_tensor_free(&t_ref);
+            G->free(xd), G->free(muld), G->free(a1), G->free(a2);
+            free(x);
+        }
 }
 END_TEST
 
