@@ -266,8 +266,10 @@ $(DEV_C): $(BUILD)/%: dev/%.c $(LIB) $(HEADERS) $(wildcard dev/*.h)
 	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 DEV_CU   := $(patsubst dev/cuda/%.cu,$(BUILD)/%,$(wildcard dev/cuda/*.cu)) $(BUILD)/bench_gemm
 DEV_BINS += $(DEV_CU)
-$(DEV_CU): $(BUILD)/%: $(LIB) $(HEADERS) dev/cuda/common.cuh
-	$(NVCC) $(NVCCFLAGS) $(NVLDFLAGS) $(firstword $(wildcard dev/cuda/$*.cu dev/$*.cu)) $(LIB) -o $@ $(NVLDLIBS)
+# each from its own source (dev/cuda/NAME.cu, or dev/bench_gemm.cu), rebuilt when that changes
+.SECONDEXPANSION:
+$(DEV_CU): $(BUILD)/%: $$(firstword $$(wildcard dev/cuda/$$*.cu dev/$$*.cu)) $(LIB) $(HEADERS) dev/cuda/common.cuh
+	$(NVCC) $(NVCCFLAGS) $(NVLDFLAGS) $< $(LIB) -o $@ $(NVLDLIBS)
 ifneq ($(wildcard $(CUDA_HOME)/include/cupti.h),)
 DEV_BINS += $(BUILD)/kernel_trace.so
 endif
