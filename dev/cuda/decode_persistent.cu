@@ -93,11 +93,14 @@ __device__ __forceinline__ void pd_mark(const PdArgs &a, int k) {
 }
 
 // ---- small PTX pieces beyond hopper.cuh ----
-__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+// A counter is polled with relaxed loads and acquired once it is reached: an acquire load invalidates
+// the SM's L1 (CCTL.IVALL) every time it runs, which the ncu profile showed thousands of times a launch.
+__device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
     unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
+__device__ __forceinline__ void fence_acquire() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 // ordinary global writes -> visible to TMA reads (the async proxy) after the release that follows
 __device__ __forceinline__ void fence_proxy_async_global() {
 #ifdef FP8_SM90A
@@ -189,8 +192,10 @@ __device__ __forceinline__ void pd_arrive(const PdArgs &a, int ph) {
 }
 // wait until every block has arrived at phase ph (consumers: thread 0 spins, the others wait for it)
 __device__ __forceinline__ void pd_wait_consumers(const PdArgs &a, int ph) {
-    if (threadIdx.x == 0)
-        while (ld_acquire(&a.sync[ph]) < gridDim.x) __nanosleep(32);
+    if (threadIdx.x == 0) {
+        while (ld_relaxed(&a.sync[ph]) < gridDim.x) __nanosleep(32);
+        fence_acquire();
+    }
     named_bar_sync(1, 128);
 }
 
@@ -205,12 +210,11 @@ __device__ __forceinline__ void pd_wait_consumers(const PdArgs &a, int ph) {
 // in row_rstd's order (lane l adds elements 8 l + 256 k + j for k, then j, through shared memory), the
 // copy's scale and codes.
 template <int NCH>
-__device__ __noinline__ void pd_norm_row(const PdArgs &a, int r, const float *part, int ks, int N, const bf16 *w, uint8_t *q, float *qs,
+__device__ void pd_norm_row(const PdArgs &a, int r, const float *part, int ks, int N, const bf16 *w, uint8_t *q, float *qs,
                             float *rowbuf) {
     constexpr int SB = NCH >= 16 ? 1 : 16 / NCH;  // splits loaded at once
     __shared__ float rstd_shared;
     const int t = threadIdx.x, C = a.C, chunks = C / 8;
-    const unsigned half = 0xffffu << (t & 16);  // the 16 threads of a 128-column group (the other half may be off)
     float f[NCH][8];
 #pragma unroll
     for (int i = 0; i < NCH; i++)
@@ -273,18 +277,19 @@ __device__ __noinline__ void pd_norm_row(const PdArgs &a, int r, const float *pa
 #pragma unroll
     for (int i = 0; i < NCH; i++) {
         int c = t + 128 * i;
-        if (c >= chunks) break;
+        bool on = c < chunks;  // whole 16-thread groups are on or off (C % 128 == 0); all shuffle together
         float g[8];
-        unpack8(g, *(const uint4 *)(w + 8 * c));
+        if (on) unpack8(g, *(const uint4 *)(w + 8 * c));
 #pragma unroll
-        for (int j = 0; j < 8; j++) f[i][j] = (f[i][j] * rs) * g[j];
+        for (int j = 0; j < 8; j++) f[i][j] = on ? (f[i][j] * rs) * g[j] : 0.f;
         uint4 y = pack8(f[i]);
-        *(uint4 *)(a.ln + (size_t)r * C + 8 * c) = y;
+        if (on) *(uint4 *)(a.ln + (size_t)r * C + 8 * c) = y;
         unpack8(f[i], y);  // the copy encodes the stored (rounded) values
         float m = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[i][j]));
-        for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(half, m, o));
+        for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (!on) continue;
         float sc = fp8_scale_dev(m, FP8_E4M3, 0);
         if (t % 16 == 0) qs[(size_t)(8 * c / FP8_BLOCK_SIZE) * a.M + r] = sc;
         uint32_t lo = 0, hi = 0;
@@ -298,7 +303,7 @@ __device__ __noinline__ void pd_norm_row(const PdArgs &a, int r, const float *pa
     named_bar_sync(1, 128);  // rowbuf is reused by the next row
 }
 // the row phase R1 / R5: this block's rows (block b: rows b, b + blocks, ..)
-__device__ __noinline__ void pd_norm_rows(const PdArgs &a, const float *part, int ks, const bf16 *w, uint8_t *q, float *qs, float *rowbuf) {
+__device__ void pd_norm_rows(const PdArgs &a, const float *part, int ks, const bf16 *w, uint8_t *q, float *qs, float *rowbuf) {
     for (int r = blockIdx.x; r < a.M; r += gridDim.x) {
         if (r >= (int)gridDim.x && w == a.w_norm) pd_mark(a, 13);  // R1's second row starts (experiment: rows > blocks)
         if (a.C <= 1024) pd_norm_row<1>(a, r, part, ks, a.C, w, q, qs, rowbuf);
@@ -312,7 +317,7 @@ __device__ __noinline__ void pd_norm_rows(const PdArgs &a, const float *part, in
 // UB of those rounds loaded at once. g and u are the gate|up product's bf16 outputs (the splits
 // summed in order, rounded), h = bf16(silu(g) u) as swiglu_gu_kernel rounds it, and h's FP8 copy in
 // its 1x128 group.
-__device__ __noinline__ void pd_swiglu(const PdArgs &a) {
+__device__ void pd_swiglu(const PdArgs &a) {
     constexpr int UB = 4, SB = 2;
     const int t = threadIdx.x, hw = t >> 4, G = a.FF / FP8_BLOCK_SIZE, units = a.M * G, N = 2 * a.FF, ks = a.g[1].ks;
     for (int k0 = 0; (blockIdx.x + gridDim.x * k0) * 8 < units; k0 += UB) {  // the same rounds for every thread
@@ -383,8 +388,9 @@ __device__ __noinline__ void pd_swiglu(const PdArgs &a) {
 __device__ __forceinline__ bool pd_input_ready(const PdArgs &a, int g, int lane, int &ready) {
     if (g <= ready) return true;
     int ph = g == 1 ? PH_NORM : PH_SWIGLU;
-    unsigned n = lane == 0 ? ld_acquire(&a.sync[ph]) : 0;
+    unsigned n = lane == 0 ? ld_relaxed(&a.sync[ph]) : 0;
     if (__shfl_sync(0xffffffffu, n, 0) < gridDim.x) return false;
+    fence_acquire();
     fence_proxy_async_global();
     ready = g;
     return true;
