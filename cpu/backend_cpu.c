@@ -128,13 +128,10 @@ static real *fake_quant_act(const real *x, int N, int C, FP8Gran gran) {
     return xq;
 }
 
-// out = xq W^T + bias: xq the fake-quantized activations (freed here), the weight dequantized from its codes
+// out = xq W^T + bias: xq the fake-quantized activations (freed here), the weight decoded from its codes
+// row by row inside the product (matmul_forward_fp8: the dense product of the dequantized W, bit for bit)
 static void fp8_linear(void *out, real *xq, const QWeight *w, const void *bias, int N) {
-    int C = w->cols, OC = w->rows;
-    real *wd = (real *)mallocCheck((size_t)OC * C * sizeof(real));
-    cpu_dequantize_weight(wd, w);
-    OP(matmul_forward)((real *)out, xq, wd, (const real *)bias, N, C, OC);
-    free(wd);
+    OP(matmul_forward_fp8)((real *)out, xq, &w->q, (const real *)bias, N);
     free(xq);
 }
 static void cpu_linear_forward(void *out, const void *inp, const QWeight *w, const void *bias, int N) {
@@ -160,11 +157,8 @@ static void cpu_linear_backward(void *dinp, int accumulate, void *dw, void *dbia
         return;
     }
     if (dw) die(BACKEND_NAME " backend: weight gradients of FP8 weights are not supported (they are frozen)");
-    real *wd = (real *)mallocCheck((size_t)OC * C * sizeof(real));
-    cpu_dequantize_weight(wd, w);
-    OP(matmul_backward)((real *)dinp, accumulate, NULL, (real *)dbias, (const real *)dout, (const real *)inp, wd, N, C,
-                        OC);
-    free(wd);
+    if (dinp) OP(matmul_backward_fp8)((real *)dinp, accumulate, (const real *)dout, &w->q, N);
+    if (dbias) OP(matmul_backward)(NULL, 0, NULL, (real *)dbias, (const real *)dout, NULL, NULL, N, C, OC);
 }
 
 // ---- LoRA: out += scale * (inp A^T) B^T ------------------------------------------

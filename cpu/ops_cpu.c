@@ -12,6 +12,8 @@
 #include <omp.h>
 #else  // built without OpenMP (make fuzz: -fopenmp-simd): one thread, a team never resized
 #define omp_get_max_threads() 1
+#define omp_get_num_threads() 1
+#define omp_get_thread_num() 0
 #define omp_set_num_threads(n) ((void)(n))
 #endif
 #include <sys/resource.h>
@@ -216,6 +218,82 @@ void FN(matmul_forward)(real *out, const real *inp, const real *W, const real *b
     for (int n = 0; n < N; n++)
         for (int o = OC4; o < OC; o++)
             out[(size_t)n * OC + o] = (real)(dot(inp + (size_t)n * C, W + (size_t)o * C, C) + (bias ? bias[o] : 0));
+}
+
+// ---- the products with an FP8 weight (codes + scales, fp8.h), as the frozen base's linears run ----
+// W's rows are decoded into a thread's scratch when needed (code value * scale in fp32: the values
+// fp8_dequantize_cpu gives) and used there, so a call reads each code once and holds no dequantized
+// copy of W: a quarter of fp32's bytes from memory. Each result is the dense op's over the dequantized
+// W, bit for bit (the same values summed in the same order).
+
+// row r of W into dst (C values), through tab (the 256 codes' values)
+static void fp8_row_decode(real *dst, const FP8Tensor *W, int r, const float *tab) {
+    const uint8_t *q = W->data + (size_t)r * W->cols;
+    for (int c0 = 0; c0 < W->cols; c0 += FP8_BLOCK_SIZE) {  // one scale per 128 columns at most
+        int c1 = c0 + FP8_BLOCK_SIZE < W->cols ? c0 + FP8_BLOCK_SIZE : W->cols;
+        float sc = W->scale[fp8_scale_index(W, r, c0)];
+        for (int c = c0; c < c1; c++) dst[c] = (real)(tab[q[c]] * sc);
+    }
+}
+static void fp8_table(float *tab, FP8Format fmt) {
+    for (int i = 0; i < 256; i++) tab[i] = fp8_decode(fmt, (uint8_t)i);
+}
+
+// matmul_forward: W's rows 4 at a time, each group met by every input row (dot4, as there)
+void FN(matmul_forward_fp8)(real *out, const real *inp, const FP8Tensor *W, const real *bias, int N) {
+    cpu_threads_update();
+    int C = W->cols, OC = W->rows, groups = (OC + 3) / 4;
+    float tab[256];
+    fp8_table(tab, W->fmt);
+#pragma omp parallel
+    {
+        real *w = (real *)mallocCheck((size_t)4 * C * sizeof(real));
+#pragma omp for schedule(static)
+        for (int g = 0; g < groups; g++) {
+            int o0 = 4 * g, nr = OC - o0 < 4 ? OC - o0 : 4;
+            for (int k = 0; k < nr; k++) fp8_row_decode(w + (size_t)k * C, W, o0 + k, tab);
+            for (int n = 0; n < N; n++) {
+                const real *x = inp + (size_t)n * C;
+                real *y = out + (size_t)n * OC + o0;
+                if (nr == 4) {  // matmul_forward's dot4 rows
+                    double d[4];
+                    dot4(x, w, w + C, w + 2 * (size_t)C, w + 3 * (size_t)C, C, d);
+                    for (int k = 0; k < 4; k++) y[k] = (real)(d[k] + (bias ? bias[o0 + k] : 0));
+                } else {  // its last OC % 4 rows, one dot each
+                    for (int k = 0; k < nr; k++) y[k] = (real)(dot(x, w + (size_t)k * C, C) + (bias ? bias[o0 + k] : 0));
+                }
+            }
+        }
+        free(w);
+    }
+}
+
+// matmul_backward's dinp (= or += dout W): each thread decodes every row of W once and adds it into its
+// own rows of dinp, in matmul_backward's order (for each row n, o ascending)
+void FN(matmul_backward_fp8)(real *dinp, int accumulate, const real *dout, const FP8Tensor *W, int N) {
+    cpu_threads_update();
+    int C = W->cols, OC = W->rows;
+    float tab[256];
+    fp8_table(tab, W->fmt);
+#pragma omp parallel
+    {
+        real *w = (real *)mallocCheck((size_t)C * sizeof(real));
+        int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        int n0 = (int)((long)N * t / nt), n1 = (int)((long)N * (t + 1) / nt);  // this thread's rows
+        if (!accumulate)
+            for (int n = n0; n < n1; n++) memset(dinp + (size_t)n * C, 0, C * sizeof(real));
+        for (int o = 0; o < OC && n0 < n1; o++) {
+            int used = 0;  // decode row o only if one of this thread's rows needs it
+            for (int n = n0; n < n1; n++) {
+                real g = dout[(size_t)n * OC + o];
+                if (g == 0) continue;
+                if (!used) fp8_row_decode(w, W, o, tab), used = 1;
+                real *dx = dinp + (size_t)n * C;
+                for (int i = 0; i < C; i++) dx[i] += g * w[i];
+            }
+        }
+        free(w);
+    }
 }
 
 // The sums run over rows (axpy form: acc[i] += g * w[i]), so the inner loops vectorize

@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fp8.h"  // FP8Tensor
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -28,6 +30,9 @@ extern "C" {
     /* dinp (N, C) = or += dout W ; dW (OC, C) += dout^T inp ; dbias += sum dout; NULL skips */                      \
     void matmul_backward##S(real *dinp, int accumulate, real *dW, real *dbias, const real *dout, const real *inp,   \
                             const real *W, int N, int C, int OC);                                                    \
+    /* the same with W (OC, C) as FP8 codes and scales, decoded as fp8_dequantize_cpu does, bit for bit */          \
+    void matmul_forward_fp8##S(real *out, const real *inp, const FP8Tensor *W, const real *bias, int N);            \
+    void matmul_backward_fp8##S(real *dinp, int accumulate, const real *dout, const FP8Tensor *W, int N);           \
     void rope_forward##S(real *x, const int32_t *pos, const real *inv_freq, int N, int H, int HD, int inverse);     \
     void attention_forward##S(real *out, real *lse, const real *q, const real *k, const real *v, int B, int T,      \
                               int NH, int KVH, int HD);                                                              \

@@ -13,6 +13,7 @@
 
 #include "fp8.h"
 #include "testutil.h"
+#include "cpu/ops_cpu.h"
 
 static Npy load(const char *name) {
     char path[512], rel[256];
@@ -370,6 +371,68 @@ START_TEST(test_gemm_reference) {
 }
 END_TEST
 
+// The CPU backend's products with an FP8 weight decode W's rows inside the product
+// (matmul_forward_fp8 / matmul_backward_fp8): each must equal the dense product of fp8_dequantize_cpu's
+// W bit for bit, at every granularity, with partial blocks, OC % 4 != 0, zeros in dout, = and +=.
+static void check_fp8_matmul(int N, int C, int OC, FP8Gran g, uint64_t seed) {
+    Rng r = rng_make(seed);
+    float *w = (float *)mallocCheck((size_t)OC * C * 4), *wd = (float *)mallocCheck((size_t)OC * C * 4);
+    float *x = (float *)mallocCheck((size_t)N * C * 4), *bias = (float *)mallocCheck(OC * 4);
+    float *dy = (float *)mallocCheck((size_t)N * OC * 4);
+    for (size_t i = 0; i < (size_t)OC * C; i++) w[i] = rng_normal(&r) * ldexpf(1.0f, (int)(i / C % 5) - 2);
+    for (size_t i = 0; i < (size_t)N * C; i++) x[i] = rng_normal(&r);
+    for (int i = 0; i < OC; i++) bias[i] = rng_normal(&r);
+    for (size_t i = 0; i < (size_t)N * OC; i++) dy[i] = i % 7 == 3 ? 0.0f : rng_normal(&r);  // matmul_backward skips zeros
+    FP8Tensor q;
+    fp8_tensor_alloc_cpu(&q, OC, C, g, FP8_E4M3, g == FP8_BLOCK ? FP8_BLOCK_SIZE : 1);
+    fp8_quantize_cpu(&q, w, 0);
+    fp8_dequantize_cpu(wd, &q);
+    double *xd = (double *)mallocCheck((size_t)N * C * 8), *wdd = (double *)mallocCheck((size_t)OC * C * 8);
+    double *bd = (double *)mallocCheck(OC * 8), *dyd = (double *)mallocCheck((size_t)N * OC * 8);
+    for (size_t i = 0; i < (size_t)N * C; i++) xd[i] = x[i];
+    for (size_t i = 0; i < (size_t)OC * C; i++) wdd[i] = wd[i];
+    for (int i = 0; i < OC; i++) bd[i] = bias[i];
+    for (size_t i = 0; i < (size_t)N * OC; i++) dyd[i] = dy[i];
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        float *y1 = (float *)mallocCheck((size_t)N * OC * 4), *y2 = (float *)mallocCheck((size_t)N * OC * 4);
+        matmul_forward_cpu(y1, x, wd, with_bias ? bias : NULL, N, C, OC);
+        matmul_forward_fp8_cpu(y2, x, &q, with_bias ? bias : NULL, N);
+        ck_assert_msg(!memcmp(y1, y2, (size_t)N * OC * 4), "matmul_forward_fp8 (%d x %d x %d, %s) differs", N, C, OC,
+                      fp8_gran_name(g));
+        double *z1 = (double *)mallocCheck((size_t)N * OC * 8), *z2 = (double *)mallocCheck((size_t)N * OC * 8);
+        matmul_forward_cpu64(z1, xd, wdd, with_bias ? bd : NULL, N, C, OC);
+        matmul_forward_fp8_cpu64(z2, xd, &q, with_bias ? bd : NULL, N);
+        ck_assert_msg(!memcmp(z1, z2, (size_t)N * OC * 8), "matmul_forward_fp8_cpu64 differs");
+        free(y1), free(y2), free(z1), free(z2);
+    }
+    for (int acc = 0; acc < 2; acc++) {
+        float *d1 = (float *)mallocCheck((size_t)N * C * 4), *d2 = (float *)mallocCheck((size_t)N * C * 4);
+        for (size_t i = 0; i < (size_t)N * C; i++) d1[i] = d2[i] = x[i];  // the += case starts from x
+        matmul_backward_cpu(d1, acc, NULL, NULL, dy, x, wd, N, C, OC);
+        matmul_backward_fp8_cpu(d2, acc, dy, &q, N);
+        ck_assert_msg(!memcmp(d1, d2, (size_t)N * C * 4), "matmul_backward_fp8 (%d x %d x %d, %s, %s) differs", N, C,
+                      OC, fp8_gran_name(g), acc ? "+=" : "=");
+        double *e1 = (double *)mallocCheck((size_t)N * C * 8), *e2 = (double *)mallocCheck((size_t)N * C * 8);
+        for (size_t i = 0; i < (size_t)N * C; i++) e1[i] = e2[i] = xd[i];
+        matmul_backward_cpu64(e1, acc, NULL, NULL, dyd, xd, wdd, N, C, OC);
+        matmul_backward_fp8_cpu64(e2, acc, dyd, &q, N);
+        ck_assert_msg(!memcmp(e1, e2, (size_t)N * C * 8), "matmul_backward_fp8_cpu64 differs");
+        free(d1), free(d2), free(e1), free(e2);
+    }
+    fp8_tensor_free_cpu(&q);
+    free(w), free(wd), free(x), free(bias), free(dy), free(xd), free(wdd), free(bd), free(dyd);
+}
+
+START_TEST(test_cpu_matmul_fp8_weight) {
+    FP8Gran g[] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK};
+    for (int i = 0; i < 3; i++) {
+        check_fp8_matmul(1, 300, 130, g[i], 1 + i);   // decode: one row; partial blocks in C and OC
+        check_fp8_matmul(7, 128, 5, g[i], 4 + i);     // OC % 4 != 0
+        check_fp8_matmul(17, 576, 259, g[i], 7 + i);  // the 135M model's width, not a multiple of 128
+    }
+}
+END_TEST
+
 START_TEST(test_gemm_all_positive_large_k) {
     // all-positive values: no cancellation, the sum grows with K (K = 4096)
     int M = 4, N = 130, K = 4096;
@@ -464,6 +527,7 @@ static Suite *fp8_suite(void) {
     tcase_add_test(tc, test_quantize_vs_torch);
     tcase_add_test(tc, test_error_bound);
     tcase_add_test(tc, test_gemm_reference);
+    tcase_add_test(tc, test_cpu_matmul_fp8_weight);
     tcase_add_test(tc, test_gemm_all_positive_large_k);
     tcase_add_test(tc, test_sqnr);
     suite_add_tcase(s, tc);
