@@ -1,4 +1,5 @@
-// tokenizer.h: Hugging Face tokenizer.json byte-level BPE (Qwen2/Qwen3, Llama 3), giving the
+// tokenizer.h: Hugging Face tokenizer.json BPE, byte-level (Qwen2/Qwen3, Llama 3, SmolLM) and
+// SentencePiece-style (Gemma, Mistral, Llama 2: byte fallback, U+2581), giving the
 // same ids as the `tokenizers` library; decode (whole or streaming); the chat prompt
 // (system + user turn + assistant prefix) in the ChatML (Qwen) or Llama 3 format; and the
 // plain byte-level vocabulary of the built-in tiny models.
@@ -17,8 +18,10 @@ extern "C" {
 typedef struct Tokenizer Tokenizer;
 
 // ---- loading ----
-// A tokenizer.json (model BPE over ByteLevel; normalizer NFC or none; pre-tokenizer Split
-// and/or ByteLevel; added tokens). Dies on a malformed file, another model type (Unigram,
+// A tokenizer.json: model BPE, byte-level (pre-tokenizer Split, Digits and ByteLevel; decoder
+// ByteLevel) or SentencePiece-style (byte_fallback, unk_token; pre-tokenizer Metaspace, Split,
+// Digits or none; decoders Replace, ByteFallback, Fuse, Strip, Metaspace); normalizers NFC,
+// Replace, Prepend; added tokens. Dies on a malformed file, another model type (Unigram,
 // WordPiece, ...), an unsupported component, or a regex PCRE2 rejects. Without a
 // tokenizer_config.json the chat format is guessed from the added tokens (<|im_start|>:
 // ChatML, <|start_header_id|>: Llama 3) and eos ids from their end-of-turn/end-of-text tokens.
@@ -55,10 +58,16 @@ char *tokenizer_decode_ex(const Tokenizer *t, const int *ids, int n, int skip_sp
 typedef struct {
     const Tokenizer *t;
     int skip_special;
-    unsigned char pend[8];  // bytes of an unfinished UTF-8 character (at most 3)
+    unsigned char pend[8];  // byte-level: bytes of an unfinished UTF-8 character (at most 3)
     int npend;
     char *buf;              // the text returned by the last call
     size_t cap;
+    // SentencePiece-style: the bytes of the <0xNN> tokens since the last other token (held
+    // until the run ends: tokenizers' ByteFallback decodes a run as a whole), strings seen
+    // before and after ByteFallback, what each Strip after Fuse still removes at the start
+    char *run;
+    size_t nrun, caprun;
+    int ntok, npost, strip_left[8];
 } TokenizerStream;
 void tokenizer_stream_init(TokenizerStream *s, const Tokenizer *t, int skip_special);
 const char *tokenizer_stream_push(TokenizerStream *s, int id);  // valid until the next call

@@ -99,7 +99,8 @@ static void print_ids(const char *what, const int *a, int n, const cJSON *arr) {
 // ----------------------------------------------------------------------------
 // every string of a fixture: ids, ids with special tokens, decode, streamed decode, round trip
 
-static void check_cases(const char *kind, int expect_nfc, int roundtrip) {
+// roundtrip: decode(encode(s)) == s is checked too, except for strings holding no_rt (NULL: none)
+static void check_cases(const char *kind, int expect_nfc, int roundtrip, const char *no_rt, int min_strings) {
     Tokenizer *t = load_kind(kind);
     cJSON *j = load_cases(kind);
     const cJSON *c;
@@ -132,7 +133,7 @@ static void check_cases(const char *kind, int expect_nfc, int roundtrip) {
         int is_nfc = nl == len && !memcmp(norm, text, len);
         free(norm);
         int ok_rt = 1;
-        if (roundtrip && valid_utf8((const unsigned char *)text, len) && (is_nfc || !expect_nfc)) {
+        if (roundtrip && valid_utf8((const unsigned char *)text, len) && (is_nfc || !expect_nfc) && !(no_rt && strstr(text, no_rt))) {
             ok_rt = got_n == len && !memcmp(got, text, len);
             roundtrips++;
         }
@@ -151,18 +152,30 @@ static void check_cases(const char *kind, int expect_nfc, int roundtrip) {
     }
     printf("%s: %d strings checked against HF tokenizers (%d round trips): %s\n", kind, n, roundtrips,
            fails ? "FAILURES" : "all ids and decodes identical");
-    ck_assert_int_ge(n, 300);
+    ck_assert_int_ge(n, min_strings);
     ck_assert_msg(fails == 0, "%s: %d of %d strings differ from HF", kind, fails, n);
     cJSON_Delete(j);
     tokenizer_free(t);
 }
 
-START_TEST(test_qwen2_cases) { check_cases("qwen2", 1, 1); }
+START_TEST(test_qwen2_cases) { check_cases("qwen2", 1, 1, NULL, 300); }
 END_TEST
-START_TEST(test_llama3_cases) { check_cases("llama3", 0, 1); }
+START_TEST(test_llama3_cases) { check_cases("llama3", 0, 1, NULL, 300); }
 END_TEST
 // add_prefix_space: decode gives " " + text back, as HF's does, so no round trip here
-START_TEST(test_gpt2_cases) { check_cases("gpt2", 1, 0); }
+START_TEST(test_gpt2_cases) { check_cases("gpt2", 1, 0, NULL, 300); }
+END_TEST
+// SentencePiece-style (test/fixtures/tokenizer/{gemma,mistral,sp_odd}, made by
+// dev/make_tokenizer_fixtures_sp.py) and SmolLM's Digits before ByteLevel. Gemma round-trips
+// except where the text holds U+2581 itself (it decodes to " "); Mistral's Strip eats a leading
+// space and sp_odd rewrites text on purpose, so those two are checked against HF only.
+START_TEST(test_gemma_cases) { check_cases("gemma", 0, 1, "\xE2\x96\x81", 1000); }
+END_TEST
+START_TEST(test_mistral_cases) { check_cases("mistral", 0, 0, NULL, 1000); }
+END_TEST
+START_TEST(test_smollm_cases) { check_cases("smollm", 0, 1, NULL, 1000); }
+END_TEST
+START_TEST(test_sp_odd_cases) { check_cases("sp_odd", 1, 0, NULL, 1000); }
 END_TEST
 
 // One Tokenizer shared by 4 threads encoding the same strings at once: same ids as HF's.
@@ -594,6 +607,10 @@ Suite *tokenizer_suite(void) {
     tcase_add_test(tc, test_qwen2_cases);
     tcase_add_test(tc, test_llama3_cases);
     tcase_add_test(tc, test_gpt2_cases);
+    tcase_add_test(tc, test_gemma_cases);
+    tcase_add_test(tc, test_mistral_cases);
+    tcase_add_test(tc, test_smollm_cases);
+    tcase_add_test(tc, test_sp_odd_cases);
     tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_qwen2_chat);
     tcase_add_test(tc, test_llama3_chat);
