@@ -396,7 +396,8 @@ static void load_pretokenizer(Tokenizer *t, const cJSON *p, int *saw_bytelevel) 
         t->n_steps++;
     } else if (!strcmp(type, "Metaspace")) {
         const char *r = jstr(p, "replacement");
-        st->rep_len = r ? one_char(r) : 0;
+        if (!r) r = "\xE2\x96\x81";  // U+2581, tokenizers' default
+        st->rep_len = one_char(r);
         if (st->rep_len <= 0) die("%s: Metaspace replacement must be one character (U+2581 in real files)", t->path);
         memcpy(st->rep, r, (size_t)st->rep_len);
         st->metaspace = 1;
@@ -477,7 +478,8 @@ static void load_postprocessor(Tokenizer *t, const cJSON *p) {
 
 // the decoder: ByteLevel (*bl_dec set) or SentencePiece-style steps into t->dec
 static void load_decoder(Tokenizer *t, const cJSON *d, int *bl_dec) {
-    const char *type = d && !cJSON_IsNull(d) ? jtype(d) : "none";
+    if (!d || cJSON_IsNull(d)) return;  // none: check_decoder says what is missing
+    const char *type = jtype(d);
     if (!strcmp(type, "Sequence")) {
         const cJSON *e;
         cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(d, "decoders")) load_decoder(t, e, bl_dec);
@@ -503,7 +505,8 @@ static void load_decoder(Tokenizer *t, const cJSON *d, int *bl_dec) {
         st->stop = b->valuedouble > 1e6 ? 1000000 : (int)b->valuedouble;
     } else if (!strcmp(type, "Metaspace")) {
         const char *r = jstr(d, "replacement"), *ps = jstr(d, "prepend_scheme");
-        if (!r || one_char(r) <= 0) die("%s: decoder Metaspace replacement must be one character (U+2581 in real files)", t->path);
+        if (!r) r = "\xE2\x96\x81";
+        if (one_char(r) <= 0) die("%s: decoder Metaspace replacement must be one character (U+2581 in real files)", t->path);
         st->type = DEC_METASPACE;
         utf8_char((const uint8_t *)r, strlen(r), &st->ch);
         st->never = ps ? !strcmp(ps, "never") : !jbool(d, "add_prefix_space", 1);
@@ -512,8 +515,7 @@ static void load_decoder(Tokenizer *t, const cJSON *d, int *bl_dec) {
     } else if (!strcmp(type, "Fuse")) {
         st->type = DEC_FUSE;
     } else {
-        die("%s: decoder %s is not supported (ByteLevel; or Replace, ByteFallback, Fuse, Strip and Metaspace)", t->path,
-            !strcmp(type, "none") ? "null" : type);
+        die("%s: decoder %s is not supported (ByteLevel; or Replace, ByteFallback, Fuse, Strip and Metaspace)", t->path, type);
     }
     t->n_dec++;
 }
@@ -524,8 +526,9 @@ static void load_decoder(Tokenizer *t, const cJSON *d, int *bl_dec) {
 // back, so it is refused with the rare rest.
 static void check_decoder(Tokenizer *t, int bl_dec) {
     if (t->byte_level) {
-        if (!bl_dec || t->n_dec) die("%s: byte-level BPE (a ByteLevel pre-tokenizer) needs the decoder ByteLevel alone, not %s", t->path,
-                                     t->n_dec ? "other decoders with it" : "this decoder");
+        if (!bl_dec || t->n_dec)
+            die("%s: byte-level BPE (a ByteLevel pre-tokenizer) needs the decoder ByteLevel alone; this file has %s", t->path,
+                t->n_dec && bl_dec ? "others with it" : t->n_dec ? "another" : "none");
         return;
     }
     if (bl_dec)
@@ -859,10 +862,10 @@ Tokenizer *tokenizer_load(const char *path) {
     }
     load_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"));
     load_pretokenizer(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), &t->byte_level);
-    if (t->byte_level && t->byte_fallback)
-        die("%s: BPE byte_fallback with a ByteLevel pre-tokenizer is not supported (byte-level BPE has every byte already)", path);
     for (int i = 0; i < t->n_steps; i++)
         if (t->steps[i].metaspace && t->byte_level) die("%s: pre-tokenizers Metaspace and ByteLevel together are not supported", path);
+    if (t->byte_level && t->byte_fallback)
+        die("%s: BPE byte_fallback with a ByteLevel pre-tokenizer is not supported (byte-level BPE has every byte already)", path);
     load_postprocessor(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
     int bl_dec = 0;
     load_decoder(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"), &bl_dec);

@@ -541,6 +541,15 @@ static void do_chat_none(const char *unused) {
 #define BL "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}"
 #define BPE(merges) "{\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": " merges "}"
 
+// a SentencePiece-style file: Gemma's pieces unless a test swaps one
+#define SP_DEC                                                                                                     \
+    "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\", \"pattern\": {\"String\": \"\u2581\"}, \"content\": \" \"}, " \
+    "{\"type\": \"ByteFallback\"}, {\"type\": \"Fuse\"}]}"
+#define SP_JSON(norm, pre, dec)                                                                                          \
+    "{\"version\": \"1.0\", \"added_tokens\": [], \"normalizer\": " norm ", \"pre_tokenizer\": " pre                     \
+    ", \"post_processor\": null, \"decoder\": " dec ", \"model\": {\"type\": \"BPE\", \"byte_fallback\": true, "         \
+    "\"unk_token\": \"<unk>\", \"vocab\": {\"<unk>\": 0, \"a\": 1, \"\u2581\": 2, \"\u2581a\": 3, \"<0x41>\": 4}, \"merges\": [\"\u2581 a\"]}}"
+
 START_TEST(test_bad_input) {
     // a good minimal file first, to be sure the bad ones fail for the reason named
     const char *good = write_tmp(TOK_JSON(BPE("[\"a b\"]"), BL));
@@ -549,6 +558,17 @@ START_TEST(test_bad_input) {
     ck_assert_int_eq(tokenizer_encode(t, "ab", &ids), 1);
     ck_assert_int_eq(ids[0], 2);
     free(ids);
+    tokenizer_free(t);
+    unlink(good);
+    good = write_tmp(SP_JSON("{\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\u2581\"}", "null", SP_DEC));
+    t = tokenizer_load(good);
+    ck_assert_int_eq(tokenizer_encode(t, " aA\xC3\xA9", &ids), 3);  // "\u2581a", <0x41>, and é: no bytes for it, so <unk>
+    ck_assert_int_eq(ids[0], 3);
+    ck_assert_int_eq(ids[1], 4);
+    ck_assert_int_eq(ids[2], 0);
+    char *d = tokenizer_decode(t, ids, 3);
+    ck_assert_str_eq(d, " aA<unk>");
+    free(d), free(ids);
     tokenizer_free(t);
     unlink(good);
 
@@ -571,6 +591,33 @@ START_TEST(test_bad_input) {
         {TOK_JSON(BPE("[]"), "{\"type\": \"Whitespace\"}"), "pre-tokenizer Whitespace is not supported"},
         {TOK_JSON(BPE("[]"), "null"), "no ByteLevel step"},
         {TOK_JSON("{\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {}, \"merges\": []}", BL), "byte_fallback"},
+        // SentencePiece-style files with a component still not read
+        {SP_JSON("{\"type\": \"NFKC\"}", "null", SP_DEC), "normalizer NFKC is not supported"},
+        {SP_JSON("{\"type\": \"Precompiled\", \"precompiled_charsmap\": \"AAAA\"}", "null", SP_DEC), "normalizer Precompiled is not supported"},
+        {SP_JSON("{\"type\": \"Replace\", \"pattern\": {\"Regex\": \" +\"}, \"content\": \"x\"}", "null", SP_DEC), "Replace with a Regex pattern"},
+        {SP_JSON("null", "{\"type\": \"WhitespaceSplit\"}", SP_DEC), "pre-tokenizer WhitespaceSplit is not supported"},
+        {SP_JSON("null", "{\"type\": \"Metaspace\", \"replacement\": \"__\", \"prepend_scheme\": \"first\", \"split\": false}", SP_DEC),
+         "Metaspace replacement must be one character"},
+        {SP_JSON("null", "{\"type\": \"Metaspace\", \"replacement\": \"_\", \"prepend_scheme\": \"sometimes\"}", SP_DEC),
+         "prepend_scheme \"sometimes\" is unknown"},
+        {SP_JSON("null", "null", "{\"type\": \"WordPiece\", \"prefix\": \"##\", \"cleanup\": true}"), "decoder WordPiece is not supported"},
+        {SP_JSON("null", "null", "{\"type\": \"CTC\"}"), "decoder CTC is not supported"},
+        {SP_JSON("null", "null", "null"), "no decoder"},
+        {SP_JSON("null", "null", "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Fuse\"}, {\"type\": \"ByteFallback\"}]}"),
+         "ByteFallback twice, or after Fuse"},
+        {SP_JSON("null", "null", "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Fuse\"}, {\"type\": \"Strip\", \"content\": \" \", \"start\": 0, \"stop\": 1}]}"),
+         "Strip with stop > 0 after Fuse"},
+        {SP_JSON("null", "null", "{\"type\": \"ByteLevel\"}"), "no ByteLevel step"},
+        {"{\"added_tokens\": [], \"pre_tokenizer\": " BL ", \"decoder\": " SP_DEC ", \"model\": " BPE("[]") "}", "needs the decoder ByteLevel alone"},
+        {"{\"added_tokens\": [], \"pre_tokenizer\": " BL ", \"decoder\": null, \"model\": " BPE("[]") "}", "needs the decoder ByteLevel alone"},
+        {SP_JSON("null", "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Metaspace\"}, " BL "]}", "{\"type\": \"ByteLevel\"}"),
+         "Metaspace and ByteLevel together"},
+        {TOK_JSON("{\"type\": \"BPE\", \"byte_fallback\": true, \"unk_token\": \"<unk>\", \"vocab\": {\"a\": 0}, \"merges\": []}", "null"),
+         "no ByteLevel step"},
+        {"{\"added_tokens\": [], \"normalizer\": null, \"pre_tokenizer\": null, \"decoder\": " SP_DEC ", \"model\": "
+         "{\"type\": \"BPE\", \"byte_fallback\": true, \"unk_token\": \"<unk>\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+         "unk_token \"<unk>\" is not in the vocabulary"},
+        {SP_JSON("null", "null", "{\"type\": \"Strip\", \"content\": \"ab\", \"start\": 1, \"stop\": 0}"), "one-character content"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *p = write_tmp(cases[i].json);
