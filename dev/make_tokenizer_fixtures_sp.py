@@ -4,6 +4,7 @@
 # <0xNN> byte fallback, U+2581 for spaces) and a byte-level BPE with the Digits pre-tokenizer.
 #
 #   python3 dev/make_tokenizer_fixtures_sp.py     # test/fixtures/tokenizer/{gemma,mistral,smollm,sp_odd}/
+#                                                 # and numeric.txt (what Digits splits off)
 #
 # As in dev/make_tokenizer_fixtures.py (whose corpus and strings this reuses), we cannot
 # download the real tokenizers, so we train small ones on the corpus with exactly the real
@@ -55,8 +56,14 @@ def train_sp(corpus, kind, vocab_size, limit_alphabet):
     tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
     tok.normalizer = normalizers.Replace(" ", SP)
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SP, prepend_scheme="first", split=True)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
-                                  limit_alphabet=limit_alphabet, special_tokens=[])
+    # the alphabet: the limit_alphabet most frequent characters, ties by code point (the trainer's
+    # own limit_alphabet breaks ties by hash order, so the files would change from run to run)
+    counts = {}
+    for ch in corpus.replace(" ", SP):
+        counts[ch] = counts.get(ch, 0) + 1
+    keep = set(sorted(counts, key=lambda ch: (-counts[ch], ch))[:limit_alphabet]) | {" "}
+    corpus = "".join(ch for ch in corpus if ch in keep)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False, special_tokens=[])
     tok.train_from_iterator([corpus[i:i + 4096] for i in range(0, len(corpus), 4096)], trainer=trainer)
     j = json.loads(tok.to_str())
     trained = sorted(j["model"]["vocab"].items(), key=lambda kv: kv[1])
@@ -228,7 +235,19 @@ def write_config(d, kind):
         json.dump(cfg, f, indent=2, ensure_ascii=False)
 
 
+def numeric_list():
+    """Every code point HF's Digits pre-tokenizer isolates (Rust's char::is_numeric, Unicode 17 in
+    tokenizers 0.23), for test_digits_classes: 'a' + c + 'a' splits in three."""
+    d = pre_tokenizers.Digits(individual_digits=True)
+    cps = [cp for cp in range(1, 0x110000) if not (0xD800 <= cp < 0xE000) and len(d.pre_tokenize_str("a" + chr(cp) + "a")) == 3]
+    with open(os.path.join(FIX, "numeric.txt"), "w") as f:
+        f.write("# code points (hex) that Hugging Face tokenizers' Digits pre-tokenizer splits off (char::is_numeric)\n")
+        f.write("\n".join("%X" % c for c in cps) + "\n")
+    print(f"  numeric.txt: {len(cps)} code points")
+
+
 def main():
+    numeric_list()
     corpus = build_corpus()
     print(f"corpus: {len(corpus.encode())} bytes")
     for kind in ("gemma", "mistral", "smollm", "sp_odd"):

@@ -51,6 +51,16 @@ static char *slurp(const char *path, size_t *n) {
     if (!file_exists(path)) die("cannot open fixture %s: run from the repo root, or regenerate with dev/make_tokenizer_fixtures.py", path);
     return read_file(path, n);
 }
+// a temporary file holding content (its path: valid until the next call)
+static char bad_path[256];
+static const char *write_tmp(const char *content) {
+    snprintf(bad_path, sizeof bad_path, "/tmp/test_tokenizer_XXXXXX");
+    int fd = mkstemp(bad_path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, content, strlen(content)), (ssize_t)strlen(content));
+    close(fd);
+    return bad_path;
+}
 static cJSON *load_cases(const char *kind) {
     char rel[256], path[512];
     snprintf(rel, sizeof rel, "tokenizer/%s/cases.json", kind);
@@ -459,6 +469,46 @@ START_TEST(test_regex_classes) {
 }
 END_TEST
 
+// Digits splits off exactly the characters HF's does (Rust's char::is_numeric, newer than
+// PCRE2's tables): every code point, 'a' + c + 'a' in three pieces or one, against the list
+// dev/make_tokenizer_fixtures_sp.py wrote.
+START_TEST(test_digits_classes) {
+    const char *p = write_tmp("{\"added_tokens\": [], \"pre_tokenizer\": {\"type\": \"Digits\", \"individual_digits\": true}, "
+                              "\"decoder\": {\"type\": \"Fuse\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}");
+    Tokenizer *t = tokenizer_load(p);
+    unlink(p);
+    char path[512];
+    fixture_path(path, sizeof path, "tokenizer/numeric.txt");
+    char *text = slurp(path, NULL);
+    unsigned char *numeric = (unsigned char *)callocCheck(0x110000, 1);
+    int listed = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        unsigned cp;
+        if (line[0] != '#' && sscanf(line, "%x", &cp) == 1 && cp < 0x110000) numeric[cp] = 1, listed++;
+    }
+    int fails = 0, found = 0;
+    for (uint32_t cp = 1; cp < 0x110000; cp++) {
+        if (cp >= 0xD800 && cp < 0xE000) continue;
+        char s[8] = "a";
+        int k = cp < 0x80 ? (s[1] = (char)cp, 1)
+              : cp < 0x800 ? (s[1] = (char)(0xC0 | cp >> 6), s[2] = (char)(0x80 | (cp & 0x3F)), 2)
+              : cp < 0x10000 ? (s[1] = (char)(0xE0 | cp >> 12), s[2] = (char)(0x80 | (cp >> 6 & 0x3F)), s[3] = (char)(0x80 | (cp & 0x3F)), 3)
+              : (s[1] = (char)(0xF0 | cp >> 18), s[2] = (char)(0x80 | (cp >> 12 & 0x3F)), s[3] = (char)(0x80 | (cp >> 6 & 0x3F)), s[4] = (char)(0x80 | (cp & 0x3F)), 4);
+        s[1 + k] = 'a', s[2 + k] = 0;
+        char **pieces;
+        int np = tokenizer_pretokenize(t, s, &pieces);
+        tokenizer_free_pieces(pieces, np);
+        found += np == 3;
+        if ((np == 3) != numeric[cp] && fails++ < 10) fprintf(stderr, "  U+%04X: %s here, %s in HF\n", cp, np == 3 ? "numeric" : "not", numeric[cp] ? "numeric" : "not");
+    }
+    printf("Digits: %d numeric code points, %d classified differently from HF's\n", found, fails);
+    ck_assert_int_gt(listed, 1800);
+    ck_assert_int_eq(fails, 0);
+    free(numeric), free(text);
+    tokenizer_free(t);
+}
+END_TEST
+
 // ----------------------------------------------------------------------------
 // long inputs: big runs of one class (PCRE2's JIT stack, the heap) still round-trip
 
@@ -511,15 +561,6 @@ static void expect_die(BadFn fn, const char *arg, const char *needle) {
     ck_assert_msg(strstr(msg, needle) != NULL, "expected \"%s\" in: %s", needle, msg);
 }
 
-static char bad_path[256];
-static const char *write_tmp(const char *content) {
-    snprintf(bad_path, sizeof bad_path, "/tmp/test_tokenizer_XXXXXX");
-    int fd = mkstemp(bad_path);
-    ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(write(fd, content, strlen(content)), (ssize_t)strlen(content));
-    close(fd);
-    return bad_path;
-}
 static void do_load(const char *path) { tokenizer_load(path); }
 static void do_load_dir(const char *path) { tokenizer_load_dir(path); }
 static void do_chat(const char *tmpl) {
@@ -665,6 +706,7 @@ Suite *tokenizer_suite(void) {
     tcase_add_test(tc, test_byte_level);
     tcase_add_test(tc, test_nfc);
     tcase_add_test(tc, test_regex_classes);
+    tcase_add_test(tc, test_digits_classes);
     tcase_add_test(tc, test_long_inputs);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_bad_input_hook);
