@@ -3,7 +3,7 @@
 # BPE, made with Hugging Face `tokenizers`: SentencePiece-style BPE (characters as symbols,
 # <0xNN> byte fallback, U+2581 for spaces) and a byte-level BPE with the Digits pre-tokenizer.
 #
-#   python3 dev/make_tokenizer_fixtures_sp.py     # test/fixtures/tokenizer/{gemma,mistral,smollm,sp_odd}/
+#   python3 dev/make_tokenizer_fixtures_sp.py     # test/fixtures/tokenizer/{gemma,mistral,llama2,smollm,sp_odd,sp_plain}/
 #                                                 # and numeric.txt (what Digits splits off)
 #
 # As in dev/make_tokenizer_fixtures.py (whose corpus and strings this reuses), we cannot
@@ -18,6 +18,11 @@
 #             <s> prepended; [INST], [/INST]
 #   smollm/   SmolLM: pre-tokenizer Sequence[Digits(individual_digits), ByteLevel(use_regex)],
 #             decoder ByteLevel; <|im_start|>, <|im_end|>, <|endoftext|>
+#   llama2/   Llama 2 / Mistral v0.1 (legacy=True): normalizer Sequence[Prepend("▁"), Replace(" " -> "▁")],
+#             no pre-tokenizer, the same decoder as mistral/
+#   sp_plain/ no byte fallback (a character outside the vocabulary is <unk>, not fused), ignore_merges,
+#             pre-tokenizer Metaspace(prepend_scheme "never", split), decoder Metaspace alone (a few
+#             hundred strings)
 #   sp_odd/   the rarely used branches: normalizers NFC + Prepend + Replace (Llama 2 legacy),
 #             pre-tokenizers Digits (contiguous) + Metaspace(always, split), byte tokens missing for
 #             4-byte characters (so unk, not fused), a normalized added token, decoders
@@ -45,6 +50,8 @@ SPECIALS = {  # (content, special): at the front of the vocabulary, as added tok
     "mistral": [("<unk>", True), ("<s>", True), ("</s>", True), ("[INST]", True), ("[/INST]", True),
                 ("[TOOL_CALLS]", True), ("[AVAILABLE_TOOLS]", True)],
     "sp_odd": [("<unk>", True), ("<s>", True), ("</s>", True)],
+    "llama2": [("<unk>", True), ("<s>", True), ("</s>", True)],
+    "sp_plain": [("<unk>", True), ("<s>", True), ("</s>", True)],
     "smollm": [("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<repo_name>", True),
                ("<file_sep>", True), ("<filename>", True)],
 }
@@ -72,6 +79,8 @@ def train_sp(corpus, kind, vocab_size, limit_alphabet):
     skip_bytes = set()
     if kind == "sp_odd":  # no byte tokens for the lead bytes of 4-byte characters: those become <unk>
         skip_bytes = set(range(0xF0, 0xF5))
+    if kind == "sp_plain":  # no byte fallback at all: a character outside the vocabulary is <unk>
+        skip_bytes = set(range(256))
     vocab = {}
     for c, _ in specials:
         vocab[c] = len(vocab)
@@ -81,7 +90,7 @@ def train_sp(corpus, kind, vocab_size, limit_alphabet):
     for s, _ in trained:
         if s not in vocab:
             vocab[s] = len(vocab)
-    if kind != "sp_odd":  # whitespace runs, as Gemma and Llama have ("▁▁", "▁▁▁▁", ...)
+    if kind not in ("sp_odd", "sp_plain"):  # whitespace runs, as Gemma and Llama have ("▁▁", "▁▁▁▁", ...)
         for n in (2, 3, 4, 8, 16):
             r = SP * n
             if r not in vocab:
@@ -89,7 +98,8 @@ def train_sp(corpus, kind, vocab_size, limit_alphabet):
                 a = SP * (n // 2) if n % 2 == 0 else SP * (n - 1)
                 merges.append([a, SP * (n - len(a))])
     m = {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
-         "end_of_word_suffix": None, "fuse_unk": kind != "sp_odd", "byte_fallback": True, "ignore_merges": False,
+         "end_of_word_suffix": None, "fuse_unk": kind not in ("sp_odd", "sp_plain"), "byte_fallback": kind != "sp_plain",
+         "ignore_merges": kind == "sp_plain",
          "vocab": vocab, "merges": merges}
     added = [dict(id=vocab[c], content=c, single_word=False, lstrip=False, rstrip=False, normalized=False, special=s)
              for c, s in specials]
@@ -137,6 +147,20 @@ def make_json(kind, corpus):
         j["post_processor"] = template(j, "<s>")
         j["decoder"] = {"type": "Sequence", "decoders": [replace(SP, " "), {"type": "ByteFallback"}, {"type": "Fuse"},
                                                          {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    elif kind == "llama2":  # Llama 2 and Mistral v0.1 as converted with legacy=True: no pre-tokenizer
+        j = train_sp(corpus, kind, 3000, 160)
+        j["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SP}, replace(" ", SP)]}
+        j["post_processor"] = template(j, "<s>")
+        j["decoder"] = {"type": "Sequence", "decoders": [replace(SP, " "), {"type": "ByteFallback"}, {"type": "Fuse"},
+                                                         {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    elif kind == "sp_plain":  # no byte fallback (unk, not fused), ignore_merges, Metaspace never / decoder alone
+        j = train_sp(corpus[:40000], kind, 800, 120)
+        j["pre_tokenizer"] = {"type": "Metaspace", "replacement": SP, "prepend_scheme": "never", "split": True}
+        j["decoder"] = {"type": "Metaspace", "replacement": SP, "prepend_scheme": "first", "split": True}
+        vocab = j["model"]["vocab"]  # whole words the merges would split: ignore_merges takes them as one token
+        for w in (SP + "hello", "world", SP + "the" + SP + "quick", "123"):
+            if w not in vocab:
+                vocab[w] = len(vocab)
     else:  # sp_odd
         j = train_sp(corpus[:40000], kind, 800, 120)
         j["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Prepend", "prepend": SP},
@@ -195,8 +219,11 @@ EXTRA = ["", " ", SP, SP + "hello", " " + SP + " ", SP * 5, "hello" + SP + "worl
 
 def make_cases(d, kind, corpus):
     tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-    strings = [s.encode("utf-8") for s in EXTRA] + edge_strings(kind) + sp_strings(420, seed=21 + len(kind))
-    strings += random_strings(200, seed=7 + len(kind)) + corpus_strings(corpus, 60, seed=13)
+    strings = [s.encode("utf-8") for s in EXTRA] + edge_strings(kind)
+    if kind == "sp_plain":  # the smaller one: a few hundred strings
+        strings += sp_strings(150, seed=21 + len(kind)) + random_strings(60, seed=7 + len(kind)) + corpus_strings(corpus, 20, seed=13)
+    else:
+        strings += sp_strings(420, seed=21 + len(kind)) + random_strings(200, seed=7 + len(kind)) + corpus_strings(corpus, 60, seed=13)
     seen, uniq = set(), []
     for s in strings:
         if s not in seen:
@@ -225,7 +252,8 @@ def make_cases(d, kind, corpus):
 
 
 def write_config(d, kind):
-    bos, eos = {"gemma": ("<bos>", "<eos>"), "mistral": ("<s>", "</s>"), "sp_odd": ("<s>", "</s>"),
+    bos, eos = {"gemma": ("<bos>", "<eos>"), "mistral": ("<s>", "</s>"), "sp_odd": ("<s>", "</s>"), "llama2": ("<s>", "</s>"),
+                "sp_plain": ("<s>", "</s>"),
                 "smollm": ("<|im_start|>", "<|im_end|>")}[kind]
     cfg = {"bos_token": bos, "eos_token": eos, "tokenizer_class": "PreTrainedTokenizerFast",
            "add_bos_token": kind != "smollm", "add_eos_token": False}
@@ -250,7 +278,7 @@ def main():
     numeric_list()
     corpus = build_corpus()
     print(f"corpus: {len(corpus.encode())} bytes")
-    for kind in ("gemma", "mistral", "smollm", "sp_odd"):
+    for kind in ("gemma", "mistral", "llama2", "smollm", "sp_odd", "sp_plain"):
         d = os.path.join(FIX, kind)
         os.makedirs(d, exist_ok=True)
         j = make_json(kind, corpus)

@@ -1,10 +1,12 @@
 // test/test_tokenizer.c: tokenizer.c against Hugging Face tokenizers. For each fixture
-// tokenizer (test/fixtures/tokenizer/{qwen2,llama3,gpt2}, made by
-// dev/make_tokenizer_fixtures.py) every string of cases.json must give HF's ids (with and
-// without special tokens) and HF's decode, whole and streamed; chat prompts must give
-// transformers' apply_chat_template ids; NFC must match HF's on every decomposable
-// character; the pre-tokenizer regex must classify every BMP character like Oniguruma;
-// bad files must fail with one clear line and exit 1.
+// tokenizer (test/fixtures/tokenizer/: byte-level qwen2, llama3, gpt2 made by
+// dev/make_tokenizer_fixtures.py; SentencePiece-style gemma, mistral, llama2, sp_odd, sp_plain
+// and byte-level smollm made by dev/make_tokenizer_fixtures_sp.py) every string of cases.json
+// must give HF's ids (with and without special tokens) and HF's decode, whole and streamed;
+// chat prompts must give transformers' apply_chat_template ids; NFC must match HF's on every
+// decomposable character; the pre-tokenizer regex must classify every BMP character like
+// Oniguruma, and Digits every code point like HF; bad files, and files with a component not
+// supported, must fail with one clear line and exit 1.
 // Build (standalone): gcc -std=c11 -D_GNU_SOURCE -O2 -I. -Itest test/test_tokenizer.c tokenizer.c
 //   -lcjson -lpcre2-8 -lcheck -lsubunit -lm -lrt -lpthread -o /tmp/tt && /tmp/tt   (or: make test)
 #include <check.h>
@@ -175,17 +177,22 @@ END_TEST
 // add_prefix_space: decode gives " " + text back, as HF's does, so no round trip here
 START_TEST(test_gpt2_cases) { check_cases("gpt2", 1, 0, NULL, 300); }
 END_TEST
-// SentencePiece-style (test/fixtures/tokenizer/{gemma,mistral,sp_odd}, made by
+// SentencePiece-style (test/fixtures/tokenizer/{gemma,mistral,llama2,sp_odd,sp_plain}, made by
 // dev/make_tokenizer_fixtures_sp.py) and SmolLM's Digits before ByteLevel. Gemma round-trips
-// except where the text holds U+2581 itself (it decodes to " "); Mistral's Strip eats a leading
-// space and sp_odd rewrites text on purpose, so those two are checked against HF only.
+// except where the text holds U+2581 itself (it decodes to " "); Mistral's and Llama 2's Strip
+// eats a leading space, sp_odd rewrites text on purpose and sp_plain has <unk>, so those are
+// checked against HF only.
 START_TEST(test_gemma_cases) { check_cases("gemma", 0, 1, "\xE2\x96\x81", 1000); }
 END_TEST
 START_TEST(test_mistral_cases) { check_cases("mistral", 0, 0, NULL, 1000); }
 END_TEST
 START_TEST(test_smollm_cases) { check_cases("smollm", 0, 1, NULL, 1000); }
 END_TEST
+START_TEST(test_llama2_cases) { check_cases("llama2", 0, 0, NULL, 1000); }
+END_TEST
 START_TEST(test_sp_odd_cases) { check_cases("sp_odd", 1, 0, NULL, 1000); }
+END_TEST
+START_TEST(test_sp_plain_cases) { check_cases("sp_plain", 0, 0, NULL, 500); }
 END_TEST
 
 // One Tokenizer shared by 4 threads encoding the same strings at once: same ids as HF's.
@@ -698,7 +705,9 @@ Suite *tokenizer_suite(void) {
     tcase_add_test(tc, test_gemma_cases);
     tcase_add_test(tc, test_mistral_cases);
     tcase_add_test(tc, test_smollm_cases);
+    tcase_add_test(tc, test_llama2_cases);
     tcase_add_test(tc, test_sp_odd_cases);
+    tcase_add_test(tc, test_sp_plain_cases);
     tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_qwen2_chat);
     tcase_add_test(tc, test_llama3_chat);
