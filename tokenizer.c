@@ -774,8 +774,8 @@ static void finish(Tokenizer *t) {
 // chat format and default eos when there is no tokenizer_config.json: from the added tokens
 static void guess_specials(Tokenizer *t) {
     t->n_eos = 0;
-    static const char *ends[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>"};
-    for (int i = 0; i < 5; i++) add_eos(t, token_id_named(t, ends[i]));
+    static const char *ends[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<end_of_turn>", "<eos>"};
+    for (int i = 0; i < 7; i++) add_eos(t, token_id_named(t, ends[i]));
     if (token_id_named(t, "<|im_start|>") >= 0) t->chat = CHAT_CHATML;
     else if (token_id_named(t, "<|start_header_id|>") >= 0) t->chat = CHAT_LLAMA3;
     t->bos = token_id_named(t, "<|begin_of_text|>");

@@ -24,7 +24,8 @@ typedef struct Tokenizer Tokenizer;
 // Replace, Prepend; added tokens. Dies on a malformed file, another model type (Unigram,
 // WordPiece, ...), an unsupported component, or a regex PCRE2 rejects. Without a
 // tokenizer_config.json the chat format is guessed from the added tokens (<|im_start|>:
-// ChatML, <|start_header_id|>: Llama 3) and eos ids from their end-of-turn/end-of-text tokens.
+// ChatML, <|start_header_id|>: Llama 3) and eos ids from their end-of-turn/end-of-text tokens
+// (Gemma's <end_of_turn> and <eos>, </s> included).
 Tokenizer *tokenizer_load(const char *tokenizer_json_path);
 // A Hugging Face checkpoint directory: tokenizer.json, plus tokenizer_config.json
 // (chat_template, bos/eos/pad tokens), chat_template.jinja and generation_config.json
@@ -88,7 +89,7 @@ const char *tokenizer_chat_format(const Tokenizer *t);  // "chatml", "llama3", "
 
 // ---- vocabulary ----
 int tokenizer_vocab_size(const Tokenizer *t);                 // largest id + 1 (model vocab and added tokens)
-int tokenizer_token_id(const Tokenizer *t, const char *token);  // added token or vocab string (byte-level form, e.g. "Ġthe"); -1 if none
+int tokenizer_token_id(const Tokenizer *t, const char *token);  // added token or vocab string as the file writes it ("Ġthe", "▁the"); -1 if none
 const char *tokenizer_token_str(const Tokenizer *t, int id);  // the inverse; NULL if no such id
 int tokenizer_is_special(const Tokenizer *t, int id);         // a special added token (skipped by skip_special)
 int tokenizer_bos_id(const Tokenizer *t);                     // -1 if none

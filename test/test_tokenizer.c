@@ -312,6 +312,24 @@ START_TEST(test_special_ids) {
     ck_assert_str_eq(text, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
     free(text);
     tokenizer_free(j);
+
+    // SentencePiece-style: tokenizer_config.json's bos/eos; a tokenizer.json alone ends at Gemma's
+    // end tokens; vocabulary strings as the file writes them (U+2581 for a space)
+    Tokenizer *g = load_kind("gemma");
+    ck_assert_int_eq(tokenizer_bos_id(g), tokenizer_token_id(g, "<bos>"));
+    ck_assert(tokenizer_is_eos(g, tokenizer_token_id(g, "<eos>")));
+    ck_assert_int_eq(tokenizer_token_id(g, "<0x41>"), 8 + 0x41);  // 8 special tokens, then the 256 bytes
+    ck_assert_int_ge(tokenizer_token_id(g, "\xE2\x96\x81the"), 0);
+    tokenizer_free(g);
+    fixture_path(path, sizeof path, "tokenizer/gemma/tokenizer.json");
+    g = tokenizer_load(path);
+    ck_assert(tokenizer_is_eos(g, tokenizer_token_id(g, "<eos>")) && tokenizer_is_eos(g, tokenizer_token_id(g, "<end_of_turn>")));
+    ck_assert_str_eq(tokenizer_chat_format(g), "none");
+    tokenizer_free(g);
+    Tokenizer *m = load_kind("mistral");
+    ck_assert_int_eq(tokenizer_bos_id(m), 1);
+    ck_assert(tokenizer_is_eos(m, 2) && !tokenizer_is_eos(m, 1));
+    tokenizer_free(m);
 }
 END_TEST
 
