@@ -1,6 +1,7 @@
-// tokenizer.c: Hugging Face tokenizer.json byte-level BPE, id for id what the `tokenizers`
-// library computes for Qwen2/Qwen3, Llama 3 and their relatives; decode (whole and
-// streaming); the ChatML and Llama 3 chat prompts; the built-in byte vocabulary.
+// tokenizer.c: Hugging Face tokenizer.json BPE, id for id what the `tokenizers` library
+// computes: byte-level BPE (Qwen2/Qwen3, Llama 3, SmolLM) and SentencePiece-style BPE (Gemma,
+// Mistral, Llama 2: characters as symbols, byte fallback, U+2581 for spaces); decode (whole
+// and streaming); the ChatML and Llama 3 chat prompts; the built-in byte vocabulary.
 // Defines everything in tokenizer.h. Uses cJSON (the files), PCRE2 (the pre-tokenizer
 // regex, with UTF and UCP so \p{L}, \p{N}, \s and lookaheads behave like Oniguruma's in
 // tokenizers), unicode.h (UTF-8 characters; NFC, in unicode.c) and tokenizer_unicode.h (where
@@ -10,13 +11,19 @@
 // The pipeline of tokenizers' encode(text, add_special_tokens), step by step:
 //   1. split out added tokens (<|im_end|>, ...) that match the raw text (leftmost-longest,
 //      with their lstrip/rstrip/single_word options)
-//   2. normalize the rest (NFC where the file asks), then split out the added tokens that
-//      match normalized text
-//   3. pre-tokenize each remaining piece into words (Split regex, ByteLevel)
-//   4. BPE each word: its bytes are the initial symbols (ByteLevel maps byte b to one
-//      printable character, so "symbol = byte" and we skip building the mapped string),
-//      then merge the lowest-ranked adjacent pair, leftmost first, until none applies
+//   2. normalize the rest (NFC, Replace " " -> U+2581, Prepend U+2581: what the file asks),
+//      then split out the added tokens that match normalized text
+//   3. pre-tokenize each remaining piece into words (Split regex, Digits, ByteLevel, Metaspace)
+//   4. BPE each word. Byte-level files: its bytes are the initial symbols (ByteLevel maps byte
+//      b to one printable character, so "symbol = byte" and we skip building the mapped
+//      string). SentencePiece-style files: its characters are, and a character missing from
+//      the vocabulary becomes its bytes' <0xNN> tokens (byte_fallback) or unk. Then merge
+//      the lowest-ranked adjacent pair, leftmost first, until none applies
 //   5. the post-processor's special tokens around it (Llama 3: <|begin_of_text|>)
+// Decode: byte-level files map each token's characters back to bytes (a table per id);
+// SentencePiece-style files run the decoder chain (Replace, ByteFallback, Fuse, Strip,
+// Metaspace) as a small state machine over the ids, the same one for whole and streaming
+// decode, so the two agree by construction.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <cjson/cJSON.h>
 #include <pcre2.h>
@@ -170,7 +177,28 @@ typedef struct {
     int behavior, invert;
     int literal;       // a Split {"String": ...} pattern: matched as is
     int prefix_space;  // ByteLevel(add_prefix_space): " " in front of each piece first
+    // Metaspace: " " becomes the replacement (U+2581), which is put in front of a piece that
+    // does not start with it (prepend always; first: only the piece at the start of the input);
+    // split: re is the replacement, behavior MergedWithNext ("a▁b" -> "a", "▁b")
+    int metaspace, prepend;
+    char rep[8];
+    int rep_len;
 } PreStep;
+enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER };
+
+// a normalizer step: NFC, Replace (every non-overlapping a -> b, left to right), Prepend b
+// (to non-empty text)
+enum { NORM_NFC, NORM_REPLACE, NORM_PREPEND };
+typedef struct { int type; char *a, *b; size_t na, nb; } NormStep;
+
+// A SentencePiece-style decoder step. tokenizers runs them in order over the list of token
+// strings, then joins the list: Replace and Strip change each string; Metaspace too (its
+// replacement -> " ", but dropped from the list's first string unless prepend_scheme is
+// never); ByteFallback turns each run of <0xNN> tokens into its bytes' text (or one U+FFFD
+// per byte when they are not valid UTF-8); Fuse joins the list into one string.
+enum { DEC_REPLACE, DEC_STRIP, DEC_METASPACE, DEC_BYTEFALLBACK, DEC_FUSE };
+typedef struct { int type; char *a, *b; size_t na, nb; uint32_t ch; int start, stop, never; } DecStep;
+#define MAX_DEC 8
 
 typedef struct { uint64_t key; int rank, id; } MergeSlot;  // key (a << 32 | b), empty: UINT64_MAX
 
@@ -190,8 +218,9 @@ struct Tokenizer {
     MergeSlot *merges;
     uint64_t mmask;
     int n_merges, n_vocab;
-    int byte_id[256];  // id of each byte's one-character token, -1 if none
-    int ignore_merges, unk_id;
+    int byte_level;    // ByteLevel pre-tokenizer: symbols are bytes; else SentencePiece-style: characters
+    int byte_id[256];  // id of each byte's token (byte-level: its one character; else <0xNN>), -1 if none
+    int ignore_merges, unk_id, byte_fallback, fuse_unk;
     // added tokens
     AddedTok *added;
     int n_added;
@@ -199,13 +228,18 @@ struct Tokenizer {
     AddedSet raw_set, norm_set;
     pcre2_code *word_re;  // Rust regex's \w, for single_word
     // pipeline
-    int nfc;
+    NormStep norm[MAX_STEPS];
+    int n_norm;
     PreStep steps[MAX_STEPS];
     int n_steps;
     int prefix[4], n_prefix, suffix[4], n_suffix;  // post-processor's special tokens
-    // decoder: the bytes of each id
+    // decoder: the bytes of each id (byte-level); SentencePiece-style: each id's text after the
+    // steps before ByteFallback (as a token other than the first), dbyte its <0xNN> value or -1
     char *dpool;
     size_t *doff;  // [n_ids + 1]
+    int16_t *dbyte;  // [n_ids], SentencePiece-style only
+    DecStep dec[MAX_DEC];
+    int n_dec, dec_bf, dec_fuse;  // dec[0..dec_bf): before ByteFallback (n_dec if none); dec_fuse: index of Fuse (n_dec if none)
     // chat, special ids
     int chat;
     char *default_system, *date, *bos_str;
@@ -294,6 +328,13 @@ static int jid(const char *path, const cJSON *v, const char *what) {
         die("%s: %s has id %s, not an integer in [0, 2^24)", path, what, cJSON_IsNumber(v) ? "out of range" : "missing");
     return (int)v->valuedouble;
 }
+// the length of s if it is exactly one UTF-8 character, else -1
+static int one_char(const char *s) {
+    uint32_t cp;
+    size_t n = strlen(s);
+    int k = n ? utf8_char((const uint8_t *)s, n, &cp) : 0;
+    return k > 0 && (size_t)k == n ? k : -1;
+}
 static const char *jtype(const cJSON *o) {
     const char *s = jstr(o, "type");
     return s ? s : "(no type)";
@@ -349,8 +390,33 @@ static void load_pretokenizer(Tokenizer *t, const cJSON *p, int *saw_bytelevel) 
         if (st->behavior < 0) die("%s: Split behavior \"%s\" is unknown", t->path, b ? b : "(none)");
         st->invert = jbool(p, "invert", 0);
         t->n_steps++;
+    } else if (!strcmp(type, "Digits")) {
+        // tokenizers splits at Rust's char::is_numeric: \p{N} of Unicode 17, which knows digits
+        // newer than PCRE2's and Oniguruma's tables (Tolong Siki U+11DE0..9, U+16FF4..6); every
+        // code point is checked against HF in test/test_tokenizer.c test_digits_classes
+        st->re = compile_re(t->path, "[\\p{N}\\x{11DE0}-\\x{11DE9}\\x{16FF4}-\\x{16FF6}]", 0);
+        st->behavior = jbool(p, "individual_digits", 0) ? SPLIT_ISOLATED : SPLIT_CONTIGUOUS;
+        t->n_steps++;
+    } else if (!strcmp(type, "Metaspace")) {
+        const char *r = jstr(p, "replacement");
+        if (!r) r = "\xE2\x96\x81";  // U+2581, tokenizers' default
+        st->rep_len = one_char(r);
+        if (st->rep_len <= 0) die("%s: Metaspace replacement must be one character (U+2581 in real files)", t->path);
+        memcpy(st->rep, r, (size_t)st->rep_len);
+        st->metaspace = 1;
+        const char *ps = jstr(p, "prepend_scheme");  // older files: add_prefix_space true/false
+        st->prepend = !ps ? (jbool(p, "add_prefix_space", 1) ? PREPEND_ALWAYS : PREPEND_NEVER)
+                    : !strcmp(ps, "always") ? PREPEND_ALWAYS : !strcmp(ps, "first") ? PREPEND_FIRST
+                    : !strcmp(ps, "never") ? PREPEND_NEVER : -1;
+        if (st->prepend < 0) die("%s: Metaspace prepend_scheme \"%s\" is unknown (always, first, never)", t->path, ps);
+        if (jbool(p, "split", 1)) {
+            st->re = compile_re(t->path, st->rep, 1);
+            st->literal = 1;
+            st->behavior = SPLIT_MERGED_NEXT;
+        }
+        t->n_steps++;
     } else {
-        die("%s: pre-tokenizer %s is not supported (byte-level BPE files use Split and ByteLevel)", t->path, type);
+        die("%s: pre-tokenizer %s is not supported (Split, Digits, ByteLevel and Metaspace are)", t->path, type);
     }
 }
 
@@ -360,11 +426,26 @@ static void load_normalizer(Tokenizer *t, const cJSON *n) {
     if (!strcmp(type, "Sequence")) {
         const cJSON *e;
         cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(n, "normalizers")) load_normalizer(t, e);
-    } else if (!strcmp(type, "NFC")) {
-        t->nfc = 1;
-    } else {
-        die("%s: normalizer %s is not supported (only NFC, as in Qwen2's tokenizer.json)", t->path, type);
+        return;
     }
+    if (t->n_norm == MAX_STEPS) die("%s: more than %d normalizers", t->path, MAX_STEPS);
+    NormStep *st = &t->norm[t->n_norm];
+    memset(st, 0, sizeof *st);
+    if (!strcmp(type, "NFC")) {
+        st->type = NORM_NFC;
+    } else if (!strcmp(type, "Replace")) {  // Gemma: " " -> U+2581
+        const char *a = jstr(cJSON_GetObjectItemCaseSensitive(n, "pattern"), "String"), *b = jstr(n, "content");
+        if (!a) die("%s: normalizer Replace with a Regex pattern is not supported (only {\"String\": ...}, as Gemma and Llama 2 have)", t->path);
+        if (!*a || !b) die("%s: normalizer Replace needs a non-empty pattern string and a content string", t->path);
+        *st = (NormStep){NORM_REPLACE, str_dup(a), str_dup(b), strlen(a), strlen(b)};
+    } else if (!strcmp(type, "Prepend")) {  // Llama 2: U+2581 in front
+        const char *b = jstr(n, "prepend");
+        if (!b) die("%s: normalizer Prepend has no \"prepend\" string", t->path);
+        *st = (NormStep){NORM_PREPEND, NULL, str_dup(b), 0, strlen(b)};
+    } else {
+        die("%s: normalizer %s is not supported (NFC, Replace, Prepend and Sequence are)", t->path, type);
+    }
+    t->n_norm++;
 }
 
 static void load_postprocessor(Tokenizer *t, const cJSON *p) {
@@ -398,13 +479,80 @@ static void load_postprocessor(Tokenizer *t, const cJSON *p) {
     }
 }
 
-static void load_decoder(Tokenizer *t, const cJSON *d) {
-    const char *type = d && !cJSON_IsNull(d) ? jtype(d) : "none";
+// the decoder: ByteLevel (*bl_dec set) or SentencePiece-style steps into t->dec
+static void load_decoder(Tokenizer *t, const cJSON *d, int *bl_dec) {
+    if (!d || cJSON_IsNull(d)) return;  // none: check_decoder says what is missing
+    const char *type = jtype(d);
     if (!strcmp(type, "Sequence")) {
         const cJSON *e;
-        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(d, "decoders")) load_decoder(t, e);
-    } else if (strcmp(type, "ByteLevel") != 0) {
-        die("%s: decoder %s is not supported: only byte-level BPE tokenizers (decoder ByteLevel) are", t->path, type);
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(d, "decoders")) load_decoder(t, e, bl_dec);
+        return;
+    }
+    if (!strcmp(type, "ByteLevel")) { *bl_dec = 1; return; }
+    if (t->n_dec == MAX_DEC) die("%s: more than %d decoders", t->path, MAX_DEC);
+    DecStep *st = &t->dec[t->n_dec];
+    memset(st, 0, sizeof *st);
+    if (!strcmp(type, "Replace")) {
+        const char *a = jstr(cJSON_GetObjectItemCaseSensitive(d, "pattern"), "String"), *b = jstr(d, "content");
+        if (!a || !*a || !b) die("%s: decoder Replace needs a non-empty {\"String\": ...} pattern and a content string (Regex is not supported)", t->path);
+        *st = (DecStep){.type = DEC_REPLACE, .a = str_dup(a), .b = str_dup(b), .na = strlen(a), .nb = strlen(b)};
+        if (one_char(a) > 0) utf8_char((const uint8_t *)a, st->na, &st->ch);
+    } else if (!strcmp(type, "Strip")) {
+        const char *c = jstr(d, "content");
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(d, "start"), *b = cJSON_GetObjectItemCaseSensitive(d, "stop");
+        if (!c || one_char(c) <= 0 || !cJSON_IsNumber(a) || !cJSON_IsNumber(b) || a->valuedouble < 0 || b->valuedouble < 0)
+            die("%s: decoder Strip needs a one-character content and counts start, stop >= 0", t->path);
+        st->type = DEC_STRIP;
+        utf8_char((const uint8_t *)c, strlen(c), &st->ch);
+        st->start = a->valuedouble > 1e6 ? 1000000 : (int)a->valuedouble;
+        st->stop = b->valuedouble > 1e6 ? 1000000 : (int)b->valuedouble;
+    } else if (!strcmp(type, "Metaspace")) {
+        const char *r = jstr(d, "replacement"), *ps = jstr(d, "prepend_scheme");
+        if (!r) r = "\xE2\x96\x81";
+        if (one_char(r) <= 0) die("%s: decoder Metaspace replacement must be one character (U+2581 in real files)", t->path);
+        st->type = DEC_METASPACE;
+        utf8_char((const uint8_t *)r, strlen(r), &st->ch);
+        st->never = ps ? !strcmp(ps, "never") : !jbool(d, "add_prefix_space", 1);
+    } else if (!strcmp(type, "ByteFallback")) {
+        st->type = DEC_BYTEFALLBACK;
+    } else if (!strcmp(type, "Fuse")) {
+        st->type = DEC_FUSE;
+    } else {
+        die("%s: decoder %s is not supported (ByteLevel; or Replace, ByteFallback, Fuse, Strip and Metaspace)", t->path, type);
+    }
+    t->n_dec++;
+}
+
+// Which decoder chains we run. Per-string steps before Fuse are exact in any order. After Fuse
+// the list is one string, and we stream it: a Replace of one character and Metaspace still act
+// character by character, Strip at the start only; Strip at the end would need the text held
+// back, so it is refused with the rare rest.
+static void check_decoder(Tokenizer *t, int bl_dec) {
+    if (t->byte_level) {
+        if (!bl_dec || t->n_dec)
+            die("%s: byte-level BPE (a ByteLevel pre-tokenizer) needs the decoder ByteLevel alone; this file has %s", t->path,
+                t->n_dec && bl_dec ? "others with it" : t->n_dec ? "another" : "none");
+        return;
+    }
+    if (bl_dec)
+        die("%s: decoder ByteLevel but the pre-tokenizer has no ByteLevel step: byte-level BPE needs both "
+            "(SentencePiece-style files decode with Replace/ByteFallback/Fuse/Strip or Metaspace)", t->path);
+    if (!t->n_dec) die("%s: no decoder: SentencePiece-style BPE needs one (Replace/ByteFallback/Fuse/Strip or Metaspace)", t->path);
+    t->dec_bf = t->dec_fuse = t->n_dec;
+    for (int i = 0; i < t->n_dec; i++) {
+        const DecStep *st = &t->dec[i];
+        int fused = t->dec_fuse < i;
+        if (st->type == DEC_BYTEFALLBACK) {
+            if (t->dec_bf < t->n_dec || fused) die("%s: decoder ByteFallback twice, or after Fuse, is not supported", t->path);
+            t->dec_bf = i;
+        } else if (st->type == DEC_FUSE) {
+            if (fused) die("%s: decoder Fuse twice is not supported", t->path);
+            t->dec_fuse = i;
+        } else if (fused && st->type == DEC_STRIP && st->stop > 0) {
+            die("%s: decoder Strip with stop > 0 after Fuse is not supported (real files strip the start only)", t->path);
+        } else if (fused && st->type == DEC_REPLACE && one_char(st->a) != (int)st->na) {
+            die("%s: decoder Replace of more than one character after Fuse is not supported", t->path);
+        }
     }
 }
 
@@ -437,15 +585,148 @@ static void add_eos(Tokenizer *t, int id) {
     if (t->n_eos < MAX_EOS) t->eos[t->n_eos++] = id;
 }
 
-// decode table: ByteLevel decoder per token (all characters map to bytes, else the raw text)
+// the normalizer's steps over valid UTF-8 s[0..n): malloc'ed (NUL-terminated, length in
+// *out_n), or NULL when the text comes out unchanged
+static char *normalize(const Tokenizer *t, const char *s, size_t n, size_t *out_n) {
+    char *cur = NULL;  // the text so far when it is no longer s
+    for (int i = 0; i < t->n_norm; i++) {
+        const NormStep *st = &t->norm[i];
+        char *next = NULL;
+        size_t m = 0;
+        if (st->type == NORM_NFC) {
+            next = nfc_normalize((const uint8_t *)s, n, &m);
+        } else if (st->type == NORM_PREPEND) {
+            if (n == 0) continue;  // tokenizers prepends to non-empty text only
+            Buf b = {0};
+            buf_put(&b, st->b, st->nb);
+            buf_put(&b, s, n);
+            next = b.p, m = b.n;
+        } else if (memmem(s, n, st->a, st->na)) {  // Replace
+            Buf b = {0};
+            const char *p = s, *e = s + n, *q;
+            while ((q = (const char *)memmem(p, (size_t)(e - p), st->a, st->na)) != NULL) {
+                buf_put(&b, p, (size_t)(q - p));
+                buf_put(&b, st->b, st->nb);
+                p = q + st->na;
+            }
+            buf_put(&b, p, (size_t)(e - p));
+            next = b.p ? b.p : str_dup(""), m = b.n;
+        }
+        if (next) {
+            free(cur);
+            cur = next, s = next, n = m;
+        }
+    }
+    *out_n = n;
+    return cur;
+}
+
+// the string tokenizers decodes an id from: its vocabulary entry, an added token's content
+// (normalized as the normalizer changes it, if the token is: tokenizers stores it so); NULL if none
+static const char *token_text(const Tokenizer *t, int id, size_t *n) {
+    if (t->added_of[id] >= 0) {
+        const AddedTok *a = &t->added[t->added_of[id]];
+        *n = (size_t)(a->normalized ? a->mlen : a->len);
+        return a->normalized ? a->match : a->content;
+    }
+    *n = t->vstr[id] ? (size_t)t->vlen[id] : 0;
+    return t->vstr[id];
+}
+
+// ByteFallback's test for a byte token: "<0xNN>", NN read by Rust's u8::from_str_radix (which
+// also takes "+F"); the byte, or -1
+static int hexval(char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; }
+static int byte_token(const char *s, size_t n) {
+    if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') return -1;
+    int hi = hexval(s[3]), lo = hexval(s[4]);
+    if (lo < 0 || (hi < 0 && s[3] != '+')) return -1;
+    return hi < 0 ? lo : 16 * hi + lo;
+}
+
+// one string through the SentencePiece-style decoder steps dec[from..to) (none of them
+// ByteFallback or Fuse), as the list's first string or not: malloc'ed, or NULL if no steps
+static char *dec_string(const Tokenizer *t, int from, int to, int first, const char *s, size_t n, size_t *out_n) {
+    if (from >= to) return NULL;
+    Buf cur = {0}, next = {0};
+    buf_put(&cur, s, n);
+    for (int i = from; i < to; i++) {
+        const DecStep *st = &t->dec[i];
+        const char *p = cur.p, *e = cur.p + cur.n;
+        next.n = 0;
+        buf_put(&next, "", 0);
+        if (st->type == DEC_REPLACE) {
+            const char *q;
+            while ((q = (const char *)memmem(p, (size_t)(e - p), st->a, st->na)) != NULL) {
+                buf_put(&next, p, (size_t)(q - p));
+                buf_put(&next, st->b, st->nb);
+                p = q + st->na;
+            }
+            buf_put(&next, p, (size_t)(e - p));
+        } else if (st->type == DEC_METASPACE) {  // tokenizers drops it from the first string
+            while (p < e) {
+                uint32_t c = 0;
+                int k = utf8_char((const uint8_t *)p, (size_t)(e - p), &c);
+                if (c != st->ch) buf_put(&next, p, (size_t)k);
+                else if (!first || st->never) buf_put(&next, " ", 1);
+                p += k;
+            }
+        } else {  // DEC_STRIP: up to start leading and stop trailing content characters
+            for (int j = 0; j < st->start && p < e; j++) {
+                uint32_t c = 0;
+                int k = utf8_char((const uint8_t *)p, (size_t)(e - p), &c);
+                if (c != st->ch) break;
+                p += k;
+            }
+            for (int j = 0; j < st->stop && e > p; j++) {
+                const char *q = e - 1;
+                while (q > p && ((uint8_t)*q & 0xC0) == 0x80) q--;
+                uint32_t c = 0;
+                utf8_char((const uint8_t *)q, (size_t)(e - q), &c);
+                if (c != st->ch) break;
+                e = q;
+            }
+            buf_put(&next, p, (size_t)(e - p));
+        }
+        Buf tmp = cur;
+        cur = next, next = tmp;
+    }
+    free(next.p);
+    *out_n = cur.n;
+    return cur.p;
+}
+
+// decode table: ByteLevel decoder per token (all characters map to bytes, else the raw text);
+// SentencePiece-style: the steps before ByteFallback per token (as not the first), and which
+// tokens are then <0xNN>
 static void build_decode_table(Tokenizer *t) {
     Buf pool = {0};
+    if (!t->byte_level) {
+        int pre_end = t->dec_bf < t->n_dec ? t->dec_bf : t->dec_fuse;
+        t->doff = (size_t *)mallocCheck(((size_t)t->n_ids + 1) * sizeof(size_t));
+        t->dbyte = (int16_t *)mallocCheck(((size_t)t->n_ids + 1) * sizeof(int16_t));
+        for (int id = 0; id < t->n_ids; id++) {
+            t->doff[id] = pool.n;
+            t->dbyte[id] = -1;
+            size_t n, m;
+            const char *s = token_text(t, id, &n);
+            if (!s) continue;
+            char *d = dec_string(t, 0, pre_end, 0, s, n, &m);
+            if (d) s = d, n = m;
+            buf_put(&pool, s, n);
+            if (t->dec_bf < t->n_dec) t->dbyte[id] = (int16_t)byte_token(s, n);
+            free(d);
+        }
+        t->doff[t->n_ids] = pool.n;
+        if (!pool.p) buf_put(&pool, "", 0);
+        t->dpool = pool.p;
+        return;
+    }
     t->doff = (size_t *)mallocCheck(((size_t)t->n_ids + 1) * sizeof(size_t));
     for (int id = 0; id < t->n_ids; id++) {
         t->doff[id] = pool.n;
-        const char *s = t->added_of[id] >= 0 ? t->added[t->added_of[id]].content : t->vstr[id];
+        size_t n;
+        const char *s = token_text(t, id, &n);
         if (!s) continue;
-        size_t n = t->added_of[id] >= 0 ? (size_t)t->added[t->added_of[id]].len : (size_t)t->vlen[id];
         size_t start = pool.n;
         for (size_t i = 0; i < n;) {
             uint32_t c;
@@ -464,16 +745,18 @@ static void build_decode_table(Tokenizer *t) {
 // everything after the arrays are filled: indexes, byte ids, added-token matchers, decode table
 static void finish(Tokenizer *t) {
     vocab_index(t);
-    char tmp[4];
-    for (int b = 0; b < 256; b++) t->byte_id[b] = vocab_get(t, tmp, utf8_put(bl_char[b], tmp));
+    char tmp[8];
+    for (int b = 0; b < 256; b++) {
+        if (t->byte_level) t->byte_id[b] = vocab_get(t, tmp, utf8_put(bl_char[b], tmp));
+        else t->byte_id[b] = vocab_get(t, tmp, (size_t)snprintf(tmp, sizeof tmp, "<0x%02X>", b));  // Rust's "<{:#04X}>"
+    }
     t->added_of = (int *)mallocCheck((size_t)t->n_ids * sizeof(int));
     for (int i = 0; i < t->n_ids; i++) t->added_of[i] = -1;
     for (int i = 0; i < t->n_added; i++) {
         AddedTok *a = &t->added[i];
         t->added_of[a->id] = i;
-        if (a->normalized && t->nfc) {
-            size_t n;
-            a->match = tokenizer_nfc(a->content, a->len, &n);
+        size_t n;
+        if (a->normalized && (a->match = normalize(t, a->content, a->len, &n)) != NULL) {  // as tokenizers matches it
             a->mlen = (int)n;
         } else {
             a->match = str_dup(a->content);
@@ -491,8 +774,8 @@ static void finish(Tokenizer *t) {
 // chat format and default eos when there is no tokenizer_config.json: from the added tokens
 static void guess_specials(Tokenizer *t) {
     t->n_eos = 0;
-    static const char *ends[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>"};
-    for (int i = 0; i < 5; i++) add_eos(t, token_id_named(t, ends[i]));
+    static const char *ends[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<end_of_turn>", "<eos>"};
+    for (int i = 0; i < 7; i++) add_eos(t, token_id_named(t, ends[i]));
     if (token_id_named(t, "<|im_start|>") >= 0) t->chat = CHAT_CHATML;
     else if (token_id_named(t, "<|start_header_id|>") >= 0) t->chat = CHAT_LLAMA3;
     t->bos = token_id_named(t, "<|begin_of_text|>");
@@ -531,9 +814,11 @@ Tokenizer *tokenizer_load(const char *path) {
     const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
     if (cJSON_IsNumber(dropout) && dropout->valuedouble > 0) die("%s: BPE dropout is not supported (it makes encoding random)", path);
     const char *cont = jstr(model, "continuing_subword_prefix"), *eow = jstr(model, "end_of_word_suffix");
-    if ((cont && *cont) || (eow && *eow)) die("%s: BPE continuing_subword_prefix/end_of_word_suffix are not supported (not byte-level)", path);
-    if (jbool(model, "byte_fallback", 0)) die("%s: BPE byte_fallback is SentencePiece-style, not supported: only byte-level BPE is", path);
+    if ((cont && *cont) || (eow && *eow))
+        die("%s: BPE continuing_subword_prefix/end_of_word_suffix are not supported (neither byte-level nor SentencePiece-style)", path);
     t->ignore_merges = jbool(model, "ignore_merges", 0);
+    t->byte_fallback = jbool(model, "byte_fallback", 0);
+    t->fuse_unk = jbool(model, "fuse_unk", 0);
 
     // sizes first: the largest id, the bytes of all strings
     int max_id = -1;
@@ -579,14 +864,19 @@ Tokenizer *tokenizer_load(const char *path) {
         a->normalized = (unsigned char)jbool(e, "normalized", !a->special);
     }
     load_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"));
-    int saw_bl = 0;
-    load_pretokenizer(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), &saw_bl);
-    if (!saw_bl) die("%s: the pre-tokenizer has no ByteLevel step: only byte-level BPE tokenizers are supported", path);
+    load_pretokenizer(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), &t->byte_level);
+    for (int i = 0; i < t->n_steps; i++)
+        if (t->steps[i].metaspace && t->byte_level) die("%s: pre-tokenizers Metaspace and ByteLevel together are not supported", path);
+    if (t->byte_level && t->byte_fallback)
+        die("%s: BPE byte_fallback with a ByteLevel pre-tokenizer is not supported (byte-level BPE has every byte already)", path);
     load_postprocessor(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
-    load_decoder(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"));
+    int bl_dec = 0;
+    load_decoder(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"), &bl_dec);
+    check_decoder(t, bl_dec);
     finish(t);
     const char *unk = jstr(model, "unk_token");
     t->unk_id = unk ? vocab_get(t, unk, strlen(unk)) : -1;
+    if (unk && t->unk_id < 0 && !t->byte_level) die("%s: BPE unk_token \"%.40s\" is not in the vocabulary", path, unk);
 
     // merges: "a b" strings (tokenizers < 0.20) or ["a", "b"] pairs; rank = position
     t->n_merges = cJSON_GetArraySize(merges);
@@ -629,12 +919,12 @@ Tokenizer *tokenizer_load(const char *path) {
 // ----------------------------------------------------------------------------
 // encode
 
-typedef struct { const char *p; size_t n; } Piece;
+typedef struct { const char *p; size_t n; int start0; } Piece;  // start0: at offset 0 of the input (Metaspace's "first")
 typedef struct { Piece *v; int n, cap; } PieceVec;
-static void pv_push(PieceVec *v, const char *p, size_t n) {
+static void pv_push(PieceVec *v, const char *p, size_t n, int start0) {
     if (n == 0) return;  // tokenizers drops empty splits
     if (v->n == v->cap) { v->cap = v->cap ? 2 * v->cap : 64; v->v = (Piece *)reallocCheck(v->v, (size_t)v->cap * sizeof(Piece)); }
-    v->v[v->n++] = (Piece){p, n};
+    v->v[v->n++] = (Piece){p, n, start0};
 }
 typedef struct { size_t a, b; int match; } Span;
 typedef struct { int id; size_t a, b; } Seg;  // id >= 0: an added token over [a, b); -1: text
@@ -740,7 +1030,7 @@ static const char *regex_subject(Ctx *c, const char *s, size_t n) {
 }
 
 // tokenizers' Split: the pattern's matches and the gaps between them, then the behaviour
-static void split_piece(Ctx *c, const PreStep *st, const char *s, size_t n, PieceVec *out) {
+static void split_piece(Ctx *c, const PreStep *st, const char *s, size_t n, int start0, PieceVec *out) {
     c->nspan = 0;
     size_t off = 0, prev = 0;
     const char *subj = st->literal ? s : regex_subject(c, s, n);
@@ -782,14 +1072,29 @@ static void split_piece(Ctx *c, const PreStep *st, const char *s, size_t n, Piec
         break;
     }
     }
-    for (int i = 0; i < k; i++) pv_push(out, s + v[i].a, v[i].b - v[i].a);
+    for (int i = 0; i < k; i++) pv_push(out, s + v[i].a, v[i].b - v[i].a, start0 && v[i].a == 0);
+}
+
+// Metaspace: " " -> the replacement, which goes in front if the scheme says so
+static Piece metaspace(Ctx *c, const PreStep *st, Piece p) {
+    Buf b = {0};
+    int starts = p.p[0] == ' ' || (p.n >= (size_t)st->rep_len && !memcmp(p.p, st->rep, (size_t)st->rep_len));
+    if (!starts && (st->prepend == PREPEND_ALWAYS || (st->prepend == PREPEND_FIRST && p.start0))) buf_put(&b, st->rep, (size_t)st->rep_len);
+    const char *q = p.p, *e = p.p + p.n, *sp;
+    while ((sp = (const char *)memchr(q, ' ', (size_t)(e - q))) != NULL) {
+        buf_put(&b, q, (size_t)(sp - q));
+        buf_put(&b, st->rep, (size_t)st->rep_len);
+        q = sp + 1;
+    }
+    buf_put(&b, q, (size_t)(e - q));
+    return (Piece){ctx_own(c, b.p), b.n, p.start0};
 }
 
 // the pre-tokenizer steps over one piece of text; the words end up in c->pv[result]
-static int pretokenize_piece(const Tokenizer *t, Ctx *c, const char *s, size_t n) {
+static int pretokenize_piece(const Tokenizer *t, Ctx *c, const char *s, size_t n, int start0) {
     int cur = 0;
     c->pv[0].n = 0;
-    pv_push(&c->pv[0], s, n);
+    pv_push(&c->pv[0], s, n, start0);
     for (int i = 0; i < t->n_steps; i++) {
         const PreStep *st = &t->steps[i];
         PieceVec *in = &c->pv[cur], *out = &c->pv[1 - cur];
@@ -801,10 +1106,11 @@ static int pretokenize_piece(const Tokenizer *t, Ctx *c, const char *s, size_t n
                 q[0] = ' ';
                 memcpy(q + 1, p.p, p.n);
                 q[p.n + 1] = 0;
-                p = (Piece){ctx_own(c, q), p.n + 1};
+                p = (Piece){ctx_own(c, q), p.n + 1, p.start0};
             }
-            if (st->re) split_piece(c, st, p.p, p.n, out);
-            else pv_push(out, p.p, p.n);
+            if (st->metaspace) p = metaspace(c, st, p);
+            if (st->re) split_piece(c, st, p.p, p.n, p.start0, out);
+            else pv_push(out, p.p, p.n, p.start0);
         }
         cur = 1 - cur;
     }
@@ -839,10 +1145,43 @@ static struct HeapE heap_pop(Ctx *c, int *nh) {
     h[i] = last;
     return top;
 }
+// SentencePiece-style initial symbols, tokenizers' BPE::merge_word: each character's vocabulary
+// entry; else with byte_fallback its bytes' <0xNN> tokens if all exist; else unk (a run of
+// them fused into one with fuse_unk), or nothing without an unk_token. (tokenizers adds a
+// pending unk only at the next character found in the vocabulary or at the end, so it lands
+// after byte tokens that come between; so here.)
+static int sp_symbols(const Tokenizer *t, struct Sym *s, const uint8_t *w, size_t n) {
+    int ns = 0, unk = 0;  // unk: an unk symbol pending
+    for (size_t i = 0; i < n;) {
+        int k = utf8_len1(w[i]), id = vocab_get(t, (const char *)w + i, (size_t)k);
+        if (id >= 0) {
+            if (unk) s[ns] = (struct Sym){t->unk_id, ns - 1, ns + 1}, ns++, unk = 0;
+            s[ns] = (struct Sym){id, ns - 1, ns + 1}, ns++;
+        } else {
+            int all = t->byte_fallback;
+            for (int j = 0; j < k && all; j++) all = t->byte_id[w[i + j]] >= 0;
+            if (all) {
+                for (int j = 0; j < k; j++) s[ns] = (struct Sym){t->byte_id[w[i + j]], ns - 1, ns + 1}, ns++;
+            } else if (t->unk_id >= 0) {
+                if (unk && !t->fuse_unk) s[ns] = (struct Sym){t->unk_id, ns - 1, ns + 1}, ns++;
+                unk = 1;
+            }
+        }
+        i += (size_t)k;
+    }
+    if (unk) s[ns] = (struct Sym){t->unk_id, ns - 1, ns + 1}, ns++;
+    return ns;
+}
+
 static void bpe_word(const Tokenizer *t, Ctx *c, const uint8_t *w, size_t n, IntVec *out) {
     if (t->ignore_merges) {  // Llama 3: a word that is a vocabulary entry is one token, whatever the merges say
-        if (2 * n > c->capbl) { c->capbl = 2 * n + 64; c->blbuf = (char *)reallocCheck(c->blbuf, c->capbl); }
-        int id = vocab_get(t, c->blbuf, bl_encode(w, n, c->blbuf));
+        int id;
+        if (t->byte_level) {
+            if (2 * n > c->capbl) { c->capbl = 2 * n + 64; c->blbuf = (char *)reallocCheck(c->blbuf, c->capbl); }
+            id = vocab_get(t, c->blbuf, bl_encode(w, n, c->blbuf));
+        } else {
+            id = vocab_get(t, (const char *)w, n);
+        }
         if (id >= 0) { iv_push(out, id); return; }
     }
     if ((int)n + 1 > c->capsym) {
@@ -853,12 +1192,16 @@ static void bpe_word(const Tokenizer *t, Ctx *c, const uint8_t *w, size_t n, Int
     }
     struct Sym *s = c->sym;
     int ns = 0;
-    for (size_t i = 0; i < n; i++) {
-        int id = t->byte_id[w[i]];
-        if (id < 0) id = t->unk_id;  // a byte missing from the vocabulary: unk, or dropped as tokenizers does
-        if (id < 0) continue;
-        s[ns] = (struct Sym){id, ns - 1, ns + 1};
-        ns++;
+    if (!t->byte_level) {
+        ns = sp_symbols(t, s, w, n);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            int id = t->byte_id[w[i]];
+            if (id < 0) id = t->unk_id;  // a byte missing from the vocabulary: unk, or dropped as tokenizers does
+            if (id < 0) continue;
+            s[ns] = (struct Sym){id, ns - 1, ns + 1};
+            ns++;
+        }
     }
     if (ns == 0) return;
     s[ns - 1].next = -1;
@@ -960,10 +1303,10 @@ static int encode_impl(const Tokenizer *t, const char *text, size_t len, int add
         }
         const char *p = s + g.a;
         size_t n = g.b - g.a;
-        if (t->nfc) {
+        if (t->n_norm) {
             size_t m;
-            char *nfc = nfc_normalize((const uint8_t *)p, n, &m);
-            if (nfc) p = ctx_own(&c, nfc), n = m;
+            char *norm = normalize(t, p, n, &m);
+            if (norm) p = ctx_own(&c, norm), n = m;
         }
         find_added(t, &c, &t->norm_set, p, n, 1);
         for (int j = 0; j < c.nseg[1]; j++) {
@@ -973,7 +1316,7 @@ static int encode_impl(const Tokenizer *t, const char *text, size_t len, int add
                 if (words) buf_put(&wb, t->added[t->added_of[h.id]].content, t->added[t->added_of[h.id]].len + 1);
                 continue;
             }
-            int r = pretokenize_piece(t, &c, p + h.a, h.b - h.a);
+            int r = pretokenize_piece(t, &c, p + h.a, h.b - h.a, g.a == 0 && h.a == 0);
             for (int k = 0; k < c.pv[r].n; k++) {
                 Piece w = c.pv[r].v[k];
                 if (words) {
@@ -1029,8 +1372,90 @@ static int decodable(const Tokenizer *t, int id, int skip_special) {
     return t->vstr[id] != NULL;
 }
 
+// SentencePiece-style decode as a machine over the ids (TokenizerStream's state): each id's
+// text after the steps before ByteFallback; a byte token joins the pending run; any other
+// string first ends the run (its text, or one U+FFFD per byte when not valid UTF-8), then
+// goes through the steps between ByteFallback and Fuse, then those after Fuse, and out.
+static void sp_emit(const Tokenizer *t, TokenizerStream *st, const char *s, size_t n, Buf *out) {
+    size_t m;
+    int from = t->dec_bf < t->n_dec ? t->dec_bf + 1 : t->dec_fuse;
+    char *d = dec_string(t, from, t->dec_fuse, st->npost++ == 0, s, n, &m);
+    if (d) s = d, n = m;
+    if (t->dec_fuse == t->n_dec) {  // no Fuse: tokenizers joins the strings at the end
+        buf_put(out, s, n);
+        free(d);
+        return;
+    }
+    Buf cur = {0}, next = {0};  // after Fuse, the one string goes by in pieces: steps per character
+    buf_put(&cur, s, n);
+    free(d);
+    for (int i = t->dec_fuse + 1; i < t->n_dec; i++) {
+        const DecStep *ds = &t->dec[i];
+        const char *p = cur.p, *e = cur.p + cur.n;
+        next.n = 0;
+        buf_put(&next, "", 0);
+        while (p < e) {
+            uint32_t c = 0;
+            int k = utf8_char((const uint8_t *)p, (size_t)(e - p), &c);
+            if (ds->type == DEC_STRIP) {  // start of the whole text: up to start content characters
+                if (st->strip_left[i] > 0 && c == ds->ch) st->strip_left[i]--;
+                else st->strip_left[i] = 0, buf_put(&next, p, (size_t)k);
+            } else if (ds->type == DEC_METASPACE) {  // the whole text is the first string
+                if (c != ds->ch) buf_put(&next, p, (size_t)k);
+                else if (ds->never) buf_put(&next, " ", 1);
+            } else {  // DEC_REPLACE of one character
+                if (c == ds->ch) buf_put(&next, ds->b, ds->nb);
+                else buf_put(&next, p, (size_t)k);
+            }
+            p += k;
+        }
+        Buf tmp = cur;
+        cur = next, next = tmp;
+    }
+    buf_put(out, cur.p, cur.n);
+    free(cur.p), free(next.p);
+}
+static void sp_end_run(const Tokenizer *t, TokenizerStream *st, Buf *out) {
+    if (!st->nrun) return;
+    size_t n = st->nrun;
+    st->nrun = 0;
+    if (utf8_valid_len((const uint8_t *)st->run, n) == n) sp_emit(t, st, st->run, n, out);
+    else for (size_t i = 0; i < n; i++) sp_emit(t, st, "\xEF\xBF\xBD", 3, out);
+}
+static void sp_push(const Tokenizer *t, TokenizerStream *st, int id, Buf *out) {
+    const char *s = t->dpool + t->doff[id];
+    size_t n = t->doff[id + 1] - t->doff[id];
+    int byte = t->dbyte[id];
+    char *d = NULL;
+    if (st->ntok++ == 0) {  // the first string: the steps again, as the first (Metaspace differs)
+        int pre_end = t->dec_bf < t->n_dec ? t->dec_bf : t->dec_fuse;
+        s = token_text(t, id, &n);
+        size_t m;
+        if ((d = dec_string(t, 0, pre_end, 1, s, n, &m)) != NULL) s = d, n = m;
+        byte = t->dec_bf < t->n_dec ? byte_token(s, n) : -1;
+    }
+    if (byte >= 0) {
+        if (st->nrun == st->caprun) st->caprun = 2 * st->caprun + 16, st->run = (char *)reallocCheck(st->run, st->caprun);
+        st->run[st->nrun++] = (char)byte;
+    } else {
+        sp_end_run(t, st, out);
+        sp_emit(t, st, s, n, out);
+    }
+    free(d);
+}
+
 char *tokenizer_decode_ex(const Tokenizer *t, const int *ids, int n, int skip_special, size_t *len_out) {
     Buf raw = {0}, out = {0};
+    if (!t->byte_level) {
+        TokenizerStream st;
+        tokenizer_stream_init(&st, t, skip_special);
+        for (int i = 0; i < n; i++) if (decodable(t, ids[i], skip_special)) sp_push(t, &st, ids[i], &out);
+        sp_end_run(t, &st, &out);
+        free(st.run);
+        if (!out.p) buf_put(&out, "", 0);
+        if (len_out) *len_out = out.n;
+        return out.p;
+    }
     for (int i = 0; i < n; i++)
         if (decodable(t, ids[i], skip_special)) buf_put(&raw, t->dpool + t->doff[ids[i]], t->doff[ids[i] + 1] - t->doff[ids[i]]);
     utf8_lossy(&out, (const uint8_t *)raw.p, raw.n, 0);
@@ -1045,10 +1470,18 @@ void tokenizer_stream_init(TokenizerStream *s, const Tokenizer *t, int skip_spec
     memset(s, 0, sizeof *s);
     s->t = t;
     s->skip_special = skip_special;
+    for (int i = t->dec_fuse + 1; i < t->n_dec; i++) s->strip_left[i] = t->dec[i].start;
 }
 const char *tokenizer_stream_push(TokenizerStream *s, int id) {
     const Tokenizer *t = s->t;
     Buf in = {0}, out = {0};
+    if (!t->byte_level) {
+        if (decodable(t, id, s->skip_special)) sp_push(t, s, id, &out);
+        if (!out.p) buf_put(&out, "", 0);
+        free(s->buf);
+        s->buf = out.p, s->cap = out.cap;
+        return s->buf;
+    }
     buf_put(&in, s->pend, s->npend);
     if (decodable(t, id, s->skip_special)) buf_put(&in, t->dpool + t->doff[id], t->doff[id + 1] - t->doff[id]);
     size_t tail = in.n ? utf8_lossy(&out, (const uint8_t *)in.p, in.n, 1) : 0;
@@ -1063,6 +1496,7 @@ const char *tokenizer_stream_push(TokenizerStream *s, int id) {
 }
 const char *tokenizer_stream_flush(TokenizerStream *s) {
     Buf out = {0};
+    if (!s->t->byte_level) sp_end_run(s->t, s, &out);
     utf8_lossy(&out, s->pend, s->npend, 0);
     if (!out.p) buf_put(&out, "", 0);
     s->npend = 0;
@@ -1072,7 +1506,7 @@ const char *tokenizer_stream_flush(TokenizerStream *s) {
     return s->buf;
 }
 void tokenizer_stream_free(TokenizerStream *s) {
-    free(s->buf);
+    free(s->buf), free(s->run);
     memset(s, 0, sizeof *s);
 }
 
@@ -1278,6 +1712,7 @@ Tokenizer *tokenizer_byte_level(void) {
     static const char *specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
     Tokenizer *t = (Tokenizer *)callocCheck(1, sizeof(Tokenizer));
     t->path = str_dup("(built-in byte-level vocabulary)");
+    t->byte_level = 1;
     t->n_ids = t->n_vocab = 256 + 3;
     t->vstr = (char **)callocCheck((size_t)t->n_ids, sizeof(char *));
     t->vlen = (int *)callocCheck((size_t)t->n_ids, sizeof(int));
@@ -1334,9 +1769,11 @@ void tokenizer_free(Tokenizer *t) {
     if (!t) return;
     for (int i = 0; i < t->n_added; i++) free(t->added[i].content), free(t->added[i].match);
     for (int i = 0; i < t->n_steps; i++) pcre2_code_free(t->steps[i].re);
+    for (int i = 0; i < t->n_norm; i++) free(t->norm[i].a), free(t->norm[i].b);
+    for (int i = 0; i < t->n_dec; i++) free(t->dec[i].a), free(t->dec[i].b);
     if (t->word_re) pcre2_code_free(t->word_re);
     free(t->added), free(t->raw_set.idx), free(t->norm_set.idx), free(t->added_of);
-    free(t->vstr), free(t->vlen), free(t->vpool), free(t->vmap), free(t->merges), free(t->dpool), free(t->doff);
+    free(t->vstr), free(t->vlen), free(t->vpool), free(t->vmap), free(t->merges), free(t->dpool), free(t->doff), free(t->dbyte);
     free(t->default_system), free(t->date), free(t->bos_str), free(t->path);
     free(t);
 }

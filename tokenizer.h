@@ -1,4 +1,5 @@
-// tokenizer.h: Hugging Face tokenizer.json byte-level BPE (Qwen2/Qwen3, Llama 3), giving the
+// tokenizer.h: Hugging Face tokenizer.json BPE, byte-level (Qwen2/Qwen3, Llama 3, SmolLM) and
+// SentencePiece-style (Gemma, Mistral, Llama 2: byte fallback, U+2581), giving the
 // same ids as the `tokenizers` library; decode (whole or streaming); the chat prompt
 // (system + user turn + assistant prefix) in the ChatML (Qwen) or Llama 3 format; and the
 // plain byte-level vocabulary of the built-in tiny models.
@@ -17,11 +18,14 @@ extern "C" {
 typedef struct Tokenizer Tokenizer;
 
 // ---- loading ----
-// A tokenizer.json (model BPE over ByteLevel; normalizer NFC or none; pre-tokenizer Split
-// and/or ByteLevel; added tokens). Dies on a malformed file, another model type (Unigram,
+// A tokenizer.json: model BPE, byte-level (pre-tokenizer Split, Digits and ByteLevel; decoder
+// ByteLevel) or SentencePiece-style (byte_fallback, unk_token; pre-tokenizer Metaspace, Split,
+// Digits or none; decoders Replace, ByteFallback, Fuse, Strip, Metaspace); normalizers NFC,
+// Replace, Prepend; added tokens. Dies on a malformed file, another model type (Unigram,
 // WordPiece, ...), an unsupported component, or a regex PCRE2 rejects. Without a
 // tokenizer_config.json the chat format is guessed from the added tokens (<|im_start|>:
-// ChatML, <|start_header_id|>: Llama 3) and eos ids from their end-of-turn/end-of-text tokens.
+// ChatML, <|start_header_id|>: Llama 3) and eos ids from their end-of-turn/end-of-text tokens
+// (Gemma's <end_of_turn> and <eos>, </s> included).
 Tokenizer *tokenizer_load(const char *tokenizer_json_path);
 // A Hugging Face checkpoint directory: tokenizer.json, plus tokenizer_config.json
 // (chat_template, bos/eos/pad tokens), chat_template.jinja and generation_config.json
@@ -55,10 +59,16 @@ char *tokenizer_decode_ex(const Tokenizer *t, const int *ids, int n, int skip_sp
 typedef struct {
     const Tokenizer *t;
     int skip_special;
-    unsigned char pend[8];  // bytes of an unfinished UTF-8 character (at most 3)
+    unsigned char pend[8];  // byte-level: bytes of an unfinished UTF-8 character (at most 3)
     int npend;
     char *buf;              // the text returned by the last call
     size_t cap;
+    // SentencePiece-style: the bytes of the <0xNN> tokens since the last other token (held
+    // until the run ends: tokenizers' ByteFallback decodes a run as a whole), strings seen
+    // before and after ByteFallback, what each Strip after Fuse still removes at the start
+    char *run;
+    size_t nrun, caprun;
+    int ntok, npost, strip_left[8];
 } TokenizerStream;
 void tokenizer_stream_init(TokenizerStream *s, const Tokenizer *t, int skip_special);
 const char *tokenizer_stream_push(TokenizerStream *s, int id);  // valid until the next call
@@ -79,7 +89,7 @@ const char *tokenizer_chat_format(const Tokenizer *t);  // "chatml", "llama3", "
 
 // ---- vocabulary ----
 int tokenizer_vocab_size(const Tokenizer *t);                 // largest id + 1 (model vocab and added tokens)
-int tokenizer_token_id(const Tokenizer *t, const char *token);  // added token or vocab string (byte-level form, e.g. "Ġthe"); -1 if none
+int tokenizer_token_id(const Tokenizer *t, const char *token);  // added token or vocab string as the file writes it ("Ġthe", "▁the"); -1 if none
 const char *tokenizer_token_str(const Tokenizer *t, int id);  // the inverse; NULL if no such id
 int tokenizer_is_special(const Tokenizer *t, int id);         // a special added token (skipped by skip_special)
 int tokenizer_bos_id(const Tokenizer *t);                     // -1 if none

@@ -181,6 +181,32 @@ def trim_tokenizer(j, merges, added, chars="abcdefghilnorstw0123456789 ,.!'\n"):
 
 
 TEXT = "Hello world! 你好, naïve café 123 <|im_end|> <s>word</s>\n\tdon't"
+SP_TEXT = " <bos>▁▁ <0x41>  😀 [INST] per cent 12 <end_of_turn>"
+
+
+def trim_sp(j, merges, added, bytes_too):
+    """trim_tokenizer for a SentencePiece-style file: the special tokens, the one-character tokens of
+    a few characters and U+2581, some <0xNN> tokens (all of them with bytes_too), the first `merges`
+    merges among them; the added tokens keep their vocabulary ids"""
+    vocab, singles = j["model"]["vocab"], set("abcdefghilnorstw0123456789 ,.!'\n\u2581")
+    keep = {a["content"] for a in j["added_tokens"][:added] if a["content"] in vocab}
+    keep |= {s for s in vocab if (len(s) == 1 and s in singles) or (s.startswith("<0x") and (bytes_too or s < "<0x80>"))}
+    ms = []
+    for m in j["model"]["merges"]:
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        if a in keep and b in keep and a + b in vocab and len(ms) < merges:
+            ms.append(m)
+            keep.add(a + b)
+    order = sorted(keep, key=lambda s: vocab[s])
+    j["model"]["vocab"] = {s: i for i, s in enumerate(order)}
+    j["model"]["merges"] = ms
+    ids = j["model"]["vocab"]
+    j["added_tokens"] = [dict(a, id=ids.get(a["content"], len(order) + k)) for k, a in enumerate(j["added_tokens"][:added])]
+    if j.get("post_processor"):
+        names = {a["content"]: a["id"] for a in j["added_tokens"]}
+        for name, tok in j["post_processor"].get("special_tokens", {}).items():
+            tok["ids"] = [names.get(name, 0)]
+    return j
 
 
 def tokenizer_seeds():
@@ -194,6 +220,13 @@ def tokenizer_seeds():
     lcfg = json.loads(read("tokenizer/llama3/tokenizer_config.json"))
     lcfg = {k: lcfg[k] for k in ("chat_template", "eos_token", "pad_token", "bos_token") if k in lcfg}
     put("tokenizer", "seed-llama3-chat", json.dumps(ll, ensure_ascii=False), json.dumps(lcfg), read("tokenizer/llama3/generation_config.json"), TEXT)
+    # SentencePiece-style (characters as symbols, <0xNN> byte fallback, U+2581) and Digits + ByteLevel
+    for kind, nadd in (("gemma", 8), ("mistral", 5), ("sp_odd", 4)):
+        j = trim_sp(json.loads(read("tokenizer/%s/tokenizer.json" % kind)), 20, nadd, kind != "sp_odd")
+        cfg = read("tokenizer/%s/tokenizer_config.json" % kind)
+        put("tokenizer", "seed-" + kind.replace("_", "-"), json.dumps(j, ensure_ascii=False), cfg, "{}", TEXT + SP_TEXT)
+    sm = trim_tokenizer(json.loads(read("tokenizer/smollm/tokenizer.json")), 20, 3)
+    put("tokenizer", "seed-smollm", json.dumps(sm, ensure_ascii=False), read("tokenizer/smollm/tokenizer_config.json"), "{}", TEXT)
     # an added token whose content is the lone byte 0xBD (not UTF-8): encoding "你好" (E4 BD A0
     # E5 A5 BD) used to hang without NFC and read wild memory with it; the file is refused now
     for name, base in (("regress-added-invalid-utf8", json.loads(gpt2)), ("regress-added-invalid-utf8-nfc", q)):
