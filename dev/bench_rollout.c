@@ -1,5 +1,5 @@
-// dev/bench_rollout.c: rollout throughput of the engine (rollout.c) on the CUDA backend,
-// Qwen3-shaped random models, prompt 128 + 256 new tokens at fixed length (no EOS),
+// dev/bench_rollout.c: rollout throughput of the engine (rollout.c) on the CUDA backend (or, with
+// --device cpu, the CPU's), Qwen3-shaped random models (and SmolLM2-135M's Llama shape), prompt 128 + 256 new tokens at fixed length (no EOS),
 // sampling at temperature 1 as transformers' generate in dev/peers.py does.
 // Reports tokens/s (new tokens over prefill + decode), the decode step time against the
 // floor of BENCHMARKS.md (bytes read per step / 3.0 TB/s), and memory (the process's peak so far beyond the
@@ -49,12 +49,13 @@ static double decode_floor_ms(const Config *c, const Model *m, int S, int prompt
     return (lin + head + kv) / 3.0e12 * 1e3;
 }
 
+static const char *device = "cuda";  // --device
 static int profile;  // --profile
 static int kv_fp8;   // the row's KV cache: FP8 (--kv fp8)
 static int fp8_embed;  // --fp8_embeddings (FP8 rows only)
 
 static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nnew, int rank, int graphs) {
-    const Backend *be = backend_select("cuda", 0);
+    const Backend *be = backend_select(device, 0);
     Config cfg = bench_shape(size);
     ModelOptions opt = {gran, 0, 0, 0, fp8_embed && gran != FP8_OFF};
     Model m;
@@ -71,7 +72,7 @@ static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nne
     int **prompts = (int **)mallocCheck(P * sizeof(int *)), *plens = (int *)mallocCheck(P * sizeof(int));
     for (int p = 0; p < P; p++) {
         prompts[p] = (int *)mallocCheck(prompt * sizeof(int));
-        for (int t = 0; t < prompt; t++) prompts[p][t] = rng_int(&r, 150000);
+        for (int t = 0; t < prompt; t++) prompts[p][t] = rng_int(&r, cfg.V < 150000 ? cfg.V : 150000);
         plens[p] = prompt;
     }
     uint64_t *seeds = (uint64_t *)mallocCheck(S * sizeof(uint64_t));
@@ -200,15 +201,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--fp8_embeddings")) fp8_embed = 1;
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc) kvs = argv[++i];
         else if (!strcmp(argv[i], "--gemm") && i + 1 < argc) gemm = argv[++i];
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
         else die("usage: bench_rollout [--model " SHAPE_NAMES "] [--fp8 block,row,tensor,off] [--batch 64,256] [--prompt 128] "
                  "[--new 256] [--generations G] [--lora r] [--graphs on,off] [--kv auto,fp8] [--gemm auto|cublaslt] "
-                 "[--profile] [--fp8_embeddings] [--startup DIR]");
+                 "[--profile] [--fp8_embeddings] [--startup DIR] [--device cuda|cpu]");
     }
-    const Backend *be = backend_select("cuda", 1);
+    if (strcmp(device, "cuda") && strcmp(device, "cpu")) die("--device: cuda or cpu, not '%s'", device);
+    if (!strcmp(device, "cpu") && (profile || startup_dir)) die("--profile and --startup time the CUDA backend: drop them with --device cpu");
+    const Backend *be = backend_select(device, 1);
     (void)be;
     // the FP8 GEMM's implementation (fp8_cuda.h): AUTO's choice by shape, or cuBLASLt for every
     // product (what the Hopper kernels are worth end to end)
-    if (!strcmp(gemm, "cublaslt")) fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
+    if (!strcmp(gemm, "cublaslt") && !strcmp(device, "cuda")) fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
     else if (strcmp(gemm, "auto")) die("--gemm: auto or cublaslt, not '%s'", gemm);
     // the lists, parsed first
     int gl[8], ng = 0, bl[8], nb = 0;

@@ -9,8 +9,10 @@
 
 #include "model.h"
 
-#define SHAPE_NAMES "0.6b|8b|32b|70b"
+#define SHAPE_NAMES "135m|0.6b|8b|32b|70b"
 
+// "135m": SmolLM2-135M's config (Llama: 30 layers, hidden 576, 9/3 heads x 64, FF 1536, tied, vocab
+// 49,152; 576 is not a multiple of 128: FP8 block scaling's partial blocks);
 // "0.6b": 28 layers, hidden 1024, 16/8 heads x 128, FF 3072, tied; "8b": 36 layers, hidden 4096,
 // 32/8 heads, FF 12288, untied; "32b": 64 layers, hidden 5120, 64/8 heads, FF 25600, untied (vocab
 // 151,936 each, Qwen3); "70b": Llama-3.3-70B, 80 layers, hidden 8192, 64/8 heads, FF 28672, vocab
@@ -29,7 +31,12 @@ static inline Config bench_shape(const char *size) {
     c.bos_id = -1;
     c.eos_ids[0] = 151645;
     c.n_eos = 1;
-    if (!strcmp(size, "0.6b")) {
+    if (!strcmp(size, "135m")) {
+        c.arch = ARCH_LLAMA;
+        c.V = 49152, c.C = 576, c.FF = 1536, c.L = 30, c.NH = 9, c.KVH = 3, c.HD = 64, c.tied = 1, c.qk_norm = 0;
+        c.max_pos = 8192, c.eps = 1e-5f, c.rope_theta = 100000.0f;
+        c.eos_ids[0] = 2;
+    } else if (!strcmp(size, "0.6b")) {
         c.C = 1024, c.FF = 3072, c.L = 28, c.NH = 16, c.tied = 1;
     } else if (!strcmp(size, "8b")) {
         c.C = 4096, c.FF = 12288, c.L = 36, c.NH = 32, c.tied = 0;
