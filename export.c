@@ -14,6 +14,9 @@
 //                 block runs at load), the rest (embeddings, norms, biases, lm_head) BF16; config.json gains
 //                 the quantization_config below. The merge is rounded to fp32 and quantized from there, so
 //                 that ./generate --load_in_fp8 block on the merged weights holds the same codes and scales.
+//                 A projection whose shape is not whole 128x128 blocks (a side over 128 and not a multiple
+//                 of it: hidden 576, intermediate 160) is written in BF16 instead and named in
+//                 modules_to_not_convert (fp8_whole_blocks says why), and a line says which.
 //   --dtype fp32  every tensor fp32, torch_dtype float32: twice BF16's bytes, and the merge whole. A typical
 //                 LoRA change is ~1e-3 of a weight, below BF16's step (2^-8 of it) at most weights: rounded to
 //                 BF16 most of it is lost, which the line after the export measures (`kept`).
@@ -191,16 +194,27 @@ typedef struct {
     int shard;
 } OutTensor;
 
+// Whether a (rows, cols) weight can be written as FP8 blocks that its readers read as they were made.
+// transformers' FineGrainedFP8 takes a weight (N, K) with weight_scale_inv (gn, gk) as blocks of
+// N / gn x K / gk (and refuses the weight when those do not divide: "not divisible by scale grid"), vLLM
+// wants multiples of 128; our scales are of 128x128 tiles, the last one partial. The two agree when
+// each side is a multiple of 128, or at most 128 (one tile, the side itself). Any other side (576 =
+// 4.5 x 128; 160) would be read with the wrong scales or refused: such a projection goes out in BF16.
+static int fp8_whole_blocks(int64_t rows, int64_t cols) {
+    return (rows % FP8_BLOCK_SIZE == 0 || rows <= FP8_BLOCK_SIZE) && (cols % FP8_BLOCK_SIZE == 0 || cols <= FP8_BLOCK_SIZE);
+}
+static int written_fp8(const HFTensor *h, int fp8) { return fp8 && h->lin && fp8_whole_blocks(h->rows, h->cols); }
+
 static int plan_tensors(const HFTensor *h, int nh, int fp8, int fp32, OutTensor *out) {
     int n = 0;
     for (int i = 0; i < nh; i++) {
         OutTensor t = {&h[i], 0, "", fp32 ? DT_F32 : DT_BF16, {h[i].rows, h[i].cols}, h[i].cols ? 2 : 1, 0, 0};
         snprintf(t.name, sizeof t.name, "%s", h[i].name);
-        if (fp8 && h[i].lin) t.dtype = DT_E4M3;
+        if (written_fp8(&h[i], fp8)) t.dtype = DT_E4M3;
         t.bytes = (size_t)h[i].rows * (h[i].cols ? h[i].cols : 1) * dtype_size(t.dtype);
         if (out) out[n] = t;
         n++;
-        if (fp8 && h[i].lin) {  // HF's weight_scale_inv: (ceil(rows / 128), ceil(cols / 128)) fp32
+        if (written_fp8(&h[i], fp8)) {  // HF's weight_scale_inv: (ceil(rows / 128), ceil(cols / 128)) fp32
             OutTensor s = t;
             s.scales = 1;
             s.dtype = DT_F32;
@@ -358,11 +372,15 @@ static void write_weights(const Model *m, OutTensor *t, int n, int nshards, cons
 //   weight_block_size         both: [128, 128] makes vLLM create weight_scale_inv (ceil(N/128), ceil(K/128))
 //                             fp32 for each linear layer, and transformers' FP8Linear the same
 //   fmt "e4m3"                read by neither (DeepSeek-V3 and Qwen3-FP8 write it): says the codes' format
-//   modules_to_not_convert    transformers (vLLM reads it when ignored_layers is absent): lm_head stays BF16;
-//                             the embeddings and norms are no linear layers, so neither quantizes them
+//   modules_to_not_convert    transformers (vLLM reads it when ignored_layers is absent): lm_head stays BF16,
+//                             and the projections written in BF16 (fp8_whole_blocks), by their module names;
+//                             the embeddings and norms are no linear layers, so neither quantizes them.
+//                             With no projection left in FP8 there is no quantization_config at all.
 // vLLM also needs every part of a fused projection (q, k, v; gate, up) to be a multiple of 128 rows
 // (validate_fp8_block_shape): true of real checkpoints (KV heads of 128), not of the tiny fixtures.
-static void write_config(const char *model_dir, const char *dir, int fp8, int fp32) {
+static void write_config(const char *model_dir, const char *dir, int fp8, int fp32, const HFTensor *h, int nh) {
+    int nfp8 = 0;
+    for (int i = 0; i < nh; i++) nfp8 += written_fp8(&h[i], fp8);
     char p[4096];
     path_join(p, sizeof p, model_dir, "config.json");
     char *text = read_file(p, NULL);
@@ -377,7 +395,7 @@ static void write_config(const char *model_dir, const char *dir, int fp8, int fp
         cJSON_AddStringToObject(r, "dtype", dt);
     }
     cJSON_DeleteItemFromObjectCaseSensitive(r, "quantization_config");  // an FP8 base's, now stale
-    if (fp8) {
+    if (nfp8) {
         cJSON *q = cJSON_AddObjectToObject(r, "quantization_config");
         cJSON_AddStringToObject(q, "quant_method", "fp8");
         cJSON_AddStringToObject(q, "fmt", "e4m3");
@@ -387,6 +405,12 @@ static void write_config(const char *model_dir, const char *dir, int fp8, int fp
         cJSON_AddItemToArray(b, cJSON_CreateNumber(FP8_BLOCK_SIZE));
         cJSON *skip = cJSON_AddArrayToObject(q, "modules_to_not_convert");
         cJSON_AddItemToArray(skip, cJSON_CreateString("lm_head"));
+        for (int i = 0; i < nh; i++)
+            if (h[i].lin && !written_fp8(&h[i], fp8)) {  // "model.layers.0.mlp.gate_proj", without ".weight"
+                char mod[96];
+                snprintf(mod, sizeof mod, "%.*s", (int)(strlen(h[i].name) - strlen(".weight")), h[i].name);
+                cJSON_AddItemToArray(skip, cJSON_CreateString(mod));
+            }
     }
     text = cJSON_Print(r);
     cJSON_Delete(r);
@@ -452,7 +476,7 @@ int main(int argc, char **argv) {
     chmod(tmp_dir, 0755);  // mkdtemp makes it 0700: the export is meant to be read by others (a server)
 
     write_weights(&m, t, n, nshards, tmp_dir);
-    write_config(o.model, tmp_dir, fp8, fp32);
+    write_config(o.model, tmp_dir, fp8, fp32, h, nh);
     copy_tokenizer_files(o.model, tmp_dir);
 
     // into place: rename() replaces an empty directory atomically; a non-empty one (--overwrite) is
@@ -474,9 +498,21 @@ int main(int argc, char **argv) {
 
     size_t total = 0;
     for (int i = 0; i < n; i++) total += t[i].bytes;
+    int nlin = 0, nbf16 = 0, ex = -1;  // projections, those written in BF16 under --dtype fp8, the first of them
+    for (int i = 0; i < nh; i++)
+        if (h[i].lin) {
+            nlin++;
+            if (fp8 && !written_fp8(&h[i], fp8) && nbf16++ == 0) ex = i;
+        }
     fprintf(stderr, "wrote %s: %s, %d tensors, %.1f MB in %d file%s%s\n", o.output_dir,
-            fp8 ? "FP8 E4M3 projections with 128x128 block scales, the rest BF16" : fp32 ? "fp32" : "BF16", n, total / 1e6,
-            nshards, nshards > 1 ? "s + model.safetensors.index.json" : "", o.lora ? ", adapter merged" : "");
+            fp8 && nbf16 < nlin ? "FP8 E4M3 projections with 128x128 block scales, the rest BF16" : fp32 ? "fp32" : "BF16", n,
+            total / 1e6, nshards, nshards > 1 ? "s + model.safetensors.index.json" : "", o.lora ? ", adapter merged" : "");
+    if (nbf16)
+        fprintf(stderr, "fp8: %d of %d projections written in BF16, their shapes not whole 128x128 blocks (e.g. %s, %lld x "
+                "%lld), which transformers' and vLLM's FP8 loaders need; %s\n", nbf16, nlin, h[ex].name,
+                (long long)h[ex].rows, (long long)h[ex].cols,
+                nbf16 < nlin ? "they are listed in quantization_config.modules_to_not_convert"
+                             : "none is left in FP8, so the checkpoint is plain BF16 (no quantization_config)");
     if (o.lora && !fp8 && kept.change2 > 0) {
         double e = sqrt(kept.err2 / kept.change2);
         fprintf(stderr, "merge: the adapter's change to the weights, as the %s file holds it, is off by %.3g of its size "

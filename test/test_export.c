@@ -152,17 +152,30 @@ static void check_bf16_tensors(const Inputs *in, const char *dir) {
 
 // A checkpoint of the merged weights as ./generate --load_in_fp8 block would quantize them at load: the
 // projections in F32 (the merge rounded to fp32: what export.c quantizes), everything else in BF16
-static void write_merged_f32(const Inputs *in, const char *model_rel, const char *dir) {
+// Whether the FP8 export writes a projection of this shape in FP8: each side a multiple of 128 or at
+// most 128, the shapes whose 128x128 scale tiles transformers and vLLM read as they were made (export.c
+// says why); the others go out in BF16.
+static int whole_blocks(const STensor *t) {
+    return (t->shape[0] % 128 == 0 || t->shape[0] <= 128) && (t->shape[1] % 128 == 0 || t->shape[1] <= 128);
+}
+
+// The merge as an fp32 checkpoint (other tensors BF16). fp8_export: the projections the FP8 export
+// writes in BF16 rounded to BF16 first (still stored as fp32), so that --load_in_fp8 block quantizes
+// the same values from here as from the export.
+static void write_merged_f32(const Inputs *in, const char *model_rel, const char *dir, int fp8_export) {
     mkdir(dir, 0755);
     int n = in->base.n;
     STWrite *w = (STWrite *)callocCheck(n, sizeof(STWrite));
     for (int i = 0; i < n; i++) {
         const STensor *t = &in->base.t[i];
         double *x = merged(in, t);
-        int proj = is_projection(t->name);
+        int proj = is_projection(t->name), rounded = fp8_export && proj && !whole_blocks(t);
         void *buf = mallocCheck(t->numel * (proj ? 4 : 2));
         for (int64_t k = 0; k < t->numel; k++) {
-            if (proj) ((float *)buf)[k] = (float)x[k];
+            if (rounded) {
+                uint32_t u = (uint32_t)bf16_nearest(x[k]) << 16;
+                memcpy((float *)buf + k, &u, 4);
+            } else if (proj) ((float *)buf)[k] = (float)x[k];
             else ((uint16_t *)buf)[k] = bf16_nearest(x[k]);
         }
         free(x);
@@ -394,18 +407,23 @@ START_TEST(test_fp8_equals_load_in_fp8_block) {
         snprintf(out, sizeof out, "%s/%s-fp8", tmp, models[k]);
         snprintf(ref_dir, sizeof ref_dir, "%s/%s-merged-f32", tmp, models[k]);
         snprintf(args, sizeof args, "--model %s %s %s --output_dir %s --dtype fp8", model, loras[k] ? "--lora" : "", lora, out);
-        ck_assert_int_eq(run_export(args, NULL), 0);
+        char *err;
+        ck_assert_int_eq(run_export(args, &err), 0);
         Inputs in;
         inputs_open(&in, model, loras[k] ? lora : NULL);
-        write_merged_f32(&in, models[k], ref_dir);
-        // the file: projections E4M3 with F32 (ceil(N/128), ceil(K/128)) scales, the rest BF16
+        write_merged_f32(&in, models[k], ref_dir, 1);
+        // the file: projections of whole 128x128 blocks E4M3 with F32 (ceil(N/128), ceil(K/128)) scales,
+        // the rest BF16 (the fixtures' intermediate 160: gate, up and down)
         SafeTensors st;
         st_open_dir(&st, out);
-        int nproj = 0;
+        int nproj = 0, nbf16 = 0, nall = 0;
         for (int i = 0; i < in.base.n; i++) {
             const STensor *t = &in.base.t[i], *o = st_find(&st, t->name);
-            ck_assert_msg(o && o->dtype == (is_projection(t->name) ? DT_E4M3 : DT_BF16), "%s", t->name);
-            if (!is_projection(t->name)) continue;
+            int fp8 = is_projection(t->name) && whole_blocks(t);
+            ck_assert_msg(o && o->dtype == (fp8 ? DT_E4M3 : DT_BF16), "%s", t->name);
+            nall += is_projection(t->name);
+            nbf16 += is_projection(t->name) && !fp8;
+            if (!fp8) continue;
             char sn[300];
             snprintf(sn, sizeof sn, "%s_scale_inv", t->name);
             const STensor *s = st_find(&st, sn);
@@ -414,15 +432,38 @@ START_TEST(test_fp8_equals_load_in_fp8_block) {
             nproj++;
         }
         ck_assert_int_eq(st.n, in.base.n + nproj);
+        ck_assert_msg(nproj > 0 && nbf16 > 0, "the fixture should have projections of both kinds");
+        char line[128];
+        snprintf(line, sizeof line, "fp8: %d of %d projections written in BF16", nbf16, nall);
+        ck_assert_msg(strstr(err, line), "no line saying which projections are BF16: %s", err);
+        free(err);
         st_close(&st);
+        // config.json names them (module names) in modules_to_not_convert, beside lm_head, and no other
+        char cfg[300];
+        snprintf(cfg, sizeof cfg, "%s/config.json", out);
+        char *text = read_file(cfg, NULL);
+        cJSON *r = cJSON_Parse(text), *skip = cJSON_GetObjectItem(cJSON_GetObjectItem(r, "quantization_config"), "modules_to_not_convert");
+        ck_assert_int_eq(cJSON_GetArraySize(skip), 1 + nbf16);
+        ck_assert_str_eq(cJSON_GetArrayItem(skip, 0)->valuestring, "lm_head");
+        for (int i = 0; i < in.base.n; i++) {
+            const STensor *t = &in.base.t[i];
+            if (!is_projection(t->name) || whole_blocks(t)) continue;
+            char mod[300];
+            snprintf(mod, sizeof mod, "%.*s", (int)(strlen(t->name) - strlen(".weight")), t->name);
+            int found = 0;
+            for (int j = 1; j < cJSON_GetArraySize(skip); j++) found += !strcmp(cJSON_GetArrayItem(skip, j)->valuestring, mod);
+            ck_assert_msg(found == 1, "%s is not in modules_to_not_convert once", mod);
+        }
+        cJSON_Delete(r);
+        free(text);
         inputs_close(&in);
 
         Model a, b;
         float *la = logits_of(out, FP8_BLOCK, NULL, &a), *lb = logits_of(ref_dir, FP8_BLOCK, NULL, &b);
         ck_assert_msg(same_weights(&a, &b), "%s: the FP8 codes, scales or BF16 tensors differ", models[k]);
         ck_assert_msg(!memcmp(la, lb, (size_t)2 * 24 * a.cfg.V * sizeof(float)), "%s: logits differ", models[k]);
-        printf("fp8 export of %s%s: codes, scales and logits identical to --load_in_fp8 block of the merged weights\n",
-               models[k], loras[k] ? " + adapter" : "");
+        printf("fp8 export of %s%s: codes, scales and logits identical to --load_in_fp8 block of the merged weights "
+               "(%d of %d projections in BF16: not whole 128x128 blocks)\n", models[k], loras[k] ? " + adapter" : "", nbf16, nall);
         free(la);
         free(lb);
         model_free(&a);
