@@ -631,6 +631,18 @@ static void write_tokenizer_json(const Tokenizer *tok, const char *path) {
     cJSON_Delete(root);
 }
 
+// What the built-in model is, beside its tokenizer.json, for the programs that read the warm-up as a
+// checkpoint (./train_sft, ./generate, transformers): no chat template (its prompts are raw text; the
+// vocabulary's ChatML tokens are not a template), and its one end token, <|endoftext|>, not the
+// <|im_end|> a vocabulary with ChatML tokens suggests.
+static void write_tokenizer_config(const char *dir) {
+    char p[4200];
+    path_join(p, sizeof p, dir, "tokenizer_config.json");
+    const char *text = "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n  \"eos_token\": \"<|endoftext|>\",\n"
+                       "  \"bos_token\": null,\n  \"pad_token\": null,\n  \"chat_template\": null\n}\n";
+    write_file_atomic(p, text, strlen(text));
+}
+
 // The settings that define the built-in model's weights (warm_json), and the cache directory of
 // that warm-up: <warm_root>/warmup-<a hash of them>. A run with other settings gets a directory of
 // its own, so that a warm-up is never replaced by another under an adapter trained on it.
@@ -660,6 +672,8 @@ static void warmup(Run *r, const Config *tc, const ModelOptions *mo) {
         int same = !strcmp(text, r->warm_json);
         free(text);
         if (!same) die("%s holds another warm-up (%.200s) than this run's (%s): remove it", r->warm_dir, have, r->warm_json);
+        path_join(p, sizeof p, r->warm_dir, "tokenizer_config.json");
+        if (!file_exists(p)) write_tokenizer_config(r->warm_dir);  // (a warm-up cached before the file was written)
         printf("built-in model: warm-up loaded from %s\n", r->warm_dir);
     } else if (r->rank0) {
         printf("built-in model: %d layers, hidden %d, vocab %d (byte-level); supervised warm-up on '%s' for %d steps (cached in %s)\n",
@@ -675,6 +689,7 @@ static void warmup(Run *r, const Config *tc, const ModelOptions *mo) {
         model_save_hf(&w, tmp, DT_F32);
         path_join(p, sizeof p, tmp, "tokenizer.json");
         write_tokenizer_json(r->tok, p);
+        write_tokenizer_config(tmp);
         path_join(p, sizeof p, tmp, "warmup.json");
         write_file_atomic(p, r->warm_json, strlen(r->warm_json));
         model_free(&w);

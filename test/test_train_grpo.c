@@ -25,6 +25,7 @@
 #include "core/backend.h"  // convert_to_f64
 #include "io/safetensors.h"
 #include "train/checkpoint.h"  // run_dir_claim
+#include "train/sft.h"         // sft_eos_id
 
 // the default task and warm-up (made once, ~2 min on 2 cores), smaller evaluations
 #define EASY "--eval_size 100 --device cpu --quiet"
@@ -434,7 +435,9 @@ START_TEST(test_output_dir_checked_first) {
 }
 END_TEST
 
-// the warm-up checkpoint's tokenizer.json reads back as the built-in byte-level vocabulary
+// the warm-up checkpoint's tokenizer.json reads back as the built-in byte-level vocabulary, and its
+// tokenizer_config.json says what the model is: no chat template, one end token (256, the one the
+// warm-up taught), so that ./train_sft and ./generate on it write and stop as the model does
 START_TEST(test_warmup_tokenizer_json) {
     setup();
     char dir[1400], warm[1200];
@@ -442,11 +445,12 @@ START_TEST(test_warmup_tokenizer_json) {
     warm_dir_in(warm, dir, sizeof dir);
     Tokenizer *a = tokenizer_byte_level(), *b = tokenizer_load_dir(dir);
     ck_assert_int_eq(tokenizer_vocab_size(a), tokenizer_vocab_size(b));
-    ck_assert_str_eq(tokenizer_chat_format(a), tokenizer_chat_format(b));
-    int na, nb;
-    const int *ea = tokenizer_eos_ids(a, &na), *eb = tokenizer_eos_ids(b, &nb);
-    ck_assert_int_eq(na, nb);
-    for (int i = 0; i < na; i++) ck_assert_int_eq(ea[i], eb[i]);
+    ck_assert_str_eq(tokenizer_chat_format(b), "none");
+    int nb;
+    const int *eb = tokenizer_eos_ids(b, &nb);
+    ck_assert_int_eq(nb, 1);
+    ck_assert_int_eq(eb[0], 256);
+    ck_assert_int_eq(sft_eos_id(b, 0), 256);
     const char *texts[] = {"17+25=", "42", " 3*5+7 ", "Hello, world!\n\tTabs and  spaces  ", "<|im_start|>user\nhi<|im_end|>",
                            "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x99\x82", "bad utf-8: \xff\xfe\xc3", "<|endoftext|>x<|endoftext|>",
                            "'s 're \\ \" {}"};
