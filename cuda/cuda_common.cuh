@@ -1,7 +1,8 @@
 // cuda_common.cuh: what every .cu file of fp8-grpo shares (included by fp8.cu, fp8_hopper.cu,
 // attention.cu, backend_cuda.cu, sample.cu, and the kernel versions in dev/cuda/).
 //   defines: cudaCheck / cublasCheck / launchCheck (file, line and the error's name),
-//   cdiv, grid_for (the grid of a grid-stride loop), load_f / store_f (bf16 or f32 as f32),
+//   cdiv, grid_for (the grid of a grid-stride loop), load_f / store_f (bf16 or f32 as f32), unpack8 / pack8
+//   (8 bf16 values <-> f32),
 //   warp_sum / warp_max / block_max, and the device FP8 codec: fp8_encode_dev, fp8_decode_dev,
 //   fp8_scale_dev and fp8_quantize_warp (_regs), the one routine that turns a row of values into FP8
 //   codes and their scale (the GEMM's 1x128 activation groups and the KV cache's rows both use it).
@@ -60,6 +61,23 @@ __device__ __forceinline__ float load_f(const float *p, size_t i) { return p[i];
 __device__ __forceinline__ float load_f(const bf16 *p, size_t i) { return __bfloat162float(p[i]); }
 __device__ __forceinline__ void store_f(float *p, size_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_f(bf16 *p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+// 8 bf16 values (16 bytes) <-> fp32, rounding to nearest even
+__device__ __forceinline__ void unpack8(float f[8], uint4 u) {
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __bfloat1622float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+__device__ __forceinline__ uint4 pack8(const float f[8]) {
+    uint4 u;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return u;
+}
 
 // ----------------------------------------------------------------------------
 // reductions (every lane / thread gets the result; fixed order, so results repeat bit for bit)

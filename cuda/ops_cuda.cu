@@ -60,22 +60,6 @@ void cu_colsum(float *dst, const bf16 *a, int N, int C) { colsum<0>(dst, a, NULL
 // norms and elementwise ops. bf16 rows are read 8 at a time (16 bytes) when the row
 // length and pointers allow, else one at a time.
 
-__device__ __forceinline__ void unpack8(float f[8], uint4 u) {
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 t = __bfloat1622float2(h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
-__device__ __forceinline__ uint4 pack8(const float f[8]) {
-    uint4 u;
-    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    return u;
-}
 __device__ __forceinline__ void load8(float f[8], const bf16 *p) { unpack8(f, *(const uint4 *)p); }
 __device__ __forceinline__ void store8(bf16 *p, const float f[8]) { *(uint4 *)p = pack8(f); }
 static int aligned16(const void *a, const void *b, const void *c, const void *d) {
