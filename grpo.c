@@ -63,6 +63,7 @@ GrpoConfig grpo_config_default(void) {
     c.epsilon_high = -1.0;  // None: same as epsilon
     c.loss_type = LOSS_DAPO;
     c.scale_rewards = SCALE_GROUP;
+    c.advantage_estimator = ADV_GRPO;
     c.importance_sampling_level = IS_LEVEL_TOKEN;
     c.mask_truncated_completions = 0;
     c.vllm_importance_sampling_correction = 1;
@@ -77,11 +78,13 @@ double grpo_epsilon_high(const GrpoConfig *cfg) { return cfg->epsilon_high < 0 ?
 
 static const char *LOSS_NAMES[] = {"grpo", "bnpo", "dr_grpo", "dapo"};
 static const char *SCALE_NAMES[] = {"group", "batch", "none"};
+static const char *ADV_NAMES[] = {"grpo", "rloo"};
 static const char *LEVEL_NAMES[] = {"token", "sequence"};
 static const char *VIS_NAMES[] = {"token_truncate", "token_mask", "sequence_truncate", "sequence_mask"};
 
 const char *grpo_loss_type_name(GrpoLossType t) { return (unsigned)t < 4 ? LOSS_NAMES[t] : "?"; }
 const char *grpo_scale_rewards_name(GrpoScaleRewards s) { return (unsigned)s < 3 ? SCALE_NAMES[s] : "?"; }
+const char *grpo_advantage_estimator_name(GrpoAdvantageEstimator a) { return (unsigned)a < 2 ? ADV_NAMES[a] : "?"; }
 const char *grpo_is_level_name(GrpoImportanceLevel l) { return (unsigned)l < 2 ? LEVEL_NAMES[l] : "?"; }
 const char *grpo_vllm_is_mode_name(GrpoVllmISMode m) { return (unsigned)m < 4 ? VIS_NAMES[m] : "?"; }
 
@@ -158,6 +161,11 @@ int grpo_config_set(GrpoConfig *c, const char *key_in, const char *v, char *err,
         else if ((i = lookup(v, SCALE_NAMES, 3)) < 0)
             return error_msg(err, cap, "unknown scale_rewards '%s': use group, batch or none", v);
         c->scale_rewards = (GrpoScaleRewards)i;
+    } else if (!strcmp(key, "advantage_estimator")) {
+        if ((i = lookup(v, ADV_NAMES, 2)) < 0)
+            return error_msg(err, cap, "unknown advantage_estimator '%s': use grpo (the group's mean as baseline) or rloo "
+                                       "(the mean of the group's others)", v);
+        c->advantage_estimator = (GrpoAdvantageEstimator)i;
     } else if (!strcmp(key, "importance_sampling_level")) {
         if ((i = lookup(v, LEVEL_NAMES, 2)) < 0)
             return error_msg(err, cap, "unknown importance_sampling_level '%s': use token or sequence (GSPO)", v);
@@ -223,6 +231,7 @@ int grpo_config_get(const GrpoConfig *c, const char *key_in, char *buf, size_t c
         else put_double(buf, cap, c->epsilon_high);
     } else if (!strcmp(key, "loss_type")) s = grpo_loss_type_name(c->loss_type);
     else if (!strcmp(key, "scale_rewards")) s = grpo_scale_rewards_name(c->scale_rewards);
+    else if (!strcmp(key, "advantage_estimator")) s = grpo_advantage_estimator_name(c->advantage_estimator);
     else if (!strcmp(key, "importance_sampling_level")) s = grpo_is_level_name(c->importance_sampling_level);
     else if (!strcmp(key, "mask_truncated_completions")) s = c->mask_truncated_completions ? "true" : "false";
     else if (!strcmp(key, "vllm_importance_sampling_correction")) s = c->vllm_importance_sampling_correction ? "true" : "false";
@@ -249,7 +258,7 @@ int grpo_config_check(const GrpoConfig *c, char *err, size_t cap) {
     if (!(c->beta >= 0)) return error_msg(err, cap, "beta must be >= 0 (got %g)", c->beta);
     if (!(c->vllm_importance_sampling_cap > 0))
         return error_msg(err, cap, "vllm_importance_sampling_cap must be > 0 (got %g)", c->vllm_importance_sampling_cap);
-    if ((unsigned)c->loss_type > LOSS_DAPO || (unsigned)c->scale_rewards > SCALE_NONE ||
+    if ((unsigned)c->loss_type > LOSS_DAPO || (unsigned)c->scale_rewards > SCALE_NONE || (unsigned)c->advantage_estimator > ADV_RLOO ||
         (unsigned)c->importance_sampling_level > IS_LEVEL_SEQUENCE || (unsigned)c->vllm_importance_sampling_mode > VIS_SEQUENCE_MASK)
         return error_msg(err, cap, "GrpoConfig has an out-of-range enum value (set it with grpo_config_set)");
     return 0;
@@ -259,8 +268,9 @@ void grpo_config_print(const GrpoConfig *c, FILE *f) {
     fprintf(f, "num_generations = %d\nnum_iterations = %d\nmax_completion_length = %d\n", c->num_generations,
             c->num_iterations, c->max_completion_length);
     fprintf(f, "beta = %g\nepsilon = %g\nepsilon_high = %g\n", c->beta, c->epsilon, grpo_epsilon_high(c));
-    fprintf(f, "loss_type = %s\nscale_rewards = %s\nimportance_sampling_level = %s\n", grpo_loss_type_name(c->loss_type),
-            grpo_scale_rewards_name(c->scale_rewards), grpo_is_level_name(c->importance_sampling_level));
+    fprintf(f, "loss_type = %s\nscale_rewards = %s\nadvantage_estimator = %s\nimportance_sampling_level = %s\n",
+            grpo_loss_type_name(c->loss_type), grpo_scale_rewards_name(c->scale_rewards),
+            grpo_advantage_estimator_name(c->advantage_estimator), grpo_is_level_name(c->importance_sampling_level));
     fprintf(f, "mask_truncated_completions = %s\n", c->mask_truncated_completions ? "true" : "false");
     fprintf(f, "vllm_importance_sampling_correction = %s\nvllm_importance_sampling_mode = %s\nvllm_importance_sampling_cap = %g\n",
             c->vllm_importance_sampling_correction ? "true" : "false", grpo_vllm_is_mode_name(c->vllm_importance_sampling_mode),
@@ -320,17 +330,17 @@ void grpo_advantages(const GrpoConfig *cfg, int B, int R, const double *rewards,
         }
         r[b] = s;
     }
-    // advantages are always centred on the group mean; the scale is per-group, whole-batch or none
+    // a reward less its baseline: the group's mean (GRPO) or the mean of the group's others (RLOO);
+    // the scale is per-group, whole-batch or none
     double batch_std = B > 1 ? std_bessel(r, B) : 0.0;
     for (int g = 0; g < B / G; g++) {
-        double mean = 0;
-        for (int i = 0; i < G; i++) mean += r[g * G + i];
-        mean /= G;
-        double gstd = std_bessel(r + g * G, G);
+        double sum = 0;
+        for (int i = 0; i < G; i++) sum += r[g * G + i];
+        double mean = sum / G, gstd = std_bessel(r + g * G, G);
         for (int i = 0; i < G; i++) {
             int b = g * G + i;
             sd[b] = cfg->scale_rewards == SCALE_BATCH ? batch_std : gstd;  // "none" still logs the group std
-            adv[b] = r[b] - mean;
+            adv[b] = cfg->advantage_estimator == ADV_RLOO ? r[b] - (sum - r[b]) / (G - 1) : r[b] - mean;
             if (cfg->scale_rewards != SCALE_NONE) adv[b] /= sd[b] + 1e-4;
         }
     }

@@ -34,6 +34,7 @@ extern "C" {
 
 typedef enum { LOSS_GRPO = 0, LOSS_BNPO, LOSS_DR_GRPO, LOSS_DAPO } GrpoLossType;
 typedef enum { SCALE_GROUP = 0, SCALE_BATCH, SCALE_NONE } GrpoScaleRewards;
+typedef enum { ADV_GRPO = 0, ADV_RLOO } GrpoAdvantageEstimator;
 typedef enum { IS_LEVEL_TOKEN = 0, IS_LEVEL_SEQUENCE } GrpoImportanceLevel;  // SEQUENCE = GSPO
 typedef enum { VIS_TOKEN_TRUNCATE = 0, VIS_TOKEN_MASK, VIS_SEQUENCE_TRUNCATE, VIS_SEQUENCE_MASK } GrpoVllmISMode;
 
@@ -48,6 +49,10 @@ typedef struct {
     double epsilon_high;             // < 0 (TRL's None): same as epsilon; DAPO recommends 0.28
     GrpoLossType loss_type;          // dapo
     GrpoScaleRewards scale_rewards;  // group
+    // grpo: a completion's reward less its group's mean. rloo: less the mean of the group's OTHER
+    // completions (REINFORCE leave-one-out, TRL's RLOOTrainer; with scale_rewards none its advantages),
+    // which is the group-mean advantage times G / (G - 1). Not a TRL GRPOConfig option (verl's name).
+    GrpoAdvantageEstimator advantage_estimator;
     GrpoImportanceLevel importance_sampling_level;  // token
     int mask_truncated_completions;  // 0: 1 = truncated completions get no loss (mask zeroed)
     // truncated importance sampling between the rollout engine's logprobs (sampling_logp)
@@ -84,6 +89,7 @@ void grpo_config_print(const GrpoConfig *cfg, FILE *f);
 // names of the enum values (for logs and errors)
 const char *grpo_loss_type_name(GrpoLossType t);
 const char *grpo_scale_rewards_name(GrpoScaleRewards s);
+const char *grpo_advantage_estimator_name(GrpoAdvantageEstimator a);
 const char *grpo_is_level_name(GrpoImportanceLevel l);
 const char *grpo_vllm_is_mode_name(GrpoVllmISMode m);
 

@@ -199,11 +199,13 @@ START_TEST(get_reads_back_through_set) {
     static const char *names[] = {"num_generations", "num_iterations", "max_completion_length", "beta", "epsilon",
                                   "epsilon_high", "loss_type", "scale_rewards", "importance_sampling_level",
                                   "mask_truncated_completions", "vllm_importance_sampling_correction",
-                                  "vllm_importance_sampling_mode", "vllm_importance_sampling_cap", "reward_weights"};
+                                  "vllm_importance_sampling_mode", "vllm_importance_sampling_cap", "reward_weights",
+                                  "advantage_estimator"};
     char err[256], buf[256];
     GrpoConfig d = grpo_config_default(), c = d;
-    const char *want[] = {"8", "1", "256", "0", "0.2", "none", "dapo", "group", "token", "false", "true", "sequence_mask", "3", "none"};
-    for (int i = 0; i < 14; i++) {
+    const char *want[] = {"8", "1", "256", "0", "0.2", "none", "dapo", "group", "token", "false", "true", "sequence_mask", "3", "none",
+                          "grpo"};
+    for (int i = 0; i < 15; i++) {
         ck_assert_int_eq(grpo_config_get(&d, names[i], buf, sizeof buf), 0);
         ck_assert_str_eq(buf, want[i]);
     }
@@ -215,11 +217,12 @@ START_TEST(get_reads_back_through_set) {
                             {"epsilon_high", "0.28"}, {"loss_type", "dr_grpo"}, {"scale_rewards", "none"},
                             {"importance_sampling_level", "sequence"}, {"mask_truncated_completions", "true"},
                             {"vllm_importance_sampling_correction", "false"}, {"vllm_importance_sampling_mode", "token_truncate"},
-                            {"vllm_importance_sampling_cap", "2.5"}, {"reward_weights", "1,0.1"}, {"max_completion_length", "17"}};
-    for (int i = 0; i < 14; i++) ck_assert_int_eq(grpo_config_set(&c, set[i][0], set[i][1], err, sizeof err), 0);
+                            {"vllm_importance_sampling_cap", "2.5"}, {"reward_weights", "1,0.1"}, {"max_completion_length", "17"},
+                            {"advantage_estimator", "rloo"}};
+    for (int i = 0; i < 15; i++) ck_assert_int_eq(grpo_config_set(&c, set[i][0], set[i][1], err, sizeof err), 0);
     c.beta = 1.0 / 3.0;  // not exact in %g: the text keeps all digits
     GrpoConfig r = grpo_config_default();
-    for (int i = 0; i < 14; i++) {
+    for (int i = 0; i < 15; i++) {
         ck_assert_int_eq(grpo_config_get(&c, names[i], buf, sizeof buf), 0);
         ck_assert_msg(grpo_config_set(&r, names[i], buf, err, sizeof err) == 0, "%s '%s': %s", names[i], buf, err);
     }
@@ -301,6 +304,38 @@ START_TEST(advantages_by_hand) {
     // weighted sums: 2.5, 0, 0, 0 -> mean 0.625
     ck_assert(fabs(adv[0] - 1.875) < 1e-15 && fabs(adv[1] + 0.625) < 1e-15);
     ck_assert(fabs(m.func_mean[1] - 1.0 / 3.0) < 1e-15);  // nanmean over 3 values
+}
+END_TEST
+
+// RLOO: each reward less the mean of its group's OTHER rewards. By hand, rewards 1, 0, 0, 1 in a
+// group of 4: the 1s' baseline (1 + 0 + 0) / 3, advantage 2/3; the 0s' (1 + 0 + 1) / 3, advantage -2/3.
+// In general r_i - (S - r_i) / (G - 1) = G / (G - 1) (r_i - S / G): the group-mean advantage scaled,
+// which random groups check; with scale_rewards group the scale cancels up to the 1e-4 in the divisor.
+START_TEST(advantages_rloo) {
+    char err[256];
+    GrpoConfig c = grpo_config_default();
+    c.num_generations = 4;
+    c.scale_rewards = SCALE_NONE;
+    ck_assert_int_eq(grpo_config_set(&c, "advantage_estimator", "rloo", err, sizeof err), 0);
+    double r[4] = {1, 0, 0, 1}, w = 1.0, adv[4];
+    grpo_advantages(&c, 4, 1, r, &w, adv, NULL);
+    for (int i = 0; i < 4; i++) ck_assert(fabs(adv[i] - (r[i] == 1 ? 2.0 / 3.0 : -2.0 / 3.0)) < 1e-15);
+    Rng g = rng_make(5);
+    enum { B = 24 };
+    double x[B], a1[B], a2[B];
+    for (int i = 0; i < B; i++) x[i] = rng_normal(&g);
+    for (int G = 2; G <= 8; G *= 2) {
+        GrpoConfig grpo = grpo_config_default(), rloo;
+        grpo.num_generations = G;
+        grpo.scale_rewards = SCALE_NONE;
+        rloo = grpo;
+        rloo.advantage_estimator = ADV_RLOO;
+        grpo_advantages(&grpo, B, 1, x, &w, a1, NULL);
+        grpo_advantages(&rloo, B, 1, x, &w, a2, NULL);
+        for (int i = 0; i < B; i++) ck_assert(fabs(a2[i] - a1[i] * G / (G - 1)) < 1e-12);
+    }
+    ck_assert_int_eq(grpo_config_set(&c, "advantage_estimator", "loo", err, sizeof err), -1);
+    ck_assert(strstr(err, "unknown advantage_estimator 'loo'"));
 }
 END_TEST
 
@@ -631,6 +666,7 @@ Suite *grpo_suite(void) {
     tcase_add_test(tc, reward_weights_resolve);
     tcase_add_test(tc, advantages_match_fixture);
     tcase_add_test(tc, advantages_by_hand);
+    tcase_add_test(tc, advantages_rloo);
     tcase_add_test(tc, loss_matches_fixture);
     tcase_add_test(tc, fixtures_discriminate);
     tcase_add_test(tc, microbatches_equal_full_batch);
