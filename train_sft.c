@@ -42,6 +42,7 @@
 #include "io/plot.h"
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
+#include "train/builtin.h"
 #include "train/dpo_train.h"
 #include "train/optim.h"
 #include "train/sft.h"
@@ -61,7 +62,9 @@ typedef struct {
     double lora_alpha;
     long seed;
     // DPO (train_dpo): TRL's DPOConfig
-    int dpo;  // the program runs as train_dpo (not an option: its name)
+    int dpo;      // the program runs as train_dpo (not an option: its name)
+    int builtin;  // train_dpo without --model and --data: the built-in preference task
+    int output_dir_given;
     const char *loss_type, *truncation_mode;
     double beta, label_smoothing, discopop_tau;
     int reference_free, precompute_ref_log_probs, max_prompt_length, max_completion_length;
@@ -190,6 +193,23 @@ static DpoConfig dpo_config_of(const Opts *o) {
     return c;
 }
 
+// train_dpo's built-in run (no --model, no --data): the defaults that make it show in a minute on a
+// CPU what DPO fixes, where the options leave them. loss_type sppo_hard, not TRL's sigmoid: on these
+// pairs sigmoid DPO raises the chosen answers' probability only relative to the rejected ones, both
+// fall, and greedy decoding then finds a third answer (README: DPO, measured); sppo_hard pulls each
+// log-ratio to a target, the chosen one up.
+static void builtin_defaults(Opts *o, const OptionTable *t) {
+    if (!options_given(t, "use_peft")) o->use_peft = 1;
+    if (!options_given(t, "load_in_fp8") && o->use_peft) o->load_in_fp8 = "block";
+    if (!options_given(t, "loss_type")) o->loss_type = "sppo_hard";
+    if (!options_given(t, "learning_rate")) o->learning_rate = 1e-3;
+    if (!options_given(t, "per_device_train_batch_size")) o->per_device_train_batch_size = 16;
+    if (!options_given(t, "max_steps")) o->max_steps = 100;
+    if (!options_given(t, "save_steps")) o->save_steps = 50;
+    if (!options_given(t, "chat")) o->chat = 0;  // the warm-up learned raw text
+    o->data = "the built-in arithmetic task";
+}
+
 static void parse_options(int argc, char **argv, Opts *o) {
     memset(o, 0, sizeof *o);
     o->dpo = !strcmp(basename(argv[0]), "train_dpo");
@@ -203,7 +223,10 @@ static void parse_options(int argc, char **argv, Opts *o) {
                                        "adapter with --use_peft. Names as TRL's; '-' and '_' are the same; a flag alone means true.",
                      .rows = rows, .n = option_rows(o->dpo, rows), .base = o};
     options_parse(&t, argc, argv);
-    if (!o->model) die("--model is required: a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)");
+    o->output_dir_given = options_given(&t, "output_dir");
+    o->builtin = o->dpo && !options_given(&t, "model") && !options_given(&t, "data");
+    if (o->builtin) builtin_defaults(o, &t);
+    if (!o->model && !o->builtin) die("--model is required: a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)");
     if (!o->data)
         die("--data is required: a JSONL file, one %s per line",
             o->dpo ? "{\"prompt\", \"chosen\", \"rejected\"}" : "{\"prompt\", \"completion\"} or {\"messages\"}");
@@ -254,6 +277,12 @@ typedef struct {
     DType save_dt;       // the dtype a full run's checkpoints are saved in (the --model checkpoint's)
     SftData data;        // SFT's examples...
     PrefData pref;       // ...or DPO's pairs
+    // train_dpo's built-in run: the warm-up model, its task and tokenizer, held-out accuracy
+    char warm_dir[4400], dir[4200];
+    Task task;
+    Formatter fmt;
+    int claimed;         // dir is claimed already (a new out/dpo-N)
+    double acc0;         // held-out accuracy of the base
     long n_items;        // examples or pairs: what an epoch goes through
     DpoTrainer dpo;      // DPO: the loss's settings, on tr
     FullTrainer ft;      // every weight...
@@ -333,7 +362,8 @@ static void prepare_output(Run *r) {
         dist_broadcast_host(r->dist, &r->last, sizeof r->last, 0);
         return;
     }
-    r->last = run_dir_claim(o->output_dir, o->resume, o->overwrite_output_dir);
+    if (r->claimed) r->last = -1;
+    else r->last = run_dir_claim(o->output_dir, o->resume, o->overwrite_output_dir);
     path_join(r->metrics, sizeof r->metrics, o->output_dir, "metrics.jsonl");
     st_dir_fingerprint(o->model, r->base_fp);
     if (o->resume) {
@@ -376,6 +406,75 @@ static void load_examples(Run *r, const SftFormat *f) {
         printf("data: %ld examples left out, their prompt alone fills max_length %d (line %ld is the first)\n", d->dropped,
                f->max_length, d->first_dropped);
     r->n_items = d->n;
+}
+
+// Stage "built-in base" (train_dpo without --model and --data): the warm-up model of ./train_grpo's
+// default run (made now if out/ holds no cache of it: warmup_ensure) becomes --model; the run
+// writes into a new out/dpo-N unless --output_dir says where (--resume: the newest out/dpo-N
+// with a checkpoint)
+static void builtin_base(Run *r) {
+    Opts *o = &r->o;
+    r->be = backend_select(o->device, 1);
+    Tokenizer *tok = tokenizer_byte_level();
+    Config tc = builtin_config(tokenizer_vocab_size(tok), !strcmp(r->be->name, "cuda"));
+    WarmupSpec w = warmup_spec_default();
+    w.seed = o->seed, w.quiet = o->quiet;
+    TaskOptions to = task_options_default();
+    to.seed = (uint64_t)o->seed, to.max_operand = w.max_operand;
+    task_open_or_die(&r->task, w.task, &to);
+    r->fmt = (Formatter){tok, 0, NULL, 512};
+    char json[512];
+    warmup_key(&w, &tc, "out", json, sizeof json, r->warm_dir, sizeof r->warm_dir);
+    mkdir_or_die("out");  // the caches' directory (./train_grpo's default run shares it)
+    warmup_ensure(&w, &tc, r->be, &r->task, &r->fmt, json, r->warm_dir);
+    o->model = r->warm_dir;
+    if (o->output_dir_given) return;
+    if (o->resume) {
+        int n = newest_numbered("out", "dpo", 1);
+        if (n < 0) die("--resume: no out/dpo-N holds a checkpoint: give the run's --output_dir");
+        snprintf(r->dir, sizeof r->dir, "out/dpo-%d", n);
+    } else {
+        run_dir_claim_new("out", "dpo", r->dir, sizeof r->dir);
+        r->claimed = 1;
+    }
+    o->output_dir = r->dir;
+}
+
+// the built-in preference pairs: every addition of the task's training split, chosen its sum, rejected
+// the carry got wrong, the warm-up's error: forgotten where the ones digits carry ("17+25=" 42 over
+// 32), added where they do not ("12+14=" 26 over 36), so that the tens digit is learned from the
+// carry and not as "one more"
+static void builtin_pairs(Run *r, const SftFormat *f) {
+    const Opts *o = &r->o;
+    PrefFormat pf = {*f, o->max_prompt_length, o->max_completion_length, !strcmp(o->truncation_mode, "keep_end")};
+    long n = task_size(&r->task, SPLIT_TRAIN), k = 0;
+    PrefPair *pairs = (PrefPair *)callocCheck(n, sizeof(PrefPair));
+    for (long i = 0; i < n; i++) {
+        Example e;
+        task_example(&r->task, SPLIT_TRAIN, i, &e);
+        long a, b;
+        char op, right[32], wrong[32];
+        if (sscanf(e.prompt, "%ld%c%ld=", &a, &op, &b) == 3 && op == '+') {
+            int carry = a % 10 + b % 10 >= 10;
+            snprintf(right, sizeof right, "%ld", a + b);
+            snprintf(wrong, sizeof wrong, "%ld", carry ? a + b - 10 : a + b + 10);
+            pref_encode(&pf, NULL, e.prompt, right, wrong, &pairs[k++]);
+        }
+        example_free(&e);
+    }
+    pref_data_from_pairs(&r->pref, pairs, k, (uint64_t)o->seed);
+    r->n_items = k;
+    printf("data: %ld preference pairs made from the additions of the task's %ld training problems (chosen: the sum; rejected: "
+           "the carry got wrong), %ld held-out problems\n", k, n, task_size(&r->task, SPLIT_HELDOUT));
+}
+
+// the built-in run's held-out accuracy (greedy, as ./train_grpo's evaluation), the adapter on or off
+static double builtin_accuracy(Run *r, int lora_on) {
+    int on = r->m.lora_on, eos = r->m.cfg.eos_ids[0];
+    r->m.lora_on = lora_on;
+    double acc = evaluate(&r->m, &r->task, &r->fmt, 200, 8, &eos, 1);
+    r->m.lora_on = on;
+    return acc;
 }
 
 // the data of DPO: preference pairs, with TRL's truncations
@@ -430,10 +529,11 @@ static void load(Run *r) {
     }
     SftFormat f = {r->tok, chat, o->system_prompt, sft_eos_id(r->tok, chat), max_length};
     if (f.eos < 0) die("%s: the tokenizer has no eos_token to end a completion with: add one to tokenizer_config.json", o->model);
-    if (o->dpo) load_pairs(r, &f);
+    if (o->builtin) builtin_pairs(r, &f);
+    else if (o->dpo) load_pairs(r, &f);
     else load_examples(r, &f);
 
-    r->be = backend_select(o->device, 1);
+    if (!r->be) r->be = backend_select(o->device, 1);
     ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), 0, o->bf16_first_layers, o->bf16_last_layers, 0};
     model_load(&r->m, o->model, r->be, &mo);
     r->m.recompute = o->gradient_checkpointing;
@@ -618,6 +718,7 @@ static void run_free(Run *r) {
     model_free(&r->m);
     sft_data_free(&r->data);
     pref_data_free(&r->pref);
+    if (r->o.builtin) task_free(&r->task), tokenizer_free((Tokenizer *)r->fmt.tok);
     tokenizer_free(r->tok);
 }
 
@@ -629,8 +730,13 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     r.dist = dist_from_env();  // the ranks (torchrun's or srun's environment; none: one process)
     r.rank = dist_rank(r.dist), r.world = dist_world(r.dist);
+    if (r.o.builtin) builtin_base(&r);  // train_dpo alone: the built-in model (warmed up once) and task
     prepare_output(&r);  // where the run writes, checked before any work
     load(&r);            // tokenizer, data, backend, model, what is trained
+    if (r.o.builtin) {
+        r.acc0 = builtin_accuracy(&r, 0);
+        printf("held-out accuracy of the warmed-up model (greedy, %d problems): %.3f\n", eval_count(&r.task, 200), r.acc0);
+    }
     begin(&r);           // the run's length; resume a checkpoint
 
     if (r.o.dpo && r.world > 1) die("train_dpo runs on one process so far: start it alone (not under torchrun or srun)");
@@ -662,6 +768,12 @@ int main(int argc, char **argv) {
     else printf("done: %ld steps in %.1f s, the last one's loss %.4f; %s/checkpoint-%ld holds the %s\n", r.total - r.start, now_sec() - t0,
                 last_loss, r.o.output_dir, r.total, r.lo ? "adapter (PEFT format)" : "model (a Hugging Face checkpoint)");
     plot(&r);
+    if (r.o.builtin && r.lo) {
+        double acc1 = builtin_accuracy(&r, 1);
+        printf("held-out accuracy (greedy, %d problems): %.3f before DPO, %.3f after\n", eval_count(&r.task, 200), r.acc0, acc1);
+        printf("try it: ./generate --model %s --lora %s/checkpoint-%ld --load_in_fp8 %s --prompt '17+25='   (without --lora: the "
+               "warm-up's answer)\n", r.warm_dir, r.o.output_dir, r.total, r.o.load_in_fp8);
+    }
     free(ex);
     free(idx);
     run_free(&r);

@@ -5,10 +5,12 @@
 // loss (fp64 backend), for sigmoid and ipo (whose mean per token runs through the counts), its
 // micro-batches against one batch, the reference (the adapter off) equal precomputed or not; and
 // ./train_dpo end to end: --resume is bit-exact (a LoRA adapter on FP8 weights, every weight),
-// metrics.jsonl has TRL's names, plot.svg is written, bad flags and data are one-line errors.
+// metrics.jsonl has TRL's names, plot.svg is written, bad flags and data are one-line errors; and
+// ./train_dpo with no arguments raises held-out accuracy on the built-in task.
 //   make build/test_dpo_train && ./build/test_dpo_train      (from the repo root)
 #include <check.h>
 #include <math.h>
+#include <unistd.h>
 
 #include "testutil.h"
 #include "train/dpo_train.h"
@@ -379,6 +381,30 @@ START_TEST(test_bad_flags_and_data) {
 }
 END_TEST
 
+// ./train_dpo alone: the built-in preference task on the warm-up of ./train_grpo's default run (made
+// here, in a directory of the test's own: out/ is relative to where the program runs), held-out
+// accuracy before and after, the adapter where the line says; a second run reuses the warm-up
+START_TEST(test_builtin_run_fixes_the_carry) {
+    char cwd[1024], cmd[4096], out[16384];
+    ck_assert(getcwd(cwd, sizeof cwd));
+    const char *dir = tmp_path("builtin");
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cd %s && %s/train_dpo --device cpu --quiet", dir, dir, cwd);
+    ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
+    double before = NAN, after = NAN;
+    const char *at = strstr(out, "held-out accuracy (greedy, ");
+    ck_assert_msg(at && sscanf(at, "held-out accuracy (greedy, %*d problems): %lf before DPO, %lf after", &before, &after) == 2, "%s",
+                  out);
+    // measured: 0.725 -> 0.899 (CPU); the warm-up forgets 70% of its carries, DPO's pairs teach them
+    ck_assert_msg(after > before + 0.1, "held-out accuracy %.3f before, %.3f after:\n%s", before, after, out);
+    char p[1400];
+    snprintf(p, sizeof p, "%s/out/dpo-1/checkpoint-100/adapter_model.safetensors", dir);
+    ck_assert_msg(file_exists(p), "%s missing:\n%s", p, out);
+    snprintf(cmd, sizeof cmd, "cd %s && %s/train_dpo --device cpu --quiet --max_steps 1", dir, cwd);
+    ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0 && strstr(out, "warm-up loaded from out/warmup-") && strstr(out, "output: out/dpo-2"),
+                  "%s", out);
+}
+END_TEST
+
 static Suite *dpo_train_suite(void) {
     Suite *s = suite_create("dpo_train");
     TCase *tc = tcase_create("dpo_train");
@@ -391,6 +417,7 @@ static Suite *dpo_train_suite(void) {
     tcase_add_test(tc, test_step_microbatches_and_precomputed_reference);
     tcase_add_test(tc, test_resume_bit_exact_and_metrics);
     tcase_add_test(tc, test_bad_flags_and_data);
+    tcase_add_test(tc, test_builtin_run_fixes_the_carry);
     suite_add_tcase(s, tc);
     return s;
 }
