@@ -64,7 +64,6 @@ typedef struct {
     // DPO (train_dpo): TRL's DPOConfig
     int dpo;      // the program runs as train_dpo (not an option: its name)
     int builtin;  // train_dpo without --model and --data: the built-in preference task
-    int output_dir_given;
     const char *loss_type, *truncation_mode;
     double beta, label_smoothing, discopop_tau;
     int reference_free, precompute_ref_log_probs, max_prompt_length, max_completion_length;
@@ -165,23 +164,38 @@ static const Option DPO_OPTIONS[] = {
 };
 #define N_DPO_OPTIONS ((int)(sizeof DPO_OPTIONS / sizeof DPO_OPTIONS[0]))
 
-// the program's table: train_sft's rows, and for train_dpo its rows after them, with DPOConfig's
-// defaults where they differ from SFTConfig's and the data's words
+// train_dpo's defaults: the built-in run's (no --model, no --data), and with --model TRL's DPOConfig's.
+// The built-in run's make it show in a minute on a CPU what DPO fixes. loss_type sppo_hard, not
+// sigmoid: on these pairs sigmoid DPO raises the chosen answers' probability only relative to the
+// rejected ones, both fall, and greedy decoding then finds a third answer (README: DPO, measured);
+// sppo_hard pulls each log-ratio to a target of its own, the chosen one up.
+static const struct {
+    const char *name, *builtin, *trl;
+} DPO_DEFAULTS[] = {
+    {"use_peft", "true", "false"},     {"load_in_fp8", "block", "off"}, {"loss_type", "sppo_hard", "sigmoid"},
+    {"learning_rate", "1e-3", "1e-6"}, {"per_device_train_batch_size", "16", "8"}, {"max_steps", "100", "-1"},
+    {"save_steps", "50", "500"},       {"chat", "0", "-1"},  // the warm-up learned raw text
+};
+
+// the program's table: train_sft's rows, and for train_dpo its rows after them, with its defaults
+// (DPO_DEFAULTS) and the data's words
 static int option_rows(int dpo, Option *rows) {
     memcpy(rows, OPTIONS, sizeof OPTIONS);
     if (!dpo) return N_OPTIONS;
-    for (int i = 0; i < N_OPTIONS; i++) {
+    memcpy(rows + N_OPTIONS, DPO_OPTIONS, sizeof DPO_OPTIONS);
+    for (int i = 0; i < N_OPTIONS + N_DPO_OPTIONS; i++) {
         Option *o = &rows[i];
         if (!o->name || o->kind == OPT_SECTION) continue;
-        if (!strcmp(o->name, "learning_rate")) o->dflt = "1e-6";
-        if (!strcmp(o->name, "output_dir")) o->dflt = "out/dpo";
+        for (size_t k = 0; k < sizeof DPO_DEFAULTS / sizeof DPO_DEFAULTS[0]; k++)
+            if (!strcmp(o->name, DPO_DEFAULTS[k].name)) o->dflt = DPO_DEFAULTS[k].builtin, o->dflt_model = DPO_DEFAULTS[k].trl;
+        if (!strcmp(o->name, "model")) o->unset = "the built-in model (./train_grpo's warm-up), with the built-in task";
+        if (!strcmp(o->name, "output_dir")) o->dflt = NULL, o->unset = "a new out/dpo-N";
         if (!strcmp(o->name, "data")) o->help = "JSONL, one preference pair per line: {\"prompt\", \"chosen\", \"rejected\"} as text or as chat messages";
         if (!strcmp(o->name, "max_length")) o->help = "tokens kept per sequence, prompt + completion (truncation_mode says which end)";
         if (!strcmp(o->name, "per_device_train_batch_size")) o->help = "pairs per forward/backward (2x that sequences: chosen and rejected)";
         if (!strcmp(o->name, "gradient_accumulation_steps")) o->help = "micro-batches per optimizer step (the loss: the mean over all their pairs)";
         if (!strcmp(o->name, "nproc_per_node")) o->help = "several processes: not for DPO yet (one process)";
     }
-    memcpy(rows + N_OPTIONS, DPO_OPTIONS, sizeof DPO_OPTIONS);
     return N_OPTIONS + N_DPO_OPTIONS;
 }
 
@@ -193,28 +207,12 @@ static DpoConfig dpo_config_of(const Opts *o) {
     return c;
 }
 
-// train_dpo's built-in run (no --model, no --data): the defaults that make it show in a minute on a
-// CPU what DPO fixes, where the options leave them. loss_type sppo_hard, not TRL's sigmoid: on these
-// pairs sigmoid DPO raises the chosen answers' probability only relative to the rejected ones, both
-// fall, and greedy decoding then finds a third answer (README: DPO, measured); sppo_hard pulls each
-// log-ratio to a target, the chosen one up.
-static void builtin_defaults(Opts *o, const OptionTable *t) {
-    if (!options_given(t, "use_peft")) o->use_peft = 1;
-    if (!options_given(t, "load_in_fp8") && o->use_peft) o->load_in_fp8 = "block";
-    if (!options_given(t, "loss_type")) o->loss_type = "sppo_hard";
-    if (!options_given(t, "learning_rate")) o->learning_rate = 1e-3;
-    if (!options_given(t, "per_device_train_batch_size")) o->per_device_train_batch_size = 16;
-    if (!options_given(t, "max_steps")) o->max_steps = 100;
-    if (!options_given(t, "save_steps")) o->save_steps = 50;
-    if (!options_given(t, "chat")) o->chat = 0;  // the warm-up learned raw text
-    o->data = "the built-in arithmetic task";
-}
-
 static void parse_options(int argc, char **argv, Opts *o) {
     memset(o, 0, sizeof *o);
     o->dpo = !strcmp(basename(argv[0]), "train_dpo");
     static Option rows[N_OPTIONS + N_DPO_OPTIONS];
-    OptionTable t = {.usage = o->dpo ? "usage: ./train_dpo --model DIR --data PAIRS.jsonl [--name value | --name=value ...]\n"
+    OptionTable t = {.usage = o->dpo ? "usage: ./train_dpo [--model DIR --data PAIRS.jsonl] [--name value | --name=value ...]\n"
+                                       "Alone: the built-in preference task on the built-in model (README: DPO).\n"
                                        "DPO on preference pairs: every weight (the reference: its log-probs computed before "
                                        "training), or a LoRA adapter with --use_peft (the reference: the adapter off). Names as "
                                        "TRL's; '-' and '_' are the same; a flag alone means true."
@@ -223,9 +221,8 @@ static void parse_options(int argc, char **argv, Opts *o) {
                                        "adapter with --use_peft. Names as TRL's; '-' and '_' are the same; a flag alone means true.",
                      .rows = rows, .n = option_rows(o->dpo, rows), .base = o};
     options_parse(&t, argc, argv);
-    o->output_dir_given = options_given(&t, "output_dir");
     o->builtin = o->dpo && !options_given(&t, "model") && !options_given(&t, "data");
-    if (o->builtin) builtin_defaults(o, &t);
+    if (o->builtin) o->data = "the built-in arithmetic task";
     if (!o->model && !o->builtin) die("--model is required: a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)");
     if (!o->data)
         die("--data is required: a JSONL file, one %s per line",
@@ -353,6 +350,21 @@ static cJSON *run_identity(const Run *r) {
     return j;
 }
 
+// train_dpo without --output_dir: a new out/dpo-N each run, claimed (run_dir_claim_new), so that the
+// command runs again without losing the last run; --resume: the newest out/dpo-N with a checkpoint
+static void new_run_dir(Run *r) {
+    Opts *o = &r->o;
+    if (o->resume) {
+        int n = newest_numbered("out", "dpo", 1);
+        if (n < 0) die("--resume: no out/dpo-N holds a checkpoint: give the run's --output_dir");
+        snprintf(r->dir, sizeof r->dir, "out/dpo-%d", n);
+    } else {
+        run_dir_claim_new("out", "dpo", r->dir, sizeof r->dir);
+        r->claimed = 1;
+    }
+    o->output_dir = r->dir;
+}
+
 // Where the run writes, claimed before any work (checkpoint.h: made, locked, checked: a directory
 // holding checkpoints needs --resume or --overwrite_output_dir). A resume is checked against its
 // checkpoint here too (the settings, the base's weights, the batch), before the data and the model are read.
@@ -362,6 +374,7 @@ static void prepare_output(Run *r) {
         dist_broadcast_host(r->dist, &r->last, sizeof r->last, 0);
         return;
     }
+    if (!o->output_dir) new_run_dir(r);
     if (r->claimed) r->last = -1;
     else r->last = run_dir_claim(o->output_dir, o->resume, o->overwrite_output_dir);
     path_join(r->metrics, sizeof r->metrics, o->output_dir, "metrics.jsonl");
@@ -409,9 +422,7 @@ static void load_examples(Run *r, const SftFormat *f) {
 }
 
 // Stage "built-in base" (train_dpo without --model and --data): the warm-up model of ./train_grpo's
-// default run (made now if out/ holds no cache of it: warmup_ensure) becomes --model; the run
-// writes into a new out/dpo-N unless --output_dir says where (--resume: the newest out/dpo-N
-// with a checkpoint)
+// default run (made now if out/ holds no cache of it: warmup_ensure) becomes --model
 static void builtin_base(Run *r) {
     Opts *o = &r->o;
     r->be = backend_select(o->device, 1);
@@ -428,16 +439,6 @@ static void builtin_base(Run *r) {
     mkdir_or_die("out");  // the caches' directory (./train_grpo's default run shares it)
     warmup_ensure(&w, &tc, r->be, &r->task, &r->fmt, json, r->warm_dir);
     o->model = r->warm_dir;
-    if (o->output_dir_given) return;
-    if (o->resume) {
-        int n = newest_numbered("out", "dpo", 1);
-        if (n < 0) die("--resume: no out/dpo-N holds a checkpoint: give the run's --output_dir");
-        snprintf(r->dir, sizeof r->dir, "out/dpo-%d", n);
-    } else {
-        run_dir_claim_new("out", "dpo", r->dir, sizeof r->dir);
-        r->claimed = 1;
-    }
-    o->output_dir = r->dir;
 }
 
 // the built-in preference pairs: every addition of the task's training split, chosen its sum, rejected
