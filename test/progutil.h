@@ -75,6 +75,38 @@ static void warm_model(char *dir, size_t cap) {
     warm_dir_in(tmp_path("grpo"), dir, cap);
 }
 
+// A JSONL reader under test: reads path; 0 (what it read freed), or -1 with the message in err (and
+// nothing left allocated: the wrapper checks its outputs)
+typedef int (*JsonlReadFn)(const char *path, char *err, size_t cap);
+typedef struct {
+    const char *line, *msg;  // a bad line, and what its error must say
+} BadLine;
+// a JsonlReadFn named name over a reader of sft_read_jsonl's signature (path, T **out, long *n, err,
+// cap) and its free (T *, long): on an error it must return nothing (*out NULL, *n 0)
+#define JSONL_READER(name, T, read_all, free_all)                  \
+    static int name(const char *path, char *err, size_t cap) {     \
+        T *t = (T *)1;                                             \
+        long n = 7;                                                \
+        int rc = read_all(path, &t, &n, err, cap);                 \
+        if (rc == 0) free_all(t, n);                               \
+        else ck_assert(t == NULL && n == 0);                       \
+        return rc;                                                 \
+    }
+// each case as line 2 of a file whose line 1 (good) is read fine: -1 and one line "path:2: ...msg..."
+static void expect_bad_lines(JsonlReadFn read, const char *good, const BadLine *cases, size_t n) {
+    const char *path = tmp_path("bad.jsonl");
+    for (size_t i = 0; i < n; i++) {
+        char text[2048], err[1024], want[1300];
+        snprintf(text, sizeof text, "%s\n%s\n", good, cases[i].line);
+        write_text(path, text);
+        ck_assert_msg(read(path, err, sizeof err) == -1, "case %zu accepted", i);
+        snprintf(want, sizeof want, "%s:2: ", path);
+        ck_assert_msg(strstr(err, want) == err, "case %zu: '%s' does not start with '%s'", i, err, want);
+        ck_assert_msg(strstr(err, cases[i].msg), "case %zu: '%s' lacks '%s'", i, err, cases[i].msg);
+        ck_assert_msg(!strchr(err, '\n'), "case %zu: not one line: '%s'", i, err);
+    }
+}
+
 // A bad invocation: exit status not 0, and on stderr one line "error: ..." that holds msg
 typedef struct {
     const char *a, *b, *c, *msg;  // three pieces of the command line, and what the error must say

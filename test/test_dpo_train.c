@@ -49,10 +49,10 @@ START_TEST(test_jsonl_formats) {
 }
 END_TEST
 
+JSONL_READER(read_pref, PrefText, pref_read_jsonl, pref_texts_free)
+
 START_TEST(test_jsonl_errors) {
-    static const struct {
-        const char *line, *msg;
-    } cases[] = {
+    static const BadLine cases[] = {
         {"{\"prompt\": \"a\", \"chosen\": ", "not valid JSON"},
         {"[1]", "not a JSON object"},
         {"{\"prompt\": \"a\", \"chosen\": \"b\"}", "missing \"rejected\""},
@@ -71,17 +71,8 @@ START_TEST(test_jsonl_errors) {
          "\"rejected\": [{\"role\": \"user\", \"content\": \"z\"}, {\"role\": \"assistant\", \"content\": \"c\"}]}",
          "start with different prompts"},
     };
+    expect_bad_lines(read_pref, "{\"prompt\": \"ok\", \"chosen\": \"y\", \"rejected\": \"n\"}", cases, sizeof cases / sizeof cases[0]);
     const char *path = tmp_path("bad.jsonl");
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char text[2048], err[512];
-        snprintf(text, sizeof text, "{\"prompt\": \"ok\", \"chosen\": \"y\", \"rejected\": \"n\"}\n%s\n", cases[i].line);
-        write_text(path, text);
-        PrefText *t = NULL;
-        long n = -1;
-        ck_assert_int_eq(pref_read_jsonl(path, &t, &n, err, sizeof err), -1);
-        ck_assert_msg(strstr(err, "bad.jsonl:2: ") && strstr(err, cases[i].msg), "case %zu: '%s' lacks '%s'", i, err, cases[i].msg);
-        ck_assert_ptr_null(t);
-    }
     char err[512];
     PrefText *t;
     long n;

@@ -52,10 +52,10 @@ START_TEST(test_jsonl_formats) {
 }
 END_TEST
 
+JSONL_READER(read_sft, SftText, sft_read_jsonl, sft_texts_free)
+
 START_TEST(test_jsonl_errors) {
-    static const struct {
-        const char *line, *msg;
-    } cases[] = {
+    static const BadLine cases[] = {
         {"{\"prompt\": \"a\", \"completion\": ", "not valid JSON"},
         {"{\"prompt\": \"a\", \"completion\": \"b\"} {\"prompt\": \"c\"}", "more than one JSON value on the line"},
         {"[1, 2]", "not a JSON object"},
@@ -81,21 +81,8 @@ START_TEST(test_jsonl_errors) {
         {"{\"prompt\": [{\"role\": \"assistant\", \"content\": \"a\"}], \"completion\": [{\"role\": \"assistant\", \"content\": \"b\"}]}",
          "\"prompt\" has the roles [assistant]: an optional system message and one user turn"},
     };
+    expect_bad_lines(read_sft, "{\"prompt\": \"ok\", \"completion\": \"fine\"}", cases, sizeof cases / sizeof cases[0]);
     const char *path = tmp_path("bad.jsonl");
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char text[1024], err[1024], want[1300];
-        snprintf(text, sizeof text, "{\"prompt\": \"ok\", \"completion\": \"fine\"}\n%s\n", cases[i].line);
-        write_text(path, text);
-        SftText *t = (SftText *)1;
-        long n = 7;
-        ck_assert_msg(sft_read_jsonl(path, &t, &n, err, sizeof err) == -1, "case %zu accepted", i);
-        ck_assert_ptr_null(t);
-        ck_assert_int_eq(n, 0);
-        snprintf(want, sizeof want, "%s:2: ", path);
-        ck_assert_msg(strstr(err, want) == err, "case %zu: '%s' does not start with '%s'", i, err, want);
-        ck_assert_msg(strstr(err, cases[i].msg), "case %zu: '%s' lacks '%s'", i, err, cases[i].msg);
-        ck_assert_msg(!strchr(err, '\n'), "case %zu: not one line: '%s'", i, err);
-    }
     SftText *t;
     long n;
     char err[1024];
