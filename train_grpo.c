@@ -40,6 +40,7 @@
 #include "io/plot.h"
 #include "io/safetensors.h"
 #include "tasks/tasks.h"
+#include "train/builtin.h"
 #include "train/checkpoint.h"
 #include "train/full_finetune.h"
 #include "train/memory_fit.h"
@@ -221,13 +222,6 @@ static void parse_options(int argc, char **argv, Opts *o, GrpoConfig *g, int *ut
 // ----------------------------------------------------------------------------
 // the run's state
 
-typedef struct {
-    const Tokenizer *tok;
-    int chat;            // prompts in the chat template
-    const char *system;  // its system message, or NULL
-    int max_prompt;      // tokens
-} Formatter;
-
 typedef struct {  // what the plot needs, per step (reward: the sampled correctness)
     double *step, *reward, *acc, *kl, *len;
     int n, cap;
@@ -304,101 +298,10 @@ typedef struct {
     double t_reduce, t_reduce_min;
 } Step;
 
-// ----------------------------------------------------------------------------
-// the built-in tiny model (Qwen3-style, byte-level vocabulary); on a GPU a larger one
-// (hidden 256, 6 layers: ~7x the parameters), warmed up on the GPU too
-
-static Config tiny_config(int V, int gpu) {
-    Config c = {0};
-    c.arch = ARCH_QWEN3;
-    c.V = (V + 7) / 8 * 8;
-    c.C = gpu ? 256 : 128;
-    c.FF = gpu ? 768 : 256;
-    c.L = gpu ? 6 : 4;
-    c.NH = gpu ? 8 : 4;
-    c.KVH = gpu ? 4 : 2;
-    c.HD = 32;
-    c.max_pos = 64;
-    c.eps = 1e-6f;
-    c.rope_theta = 10000.0f;
-    c.qk_norm = 1;
-    c.tied = 1;
-    c.bos_id = -1;
-    c.eos_ids[0] = 256;  // <|endoftext|> of tokenizer_byte_level()
-    c.n_eos = 1;
-    return c;
-}
-
-// ----------------------------------------------------------------------------
-// prompts and completions as tokens
-
-static int encode_prompt(const Formatter *f, const char *text, int **ids) {
-    int n = f->chat ? tokenizer_chat_prompt(f->tok, f->system, text, ids) : tokenizer_encode(f->tok, text, ids);
-    if (n == 0) die("a prompt encodes to no tokens: '%s'", text);
-    if (n > f->max_prompt) die("a prompt has %d tokens, more than max_prompt_length %d: '%.60s...'", n, f->max_prompt, text);
-    return n;
-}
-
 // seed of sequence s at step `step`: the same on every run and after resume
 static uint64_t seq_seed(long seed, long step, int s, uint64_t purpose) {
     uint64_t x = (uint64_t)seed * 0x9e3779b97f4a7c15ull ^ (uint64_t)step * 0xbf58476d1ce4e5b9ull ^ (uint64_t)s * 0x94d049bb133111ebull ^ purpose;
     return splitmix64(&x);
-}
-
-// ----------------------------------------------------------------------------
-// held-out accuracy: greedy, one completion per prompt
-
-// an accuracy as printed: "0.650", or why there is none (never "nan")
-static const char *acc_text(double acc, const char *why_none, char *buf, size_t cap) {
-    if (isfinite(acc)) snprintf(buf, cap, "%.3f", acc);
-    else snprintf(buf, cap, "%s", why_none);
-    return buf;
-}
-
-// the held-out problems an evaluation of n asks for that exist (0: none)
-static int eval_count(const Task *task, int n) {
-    long avail = task_size(task, SPLIT_HELDOUT);
-    if (n <= 0 || avail == 0) return 0;
-    return avail > 0 && n > avail ? (int)avail : n;
-}
-
-// the number of held-out problems i0 <= i < i1 answered correctly (greedy); each (or NULL): every
-// problem's reward, i1 - i0 of them
-static double evaluate_range(Model *m, const Task *task, const Formatter *f, int i0, int i1, int max_new, const int *eos, int neos,
-                             double *each) {
-    int n = i1 - i0;
-    if (n <= 0) return 0;
-    int **prompts = (int **)mallocCheck(n * sizeof(int *)), *plens = (int *)mallocCheck(n * sizeof(int));
-    Example *ex = (Example *)callocCheck(n, sizeof(Example));
-    uint64_t *seeds = (uint64_t *)callocCheck(n, sizeof(uint64_t));
-    for (int i = 0; i < n; i++) {
-        task_example(task, SPLIT_HELDOUT, i0 + i, &ex[i]);
-        plens[i] = encode_prompt(f, ex[i].prompt, &prompts[i]);
-    }
-    RolloutConfig rc = {1, max_new, 0.0f, 1.0f, 0, eos, neos, 16, 1};
-    Rollout r;
-    rollout_run(m, &rc, n, (const int *const *)prompts, plens, seeds, &r);
-    double correct = 0;
-    for (int i = 0; i < n; i++) {
-        char *text = tokenizer_decode_ex(f->tok, r.ids + (size_t)i * max_new, r.len[i], 1, NULL);
-        double c = reward_correctness(&ex[i], text, r.truncated[i]);
-        if (each) each[i] = c;
-        correct += c;
-        free(text);
-        free(prompts[i]);
-        example_free(&ex[i]);
-    }
-    rollout_free(&r);
-    free(prompts);
-    free(plens);
-    free(ex);
-    free(seeds);
-    return correct;
-}
-
-static double evaluate(Model *m, const Task *task, const Formatter *f, int n, int max_new, const int *eos, int neos) {
-    n = eval_count(task, n);
-    return n ? evaluate_range(m, task, f, 0, n, max_new, eos, neos, NULL) / n : NAN;
 }
 
 // ----------------------------------------------------------------------------
@@ -521,182 +424,29 @@ static void add_num(cJSON *j, const char *k, double v) {
     else cJSON_AddNullToObject(j, k);
 }
 
-// ----------------------------------------------------------------------------
-// supervised warm-up of the built-in model: SFT (sft.h) of every weight (full_finetune.h) on task
-// demonstrations "prompt answer<eos>" made in memory, the loss on the answer tokens only.
-// It gives GRPO a model that is sometimes right, so rewards have variance to learn from.
-
-// The answer a warm-up demonstration shows. With probability p_forget an addition whose
-// ones digits carry is shown with the carry forgotten ("17+25=32"): imperfect data, as real
-// SFT data is. The warmed-up model then makes this one systematic error often; the
-// correctness reward lets GRPO find and fix it, and the fix carries over to held-out problems.
-static void demo_answer(const Example *ex, double p_forget, Rng *r, char *out, size_t cap) {
-    long a, b;
-    char op;
-    snprintf(out, cap, "%s", ex->answer);
-    if (p_forget <= 0 || ex->kind != TASK_ARITHMETIC || sscanf(ex->prompt, "%ld%c%ld=", &a, &op, &b) != 3 || op != '+')
-        return;
-    if (a % 10 + b % 10 >= 10 && rng_uniform_d(r) < p_forget) snprintf(out, cap, "%ld", a + b - 10);
-}
-
-static void sft_warmup(Model *m, const Task *task, const Formatter *f, int steps, int batch, long seed, int eos, int quiet,
-                       int eval_size, int max_new, double p_forget) {
-    Rng demo_rng = rng_make((uint64_t)seed ^ 0xd3e0ull);
-    FullTrainer ft;
-    full_init(&ft, m);
-    SftTrainer tr = {.m = m, .full = &ft, .micro_batch = batch, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .max_grad_norm = 1.0};
-    SftFormat fmt = {.tok = f->tok, .eos = eos};
-    SftExample *ex = (SftExample *)callocCheck(batch, sizeof(SftExample));
-    const SftExample **exp = (const SftExample **)mallocCheck(batch * sizeof(SftExample *));
-    double t0 = now_sec();
-    for (int step = 0; step < steps; step++) {
-        for (int b = 0; b < batch; b++) {  // the step's demonstrations: the same on every run
-            Example e;
-            task_example(task, SPLIT_TRAIN, (uint64_t)step * batch + b + (uint64_t)seed * 1000003ull, &e);
-            char ans[64];
-            demo_answer(&e, p_forget, &demo_rng, ans, sizeof ans);
-            sft_encode(&fmt, NULL, e.prompt, ans, &ex[b]);
-            exp[b] = &ex[b];
-            example_free(&e);
-        }
-        double lr = lr_schedule("cosine", 3e-3, step, steps / 10, steps);
-        SftStats st = sft_step(&tr, exp, batch, lr);
-        if (!quiet && ((step + 1) % 50 == 0 || step == steps - 1)) {
-            double acc = evaluate(m, task, f, eval_size, max_new, &eos, 1);
-            printf("warm-up %4d/%d | loss %.4f | grad_norm %.3f | lr %.2e | held-out %.3f | %.1f s\n", step + 1, steps, st.loss,
-                   st.grad_norm, lr, acc, now_sec() - t0);
-        }
-        for (int b = 0; b < batch; b++) sft_example_free(&ex[b]);
-    }
-    full_free(&ft);
-    free(ex);
-    free(exp);
-}
-
-// The built-in byte-level vocabulary as a Hugging Face tokenizer.json, so that the warm-up
-// directory is a checkpoint ./generate reads on its own: BPE without merges over ByteLevel
-// without the regex split or a prefix space, so each byte is one token as in
-// tokenizer_byte_level(), and its special tokens as added tokens. (test_train_grpo reads it back
-// through tokenizer_load_dir and compares ids and text with tokenizer_byte_level's.)
-static void write_tokenizer_json(const Tokenizer *tok, const char *path) {
-    cJSON *root = cJSON_CreateObject(), *vocab = cJSON_CreateObject(), *added = cJSON_CreateArray();
-    for (int id = 0; id < tokenizer_vocab_size(tok); id++) {
-        const char *s = tokenizer_token_str(tok, id);  // byte-level form: byte 0x20 is "Ġ"
-        if (!s) continue;
-        if (!tokenizer_is_special(tok, id)) {
-            cJSON_AddNumberToObject(vocab, s, id);
-            continue;
-        }
-        cJSON *a = cJSON_CreateObject();
-        cJSON_AddNumberToObject(a, "id", id);
-        cJSON_AddStringToObject(a, "content", s);
-        cJSON_AddBoolToObject(a, "single_word", 0);
-        cJSON_AddBoolToObject(a, "lstrip", 0);
-        cJSON_AddBoolToObject(a, "rstrip", 0);
-        cJSON_AddBoolToObject(a, "normalized", 0);
-        cJSON_AddBoolToObject(a, "special", 1);
-        cJSON_AddItemToArray(added, a);
-    }
-    cJSON *bytelevel[2];
-    for (int i = 0; i < 2; i++) {  // the pre-tokenizer and the decoder
-        bytelevel[i] = cJSON_CreateObject();
-        cJSON_AddStringToObject(bytelevel[i], "type", "ByteLevel");
-        cJSON_AddBoolToObject(bytelevel[i], "add_prefix_space", 0);
-        cJSON_AddBoolToObject(bytelevel[i], "trim_offsets", 1);
-        cJSON_AddBoolToObject(bytelevel[i], "use_regex", 0);
-    }
-    cJSON *model = cJSON_CreateObject();
-    cJSON_AddStringToObject(model, "type", "BPE");
-    cJSON_AddNullToObject(model, "dropout");
-    cJSON_AddNullToObject(model, "unk_token");
-    cJSON_AddNullToObject(model, "continuing_subword_prefix");
-    cJSON_AddNullToObject(model, "end_of_word_suffix");
-    cJSON_AddBoolToObject(model, "fuse_unk", 0);
-    cJSON_AddBoolToObject(model, "byte_fallback", 0);
-    cJSON_AddBoolToObject(model, "ignore_merges", 0);
-    cJSON_AddItemToObject(model, "vocab", vocab);
-    cJSON_AddItemToObject(model, "merges", cJSON_CreateArray());
-    cJSON_AddStringToObject(root, "version", "1.0");
-    cJSON_AddNullToObject(root, "truncation");
-    cJSON_AddNullToObject(root, "padding");
-    cJSON_AddItemToObject(root, "added_tokens", added);
-    cJSON_AddNullToObject(root, "normalizer");
-    cJSON_AddItemToObject(root, "pre_tokenizer", bytelevel[0]);
-    cJSON_AddNullToObject(root, "post_processor");
-    cJSON_AddItemToObject(root, "decoder", bytelevel[1]);
-    cJSON_AddItemToObject(root, "model", model);
-    char *text = cJSON_Print(root);
-    write_file_atomic(path, text, strlen(text));
-    free(text);
-    cJSON_Delete(root);
-}
-
-// What the built-in model is, beside its tokenizer.json, for the programs that read the warm-up as a
-// checkpoint (./train_sft, ./generate, transformers): no chat template (its prompts are raw text; the
-// vocabulary's ChatML tokens are not a template), and its one end token, <|endoftext|>, not the
-// <|im_end|> a vocabulary with ChatML tokens suggests.
-static void write_tokenizer_config(const char *dir) {
-    char p[4200];
-    path_join(p, sizeof p, dir, "tokenizer_config.json");
-    const char *text = "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n  \"eos_token\": \"<|endoftext|>\",\n"
-                       "  \"bos_token\": null,\n  \"pad_token\": null,\n  \"chat_template\": null\n}\n";
-    write_file_atomic(p, text, strlen(text));
+// The built-in model's warm-up as these options define it (builtin.h)
+static WarmupSpec warm_spec(const Run *r) {
+    const Opts *o = &r->o;
+    WarmupSpec w = {o->task, o->max_operand, o->warmup_sft_steps, o->warmup_carry_errors, o->seed, o->quiet, o->eval_size,
+                    r->g.max_completion_length};
+    return w;
 }
 
 // The settings that define the built-in model's weights (warm_json), and the cache directory of
-// that warm-up: <warm_root>/warmup-<a hash of them>. A run with other settings gets a directory of
-// its own, so that a warm-up is never replaced by another under an adapter trained on it.
+// that warm-up: <warm_root>/warmup-<a hash of them> (warmup_key).
 static void warmup_settings(Run *r, const Config *tc) {
-    const Opts *o = &r->o;
-    snprintf(r->warm_json, sizeof r->warm_json,
-             "{\"task\":\"%s\",\"max_operand\":%d,\"steps\":%d,\"carry_errors\":%g,\"seed\":%ld,\"C\":%d,\"L\":%d,\"FF\":%d}",
-             o->task, o->max_operand, o->warmup_sft_steps, o->warmup_carry_errors, o->seed, tc->C, tc->L, tc->FF);
-    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
-    for (const char *c = r->warm_json; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
-    snprintf(r->warm_dir, sizeof r->warm_dir, "%s/warmup-%08x", r->warm_root, (unsigned)(h ^ h >> 32));
+    WarmupSpec w = warm_spec(r);
+    warmup_key(&w, tc, r->warm_root, r->warm_json, sizeof r->warm_json, r->warm_dir, sizeof r->warm_dir);
 }
 
-// Stage "warm-up": the built-in model, trained once by sft_warmup and cached in warm_dir as a Hugging
-// Face checkpoint (config.json, model.safetensors, tokenizer.json, and warmup.json: its settings);
-// then loaded as any checkpoint is. The cache is written whole into a temporary directory and renamed
-// into place, so a warm_dir is complete or absent; one that holds other settings is an error, never
-// replaced. With several ranks, rank 0 makes it (or finds it) while the others wait, then each loads it.
+// Stage "warm-up": the built-in model, trained once by warmup_ensure and cached in warm_dir as a
+// Hugging Face checkpoint (config.json, model.safetensors, tokenizer.json, and warmup.json: its
+// settings); then loaded as any checkpoint is. With several ranks, rank 0 makes it (or finds it)
+// while the others wait, then each loads it.
 static void warmup(Run *r, const Config *tc, const ModelOptions *mo) {
-    const Opts *o = &r->o;
-    char wjson[4500], tmp[4500], p[4600];
-    path_join(wjson, sizeof wjson, r->warm_dir, "warmup.json");
-    if (r->rank0 && dir_exists(r->warm_dir)) {
-        if (!file_exists(wjson)) die("%s holds no warmup.json: not a warm-up this program made; remove it", r->warm_dir);
-        char *text = read_file(wjson, NULL), have[512];
-        snprintf(have, sizeof have, "%s", text);
-        int same = !strcmp(text, r->warm_json);
-        free(text);
-        if (!same) die("%s holds another warm-up (%.200s) than this run's (%s): remove it", r->warm_dir, have, r->warm_json);
-        path_join(p, sizeof p, r->warm_dir, "tokenizer_config.json");
-        if (!file_exists(p)) write_tokenizer_config(r->warm_dir);  // (a warm-up cached before the file was written)
-        printf("built-in model: warm-up loaded from %s\n", r->warm_dir);
-    } else if (r->rank0) {
-        printf("built-in model: %d layers, hidden %d, vocab %d (byte-level); supervised warm-up on '%s' for %d steps (cached in %s)\n",
-               tc->L, tc->C, tc->V, o->task, o->warmup_sft_steps, r->warm_dir);
-        Model w;  // every weight trained (full_finetune.h), unquantized, on the run's backend
-        ModelOptions dense = {FP8_OFF, 0, 0, 0, 0};
-        model_init_random(&w, tc, r->be, &dense, (uint64_t)o->seed);
-        sft_warmup(&w, &r->task, &r->fmt, o->warmup_sft_steps, 64, o->seed, tc->eos_ids[0], o->quiet, o->eval_size,
-                   r->g.max_completion_length, o->warmup_carry_errors);
-        snprintf(tmp, sizeof tmp, "%s.tmp-%d", r->warm_dir, (int)getpid());
-        rm_rf(tmp);
-        mkdir_or_die(tmp);
-        model_save_hf(&w, tmp, DT_F32);
-        path_join(p, sizeof p, tmp, "tokenizer.json");
-        write_tokenizer_json(r->tok, p);
-        write_tokenizer_config(tmp);
-        path_join(p, sizeof p, tmp, "warmup.json");
-        write_file_atomic(p, r->warm_json, strlen(r->warm_json));
-        model_free(&w);
-        if (rename(tmp, r->warm_dir) != 0) {  // another run made the same warm-up meanwhile: theirs is as good
-            if (!dir_exists(r->warm_dir)) die("cannot rename %s to %s (%s)", tmp, r->warm_dir, strerror(errno));
-            rm_rf(tmp);
-        }
+    if (r->rank0) {
+        WarmupSpec w = warm_spec(r);
+        warmup_ensure(&w, tc, r->be, &r->task, &r->fmt, r->warm_json, r->warm_dir);
     }
     dist_barrier(r->dist);
     model_load(&r->m, r->warm_dir, r->be, mo);
@@ -845,7 +595,7 @@ static void load(Run *r) {
         r->tok = tokenizer_byte_level();
         r->fmt.tok = r->tok;
         r->fmt.chat = 0;
-        tc = tiny_config(tokenizer_vocab_size(r->tok), !strcmp(r->be->name, "cuda"));
+        tc = builtin_config(tokenizer_vocab_size(r->tok), !strcmp(r->be->name, "cuda"));
         r->eos[r->neos++] = tc.eos_ids[0];
         warmup_settings(r, &tc);
     }

@@ -1,10 +1,15 @@
 // train_sft.c: supervised fine-tuning (SFT) of a Hugging Face checkpoint on a JSONL of prompts
-// and completions, every weight or a LoRA adapter; the loss on the completion tokens only.
+// and completions, every weight or a LoRA adapter; the loss on the completion tokens only. And,
+// run under the name train_dpo (the Makefile links ./train_dpo to this program), DPO on a JSONL of
+// preference pairs: the same program with the data, the loss and the metrics of TRL's DPOTrainer
+// (train/dpo_train.h, dpo.h) in place of SFT's, everything else shared.
 //
 //   ./train_sft --model DIR --data FILE.jsonl --output_dir DIR            every weight (fp32 masters)
 //   ./train_sft --model DIR --data FILE.jsonl --use_peft --lora_r 16 ...  a LoRA adapter (frozen base,
 //                                                                         FP8 with --load_in_fp8)
-//   ./train_sft --help                                                   every option, its default and meaning
+//   ./train_dpo --model DIR --data PAIRS.jsonl --use_peft --load_in_fp8 block ...   DPO, the reference
+//                                                                         the adapter off
+//   ./train_sft --help, ./train_dpo --help                                every option, its default and meaning
 //
 // Option names are TRL's SFTConfig / TrainingArguments ones. sft.h holds the data, the loss and
 // the optimizer step; this file is the program around them: load, then per optimizer step the
@@ -25,7 +30,8 @@
 // Several processes (torchrun, srun or --nproc_per_node N; dist.h) train as one: each takes its
 // share of a step's examples, and every weight's masters and AdamW moments are sharded over them
 // (ZeRO, full_finetune.h; a LoRA adapter's are small and replicated); rank 0 writes metrics and checkpoints.
-// main(), at the bottom, is the list of stages.
+// DPO runs on one process so far. main(), at the bottom, is the list of stages.
+#include <libgen.h>
 #include <math.h>
 #include <sys/stat.h>
 
@@ -33,8 +39,11 @@
 
 #include "dist/data_parallel.h"
 #include "io/options.h"
+#include "io/plot.h"
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
+#include "train/builtin.h"
+#include "train/dpo_train.h"
 #include "train/optim.h"
 #include "train/sft.h"
 
@@ -52,6 +61,12 @@ typedef struct {
     double num_train_epochs, learning_rate, warmup_ratio, weight_decay, max_grad_norm, adam_beta1, adam_beta2, adam_epsilon;
     double lora_alpha;
     long seed;
+    // DPO (train_dpo): TRL's DPOConfig
+    int dpo;      // the program runs as train_dpo (not an option: its name)
+    int builtin;  // train_dpo without --model and --data: the built-in preference task
+    const char *loss_type, *truncation_mode;
+    double beta, label_smoothing, discopop_tau;
+    int reference_free, precompute_ref_log_probs, max_prompt_length, max_completion_length;
 } Opts;
 
 #define OFF(f) offsetof(Opts, f)
@@ -128,15 +143,96 @@ static const Option OPTIONS[] = {
 };
 #define N_OPTIONS ((int)(sizeof OPTIONS / sizeof OPTIONS[0]))
 
+// train_dpo's own rows (TRL's DPOConfig names and defaults, dpo.h), after the shared ones
+static const Option DPO_OPTIONS[] = {
+    {.name = "DPO (TRL's DPOConfig names; dpo.h has each loss's formula)", .kind = OPT_SECTION},
+    {"beta", OPT_DOUBLE, OFF(beta), 1e-9, 1e9, .dflt = "0.1", .help = "how far the policy may move from the reference (ipo: its tau)"},
+    {"loss_type", OPT_CHOICE, OFF(loss_type), .choices = "sigmoid|robust|exo_pair|hinge|ipo|nca_pair|sppo_hard|apo_zero|apo_down|discopop",
+     .dflt = "sigmoid", .help = "the preference loss: sigmoid is DPO's"},
+    {"label_smoothing", OPT_DOUBLE, OFF(label_smoothing), 0, 0.999999, .dflt = "0",
+     .help = "the share of pairs assumed mislabeled (sigmoid: cDPO; robust: below 0.5; exo_pair)"},
+    {"reference_free", OPT_FLAG, OFF(reference_free),
+     .help = "the loss against a uniform reference (the rewards still against the reference, as TRL's)"},
+    {"discopop_tau", OPT_DOUBLE, OFF(discopop_tau), 1e-9, 1e9, .dflt = "0.05", .help = "discopop's temperature"},
+    {"precompute_ref_log_probs", OPT_FLAG, OFF(precompute_ref_log_probs),
+     .help = "the reference's log-probs once before training (always when training every weight: no frozen copy is kept)"},
+    {"max_prompt_length", OPT_INT, OFF(max_prompt_length), 0, 1e7, .dflt = "512", .help = "the prompt's last tokens kept (0: all)"},
+    {"max_completion_length", OPT_INT, OFF(max_completion_length), 0, 1e7, .dflt = "0",
+     .help = "each completion's first tokens kept, EOS included (0: all, TRL's None)"},
+    {"truncation_mode", OPT_CHOICE, OFF(truncation_mode), .choices = "keep_end|keep_start", .dflt = "keep_end",
+     .help = "over max_length: keep the sequence's end (the prompt's start goes first) or its start"},
+};
+#define N_DPO_OPTIONS ((int)(sizeof DPO_OPTIONS / sizeof DPO_OPTIONS[0]))
+
+// train_dpo's defaults: the built-in run's (no --model, no --data), and with --model TRL's DPOConfig's.
+// The built-in run's make it show in a minute on a CPU what DPO fixes. loss_type sppo_hard, not
+// sigmoid: on these pairs sigmoid DPO raises the chosen answers' probability only relative to the
+// rejected ones, both fall, and greedy decoding then finds a third answer (README: DPO, measured);
+// sppo_hard pulls each log-ratio to a target of its own, the chosen one up.
+static const struct {
+    const char *name, *builtin, *trl;
+} DPO_DEFAULTS[] = {
+    {"use_peft", "true", "false"},     {"load_in_fp8", "block", "off"}, {"loss_type", "sppo_hard", "sigmoid"},
+    {"learning_rate", "1e-3", "1e-6"}, {"per_device_train_batch_size", "16", "8"}, {"max_steps", "100", "-1"},
+    {"save_steps", "50", "500"},       {"chat", "0", "-1"},  // the warm-up learned raw text
+};
+
+// the program's table: train_sft's rows, and for train_dpo its rows after them, with its defaults
+// (DPO_DEFAULTS) and the data's words
+static int option_rows(int dpo, Option *rows) {
+    memcpy(rows, OPTIONS, sizeof OPTIONS);
+    if (!dpo) return N_OPTIONS;
+    memcpy(rows + N_OPTIONS, DPO_OPTIONS, sizeof DPO_OPTIONS);
+    for (int i = 0; i < N_OPTIONS + N_DPO_OPTIONS; i++) {
+        Option *o = &rows[i];
+        if (!o->name || o->kind == OPT_SECTION) continue;
+        for (size_t k = 0; k < sizeof DPO_DEFAULTS / sizeof DPO_DEFAULTS[0]; k++)
+            if (!strcmp(o->name, DPO_DEFAULTS[k].name)) o->dflt = DPO_DEFAULTS[k].builtin, o->dflt_model = DPO_DEFAULTS[k].trl;
+        if (!strcmp(o->name, "model")) o->unset = "the built-in model (./train_grpo's warm-up), with the built-in task";
+        if (!strcmp(o->name, "output_dir")) o->dflt = NULL, o->unset = "a new out/dpo-N";
+        if (!strcmp(o->name, "data")) o->help = "JSONL, one preference pair per line: {\"prompt\", \"chosen\", \"rejected\"} as text or as chat messages";
+        if (!strcmp(o->name, "max_length")) o->help = "tokens kept per sequence, prompt + completion (truncation_mode says which end)";
+        if (!strcmp(o->name, "per_device_train_batch_size")) o->help = "pairs per forward/backward (2x that sequences: chosen and rejected)";
+        if (!strcmp(o->name, "gradient_accumulation_steps")) o->help = "micro-batches per optimizer step (the loss: the mean over all their pairs)";
+        if (!strcmp(o->name, "nproc_per_node")) o->help = "several processes: not for DPO yet (one process)";
+    }
+    return N_OPTIONS + N_DPO_OPTIONS;
+}
+
+// the DPO loss's settings from the options (dpo.h checks them)
+static DpoConfig dpo_config_of(const Opts *o) {
+    DpoConfig c = dpo_config_default();
+    c.beta = o->beta, c.loss_type = (DpoLossType)dpo_loss_type_parse(o->loss_type), c.label_smoothing = o->label_smoothing;
+    c.reference_free = o->reference_free, c.discopop_tau = o->discopop_tau;
+    return c;
+}
+
 static void parse_options(int argc, char **argv, Opts *o) {
     memset(o, 0, sizeof *o);
-    OptionTable t = {.usage = "usage: ./train_sft --model DIR --data FILE.jsonl [--name value | --name=value ...]\n"
-                              "Supervised fine-tuning, the loss on the completion tokens only: every weight, or a LoRA "
-                              "adapter with --use_peft. Names as TRL's; '-' and '_' are the same; a flag alone means true.",
-                     .rows = OPTIONS, .n = N_OPTIONS, .base = o};
+    o->dpo = !strcmp(basename(argv[0]), "train_dpo");
+    static Option rows[N_OPTIONS + N_DPO_OPTIONS];
+    OptionTable t = {.usage = o->dpo ? "usage: ./train_dpo [--model DIR --data PAIRS.jsonl] [--name value | --name=value ...]\n"
+                                       "Alone: the built-in preference task on the built-in model (README: DPO).\n"
+                                       "DPO on preference pairs: every weight (the reference: its log-probs computed before "
+                                       "training), or a LoRA adapter with --use_peft (the reference: the adapter off). Names as "
+                                       "TRL's; '-' and '_' are the same; a flag alone means true."
+                                     : "usage: ./train_sft --model DIR --data FILE.jsonl [--name value | --name=value ...]\n"
+                                       "Supervised fine-tuning, the loss on the completion tokens only: every weight, or a LoRA "
+                                       "adapter with --use_peft. Names as TRL's; '-' and '_' are the same; a flag alone means true.",
+                     .rows = rows, .n = option_rows(o->dpo, rows), .base = o};
     options_parse(&t, argc, argv);
-    if (!o->model) die("--model is required: a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)");
-    if (!o->data) die("--data is required: a JSONL file, one {\"prompt\", \"completion\"} or {\"messages\"} per line");
+    o->builtin = o->dpo && !options_given(&t, "model") && !options_given(&t, "data");
+    if (o->builtin) o->data = "the built-in arithmetic task";
+    if (!o->model && !o->builtin) die("--model is required: a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)");
+    if (!o->data)
+        die("--data is required: a JSONL file, one %s per line",
+            o->dpo ? "{\"prompt\", \"chosen\", \"rejected\"}" : "{\"prompt\", \"completion\"} or {\"messages\"}");
+    if (o->dpo) {
+        char err[512];
+        DpoConfig c = dpo_config_of(o);
+        if (dpo_config_check(&c, err, sizeof err)) die("%s", err);
+        if (o->nproc_per_node > 1) die("--nproc_per_node %d: train_dpo runs on one process so far: leave it out", o->nproc_per_node);
+    }
     if (!o->use_peft && strcmp(o->load_in_fp8, "off"))
         die("--load_in_fp8 %s freezes the linear weights in FP8, but training every weight updates them: use --load_in_fp8 off, "
             "or --use_peft to train a LoRA adapter on the FP8 weights", o->load_in_fp8);
@@ -176,7 +272,16 @@ typedef struct {
     Tokenizer *tok;
     Model m;
     DType save_dt;       // the dtype a full run's checkpoints are saved in (the --model checkpoint's)
-    SftData data;
+    SftData data;        // SFT's examples...
+    PrefData pref;       // ...or DPO's pairs
+    // train_dpo's built-in run: the warm-up model, its task and tokenizer, held-out accuracy
+    char warm_dir[4400], dir[4200];
+    Task task;
+    Formatter fmt;
+    int claimed;         // dir is claimed already (a new out/dpo-N)
+    double acc0;         // held-out accuracy of the base
+    long n_items;        // examples or pairs: what an epoch goes through
+    DpoTrainer dpo;      // DPO: the loss's settings, on tr
     FullTrainer ft;      // every weight...
     LoRA *lo;            // ...or an adapter
     SftTrainer tr;
@@ -192,6 +297,7 @@ typedef struct {
     int steps;
     double loss, t0;
     long tokens, seq_tokens;
+    DpoStats dpo;  // DPO: the sums behind its metrics
 } Window;
 
 // ----------------------------------------------------------------------------
@@ -228,9 +334,35 @@ static cJSON *run_identity(const Run *r) {
         cJSON_AddNumberToObject(j, "lora_alpha", o->lora_alpha);
         cJSON_AddStringToObject(j, "lora_target_modules", o->lora_target_modules);
     }
+    if (o->dpo) {  // what the loss and the data's tokens depend on
+        cJSON_AddStringToObject(j, "trainer", "dpo");
+        cJSON_AddNumberToObject(j, "beta", o->beta);
+        cJSON_AddStringToObject(j, "loss_type", o->loss_type);
+        cJSON_AddNumberToObject(j, "label_smoothing", o->label_smoothing);
+        cJSON_AddBoolToObject(j, "reference_free", o->reference_free);
+        cJSON_AddNumberToObject(j, "discopop_tau", o->discopop_tau);
+        cJSON_AddNumberToObject(j, "max_prompt_length", o->max_prompt_length);
+        cJSON_AddNumberToObject(j, "max_completion_length", o->max_completion_length);
+        cJSON_AddStringToObject(j, "truncation_mode", o->truncation_mode);
+    }
     cJSON_AddNumberToObject(j, "seed", (double)o->seed);
     cJSON_AddStringToObject(j, "base_model_fingerprint", r->base_fp);  // the weights of --model (st_fingerprint)
     return j;
+}
+
+// train_dpo without --output_dir: a new out/dpo-N each run, claimed (run_dir_claim_new), so that the
+// command runs again without losing the last run; --resume: the newest out/dpo-N with a checkpoint
+static void new_run_dir(Run *r) {
+    Opts *o = &r->o;
+    if (o->resume) {
+        int n = newest_numbered("out", "dpo", 1);
+        if (n < 0) die("--resume: no out/dpo-N holds a checkpoint: give the run's --output_dir");
+        snprintf(r->dir, sizeof r->dir, "out/dpo-%d", n);
+    } else {
+        run_dir_claim_new("out", "dpo", r->dir, sizeof r->dir);
+        r->claimed = 1;
+    }
+    o->output_dir = r->dir;
 }
 
 // Where the run writes, claimed before any work (checkpoint.h: made, locked, checked: a directory
@@ -242,7 +374,9 @@ static void prepare_output(Run *r) {
         dist_broadcast_host(r->dist, &r->last, sizeof r->last, 0);
         return;
     }
-    r->last = run_dir_claim(o->output_dir, o->resume, o->overwrite_output_dir);
+    if (!o->output_dir) new_run_dir(r);
+    if (r->claimed) r->last = -1;
+    else r->last = run_dir_claim(o->output_dir, o->resume, o->overwrite_output_dir);
     path_join(r->metrics, sizeof r->metrics, o->output_dir, "metrics.jsonl");
     st_dir_fingerprint(o->model, r->base_fp);
     if (o->resume) {
@@ -272,6 +406,113 @@ static DType checkpoint_dtype(const char *dir) {
     return dt;
 }
 
+// the data of SFT: examples
+static void load_examples(Run *r, const SftFormat *f) {
+    const Opts *o = &r->o;
+    char err[1024];
+    if (sft_data_load(&r->data, o->data, f, (uint64_t)o->seed, err, sizeof err) < 0) die("%s", err);
+    const SftData *d = &r->data;
+    printf("data: %ld examples from %s (%ld completion tokens, the longest %ld tokens; prompts %s)\n", d->n, o->data,
+           d->completion_tokens, d->max_tokens, f->chat ? "in the chat template" : "as raw text");
+    if (d->truncated) printf("data: %ld examples longer than %d tokens cut to it (the completion's end lost)\n", d->truncated, f->max_length);
+    if (d->dropped)
+        printf("data: %ld examples left out, their prompt alone fills max_length %d (line %ld is the first)\n", d->dropped,
+               f->max_length, d->first_dropped);
+    r->n_items = d->n;
+}
+
+// Stage "built-in base" (train_dpo without --model and --data): the warm-up model of ./train_grpo's
+// default run (made now if out/ holds no cache of it: warmup_ensure) becomes --model
+static void builtin_base(Run *r) {
+    Opts *o = &r->o;
+    r->be = backend_select(o->device, 1);
+    Tokenizer *tok = tokenizer_byte_level();
+    Config tc = builtin_config(tokenizer_vocab_size(tok), !strcmp(r->be->name, "cuda"));
+    WarmupSpec w = warmup_spec_default();
+    w.seed = o->seed, w.quiet = o->quiet;
+    TaskOptions to = task_options_default();
+    to.seed = (uint64_t)o->seed, to.max_operand = w.max_operand;
+    task_open_or_die(&r->task, w.task, &to);
+    r->fmt = (Formatter){tok, 0, NULL, 512};
+    char json[512];
+    warmup_key(&w, &tc, "out", json, sizeof json, r->warm_dir, sizeof r->warm_dir);
+    mkdir_or_die("out");  // the caches' directory (./train_grpo's default run shares it)
+    warmup_ensure(&w, &tc, r->be, &r->task, &r->fmt, json, r->warm_dir);
+    o->model = r->warm_dir;
+}
+
+// the built-in preference pairs: every addition of the task's training split, chosen its sum, rejected
+// the carry got wrong, the warm-up's error: forgotten where the ones digits carry ("17+25=" 42 over
+// 32), added where they do not ("12+14=" 26 over 36), so that the tens digit is learned from the
+// carry and not as "one more"
+static void builtin_pairs(Run *r, const SftFormat *f) {
+    const Opts *o = &r->o;
+    PrefFormat pf = {*f, o->max_prompt_length, o->max_completion_length, !strcmp(o->truncation_mode, "keep_end")};
+    long n = task_size(&r->task, SPLIT_TRAIN), k = 0;
+    PrefPair *pairs = (PrefPair *)callocCheck(n, sizeof(PrefPair));
+    for (long i = 0; i < n; i++) {
+        Example e;
+        task_example(&r->task, SPLIT_TRAIN, i, &e);
+        long a, b;
+        char op, right[32], wrong[32];
+        if (sscanf(e.prompt, "%ld%c%ld=", &a, &op, &b) == 3 && op == '+') {
+            int carry = a % 10 + b % 10 >= 10;
+            snprintf(right, sizeof right, "%ld", a + b);
+            snprintf(wrong, sizeof wrong, "%ld", carry ? a + b - 10 : a + b + 10);
+            pref_encode(&pf, NULL, e.prompt, right, wrong, &pairs[k++]);
+        }
+        example_free(&e);
+    }
+    pref_data_from_pairs(&r->pref, pairs, k, (uint64_t)o->seed);
+    r->n_items = k;
+    printf("data: %ld preference pairs made from the additions of the task's %ld training problems (chosen: the sum; rejected: "
+           "the carry got wrong), %ld held-out problems\n", k, n, task_size(&r->task, SPLIT_HELDOUT));
+}
+
+// the built-in run's held-out accuracy (greedy, as ./train_grpo's evaluation), the adapter on or off
+static double builtin_accuracy(Run *r, int lora_on) {
+    int on = r->m.lora_on, eos = r->m.cfg.eos_ids[0];
+    r->m.lora_on = lora_on;
+    double acc = evaluate(&r->m, &r->task, &r->fmt, 200, 8, &eos, 1);
+    r->m.lora_on = on;
+    return acc;
+}
+
+// the data of DPO: preference pairs, with TRL's truncations
+static void load_pairs(Run *r, const SftFormat *f) {
+    const Opts *o = &r->o;
+    PrefFormat pf = {*f, o->max_prompt_length, o->max_completion_length, !strcmp(o->truncation_mode, "keep_end")};
+    char err[1024];
+    if (pref_data_load(&r->pref, o->data, &pf, (uint64_t)o->seed, err, sizeof err) < 0) die("%s", err);
+    const PrefData *d = &r->pref;
+    printf("data: %ld preference pairs from %s (the longest sequence %ld tokens; prompts %s)\n", d->n, o->data, d->max_tokens,
+           f->chat ? "in the chat template" : "as raw text");
+    if (d->truncated)
+        printf("data: %ld pairs cut by max_prompt_length %d, max_completion_length %d or max_length %d (%s)\n", d->truncated,
+               o->max_prompt_length, o->max_completion_length, f->max_length, o->truncation_mode);
+    if (d->dropped)
+        printf("data: %ld pairs left out, a side with no completion token left to score (line %ld is the first)\n", d->dropped,
+               d->first_dropped);
+    r->n_items = d->n;
+}
+
+// DPO's reference, before any step: the adapter off on each micro-batch, or log-probs computed now
+// (--precompute_ref_log_probs; always when training every weight, which keeps no frozen copy); a
+// resumed run computes them again from --model's weights, before the checkpoint's are read
+static void reference(Run *r) {
+    const Opts *o = &r->o;
+    r->dpo.t = &r->tr;
+    r->dpo.cfg = dpo_config_of(o);
+    if (o->use_peft && !o->precompute_ref_log_probs) {
+        printf("reference: the same weights with the adapter off, on each micro-batch (no second copy)\n");
+        return;
+    }
+    double t0 = now_sec();
+    pref_precompute_ref(&r->pref, &r->m, o->per_device_train_batch_size);
+    printf("reference: log-probabilities of the %ld pairs computed before training, %s (%.1f s)\n", r->pref.n,
+           o->use_peft ? "the adapter off" : "every weight as loaded: no frozen copy is kept", now_sec() - t0);
+}
+
 // Stage "load": the tokenizer and the data (each bad input said in one line before the weights
 // are read), the backend, the model, and what is trained.
 static void load(Run *r) {
@@ -289,17 +530,11 @@ static void load(Run *r) {
     }
     SftFormat f = {r->tok, chat, o->system_prompt, sft_eos_id(r->tok, chat), max_length};
     if (f.eos < 0) die("%s: the tokenizer has no eos_token to end a completion with: add one to tokenizer_config.json", o->model);
-    char err[1024];
-    if (sft_data_load(&r->data, o->data, &f, (uint64_t)o->seed, err, sizeof err) < 0) die("%s", err);
-    const SftData *d = &r->data;
-    printf("data: %ld examples from %s (%ld completion tokens, the longest %ld tokens; prompts %s)\n", d->n, o->data,
-           d->completion_tokens, d->max_tokens, chat ? "in the chat template" : "as raw text");
-    if (d->truncated) printf("data: %ld examples longer than %d tokens cut to it (the completion's end lost)\n", d->truncated, max_length);
-    if (d->dropped)
-        printf("data: %ld examples left out, their prompt alone fills max_length %d (line %ld is the first)\n", d->dropped,
-               max_length, d->first_dropped);
+    if (o->builtin) builtin_pairs(r, &f);
+    else if (o->dpo) load_pairs(r, &f);
+    else load_examples(r, &f);
 
-    r->be = backend_select(o->device, 1);
+    if (!r->be) r->be = backend_select(o->device, 1);
     ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), 0, o->bf16_first_layers, o->bf16_last_layers, 0};
     model_load(&r->m, o->model, r->be, &mo);
     r->m.recompute = o->gradient_checkpointing;
@@ -329,6 +564,7 @@ static void load(Run *r) {
     }
     tr.dist = r->world > 1 ? r->dist : NULL;
     r->tr = tr;
+    if (o->dpo) reference(r);
 }
 
 // The run's length, and where it starts: a checkpoint's step (--resume) or 0.
@@ -338,7 +574,7 @@ static void begin(Run *r) {
     const Opts *o = &r->o;
     r->per_step = o->per_device_train_batch_size * o->gradient_accumulation_steps;
     r->per_step_all = r->per_step * r->world;
-    r->total = o->max_steps > 0 ? o->max_steps : (long)ceil(o->num_train_epochs * r->data.n / r->per_step_all);
+    r->total = o->max_steps > 0 ? o->max_steps : (long)ceil(o->num_train_epochs * r->n_items / r->per_step_all);
     if (r->total < 1) r->total = 1;
     r->warmup = warmup_steps_from_ratio(o->warmup_ratio, r->total);
     if (o->resume) {
@@ -361,13 +597,17 @@ static void begin(Run *r) {
             dist_broadcast_host(r->dist, &r->lo->step, sizeof r->lo->step, 0);
         }
         r->start = r->last;
-        printf("resumed from %s (the data at example %ld)\n", dir, (long)r->start * r->per_step_all);
+        printf("resumed from %s (the data at %s %ld)\n", dir, o->dpo ? "pair" : "example", (long)r->start * r->per_step_all);
     } else if (r->rank == 0) run_dir_start(o->output_dir, o->overwrite_output_dir);
     if (o->use_peft && !o->resume) dist_broadcast(r->dist, r->be, r->lo->params, r->lo->n * dtype_size(r->lo->sdt), 0);
-    printf("SFT: %ld steps x %d examples (%d x %d accumulated%s), %.2f epochs of %ld examples, lr %g (%s, %ld warm-up steps)\n",
-           r->total, r->per_step_all, o->per_device_train_batch_size, o->gradient_accumulation_steps,
-           r->world > 1 ? " on each rank" : "", (double)r->total * r->per_step_all / r->data.n, r->data.n, o->learning_rate,
+    const char *what = o->dpo ? "pairs" : "examples";
+    printf("%s: %ld steps x %d %s (%d x %d accumulated%s), %.2f epochs of %ld %s, lr %g (%s, %ld warm-up steps)\n",
+           o->dpo ? "DPO" : "SFT", r->total, r->per_step_all, what, o->per_device_train_batch_size, o->gradient_accumulation_steps,
+           r->world > 1 ? " on each rank" : "", (double)r->total * r->per_step_all / r->n_items, r->n_items, what, o->learning_rate,
            o->lr_scheduler_type, r->warmup);
+    if (o->dpo)
+        printf("DPO: loss_type %s, beta %g, label_smoothing %g%s\n", o->loss_type, o->beta, o->label_smoothing,
+               o->reference_free ? ", reference_free" : "");
 }
 
 // Stage "checkpoint": checkpoint-<step>/ (every save_steps, and at the end), then the oldest
@@ -400,23 +640,76 @@ static void checkpoint(const Run *r, int step) {
 }
 
 // Stage "log": every logging_steps (and the last step), the window's mean loss, the step's
-// grad_norm and learning rate, the tokens a second, as a line and a metrics.jsonl record (TRL's names).
-static void log_step(const Run *r, Window *w, const SftStats *s, int step, double lr, long tokens_seen) {
+// grad_norm and learning rate, the tokens a second, as a line and a metrics.jsonl record (TRL's
+// names); DPO adds its metrics over the window's pairs (ds: the step's sums, NULL for SFT).
+static void log_step(const Run *r, Window *w, const SftStats *s, const DpoStats *ds, int step, double lr, long tokens_seen) {
     const Opts *o = &r->o;
     w->steps++, w->loss += s->loss, w->tokens += s->tokens, w->seq_tokens += s->seq_tokens;
+    if (ds) {
+        DpoStats *a = &w->dpo;
+        a->pairs += ds->pairs, a->loss += ds->loss, a->rewards_chosen += ds->rewards_chosen, a->rewards_rejected += ds->rewards_rejected;
+        a->accuracies += ds->accuracies, a->logps_chosen += ds->logps_chosen, a->logps_rejected += ds->logps_rejected;
+    }
     if (r->rank || (step % o->logging_steps && step != r->total)) return;
     double dt = now_sec() - w->t0, loss = w->loss / w->steps, tps = w->seq_tokens / (dt > 0 ? dt : 1e-9);
-    double epoch = (double)step * r->per_step_all / r->data.n;
-    if (!o->quiet)
+    double epoch = (double)step * r->per_step_all / r->n_items;
+    DpoMetrics dm = dpo_metrics(&w->dpo);
+    if (!o->quiet && ds)
+        printf("step %4d/%ld | loss %.4f | rewards/accuracies %.3f | rewards/margins %.4f | grad_norm %.3f | lr %.3e | epoch %.2f\n", step,
+               r->total, loss, dm.rewards_accuracies, dm.rewards_margins, s->grad_norm, lr, epoch);
+    else if (!o->quiet)
         printf("step %4d/%ld | loss %.4f | grad_norm %.3f | lr %.3e | epoch %.2f | %.0f tokens/s\n", step, r->total, loss,
                s->grad_norm, lr, epoch, tps);
     FILE *f = fopenCheck(r->metrics, "a");
     fprintf(f, "{\"step\": %d, \"epoch\": %.6f, \"loss\": %.8f, \"grad_norm\": %.8f, \"learning_rate\": %.8e, "
-               "\"num_tokens\": %ld, \"tokens_per_second\": %.1f}\n",
+               "\"num_tokens\": %ld, \"tokens_per_second\": %.1f",
             step, epoch, loss, s->grad_norm, lr, tokens_seen, tps);
+    if (ds)
+        fprintf(f, ", \"rewards/chosen\": %.8f, \"rewards/rejected\": %.8f, \"rewards/accuracies\": %.8f, \"rewards/margins\": %.8f, "
+                   "\"logps/chosen\": %.8f, \"logps/rejected\": %.8f",
+                dm.rewards_chosen, dm.rewards_rejected, dm.rewards_accuracies, dm.rewards_margins, dm.logps_chosen, dm.logps_rejected);
+    fprintf(f, "}\n");
     fclose(f);
     memset(w, 0, sizeof *w);
     w->t0 = now_sec();
+}
+
+// metrics.jsonl's values of key, by step (NaN where a line lacks it), into x and y (n lines; malloc'ed)
+static int metric_series(const char *path, const char *key, double **x, double **y) {
+    int n = 0, cap = 0;
+    *x = *y = NULL;
+    if (!file_exists(path)) return 0;
+    char *text = read_file(path, NULL), *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line);
+        cJSON *s = j ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL, *v = j ? cJSON_GetObjectItemCaseSensitive(j, key) : NULL;
+        if (cJSON_IsNumber(s)) {
+            if (n == cap) cap = cap ? 2 * cap : 64, *x = (double *)reallocCheck(*x, cap * sizeof(double)), *y = (double *)reallocCheck(*y, cap * sizeof(double));
+            (*x)[n] = s->valuedouble, (*y)[n++] = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+        }
+        cJSON_Delete(j);
+    }
+    free(text);
+    return n;
+}
+
+// Stage "finish": plot.svg beside metrics.jsonl, from its lines (a resumed run's too): the loss, and
+// for DPO the share of pairs whose chosen completion has the higher reward, and the margin
+static void plot(const Run *r) {
+    if (r->rank) return;
+    double *x[3], *y[3];
+    const char *keys[3] = {"loss", "rewards/accuracies", "rewards/margins"};
+    int k = r->o.dpo ? 3 : 1, n = 0;
+    for (int i = 0; i < k; i++) n = metric_series(r->metrics, keys[i], &x[i], &y[i]);
+    PlotSeries s[3];
+    for (int i = 0; i < k; i++) s[i] = (PlotSeries){keys[i], x[i], y[i], n, i == 0 ? "#1f77b4" : i == 1 ? "#d62728" : "#2ca02c", 0, 0};
+    PlotPanel panels[3] = {{r->o.dpo ? "DPO: the loss" : "SFT: the loss", "step", "", &s[0], 1},
+                           {"rewards/accuracies: pairs whose chosen completion gains more than the rejected one", "step", "", &s[1], 1},
+                           {"rewards/margins: beta x (chosen log-ratio - rejected log-ratio)", "step", "", &s[2], 1}};
+    char path[4200];
+    path_join(path, sizeof path, r->o.output_dir, "plot.svg");
+    if (n > 0) plot_svg(path, panels, k);
+    for (int i = 0; i < k; i++) free(x[i]), free(y[i]);
 }
 
 static void run_free(Run *r) {
@@ -425,6 +718,8 @@ static void run_free(Run *r) {
     r->m.lora = NULL;
     model_free(&r->m);
     sft_data_free(&r->data);
+    pref_data_free(&r->pref);
+    if (r->o.builtin) task_free(&r->task), tokenizer_free((Tokenizer *)r->fmt.tok);
     tokenizer_free(r->tok);
 }
 
@@ -436,29 +731,52 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     r.dist = dist_from_env();  // the ranks (torchrun's or srun's environment; none: one process)
     r.rank = dist_rank(r.dist), r.world = dist_world(r.dist);
+    if (r.o.builtin) builtin_base(&r);  // train_dpo alone: the built-in model (warmed up once) and task
     prepare_output(&r);  // where the run writes, checked before any work
     load(&r);            // tokenizer, data, backend, model, what is trained
+    if (r.o.builtin) {
+        r.acc0 = builtin_accuracy(&r, 0);
+        printf("held-out accuracy of the warmed-up model (greedy, %d problems): %.3f\n", eval_count(&r.task, 200), r.acc0);
+    }
     begin(&r);           // the run's length; resume a checkpoint
 
+    if (r.o.dpo && r.world > 1) die("train_dpo runs on one process so far: start it alone (not under torchrun or srun)");
     const SftExample **ex = (const SftExample **)mallocCheck(r.per_step * sizeof(SftExample *));
+    long *idx = (long *)mallocCheck(r.per_step * sizeof(long));
     Window w = {.t0 = now_sec()};
     long tokens_seen = 0;  // of this run's steps, every rank's (prompt and completion, no padding)
     double t0 = now_sec(), last_loss = NAN;
     for (int step = r.start + 1; step <= r.total; step++) {
         // the data stream's position (the same after a resume); this rank's share of the step's examples
         long pos = (long)(step - 1) * r.per_step_all + (long)r.rank * r.per_step;
-        for (int i = 0; i < r.per_step; i++) ex[i] = sft_data_at(&r.data, pos + i);
         double lr = lr_schedule(r.o.lr_scheduler_type, r.o.learning_rate, step - 1, r.warmup, r.total);
-        SftStats s = sft_step(&r.tr, ex, r.per_step, lr);
+        SftStats s;
+        DpoStepStats ds;
+        if (r.o.dpo) {
+            for (int i = 0; i < r.per_step; i++) idx[i] = pref_data_at(&r.pref, pos + i);
+            ds = dpo_step(&r.dpo, &r.pref, idx, r.per_step, lr);
+            s = (SftStats){.loss = ds.dpo.loss, .grad_norm = ds.grad_norm, .seq_tokens = ds.seq_tokens};
+        } else {
+            for (int i = 0; i < r.per_step; i++) ex[i] = sft_data_at(&r.data, pos + i);
+            s = sft_step(&r.tr, ex, r.per_step, lr);
+        }
         tokens_seen += s.seq_tokens;
         last_loss = s.loss;
-        log_step(&r, &w, &s, step, lr, tokens_seen);
+        log_step(&r, &w, &s, r.o.dpo ? &ds.dpo : NULL, step, lr, tokens_seen);
         checkpoint(&r, step);
     }
     if (r.start >= r.total) printf("checkpoint-%d is at the run's last step %ld: nothing left to do\n", r.start, r.total);
     else printf("done: %ld steps in %.1f s, the last one's loss %.4f; %s/checkpoint-%ld holds the %s\n", r.total - r.start, now_sec() - t0,
                 last_loss, r.o.output_dir, r.total, r.lo ? "adapter (PEFT format)" : "model (a Hugging Face checkpoint)");
+    plot(&r);
+    if (r.o.builtin && r.lo) {
+        double acc1 = builtin_accuracy(&r, 1);
+        printf("held-out accuracy (greedy, %d problems): %.3f before DPO, %.3f after\n", eval_count(&r.task, 200), r.acc0, acc1);
+        printf("try it: ./generate --model %s --lora %s/checkpoint-%ld --load_in_fp8 %s --prompt '17+25='   (without --lora: the "
+               "warm-up's answer)\n", r.warm_dir, r.o.output_dir, r.total, r.o.load_in_fp8);
+    }
     free(ex);
+    free(idx);
     run_free(&r);
     dist_finalize(r.dist);
     return 0;

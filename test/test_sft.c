@@ -18,32 +18,8 @@
 #include "train/optim.h"
 #include "train/sft.h"
 
-static char base_dir[] = "/tmp/fp8grpo_sftXXXXXX";
-
-static const char *tmp_path(const char *name) {  // a path in this run's temporary directory
-    static char p[8][1200];
-    static int k = 0;
-    static int made = 0;
-    if (!made) ck_assert(mkdtemp(base_dir)), made = 1;
-    k = (k + 1) % 8;
-    snprintf(p[k], sizeof p[k], "%s/%s", base_dir, name);
-    return p[k];
-}
-
-static void write_text(const char *path, const char *text) { write_file_atomic(path, text, strlen(text)); }
-
-// run a shell command: its exit status, stdout and stderr together in out
-static int run_cmd(const char *cmd, char *out, size_t cap) {  // cmd: up to 4096 bytes
-    char full[4200];
-    snprintf(full, sizeof full, "{ %s ; } 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    ck_assert(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    while (fgetc(p) != EOF) {}
-    out[n] = 0;
-    int rc = pclose(p);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-}
+#define TMP_TEMPLATE "/tmp/fp8grpo_sftXXXXXX"
+#include "progutil.h"
 
 // ----------------------------------------------------------------------------
 // the JSONL formats and their errors
@@ -76,10 +52,10 @@ START_TEST(test_jsonl_formats) {
 }
 END_TEST
 
+JSONL_READER(read_sft, SftText, sft_read_jsonl, sft_texts_free)
+
 START_TEST(test_jsonl_errors) {
-    static const struct {
-        const char *line, *msg;
-    } cases[] = {
+    static const BadLine cases[] = {
         {"{\"prompt\": \"a\", \"completion\": ", "not valid JSON"},
         {"{\"prompt\": \"a\", \"completion\": \"b\"} {\"prompt\": \"c\"}", "more than one JSON value on the line"},
         {"[1, 2]", "not a JSON object"},
@@ -105,21 +81,8 @@ START_TEST(test_jsonl_errors) {
         {"{\"prompt\": [{\"role\": \"assistant\", \"content\": \"a\"}], \"completion\": [{\"role\": \"assistant\", \"content\": \"b\"}]}",
          "\"prompt\" has the roles [assistant]: an optional system message and one user turn"},
     };
+    expect_bad_lines(read_sft, "{\"prompt\": \"ok\", \"completion\": \"fine\"}", cases, sizeof cases / sizeof cases[0]);
     const char *path = tmp_path("bad.jsonl");
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char text[1024], err[1024], want[1300];
-        snprintf(text, sizeof text, "{\"prompt\": \"ok\", \"completion\": \"fine\"}\n%s\n", cases[i].line);
-        write_text(path, text);
-        SftText *t = (SftText *)1;
-        long n = 7;
-        ck_assert_msg(sft_read_jsonl(path, &t, &n, err, sizeof err) == -1, "case %zu accepted", i);
-        ck_assert_ptr_null(t);
-        ck_assert_int_eq(n, 0);
-        snprintf(want, sizeof want, "%s:2: ", path);
-        ck_assert_msg(strstr(err, want) == err, "case %zu: '%s' does not start with '%s'", i, err, want);
-        ck_assert_msg(strstr(err, cases[i].msg), "case %zu: '%s' lacks '%s'", i, err, cases[i].msg);
-        ck_assert_msg(!strchr(err, '\n'), "case %zu: not one line: '%s'", i, err);
-    }
     SftText *t;
     long n;
     char err[1024];
@@ -428,45 +391,19 @@ END_TEST
 
 static char model_dir[1200], data_path[1200];
 
-// A model directory with a tokenizer: the built-in model after a short warm-up (./train_grpo
-// writes it as a Hugging Face checkpoint with tokenizer.json), and arithmetic demonstrations.
+// A model directory with a tokenizer (the built-in model after a short warm-up: warm_model), and
+// arithmetic demonstrations.
 static void setup_program(void) {
     static int done = 0;
     if (done) return;
     done = 1;
-    char cmd[4096], out[8192];
-    snprintf(cmd, sizeof cmd, "./train_grpo --device cpu --quiet --eval_size 0 --warmup_sft_steps 3 --max_steps 1 "
-                              "--per_device_train_batch_size 8 --output_dir %s",
-             tmp_path("grpo"));
-    ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
-    warm_dir_in(tmp_path("grpo"), model_dir, sizeof model_dir);
+    warm_model(model_dir, sizeof model_dir);
     snprintf(data_path, sizeof data_path, "%s", tmp_path("sum.jsonl"));
     char text[16384] = "";
     for (int i = 0; i < 48; i++)
         snprintf(text + strlen(text), sizeof text - strlen(text), "{\"prompt\": \"%d+%d=\", \"completion\": \"%d\"}\n", i % 13,
                  i % 7, i % 13 + i % 7);
     write_text(data_path, text);
-}
-
-static int same_file(const char *a, const char *b) {
-    size_t na, nb;
-    char *x = read_file(a, &na), *y = read_file(b, &nb);
-    int same = na == nb && !memcmp(x, y, na);
-    free(x), free(y);
-    return same;
-}
-
-// the "loss" of metrics.jsonl's line for step (NAN: none)
-static double metrics_loss(const char *dir, int step) {
-    char p[1300], want[64];
-    snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
-    char *text = read_file(p, NULL), *line = text;
-    snprintf(want, sizeof want, "{\"step\": %d,", step);
-    double loss = NAN;
-    for (; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
-        if (!strncmp(line, want, strlen(want))) sscanf(strstr(line, "\"loss\": ") + 8, "%lf", &loss);
-    free(text);
-    return loss;
 }
 
 #define SFT_ARGS "--device cpu --quiet --max_steps 20 --per_device_train_batch_size 4 --gradient_accumulation_steps 2 " \
@@ -590,7 +527,7 @@ START_TEST(test_resume_bit_exact) {
 }
 END_TEST
 
-// --overwrite_output_dir: the earlier run's checkpoints and metrics gone, so a later --resume continues
+// --overwrite_output_dir: the earlier run's checkpoints and metrics gone (plot.svg is the new run's), so a later --resume continues
 // the new run and metrics.jsonl holds its lines alone; a start-over that fails on its data leaves the
 // earlier run as it was, and a run that fails into a new directory leaves none behind
 START_TEST(test_overwrite_output_dir) {
@@ -609,7 +546,7 @@ START_TEST(test_overwrite_output_dir) {
     snprintf(cmd, sizeof cmd, "%s --max_steps 1 --model %s --data %s --output_dir %s --overwrite_output_dir", args, model_dir, data_path,
              dir);
     ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
-    snprintf(cmd, sizeof cmd, "ls -A %s | grep -v -x -e checkpoint-1 -e metrics.jsonl -e .lock", dir);
+    snprintf(cmd, sizeof cmd, "ls -A %s | grep -v -x -e checkpoint-1 -e metrics.jsonl -e plot.svg -e .lock", dir);
     ck_assert_msg(run_cmd(cmd, out, sizeof out) != 0, "left of the earlier run: %s", out);
     ck_assert(!isnan(metrics_loss(dir, 1)) && isnan(metrics_loss(dir, 2)) && isnan(metrics_loss(dir, 3)));
     snprintf(cmd, sizeof cmd, "%s --max_steps 2 --model %s --data %s --output_dir %s --resume", args, model_dir, data_path, dir);
@@ -648,9 +585,7 @@ START_TEST(test_bad_flags_and_data) {
     snprintf(model, sizeof model, "--model %s", model_dir);
     snprintf(data, sizeof data, "--data %s", data_path);
     snprintf(badd, sizeof badd, "--data %s", bad);
-    const struct {
-        const char *a, *b, *c, *msg;
-    } cases[] = {
+    const BadCase cases[] = {
         {"", data, "", "--model is required"},
         {model, "", "", "--data is required"},
         {model, data, "--load_in_fp8 block", "--load_in_fp8 block freezes the linear weights in FP8, but training every weight"},
@@ -667,15 +602,7 @@ START_TEST(test_bad_flags_and_data) {
         {"--model /nonexistent/dir", data, "", "/nonexistent/dir"},
     };
     const char *dir = tmp_path("badrun");
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char cmd[4096], out[4096];
-        snprintf(cmd, sizeof cmd, "rm -rf %s && ./train_sft --device cpu --output_dir %s %s %s %s 2>&1 >/dev/null", dir, dir, cases[i].a,
-                 cases[i].b, cases[i].c);
-        int rc = run_cmd(cmd, out, sizeof out);
-        ck_assert_msg(rc != 0, "case %zu exited 0", i);
-        ck_assert_msg(strstr(out, cases[i].msg), "case %zu: '%s' lacks '%s'", i, out, cases[i].msg);
-        ck_assert_msg(!strncmp(out, "error: ", 7) && strchr(out, '\n') == out + strlen(out) - 1, "case %zu: not one error line: '%s'", i, out);
-    }
+    expect_bad_runs("./train_sft --device cpu", dir, cases, sizeof cases / sizeof cases[0]);
     // a directory holding a checkpoint is never trained over without --resume
     char cmd[4096], out[8192], p[1500];
     snprintf(cmd, sizeof cmd, "rm -rf %s && ./train_sft --device cpu --quiet --max_steps 1 %s %s --output_dir %s", dir, model, data, dir);
@@ -717,11 +644,5 @@ static Suite *sft_suite(void) {
 int main(void) {
     // one process: the model made by the first program test is reused by the others
     setenv("CK_FORK", "no", 1);
-    int rc = run_suite(sft_suite());
-    if (rc == 0 && !strstr(base_dir, "XXXXXX")) {  // passed: the temporary directory goes (kept on a failure, to look at)
-        char cmd[1200];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", base_dir);
-        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", base_dir);
-    }
-    return rc;
+    return tmp_cleanup(run_suite(sft_suite()));
 }

@@ -16,8 +16,8 @@
 // A list of chat messages -> system (optional), user, assistant contents. want_user / want_reply
 // say which roles the list must end with: "messages" has both, a conversational "prompt" the
 // user turn alone, its "completion" the reply alone. Returns NULL, or what is wrong.
-static const char *read_messages(const cJSON *list, const char *field, int want_user, int want_reply, const char **system,
-                                 const char **user, const char **reply, char *why, size_t cap) {
+const char *sft_read_messages(const cJSON *list, const char *field, int want_user, int want_reply, const char **system,
+                              const char **user, const char **reply, char *why, size_t cap) {
     const char *roles[16];
     int n = 0;
     const cJSON *e;
@@ -66,7 +66,7 @@ static const char *read_example(const cJSON *j, SftText *t, char *why, size_t ca
     if (msgs) {
         if (p || c) return "both \"messages\" and \"prompt\"/\"completion\": give one of the two formats";
         if (!cJSON_IsArray(msgs)) return "\"messages\" must be a list of {\"role\", \"content\"} messages";
-        if ((e = read_messages(msgs, "messages", 1, 1, &system, &user, &reply, why, cap))) return e;
+        if ((e = sft_read_messages(msgs, "messages", 1, 1, &system, &user, &reply, why, cap))) return e;
         t->conversational = 1;
     } else if (!p || !c) {
         if (cJSON_GetObjectItemCaseSensitive(j, "text"))
@@ -78,8 +78,8 @@ static const char *read_example(const cJSON *j, SftText *t, char *why, size_t ca
     } else if (cJSON_IsString(p) && cJSON_IsString(c)) {
         user = p->valuestring, reply = c->valuestring;
     } else if (cJSON_IsArray(p) && cJSON_IsArray(c)) {
-        if ((e = read_messages(p, "prompt", 1, 0, &system, &user, &unused, why, cap))) return e;
-        if ((e = read_messages(c, "completion", 0, 1, &unused, &unused, &reply, why, cap))) return e;
+        if ((e = sft_read_messages(p, "prompt", 1, 0, &system, &user, &unused, why, cap))) return e;
+        if ((e = sft_read_messages(c, "completion", 0, 1, &unused, &unused, &reply, why, cap))) return e;
         t->conversational = 1;
     } else {
         return "\"prompt\" and \"completion\" must both be text, or both lists of {\"role\", \"content\"} messages";
@@ -91,7 +91,8 @@ static const char *read_example(const cJSON *j, SftText *t, char *why, size_t ca
     return NULL;
 }
 
-int sft_read_jsonl(const char *path, SftText **out, long *n_out, char *err, size_t cap) {
+int jsonl_read_all(const char *path, size_t size, JsonlRecordFn read, void (*free_all)(void *, long), const char *expected,
+                   void **out, long *n_out, char *err, size_t cap) {
     *out = NULL, *n_out = 0;
     FILE *f = fopen(path, "r");
     if (!f) return error_msg(err, cap, "cannot open %s: %s", path, strerror(errno));
@@ -99,29 +100,39 @@ int sft_read_jsonl(const char *path, SftText **out, long *n_out, char *err, size
     char why[512];
     long n = 0, ncap = 0;
     int rc;
-    SftText *t = NULL;
+    char *t = NULL;
     cJSON *j;
     while ((rc = jsonl_next(&rd, &j, err, cap)) > 0) {
-        if (n == ncap) t = (SftText *)reallocCheck(t, (size_t)(ncap = ncap ? 2 * ncap : 256) * sizeof(SftText));
-        memset(&t[n], 0, sizeof t[n]);
-        const char *e = read_example(j, &t[n], why, sizeof why);
+        if (n == ncap) t = (char *)reallocCheck(t, (size_t)(ncap = ncap ? 2 * ncap : 256) * size);
+        memset(t + n * size, 0, size);
+        const char *e = read(j, t + n * size, rd.lineno, why, sizeof why);
         cJSON_Delete(j);
         if (e) {
             rc = error_msg(err, cap, "%s:%ld: %s", path, rd.lineno, e);
             break;
         }
-        t[n++].line = rd.lineno;
+        n++;
     }
     free(rd.line);
     fclose(f);
-    if (!rc && n == 0)
-        rc = error_msg(err, cap, "%s: no examples (one JSON object per line: {\"prompt\", \"completion\"} or {\"messages\"})", path);
+    if (!rc && n == 0) rc = error_msg(err, cap, "%s: no examples (one JSON object per line: %s)", path, expected);
     if (rc) {
-        sft_texts_free(t, n);
+        free_all(t, n);
         return rc;
     }
     *out = t, *n_out = n;
     return 0;
+}
+
+static const char *read_example_at(const cJSON *j, void *t, long line, char *why, size_t cap) {
+    ((SftText *)t)->line = line;
+    return read_example(j, (SftText *)t, why, cap);
+}
+static void texts_free(void *t, long n) { sft_texts_free((SftText *)t, n); }
+
+int sft_read_jsonl(const char *path, SftText **out, long *n_out, char *err, size_t cap) {
+    return jsonl_read_all(path, sizeof(SftText), read_example_at, texts_free, "{\"prompt\", \"completion\"} or {\"messages\"}",
+                          (void **)out, n_out, err, cap);
 }
 
 void sft_texts_free(SftText *t, long n) {
@@ -215,21 +226,23 @@ void sft_data_free(SftData *d) {
     memset(d, 0, sizeof *d);
 }
 
-const SftExample *sft_data_at(SftData *d, long pos) {
-    long epoch = pos / d->n;
-    if (epoch != d->perm_epoch) {  // Fisher-Yates with the epoch's own stream
-        uint64_t x = d->seed * 0x9e3779b97f4a7c15ull ^ (uint64_t)epoch * 0xbf58476d1ce4e5b9ull ^ 0x5f7ull;
+long data_order_at(uint32_t *perm, long n, uint64_t seed, long *perm_epoch, long pos) {
+    long epoch = pos / n;
+    if (epoch != *perm_epoch) {  // Fisher-Yates with the epoch's own stream
+        uint64_t x = seed * 0x9e3779b97f4a7c15ull ^ (uint64_t)epoch * 0xbf58476d1ce4e5b9ull ^ 0x5f7ull;
         Rng r = rng_make(splitmix64(&x));
-        for (long i = 0; i < d->n; i++) d->perm[i] = (uint32_t)i;
-        for (long i = d->n - 1; i > 0; i--) {
+        for (long i = 0; i < n; i++) perm[i] = (uint32_t)i;
+        for (long i = n - 1; i > 0; i--) {
             long j = (long)(rng_u64(&r) % (uint64_t)(i + 1));
-            uint32_t tmp = d->perm[i];
-            d->perm[i] = d->perm[j], d->perm[j] = tmp;
+            uint32_t tmp = perm[i];
+            perm[i] = perm[j], perm[j] = tmp;
         }
-        d->perm_epoch = epoch;
+        *perm_epoch = epoch;
     }
-    return &d->ex[d->perm[pos % d->n]];
+    return perm[pos % n];
 }
+
+const SftExample *sft_data_at(SftData *d, long pos) { return &d->ex[data_order_at(d->perm, d->n, d->seed, &d->perm_epoch, pos)]; }
 
 // ----------------------------------------------------------------------------
 // a batch and its loss
@@ -288,8 +301,7 @@ SftStats sft_step(SftTrainer *t, const SftExample *const *ex, int n, double lr) 
         s.tokens = (long)c[0], s.seq_tokens = (long)c[1];
     }
     if (s.tokens == 0) die("sft_step: the step's examples have no completion token");
-    if (t->full) model_zero_grads(m);
-    else lora_zero_grads(t->lora);
+    sft_zero_grads(t);
     for (int b0 = 0; b0 < n; b0 += t->micro_batch) {
         SftBatch b;
         sft_batch_make(&b, ex + b0, n - b0 < t->micro_batch ? n - b0 : t->micro_batch);
@@ -298,15 +310,21 @@ SftStats sft_step(SftTrainer *t, const SftExample *const *ex, int n, double lr) 
         sft_batch_free(&b);
     }
     if (t->dist) dist_all_reduce_sum_f64_host(t->dist, &s.loss, 1);
-    if (t->full) {
-        s.grad_norm = full_step(t->full, m, (float)lr, t->beta1, t->beta2, t->eps, t->weight_decay, t->max_grad_norm);
-    } else {
-        if (t->dist) dp_all_reduce_grads(t->dist, m->be, t->lora->grads, t->lora->n);
-        s.grad_norm = lora_grad_norm(t->lora);
-        double clip = grad_clip_factor(s.grad_norm, t->max_grad_norm);
-        if (!isfinite(clip)) die("SFT: the gradient norm is %g (NaN/inf) at step %d: lower the learning rate", s.grad_norm, t->lora->step + 1);
-        if (clip != 1.0) lora_scale_grads(t->lora, (float)clip);
-        lora_adamw_step(t->lora, (float)lr, t->beta1, t->beta2, t->eps, t->weight_decay);
-    }
+    s.grad_norm = sft_apply(t, lr, "SFT");
     return s;
+}
+
+void sft_zero_grads(SftTrainer *t) {
+    if (t->full) model_zero_grads(t->m);
+    else lora_zero_grads(t->lora);
+}
+
+double sft_apply(SftTrainer *t, double lr, const char *who) {
+    if (t->full) return full_step(t->full, t->m, (float)lr, t->beta1, t->beta2, t->eps, t->weight_decay, t->max_grad_norm);
+    if (t->dist) dp_all_reduce_grads(t->dist, t->m->be, t->lora->grads, t->lora->n);
+    double norm = lora_grad_norm(t->lora), clip = grad_clip_factor(norm, t->max_grad_norm);
+    if (!isfinite(clip)) die("%s: the gradient norm is %g (NaN/inf) at step %d: lower the learning rate", who, norm, t->lora->step + 1);
+    if (clip != 1.0) lora_scale_grads(t->lora, (float)clip);
+    lora_adamw_step(t->lora, (float)lr, t->beta1, t->beta2, t->eps, t->weight_decay);
+    return norm;
 }

@@ -3,7 +3,9 @@
 //   defines: SftText, sft_read_jsonl (the user's JSONL), SftFormat, SftExample, sft_encode,
 //            sft_eos_id (text -> tokens), SftData, sft_data_load, sft_data_at (the data and its
 //            order), SftBatch, sft_batch_make, sft_loss (a batch and its loss), SftTrainer,
-//            sft_step (one optimizer step; its learning rate from train/optim.h's lr_schedule)
+//            sft_step (one optimizer step; its learning rate from train/optim.h's lr_schedule), and
+//            what train/dpo_train.h shares: sft_read_messages, jsonl_read_all, data_order_at,
+//            sft_zero_grads and sft_apply
 // Used by ./train_sft (train_sft.c) on a user's data, and by ./train_grpo's warm-up of the
 // built-in model, which makes its demonstrations itself and trains on them with sft_step.
 //
@@ -61,6 +63,19 @@ typedef struct {
 // assistant's reply are supported (an optional system message first)".
 int sft_read_jsonl(const char *path, SftText **out, long *n, char *err, size_t cap);
 void sft_texts_free(SftText *t, long n);
+// A list of chat messages -> its system (optional), user and assistant contents; want_user /
+// want_reply say which the list holds ("messages": both; a conversational "prompt": the user turn,
+// a "completion" (or DPO's "chosen" / "rejected"): the reply alone). NULL, or what is wrong (into why).
+struct cJSON;
+const char *sft_read_messages(const struct cJSON *list, const char *field, int want_user, int want_reply, const char **system,
+                              const char **user, const char **reply, char *why, size_t cap);
+// Every line of a JSONL file as a record of size bytes, each filled by read (given the line's
+// number; NULL, or what is wrong) into a malloc'ed array: 0, or -1 with "path:line: what" in err
+// (free_all then frees the records read so far). expected: the formats, for the message on an
+// empty file. The reader of ./train_sft's and ./train_dpo's data.
+typedef const char *(*JsonlRecordFn)(const struct cJSON *j, void *record, long line, char *why, size_t cap);
+int jsonl_read_all(const char *path, size_t size, JsonlRecordFn read, void (*free_all)(void *, long), const char *expected,
+                   void **out, long *n, char *err, size_t cap);
 
 // ----------------------------------------------------------------------------
 // text -> tokens
@@ -117,6 +132,9 @@ void sft_data_free(SftData *d);
 // epoch all n examples in its own seeded shuffle (epoch pos / n); a batch may span two epochs.
 // The same pos gives the same example on every run, so a checkpoint stores pos and nothing more.
 const SftExample *sft_data_at(SftData *d, long pos);
+// the index behind position pos of such a stream of n items: each epoch (pos / n) its own seeded
+// shuffle, made into perm (n) when *perm_epoch is not that epoch (-1: none yet)
+long data_order_at(uint32_t *perm, long n, uint64_t seed, long *perm_epoch, long pos);
 
 // ----------------------------------------------------------------------------
 // a batch and its loss
@@ -165,6 +183,11 @@ typedef struct {
 // the whole step's), the gradients summed over the ranks (LoRA: all-reduced, every rank steps its
 // copy; full: reduce-scattered, each rank steps its block, full_finetune.h), the stats the whole step's.
 SftStats sft_step(SftTrainer *t, const SftExample *const *ex, int n, double lr);
+// the two ends of an optimizer step, for a trainer with a loss of its own (train/dpo_train.h): the
+// gradients zeroed; then, once the backward passes have accumulated them, summed over the ranks,
+// their norm (returned, before clipping) clipped and AdamW at lr. Dies on a NaN/inf norm, naming who.
+void sft_zero_grads(SftTrainer *t);
+double sft_apply(SftTrainer *t, double lr, const char *who);
 
 #ifdef __cplusplus
 }

@@ -1,9 +1,11 @@
 // test/fuzz/fuzz_jsonl.c: user data through task_open (tasks.c: JSONL, one {"prompt", "answer"}
 // per line, GSM8K's "#### 72"), every example of both splits, and a completion scored against
-// each by the reward functions, as train_grpo scores its rollouts. Input: data.jsonl, then the
+// each by the reward functions, as train_grpo scores its rollouts; the same file through
+// ./train_sft's and ./train_dpo's readers (sft.h, dpo_train.h) first. Input: data.jsonl, then the
 // completion text (test/fuzz/fuzz.h's separator between them).
 #include "fuzz.h"
 #include "tasks/tasks.h"
+#include "train/dpo_train.h"
 
 static void score(const Example *ex, const char *completion) {
     char out[256];
@@ -17,6 +19,11 @@ static void score(const Example *ex, const char *completion) {
 static void body(const char *dir, const uint8_t *rest, size_t nrest) {
     char p[600], err[512];
     snprintf(p, sizeof p, "%s/data.jsonl", dir);
+    SftText *st;
+    PrefText *pt;
+    long n_text;
+    if (sft_read_jsonl(p, &st, &n_text, err, sizeof err) == 0) sft_texts_free(st, n_text);
+    if (pref_read_jsonl(p, &pt, &n_text, err, sizeof err) == 0) pref_texts_free(pt, n_text);
     Task t;
     if (task_open(&t, p, NULL, err, sizeof err)) die("%s", err);
     size_t n = nrest < 4096 ? nrest : 4096;

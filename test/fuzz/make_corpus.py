@@ -248,6 +248,14 @@ def jsonl_seeds():
     # JSON a C string cannot hold, or leaves undefined: refused, never read as something else
     put("jsonl", "regress-duplicate-key", '{"prompt": "1+1=", "prompt": "2+2=", "answer": "4"}\n', "4")
     put("jsonl", "regress-nul-escape", '{"prompt": "1+1=\\u0000x", "answer": "2"}\n', "2")
+    # ./train_sft's and ./train_dpo's formats (the same file goes through their readers too)
+    pref = ['{"prompt": "17+25=", "chosen": "42", "rejected": "32"}', '{"prompt": "17+25=", "completion": "42"}',
+            '{"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], '
+            '"chosen": [{"role": "assistant", "content": "c"}], "rejected": [{"role": "assistant", "content": "r"}]}',
+            '{"chosen": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "c"}], '
+            '"rejected": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "r"}]}',
+            '{"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}']
+    put("jsonl", "seed-preference", "\n".join(pref) + "\n", "42")
 
 
 # ---- PEFT adapters and checkpoints, for the model of fuzz_peft.c / fuzz_resume.c ----------------------
