@@ -109,6 +109,8 @@ static const Option OPTIONS[] = {
      .help = "token losses summed and divided per sequence (grpo), by the batch's tokens (bnpo), by batch x "
              "max_completion_length (dr_grpo), by the step's tokens (dapo)"},
     {"scale_rewards", OPT_GRPO, .choices = "group|batch|none", .help = "advantages divided by the group's reward std, the batch's, or not"},
+    {"advantage_estimator", OPT_GRPO, .choices = "grpo|rloo",
+     .help = "a reward's baseline: its group's mean, or the mean of the group's others (RLOO: with --scale_rewards none, TRL's RLOOTrainer)"},
     {"importance_sampling_level", OPT_GRPO, .choices = "token|sequence", .help = "policy ratio per token, or per sequence (GSPO)"},
     {"num_iterations", OPT_GRPO, .meta = "N", .help = "updates per rollout batch (mu); > 1 adds an old-policy pass"},
     {"mask_truncated_completions", OPT_GRPO_FLAG, .help = "completions cut at max_completion_length get no loss"},
