@@ -504,13 +504,9 @@ def corpus_strings(corpus, n, seed):
     return out
 
 
-def make_cases(d, kind, tok_json, corpus):
-    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-    strings = edge_strings(kind) + random_strings(240, seed=7 + len(kind)) + corpus_strings(corpus, 60, seed=11)
-    if kind == "llama3":  # the whole-word entries, alone and in company
-        u2b = {c: b for b, c in bytes_to_unicode().items()}
-        words = [bytes(u2b[c] for c in w) for w in UNREACHABLE]
-        strings += words + [b"x" + w + b"," + w.upper() + b"\n" + w for w in words]
+def hf_cases(tok, strings):
+    """each distinct string (bytes, first occurrence order) with HF's ids (without and with special
+    tokens) and decodes (keeping and skipping special tokens), as cases.json stores them"""
     seen, uniq = set(), []
     for s in strings:
         if s not in seen:
@@ -525,13 +521,24 @@ def make_cases(d, kind, tok_json, corpus):
         dec_skip = tok.decode(ids, skip_special_tokens=True)
         cases.append({"hex": raw.hex(), "ids": ids, "ids_special": ids_sp, "decoded_hex": dec.encode("utf-8").hex(),
                       "decoded_skip_hex": dec_skip.encode("utf-8").hex()})
+    return cases
+
+
+def make_cases(d, kind, tok_json, corpus):
+    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    strings = edge_strings(kind) + random_strings(240, seed=7 + len(kind)) + corpus_strings(corpus, 60, seed=11)
+    if kind == "llama3":  # the whole-word entries, alone and in company
+        u2b = {c: b for b, c in bytes_to_unicode().items()}
+        words = [bytes(u2b[c] for c in w) for w in UNREACHABLE]
+        strings += words + [b"x" + w + b"," + w.upper() + b"\n" + w for w in words]
+    cases = hf_cases(tok, strings)
     if kind == "llama3":  # how many strings does ignore_merges change? (the fixture must exercise it)
         j2 = json.loads(json.dumps(tok_json))
         j2["model"]["ignore_merges"] = False
         t2 = Tokenizer.from_str(json.dumps(j2))
-        nd = sum(1 for raw in uniq if t2.encode(raw.decode("utf-8", "replace"), add_special_tokens=False).ids !=
-                 tok.encode(raw.decode("utf-8", "replace"), add_special_tokens=False).ids)
-        print(f"  llama3: ignore_merges changes the ids of {nd} of {len(uniq)} strings")
+        texts = [bytes.fromhex(c["hex"]).decode("utf-8", "replace") for c in cases]
+        nd = sum(1 for x in texts if t2.encode(x, add_special_tokens=False).ids != tok.encode(x, add_special_tokens=False).ids)
+        print(f"  llama3: ignore_merges changes the ids of {nd} of {len(texts)} strings")
     # chat prompts
     chats = []
     variants = {"qwen2": [("qwen2.5", QWEN25_TEMPLATE, None), ("qwen2", QWEN2_TEMPLATE, None),

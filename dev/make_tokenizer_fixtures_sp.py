@@ -36,10 +36,10 @@ import os
 import random
 import sys
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_tokenizer_fixtures import FIX, build_corpus, corpus_strings, edge_strings, random_strings  # noqa: E402
+from make_tokenizer_fixtures import FIX, build_corpus, corpus_strings, edge_strings, hf_cases, random_strings  # noqa: E402
 
 SP = "\u2581"
 BYTES = ["<0x%02X>" % b for b in range(256)]
@@ -224,20 +224,7 @@ def make_cases(d, kind, corpus):
         strings += sp_strings(150, seed=21 + len(kind)) + random_strings(60, seed=7 + len(kind)) + corpus_strings(corpus, 20, seed=13)
     else:
         strings += sp_strings(420, seed=21 + len(kind)) + random_strings(200, seed=7 + len(kind)) + corpus_strings(corpus, 60, seed=13)
-    seen, uniq = set(), []
-    for s in strings:
-        if s not in seen:
-            seen.add(s)
-            uniq.append(s)
-    cases = []
-    for raw in uniq:
-        text = raw.decode("utf-8", "replace")
-        ids = tok.encode(text, add_special_tokens=False).ids
-        ids_sp = tok.encode(text, add_special_tokens=True).ids
-        dec = tok.decode(ids, skip_special_tokens=False)
-        dec_skip = tok.decode(ids, skip_special_tokens=True)
-        cases.append({"hex": raw.hex(), "ids": ids, "ids_special": ids_sp, "decoded_hex": dec.encode("utf-8").hex(),
-                      "decoded_skip_hex": dec_skip.encode("utf-8").hex()})
+    cases = hf_cases(tok, strings)
     # what the fixture exercises: byte fallback and unk (ids of byte tokens / <unk> in the output)
     vocab = json.load(open(os.path.join(d, "tokenizer.json")))["model"]["vocab"]
     byte_ids = {vocab[b] for b in BYTES if b in vocab}
