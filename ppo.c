@@ -77,7 +77,7 @@ double ppo_loss(const PpoConfig *c, int B, int T, const double *logp, const doub
         double diff = logp[i] - old_logp[i], ratio = exp(diff);
         double lo = 1.0 - c->cliprange, hi = 1.0 + c->cliprange, cr = clampd(ratio, lo, hi);
         double l1 = -adv[i] * ratio, l2 = -adv[i] * cr;
-        double dl1 = l1 * 1.0, dl2 = ratio >= lo && ratio <= hi ? -adv[i] * ratio : 0.0;  // d(l)/d(diff)
+        double dl1 = l1, dl2 = ratio >= lo && ratio <= hi ? -adv[i] * ratio : 0.0;  // d(l)/d(diff)
         // torch.maximum's gradient: the larger side's, half each on a tie
         double dmax = l1 > l2 ? dl1 : l2 > l1 ? dl2 : 0.5 * (dl1 + dl2);
         akl += diff * diff;
