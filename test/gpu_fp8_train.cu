@@ -129,41 +129,49 @@ START_TEST(test_quantize_transposed) {
                 free(x);
                 free(xt);
             }
-    // per tensor: R x C = 190 x 260
-    int R = 190, C = 260;
-    float *x = randn_bf((size_t)R * C, 2.0f), *xt = transpose_f(x, R, C);
-    void *xd = up_act(x, (size_t)R * C);
-    // per tensor with a given scale (TE's x * mul), straight from x, and the current scale of x
-    for (int f = 0; f < 2; f++) {
-        float amax_h = 0;
-        for (size_t i = 0; i < (size_t)R * C; i++) amax_h = fmaxf(amax_h, fabsf(x[i]));
-        float smax = fp8_max((FP8Format)f) * 0.5f, mul = smax / amax_h;  // (a margin of 1)
-        FP8Tensor r2;
-        fp8_tensor_alloc_cpu(&r2, C, R, FP8_TENSOR, (FP8Format)f, 1);
-        float amax_ref = fp8_quantize_scaled_cpu(&r2, xt, mul);
-        float *muld = (float *)G->alloc(16);
-        unsigned *amax = (unsigned *)G->alloc(16), zero = 0, bits = 0;
-        fp8_tensor_scale_cuda(muld, amax, xd, DT_BF16, (size_t)R * C, smax);
-        float mul_gpu;
-        G->download(&mul_gpu, muld, 4);
-        ck_assert_msg(mul_gpu == mul, "current scale %g, the CPU's %g", mul_gpu, mul);
-        G->upload(amax, &zero, 4);
-        FP8Tensor t2 = dev_tensor(C, R, FP8_TENSOR, (FP8Format)f, 1);
-        fp8_quantize_t_cuda(&t2, xd, muld, amax);
-        check_same_tensor(f ? "x^T 190x260 tensor e5m2, given scale" : "x^T 190x260 tensor e4m3, given scale", &t2, &r2);
-        G->download(&bits, amax, 4);
-        ck_assert_msg(bits == *(unsigned *)&amax_ref, "amax recorded by the transposed quantization");
-        dev_tensor_free(&t2);
-        fp8_tensor_free_cpu(&r2);
-        G->free(muld);
-        G->free(amax);
+    // per tensor with a given scale (TE's x * mul), straight from x, and the current scale of x: on a
+    // shape with edge tiles (the general kernel) and on whole tiles (the per-tensor kernel)
+    int tensor_shapes[][2] = {{190, 260}, {256, 384}, {384, 128}};
+    for (size_t k = 0; k < sizeof tensor_shapes / sizeof tensor_shapes[0]; k++) {
+        int R = tensor_shapes[k][0], C = tensor_shapes[k][1];
+        float *x = randn_bf((size_t)R * C, 2.0f), *xt = transpose_f(x, R, C);
+        for (int r = 0; r < R; r += 5) x[(size_t)r * C + (3 * r % C)] *= 16.0f, xt[(size_t)(3 * r % C) * R + r] *= 16.0f;  // outliers
+        void *xd = up_act(x, (size_t)R * C);
+        for (int f = 0; f < 2; f++) {
+            float amax_h = 0;
+            for (size_t i = 0; i < (size_t)R * C; i++) amax_h = fmaxf(amax_h, fabsf(x[i]));
+            float smax = fp8_max((FP8Format)f) * 0.5f, mul = smax / amax_h;  // (a margin of 1)
+            FP8Tensor r2;
+            fp8_tensor_alloc_cpu(&r2, C, R, FP8_TENSOR, (FP8Format)f, 1);
+            float amax_ref = fp8_quantize_scaled_cpu(&r2, xt, mul);
+            float *muld = (float *)G->alloc(16);
+            unsigned *amax = (unsigned *)G->alloc(16), zero = 0, bits = 0;
+            fp8_tensor_scale_cuda(muld, amax, xd, DT_BF16, (size_t)R * C, smax);
+            float mul_gpu;
+            G->download(&mul_gpu, muld, 4);
+            ck_assert_msg(mul_gpu == mul, "current scale %g, the CPU's %g", mul_gpu, mul);
+            G->upload(amax, &zero, 4);
+            FP8Tensor t2 = dev_tensor(C, R, FP8_TENSOR, (FP8Format)f, 1);
+            fp8_quantize_t_cuda(&t2, xd, muld, amax);
+            char what[96];
+            snprintf(what, sizeof what, "x^T %dx%d tensor %s, given scale", R, C, f ? "e5m2" : "e4m3");
+            check_same_tensor(what, &t2, &r2);
+            G->download(&bits, amax, 4);
+            unsigned ref_bits;
+            memcpy(&ref_bits, &amax_ref, 4);
+            ck_assert_msg(bits == ref_bits, "amax recorded by the transposed quantization");
+            dev_tensor_free(&t2);
+            fp8_tensor_free_cpu(&r2);
+            G->free(muld);
+            G->free(amax);
+        }
+        G->free(xd);
+        free(x);
+        free(xt);
     }
-    G->free(xd);
-    free(x);
-    free(xt);
     // both layouts from one read (the backward's dY): each the bytes of its own pass, on shapes with
     // edge tiles and a width that is not a multiple of 4
-    int both[][2] = {{190, 260}, {256, 384}, {77, 131}};
+    int both[][2] = {{190, 260}, {256, 384}, {77, 131}, {512, 256}};
     for (size_t k = 0; k < sizeof both / sizeof both[0]; k++)
         for (int f = 0; f < 2; f++) {
             int R = both[k][0], C = both[k][1];
