@@ -251,20 +251,6 @@ void fp8_quantize_cuda(FP8Tensor *t, const void *x, DType xdt, int pow2) {
 // copies the backward's products need (Hopper's FP8 GEMMs read both operands K-major, and the
 // weight gradient reduces over tokens: its operands are dY and X with the tokens innermost).
 
-// *amax = max(*amax, the bits of m over the block): one atomic per block. On the bits of |x| a NaN
-// (sign cleared) orders above inf, above every number: the host sees NaN if any value was NaN.
-__device__ __forceinline__ void block_amax_record(unsigned *amax, unsigned m) {
-    __shared__ unsigned part[32];
-    m = __reduce_max_sync(0xffffffffu, m);
-    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    if (l == 0) part[w] = m;
-    __syncthreads();
-    if (w == 0) {
-        m = __reduce_max_sync(0xffffffffu, l < (int)(blockDim.x >> 5) ? part[l] : 0u);
-        if (l == 0 && m) atomicMax(amax, m);
-    }
-}
-
 template <typename T>
 __global__ void amax_bits_kernel(unsigned *amax, const T *x, size_t n) {
     unsigned m = 0;
@@ -286,15 +272,28 @@ __global__ void mul_from_amax_kernel(float *mul, const unsigned *amax, float sca
 
 // q = encode(x * mul[0]), TE's convention (delayed scaling: mul from the amax of earlier steps;
 // current: from this tensor's, fp8_tensor_scale_cuda); scale_inv[0] = 1 / mul[0] (IEEE); with
-// amax, this tensor's amax recorded (block_amax_record). Four values a thread: one 4-byte store.
+// amax, this tensor's amax recorded (block_amax_record). bf16 where aligned: 8 values a thread, one
+// 16-byte load and one 8-byte store; else four values a thread, one 4-byte store.
 template <typename T>
 __global__ void quant_scaled_kernel(uint8_t *q, float *scale_inv, unsigned *amax, const float *mul, const T *x, size_t n,
                                     int fmt) {
     float s = *mul;
     if (blockIdx.x == 0 && threadIdx.x == 0) scale_inv[0] = __frcp_rn(s);
     unsigned m = 0;
+    size_t n8 = sizeof(T) == 2 && ((uintptr_t)q & 7) == 0 && ((uintptr_t)x & 15) == 0 ? n / 8 : 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
+        float f[8];
+        unpack8(f, ((const uint4 *)x)[i]);
+        uint32_t word[2] = {0, 0};
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            m = max(m, __float_as_uint(fabsf(f[j])));
+            word[j >> 2] |= (uint32_t)fp8_encode_dev(f[j] * s, fmt) << (8 * (j & 3));
+        }
+        ((uint2 *)q)[i] = make_uint2(word[0], word[1]);
+    }
     size_t n4 = ((uintptr_t)q & 3) ? 0 : n / 4;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = 2 * n8 + blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
         uint32_t word = 0;
         for (int j = 0; j < 4; j++) {
             float v = load_f(x, 4 * i + j);
@@ -326,7 +325,7 @@ void fp8_quantize_scaled_cuda(FP8Tensor *t, const void *x, DType xdt, const floa
     need_init();
     if (t->gran != FP8_TENSOR) die("fp8_quantize_scaled_cuda: a given scale is per tensor, not %s", fp8_gran_name(t->gran));
     size_t n = (size_t)t->rows * t->cols;
-    unsigned blocks = grid_for(n / 4 + 1);
+    unsigned blocks = grid_for(n / (xdt == DT_BF16 ? 8 : 4) + 1);
     if (xdt == DT_BF16)
         quant_scaled_kernel<<<blocks, 256, 0, ctx.stream>>>(t->data, t->scale, amax, mul, (const bf16 *)x, n, t->fmt);
     else if (xdt == DT_F32)
@@ -417,15 +416,10 @@ __global__ void __launch_bounds__(256) quant_t_kernel(uint8_t *q, float *scale, 
 // Per tensor, a whole 128x128 tile (the common case: every tile of a tensor whose sides are
 // multiples of 128), the same codes faster. The scale is known before the read, so each value is
 // encoded as it is loaded (16-byte loads, 8 values a thread), its row layout written from registers
-// (qrow), and the codes staged in shared memory as bytes, not bf16: 16 KB a tile. The transposed
-// rows are then written a warp-wide 128-byte store at a time: a lane reads one 4-byte word (4 codes
-// of one row) from each of 4 consecutive rows and transposes the 4x4 bytes in registers
-// (__byte_perm), giving 4 bytes of each of 4 output rows. Row r's words are stored rotated by r / 4
-// (word w at (w + r / 4) mod 32), so that the 32 lanes, reading the same word of rows 4 apart, hit
-// 32 different banks.
+// (qrow), and the codes staged as bytes, not bf16, for the transposed write (tile_codes_write_t).
 __global__ void __launch_bounds__(256) quant_t_tensor_kernel(uint8_t *q, float *scale, const bf16 *x, int R, int C, int fmt,
                                                              const float *mul, unsigned *amax, uint8_t *qrow) {
-    __shared__ uint32_t tile[128][32];
+    __shared__ TileCodes tile;
     int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
     float s = *mul;
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) scale[0] = __frcp_rn(s);
@@ -438,32 +432,21 @@ __global__ void __launch_bounds__(256) quant_t_tensor_kernel(uint8_t *q, float *
     unsigned m = 0;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        int p = threadIdx.x + 256 * i, r = p >> 4, w = (p & 15) * 2;
-        const bf16 *v = (const bf16 *)&in[i];
+        int p = threadIdx.x + 256 * i, r = p >> 4, k8 = p & 15;
+        float f[8];
+        unpack8(f, in[i]);
         uint32_t word[2] = {0, 0};
         for (int j = 0; j < 8; j++) {
-            float f = __bfloat162float(v[j]);
-            m = max(m, __float_as_uint(fabsf(f)));
-            word[j >> 2] |= (uint32_t)fp8_encode_dev(f * s, fmt) << (8 * (j & 3));
+            m = max(m, __float_as_uint(fabsf(f[j])));
+            word[j >> 2] |= (uint32_t)fp8_encode_dev(f[j] * s, fmt) << (8 * (j & 3));
         }
-        if (qrow) *(uint2 *)(qrow + (size_t)(r0 + r) * C + c0 + 4 * w) = make_uint2(word[0], word[1]);
-        tile[r][(w + (r >> 2)) & 31] = word[0];
-        tile[r][(w + 1 + (r >> 2)) & 31] = word[1];
+        uint2 codes = make_uint2(word[0], word[1]);
+        if (qrow) *(uint2 *)(qrow + (size_t)(r0 + r) * C + c0 + 8 * k8) = codes;
+        tile_codes_put(tile, r, k8, codes);
     }
     if (amax) block_amax_record(amax, m);  // (its __syncthreads also orders the tile's writes and reads)
     else __syncthreads();
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll
-    for (int it = 0; it < 4; it++) {
-        int g = warp + 8 * it;  // the word of each row: tile columns 4g .. 4g + 3
-        uint32_t a0 = tile[4 * lane + 0][(g + lane) & 31], a1 = tile[4 * lane + 1][(g + lane) & 31];
-        uint32_t a2 = tile[4 * lane + 2][(g + lane) & 31], a3 = tile[4 * lane + 3][(g + lane) & 31];
-        uint32_t lo01 = __byte_perm(a0, a1, 0x5140), hi01 = __byte_perm(a0, a1, 0x7362);
-        uint32_t lo23 = __byte_perm(a2, a3, 0x5140), hi23 = __byte_perm(a2, a3, 0x7362);
-        uint32_t col[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
-                           __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
-        for (int i = 0; i < 4; i++) *(uint32_t *)(q + (size_t)(c0 + 4 * g + i) * R + r0 + 4 * lane) = col[i];
-    }
+    tile_codes_write_t(tile, q, R, r0, c0);
 }
 
 // the per-tensor transposes: the fast kernel where every tile is whole and aligned, else the general one

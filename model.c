@@ -340,7 +340,9 @@ void model_backward(Model *m, const double *dlogp_host) {
 
         // MLP: x_{l+1} = xmid + down(silu(gate(ln2)) * up(ln2)); dx passes through the residual
         linear_bwd(m, l, LIN_DOWN, a->dff3, 0, a->dx, la.hm, N);
-        be->swiglu_backward(a->dff1, a->dff2, a->dff3, la.gate, la.up, N * FF);
+        if (!be->swiglu_backward_q ||
+            !be->swiglu_backward_q(a->dff1, a->dff2, a->dff3, la.gate, la.up, N, FF, &lw->lin[LIN_GATE], &lw->lin[LIN_UP]))
+            be->swiglu_backward(a->dff1, a->dff2, a->dff3, la.gate, la.up, N * FF);
         linear_bwd(m, l, LIN_GATE, a->dln, 0, a->dff1, la.ln2, N);
         linear_bwd(m, l, LIN_UP, a->dln, 1, a->dff2, la.ln2, N);
         be->rmsnorm_backward(a->dx, gl ? gl->ln2 : NULL, a->dln, la.xmid, lw->ln2, la.rstd2, N, c->C);

@@ -157,6 +157,14 @@ struct Backend {
     // out (n) act = silu(gate) * up
     void (*swiglu_forward)(void *out, const void *gate, const void *up, size_t n);
     void (*swiglu_backward)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
+    // swiglu_backward in FP8 training, where dgate and dup (N, FF) are the dY of the FP8-trained gate
+    // and up projections wg, wu (fp8_train_new): in place of each bf16 array it writes the FP8 codes
+    // its backward products read, in the two layouts they read (row, then transposed: the same 2
+    // bytes an element); the next linear_backward of wg with dout == dgate (of wu, dout == dup) takes
+    // them. Returns 0 and does nothing where that does not apply (a recipe other than delayed; N or FF
+    // not a multiple of 128): then call swiglu_backward. NULL: the backend has no such path.
+    int (*swiglu_backward_q)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int N, int FF,
+                             const QWeight *wg, const QWeight *wu);
     // out = a + b (n act); out may alias a or b
     void (*add)(void *out, const void *a, const void *b, size_t n);
     // Fusions of the decode step, equal to the ops they replace (same roundings). outq, when not NULL

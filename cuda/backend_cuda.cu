@@ -881,6 +881,7 @@ static Backend be = {
     .attention_backward = cu_attention_backward,
     .swiglu_forward = cu_swiglu_forward,
     .swiglu_backward = cu_swiglu_backward,
+    .swiglu_backward_q = cu_fp8_train_swiglu_backward,
     .add = cu_add,
     .add_rmsnorm = cu_add_rmsnorm,
     .swiglu_gu = cu_swiglu_gu,

@@ -72,6 +72,8 @@ size_t cu_fp8_train_state(FP8Train *const *t, int n, float *buf, int set);
 // linear_forward / linear_backward of a weight with an FP8Train (out: yt DT_BF16 or DT_F32)
 void cu_fp8_train_forward(void *out, DType yt, const void *inp, const QWeight *w, int N);
 void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *dout, const void *inp, const QWeight *w, int N);
+int cu_fp8_train_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int N, int FF,
+                                 const QWeight *wg, const QWeight *wu);
 
 // ---- sample.cu ----
 void cu_sample(int32_t *tokens, void *logp, const void *logits, uint64_t *rng, int S, int V, float temperature,

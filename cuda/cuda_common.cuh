@@ -5,7 +5,10 @@
 //   (8 bf16 values <-> f32),
 //   warp_sum / warp_max / block_max, and the device FP8 codec: fp8_encode_dev, fp8_decode_dev,
 //   fp8_scale_dev and fp8_quantize_warp (_regs), the one routine that turns a row of values into FP8
-//   codes and their scale (the GEMM's 1x128 activation groups and the KV cache's rows both use it).
+//   codes and their scale (the GEMM's 1x128 activation groups and the KV cache's rows both use it);
+//   block_amax_record (a tensor's amax, as bits, from every block), tile_codes_put /
+//   tile_codes_write_t (a 128x128 tile of FP8 codes written transposed), swiglu_grad (SwiGLU's
+//   derivative: the per-op and the fused FP8 backward compute it alike).
 // The numerics are fp8.h's, bit for bit: scale = amax / max in fp32 (1 for an all-zero group),
 // codes = encode(x / scale) with an IEEE division, round to nearest even, saturating.
 #ifndef CUDA_COMMON_CUH
@@ -187,6 +190,60 @@ __device__ __forceinline__ void fp8_quantize_warp(uint8_t *q, float *scale, cons
             v[c][j] = i < n ? load_f(x, i) : 0.0f;
         }
     fp8_quantize_warp_regs<CHUNKS>(q, scale, v, n, fmt, pow2);
+}
+
+// *amax = max(*amax, the bits of m over the block): one atomic per block. On the bits of |x| a NaN
+// (sign cleared) orders above inf, above every number: the host sees NaN if any value was NaN.
+// (A second call in the same kernel needs a __syncthreads() before it: part is reused.)
+__device__ __forceinline__ void block_amax_record(unsigned *amax, unsigned m) {
+    __shared__ unsigned part[32];
+    m = __reduce_max_sync(0xffffffffu, m);
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    if (l == 0) part[w] = m;
+    __syncthreads();
+    if (w == 0) {
+        m = __reduce_max_sync(0xffffffffu, l < (int)(blockDim.x >> 5) ? part[l] : 0u);
+        if (l == 0 && m) atomicMax(amax, m);
+    }
+}
+
+// A 128x128 tile of FP8 codes written transposed. The codes are staged in shared memory as bytes
+// (16 KB), then written a warp-wide 128-byte store at a time: a lane reads one 4-byte word (4 codes
+// of one row) from each of 4 consecutive rows and transposes the 4x4 bytes in registers
+// (__byte_perm), giving 4 bytes of each of 4 output rows. Row r's words are stored rotated by r / 4
+// (word w at (w + r / 4) mod 32), so that the 32 lanes, reading the same word of rows 4 apart, hit
+// 32 different banks.
+typedef uint32_t TileCodes[128][32];
+// the codes of tile row r, columns 8 k8 .. 8 k8 + 7 (two words, the lower columns in the lower bytes)
+__device__ __forceinline__ void tile_codes_put(TileCodes t, int r, int k8, uint2 codes) {
+    t[r][(2 * k8 + (r >> 2)) & 31] = codes.x;
+    t[r][(2 * k8 + 1 + (r >> 2)) & 31] = codes.y;
+}
+// after a __syncthreads(), by a block of 256 threads: q (C, R) rows c0 .. c0 + 127, columns r0 .. r0 + 127
+// = the tile transposed (R a multiple of 4, q 4-byte aligned)
+__device__ __forceinline__ void tile_codes_write_t(const TileCodes t, uint8_t *q, size_t R, int r0, int c0) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int it = 0; it < 4; it++) {
+        int g = warp + 8 * it;  // the word of each row: tile columns 4g .. 4g + 3
+        uint32_t a0 = t[4 * lane + 0][(g + lane) & 31], a1 = t[4 * lane + 1][(g + lane) & 31];
+        uint32_t a2 = t[4 * lane + 2][(g + lane) & 31], a3 = t[4 * lane + 3][(g + lane) & 31];
+        uint32_t lo01 = __byte_perm(a0, a1, 0x5140), hi01 = __byte_perm(a0, a1, 0x7362);
+        uint32_t lo23 = __byte_perm(a2, a3, 0x5140), hi23 = __byte_perm(a2, a3, 0x7362);
+        uint32_t col[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                           __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+#pragma unroll
+        for (int i = 0; i < 4; i++) *(uint32_t *)(q + (size_t)(c0 + 4 * g + i) * R + r0 + 4 * lane) = col[i];
+    }
+}
+
+// ----------------------------------------------------------------------------
+// SwiGLU's derivative: out = silu(g) u, so dg = d u s (1 + g (1 - s)) and du = d g s, s = sigmoid(g)
+
+__device__ __forceinline__ void swiglu_grad(float d, float g, float u, float *dg, float *du) {
+    float sg = 1.0f / (1.0f + expf(-g));
+    *dg = d * u * sg * (1.0f + g * (1.0f - sg));
+    *du = d * g * sg;
 }
 
 #endif  // CUDA_COMMON_CUH

@@ -1,6 +1,7 @@
 // fp8_train.cu: FP8 training of a dense linear layer on the CUDA backend (--fp8_recipe): the three
 // products of Y = X W^T run as FP8 GEMMs, with the scaling rules of fp8_recipe.h.
-//   defines: the backend ops fp8_train_new, fp8_train_free, fp8_train_step, fp8_train_state, and
+//   defines: the backend ops fp8_train_new, fp8_train_free, fp8_train_step, fp8_train_state,
+//            swiglu_backward_q (the SwiGLU backward writing gate's and up's dY in FP8), and
 //            cu_fp8_train_forward / cu_fp8_train_backward, which backend_cuda.cu's linear ops call
 //            for a weight that has an FP8Train
 //
@@ -47,6 +48,10 @@ struct FP8Train {
     FP8Recipe r;
     FP8Train *leader;  // the projection whose input this one shares and that runs just before it, or NULL
     XCache fwd, bwd;   // a leader's: X's codes for the forward, X^T's for the weight gradient
+    // dY's codes in both layouts, made by the op that computed dY (cu_fp8_train_swiglu_backward) for
+    // the next backward call, whose dout is dy_for (its memory holds them); NULL: none
+    const void *dy_for;
+    FP8Tensor dy_row, dy_t;
     // device, one 16-byte slot each (cuBLASLt reads scales only from 16-byte aligned addresses):
     // mul[3] (delayed: TE's multiplying scales), inv[3] (their inverses, what the GEMMs read;
     // current: the tensor's own scale), amax[3] (delayed: this step's, as float bits)
@@ -178,20 +183,29 @@ void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *do
     int C = w->cols, OC = w->rows;
     FP8Format gfmt = t->r.hybrid ? FP8_E5M2 : FP8_E4M3;
     unsigned long me = ++calls;
+    // dY's codes made ahead by the op that computed dY: nothing to quantize
+    int made = t->dy_for != NULL;
+    if (made && (t->dy_for != dout || t->dy_row.rows != N))
+        die("fp8_train: dY's FP8 codes were made for another tensor (swiglu_backward_q, then this projection's backward)");
+    t->dy_for = NULL;
     // dY is read for dX (row layout) and for dW (transposed): per tensor both take the same scale,
     // so one pass over dY writes both (blocks: their groups run along different axes, two passes)
     int both = dinp && dw && t->r.kind != FP8_RECIPE_BLOCK;
-    FP8Tensor dyt;
+    FP8Tensor dyt, dyq;
     memset(&dyt, 0, sizeof dyt);
-    if (dw) dyt = act_tensor(t, OC, N, gfmt, SC_TRAIN_DYT);
+    if (made) dyq = t->dy_row, dyt = t->dy_t;
+    else if (dw) dyt = act_tensor(t, OC, N, gfmt, SC_TRAIN_DYT);
     if (dinp) {
         FP8Tensor wt = weight_q(t, w, 1);
-        FP8Tensor dyq = act_tensor(t, N, OC, gfmt, SC_TRAIN_DY);
-        if (!both) quantize(t, T_DY, &dyq, dout);
-        else {
-            tensor_scale(t, T_DY, dout, (size_t)N * OC);
-            dyq.scale = dyt.scale = dev_inv(t, T_DY);
-            fp8_quantize_both_cuda(&dyq, &dyt, dout, dev_mul(t, T_DY), t->r.kind == FP8_RECIPE_DELAYED ? dev_amax(t, T_DY) : NULL);
+        if (!made) {
+            dyq = act_tensor(t, N, OC, gfmt, SC_TRAIN_DY);
+            if (!both) quantize(t, T_DY, &dyq, dout);
+            else {
+                tensor_scale(t, T_DY, dout, (size_t)N * OC);
+                dyq.scale = dyt.scale = dev_inv(t, T_DY);
+                fp8_quantize_both_cuda(&dyq, &dyt, dout, dev_mul(t, T_DY),
+                                       t->r.kind == FP8_RECIPE_DELAYED ? dev_amax(t, T_DY) : NULL);
+            }
         }
         size_t n = (size_t)N * C;
         if (!accumulate) fp8_gemm_cuda(dinp, DT_BF16, &dyq, &wt, 0);
@@ -200,11 +214,11 @@ void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *do
             fp8_gemm_cuda(y, DT_F32, &dyq, &wt, 0);
             cu_accumulate_f32((bf16 *)dinp, y, n);
         }
-    } else tensor_scale(t, T_DY, dout, (size_t)N * OC);
+    } else if (!made) tensor_scale(t, T_DY, dout, (size_t)N * OC);
     if (!dw) return;
     // dY^T (OC, N) and X^T (C, N), the tokens innermost, quantized from dY and X in one pass each:
     // per tensor with the scales of dX's and the forward's products, or in 1x128 groups along the tokens
-    if (!both) quantize_t(t, T_DY, &dyt, dout);
+    if (!both && !made) quantize_t(t, T_DY, &dyt, dout);
     XCache *c = &(t->leader ? t->leader : t)->bwd;
     if (!reuse(t, c, inp, N, me)) {
         c->q = act_tensor(t, C, N, FP8_E4M3, SC_TRAIN_XT);
@@ -212,6 +226,87 @@ void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *do
         quantize_t(t, T_X, &c->q, inp);
     }
     fp8_gemm_cuda(dw, DT_F32, &dyt, &c->q, 1);
+}
+
+// ----------------------------------------------------------------------------
+// The SwiGLU backward, fused with the quantization of its outputs. dgate and dup are read by
+// nothing but the FP8 products of gate's and up's backward, which read them as codes: so the
+// kernel writes the codes, in the row layout (dX's product) and transposed (dW's), into the
+// arrays' memory (2 bytes an element, as the bf16 values), and never the bf16 values, which the
+// per-op path writes (4 bytes an element) and reads back (4 more) to quantize. The codes are the per-op path's bit for bit: the same derivative (swiglu_grad), rounded
+// to bf16 as swiglu_backward stores it, encoded with the delayed scale as fp8_quantize_both_cuda
+// would, the same amaxes recorded. Delayed scaling only: its scales are known before the pass
+// (current scaling needs dY's amax first, blocks their own groups).
+
+// one block a 128x128 tile of (N, FF): row codes written from registers, transposed through
+// shared memory (tile_codes_write_t); mul: the two delayed scales, inv their inverses (written),
+// amax the two tensors' amax slots
+__global__ void __launch_bounds__(256) swiglu_bwd_q_kernel(uint8_t *g_row, uint8_t *g_t, uint8_t *u_row, uint8_t *u_t,
+                                                           float *g_inv, float *u_inv, const float *g_mul,
+                                                           const float *u_mul, unsigned *g_amax, unsigned *u_amax,
+                                                           const bf16 *dout, const bf16 *gate, const bf16 *up, int N, int FF,
+                                                           int fmt) {
+    __shared__ TileCodes tg, tu;
+    int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
+    float sg = *g_mul, su = *u_mul;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) g_inv[0] = __frcp_rn(sg), u_inv[0] = __frcp_rn(su);
+    unsigned mg = 0, mu = 0;
+#pragma unroll 2
+    for (int i = 0; i < 8; i++) {
+        int p = threadIdx.x + 256 * i, r = p >> 4, k8 = p & 15;
+        size_t at = (size_t)(r0 + r) * FF + c0 + 8 * k8;
+        float d[8], g[8], u[8];
+        unpack8(d, *(const uint4 *)(dout + at));
+        unpack8(g, *(const uint4 *)(gate + at));
+        unpack8(u, *(const uint4 *)(up + at));
+        uint32_t wg[2] = {0, 0}, wu[2] = {0, 0};
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float dg, du;
+            swiglu_grad(d[j], g[j], u[j], &dg, &du);
+            dg = __bfloat162float(__float2bfloat16_rn(dg));  // the bf16 values swiglu_backward stores
+            du = __bfloat162float(__float2bfloat16_rn(du));
+            mg = max(mg, __float_as_uint(fabsf(dg)));
+            mu = max(mu, __float_as_uint(fabsf(du)));
+            wg[j >> 2] |= (uint32_t)fp8_encode_dev(dg * sg, fmt) << (8 * (j & 3));
+            wu[j >> 2] |= (uint32_t)fp8_encode_dev(du * su, fmt) << (8 * (j & 3));
+        }
+        uint2 cg = make_uint2(wg[0], wg[1]), cu = make_uint2(wu[0], wu[1]);
+        *(uint2 *)(g_row + at) = cg;
+        *(uint2 *)(u_row + at) = cu;
+        tile_codes_put(tg, r, k8, cg);
+        tile_codes_put(tu, r, k8, cu);
+    }
+    block_amax_record(g_amax, mg);  // (its __syncthreads also orders the tiles' writes and reads)
+    __syncthreads();
+    block_amax_record(u_amax, mu);
+    tile_codes_write_t(tg, g_t, N, r0, c0);
+    tile_codes_write_t(tu, u_t, N, r0, c0);
+}
+
+int cu_fp8_train_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int N, int FF,
+                                 const QWeight *wg, const QWeight *wu) {
+    FP8Train *tg = wg->train, *tu = wu->train;
+    if (!tg || !tu || tg->r.kind != FP8_RECIPE_DELAYED || tu->r.kind != FP8_RECIPE_DELAYED || tg->r.hybrid != tu->r.hybrid ||
+        N <= 0 || N % 128 || FF % 128 || wg->rows != FF || wu->rows != FF ||
+        ((uintptr_t)dout | (uintptr_t)gate | (uintptr_t)up | (uintptr_t)dgate | (uintptr_t)dup) % 16)
+        return 0;
+    FP8Format f = tg->r.hybrid ? FP8_E5M2 : FP8_E4M3;
+    FP8Train *t[2] = {tg, tu};
+    void *mem[2] = {dgate, dup};
+    for (int i = 0; i < 2; i++) {  // the row codes, then the transposed ones, where the bf16 values would be
+        t[i]->dy_row = tensor_of(N, FF, FP8_TENSOR, f, 1), t[i]->dy_t = tensor_of(FF, N, FP8_TENSOR, f, 1);
+        t[i]->dy_row.data = (uint8_t *)mem[i], t[i]->dy_t.data = (uint8_t *)mem[i] + (size_t)N * FF;
+        t[i]->dy_row.scale = t[i]->dy_t.scale = dev_inv(t[i], T_DY);
+    }
+    dim3 grid(FF / 128, N / 128);
+    swiglu_bwd_q_kernel<<<grid, 256, 0, cu_stream()>>>(tg->dy_row.data, tg->dy_t.data, tu->dy_row.data, tu->dy_t.data,
+                                                       dev_inv(tg, T_DY), dev_inv(tu, T_DY), dev_mul(tg, T_DY),
+                                                       dev_mul(tu, T_DY), dev_amax(tg, T_DY), dev_amax(tu, T_DY),
+                                                       (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up, N, FF, f);
+    launchCheck();
+    tg->dy_for = dgate, tu->dy_for = dup;
+    return 1;
 }
 
 // After an optimizer step: delayed scaling rolls every tensor's history and sets the next scales,

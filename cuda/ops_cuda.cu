@@ -474,19 +474,15 @@ __global__ void swiglu_bwd_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, cons
         load8(g, gate + 8 * i);
         load8(u, up + 8 * i);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float sg = 1.0f / (1.0f + expf(-g[j]));
-            dg[j] = d[j] * u[j] * sg * (1.0f + g[j] * (1.0f - sg));
-            du[j] = d[j] * g[j] * sg;
-        }
+        for (int j = 0; j < 8; j++) swiglu_grad(d[j], g[j], u[j], &dg[j], &du[j]);
         store8(dgate + 8 * i, dg);
         store8(dup + 8 * i, du);
     }
     for (size_t i = nv * 8 + t; i < n; i += stride) {
-        float d = __bfloat162float(dout[i]), g = __bfloat162float(gate[i]), u = __bfloat162float(up[i]);
-        float sg = 1.0f / (1.0f + expf(-g));
-        dgate[i] = __float2bfloat16_rn(d * u * sg * (1.0f + g * (1.0f - sg)));
-        dup[i] = __float2bfloat16_rn(d * g * sg);
+        float dg, du;
+        swiglu_grad(__bfloat162float(dout[i]), __bfloat162float(gate[i]), __bfloat162float(up[i]), &dg, &du);
+        dgate[i] = __float2bfloat16_rn(dg);
+        dup[i] = __float2bfloat16_rn(du);
     }
 }
 __global__ void add_kernel(bf16 *out, const bf16 *a, const bf16 *b, size_t n, int vec) {

@@ -106,6 +106,12 @@ static void pw_swiglu_f(void *o, const void *g, const void *u, size_t n) { PW(P_
 static void pw_swiglu_b(void *dg, void *du, const void *d, const void *g, const void *u, size_t n) {
     PW(P_SWIGLU, PF.R->swiglu_backward(dg, du, d, g, u, n));
 }
+static int pw_swiglu_bq(void *dg, void *du, const void *d, const void *g, const void *u, int N, int FF, const QWeight *wg,
+                        const QWeight *wu) {
+    int done = 0;
+    PW(P_SWIGLU, done = PF.R->swiglu_backward_q(dg, du, d, g, u, N, FF, wg, wu));
+    return done;
+}
 static void pw_add(void *o, const void *a, const void *b, size_t n) { PW(P_ADD, PF.R->add(o, a, b, n)); }
 static void pw_add_rmsnorm(void *x, void *o, void *r, const void *dx, const void *w, int N, int C, float eps, FP8Tensor *q) {
     PW(P_NORM, PF.R->add_rmsnorm(x, o, r, dx, w, N, C, eps, q));
@@ -160,6 +166,7 @@ static void prof_install(const Backend *real, Backend *W) {
     W->rmsnorm_forward = pw_norm_f; W->rmsnorm_backward = pw_norm_b;
     W->rope_forward = pw_rope_f; W->rope_backward = pw_rope_b;
     W->swiglu_forward = pw_swiglu_f; W->swiglu_backward = pw_swiglu_b; W->add = pw_add;
+    if (real->swiglu_backward_q) W->swiglu_backward_q = pw_swiglu_bq;
     W->add_rmsnorm = pw_add_rmsnorm; W->qkv_rope_kv = pw_qkv_rope_kv;
     W->linear_forward_q = pw_linear_forward_q; W->swiglu_gu = pw_swiglu_gu;
     W->logits_forward = pw_logits; W->logprobs_forward = pw_logp_f; W->logprobs_backward = pw_logp_b;
