@@ -170,8 +170,8 @@ __global__ void __launch_bounds__(128) attn_fwd_mma(bf16 *__restrict__ out, floa
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *Qs = (bf16 *)smem, *Ks = Qs + BR * HD, *Vs = Ks + 2 * BC * HD;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    // the last query blocks have the most keys: start them first
-    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / KVH);
+    // the last query blocks have the most keys: they start first (causal_grid)
+    const int qt = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, kvh = h / (NH / KVH);
     const int q0 = qt * BR;
     const size_t ldq = (size_t)NH * HD, ldk = (size_t)KVH * HD;
     const bf16 *qg = q + (size_t)b * T * ldq + (size_t)h * HD;
@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(256) attn_fwd_wgmma(bf16 *__restrict__ out, fl
     unsigned char *Qs = sm, *Ks = Qs + 2 * TILE, *Vs = Ks + 2 * TILE;  // Q per warpgroup; K, V per buffer
     uint64_t *full = (uint64_t *)(Vs + 2 * TILE);
     const int wg = threadIdx.x >> 7, t = threadIdx.x & 127, wi = t >> 5, lane = t & 31, g = lane >> 2, t4 = lane & 3;
-    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / KVH);
+    const int qt = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, kvh = h / (NH / KVH);
     const int q0 = qt * BR, wrow0 = q0 + 64 * wg;  // the block's and the warpgroup's first query
     const int nkt = (min(q0 + BR, T) + BC - 1) / BC;  // causal: key blocks up to the block's diagonal
     if (threadIdx.x == 0) {
@@ -438,7 +438,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dkdv_mma(bf16 *__restrict__ dk, 
     bf16 *Ks = (bf16 *)smem, *Vs = Ks + BC * HD, *Qs = Vs + BC * HD, *dOs = Qs + 2 * BQ * HD;
     float *Ls = (float *)(dOs + 2 * BQ * HD), *Ds = Ls + 2 * BQ;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int kvh = blockIdx.y, b = blockIdx.z, rep = NH / KVH, k0 = blockIdx.x * BC;
+    const int kvh = blockIdx.x, b = blockIdx.y, rep = NH / KVH, k0 = blockIdx.z * BC;
     const size_t ldq = (size_t)NH * HD, ldk = (size_t)KVH * HD;
     const bf16 *kg = k + (size_t)b * T * ldk + (size_t)kvh * HD, *vg = v + (size_t)b * T * ldk + (size_t)kvh * HD;
     load_rows<HD, BC>(Ks, kg, ldk, k0, T, tid);
@@ -523,7 +523,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_mma(bf16 *__restrict__ dq, co
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *Qs = (bf16 *)smem, *dOs = Qs + BR * HD, *Ks = dOs + BR * HD, *Vs = Ks + 2 * BC * HD;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / KVH);
+    const int qt = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, kvh = h / (NH / KVH);
     const int q0 = qt * BR;
     const size_t ldq = (size_t)NH * HD, ldk = (size_t)KVH * HD;
     const bf16 *kg = k + (size_t)b * T * ldk + (size_t)kvh * HD, *vg = v + (size_t)b * T * ldk + (size_t)kvh * HD;
@@ -605,7 +605,7 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_wgmma(bf16 *__restrict__ dq, 
     unsigned char *Qs = sm, *dOs = Qs + 2 * TILE, *Ks = dOs + 2 * TILE, *Vs = Ks + 2 * TILE;
     uint64_t *full = (uint64_t *)(Vs + 2 * TILE);
     const int wg = threadIdx.x >> 7, t = threadIdx.x & 127, wi = t >> 5, lane = t & 31, g = lane >> 2, t4 = lane & 3;
-    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / KVH);
+    const int qt = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, kvh = h / (NH / KVH);
     const int q0 = qt * BR, wrow0 = q0 + 64 * wg;
     const int nkt = (min(q0 + BR, T) + BC - 1) / BC;
     if (threadIdx.x == 0) {
@@ -717,7 +717,7 @@ __global__ void __launch_bounds__(256) attn_bwd_dkdv_wgmma(bf16 *__restrict__ dk
     float *Ls = (float *)(dOs + 2 * TILE), *Ds = Ls + 2 * BQ;
     uint64_t *full = (uint64_t *)(Ds + 2 * BQ);
     const int wg = threadIdx.x >> 7, t = threadIdx.x & 127, wi = t >> 5, lane = t & 31, g = lane >> 2, t4 = lane & 3;
-    const int kvh = blockIdx.y, b = blockIdx.z, rep = NH / KVH, k0 = blockIdx.x * BKEY, wk0 = k0 + 64 * wg;
+    const int kvh = blockIdx.x, b = blockIdx.y, rep = NH / KVH, k0 = blockIdx.z * BKEY, wk0 = k0 + 64 * wg;
     const int nq = (T - k0 + BQ - 1) / BQ, items = rep * nq;
     auto issue = [&](int it, int bf) {  // thread 0: Q and dO of item it into buffer bf
         int h = kvh * rep + it / nq, qb = k0 + (it % nq) * BQ;
@@ -960,6 +960,13 @@ static void check_heads(const char *what, int NH, int KVH, int HD) {
     if (HD % 2 || HD > SIMPLE_MAXD) die("%s: head_dim %d is not supported (even, <= %d)", what, HD, SIMPLE_MAXD);
 }
 
+// The causal kernels' grid: (heads, sequences, blocks of the sequence), the sequence's blocks
+// slowest, so that the blocks with the most work (the last queries, the first keys: each kernel maps
+// blockIdx.z so) of every head and sequence start before any lighter one. Longest first, the SMs
+// finish together; with the heads slowest instead, the last head's heaviest block would start when
+// the GPU is nearly done and run alone at the end.
+static dim3 causal_grid(int blocks, int heads, int B) { return dim3(heads, B, blocks); }
+
 template <int HD>
 static void fwd_mma(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int NH, int KVH,
                     float sc, cudaStream_t st) {
@@ -969,7 +976,7 @@ static void fwd_mma(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const b
         cudaCheck(cudaFuncSetAttribute(attn_fwd_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         attr = 1;
     }
-    dim3 grid((T + 63) / 64, NH, B);
+    dim3 grid = causal_grid((T + 63) / 64, NH, B);
     attn_fwd_mma<HD><<<grid, 128, smem, st>>>(out, lse, q, k, v, T, NH, KVH, sc);
     launchCheck();
 }
@@ -990,7 +997,7 @@ static void fwd_wgmma(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const
     CUtensorMap tq = tma_map_2d(q, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, NH * HD, 64, 64);
     CUtensorMap tk = tma_map_2d(k, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, KVH * HD, 64, 64);
     CUtensorMap tv = tma_map_2d(v, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, KVH * HD, 64, 64);
-    dim3 grid((T + 127) / 128, NH, B);
+    dim3 grid = causal_grid((T + 127) / 128, NH, B);
     attn_fwd_wgmma<HD><<<grid, 256, smem, st>>>(out, lse, tq, tk, tv, T, NH, KVH, sc);
     launchCheck();
 }
@@ -1031,9 +1038,9 @@ static void bwd_mma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float 
         cudaCheck(cudaFuncSetAttribute(attn_bwd_dq_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_q));
         attr = 1;
     }
-    attn_bwd_dkdv_mma<HD><<<dim3((T + 63) / 64, KVH, B), 128, smem_kv, st>>>(dk, dv, dout, lse, D, q, k, v, T, NH, KVH, sc);
+    attn_bwd_dkdv_mma<HD><<<causal_grid((T + 63) / 64, KVH, B), 128, smem_kv, st>>>(dk, dv, dout, lse, D, q, k, v, T, NH, KVH, sc);
     launchCheck();
-    attn_bwd_dq_mma<HD><<<dim3((T + 63) / 64, NH, B), 128, smem_q, st>>>(dq, dout, lse, D, q, k, v, T, NH, KVH, sc);
+    attn_bwd_dq_mma<HD><<<causal_grid((T + 63) / 64, NH, B), 128, smem_q, st>>>(dq, dout, lse, D, q, k, v, T, NH, KVH, sc);
     launchCheck();
 }
 
@@ -1052,9 +1059,9 @@ static void bwd_wgmma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const floa
     CUtensorMap tdo = tma_map_2d(dout, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, NH * HD, 64, 64);
     CUtensorMap tk = tma_map_2d(k, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, KVH * HD, 64, 64);
     CUtensorMap tv = tma_map_2d(v, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, KVH * HD, 64, 64);
-    attn_bwd_dkdv_wgmma<HD><<<dim3((T + 127) / 128, KVH, B), 256, smem_kv, st>>>(dk, dv, lse, D, tq, tdo, tk, tv, T, NH, KVH, sc);
+    attn_bwd_dkdv_wgmma<HD><<<causal_grid((T + 127) / 128, KVH, B), 256, smem_kv, st>>>(dk, dv, lse, D, tq, tdo, tk, tv, T, NH, KVH, sc);
     launchCheck();
-    attn_bwd_dq_wgmma<HD><<<dim3((T + 127) / 128, NH, B), 256, smem_q, st>>>(dq, lse, D, tq, tdo, tk, tv, T, NH, KVH, sc);
+    attn_bwd_dq_wgmma<HD><<<causal_grid((T + 127) / 128, NH, B), 256, smem_q, st>>>(dq, lse, D, tq, tdo, tk, tv, T, NH, KVH, sc);
     launchCheck();
 }
 
