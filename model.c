@@ -282,7 +282,8 @@ static void forward_impl(Model *m, const int *ids_host, int B, int T, KVCache *k
 
 void model_forward(Model *m, const int *ids_host, int B, int T) { forward_impl(m, ids_host, B, T, NULL, NULL); }
 
-void model_logprobs(Model *m, const int *targets_host, float inv_temp, double *logp_host) {
+// the logprobs, and with dlogp_host the head's backward (dln = dL/dlnf; the head's gradient)
+static void logprobs_impl(Model *m, const int *targets_host, float inv_temp, const double *dlogp_host, double *logp_host) {
     const Backend *be = m->be;
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
@@ -290,13 +291,34 @@ void model_logprobs(Model *m, const int *targets_host, float inv_temp, double *l
     for (int i = 0; i < N; i++)
         if (targets_host[i] >= c->V) die("target id %d out of range [0, %d)", targets_host[i], c->V);
     be->upload(a->targets, targets_host, N * sizeof(int32_t));
-    be->logprobs_forward(a->logp, a->lsef, a->lnf, &m->w.head, (const int32_t *)a->targets, inv_temp, N);
     a->inv_temp = inv_temp;
+    a->head_done = dlogp_host != NULL;
+    if (!dlogp_host) be->logprobs_forward(a->logp, a->lsef, a->lnf, &m->w.head, (const int32_t *)a->targets, inv_temp, N);
+    else {
+        void *dwlm = m->grads ? m->gw.lm_head : NULL;
+        be->upload_convert(a->dlogp, be->hp, dlogp_host, DT_F64, N);
+        if (be->logprobs_fused)
+            be->logprobs_fused(a->logp, a->lsef, a->dln, dwlm, a->dlogp, a->lnf, &m->w.head, (const int32_t *)a->targets,
+                               inv_temp, N);
+        else {
+            be->logprobs_forward(a->logp, a->lsef, a->lnf, &m->w.head, (const int32_t *)a->targets, inv_temp, N);
+            be->logprobs_backward(a->dln, dwlm, a->dlogp, a->lsef, a->lnf, &m->w.head, (const int32_t *)a->targets,
+                                  inv_temp, N);
+        }
+    }
     size_t hp = dtype_size(be->hp);
     void *tmp = mallocCheck(N * hp);
     be->download(tmp, a->logp, N * hp);
     convert_to_f64(logp_host, tmp, be->hp, N);
     free(tmp);
+}
+
+void model_logprobs(Model *m, const int *targets_host, float inv_temp, double *logp_host) {
+    logprobs_impl(m, targets_host, inv_temp, NULL, logp_host);
+}
+void model_logprobs_grad(Model *m, const int *targets_host, float inv_temp, const double *dlogp_host, double *logp_host) {
+    if (!dlogp_host) die("model_logprobs_grad: dlogp is needed (model_logprobs computes the logprobs alone)");
+    logprobs_impl(m, targets_host, inv_temp, dlogp_host, logp_host);
 }
 
 void model_logits(Model *m, float *logits_host) {
@@ -325,10 +347,16 @@ void model_backward(Model *m, const double *dlogp_host) {
     size_t C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD, FF = c->FF;
     const Weights *gw = m->grads ? &m->gw : NULL;
 
-    be->upload_convert(a->dlogp, be->hp, dlogp_host, DT_F64, N);
-    // the head: dlnf, then the final norm into the residual gradient dx
-    be->logprobs_backward(a->dln, gw ? gw->lm_head : NULL, a->dlogp, a->lsef, a->lnf, &m->w.head,
-                          (const int32_t *)a->targets, a->inv_temp, N);
+    // the head: dlnf (already there after model_logprobs_grad), then the final norm into the residual gradient dx
+    if ((dlogp_host == NULL) != a->head_done)
+        die(a->head_done ? "model_backward: the head's gradient was made by model_logprobs_grad: pass NULL"
+                         : "model_backward: dlogp is NULL but the head's gradient was not made (model_logprobs_grad)");
+    if (dlogp_host) {
+        be->upload_convert(a->dlogp, be->hp, dlogp_host, DT_F64, N);
+        be->logprobs_backward(a->dln, gw ? gw->lm_head : NULL, a->dlogp, a->lsef, a->lnf, &m->w.head,
+                              (const int32_t *)a->targets, a->inv_temp, N);
+    }
+    a->head_done = 0;
     be->zero(a->dx, N * C * act);
     be->rmsnorm_backward(a->dx, gw ? gw->norm : NULL, a->dln, LAYER(a->x, c->L, N * C * act), m->w.norm, a->rstdf, N,
                          c->C);

@@ -121,6 +121,7 @@ typedef struct {
     size_t bytes;
     int B, T;     // the shape the arena was sized for (capacity)
     float inv_temp;  // of the last model_logprobs (its backward uses the same)
+    int head_done;   // model_logprobs_grad made the head's gradient (dln) already
     int recompute;   // the layout: 1 recomputation (one layer of per-layer buffers), ACTS_FORWARD_ONLY a prefill
 } Acts;
 
@@ -246,6 +247,12 @@ void model_logits(Model *m, float *logits_host);
 // backward of sum_n dlogp[n] * logp[n] (the last model_logprobs call): accumulates into
 // the LoRA gradients (when attached and on) and into m->grads (when allocated)
 void model_backward(Model *m, const double *dlogp_host);
+// model_logprobs for a loss whose dlogp is known before the logprobs (one linear in them: the SFT
+// loss, -1/norm for each target), with the head's part of the backward in the same pass: each chunk
+// of logits computed once, where model_logprobs and model_backward compute it twice. Then
+// model_backward(m, NULL) goes on from the head's gradient; the results are model_logprobs' and
+// model_backward(m, dlogp_host)'s.
+void model_logprobs_grad(Model *m, const int *targets_host, float inv_temp, const double *dlogp_host, double *logp_host);
 // allocate (zeroed) gradients for every dense weight; zero them again later with model_zero_grads
 void model_alloc_grads(Model *m);
 // the same, but the layers' gradients in one bucket of one layer's size (gw.bucket_at, gw.bucket_bytes),

@@ -195,6 +195,10 @@ struct Backend {
     // head is always frozen)
     void (*logprobs_backward)(void *dh, void *dwlm, const void *dlogp, const void *lse, const void *h,
                               const QWeight *wlm, const int32_t *targets, float inv_temp, int N);
+    // logprobs_forward and logprobs_backward in one pass, for a dlogp known before the logprobs: the
+    // same values, each chunk of logits computed once instead of twice. NULL: call the two.
+    void (*logprobs_fused)(void *logp, void *lse, void *dh, void *dwlm, const void *dlogp, const void *h,
+                           const QWeight *wlm, const int32_t *targets, float inv_temp, int N);
 
     // ---- KV cache and decode -----------------------------------------------
     // The cache of one layer is a pool of blocks: kc, vc (NB, BS, KVH, HD). A token's slot is

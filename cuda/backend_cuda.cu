@@ -610,8 +610,11 @@ __global__ void logprobs_dz_kernel(bf16 *dz, const float *logits, const float *d
     }
 }
 
-static void cu_logprobs_backward(void *dh, void *dwlm, const void *dlogp, const void *lse, const void *h,
-                                 const QWeight *wlm, const int32_t *targets, float inv_temp, int N) {
+// The backward makes each chunk's logits again (the forward kept only lse); with logp (the fused
+// op, dlogp known ahead) it makes logp and lse from the same logits first, so the forward's pass
+// is not needed at all.
+static void logprobs_chunks(void *logp, void *lse, void *dh, void *dwlm, const void *dlogp, const void *h,
+                            const QWeight *wlm, const int32_t *targets, float inv_temp, int N) {
     int C = wlm->cols, V = wlm->rows;
     if (N <= 0) return;
     if (dwlm && wlm->gran != FP8_OFF) die("cuda backend: an FP8 LM head is frozen (no gradient)");
@@ -621,13 +624,26 @@ static void cu_logprobs_backward(void *dh, void *dwlm, const void *dlogp, const 
     for (int r0 = 0; r0 < N; r0 += CH) {
         int nr = N - r0 < CH ? N - r0 : CH;
         const bf16 *hc = (const bf16 *)h + (size_t)r0 * C;
-        head_logits(z, hc, wlm, nr);  // the forward's logits again, the same GEMM
+        head_logits(z, hc, wlm, nr);
+        if (logp) {
+            logprobs_rows_kernel<<<nr, 256, 0, G.stream>>>((float *)logp + r0, (float *)lse + r0, z, targets + r0,
+                                                            inv_temp, V);
+            launchCheck();
+        }
         logprobs_dz_kernel<<<nr, 256, 0, G.stream>>>(dz, z, (const float *)dlogp + r0, (const float *)lse + r0,
                                                       targets + r0, inv_temp, V);
         launchCheck();
         head_dx((bf16 *)dh + (size_t)r0 * C, dz, wlm, nr);                   // dh (nr, C) = dz W
         if (dwlm) gemm_xtz(dwlm, F32, dz, hc, nr, V, C, 1.f, 1.f);             // dW (V, C) += dz^T h
     }
+}
+static void cu_logprobs_backward(void *dh, void *dwlm, const void *dlogp, const void *lse, const void *h,
+                                 const QWeight *wlm, const int32_t *targets, float inv_temp, int N) {
+    logprobs_chunks(NULL, (void *)lse, dh, dwlm, dlogp, h, wlm, targets, inv_temp, N);
+}
+static void cu_logprobs_fused(void *logp, void *lse, void *dh, void *dwlm, const void *dlogp, const void *h,
+                              const QWeight *wlm, const int32_t *targets, float inv_temp, int N) {
+    logprobs_chunks(logp, lse, dh, dwlm, dlogp, h, wlm, targets, inv_temp, N);
 }
 
 // ----------------------------------------------------------------------------
@@ -889,6 +905,7 @@ static Backend be = {
     .logits_forward = cu_logits_forward,
     .logprobs_forward = cu_logprobs_forward,
     .logprobs_backward = cu_logprobs_backward,
+    .logprobs_fused = cu_logprobs_fused,
     .kv_write = cu_kv_write,
     .qkv_rope_kv = cu_qkv_rope_kv,
     .attention_decode = cu_attention_decode,

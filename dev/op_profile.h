@@ -132,6 +132,10 @@ static void pw_logp_b(void *dh, void *dwlm, const void *dl, const void *lse, con
                       const int32_t *t, float it, int N) {
     PW(P_HEAD_B, PF.R->logprobs_backward(dh, dwlm, dl, lse, h, wlm, t, it, N));
 }
+static void pw_logp_fused(void *logp, void *lse, void *dh, void *dwlm, const void *dl, const void *h, const QWeight *wlm,
+                          const int32_t *t, float it, int N) {
+    PW(P_HEAD_B, PF.R->logprobs_fused(logp, lse, dh, dwlm, dl, h, wlm, t, it, N));
+}
 static void pw_sample(int32_t *tok, void *logp, const void *lg, uint64_t *rng, int S, int V, float T, int k, float p) {
     PW(P_SAMPLE, PF.R->sample(tok, logp, lg, rng, S, V, T, k, p));
 }
@@ -170,6 +174,7 @@ static void prof_install(const Backend *real, Backend *W) {
     W->add_rmsnorm = pw_add_rmsnorm; W->qkv_rope_kv = pw_qkv_rope_kv;
     W->linear_forward_q = pw_linear_forward_q; W->swiglu_gu = pw_swiglu_gu;
     W->logits_forward = pw_logits; W->logprobs_forward = pw_logp_f; W->logprobs_backward = pw_logp_b;
+    if (real->logprobs_fused) W->logprobs_fused = pw_logp_fused;
     W->sample = pw_sample; W->embedding_forward = pw_emb_f; W->adamw = pw_adamw;
     W->zero = pw_zero; W->upload = pw_upload; W->download = pw_download; W->copy = pw_copy;
     W->upload_convert = pw_upload_convert;

@@ -1139,6 +1139,24 @@ static void logprobs_case(int N, int C, int V, float inv_temp, int with_dwlm) {
     for (int i = 0; i < N; i++)
         if (tg[i] < 0 || g[i] == 0)
             for (int c = 0; c < C; c++) ck_assert_msg(gdh[(size_t)i * C + c] == 0, "dh row %d without gradient is not zero", i);
+    {  // the fused op: the bytes of logprobs_forward, then logprobs_backward
+        void *flp = G->alloc(N * 4), *fls = G->alloc(N * 4), *fdh = G->alloc((size_t)N * C * 2);
+        void *fdw = with_dwlm ? up_hp(dw0, (size_t)V * C) : NULL;
+        G->logprobs_fused(flp, fls, fdh, fdw, dg, dh, &qw, (const int32_t *)dt, inv_temp, N);
+        float *a = down_hp(flp, N), *b = down_hp(fls, N);
+        check_exact("logprobs_fused logp", a, glp, N * 4);
+        check_exact("logprobs_fused lse", b, gls, N * 4);
+        float *c = down_act(fdh, (size_t)N * C);
+        check_exact("logprobs_fused dh", c, gdh, (size_t)N * C * 4);
+        if (with_dwlm) {
+            float *d = down_hp(fdw, (size_t)V * C), *e = down_hp(ddw, (size_t)V * C);
+            check_exact("logprobs_fused dwlm", d, e, (size_t)V * C * 4);
+            free(d), free(e);
+            G->free(fdw);
+        }
+        free(a), free(b), free(c);
+        G->free(flp), G->free(fls), G->free(fdh);
+    }
     if (with_dwlm) {
         // dW_j += sum_n dz_nj h_n: 2^-7 sum_n |dz_nj| |h_n| (dz rounded), needs p_nj
         float *gdw = down_hp(ddw, (size_t)V * C);

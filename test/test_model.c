@@ -572,6 +572,20 @@ static void gradient_check(Arch arch, int tied) {
     lora_zero_grads(lo);
     model_zero_grads(&m);
     model_backward(&m, w);
+    {  // the head's backward in the logprobs' pass (model_logprobs_grad): the same gradients, bit for bit
+        size_t nl = lo->n * sizeof(double), nd = m.gw.dense_bytes;
+        void *gl = mallocCheck(nl), *gd = mallocCheck(nd);
+        memcpy(gl, lo->grads, nl), memcpy(gd, m.gw.dense_mem, nd);
+        double lp[14];
+        lora_zero_grads(lo);
+        model_zero_grads(&m);
+        model_forward(&m, ids, B, T);
+        model_logprobs_grad(&m, tg, 0.7f, w, lp);  // (fd_loss's temperature)
+        model_backward(&m, NULL);
+        ck_assert_msg(memcmp(gl, lo->grads, nl) == 0, "LoRA gradients through model_logprobs_grad differ");
+        ck_assert_msg(memcmp(gd, m.gw.dense_mem, nd) == 0, "weight gradients through model_logprobs_grad differ");
+        free(gl), free(gd);
+    }
 
     fd_check(&f, (double *)lo->params, (const double *)lo->grads, lo->n, "lora", 12);
     for (int l = 0; l < c.L; l++) {

@@ -275,10 +275,11 @@ double sft_loss(Model *m, const SftBatch *b, double norm, int backward) {
     double *lp = (double *)mallocCheck(N * sizeof(double)), *w = (double *)mallocCheck(N * sizeof(double));
     for (size_t i = 0; i < N; i++) w[i] = b->tg[i] >= 0 ? -1.0 / norm : 0;  // dL/dlogp
     model_forward(m, b->ids, b->B, b->T);
-    model_logprobs(m, b->tg, 1.0f, lp);
+    if (backward) model_logprobs_grad(m, b->tg, 1.0f, w, lp);  // the loss is linear in the logprobs: dL/dlogp = w
+    else model_logprobs(m, b->tg, 1.0f, lp);
     double loss = 0;
     for (size_t i = 0; i < N; i++) loss += w[i] * lp[i];
-    if (backward) model_backward(m, w);
+    if (backward) model_backward(m, NULL);
     free(lp);
     free(w);
     return loss;
