@@ -523,6 +523,20 @@ __global__ void __launch_bounds__(PD_THREADS, 1) decode_half_kernel(const PdArgs
 #endif
 }
 
+// The row phases alone, as kernels of their own in the same block shape (160 threads, the persistent
+// kernel's shared memory, so one block an SM), on the partials the last persistent launch left: what
+// the same code costs outside the persistent kernel.
+__global__ void __launch_bounds__(PD_THREADS, 1) norm_rows_alone_kernel(const PdArgs a) {
+    extern __shared__ uint8_t smem_raw[];
+    if (threadIdx.x >= 128) return;
+    pd_norm_rows(a, a.part, a.g[2].ks, a.w_next, a.nq, a.nqs, (float *)smem_raw);
+}
+__global__ void __launch_bounds__(PD_THREADS, 1) swiglu_alone_kernel(const PdArgs a) {
+    if (threadIdx.x >= 128) return;
+    pd_swiglu(a);
+}
+__global__ void empty_kernel() {}
+
 // ----------------------------------------------------------------------------
 // host
 
@@ -815,6 +829,31 @@ static void bench(const Shape *s, int M, int sms, float *part, unsigned *sync, i
         }
     }
     cudaFree(tr);
+    {  // the row phases alone (after the traced launch: its partials are in part)
+        PdPlan last = plans[layers - 1];
+        cudaCheck(cudaFuncSetAttribute(norm_rows_alone_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, PD_SMEM));
+        cudaCheck(cudaFuncSetAttribute(swiglu_alone_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, PD_SMEM));
+        cudaEvent_t e0, e1;
+        cudaCheck(cudaEventCreate(&e0));
+        cudaCheck(cudaEventCreate(&e1));
+        float ms[3];
+        for (int k = 0; k < 3; k++) {
+            for (int rep = 0; rep < 2; rep++) {  // a warm-up pass, then the timed one
+                cudaCheck(cudaEventRecord(e0, cu_stream()));
+                for (int i = 0; i < 200; i++) {
+                    if (k == 0) norm_rows_alone_kernel<<<M, PD_THREADS, PD_SMEM, cu_stream()>>>(last.a);
+                    else if (k == 1) swiglu_alone_kernel<<<last.blocks, PD_THREADS, PD_SMEM, cu_stream()>>>(last.a);
+                    else empty_kernel<<<last.blocks, PD_THREADS, 0, cu_stream()>>>();
+                }
+                cudaCheck(cudaEventRecord(e1, cu_stream()));
+                cudaCheck(cudaEventSynchronize(e1));
+                cudaCheck(cudaEventElapsedTime(&ms[k], e0, e1));
+            }
+        }
+        launchCheck();
+        printf("  the row phases alone, launched back to back (us a launch): add + norm (R5, %d blocks) %.2f, SwiGLU (R3, "
+               "%d blocks) %.2f, an empty kernel %.2f\n", M, ms[0] * 5, last.blocks, ms[1] * 5, ms[2] * 5);
+    }
     double bytes = (double)s->C * s->A + 2.0 * s->FF * s->C + (double)s->C * s->FF;  // FP8 weights of the half layer
     double floor_us = bytes / 3.35e12 * 1e6;
     printf("bench %s M=%d, %d layers: per-op %.2f us a half layer (%.2f TB/s), persistent %.2f us (%.2f TB/s): %.2fx; "
