@@ -316,7 +316,9 @@ void model_logits(Model *m, float *logits_host) {
 // ----------------------------------------------------------------------------
 // backward: the forward's loop in reverse
 
-void model_backward(Model *m, const double *dlogp_host) {
+// from a->dln = dL/d(the final norm's output): the final norm into the residual gradient dx, then the
+// layers in reverse
+static void backward_from_hidden(Model *m) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     Acts *a = &m->acts;
@@ -325,10 +327,6 @@ void model_backward(Model *m, const double *dlogp_host) {
     size_t C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD, FF = c->FF;
     const Weights *gw = m->grads ? &m->gw : NULL;
 
-    be->upload_convert(a->dlogp, be->hp, dlogp_host, DT_F64, N);
-    // the head: dlnf, then the final norm into the residual gradient dx
-    be->logprobs_backward(a->dln, gw ? gw->lm_head : NULL, a->dlogp, a->lsef, a->lnf, &m->w.head,
-                          (const int32_t *)a->targets, a->inv_temp, N);
     be->zero(a->dx, N * C * act);
     be->rmsnorm_backward(a->dx, gw ? gw->norm : NULL, a->dln, LAYER(a->x, c->L, N * C * act), m->w.norm, a->rstdf, N,
                          c->C);
@@ -367,6 +365,23 @@ void model_backward(Model *m, const double *dlogp_host) {
     }
     // a->dx now holds the gradient with respect to the embeddings' output
     if (gw) be->embedding_backward(gw->wte, (const int32_t *)a->ids, a->dx, N, c->C);
+}
+
+void model_backward(Model *m, const double *dlogp_host) {
+    const Backend *be = m->be;
+    Acts *a = &m->acts;
+    int N = m->B * m->T;
+    be->upload_convert(a->dlogp, be->hp, dlogp_host, DT_F64, N);
+    // the head: dlnf, then the rest
+    be->logprobs_backward(a->dln, m->grads ? m->gw.lm_head : NULL, a->dlogp, a->lsef, a->lnf, &m->w.head,
+                          (const int32_t *)a->targets, a->inv_temp, N);
+    backward_from_hidden(m);
+}
+
+void model_backward_hidden(Model *m, const void *dh) {
+    Acts *a = &m->acts;
+    if (dh != a->dln) m->be->copy(a->dln, dh, (size_t)m->B * m->T * m->cfg.C * dtype_size(m->be->act));
+    backward_from_hidden(m);
 }
 
 // ----------------------------------------------------------------------------
