@@ -338,7 +338,9 @@ void model_logits(Model *m, float *logits_host) {
 // ----------------------------------------------------------------------------
 // backward: the forward's loop in reverse
 
-void model_backward(Model *m, const double *dlogp_host) {
+// from a->dln = dL/d(the final norm's output): the final norm into the residual gradient dx, then the
+// layers in reverse
+static void backward_from_hidden(Model *m) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     Acts *a = &m->acts;
@@ -347,16 +349,6 @@ void model_backward(Model *m, const double *dlogp_host) {
     size_t C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD, FF = c->FF;
     const Weights *gw = m->grads ? &m->gw : NULL;
 
-    // the head: dlnf (already there after model_logprobs_grad), then the final norm into the residual gradient dx
-    if ((dlogp_host == NULL) != a->head_done)
-        die(a->head_done ? "model_backward: the head's gradient was made by model_logprobs_grad: pass NULL"
-                         : "model_backward: dlogp is NULL but the head's gradient was not made (model_logprobs_grad)");
-    if (dlogp_host) {
-        be->upload_convert(a->dlogp, be->hp, dlogp_host, DT_F64, N);
-        be->logprobs_backward(a->dln, gw ? gw->lm_head : NULL, a->dlogp, a->lsef, a->lnf, &m->w.head,
-                              (const int32_t *)a->targets, a->inv_temp, N);
-    }
-    a->head_done = 0;
     be->zero(a->dx, N * C * act);
     be->rmsnorm_backward(a->dx, gw ? gw->norm : NULL, a->dln, LAYER(a->x, c->L, N * C * act), m->w.norm, a->rstdf, N,
                          c->C);
@@ -397,6 +389,30 @@ void model_backward(Model *m, const double *dlogp_host) {
     }
     // a->dx now holds the gradient with respect to the embeddings' output
     if (gw) be->embedding_backward(gw->wte, (const int32_t *)a->ids, a->dx, N, c->C);
+}
+
+void model_backward(Model *m, const double *dlogp_host) {
+    const Backend *be = m->be;
+    Acts *a = &m->acts;
+    int N = m->B * m->T;
+    // the head: dlnf (already there after model_logprobs_grad), then the rest
+    if ((dlogp_host == NULL) != a->head_done)
+        die(a->head_done ? "model_backward: the head's gradient was made by model_logprobs_grad: pass NULL"
+                         : "model_backward: dlogp is NULL but the head's gradient was not made (model_logprobs_grad)");
+    if (dlogp_host) {
+        be->upload_convert(a->dlogp, be->hp, dlogp_host, DT_F64, N);
+        be->logprobs_backward(a->dln, m->grads ? m->gw.lm_head : NULL, a->dlogp, a->lsef, a->lnf, &m->w.head,
+                              (const int32_t *)a->targets, a->inv_temp, N);
+    }
+    a->head_done = 0;
+    backward_from_hidden(m);
+}
+
+void model_backward_hidden(Model *m, const void *dh) {
+    Acts *a = &m->acts;
+    if (dh != a->dln) m->be->copy(a->dln, dh, (size_t)m->B * m->T * m->cfg.C * dtype_size(m->be->act));
+    a->head_done = 0;
+    backward_from_hidden(m);
 }
 
 // ----------------------------------------------------------------------------

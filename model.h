@@ -253,6 +253,11 @@ void model_backward(Model *m, const double *dlogp_host);
 // model_backward(m, NULL) goes on from the head's gradient; the results are model_logprobs' and
 // model_backward(m, dlogp_host)'s.
 void model_logprobs_grad(Model *m, const int *targets_host, float inv_temp, const double *dlogp_host, double *logp_host);
+// backward of sum_n <dh[n], h[n]>, h the final norm's output of the last model_forward (acts.lnf, (N, C)
+// act): the hook for a head of the caller's own on the hidden states in place of the LM head's logprobs
+// (PPO's value head, train/ppo_train.h). dh (N, C) act in backend memory; it may be acts.dln itself
+// (no copy). Accumulates as model_backward does.
+void model_backward_hidden(Model *m, const void *dh);
 // allocate (zeroed) gradients for every dense weight; zero them again later with model_zero_grads
 void model_alloc_grads(Model *m);
 // the same, but the layers' gradients in one bucket of one layer's size (gw.bucket_at, gw.bucket_bytes),

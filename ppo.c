@@ -18,7 +18,14 @@ PpoConfig ppo_config_default(void) {
     c.kl_coef = 0.05;
     c.kl_estimator = PPO_KL_K1;
     c.whiten_rewards = 0;
+    c.num_mini_batches = 1;
+    c.missing_eos_penalty = 0;
     return c;
+}
+
+double ppo_kl(const PpoConfig *c, double logp, double ref_logp) {
+    double r = ref_logp - logp;                                 // TRL's logr
+    return c->kl_estimator == PPO_KL_K1 ? -r : expm1(r) - r;  // k3: (e^r - 1) - r
 }
 
 void ppo_token_rewards(const PpoConfig *c, int B, int T, const double *logp, const double *ref_logp,
@@ -27,9 +34,7 @@ void ppo_token_rewards(const PpoConfig *c, int B, int T, const double *logp, con
         if (end[b] < 0 || end[b] >= T) die("ppo_token_rewards: sequence %d ends at %d, outside its %d tokens", b, end[b], T);
         for (int t = 0; t < T; t++) {
             size_t i = (size_t)b * T + t;
-            double r = ref_logp[i] - logp[i];                          // TRL's logr
-            double kl = c->kl_estimator == PPO_KL_K1 ? -r : expm1(r) - r;  // k3: (e^r - 1) - r
-            rewards[i] = -c->kl_coef * kl;
+            rewards[i] = -c->kl_coef * ppo_kl(c, logp[i], ref_logp[i]);
         }
         rewards[(size_t)b * T + end[b]] += score[b];
     }
@@ -64,16 +69,19 @@ void ppo_gae(const PpoConfig *c, int B, int T, const double *rewards, const doub
 
 static double clampd(double x, double lo, double hi) { return x < lo ? lo : x > hi ? hi : x; }
 
-double ppo_loss(const PpoConfig *c, int B, int T, const double *logp, const double *old_logp, const double *adv,
-                const unsigned char *mask, const double *vpred, const double *values, const double *returns,
-                const unsigned char *vmask, double *d_logp, double *d_vpred, PpoLossStats *st) {
-    size_t n = (size_t)B * T;
-    double nm = 0, nv = 0;
-    for (size_t i = 0; i < n; i++) nm += mask[i], nv += vmask[i];
-    if (nm == 0 || nv == 0) die("ppo_loss: no token counts (the masks are empty)");
-    double pg = 0, vf = 0, pgc = 0, vfc = 0, akl = 0;
+static double mask_count(size_t n, const unsigned char *mask) {
+    double k = 0;
+    for (size_t i = 0; i < n; i++) k += mask[i];
+    return k;
+}
+
+double ppo_policy_loss(const PpoConfig *c, size_t n, const double *logp, const double *old_logp, const double *adv,
+                       const unsigned char *mask, double *d_logp, PpoLossStats *st) {
+    double nm = mask_count(n, mask);
+    if (nm == 0) die("ppo_policy_loss: no token counts (the mask is empty)");
+    double pg = 0, pgc = 0, akl = 0, rs = 0;
     for (size_t i = 0; i < n; i++) {
-        // the policy: max(-A ratio, -A clamp(ratio)); d/dlogp through ratio = exp(logp - old)
+        // max(-A ratio, -A clamp(ratio)); d/dlogp through ratio = exp(logp - old)
         double diff = logp[i] - old_logp[i], ratio = exp(diff);
         double lo = 1.0 - c->cliprange, hi = 1.0 + c->cliprange, cr = clampd(ratio, lo, hi);
         double l1 = -adv[i] * ratio, l2 = -adv[i] * cr;
@@ -81,12 +89,29 @@ double ppo_loss(const PpoConfig *c, int B, int T, const double *logp, const doub
         // torch.maximum's gradient: the larger side's, half each on a tie
         double dmax = l1 > l2 ? dl1 : l2 > l1 ? dl2 : 0.5 * (dl1 + dl2);
         akl += diff * diff;
+        rs += ratio;
         if (mask[i]) {
             pg += l1 > l2 ? l1 : l2;
             pgc += l2 > l1;
         }
         d_logp[i] = mask[i] ? dmax / nm : 0.0;
-        // the value: max((vpred - R)^2, (vclip - R)^2), vclip = clamp(vpred, v - c, v + c)
+    }
+    if (st) {
+        st->pg_loss = pg / nm;
+        st->pg_clipfrac = pgc / nm;
+        st->approxkl = 0.5 * akl / (double)n;
+        st->ratio_mean = rs / (double)n;
+    }
+    return pg / nm;
+}
+
+double ppo_value_loss(const PpoConfig *c, size_t n, const double *vpred, const double *values, const double *returns,
+                      const unsigned char *vmask, double *d_vpred, PpoLossStats *st) {
+    double nv = mask_count(n, vmask);
+    if (nv == 0) die("ppo_value_loss: no token counts (the mask is empty)");
+    double vf = 0, vfc = 0;
+    for (size_t i = 0; i < n; i++) {
+        // max((vpred - R)^2, (vclip - R)^2), vclip = clamp(vpred, v - c, v + c)
         double vlo = values[i] - c->cliprange_value, vhi = values[i] + c->cliprange_value;
         double vc = clampd(vpred[i], vlo, vhi);
         double e1 = vpred[i] - returns[i], e2 = vc - returns[i], s1 = e1 * e1, s2 = e2 * e2;
@@ -98,14 +123,20 @@ double ppo_loss(const PpoConfig *c, int B, int T, const double *logp, const doub
         }
         d_vpred[i] = vmask[i] ? c->vf_coef * 0.5 * dv / nv : 0.0;
     }
-    double pg_loss = pg / nm, vf_loss = 0.5 * (vf / nv), loss = pg_loss + c->vf_coef * vf_loss;
     if (st) {
-        st->pg_loss = pg_loss;
-        st->vf_loss = vf_loss;
-        st->loss = loss;
-        st->pg_clipfrac = pgc / nm;
+        st->vf_loss = 0.5 * (vf / nv);
         st->vf_clipfrac = vfc / nv;
-        st->approxkl = 0.5 * akl / (double)n;
     }
+    return 0.5 * (vf / nv);
+}
+
+double ppo_loss(const PpoConfig *c, int B, int T, const double *logp, const double *old_logp, const double *adv,
+                const unsigned char *mask, const double *vpred, const double *values, const double *returns,
+                const unsigned char *vmask, double *d_logp, double *d_vpred, PpoLossStats *st) {
+    size_t n = (size_t)B * T;
+    double pg_loss = ppo_policy_loss(c, n, logp, old_logp, adv, mask, d_logp, st);
+    double vf_loss = ppo_value_loss(c, n, vpred, values, returns, vmask, d_vpred, st);
+    double loss = pg_loss + c->vf_coef * vf_loss;
+    if (st) st->loss = loss;
     return loss;
 }

@@ -3,9 +3,9 @@
 // masked whitening, generalized advantage estimation (GAE), and the clipped policy and value losses
 // with their gradients. Plain C in double precision over (B, T) row-major arrays of completion
 // tokens; it knows nothing of models or GPUs (as grpo.h and dpo.h). The trainer that samples the
-// completions, runs the value model and back-propagates these gradients is not here yet.
-//   defines: PpoConfig, ppo_config_default, ppo_token_rewards, ppo_masked_whiten, ppo_gae, ppo_loss,
-//            PpoLossStats
+// completions, runs the value model and back-propagates these gradients: train/ppo_train.h.
+//   defines: PpoConfig, ppo_config_default, ppo_token_rewards, ppo_masked_whiten, ppo_gae, ppo_loss
+//            (ppo_policy_loss + ppo_value_loss), PpoLossStats
 //
 // TRL's formulas, line for line (mask: 1 where a token counts; the trainer chooses the masks, as
 // TRL's padding_mask and padding_mask_p1 do):
@@ -41,9 +41,13 @@ typedef struct {
     double kl_coef;            // 0.05: the KL penalty per token
     PpoKlEstimator kl_estimator;  // k1
     int whiten_rewards;        // 0
+    int num_mini_batches;      // 1: optimizer steps per epoch, each on its share of the batch (shuffled)
+    double missing_eos_penalty;  // 0 (TRL's None): subtracted from the score of a completion without EOS
 } PpoConfig;
 
 PpoConfig ppo_config_default(void);
+// one token's KL estimate from the policy's and the reference's log-probs (k1 or k3, above)
+double ppo_kl(const PpoConfig *c, double logp, double ref_logp);
 
 // rewards (B, T) = -kl_coef kl per token, then + score[b] at end[b] (a token index < T). logp,
 // ref_logp (B, T): the rollout policy's and the reference's log-probs of the sampled tokens.
@@ -60,6 +64,7 @@ typedef struct {
     double pg_loss, vf_loss, loss;
     double pg_clipfrac, vf_clipfrac;  // the masked share of tokens whose clipped term was the larger
     double approxkl;                  // 0.5 mean (logp - old_logp)^2 over every token, as TRL's
+    double ratio_mean;                // mean exp(logp - old_logp) over every token (TRL's val/ratio)
 } PpoLossStats;
 
 // The loss of one micro-batch (B, T) and its gradients: d_logp (B, T) = d loss / d logp_t, d_vpred
@@ -69,6 +74,15 @@ typedef struct {
 double ppo_loss(const PpoConfig *c, int B, int T, const double *logp, const double *old_logp, const double *adv,
                 const unsigned char *mask, const double *vpred, const double *values, const double *returns,
                 const unsigned char *vmask, double *d_logp, double *d_vpred, PpoLossStats *st);
+
+// ppo_loss's two halves, over n tokens, for a trainer whose policy and value are two forwards: the
+// policy's pg_loss (returned) with d_logp = d pg_loss / d logp and st's pg_loss, pg_clipfrac, approxkl,
+// ratio_mean; the value's vf_loss (returned, before vf_coef) with d_vpred = d (vf_coef vf_loss) / d vpred
+// and st's vf_loss, vf_clipfrac. Each dies when its mask is empty.
+double ppo_policy_loss(const PpoConfig *c, size_t n, const double *logp, const double *old_logp, const double *adv,
+                       const unsigned char *mask, double *d_logp, PpoLossStats *st);
+double ppo_value_loss(const PpoConfig *c, size_t n, const double *vpred, const double *values, const double *returns,
+                      const unsigned char *vmask, double *d_vpred, PpoLossStats *st);
 
 #ifdef __cplusplus
 }

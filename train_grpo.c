@@ -10,6 +10,9 @@
 // updates: per micro-batch a forward to per-token logprobs, grpo_loss gives
 // dL/dlogp, model_backward accumulates the LoRA gradients; clip, AdamW.
 // The reference for the KL (beta != 0) is the same model with LoRA switched off.
+// --algo ppo runs PPO instead (TRL's PPOTrainer and PPOConfig names): the same rollouts and rewards,
+// then update_ppo (train/ppo_train.h): a value model (a LoRA adapter of its own and a score head on
+// the same frozen base), per-token KL rewards and GAE, num_ppo_epochs of clipped policy and value updates.
 // A run writes into --output_dir, or without it into a new out/run-N (so the default
 // command can run again; the built-in model's warm-up cache, out/warmup, is shared):
 // metrics.jsonl (TRL's metric names), checkpoints (checkpoint-N/: PEFT adapter +
@@ -32,6 +35,7 @@
 
 #include "grpo.h"
 #include "lora.h"
+#include "ppo.h"
 #include "model.h"
 #include "rollout.h"
 #include "tokenizer.h"
@@ -45,6 +49,7 @@
 #include "train/full_finetune.h"
 #include "train/memory_fit.h"
 #include "train/optim.h"
+#include "train/ppo_train.h"
 #include "train/sft.h"
 
 // ----------------------------------------------------------------------------
@@ -52,8 +57,11 @@
 
 typedef struct {
     const char *model, *data, *task, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules;
-    const char *load_in_fp8, *kv_cache_dtype, *lora_dtype, *eval_data;
+    const char *load_in_fp8, *kv_cache_dtype, *lora_dtype, *eval_data, *algo, *kl_estimator;
     double heldout_frac;
+    // PPO (--algo ppo): TRL's PPOConfig, copied into a PpoConfig (ppo.h) by parse_options
+    int num_ppo_epochs, num_mini_batches, whiten_rewards;
+    double cliprange, cliprange_value, vf_coef, gamma, lam, kl_coef, missing_eos_penalty;
     int resume, overwrite_output_dir, fp8_pow2, bf16_first_layers, bf16_last_layers, quiet, gradient_checkpointing, fp8_embeddings;
     int use_peft;
     int max_steps, per_device_train_batch_size, micro_batch_size, lora_r, top_k, logging_steps, save_steps;
@@ -87,6 +95,9 @@ static const Option OPTIONS[] = {
     {"max_prompt_length", OPT_INT, OFF(max_prompt_length), 1, 1e7, .dflt = "512", .help = "a longer prompt (in tokens) is an error"},
     {"device", OPT_CHOICE, OFF(device), .choices = "auto|cpu|cuda", .dflt = "auto", .help = "auto: the GPU when usable, else the CPU"},
     {"seed", OPT_LONG, OFF(seed), 0, 9e18, .dflt = "42", .help = "seed of everything random (data order, LoRA init, sampling)"},
+    {"algo", OPT_CHOICE, OFF(algo), .choices = "grpo|ppo", .dflt = "grpo",
+     .help = "the RL algorithm: GRPO (group baselines, the GRPO section's options; RLOO through --advantage_estimator) "
+             "or PPO (a value model on the same FP8 base, the PPO section's options)"},
 
     {.name = "FP8 (the frozen weights)", .kind = OPT_SECTION},
     {"load_in_fp8", OPT_CHOICE, OFF(load_in_fp8), .choices = "block|row|tensor|off", .dflt = "block",
@@ -120,6 +131,24 @@ static const Option OPTIONS[] = {
     {"vllm_importance_sampling_mode", OPT_GRPO, .choices = "token_truncate|token_mask|sequence_truncate|sequence_mask",
      .help = "that weight per token or per sequence; above the cap: cut to it (truncate) or 0 (mask)"},
     {"vllm_importance_sampling_cap", OPT_GRPO, .help = "the cap of that weight"},
+
+    {.name = "PPO (--algo ppo; TRL's PPOConfig names; of the GRPO options, num_generations, max_completion_length and reward_weights apply)", .kind = OPT_SECTION},
+    {"num_ppo_epochs", OPT_INT, OFF(num_ppo_epochs), 1, 1e6, .dflt = "4", .help = "passes over each rollout batch"},
+    {"num_mini_batches", OPT_INT, OFF(num_mini_batches), 1, 1e6, .dflt = "1",
+     .help = "optimizer steps per pass, each on its share of the batch (shuffled per pass)"},
+    {"cliprange", OPT_DOUBLE, OFF(cliprange), 0, 0.999, .dflt = "0.2", .help = "the policy ratio's clip: 1 +- cliprange"},
+    {"cliprange_value", OPT_DOUBLE, OFF(cliprange_value), 0, 1e9, .dflt = "0.2",
+     .help = "the value prediction's clip around the rollout's value"},
+    {"vf_coef", OPT_DOUBLE, OFF(vf_coef), 0, 1e6, .dflt = "0.1", .help = "the value loss's weight"},
+    {"gamma", OPT_DOUBLE, OFF(gamma), 0, 1, .dflt = "1", .help = "discount factor"},
+    {"lam", OPT_DOUBLE, OFF(lam), 0, 1, .dflt = "0.95", .help = "GAE's lambda"},
+    {"kl_coef", OPT_DOUBLE, OFF(kl_coef), 0, 1e6, .dflt = "0.05",
+     .help = "the KL penalty per token, against the reference (the base, LoRA off)"},
+    {"kl_estimator", OPT_CHOICE, OFF(kl_estimator), .choices = "k1|k3", .dflt = "k1",
+     .help = "the per-token KL: k1 = logp - ref_logp, k3 = e^r - 1 - r with r = ref_logp - logp"},
+    {"whiten_rewards", OPT_FLAG, OFF(whiten_rewards), .help = "whiten the per-token rewards (mean kept) before GAE"},
+    {"missing_eos_penalty", OPT_DOUBLE, OFF(missing_eos_penalty), 0, 1e9, .dflt = "0",
+     .help = "subtracted from the score of a completion that ends without EOS (0: TRL's None)"},
 
     {.name = "optimizer (AdamW on the LoRA weights)", .kind = OPT_SECTION},
     {"learning_rate", OPT_DOUBLE, OFF(learning_rate), 0, 1, .dflt = "5e-4", .dflt_model = "1e-5", .help = "peak learning rate"},
@@ -186,7 +215,50 @@ static const Option OPTIONS[] = {
 };
 #define N_OPTIONS ((int)(sizeof OPTIONS / sizeof OPTIONS[0]))
 
-static void parse_options(int argc, char **argv, Opts *o, GrpoConfig *g, int *util_given) {
+// --algo ppo: its options into c, and the options it cannot use refused by name, each with what PPO has
+// instead (and PPO's options without it)
+static void ppo_options(const OptionTable *t, const Opts *o, PpoConfig *c) {
+    static const char *const ppo_only[] = {"num_ppo_epochs", "num_mini_batches", "cliprange", "cliprange_value", "vf_coef",
+                                           "gamma", "lam", "kl_coef", "kl_estimator", "whiten_rewards", "missing_eos_penalty"};
+    static const char *const grpo_only[][2] = {
+        {"beta", "its KL penalty is --kl_coef (per token, in the rewards)"},
+        {"epsilon", "its ratio clip is --cliprange"},
+        {"epsilon_high", "its ratio clip is --cliprange, the same both ways"},
+        {"num_iterations", "its passes over a batch are --num_ppo_epochs"},
+        {"loss_type", "its losses are masked means over the tokens"},
+        {"scale_rewards", "its advantages are whitened over the batch"},
+        {"advantage_estimator", "its advantages come from the value model (GAE)"},
+        {"importance_sampling_level", "its ratio is per token"},
+        {"mask_truncated_completions", "a completion without EOS can lose --missing_eos_penalty instead"},
+        {"vllm_importance_sampling_correction", "its old policy is the trainer's own forward"},
+        {"vllm_importance_sampling_mode", "its old policy is the trainer's own forward"},
+        {"vllm_importance_sampling_cap", "its old policy is the trainer's own forward"},
+    };
+    int ppo = !strcmp(o->algo, "ppo");
+    if (!ppo) {
+        for (size_t i = 0; i < sizeof ppo_only / sizeof ppo_only[0]; i++)
+            if (options_given(t, ppo_only[i])) die("--%s is a PPO option: add --algo ppo", ppo_only[i]);
+        return;
+    }
+    for (size_t i = 0; i < sizeof grpo_only / sizeof grpo_only[0]; i++)
+        if (options_given(t, grpo_only[i][0])) die("--%s is a GRPO option; with --algo ppo %s", grpo_only[i][0], grpo_only[i][1]);
+    if (!o->use_peft)
+        die("--algo ppo trains LoRA adapters (the policy's, and the value model's on the same frozen base): drop --use_peft false");
+    if (o->nproc_per_node > 1)  // (torchrun's or srun's ranks: load says it)
+        die("--algo ppo runs on one process so far (its advantages are whitened over one process's batch): run one process");
+    if (o->per_device_train_batch_size < 2) die("--algo ppo whitens the advantages over the batch: per_device_train_batch_size must be >= 2");
+    if (o->per_device_train_batch_size % o->num_mini_batches)
+        die("per_device_train_batch_size %d is not a multiple of num_mini_batches %d", o->per_device_train_batch_size,
+            o->num_mini_batches);
+    *c = ppo_config_default();
+    c->num_ppo_epochs = o->num_ppo_epochs, c->num_mini_batches = o->num_mini_batches;
+    c->cliprange = o->cliprange, c->cliprange_value = o->cliprange_value, c->vf_coef = o->vf_coef;
+    c->gamma = o->gamma, c->lam = o->lam, c->kl_coef = o->kl_coef;
+    c->kl_estimator = !strcmp(o->kl_estimator, "k3") ? PPO_KL_K3 : PPO_KL_K1;
+    c->whiten_rewards = o->whiten_rewards, c->missing_eos_penalty = o->missing_eos_penalty;
+}
+
+static void parse_options(int argc, char **argv, Opts *o, GrpoConfig *g, PpoConfig *pc, int *util_given) {
     memset(o, 0, sizeof *o);
     OptionTable t = {.usage = "usage: ./train_grpo [--name value | --name=value ...]\n"
                               "GRPO with LoRA on frozen FP8 weights; without --model, the built-in tiny model and task (a\n"
@@ -199,8 +271,11 @@ static void parse_options(int argc, char **argv, Opts *o, GrpoConfig *g, int *ut
         die("--heldout_frac is the share of --data held out: the built-in tasks hold out a fixed 10%%");
     if (options_given(&t, "heldout_frac") && o->eval_data)
         die("--heldout_frac and --eval_data both choose the held-out problems: give one");
+    ppo_options(&t, o, pc);
     char err[256];
-    if (grpo_config_check(g, err, sizeof err) < 0) die("%s", err);
+    GrpoConfig gc = *g;
+    if (!strcmp(o->algo, "ppo")) gc.num_generations = 2;  // PPO needs no groups: one completion a prompt is TRL's
+    if (grpo_config_check(&gc, err, sizeof err) < 0) die("%s", err);
     // full-weight GRPO (--use_peft false): what it needs, said before any work
     if (!o->use_peft && strcmp(o->load_in_fp8, "off"))
         die("--use_peft false trains every weight, and FP8 weights are frozen: add --load_in_fp8 off (or train a LoRA "
@@ -215,7 +290,7 @@ static void parse_options(int argc, char **argv, Opts *o, GrpoConfig *g, int *ut
     if (o->data && o->model == NULL) die("--data needs --model (the built-in tiny model only knows the built-in tasks)");
     if (o->temperature < 1e-3)  // (0 is greedy sampling)
         die("--temperature %g samples (all but) greedily: the completions of a group are the same, so every advantage and "
-            "gradient is 0 and GRPO cannot learn; use a temperature of at least 0.001 (the default is 1)", o->temperature);
+            "gradient is 0 and RL cannot learn; use a temperature of at least 0.001 (the default is 1)", o->temperature);
     if (o->resume && o->overwrite_output_dir) die("--resume and --overwrite_output_dir contradict each other");
     if (o->overwrite_output_dir && !o->output_dir)
         die("--overwrite_output_dir needs --output_dir (without it each run writes to a new out/run-N)");
@@ -233,6 +308,9 @@ typedef struct {  // what the plot needs, per step (reward: the sampled correctn
 typedef struct {
     Opts o;
     GrpoConfig g;
+    int ppo;                // --algo ppo: the update is PPO's (train/ppo_train.h), with its config and value model
+    PpoConfig pc;
+    PpoTrainer pt;
     const char *prog;       // argv[0]: the generate command printed at the end is its neighbour
     Dist *dist;             // the ranks (world 1: this process alone)
     DpBatch dp;             // this rank's share of a step's prompts and sequences
@@ -289,6 +367,8 @@ typedef struct {
     GrpoRewardMetrics rm;
     GrpoNorm norm;
     GrpoMetrics gm;
+    double *score;           // (S) PPO: each completion's score (the weighted rewards, less missing_eos_penalty)
+    PpoStepStats ps;         // PPO: the step's figures
     long gen_tokens;
     int minlen, maxlen, nclip;
     double loss, gnorm, lr;
@@ -332,6 +412,7 @@ static cJSON *run_identity(const Run *r) {
     cJSON_AddStringToObject(j, "lora_target_modules", o->lora_target_modules);
     if (strcmp(o->lora_dtype, "fp32")) cJSON_AddStringToObject(j, "lora_dtype", o->lora_dtype);  // (older runs: fp32)
     cJSON_AddNumberToObject(j, "train_batch_size", (double)o->per_device_train_batch_size * world);
+    if (r->ppo) cJSON_AddStringToObject(j, "algo", "ppo");  // (older runs and GRPO: none)
     cJSON_AddNumberToObject(j, "num_generations", g->num_generations);
     cJSON_AddNumberToObject(j, "seed", (double)o->seed);
     if (r->base_fp[0]) cJSON_AddStringToObject(j, "base_model_fingerprint", r->base_fp);
@@ -348,6 +429,10 @@ static void save_checkpoint(const Run *r, int step) {
     if (r->lo) {
         lora_save_peft(r->lo, &r->m, tmp, base, r->base_fp);
         lora_save_state(r->lo, p);
+        if (r->ppo) {  // the value model: its adapter and head with their AdamW state (resume only; TRL saves the policy alone)
+            path_join(p, sizeof p, tmp, "value_model.safetensors");
+            value_save_state(&r->pt.value, p);
+        }
     } else {
         model_save_hf(&r->m, tmp, DT_BF16);
         checkpoint_copy_tokenizer(base, tmp);
@@ -383,6 +468,11 @@ static int load_checkpoint(Run *r) {
     cJSON_Delete(mine);
     if (r->lo) checkpoint_read(dir, r->last, id, r->lo);
     else checkpoint_read_full(dir, r->last, id, &r->ft, &r->m);
+    if (r->ppo) {
+        char p[4400];
+        path_join(p, sizeof p, dir, "value_model.safetensors");
+        value_load_state(&r->pt.value, p);
+    }
     free(id);
     return r->last;
 }
@@ -412,6 +502,7 @@ static void hist_from_metrics(History *h, const char *path) {
         if (!j) continue;
         cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step"), *r = cJSON_GetObjectItemCaseSensitive(j, "rewards/correctness/mean");
         cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "eval/accuracy"), *k = cJSON_GetObjectItemCaseSensitive(j, "kl");
+        if (!k) k = cJSON_GetObjectItemCaseSensitive(j, "objective/kl");  // (PPO's)
         cJSON *l = cJSON_GetObjectItemCaseSensitive(j, "completions/mean_length");
         if (cJSON_IsNumber(s))
             hist_add(h, s->valuedouble, cJSON_IsNumber(r) ? r->valuedouble : NAN, cJSON_IsNumber(a) ? a->valuedouble : NAN,
@@ -639,6 +730,13 @@ static void load(Run *r) {
         m->lora_on = 1;
         printf("LoRA: r %d, alpha %g, %zu parameters\n", r->lo->r, r->lo->alpha, r->lo->n);
         r->lora_bytes = lora_state_bytes(r->lo);  // parameters, gradients, Adam m and v
+        if (r->ppo) {
+            if (dist_world(r->dist) > 1) die("--algo ppo runs on one process so far (its advantages are whitened over one process's batch)");
+            ppo_init(&r->pt, &r->pc, m, r->lo, o->per_device_train_batch_size, r->g.max_completion_length, (uint64_t)o->seed);
+            r->lora_bytes += value_state_bytes(&r->pt.value);
+            printf("PPO value model: a LoRA adapter of its own (r %d, %zu parameters) and a score head (%d -> 1) on the same "
+                   "frozen base\n", r->pt.value.lo->r, r->pt.value.lo->n, m->cfg.C);
+        }
     } else {
         if (dist_world(r->dist) > 1) die("--use_peft false runs on one process so far: train a LoRA adapter (--use_peft) on several GPUs");
         full_init(&r->ft, m);  // fp32 gradients, masters and AdamW's moments: 16 bytes a parameter
@@ -672,6 +770,8 @@ static double held_out_accuracy(Run *r) {
 }
 
 // what to print for an accuracy that is not there (evaluate's NaN, or no line in metrics.jsonl)
+static const char *algo_name(const Run *r) { return r->ppo ? "PPO" : "GRPO"; }
+
 static const char *no_accuracy(const Run *r) {
     if (r->o.eval_size == 0) return "not measured (--eval_size 0)";
     if (task_size(&r->task, SPLIT_HELDOUT) == 0) return "not measured (no held-out problems)";
@@ -703,7 +803,7 @@ static void begin(Run *r) {
     r->end = r->start > o->max_steps ? r->start : o->max_steps;
 
     r->G = r->g.num_generations, r->S = o->per_device_train_batch_size, r->P = r->S / r->G, r->Tc = r->g.max_completion_length;
-    r->total_updates = (long)o->max_steps * r->g.num_iterations;
+    r->total_updates = (long)o->max_steps * (r->ppo ? r->pc.num_ppo_epochs * r->pc.num_mini_batches : r->g.num_iterations);
     r->lr_warmup = warmup_steps_from_ratio(o->warmup_ratio, r->total_updates);
     r->inv_temp = (float)(1.0 / o->temperature);
     r->R = N_REWARD_FUNCS;
@@ -724,9 +824,9 @@ static void begin(Run *r) {
         r->m.lora_on = 1;
         long avail = task_size(&r->task, SPLIT_HELDOUT);
         if (isfinite(acc))
-            printf("held-out accuracy before GRPO: %.3f (%ld held-out problems, greedy)\n", acc,
+            printf("held-out accuracy before %s: %.3f (%ld held-out problems, greedy)\n", algo_name(r), acc,
                    avail >= 0 && avail < o->eval_size ? avail : (long)o->eval_size);
-        else printf("held-out accuracy before GRPO: %s\n", no_accuracy(r));
+        else printf("held-out accuracy before %s: %s\n", algo_name(r), no_accuracy(r));
         if (r->rank0) {
             FILE *mf = fopenCheck(r->metrics, "a");
             if (isfinite(acc)) fprintf(mf, "{\"step\": 0, \"eval/accuracy\": %.6f}\n", acc);
@@ -735,8 +835,15 @@ static void begin(Run *r) {
         }
         hist_add(&r->hist, 0, NAN, acc, NAN, NAN);
     }
-    printf("GRPO: %d steps x %d prompts x %d completions, max %d new tokens, loss %s, beta %g, lr %g\n", o->max_steps, r->dp.P_all,
-           r->G, r->Tc, grpo_loss_type_name(r->g.loss_type), r->g.beta, o->learning_rate);
+    if (r->ppo) {
+        const PpoConfig *c = &r->pc;
+        printf("PPO: %d steps x %d prompts x %d completions, max %d new tokens, %d epochs x %d mini-batches, cliprange %g, "
+               "vf_coef %g, kl_coef %g (%s), gamma %g, lam %g, lr %g\n", o->max_steps, r->dp.P_all, r->G, r->Tc, c->num_ppo_epochs,
+               c->num_mini_batches, c->cliprange, c->vf_coef, c->kl_coef, c->kl_estimator == PPO_KL_K3 ? "k3" : "k1", c->gamma,
+               c->lam, o->learning_rate);
+    } else
+        printf("GRPO: %d steps x %d prompts x %d completions, max %d new tokens, loss %s, beta %g, lr %g\n", o->max_steps,
+               r->dp.P_all, r->G, r->Tc, grpo_loss_type_name(r->g.loss_type), r->g.beta, o->learning_rate);
     if (r->dp.world > 1)
         printf("data parallel: %d ranks x %d prompts; gradients summed over them by %s, optimizer replicated\n", r->dp.world, r->P,
                dist_transport(r->dist, r->be));
@@ -760,6 +867,7 @@ static void step_alloc(const Run *r, Step *s) {
     s->old = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
     s->ref = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
     s->dlogp = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
+    s->score = (double *)mallocCheck((size_t)S * sizeof(double));
 }
 
 // Stage "rollout": the step's problems (the same on every run and after a resume; this rank's
@@ -807,7 +915,8 @@ static void score(Run *r, Step *s) {
     dist_all_gather_host(r->dist, s->rewards_all, (size_t)S * R * sizeof(double));
     s->t_wait = now_sec() - t0;
     grpo_advantages(&r->g, b->S_all, R, s->rewards_all, r->weights, s->adv_all, &s->rm);
-    memcpy(s->adv, s->adv_all + b->q0, S * sizeof(double));
+    memcpy(s->adv, s->adv_all + b->q0, S * sizeof(double));  // (PPO: only the reward metrics are used)
+    if (r->ppo) ppo_scores(&r->pc, S, R, s->rewards, r->weights, s->trunc, s->score);
     s->norm = dp_norm(r->dist, grpo_prepare(&r->g, S, Tc, s->mask, s->trunc), b->S_all);
     double sums[3] = {(double)s->gen_tokens, s->nclip, s->t_wait}, ext[3] = {s->maxlen, -s->minlen, -s->t_wait};
     dist_all_reduce_sum_f64_host(r->dist, sums, 3);
@@ -943,6 +1052,26 @@ static void update(Run *r, Step *s, int step) {
     s->t_train = now_sec() - t_train0, s->t_total = now_sec() - s->t_step;
 }
 
+// Stage "update", PPO's (--algo ppo; train/ppo_train.h): the reference (LoRA off), old-policy and value
+// passes, the per-token rewards and GAE, then num_ppo_epochs x num_mini_batches updates of the policy
+// adapter and the value model (adapter + head)
+static void update_ppo(Run *r, Step *s, int step) {
+    const Opts *o = &r->o;
+    double t_train0 = now_sec();
+    make_batch(r, s);
+    int mb = fit_update(r, s->T);
+    int *start = (int *)mallocCheck(r->S * sizeof(int));
+    for (int q = 0; q < r->S; q++) start[q] = s->plens[q / r->G] - 1;  // completion token 0 is predicted there
+    PpoBatch b = {r->S, s->T, r->Tc, s->ids, s->tg, start, s->ro.len, s->trunc, s->score, r->inv_temp};
+    PpoOptim po = {o->lr_scheduler_type, o->learning_rate, o->adam_beta1, o->adam_beta2, o->adam_epsilon, o->weight_decay,
+                   o->max_grad_norm, r->lr_warmup, r->total_updates};
+    ppo_step(&r->pt, &r->m, &b, mb, &po, step, &s->ps);
+    free(start);
+    s->loss = s->ps.loss, s->gnorm = s->ps.grad_norm, s->lr = s->ps.lr, s->t_ref = s->ps.t_rollout_passes;
+    s->t_reduce = s->t_reduce_min = 0;
+    s->t_train = now_sec() - t_train0, s->t_total = now_sec() - s->t_step;
+}
+
 // held-out accuracy every eval_steps and after the last step
 static int eval_due(const Run *r, int step) { return (r->o.eval_steps > 0 && step % r->o.eval_steps == 0) || step == r->o.max_steps; }
 
@@ -961,6 +1090,26 @@ static void memory_report(const Run *r, const Step *s) {
                "(separate allocations would hold %.1f MiB)\n",
                m->arena.bytes / 1048576.0, m->arena.peak_kv / 1048576.0, m->arena.peak_acts / 1048576.0,
                (m->arena.peak_kv + m->arena.peak_acts) / 1048576.0);
+}
+
+// PPO's figures under TRL's PPOTrainer names (policy/entropy_avg, the entropy of the whole distribution, is
+// not here: the logprobs op gives the sampled token's log-prob alone); grad_norm/value and val/mean are this
+// program's: the value model's gradient norm and its mean prediction over the rollout's tokens
+static void log_ppo(cJSON *j, const PpoStepStats *p) {
+    add_num(j, "objective/kl", p->kl);
+    add_num(j, "objective/entropy", p->entropy);
+    add_num(j, "objective/non_score_reward", p->non_score_reward);
+    add_num(j, "objective/rlhf_reward", p->rlhf_reward);
+    add_num(j, "objective/scores", p->scores);
+    add_num(j, "policy/approxkl_avg", p->approxkl);
+    add_num(j, "policy/clipfrac_avg", p->pg_clipfrac);
+    add_num(j, "loss/policy_avg", p->pg_loss);
+    add_num(j, "loss/value_avg", p->vf_loss);
+    add_num(j, "val/clipfrac_avg", p->vf_clipfrac);
+    add_num(j, "val/ratio", p->ratio);
+    add_num(j, "val/ratio_var", p->ratio_var);
+    add_num(j, "val/mean", p->value_mean);
+    add_num(j, "grad_norm/value", p->value_grad_norm);
 }
 
 // Stage "log": the step's metrics.jsonl line (TRL's names), the plot's history, the printed line.
@@ -984,20 +1133,26 @@ static void log_step(Run *r, const Step *s, int step) {
         snprintf(key, sizeof key, "rewards/%s/std", r->reward_names[k]);
         add_num(j, key, s->rm.func_std[k]);
     }
-    add_num(j, "frac_reward_zero_std", s->rm.frac_reward_zero_std);
-    add_num(j, "kl", s->gm.kl);
-    add_num(j, "clip_ratio/low_mean", s->gm.clip_low_mean);
-    add_num(j, "clip_ratio/high_mean", s->gm.clip_high_mean);
-    add_num(j, "clip_ratio/region_mean", s->gm.clip_region_mean);
+    if (r->ppo) log_ppo(j, &s->ps);
+    else {
+        add_num(j, "frac_reward_zero_std", s->rm.frac_reward_zero_std);
+        add_num(j, "kl", s->gm.kl);
+        add_num(j, "clip_ratio/low_mean", s->gm.clip_low_mean);
+        add_num(j, "clip_ratio/high_mean", s->gm.clip_high_mean);
+        add_num(j, "clip_ratio/region_mean", s->gm.clip_region_mean);
+    }
     add_num(j, "completions/mean_length", (double)s->gen_tokens / S);  // (S, gen_tokens: all ranks')
     add_num(j, "completions/min_length", s->minlen);
     add_num(j, "completions/max_length", s->maxlen);
     add_num(j, "completions/clipped_ratio", (double)s->nclip / S);
-    add_num(j, "sampling/sampling_logp_difference/mean", s->gm.sampling_logp_diff_mean);
-    add_num(j, "sampling/sampling_logp_difference/max", s->gm.sampling_logp_diff_max);
-    add_num(j, "sampling/importance_sampling_ratio/min", s->gm.is_ratio_min);
-    add_num(j, "sampling/importance_sampling_ratio/mean", s->gm.is_ratio_mean);
-    add_num(j, "sampling/importance_sampling_ratio/max", s->gm.is_ratio_max);
+    if (r->ppo) add_num(j, "val/num_eos_tokens", S - s->nclip);  // (TRL's: the EOS tokens sampled, one per finished completion)
+    if (!r->ppo) {
+        add_num(j, "sampling/sampling_logp_difference/mean", s->gm.sampling_logp_diff_mean);
+        add_num(j, "sampling/sampling_logp_difference/max", s->gm.sampling_logp_diff_max);
+        add_num(j, "sampling/importance_sampling_ratio/min", s->gm.is_ratio_min);
+        add_num(j, "sampling/importance_sampling_ratio/mean", s->gm.is_ratio_mean);
+        add_num(j, "sampling/importance_sampling_ratio/max", s->gm.is_ratio_max);
+    }
     add_num(j, "eval/accuracy", r->acc);
     add_num(j, "step_time", s->t_total);
     add_num(j, "time/rollout", s->t_roll);
@@ -1009,7 +1164,10 @@ static void log_step(Run *r, const Step *s, int step) {
         add_num(j, "time/all_reduce", s->t_reduce_min);
     }
     add_num(j, "tokens_per_sec/rollout", s->gen_tokens / fmax(s->t_roll, 1e-9));
-    double ref_passes = (g->beta != 0) + (g->num_iterations > 1), upd_tok_s = (double)g->num_iterations * S * T / fmax(t_upd, 1e-9);
+    // (PPO: three passes before the updates, the reference, old-policy and value ones; then per epoch a forward and
+    // backward of the value and of the policy each, counted once)
+    double ref_passes = r->ppo ? 3 : (g->beta != 0) + (g->num_iterations > 1);
+    double upd_tok_s = (double)(r->ppo ? r->pc.num_ppo_epochs : g->num_iterations) * S * T / fmax(t_upd, 1e-9);
     add_num(j, "tokens_per_sec/reference", ref_passes > 0 ? ref_passes * S * T / fmax(s->t_ref, 1e-9) : 0.0);
     add_num(j, "tokens_per_sec/update", upd_tok_s);
     size_t peak_held = 0;
@@ -1026,14 +1184,15 @@ static void log_step(Run *r, const Step *s, int step) {
     fprintf(mf, "%s\n", line);
     fclose(mf);
     free(line);
-    hist_add(&r->hist, step, s->rm.func_mean[0], r->acc, s->gm.kl, (double)s->gen_tokens / S);
+    double kl = r->ppo ? s->ps.kl : s->gm.kl;
+    hist_add(&r->hist, step, s->rm.func_mean[0], r->acc, kl, (double)s->gen_tokens / S);
     if (!r->o.quiet && (step % r->o.logging_steps == 0 || step == r->o.max_steps)) {
         printf("step %4d/%d | reward %.3f (std %.3f) | correct %.3f", step, r->o.max_steps, s->rm.reward, s->rm.reward_std,
                s->rm.func_mean[0]);
         if (isfinite(r->acc)) printf(" | held-out %.3f", r->acc);
         printf(" | len %.1f | kl %.4f | loss %+.4f | |g| %.3f | %.2f s: rollout %.2f (%.0f tok/s), ref %.2f, update %.2f "
                "(%.0f tok/s)\n",
-               (double)s->gen_tokens / S, isfinite(s->gm.kl) ? s->gm.kl : 0.0, s->loss, s->gnorm, s->t_total, s->t_roll,
+               (double)s->gen_tokens / S, isfinite(kl) ? kl : 0.0, s->loss, s->gnorm, s->t_total, s->t_roll,
                s->gen_tokens / fmax(s->t_roll, 1e-9), s->t_ref, t_upd, upd_tok_s);
     }
     if (step == r->start + 1) memory_report(r, s);
@@ -1155,10 +1314,12 @@ static void finish(Run *r) {
     PlotSeries ks = {"kl", h->step, h->kl, h->n, "#2ca02c", 0, 0};
     PlotSeries ls = {"mean length", h->step, h->len, h->n, "#9467bd", 0, 0};
     PlotSeries top[2] = {rs, as};
-    PlotPanel panels[3] = {{"GRPO: accuracy on training rollouts and on held-out problems", "step", "", top, 2},
+    char title[96];
+    snprintf(title, sizeof title, "%s: accuracy on training rollouts and on held-out problems", algo_name(r));
+    PlotPanel panels[3] = {{title, "step", "", top, 2},
                            {"completion length", "step", "tokens", &ls, 1},
                            {"KL to the reference (LoRA off)", "step", "", &ks, 1}};
-    plot_svg(plot, panels, r->g.beta != 0 ? 3 : 2);
+    plot_svg(plot, panels, (r->ppo ? r->pc.kl_coef : r->g.beta) != 0 ? 3 : 2);
     // before: metrics line 0; after: the last evaluation (the last step's, as eval_due always
     // evaluates it), both from the history, which holds metrics.jsonl's lines after a resume
     int i0 = -1, i1 = -1;
@@ -1172,7 +1333,7 @@ static void finish(Run *r) {
     acc_text(i0 >= 0 ? h->acc[i0] : NAN, none, a0, sizeof a0);
     acc_text(i1 >= 0 ? h->acc[i1] : NAN, none, a1, sizeof a1);
     if (i0 < 0 && i1 < 0) printf("held-out accuracy: %s\n", none);
-    else printf("held-out accuracy: %s before GRPO -> %s after %d steps\n", a0, a1, i1 >= 0 ? (int)h->step[i1] : r->end);
+    else printf("held-out accuracy: %s before %s -> %s after %d steps\n", a0, algo_name(r), a1, i1 >= 0 ? (int)h->step[i1] : r->end);
     printf("%s: %s/checkpoint-%d (%s)\nmetrics: %s\nplot: %s\n", r->lo ? "adapter" : "model", r->dir, r->end,
            r->lo ? "PEFT format" : "a Hugging Face checkpoint", r->metrics, plot);
     print_generate_command(r);
@@ -1185,13 +1346,14 @@ static void step_free(const Run *r, Step *s) {
     }
     free(s->prompts), free(s->plens), free(s->ex), free(s->seeds), free(s->rewards), free(s->adv), free(s->mask), free(s->trunc);
     free(s->rewards_all), free(s->adv_all);
-    free(s->samp), free(s->logp), free(s->old), free(s->ref), free(s->dlogp);
+    free(s->samp), free(s->logp), free(s->old), free(s->ref), free(s->dlogp), free(s->score);
 }
 
 static void run_free(Run *r) {
     History *h = &r->hist;
     free(h->step), free(h->reward), free(h->acc), free(h->kl), free(h->len);
     r->m.lora = NULL;
+    if (r->ppo) ppo_free(&r->pt);
     if (r->lo) lora_free(r->lo);
     else full_free(&r->ft);
     model_free(&r->m);
@@ -1205,7 +1367,8 @@ int main(int argc, char **argv) {
     Run r;
     memset(&r, 0, sizeof r);
     r.prog = argv[0];
-    parse_options(argc, argv, &r.o, &r.g, &r.gpu_util_given);
+    parse_options(argc, argv, &r.o, &r.g, &r.pc, &r.gpu_util_given);
+    r.ppo = !strcmp(r.o.algo, "ppo");
     dist_launch(argc, argv);  // --nproc_per_node N: start N of these (each goes on below), wait, exit
     setvbuf(stdout, NULL, _IOLBF, 0);
     r.dist = dist_from_env();  // the ranks (torchrun's or srun's environment; none: one process)
@@ -1221,7 +1384,8 @@ int main(int argc, char **argv) {
         s.t_step = now_sec();
         rollout(&r, &s, step);  // P prompts x G completions, LoRA on
         score(&r, &s);          // rewards -> group advantages
-        update(&r, &s, step);   // reference / old logprobs, num_iterations x (forward, backward, AdamW)
+        if (r.ppo) update_ppo(&r, &s, step);  // reference, old policy, values; GAE; epochs x (value, policy; AdamW)
+        else update(&r, &s, step);  // reference / old logprobs, num_iterations x (forward, backward, AdamW)
         r.acc = eval_due(&r, step) ? held_out_accuracy(&r) : NAN;  // evaluate
         log_step(&r, &s, step);
         checkpoint(&r, step);

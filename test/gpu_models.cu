@@ -1,9 +1,11 @@
 // test/gpu_models.cu: GPU suite for whole models from the Hugging Face fixtures
 // (test/fixtures/{qwen3,qwen2,llama3}) on both backends: logits, KV-cache decode, LoRA gradients, and
-// one GRPO step and one full-weight training step CPU vs GPU. Tolerances: gpu_util.cuh. Run on a GPU: make test-gpu (CK_FORK=no).
+// one GRPO step, PPO's value model and one full-weight training step CPU vs GPU. Tolerances: gpu_util.cuh.
+// Run on a GPU: make test-gpu (CK_FORK=no).
 #include "gpu_util.cuh"
 #include "train/full_finetune.h"
 #include "train/optim.h"
+#include "train/ppo_train.h"
 
 // ---- whole models: the fixtures on both backends -----------------------------------------------
 
@@ -329,6 +331,77 @@ START_TEST(test_grpo_step) {
 }
 END_TEST
 
+// PPO's value model (train/ppo_train.h) on the qwen3 fixture, CPU vs GPU: the values (the score head on
+// the final normed hidden state of the value adapter's forward: logits_forward with a one-row head) and
+// the gradients of sum_n dv_n value_n (the head's: linear_backward; the value adapter's: through
+// model_backward_hidden), within test_grpo_step's allowances; the policy's adapter gets none
+typedef struct {
+    double val[GS_B * GS_T], policy_gnorm;
+    float *gh, *ga;
+    size_t na;
+    int C;
+} ValueRun;
+
+static void value_run(ValueRun *r, const Backend *be) {
+    char dir[1024], p[1100];
+    Model m;
+    load_fixture(&m, dir, sizeof dir, "qwen3", be, FP8_OFF);
+    path_join(p, sizeof p, dir, "tokens.npy");
+    Npy tk = npy_read(p);
+    int ids[GS_B * GS_T];
+    for (int b = 0; b < GS_B; b++)  // as grpo_step's
+        for (int t = 0; t < GS_T; t++) ids[b * GS_T + t] = (int)tk.data[(b % 2) * tk.shape[1] + (b / 2) * 8 + t];
+    npy_free(&tk);
+    LoRA *lo = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 7, 0);
+    m.lora = lo;
+    m.lora_on = 1;
+    ValueModel v;
+    value_init(&v, &m, lo, 9);
+    Rng pr = rng_make(78);  // the value adapter and the head away from zero, the same on both backends
+    double *par = (double *)mallocCheck(v.lo->n * sizeof(double));
+    for (size_t i = 0; i < v.lo->n; i++) par[i] = 0.1 * rng_normal(&pr);
+    be->upload_convert(v.lo->params, be->hp, par, DT_F64, v.lo->n);
+    for (int i = 0; i < v.C; i++) par[i] = rng_normal(&pr) / sqrt((double)v.C);
+    be->upload_convert(v.w, be->hp, par, DT_F64, v.C);
+    be->to_act(v.w_act, v.w, v.C);
+    free(par);
+    value_forward(&v, &m, ids, GS_B, GS_T, r->val);
+    double dv[GS_B * GS_T];
+    Rng dr = rng_make(79);
+    for (int i = 0; i < GS_B * GS_T; i++) dv[i] = rng_normal(&dr) / (GS_B * GS_T);
+    lora_zero_grads(lo);
+    value_zero_grads(&v);
+    value_backward(&v, &m, dv);
+    r->policy_gnorm = lora_grad_norm(lo);
+    r->C = v.C, r->na = v.lo->n;
+    r->gh = fmalloc(v.C);
+    r->ga = fmalloc(v.lo->n);
+    be->download(r->gh, v.g, (size_t)v.C * 4);
+    be->download(r->ga, v.lo->grads, v.lo->n * 4);
+    value_free(&v);
+    m.lora = NULL;
+    lora_free(lo);
+    model_free(&m);
+}
+
+START_TEST(test_value_model) {
+    ValueRun c, g;
+    value_run(&c, CPU);
+    value_run(&g, G);
+    // values: bf16 hidden states, 2^-5 of their scale (relative L2 over the batch)
+    double num = 0, den = 0;
+    for (int i = 0; i < GS_B * GS_T; i++) num += (g.val[i] - c.val[i]) * (g.val[i] - c.val[i]), den += c.val[i] * c.val[i];
+    double ev = sqrt(num / den), eh = rel_l2(g.gh, c.gh, c.C, NULL), ea = rel_l2(g.ga, c.ga, c.na, NULL);
+    printf("  value model: values rel L2 %.4f (tol %.4f); gradients rel L2 head %.4f, adapter %.4f (tol %.4f)\n", ev, 0x1p-5,
+           eh, ea, 0x1p-4);
+    ck_assert_msg(ev <= 0x1p-5, "values differ by %g", ev);
+    ck_assert_msg(eh <= 0x1p-4 && ea <= 0x1p-4, "gradients differ: head %g, adapter %g", eh, ea);
+    ck_assert_msg(c.policy_gnorm == 0 && g.policy_gnorm == 0, "the policy got a gradient: %g (CPU), %g (GPU)", c.policy_gnorm,
+                  g.policy_gnorm);
+    free(c.gh), free(c.ga), free(g.gh), free(g.ga);
+}
+END_TEST
+
 // One full-weight training step (full_finetune.h) on each fixture, CPU vs GPU: the gradients of every dense
 // weight (embeddings, norms, projections, biases, the LM head) within the LoRA gradients' allowance
 // (2^-4 rel L2: the chain runs forward and back through bf16 storage), the AdamW update of the fp32
@@ -419,6 +492,7 @@ static Suite *gpu_models_suite(void) {
     tcase_set_timeout(tc, 900);
     tcase_add_test(tc, test_models);
     tcase_add_test(tc, test_grpo_step);
+    tcase_add_test(tc, test_value_model);
     tcase_add_test(tc, test_full_step);
     suite_add_tcase(s, tc);
     return s;

@@ -111,6 +111,18 @@ START_TEST(test_bad_options) {
         {"--heldout_frac 0.2", "--heldout_frac is the share of --data held out"},
         {"--heldout_frac 0.95", "--heldout_frac: '0.95' is not a number in [0, 0.9]"},
         {"--model m --data d.jsonl --eval_data e.jsonl --heldout_frac 0.2", "give one"},
+        {"--algo sac", "--algo: unknown value 'sac': use grpo or ppo"},
+        {"--kl_coef 0.1", "--kl_coef is a PPO option: add --algo ppo"},
+        {"--algo ppo --beta 0.04", "--beta is a GRPO option; with --algo ppo its KL penalty is --kl_coef"},
+        {"--algo ppo --num_iterations 2", "--num_iterations is a GRPO option; with --algo ppo its passes over a batch are --num_ppo_epochs"},
+        {"--algo ppo --loss_type bnpo", "--loss_type is a GRPO option"},
+        {"--algo ppo --use_peft false --load_in_fp8 off", "drop --use_peft false"},
+        {"--algo ppo --num_mini_batches 3", "per_device_train_batch_size 64 is not a multiple of num_mini_batches 3"},
+        {"--algo ppo --per_device_train_batch_size 1 --num_generations 1", "per_device_train_batch_size must be >= 2"},
+        {"--algo ppo --nproc_per_node 2", "--algo ppo runs on one process so far"},
+        {"--algo ppo --kl_estimator k2", "--kl_estimator: unknown value 'k2': use k1 or k3"},
+        {"--algo ppo --cliprange 1", "--cliprange"},
+        {"--algo ppo --num_ppo_epochs 0", "--num_ppo_epochs: 0 is too small: at least 1"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char cmd[2048], err[2048], dir[1200];
@@ -167,6 +179,28 @@ static void resume_matches(const char *a, const char *name, char *b, size_t bcap
     }
 }
 
+// the lines of a's and b's metrics.jsonl agree on each of keys (both absent, or the same value; with
+// required, each key in every line after line 0); returns the lines compared
+static int metrics_agree(const char *a, const char *b, const char *const *keys, int nkeys, int required) {
+    char *ma = slurp(a, "metrics.jsonl", NULL), *mb = slurp(b, "metrics.jsonl", NULL);
+    char *sa = NULL, *sb = NULL;
+    int lines = 0;
+    for (char *x = strtok_r(ma, "\n", &sa), *y = strtok_r(mb, "\n", &sb); x && y;
+         x = strtok_r(NULL, "\n", &sa), y = strtok_r(NULL, "\n", &sb), lines++) {
+        cJSON *la = cJSON_Parse(x), *lb = cJSON_Parse(y);
+        for (int k = 0; k < nkeys; k++) {
+            cJSON *u = cJSON_GetObjectItemCaseSensitive(la, keys[k]), *v = cJSON_GetObjectItemCaseSensitive(lb, keys[k]);
+            ck_assert_msg((!u && !v) || (u && v && cJSON_Compare(u, v, 1)), "line %d: %s differs", lines, keys[k]);
+            ck_assert_msg(!required || lines == 0 || u, "line %d: no %s", lines, keys[k]);
+        }
+        cJSON_Delete(la);
+        cJSON_Delete(lb);
+    }
+    free(ma);
+    free(mb);
+    return lines;
+}
+
 // a finished run, then attempts that must fail without touching its checkpoint
 START_TEST(test_checkpoint_never_overwritten) {
     setup();
@@ -205,25 +239,32 @@ START_TEST(test_resume_bit_exact) {
     const char *files[] = {"checkpoint-4/adapter_model.safetensors", "checkpoint-4/optimizer.safetensors"};
     resume_matches(a, "resumed", b, sizeof b, opts, 2, files, 2);
     // the metrics of steps 3 and 4 agree too (all but the timings)
-    char *ma = slurp(a, "metrics.jsonl", NULL), *mb = slurp(b, "metrics.jsonl", NULL);
-    cJSON *la = NULL, *lb = NULL;
-    char *sa = NULL, *sb = NULL;
-    int lines = 0;
-    for (char *x = strtok_r(ma, "\n", &sa), *y = strtok_r(mb, "\n", &sb); x && y;
-         x = strtok_r(NULL, "\n", &sa), y = strtok_r(NULL, "\n", &sb), lines++) {
-        la = cJSON_Parse(x);
-        lb = cJSON_Parse(y);
-        const char *keys[] = {"step", "loss", "reward", "grad_norm", "eval/accuracy", "completions/mean_length"};
-        for (int k = 0; k < 6; k++) {
-            cJSON *u = cJSON_GetObjectItemCaseSensitive(la, keys[k]), *v = cJSON_GetObjectItemCaseSensitive(lb, keys[k]);
-            ck_assert_msg((!u && !v) || (u && v && cJSON_Compare(u, v, 1)), "line %d: %s differs", lines, keys[k]);
-        }
-        cJSON_Delete(la);
-        cJSON_Delete(lb);
-    }
-    ck_assert_int_eq(lines, 5);  // step 0 (before GRPO) and steps 1..4
-    free(ma);
-    free(mb);
+    const char *keys[] = {"step", "loss", "reward", "grad_norm", "eval/accuracy", "completions/mean_length"};
+    ck_assert_int_eq(metrics_agree(a, b, keys, 6, 0), 5);  // step 0 (before GRPO) and steps 1..4
+}
+END_TEST
+
+// PPO: 4 steps straight == 2 steps, "killed", resumed to 4: the policy adapter, its optimizer state and the
+// value model (adapter, head and their AdamW state) byte for byte, the metrics too (TRL's PPO names); a
+// GRPO run does not resume a PPO checkpoint
+START_TEST(test_ppo_resume_bit_exact) {
+    setup();
+    char a[1200], b[1200], cmd[8192], out[8192], err[2048];
+    const char *opts = EASY " --algo ppo --max_steps 4 --save_steps 2 --eval_steps 2 --eval_size 20 --per_device_train_batch_size 16"
+                            " --num_ppo_epochs 2 --num_mini_batches 2 --missing_eos_penalty 0.5";
+    fresh_dir("ppo_straight", a, sizeof a);
+    snprintf(cmd, sizeof cmd, "./train_grpo %s --output_dir %s", opts, a);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(strstr(out, "PPO value model") && strstr(out, "before PPO"), "%s", out);
+    const char *files[] = {"checkpoint-4/adapter_model.safetensors", "checkpoint-4/optimizer.safetensors",
+                           "checkpoint-4/value_model.safetensors"};
+    resume_matches(a, "ppo_resumed", b, sizeof b, opts, 2, files, 3);
+    const char *keys[] = {"step", "loss", "reward", "grad_norm", "objective/kl", "objective/entropy", "policy/approxkl_avg",
+                          "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg", "val/clipfrac_avg", "val/ratio"};
+    ck_assert_int_eq(metrics_agree(a, b, keys, 12, 1), 5);
+    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 5 --per_device_train_batch_size 16 --resume --output_dir %s", b);
+    ck_assert(run(cmd, err, sizeof err) != 0);
+    ck_assert_msg(strstr(err, "other settings") && strstr(err, "algo"), "%s", err);
 }
 END_TEST
 
@@ -339,8 +380,9 @@ START_TEST(test_help_lists_defaults) {
     ck_assert_int_eq(run_out("./train_grpo --help", out, sizeof out, err, sizeof err), 0);
     const char *sections[] = {"\nmodel and data:\n", "\nFP8 (the frozen weights):\n", "\nGRPO (TRL's GRPOConfig names):\n",
                               "\noptimizer (AdamW on the LoRA weights):\n", "\nLoRA:\n", "\nsampling (the rollouts):\n",
-                              "\nlogging and checkpoints:\n", "\nmemory:\n"};
-    for (int i = 0; i < 8; i++) ck_assert_msg(strstr(out, sections[i]), "no section '%s'", sections[i] + 1);
+                              "\nlogging and checkpoints:\n", "\nmemory:\n",
+                              "\nPPO (--algo ppo; TRL's PPOConfig names; of the GRPO options, num_generations, max_completion_length and reward_weights apply):\n"};
+    for (int i = 0; i < 9; i++) ck_assert_msg(strstr(out, sections[i]), "no section '%s'", sections[i] + 1);
     // each option: its line, and "(default: ...)" before the next option (flags that default to off excepted)
     struct { const char *name, *dflt; } want[] = {
         {"model", "the built-in tiny model"}, {"output_dir", "a new out/run-N per run, the warm-up caches in out/"},
@@ -353,7 +395,10 @@ START_TEST(test_help_lists_defaults) {
         {"num_generations", "8"}, {"beta", "0"}, {"epsilon", "0.2"}, {"epsilon_high", "none"}, {"loss_type", "dapo"},
         {"scale_rewards", "group"}, {"importance_sampling_level", "token"}, {"num_iterations", "1"},
         {"mask_truncated_completions", "false"}, {"reward_weights", "none"}, {"vllm_importance_sampling_correction", "true"},
-        {"vllm_importance_sampling_mode", "sequence_mask"}, {"vllm_importance_sampling_cap", "3"}};
+        {"vllm_importance_sampling_mode", "sequence_mask"}, {"vllm_importance_sampling_cap", "3"},
+        // PPO's: TRL's PPOConfig defaults
+        {"algo", "grpo"}, {"num_ppo_epochs", "4"}, {"num_mini_batches", "1"}, {"cliprange", "0.2"}, {"cliprange_value", "0.2"},
+        {"vf_coef", "0.1"}, {"gamma", "1"}, {"lam", "0.95"}, {"kl_coef", "0.05"}, {"kl_estimator", "k1"}, {"missing_eos_penalty", "0"}};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         char key[128], d[256];
         snprintf(key, sizeof key, "\n  --%s ", want[i].name);
@@ -889,6 +934,7 @@ static Suite *train_suite(void) {
     tcase_add_test(tc, test_data_and_eval_files);
     tcase_add_test(tc, test_checkpoint_never_overwritten);
     tcase_add_test(tc, test_resume_bit_exact);
+    tcase_add_test(tc, test_ppo_resume_bit_exact);
     tcase_add_test(tc, test_memory_options);
     tcase_add_test(tc, test_full_weight_grpo);
     tcase_add_test(tc, test_grpo_learns);
