@@ -26,7 +26,8 @@
 typedef struct {
     // key
     int used, M, N, K, kind;  // kind: 0 fp8 (granularity gran), 1 bf16
-    int gran, fx, fw, ydt, transa, align_a, align_b, align_y;  // gran | 16: BLOCK with W in 1x128 groups too
+    int gran, fx, fw, ydt, transa, align_a, align_b, align_y;  // gran | 16: BLOCK with W in 1x128 groups too;
+                                                               // ydt | YDT_SUM: added to a bf16 output (below)
     // value
     int ok;
     char why[160];
@@ -691,6 +692,11 @@ static void launch_v3(T *y, const GemmArgs &a) {
 
 static cudaDataType_t cuda_fp8_type(int fmt) { return fmt == FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
 static cudaDataType_t cuda_out_type(DType t) { return t == DT_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+// A plan whose product is added to a bf16 output (beta = 1): such a plan may not split K with a
+// reduction in place or in bf16 (each split's partial sum rounded to bf16, errors of a few ulps);
+// without splits (or with an fp32 workspace) the sum is bf16(y + the fp32 product), one rounding,
+// what adding the product made in fp32 in a second pass gives.
+enum { YDT_SUM = 256 };
 
 static LtPlan *plan_find(int kind, int M, int N, int K, int gran, int fx, int fw, int ydt, int transa, int aa, int ab,
                          int ay) {
@@ -726,6 +732,10 @@ static cublasLtMatmulPreference_t plan_pref(const LtPlan *p) {
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ay, sizeof ay));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ay, sizeof ay));
+    if (p->ydt & YDT_SUM) {
+        uint32_t mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask));
+    }
     return pref;
 }
 
@@ -758,7 +768,7 @@ static void plan_build(LtPlan *p, cudaDataType_t ta, cudaDataType_t tb, int lda)
     if (p->transa) cublasCheck(cublasLtMatrixLayoutCreate(&p->la, ta, p->K, p->N, lda));
     else cublasCheck(cublasLtMatrixLayoutCreate(&p->la, ta, p->N, p->K, lda));
     cublasCheck(cublasLtMatrixLayoutCreate(&p->lb, tb, p->K, p->M, p->K));
-    cublasCheck(cublasLtMatrixLayoutCreate(&p->ly, cuda_out_type((DType)p->ydt), p->N, p->M, p->N));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->ly, cuda_out_type((DType)(p->ydt & ~YDT_SUM)), p->N, p->M, p->N));
     cublasLtMatmulPreference_t pref = plan_pref(p);
     cublasLtMatmulHeuristicResult_t res;
     int n = 0;
@@ -773,7 +783,7 @@ static void plan_build(LtPlan *p, cudaDataType_t ta, cudaDataType_t tb, int lda)
 }
 
 // the plan for an FP8 product, or NULL with the reason in why
-static LtPlan *fp8_plan(DType ydt, const FP8Tensor *x, const FP8Tensor *w, const void *y, char *why, size_t cap) {
+static LtPlan *fp8_plan(DType ydt, const FP8Tensor *x, const FP8Tensor *w, const void *y, int acc, char *why, size_t cap) {
     int M = x->rows, N = w->rows, K = x->cols;
     if (!ctx.has_fp8) { snprintf(why, cap, "no FP8 tensor cores (compute capability %d)", ctx.cc); return NULL; }
     if (x->fmt == FP8_E5M2 && w->fmt == FP8_E5M2) { snprintf(why, cap, "cuBLASLt does not multiply E5M2 by E5M2"); return NULL; }
@@ -786,7 +796,7 @@ static LtPlan *fp8_plan(DType ydt, const FP8Tensor *x, const FP8Tensor *w, const
         return NULL;
     }
     int gran = x->gran | (x->gran == FP8_BLOCK && w->block_rows == 1 ? 16 : 0);
-    LtPlan *p = plan_find(0, M, N, K, gran, x->fmt, w->fmt, ydt, 1, aa, ab, ay);
+    LtPlan *p = plan_find(0, M, N, K, gran, x->fmt, w->fmt, ydt | (acc && ydt == DT_BF16 ? YDT_SUM : 0), 1, aa, ab, ay);
     if (!p->desc) plan_build(p, cuda_fp8_type(w->fmt), cuda_fp8_type(x->fmt), K);
     if (!p->ok) { snprintf(why, cap, "%s for %dx%dx%d %s", p->why, M, N, K, fp8_gran_name((FP8Gran)x->gran)); return NULL; }
     return p;
@@ -802,7 +812,7 @@ static void lt_run(LtPlan *p, void *y, const void *A, const void *B, const void 
                                        ctx.workspace, ctx.workspace_bytes, ctx.stream);
     if (st != CUBLAS_STATUS_SUCCESS)
         die("cuBLASLt matmul %dx%dx%d (%s, gran %d, X %s, W %s, out %s%s): %s", p->M, p->N, p->K, p->kind ? "bf16" : "fp8",
-            p->gran, p->fx ? "e5m2" : "e4m3", p->fw ? "e5m2" : "e4m3", dtype_name((DType)p->ydt), accumulate ? ", accumulate" : "",
+            p->gran, p->fx ? "e5m2" : "e4m3", p->fw ? "e5m2" : "e4m3", dtype_name((DType)(p->ydt & ~YDT_SUM)), accumulate ? ", accumulate" : "",
             cublasLtGetStatusString(st));
 }
 
@@ -854,7 +864,7 @@ static int supported(FP8GemmBackend b, DType ydt, const FP8Tensor *x, const FP8T
                      const GemmArgs &a, char *why, size_t cap) {
     switch (b) {
         case FP8_GEMM_AUTO: return 1;
-        case FP8_GEMM_CUBLASLT: return fp8_plan(ydt, x, w, y, why, cap) != NULL;
+        case FP8_GEMM_CUBLASLT: return fp8_plan(ydt, x, w, y, a.accumulate, why, cap) != NULL;
         case FP8_GEMM_MMA: return kernel_scales_ok(x, w, why, cap) && mma_supported(a, why, cap);
         case FP8_GEMM_WGMMA: return kernel_scales_ok(x, w, why, cap) && hopper_supported(a, 0, why, cap);
         case FP8_GEMM_DECODE: return kernel_scales_ok(x, w, why, cap) && hopper_supported(a, 1, why, cap);
@@ -866,10 +876,10 @@ static int supported(FP8GemmBackend b, DType ydt, const FP8Tensor *x, const FP8T
 static FP8GemmBackend auto_choice(DType ydt, const FP8Tensor *x, const FP8Tensor *w, const void *y, const GemmArgs &a) {
     char why[256];
     if (!ctx.has_fp8) return FP8_GEMM_BF16;
-    if (!kernel_scales_ok(x, w, why, sizeof why)) return fp8_plan(ydt, x, w, y, why, sizeof why) ? FP8_GEMM_CUBLASLT : FP8_GEMM_BF16;
+    if (!kernel_scales_ok(x, w, why, sizeof why)) return fp8_plan(ydt, x, w, y, a.accumulate, why, sizeof why) ? FP8_GEMM_CUBLASLT : FP8_GEMM_BF16;
     if (hopper_decode_preferred(a.M, a.N, a.K) && hopper_supported(a, 1, why, sizeof why)) return FP8_GEMM_DECODE;
     if (hopper_wgmma_preferred(a.M, a.N, a.K, ctx.sms) && hopper_supported(a, 0, why, sizeof why)) return FP8_GEMM_WGMMA;
-    if (fp8_plan(ydt, x, w, y, why, sizeof why)) return FP8_GEMM_CUBLASLT;
+    if (fp8_plan(ydt, x, w, y, a.accumulate, why, sizeof why)) return FP8_GEMM_CUBLASLT;
     if (hopper_supported(a, 0, why, sizeof why)) return FP8_GEMM_WGMMA;
     if (mma_supported(a, why, sizeof why)) return FP8_GEMM_MMA;
     return FP8_GEMM_BF16;
@@ -907,7 +917,7 @@ void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, i
         case FP8_GEMM_DECODE: hopper_decode_gemm(y, ydt, a, ctx.stream); break;
         case FP8_GEMM_WGMMA: hopper_wgmma_gemm(y, ydt, a, ctx.sms, ctx.stream); break;
         case FP8_GEMM_CUBLASLT:
-            lt_run(fp8_plan(ydt, x, w, y, why, sizeof why), y, w->data, x->data, w->scale, x->scale, accumulate);
+            lt_run(fp8_plan(ydt, x, w, y, accumulate, why, sizeof why), y, w->data, x->data, w->scale, x->scale, accumulate);
             break;
         case FP8_GEMM_MMA:
             if (ydt == DT_BF16) launch_v3((bf16 *)y, a);

@@ -207,13 +207,9 @@ void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *do
                                        t->r.kind == FP8_RECIPE_DELAYED ? dev_amax(t, T_DY) : NULL);
             }
         }
-        size_t n = (size_t)N * C;
-        if (!accumulate) fp8_gemm_cuda(dinp, DT_BF16, &dyq, &wt, 0);
-        else {
-            float *y = (float *)cu_scratch(SC_F32, n * 4);
-            fp8_gemm_cuda(y, DT_F32, &dyq, &wt, 0);
-            cu_accumulate_f32((bf16 *)dinp, y, n);
-        }
+        // accumulated in the product's epilogue, bf16(dinp + the fp32 product), one rounding (fp8_gemm_cuda
+        // keeps cuBLASLt from splitting K into bf16 partial sums there)
+        fp8_gemm_cuda(dinp, DT_BF16, &dyq, &wt, accumulate);
     } else if (!made) tensor_scale(t, T_DY, dout, (size_t)N * OC);
     if (!dw) return;
     // dY^T (OC, N) and X^T (C, N), the tokens innermost, quantized from dY and X in one pass each:

@@ -339,6 +339,22 @@ static void check_linear(const char *name, FP8Recipe r) {
         check_close(what, dxg, dxf, tdx, (size_t)N * C);
         snprintf(what, sizeof what, "dW = dY^T X");
         check_close(what, dwg, dwf, tdw, (size_t)OC * C);
+        {  // dX added to what dinp holds (a projection sharing its input with the one before), in the
+           // product's epilogue: within dX's bound plus the sum's one bf16 rounding
+            float *d0 = randn_bf((size_t)N * C, 0.05f * sx), *sum = fmalloc((size_t)N * C);
+            double *tsum = dmalloc_h((size_t)N * C);
+            void *dx2 = up_act(d0, (size_t)N * C);
+            G->linear_backward(dx2, 1, NULL, NULL, dyd, xd, &qw, N);
+            for (size_t i = 0; i < (size_t)N * C; i++) {
+                sum[i] = (float)(d0[i] + dxr[i]);
+                tsum[i] = tdx[i] + 0x1p-8 * fabs(d0[i] + dxr[i]);
+            }
+            float *g2 = down_act(dx2, (size_t)N * C);
+            snprintf(what, sizeof what, "dinp += dY W (by %s)", fp8_cuda_last_backend());
+            check_close(what, g2, sum, tsum, (size_t)N * C);
+            free(d0), free(sum), free(tsum), free(g2);
+            G->free(dx2);
+        }
         // the optimizer step: new weights (quantized at the next forward), the histories roll
         G->fp8_train_step(&qw.train, 1, NULL, NULL, &overflows);
         if (r.kind == FP8_RECIPE_DELAYED)
