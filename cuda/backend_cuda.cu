@@ -347,11 +347,6 @@ __global__ void accumulate_kernel(bf16 *dinp, const T *y, size_t n) {
         dinp[i] = __float2bfloat16_rn(__bfloat162float(dinp[i]) + ld_f(y, i));
 }
 
-void cu_accumulate_f32(bf16 *dinp, const float *y, size_t n) {
-    accumulate_kernel<<<grid_for(n), 256, 0, G.stream>>>(dinp, y, n);
-    launchCheck();
-}
-
 // With accumulate, the product goes to scratch and is added in a second pass: a GEMM with
 // beta = 1 and a bf16 output may split K and round its partial sums to bf16 (seen on H100:
 // errors of 3 bf16 ulps), which the fp32 scratch avoids (FP8 weights: bf16 scratch, one

@@ -62,7 +62,6 @@ void cu_embedding_backward(void *dwte, const int32_t *ids, const void *dout, int
 void cu_colsum(float *dst, const bf16 *a, int N, int C);
 
 // dinp (n) bf16 = bf16(dinp + y), summed in fp32 (backend_cuda.cu)
-void cu_accumulate_f32(bf16 *dinp, const float *y, size_t n);
 
 // ---- fp8_train.cu ----
 FP8Train *cu_fp8_train_new(const QWeight *w, const FP8Recipe *r, FP8Train *leader, char *why, size_t why_cap);
