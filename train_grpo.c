@@ -1125,7 +1125,7 @@ static void log_step(Run *r, const Step *s, int step) {
     add_num(j, "grad_norm", s->gnorm);
     add_num(j, "learning_rate", s->lr);
     add_num(j, "reward", s->rm.reward);
-    add_num(j, "reward_std", s->rm.reward_std);
+    if (!r->ppo) add_num(j, "reward_std", s->rm.reward_std);  // (the groups' spread: GRPO's)
     for (int k = 0; k < r->R; k++) {
         char key[96];
         snprintf(key, sizeof key, "rewards/%s/mean", r->reward_names[k]);
@@ -1187,8 +1187,9 @@ static void log_step(Run *r, const Step *s, int step) {
     double kl = r->ppo ? s->ps.kl : s->gm.kl;
     hist_add(&r->hist, step, s->rm.func_mean[0], r->acc, kl, (double)s->gen_tokens / S);
     if (!r->o.quiet && (step % r->o.logging_steps == 0 || step == r->o.max_steps)) {
-        printf("step %4d/%d | reward %.3f (std %.3f) | correct %.3f", step, r->o.max_steps, s->rm.reward, s->rm.reward_std,
-               s->rm.func_mean[0]);
+        printf("step %4d/%d | reward %.3f", step, r->o.max_steps, s->rm.reward);
+        if (!r->ppo) printf(" (std %.3f)", s->rm.reward_std);
+        printf(" | correct %.3f", s->rm.func_mean[0]);
         if (isfinite(r->acc)) printf(" | held-out %.3f", r->acc);
         printf(" | len %.1f | kl %.4f | loss %+.4f | |g| %.3f | %.2f s: rollout %.2f (%.0f tok/s), ref %.2f, update %.2f "
                "(%.0f tok/s)\n",
