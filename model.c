@@ -5,12 +5,18 @@
 // the LoRA adapters and optionally to every dense weight), and the KV-cache
 // prefill and decode step the rollout engine drives.
 //
-// One layer (Llama 3 / Qwen2 / Qwen3), x the residual stream (N, C):
+// One layer (Llama 3 / Qwen2 / Qwen3 / Mistral), x the residual stream (N, C):
 //   h = rmsnorm(x) ; q, k, v = h Wq^T (+b), h Wk^T (+b), h Wv^T (+b)
 //   Qwen3: q, k = rmsnorm per head (q_norm, k_norm) ; q, k = rope(q, k)
 //   x = x + attention(q, k, v) Wo^T
 //   h = rmsnorm(x) ; x = x + (silu(h Wg^T) * h Wu^T) Wd^T
-// and every W above may carry a LoRA adapter (lora.h).
+// and every W above may carry a LoRA adapter (lora.h). Gemma 3 (Config.gemma) is the same layer with
+// its norms x / rms(x) * (1 + w), q_norm and k_norm, a norm on each branch's output before the residual
+// add ("sandwich" norms), and GeGLU:
+//   x = x + rmsnorm_attn(attention(q, k, v) Wo^T) ; h = rmsnorm(x)
+//   x = x + rmsnorm_mlp((gelu_tanh(h Wg^T) * h Wu^T) Wd^T)
+// Sliding-window layers (Mistral's every layer with a sliding_window, Gemma 3's "sliding_attention"
+// layers) see only the last window keys; Gemma 3's sliding layers rotate with their own RoPE base.
 #include <math.h>
 
 #include "lora.h"
@@ -52,6 +58,10 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, A
         {&a->v, L * N * kv * act},
         {&a->att, L * N * q * act},
         {&a->lse, L * N * c->NH * hp},
+        {&a->ao, c->gemma ? L * N * c->C * act : 0},
+        {&a->rstda, c->gemma ? L * N * hp : 0},
+        {&a->mo, c->gemma ? L * N * c->C * act : 0},
+        {&a->rstdm, c->gemma ? L * N * hp : 0},
         {&a->xmid, L * N * c->C * act},
         {&a->ln2, L * N * c->C * act},
         {&a->rstd2, L * N * hp},
@@ -64,6 +74,7 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, A
         {&a->lsef, N * hp},
         {&a->dx, b * N * c->C * act},
         {&a->dln, b * N * c->C * act},
+        {&a->dpost, c->gemma ? b * N * c->C * act : 0},
         {&a->dq, b * N * q * act},
         {&a->dk, b * N * kv * act},
         {&a->dv, b * N * kv * act},
@@ -188,6 +199,7 @@ static void linear_bwd(Model *m, int l, int which, void *dinp, int accumulate, c
 // per-layer buffers (the arena holds one layer), and the backward recomputes them
 typedef struct {
     void *x, *xn, *ln1, *rstd1, *qpre, *kpre, *qrstd, *krstd, *q, *k, *v, *att, *lse, *xmid, *ln2, *rstd2, *gate, *up, *hm;
+    void *ao, *rstda, *mo, *rstdm;  // Gemma 3's sandwich norms' inputs and rstds, else NULL
 } LayerActs;
 
 // the slot of x holding layer l's input: l, or with ACTS_FORWARD_ONLY l % 2 (two slots in turn)
@@ -206,7 +218,14 @@ static LayerActs layer_acts(const Model *m, int l) {
         LAYER(a->v, i, N * kvw * act), LAYER(a->att, i, N * q * act), LAYER(a->lse, i, N * c->NH * hp),
         LAYER(a->xmid, i, N * C * act), LAYER(a->ln2, i, N * C * act), LAYER(a->rstd2, i, N * hp),
         LAYER(a->gate, i, N * FF * act), LAYER(a->up, i, N * FF * act), LAYER(a->hmlp, i, N * FF * act),
+        NULL, NULL, NULL, NULL,
     };
+    if (c->gemma) {
+        la.ao = LAYER(a->ao, i, N * C * act);
+        la.rstda = LAYER(a->rstda, i, N * hp);
+        la.mo = LAYER(a->mo, i, N * C * act);
+        la.rstdm = LAYER(a->rstdm, i, N * hp);
+    }
     if (c->qk_norm) {
         la.qpre = LAYER(a->qpre, i, N * q * act);
         la.kpre = LAYER(a->kpre, i, N * kvw * act);
@@ -216,6 +235,33 @@ static LayerActs layer_acts(const Model *m, int l) {
     return la;
 }
 
+// what a layer's attention is: its softmax scale, its window (0: none), its RoPE frequencies
+static double attn_scale(const Config *c) {
+    return 1.0 / sqrt(c->query_pre_attn_scalar > 0 ? (double)c->query_pre_attn_scalar : (double)c->HD);
+}
+static int layer_window(const Config *c, int l) { return c->window > 0 && c->sliding[l] ? c->window : 0; }
+static const void *layer_inv_freq(const Model *m, int l) {
+    return m->inv_freq_local && m->cfg.sliding[l] ? m->inv_freq_local : m->inv_freq;
+}
+// every RMSNorm of the model: x * w, or Gemma's x * (1 + w)
+static void norm_fwd(const Model *m, void *out, void *rstd, const void *inp, const void *w, int N, int C) {
+    if (m->cfg.gemma) m->be->rmsnorm1p_forward(out, rstd, inp, w, N, C, m->cfg.eps);
+    else m->be->rmsnorm_forward(out, rstd, inp, w, N, C, m->cfg.eps);
+}
+static void norm_bwd(const Model *m, void *dinp, void *dw, const void *dout, const void *inp, const void *w,
+                     const void *rstd, int N, int C) {
+    if (m->cfg.gemma) m->be->rmsnorm1p_backward(dinp, dw, dout, inp, w, rstd, N, C);
+    else m->be->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+}
+// Gemma's embeddings are scaled by sqrt(hidden_size), the factor rounded to the embeddings' dtype as
+// transformers rounds it (Gemma3TextScaledWordEmbedding: embed_scale.to(weight.dtype)): 33.94 is 34 in
+// bf16 for hidden 1152. 1 for the others.
+static float embed_scale(const Model *m) {
+    if (!m->cfg.gemma) return 1.0f;
+    float s = (float)sqrt((double)m->cfg.C);
+    return m->be->act == DT_BF16 ? bf16_to_f32(f32_to_bf16(s)) : s;
+}
+
 // layer l: la.x -> la.xn, saving what the backward needs in la
 static void layer_forward(Model *m, int l, const LayerActs *la, KVCache *kv, const int32_t *slots_dev) {
     const Config *c = &m->cfg;
@@ -223,33 +269,44 @@ static void layer_forward(Model *m, int l, const LayerActs *la, KVCache *kv, con
     const LayerWeights *lw = &m->w.layers[l];
     int B = m->B, T = m->T, N = B * T;
     const int32_t *pos = (const int32_t *)m->acts.pos;
-    be->rmsnorm_forward(la->ln1, la->rstd1, la->x, lw->ln1, N, c->C, c->eps);
+    const void *inv_freq = layer_inv_freq(m, l);
+    norm_fwd(m, la->ln1, la->rstd1, la->x, lw->ln1, N, c->C);
     if (c->qk_norm) {
         linear_fwd(m, l, LIN_Q, la->qpre, la->ln1, N, 1);
         linear_fwd(m, l, LIN_K, la->kpre, la->ln1, N, 1);
-        be->rmsnorm_forward(la->q, la->qrstd, la->qpre, lw->q_norm, N * c->NH, c->HD, c->eps);
-        be->rmsnorm_forward(la->k, la->krstd, la->kpre, lw->k_norm, N * c->KVH, c->HD, c->eps);
+        norm_fwd(m, la->q, la->qrstd, la->qpre, lw->q_norm, N * c->NH, c->HD);
+        norm_fwd(m, la->k, la->krstd, la->kpre, lw->k_norm, N * c->KVH, c->HD);
     } else {
         linear_fwd(m, l, LIN_Q, la->q, la->ln1, N, 1);
         linear_fwd(m, l, LIN_K, la->k, la->ln1, N, 1);
     }
     linear_fwd(m, l, LIN_V, la->v, la->ln1, N, 1);
-    be->rope_forward(la->q, pos, m->inv_freq, N, c->NH, c->HD);
-    be->rope_forward(la->k, pos, m->inv_freq, N, c->KVH, c->HD);
+    be->rope_forward(la->q, pos, inv_freq, N, c->NH, c->HD);
+    be->rope_forward(la->k, pos, inv_freq, N, c->KVH, c->HD);
     if (kv) {
         void *kc, *vc;
         float *ks, *vs;
         kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
         be->kv_write(kc, vc, ks, vs, la->k, la->v, slots_dev, N, c->KVH, c->HD);
     }
-    be->attention_forward(la->att, la->lse, la->q, la->k, la->v, B, T, c->NH, c->KVH, c->HD);
-    linear_fwd(m, l, LIN_O, la->xmid, la->att, N, 1);
+    be->attention_forward(la->att, la->lse, la->q, la->k, la->v, B, T, c->NH, c->KVH, c->HD, attn_scale(c),
+                          layer_window(c, l));
+    if (c->gemma) {  // xmid = x + rmsnorm_attn(o)
+        linear_fwd(m, l, LIN_O, la->ao, la->att, N, 1);
+        norm_fwd(m, la->xmid, la->rstda, la->ao, lw->ln_attn, N, c->C);
+    } else linear_fwd(m, l, LIN_O, la->xmid, la->att, N, 1);
     be->add(la->xmid, la->xmid, la->x, (size_t)N * c->C);
-    be->rmsnorm_forward(la->ln2, la->rstd2, la->xmid, lw->ln2, N, c->C, c->eps);
+    norm_fwd(m, la->ln2, la->rstd2, la->xmid, lw->ln2, N, c->C);
     linear_fwd(m, l, LIN_GATE, la->gate, la->ln2, N, 1);
     linear_fwd(m, l, LIN_UP, la->up, la->ln2, N, 1);
-    be->swiglu_forward(la->hm, la->gate, la->up, (size_t)N * c->FF);
-    linear_fwd(m, l, LIN_DOWN, la->xn, la->hm, N, 1);
+    if (c->gemma) {  // xn = xmid + rmsnorm_mlp(down(gelu_tanh(gate) * up))
+        be->geglu_forward(la->hm, la->gate, la->up, (size_t)N * c->FF);
+        linear_fwd(m, l, LIN_DOWN, la->mo, la->hm, N, 1);
+        norm_fwd(m, la->xn, la->rstdm, la->mo, lw->ln_mlp, N, c->C);
+    } else {
+        be->swiglu_forward(la->hm, la->gate, la->up, (size_t)N * c->FF);
+        linear_fwd(m, l, LIN_DOWN, la->xn, la->hm, N, 1);
+    }
     be->add(la->xn, la->xn, la->xmid, (size_t)N * c->C);
 }
 
@@ -272,12 +329,13 @@ static void forward_impl(Model *m, const int *ids_host, int B, int T, KVCache *k
     free(pos);
 
     be->embedding_forward(a->x, (const int32_t *)a->ids, &m->w.emb, N);
+    if (c->gemma) be->scale_act(a->x, (size_t)N * c->C, embed_scale(m));
     for (int l = 0; l < c->L; l++) {
         LayerActs la = layer_acts(m, l);
         layer_forward(m, l, &la, kv, slots_dev);
     }
-    be->rmsnorm_forward(a->lnf, a->rstdf, LAYER(a->x, x_slot(m, c->L), (size_t)N * c->C * dtype_size(be->act)), m->w.norm, N, c->C,
-                        c->eps);
+    norm_fwd(m, a->lnf, a->rstdf, LAYER(a->x, x_slot(m, c->L), (size_t)N * c->C * dtype_size(be->act)), m->w.norm, N,
+             c->C);
 }
 
 void model_forward(Model *m, const int *ids_host, int B, int T) { forward_impl(m, ids_host, B, T, NULL, NULL); }
@@ -350,45 +408,62 @@ static void backward_from_hidden(Model *m) {
     const Weights *gw = m->grads ? &m->gw : NULL;
 
     be->zero(a->dx, N * C * act);
-    be->rmsnorm_backward(a->dx, gw ? gw->norm : NULL, a->dln, LAYER(a->x, c->L, N * C * act), m->w.norm, a->rstdf, N,
-                         c->C);
+    norm_bwd(m, a->dx, gw ? gw->norm : NULL, a->dln, LAYER(a->x, c->L, N * C * act), m->w.norm, a->rstdf, N, c->C);
     for (int l = c->L - 1; l >= 0; l--) {
         const LayerWeights *lw = &m->w.layers[l];
         const LayerWeights *gl = gw ? &gw->layers[l] : NULL;
         LayerActs la = layer_acts(m, l);
         if (m->recompute) layer_forward(m, l, &la, NULL, NULL);  // the layer's activations again, from its input
 
-        // MLP: x_{l+1} = xmid + down(silu(gate(ln2)) * up(ln2)); dx passes through the residual
-        linear_bwd(m, l, LIN_DOWN, a->dff3, 0, a->dx, la.hm, N);
-        if (!be->swiglu_backward_q ||
-            !be->swiglu_backward_q(a->dff1, a->dff2, a->dff3, la.gate, la.up, N, FF, &lw->lin[LIN_GATE], &lw->lin[LIN_UP]))
+        // MLP: x_{l+1} = xmid + down(silu(gate(ln2)) * up(ln2)); dx passes through the residual.
+        // Gemma 3: the branch's output goes through rmsnorm_mlp first, and its activation is gelu_tanh.
+        const void *dmlp = a->dx;
+        if (c->gemma) {
+            be->zero(a->dpost, N * C * act);
+            norm_bwd(m, a->dpost, gl ? gl->ln_mlp : NULL, a->dx, la.mo, lw->ln_mlp, la.rstdm, N, c->C);
+            dmlp = a->dpost;
+        }
+        linear_bwd(m, l, LIN_DOWN, a->dff3, 0, dmlp, la.hm, N);
+        if (c->gemma) be->geglu_backward(a->dff1, a->dff2, a->dff3, la.gate, la.up, N * FF);
+        else if (!be->swiglu_backward_q ||
+                 !be->swiglu_backward_q(a->dff1, a->dff2, a->dff3, la.gate, la.up, N, FF, &lw->lin[LIN_GATE], &lw->lin[LIN_UP]))
             be->swiglu_backward(a->dff1, a->dff2, a->dff3, la.gate, la.up, N * FF);
         linear_bwd(m, l, LIN_GATE, a->dln, 0, a->dff1, la.ln2, N);
         linear_bwd(m, l, LIN_UP, a->dln, 1, a->dff2, la.ln2, N);
-        be->rmsnorm_backward(a->dx, gl ? gl->ln2 : NULL, a->dln, la.xmid, lw->ln2, la.rstd2, N, c->C);
+        norm_bwd(m, a->dx, gl ? gl->ln2 : NULL, a->dln, la.xmid, lw->ln2, la.rstd2, N, c->C);
 
-        // attention: xmid = x + o(attention(rope(q), rope(k), v))
-        linear_bwd(m, l, LIN_O, a->datt, 0, a->dx, la.att, N);
-        be->attention_backward(a->dq, a->dk, a->dv, a->datt, la.att, la.lse, la.q, la.k, la.v, B, T, c->NH, c->KVH, c->HD);
-        be->rope_backward(a->dq, (const int32_t *)a->pos, m->inv_freq, N, c->NH, c->HD);
-        be->rope_backward(a->dk, (const int32_t *)a->pos, m->inv_freq, N, c->KVH, c->HD);
+        // attention: xmid = x + o(attention(rope(q), rope(k), v)) (Gemma 3: x + rmsnorm_attn(o(...)))
+        const void *dattn = a->dx, *inv_freq = layer_inv_freq(m, l);
+        if (c->gemma) {
+            be->zero(a->dpost, N * C * act);
+            norm_bwd(m, a->dpost, gl ? gl->ln_attn : NULL, a->dx, la.ao, lw->ln_attn, la.rstda, N, c->C);
+            dattn = a->dpost;
+        }
+        linear_bwd(m, l, LIN_O, a->datt, 0, dattn, la.att, N);
+        be->attention_backward(a->dq, a->dk, a->dv, a->datt, la.att, la.lse, la.q, la.k, la.v, B, T, c->NH, c->KVH, c->HD,
+                               attn_scale(c), layer_window(c, l));
+        be->rope_backward(a->dq, (const int32_t *)a->pos, inv_freq, N, c->NH, c->HD);
+        be->rope_backward(a->dk, (const int32_t *)a->pos, inv_freq, N, c->KVH, c->HD);
         void *dqp = a->dq, *dkp = a->dk;
         if (c->qk_norm) {
             be->zero(a->dqpre, N * q * act);
             be->zero(a->dkpre, N * kvw * act);
-            be->rmsnorm_backward(a->dqpre, gl ? gl->q_norm : NULL, a->dq, la.qpre, lw->q_norm, la.qrstd, N * c->NH, c->HD);
-            be->rmsnorm_backward(a->dkpre, gl ? gl->k_norm : NULL, a->dk, la.kpre, lw->k_norm, la.krstd, N * c->KVH, c->HD);
+            norm_bwd(m, a->dqpre, gl ? gl->q_norm : NULL, a->dq, la.qpre, lw->q_norm, la.qrstd, N * c->NH, c->HD);
+            norm_bwd(m, a->dkpre, gl ? gl->k_norm : NULL, a->dk, la.kpre, lw->k_norm, la.krstd, N * c->KVH, c->HD);
             dqp = a->dqpre;
             dkp = a->dkpre;
         }
         linear_bwd(m, l, LIN_Q, a->dln, 0, dqp, la.ln1, N);
         linear_bwd(m, l, LIN_K, a->dln, 1, dkp, la.ln1, N);
         linear_bwd(m, l, LIN_V, a->dln, 1, a->dv, la.ln1, N);
-        be->rmsnorm_backward(a->dx, gl ? gl->ln1 : NULL, a->dln, la.x, lw->ln1, la.rstd1, N, c->C);
+        norm_bwd(m, a->dx, gl ? gl->ln1 : NULL, a->dln, la.x, lw->ln1, la.rstd1, N, c->C);
         if (gl && m->layer_grads) m->layer_grads(m->layer_grads_ctx, l);  // layer l's gradients are complete
     }
-    // a->dx now holds the gradient with respect to the embeddings' output
-    if (gw) be->embedding_backward(gw->wte, (const int32_t *)a->ids, a->dx, N, c->C);
+    // a->dx now holds the gradient with respect to the embeddings' output (Gemma: the scaled one's)
+    if (gw) {
+        if (c->gemma) be->scale_act(a->dx, (size_t)N * C, embed_scale(m));
+        be->embedding_backward(gw->wte, (const int32_t *)a->ids, a->dx, N, c->C);
+    }
 }
 
 void model_backward(Model *m, const double *dlogp_host) {
@@ -598,7 +673,7 @@ static void decode_qkv(Model *m, int l, int S, const FP8Tensor *xq, void *kc, vo
     const void *qin = fused ? fused : d->q, *kin = fused ? fused + q * act : d->k, *vin = fused ? fused + (q + kvw) * act : d->v;
     int ldq = fused ? q + 2 * kvw : q, ldkv = fused ? q + 2 * kvw : kvw;
     m->be->qkv_rope_kv(d->q, d->k, qin, kin, vin, ldq, ldkv, c->qk_norm ? lw->q_norm : NULL, c->qk_norm ? lw->k_norm : NULL,
-                       (const int32_t *)d->pos, m->inv_freq, kc, vc, ks, vs, (const int32_t *)d->slots, S, c->NH, c->KVH,
+                       (const int32_t *)d->pos, layer_inv_freq(m, l), kc, vc, ks, vs, (const int32_t *)d->slots, S, c->NH, c->KVH,
                        c->HD, c->eps);
 }
 
@@ -610,6 +685,40 @@ typedef struct {
     int S, MB;
 } DecodeStep;
 
+// Gemma 3's layer l of the decode step, d->ln = its input norm's output on entry, the next layer's (or
+// the final) norm's on return: the plain ops in the forward's order (no fusions for its (1 + w) norms,
+// sandwich norms and GeGLU yet; FP8 products quantize their own inputs)
+static void decode_layer_gemma(Model *m, KVCache *kv, int l, int S, int MB) {
+    const Config *c = &m->cfg;
+    const Backend *be = m->be;
+    const LayerWeights *lw = &m->w.layers[l];
+    DecodeScratch *d = &m->dec;
+    void *kc, *vc;
+    float *ks, *vs;
+    kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
+    int q = c->NH * c->HD, kvw = c->KVH * c->HD;
+    linear_fwd(m, l, LIN_Q, d->q, d->ln, S, 0);
+    linear_fwd(m, l, LIN_K, d->k, d->ln, S, 0);
+    linear_fwd(m, l, LIN_V, d->v, d->ln, S, 0);
+    norm_fwd(m, d->q, d->rstd, d->q, lw->q_norm, S * c->NH, c->HD);
+    norm_fwd(m, d->k, d->rstd, d->k, lw->k_norm, S * c->KVH, c->HD);
+    be->qkv_rope_kv(d->q, d->k, d->q, d->k, d->v, q, kvw, NULL, NULL, (const int32_t *)d->pos, layer_inv_freq(m, l), kc,
+                    vc, ks, vs, (const int32_t *)d->slots, S, c->NH, c->KVH, c->HD, c->eps);
+    be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens, S,
+                         c->NH, c->KVH, c->HD, kv->BS, MB, attn_scale(c), layer_window(c, l), NULL);
+    linear_fwd(m, l, LIN_O, d->tmp, d->att, S, 0);
+    norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_attn, S, c->C);
+    be->add(d->x, d->x, d->tmp, (size_t)S * c->C);
+    norm_fwd(m, d->ln, d->rstd, d->x, lw->ln2, S, c->C);
+    linear_fwd(m, l, LIN_GATE, d->ff1, d->ln, S, 0);
+    linear_fwd(m, l, LIN_UP, d->ff2, d->ln, S, 0);
+    be->geglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
+    linear_fwd(m, l, LIN_DOWN, d->tmp, d->ff3, S, 0);
+    norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_mlp, S, c->C);
+    be->add(d->x, d->x, d->tmp, (size_t)S * c->C);
+    norm_fwd(m, d->ln, d->rstd, d->x, l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm, S, c->C);
+}
+
 static void decode_compute(void *arg) {
     DecodeStep *st = (DecodeStep *)arg;
     Model *m = st->m;
@@ -619,6 +728,13 @@ static void decode_compute(void *arg) {
     const Backend *be = m->be;
     DecodeScratch *d = &m->dec;
     be->embedding_forward(d->x, (const int32_t *)d->tok, &m->w.emb, S);
+    if (c->gemma) {
+        be->scale_act(d->x, (size_t)S * c->C, embed_scale(m));
+        norm_fwd(m, d->ln, d->rstd, d->x, m->w.layers[0].ln1, S, c->C);
+        for (int l = 0; l < c->L; l++) decode_layer_gemma(m, kv, l, S, st->MB);
+        be->logits_forward(d->logits, d->ln, &m->w.head, S);
+        return;
+    }
     be->rmsnorm_forward(d->ln, d->rstd, d->x, m->w.layers[0].ln1, S, c->C, c->eps);
     // The inputs of the FP8 products are quantized by the ops that make them (xq: decode_fp8_input):
     // the norms for q|k|v and gate|up, the attention for o, the SwiGLU for down; layer 0's q|k|v
@@ -632,7 +748,7 @@ static void decode_compute(void *arg) {
         decode_qkv(m, l, S, xq, kc, vc, ks, vs);
         xq = decode_fp8_input(m, &lw->lin[LIN_O], S);
         be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens,
-                             S, c->NH, c->KVH, c->HD, kv->BS, st->MB, xq);
+                             S, c->NH, c->KVH, c->HD, kv->BS, st->MB, attn_scale(c), layer_window(c, l), xq);
         linear_fwd_q(m, l, LIN_O, d->tmp, d->att, xq, S, 0);
         // the residual add and the post-attention norm in one op
         xq = decode_fp8_input(m, &lw->gateup, S);

@@ -1,4 +1,4 @@
-// model.h: Llama 3 / Qwen2 / Qwen3 decoder-only transformers on any Backend.
+// model.h: Llama 3 / Qwen2 / Qwen3 / Mistral / Gemma 3 (text) decoder-only transformers on any Backend.
 // Defines: Config (from a Hugging Face config.json), Weights (one allocation
 // per role with a pointer table), the training forward/backward with
 // per-token logprobs, and the KV-cache decode used by the rollout engine.
@@ -13,7 +13,8 @@
 extern "C" {
 #endif
 
-typedef enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3 } Arch;
+typedef enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_MISTRAL, ARCH_GEMMA3 } Arch;
+#define CONFIG_MAX_LAYERS 1024
 
 typedef struct {
     Arch arch;
@@ -30,10 +31,19 @@ typedef struct {
     int qkv_bias;     // Qwen2: q/k/v projections have biases
     int qk_norm;      // Qwen3: RMSNorm on each head of q and k before RoPE
     int tied;         // tie_word_embeddings: lm_head = embed_tokens
-    // rope_scaling {"rope_type": "llama3", ...}; type 0 = none, 1 = llama3
+    // rope_scaling {"rope_type": "llama3", ...}; type 0 = none, 1 = llama3, 2 = linear (inv_freq / factor)
     int rope_scaling;
     float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_pos;
+    // Mistral and Gemma 3. A zeroed Config is Llama's: no window, 1/sqrt(HD), x * w norms, SiLU.
+    int window;       // sliding_window: on a sliding layer query t sees keys s with t - s < window; 0: none
+    unsigned char sliding[CONFIG_MAX_LAYERS];  // 1: layer l is a sliding-window layer (Mistral with a window:
+                                               // every layer; Gemma 3: layer_types "sliding_attention")
+    float query_pre_attn_scalar;  // Gemma 3: the softmax scale is query_pre_attn_scalar^-0.5; 0: head_dim's
+    float rope_local_theta;       // Gemma 3: the sliding layers' RoPE base (rope_local_base_freq, never
+                                  // scaled); 0: every layer uses rope_theta (and rope_scaling)
+    int gemma;        // Gemma 3's layer: RMSNorm x * (1 + w) in fp32, a norm after the attention and after
+                      // the MLP as well, GeGLU (gelu tanh) MLP, embeddings times sqrt(hidden_size)
     int bos_id;       // -1 if none
     int eos_ids[4];   // eos_token_id (int or list); n_eos of them
     int n_eos;
@@ -45,7 +55,10 @@ extern const char *const lin_names[LIN_COUNT];  // "q_proj", ..., "down_proj"
 
 typedef struct {
     void *ln1;             // (C) act   input_layernorm
-    void *ln2;             // (C) act   post_attention_layernorm
+    void *ln2;             // (C) act   the norm before the MLP: post_attention_layernorm (Gemma 3:
+                           //           pre_feedforward_layernorm)
+    void *ln_attn, *ln_mlp;// (C) act   Gemma 3 only, else NULL: the norms of the attention's and the MLP's
+                           //           outputs (post_attention_layernorm, post_feedforward_layernorm)
     void *q_norm, *k_norm; // (HD) act  Qwen3 only, else NULL
     void *bias[3];         // q (NH*HD), k, v (KVH*HD) act, Qwen2 only, else NULL
     QWeight lin[LIN_COUNT];// q (NH*HD, C), k, v (KVH*HD, C), o (C, NH*HD), gate, up (FF, C), down (C, FF)
@@ -99,12 +112,16 @@ typedef struct {
     void *v;      // (L, N, KVH*HD) act
     void *att;    // (L, N, NH*HD) act  attention output
     void *lse;    // (L, B, NH, T) hp
+    void *ao;     // (L, N, C) act      Gemma 3: the o projection's output (ln_attn's input), else NULL
+    void *rstda;  // (L, N) hp          its rstd
+    void *mo;     // (L, N, C) act      Gemma 3: the down projection's output (ln_mlp's input), else NULL
+    void *rstdm;  // (L, N) hp
     void *xmid;   // (L, N, C) act      residual after attention
     void *ln2;    // (L, N, C) act
     void *rstd2;  // (L, N) hp
     void *gate;   // (L, N, FF) act
     void *up;     // (L, N, FF) act
-    void *hmlp;   // (L, N, FF) act     silu(gate) * up
+    void *hmlp;   // (L, N, FF) act     silu(gate) * up (Gemma 3: gelu_tanh(gate) * up)
     void *lnf;    // (N, C) act         final norm output
     void *rstdf;  // (N) hp
     void *logp;   // (N) hp
@@ -112,6 +129,7 @@ typedef struct {
     // backward scratch (not per layer)
     void *dx;     // (N, C) act   gradient of the residual stream
     void *dln;    // (N, C) act
+    void *dpost;  // (N, C) act   Gemma 3: the gradient of ln_attn's / ln_mlp's input, else NULL
     void *dq, *dk, *dv, *datt;  // (N, NH*HD), (N, KVH*HD) x2, (N, NH*HD) act
     void *dqpre, *dkpre;        // (N, NH*HD), (N, KVH*HD) act  (Qwen3 q/k-norm backward)
     void *dff1, *dff2, *dff3;   // (N, FF) act
@@ -163,6 +181,7 @@ typedef struct {
     ModelOptions opt;
     Weights w;
     void *inv_freq;        // (HD/2) hp   RoPE inverse frequencies (scaling applied)
+    void *inv_freq_local;  // (HD/2) hp   Gemma 3's sliding layers' (rope_local_theta), else NULL
     LoRA *lora;            // attached adapters, or NULL
     int lora_on;           // 0: the adapters are skipped (the KL reference = the base model)
     int recompute;         // gradient checkpointing: keep each layer's input only, recompute the layer in

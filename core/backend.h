@@ -147,13 +147,17 @@ struct Backend {
     void (*rope_backward)(void *dx, const int32_t *pos, const void *inv_freq, int N, int H, int HD);
     // causal self-attention over B right-padded sequences of length T (padding only
     // attends to itself and earlier tokens, so it never touches real tokens):
-    // q (B, T, NH, HD), k, v (B, T, KVH, HD), out (B, T, NH, HD) act; lse (B, NH, T) hp
+    // q (B, T, NH, HD), k, v (B, T, KVH, HD), out (B, T, NH, HD) act; lse (B, NH, T) hp (of the scaled
+    // scores). scale: the softmax scale (1 / sqrt(HD) for Llama; Gemma 3: query_pre_attn_scalar^-0.5), a double
+    // because the CPU reference computes in double (CUDA rounds it to float).
+    // window > 0: sliding-window attention, query t sees key s iff s <= t and t - s < window
+    // (transformers' sliding_window_overlay: kv_idx > q_idx - window); 0: every earlier key
     void (*attention_forward)(void *out, void *lse, const void *q, const void *k, const void *v, int B, int T,
-                              int NH, int KVH, int HD);
-    // dq, dk, dv (overwritten) from dout; uses out and lse from the forward
+                              int NH, int KVH, int HD, double scale, int window);
+    // dq, dk, dv (overwritten) from dout; uses out and lse from the forward (the same scale and window)
     void (*attention_backward)(void *dq, void *dk, void *dv, const void *dout, const void *out, const void *lse,
                                const void *q, const void *k, const void *v, int B, int T, int NH, int KVH,
-                               int HD);
+                               int HD, double scale, int window);
     // out (n) act = silu(gate) * up
     void (*swiglu_forward)(void *out, const void *gate, const void *up, size_t n);
     void (*swiglu_backward)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
@@ -165,6 +169,20 @@ struct Backend {
     // not a multiple of 128): then call swiglu_backward. NULL: the backend has no such path.
     int (*swiglu_backward_q)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int N, int FF,
                              const QWeight *wg, const QWeight *wu);
+    // GeGLU (Gemma 3's MLP): out (n) act = gelu_tanh(gate) * up, gelu_tanh(g) = g/2 (1 + tanh(sqrt(2/pi)
+    // (g + 0.044715 g^3))) (PyTorch's gelu(approximate="tanh"), transformers' gelu_pytorch_tanh)
+    void (*geglu_forward)(void *out, const void *gate, const void *up, size_t n);
+    void (*geglu_backward)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
+    // Gemma's RMSNorm: out (N, C) act = inp / rms(inp) * (1 + w), computed in fp32 and rounded once
+    // (Gemma3RMSNorm: "(x * w).to(dtype)", where Llama rounds x / rms(x) before the product); rstd
+    // (N) hp; out may alias inp. The backward: dinp += , dw (may be NULL) += (the d/dw of w and of
+    // 1 + w are one)
+    void (*rmsnorm1p_forward)(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps);
+    void (*rmsnorm1p_backward)(void *dinp, void *dw, const void *dout, const void *inp, const void *w,
+                               const void *rstd, int N, int C);
+    // x (n act) *= s, each product rounded once to act (Gemma's embeddings times sqrt(C), and that
+    // product's gradient)
+    void (*scale_act)(void *x, size_t n, float s);
     // out = a + b (n act); out may alias a or b
     void (*add)(void *out, const void *a, const void *b, size_t n);
     // Fusions of the decode step, equal to the ops they replace (same roundings). outq, when not NULL
@@ -218,10 +236,11 @@ struct Backend {
                         void *vc, float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps);
     // one query token per sequence: q (S, NH, HD), out (S, NH, HD) act; sequence s
     // attends to its first seq_lens[s] cached tokens, found through block_table (S, MB) i32;
-    // outq as add_rmsnorm's (out's FP8 copy: the o projection's input)
+    // scale and window as attention_forward's (window > 0: only the last window of those tokens, the
+    // older ones stay in the cache, masked); outq as add_rmsnorm's (out's FP8 copy: the o projection's input)
     void (*attention_decode)(void *out, const void *q, const void *kc, const void *vc, const float *ks,
                              const float *vs, const int32_t *block_table, const int32_t *seq_lens, int S, int NH,
-                             int KVH, int HD, int BS, int MB, FP8Tensor *outq);
+                             int KVH, int HD, int BS, int MB, double scale, int window, FP8Tensor *outq);
 
     // ---- sampling ----------------------------------------------------------
     // For each of S rows of logits (S, V) hp: sample a token from softmax(logits / temperature)

@@ -264,20 +264,41 @@ static void w_rope_backward(void *dx, const int32_t *pos, const void *inv_freq, 
     OP(rope_forward)((real *)dx, pos, (const real *)inv_freq, N, H, HD, 1);
 }
 static void w_attention_forward(void *out, void *lse, const void *q, const void *k, const void *v, int B, int T, int NH,
-                                int KVH, int HD) {
+                                int KVH, int HD, double scale, int window) {
     OP(attention_forward)((real *)out, (real *)lse, (const real *)q, (const real *)k, (const real *)v, B, T, NH, KVH,
-                          HD);
+                          HD, scale, window);
 }
 static void w_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *out, const void *lse,
-                                 const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD) {
+                                 const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD,
+                                 double scale, int window) {
     OP(attention_backward)((real *)dq, (real *)dk, (real *)dv, (const real *)dout, (const real *)out,
-                           (const real *)lse, (const real *)q, (const real *)k, (const real *)v, B, T, NH, KVH, HD);
+                           (const real *)lse, (const real *)q, (const real *)k, (const real *)v, B, T, NH, KVH, HD,
+                           scale, window);
 }
 static void w_swiglu_forward(void *out, const void *gate, const void *up, size_t n) {
     OP(swiglu_forward)((real *)out, (const real *)gate, (const real *)up, n);
 }
 static void w_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n) {
     OP(swiglu_backward)((real *)dgate, (real *)dup, (const real *)dout, (const real *)gate, (const real *)up, n);
+}
+static void w_geglu_forward(void *out, const void *gate, const void *up, size_t n) {
+    OP(geglu_forward)((real *)out, (const real *)gate, (const real *)up, n);
+}
+static void w_geglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n) {
+    OP(geglu_backward)((real *)dgate, (real *)dup, (const real *)dout, (const real *)gate, (const real *)up, n);
+}
+static void w_rmsnorm1p_forward(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
+    OP(rmsnorm1p_forward)((real *)out, (real *)rstd, (const real *)inp, (const real *)w, N, C, eps);
+}
+static void w_rmsnorm1p_backward(void *dinp, void *dw, const void *dout, const void *inp, const void *w,
+                                 const void *rstd, int N, int C) {
+    OP(rmsnorm1p_backward)((real *)dinp, (real *)dw, (const real *)dout, (const real *)inp, (const real *)w,
+                           (const real *)rstd, N, C);
+}
+// the product in double, rounded once: for fp32, the correctly rounded fp32 product PyTorch forms
+static void w_scale_act(void *x, size_t n, float s) {
+    real *v = (real *)x;
+    for (size_t i = 0; i < n; i++) v[i] = (real)(v[i] * (double)s);
 }
 static void w_add(void *out, const void *a, const void *b, size_t n) {
     OP(add)((real *)out, (const real *)a, (const real *)b, n);
@@ -330,8 +351,9 @@ static void w_kv_write(void *kc, void *vc, float *ks, float *vs, const void *k, 
 }
 static void w_attention_decode(void *out, const void *q, const void *kc, const void *vc, const float *ks,
                                const float *vs, const int32_t *block_table, const int32_t *seq_lens, int S, int NH,
-                               int KVH, int HD, int BS, int MB, FP8Tensor *outq) {
-    OP(attention_decode)((real *)out, (const real *)q, kc, vc, ks, vs, block_table, seq_lens, S, NH, KVH, HD, BS, MB);
+                               int KVH, int HD, int BS, int MB, double scale, int window, FP8Tensor *outq) {
+    OP(attention_decode)((real *)out, (const real *)q, kc, vc, ks, vs, block_table, seq_lens, S, NH, KVH, HD, BS, MB,
+                         scale, window);
     if (outq) quantize_act(outq, (const real *)out);
 }
 static void w_sample(int32_t *tokens, void *logp, const void *logits, uint64_t *rng, int S, int V, float temperature,
@@ -394,6 +416,11 @@ static Backend be = {
     .attention_backward = w_attention_backward,
     .swiglu_forward = w_swiglu_forward,
     .swiglu_backward = w_swiglu_backward,
+    .geglu_forward = w_geglu_forward,
+    .geglu_backward = w_geglu_backward,
+    .rmsnorm1p_forward = w_rmsnorm1p_forward,
+    .rmsnorm1p_backward = w_rmsnorm1p_backward,
+    .scale_act = w_scale_act,
     .add = w_add,
     .gather_rows = w_gather_rows,
     .logits_forward = w_logits_forward,

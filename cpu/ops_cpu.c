@@ -170,8 +170,10 @@ void FN(embedding_backward)(real *dwte, const int32_t *ids, const real *dout, in
     }
 }
 
-// y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps)  (Hugging Face LlamaRMSNorm / Qwen3RMSNorm)
-void FN(rmsnorm_forward)(real *out, real *rstd, const real *inp, const real *w, int N, int C, float eps) {
+// y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps)  (Hugging Face LlamaRMSNorm / Qwen3RMSNorm: x * rstd
+// rounded first); p1: Gemma3RMSNorm's y = x * rstd * (1 + w), formed in one go and rounded once (what
+// transformers computes in fp32, here in double)
+static void rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *w, int N, int C, float eps, int p1) {
     cpu_threads_update();
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
@@ -181,21 +183,31 @@ void FN(rmsnorm_forward)(real *out, real *rstd, const real *inp, const real *w, 
         double r = 1.0 / sqrt(ss / C + eps);
         rstd[n] = (real)r;
         real *y = out + (size_t)n * C;
-        for (int i = 0; i < C; i++) y[i] = (real)(x[i] * r) * w[i];
+        if (p1)
+            for (int i = 0; i < C; i++) y[i] = (real)(x[i] * r * (1.0 + (double)w[i]));
+        else
+            for (int i = 0; i < C; i++) y[i] = (real)(x[i] * r) * w[i];
     }
+}
+void FN(rmsnorm_forward)(real *out, real *rstd, const real *inp, const real *w, int N, int C, float eps) {
+    rmsnorm_fwd(out, rstd, inp, w, N, C, eps, 0);
+}
+void FN(rmsnorm1p_forward)(real *out, real *rstd, const real *inp, const real *w, int N, int C, float eps) {
+    rmsnorm_fwd(out, rstd, inp, w, N, C, eps, 1);
 }
 
 // dx_i += r (w_i dy_i) - r^3 / C * x_i * sum_j (w_j dy_j x_j);  dw_i += sum_n dy_i x_i r
-void FN(rmsnorm_backward)(real *dinp, real *dw, const real *dout, const real *inp, const real *w, const real *rstd,
-                          int N, int C) {
+// (p1: the weight is 1 + w; its derivative is w's)
+static void rmsnorm_bwd(real *dinp, real *dw, const real *dout, const real *inp, const real *w, const real *rstd,
+                        int N, int C, int p1) {
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const real *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
         real *dx = dinp + (size_t)n * C;
         double r = rstd[n], s = 0;
-        for (int i = 0; i < C; i++) s += (double)w[i] * dy[i] * x[i];
+        for (int i = 0; i < C; i++) s += (p1 + (double)w[i]) * dy[i] * x[i];
         double c = r * r * r * s / C;
-        for (int i = 0; i < C; i++) dx[i] += (real)(r * w[i] * dy[i] - c * x[i]);
+        for (int i = 0; i < C; i++) dx[i] += (real)(r * (p1 + (double)w[i]) * dy[i] - c * x[i]);
     }
     if (dw) {
 #pragma omp parallel for
@@ -205,6 +217,14 @@ void FN(rmsnorm_backward)(real *dinp, real *dw, const real *dout, const real *in
             dw[i] += (real)s;
         }
     }
+}
+void FN(rmsnorm_backward)(real *dinp, real *dw, const real *dout, const real *inp, const real *w, const real *rstd,
+                          int N, int C) {
+    rmsnorm_bwd(dinp, dw, dout, inp, w, rstd, N, C, 0);
+}
+void FN(rmsnorm1p_backward)(real *dinp, real *dw, const real *dout, const real *inp, const real *w, const real *rstd,
+                            int N, int C) {
+    rmsnorm_bwd(dinp, dw, dout, inp, w, rstd, N, C, 1);
 }
 
 void FN(matmul_forward)(real *out, const real *inp, const real *W, const real *bias, int N, int C, int OC) {
@@ -393,12 +413,16 @@ void FN(rope_forward)(real *x, const int32_t *pos, const real *inv_freq, int N, 
     }
 }
 
+// the first key query t sees: 0, or with a sliding window the oldest of the last `window` (t - s < window)
+static inline int first_key(int t, int window) { return window > 0 && t >= window ? t - window + 1 : 0; }
+
 // Naive causal attention, one (b, h, t) row at a time; scores never exceed T.
 // GQA: query head h reads key/value head h / (NH / KVH) (transformers' repeat_kv).
+// Sliding window: keys s < first_key(t) are left out, as transformers' mask leaves them out.
 void FN(attention_forward)(real *out, real *lse, const real *q, const real *k, const real *v, int B, int T, int NH,
-                           int KVH, int HD) {
+                           int KVH, int HD, double scale, int window) {
     cpu_threads_update();
-    double sc = 1.0 / sqrt((double)HD);
+    double sc = scale;
     int rep = NH / KVH;
 #pragma omp parallel for collapse(3)
     for (int b = 0; b < B; b++)
@@ -406,15 +430,15 @@ void FN(attention_forward)(real *out, real *lse, const real *q, const real *k, c
             for (int t = 0; t < T; t++) {
                 double *p = (double *)malloc((t + 1) * sizeof(double)), *o = (double *)calloc(HD, sizeof(double));
                 const real *qv = q + (((size_t)b * T + t) * NH + h) * HD;
-                int kh = h / rep;
+                int kh = h / rep, s0 = first_key(t, window);
                 double mx = -INFINITY;
-                for (int s = 0; s <= t; s++) {
+                for (int s = s0; s <= t; s++) {
                     p[s] = sc * dot(qv, k + (((size_t)b * T + s) * KVH + kh) * HD, HD);
                     if (p[s] > mx) mx = p[s];
                 }
                 double sum = 0;
-                for (int s = 0; s <= t; s++) sum += (p[s] = exp(p[s] - mx));
-                for (int s = 0; s <= t; s++) {
+                for (int s = s0; s <= t; s++) sum += (p[s] = exp(p[s] - mx));
+                for (int s = s0; s <= t; s++) {
                     const real *vv = v + (((size_t)b * T + s) * KVH + kh) * HD;
                     double w = p[s] / sum;
                     for (int d = 0; d < HD; d++) o[d] += w * vv[d];
@@ -431,9 +455,10 @@ void FN(attention_forward)(real *out, real *lse, const real *q, const real *k, c
 //   P = exp(S - lse), dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO * O)), dQ = dS K sc, dK = dS^T Q sc.
 // Parallel over (b, kv head) so each thread owns its dk/dv rows: no atomics.
 void FN(attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *out, const real *lse,
-                            const real *q, const real *k, const real *v, int B, int T, int NH, int KVH, int HD) {
+                            const real *q, const real *k, const real *v, int B, int T, int NH, int KVH, int HD,
+                            double scale, int window) {
     cpu_threads_update();
-    double sc = 1.0 / sqrt((double)HD);
+    double sc = scale;
     int rep = NH / KVH;
     memset(dq, 0, (size_t)B * T * NH * HD * sizeof(real));
     memset(dk, 0, (size_t)B * T * KVH * HD * sizeof(real));
@@ -452,7 +477,7 @@ void FN(attention_backward)(real *dq, real *dk, real *dv, const real *dout, cons
                     double L = lse[((size_t)b * NH + h) * T + t];
                     double Dt = dot(dov, ov, HD);
                     memset(dqacc, 0, HD * sizeof(double));
-                    for (int s = 0; s <= t; s++) {
+                    for (int s = first_key(t, window); s <= t; s++) {
                         const real *kv = k + (((size_t)b * T + s) * KVH + kh) * HD;
                         const real *vv = v + (((size_t)b * T + s) * KVH + kh) * HD;
                         p[s] = exp(sc * dot(qv, kv, HD) - L);
@@ -493,6 +518,27 @@ void FN(swiglu_backward)(real *dgate, real *dup, const real *dout, const real *g
         double g = gate[i], sg = 1.0 / (1.0 + exp(-g));
         dgate[i] = (real)(dout[i] * up[i] * sg * (1.0 + g * (1.0 - sg)));
         dup[i] = (real)(dout[i] * g * sg);
+    }
+}
+
+// gelu_tanh(g) = g/2 (1 + tanh(u)), u = sqrt(2/pi) (g + 0.044715 g^3) (PyTorch's approximate="tanh")
+#define GELU_K0 0.7978845608028654  // sqrt(2 / pi)
+#define GELU_K1 0.044715
+void FN(geglu_forward)(real *out, const real *gate, const real *up, size_t n) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        double g = gate[i], t = tanh(GELU_K0 * (g + GELU_K1 * g * g * g));
+        out[i] = (real)(0.5 * g * (1.0 + t) * up[i]);
+    }
+}
+// d gelu_tanh / dg = (1 + t) / 2 + g/2 (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 g^2)
+void FN(geglu_backward)(real *dgate, real *dup, const real *dout, const real *gate, const real *up, size_t n) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        double g = gate[i], t = tanh(GELU_K0 * (g + GELU_K1 * g * g * g));
+        double dgelu = 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * GELU_K0 * (1.0 + 3.0 * GELU_K1 * g * g);
+        dgate[i] = (real)(dout[i] * up[i] * dgelu);
+        dup[i] = (real)(dout[i] * 0.5 * g * (1.0 + t));
     }
 }
 
@@ -598,24 +644,25 @@ void FN(kv_write)(void *kc, void *vc, float *ks, float *vs, const real *k, const
 
 void FN(attention_decode)(real *out, const real *q, const void *kc, const void *vc, const float *ks, const float *vs,
                           const int32_t *block_table, const int32_t *seq_lens, int S_, int NH, int KVH, int HD, int BS,
-                          int MB) {
-    double sc = 1.0 / sqrt((double)HD);
+                          int MB, double scale, int window) {
+    double sc = scale;
     int rep = NH / KVH;
 #pragma omp parallel for collapse(2)
     for (int s = 0; s < S_; s++)
         for (int h = 0; h < NH; h++) {
-            int len = seq_lens[s], kh = h / rep;
+            // the query is token len - 1: with a window, the tokens before first_key stay cached but unseen
+            int len = seq_lens[s], kh = h / rep, t0 = first_key(len - 1, window);
             double *p = (double *)malloc(len * sizeof(double)), *o = (double *)calloc(HD, sizeof(double)), mx = -INFINITY;
             real *tmp = (real *)malloc(HD * sizeof(real));
             const real *qv = q + ((size_t)s * NH + h) * HD;
-            for (int t = 0; t < len; t++) {
+            for (int t = t0; t < len; t++) {
                 size_t slot = (size_t)block_table[(size_t)s * MB + t / BS] * BS + t % BS;
                 p[t] = sc * dot(qv, kv_row(kc, ks, slot, KVH, kh, HD, tmp), HD);
                 if (p[t] > mx) mx = p[t];
             }
             double sum = 0;
-            for (int t = 0; t < len; t++) sum += (p[t] = exp(p[t] - mx));
-            for (int t = 0; t < len; t++) {
+            for (int t = t0; t < len; t++) sum += (p[t] = exp(p[t] - mx));
+            for (int t = t0; t < len; t++) {
                 size_t slot = (size_t)block_table[(size_t)s * MB + t / BS] * BS + t % BS;
                 const real *vv = kv_row(vc, vs, slot, KVH, kh, HD, tmp);
                 for (int d = 0; d < HD; d++) o[d] += p[t] / sum * vv[d];

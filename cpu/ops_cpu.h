@@ -34,12 +34,19 @@ extern "C" {
     void matmul_forward_fp8##S(real *out, const real *inp, const FP8Tensor *W, const real *bias, int N);            \
     void matmul_backward_fp8##S(real *dinp, int accumulate, const real *dout, const FP8Tensor *W, int N);           \
     void rope_forward##S(real *x, const int32_t *pos, const real *inv_freq, int N, int H, int HD, int inverse);     \
+    /* scale: the softmax scale; window > 0: query t sees keys t - window < s <= t (backend.h) */                  \
     void attention_forward##S(real *out, real *lse, const real *q, const real *k, const real *v, int B, int T,      \
-                              int NH, int KVH, int HD);                                                              \
+                              int NH, int KVH, int HD, double scale, int window);                                     \
     void attention_backward##S(real *dq, real *dk, real *dv, const real *dout, const real *out, const real *lse,    \
-                               const real *q, const real *k, const real *v, int B, int T, int NH, int KVH, int HD); \
+                               const real *q, const real *k, const real *v, int B, int T, int NH, int KVH, int HD,  \
+                               double scale, int window);                                                             \
     void swiglu_forward##S(real *out, const real *gate, const real *up, size_t n);                                   \
     void swiglu_backward##S(real *dgate, real *dup, const real *dout, const real *gate, const real *up, size_t n);   \
+    void geglu_forward##S(real *out, const real *gate, const real *up, size_t n);                                    \
+    void geglu_backward##S(real *dgate, real *dup, const real *dout, const real *gate, const real *up, size_t n);    \
+    void rmsnorm1p_forward##S(real *out, real *rstd, const real *inp, const real *w, int N, int C, float eps);        \
+    void rmsnorm1p_backward##S(real *dinp, real *dw, const real *dout, const real *inp, const real *w,               \
+                               const real *rstd, int N, int C);                                                      \
     void add##S(real *out, const real *a, const real *b, size_t n);                                                  \
     void gather_rows##S(real *out, const real *inp, const int32_t *idx, int n_idx, int C);                          \
     void logprobs_forward##S(real *logp, real *lse, const real *h, const real *wlm, const int32_t *targets,         \
@@ -51,7 +58,7 @@ extern "C" {
                      int N, int KVH, int HD);                                                                        \
     void attention_decode##S(real *out, const real *q, const void *kc, const void *vc, const float *ks,             \
                              const float *vs, const int32_t *block_table, const int32_t *seq_lens, int S_, int NH,  \
-                             int KVH, int HD, int BS, int MB);                                                       \
+                             int KVH, int HD, int BS, int MB, double scale, int window);                              \
     void sample##S(int32_t *tokens, real *logp, const real *logits, uint64_t *rng, int S_, int V,                    \
                    float temperature, int top_k, float top_p);                                                       \
     void adamw##S(real *param, const real *grad, float gscale, real *m, real *v, size_t n, float lr, float beta1,   \

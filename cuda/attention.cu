@@ -22,6 +22,10 @@
 // with the row (mod 8), so that the 8 row addresses of an ldmatrix hit 8 different bank
 // groups. Other even head dims up to 256 take plain fp32 kernels, one warp per row (slow,
 // correct; no model we target uses them).
+// Sliding windows (window > 0: query t sees keys t - window < s <= t): every kernel masks the keys
+// outside (the same condition as the causal one: masked_key), and skips key (or query) blocks that lie
+// wholly outside: the forward and dQ loops start at the block of the first query's first key, the dK/dV
+// loops stop at the block of the last key's last query, the decode starts at the window's first token.
 // Decode: one block per (sequence, kv head, context split); its warps stride over the cached
 // tokens (found through the block table), each keeping an online softmax for all the query
 // heads of the kv head (GQA: K and V are read once per group); warps, then splits, are
@@ -34,6 +38,13 @@
 
 #define LOG2E 1.4426950408889634f
 #define FULL 0xffffffffu
+
+// key s is hidden from query t: a later key (causal), or one window or more back (window > 0)
+__device__ __forceinline__ bool masked_key(int s, int t, int window) { return s > t || (window > 0 && t - s >= window); }
+// the key block (of bc keys) holding the first key that query q0 sees
+__device__ __forceinline__ int first_key_block(int q0, int window, int bc) { return window > 0 && q0 >= window ? (q0 - window + 1) / bc : 0; }
+// the end (exclusive) of the queries that see some key of the block [k0, k0 + bc)
+__device__ __forceinline__ int query_end(int k0, int bc, int T, int window) { return window > 0 ? min(T, k0 + bc + window - 1) : T; }
 
 // ----------------------------------------------------------------------------
 // PTX helpers
@@ -165,7 +176,8 @@ __device__ __forceinline__ void mma_ab_rows(float (&acc)[HD / 8][4], const uint3
 template <int HD>
 __global__ void __launch_bounds__(128) attn_fwd_mma(bf16 *__restrict__ out, float *__restrict__ lse,
                                                     const bf16 *__restrict__ q, const bf16 *__restrict__ k,
-                                                    const bf16 *__restrict__ v, int T, int NH, int KVH, float sc) {
+                                                    const bf16 *__restrict__ v, int T, int NH, int KVH, float sc,
+                                                    int window) {
     constexpr int BR = 64, BC = 64, KS = HD / 16, ND = HD / 8;
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *Qs = (bf16 *)smem, *Ks = Qs + BR * HD, *Vs = Ks + 2 * BC * HD;
@@ -176,9 +188,10 @@ __global__ void __launch_bounds__(128) attn_fwd_mma(bf16 *__restrict__ out, floa
     const size_t ldq = (size_t)NH * HD, ldk = (size_t)KVH * HD;
     const bf16 *qg = q + (size_t)b * T * ldq + (size_t)h * HD;
     const bf16 *kg = k + (size_t)b * T * ldk + (size_t)kvh * HD, *vg = v + (size_t)b * T * ldk + (size_t)kvh * HD;
+    const int j0 = first_key_block(q0, window, BC);   // key blocks from the window's start (0: no window)
     load_rows<HD, BR>(Qs, qg, ldq, q0, T, tid);
-    load_rows<HD, BC>(Ks, kg, ldk, 0, T, tid);
-    load_rows<HD, BC>(Vs, vg, ldk, 0, T, tid);
+    load_rows<HD, BC>(Ks + (j0 & 1) * BC * HD, kg, ldk, j0 * BC, T, tid);
+    load_rows<HD, BC>(Vs + (j0 & 1) * BC * HD, vg, ldk, j0 * BC, T, tid);
     cp_async_commit();
     const int nkt = (min(q0 + BR, T) + BC - 1) / BC;  // causal: key blocks up to the diagonal
     const float sl2 = sc * LOG2E;
@@ -188,9 +201,9 @@ __global__ void __launch_bounds__(128) attn_fwd_mma(bf16 *__restrict__ out, floa
 #pragma unroll
     for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     uint32_t qf[KS][4];
-    for (int j = 0; j < nkt; j++) {
+    for (int j = j0; j < nkt; j++) {
         next_kv_block<HD, BC>(Ks, Vs, kg, vg, ldk, j, nkt, T, tid);
-        if (j == 0) {
+        if (j == j0) {
 #pragma unroll
             for (int kk = 0; kk < KS; kk++) ldsm4(qf[kk], Qs + toff<HD>(A_ROW(warp * 16), A_CH(kk)));
         }
@@ -208,12 +221,12 @@ __global__ void __launch_bounds__(128) attn_fwd_mma(bf16 *__restrict__ out, floa
                 mma16816(s[2 * np + 1], qf[kk], bb[2], bb[3]);
             }
         const int kb = j * BC;
-        if (kb + BC - 1 > q0 + warp * 16) {  // the diagonal block: mask keys after the query
+        if (kb + BC - 1 > q0 + warp * 16 || window > 0) {  // the diagonal block (and a window): mask
 #pragma unroll
             for (int nt = 0; nt < 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    if (kb + nt * 8 + 2 * t4 + (e & 1) > row0 + (e >> 1) * 8) s[nt][e] = -INFINITY;
+                    if (masked_key(kb + nt * 8 + 2 * t4 + (e & 1), row0 + (e >> 1) * 8, window)) s[nt][e] = -INFINITY;
         }
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -285,7 +298,7 @@ __global__ void __launch_bounds__(256) attn_fwd_wgmma(bf16 *__restrict__ out, fl
                                                       const __grid_constant__ CUtensorMap tq,
                                                       const __grid_constant__ CUtensorMap tk,
                                                       const __grid_constant__ CUtensorMap tv, int T, int NH, int KVH,
-                                                      float sc) {
+                                                      float sc, int window) {
 #ifdef FP8_SM90A
     constexpr int BR = 128, BC = 64, NP = HD / 64, PANEL = 64 * 128, TILE = NP * PANEL;  // bytes
     extern __shared__ unsigned char smem_raw[];
@@ -296,16 +309,17 @@ __global__ void __launch_bounds__(256) attn_fwd_wgmma(bf16 *__restrict__ out, fl
     const int qt = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, kvh = h / (NH / KVH);
     const int q0 = qt * BR, wrow0 = q0 + 64 * wg;  // the block's and the warpgroup's first query
     const int nkt = (min(q0 + BR, T) + BC - 1) / BC;  // causal: key blocks up to the block's diagonal
+    const int j0 = first_key_block(q0, window, BC);   // from the window's first (0: no window); step i = j - j0
     if (threadIdx.x == 0) {
         mbar_init(&full[0], 1);
         mbar_init(&full[1], 1);
         mbar_fence_init();
-        mbar_expect_tx(&full[0], 4 * TILE);  // Q (2 warpgroups), K and V of block 0
+        mbar_expect_tx(&full[0], 4 * TILE);  // Q (2 warpgroups), K and V of block j0
         for (int w = 0; w < 2; w++)
             for (int p = 0; p < NP; p++) tma_load_2d(Qs + w * TILE + p * PANEL, &tq, &full[0], h * HD + 64 * p, b * T + q0 + 64 * w);
         for (int p = 0; p < NP; p++) {
-            tma_load_2d(Ks + p * PANEL, &tk, &full[0], kvh * HD + 64 * p, b * T);
-            tma_load_2d(Vs + p * PANEL, &tv, &full[0], kvh * HD + 64 * p, b * T);
+            tma_load_2d(Ks + p * PANEL, &tk, &full[0], kvh * HD + 64 * p, b * T + j0 * BC);
+            tma_load_2d(Vs + p * PANEL, &tv, &full[0], kvh * HD + 64 * p, b * T + j0 * BC);
         }
     }
     __syncthreads();
@@ -315,8 +329,8 @@ __global__ void __launch_bounds__(256) attn_fwd_wgmma(bf16 *__restrict__ out, fl
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
     const int row_a = wrow0 + 16 * wi + g;  // this thread's rows: row_a and row_a + 8
-    for (int j = 0; j < nkt; j++) {
-        const int buf = j & 1, kb = j * BC;
+    for (int j = j0; j < nkt; j++) {
+        const int i = j - j0, buf = i & 1, kb = j * BC;
         if (threadIdx.x == 0 && j + 1 < nkt) {  // the next block into the other buffer (free since the last barrier)
             const int nb = buf ^ 1;
             mbar_expect_tx(&full[nb], 2 * TILE);
@@ -325,8 +339,9 @@ __global__ void __launch_bounds__(256) attn_fwd_wgmma(bf16 *__restrict__ out, fl
                 tma_load_2d(Vs + nb * TILE + p * PANEL, &tv, &full[nb], kvh * HD + 64 * p, b * T + kb + BC);
             }
         }
-        mbar_wait(&full[buf], (j >> 1) & 1);
-        if (kb <= wrow0 + 63) {  // else every key of the block comes after this warpgroup's queries
+        mbar_wait(&full[buf], (i >> 1) & 1);
+        // else every key of the block comes after this warpgroup's queries, or (a window) before all they see
+        if (kb <= wrow0 + 63 && !(window > 0 && kb + BC - 1 <= wrow0 - window)) {
             float s[32];
             wgmma_fence();
 #pragma unroll
@@ -338,12 +353,12 @@ __global__ void __launch_bounds__(256) attn_fwd_wgmma(bf16 *__restrict__ out, fl
             wgmma_commit();
             wgmma_wait<0>();
             fence_regs(s);
-            if (kb + BC - 1 > wrow0) {  // a block on the diagonal: mask keys after the query
+            if (kb + BC - 1 > wrow0 || window > 0) {  // a block on the diagonal (and a window): mask
 #pragma unroll
                 for (int i = 0; i < 8; i++)
 #pragma unroll
                     for (int e = 0; e < 4; e++)
-                        if (kb + 8 * i + 2 * t4 + (e & 1) > row_a + 8 * (e >> 1)) s[4 * i + e] = -INFINITY;
+                        if (masked_key(kb + 8 * i + 2 * t4 + (e & 1), row_a + 8 * (e >> 1), window)) s[4 * i + e] = -INFINITY;
             }
 #pragma unroll
             for (int r = 0; r < 2; r++) {
@@ -432,7 +447,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dkdv_mma(bf16 *__restrict__ dk, 
                                                          const bf16 *__restrict__ dout, const float *__restrict__ lse,
                                                          const float *__restrict__ Dg, const bf16 *__restrict__ q,
                                                          const bf16 *__restrict__ k, const bf16 *__restrict__ v, int T,
-                                                         int NH, int KVH, float sc) {
+                                                         int NH, int KVH, float sc, int window) {
     constexpr int BC = 64, BQ = 32, ND = HD / 8;
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *Ks = (bf16 *)smem, *Vs = Ks + BC * HD, *Qs = Vs + BC * HD, *dOs = Qs + 2 * BQ * HD;
@@ -443,7 +458,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dkdv_mma(bf16 *__restrict__ dk, 
     const bf16 *kg = k + (size_t)b * T * ldk + (size_t)kvh * HD, *vg = v + (size_t)b * T * ldk + (size_t)kvh * HD;
     load_rows<HD, BC>(Ks, kg, ldk, k0, T, tid);
     load_rows<HD, BC>(Vs, vg, ldk, k0, T, tid);
-    const int nq = (T - k0 + BQ - 1) / BQ, items = rep * nq;
+    const int nq = (query_end(k0, BC, T, window) - k0 + BQ - 1) / BQ, items = rep * nq;
     auto load_item = [&](int it, int buf) {
         int h = kvh * rep + it / nq, qb = k0 + (it % nq) * BQ;
         load_rows<HD, BQ>(Qs + buf * BQ * HD, q + (size_t)b * T * ldq + (size_t)h * HD, ldq, qb, T, tid);
@@ -486,7 +501,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dkdv_mma(bf16 *__restrict__ dk, 
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int qq = nt * 8 + 2 * t4 + (e & 1);
-                float p = key0 + (e >> 1) * 8 > qb + qq ? 0.f : exp2f(st[nt][e] * sl2 - Lb[qq]);
+                float p = masked_key(key0 + (e >> 1) * 8, qb + qq, window) ? 0.f : exp2f(st[nt][e] * sl2 - Lb[qq]);
                 st[nt][e] = p;
                 dp[nt][e] = p * (dp[nt][e] - Db[qq]);
             }
@@ -518,7 +533,8 @@ template <int HD>
 __global__ void __launch_bounds__(128) attn_bwd_dq_mma(bf16 *__restrict__ dq, const bf16 *__restrict__ dout,
                                                        const float *__restrict__ lse, const float *__restrict__ Dg,
                                                        const bf16 *__restrict__ q, const bf16 *__restrict__ k,
-                                                       const bf16 *__restrict__ v, int T, int NH, int KVH, float sc) {
+                                                       const bf16 *__restrict__ v, int T, int NH, int KVH, float sc,
+                                                       int window) {
     constexpr int BR = 64, BC = 64, ND = HD / 8;
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *Qs = (bf16 *)smem, *dOs = Qs + BR * HD, *Ks = dOs + BR * HD, *Vs = Ks + 2 * BC * HD;
@@ -529,8 +545,9 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_mma(bf16 *__restrict__ dq, co
     const bf16 *kg = k + (size_t)b * T * ldk + (size_t)kvh * HD, *vg = v + (size_t)b * T * ldk + (size_t)kvh * HD;
     load_rows<HD, BR>(Qs, q + (size_t)b * T * ldq + (size_t)h * HD, ldq, q0, T, tid);
     load_rows<HD, BR>(dOs, dout + (size_t)b * T * ldq + (size_t)h * HD, ldq, q0, T, tid);
-    load_rows<HD, BC>(Ks, kg, ldk, 0, T, tid);
-    load_rows<HD, BC>(Vs, vg, ldk, 0, T, tid);
+    const int j0 = first_key_block(q0, window, BC);
+    load_rows<HD, BC>(Ks + (j0 & 1) * BC * HD, kg, ldk, j0 * BC, T, tid);
+    load_rows<HD, BC>(Vs + (j0 & 1) * BC * HD, vg, ldk, j0 * BC, T, tid);
     cp_async_commit();
     const int row0 = q0 + warp * 16 + g;
     float Lr[2], Dr[2];
@@ -546,7 +563,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_mma(bf16 *__restrict__ dq, co
     float dqa[ND][4];
 #pragma unroll
     for (int i = 0; i < ND; i++) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.f;
-    for (int j = 0; j < nkt; j++) {
+    for (int j = j0; j < nkt; j++) {
         next_kv_block<HD, BC>(Ks, Vs, kg, vg, ldk, j, nkt, T, tid);
         const bf16 *Kb = Ks + (j & 1) * BC * HD, *Vb = Vs + (j & 1) * BC * HD;
         float s[8][4], dp[8][4];
@@ -561,7 +578,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_mma(bf16 *__restrict__ dq, co
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int r = e >> 1;
-                float p = kb + nt * 8 + 2 * t4 + (e & 1) > row0 + r * 8 ? 0.f : exp2f(s[nt][e] * sl2 - Lr[r]);
+                float p = masked_key(kb + nt * 8 + 2 * t4 + (e & 1), row0 + r * 8, window) ? 0.f : exp2f(s[nt][e] * sl2 - Lr[r]);
                 s[nt][e] = p * (dp[nt][e] - Dr[r]);  // dS
             }
 #pragma unroll
@@ -597,7 +614,7 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_wgmma(bf16 *__restrict__ dq, 
                                                          const __grid_constant__ CUtensorMap tdo,
                                                          const __grid_constant__ CUtensorMap tk,
                                                          const __grid_constant__ CUtensorMap tv, int T, int NH, int KVH,
-                                                         float sc) {
+                                                         float sc, int window) {
 #ifdef FP8_SM90A
     constexpr int BR = 128, BC = 64, NP = HD / 64, PANEL = 64 * 128, TILE = NP * PANEL;
     extern __shared__ unsigned char smem_raw[];
@@ -607,20 +624,20 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_wgmma(bf16 *__restrict__ dq, 
     const int wg = threadIdx.x >> 7, t = threadIdx.x & 127, wi = t >> 5, lane = t & 31, g = lane >> 2, t4 = lane & 3;
     const int qt = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, kvh = h / (NH / KVH);
     const int q0 = qt * BR, wrow0 = q0 + 64 * wg;
-    const int nkt = (min(q0 + BR, T) + BC - 1) / BC;
+    const int nkt = (min(q0 + BR, T) + BC - 1) / BC, j0 = first_key_block(q0, window, BC);  // step i = j - j0
     if (threadIdx.x == 0) {
         mbar_init(&full[0], 1);
         mbar_init(&full[1], 1);
         mbar_fence_init();
-        mbar_expect_tx(&full[0], 6 * TILE);  // Q and dO (2 warpgroups), K and V of block 0
+        mbar_expect_tx(&full[0], 6 * TILE);  // Q and dO (2 warpgroups), K and V of block j0
         for (int w = 0; w < 2; w++)
             for (int p = 0; p < NP; p++) {
                 tma_load_2d(Qs + w * TILE + p * PANEL, &tq, &full[0], h * HD + 64 * p, b * T + q0 + 64 * w);
                 tma_load_2d(dOs + w * TILE + p * PANEL, &tdo, &full[0], h * HD + 64 * p, b * T + q0 + 64 * w);
             }
         for (int p = 0; p < NP; p++) {
-            tma_load_2d(Ks + p * PANEL, &tk, &full[0], kvh * HD + 64 * p, b * T);
-            tma_load_2d(Vs + p * PANEL, &tv, &full[0], kvh * HD + 64 * p, b * T);
+            tma_load_2d(Ks + p * PANEL, &tk, &full[0], kvh * HD + 64 * p, b * T + j0 * BC);
+            tma_load_2d(Vs + p * PANEL, &tv, &full[0], kvh * HD + 64 * p, b * T + j0 * BC);
         }
     }
     __syncthreads();
@@ -637,8 +654,8 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_wgmma(bf16 *__restrict__ dq, 
     float acc[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) acc[i] = 0.f;
-    for (int j = 0; j < nkt; j++) {
-        const int buf = j & 1, kb = j * BC;
+    for (int j = j0; j < nkt; j++) {
+        const int buf = (j - j0) & 1, kb = j * BC;
         if (threadIdx.x == 0 && j + 1 < nkt) {
             const int nb = buf ^ 1;
             mbar_expect_tx(&full[nb], 2 * TILE);
@@ -647,7 +664,7 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_wgmma(bf16 *__restrict__ dq, 
                 tma_load_2d(Vs + nb * TILE + p * PANEL, &tv, &full[nb], kvh * HD + 64 * p, b * T + kb + BC);
             }
         }
-        mbar_wait(&full[buf], (j >> 1) & 1);
+        mbar_wait(&full[buf], ((j - j0) >> 1) & 1);
         {  // every warpgroup multiplies every block (one past its diagonal is all masked, P = 0): a
            // branch on the warpgroup would make ptxas serialize the wgmmas
             float s[32], dp[32];
@@ -667,7 +684,7 @@ __global__ void __launch_bounds__(256) attn_bwd_dq_wgmma(bf16 *__restrict__ dq, 
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int r = e >> 1;
-                    float p = kb + 8 * i + 2 * t4 + (e & 1) > row_a + 8 * r ? 0.f : exp2f(s[4 * i + e] * sl2 - Lr[r]);
+                    float p = masked_key(kb + 8 * i + 2 * t4 + (e & 1), row_a + 8 * r, window) ? 0.f : exp2f(s[4 * i + e] * sl2 - Lr[r]);
                     s[4 * i + e] = p * (dp[4 * i + e] - Dr[r]);  // dS
                 }
             wgmma_fence();
@@ -708,7 +725,7 @@ __global__ void __launch_bounds__(256) attn_bwd_dkdv_wgmma(bf16 *__restrict__ dk
                                                            const __grid_constant__ CUtensorMap tdo,
                                                            const __grid_constant__ CUtensorMap tk,
                                                            const __grid_constant__ CUtensorMap tv, int T, int NH, int KVH,
-                                                           float sc) {
+                                                           float sc, int window) {
 #ifdef FP8_SM90A
     constexpr int BKEY = 128, BQ = 64, NP = HD / 64, PANEL = 64 * 128, TILE = NP * PANEL;
     extern __shared__ unsigned char smem_raw[];
@@ -718,7 +735,7 @@ __global__ void __launch_bounds__(256) attn_bwd_dkdv_wgmma(bf16 *__restrict__ dk
     uint64_t *full = (uint64_t *)(Ds + 2 * BQ);
     const int wg = threadIdx.x >> 7, t = threadIdx.x & 127, wi = t >> 5, lane = t & 31, g = lane >> 2, t4 = lane & 3;
     const int kvh = blockIdx.x, b = blockIdx.y, rep = NH / KVH, k0 = blockIdx.z * BKEY, wk0 = k0 + 64 * wg;
-    const int nq = (T - k0 + BQ - 1) / BQ, items = rep * nq;
+    const int nq = (query_end(k0, BKEY, T, window) - k0 + BQ - 1) / BQ, items = rep * nq;
     auto issue = [&](int it, int bf) {  // thread 0: Q and dO of item it into buffer bf
         int h = kvh * rep + it / nq, qb = k0 + (it % nq) * BQ;
         mbar_expect_tx(&full[bf], 2 * TILE);
@@ -782,7 +799,7 @@ __global__ void __launch_bounds__(256) attn_bwd_dkdv_wgmma(bf16 *__restrict__ dk
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int qq = 8 * i + 2 * t4 + (e & 1);
-                    float p = key_a + 8 * (e >> 1) > qb + qq ? 0.f : exp2f(st[4 * i + e] * sl2 - Lb[qq]);
+                    float p = masked_key(key_a + 8 * (e >> 1), qb + qq, window) ? 0.f : exp2f(st[4 * i + e] * sl2 - Lb[qq]);
                     st[4 * i + e] = p;
                     dpt[4 * i + e] = p * (dpt[4 * i + e] - Db[qq]);  // dS^T
                 }
@@ -836,7 +853,7 @@ __device__ __forceinline__ float dot_sf(const float *a, const bf16 *b, int HD) {
 }
 
 __global__ void attn_fwd_simple(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int T, int NH,
-                                int KVH, int HD, float sc) {
+                                int KVH, int HD, float sc, int window) {
     __shared__ float qs[SIMPLE_MAXD];
     const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, kvh = h / (NH / KVH);
     const bf16 *qr = q + (((size_t)b * T + t) * NH + h) * HD;
@@ -845,7 +862,7 @@ __global__ void attn_fwd_simple(bf16 *out, float *lse, const bf16 *q, const bf16
     float m = -INFINITY, l = 0.f, acc[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) acc[i] = 0.f;
-    for (int s0 = 0; s0 <= t; s0 += 32) {
+    for (int s0 = window > 0 ? max(0, t - window + 1) : 0; s0 <= t; s0 += 32) {  // the keys query t sees
         int s = s0 + lane;
         float sco = s <= t ? dot_sf(qs, k + (((size_t)b * T + s) * KVH + kvh) * HD, HD) * sc : -INFINITY;
         float mnew = fmaxf(m, warp_max(sco));
@@ -871,7 +888,7 @@ __global__ void attn_fwd_simple(bf16 *out, float *lse, const bf16 *q, const bf16
 }
 
 __global__ void attn_bwd_dq_simple(bf16 *dq, const bf16 *dout, const float *lse, const float *Dg, const bf16 *q,
-                                   const bf16 *k, const bf16 *v, int T, int NH, int KVH, int HD, float sc) {
+                                   const bf16 *k, const bf16 *v, int T, int NH, int KVH, int HD, float sc, int window) {
     __shared__ float qs[SIMPLE_MAXD], dos[SIMPLE_MAXD];
     const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, kvh = h / (NH / KVH);
     size_t row = ((size_t)b * T + t) * NH + h;
@@ -883,7 +900,7 @@ __global__ void attn_bwd_dq_simple(bf16 *dq, const bf16 *dout, const float *lse,
     float L = lse[((size_t)b * NH + h) * T + t], Dt = Dg[((size_t)b * NH + h) * T + t], acc[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) acc[i] = 0.f;
-    for (int s0 = 0; s0 <= t; s0 += 32) {
+    for (int s0 = window > 0 ? max(0, t - window + 1) : 0; s0 <= t; s0 += 32) {
         int s = s0 + lane;
         float ds = 0.f;
         if (s <= t) {
@@ -907,9 +924,10 @@ __global__ void attn_bwd_dq_simple(bf16 *dq, const bf16 *dout, const float *lse,
 
 __global__ void attn_bwd_dkdv_simple(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *Dg,
                                      const bf16 *q, const bf16 *k, const bf16 *v, int T, int NH, int KVH, int HD,
-                                     float sc) {
+                                     float sc, int window) {
     __shared__ float ks[SIMPLE_MAXD], vs[SIMPLE_MAXD];
     const int s = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, lane = threadIdx.x, rep = NH / KVH;
+    const int te = window > 0 ? min(T, s + window) : T;  // the queries that see key s
     size_t krow = ((size_t)b * T + s) * KVH + kvh;
     for (int d = lane; d < HD; d += 32) {
         ks[d] = __bfloat162float(k[krow * HD + d]);
@@ -920,15 +938,15 @@ __global__ void attn_bwd_dkdv_simple(bf16 *dk, bf16 *dv, const bf16 *dout, const
 #pragma unroll
     for (int i = 0; i < 8; i++) dka[i] = dva[i] = 0.f;
     for (int h = kvh * rep; h < (kvh + 1) * rep; h++)
-        for (int t0 = s; t0 < T; t0 += 32) {
+        for (int t0 = s; t0 < te; t0 += 32) {
             int t = t0 + lane;
             float p = 0.f, ds = 0.f;
-            if (t < T) {
+            if (t < te) {
                 size_t qr = (((size_t)b * T + t) * NH + h) * HD, li = ((size_t)b * NH + h) * T + t;
                 p = expf(dot_sf(ks, q + qr, HD) * sc - lse[li]);
                 ds = p * (dot_sf(vs, dout + qr, HD) - Dg[li]);
             }
-            int nj = min(32, T - t0);
+            int nj = min(32, te - t0);
             for (int jj = 0; jj < nj; jj++) {
                 float pj = __shfl_sync(FULL, p, jj), dsj = __shfl_sync(FULL, ds, jj);
                 size_t qr = (((size_t)b * T + t0 + jj) * NH + h) * HD;
@@ -969,7 +987,7 @@ static dim3 causal_grid(int blocks, int heads, int B) { return dim3(heads, B, bl
 
 template <int HD>
 static void fwd_mma(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int NH, int KVH,
-                    float sc, cudaStream_t st) {
+                    float sc, int window, cudaStream_t st) {
     const int smem = (64 + 4 * 64) * HD * 2;
     static int attr = 0;
     if (!attr) {
@@ -977,7 +995,7 @@ static void fwd_mma(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const b
         attr = 1;
     }
     dim3 grid = causal_grid((T + 63) / 64, NH, B);
-    attn_fwd_mma<HD><<<grid, 128, smem, st>>>(out, lse, q, k, v, T, NH, KVH, sc);
+    attn_fwd_mma<HD><<<grid, 128, smem, st>>>(out, lse, q, k, v, T, NH, KVH, sc, window);
     launchCheck();
 }
 
@@ -987,7 +1005,7 @@ void attention_set_hopper(int on) { hopper_off = !on; }
 // the wgmma forward: maps for TMA over q, k, v as 2-D (tokens, heads x HD), boxes of 64 x 64
 template <int HD>
 static void fwd_wgmma(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int NH, int KVH,
-                      float sc, cudaStream_t st) {
+                      float sc, int window, cudaStream_t st) {
     const int smem = 6 * (HD / 64) * 64 * 128 + 1024 + 64;  // Q, K, V tiles of 2 x 64 rows; alignment; barriers
     static int attr = 0;
     if (!attr) {
@@ -998,31 +1016,30 @@ static void fwd_wgmma(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const
     CUtensorMap tk = tma_map_2d(k, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, KVH * HD, 64, 64);
     CUtensorMap tv = tma_map_2d(v, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, KVH * HD, 64, 64);
     dim3 grid = causal_grid((T + 127) / 128, NH, B);
-    attn_fwd_wgmma<HD><<<grid, 256, smem, st>>>(out, lse, tq, tk, tv, T, NH, KVH, sc);
+    attn_fwd_wgmma<HD><<<grid, 256, smem, st>>>(out, lse, tq, tk, tv, T, NH, KVH, sc, window);
     launchCheck();
 }
 
 void attention_forward_cuda(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T, int NH,
-                            int KVH, int HD, void *stream) {
+                            int KVH, int HD, float sc, int window, void *stream) {
     check_heads("attention_forward", NH, KVH, HD);
     cudaStream_t st = (cudaStream_t)stream;
-    float sc = 1.0f / sqrtf((float)HD);
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     if (use_mma(HD, out, q, k, v) && !hopper_off && hopper_enabled() && (HD == 64 || HD == 128)) {
-        if (HD == 64) fwd_wgmma<64>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, st);
-        else fwd_wgmma<128>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, st);
+        if (HD == 64) fwd_wgmma<64>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, window, st);
+        else fwd_wgmma<128>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, window, st);
         return;
     }
     if (use_mma(HD, out, q, k, v)) {
         switch (HD) {
-            case 16: fwd_mma<16>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, st); return;
-            case 32: fwd_mma<32>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, st); return;
-            case 64: fwd_mma<64>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, st); return;
-            case 128: fwd_mma<128>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, st); return;
+            case 16: fwd_mma<16>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, window, st); return;
+            case 32: fwd_mma<32>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, window, st); return;
+            case 64: fwd_mma<64>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, window, st); return;
+            case 128: fwd_mma<128>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, window, st); return;
         }
     }
-    attn_fwd_simple<<<dim3(T, NH, B), 32, 0, st>>>(o, lse, qq, kk, vv, T, NH, KVH, HD, sc);
+    attn_fwd_simple<<<dim3(T, NH, B), 32, 0, st>>>(o, lse, qq, kk, vv, T, NH, KVH, HD, sc, window);
     launchCheck();
 }
 
@@ -1030,7 +1047,7 @@ size_t attention_backward_scratch(int B, int T, int NH) { return (size_t)B * NH 
 
 template <int HD>
 static void bwd_mma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *D, const bf16 *q,
-                    const bf16 *k, const bf16 *v, int B, int T, int NH, int KVH, float sc, cudaStream_t st) {
+                    const bf16 *k, const bf16 *v, int B, int T, int NH, int KVH, float sc, int window, cudaStream_t st) {
     const int smem_kv = (2 * 64 + 4 * 32) * HD * 2 + 4 * 32 * 4, smem_q = (2 * 64 + 4 * 64) * HD * 2;
     static int attr = 0;
     if (!attr) {
@@ -1038,15 +1055,15 @@ static void bwd_mma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float 
         cudaCheck(cudaFuncSetAttribute(attn_bwd_dq_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_q));
         attr = 1;
     }
-    attn_bwd_dkdv_mma<HD><<<causal_grid((T + 63) / 64, KVH, B), 128, smem_kv, st>>>(dk, dv, dout, lse, D, q, k, v, T, NH, KVH, sc);
+    attn_bwd_dkdv_mma<HD><<<causal_grid((T + 63) / 64, KVH, B), 128, smem_kv, st>>>(dk, dv, dout, lse, D, q, k, v, T, NH, KVH, sc, window);
     launchCheck();
-    attn_bwd_dq_mma<HD><<<causal_grid((T + 63) / 64, NH, B), 128, smem_q, st>>>(dq, dout, lse, D, q, k, v, T, NH, KVH, sc);
+    attn_bwd_dq_mma<HD><<<causal_grid((T + 63) / 64, NH, B), 128, smem_q, st>>>(dq, dout, lse, D, q, k, v, T, NH, KVH, sc, window);
     launchCheck();
 }
 
 template <int HD>
 static void bwd_wgmma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *D, const bf16 *q,
-                      const bf16 *k, const bf16 *v, int B, int T, int NH, int KVH, float sc, cudaStream_t st) {
+                      const bf16 *k, const bf16 *v, int B, int T, int NH, int KVH, float sc, int window, cudaStream_t st) {
     const int tile = (HD / 64) * 64 * 128;
     const int smem_q = 8 * tile + 1024 + 64, smem_kv = 8 * tile + 4 * 64 * 4 + 1024 + 64;
     static int attr = 0;
@@ -1059,39 +1076,38 @@ static void bwd_wgmma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const floa
     CUtensorMap tdo = tma_map_2d(dout, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, NH * HD, 64, 64);
     CUtensorMap tk = tma_map_2d(k, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, KVH * HD, 64, 64);
     CUtensorMap tv = tma_map_2d(v, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B * T, KVH * HD, 64, 64);
-    attn_bwd_dkdv_wgmma<HD><<<causal_grid((T + 127) / 128, KVH, B), 256, smem_kv, st>>>(dk, dv, lse, D, tq, tdo, tk, tv, T, NH, KVH, sc);
+    attn_bwd_dkdv_wgmma<HD><<<causal_grid((T + 127) / 128, KVH, B), 256, smem_kv, st>>>(dk, dv, lse, D, tq, tdo, tk, tv, T, NH, KVH, sc, window);
     launchCheck();
-    attn_bwd_dq_wgmma<HD><<<causal_grid((T + 127) / 128, NH, B), 256, smem_q, st>>>(dq, lse, D, tq, tdo, tk, tv, T, NH, KVH, sc);
+    attn_bwd_dq_wgmma<HD><<<causal_grid((T + 127) / 128, NH, B), 256, smem_q, st>>>(dq, lse, D, tq, tdo, tk, tv, T, NH, KVH, sc, window);
     launchCheck();
 }
 
 void attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse,
                              const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD,
-                             float *scratch, void *stream) {
+                             float sc, int window, float *scratch, void *stream) {
     check_heads("attention_backward", NH, KVH, HD);
     cudaStream_t st = (cudaStream_t)stream;
-    float sc = 1.0f / sqrtf((float)HD);
     size_t rows = (size_t)B * T * NH;
     attn_rowdot<<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(scratch, (const bf16 *)dout, (const bf16 *)out, B, T, NH, HD);
     launchCheck();
     bf16 *a = (bf16 *)dq, *bk = (bf16 *)dk, *bv = (bf16 *)dv;
     const bf16 *o = (const bf16 *)dout, *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     if (use_mma(HD, q, k, v, dout) && use_mma(HD, dq, dk, dv, out) && !hopper_off && hopper_enabled() && (HD == 64 || HD == 128)) {
-        if (HD == 64) bwd_wgmma<64>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, st);
-        else bwd_wgmma<128>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, st);
+        if (HD == 64) bwd_wgmma<64>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, window, st);
+        else bwd_wgmma<128>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, window, st);
         return;
     }
     if (use_mma(HD, q, k, v, dout) && use_mma(HD, dq, dk, dv, out)) {
         switch (HD) {
-            case 16: bwd_mma<16>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, st); return;
-            case 32: bwd_mma<32>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, st); return;
-            case 64: bwd_mma<64>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, st); return;
-            case 128: bwd_mma<128>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, st); return;
+            case 16: bwd_mma<16>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, window, st); return;
+            case 32: bwd_mma<32>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, window, st); return;
+            case 64: bwd_mma<64>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, window, st); return;
+            case 128: bwd_mma<128>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, window, st); return;
         }
     }
-    attn_bwd_dq_simple<<<dim3(T, NH, B), 32, 0, st>>>(a, o, lse, scratch, qq, kk, vv, T, NH, KVH, HD, sc);
+    attn_bwd_dq_simple<<<dim3(T, NH, B), 32, 0, st>>>(a, o, lse, scratch, qq, kk, vv, T, NH, KVH, HD, sc, window);
     launchCheck();
-    attn_bwd_dkdv_simple<<<dim3(T, KVH, B), 32, 0, st>>>(bk, bv, o, lse, scratch, qq, kk, vv, T, NH, KVH, HD, sc);
+    attn_bwd_dkdv_simple<<<dim3(T, KVH, B), 32, 0, st>>>(bk, bv, o, lse, scratch, qq, kk, vv, T, NH, KVH, HD, sc, window);
     launchCheck();
 }
 
@@ -1197,13 +1213,14 @@ template <int NP>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
     attn_decode_kernel(bf16 *out, float *part, const bf16 *q, const bf16 *kc, const bf16 *vc, const int32_t *bt,
                        const int32_t *lens, int NH, int KVH, int HD, int BS, int MB, int ngroups, int nsplit, int tps,
-                       float sc, uint8_t *oq, float *oqs) {
+                       float sc, int window, uint8_t *oq, float *oqs) {
     __shared__ float sm_m[DEC_WARPS][DEC_MAXREP], sm_l[DEC_WARPS][DEC_MAXREP];
     __shared__ float sm_acc[DEC_WARPS][DEC_MAXREP][64 * NP];
     const int sp = blockIdx.x, s = blockIdx.z, kvh = blockIdx.y / ngroups, grp = blockIdx.y % ngroups;
     const int rep = NH / KVH, h0 = kvh * rep + grp * DEC_MAXREP, nh = min(DEC_MAXREP, rep - grp * DEC_MAXREP);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int len = lens[s], tb = sp * tps, te = min(len, tb + tps);
+    // this split's tokens; with a window, none before the window's first (len - window): masked there
+    const int len = lens[s], tb = max(sp * tps, window > 0 ? len - window : 0), te = min(len, sp * tps + tps);
     float2 qv[DEC_MAXREP][NP], acc[DEC_MAXREP][NP];
     float m[DEC_MAXREP], l[DEC_MAXREP];
 #pragma unroll
@@ -1327,14 +1344,14 @@ template <int HD, int REP, bool F8>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
     attn_decode_vec_kernel(bf16 *out, float *part, const bf16 *q, const void *kc, const void *vc, const float *ks,
                            const float *vs, const int32_t *bt, const int32_t *lens, int NH, int KVH, int BS, int MB,
-                           int ngroups, int nsplit, int tps, float sc, uint8_t *oq, float *oqs) {
+                           int ngroups, int nsplit, int tps, float sc, int window, uint8_t *oq, float *oqs) {
     constexpr int LPT = HD / 8, TPW = 32 / LPT, U = REP <= 2 ? 4 : 2, STEP = DEC_WARPS * TPW;
     __shared__ float sm_m[DEC_WARPS][REP], sm_l[DEC_WARPS][REP];
     __shared__ float sm_acc[DEC_WARPS][REP][HD];
     const int sp = blockIdx.x, s = blockIdx.z, kvh = blockIdx.y / ngroups, grp = blockIdx.y % ngroups;
     const int rep = NH / KVH, h0 = kvh * rep + grp * REP, nh = min(REP, rep - grp * REP);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane / LPT, c = lane % LPT;
-    const int len = lens[s], tb = sp * tps, te = min(len, tb + tps);
+    const int len = lens[s], tb = max(sp * tps, window > 0 ? len - window : 0), te = min(len, sp * tps + tps);
     float qf[REP][8], acc[REP][8], m[REP], l[REP];
 #pragma unroll
     for (int r = 0; r < REP; r++) {
@@ -1494,14 +1511,13 @@ size_t attention_decode_scratch(int S, int NH, int KVH, int HD, int BS, int MB) 
 
 void attention_decode_cuda(void *out, const void *q, const void *kc, const void *vc, const float *ks, const float *vs,
                            const int32_t *block_table, const int32_t *seq_lens, int S, int NH, int KVH, int HD, int BS,
-                           int MB, float *scratch, uint8_t *oq, float *oqs, void *stream) {
+                           int MB, float sc, int window, float *scratch, uint8_t *oq, float *oqs, void *stream) {
     check_heads("attention_decode", NH, KVH, HD);
     if (oq && HD % FP8_BLOCK_SIZE) die("attention_decode: the FP8 copy of out needs head_dim %% 128 == 0 (got %d)", HD);
     if (S <= 0) return;
     cudaStream_t st = (cudaStream_t)stream;
     int maxlen = BS * MB, ns = decode_nsplit(S, NH, KVH, maxlen), tps = (maxlen + ns - 1) / ns;
     int rep = NH / KVH, ngroups = (rep + DEC_MAXREP - 1) / DEC_MAXREP;
-    float sc = 1.0f / sqrtf((float)HD);
     dim3 grid(ns, KVH * ngroups, S);
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q;
@@ -1512,7 +1528,7 @@ void attention_decode_cuda(void *out, const void *q, const void *kc, const void 
     int REP = rep <= 2 ? 2 : rep <= 4 ? 4 : DEC_MAXREP;  // groups of more than 8 take ngroups blocks of 8
 #define DEC_VEC(H, R, F)                                                                                              \
     attn_decode_vec_kernel<H, R, F><<<grid, DEC_WARPS * 32, 0, st>>>(o, scratch, qq, kc, vc, ks, vs, block_table,    \
-                                                                      seq_lens, NH, KVH, BS, MB, ngroups, ns, tps, sc, oq, oqs)
+                                                                      seq_lens, NH, KVH, BS, MB, ngroups, ns, tps, sc, window, oq, oqs)
 #define DEC_VEC_F(H, R) \
     if (ks) DEC_VEC(H, R, true); else DEC_VEC(H, R, false)
 #define DEC_VEC_H(H) \
@@ -1520,7 +1536,7 @@ void attention_decode_cuda(void *out, const void *q, const void *kc, const void 
 #define DEC_LAUNCH(NP)                                                                                           \
     attn_decode_kernel<NP><<<grid, DEC_WARPS * 32, 0, st>>>(o, scratch, qq, (const bf16 *)kc, (const bf16 *)vc,    \
                                                              block_table, seq_lens, NH, KVH, HD, BS, MB, ngroups, ns, tps, sc, \
-                                                             oq, oqs)
+                                                             window, oq, oqs)
     if (vec && HD == 32) { DEC_VEC_H(32); }
     else if (vec && HD == 64) { DEC_VEC_H(64); }
     else if (vec && HD == 128) { DEC_VEC_H(128); }

@@ -24,8 +24,9 @@ extern "C" {
 #endif
 
 // out (B, T, NH, HD) bf16, lse (B, NH, T) f32 (natural log); q (B, T, NH, HD), k, v (B, T, KVH, HD) bf16
+// sc: the softmax scale; window > 0: sliding-window attention (query t sees keys t - window < s <= t)
 void attention_forward_cuda(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T, int NH,
-                            int KVH, int HD, void *stream);
+                            int KVH, int HD, float sc, int window, void *stream);
 // 0: attention_forward_cuda and attention_backward_cuda leave the Hopper kernels aside and run the
 // mma.sync ones (the tests check both); 1 (the default): the Hopper kernels where they run
 void attention_set_hopper(int on);
@@ -34,14 +35,14 @@ size_t attention_backward_scratch(int B, int T, int NH);
 // dq (B, T, NH, HD), dk, dv (B, T, KVH, HD) bf16, overwritten
 void attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse,
                              const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD,
-                             float *scratch, void *stream);
+                             float sc, int window, float *scratch, void *stream);
 // floats of scratch attention_decode_cuda needs for these shapes (split partials)
 size_t attention_decode_scratch(int S, int NH, int KVH, int HD, int BS, int MB);
 // kc, vc bf16, or FP8 E4M3 codes when ks, vs (scales per (slot, head)) are given (backend.h). With oq,
 // out's FP8 copy as well (E4M3, 1x128 groups: codes oq (S, NH HD), scales oqs (NH HD / 128, S)); HD % 128 == 0
 void attention_decode_cuda(void *out, const void *q, const void *kc, const void *vc, const float *ks, const float *vs,
                            const int32_t *block_table, const int32_t *seq_lens, int S, int NH, int KVH, int HD, int BS,
-                           int MB, float *scratch, uint8_t *oq, float *oqs, void *stream);
+                           int MB, float sc, int window, float *scratch, uint8_t *oq, float *oqs, void *stream);
 void kv_write_cuda(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots, int N,
                    int KVH, int HD, void *stream);
 

@@ -440,15 +440,17 @@ static void cu_lora_backward(void *dinp, void *dA, void *dB, const void *dout, c
 // attention (attention.cu)
 
 static void cu_attention_forward(void *out, void *lse, const void *q, const void *k, const void *v, int B, int T, int NH,
-                                 int KVH, int HD) {
+                                 int KVH, int HD, double scale, int window) {
     if (B <= 0 || T <= 0) return;
-    attention_forward_cuda(out, (float *)lse, q, k, v, B, T, NH, KVH, HD, G.stream);
+    attention_forward_cuda(out, (float *)lse, q, k, v, B, T, NH, KVH, HD, (float)scale, window, G.stream);
 }
 static void cu_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *out, const void *lse,
-                                  const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD) {
+                                  const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD,
+                                  double scale, int window) {
     if (B <= 0 || T <= 0) return;
     float *D = (float *)cu_scratch(SC_ATT, attention_backward_scratch(B, T, NH) * 4);
-    attention_backward_cuda(dq, dk, dv, dout, out, (const float *)lse, q, k, v, B, T, NH, KVH, HD, D, G.stream);
+    attention_backward_cuda(dq, dk, dv, dout, out, (const float *)lse, q, k, v, B, T, NH, KVH, HD, (float)scale, window, D,
+                            G.stream);
 }
 static void cu_kv_write(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots,
                         int N, int KVH, int HD) {
@@ -456,13 +458,13 @@ static void cu_kv_write(void *kc, void *vc, float *ks, float *vs, const void *k,
 }
 static void cu_attention_decode(void *out, const void *q, const void *kc, const void *vc, const float *ks,
                                 const float *vs, const int32_t *block_table, const int32_t *seq_lens, int S, int NH,
-                                int KVH, int HD, int BS, int MB, FP8Tensor *outq) {
+                                int KVH, int HD, int BS, int MB, double scale, int window, FP8Tensor *outq) {
     size_t ns = attention_decode_scratch(S, NH, KVH, HD, BS, MB);
     float *part = ns ? (float *)cu_scratch(SC_ATT, ns * 4) : NULL;
     if (outq) cu_check_outq(outq, S, NH * HD, "attention_decode");
     // the FP8 copy in the same launch where a head is whole 1x128 groups (ROW needs the whole row's amax)
     int fuse = outq && outq->gran == FP8_BLOCK && HD % FP8_BLOCK_SIZE == 0;
-    attention_decode_cuda(out, q, kc, vc, ks, vs, block_table, seq_lens, S, NH, KVH, HD, BS, MB, part,
+    attention_decode_cuda(out, q, kc, vc, ks, vs, block_table, seq_lens, S, NH, KVH, HD, BS, MB, (float)scale, window, part,
                           fuse ? outq->data : NULL, fuse ? outq->scale : NULL, G.stream);
     if (outq && !fuse) fp8_quantize_cuda(outq, out, DT_BF16, 0);
 }
@@ -893,6 +895,11 @@ static Backend be = {
     .swiglu_forward = cu_swiglu_forward,
     .swiglu_backward = cu_swiglu_backward,
     .swiglu_backward_q = cu_fp8_train_swiglu_backward,
+    .geglu_forward = cu_geglu_forward,
+    .geglu_backward = cu_geglu_backward,
+    .rmsnorm1p_forward = cu_rmsnorm1p_forward,
+    .rmsnorm1p_backward = cu_rmsnorm1p_backward,
+    .scale_act = cu_scale_act,
     .add = cu_add,
     .add_rmsnorm = cu_add_rmsnorm,
     .swiglu_gu = cu_swiglu_gu,

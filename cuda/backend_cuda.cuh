@@ -55,6 +55,12 @@ void cu_swiglu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF);
 void cu_check_outq(const FP8Tensor *outq, int N, int C, const char *op);
 void cu_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
 void cu_add(void *out, const void *a, const void *b, size_t n);
+void cu_rmsnorm1p_forward(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps);
+void cu_rmsnorm1p_backward(void *dinp, void *dw, const void *dout, const void *inp, const void *w, const void *rstd,
+                           int N, int C);
+void cu_geglu_forward(void *out, const void *gate, const void *up, size_t n);
+void cu_geglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);
+void cu_scale_act(void *x, size_t n, float s);
 void cu_gather_rows(void *out, const void *inp, const int32_t *idx, int n_idx, int C);
 void cu_embedding_forward(void *out, const int32_t *ids, const QWeight *wte, int N);
 void cu_embedding_backward(void *dwte, const int32_t *ids, const void *dout, int N, int C);

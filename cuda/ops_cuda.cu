@@ -1,6 +1,7 @@
 // ops_cuda.cu: the CUDA backend's per-token ops (backend.h), one warp or thread per row or element.
 //   defines: cu_rmsnorm_forward / backward, cu_rope_forward / backward, cu_add_rmsnorm, cu_qkv_rope_kv,
 //   cu_swiglu_forward / backward, cu_swiglu_gu, cu_add, cu_gather_rows, cu_embedding_forward /
+//   cu_rmsnorm1p_forward / backward, cu_geglu_forward / backward, cu_scale_act (Gemma 3),
 //   backward, cu_colsum (backend_cuda.cuh). Each has its truth in ops_cpu.c; test/gpu_backend.cu
 //   compares them on random inputs.
 // bf16 in and out, fp32 arithmetic; sums over rows in fixed order (no float atomics), so results
@@ -88,7 +89,10 @@ __device__ __forceinline__ float row_rstd(const bf16 *x, int C, float eps, int l
     ss = warp_sum(ss);
     return 1.0f / sqrtf(ss / C + eps);
 }
-template <bool VEC>
+// P1: Gemma's weight 1 + w (formed in fp32, as Gemma3RMSNorm does)
+template <bool P1>
+__device__ __forceinline__ float norm_w(float w) { return P1 ? 1.0f + w : w; }
+template <bool VEC, bool P1 = false>
 __device__ __forceinline__ void row_scale(bf16 *y, const bf16 *x, const bf16 *w, float r, int C, int lane) {
     if (VEC) {
         for (int i = lane * 8; i < C; i += 256) {
@@ -96,11 +100,12 @@ __device__ __forceinline__ void row_scale(bf16 *y, const bf16 *x, const bf16 *w,
             load8(f, x + i);
             load8(g, w + i);
 #pragma unroll
-            for (int j = 0; j < 8; j++) f[j] = (f[j] * r) * g[j];
+            for (int j = 0; j < 8; j++) f[j] = (f[j] * r) * norm_w<P1>(g[j]);
             store8(y + i, f);
         }
     } else
-        for (int i = lane; i < C; i += 32) y[i] = __float2bfloat16_rn((__bfloat162float(x[i]) * r) * __bfloat162float(w[i]));
+        for (int i = lane; i < C; i += 32)
+            y[i] = __float2bfloat16_rn((__bfloat162float(x[i]) * r) * norm_w<P1>(__bfloat162float(w[i])));
 }
 
 // Few rows (a decode step): one block per row, C / 8 threads, thread t holding elements 8t .. 8t + 7
@@ -199,33 +204,41 @@ static void norm_row(bf16 *x, bf16 *out, float *rstd, const bf16 *dx, const bf16
     launchCheck();
 }
 
-// one warp per row; y = (x * rstd) * w with fp32 statistics; out may alias inp
-template <bool VEC>
+// one warp per row; y = (x * rstd) * w (P1: * (1 + w)) with fp32 statistics; out may alias inp
+template <bool VEC, bool P1 = false>
 __global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int N, int C, float eps) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (row >= N) return;
     const bf16 *x = inp + (size_t)row * C;
     float r = row_rstd<VEC>(x, C, eps, lane);
     if (lane == 0) rstd[row] = r;
-    row_scale<VEC>(out + (size_t)row * C, x, w, r, C, lane);
+    row_scale<VEC, P1>(out + (size_t)row * C, x, w, r, C, lane);
 }
-void cu_rmsnorm_forward(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
+// P1: Gemma's norm (backend.h rmsnorm1p_forward), the loop kernel only (the few-rows kernel is Llama's)
+template <bool P1>
+static void rmsnorm_forward(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
     if (N <= 0) return;
     int wpb = row_warps(N);
     unsigned gr = cdiv(N, wpb);
-    if (norm_row_ok(N, C) && aligned16(out, inp, w, NULL))
+    if (!P1 && norm_row_ok(N, C) && aligned16(out, inp, w, NULL))
         norm_row((bf16 *)inp, (bf16 *)out, (float *)rstd, NULL, (const bf16 *)w, N, C, eps, NULL, NULL);
     else if (C % 8 == 0 && aligned16(out, inp, w, NULL))
-        rmsnorm_fwd_kernel<true><<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp,
-                                                                  (const bf16 *)w, N, C, eps);
+        rmsnorm_fwd_kernel<true, P1><<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp,
+                                                                      (const bf16 *)w, N, C, eps);
     else
-        rmsnorm_fwd_kernel<false><<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp,
-                                                                   (const bf16 *)w, N, C, eps);
+        rmsnorm_fwd_kernel<false, P1><<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp,
+                                                                       (const bf16 *)w, N, C, eps);
     launchCheck();
+}
+void cu_rmsnorm_forward(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
+    rmsnorm_forward<false>(out, rstd, inp, w, N, C, eps);
+}
+void cu_rmsnorm1p_forward(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
+    rmsnorm_forward<true>(out, rstd, inp, w, N, C, eps);
 }
 
 // dx += r w dy - r^3 / C * x * sum_j(w dy x), one warp per row
-template <bool VEC>
+template <bool VEC, bool P1 = false>
 __global__ void rmsnorm_bwd_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp, const bf16 *w, const float *rstd,
                                    int N, int C) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -240,11 +253,11 @@ __global__ void rmsnorm_bwd_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp
             load8(b, dy + i);
             load8(c, w + i);
 #pragma unroll
-            for (int j = 0; j < 8; j++) s += c[j] * b[j] * a[j];
+            for (int j = 0; j < 8; j++) s += norm_w<P1>(c[j]) * b[j] * a[j];
         }
     } else
         for (int i = lane; i < C; i += 32)
-            s += __bfloat162float(w[i]) * __bfloat162float(dy[i]) * __bfloat162float(x[i]);
+            s += norm_w<P1>(__bfloat162float(w[i])) * __bfloat162float(dy[i]) * __bfloat162float(x[i]);
     s = warp_sum(s);
     float cc = r * r * r * s / C;
     if (VEC) {
@@ -255,27 +268,37 @@ __global__ void rmsnorm_bwd_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp
             load8(c, w + i);
             load8(d, dx + i);
 #pragma unroll
-            for (int j = 0; j < 8; j++) d[j] += r * c[j] * b[j] - cc * a[j];
+            for (int j = 0; j < 8; j++) d[j] += r * norm_w<P1>(c[j]) * b[j] - cc * a[j];
             store8(dx + i, d);
         }
     } else
         for (int i = lane; i < C; i += 32)
-            dx[i] = __float2bfloat16_rn(__bfloat162float(dx[i]) + r * __bfloat162float(w[i]) * __bfloat162float(dy[i]) -
+            dx[i] = __float2bfloat16_rn(__bfloat162float(dx[i]) + r * norm_w<P1>(__bfloat162float(w[i])) * __bfloat162float(dy[i]) -
                                         cc * __bfloat162float(x[i]));
 }
 
-void cu_rmsnorm_backward(void *dinp, void *dw, const void *dout, const void *inp, const void *w, const void *rstd,
-                                int N, int C) {
+// P1: Gemma's (1 + w): dinp through 1 + w, dw as rmsnorm_backward's (the same derivative)
+template <bool P1>
+static void rmsnorm_backward(void *dinp, void *dw, const void *dout, const void *inp, const void *w, const void *rstd,
+                             int N, int C) {
     if (N <= 0) return;
     unsigned gr = cdiv(N, 8);
     if (C % 8 == 0 && aligned16(dinp, dout, inp, w))
-        rmsnorm_bwd_kernel<true><<<gr, 256, 0, cu_stream()>>>((bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp,
-                                                             (const bf16 *)w, (const float *)rstd, N, C);
+        rmsnorm_bwd_kernel<true, P1><<<gr, 256, 0, cu_stream()>>>((bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp,
+                                                                 (const bf16 *)w, (const float *)rstd, N, C);
     else
-        rmsnorm_bwd_kernel<false><<<gr, 256, 0, cu_stream()>>>((bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp,
-                                                              (const bf16 *)w, (const float *)rstd, N, C);
+        rmsnorm_bwd_kernel<false, P1><<<gr, 256, 0, cu_stream()>>>((bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp,
+                                                                  (const bf16 *)w, (const float *)rstd, N, C);
     launchCheck();
     if (dw) colsum<1>((float *)dw, (const bf16 *)dout, (const bf16 *)inp, (const float *)rstd, N, C);
+}
+void cu_rmsnorm_backward(void *dinp, void *dw, const void *dout, const void *inp, const void *w, const void *rstd,
+                         int N, int C) {
+    rmsnorm_backward<false>(dinp, dw, dout, inp, w, rstd, N, C);
+}
+void cu_rmsnorm1p_backward(void *dinp, void *dw, const void *dout, const void *inp, const void *w, const void *rstd,
+                           int N, int C) {
+    rmsnorm_backward<true>(dinp, dw, dout, inp, w, rstd, N, C);
 }
 
 // RoPE, rotate_half: for i < HD/2, angle = (float)pos * inv_freq[i] in fp32 (as transformers),
@@ -448,9 +471,28 @@ void cu_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, const vo
     launchCheck();
 }
 
-// elementwise: OP 0 swiglu forward, 1 add; n8 groups of 8 vectorized then a scalar tail
+// elementwise: the gated MLP's activation times up (GELU false: SwiGLU's silu; true: Gemma 3's GeGLU,
+// gelu_tanh in fp32 as PyTorch's gelu(approximate="tanh") forms it), add; n8 groups of 8 vectorized
+// then a scalar tail
+#define GELU_K0 0.7978845608028654f  // sqrt(2 / pi)
+#define GELU_K1 0.044715f
+__device__ __forceinline__ float gelu_t(float g) { return tanhf(GELU_K0 * (g + GELU_K1 * g * g * g)); }
 __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-__global__ void swiglu_fwd_kernel(bf16 *out, const bf16 *gate, const bf16 *up, size_t n, int vec) {
+template <bool GELU>
+__device__ __forceinline__ float glu_mul(float g, float u) { return GELU ? 0.5f * g * (1.0f + gelu_t(g)) * u : silu_mul(g, u); }
+// d(act(g) u): silu' = s (1 + g (1 - s)); gelu_tanh' = (1 + t) / 2 + g/2 (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 g^2)
+template <bool GELU>
+__device__ __forceinline__ void glu_grad(float d, float g, float u, float &dg, float &du) {
+    if (GELU) {
+        float th = gelu_t(g);
+        dg = d * u * (0.5f * (1.0f + th) + 0.5f * g * (1.0f - th * th) * GELU_K0 * (1.0f + 3.0f * GELU_K1 * g * g));
+        du = d * 0.5f * g * (1.0f + th);
+    } else {
+        swiglu_grad(d, g, u, &dg, &du);  // cuda_common.cuh: the same derivative as FP8 training's fused one
+    }
+}
+template <bool GELU>
+__global__ void glu_fwd_kernel(bf16 *out, const bf16 *gate, const bf16 *up, size_t n, int vec) {
     size_t stride = (size_t)gridDim.x * blockDim.x, t = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     size_t nv = vec ? n / 8 : 0;
     for (size_t i = t; i < nv; i += stride) {
@@ -458,14 +500,15 @@ __global__ void swiglu_fwd_kernel(bf16 *out, const bf16 *gate, const bf16 *up, s
         load8(g, gate + 8 * i);
         load8(u, up + 8 * i);
 #pragma unroll
-        for (int j = 0; j < 8; j++) g[j] = silu_mul(g[j], u[j]);
+        for (int j = 0; j < 8; j++) g[j] = glu_mul<GELU>(g[j], u[j]);
         store8(out + 8 * i, g);
     }
     for (size_t i = nv * 8 + t; i < n; i += stride)
-        out[i] = __float2bfloat16_rn(silu_mul(__bfloat162float(gate[i]), __bfloat162float(up[i])));
+        out[i] = __float2bfloat16_rn(glu_mul<GELU>(__bfloat162float(gate[i]), __bfloat162float(up[i])));
 }
-__global__ void swiglu_bwd_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate, const bf16 *up, size_t n,
-                                  int vec) {
+template <bool GELU>
+__global__ void glu_bwd_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate, const bf16 *up, size_t n,
+                               int vec) {
     size_t stride = (size_t)gridDim.x * blockDim.x, t = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     size_t nv = vec ? n / 8 : 0;
     for (size_t i = t; i < nv; i += stride) {
@@ -474,13 +517,13 @@ __global__ void swiglu_bwd_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, cons
         load8(g, gate + 8 * i);
         load8(u, up + 8 * i);
 #pragma unroll
-        for (int j = 0; j < 8; j++) swiglu_grad(d[j], g[j], u[j], &dg[j], &du[j]);
+        for (int j = 0; j < 8; j++) glu_grad<GELU>(d[j], g[j], u[j], dg[j], du[j]);
         store8(dgate + 8 * i, dg);
         store8(dup + 8 * i, du);
     }
     for (size_t i = nv * 8 + t; i < n; i += stride) {
         float dg, du;
-        swiglu_grad(__bfloat162float(dout[i]), __bfloat162float(gate[i]), __bfloat162float(up[i]), &dg, &du);
+        glu_grad<GELU>(__bfloat162float(dout[i]), __bfloat162float(gate[i]), __bfloat162float(up[i]), dg, du);
         dgate[i] = __float2bfloat16_rn(dg);
         dup[i] = __float2bfloat16_rn(du);
     }
@@ -502,11 +545,11 @@ static unsigned grid_vec(size_t n) { return grid_for((n + 7) / 8); }
 
 void cu_swiglu_forward(void *out, const void *gate, const void *up, size_t n) {
     if (!n) return;
-    swiglu_fwd_kernel<<<grid_vec(n), 256, 0, cu_stream()>>>((bf16 *)out, (const bf16 *)gate, (const bf16 *)up, n,
+    glu_fwd_kernel<false><<<grid_vec(n), 256, 0, cu_stream()>>>((bf16 *)out, (const bf16 *)gate, (const bf16 *)up, n,
                                                           aligned16(out, gate, up, NULL));
     launchCheck();
 }
-// swiglu_gu: one warp per 128 columns of a row (lane l: columns 4l..4l+3), silu_mul as swiglu_fwd_kernel
+// swiglu_gu: one warp per 128 columns of a row (lane l: columns 4l..4l+3), silu_mul as glu_fwd_kernel
 // rounds it; with q (BLOCK), the group's FP8 copy from the lanes' registers
 __global__ void swiglu_gu_kernel(bf16 *out, const bf16 *gu, int N, int FF, uint8_t *q, float *qs) {
     int groups = cdiv(FF, FP8_BLOCK_SIZE), wid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -537,7 +580,7 @@ void cu_swiglu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF) {
 }
 void cu_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n) {
     if (!n) return;
-    swiglu_bwd_kernel<<<grid_vec(n), 256, 0, cu_stream()>>>((bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout,
+    glu_bwd_kernel<false><<<grid_vec(n), 256, 0, cu_stream()>>>((bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout,
                                                           (const bf16 *)gate, (const bf16 *)up, n,
                                                           aligned16(dgate, dup, dout, gate) && aligned16(up, 0, 0, 0));
     launchCheck();
@@ -546,6 +589,32 @@ void cu_add(void *out, const void *a, const void *b, size_t n) {
     if (!n) return;
     add_kernel<<<grid_vec(n), 256, 0, cu_stream()>>>((bf16 *)out, (const bf16 *)a, (const bf16 *)b, n,
                                                    aligned16(out, a, b, NULL));
+    launchCheck();
+}
+
+void cu_geglu_forward(void *out, const void *gate, const void *up, size_t n) {
+    if (!n) return;
+    glu_fwd_kernel<true><<<grid_vec(n), 256, 0, cu_stream()>>>((bf16 *)out, (const bf16 *)gate, (const bf16 *)up, n,
+                                                         aligned16(out, gate, up, NULL));
+    launchCheck();
+}
+void cu_geglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n) {
+    if (!n) return;
+    glu_bwd_kernel<true><<<grid_vec(n), 256, 0, cu_stream()>>>((bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout,
+                                                         (const bf16 *)gate, (const bf16 *)up, n,
+                                                         aligned16(dgate, dup, dout, gate) && aligned16(up, 0, 0, 0));
+    launchCheck();
+}
+
+// x *= s, each product in fp32 rounded once to bf16 (a bf16 tensor times a bf16 scalar in PyTorch)
+__global__ void scale_act_kernel(bf16 *x, size_t n, float s) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += stride)
+        x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) * s);
+}
+void cu_scale_act(void *x, size_t n, float s) {
+    if (!n) return;
+    scale_act_kernel<<<grid_for(n), 256, 0, cu_stream()>>>((bf16 *)x, n, s);
     launchCheck();
 }
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Make the Hugging Face reference fixtures the C model is tested against.
 
-For each of three tiny random-weight models (Qwen3, Qwen2, Llama 3) this writes,
-under test/fixtures/<name>/:
+For each of five tiny random-weight models (Qwen3, Qwen2, Llama 3, Mistral,
+Gemma 3 text) this writes, under test/fixtures/<name>/:
 
   config.json, *.safetensors   the checkpoint, written by transformers'
                                save_pretrained (what the C loader must read)
@@ -12,12 +12,20 @@ under test/fixtures/<name>/:
   generate.npy  int32 (8,)           greedy continuation (8 new ids) of the first
                                      8 tokens of row 0
   inv_freq.npy  float32 (HD/2,)      the RoPE inverse frequencies transformers uses
+                                     (Gemma 3: its full layers'; inv_freq_local.npy
+                                     the sliding layers')
 
-The three models together cover what the C side must get right: an explicit
-head_dim with NH*HD != hidden (Qwen3), q/k-norm (Qwen3), q/k/v biases (Qwen2),
-tied and untied embeddings, GQA, llama3 RoPE scaling (all three branches of its
-formula), an intermediate size that is not a multiple of 128, checkpoints in
-float32, bfloat16 and float16, and a checkpoint sharded over several files.
+The models together cover what the C side must get right: an explicit
+head_dim with NH*HD != hidden (Qwen3, Mistral, Gemma 3), q/k-norm (Qwen3, Gemma 3),
+q/k/v biases (Qwen2), tied and untied embeddings, GQA, llama3 RoPE scaling (all
+three branches of its formula), an intermediate size that is not a multiple of
+128, checkpoints in float32, bfloat16 and float16, a checkpoint sharded over
+several files; and sliding-window attention with a window (8, 6) well under the
+24 tokens, so that both the full forward and the KV-cache decode (logits and the
+greedy path, 16 tokens) run past it: on every layer (Mistral), on a mix of
+sliding and full layers with their own RoPE bases and a linearly scaled one for
+the full layers (Gemma 3), with Gemma's (1 + w) norms, sandwich norms, GeGLU,
+embeddings times sqrt(hidden) and query_pre_attn_scalar != head_dim.
 
 The weights are not transformers' default init (std 0.02 gives near-uniform
 logits that hide bugs): every tensor is drawn from a seeded generator at a scale
@@ -25,19 +33,22 @@ where a transposed, swapped or ignored tensor changes the logits visibly. Each
 model is saved in its target dtype and reloaded from disk in float32, so the
 reference logits use exactly the rounded values the C loader will read.
 
-Run from the repository root: python3 dev/make_fixtures.py  (CPU is enough).
+Run from the repository root: python3 dev/make_fixtures.py [NAME ...]  (CPU is
+enough; names pick some of the fixtures, the default is all of them).
 """
 import json
 import math
 import os
 import shutil
+import sys
 
 import numpy as np
 import torch
 import transformers
-from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GenerationConfig,
+                          LlamaConfig, LlamaForCausalLM, MistralConfig,
+                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
 OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test", "fixtures")
 
@@ -47,7 +58,8 @@ COMMON = dict(vocab_size=320, hidden_size=64, intermediate_size=160,
               max_position_embeddings=128, rms_norm_eps=1e-6)
 
 N_ROWS, N_TOKENS = 2, 24            # tokens.npy shape
-PROMPT_LEN, NEW_TOKENS = 8, 8       # greedy generation check
+PROMPT_LEN = 8                      # greedy generation check: NEW_TOKENS after the first 8 tokens
+NEW_TOKENS = {"mistral": 16, "gemma3": 16}  # past the sliding window (8, 6) by far; the others 8
 MIN_REL_MARGIN = 1e-3               # top-2 logit gap along the greedy path, relative to the top logit
 MIN_DISTINCT = 5                    # distinct ids the greedy path must have (a repeated token tests little)
 # The seeds in model_specs() were chosen (by trying 1000..1049) for a wide
@@ -83,13 +95,20 @@ def pick_llama3_orig_max_pos(head_dim, theta):
     raise SystemExit("no candidate original_max_position_embeddings exercises all three llama3 branches")
 
 
+# Gemma 3: five layers, sliding and full mixed (not transformers' every-sixth pattern, so that two full
+# layers sit among three sliding ones)
+GEMMA3_LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                      "full_attention"]
+
+
 def model_specs():
     """(name, model class, config, saved dtype, max_shard_size, embedding std, seed) for each fixture.
 
     The tied Qwen3 uses a smaller embedding std: its embedding is also the
     lm_head, and at std 0.5 the token just read dominates its own logit
     (e.e = 64 * 0.25), so greedy decoding repeats one token and would not test
-    that the decoder feeds back the right ids."""
+    that the decoder feeds back the right ids. Gemma 3 is tied too, and its
+    embeddings enter the residual stream times sqrt(hidden) = 8: std 0.05."""
     llama_theta, llama_hd = 500000.0, 16
     orig, branches = pick_llama3_orig_max_pos(llama_hd, llama_theta)
     print(f"llama3 rope: original_max_position_embeddings={orig}, branch per frequency: {branches}")
@@ -107,17 +126,31 @@ def model_specs():
          LlamaConfig(**COMMON, head_dim=llama_hd, tie_word_embeddings=False, bos_token_id=1, eos_token_id=[2, 3],
                      rope_parameters=llama_rope),
          torch.float16, "100KB", 0.5, 1043),
+        ("mistral", MistralForCausalLM,
+         MistralConfig(**COMMON, head_dim=32, sliding_window=8, tie_word_embeddings=False, bos_token_id=1,
+                       eos_token_id=2, rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
+         torch.bfloat16, None, 0.5, 1000),
+        ("gemma3", Gemma3ForCausalLM,
+         Gemma3TextConfig(**dict(COMMON, num_hidden_layers=5, num_key_value_heads=1), head_dim=32,
+                          query_pre_attn_scalar=24, sliding_window=6, layer_types=GEMMA3_LAYER_TYPES,
+                          tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                          rope_parameters=dict(
+                              full_attention=dict(rope_type="linear", factor=4.0, rope_theta=1000000.0),
+                              sliding_attention=dict(rope_type="default", rope_theta=10000.0))),
+         torch.float32, None, 0.05, 1007),
     ]
 
 
 def init_weights(model, embed_std, seed):
     """Overwrite every parameter with seeded random values at a visible scale."""
     g = torch.Generator().manual_seed(seed)
+    # Gemma's RMSNorm multiplies by 1 + w: w around 0 gives the same factors as w around 1 elsewhere
+    norm_center = 0.0 if model.config.model_type.startswith("gemma") else 1.0
     with torch.no_grad():
         for name, p in model.named_parameters():  # a tied lm_head is listed once, as embed_tokens
             z = torch.randn(p.shape, generator=g, dtype=torch.float32)
-            if name.endswith("norm.weight"):          # every RMSNorm, incl. Qwen3 q_norm / k_norm
-                p.copy_(1.0 + 0.2 * z)
+            if name.endswith("norm.weight"):          # every RMSNorm, incl. Qwen3 / Gemma 3 q_norm / k_norm
+                p.copy_(norm_center + 0.2 * z)
             elif name.endswith(".bias"):              # Qwen2 q/k/v biases
                 p.copy_(0.1 * z)
             elif "embed_tokens" in name:
@@ -147,9 +180,9 @@ def row_logits(model, ids):
 
 
 @torch.no_grad()
-def greedy(model, prompt):
-    """NEW_TOKENS greedy ids after prompt, with no early stop at eos."""
-    gen = GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=0,
+def greedy(model, prompt, new_tokens):
+    """new_tokens greedy ids after prompt, with no early stop at eos."""
+    gen = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=0,
                            eos_token_id=None, pad_token_id=0, bos_token_id=None)
     ids = torch.tensor(prompt, dtype=torch.long)[None]
     # an explicit all-ones mask: without it generate() masks out prompt ids equal to pad_token_id
@@ -181,9 +214,14 @@ def make_fixture(name, cls, config, dtype, shard, embed_std, seed):
     tokens = rng.integers(0, config.vocab_size, size=(N_ROWS, N_TOKENS)).astype(np.int32)
     logits = np.stack([row_logits(model, row.tolist()).numpy() for row in tokens]).astype(np.float32)
     prompt = tokens[0, :PROMPT_LEN].tolist()
-    new = greedy(model, prompt).astype(np.int32)
+    new = greedy(model, prompt, NEW_TOKENS.get(name, 8)).astype(np.int32)
     gap, rel = greedy_margins(model, prompt, new)
-    inv_freq = model.model.rotary_emb.inv_freq.float().numpy()
+    rot = model.model.rotary_emb
+    if hasattr(rot, "full_attention_inv_freq"):  # Gemma 3: a set per layer type
+        inv_freq = rot.full_attention_inv_freq.float().numpy()
+        np.save(os.path.join(path, "inv_freq_local.npy"), rot.sliding_attention_inv_freq.float().numpy())
+    else:
+        inv_freq = rot.inv_freq.float().numpy()
 
     np.save(os.path.join(path, "tokens.npy"), tokens)
     np.save(os.path.join(path, "logits.npy"), logits)
@@ -234,11 +272,17 @@ def main():
     torch.use_deterministic_algorithms(True)
     transformers.utils.logging.disable_progress_bar()
     os.makedirs(OUT_DIR, exist_ok=True)
-    paths = {spec[0]: make_fixture(*spec) for spec in model_specs()}
-    check_llama3_inv_freq(paths["llama3"])
-    n_shards = len([f for f in os.listdir(paths["llama3"]) if f.endswith(".safetensors")])
-    assert n_shards >= 2 and os.path.exists(os.path.join(paths["llama3"], "model.safetensors.index.json"))
-    print(f"\nllama3 is sharded into {n_shards} safetensors files")
+    specs = model_specs()
+    names = sys.argv[1:] or [spec[0] for spec in specs]
+    unknown = set(names) - {spec[0] for spec in specs}
+    if unknown:
+        raise SystemExit(f"unknown fixture {sorted(unknown)}: the fixtures are {[spec[0] for spec in specs]}")
+    paths = {spec[0]: make_fixture(*spec) for spec in specs if spec[0] in names}
+    if "llama3" in paths:
+        check_llama3_inv_freq(paths["llama3"])
+        n_shards = len([f for f in os.listdir(paths["llama3"]) if f.endswith(".safetensors")])
+        assert n_shards >= 2 and os.path.exists(os.path.join(paths["llama3"], "model.safetensors.index.json"))
+        print(f"\nllama3 is sharded into {n_shards} safetensors files")
 
 
 if __name__ == "__main__":

@@ -78,17 +78,18 @@ static void pw_lora_backward(void *dinp, void *dA, void *dB, const void *dout, c
                              const void *B, DType wdt, float s, int N, int C, int Rk, int OC) {
     PW(P_LORA_B, PF.R->lora_backward(dinp, dA, dB, dout, inp, ax, A, B, wdt, s, N, C, Rk, OC));
 }
-static void pw_att_f(void *out, void *lse, const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD) {
-    PW(P_ATT_F, PF.R->attention_forward(out, lse, q, k, v, B, T, NH, KVH, HD));
+static void pw_att_f(void *out, void *lse, const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD,
+                     double sc, int win) {
+    PW(P_ATT_F, PF.R->attention_forward(out, lse, q, k, v, B, T, NH, KVH, HD, sc, win));
 }
 static void pw_att_b(void *dq, void *dk, void *dv, const void *dout, const void *out, const void *lse, const void *q,
-                     const void *k, const void *v, int B, int T, int NH, int KVH, int HD) {
-    PW(P_ATT_B, PF.R->attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, KVH, HD));
+                     const void *k, const void *v, int B, int T, int NH, int KVH, int HD, double sc, int win) {
+    PW(P_ATT_B, PF.R->attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, KVH, HD, sc, win));
 }
 static void pw_att_dec(void *out, const void *q, const void *kc, const void *vc, const float *ks, const float *vs,
-                       const int32_t *bt, const int32_t *sl, int S, int NH, int KVH, int HD, int BS, int MB,
-                       FP8Tensor *outq) {
-    PW(P_ATT_DEC, PF.R->attention_decode(out, q, kc, vc, ks, vs, bt, sl, S, NH, KVH, HD, BS, MB, outq));
+                       const int32_t *bt, const int32_t *sl, int S, int NH, int KVH, int HD, int BS, int MB, double sc,
+                       int win, FP8Tensor *outq) {
+    PW(P_ATT_DEC, PF.R->attention_decode(out, q, kc, vc, ks, vs, bt, sl, S, NH, KVH, HD, BS, MB, sc, win, outq));
 }
 static void pw_kv_write(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots, int N,
                         int KVH, int HD) {

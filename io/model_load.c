@@ -1,5 +1,5 @@
 // model_load.c: from a Hugging Face checkpoint directory to a Model.
-// Defines: config_from_json (Llama 3 / Qwen2 / Qwen3 config.json, both the
+// Defines: config_from_json (Llama 3 / Qwen2 / Qwen3 / Mistral / Gemma 3 text config.json, both the
 // transformers 4.x keys (rope_theta, rope_scaling) and 5.x (rope_parameters)),
 // the weight layout walker (one allocation for the dense weights, one for the
 // FP8 codes + scales), model_load (safetensors, BF16/F16/F32, or pre-quantized
@@ -51,13 +51,69 @@ static int json_id(cJSON *v, const char *key, int V, const char *path) {
 
 // The bounds of config.json's sizes (generous: Llama 3.1 405B has hidden 16384, intermediate 53248,
 // 126 layers, 128 heads of 128; Qwen3's vocabulary is 151936)
-enum { MAX_VOCAB = 1 << 24, MAX_HIDDEN = 1 << 16, MAX_FF = 1 << 18, MAX_LAYERS = 1024, MAX_HEADS = 1024, MAX_HEAD_DIM = 1024,
-       MAX_POS = 1 << 24 };
+enum { MAX_VOCAB = 1 << 24, MAX_HIDDEN = 1 << 16, MAX_FF = 1 << 18, MAX_LAYERS = CONFIG_MAX_LAYERS, MAX_HEADS = 1024,
+       MAX_HEAD_DIM = 1024, MAX_POS = 1 << 24 };
 static int json_bool(cJSON *root, const char *key, int dflt, const char *path) {
     cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     if (!v || cJSON_IsNull(v)) return dflt;
     if (!cJSON_IsBool(v)) die("%s: \"%s\" must be true or false", path, key);
     return cJSON_IsTrue(v);
+}
+
+// a key that must be absent or null: what the model does not implement (Gemma 2's logit soft-capping)
+static void json_null(cJSON *root, const char *key, const char *why, const char *path) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (v && !cJSON_IsNull(v)) die("%s: \"%s\" is set: %s", path, key, why);
+}
+
+// sliding_window: an integer >= 1, or absent / null (0: no window)
+static int json_window(cJSON *root, int dflt, const char *path) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
+    if (v && cJSON_IsNull(v)) return 0;
+    return json_int(root, "sliding_window", dflt, 0, 1, MAX_POS, path);
+}
+
+// Gemma 3's layer types: layer_types ["sliding_attention" | "full_attention", ...] (transformers 5.x
+// and recent 4.x), else every sliding_window_pattern-th layer full, the others sliding (older 4.x
+// configs; transformers' default pattern 6)
+static void gemma3_layer_types(Config *c, cJSON *root, const char *path) {
+    cJSON *lt = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
+    if (lt && !cJSON_IsNull(lt)) {
+        if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->L)
+            die("%s: \"layer_types\" must list num_hidden_layers (%d) strings", path, c->L);
+        int l = 0;
+        cJSON *e;
+        cJSON_ArrayForEach(e, lt) {
+            int sl = cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention");
+            if (!sl && !(cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention")))
+                die("%s: layer_types[%d] must be \"sliding_attention\" or \"full_attention\"", path, l);
+            c->sliding[l++] = (unsigned char)sl;
+        }
+        return;
+    }
+    int pat = json_int(root, "sliding_window_pattern", 6, 0, 1, MAX_LAYERS, path);
+    for (int l = 0; l < c->L; l++) c->sliding[l] = (l + 1) % pat != 0;
+}
+
+// one RoPE parameter set (the top level of a 4.x config, rope_scaling, rope_parameters, or one of Gemma 3's
+// per-layer-type sets of rope_parameters): its scaling, when it has one, into c; the type's name returned
+static void rope_scaling_read(Config *c, cJSON *scaling, const char *sp, const char *path) {
+    cJSON *ty = cJSON_GetObjectItemCaseSensitive(scaling, "rope_type");
+    if (!ty) ty = cJSON_GetObjectItemCaseSensitive(scaling, "type");
+    const char *t = cJSON_IsString(ty) ? ty->valuestring : "default";
+    if (!strcmp(t, "llama3")) {
+        c->rope_scaling = 1;
+        c->rope_factor = (float)json_pos(scaling, "factor", 0, 1, 0, 1e6, sp);
+        c->rope_low_freq_factor = (float)json_pos(scaling, "low_freq_factor", 0, 1, 0, 1e6, sp);
+        c->rope_high_freq_factor = (float)json_pos(scaling, "high_freq_factor", 0, 1, 0, 1e6, sp);
+        c->rope_original_max_pos = json_int(scaling, "original_max_position_embeddings", 0, 1, 1, MAX_POS, sp);
+        if (c->rope_high_freq_factor <= c->rope_low_freq_factor)
+            die("%s: llama3 rope scaling needs high_freq_factor > low_freq_factor", path);
+    } else if (!strcmp(t, "linear")) {  // positions divided by factor: inv_freq / factor (Gemma 3 4B and up)
+        c->rope_scaling = 2;
+        c->rope_factor = (float)json_pos(scaling, "factor", 0, 1, 0, 1e6, sp);
+    } else if (strcmp(t, "default"))
+        die("%s: rope scaling type \"%s\" is not supported (default, linear and llama3 are)", path, t);
 }
 
 void config_from_json(Config *c, const char *text, const char *path) {
@@ -69,7 +125,16 @@ void config_from_json(Config *c, const char *text, const char *path) {
     if (!strcmp(mt->valuestring, "llama")) c->arch = ARCH_LLAMA;
     else if (!strcmp(mt->valuestring, "qwen2")) c->arch = ARCH_QWEN2;
     else if (!strcmp(mt->valuestring, "qwen3")) c->arch = ARCH_QWEN3;
-    else die("%s: unsupported architecture \"%s\": fp8-grpo runs llama (Llama 3), qwen2 and qwen3 checkpoints", path, mt->valuestring);
+    else if (!strcmp(mt->valuestring, "mistral")) c->arch = ARCH_MISTRAL;
+    else if (!strcmp(mt->valuestring, "gemma3_text")) c->arch = ARCH_GEMMA3;
+    else if (!strcmp(mt->valuestring, "gemma3"))
+        die("%s: model_type \"gemma3\" is the multimodal Gemma 3 (Gemma3ForConditionalGeneration), which is not "
+            "supported: use a text-only checkpoint (model_type \"gemma3_text\", Gemma3ForCausalLM: gemma-3-1b, or the "
+            "text tower saved on its own)", path);
+    else
+        die("%s: unsupported architecture \"%s\": fp8-grpo runs llama (Llama 3), qwen2, qwen3, mistral and gemma3_text "
+            "checkpoints", path, mt->valuestring);
+    int gemma = c->arch == ARCH_GEMMA3;
 
     c->V = json_int(root, "vocab_size", 0, 1, 1, MAX_VOCAB, path);
     c->C = json_int(root, "hidden_size", 0, 1, 1, MAX_HIDDEN, path);
@@ -78,52 +143,79 @@ void config_from_json(Config *c, const char *text, const char *path) {
     c->NH = json_int(root, "num_attention_heads", 0, 1, 1, MAX_HEADS, path);
     c->KVH = json_int(root, "num_key_value_heads", c->NH, 0, 1, MAX_HEADS, path);
     if (c->NH % c->KVH) die("%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path, c->NH, c->KVH);
-    if (c->C % c->NH && !cJSON_GetObjectItemCaseSensitive(root, "head_dim"))
+    cJSON *hd = cJSON_GetObjectItemCaseSensitive(root, "head_dim");
+    if (c->C % c->NH && (!hd || cJSON_IsNull(hd)))
         die("%s: hidden_size %d not divisible by num_attention_heads %d and no head_dim", path, c->C, c->NH);
-    c->HD = json_int(root, "head_dim", c->C / c->NH, 0, 2, MAX_HEAD_DIM, path);
+    // transformers' defaults where a key is absent: Gemma 3's (Gemma3TextConfig) differ
+    c->HD = json_int(root, "head_dim", gemma ? 256 : c->C / c->NH, 0, 2, MAX_HEAD_DIM, path);
     if (c->HD % 2) die("%s: head_dim %d must be even (RoPE rotates pairs)", path, c->HD);
-    c->max_pos = json_int(root, "max_position_embeddings", 4096, 0, 1, MAX_POS, path);
+    c->max_pos = json_int(root, "max_position_embeddings", gemma ? 131072 : 4096, 0, 1, MAX_POS, path);
     c->eps = (float)json_pos(root, "rms_norm_eps", 1e-6, 0, 0, 1, path);
-    c->tied = json_bool(root, "tie_word_embeddings", 0, path);
+    c->tied = json_bool(root, "tie_word_embeddings", gemma, path);
     c->qkv_bias = c->arch == ARCH_QWEN2;
-    c->qk_norm = c->arch == ARCH_QWEN3;
+    c->qk_norm = c->arch == ARCH_QWEN3 || gemma;
+    c->gemma = gemma;
 
-    cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
-    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu")))
-        die("%s: hidden_act must be \"silu\" (SwiGLU)", path);
+    // the MLP's activation: SiLU (SwiGLU), Gemma 3's gelu tanh (GeGLU)
+    const char *want_act = gemma ? "gelu_pytorch_tanh" : "silu";
+    const char *act_keys[2] = {"hidden_act", "hidden_activation"};
+    for (int i = 0; i < 2; i++) {
+        cJSON *act = cJSON_GetObjectItemCaseSensitive(root, act_keys[i]);
+        if (act && !cJSON_IsNull(act) && (!cJSON_IsString(act) || strcmp(act->valuestring, want_act)))
+            die("%s: %s must be \"%s\" for %s (%s)", path, act_keys[i], want_act, mt->valuestring, gemma ? "GeGLU" : "SwiGLU");
+    }
     if (c->arch != ARCH_QWEN2 && json_bool(root, "attention_bias", 0, path))
         die("%s: attention_bias true is not supported for %s", path, mt->valuestring);
     if (json_bool(root, "mlp_bias", 0, path)) die("%s: mlp_bias true is not supported", path);
-    if (json_bool(root, "use_sliding_window", 0, path)) die("%s: sliding-window attention is not supported", path);
+    // Sliding windows: Mistral's sliding_window applies to every layer (null: none); Gemma 3's to its
+    // layer_types' sliding layers. Qwen2's use_sliding_window (layers past max_window_layers) is not done.
+    if (c->arch == ARCH_MISTRAL) {
+        c->window = json_window(root, 0, path);
+        for (int l = 0; l < c->L; l++) c->sliding[l] = c->window > 0;
+    } else if (gemma) {
+        c->window = json_window(root, 4096, path);
+        gemma3_layer_types(c, root, path);
+        if (!c->window) memset(c->sliding, 0, sizeof c->sliding);
+        c->query_pre_attn_scalar = (float)json_pos(root, "query_pre_attn_scalar", 256, 0, 0, 1e9, path);
+        json_null(root, "final_logit_softcapping", "logit soft-capping (Gemma 2) is not supported: Gemma 3 has none, "
+                  "set it to null", path);
+        json_null(root, "attn_logit_softcapping", "attention soft-capping (Gemma 2) is not supported: Gemma 3 has none, "
+                  "set it to null", path);
+        if (json_bool(root, "use_bidirectional_attention", 0, path))
+            die("%s: use_bidirectional_attention true (an embedding model) is not supported: fp8-grpo trains causal "
+                "language models", path);
+    } else if (json_bool(root, "use_sliding_window", 0, path))
+        die("%s: use_sliding_window true is not supported for %s (sliding windows are for mistral and gemma3_text)", path,
+            mt->valuestring);
 
     // RoPE: transformers 5.x writes rope_parameters {rope_theta, rope_type, ...};
-    // 4.x checkpoints have rope_theta and rope_scaling {rope_type | type, ...}.
+    // 4.x checkpoints have rope_theta and rope_scaling {rope_type | type, ...}. Gemma 3: the full layers'
+    // set as above (rope_theta 1e6 by default), the sliding layers' base rope_local_base_freq (10000 by
+    // default) unscaled; 5.x writes both as rope_parameters {"full_attention": {...}, "sliding_attention": {...}}.
     cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
     cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
-    c->rope_theta = (float)json_pos(root, "rope_theta", 10000.0, 0, 1, 1e12, path);
+    c->rope_theta = (float)json_pos(root, "rope_theta", gemma ? 1000000.0 : 10000.0, 0, 1, 1e12, path);
+    char sp[4200];  // its fields' errors name it: "config.json: rope_scaling: \"factor\" is 0: ..."
+    if (gemma) {
+        c->rope_local_theta = (float)json_pos(root, "rope_local_base_freq", 10000.0, 0, 1, 1e12, path);
+        cJSON *full = cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "full_attention") : NULL;
+        cJSON *loc = cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention") : NULL;
+        if (cJSON_IsObject(loc)) {
+            snprintf(sp, sizeof sp, "%s: rope_parameters.sliding_attention", path);
+            c->rope_local_theta = (float)json_pos(loc, "rope_theta", c->rope_local_theta, 0, 1, 1e12, sp);
+            rope_scaling_read(c, loc, sp, path);
+            if (c->rope_scaling) die("%s: a scaled RoPE on the sliding layers is not supported (Gemma 3 has none)", sp);
+        }
+        rp = cJSON_IsObject(full) ? full : cJSON_IsObject(rp) && (full || loc) ? NULL : rp;
+    }
     cJSON *scaling = NULL;
     if (cJSON_IsObject(rp)) {
         c->rope_theta = (float)json_pos(rp, "rope_theta", c->rope_theta, 0, 1, 1e12, path);
         scaling = rp;
     }
     if (cJSON_IsObject(rs)) scaling = rs;
-    char sp[4200];  // its fields' errors name it: "config.json: rope_scaling: \"factor\" is 0: ..."
     snprintf(sp, sizeof sp, "%s: %s", path, scaling == rs ? "rope_scaling" : "rope_parameters");
-    if (scaling) {
-        cJSON *ty = cJSON_GetObjectItemCaseSensitive(scaling, "rope_type");
-        if (!ty) ty = cJSON_GetObjectItemCaseSensitive(scaling, "type");
-        const char *t = cJSON_IsString(ty) ? ty->valuestring : "default";
-        if (!strcmp(t, "llama3")) {
-            c->rope_scaling = 1;
-            c->rope_factor = (float)json_pos(scaling, "factor", 0, 1, 0, 1e6, sp);
-            c->rope_low_freq_factor = (float)json_pos(scaling, "low_freq_factor", 0, 1, 0, 1e6, sp);
-            c->rope_high_freq_factor = (float)json_pos(scaling, "high_freq_factor", 0, 1, 0, 1e6, sp);
-            c->rope_original_max_pos = json_int(scaling, "original_max_position_embeddings", 0, 1, 1, MAX_POS, sp);
-            if (c->rope_high_freq_factor <= c->rope_low_freq_factor)
-                die("%s: llama3 rope scaling needs high_freq_factor > low_freq_factor", path);
-        } else if (strcmp(t, "default"))
-            die("%s: rope scaling type \"%s\" is not supported (default and llama3 are)", path, t);
-    }
+    if (scaling) rope_scaling_read(c, scaling, sp, path);
 
     c->bos_id = -1;
     cJSON *bos = cJSON_GetObjectItemCaseSensitive(root, "bos_token_id");
@@ -139,11 +231,17 @@ void config_from_json(Config *c, const char *text, const char *path) {
     cJSON_Delete(root);
 }
 
+static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "mistral", "gemma3_text"};
+
 void config_print(const Config *c, FILE *f) {
-    static const char *an[] = {"llama", "qwen2", "qwen3"};
-    fprintf(f, "model: %s, %d layers, hidden %d, mlp %d, heads %d/%d x %d, vocab %d, %s embeddings%s%s\n", an[c->arch], c->L,
-            c->C, c->FF, c->NH, c->KVH, c->HD, c->V, c->tied ? "tied" : "untied", c->rope_scaling ? ", llama3 rope" : "",
-            c->qk_norm ? ", qk-norm" : "");
+    static const char *rs[] = {"", ", llama3 rope", ", linear rope"};
+    int ns = 0;
+    for (int l = 0; l < c->L; l++) ns += c->sliding[l];
+    char win[96] = "";
+    if (c->window && ns) snprintf(win, sizeof win, ", sliding window %d on %d of %d layers", c->window, ns, c->L);
+    fprintf(f, "model: %s, %d layers, hidden %d, mlp %d, heads %d/%d x %d, vocab %d, %s embeddings%s%s%s\n",
+            arch_names[c->arch], c->L, c->C, c->FF, c->NH, c->KVH, c->HD, c->V, c->tied ? "tied" : "untied",
+            rs[c->rope_scaling], c->qk_norm ? ", qk-norm" : "", win);
 }
 
 // ----------------------------------------------------------------------------
@@ -200,6 +298,22 @@ static size_t slots_before(const SlotTable *t, int k) {
 static FP8Gran layer_gran(const ModelOptions *o, int l, int L) {
     if (l < o->bf16_first || l >= L - o->bf16_last) return FP8_OFF;
     return o->gran;
+}
+
+// A layer's norms (ln1, ln2, then Gemma 3's ln_attn, ln_mlp) as pointers into lw, with their
+// checkpoint names; returns how many. Llama's post_attention_layernorm is the MLP's input norm; Gemma
+// 3's is the norm of the attention's output, its MLP input norm pre_feedforward_layernorm.
+static int layer_norms(const Config *c, const LayerWeights *lw, void *const **ptrs, const char **names) {
+    static const char *llama[] = {"input_layernorm", "post_attention_layernorm"};
+    static const char *gemma[] = {"input_layernorm", "pre_feedforward_layernorm", "post_attention_layernorm",
+                                  "post_feedforward_layernorm"};
+    void *const *p[4] = {&lw->ln1, &lw->ln2, &lw->ln_attn, &lw->ln_mlp};
+    int n = c->gemma ? 4 : 2;
+    for (int i = 0; i < n; i++) {
+        if (ptrs) ptrs[i] = p[i];
+        names[i] = c->gemma ? gemma[i] : llama[i];
+    }
+    return n;
 }
 
 static void lin_shape(const Config *c, int which, int *rows, int *cols) {
@@ -274,6 +388,10 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
         LayerWeights *lw = &w->layers[l];
         slot_add(&dense, &lw->ln1, (size_t)c->C * act);
         slot_add(&dense, &lw->ln2, (size_t)c->C * act);
+        if (c->gemma) {
+            slot_add(&dense, &lw->ln_attn, (size_t)c->C * act);
+            slot_add(&dense, &lw->ln_mlp, (size_t)c->C * act);
+        }
         if (c->qk_norm) {
             slot_add(&dense, &lw->q_norm, (size_t)c->HD * act);
             slot_add(&dense, &lw->k_norm, (size_t)c->HD * act);
@@ -349,13 +467,21 @@ static void model_common_init(Model *m, const Config *c, const Backend *be, cons
     // RoPE inverse frequencies, with llama3 scaling (transformers' _compute_llama3_parameters):
     // wavelengths shorter than original_max / high_freq_factor stay, longer than
     // original_max / low_freq_factor are divided by factor, the band between is interpolated.
+    // Linear scaling (Gemma 3's full layers) divides every frequency by factor. Gemma 3's sliding layers
+    // have their own base, unscaled (inv_freq_local).
     int half = c->HD / 2;
     double *f = (double *)mallocCheck(half * sizeof(double));
+    if (c->rope_local_theta > 0) {
+        for (int i = 0; i < half; i++) f[i] = 1.0f / powf(c->rope_local_theta, (float)(2 * i) / (float)c->HD);
+        m->inv_freq_local = be->alloc(half * dtype_size(be->hp));
+        be->upload_convert(m->inv_freq_local, be->hp, f, DT_F64, half);
+    }
     for (int i = 0; i < half; i++) {
         // as transformers: 1 / theta^(arange(0, HD, 2) / HD), computed in fp32
         float e = (float)(2 * i) / (float)c->HD;
         float inv = 1.0f / powf(c->rope_theta, e);
         double x = inv;
+        if (c->rope_scaling == 2) x = inv / c->rope_factor;  // fp32 division, as transformers' inv_freq /= factor
         if (c->rope_scaling == 1) {
             double lo_wl = c->rope_original_max_pos / c->rope_low_freq_factor;
             double hi_wl = c->rope_original_max_pos / c->rope_high_freq_factor;
@@ -508,8 +634,10 @@ static void walk_tensors(const Loader *ld, Model *m) {
     for (int l = 0; l < c->L; l++) {
         LayerWeights *lw = m ? &m->w.layers[l] : NULL;
 #define LNAME(fmt, ...) (snprintf(nm, sizeof nm, "model.layers.%d." fmt, l, __VA_ARGS__), nm)
-        load_dense(ld, lw ? lw->ln1 : NULL, LNAME("%s", "input_layernorm.weight"), c->C, 0);
-        load_dense(ld, lw ? lw->ln2 : NULL, LNAME("%s", "post_attention_layernorm.weight"), c->C, 0);
+        void *const *np[4];
+        const char *nn[4];
+        int nnorm = layer_norms(c, lw ? lw : &(LayerWeights){0}, np, nn);
+        for (int i = 0; i < nnorm; i++) load_dense(ld, lw ? *np[i] : NULL, LNAME("%s.weight", nn[i]), c->C, 0);
         if (c->qk_norm) {
             load_dense(ld, lw ? lw->q_norm : NULL, LNAME("%s", "self_attn.q_norm.weight"), c->HD, 0);
             load_dense(ld, lw ? lw->k_norm : NULL, LNAME("%s", "self_attn.k_norm.weight"), c->HD, 0);
@@ -602,13 +730,15 @@ void model_init_random(Model *m, const Config *c, const Backend *be, const Model
         fill_uniform(buf, (size_t)c->V * c->C, es, seed, tag++);
         be->quantize_weight(&m->w.head, buf, DT_F32, m->opt.pow2);
     }
-    for (int i = 0; i < c->C; i++) buf[i] = 1.0f;
+    for (int i = 0; i < c->C; i++) buf[i] = c->gemma ? 0.0f : 1.0f;
     be->upload_convert(m->w.norm, be->act, buf, DT_F32, c->C);
     for (int l = 0; l < c->L; l++) {
         LayerWeights *lw = &m->w.layers[l];
-        for (int i = 0; i < c->C; i++) buf[i] = 1.0f;
-        be->upload_convert(lw->ln1, be->act, buf, DT_F32, c->C);
-        be->upload_convert(lw->ln2, be->act, buf, DT_F32, c->C);
+        for (int i = 0; i < c->C; i++) buf[i] = c->gemma ? 0.0f : 1.0f;  // Gemma's norms multiply by 1 + w
+        void *const *np[4];
+        const char *nn[4];
+        int nnorm = layer_norms(c, lw, np, nn);
+        for (int i = 0; i < nnorm; i++) be->upload_convert(*np[i], be->act, buf, DT_F32, c->C);
         if (c->qk_norm) {
             be->upload_convert(lw->q_norm, be->act, buf, DT_F32, c->HD);
             be->upload_convert(lw->k_norm, be->act, buf, DT_F32, c->HD);
@@ -651,13 +781,14 @@ static void *to_host_dtype(const Model *m, const void *src, size_t n, DType dt, 
     return b;
 }
 
+// config.json in the keys of transformers 4.x (which 5.x reads too)
 static void config_write(const Config *c, const char *path, DType dt) {
-    static const char *mt[] = {"llama", "qwen2", "qwen3"};
-    static const char *cls[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+    static const char *cls[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
+                                "Gemma3ForCausalLM"};
     cJSON *r = cJSON_CreateObject();
     cJSON *ar = cJSON_AddArrayToObject(r, "architectures");
     cJSON_AddItemToArray(ar, cJSON_CreateString(cls[c->arch]));
-    cJSON_AddStringToObject(r, "model_type", mt[c->arch]);
+    cJSON_AddStringToObject(r, "model_type", arch_names[c->arch]);
     cJSON_AddNumberToObject(r, "vocab_size", c->V);
     cJSON_AddNumberToObject(r, "hidden_size", c->C);
     cJSON_AddNumberToObject(r, "intermediate_size", c->FF);
@@ -675,9 +806,26 @@ static void config_write(const Config *c, const char *path, DType dt) {
         cJSON_AddNumberToObject(s, "low_freq_factor", c->rope_low_freq_factor);
         cJSON_AddNumberToObject(s, "high_freq_factor", c->rope_high_freq_factor);
         cJSON_AddNumberToObject(s, "original_max_position_embeddings", c->rope_original_max_pos);
+    } else if (c->rope_scaling == 2) {
+        cJSON *s = cJSON_AddObjectToObject(r, "rope_scaling");
+        cJSON_AddStringToObject(s, "rope_type", "linear");
+        cJSON_AddNumberToObject(s, "factor", c->rope_factor);
+    }
+    if (c->arch == ARCH_MISTRAL || c->gemma) {
+        if (c->window) cJSON_AddNumberToObject(r, "sliding_window", c->window);
+        else cJSON_AddNullToObject(r, "sliding_window");
+    }
+    if (c->gemma) {
+        cJSON_AddNumberToObject(r, "rope_local_base_freq", c->rope_local_theta);
+        cJSON_AddNumberToObject(r, "query_pre_attn_scalar", c->query_pre_attn_scalar);
+        cJSON *lt = cJSON_AddArrayToObject(r, "layer_types");
+        for (int l = 0; l < c->L; l++)
+            cJSON_AddItemToArray(lt, cJSON_CreateString(c->sliding[l] ? "sliding_attention" : "full_attention"));
+        cJSON_AddNullToObject(r, "final_logit_softcapping");
+        cJSON_AddNullToObject(r, "attn_logit_softcapping");
     }
     cJSON_AddBoolToObject(r, "tie_word_embeddings", c->tied);
-    cJSON_AddStringToObject(r, "hidden_act", "silu");
+    cJSON_AddStringToObject(r, c->gemma ? "hidden_activation" : "hidden_act", c->gemma ? "gelu_pytorch_tanh" : "silu");
     cJSON_AddBoolToObject(r, "attention_bias", 0);
     if (c->bos_id >= 0) cJSON_AddNumberToObject(r, "bos_token_id", c->bos_id);
     if (c->n_eos == 1) cJSON_AddNumberToObject(r, "eos_token_id", c->eos_ids[0]);
@@ -710,8 +858,10 @@ int model_hf_tensors(const Model *m, HFTensor *out) {
     if (!c->tied) ADD(m->w.lm_head, m->w.lm_head ? NULL : &m->w.head, -1, -1, c->V, c->C, "lm_head.weight");
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *lw = &m->w.layers[l];
-        ADD(lw->ln1, NULL, -1, -1, c->C, 0, "model.layers.%d.input_layernorm.weight", l);
-        ADD(lw->ln2, NULL, -1, -1, c->C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        void *const *np[4];
+        const char *nn[4];
+        int nnorm = layer_norms(c, lw, np, nn);
+        for (int i = 0; i < nnorm; i++) ADD(*np[i], NULL, -1, -1, c->C, 0, "model.layers.%d.%s.weight", l, nn[i]);
         if (c->qk_norm) {
             ADD(lw->q_norm, NULL, -1, -1, c->HD, 0, "model.layers.%d.self_attn.q_norm.weight", l);
             ADD(lw->k_norm, NULL, -1, -1, c->HD, 0, "model.layers.%d.self_attn.k_norm.weight", l);
@@ -758,6 +908,7 @@ void model_free(Model *m) {
     if (m->grads) be->free(m->grads);
     free(m->gw.layers);
     if (m->inv_freq) be->free(m->inv_freq);
+    if (m->inv_freq_local) be->free(m->inv_freq_local);
     for (int i = 0; i < m->n_fp8_train; i++) be->fp8_train_free(m->fp8_train[i]);
     free(m->fp8_train);
     model_free_scratch(m);

@@ -477,22 +477,29 @@ END_TEST
 
 // ---- norms, RoPE, elementwise, embeddings -------------------------------------------------
 
-static void rmsnorm_case(int N, int C, int alias, int with_dw) {
+// p1: Gemma's norm, x / rms(x) * (1 + w) (rmsnorm1p_forward / backward), w around 0
+static void rmsnorm_case(int N, int C, int alias, int with_dw, int p1 = 0) {
     float *x = randn_bf((size_t)N * C, 1.5f), *w = randn_bf(C, 1.0f);
-    for (int i = 0; i < C; i++) w[i] = bfr(1.0f + 0.2f * w[i]);
+    for (int i = 0; i < C; i++) w[i] = bfr((p1 ? 0.0f : 1.0f) + 0.2f * w[i]);
     void *dxin = up_act(x, (size_t)N * C), *dw = up_act(w, C), *drs = G->alloc((size_t)N * 4);
     void *dout = alias ? dxin : G->alloc((size_t)N * C * 2);
     float *ref = fmalloc((size_t)N * C), *rrs = fmalloc(N);
-    rmsnorm_forward_cpu(ref, rrs, x, w, N, C, 1e-6f);
-    G->rmsnorm_forward(dout, drs, dxin, dw, N, C, 1e-6f);
+    if (p1) {
+        rmsnorm1p_forward_cpu(ref, rrs, x, w, N, C, 1e-6f);
+        G->rmsnorm1p_forward(dout, drs, dxin, dw, N, C, 1e-6f);
+    } else {
+        rmsnorm_forward_cpu(ref, rrs, x, w, N, C, 1e-6f);
+        G->rmsnorm_forward(dout, drs, dxin, dw, N, C, 1e-6f);
+    }
     float *got = down_act(dout, (size_t)N * C), *grs = down_hp(drs, N);
     double *t = tol_bf(ref, NULL, 0, (size_t)N * C), *trs = dmalloc_h(N);
     for (size_t i = 0; i < (size_t)N * C; i++) t[i] += acc32(C) * fabs(ref[i]);  // rstd from an fp32 sum of squares
     for (int i = 0; i < N; i++) trs[i] = acc32(C) * rrs[i];
     char what[96];
-    snprintf(what, sizeof what, "rmsnorm_forward N %d C %d%s", N, C, alias ? " (out = inp)" : "");
+    const char *nm = p1 ? "rmsnorm1p" : "rmsnorm";
+    snprintf(what, sizeof what, "%s_forward N %d C %d%s", nm, N, C, alias ? " (out = inp)" : "");
     check_close(what, got, ref, t, (size_t)N * C);
-    snprintf(what, sizeof what, "rmsnorm_forward rstd N %d C %d", N, C);
+    snprintf(what, sizeof what, "%s_forward rstd N %d C %d", nm, N, C);
     check_close(what, grs, rrs, trs, N);
     free(got); free(grs); free(t); free(trs);
     if (alias) {  // restore the input
@@ -502,19 +509,24 @@ static void rmsnorm_case(int N, int C, int alias, int with_dw) {
     // backward: dinp += ..., dw += ... (given the CPU's rstd, as the model saves it)
     float *dy = randn_bf((size_t)N * C, 1.0f), *din0 = randn_bf((size_t)N * C, 1.0f), *dw0 = randn(C, 1.0f);
     void *ddy = up_act(dy, (size_t)N * C), *ddin = up_act(din0, (size_t)N * C), *ddw = up_hp(dw0, C), *drs2 = up_hp(rrs, N);
-    G->rmsnorm_backward(ddin, with_dw ? ddw : NULL, ddy, dxin, dw, drs2, N, C);
     float *rdin = fdup(din0, (size_t)N * C), *rdw = fdup(dw0, C);
-    rmsnorm_backward_cpu(rdin, with_dw ? rdw : NULL, dy, x, w, rrs, N, C);
+    if (p1) {
+        G->rmsnorm1p_backward(ddin, with_dw ? ddw : NULL, ddy, dxin, dw, drs2, N, C);
+        rmsnorm1p_backward_cpu(rdin, with_dw ? rdw : NULL, dy, x, w, rrs, N, C);
+    } else {
+        G->rmsnorm_backward(ddin, with_dw ? ddw : NULL, ddy, dxin, dw, drs2, N, C);
+        rmsnorm_backward_cpu(rdin, with_dw ? rdw : NULL, dy, x, w, rrs, N, C);
+    }
     float *gdin = down_act(ddin, (size_t)N * C);
     double *mag = dmalloc_h((size_t)N * C);
     for (int n = 0; n < N; n++) {
         double s = 0, r = rrs[n];
-        for (int i = 0; i < C; i++) s += fabs(w[i] * dy[(size_t)n * C + i] * x[(size_t)n * C + i]);
+        for (int i = 0; i < C; i++) s += fabs((p1 + w[i]) * dy[(size_t)n * C + i] * x[(size_t)n * C + i]);
         for (int i = 0; i < C; i++)
-            mag[(size_t)n * C + i] = r * fabs(w[i] * dy[(size_t)n * C + i]) + r * r * r * s / C * fabs(x[(size_t)n * C + i]);
+            mag[(size_t)n * C + i] = r * fabs((p1 + w[i]) * dy[(size_t)n * C + i]) + r * r * r * s / C * fabs(x[(size_t)n * C + i]);
     }
     double *tb = tol_bf(rdin, mag, acc32(C), (size_t)N * C);
-    snprintf(what, sizeof what, "rmsnorm_backward dinp += N %d C %d", N, C);
+    snprintf(what, sizeof what, "%s_backward dinp += N %d C %d", nm, N, C);
     check_close(what, gdin, rdin, tb, (size_t)N * C);
     if (with_dw) {
         float *gdw = down_hp(ddw, C);
@@ -524,7 +536,7 @@ static void rmsnorm_case(int N, int C, int alias, int with_dw) {
             for (int n = 0; n < N; n++) s += fabs(dy[(size_t)n * C + i] * x[(size_t)n * C + i] * rrs[n]);
             tw[i] = acc32(N) * s;
         }
-        snprintf(what, sizeof what, "rmsnorm_backward dw += N %d C %d", N, C);
+        snprintf(what, sizeof what, "%s_backward dw += N %d C %d", nm, N, C);
         check_close(what, gdw, rdw, tw, C);
         free(gdw); free(tw);
     }
@@ -538,6 +550,9 @@ START_TEST(test_norm_rope_elementwise) {
     rmsnorm_case(1000, 128, 0, 1);  // q/k-norm shape (rows of head_dim)
     rmsnorm_case(37, 100, 1, 1);    // C not a multiple of 8: the scalar path
     rmsnorm_case(64, 4096, 1, 0);   // decode (8B hidden): the row in registers, one row per block
+    rmsnorm_case(300, 1152, 0, 1, 1);  // Gemma's x * (1 + w) at gemma-3-1b's hidden
+    rmsnorm_case(1000, 256, 1, 1, 1);  // its q/k-norm shape (head_dim 256), in place
+    rmsnorm_case(37, 100, 1, 1, 1);    // the scalar path
     rmsnorm_case(40, 9216, 0, 1);   // C over NORM_ROW_MAXC: the loop over the row
     rmsnorm_case(3000, 1024, 0, 1); // many rows (training): the loops, 8 rows per block
 
@@ -682,6 +697,37 @@ START_TEST(test_norm_rope_elementwise) {
     t = tol_bf(r2, mag, 0x1p-20, m);
     check_close("swiglu_backward dup", g2, r2, t, m);
     free(g1); free(g2); free(t);
+    // GeGLU (Gemma 3): gelu_tanh(gate) * up; tanhf against tanh, fp32 against fp64 (2^-20 of the magnitude)
+    geglu_forward_cpu(r1, gt, up, m);
+    G->geglu_forward(o1, dg, du, m);
+    g1 = down_act(o1, m);
+    for (size_t i = 0; i < m; i++) mag[i] = fabs(gt[i] * up[i]);
+    t = tol_bf(r1, mag, 0x1p-20, m);
+    check_close("geglu_forward (n 100005)", g1, r1, t, m);
+    free(g1); free(t);
+    geglu_backward_cpu(r1, r2, dout, gt, up, m);
+    G->geglu_backward(o1, o2, dd, dg, du, m);
+    g1 = down_act(o1, m);
+    g2 = down_act(o2, m);
+    for (size_t i = 0; i < m; i++) mag[i] = fabs(dout[i] * up[i]) * (1 + fabs(gt[i]) * (1 + 0.14 * gt[i] * gt[i]));
+    t = tol_bf(r1, mag, 0x1p-20, m);
+    check_close("geglu_backward dgate", g1, r1, t, m);
+    free(t);
+    for (size_t i = 0; i < m; i++) mag[i] = fabs(dout[i] * gt[i]);
+    t = tol_bf(r2, mag, 0x1p-20, m);
+    check_close("geglu_backward dup", g2, r2, t, m);
+    free(g1); free(g2); free(t);
+    // scale_act (Gemma's embeddings times sqrt(C), bf16-rounded 34 for C 1152): the fp32 product rounded once
+    {
+        float sc = bfr(sqrtf(1152.0f));
+        void *dx = up_act(gt, m);
+        G->scale_act(dx, m, sc);
+        for (size_t i = 0; i < m; i++) r1[i] = bfr(gt[i] * sc);
+        g1 = down_act(dx, m);
+        check_exact("scale_act (n 100005, by 34)", g1, r1, m * 4);
+        free(g1);
+        G->free(dx);
+    }
     add_cpu(r1, gt, up, m);
     G->add(dg, dg, du, m);  // out aliases a
     g1 = down_act(dg, m);
@@ -725,11 +771,10 @@ END_TEST
 typedef struct { double *out, *dq, *dk, *dv; } AttMag;
 
 static AttMag att_magnitudes(const float *q, const float *k, const float *v, const float *dout, const float *out,
-                             const float *lse, int B, int T, int NH, int KVH, int HD) {
+                             const float *lse, int B, int T, int NH, int KVH, int HD, double sc, int window) {
     AttMag m;
     size_t nq = (size_t)B * T * NH * HD, nk = (size_t)B * T * KVH * HD;
     m.out = dmalloc_h(nq); m.dq = dmalloc_h(nq); m.dk = dmalloc_h(nk); m.dv = dmalloc_h(nk);
-    double sc = 1.0 / sqrt((double)HD);
     int rep = NH / KVH;
     double *p = dmalloc_h(T), *dp = dmalloc_h(T);
     for (int b = 0; b < B; b++)
@@ -739,14 +784,15 @@ static AttMag att_magnitudes(const float *q, const float *k, const float *v, con
                 const float *ov = out + (((size_t)b * T + t) * NH + h) * HD;
                 double L = lse[((size_t)b * NH + h) * T + t], D = 0;
                 for (int d = 0; d < HD; d++) D += (double)dov[d] * ov[d];
-                for (int s = 0; s <= t; s++) {
+                int s0 = window > 0 && t >= window ? t - window + 1 : 0;  // the keys query t sees
+                for (int s = s0; s <= t; s++) {
                     const float *kv = k + (((size_t)b * T + s) * KVH + h / rep) * HD, *vv = v + (((size_t)b * T + s) * KVH + h / rep) * HD;
                     double qk = 0, dv_ = 0;
                     for (int d = 0; d < HD; d++) { qk += (double)qv[d] * kv[d]; dv_ += (double)dov[d] * vv[d]; }
                     p[s] = exp(sc * qk - L);
                     dp[s] = p[s] * (fabs(dv_) + fabs(D));  // bounds |dS| and its error sources
                 }
-                for (int s = 0; s <= t; s++) {
+                for (int s = s0; s <= t; s++) {
                     const float *kv = k + (((size_t)b * T + s) * KVH + h / rep) * HD, *vv = v + (((size_t)b * T + s) * KVH + h / rep) * HD;
                     size_t kr = (((size_t)b * T + s) * KVH + h / rep) * HD, qr = (((size_t)b * T + t) * NH + h) * HD;
                     for (int d = 0; d < HD; d++) {
@@ -761,24 +807,27 @@ static AttMag att_magnitudes(const float *q, const float *k, const float *v, con
     return m;
 }
 
-static void attention_case(int B, int T, int NH, int KVH, int HD) {
+// sc: the softmax scale (0: 1 / sqrt(HD)); window > 0: sliding-window attention
+static void attention_case(int B, int T, int NH, int KVH, int HD, double sc = 0, int window = 0) {
+    if (sc == 0) sc = 1.0 / sqrt((double)HD);
     size_t nq = (size_t)B * T * NH * HD, nk = (size_t)B * T * KVH * HD, nl = (size_t)B * NH * T;
     float *q = randn_bf(nq, 1.0f), *k = randn_bf(nk, 1.0f), *v = randn_bf(nk, 1.0f), *dout = randn_bf(nq, 1.0f);
     // a few large scores so the online softmax has to rescale
     for (size_t i = 0; i < nq; i += 97) q[i] = bfr(q[i] * 4);
     float *out = fmalloc(nq), *lse = fmalloc(nl);
-    attention_forward_cpu(out, lse, q, k, v, B, T, NH, KVH, HD);
+    attention_forward_cpu(out, lse, q, k, v, B, T, NH, KVH, HD, sc, window);
     void *dq = up_act(q, nq), *dk = up_act(k, nk), *dv = up_act(v, nk), *dout_ = up_act(dout, nq);
     void *dO = G->alloc(nq * 2), *dL = G->alloc(nl * 4);
-    G->attention_forward(dO, dL, dq, dk, dv, B, T, NH, KVH, HD);
+    G->attention_forward(dO, dL, dq, dk, dv, B, T, NH, KVH, HD, sc, window);
     float *gO = down_act(dO, nq), *gL = down_hp(dL, nl);
     for (size_t i = 0; i < nq; i++) out[i] = bfr(out[i]);  // what the GPU holds (the backward's input)
-    AttMag m = att_magnitudes(q, k, v, dout, out, lse, B, T, NH, KVH, HD);
+    AttMag m = att_magnitudes(q, k, v, dout, out, lse, B, T, NH, KVH, HD, sc, window);
     // out: P rounded to bf16 for P V (2^-8 sum p |v|), bf16 output; 2^-7 leaves a factor 2 for
     // the online rescaling and exp2f
     double *t = tol_bf(out, m.out, 0x1p-7, nq), *tl = dmalloc_h(nl);
-    char what[128];
-    snprintf(what, sizeof what, "attention_forward B %d T %d NH %d KVH %d HD %d", B, T, NH, KVH, HD);
+    char what[128], cfg[64] = "";
+    if (window || fabs(sc * sqrt((double)HD) - 1) > 1e-12) snprintf(cfg, sizeof cfg, " (scale %.3g, window %d)", sc, window);
+    snprintf(what, sizeof what, "attention_forward B %d T %d NH %d KVH %d HD %d%s", B, T, NH, KVH, HD, cfg);
     check_close(what, gO, out, t, nq);
     for (size_t i = 0; i < nl; i++) tl[i] = 0x1p-16 * (1 + fabs(lse[i]));  // fp32 scores, logf
     snprintf(what, sizeof what, "attention_forward lse B %d T %d HD %d", B, T, HD);
@@ -786,21 +835,21 @@ static void attention_case(int B, int T, int NH, int KVH, int HD) {
     free(t);
     // backward from the reference's out and lse
     float *rdq = fmalloc(nq), *rdk = fmalloc(nk), *rdv = fmalloc(nk);
-    attention_backward_cpu(rdq, rdk, rdv, dout, out, lse, q, k, v, B, T, NH, KVH, HD);
+    attention_backward_cpu(rdq, rdk, rdv, dout, out, lse, q, k, v, B, T, NH, KVH, HD, sc, window);
     void *dO2 = up_act(out, nq), *dL2 = up_hp(lse, nl), *gdq = G->alloc(nq * 2), *gdk = G->alloc(nk * 2), *gdv = G->alloc(nk * 2);
-    G->attention_backward(gdq, gdk, gdv, dout_, dO2, dL2, dq, dk, dv, B, T, NH, KVH, HD);
+    G->attention_backward(gdq, gdk, gdv, dout_, dO2, dL2, dq, dk, dv, B, T, NH, KVH, HD, sc, window);
     float *hdq = down_act(gdq, nq), *hdk = down_act(gdk, nk), *hdv = down_act(gdv, nk);
     // P (dV) and dS (dQ, dK) are rounded to bf16 for their products: 2^-8 of the magnitude, x2
     t = tol_bf(rdq, m.dq, 0x1p-7, nq);
-    snprintf(what, sizeof what, "attention_backward dq B %d T %d NH %d KVH %d HD %d", B, T, NH, KVH, HD);
+    snprintf(what, sizeof what, "attention_backward dq B %d T %d NH %d KVH %d HD %d%s", B, T, NH, KVH, HD, cfg);
     check_close(what, hdq, rdq, t, nq);
     free(t);
     t = tol_bf(rdk, m.dk, 0x1p-7, nk);
-    snprintf(what, sizeof what, "attention_backward dk B %d T %d NH %d KVH %d HD %d", B, T, NH, KVH, HD);
+    snprintf(what, sizeof what, "attention_backward dk B %d T %d NH %d KVH %d HD %d%s", B, T, NH, KVH, HD, cfg);
     check_close(what, hdk, rdk, t, nk);
     free(t);
     t = tol_bf(rdv, m.dv, 0x1p-7, nk);
-    snprintf(what, sizeof what, "attention_backward dv B %d T %d NH %d KVH %d HD %d", B, T, NH, KVH, HD);
+    snprintf(what, sizeof what, "attention_backward dv B %d T %d NH %d KVH %d HD %d%s", B, T, NH, KVH, HD, cfg);
     check_close(what, hdv, rdv, t, nk);
     free(t);
     G->free(dq); G->free(dk); G->free(dv); G->free(dout_); G->free(dO); G->free(dL); G->free(dO2); G->free(dL2);
@@ -817,17 +866,26 @@ START_TEST(test_attention) {
         attention_case(2, 130, 4, 2, 64);   // GQA 2, T not a multiple of the 64 tile
         attention_case(1, 257, 8, 2, 128);  // GQA 4, HD 128
         attention_case(2, 64, 4, 4, 128);   // MHA, exactly one tile
+        // sliding windows: key blocks skipped before the window and masked inside it, a window that is
+        // not a multiple of the 64 tiles, one shorter than a tile; Gemma 3 27B's scale (168^-0.5 at HD 128)
+        attention_case(2, 300, 4, 2, 64, 0, 100);
+        attention_case(1, 257, 8, 2, 128, 1.0 / sqrt(168.0), 40);
+        attention_case(1, 200, 4, 1, 128, 0, 1);  // every query sees itself only
     }
     attention_set_hopper(1);
     attention_case(2, 50, 4, 2, 32);    // the fixtures' Qwen3 head dim
     attention_case(1, 33, 4, 1, 16);    // the fixtures' Qwen2 / Llama head dim, one kv head
     attention_case(2, 45, 6, 3, 48);    // an even head dim without a tensor-core kernel
+    attention_case(2, 24, 4, 2, 32, 0, 8);                 // the Mistral fixture's window
+    attention_case(2, 24, 4, 1, 32, 1.0 / sqrt(24.0), 6);  // the Gemma 3 fixture's scale and window
+    attention_case(2, 45, 6, 3, 48, 0, 7);                 // the scalar kernels with a window
+    attention_case(1, 70, 4, 1, 256, 0.0625, 20);          // gemma-3-1b's head dim (the scalar kernels)
     // right padding: the real tokens' outputs do not depend on what the padding holds
     int B = 2, T = 100, NH = 4, KVH = 2, HD = 128, len = 61;
     size_t nq = (size_t)B * T * NH * HD, nk = (size_t)B * T * KVH * HD;
     float *q = randn_bf(nq, 1.0f), *k = randn_bf(nk, 1.0f), *v = randn_bf(nk, 1.0f);
     void *dq = up_act(q, nq), *dk = up_act(k, nk), *dv = up_act(v, nk), *dO = G->alloc(nq * 2), *dL = G->alloc((size_t)B * NH * T * 4);
-    G->attention_forward(dO, dL, dq, dk, dv, B, T, NH, KVH, HD);
+    G->attention_forward(dO, dL, dq, dk, dv, B, T, NH, KVH, HD, 1.0 / sqrt((double)HD), 0);
     float *o1 = down_act(dO, nq);
     for (int b = 0; b < B; b++)
         for (int t = len; t < T; t++) {
@@ -839,7 +897,7 @@ START_TEST(test_attention) {
         }
     G->free(dq); G->free(dk); G->free(dv);
     dq = up_act(q, nq); dk = up_act(k, nk); dv = up_act(v, nk);
-    G->attention_forward(dO, dL, dq, dk, dv, B, T, NH, KVH, HD);
+    G->attention_forward(dO, dL, dq, dk, dv, B, T, NH, KVH, HD, 1.0 / sqrt((double)HD), 0);
     float *o2 = down_act(dO, nq);
     long diff = 0;
     for (int b = 0; b < B; b++)
@@ -856,7 +914,9 @@ END_TEST
 // fp8: the cache holds E4M3 codes with a scale per (slot, head): kv_write must give the CPU's codes
 // and scales bit for bit, and attention reads them as the CPU does (the same tolerance, on the
 // dequantized values)
-static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const int *lens, int fp8) {
+// window > 0: sliding-window attention (the cache keeps every token; those before the window are masked)
+static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const int *lens, int fp8, int window = 0) {
+    const double scale = window ? 1.0 / sqrt(2.0 * HD) : 1.0 / sqrt((double)HD);  // windowed cases: another scale too
     int NB = S * MB + 3;
     size_t row = (size_t)KVH * HD, ncache = (size_t)NB * BS * row, nsc = (size_t)NB * BS * KVH;
     size_t cb = fp8 ? ncache : ncache * 4;  // host cache bytes: codes, or f32 values
@@ -911,8 +971,8 @@ static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const in
     float *q = randn_bf(nq, 1.0f), *ref = fmalloc(nq);
     void *dq = up_act(q, nq), *dt = up_i32(table, (size_t)S * MB), *dl = up_i32(sl, S), *dout = G->alloc(nq * 2);
     G->attention_decode(dout, dq, dkc, dvc, dks, dvs, (const int32_t *)dt, (const int32_t *)dl, S, NH, KVH, HD, BS, MB,
-                        NULL);
-    attention_decode_cpu(ref, q, kc, vc, ks, vs, table, sl, S, NH, KVH, HD, BS, MB);
+                        scale, window, NULL);
+    attention_decode_cpu(ref, q, kc, vc, ks, vs, table, sl, S, NH, KVH, HD, BS, MB, scale, window);
     float *got = down_act(dout, nq);
     // with out's FP8 copy (the o projection's input): out unchanged bit for bit, the copy fp8_quantize_cuda's
     // (BLOCK in the same launch where HD % 128 == 0, else and for ROW a pass of its own)
@@ -921,7 +981,7 @@ static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const in
         fp8_device_tensor(&oq, S, NH * HD, qi ? FP8_BLOCK : FP8_ROW);
         void *dout2 = G->alloc(nq * 2);
         G->attention_decode(dout2, dq, dkc, dvc, dks, dvs, (const int32_t *)dt, (const int32_t *)dl, S, NH, KVH, HD, BS,
-                            MB, &oq);
+                            MB, scale, window, &oq);
         float *got2 = down_act(dout2, nq);
         check_exact("attention_decode's out with its FP8 copy", got2, got, nq * 4);
         check_fp8_copy(qi ? "attention_decode's FP8 copy, BLOCK" : "attention_decode's FP8 copy, ROW", &oq, dout2);
@@ -930,7 +990,7 @@ static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const in
         fp8_device_tensor_free(&oq);
     }
     // fp32 throughout: output rounding + 2^-12 of sum p |v| (v as the kernel reads it: dequantized for fp8)
-    double *mag = dmalloc_h(nq), sc = 1.0 / sqrt((double)HD);
+    double *mag = dmalloc_h(nq), sc = scale;
     int rep = NH / KVH;
     double *p = dmalloc_h(MB * BS);
     auto val = [&](const void *c, const float *scl, size_t slot, int kh, int i) -> double {
@@ -941,23 +1001,24 @@ static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const in
     for (int s = 0; s < S; s++)
         for (int h = 0; h < NH; h++) {
             double mx = -INFINITY, sum = 0;
-            for (int t = 0; t < sl[s]; t++) {
+            int t0 = window > 0 && sl[s] > window ? sl[s] - window : 0;
+            for (int t = t0; t < sl[s]; t++) {
                 size_t slot = (size_t)table[s * MB + t / BS] * BS + t % BS;
                 double d = 0;
                 for (int i = 0; i < HD; i++) d += (double)q[((size_t)s * NH + h) * HD + i] * val(kc, ks, slot, h / rep, i);
                 p[t] = sc * d;
                 mx = fmax(mx, p[t]);
             }
-            for (int t = 0; t < sl[s]; t++) sum += (p[t] = exp(p[t] - mx));
-            for (int t = 0; t < sl[s]; t++) {
+            for (int t = t0; t < sl[s]; t++) sum += (p[t] = exp(p[t] - mx));
+            for (int t = t0; t < sl[s]; t++) {
                 size_t slot = (size_t)table[s * MB + t / BS] * BS + t % BS;
                 for (int i = 0; i < HD; i++) mag[((size_t)s * NH + h) * HD + i] += p[t] / sum * fabs(val(vc, vs, slot, h / rep, i));
             }
         }
     double *t = tol_bf(ref, mag, 0x1p-12, nq);
     char what[160];
-    snprintf(what, sizeof what, "attention_decode%s S %d NH %d KVH %d HD %d BS %d (max len %d)", fp8 ? " fp8 cache" : "", S, NH,
-             KVH, HD, BS, MB * BS);
+    snprintf(what, sizeof what, "attention_decode%s S %d NH %d KVH %d HD %d BS %d (max len %d)%s", fp8 ? " fp8 cache" : "", S,
+             NH, KVH, HD, BS, MB * BS, window ? " window" : "");
     check_close(what, got, ref, t, nq);
     G->free(dkc); G->free(dvc); G->free(dkn); G->free(dvn); G->free(dslots); G->free(dq); G->free(dt); G->free(dl); G->free(dout);
     if (fp8) { G->free(dks); G->free(dvs); free(kc); free(vc); free(ks); free(vs); }
@@ -1055,6 +1116,15 @@ START_TEST(test_decode) {
     decode_case(3, 24, 2, 128, 16, 13, l6, 1);   // groups of 8 in the vectorized kernel
     decode_case(3, 8, 8, 256, 16, 13, l6, 0);    // HD 256, one query head per kv head
     decode_case(4, 4, 2, 32, 8, 3, l3, 1);       // the fixtures' shape, FP8 cache
+    // sliding windows: longer, shorter and as long as the contexts; split contexts whose first splits lie
+    // wholly before the window (lengths 2000 with a window of 300)
+    decode_case(5, 16, 8, 128, 16, 125, l1, 0, 300);
+    decode_case(5, 16, 8, 128, 16, 125, l1, 1, 300);
+    decode_case(4, 4, 2, 32, 8, 3, l3, 0, 8);    // the Mistral fixture's window
+    decode_case(4, 4, 1, 32, 8, 3, l3, 1, 6);    // the Gemma 3 fixture's window, FP8 cache
+    decode_case(3, 8, 2, 64, 8, 6, l2, 0, 33);
+    decode_case(3, 8, 8, 256, 16, 13, l6, 0, 50);  // gemma-3-1b's head dim
+    decode_case(2, 24, 2, 96, 16, 2, l4, 0, 9);  // the scalar kernel
     for (int fp8 = 0; fp8 < 2; fp8++)
         for (int norm = 0; norm < 2; norm++) {
             for (int parts = 0; parts < 2; parts++) {

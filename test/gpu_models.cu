@@ -1,7 +1,7 @@
 // test/gpu_models.cu: GPU suite for whole models from the Hugging Face fixtures
-// (test/fixtures/{qwen3,qwen2,llama3}) on both backends: logits, KV-cache decode, LoRA gradients, and
-// one GRPO step, PPO's value model and one full-weight training step CPU vs GPU. Tolerances: gpu_util.cuh.
-// Run on a GPU: make test-gpu (CK_FORK=no).
+// (test/fixtures/{qwen3,qwen2,llama3,mistral,gemma3}) on both backends: logits, KV-cache decode, LoRA
+// gradients, and one GRPO step, PPO's value model and one full-weight training step CPU vs GPU.
+// Tolerances: gpu_util.cuh. Run on a GPU: make test-gpu (CK_FORK=no).
 #include "gpu_util.cuh"
 #include "train/full_finetune.h"
 #include "train/optim.h"
@@ -9,7 +9,10 @@
 
 // ---- whole models: the fixtures on both backends -----------------------------------------------
 
-static const char *ARCHS[] = {"qwen3", "qwen2", "llama3"};
+// Mistral (a sliding window on every layer) and Gemma 3 (sliding and full layers, GeGLU, (1 + w) norms):
+// their decode below runs to position 17, past both fixtures' windows (8, 6)
+static const char *ARCHS[] = {"qwen3", "qwen2", "llama3", "mistral", "gemma3"};
+#define N_ARCHS ((int)(sizeof ARCHS / sizeof ARCHS[0]))
 
 static double rel_l2(const float *a, const float *b, size_t n, double *maxabs) {
     double num = 0, den = 0, mx = 0;
@@ -148,7 +151,7 @@ static double model_cmp(const char *arch, const char *gran, const char *what, co
 }
 
 START_TEST(test_models) {
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < N_ARCHS; a++) {
         const char *arch = ARCHS[a];
         ModelRun co, go, cb, gb;
         model_run(&co, arch, CPU, FP8_OFF);
@@ -457,7 +460,7 @@ static void full_run(FullRun *r, const char *arch, const Backend *be) {
 }
 
 START_TEST(test_full_step) {
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < N_ARCHS; a++) {
         FullRun c, g;
         full_run(&c, ARCHS[a], CPU);
         full_run(&g, ARCHS[a], G);

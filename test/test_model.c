@@ -1,5 +1,5 @@
 // test/test_model.c: the CPU reference transformer against Hugging Face transformers.
-// Fixtures (test/fixtures/{qwen3,qwen2,llama3}, made by dev/make_fixtures.py) hold
+// Fixtures (test/fixtures/{qwen3,qwen2,llama3,mistral,gemma3}, made by dev/make_fixtures.py) hold
 // tiny random checkpoints and the fp32 logits transformers computed on them.
 // Checks: config parsing, RoPE frequencies, full-forward and KV-cache-decode logits,
 // greedy continuation, FP8 fake-quant linear = the FP8 reference GEMM, FP8 block logits = an
@@ -19,7 +19,8 @@
 #include "io/safetensors.h"
 #include "train/full_finetune.h"
 
-static const char *ARCHS[] = {"qwen3", "qwen2", "llama3"};
+static const char *ARCHS[] = {"qwen3", "qwen2", "llama3", "mistral", "gemma3"};
+#define N_ARCHS ((int)(sizeof ARCHS / sizeof ARCHS[0]))
 
 static void fixture(char *out, size_t cap, const char *arch, const char *file) {
     char rel[256];
@@ -73,6 +74,51 @@ START_TEST(test_config_fixtures) {
     ck_assert_int_eq(c.rope_original_max_pos, 64);
     ck_assert_int_eq(c.n_eos, 2);
     ck_assert_int_eq(c.eos_ids[1], 3);
+    ck_assert_int_eq(c.window, 0);
+    fixture(p, sizeof p, "mistral", "config.json");
+    t = read_file(p, NULL);
+    config_from_json(&c, t, p);
+    free(t);
+    ck_assert_int_eq(c.arch, ARCH_MISTRAL);
+    ck_assert_int_eq(c.HD, 32);  // explicit, != hidden / heads
+    ck_assert_int_eq(c.window, 8);
+    ck_assert(c.sliding[0] && c.sliding[1] && !c.gemma);
+    fixture(p, sizeof p, "gemma3", "config.json");
+    t = read_file(p, NULL);
+    config_from_json(&c, t, p);
+    free(t);
+    ck_assert_int_eq(c.arch, ARCH_GEMMA3);
+    ck_assert(c.gemma && c.qk_norm && c.tied);
+    ck_assert_int_eq(c.window, 6);
+    const unsigned char sl[5] = {1, 0, 1, 1, 0};
+    ck_assert(!memcmp(c.sliding, sl, 5));
+    ck_assert(c.query_pre_attn_scalar == 24.0f && c.rope_theta == 1e6f && c.rope_local_theta == 1e4f);
+    ck_assert_int_eq(c.rope_scaling, 2);
+    ck_assert(c.rope_factor == 4.0f);
+}
+END_TEST
+
+// Gemma 3 as transformers 4.x wrote it (gemma-3-1b-it's config.json): rope_theta, rope_local_base_freq,
+// sliding_window_pattern instead of layer_types, rope_scaling null, and its defaults where keys are absent
+START_TEST(test_config_gemma3_v4) {
+    const char *j =
+        "{\"architectures\":[\"Gemma3ForCausalLM\"],\"model_type\":\"gemma3_text\",\"vocab_size\":262144,"
+        "\"hidden_size\":1152,\"intermediate_size\":6912,\"num_hidden_layers\":26,\"num_attention_heads\":4,"
+        "\"num_key_value_heads\":1,\"head_dim\":256,\"hidden_activation\":\"gelu_pytorch_tanh\",\"rope_theta\":1000000,"
+        "\"rope_local_base_freq\":10000,\"rope_scaling\":null,\"sliding_window\":512,\"sliding_window_pattern\":6,"
+        "\"query_pre_attn_scalar\":256,\"final_logit_softcapping\":null,\"attn_logit_softcapping\":null}";
+    Config c;
+    config_from_json(&c, j, "inline");
+    ck_assert(c.gemma && c.tied && c.window == 512 && c.rope_scaling == 0);
+    for (int l = 0; l < 26; l++) ck_assert_int_eq(c.sliding[l], (l + 1) % 6 != 0);
+    ck_assert(c.rope_local_theta == 10000.0f && c.rope_theta == 1e6f && c.HD == 256);
+    // the 4B-27B text towers' linear scaling of the full layers
+    char k[2048];
+    const char *at = strstr(j, "\"rope_scaling\":null");
+    snprintf(k, sizeof k, "%.*s\"rope_scaling\":{\"factor\":8.0,\"rope_type\":\"linear\"}%s", (int)(at - j), j,
+             at + strlen("\"rope_scaling\":null"));
+    config_from_json(&c, k, "inline");
+    ck_assert(c.rope_scaling == 2 && c.rope_factor == 8.0f && c.rope_local_theta == 10000.0f);
 }
 END_TEST
 
@@ -109,6 +155,30 @@ START_TEST(test_config_bad) {
                                 "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"rope_scaling\":{\"type\":\"yarn\"}}",
                                 "x.json"),
                "not supported");
+    // Mistral / Gemma 3: what is not implemented is said with the way out
+#define GEMMA_BASE "{\"model_type\":\"gemma3_text\",\"vocab_size\":10,\"hidden_size\":8,\"intermediate_size\":8," \
+                   "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"head_dim\":4"
+    EXPECT_DIE(config_from_json(&c, GEMMA_BASE ",\"final_logit_softcapping\":30.0}", "x.json"),
+               "\"final_logit_softcapping\" is set: logit soft-capping (Gemma 2) is not supported");
+    EXPECT_DIE(config_from_json(&c, GEMMA_BASE ",\"attn_logit_softcapping\":50.0}", "x.json"), "attention soft-capping");
+    EXPECT_DIE(config_from_json(&c, GEMMA_BASE ",\"use_bidirectional_attention\":true}", "x.json"), "causal language models");
+    EXPECT_DIE(config_from_json(&c, GEMMA_BASE ",\"hidden_activation\":\"gelu\"}", "x.json"),
+               "hidden_activation must be \"gelu_pytorch_tanh\" for gemma3_text");
+    EXPECT_DIE(config_from_json(&c, GEMMA_BASE ",\"layer_types\":[\"full_attention\"]}", "x.json"), "layer_types");
+    EXPECT_DIE(config_from_json(&c, GEMMA_BASE ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":8}}", "x.json"),
+               "rope scaling type \"yarn\" is not supported (default, linear and llama3 are)");
+#undef GEMMA_BASE
+    EXPECT_DIE(config_from_json(&c, "{\"model_type\":\"gemma3\"}", "x.json"), "use a text-only checkpoint");
+    EXPECT_DIE(config_from_json(&c,
+                                "{\"model_type\":\"mistral\",\"vocab_size\":10,\"hidden_size\":8,\"intermediate_size\":8,"
+                                "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"sliding_window\":0}",
+                                "x.json"),
+               "\"sliding_window\" is 0");
+    EXPECT_DIE(config_from_json(&c,
+                                "{\"model_type\":\"qwen2\",\"vocab_size\":10,\"hidden_size\":8,\"intermediate_size\":8,"
+                                "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"use_sliding_window\":true}",
+                                "x.json"),
+               "use_sliding_window true is not supported for qwen2");
 }
 END_TEST
 
@@ -116,7 +186,7 @@ END_TEST
 
 // the RoPE inverse frequencies (llama3 scaling included) equal transformers'
 START_TEST(test_inv_freq) {
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < N_ARCHS; a++) {
         char p[1024];
         Model m;
         load_fixture(&m, ARCHS[a], FP8_OFF);
@@ -128,6 +198,15 @@ START_TEST(test_inv_freq) {
             ck_assert_msg(fabs(f[i] - ref.data[i]) <= 1e-6 * fabs(ref.data[i]), "%s inv_freq[%d] %g vs %g", ARCHS[a], i,
                           f[i], ref.data[i]);
         npy_free(&ref);
+        if (m.inv_freq_local) {  // Gemma 3's sliding layers' own base
+            fixture(p, sizeof p, ARCHS[a], "inv_freq_local.npy");
+            ref = npy_read(p);
+            f = (const float *)m.inv_freq_local;
+            for (int i = 0; i < ref.n; i++)
+                ck_assert_msg(fabs(f[i] - ref.data[i]) <= 1e-6 * fabs(ref.data[i]), "%s inv_freq_local[%d] %g vs %g",
+                              ARCHS[a], i, f[i], ref.data[i]);
+            npy_free(&ref);
+        }
         model_free(&m);
     }
 }
@@ -135,7 +214,7 @@ END_TEST
 
 // full forward, both rows as one batch of B = 2: max |diff| <= 1e-4 * max |logit|
 START_TEST(test_logits_full_forward) {
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < N_ARCHS; a++) {
         char p[1024];
         Model m;
         load_fixture(&m, ARCHS[a], FP8_OFF);
@@ -200,7 +279,7 @@ END_TEST
 // KV-cache decode: prefill 5 tokens, then one token per call, blocks of 4 scattered in
 // the pool; every step's logits equal transformers' at that position
 START_TEST(test_logits_decode) {
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < N_ARCHS; a++) {
         char p[1024];
         Model m;
         load_fixture(&m, ARCHS[a], FP8_OFF);
@@ -296,7 +375,7 @@ END_TEST
 
 // greedy continuation equals transformers' generate(do_sample=False)
 START_TEST(test_greedy_generation) {
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < N_ARCHS; a++) {
         char p[1024];
         Model m;
         load_fixture(&m, ARCHS[a], FP8_OFF);
@@ -494,9 +573,22 @@ static Config tiny_cfg(Arch arch) {
     c.eps = 1e-5f;
     c.rope_theta = 100.0f;
     c.qkv_bias = arch == ARCH_QWEN2;
-    c.qk_norm = arch == ARCH_QWEN3;
+    c.qk_norm = arch == ARCH_QWEN3 || arch == ARCH_GEMMA3;
     c.tied = 0;
     c.bos_id = -1;
+    if (arch == ARCH_MISTRAL) {  // a window of 3 in sequences of 7: most queries lose keys to it
+        c.window = 3;
+        for (int l = 0; l < c.L; l++) c.sliding[l] = 1;
+    }
+    if (arch == ARCH_GEMMA3) {  // layer 0 sliding with its own RoPE base, layer 1 full with linear scaling
+        c.gemma = 1;
+        c.window = 3;
+        c.sliding[0] = 1;
+        c.query_pre_attn_scalar = 5;
+        c.rope_local_theta = 10.0f;
+        c.rope_scaling = 2;
+        c.rope_factor = 2.0f;
+    }
     return c;
 }
 
@@ -543,12 +635,21 @@ static void gradient_check(Arch arch, int tied) {
     model_init_random(&m, &c, be, &o, 11);
     // norms and biases away from their init so their gradients are generic
     Rng r = rng_make(3);
+    double n0 = c.gemma ? 0 : 1;  // the norms' weights around the identity: Gemma's multiply by 1 + w
     for (int l = 0; l < c.L; l++) {
         LayerWeights *lw = &m.w.layers[l];
-        for (int i = 0; i < c.C; i++) ((double *)lw->ln1)[i] = 1 + 0.3 * rng_normal(&r);
-        for (int i = 0; i < c.C; i++) ((double *)lw->ln2)[i] = 1 + 0.3 * rng_normal(&r);
+        for (int i = 0; i < c.C; i++) ((double *)lw->ln1)[i] = n0 + 0.3 * rng_normal(&r);
+        for (int i = 0; i < c.C; i++) ((double *)lw->ln2)[i] = n0 + 0.3 * rng_normal(&r);
+        if (c.gemma)
+            for (int i = 0; i < c.C; i++) {
+                ((double *)lw->ln_attn)[i] = 0.3 * rng_normal(&r);
+                ((double *)lw->ln_mlp)[i] = 0.3 * rng_normal(&r);
+            }
         if (c.qk_norm)
-            for (int i = 0; i < c.HD; i++) ((double *)lw->q_norm)[i] = 1 + 0.3 * rng_normal(&r);
+            for (int i = 0; i < c.HD; i++) {
+                ((double *)lw->q_norm)[i] = n0 + 0.3 * rng_normal(&r);
+                ((double *)lw->k_norm)[i] = n0 + 0.3 * rng_normal(&r);
+            }
         if (c.qkv_bias)
             for (int i = 0; i < lw->lin[1].rows; i++) ((double *)lw->bias[1])[i] = 0.2 * rng_normal(&r);
     }
@@ -595,6 +696,10 @@ static void gradient_check(Arch arch, int tied) {
                      (size_t)lw->lin[i].rows * lw->lin[i].cols, lin_names[i], 2);
         fd_check(&f, (double *)lw->ln1, (const double *)gl->ln1, c.C, "ln1", 2);
         fd_check(&f, (double *)lw->ln2, (const double *)gl->ln2, c.C, "ln2", 2);
+        if (c.gemma) {
+            fd_check(&f, (double *)lw->ln_attn, (const double *)gl->ln_attn, c.C, "ln_attn", 2);
+            fd_check(&f, (double *)lw->ln_mlp, (const double *)gl->ln_mlp, c.C, "ln_mlp", 2);
+        }
         if (c.qk_norm) {
             fd_check(&f, (double *)lw->q_norm, (const double *)gl->q_norm, c.HD, "q_norm", 2);
             fd_check(&f, (double *)lw->k_norm, (const double *)gl->k_norm, c.HD, "k_norm", 2);
@@ -619,6 +724,13 @@ END_TEST
 START_TEST(test_gradients_qwen2) { gradient_check(ARCH_QWEN2, 0); }
 END_TEST
 START_TEST(test_gradients_llama) { gradient_check(ARCH_LLAMA, 0); }
+END_TEST
+// the sliding window in the attention's backward (keys outside it get no gradient)
+START_TEST(test_gradients_mistral) { gradient_check(ARCH_MISTRAL, 0); }
+END_TEST
+// the (1 + w) norms (the four of a layer, q/k and final), GeGLU, the embeddings' sqrt(C), a sliding and a
+// full layer with their RoPE bases and query_pre_attn_scalar's scale
+START_TEST(test_gradients_gemma3) { gradient_check(ARCH_GEMMA3, 1); }
 END_TEST
 
 // recomputation (gradient checkpointing) changes memory, not numbers: the same logprobs
@@ -660,27 +772,37 @@ END_TEST
 
 // ---- round trips and bad input -------------------------------------------------------
 
+// model_save_hf then model_load: the same logits bit for bit; Mistral's and Gemma 3's config.json
+// (sliding windows, layer types, RoPE bases and scaling, query_pre_attn_scalar) and Gemma's norm names
+// survive it (12 tokens: past both windows)
 START_TEST(test_save_load_roundtrip) {
-    char p[1024];
-    fixture(p, sizeof p, "qwen2", "");
-    Model m, m2;
-    ModelOptions o = opt_dense();
-    model_load(&m, p, backend_cpu(), &o);
-    char dir[] = "/tmp/fp8grpo_test_saveXXXXXX";
-    ck_assert(mkdtemp(dir));
-    model_save_hf(&m, dir, DT_F32);
-    model_load(&m2, dir, backend_cpu(), &o);
-    int ids[6] = {1, 5, 9, 44, 300, 2};
-    model_forward(&m, ids, 1, 6);
-    model_forward(&m2, ids, 1, 6);
-    float *a = (float *)mallocCheck(6 * 320 * 4), *b = (float *)mallocCheck(6 * 320 * 4);
-    model_logits(&m, a);
-    model_logits(&m2, b);
-    ck_assert(memcmp(a, b, 6 * 320 * 4) == 0);
-    free(a);
-    free(b);
-    model_free(&m);
-    model_free(&m2);
+    const char *archs[] = {"qwen2", "mistral", "gemma3"};
+    for (int a_ = 0; a_ < 3; a_++) {
+        char p[1024];
+        fixture(p, sizeof p, archs[a_], "");
+        Model m, m2;
+        ModelOptions o = opt_dense();
+        model_load(&m, p, backend_cpu(), &o);
+        char dir[] = "/tmp/fp8grpo_test_saveXXXXXX";
+        ck_assert(mkdtemp(dir));
+        model_save_hf(&m, dir, DT_F32);
+        model_load(&m2, dir, backend_cpu(), &o);
+        ck_assert_msg(!memcmp(&m.cfg, &m2.cfg, sizeof m.cfg), "%s: config.json changed in the round trip", archs[a_]);
+        int ids[12] = {1, 5, 9, 44, 300, 2, 7, 8, 100, 200, 3, 4};
+        model_forward(&m, ids, 1, 12);
+        model_forward(&m2, ids, 1, 12);
+        float *a = (float *)mallocCheck(12 * 320 * 4), *b = (float *)mallocCheck(12 * 320 * 4);
+        model_logits(&m, a);
+        model_logits(&m2, b);
+        ck_assert_msg(memcmp(a, b, 12 * 320 * 4) == 0, "%s: logits changed in the round trip", archs[a_]);
+        free(a);
+        free(b);
+        model_free(&m);
+        model_free(&m2);
+        char cmd[1100];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        ck_assert_int_eq(system(cmd), 0);
+    }
 }
 END_TEST
 
@@ -1061,6 +1183,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_config_fixtures);
     tcase_add_test(tc, test_config_v4_keys);
     tcase_add_test(tc, test_config_bad);
+    tcase_add_test(tc, test_config_gemma3_v4);
     tcase_add_test(tc, test_inv_freq);
     tcase_add_test(tc, test_logits_full_forward);
     tcase_add_test(tc, test_logprobs_match_logits);
@@ -1073,6 +1196,8 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_gradients_qwen3);
     tcase_add_test(tc, test_gradients_qwen2);
     tcase_add_test(tc, test_gradients_llama);
+    tcase_add_test(tc, test_gradients_mistral);
+    tcase_add_test(tc, test_gradients_gemma3);
     tcase_add_test(tc, test_recompute_identical);
     tcase_add_test(tc, test_save_load_roundtrip);
     tcase_add_test(tc, test_bad_safetensors);
