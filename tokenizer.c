@@ -1,7 +1,7 @@
 // tokenizer.c: Hugging Face tokenizer.json BPE, id for id what the `tokenizers` library
 // computes: byte-level BPE (Qwen2/Qwen3, Llama 3, SmolLM) and SentencePiece-style BPE (Gemma,
 // Mistral, Llama 2: characters as symbols, byte fallback, U+2581 for spaces); decode (whole
-// and streaming); the ChatML and Llama 3 chat prompts.
+// and streaming); the ChatML, Llama 3, Gemma and Mistral chat prompts.
 // Defines tokenizer.h's encode, decode, streaming, chat-prompt and vocabulary functions; reading
 // the files (tokenizer.json, tokenizer_config.json, the chat template) and the built-in byte
 // vocabulary are text/tokenizer_load.c's, the struct both fill and read text/tokenizer_internal.h.
@@ -895,6 +895,9 @@ static void put_trimmed(Buf *b, const char *s) {  // Jinja's |trim: Python's str
 
 char *tokenizer_chat_text(const Tokenizer *t, const char *system, const char *user) {
     if (!user) die("tokenizer_chat_prompt: user message is NULL");
+    if (system && t->no_system)
+        die("%s: this chat template takes no system message (Gemma 1/2, Mistral v0.1 refuse one): leave the system "
+            "prompt out", t->path);
     Buf b = {0};
     switch (t->chat) {
     case CHAT_CHATML:
@@ -925,11 +928,31 @@ char *tokenizer_chat_text(const Tokenizer *t, const char *system, const char *us
         put_trimmed(&b, user);
         buf_str(&b, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
+    case CHAT_GEMMA:  // Gemma 3: the system message heads the first user turn; the user's is trimmed
+        if (t->bos_str) buf_str(&b, t->bos_str);
+        buf_str(&b, "<start_of_turn>user\n");
+        if (system) {
+            buf_str(&b, system);
+            buf_str(&b, "\n\n");
+        }
+        put_trimmed(&b, user);
+        buf_str(&b, "<end_of_turn>\n<start_of_turn>model\n");
+        break;
+    case CHAT_MISTRAL:  // [INST] system\n\nuser [/INST], the markers spelled as the template spells them
+        if (t->bos_str) buf_str(&b, t->bos_str);
+        buf_str(&b, t->inst_open);
+        if (system) {
+            buf_str(&b, system);
+            buf_str(&b, "\n\n");
+        }
+        buf_str(&b, user);
+        buf_str(&b, t->inst_close);
+        break;
     case CHAT_NONE:
         die("%s: the checkpoint has no chat_template (a base model?): give prompts as raw text", t->path);
     default:
-        die("%s: the chat template is neither ChatML (<|im_start|>, Qwen) nor Llama 3 (<|start_header_id|>); "
-            "only these two are built in (tokenizer.c)", t->path);
+        die("%s: the chat template is none of ChatML (<|im_start|>, Qwen), Llama 3 (<|start_header_id|>), Gemma "
+            "(<start_of_turn>) or Mistral ([INST]); only these are built in (tokenizer.c)", t->path);
     }
     return b.p;
 }
@@ -973,6 +996,6 @@ void tokenizer_free(Tokenizer *t) {
     if (t->word_re) pcre2_code_free(t->word_re);
     free(t->added), free(t->raw_set.idx), free(t->norm_set.idx), free(t->added_of);
     free(t->vstr), free(t->vlen), free(t->vpool), free(t->vmap), free(t->merges), free(t->dpool), free(t->doff), free(t->dbyte);
-    free(t->default_system), free(t->date), free(t->bos_str), free(t->path);
+    free(t->default_system), free(t->date), free(t->bos_str), free(t->inst_open), free(t->inst_close), free(t->path);
     free(t);
 }

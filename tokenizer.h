@@ -24,7 +24,7 @@ typedef struct Tokenizer Tokenizer;
 // Replace, Prepend; added tokens. Dies on a malformed file, another model type (Unigram,
 // WordPiece, ...), an unsupported component, or a regex PCRE2 rejects. Without a
 // tokenizer_config.json the chat format is guessed from the added tokens (<|im_start|>:
-// ChatML, <|start_header_id|>: Llama 3) and eos ids from their end-of-turn/end-of-text tokens
+// ChatML, <|start_header_id|>: Llama 3, <start_of_turn>: Gemma 3) and eos ids from their end-of-turn/end-of-text tokens
 // (Gemma's <end_of_turn> and <eos>, </s> included).
 Tokenizer *tokenizer_load(const char *tokenizer_json_path);
 // A Hugging Face checkpoint directory: tokenizer.json, plus tokenizer_config.json
@@ -79,13 +79,14 @@ void tokenizer_stream_free(TokenizerStream *s);
 // The ids of one system + user turn followed by the assistant prefix, as transformers'
 // apply_chat_template(messages, add_generation_prompt=True) gives them. system may be NULL
 // (no system message: Qwen2/2.5 templates then insert their default system prompt, Llama 3.1
-// its date block). Dies with a clear error when the checkpoint's template is neither format.
+// its date block). Dies with a clear error when the checkpoint's template is none of the built-in
+// formats, or when it refuses a system message and one is given.
 int tokenizer_chat_prompt(const Tokenizer *t, const char *system, const char *user, int **ids_out);
 // The same prompt as text (malloc'ed), for logs and --tokenize.
 char *tokenizer_chat_text(const Tokenizer *t, const char *system, const char *user);
 // Recognize a Jinja chat template (what tokenizer_load_dir does with tokenizer_config.json's).
 void tokenizer_set_chat_template(Tokenizer *t, const char *jinja);
-const char *tokenizer_chat_format(const Tokenizer *t);  // "chatml", "llama3", "llama3.1", "none", "unsupported"
+const char *tokenizer_chat_format(const Tokenizer *t);  // "chatml", "llama3", "llama3.1", "gemma", "mistral", "none", "unsupported"
 
 // ---- vocabulary ----
 int tokenizer_vocab_size(const Tokenizer *t);                 // largest id + 1 (model vocab and added tokens)
@@ -95,7 +96,7 @@ int tokenizer_is_special(const Tokenizer *t, int id);         // a special added
 int tokenizer_bos_id(const Tokenizer *t);                     // -1 if none
 int tokenizer_pad_id(const Tokenizer *t);                     // -1 if none
 // ids that end a completion: tokenizer_config's eos_token, generation_config's eos_token_id(s)
-// and the chat format's end of turn (<|im_end|>, <|eot_id|>)
+// and the chat format's end of turn (<|im_end|>, <|eot_id|>, <end_of_turn>)
 const int *tokenizer_eos_ids(const Tokenizer *t, int *n);
 int tokenizer_is_eos(const Tokenizer *t, int id);
 

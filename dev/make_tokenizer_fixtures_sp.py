@@ -5,6 +5,7 @@
 #
 #   python3 dev/make_tokenizer_fixtures_sp.py     # test/fixtures/tokenizer/{gemma,mistral,llama2,smollm,sp_odd,sp_plain}/
 #                                                 # and numeric.txt (what Digits splits off)
+#   python3 dev/make_tokenizer_fixtures_sp.py --chat   # gemma/ and mistral/'s chat templates and prompts alone
 #
 # As in dev/make_tokenizer_fixtures.py (whose corpus and strings this reuses), we cannot
 # download the real tokenizers, so we train small ones on the corpus with exactly the real
@@ -12,10 +13,10 @@
 #   gemma/    Gemma 3: normalizer Replace(" " -> "▁"), no pre-tokenizer, BPE byte_fallback with
 #             unk <unk> (fuse_unk), <0x00>..<0xFF> in the vocabulary, whitespace-run tokens,
 #             decoder Sequence[Replace("▁" -> " "), ByteFallback, Fuse], <bos> prepended;
-#             <start_of_turn>, <end_of_turn>
+#             <start_of_turn>, <end_of_turn>; chat templates Gemma 3 (config) and Gemma 2
 #   mistral/  Mistral v0.3 / Llama 2 (legacy=False): pre-tokenizer Metaspace(prepend_scheme
 #             "first", split false), decoder Sequence[Replace, ByteFallback, Fuse, Strip(" ", 1, 0)],
-#             <s> prepended; [INST], [/INST]
+#             <s> prepended; [INST], [/INST]; chat templates Mistral v0.3 (config), v0.2 and v0.1
 #   smollm/   SmolLM: pre-tokenizer Sequence[Digits(individual_digits), ByteLevel(use_regex)],
 #             decoder ByteLevel; <|im_start|>, <|im_end|>, <|endoftext|>
 #   llama2/   Llama 2 / Mistral v0.1 (legacy=True): normalizer Sequence[Prepend("▁"), Replace(" " -> "▁")],
@@ -39,7 +40,8 @@ import sys
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_tokenizer_fixtures import FIX, build_corpus, corpus_strings, edge_strings, hf_cases, random_strings  # noqa: E402
+from make_tokenizer_fixtures import (CHAT_MESSAGES, FIX, build_corpus, corpus_strings, edge_strings, hf_cases,  # noqa: E402
+                                     random_strings, render_chat)
 
 SP = "\u2581"
 BYTES = ["<0x%02X>" % b for b in range(256)]
@@ -55,6 +57,91 @@ SPECIALS = {  # (content, special): at the front of the vocabulary, as added tok
     "smollm": [("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<repo_name>", True),
                ("<file_sep>", True), ("<filename>", True)],
 }
+
+
+# chat templates, as the real tokenizer_config.json's write them (the image and tool branches left out)
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n"
+    "    {%- else -%}\n        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}\n    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n        {%- set role = \"model\" -%}\n    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'text' -%}\n                {{ item['text'] | trim }}\n            {%- endif -%}\n"
+    "        {%- endfor -%}\n    {%- else -%}\n        {{ raise_exception(\"Invalid content type\") }}\n    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\\n' }}\n{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n    {{'<start_of_turn>model\\n'}}\n{%- endif -%}\n")
+
+# Gemma 1 and 2: no system role
+GEMMA2_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+
+# Mistral-7B-Instruct-v0.3: the system message before the last user message's
+MISTRAL_V03_TEMPLATE = (
+    "{%- if messages[0][\"role\"] == \"system\" %}\n    {%- set system_message = messages[0][\"content\"] %}\n"
+    "    {%- set loop_messages = messages[1:] %}\n{%- else %}\n    {%- set loop_messages = messages %}\n{%- endif %}\n"
+    "{%- set user_messages = loop_messages | selectattr(\"role\", \"equalto\", \"user\") | list %}\n\n"
+    "{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message[\"role\"] == \"user\" %}\n"
+    "        {%- if loop.last and system_message is defined %}\n"
+    "            {{- \"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}\n"
+    "        {%- else %}\n            {{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}\n        {%- endif %}\n"
+    "    {%- elif message[\"role\"] == \"assistant\" %}\n        {{- \" \" + message[\"content\"]|trim + eos_token}}\n"
+    "    {%- else %}\n        {{- raise_exception(\"Only user and assistant roles are supported, with the exception of an "
+    "initial optional system message!\") }}\n    {%- endif %}\n{%- endfor %}\n")
+
+# Mistral-7B-Instruct-v0.2 (the updated file): spaces around the markers, the system message in the first turn
+MISTRAL_V02_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}\n    {%- set system_message = messages[0]['content'] %}\n"
+    "    {%- set loop_messages = messages[1:] %}\n{%- else %}\n    {%- set loop_messages = messages %}\n{%- endif %}\n\n"
+    "{{- bos_token }}\n{%- for message in loop_messages %}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}\n"
+    "        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}\n"
+    "    {%- endif %}\n    {%- if message['role'] == 'user' %}\n        {%- if loop.first and system_message is defined %}\n"
+    "            {{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}\n        {%- else %}\n"
+    "            {{- ' [INST] ' + message['content'] + ' [/INST]' }}\n        {%- endif %}\n"
+    "    {%- elif message['role'] == 'assistant' %}\n        {{- ' ' + message['content'] + eos_token}}\n"
+    "    {%- else %}\n        {{- raise_exception('Only user and assistant roles are supported, with the exception of an "
+    "initial optional system message!') }}\n    {%- endif %}\n{%- endfor %}\n")
+
+# Mistral-7B-Instruct-v0.1: no system role
+MISTRAL_V01_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
+
+# (name, template, takes a system message): the first is the one tokenizer_config.json carries
+CHAT_TEMPLATES = {"gemma": [("gemma3", GEMMA3_TEMPLATE, True), ("gemma2", GEMMA2_TEMPLATE, False)],
+                  "mistral": [("mistral-v0.3", MISTRAL_V03_TEMPLATE, True), ("mistral-v0.2", MISTRAL_V02_TEMPLATE, True),
+                              ("mistral-v0.1", MISTRAL_V01_TEMPLATE, False)]}
+
+
+def chat_cases(d, kind):
+    """transformers' apply_chat_template for each template and message pair (no system message
+    where the template refuses one), tokenized with add_special_tokens=False as it does."""
+    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    chats = []
+    for name, tmpl, system_ok in CHAT_TEMPLATES.get(kind, []):
+        for system, user in CHAT_MESSAGES:
+            if system is not None and not system_ok:
+                continue
+            text = render_chat(d, tmpl, system, user)
+            chats.append({"template": name, "system": system, "user": user, "text": text,
+                          "ids": tok.encode(text, add_special_tokens=False).ids})
+    return chats, {n: t for n, t, _ in CHAT_TEMPLATES.get(kind, [])}
 
 
 def train_sp(corpus, kind, vocab_size, limit_alphabet):
@@ -231,9 +318,10 @@ def make_cases(d, kind, corpus):
     unk = vocab.get("<unk>", -1)
     nb = sum(1 for c in cases if byte_ids & set(c["ids"]))
     nu = sum(1 for c in cases if unk in c["ids"])
+    chats, templates = chat_cases(d, kind)
     with open(os.path.join(d, "cases.json"), "w", encoding="utf-8") as f:
         json.dump({"tokenizer": kind, "hf_tokenizers_version": __import__("tokenizers").__version__,
-                   "cases": cases, "chat": [], "templates": {}}, f, ensure_ascii=False, separators=(",", ":"))
+                   "cases": cases, "chat": chats, "templates": templates}, f, ensure_ascii=False, separators=(",", ":"))
         f.write("\n")
     return len(cases), nb, nu
 
@@ -246,6 +334,8 @@ def write_config(d, kind):
            "add_bos_token": kind != "smollm", "add_eos_token": False}
     if kind == "gemma":
         cfg["pad_token"] = "<pad>"
+    if kind in CHAT_TEMPLATES:
+        cfg["chat_template"] = CHAT_TEMPLATES[kind][0][1]
     with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(cfg, f, indent=2, ensure_ascii=False)
 
@@ -261,7 +351,22 @@ def numeric_list():
     print(f"  numeric.txt: {len(cps)} code points")
 
 
+def chat_only():
+    """--chat: the chat templates and prompts alone, into the fixtures already made"""
+    for kind in CHAT_TEMPLATES:
+        d = os.path.join(FIX, kind)
+        write_config(d, kind)
+        j = json.load(open(os.path.join(d, "cases.json"), encoding="utf-8"))
+        j["chat"], j["templates"] = chat_cases(d, kind)
+        with open(os.path.join(d, "cases.json"), "w", encoding="utf-8") as f:
+            json.dump(j, f, ensure_ascii=False, separators=(",", ":"))
+            f.write("\n")
+        print(f"  {kind}: {len(j['chat'])} chat prompts")
+
+
 def main():
+    if sys.argv[1:] == ["--chat"]:
+        return chat_only()
     numeric_list()
     corpus = build_corpus()
     print(f"corpus: {len(corpus.encode())} bytes")

@@ -267,6 +267,10 @@ START_TEST(test_qwen2_chat) { check_chat("qwen2", "qwen2.5", "chatml"); }
 END_TEST
 START_TEST(test_llama3_chat) { check_chat("llama3", "llama3", "llama3"); }
 END_TEST
+START_TEST(test_gemma_chat) { check_chat("gemma", "gemma3", "gemma"); }
+END_TEST
+START_TEST(test_mistral_chat) { check_chat("mistral", "mistral-v0.3", "mistral"); }
+END_TEST
 
 // ----------------------------------------------------------------------------
 // special ids, vocabulary access
@@ -318,13 +322,15 @@ START_TEST(test_special_ids) {
     Tokenizer *g = load_kind("gemma");
     ck_assert_int_eq(tokenizer_bos_id(g), tokenizer_token_id(g, "<bos>"));
     ck_assert(tokenizer_is_eos(g, tokenizer_token_id(g, "<eos>")));
+    ck_assert(tokenizer_is_eos(g, tokenizer_token_id(g, "<end_of_turn>")));  // the chat format's end of turn
     ck_assert_int_eq(tokenizer_token_id(g, "<0x41>"), 8 + 0x41);  // 8 special tokens, then the 256 bytes
     ck_assert_int_ge(tokenizer_token_id(g, "\xE2\x96\x81the"), 0);
     tokenizer_free(g);
     fixture_path(path, sizeof path, "tokenizer/gemma/tokenizer.json");
     g = tokenizer_load(path);
     ck_assert(tokenizer_is_eos(g, tokenizer_token_id(g, "<eos>")) && tokenizer_is_eos(g, tokenizer_token_id(g, "<end_of_turn>")));
-    ck_assert_str_eq(tokenizer_chat_format(g), "none");
+    ck_assert_str_eq(tokenizer_chat_format(g), "gemma");  // from <start_of_turn>, with Gemma's <bos>
+    ck_assert_int_eq(tokenizer_bos_id(g), tokenizer_token_id(g, "<bos>"));
     tokenizer_free(g);
     Tokenizer *m = load_kind("mistral");
     ck_assert_int_eq(tokenizer_bos_id(m), 1);
@@ -599,6 +605,11 @@ static void do_chat(const char *tmpl) {
     int *ids;
     tokenizer_chat_prompt(t, NULL, "hi", &ids);
 }
+static void do_chat_system(const char *tmpl) {
+    Tokenizer *t = tokenizer_byte_level();
+    tokenizer_set_chat_template(t, tmpl);
+    free(tokenizer_chat_text(t, "a system message", "hi"));
+}
 static void do_chat_none(const char *unused) {
     Tokenizer *t = tokenizer_byte_level();
     tokenizer_set_chat_template(t, NULL);
@@ -698,8 +709,14 @@ START_TEST(test_bad_input) {
     expect_die(do_load, "/nonexistent/tokenizer.json", "cannot open /nonexistent/tokenizer.json");
     expect_die(do_load_dir, "/nonexistent-dir", "is not a directory");
     expect_die(do_load_dir, "/tmp", "has no tokenizer.json");
-    expect_die(do_chat, "{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}",
-               "neither ChatML (<|im_start|>, Qwen) nor Llama 3");
+    expect_die(do_chat, "{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n{% endfor %}<|assistant|>\n",
+               "none of ChatML (<|im_start|>, Qwen), Llama 3");
+    expect_die(do_chat, "{{ bos_token }}{% for m in messages %}[SYSTEM_PROMPT]{{ m['content'] }}[/SYSTEM_PROMPT]"
+               "[INST]{{ m['content'] }}[/INST]{% endfor %}", "only these are built in");
+    expect_die(do_chat_system, "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not "
+               "supported') }}{% endif %}{{ '<start_of_turn>user\\n' }}", "takes no system message");
+    expect_die(do_chat_system, "{{ bos_token }}{% for m in messages %}{{ '[INST] ' + m['content'] + ' [/INST]' }}{% endfor %}",
+               "takes no system message");
     expect_die(do_chat_none, NULL, "has no chat_template");
 }
 END_TEST
@@ -710,10 +727,10 @@ START_TEST(test_bad_input_hook) {
     EXPECT_DIE(tokenizer_load(p), "model type Unigram is not supported");
     unlink(p);
     Tokenizer *t = tokenizer_byte_level();
-    tokenizer_set_chat_template(t, "{% for m in messages %}<start_of_turn>{{ m.role }}{% endfor %}");
+    tokenizer_set_chat_template(t, "{% for m in messages %}<|user|>{{ m.content }}{% endfor %}");
     ck_assert_str_eq(tokenizer_chat_format(t), "unsupported");
     int *ids;
-    EXPECT_DIE(tokenizer_chat_prompt(t, NULL, "hi", &ids), "only these two are built in");
+    EXPECT_DIE(tokenizer_chat_prompt(t, NULL, "hi", &ids), "only these are built in");
     tokenizer_free(t);
 }
 END_TEST
@@ -734,6 +751,8 @@ Suite *tokenizer_suite(void) {
     tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_qwen2_chat);
     tcase_add_test(tc, test_llama3_chat);
+    tcase_add_test(tc, test_gemma_chat);
+    tcase_add_test(tc, test_mistral_chat);
     tcase_add_test(tc, test_special_ids);
     tcase_add_test(tc, test_byte_level);
     tcase_add_test(tc, test_nfc);

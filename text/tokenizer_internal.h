@@ -82,7 +82,7 @@ typedef struct { int type; char *a, *b; size_t na, nb; uint32_t ch; int start, s
 
 typedef struct { uint64_t key; int rank, id; } MergeSlot;  // key (a << 32 | b), empty: UINT64_MAX
 
-enum { CHAT_NONE, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA31, CHAT_UNSUPPORTED };
+enum { CHAT_NONE, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA31, CHAT_GEMMA, CHAT_MISTRAL, CHAT_UNSUPPORTED };
 #define MAX_STEPS 8
 #define MAX_EOS 8
 
@@ -123,6 +123,8 @@ struct Tokenizer {
     // chat, special ids
     int chat;
     char *default_system, *date, *bos_str;
+    char *inst_open, *inst_close;  // Mistral: the literals around the user turn ("[INST] ", " [/INST]")
+    int no_system;                 // the template refuses a system message (Gemma 1/2, Mistral v0.1)
     int bos, pad, eos[MAX_EOS], n_eos;
 };
 

@@ -393,9 +393,11 @@ static void guess_specials(Tokenizer *t) {
     for (int i = 0; i < 7; i++) add_eos(t, tok_token_id_named(t, ends[i]));
     if (tok_token_id_named(t, "<|im_start|>") >= 0) t->chat = CHAT_CHATML;
     else if (tok_token_id_named(t, "<|start_header_id|>") >= 0) t->chat = CHAT_LLAMA3;
-    t->bos = tok_token_id_named(t, "<|begin_of_text|>");
+    else if (tok_token_id_named(t, "<start_of_turn>") >= 0) t->chat = CHAT_GEMMA;
+    const char *bos = t->chat == CHAT_GEMMA ? "<bos>" : "<|begin_of_text|>";
+    t->bos = tok_token_id_named(t, bos);
     free(t->bos_str);
-    t->bos_str = t->bos >= 0 ? str_dup("<|begin_of_text|>") : NULL;
+    t->bos_str = t->bos >= 0 ? str_dup(bos) : NULL;
 }
 
 Tokenizer *tokenizer_load(const char *path) {
@@ -557,15 +559,32 @@ static char *unescape(const char *s, size_t n) {
     return o;
 }
 
-// We do not run Jinja: we recognize the two template families GRPO needs and render them in
-// C. ChatML (Qwen2, Qwen2.5, Qwen3) differs only in the default system prompt Qwen2/2.5
+// The string literal of the template around position at (between its quotes, unescaped): how
+// Mistral's templates spell the user turn ('[INST] ' + content + ' [/INST]' and its variants).
+static char *literal_around(const char *tmpl, const char *at) {
+    const char *a = at, *b = at;
+    while (a > tmpl && a[-1] != '\'' && a[-1] != '"') a--;
+    if (a == tmpl) return NULL;
+    char q = a[-1];
+    while (*b && *b != q) b++;
+    if (!*b || strcspn(a, "{}+") < (size_t)(b - a)) return NULL;
+    return unescape(a, (size_t)(b - a));
+}
+
+// We do not run Jinja: we recognize the template families of the models we load and render
+// them in C. ChatML (Qwen2, Qwen2.5, Qwen3) differs only in the default system prompt Qwen2/2.5
 // insert when there is no system message: a string literal "<|im_start|>system\n...<|im_end|>"
 // in the template. Llama 3.1+ always emit a system block opening with the knowledge-cutoff
 // lines (the date: the template's date_string default, or today's as transformers'
-// strftime_now gives it). Anything else is refused with a clear error when a chat prompt is asked for.
+// strftime_now gives it). Gemma (<start_of_turn>user ... <end_of_turn>): Gemma 3 puts the system
+// message at the head of the first user turn, Gemma 1/2 refuse one. Mistral ([INST] ... [/INST]):
+// the versions differ in the spaces around the markers (we take the template's own literals) and
+// in the system message (v0.2/v0.3: before the user's, v0.1: refused). Anything else is refused
+// with a clear error when a chat prompt is asked for.
 void tokenizer_set_chat_template(Tokenizer *t, const char *tmpl) {
-    free(t->default_system), free(t->date);
-    t->default_system = t->date = NULL;
+    free(t->default_system), free(t->date), free(t->inst_open), free(t->inst_close);
+    t->default_system = t->date = t->inst_open = t->inst_close = NULL;
+    t->no_system = 0;
     if (!tmpl) { t->chat = CHAT_NONE; return; }
     if (strstr(tmpl, "<|im_start|>")) {
         t->chat = CHAT_CHATML;
@@ -598,13 +617,21 @@ void tokenizer_set_chat_template(Tokenizer *t, const char *tmpl) {
             }
             t->date = str_dup(d);
         }
+    } else if (strstr(tmpl, "<start_of_turn>")) {
+        t->chat = CHAT_GEMMA;
+        t->no_system = strstr(tmpl, "System role not supported") != NULL;
+    } else if (strstr(tmpl, "[INST]") && strstr(tmpl, "[/INST]") && !strstr(tmpl, "[SYSTEM_PROMPT]")) {
+        t->inst_open = literal_around(tmpl, strstr(tmpl, "[INST]"));
+        t->inst_close = literal_around(tmpl, strstr(tmpl, "[/INST]"));
+        t->chat = t->inst_open && t->inst_close ? CHAT_MISTRAL : CHAT_UNSUPPORTED;
+        t->no_system = !strstr(tmpl, "system_message");
     } else {
         t->chat = CHAT_UNSUPPORTED;
     }
 }
 
 const char *tokenizer_chat_format(const Tokenizer *t) {
-    static const char *names[] = {"none", "chatml", "llama3", "llama3.1", "unsupported"};
+    static const char *names[] = {"none", "chatml", "llama3", "llama3.1", "gemma", "mistral", "unsupported"};
     return names[t->chat];
 }
 
@@ -657,6 +684,7 @@ Tokenizer *tokenizer_load_dir(const char *dir) {
     }
     if (t->chat == CHAT_CHATML) add_eos(t, tok_token_id_named(t, "<|im_end|>"));
     if (t->chat >= CHAT_LLAMA3 && t->chat <= CHAT_LLAMA31) add_eos(t, tok_token_id_named(t, "<|eot_id|>"));
+    if (t->chat == CHAT_GEMMA) add_eos(t, tok_token_id_named(t, "<end_of_turn>"));
     return t;
 }
 

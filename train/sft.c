@@ -170,7 +170,8 @@ int sft_eos_id(const Tokenizer *tok, int chat) {
     if (chat) {
         const char *fmt = tokenizer_chat_format(tok);
         int id = !strcmp(fmt, "chatml") ? tokenizer_token_id(tok, "<|im_end|>")
-                 : !strncmp(fmt, "llama3", 6) ? tokenizer_token_id(tok, "<|eot_id|>") : -1;
+                 : !strncmp(fmt, "llama3", 6) ? tokenizer_token_id(tok, "<|eot_id|>")
+                 : !strcmp(fmt, "gemma")       ? tokenizer_token_id(tok, "<end_of_turn>") : -1;
         if (id >= 0) return id;
     }
     int n;
