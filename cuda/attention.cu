@@ -200,26 +200,32 @@ __global__ void __launch_bounds__(128) attn_fwd_mma(bf16 *__restrict__ out, floa
     float o[ND][4];
 #pragma unroll
     for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    uint32_t qf[KS][4];
+    // the warp's Q fragments stay in registers across the key blocks, up to HD 128; at 256 they would
+    // not fit beside O's accumulators, and are read from shared memory at each use instead
+    constexpr bool QREG = HD <= 128;
+    uint32_t qf[QREG ? KS : 1][4];
     for (int j = j0; j < nkt; j++) {
         next_kv_block<HD, BC>(Ks, Vs, kg, vg, ldk, j, nkt, T, tid);
-        if (j == j0) {
+        if (QREG && j == j0) {
 #pragma unroll
-            for (int kk = 0; kk < KS; kk++) ldsm4(qf[kk], Qs + toff<HD>(A_ROW(warp * 16), A_CH(kk)));
+            for (int kk = 0; kk < KS; kk++) ldsm4(qf[QREG ? kk : 0], Qs + toff<HD>(A_ROW(warp * 16), A_CH(kk)));
         }
         const bf16 *Kb = Ks + (j & 1) * BC * HD, *Vb = Vs + (j & 1) * BC * HD;
         float s[8][4];
 #pragma unroll
         for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll
-        for (int kk = 0; kk < KS; kk++)
+        for (int kk = 0; kk < KS; kk++) {
+            const int fk = QREG ? kk : 0;
+            if (!QREG) ldsm4(qf[0], Qs + toff<HD>(A_ROW(warp * 16), A_CH(kk)));
 #pragma unroll
             for (int np = 0; np < 4; np++) {
                 uint32_t bb[4];
                 ldsm4(bb, Kb + toff<HD>(BN_ROW(np * 16), BN_CH(kk)));
-                mma16816(s[2 * np], qf[kk], bb[0], bb[1]);
-                mma16816(s[2 * np + 1], qf[kk], bb[2], bb[3]);
+                mma16816(s[2 * np], qf[fk], bb[0], bb[1]);
+                mma16816(s[2 * np + 1], qf[fk], bb[2], bb[3]);
             }
+        }
         const int kb = j * BC;
         if (kb + BC - 1 > q0 + warp * 16 || window > 0) {  // the diagonal block (and a window): mask
 #pragma unroll
@@ -969,8 +975,19 @@ __global__ void attn_bwd_dkdv_simple(bf16 *dk, bf16 *dv, const bf16 *dout, const
 // ----------------------------------------------------------------------------
 // launchers
 
+// head dim 256 (Gemma 3 4B/12B) needs up to 192 KiB of shared memory a block (the dQ kernel's): Hopper and
+// the data-center GPUs have it, sm_89 and sm_120 (99 KiB) take the scalar kernels
+static int smem_optin(void) {
+    static int v = -1;
+    if (v < 0) {
+        int dev;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    }
+    return v;
+}
 static int use_mma(int HD, const void *a, const void *b, const void *c, const void *d) {
-    if (HD != 16 && HD != 32 && HD != 64 && HD != 128) return 0;
+    if (HD != 16 && HD != 32 && HD != 64 && HD != 128 && !(HD == 256 && smem_optin() >= (2 * 64 + 4 * 64) * 256 * 2)) return 0;
     return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15) == 0;  // cp.async needs 16-byte rows
 }
 static void check_heads(const char *what, int NH, int KVH, int HD) {
@@ -1037,6 +1054,7 @@ void attention_forward_cuda(void *out, float *lse, const void *q, const void *k,
             case 32: fwd_mma<32>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, window, st); return;
             case 64: fwd_mma<64>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, window, st); return;
             case 128: fwd_mma<128>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, window, st); return;
+            case 256: fwd_mma<256>(o, lse, qq, kk, vv, B, T, NH, KVH, sc, window, st); return;
         }
     }
     attn_fwd_simple<<<dim3(T, NH, B), 32, 0, st>>>(o, lse, qq, kk, vv, T, NH, KVH, HD, sc, window);
@@ -1103,6 +1121,7 @@ void attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout, con
             case 32: bwd_mma<32>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, window, st); return;
             case 64: bwd_mma<64>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, window, st); return;
             case 128: bwd_mma<128>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, window, st); return;
+            case 256: bwd_mma<256>(a, bk, bv, o, lse, scratch, qq, kk, vv, B, T, NH, KVH, sc, window, st); return;
         }
     }
     attn_bwd_dq_simple<<<dim3(T, NH, B), 32, 0, st>>>(a, o, lse, scratch, qq, kk, vv, T, NH, KVH, HD, sc, window);

@@ -1,6 +1,7 @@
 // dev/shapes.h: the model shapes the benchmarks build from random weights (the 0.6B and 8B ones are
 // the configurations dev/peers.py builds for the peers). Each is the checkpoint's config.json as
-// model_load would read it: Qwen3-0.6B, Qwen3-8B, Qwen3-32B, and Llama-3.3-70B (Llama 3 RoPE scaling);
+// model_load would read it: Qwen3-0.6B, Qwen3-8B, Qwen3-32B, Llama-3.3-70B (Llama 3 RoPE scaling),
+// the text towers of Gemma-3-4B and Gemma-3-27B, and Mistral-7B (v0.3);
 // and the Llama-3.2 1B and 3B shapes of the full fine-tuning benchmarks (bench_full, bench_dp).
 #ifndef SHAPES_H
 #define SHAPES_H
@@ -9,14 +10,19 @@
 
 #include "model.h"
 
-#define SHAPE_NAMES "135m|0.6b|8b|32b|70b"
+#define SHAPE_NAMES "135m|0.6b|8b|32b|70b|gemma3-4b|gemma3-27b|mistral-7b"
 
 // "135m": SmolLM2-135M's config (Llama: 30 layers, hidden 576, 9/3 heads x 64, FF 1536, tied, vocab
 // 49,152; 576 is not a multiple of 128: FP8 block scaling's partial blocks);
 // "0.6b": 28 layers, hidden 1024, 16/8 heads x 128, FF 3072, tied; "8b": 36 layers, hidden 4096,
 // 32/8 heads, FF 12288, untied; "32b": 64 layers, hidden 5120, 64/8 heads, FF 25600, untied (vocab
 // 151,936 each, Qwen3); "70b": Llama-3.3-70B, 80 layers, hidden 8192, 64/8 heads, FF 28672, vocab
-// 128,256, untied. Dies on another name.
+// 128,256, untied; "gemma3-4b": Gemma 3's text layer (norms x (1 + w), four a layer, GeGLU), 34 layers,
+// hidden 2560, 8/4 heads x 256, FF 10240, vocab 262,208, tied, every sixth layer full and the others
+// a 1024-token sliding window (RoPE base 10,000; the full layers' 1e6 with linear scaling 8);
+// "gemma3-27b": the same with 62 layers, hidden 5376, 32/16 heads x 128, FF 21504, queries scaled by
+// 168^-0.5; "mistral-7b": Mistral-7B-v0.3, Llama's layer, 32 layers, hidden 4096, 32/8 heads x 128,
+// FF 14336, vocab 32,768, untied, no window. Dies on another name.
 static inline Config bench_shape(const char *size) {
     Config c;
     memset(&c, 0, sizeof c);
@@ -50,6 +56,21 @@ static inline Config bench_shape(const char *size) {
         c.rope_original_max_pos = 8192;
         c.bos_id = 128000;
         c.eos_ids[0] = 128001, c.eos_ids[1] = 128008, c.eos_ids[2] = 128009, c.n_eos = 3;
+    } else if (!strncmp(size, "gemma3-", 7) && (!strcmp(size + 7, "4b") || !strcmp(size + 7, "27b"))) {
+        int big = !strcmp(size + 7, "27b");
+        c.arch = ARCH_GEMMA3, c.gemma = 1, c.qk_norm = 1, c.tied = 1;
+        c.V = 262208, c.max_pos = 131072, c.eps = 1e-6f, c.rope_theta = 1e6f, c.rope_local_theta = 10000.0f;
+        c.rope_scaling = 2, c.rope_factor = 8.0f;
+        if (big) c.C = 5376, c.FF = 21504, c.L = 62, c.NH = 32, c.KVH = 16, c.HD = 128, c.query_pre_attn_scalar = 168;
+        else c.C = 2560, c.FF = 10240, c.L = 34, c.NH = 8, c.KVH = 4, c.HD = 256, c.query_pre_attn_scalar = 256;
+        c.window = 1024;
+        for (int l = 0; l < c.L; l++) c.sliding[l] = (l + 1) % 6 != 0;
+        c.bos_id = 2, c.eos_ids[0] = 1, c.eos_ids[1] = 106, c.n_eos = 2;
+    } else if (!strcmp(size, "mistral-7b")) {
+        c.arch = ARCH_MISTRAL;
+        c.V = 32768, c.C = 4096, c.FF = 14336, c.L = 32, c.NH = 32, c.KVH = 8, c.HD = 128, c.tied = 0, c.qk_norm = 0;
+        c.max_pos = 32768, c.eps = 1e-5f, c.rope_theta = 1e6f;
+        c.bos_id = 1, c.eos_ids[0] = 2;
     } else die("--model must be one of " SHAPE_NAMES ", got '%s'", size);
     return c;
 }

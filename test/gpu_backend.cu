@@ -879,7 +879,10 @@ START_TEST(test_attention) {
     attention_case(2, 24, 4, 2, 32, 0, 8);                 // the Mistral fixture's window
     attention_case(2, 24, 4, 1, 32, 1.0 / sqrt(24.0), 6);  // the Gemma 3 fixture's scale and window
     attention_case(2, 45, 6, 3, 48, 0, 7);                 // the scalar kernels with a window
-    attention_case(1, 70, 4, 1, 256, 0.0625, 20);          // gemma-3-1b's head dim (the scalar kernels)
+    // Gemma 3 1B/4B's head dim 256: mma.sync where shared memory allows (Hopper), else the scalar kernels
+    attention_case(1, 70, 4, 1, 256, 0.0625, 20);
+    attention_case(2, 300, 8, 4, 256, 0.0625, 100);  // gemma-3-4b's heads: 8 / 4 x 256, a 100-key window
+    attention_case(1, 257, 4, 2, 256);
     // right padding: the real tokens' outputs do not depend on what the padding holds
     int B = 2, T = 100, NH = 4, KVH = 2, HD = 128, len = 61;
     size_t nq = (size_t)B * T * NH * HD, nk = (size_t)B * T * KVH * HD;
