@@ -1,17 +1,18 @@
-"""Make the PEFT LoRA fixture the C tests compare lora.c with (an independent oracle).
+"""Make the PEFT LoRA fixtures the C tests compare lora.c with (an independent oracle).
 
-peft attaches a LoRA adapter (r=4, alpha=8, all seven projections) to the tiny
-Qwen3 fixture checkpoint (test/fixtures/qwen3), gives every A and B seeded random
+peft attaches a LoRA adapter (r=4, alpha=8, all seven projections) to a tiny fixture
+checkpoint (test/fixtures/qwen3, mistral or gemma3), gives every A and B seeded random
 values (peft initialises B to zero, which would test nothing), saves the adapter
 with save_pretrained (adapter_model.safetensors + adapter_config.json) into
-test/fixtures/peft/qwen3_lora/, and writes the fp32 logits of the fixture's token
-rows with the adapter applied to test/fixtures/peft/lora_logits.npy (2, 24, V).
+test/fixtures/peft/<arch>_lora/, and writes the fp32 logits of the fixture's token
+rows with the adapter applied to test/fixtures/peft/lora_logits.npy (qwen3; the others
+<arch>_lora_logits.npy), (B, T, V).
 
-    python3 dev/make_peft_fixture.py          # from the repository root
+    python3 dev/make_peft_fixture.py [--arch qwen3|mistral|gemma3]   # from the repository root
 
 It also checks the other direction when given an adapter the C code saved:
 
-    python3 dev/make_peft_fixture.py --check DIR   # DIR: an adapter written by lora_save_peft
+    python3 dev/make_peft_fixture.py --arch A --check DIR   # DIR: an adapter written by lora_save_peft
 """
 import argparse
 import os
@@ -19,8 +20,8 @@ import os
 import numpy as np
 import torch
 
-BASE = "test/fixtures/qwen3"
 OUT = "test/fixtures/peft"
+BASE = "test/fixtures/qwen3"  # set by --arch
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -42,13 +43,13 @@ def make():
         for name, p in model.named_parameters():
             if "lora_" in name:
                 p.copy_(torch.randn_like(p) * 0.2)
-    d = os.path.join(OUT, "qwen3_lora")
+    d = os.path.join(OUT, ARCH + "_lora")
     model.save_pretrained(d)
     if os.path.exists(os.path.join(d, "README.md")):  # peft's model card: not a fixture
         os.remove(os.path.join(d, "README.md"))
     tokens = np.load(os.path.join(BASE, "tokens.npy"))
     lg = logits_of(model.eval(), tokens).astype(np.float32)
-    np.save(os.path.join(OUT, "lora_logits.npy"), lg)
+    np.save(LOGITS, lg)
     base = logits_of(base_model(), tokens)
     print("saved", d, "logits", lg.shape, "max |logit|", np.abs(lg).max(), "max change from base", np.abs(lg - base).max())
 
@@ -57,7 +58,7 @@ def check(adapter_dir):
     from peft import PeftModel
     model = PeftModel.from_pretrained(base_model(), adapter_dir).eval()
     tokens = np.load(os.path.join(BASE, "tokens.npy"))
-    ref = np.load(os.path.join(OUT, "lora_logits.npy"))
+    ref = np.load(LOGITS)
     lg = logits_of(model, tokens)
     err = np.abs(lg - ref).max()
     print(f"peft loaded {adapter_dir}: max |logit - fixture| = {err:.3g} (max |logit| {np.abs(ref).max():.3g})")
@@ -67,5 +68,8 @@ def check(adapter_dir):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", help="adapter directory written by the C code")
+    ap.add_argument("--arch", default="qwen3", choices=["qwen3", "mistral", "gemma3"])
     a = ap.parse_args()
+    ARCH, BASE = a.arch, "test/fixtures/" + a.arch
+    LOGITS = os.path.join(OUT, "lora_logits.npy" if ARCH == "qwen3" else ARCH + "_lora_logits.npy")
     check(a.check) if a.check else make()

@@ -1,5 +1,6 @@
-// test/test_lora.c: LoRA adapters. Against peft (an adapter peft saved, with the logits
-// transformers+peft computed: test/fixtures/peft, made by dev/make_peft_fixture.py),
+// test/test_lora.c: LoRA adapters. Against peft (an adapter peft saved on the Qwen3, Mistral and
+// Gemma 3 fixtures, with the logits transformers+peft computed: test/fixtures/peft, made by
+// dev/make_peft_fixture.py),
 // PEFT-format round trip, PEFT's initialisation, AdamW against a hand-computed step,
 // optimizer-state round trip, bad adapter files. (The gradients through LoRA are
 // checked by finite differences in test_model.c.)
@@ -13,16 +14,17 @@
 #include "testutil.h"
 #include "io/safetensors.h"
 
-static void load_qwen3(Model *m, const Backend *be) {
+static void load_arch(Model *m, const Backend *be, const char *arch) {
     char p[1024];
-    fixture_path(p, sizeof p, "qwen3");
+    fixture_path(p, sizeof p, arch);
     ModelOptions o = {FP8_OFF, 0, 0, 0, 0};
     model_load(m, p, be, &o);
 }
+static void load_qwen3(Model *m, const Backend *be) { load_arch(m, be, "qwen3"); }
 
-static double logits_err(Model *m, const char *ref_rel, double *max_ref) {
+static double logits_err_of(Model *m, const char *tokens_rel, const char *ref_rel, double *max_ref) {
     char p[1024];
-    fixture_path(p, sizeof p, "qwen3/tokens.npy");
+    fixture_path(p, sizeof p, tokens_rel);
     Npy tk = npy_read(p);
     fixture_path(p, sizeof p, ref_rel);
     Npy ref = npy_read(p);
@@ -40,6 +42,9 @@ static double logits_err(Model *m, const char *ref_rel, double *max_ref) {
     npy_free(&tk);
     npy_free(&ref);
     return err;
+}
+static double logits_err(Model *m, const char *ref_rel, double *max_ref) {
+    return logits_err_of(m, "qwen3/tokens.npy", ref_rel, max_ref);
 }
 
 // an adapter saved by peft, applied by lora.c, gives transformers+peft's logits
@@ -64,6 +69,31 @@ START_TEST(test_peft_adapter_logits) {
     lora_free(lo);
     m.lora = NULL;
     model_free(&m);
+}
+END_TEST
+
+// the same for Mistral and Gemma 3 (their fixtures' own tokens and peft adapters)
+START_TEST(test_peft_adapter_logits_mistral_gemma3) {
+    const char *archs[2] = {"mistral", "gemma3"};
+    for (int k = 0; k < 2; k++) {
+        Model m;
+        load_arch(&m, backend_cpu(), archs[k]);
+        char p[1024], rel[64], tokens[64], ref[64];
+        snprintf(rel, sizeof rel, "peft/%s_lora", archs[k]);
+        fixture_path(p, sizeof p, rel);
+        LoRA *lo = lora_load_peft(&m, p);
+        ck_assert_uint_eq(lo->targets, (1u << LIN_COUNT) - 1);
+        m.lora = lo;
+        m.lora_on = 1;
+        snprintf(tokens, sizeof tokens, "%s/tokens.npy", archs[k]);
+        snprintf(ref, sizeof ref, "peft/%s_lora_logits.npy", archs[k]);
+        double mx, err = logits_err_of(&m, tokens, ref, &mx);
+        printf("%s peft adapter: max |logit - transformers+peft| %.3g (max |logit| %.3g)\n", archs[k], err, mx);
+        ck_assert_msg(err <= 1e-4 * mx, "%s: max |diff| %g", archs[k], err);
+        lora_free(lo);
+        m.lora = NULL;
+        model_free(&m);
+    }
 }
 END_TEST
 
@@ -451,6 +481,7 @@ static Suite *lora_suite(void) {
     tcase_add_test(tc, test_peft_adapter_logits);
     tcase_add_test(tc, test_peft_roundtrip);
     tcase_add_test(tc, test_peft_roundtrip_mistral_gemma3);
+    tcase_add_test(tc, test_peft_adapter_logits_mistral_gemma3);
     tcase_add_test(tc, test_peft_target_modules);
     tcase_add_test(tc, test_init_like_peft);
     tcase_add_test(tc, test_adamw_step);
