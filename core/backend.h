@@ -6,7 +6,7 @@
 //                   reference kernels of ops_cpu.c and fp8_cpu.c; compiled twice: "cpu"
 //                   (fp32) and "cpu64" (fp64, for finite-difference gradient checks)
 //   backend_cuda.cu the CUDA backend (bf16 activations, fp8 GEMMs), with its kernels in
-//                   ops_cuda.cu, attention.cu, sample.cu and fp8.cu
+//                   ops_cuda.cu, attention.cu, attention_decode.cu, sample.cu and fp8.cu
 // Both implement every op: model.c calls each one the same way on either.
 // The program picks the GPU when a usable one is present and the CPU otherwise
 // (backend_select, --device overrides). Nothing above this header knows which.

@@ -1,11 +1,12 @@
-// attention_cuda.h: the CUDA attention kernels of the CUDA backend (attention.cu),
-// as plain C launchers. Every pointer is device memory; bf16 = act, float = hp.
+// attention_cuda.h: the CUDA attention kernels of the CUDA backend (training: attention.cu; the
+// rollout engine's KV cache and decode: attention_decode.cu), as plain C launchers. Every pointer is device memory; bf16 = act, float = hp.
 // Shapes and semantics are those of backend.h's attention ops (causal, GQA: query
 // head h reads key/value head h / (NH / KVH)); the CPU truth is ops_cpu.c.
 //
 //   attention_forward_cuda    fused flash attention (online softmax, never T x T):
 //                             tensor cores (mma.sync bf16, fp32 accumulation) for
-//                             HD in {16, 32, 64, 128}, a scalar fp32 kernel for other even HD;
+//                             HD in {16, 32, 64, 128} and 256 where shared memory allows
+//                             (Hopper), a scalar fp32 kernel for other even HD;
 //                             on Hopper (sm_90a) wgmma + TMA for HD 64 and 128 (backward too)
 //   attention_backward_cuda   FlashAttention-2 backward, P recomputed from lse: one kernel
 //                             owns dK/dV per key block (no atomics), a second owns dQ per

@@ -1,5 +1,5 @@
 // cuda_common.cuh: what every .cu file of fp8-grpo shares (included by fp8.cu, fp8_hopper.cu,
-// attention.cu, backend_cuda.cu, sample.cu, and the kernel versions in dev/cuda/).
+// attention.cu, attention_decode.cu, backend_cuda.cu, sample.cu, and the kernel versions in dev/cuda/).
 //   defines: cudaCheck / cublasCheck / launchCheck (file, line and the error's name),
 //   cdiv, grid_for (the grid of a grid-stride loop), load_f / store_f (bf16 or f32 as f32), unpack8 / pack8
 //   (8 bf16 values <-> f32),

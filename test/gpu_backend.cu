@@ -1,5 +1,5 @@
 // test/gpu_backend.cu: GPU suite for the CUDA backend's ops (backend_cuda.cu, ops_cuda.cu, attention.cu,
-// sample.cu) against the CPU reference kernels (ops_cpu.c) and the CPU backend (backend_cpu.c), every
+// attention_decode.cu, sample.cu) against the CPU reference kernels (ops_cpu.c) and the CPU backend (backend_cpu.c), every
 // op on random inputs (never zeros); the tolerances are derived in gpu_util.cuh. Whole models:
 // gpu_models.cu. Run on a GPU: make test-gpu (CK_FORK=no: a CUDA context does not survive fork).
 #include "gpu_util.cuh"

@@ -1,0 +1,462 @@
+// attention_decode.cu: the rollout engine's attention kernels (see attention_cuda.h): the paged KV
+// cache's writes and the decode step's attention over it.
+//   defines: kv_write_cuda, attention_decode_cuda, attention_decode_scratch
+// Decode: one block per (sequence, kv head, context split); its warps stride over the cached
+// tokens (found through the block table), each keeping an online softmax for all the query
+// heads of the kv head (GQA: K and V are read once per group); warps, then splits, are
+// combined with their max and sum. A sliding window starts the walk at the window's first token.
+// The numeric truth is ops_cpu.c's attention_decode_cpu.
+#include <math.h>
+
+#include "cuda/attention_cuda.h"
+#include "cuda/cuda_common.cuh"
+
+// ----------------------------------------------------------------------------
+// KV cache
+
+__global__ void kv_write_kernel(bf16 *kc, bf16 *vc, const bf16 *k, const bf16 *v, const int32_t *slots, int row,
+                                int vec) {
+    int n = blockIdx.x, slot = slots[n];
+    if (slot < 0) return;
+    const bf16 *ks = k + (size_t)n * row, *vs = v + (size_t)n * row;
+    bf16 *kd = kc + (size_t)slot * row, *vd = vc + (size_t)slot * row;
+    if (vec) {  // 16-byte copies: rows of whole uint4s, 16-byte aligned pointers
+        for (int i = threadIdx.x; i < row / 8; i += blockDim.x) {
+            ((uint4 *)kd)[i] = ((const uint4 *)ks)[i];
+            ((uint4 *)vd)[i] = ((const uint4 *)vs)[i];
+        }
+    } else {
+        for (int i = threadIdx.x; i < row; i += blockDim.x) {
+            kd[i] = ks[i];
+            vd[i] = vs[i];
+        }
+    }
+}
+
+// FP8 cache: one warp per (token, head, k or v), quantized by the row codec (cuda_common.cuh)
+__global__ void kv_write_fp8_kernel(uint8_t *kc, uint8_t *vc, float *ks, float *vs, const bf16 *k, const bf16 *v,
+                                    const int32_t *slots, int N, int KVH, int HD) {
+    int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (w >= N * KVH * 2) return;
+    int n = w / (KVH * 2), h = (w / 2) % KVH, isv = w & 1, slot = slots[n];
+    if (slot < 0) return;
+    fp8_quantize_warp<KV_CHUNKS>((isv ? vc : kc) + ((size_t)slot * KVH + h) * HD, (isv ? vs : ks) + (size_t)slot * KVH + h,
+                                 (isv ? v : k) + ((size_t)n * KVH + h) * HD, HD, FP8_E4M3, 0);
+}
+
+void kv_write_cuda(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots, int N,
+                   int KVH, int HD, void *stream) {
+    if (ks) {
+        if (N <= 0) return;
+        if (HD > 128 * KV_CHUNKS) die("kv_write_cuda: head_dim %d is over the FP8 KV cache's %d", HD, 128 * KV_CHUNKS);
+        kv_write_fp8_kernel<<<(N * KVH * 2 + 7) / 8, 256, 0, (cudaStream_t)stream>>>(
+            (uint8_t *)kc, (uint8_t *)vc, ks, vs, (const bf16 *)k, (const bf16 *)v, slots, N, KVH, HD);
+        launchCheck();
+        return;
+    }
+    if (N <= 0) return;
+    int row = KVH * HD;
+    int vec = row % 8 == 0 && !(((uintptr_t)kc | (uintptr_t)vc | (uintptr_t)k | (uintptr_t)v) & 15);
+    kv_write_kernel<<<N, 128, 0, (cudaStream_t)stream>>>((bf16 *)kc, (bf16 *)vc, (const bf16 *)k, (const bf16 *)v,
+                                                          slots, row, vec);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// decode
+
+#define DEC_MAXREP 8  // query heads per block; larger groups take several blocks
+#define DEC_WARPS 4
+
+// The FP8 copy (1x128 groups, E4M3) of heads h0 .. h0 + nh - 1 of output row s that this block has just
+// written: a warp per group through fp8_quantize_warp, as fp8.cu's quant_1x128_kernel does it, so the
+// bytes are fp8_quantize_cuda's. oq (S, NH HD) codes, oqs (NH HD / 128, S) scales; HD % 128 == 0.
+__device__ void decode_out_fp8(uint8_t *oq, float *oqs, const bf16 *out, int nh, int h0, int s, int S, int NH, int HD) {
+    __syncthreads();  // the block's writes of out are visible to all its threads
+    const int C = NH * HD, g0 = h0 * HD / FP8_BLOCK_SIZE, ng = nh * HD / FP8_BLOCK_SIZE;
+    for (int g = g0 + (threadIdx.x >> 5); g < g0 + ng; g += blockDim.x >> 5)
+        fp8_quantize_warp<1>(oq + (size_t)s * C + g * FP8_BLOCK_SIZE, oqs + (size_t)g * S + s,
+                             out + (size_t)s * C + g * FP8_BLOCK_SIZE, FP8_BLOCK_SIZE, FP8_E4M3, 0);
+}
+
+// The end of both decode kernels: each warp left (max, sum, accumulator) per query head in shared
+// memory (sm_m, sm_l [DEC_WARPS][reps], sm_acc [DEC_WARPS][reps][accw]); merge them per output
+// element, then write the output (one split) or the split's partial (max, sum, accumulator)
+__device__ void decode_merge_warps(bf16 *out, float *part, const float *sm_m, const float *sm_l, const float *sm_acc, int reps,
+                                   int accw, int nh, int h0, int s, int sp, int NH, int HD, int nsplit) {
+    for (int idx = threadIdx.x; idx < nh * HD; idx += blockDim.x) {
+        int r = idx / HD, d = idx % HD, h = h0 + r;
+        float M = -INFINITY, L = 0.f, A = 0.f;
+        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm_m[w * reps + r]);
+        if (M != -INFINITY)
+            for (int w = 0; w < DEC_WARPS; w++) {
+                float mw = sm_m[w * reps + r];
+                if (mw == -INFINITY) continue;
+                float f = expf(mw - M);
+                L += sm_l[w * reps + r] * f;
+                A += sm_acc[((size_t)w * reps + r) * accw + d] * f;
+            }
+        if (nsplit == 1) out[((size_t)s * NH + h) * HD + d] = __float2bfloat16_rn(L > 0.f ? A / L : 0.f);
+        else {
+            float *pp = part + (((size_t)s * NH + h) * nsplit + sp) * (HD + 2);
+            if (d == 0) {
+                pp[0] = M;
+                pp[1] = L;
+            }
+            pp[2 + d] = A;
+        }
+    }
+}
+
+// NP: bf16 pairs per lane (HD <= 64 NP). Grid (splits, KVH * groups, S).
+template <int NP>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+    attn_decode_kernel(bf16 *out, float *part, const bf16 *q, const bf16 *kc, const bf16 *vc, const int32_t *bt,
+                       const int32_t *lens, int NH, int KVH, int HD, int BS, int MB, int ngroups, int nsplit, int tps,
+                       float sc, int window, uint8_t *oq, float *oqs) {
+    __shared__ float sm_m[DEC_WARPS][DEC_MAXREP], sm_l[DEC_WARPS][DEC_MAXREP];
+    __shared__ float sm_acc[DEC_WARPS][DEC_MAXREP][64 * NP];
+    const int sp = blockIdx.x, s = blockIdx.z, kvh = blockIdx.y / ngroups, grp = blockIdx.y % ngroups;
+    const int rep = NH / KVH, h0 = kvh * rep + grp * DEC_MAXREP, nh = min(DEC_MAXREP, rep - grp * DEC_MAXREP);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // this split's tokens; with a window, none before the window's first (len - window): masked there
+    const int len = lens[s], tb = max(sp * tps, window > 0 ? len - window : 0), te = min(len, sp * tps + tps);
+    float2 qv[DEC_MAXREP][NP], acc[DEC_MAXREP][NP];
+    float m[DEC_MAXREP], l[DEC_MAXREP];
+#pragma unroll
+    for (int r = 0; r < DEC_MAXREP; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+            int d = 2 * (lane + 32 * i);
+            acc[r][i] = make_float2(0.f, 0.f);
+            qv[r][i] = (r < nh && d < HD)
+                           ? __bfloat1622float2(*(const __nv_bfloat162 *)(q + ((size_t)s * NH + h0 + r) * HD + d))
+                           : make_float2(0.f, 0.f);
+        }
+    }
+    for (int t = tb + warp; t < te; t += DEC_WARPS) {
+        size_t slot = (size_t)bt[(size_t)s * MB + t / BS] * BS + t % BS;
+        const bf16 *kr = kc + (slot * KVH + kvh) * HD, *vr = vc + (slot * KVH + kvh) * HD;
+        float2 kk[NP], vv[NP];
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+            int d = 2 * (lane + 32 * i);
+            kk[i] = d < HD ? __bfloat1622float2(*(const __nv_bfloat162 *)(kr + d)) : make_float2(0.f, 0.f);
+            vv[i] = d < HD ? __bfloat1622float2(*(const __nv_bfloat162 *)(vr + d)) : make_float2(0.f, 0.f);
+        }
+#pragma unroll
+        for (int r = 0; r < DEC_MAXREP; r++) {
+            if (r >= nh) break;  // uniform across the warp
+            float dt = 0.f;
+#pragma unroll
+            for (int i = 0; i < NP; i++) dt += qv[r][i].x * kk[i].x + qv[r][i].y * kk[i].y;
+            float sco = warp_sum(dt) * sc;
+            float mnew = fmaxf(m[r], sco), a = expf(m[r] - mnew), p = expf(sco - mnew);
+            l[r] = l[r] * a + p;
+            m[r] = mnew;
+#pragma unroll
+            for (int i = 0; i < NP; i++) {
+                acc[r][i].x = acc[r][i].x * a + p * vv[i].x;
+                acc[r][i].y = acc[r][i].y * a + p * vv[i].y;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < DEC_MAXREP; r++) {
+        if (lane == 0) {
+            sm_m[warp][r] = m[r];
+            sm_l[warp][r] = l[r];
+        }
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+            int d = 2 * (lane + 32 * i);
+            if (d < HD) {
+                sm_acc[warp][r][d] = acc[r][i].x;
+                sm_acc[warp][r][d + 1] = acc[r][i].y;
+            }
+        }
+    }
+    __syncthreads();
+    decode_merge_warps(out, part, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0], DEC_MAXREP, 64 * NP, nh, h0, s, sp, NH, HD,
+                       nsplit);
+    if (oq && nsplit == 1) decode_out_fp8(oq, oqs, out, nh, h0, s, gridDim.z, NH, HD);
+}
+
+// The fast path for HD in {32, 64, 128, 256} (every model we know): LPT = HD/8 lanes share a
+// token, each lane holding 8 consecutive dims (one 16-byte load of K and one of V), so a warp
+// covers 32/LPT tokens at once and U steps of them are loaded before any is used: many
+// loads in flight per lane, which is what a memory-bound kernel needs (the kernel above
+// has one token per warp and waits on each load). Scores reduce over LPT lanes only.
+// REP: query heads handled per block (the GQA group, or 8 of it); the register arrays
+// are sized by it, so small groups (Qwen3-0.6B: 2, -8B: 4) use few registers.
+// Grid (splits, KVH * groups, S), 4 warps. Same partial format as attn_decode_kernel.
+// 8 values of a cache row as floats: bf16 (16 bytes), or FP8 E4M3 codes (the first 8 bytes) times
+// the row's scale (the product in fp32, as ops_cpu.c forms it)
+template <bool F8>
+__device__ __forceinline__ void kv8(float f[8], const uint4 &raw, float scale) {
+    if (F8) {
+        const uint32_t w[2] = {raw.x, raw.y};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+            f[2 * i] = __half2float(__half(__half_raw{h.x})) * scale;
+            f[2 * i + 1] = __half2float(__half(__half_raw{h.y})) * scale;
+        }
+    } else {
+        const __nv_bfloat162 *p2 = (const __nv_bfloat162 *)&raw;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 t = __bfloat1622float2(p2[i]);
+            f[2 * i] = t.x, f[2 * i + 1] = t.y;
+        }
+    }
+}
+
+// the K and V rows of the U tokens t0, t0 + step, ... (< te) this lane group reads: lane c's 8 values
+// of each (16 bytes bf16, 8 FP8 codes and the row's scale); zeros past te
+template <int U, bool F8>
+__device__ __forceinline__ void dec_load(uint4 (&kr)[U], uint4 (&vr)[U], float (&ksc)[U], float (&vsc)[U], int t0, int step,
+                                         int te, const int32_t *bt, int BS, int KVH, int kvh, int HD, int c, const void *kc,
+                                         const void *vc, const float *ks, const float *vs) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int t = t0 + u * step;
+        kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+        ksc[u] = vsc[u] = 0.f;
+        if (t < te) {
+            size_t row = ((size_t)bt[t / BS] * BS + t % BS) * KVH + kvh, off = row * HD + c * 8;
+            if (F8) {
+                uint2 a = __ldg((const uint2 *)((const uint8_t *)kc + off)), b = __ldg((const uint2 *)((const uint8_t *)vc + off));
+                kr[u].x = a.x, kr[u].y = a.y, vr[u].x = b.x, vr[u].y = b.y;
+                ksc[u] = __ldg(ks + row), vsc[u] = __ldg(vs + row);
+            } else {
+                kr[u] = __ldg((const uint4 *)((const bf16 *)kc + off));
+                vr[u] = __ldg((const uint4 *)((const bf16 *)vc + off));
+            }
+        }
+    }
+}
+
+// F8: the cache holds FP8 codes with a scale per (slot, head) in ks, vs (8 bytes per lane)
+template <int HD, int REP, bool F8>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+    attn_decode_vec_kernel(bf16 *out, float *part, const bf16 *q, const void *kc, const void *vc, const float *ks,
+                           const float *vs, const int32_t *bt, const int32_t *lens, int NH, int KVH, int BS, int MB,
+                           int ngroups, int nsplit, int tps, float sc, int window, uint8_t *oq, float *oqs) {
+    constexpr int LPT = HD / 8, TPW = 32 / LPT, U = REP <= 2 ? 4 : 2, STEP = DEC_WARPS * TPW;
+    __shared__ float sm_m[DEC_WARPS][REP], sm_l[DEC_WARPS][REP];
+    __shared__ float sm_acc[DEC_WARPS][REP][HD];
+    const int sp = blockIdx.x, s = blockIdx.z, kvh = blockIdx.y / ngroups, grp = blockIdx.y % ngroups;
+    const int rep = NH / KVH, h0 = kvh * rep + grp * REP, nh = min(REP, rep - grp * REP);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane / LPT, c = lane % LPT;
+    const int len = lens[s], tb = max(sp * tps, window > 0 ? len - window : 0), te = min(len, sp * tps + tps);
+    float qf[REP][8], acc[REP][8], m[REP], l[REP];
+#pragma unroll
+    for (int r = 0; r < REP; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+        uint4 raw = make_uint4(0, 0, 0, 0);
+        if (r < nh) raw = *(const uint4 *)(q + ((size_t)s * NH + h0 + r) * HD + c * 8);
+        const __nv_bfloat162 *p2 = (const __nv_bfloat162 *)&raw;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 f = __bfloat1622float2(p2[i]);
+            qf[r][2 * i] = f.x * sc;  // the softmax scale folded into q
+            qf[r][2 * i + 1] = f.y * sc;
+            acc[r][2 * i] = acc[r][2 * i + 1] = 0.f;
+        }
+    }
+    // the loop bound is uniform over the warp (the shuffles below need every lane). PF: the next
+    // step's rows are loaded before this step's math, so they are in flight while it runs. The
+    // second set of rows costs registers: with 2 heads a block (U = 4) it still leaves 4 blocks on
+    // an SM; with 4 heads U = 4 would leave 3 (fewer loads in flight: slower), so U = 2; with 8
+    // heads the registers leave no room for it (dev/RESULTS.md has the measurements).
+    constexpr bool PF = REP <= 4;
+    const int32_t *btr = bt + (size_t)s * MB;
+    uint4 kr[U], vr[U];
+    float ksc[U], vsc[U];
+    if (PF) dec_load<U, F8>(kr, vr, ksc, vsc, tb + warp * TPW + g, STEP, te, btr, BS, KVH, kvh, HD, c, kc, vc, ks, vs);
+    for (int base = tb + warp * TPW; base < te; base += STEP * U) {
+        const int t0 = base + g;
+        uint4 kn[U], vn[U];
+        float ksn[U], vsn[U];
+        if (PF) dec_load<U, F8>(kn, vn, ksn, vsn, t0 + STEP * U, STEP, te, btr, BS, KVH, kvh, HD, c, kc, vc, ks, vs);
+        else dec_load<U, F8>(kr, vr, ksc, vsc, t0, STEP, te, btr, BS, KVH, kvh, HD, c, kc, vc, ks, vs);
+        // the U scores of every head first, then one online-softmax update per head for all U
+        // tokens (U + 1 exponentials and one rescale of acc instead of 2U and U)
+        float sc_[U][REP];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const bool ok = t0 + u * STEP < te;  // uniform over the LPT lanes of a token
+            float kf[8];
+            kv8<F8>(kf, kr[u], ksc[u]);
+#pragma unroll
+            for (int r = 0; r < REP; r++) {
+                float d = 0.f;
+#pragma unroll
+                for (int i = 0; i < 8; i++) d += qf[r][i] * kf[i];
+#pragma unroll
+                for (int o = LPT / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                sc_[u][r] = ok ? d : -INFINITY;
+            }
+        }
+        // then, when the step has a token for these lanes (the first is the earliest), per head: the
+        // new max and the rescale; then per token: V decoded once, added to every head's sum (the
+        // same operations in the same order per head as one head at a time, with V decoded REP x less)
+        if (t0 < te) {
+#pragma unroll
+            for (int r = 0; r < REP; r++) {
+                if (r >= nh) continue;
+                float mx = sc_[0][r];
+#pragma unroll
+                for (int u = 1; u < U; u++) mx = fmaxf(mx, sc_[u][r]);
+                float mnew = fmaxf(m[r], mx), a = __expf(m[r] - mnew);
+                l[r] *= a;
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[r][i] *= a;
+                m[r] = mnew;
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                float vf[8];
+                kv8<F8>(vf, vr[u], vsc[u]);
+#pragma unroll
+                for (int r = 0; r < REP; r++) {
+                    if (r >= nh) continue;
+                    float p = __expf(sc_[u][r] - m[r]);  // 0 for masked tokens
+                    l[r] += p;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[r][i] += p * vf[i];
+                }
+            }
+        }
+        if (PF)
+#pragma unroll
+            for (int u = 0; u < U; u++) kr[u] = kn[u], vr[u] = vn[u], ksc[u] = ksn[u], vsc[u] = vsn[u];
+    }
+    // merge the TPW tokens slots of the warp (lanes c, c + LPT, ...), then the warps through shared memory
+#pragma unroll
+    for (int o = LPT; o < 32; o <<= 1)
+#pragma unroll
+        for (int r = 0; r < REP; r++) {
+            float m2 = __shfl_xor_sync(0xffffffffu, m[r], o), l2 = __shfl_xor_sync(0xffffffffu, l[r], o);
+            float M = fmaxf(m[r], m2);
+            float a = M == -INFINITY ? 0.f : __expf(m[r] - M), b = M == -INFINITY ? 0.f : __expf(m2 - M);
+            l[r] = l[r] * a + l2 * b;
+            m[r] = M;
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[r][i] = acc[r][i] * a + __shfl_xor_sync(0xffffffffu, acc[r][i], o) * b;
+        }
+    if (g == 0)
+#pragma unroll
+        for (int r = 0; r < REP; r++) {
+            if (c == 0) {
+                sm_m[warp][r] = m[r];
+                sm_l[warp][r] = l[r];
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) sm_acc[warp][r][c * 8 + i] = acc[r][i];
+        }
+    __syncthreads();
+    decode_merge_warps(out, part, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0], REP, HD, nh, h0, s, sp, NH, HD, nsplit);
+    if (oq && nsplit == 1) decode_out_fp8(oq, oqs, out, nh, h0, s, gridDim.z, NH, HD);
+}
+
+__global__ void attn_decode_combine(bf16 *out, const float *part, int NH, int HD, int nsplit, uint8_t *oq, float *oqs) {
+    const int h = blockIdx.x, s = blockIdx.y;
+    const float *pp = part + ((size_t)s * NH + h) * nsplit * (HD + 2);
+    float M = -INFINITY;
+    for (int sp = 0; sp < nsplit; sp++) M = fmaxf(M, pp[(size_t)sp * (HD + 2)]);
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+        float L = 0.f, A = 0.f;
+        for (int sp = 0; sp < nsplit; sp++) {
+            const float *p = pp + (size_t)sp * (HD + 2);
+            if (p[0] == -INFINITY) continue;
+            float f = expf(p[0] - M);
+            L += p[1] * f;
+            A += p[2 + d] * f;
+        }
+        out[((size_t)s * NH + h) * HD + d] = __float2bfloat16_rn(L > 0.f ? A / L : 0.f);
+    }
+    if (oq) decode_out_fp8(oq, oqs, out, 1, h, s, gridDim.y, NH, HD);
+}
+
+static int num_sms(void) {
+    static int n = 0;
+    if (!n) {
+        int dev;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return n;
+}
+
+// splits of the context: enough blocks for two waves, at least 256 tokens a split, at most 64 splits
+static int decode_nsplit(int S, int NH, int KVH, int maxlen) {
+    int rep = NH / KVH, ngroups = (rep + DEC_MAXREP - 1) / DEC_MAXREP;
+    long blocks = (long)S * KVH * ngroups;
+    long want = (2L * num_sms() + blocks - 1) / blocks;
+    long most = (maxlen + 255) / 256;
+    long ns = want < most ? want : most;
+    if (ns > 64) ns = 64;
+    return ns < 1 ? 1 : (int)ns;
+}
+
+// the decode kernels take GQA groups of any size and even head dims up to 256 (4 bf16 pairs a lane)
+static void check_heads(const char *what, int NH, int KVH, int HD) {
+    if (KVH <= 0 || NH % KVH) die("%s: %d query heads are not a multiple of %d kv heads", what, NH, KVH);
+    if (HD % 2 || HD > 256) die("%s: head_dim %d is not supported (even, <= 256)", what, HD);
+}
+
+size_t attention_decode_scratch(int S, int NH, int KVH, int HD, int BS, int MB) {
+    int ns = decode_nsplit(S, NH, KVH, BS * MB);
+    return ns > 1 ? (size_t)S * NH * ns * (HD + 2) : 0;
+}
+
+void attention_decode_cuda(void *out, const void *q, const void *kc, const void *vc, const float *ks, const float *vs,
+                           const int32_t *block_table, const int32_t *seq_lens, int S, int NH, int KVH, int HD, int BS,
+                           int MB, float sc, int window, float *scratch, uint8_t *oq, float *oqs, void *stream) {
+    check_heads("attention_decode", NH, KVH, HD);
+    if (oq && HD % FP8_BLOCK_SIZE) die("attention_decode: the FP8 copy of out needs head_dim %% 128 == 0 (got %d)", HD);
+    if (S <= 0) return;
+    cudaStream_t st = (cudaStream_t)stream;
+    int maxlen = BS * MB, ns = decode_nsplit(S, NH, KVH, maxlen), tps = (maxlen + ns - 1) / ns;
+    int rep = NH / KVH, ngroups = (rep + DEC_MAXREP - 1) / DEC_MAXREP;
+    dim3 grid(ns, KVH * ngroups, S);
+    bf16 *o = (bf16 *)out;
+    const bf16 *qq = (const bf16 *)q;
+    // the vectorized kernel where HD has a template and every row is aligned (16 bytes, 8 for FP8 codes)
+    int vec = (HD == 32 || HD == 64 || HD == 128 || HD == 256) &&
+              !(((uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc) & (ks ? 7 : 15));
+    if (ks && !vec) die("attention_decode: an FP8 KV cache needs head_dim 32, 64, 128 or 256 (got %d)", HD);
+    int REP = rep <= 2 ? 2 : rep <= 4 ? 4 : DEC_MAXREP;  // groups of more than 8 take ngroups blocks of 8
+#define DEC_VEC(H, R, F)                                                                                              \
+    attn_decode_vec_kernel<H, R, F><<<grid, DEC_WARPS * 32, 0, st>>>(o, scratch, qq, kc, vc, ks, vs, block_table,    \
+                                                                      seq_lens, NH, KVH, BS, MB, ngroups, ns, tps, sc, window, oq, oqs)
+#define DEC_VEC_F(H, R) \
+    if (ks) DEC_VEC(H, R, true); else DEC_VEC(H, R, false)
+#define DEC_VEC_H(H) \
+    if (REP == 2) { DEC_VEC_F(H, 2); } else if (REP == 4) { DEC_VEC_F(H, 4); } else { DEC_VEC_F(H, 8); }
+#define DEC_LAUNCH(NP)                                                                                           \
+    attn_decode_kernel<NP><<<grid, DEC_WARPS * 32, 0, st>>>(o, scratch, qq, (const bf16 *)kc, (const bf16 *)vc,    \
+                                                             block_table, seq_lens, NH, KVH, HD, BS, MB, ngroups, ns, tps, sc, \
+                                                             window, oq, oqs)
+    if (vec && HD == 32) { DEC_VEC_H(32); }
+    else if (vec && HD == 64) { DEC_VEC_H(64); }
+    else if (vec && HD == 128) { DEC_VEC_H(128); }
+    else if (vec && HD == 256) { DEC_VEC_H(256); }
+    else if (HD <= 64) DEC_LAUNCH(1);
+    else if (HD <= 128) DEC_LAUNCH(2);
+    else DEC_LAUNCH(4);
+#undef DEC_LAUNCH
+#undef DEC_VEC_H
+#undef DEC_VEC_F
+#undef DEC_VEC
+    launchCheck();
+    if (ns > 1) {
+        attn_decode_combine<<<dim3(NH, S), 128, 0, st>>>(o, scratch, NH, HD, ns, oq, oqs);
+        launchCheck();
+    }
+}
