@@ -673,7 +673,7 @@ static void decode_qkv(Model *m, int l, int S, const FP8Tensor *xq, void *kc, vo
     const void *qin = fused ? fused : d->q, *kin = fused ? fused + q * act : d->k, *vin = fused ? fused + (q + kvw) * act : d->v;
     int ldq = fused ? q + 2 * kvw : q, ldkv = fused ? q + 2 * kvw : kvw;
     m->be->qkv_rope_kv(d->q, d->k, qin, kin, vin, ldq, ldkv, c->qk_norm ? lw->q_norm : NULL, c->qk_norm ? lw->k_norm : NULL,
-                       (const int32_t *)d->pos, layer_inv_freq(m, l), kc, vc, ks, vs, (const int32_t *)d->slots, S, c->NH, c->KVH,
+                       c->gemma, (const int32_t *)d->pos, layer_inv_freq(m, l), kc, vc, ks, vs, (const int32_t *)d->slots, S, c->NH, c->KVH,
                        c->HD, c->eps);
 }
 
@@ -686,8 +686,10 @@ typedef struct {
 } DecodeStep;
 
 // Gemma 3's layer l of the decode step, d->ln = its input norm's output on entry, the next layer's (or
-// the final) norm's on return: the plain ops in the forward's order (no fusions for its (1 + w) norms,
-// sandwich norms and GeGLU yet; FP8 products quantize their own inputs)
+// the final) norm's on return. The projections go as Llama's do (decode_qkv: q|k|v one product, its
+// (1 + w) q/k norms, RoPE and the cache write one kernel; gate|up one product, GeGLU straight from
+// it); the four (1 + w) norms around the attention and the MLP are plain ops, and each FP8 product
+// quantizes its own input.
 static void decode_layer_gemma(Model *m, KVCache *kv, int l, int S, int MB) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
@@ -696,23 +698,17 @@ static void decode_layer_gemma(Model *m, KVCache *kv, int l, int S, int MB) {
     void *kc, *vc;
     float *ks, *vs;
     kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
-    int q = c->NH * c->HD, kvw = c->KVH * c->HD;
-    linear_fwd(m, l, LIN_Q, d->q, d->ln, S, 0);
-    linear_fwd(m, l, LIN_K, d->k, d->ln, S, 0);
-    linear_fwd(m, l, LIN_V, d->v, d->ln, S, 0);
-    norm_fwd(m, d->q, d->rstd, d->q, lw->q_norm, S * c->NH, c->HD);
-    norm_fwd(m, d->k, d->rstd, d->k, lw->k_norm, S * c->KVH, c->HD);
-    be->qkv_rope_kv(d->q, d->k, d->q, d->k, d->v, q, kvw, NULL, NULL, (const int32_t *)d->pos, layer_inv_freq(m, l), kc,
-                    vc, ks, vs, (const int32_t *)d->slots, S, c->NH, c->KVH, c->HD, c->eps);
+    decode_qkv(m, l, S, NULL, kc, vc, ks, vs);
     be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens, S,
                          c->NH, c->KVH, c->HD, kv->BS, MB, attn_scale(c), layer_window(c, l), NULL);
     linear_fwd(m, l, LIN_O, d->tmp, d->att, S, 0);
     norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_attn, S, c->C);
     be->add(d->x, d->x, d->tmp, (size_t)S * c->C);
     norm_fwd(m, d->ln, d->rstd, d->x, lw->ln2, S, c->C);
-    linear_fwd(m, l, LIN_GATE, d->ff1, d->ln, S, 0);
-    linear_fwd(m, l, LIN_UP, d->ff2, d->ln, S, 0);
-    be->geglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
+    void *gu[2] = {d->ff1, d->ff2};
+    void *fused = decode_project(m, l, 1, gu, d->ln, NULL, S);
+    if (fused) be->glu_gu(d->ff3, NULL, fused, S, c->FF, 1);
+    else be->geglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
     linear_fwd(m, l, LIN_DOWN, d->tmp, d->ff3, S, 0);
     norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_mlp, S, c->C);
     be->add(d->x, d->x, d->tmp, (size_t)S * c->C);
@@ -756,7 +752,7 @@ static void decode_compute(void *arg) {
         void *gu[2] = {d->ff1, d->ff2};
         void *fused = decode_project(m, l, 1, gu, d->ln, xq, S);
         xq = fused ? decode_fp8_input(m, &lw->lin[LIN_DOWN], S) : NULL;
-        if (fused) be->swiglu_gu(d->ff3, xq, fused, S, c->FF);  // SwiGLU straight from the fused product
+        if (fused) be->glu_gu(d->ff3, xq, fused, S, c->FF, 0);  // SwiGLU straight from the fused product
         else be->swiglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
         linear_fwd_q(m, l, LIN_DOWN, d->tmp, d->ff3, xq, S, 0);
         // the residual add and the next layer's input norm (or the final norm)

@@ -102,7 +102,7 @@ struct Backend {
     // match W's granularity (TENSOR: per tensor, ROW: per token, BLOCK: 1x128)
     void (*linear_forward)(void *out, const void *inp, const QWeight *w, const void *bias, int N);
     // linear_forward's product from its input already quantized: xq (N, C) E4M3 with W's granularity
-    // (ROW or BLOCK), as the decode step's producers make it (add_rmsnorm, swiglu_gu: their outq), so
+    // (ROW or BLOCK), as the decode step's producers make it (add_rmsnorm, glu_gu: their outq), so
     // the FP8 GEMM runs without a quantization pass of its own
     void (*linear_forward_q)(void *out, const FP8Tensor *xq, const QWeight *w, const void *bias, int N);
     // dinp (N, C) act (= if !accumulate, += if accumulate) = dout (N, OC) W (W dequantized:
@@ -191,9 +191,9 @@ struct Backend {
     // linear_forward_q). x (N, C) act += dx; out = rmsnorm(x) * w; rstd (N) hp (add, then rmsnorm_forward)
     void (*add_rmsnorm)(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps,
                         FP8Tensor *outq);
-    // out (N, FF) act = silu(gate) * up read from gu (N, 2 FF), the fused gate|up product (its halves
-    // through swiglu_forward); outq as add_rmsnorm's
-    void (*swiglu_gu)(void *out, FP8Tensor *outq, const void *gu, int N, int FF);
+    // out (N, FF) act = act(gate) * up read from gu (N, 2 FF), the fused gate|up product: its halves
+    // through swiglu_forward (gelu 0) or geglu_forward (gelu 1, Gemma 3); outq as add_rmsnorm's
+    void (*glu_gu)(void *out, FP8Tensor *outq, const void *gu, int N, int FF, int gelu);
     // out (n_idx, C) act = inp[idx[i]] rows; idx (n_idx) i32
     void (*gather_rows)(void *out, const void *inp, const int32_t *idx, int n_idx, int C);
 
@@ -227,12 +227,13 @@ struct Backend {
     void (*kv_write)(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots,
                      int N, int KVH, int HD);
     // The decode step's attention inputs from its q, k, v projections: q (N, NH, HD) and k (N, KVH, HD)
-    // act, each head rmsnorm'ed with q_norm / k_norm (HD) when not NULL, then rotated by pos; k and v
-    // written to the cache as kv_write does. The projections are read where they lie: row n of q's at
-    // qin + n ldq, of k's and v's at kin / vin + n ldkv (the column blocks of one fused q|k|v output,
-    // or three buffers; qin may be q). Equal to rmsnorm_forward per head, rope_forward and kv_write.
+    // act, each head rmsnorm'ed with q_norm / k_norm (HD) when not NULL (norm1p: Gemma's
+    // rmsnorm1p_forward), then rotated by pos; k and v written to the cache as kv_write does. The
+    // projections are read where they lie: row n of q's at qin + n ldq, of k's and v's at kin / vin +
+    // n ldkv (the column blocks of one fused q|k|v output, or three buffers; qin may be q). Equal to
+    // rmsnorm_forward (rmsnorm1p_forward) per head, rope_forward and kv_write.
     void (*qkv_rope_kv)(void *q, void *k, const void *qin, const void *kin, const void *vin, int ldq, int ldkv,
-                        const void *q_norm, const void *k_norm, const int32_t *pos, const void *inv_freq, void *kc,
+                        const void *q_norm, const void *k_norm, int norm1p, const int32_t *pos, const void *inv_freq, void *kc,
                         void *vc, float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps);
     // one query token per sequence: q (S, NH, HD), out (S, NH, HD) act; sequence s
     // attends to its first seq_lens[s] cached tokens, found through block_table (S, MB) i32;

@@ -229,17 +229,18 @@ static void w_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const 
     OP(rmsnorm_forward)((real *)out, (real *)rstd, (const real *)x, (const real *)w, N, C, eps);
     if (outq) quantize_act(outq, (const real *)out);
 }
-static void w_swiglu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF) {
+static void w_glu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF, int gelu) {
     for (int n = 0; n < N; n++) {
         const real *g = (const real *)gu + (size_t)n * 2 * FF;
-        OP(swiglu_forward)((real *)out + (size_t)n * FF, g, g + FF, FF);
+        if (gelu) OP(geglu_forward)((real *)out + (size_t)n * FF, g, g + FF, FF);
+        else OP(swiglu_forward)((real *)out + (size_t)n * FF, g, g + FF, FF);
     }
     if (outq) quantize_act(outq, (const real *)out);
 }
 // the rows of q, k, v gathered from where they lie (memmove: qin may be q), then each head normed,
 // q and k rotated, k and v written to the cache
 static void cpu_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, const void *vin, int ldq, int ldkv,
-                            const void *q_norm, const void *k_norm, const int32_t *pos, const void *inv_freq, void *kc,
+                            const void *q_norm, const void *k_norm, int norm1p, const int32_t *pos, const void *inv_freq, void *kc,
                             void *vc, float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD,
                             float eps) {
     size_t qw = (size_t)NH * HD, kw = (size_t)KVH * HD;
@@ -249,8 +250,10 @@ static void cpu_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, 
         memmove((real *)k + n * kw, (const real *)kin + (size_t)n * ldkv, kw * sizeof(real));
         memcpy(v + n * kw, (const real *)vin + (size_t)n * ldkv, kw * sizeof(real));
     }
-    if (q_norm) OP(rmsnorm_forward)((real *)q, rstd, (const real *)q, (const real *)q_norm, N * NH, HD, eps);
-    if (k_norm) OP(rmsnorm_forward)((real *)k, rstd, (const real *)k, (const real *)k_norm, N * KVH, HD, eps);
+    if (q_norm && norm1p) OP(rmsnorm1p_forward)((real *)q, rstd, (const real *)q, (const real *)q_norm, N * NH, HD, eps);
+    else if (q_norm) OP(rmsnorm_forward)((real *)q, rstd, (const real *)q, (const real *)q_norm, N * NH, HD, eps);
+    if (k_norm && norm1p) OP(rmsnorm1p_forward)((real *)k, rstd, (const real *)k, (const real *)k_norm, N * KVH, HD, eps);
+    else if (k_norm) OP(rmsnorm_forward)((real *)k, rstd, (const real *)k, (const real *)k_norm, N * KVH, HD, eps);
     OP(rope_forward)((real *)q, pos, (const real *)inv_freq, N, NH, HD, 0);
     OP(rope_forward)((real *)k, pos, (const real *)inv_freq, N, KVH, HD, 0);
     OP(kv_write)(kc, vc, ks, vs, (const real *)k, v, slots, N, KVH, HD);
@@ -409,7 +412,7 @@ static Backend be = {
     .lora_backward = cpu_lora_backward,
     .rope_forward = w_rope_forward,
     .add_rmsnorm = w_add_rmsnorm,
-    .swiglu_gu = w_swiglu_gu,
+    .glu_gu = w_glu_gu,
     .qkv_rope_kv = cpu_qkv_rope_kv,
     .rope_backward = w_rope_backward,
     .attention_forward = w_attention_forward,

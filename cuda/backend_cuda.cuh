@@ -47,10 +47,10 @@ void cu_rope_backward(void *dx, const int32_t *pos, const void *inv_freq, int N,
 void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps,
                     FP8Tensor *outq);
 void cu_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, const void *vin, int ldq, int ldkv,
-                    const void *q_norm, const void *k_norm, const int32_t *pos, const void *inv_freq, void *kc, void *vc,
-                    float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps);
+                    const void *q_norm, const void *k_norm, int norm1p, const int32_t *pos, const void *inv_freq, void *kc,
+                    void *vc, float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps);
 void cu_swiglu_forward(void *out, const void *gate, const void *up, size_t n);
-void cu_swiglu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF);
+void cu_glu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF, int gelu);
 // dies in one line unless outq (backend.h) is a copy the fused kernels can write for (N, C) act
 void cu_check_outq(const FP8Tensor *outq, int N, int C, const char *op);
 void cu_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);

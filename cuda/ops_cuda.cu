@@ -1,6 +1,6 @@
 // ops_cuda.cu: the CUDA backend's per-token ops (backend.h), one warp or thread per row or element.
 //   defines: cu_rmsnorm_forward / backward, cu_rope_forward / backward, cu_add_rmsnorm, cu_qkv_rope_kv,
-//   cu_swiglu_forward / backward, cu_swiglu_gu, cu_add, cu_gather_rows, cu_embedding_forward /
+//   cu_swiglu_forward / backward, cu_glu_gu, cu_add, cu_gather_rows, cu_embedding_forward /
 //   cu_rmsnorm1p_forward / backward, cu_geglu_forward / backward, cu_scale_act (Gemma 3),
 //   backward, cu_colsum (backend_cuda.cuh). Each has its truth in ops_cpu.c; test/gpu_backend.cu
 //   compares them on random inputs.
@@ -403,13 +403,13 @@ __device__ __forceinline__ void rope_row(bf16 *v, int p, const float *inv_freq, 
 }
 
 // one head row, by one warp: normed from src with the head's weight w (when given: rmsnorm_fwd_kernel's
-// row_rstd, row_scale) into v, then rotated in place (src may be v)
-template <bool VEC>
+// row_rstd, row_scale; P1: Gemma's 1 + w) into v, then rotated in place (src may be v)
+template <bool VEC, bool P1>
 __device__ __forceinline__ void norm_rope_head(bf16 *v, const bf16 *src, const bf16 *w, int p, const float *inv_freq,
                                                int HD, float eps, int lane) {
     if (w) {
         float r = row_rstd<VEC>(src, HD, eps, lane);
-        row_scale<VEC>(v, src, w, r, HD, lane);
+        row_scale<VEC, P1>(v, src, w, r, HD, lane);
     } else if (v != src)
         for (int i = lane; i < HD; i += 32) v[i] = src[i];
     __syncwarp();
@@ -422,7 +422,7 @@ __device__ __forceinline__ void norm_rope_head(bf16 *v, const bf16 *src, const b
 // there (rope_kernel's), and a k row then stored into the cache from k; a v row goes to the cache
 // straight from where it lies. The cache store is kv_write's: a copy (bf16), or FP8 codes by the row
 // codec (cuda_common.cuh).
-template <bool VEC>
+template <bool VEC, bool P1>
 __global__ void qkv_rope_kv_kernel(bf16 *q, bf16 *k, const bf16 *qin, const bf16 *kin, const bf16 *vin, int ldq,
                                    int ldkv, const bf16 *qw, const bf16 *kw, const int32_t *pos, const float *inv_freq,
                                    void *kc, void *vc, float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH,
@@ -436,7 +436,7 @@ __global__ void qkv_rope_kv_kernel(bf16 *q, bf16 *k, const bf16 *qin, const bf16
     if (h < NH + KVH) {
         bool isq = h < NH;
         bf16 *v = isq ? q + ((size_t)n * NH + h) * HD : k + ((size_t)n * KVH + (h - NH)) * HD;
-        norm_rope_head<VEC>(v, src, isq ? qw : kw, pos[n], inv_freq, HD, eps, lane);
+        norm_rope_head<VEC, P1>(v, src, isq ? qw : kw, pos[n], inv_freq, HD, eps, lane);
         if (isq) return;
         __syncwarp();
         src = v;
@@ -452,21 +452,23 @@ __global__ void qkv_rope_kv_kernel(bf16 *q, bf16 *k, const bf16 *qin, const bf16
     }
 }
 void cu_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, const void *vin, int ldq, int ldkv,
-                    const void *q_norm, const void *k_norm, const int32_t *pos, const void *inv_freq, void *kc, void *vc,
-                    float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps) {
+                    const void *q_norm, const void *k_norm, int norm1p, const int32_t *pos, const void *inv_freq, void *kc,
+                    void *vc, float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps) {
     if (N <= 0) return;
     if (ks && HD > 128 * KV_CHUNKS) die("qkv_rope_kv: head_dim %d is over the FP8 KV cache's %d", HD, 128 * KV_CHUNKS);
     unsigned gr = cdiv((size_t)N * (NH + 2 * KVH), 8);
     // 16-byte row accesses where every row of every operand allows them
     bool vec = HD % 8 == 0 && ldq % 8 == 0 && ldkv % 8 == 0 && aligned16(q, k, qin, kin) &&
                aligned16(vin, q_norm ? q_norm : q, k_norm ? k_norm : k, NULL);
-#define QKV_LAUNCH(V)                                                                                                  \
-    qkv_rope_kv_kernel<V><<<gr, 256, 0, cu_stream()>>>((bf16 *)q, (bf16 *)k, (const bf16 *)qin, (const bf16 *)kin,    \
+#define QKV_LAUNCH(V, P)                                                                                                \
+    qkv_rope_kv_kernel<V, P><<<gr, 256, 0, cu_stream()>>>((bf16 *)q, (bf16 *)k, (const bf16 *)qin, (const bf16 *)kin,    \
                                                        (const bf16 *)vin, ldq, ldkv, (const bf16 *)q_norm,             \
                                                        (const bf16 *)k_norm, pos, (const float *)inv_freq, kc, vc, ks, \
                                                        vs, slots, N, NH, KVH, HD, eps)
-    if (vec) QKV_LAUNCH(true);
-    else QKV_LAUNCH(false);
+    if (vec && norm1p) QKV_LAUNCH(true, true);
+    else if (vec) QKV_LAUNCH(true, false);
+    else if (norm1p) QKV_LAUNCH(false, true);
+    else QKV_LAUNCH(false, false);
 #undef QKV_LAUNCH
     launchCheck();
 }
@@ -549,9 +551,10 @@ void cu_swiglu_forward(void *out, const void *gate, const void *up, size_t n) {
                                                           aligned16(out, gate, up, NULL));
     launchCheck();
 }
-// swiglu_gu: one warp per 128 columns of a row (lane l: columns 4l..4l+3), silu_mul as glu_fwd_kernel
+// glu_gu: one warp per 128 columns of a row (lane l: columns 4l..4l+3), glu_mul as glu_fwd_kernel
 // rounds it; with q (BLOCK), the group's FP8 copy from the lanes' registers
-__global__ void swiglu_gu_kernel(bf16 *out, const bf16 *gu, int N, int FF, uint8_t *q, float *qs) {
+template <bool GELU>
+__global__ void glu_gu_kernel(bf16 *out, const bf16 *gu, int N, int FF, uint8_t *q, float *qs) {
     int groups = cdiv(FF, FP8_BLOCK_SIZE), wid = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (wid >= N * groups) return;
     int r = wid / groups, c0 = (wid % groups) * FP8_BLOCK_SIZE, lane = threadIdx.x & 31;
@@ -561,7 +564,7 @@ __global__ void swiglu_gu_kernel(bf16 *out, const bf16 *gu, int N, int FF, uint8
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         int c = c0 + lane * 4 + j;
-        bf16 h = __float2bfloat16_rn(c < FF ? silu_mul(__bfloat162float(g[c]), __bfloat162float(u[c])) : 0.0f);
+        bf16 h = __float2bfloat16_rn(c < FF ? glu_mul<GELU>(__bfloat162float(g[c]), __bfloat162float(u[c])) : 0.0f);
         if (c < FF) y[c] = h;
         v[0][j] = __bfloat162float(h);
     }
@@ -569,12 +572,15 @@ __global__ void swiglu_gu_kernel(bf16 *out, const bf16 *gu, int N, int FF, uint8
         fp8_quantize_warp_regs<1>(q + (size_t)r * FF + c0, qs + (size_t)(c0 / FP8_BLOCK_SIZE) * N + r, v,
                                   min(FP8_BLOCK_SIZE, FF - c0), FP8_E4M3, 0);
 }
-void cu_swiglu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF) {
+void cu_glu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF, int gelu) {
     if (N <= 0) return;
-    if (outq) cu_check_outq(outq, N, FF, "swiglu_gu");
+    if (outq) cu_check_outq(outq, N, FF, "glu_gu");
     int block = outq && outq->gran == FP8_BLOCK;  // ROW needs the whole row's amax: a pass of its own
-    swiglu_gu_kernel<<<cdiv((long)N * cdiv(FF, FP8_BLOCK_SIZE), 8), 256, 0, cu_stream()>>>(
-        (bf16 *)out, (const bf16 *)gu, N, FF, block ? outq->data : NULL, block ? outq->scale : NULL);
+    unsigned grid = cdiv((long)N * cdiv(FF, FP8_BLOCK_SIZE), 8);
+    uint8_t *q = block ? outq->data : NULL;
+    float *qs = block ? outq->scale : NULL;
+    if (gelu) glu_gu_kernel<true><<<grid, 256, 0, cu_stream()>>>((bf16 *)out, (const bf16 *)gu, N, FF, q, qs);
+    else glu_gu_kernel<false><<<grid, 256, 0, cu_stream()>>>((bf16 *)out, (const bf16 *)gu, N, FF, q, qs);
     launchCheck();
     if (outq && !block) fp8_quantize_cuda(outq, out, DT_BF16, 0);
 }

@@ -117,11 +117,11 @@ static void pw_add(void *o, const void *a, const void *b, size_t n) { PW(P_ADD, 
 static void pw_add_rmsnorm(void *x, void *o, void *r, const void *dx, const void *w, int N, int C, float eps, FP8Tensor *q) {
     PW(P_NORM, PF.R->add_rmsnorm(x, o, r, dx, w, N, C, eps, q));
 }
-static void pw_swiglu_gu(void *o, FP8Tensor *q, const void *gu, int N, int FF) { PW(P_SWIGLU, PF.R->swiglu_gu(o, q, gu, N, FF)); }
+static void pw_glu_gu(void *o, FP8Tensor *q, const void *gu, int N, int FF, int gelu) { PW(P_SWIGLU, PF.R->glu_gu(o, q, gu, N, FF, gelu)); }
 static void pw_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, const void *vin, int ldq, int ldkv,
-                           const void *qn, const void *kn, const int32_t *pos, const void *f, void *kc, void *vc, float *ks,
-                           float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps) {
-    PW(P_ROPE, PF.R->qkv_rope_kv(q, k, qin, kin, vin, ldq, ldkv, qn, kn, pos, f, kc, vc, ks, vs, slots, N, NH, KVH, HD, eps));
+                           const void *qn, const void *kn, int n1p, const int32_t *pos, const void *f, void *kc, void *vc,
+                           float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps) {
+    PW(P_ROPE, PF.R->qkv_rope_kv(q, k, qin, kin, vin, ldq, ldkv, qn, kn, n1p, pos, f, kc, vc, ks, vs, slots, N, NH, KVH, HD, eps));
 }
 // no recording: every op runs (and is timed) each step
 static void pw_replay(const void *key, size_t key_bytes, void (*run)(void *arg), void *arg) { run(arg); }
@@ -173,7 +173,7 @@ static void prof_install(const Backend *real, Backend *W) {
     W->swiglu_forward = pw_swiglu_f; W->swiglu_backward = pw_swiglu_b; W->add = pw_add;
     if (real->swiglu_backward_q) W->swiglu_backward_q = pw_swiglu_bq;
     W->add_rmsnorm = pw_add_rmsnorm; W->qkv_rope_kv = pw_qkv_rope_kv;
-    W->linear_forward_q = pw_linear_forward_q; W->swiglu_gu = pw_swiglu_gu;
+    W->linear_forward_q = pw_linear_forward_q; W->glu_gu = pw_glu_gu;
     W->logits_forward = pw_logits; W->logprobs_forward = pw_logp_f; W->logprobs_backward = pw_logp_b;
     if (real->logprobs_fused) W->logprobs_fused = pw_logp_fused;
     W->sample = pw_sample; W->embedding_forward = pw_emb_f; W->adamw = pw_adamw;

@@ -609,11 +609,12 @@ START_TEST(test_norm_rope_elementwise) {
         G->free(x1); G->free(x2); G->free(ddx); G->free(dw); G->free(o1); G->free(o2); G->free(r1); G->free(r2);
     }
 
-    // swiglu_gu (SwiGLU from the fused gate|up product) against swiglu_forward of the two halves, and its
-    // FP8 copies against fp8_quantize_cuda: bit for bit (FF 100: a partial 128-group; 3072: 0.6B's)
-    const int ffs[3] = {100, 3072, 12288};
-    for (int fi = 0; fi < 3; fi++) {
-        int Ng = 37, FF = ffs[fi];
+    // glu_gu (SwiGLU or GeGLU from the fused gate|up product) against swiglu_forward / geglu_forward of the
+    // two halves, and its FP8 copies against fp8_quantize_cuda: bit for bit (FF 100: a partial 128-group;
+    // 3072: 0.6B's; 10240: Gemma-3-4B's)
+    const int ffs[4] = {100, 3072, 12288, 10240};
+    for (int fi = 0; fi < 4; fi++) {
+        int Ng = 37, FF = ffs[fi], gelu = fi == 3 || fi == 0;
         float *gu = randn_bf((size_t)Ng * 2 * FF, 2.0f), *gh = fmalloc((size_t)Ng * FF), *uh = fmalloc((size_t)Ng * FF);
         for (int r = 0; r < Ng; r++) {
             memcpy(gh + (size_t)r * FF, gu + (size_t)r * 2 * FF, FF * 4);
@@ -621,20 +622,21 @@ START_TEST(test_norm_rope_elementwise) {
         }
         void *dgu = up_act(gu, (size_t)Ng * 2 * FF), *dg = up_act(gh, (size_t)Ng * FF), *du = up_act(uh, (size_t)Ng * FF);
         void *o1 = G->alloc((size_t)Ng * FF * 2), *o2 = G->alloc((size_t)Ng * FF * 2);
-        G->swiglu_forward(o2, dg, du, (size_t)Ng * FF);
+        if (gelu) G->geglu_forward(o2, dg, du, (size_t)Ng * FF);
+        else G->swiglu_forward(o2, dg, du, (size_t)Ng * FF);
         float *b = down_act(o2, (size_t)Ng * FF);
         for (int qi = 0; qi < 3; qi++) {
             FP8Tensor oq;
             if (qi) fp8_device_tensor(&oq, Ng, FF, qi == 1 ? FP8_ROW : FP8_BLOCK);
             G->zero(o1, (size_t)Ng * FF * 2);
-            G->swiglu_gu(o1, qi ? &oq : NULL, dgu, Ng, FF);
+            G->glu_gu(o1, qi ? &oq : NULL, dgu, Ng, FF, gelu);
             float *a = down_act(o1, (size_t)Ng * FF);
             char what[96];
-            snprintf(what, sizeof what, "swiglu_gu = swiglu_forward (FF %d, copy %d)", FF, qi);
+            snprintf(what, sizeof what, "glu_gu = %s_forward (FF %d, copy %d)", gelu ? "geglu" : "swiglu", FF, qi);
             check_exact(what, a, b, (size_t)Ng * FF * 4);
             free(a);
             if (qi) {
-                snprintf(what, sizeof what, "swiglu_gu's FP8 copy, %s (FF %d)", qi == 1 ? "ROW" : "BLOCK", FF);
+                snprintf(what, sizeof what, "glu_gu's FP8 copy, %s (FF %d, gelu %d)", qi == 1 ? "ROW" : "BLOCK", FF, gelu);
                 check_fp8_copy(what, &oq, o2);
                 fp8_device_tensor_free(&oq);
             }
@@ -1031,7 +1033,8 @@ static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const in
 
 // the q|k|v epilogue (qkv_rope_kv) against the plain ops it replaces: the columns split, rmsnorm_forward per
 // head, rope_forward, kv_write, bit for bit (q, k, the cache's codes / values and scales), bf16 and FP8
-// caches, with and without the q/k norms, a skipped slot (-1). Two layouts of its inputs: the column
+// caches, with and without the q/k norms (norm 1: rmsnorm_forward, 2: Gemma's rmsnorm1p_forward), a skipped
+// slot (-1). Two layouts of its inputs: the column
 // blocks of one fused q|k|v output (parts 0), and three buffers with q normed in place (parts 1).
 static void qkv_rope_kv_case(int S, int NH, int KVH, int HD, int norm, int fp8, int parts) {
     int H = NH + 2 * KVH, NSL = 4 * S;
@@ -1061,20 +1064,23 @@ static void qkv_rope_kv_case(int S, int NH, int KVH, int HD, int norm, int fp8, 
         G->copy(kin, k2, nk * 2);
         G->copy(vin, v2, nk * 2);
     }
-    if (norm) {
+    if (norm == 1) {
         G->rmsnorm_forward(q2, rs, q2, dqw, S * NH, HD, 1e-6f);
         G->rmsnorm_forward(k2, rs, k2, dkw, S * KVH, HD, 1e-6f);
+    } else if (norm == 2) {
+        G->rmsnorm1p_forward(q2, rs, q2, dqw, S * NH, HD, 1e-6f);
+        G->rmsnorm1p_forward(k2, rs, k2, dkw, S * KVH, HD, 1e-6f);
     }
     G->rope_forward(q2, (const int32_t *)dpos, dinv, S, NH, HD);
     G->rope_forward(k2, (const int32_t *)dpos, dinv, S, KVH, HD);
     G->kv_write(kc2, vc2, ks2, vs2, k2, v2, (const int32_t *)dsl, S, KVH, HD);
     // the fused op
     if (parts)
-        G->qkv_rope_kv(q1, k1, q1, kin, vin, NH * HD, KVH * HD, dqw, dkw, (const int32_t *)dpos, dinv, kc1, vc1, ks1, vs1,
+        G->qkv_rope_kv(q1, k1, q1, kin, vin, NH * HD, KVH * HD, dqw, dkw, norm == 2, (const int32_t *)dpos, dinv, kc1, vc1, ks1, vs1,
                        (const int32_t *)dsl, S, NH, KVH, HD, 1e-6f);
     else
         G->qkv_rope_kv(q1, k1, dqkv, (const char *)dqkv + (size_t)NH * HD * 2, (const char *)dqkv + (size_t)(NH + KVH) * HD * 2,
-                       H * HD, H * HD, dqw, dkw, (const int32_t *)dpos, dinv, kc1, vc1, ks1, vs1, (const int32_t *)dsl, S, NH,
+                       H * HD, H * HD, dqw, dkw, norm == 2, (const int32_t *)dpos, dinv, kc1, vc1, ks1, vs1, (const int32_t *)dsl, S, NH,
                        KVH, HD, 1e-6f);
     char what[96];
     const char *tag = fp8 ? (parts ? "fp8, parts" : "fp8") : (parts ? "bf16, parts" : "bf16");
@@ -1129,11 +1135,12 @@ START_TEST(test_decode) {
     decode_case(3, 8, 8, 256, 16, 13, l6, 0, 50);  // gemma-3-1b's head dim
     decode_case(2, 24, 2, 96, 16, 2, l4, 0, 9);  // the scalar kernel
     for (int fp8 = 0; fp8 < 2; fp8++)
-        for (int norm = 0; norm < 2; norm++) {
+        for (int norm = 0; norm < 3; norm++) {
             for (int parts = 0; parts < 2; parts++) {
                 qkv_rope_kv_case(64, 16, 8, 128, norm, fp8, parts);  // Qwen3-0.6B's heads
                 qkv_rope_kv_case(5, 4, 2, 36, norm, fp8, parts);     // HD 36: the scalar norm path
             }
+            if (norm == 2) qkv_rope_kv_case(64, 8, 4, 256, norm, fp8, 0);  // Gemma-3-4B's heads
         }
 }
 END_TEST
