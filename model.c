@@ -688,8 +688,8 @@ typedef struct {
 // Gemma 3's layer l of the decode step, d->ln = its input norm's output on entry, the next layer's (or
 // the final) norm's on return. The projections go as Llama's do (decode_qkv: q|k|v one product, its
 // (1 + w) q/k norms, RoPE and the cache write one kernel; gate|up one product, GeGLU straight from
-// it); the four (1 + w) norms around the attention and the MLP are plain ops, and each FP8 product
-// quantizes its own input.
+// it; the attention and the GeGLU write the o and down products' FP8 inputs); the four (1 + w) norms
+// around the attention and the MLP are plain ops, so q|k|v and gate|up quantize their own inputs.
 static void decode_layer_gemma(Model *m, KVCache *kv, int l, int S, int MB) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
@@ -699,17 +699,19 @@ static void decode_layer_gemma(Model *m, KVCache *kv, int l, int S, int MB) {
     float *ks, *vs;
     kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
     decode_qkv(m, l, S, NULL, kc, vc, ks, vs);
+    FP8Tensor *xq = decode_fp8_input(m, &lw->lin[LIN_O], S);
     be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens, S,
-                         c->NH, c->KVH, c->HD, kv->BS, MB, attn_scale(c), layer_window(c, l), NULL);
-    linear_fwd(m, l, LIN_O, d->tmp, d->att, S, 0);
+                         c->NH, c->KVH, c->HD, kv->BS, MB, attn_scale(c), layer_window(c, l), xq);
+    linear_fwd_q(m, l, LIN_O, d->tmp, d->att, xq, S, 0);
     norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_attn, S, c->C);
     be->add(d->x, d->x, d->tmp, (size_t)S * c->C);
     norm_fwd(m, d->ln, d->rstd, d->x, lw->ln2, S, c->C);
     void *gu[2] = {d->ff1, d->ff2};
     void *fused = decode_project(m, l, 1, gu, d->ln, NULL, S);
-    if (fused) be->glu_gu(d->ff3, NULL, fused, S, c->FF, 1);
+    xq = fused ? decode_fp8_input(m, &lw->lin[LIN_DOWN], S) : NULL;
+    if (fused) be->glu_gu(d->ff3, xq, fused, S, c->FF, 1);
     else be->geglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
-    linear_fwd(m, l, LIN_DOWN, d->tmp, d->ff3, S, 0);
+    linear_fwd_q(m, l, LIN_DOWN, d->tmp, d->ff3, xq, S, 0);
     norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_mlp, S, c->C);
     be->add(d->x, d->x, d->tmp, (size_t)S * c->C);
     norm_fwd(m, d->ln, d->rstd, d->x, l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm, S, c->C);
