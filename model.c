@@ -646,7 +646,7 @@ static void *decode_project(Model *m, int l, int group, void *const *parts, cons
 }
 
 // The FP8 copy of the decode step's input to w (S rows), for the op that makes that input to write in
-// the same pass (add_rmsnorm, attention_decode, swiglu_gu: backend.h outq): where w is a fused or plain FP8 weight
+// the same pass (add_rmsnorm, attention_decode, glu_gu: backend.h outq): where w is a fused or plain FP8 weight
 // whose activations are quantized a row or a 1x128 group at a time. NULL where w quantizes its input
 // itself (BF16 weights, per-tensor scales: the amax of the whole input first, parts not fused).
 static FP8Tensor *decode_fp8_input(Model *m, const QWeight *w, int S) {
@@ -685,12 +685,13 @@ typedef struct {
     int S, MB;
 } DecodeStep;
 
-// Gemma 3's layer l of the decode step, d->ln = its input norm's output on entry, the next layer's (or
-// the final) norm's on return. The projections go as Llama's do (decode_qkv: q|k|v one product, its
-// (1 + w) q/k norms, RoPE and the cache write one kernel; gate|up one product, GeGLU straight from
-// it; the attention and the GeGLU write the o and down products' FP8 inputs); the four (1 + w) norms
-// around the attention and the MLP are plain ops, so q|k|v and gate|up quantize their own inputs.
-static void decode_layer_gemma(Model *m, KVCache *kv, int l, int S, int MB) {
+// Gemma 3's layer l of the decode step, d->ln = its input norm's output on entry (and xq its FP8 copy for
+// q|k|v, or NULL), the next layer's (or the final) norm's on return, with the FP8 copy for the next
+// q|k|v returned. Llama's fusions with Gemma's (1 + w) norms: q|k|v one product, its q/k norms, RoPE and
+// the cache write one kernel; the attention writes the o product's FP8 input; the norm of o's output is a
+// plain op, then the residual add and the MLP's input norm one op writing gate|up's FP8 input; gate|up
+// one product, GeGLU straight from it writing down's; down's output norm, then the add and the next norm.
+static FP8Tensor *decode_layer_gemma(Model *m, KVCache *kv, int l, int S, int MB, FP8Tensor *xq) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     const LayerWeights *lw = &m->w.layers[l];
@@ -698,23 +699,24 @@ static void decode_layer_gemma(Model *m, KVCache *kv, int l, int S, int MB) {
     void *kc, *vc;
     float *ks, *vs;
     kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
-    decode_qkv(m, l, S, NULL, kc, vc, ks, vs);
-    FP8Tensor *xq = decode_fp8_input(m, &lw->lin[LIN_O], S);
+    decode_qkv(m, l, S, xq, kc, vc, ks, vs);
+    xq = decode_fp8_input(m, &lw->lin[LIN_O], S);
     be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens, S,
                          c->NH, c->KVH, c->HD, kv->BS, MB, attn_scale(c), layer_window(c, l), xq);
     linear_fwd_q(m, l, LIN_O, d->tmp, d->att, xq, S, 0);
     norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_attn, S, c->C);
-    be->add(d->x, d->x, d->tmp, (size_t)S * c->C);
-    norm_fwd(m, d->ln, d->rstd, d->x, lw->ln2, S, c->C);
+    xq = decode_fp8_input(m, &lw->gateup, S);
+    be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps, 1, xq);
     void *gu[2] = {d->ff1, d->ff2};
-    void *fused = decode_project(m, l, 1, gu, d->ln, NULL, S);
+    void *fused = decode_project(m, l, 1, gu, d->ln, xq, S);
     xq = fused ? decode_fp8_input(m, &lw->lin[LIN_DOWN], S) : NULL;
     if (fused) be->glu_gu(d->ff3, xq, fused, S, c->FF, 1);
     else be->geglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
     linear_fwd_q(m, l, LIN_DOWN, d->tmp, d->ff3, xq, S, 0);
     norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_mlp, S, c->C);
-    be->add(d->x, d->x, d->tmp, (size_t)S * c->C);
-    norm_fwd(m, d->ln, d->rstd, d->x, l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm, S, c->C);
+    xq = l + 1 < c->L ? decode_fp8_input(m, &m->w.layers[l + 1].qkv, S) : NULL;
+    be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm, S, c->C, c->eps, 1, xq);
+    return xq;
 }
 
 static void decode_compute(void *arg) {
@@ -729,7 +731,8 @@ static void decode_compute(void *arg) {
     if (c->gemma) {
         be->scale_act(d->x, (size_t)S * c->C, embed_scale(m));
         norm_fwd(m, d->ln, d->rstd, d->x, m->w.layers[0].ln1, S, c->C);
-        for (int l = 0; l < c->L; l++) decode_layer_gemma(m, kv, l, S, st->MB);
+        FP8Tensor *xq = NULL;  // layer 0's q|k|v quantizes its own input
+        for (int l = 0; l < c->L; l++) xq = decode_layer_gemma(m, kv, l, S, st->MB, xq);
         be->logits_forward(d->logits, d->ln, &m->w.head, S);
         return;
     }
@@ -750,7 +753,7 @@ static void decode_compute(void *arg) {
         linear_fwd_q(m, l, LIN_O, d->tmp, d->att, xq, S, 0);
         // the residual add and the post-attention norm in one op
         xq = decode_fp8_input(m, &lw->gateup, S);
-        be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps, xq);
+        be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps, 0, xq);
         void *gu[2] = {d->ff1, d->ff2};
         void *fused = decode_project(m, l, 1, gu, d->ln, xq, S);
         xq = fused ? decode_fp8_input(m, &lw->lin[LIN_DOWN], S) : NULL;
@@ -760,7 +763,7 @@ static void decode_compute(void *arg) {
         // the residual add and the next layer's input norm (or the final norm)
         const void *next_norm = l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm;
         xq = l + 1 < c->L ? decode_fp8_input(m, &m->w.layers[l + 1].qkv, S) : NULL;
-        be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, next_norm, S, c->C, c->eps, xq);
+        be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, next_norm, S, c->C, c->eps, 0, xq);
     }
     be->logits_forward(d->logits, d->ln, &m->w.head, S);
 }

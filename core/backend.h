@@ -188,8 +188,9 @@ struct Backend {
     // Fusions of the decode step, equal to the ops they replace (same roundings). outq, when not NULL
     // (E4M3, ROW or BLOCK with block_rows 1, rows N, buffers given): out's FP8 copy for the weight out
     // feeds, the bytes fp8_quantize gives for out's act values, written in the same pass (see
-    // linear_forward_q). x (N, C) act += dx; out = rmsnorm(x) * w; rstd (N) hp (add, then rmsnorm_forward)
-    void (*add_rmsnorm)(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps,
+    // linear_forward_q). x (N, C) act += dx; out = rmsnorm(x) * w; rstd (N) hp (add, then rmsnorm_forward;
+    // norm1p: rmsnorm1p_forward, Gemma's)
+    void (*add_rmsnorm)(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps, int norm1p,
                         FP8Tensor *outq);
     // out (N, FF) act = act(gate) * up read from gu (N, 2 FF), the fused gate|up product: its halves
     // through swiglu_forward (gelu 0) or geglu_forward (gelu 1, Gemma 3); outq as add_rmsnorm's

@@ -224,9 +224,10 @@ static void w_rmsnorm_backward(void *dinp, void *dw, const void *dout, const voi
                          (const real *)rstd, N, C);
 }
 static void w_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps,
-                          FP8Tensor *outq) {
+                          int norm1p, FP8Tensor *outq) {
     OP(add)((real *)x, (const real *)x, (const real *)dx, (size_t)N * C);
-    OP(rmsnorm_forward)((real *)out, (real *)rstd, (const real *)x, (const real *)w, N, C, eps);
+    if (norm1p) OP(rmsnorm1p_forward)((real *)out, (real *)rstd, (const real *)x, (const real *)w, N, C, eps);
+    else OP(rmsnorm_forward)((real *)out, (real *)rstd, (const real *)x, (const real *)w, N, C, eps);
     if (outq) quantize_act(outq, (const real *)out);
 }
 static void w_glu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF, int gelu) {

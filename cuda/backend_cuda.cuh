@@ -44,7 +44,7 @@ void cu_rmsnorm_backward(void *dinp, void *dw, const void *dout, const void *inp
                          int N, int C);
 void cu_rope_forward(void *x, const int32_t *pos, const void *inv_freq, int N, int H, int HD);
 void cu_rope_backward(void *dx, const int32_t *pos, const void *inv_freq, int N, int H, int HD);
-void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps,
+void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps, int norm1p,
                     FP8Tensor *outq);
 void cu_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, const void *vin, int ldq, int ldkv,
                     const void *q_norm, const void *k_norm, int norm1p, const int32_t *pos, const void *inv_freq, void *kc,

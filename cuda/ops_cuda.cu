@@ -142,10 +142,10 @@ __device__ __forceinline__ float norm_row_rstd(float *v, const float (&f)[8], in
     return r_shared;
 }
 
-// out = rmsnorm(x (+= dx when ADD)) * w for row blockIdx.x; with q (C % 128 == 0), out's FP8 copy in
+// out = rmsnorm(x (+= dx when ADD)) * w (P1: * (1 + w), Gemma's) for row blockIdx.x; with q (C % 128 == 0), out's FP8 copy in
 // 1x128 groups as well: the 16 threads of a group find its amax by shuffles and encode their 8 values
 // as fp8_quantize_warp does (scales (C / 128, N)), so the bytes are fp8_quantize_cuda's.
-template <bool ADD>
+template <bool ADD, bool P1>
 __global__ void __launch_bounds__(1024) norm_row_kernel(bf16 *x, bf16 *out, float *rstd, const bf16 *dx,
                                                         const bf16 *w, int N, int C, float eps, uint8_t *q, float *qs) {
     extern __shared__ float norm_v[];
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(1024) norm_row_kernel(bf16 *x, bf16 *out, floa
     float g[8];
     unpack8(g, wv);
 #pragma unroll
-    for (int j = 0; j < 8; j++) f[j] = (f[j] * r) * g[j];
+    for (int j = 0; j < 8; j++) f[j] = (f[j] * r) * norm_w<P1>(g[j]);
     uint4 y = pack8(f);
     *(uint4 *)(out + (size_t)row * C + i0) = y;
     if (!q) return;
@@ -195,12 +195,13 @@ __global__ void __launch_bounds__(1024) norm_row_kernel(bf16 *x, bf16 *out, floa
     *(uint2 *)(q + (size_t)row * C + i0) = make_uint2(lo, hi);
 }
 // norm_row_kernel over N rows (norm_row_ok)
+template <bool P1>
 static void norm_row(bf16 *x, bf16 *out, float *rstd, const bf16 *dx, const bf16 *w, int N, int C, float eps,
                      uint8_t *q, float *qs) {
     unsigned th = norm_row_threads(C);
     size_t smem = th * 8 * sizeof(float);
-    if (dx) norm_row_kernel<true><<<N, th, smem, cu_stream()>>>(x, out, rstd, dx, w, N, C, eps, q, qs);
-    else norm_row_kernel<false><<<N, th, smem, cu_stream()>>>(x, out, rstd, dx, w, N, C, eps, q, qs);
+    if (dx) norm_row_kernel<true, P1><<<N, th, smem, cu_stream()>>>(x, out, rstd, dx, w, N, C, eps, q, qs);
+    else norm_row_kernel<false, P1><<<N, th, smem, cu_stream()>>>(x, out, rstd, dx, w, N, C, eps, q, qs);
     launchCheck();
 }
 
@@ -214,14 +215,14 @@ __global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, cons
     if (lane == 0) rstd[row] = r;
     row_scale<VEC, P1>(out + (size_t)row * C, x, w, r, C, lane);
 }
-// P1: Gemma's norm (backend.h rmsnorm1p_forward), the loop kernel only (the few-rows kernel is Llama's)
+// P1: Gemma's norm (backend.h rmsnorm1p_forward)
 template <bool P1>
 static void rmsnorm_forward(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
     if (N <= 0) return;
     int wpb = row_warps(N);
     unsigned gr = cdiv(N, wpb);
-    if (!P1 && norm_row_ok(N, C) && aligned16(out, inp, w, NULL))
-        norm_row((bf16 *)inp, (bf16 *)out, (float *)rstd, NULL, (const bf16 *)w, N, C, eps, NULL, NULL);
+    if (norm_row_ok(N, C) && aligned16(out, inp, w, NULL))
+        norm_row<P1>((bf16 *)inp, (bf16 *)out, (float *)rstd, NULL, (const bf16 *)w, N, C, eps, NULL, NULL);
     else if (C % 8 == 0 && aligned16(out, inp, w, NULL))
         rmsnorm_fwd_kernel<true, P1><<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp,
                                                                       (const bf16 *)w, N, C, eps);
@@ -346,7 +347,7 @@ void cu_check_outq(const FP8Tensor *t, int N, int C, const char *op) {
 // row_scale) on the rounded sums, so the result is that of add then rmsnorm_forward bit for bit
 template <bool VEC>
 __global__ void add_rmsnorm_kernel(bf16 *x, bf16 *out, float *rstd, const bf16 *dx, const bf16 *w, int N, int C,
-                                   float eps) {
+                                   float eps, bool p1) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (row >= N) return;
     bf16 *xr = x + (size_t)row * C, *y = out + (size_t)row * C;
@@ -364,9 +365,10 @@ __global__ void add_rmsnorm_kernel(bf16 *x, bf16 *out, float *rstd, const bf16 *
         for (int i = lane; i < C; i += 32) xr[i] = __float2bfloat16_rn(__bfloat162float(xr[i]) + __bfloat162float(d[i]));
     float r = row_rstd<VEC>(xr, C, eps, lane);
     if (lane == 0) rstd[row] = r;
-    row_scale<VEC>(y, xr, w, r, C, lane);
+    if (p1) row_scale<VEC, true>(y, xr, w, r, C, lane);
+    else row_scale<VEC, false>(y, xr, w, r, C, lane);
 }
-void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps,
+void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *w, int N, int C, float eps, int norm1p,
                     FP8Tensor *outq) {
     if (N <= 0) return;
     if (outq) cu_check_outq(outq, N, C, "add_rmsnorm");
@@ -374,17 +376,21 @@ void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *
     unsigned gr = cdiv(N, wpb);
     if (norm_row_ok(N, C) && aligned16(x, out, dx, w)) {
         int fuse = outq && outq->gran == FP8_BLOCK && C % FP8_BLOCK_SIZE == 0 && !((uintptr_t)outq->data & 7);
-        norm_row((bf16 *)x, (bf16 *)out, (float *)rstd, (const bf16 *)dx, (const bf16 *)w, N, C, eps,
-                 fuse ? outq->data : NULL, fuse ? outq->scale : NULL);
+        if (norm1p)
+            norm_row<true>((bf16 *)x, (bf16 *)out, (float *)rstd, (const bf16 *)dx, (const bf16 *)w, N, C, eps,
+                           fuse ? outq->data : NULL, fuse ? outq->scale : NULL);
+        else
+            norm_row<false>((bf16 *)x, (bf16 *)out, (float *)rstd, (const bf16 *)dx, (const bf16 *)w, N, C, eps,
+                            fuse ? outq->data : NULL, fuse ? outq->scale : NULL);
         if (outq && !fuse) fp8_quantize_cuda(outq, out, DT_BF16, 0);
         return;
     }
     if (C % 8 == 0 && aligned16(x, out, dx, w))
         add_rmsnorm_kernel<true><<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)x, (bf16 *)out, (float *)rstd,
-                                                                  (const bf16 *)dx, (const bf16 *)w, N, C, eps);
+                                                                  (const bf16 *)dx, (const bf16 *)w, N, C, eps, norm1p);
     else
         add_rmsnorm_kernel<false><<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)x, (bf16 *)out, (float *)rstd,
-                                                                   (const bf16 *)dx, (const bf16 *)w, N, C, eps);
+                                                                   (const bf16 *)dx, (const bf16 *)w, N, C, eps, norm1p);
     launchCheck();
     if (outq) fp8_quantize_cuda(outq, out, DT_BF16, 0);  // many rows or odd ones: a pass of its own
 }

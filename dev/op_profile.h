@@ -114,8 +114,9 @@ static int pw_swiglu_bq(void *dg, void *du, const void *d, const void *g, const 
     return done;
 }
 static void pw_add(void *o, const void *a, const void *b, size_t n) { PW(P_ADD, PF.R->add(o, a, b, n)); }
-static void pw_add_rmsnorm(void *x, void *o, void *r, const void *dx, const void *w, int N, int C, float eps, FP8Tensor *q) {
-    PW(P_NORM, PF.R->add_rmsnorm(x, o, r, dx, w, N, C, eps, q));
+static void pw_add_rmsnorm(void *x, void *o, void *r, const void *dx, const void *w, int N, int C, float eps, int n1p,
+                           FP8Tensor *q) {
+    PW(P_NORM, PF.R->add_rmsnorm(x, o, r, dx, w, N, C, eps, n1p, q));
 }
 static void pw_glu_gu(void *o, FP8Tensor *q, const void *gu, int N, int FF, int gelu) { PW(P_SWIGLU, PF.R->glu_gu(o, q, gu, N, FF, gelu)); }
 static void pw_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, const void *vin, int ldq, int ldkv,

@@ -553,19 +553,21 @@ START_TEST(test_norm_rope_elementwise) {
     rmsnorm_case(300, 1152, 0, 1, 1);  // Gemma's x * (1 + w) at gemma-3-1b's hidden
     rmsnorm_case(1000, 256, 1, 1, 1);  // its q/k-norm shape (head_dim 256), in place
     rmsnorm_case(37, 100, 1, 1, 1);    // the scalar path
+    rmsnorm_case(64, 2560, 1, 0, 1);   // Gemma-3-4B's decode: one row per block
     rmsnorm_case(40, 9216, 0, 1);   // C over NORM_ROW_MAXC: the loop over the row
     rmsnorm_case(3000, 1024, 0, 1); // many rows (training): the loops, 8 rows per block
 
     // one block per row (few rows) against the loops (many rows): bit for bit, rstd included (the same
-    // sum of squares in the same order). C 1000: the last warp of a row part empty.
-    const int rowC[3] = {1000, 1024, 4096};
-    for (int vi = 0; vi < 3; vi++) {
-        int Nm = 1100, Nr = 64, C = rowC[vi];
+    // sum of squares in the same order). C 1000: the last warp of a row part empty. Llama's norm, then
+    // Gemma's (rmsnorm1p_forward) at 2560.
+    const int rowC[4] = {1000, 1024, 4096, 2560};
+    for (int vi = 0; vi < 4; vi++) {
+        int Nm = 1100, Nr = 64, C = rowC[vi], p1 = vi == 3;
         float *x = randn_bf((size_t)Nm * C, 1.5f), *w = randn_bf(C, 1.0f);
         void *dx = up_act(x, (size_t)Nm * C), *dw = up_act(w, C), *om = G->alloc((size_t)Nm * C * 2);
         void *orow = G->alloc((size_t)Nr * C * 2), *rm = G->alloc(Nm * 4), *rr = G->alloc(Nr * 4);
-        G->rmsnorm_forward(om, rm, dx, dw, Nm, C, 1e-6f);
-        G->rmsnorm_forward(orow, rr, dx, dw, Nr, C, 1e-6f);
+        (p1 ? G->rmsnorm1p_forward : G->rmsnorm_forward)(om, rm, dx, dw, Nm, C, 1e-6f);
+        (p1 ? G->rmsnorm1p_forward : G->rmsnorm_forward)(orow, rr, dx, dw, Nr, C, 1e-6f);
         float *a = down_act(om, (size_t)Nr * C), *b = down_act(orow, (size_t)Nr * C);
         check_exact("rmsnorm_forward, a block per row against the loops", a, b, (size_t)Nr * C * 4);
         free(a); free(b);
@@ -577,10 +579,11 @@ START_TEST(test_norm_rope_elementwise) {
 
     // the decode fusions against the GPU ops they replace: bit for bit (same roundings, same order)
     // (C 100: scalar kernels; 1000, 1024, 1152, 4096, 6400: a block per row, C 1000 with the FP8 copy
-    // in a pass of its own (a partial group), 1152 with a half-empty last warp; 9216: 16-byte loops)
-    const int fusedC[7] = {100, 1000, 1024, 1152, 4096, 6400, 9216};
-    for (int vi = 0; vi < 7; vi++) {
-        int Nf = 64, Cf = fusedC[vi];
+    // in a pass of its own (a partial group), 1152 with a half-empty last warp; 9216: 16-byte loops);
+    // Llama's norm, and Gemma's (1 + w) one (norm1p: add then rmsnorm1p_forward) at Gemma-3-4B's 2560 and two others
+    const int fusedC[10] = {100, 1000, 1024, 1152, 4096, 6400, 9216, 2560, 1152, 100};
+    for (int vi = 0; vi < 10; vi++) {
+        int Nf = 64, Cf = fusedC[vi], p1 = vi >= 7;
         float *x = randn_bf((size_t)Nf * Cf, 1.0f), *dxh = randn_bf((size_t)Nf * Cf, 1.0f), *w = randn_bf(Cf, 1.0f);
         void *x1 = up_act(x, (size_t)Nf * Cf), *x2 = up_act(x, (size_t)Nf * Cf), *ddx = up_act(dxh, (size_t)Nf * Cf);
         void *dw = up_act(w, Cf), *o1 = G->alloc((size_t)Nf * Cf * 2), *o2 = G->alloc((size_t)Nf * Cf * 2);
@@ -591,17 +594,22 @@ START_TEST(test_norm_rope_elementwise) {
             if (qi) fp8_device_tensor(&oq, Nf, Cf, qi == 1 ? FP8_ROW : FP8_BLOCK);
             G->upload_convert(x1, DT_BF16, x, DT_F32, (size_t)Nf * Cf);
             G->upload_convert(x2, DT_BF16, x, DT_F32, (size_t)Nf * Cf);
-            G->add_rmsnorm(x1, o1, r1, ddx, dw, Nf, Cf, 1e-6f, qi ? &oq : NULL);
+            G->add_rmsnorm(x1, o1, r1, ddx, dw, Nf, Cf, 1e-6f, p1, qi ? &oq : NULL);
             G->add(x2, x2, ddx, (size_t)Nf * Cf);
-            G->rmsnorm_forward(o2, r2, x2, dw, Nf, Cf, 1e-6f);
+            if (p1) G->rmsnorm1p_forward(o2, r2, x2, dw, Nf, Cf, 1e-6f);
+            else G->rmsnorm_forward(o2, r2, x2, dw, Nf, Cf, 1e-6f);
             float *a = down_act(x1, (size_t)Nf * Cf), *b = down_act(x2, (size_t)Nf * Cf);
-            check_exact("add_rmsnorm x", a, b, (size_t)Nf * Cf * 4);
+            char what[96];
+            snprintf(what, sizeof what, "add_rmsnorm%s x (C %d)", p1 ? " norm1p" : "", Cf);
+            check_exact(what, a, b, (size_t)Nf * Cf * 4);
             free(a); free(b);
             a = down_act(o1, (size_t)Nf * Cf), b = down_act(o2, (size_t)Nf * Cf);
-            check_exact("add_rmsnorm out", a, b, (size_t)Nf * Cf * 4);
+            snprintf(what, sizeof what, "add_rmsnorm%s out (C %d)", p1 ? " norm1p" : "", Cf);
+            check_exact(what, a, b, (size_t)Nf * Cf * 4);
             free(a); free(b);
             if (qi) {
-                check_fp8_copy(qi == 1 ? "add_rmsnorm's FP8 copy, ROW" : "add_rmsnorm's FP8 copy, BLOCK", &oq, o2);
+                snprintf(what, sizeof what, "add_rmsnorm%s's FP8 copy, %s (C %d)", p1 ? " norm1p" : "", qi == 1 ? "ROW" : "BLOCK", Cf);
+                check_fp8_copy(what, &oq, o2);
                 fp8_device_tensor_free(&oq);
             }
         }
