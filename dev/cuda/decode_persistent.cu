@@ -4,7 +4,7 @@
 //
 // The half layer: o = att W_o^T; x += o; ln = rmsnorm(x) w_2 (its FP8 copy lnq); gu = lnq W_gu^T;
 // h = silu(gate) * up (its FP8 copy hq); d = hq W_d^T; x += d; the next layer's norm and its FP8 copy
-// nq. Today that is six launches (fp8_gemm_cuda, cu_add_rmsnorm, fp8_gemm_cuda, cu_swiglu_gu,
+// nq. Today that is six launches (fp8_gemm_cuda, cu_add_rmsnorm, fp8_gemm_cuda, cu_glu_gu,
 // fp8_gemm_cuda, cu_add_rmsnorm), each paying a ramp of a few microseconds before the weights stream
 // at speed, and a gap between launches (dev/RESULTS.md: 6.5-7 us a product at 0.6B for 1-6 MB).
 // The question here: how much of that goes when one kernel runs the six as phases, and the weights of
@@ -616,11 +616,11 @@ static void layer_make(Layer *L, const Shape *s, uint64_t seed) {
 // the per-op path, as model.c's decode step runs this half
 static void per_op(Acts *t, const Layer *L, const Shape *s, int M) {
     fp8_gemm_cuda(t->tmp, DT_BF16, &t->aq, &L->wo, 0);
-    cu_add_rmsnorm(t->x, t->ln, t->rstd, t->tmp, L->w_norm, M, s->C, 1e-6f, &t->lnq);
+    cu_add_rmsnorm(t->x, t->ln, t->rstd, t->tmp, L->w_norm, M, s->C, 1e-6f, 0, &t->lnq);
     fp8_gemm_cuda(t->gu, DT_BF16, &t->lnq, &L->wgu, 0);
-    cu_swiglu_gu(t->h, &t->hq, t->gu, M, s->FF);
+    cu_glu_gu(t->h, &t->hq, t->gu, M, s->FF, 0);
     fp8_gemm_cuda(t->tmp, DT_BF16, &t->hq, &L->wd, 0);
-    cu_add_rmsnorm(t->x, t->ln, t->rstd, t->tmp, L->w_next, M, s->C, 1e-6f, &t->nq);
+    cu_add_rmsnorm(t->x, t->ln, t->rstd, t->tmp, L->w_next, M, s->C, 1e-6f, 0, &t->nq);
 }
 
 typedef struct {
