@@ -685,40 +685,6 @@ typedef struct {
     int S, MB;
 } DecodeStep;
 
-// Gemma 3's layer l of the decode step, d->ln = its input norm's output on entry (and xq its FP8 copy for
-// q|k|v, or NULL), the next layer's (or the final) norm's on return, with the FP8 copy for the next
-// q|k|v returned. Llama's fusions with Gemma's (1 + w) norms: q|k|v one product, its q/k norms, RoPE and
-// the cache write one kernel; the attention writes the o product's FP8 input; the norm of o's output is a
-// plain op, then the residual add and the MLP's input norm one op writing gate|up's FP8 input; gate|up
-// one product, GeGLU straight from it writing down's; down's output norm, then the add and the next norm.
-static FP8Tensor *decode_layer_gemma(Model *m, KVCache *kv, int l, int S, int MB, FP8Tensor *xq) {
-    const Config *c = &m->cfg;
-    const Backend *be = m->be;
-    const LayerWeights *lw = &m->w.layers[l];
-    DecodeScratch *d = &m->dec;
-    void *kc, *vc;
-    float *ks, *vs;
-    kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
-    decode_qkv(m, l, S, xq, kc, vc, ks, vs);
-    xq = decode_fp8_input(m, &lw->lin[LIN_O], S);
-    be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens, S,
-                         c->NH, c->KVH, c->HD, kv->BS, MB, attn_scale(c), layer_window(c, l), xq);
-    linear_fwd_q(m, l, LIN_O, d->tmp, d->att, xq, S, 0);
-    norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_attn, S, c->C);
-    xq = decode_fp8_input(m, &lw->gateup, S);
-    be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps, 1, xq);
-    void *gu[2] = {d->ff1, d->ff2};
-    void *fused = decode_project(m, l, 1, gu, d->ln, xq, S);
-    xq = fused ? decode_fp8_input(m, &lw->lin[LIN_DOWN], S) : NULL;
-    if (fused) be->glu_gu(d->ff3, xq, fused, S, c->FF, 1);
-    else be->geglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
-    linear_fwd_q(m, l, LIN_DOWN, d->tmp, d->ff3, xq, S, 0);
-    norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_mlp, S, c->C);
-    xq = l + 1 < c->L ? decode_fp8_input(m, &m->w.layers[l + 1].qkv, S) : NULL;
-    be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm, S, c->C, c->eps, 1, xq);
-    return xq;
-}
-
 static void decode_compute(void *arg) {
     DecodeStep *st = (DecodeStep *)arg;
     Model *m = st->m;
@@ -728,18 +694,12 @@ static void decode_compute(void *arg) {
     const Backend *be = m->be;
     DecodeScratch *d = &m->dec;
     be->embedding_forward(d->x, (const int32_t *)d->tok, &m->w.emb, S);
-    if (c->gemma) {
-        be->scale_act(d->x, (size_t)S * c->C, embed_scale(m));
-        norm_fwd(m, d->ln, d->rstd, d->x, m->w.layers[0].ln1, S, c->C);
-        FP8Tensor *xq = NULL;  // layer 0's q|k|v quantizes its own input
-        for (int l = 0; l < c->L; l++) xq = decode_layer_gemma(m, kv, l, S, st->MB, xq);
-        be->logits_forward(d->logits, d->ln, &m->w.head, S);
-        return;
-    }
-    be->rmsnorm_forward(d->ln, d->rstd, d->x, m->w.layers[0].ln1, S, c->C, c->eps);
+    if (c->gemma) be->scale_act(d->x, (size_t)S * c->C, embed_scale(m));
+    norm_fwd(m, d->ln, d->rstd, d->x, m->w.layers[0].ln1, S, c->C);
     // The inputs of the FP8 products are quantized by the ops that make them (xq: decode_fp8_input):
     // the norms for q|k|v and gate|up, the attention for o, the SwiGLU for down; layer 0's q|k|v
-    // quantizes its own.
+    // quantizes its own. Gemma 3: its norms are x * (1 + w) (norm1p, gelu below), and each branch's
+    // output is normed before the residual add (its sandwich norms: plain ops).
     FP8Tensor *xq = NULL;
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *lw = &m->w.layers[l];
@@ -751,19 +711,22 @@ static void decode_compute(void *arg) {
         be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens,
                              S, c->NH, c->KVH, c->HD, kv->BS, st->MB, attn_scale(c), layer_window(c, l), xq);
         linear_fwd_q(m, l, LIN_O, d->tmp, d->att, xq, S, 0);
+        if (c->gemma) norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_attn, S, c->C);
         // the residual add and the post-attention norm in one op
         xq = decode_fp8_input(m, &lw->gateup, S);
-        be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps, 0, xq);
+        be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps, c->gemma, xq);
         void *gu[2] = {d->ff1, d->ff2};
         void *fused = decode_project(m, l, 1, gu, d->ln, xq, S);
         xq = fused ? decode_fp8_input(m, &lw->lin[LIN_DOWN], S) : NULL;
-        if (fused) be->glu_gu(d->ff3, xq, fused, S, c->FF, 0);  // SwiGLU straight from the fused product
+        if (fused) be->glu_gu(d->ff3, xq, fused, S, c->FF, c->gemma);  // SwiGLU (GeGLU) straight from the fused product
+        else if (c->gemma) be->geglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
         else be->swiglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
         linear_fwd_q(m, l, LIN_DOWN, d->tmp, d->ff3, xq, S, 0);
+        if (c->gemma) norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_mlp, S, c->C);
         // the residual add and the next layer's input norm (or the final norm)
         const void *next_norm = l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm;
         xq = l + 1 < c->L ? decode_fp8_input(m, &m->w.layers[l + 1].qkv, S) : NULL;
-        be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, next_norm, S, c->C, c->eps, 0, xq);
+        be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, next_norm, S, c->C, c->eps, c->gemma, xq);
     }
     be->logits_forward(d->logits, d->ln, &m->w.head, S);
 }

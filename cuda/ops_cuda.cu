@@ -551,12 +551,22 @@ __global__ void add_kernel(bf16 *out, const bf16 *a, const bf16 *b, size_t n, in
 }
 static unsigned grid_vec(size_t n) { return grid_for((n + 7) / 8); }
 
-void cu_swiglu_forward(void *out, const void *gate, const void *up, size_t n) {
+template <bool GELU>
+static void glu_forward(void *out, const void *gate, const void *up, size_t n) {
     if (!n) return;
-    glu_fwd_kernel<false><<<grid_vec(n), 256, 0, cu_stream()>>>((bf16 *)out, (const bf16 *)gate, (const bf16 *)up, n,
-                                                          aligned16(out, gate, up, NULL));
+    glu_fwd_kernel<GELU><<<grid_vec(n), 256, 0, cu_stream()>>>((bf16 *)out, (const bf16 *)gate, (const bf16 *)up, n,
+                                                         aligned16(out, gate, up, NULL));
     launchCheck();
 }
+template <bool GELU>
+static void glu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n) {
+    if (!n) return;
+    glu_bwd_kernel<GELU><<<grid_vec(n), 256, 0, cu_stream()>>>((bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout,
+                                                         (const bf16 *)gate, (const bf16 *)up, n,
+                                                         aligned16(dgate, dup, dout, gate) && aligned16(up, 0, 0, 0));
+    launchCheck();
+}
+void cu_swiglu_forward(void *out, const void *gate, const void *up, size_t n) { glu_forward<false>(out, gate, up, n); }
 // glu_gu: one warp per 128 columns of a row (lane l: columns 4l..4l+3), glu_mul as glu_fwd_kernel
 // rounds it; with q (BLOCK), the group's FP8 copy from the lanes' registers
 template <bool GELU>
@@ -591,11 +601,7 @@ void cu_glu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF, int ge
     if (outq && !block) fp8_quantize_cuda(outq, out, DT_BF16, 0);
 }
 void cu_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n) {
-    if (!n) return;
-    glu_bwd_kernel<false><<<grid_vec(n), 256, 0, cu_stream()>>>((bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout,
-                                                          (const bf16 *)gate, (const bf16 *)up, n,
-                                                          aligned16(dgate, dup, dout, gate) && aligned16(up, 0, 0, 0));
-    launchCheck();
+    glu_backward<false>(dgate, dup, dout, gate, up, n);
 }
 void cu_add(void *out, const void *a, const void *b, size_t n) {
     if (!n) return;
@@ -604,18 +610,9 @@ void cu_add(void *out, const void *a, const void *b, size_t n) {
     launchCheck();
 }
 
-void cu_geglu_forward(void *out, const void *gate, const void *up, size_t n) {
-    if (!n) return;
-    glu_fwd_kernel<true><<<grid_vec(n), 256, 0, cu_stream()>>>((bf16 *)out, (const bf16 *)gate, (const bf16 *)up, n,
-                                                         aligned16(out, gate, up, NULL));
-    launchCheck();
-}
+void cu_geglu_forward(void *out, const void *gate, const void *up, size_t n) { glu_forward<true>(out, gate, up, n); }
 void cu_geglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n) {
-    if (!n) return;
-    glu_bwd_kernel<true><<<grid_vec(n), 256, 0, cu_stream()>>>((bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout,
-                                                         (const bf16 *)gate, (const bf16 *)up, n,
-                                                         aligned16(dgate, dup, dout, gate) && aligned16(up, 0, 0, 0));
-    launchCheck();
+    glu_backward<true>(dgate, dup, dout, gate, up, n);
 }
 
 // x *= s, each product in fp32 rounded once to bf16 (a bf16 tensor times a bf16 scalar in PyTorch)

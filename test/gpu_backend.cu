@@ -687,46 +687,39 @@ START_TEST(test_norm_rope_elementwise) {
     float *gt = randn_bf(m, 2.0f), *up = randn_bf(m, 1.0f), *dout = randn_bf(m, 1.0f);
     void *dg = up_act(gt, m), *du = up_act(up, m), *dd = up_act(dout, m), *o1 = G->alloc(m * 2), *o2 = G->alloc(m * 2);
     float *r1 = fmalloc(m), *r2 = fmalloc(m);
-    swiglu_forward_cpu(r1, gt, up, m);
-    G->swiglu_forward(o1, dg, du, m);
-    float *g1 = down_act(o1, m);
+    // SwiGLU, then GeGLU (Gemma 3: gelu_tanh(gate) * up): expf / tanhf against exp / tanh, fp32 against
+    // fp64 (2^-20 of the magnitude)
     double *mag = dmalloc_h(m);
-    for (size_t i = 0; i < m; i++) mag[i] = fabs(gt[i] * up[i]);
-    double *t = tol_bf(r1, mag, 0x1p-20, m);  // expf vs exp
-    check_close("swiglu_forward (n 100005)", g1, r1, t, m);
-    free(g1); free(t);
-    swiglu_backward_cpu(r1, r2, dout, gt, up, m);
-    G->swiglu_backward(o1, o2, dd, dg, du, m);
-    g1 = down_act(o1, m);
-    float *g2 = down_act(o2, m);
-    for (size_t i = 0; i < m; i++) mag[i] = fabs(dout[i] * up[i]) * (1 + fabs(gt[i]));
-    t = tol_bf(r1, mag, 0x1p-20, m);
-    check_close("swiglu_backward dgate", g1, r1, t, m);
-    free(t);
-    for (size_t i = 0; i < m; i++) mag[i] = fabs(dout[i] * gt[i]);
-    t = tol_bf(r2, mag, 0x1p-20, m);
-    check_close("swiglu_backward dup", g2, r2, t, m);
-    free(g1); free(g2); free(t);
-    // GeGLU (Gemma 3): gelu_tanh(gate) * up; tanhf against tanh, fp32 against fp64 (2^-20 of the magnitude)
-    geglu_forward_cpu(r1, gt, up, m);
-    G->geglu_forward(o1, dg, du, m);
-    g1 = down_act(o1, m);
-    for (size_t i = 0; i < m; i++) mag[i] = fabs(gt[i] * up[i]);
-    t = tol_bf(r1, mag, 0x1p-20, m);
-    check_close("geglu_forward (n 100005)", g1, r1, t, m);
-    free(g1); free(t);
-    geglu_backward_cpu(r1, r2, dout, gt, up, m);
-    G->geglu_backward(o1, o2, dd, dg, du, m);
-    g1 = down_act(o1, m);
-    g2 = down_act(o2, m);
-    for (size_t i = 0; i < m; i++) mag[i] = fabs(dout[i] * up[i]) * (1 + fabs(gt[i]) * (1 + 0.14 * gt[i] * gt[i]));
-    t = tol_bf(r1, mag, 0x1p-20, m);
-    check_close("geglu_backward dgate", g1, r1, t, m);
-    free(t);
-    for (size_t i = 0; i < m; i++) mag[i] = fabs(dout[i] * gt[i]);
-    t = tol_bf(r2, mag, 0x1p-20, m);
-    check_close("geglu_backward dup", g2, r2, t, m);
-    free(g1); free(g2); free(t);
+    for (int gelu = 0; gelu < 2; gelu++) {
+        const char *nm = gelu ? "geglu" : "swiglu";
+        char what[64];
+        (gelu ? geglu_forward_cpu : swiglu_forward_cpu)(r1, gt, up, m);
+        (gelu ? G->geglu_forward : G->swiglu_forward)(o1, dg, du, m);
+        float *g1 = down_act(o1, m);
+        for (size_t i = 0; i < m; i++) mag[i] = fabs(gt[i] * up[i]);
+        double *t = tol_bf(r1, mag, 0x1p-20, m);
+        snprintf(what, sizeof what, "%s_forward (n %zu)", nm, m);
+        check_close(what, g1, r1, t, m);
+        free(g1); free(t);
+        (gelu ? geglu_backward_cpu : swiglu_backward_cpu)(r1, r2, dout, gt, up, m);
+        (gelu ? G->geglu_backward : G->swiglu_backward)(o1, o2, dd, dg, du, m);
+        g1 = down_act(o1, m);
+        float *g2 = down_act(o2, m);
+        // |d act(g)/dg| is at most 1 + |g| for silu, 1 + |g| (1 + 0.14 g^2) for gelu_tanh
+        for (size_t i = 0; i < m; i++)
+            mag[i] = fabs(dout[i] * up[i]) * (1 + fabs(gt[i]) * (gelu ? 1 + 0.14 * gt[i] * gt[i] : 1));
+        t = tol_bf(r1, mag, 0x1p-20, m);
+        snprintf(what, sizeof what, "%s_backward dgate", nm);
+        check_close(what, g1, r1, t, m);
+        free(t);
+        for (size_t i = 0; i < m; i++) mag[i] = fabs(dout[i] * gt[i]);
+        t = tol_bf(r2, mag, 0x1p-20, m);
+        snprintf(what, sizeof what, "%s_backward dup", nm);
+        check_close(what, g2, r2, t, m);
+        free(g1); free(g2); free(t);
+    }
+    float *g1;
+    double *t;
     // scale_act (Gemma's embeddings times sqrt(C), bf16-rounded 34 for C 1152): the fp32 product rounded once
     {
         float sc = bfr(sqrtf(1152.0f));

@@ -44,49 +44,43 @@ static void load_fixture(Model *m, const char *arch, FP8Gran g) {
 
 // ---- config ---------------------------------------------------------------------
 
-START_TEST(test_config_fixtures) {
+// a fixture's config.json as model_load reads it
+static Config fixture_config(const char *arch) {
     char p[1024];
     Config c;
-    fixture(p, sizeof p, "qwen3", "config.json");
+    fixture(p, sizeof p, arch, "config.json");
     char *t = read_file(p, NULL);
     config_from_json(&c, t, p);
     free(t);
+    return c;
+}
+
+START_TEST(test_config_fixtures) {
+    Config c = fixture_config("qwen3");
     ck_assert_int_eq(c.arch, ARCH_QWEN3);
     ck_assert_int_eq(c.HD, 32);
     ck_assert_int_eq(c.tied, 1);
     ck_assert_int_eq(c.qk_norm, 1);
     ck_assert_int_eq(c.KVH, 2);
     ck_assert(fabsf(c.rope_theta - 10000.f) < 1e-3f);
-    fixture(p, sizeof p, "qwen2", "config.json");
-    t = read_file(p, NULL);
-    config_from_json(&c, t, p);
-    free(t);
+    c = fixture_config("qwen2");
     ck_assert_int_eq(c.arch, ARCH_QWEN2);
     ck_assert_int_eq(c.HD, 16);  // no head_dim key: hidden / heads
     ck_assert_int_eq(c.qkv_bias, 1);
     ck_assert_int_eq(c.tied, 0);
-    fixture(p, sizeof p, "llama3", "config.json");
-    t = read_file(p, NULL);
-    config_from_json(&c, t, p);
-    free(t);
+    c = fixture_config("llama3");
     ck_assert_int_eq(c.arch, ARCH_LLAMA);
     ck_assert_int_eq(c.rope_scaling, 1);
     ck_assert_int_eq(c.rope_original_max_pos, 64);
     ck_assert_int_eq(c.n_eos, 2);
     ck_assert_int_eq(c.eos_ids[1], 3);
     ck_assert_int_eq(c.window, 0);
-    fixture(p, sizeof p, "mistral", "config.json");
-    t = read_file(p, NULL);
-    config_from_json(&c, t, p);
-    free(t);
+    c = fixture_config("mistral");
     ck_assert_int_eq(c.arch, ARCH_MISTRAL);
     ck_assert_int_eq(c.HD, 32);  // explicit, != hidden / heads
     ck_assert_int_eq(c.window, 8);
     ck_assert(c.sliding[0] && c.sliding[1] && !c.gemma);
-    fixture(p, sizeof p, "gemma3", "config.json");
-    t = read_file(p, NULL);
-    config_from_json(&c, t, p);
-    free(t);
+    c = fixture_config("gemma3");
     ck_assert_int_eq(c.arch, ARCH_GEMMA3);
     ck_assert(c.gemma && c.qk_norm && c.tied);
     ck_assert_int_eq(c.window, 6);
