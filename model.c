@@ -32,6 +32,15 @@ typedef struct {
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
+// FP8 training with a per-tensor recipe on every layer (model_fp8_train sets Model.fp8_keep) saves the
+// projections' inputs for the backward as the FP8 codes their products read, not as bf16: the weight
+// gradient reads X^T's codes, which per tensor are X's codes transposed, so 1 byte an element is all it
+// needs (fp8_train.cu). Not for a forward alone (no backward), nor with adapters (their backward reads
+// the bf16 input).
+static int acts_keep(const Model *m, int recompute) {
+    return m->fp8_keep && recompute != ACTS_FORWARD_ONLY && !m->lora;
+}
+
 // (re)allocate m->acts for N = B*T rows; keeps the old arena when it is big enough
 // the activation layout for B x T (one layer of per-layer buffers with recompute): sizes into s
 // (pointers into a), count returned
@@ -45,9 +54,16 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, A
     size_t act = dtype_size(be->act), hp = dtype_size(be->hp), L = recompute ? 1 : c->L;
     size_t q = (size_t)c->NH * c->HD, kv = (size_t)c->KVH * c->HD;
     size_t xl = recompute == ACTS_FORWARD_ONLY ? 2 : (size_t)c->L + 1, b = recompute == ACTS_FORWARD_ONLY ? 0 : 1;
+    // Keeping the FP8 codes of ln1, ln2 and hmlp (acts_keep) in place of their bf16 values, which then
+    // hold one layer: the one being computed
+    size_t keep = acts_keep(m, recompute), Lb = keep ? 1 : L;
     ASlot t[] = {
         {&a->x, xl * N * c->C * act},
-        {&a->ln1, L * N * c->C * act},
+        {&a->ln1, Lb * N * c->C * act},
+        {&a->ln1q, keep * L * N * c->C},
+        {&a->ln2q, keep * L * N * c->C},
+        {&a->hq, keep * L * N * c->FF},
+        {&a->kscale, keep * L * 3 * 16},
         {&a->rstd1, L * N * hp},
         {&a->qpre, c->qk_norm ? L * N * q * act : 0},
         {&a->kpre, c->qk_norm ? L * N * kv * act : 0},
@@ -63,11 +79,11 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, A
         {&a->mo, c->gemma ? L * N * c->C * act : 0},
         {&a->rstdm, c->gemma ? L * N * hp : 0},
         {&a->xmid, L * N * c->C * act},
-        {&a->ln2, L * N * c->C * act},
+        {&a->ln2, Lb * N * c->C * act},
         {&a->rstd2, L * N * hp},
         {&a->gate, L * N * c->FF * act},
         {&a->up, L * N * c->FF * act},
-        {&a->hmlp, L * N * c->FF * act},
+        {&a->hmlp, Lb * N * c->FF * act},
         {&a->lnf, N * c->C * act},
         {&a->rstdf, N * hp},
         {&a->logp, N * hp},
@@ -105,7 +121,7 @@ static void acts_ensure(Model *m, int B, int T) {
     Acts *a = &m->acts;
     const Backend *be = m->be;
     size_t N = (size_t)B * T;
-    if (a->mem && (size_t)a->B * a->T >= N && a->recompute == m->recompute) return;
+    if (a->mem && (size_t)a->B * a->T >= N && a->recompute == m->recompute && a->keep == acts_keep(m, m->recompute)) return;
     ASlot s[64] = {{0}};
     size_t ns = acts_slots(m, a, B, T, m->recompute, s), total = 0;
     for (size_t i = 0; i < ns; i++) total += al256(s[i].bytes);
@@ -130,6 +146,7 @@ static void acts_ensure(Model *m, int B, int T) {
     a->B = B;
     a->T = T;
     a->recompute = m->recompute;
+    a->keep = acts_keep(m, m->recompute);
 }
 
 void model_arena_init(Model *m, size_t cap) { m->arena.cap = cap; }
@@ -166,21 +183,27 @@ void model_free_scratch(Model *m) {
 // ----------------------------------------------------------------------------
 // a linear layer with its LoRA adapter
 
-// xq: inp's FP8 copy made by its producer (the decode step: decode_fp8_input), or NULL
-static void linear_fwd_q(Model *m, int l, int which, void *out, const void *inp, const FP8Tensor *xq, int N, int save) {
+// xq: inp's FP8 copy made by its producer (the decode step: decode_fp8_input), or NULL. keep: where an
+// FP8-trained projection leaves inp's codes for its backward (Acts.keep; never with an adapter), or NULL
+static void linear_fwd_q(Model *m, int l, int which, void *out, const void *inp, const FP8Tensor *xq, int N, int save,
+                         FP8Tensor *keep) {
     const LayerWeights *lw = &m->w.layers[l];
     const void *bias = which <= LIN_V ? lw->bias[which] : NULL;
     if (xq) m->be->linear_forward_q(out, xq, &lw->lin[which], bias, N);
-    else m->be->linear_forward(out, inp, &lw->lin[which], bias, N);
+    else if (keep) {
+        if (!m->be->fp8_train_forward_keep(out, inp, &lw->lin[which], bias, N, keep))
+            die("model: layer %d's %s cannot keep its input in FP8 (not trained with a per-tensor recipe)", l, lin_names[which]);
+    } else m->be->linear_forward(out, inp, &lw->lin[which], bias, N);
     if (m->lora && m->lora_on) lora_hook_forward(m, l, which, out, inp, N, save);
 }
-static void linear_fwd(Model *m, int l, int which, void *out, const void *inp, int N, int save) {
-    linear_fwd_q(m, l, which, out, inp, NULL, N, save);
+static void linear_fwd(Model *m, int l, int which, void *out, const void *inp, int N, int save, FP8Tensor *keep) {
+    linear_fwd_q(m, l, which, out, inp, NULL, N, save, keep);
 }
 
-// dinp (= or +=) gradient through W (and the adapter); dense weight grads when allocated
+// dinp (= or +=) gradient through W (and the adapter); dense weight grads when allocated. kept: inp's
+// codes as linear_fwd kept them, read in inp's place, or NULL
 static void linear_bwd(Model *m, int l, int which, void *dinp, int accumulate, const void *dout, const void *inp,
-                       int N) {
+                       const FP8Tensor *kept, int N) {
     const LayerWeights *lw = &m->w.layers[l];
     void *dw = NULL, *db = NULL;
     if (m->grads) {
@@ -188,7 +211,8 @@ static void linear_bwd(Model *m, int l, int which, void *dinp, int accumulate, c
         if (lw->lin[which].gran == FP8_OFF) dw = gl->lin[which].dense;
         if (which <= LIN_V) db = gl->bias[which];
     }
-    m->be->linear_backward(dinp, accumulate, dw, db, dout, inp, &lw->lin[which], N);
+    if (kept) m->be->fp8_train_backward_kept(dinp, accumulate, dw, db, dout, kept, &lw->lin[which], N);
+    else m->be->linear_backward(dinp, accumulate, dw, db, dout, inp, &lw->lin[which], N);
     if (m->lora && m->lora_on) lora_hook_backward(m, l, which, dinp, dout, inp, N);
 }
 
@@ -197,10 +221,15 @@ static void linear_bwd(Model *m, int l, int which, void *dinp, int accumulate, c
 
 // the activations of layer l: with recomputation every layer uses slot 0 of the
 // per-layer buffers (the arena holds one layer), and the backward recomputes them
+enum { KEPT_LN1, KEPT_LN2, KEPT_HM };  // the inputs of q|k|v, gate|up and down
 typedef struct {
     void *x, *xn, *ln1, *rstd1, *qpre, *kpre, *qrstd, *krstd, *q, *k, *v, *att, *lse, *xmid, *ln2, *rstd2, *gate, *up, *hm;
     void *ao, *rstda, *mo, *rstdm;  // Gemma 3's sandwich norms' inputs and rstds, else NULL
+    FP8Tensor kept[3];  // Acts.keep: ln1's, ln2's and hm's FP8 codes (KEPT_*), what the backward reads of
+                        // them; else zeroed
 } LayerActs;
+
+static FP8Tensor *kept(LayerActs *la, int i) { return la->kept[i].data ? &la->kept[i] : NULL; }
 
 // the slot of x holding layer l's input: l, or with ACTS_FORWARD_ONLY l % 2 (two slots in turn)
 static int x_slot(const Model *m, int l) { return m->recompute == ACTS_FORWARD_ONLY ? l % 2 : l; }
@@ -210,21 +239,31 @@ static LayerActs layer_acts(const Model *m, int l) {
     const Acts *a = &m->acts;
     size_t N = (size_t)m->B * m->T, act = dtype_size(m->be->act), hp = dtype_size(m->be->hp);
     size_t C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD, FF = c->FF;
-    int i = m->recompute ? 0 : l;
+    int i = m->recompute ? 0 : l, ib = a->keep ? 0 : i;  // ib: ln1, ln2 and hmlp, one layer when kept in FP8
     int x0 = x_slot(m, l), x1 = x_slot(m, l + 1);
     LayerActs la = {
-        LAYER(a->x, x0, N * C * act), LAYER(a->x, x1, N * C * act), LAYER(a->ln1, i, N * C * act),
+        LAYER(a->x, x0, N * C * act), LAYER(a->x, x1, N * C * act), LAYER(a->ln1, ib, N * C * act),
         LAYER(a->rstd1, i, N * hp), NULL, NULL, NULL, NULL, LAYER(a->q, i, N * q * act), LAYER(a->k, i, N * kvw * act),
         LAYER(a->v, i, N * kvw * act), LAYER(a->att, i, N * q * act), LAYER(a->lse, i, N * c->NH * hp),
-        LAYER(a->xmid, i, N * C * act), LAYER(a->ln2, i, N * C * act), LAYER(a->rstd2, i, N * hp),
-        LAYER(a->gate, i, N * FF * act), LAYER(a->up, i, N * FF * act), LAYER(a->hmlp, i, N * FF * act),
-        NULL, NULL, NULL, NULL,
+        LAYER(a->xmid, i, N * C * act), LAYER(a->ln2, ib, N * C * act), LAYER(a->rstd2, i, N * hp),
+        LAYER(a->gate, i, N * FF * act), LAYER(a->up, i, N * FF * act), LAYER(a->hmlp, ib, N * FF * act),
+        NULL, NULL, NULL, NULL, {{0}},
     };
     if (c->gemma) {
         la.ao = LAYER(a->ao, i, N * C * act);
         la.rstda = LAYER(a->rstda, i, N * hp);
         la.mo = LAYER(a->mo, i, N * C * act);
         la.rstdm = LAYER(a->rstdm, i, N * hp);
+    }
+    if (a->keep) {  // (N, C) / (N, FF) codes, each with its scale in a 16-byte slot
+        void *codes[3] = {LAYER(a->ln1q, i, N * C), LAYER(a->ln2q, i, N * C), LAYER(a->hq, i, N * FF)};
+        int cols[3] = {c->C, c->C, c->FF};
+        for (int k = 0; k < 3; k++) {
+            FP8Tensor *t = &la.kept[k];
+            t->rows = (int)N, t->cols = cols[k], t->gran = FP8_TENSOR, t->fmt = FP8_E4M3, t->block_rows = 1;
+            t->data = (uint8_t *)codes[k];
+            t->scale = (float *)LAYER(a->kscale, 3 * i + k, 16);
+        }
     }
     if (c->qk_norm) {
         la.qpre = LAYER(a->qpre, i, N * q * act);
@@ -263,24 +302,25 @@ static float embed_scale(const Model *m) {
 }
 
 // layer l: la.x -> la.xn, saving what the backward needs in la
-static void layer_forward(Model *m, int l, const LayerActs *la, KVCache *kv, const int32_t *slots_dev) {
+static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int32_t *slots_dev) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     const LayerWeights *lw = &m->w.layers[l];
     int B = m->B, T = m->T, N = B * T;
     const int32_t *pos = (const int32_t *)m->acts.pos;
     const void *inv_freq = layer_inv_freq(m, l);
+    FP8Tensor *k1 = kept(la, KEPT_LN1), *k2 = kept(la, KEPT_LN2), *kh = kept(la, KEPT_HM);
     norm_fwd(m, la->ln1, la->rstd1, la->x, lw->ln1, N, c->C);
     if (c->qk_norm) {
-        linear_fwd(m, l, LIN_Q, la->qpre, la->ln1, N, 1);
-        linear_fwd(m, l, LIN_K, la->kpre, la->ln1, N, 1);
+        linear_fwd(m, l, LIN_Q, la->qpre, la->ln1, N, 1, k1);
+        linear_fwd(m, l, LIN_K, la->kpre, la->ln1, N, 1, k1);
         norm_fwd(m, la->q, la->qrstd, la->qpre, lw->q_norm, N * c->NH, c->HD);
         norm_fwd(m, la->k, la->krstd, la->kpre, lw->k_norm, N * c->KVH, c->HD);
     } else {
-        linear_fwd(m, l, LIN_Q, la->q, la->ln1, N, 1);
-        linear_fwd(m, l, LIN_K, la->k, la->ln1, N, 1);
+        linear_fwd(m, l, LIN_Q, la->q, la->ln1, N, 1, k1);
+        linear_fwd(m, l, LIN_K, la->k, la->ln1, N, 1, k1);
     }
-    linear_fwd(m, l, LIN_V, la->v, la->ln1, N, 1);
+    linear_fwd(m, l, LIN_V, la->v, la->ln1, N, 1, k1);
     be->rope_forward(la->q, pos, inv_freq, N, c->NH, c->HD);
     be->rope_forward(la->k, pos, inv_freq, N, c->KVH, c->HD);
     if (kv) {
@@ -292,20 +332,20 @@ static void layer_forward(Model *m, int l, const LayerActs *la, KVCache *kv, con
     be->attention_forward(la->att, la->lse, la->q, la->k, la->v, B, T, c->NH, c->KVH, c->HD, attn_scale(c),
                           layer_window(c, l));
     if (c->gemma) {  // xmid = x + rmsnorm_attn(o)
-        linear_fwd(m, l, LIN_O, la->ao, la->att, N, 1);
+        linear_fwd(m, l, LIN_O, la->ao, la->att, N, 1, NULL);
         norm_fwd(m, la->xmid, la->rstda, la->ao, lw->ln_attn, N, c->C);
-    } else linear_fwd(m, l, LIN_O, la->xmid, la->att, N, 1);
+    } else linear_fwd(m, l, LIN_O, la->xmid, la->att, N, 1, NULL);
     be->add(la->xmid, la->xmid, la->x, (size_t)N * c->C);
     norm_fwd(m, la->ln2, la->rstd2, la->xmid, lw->ln2, N, c->C);
-    linear_fwd(m, l, LIN_GATE, la->gate, la->ln2, N, 1);
-    linear_fwd(m, l, LIN_UP, la->up, la->ln2, N, 1);
+    linear_fwd(m, l, LIN_GATE, la->gate, la->ln2, N, 1, k2);
+    linear_fwd(m, l, LIN_UP, la->up, la->ln2, N, 1, k2);
     if (c->gemma) {  // xn = xmid + rmsnorm_mlp(down(gelu_tanh(gate) * up))
         be->geglu_forward(la->hm, la->gate, la->up, (size_t)N * c->FF);
-        linear_fwd(m, l, LIN_DOWN, la->mo, la->hm, N, 1);
+        linear_fwd(m, l, LIN_DOWN, la->mo, la->hm, N, 1, kh);
         norm_fwd(m, la->xn, la->rstdm, la->mo, lw->ln_mlp, N, c->C);
     } else {
         be->swiglu_forward(la->hm, la->gate, la->up, (size_t)N * c->FF);
-        linear_fwd(m, l, LIN_DOWN, la->xn, la->hm, N, 1);
+        linear_fwd(m, l, LIN_DOWN, la->xn, la->hm, N, 1, kh);
     }
     be->add(la->xn, la->xn, la->xmid, (size_t)N * c->C);
 }
@@ -423,13 +463,13 @@ static void backward_from_hidden(Model *m) {
             norm_bwd(m, a->dpost, gl ? gl->ln_mlp : NULL, a->dx, la.mo, lw->ln_mlp, la.rstdm, N, c->C);
             dmlp = a->dpost;
         }
-        linear_bwd(m, l, LIN_DOWN, a->dff3, 0, dmlp, la.hm, N);
+        linear_bwd(m, l, LIN_DOWN, a->dff3, 0, dmlp, la.hm, kept(&la, KEPT_HM), N);
         if (c->gemma) be->geglu_backward(a->dff1, a->dff2, a->dff3, la.gate, la.up, N * FF);
         else if (!be->swiglu_backward_q ||
                  !be->swiglu_backward_q(a->dff1, a->dff2, a->dff3, la.gate, la.up, N, FF, &lw->lin[LIN_GATE], &lw->lin[LIN_UP]))
             be->swiglu_backward(a->dff1, a->dff2, a->dff3, la.gate, la.up, N * FF);
-        linear_bwd(m, l, LIN_GATE, a->dln, 0, a->dff1, la.ln2, N);
-        linear_bwd(m, l, LIN_UP, a->dln, 1, a->dff2, la.ln2, N);
+        linear_bwd(m, l, LIN_GATE, a->dln, 0, a->dff1, la.ln2, kept(&la, KEPT_LN2), N);
+        linear_bwd(m, l, LIN_UP, a->dln, 1, a->dff2, la.ln2, kept(&la, KEPT_LN2), N);
         norm_bwd(m, a->dx, gl ? gl->ln2 : NULL, a->dln, la.xmid, lw->ln2, la.rstd2, N, c->C);
 
         // attention: xmid = x + o(attention(rope(q), rope(k), v)) (Gemma 3: x + rmsnorm_attn(o(...)))
@@ -439,7 +479,7 @@ static void backward_from_hidden(Model *m) {
             norm_bwd(m, a->dpost, gl ? gl->ln_attn : NULL, a->dx, la.ao, lw->ln_attn, la.rstda, N, c->C);
             dattn = a->dpost;
         }
-        linear_bwd(m, l, LIN_O, a->datt, 0, dattn, la.att, N);
+        linear_bwd(m, l, LIN_O, a->datt, 0, dattn, la.att, NULL, N);
         be->attention_backward(a->dq, a->dk, a->dv, a->datt, la.att, la.lse, la.q, la.k, la.v, B, T, c->NH, c->KVH, c->HD,
                                attn_scale(c), layer_window(c, l));
         be->rope_backward(a->dq, (const int32_t *)a->pos, inv_freq, N, c->NH, c->HD);
@@ -453,9 +493,9 @@ static void backward_from_hidden(Model *m) {
             dqp = a->dqpre;
             dkp = a->dkpre;
         }
-        linear_bwd(m, l, LIN_Q, a->dln, 0, dqp, la.ln1, N);
-        linear_bwd(m, l, LIN_K, a->dln, 1, dkp, la.ln1, N);
-        linear_bwd(m, l, LIN_V, a->dln, 1, a->dv, la.ln1, N);
+        linear_bwd(m, l, LIN_Q, a->dln, 0, dqp, la.ln1, kept(&la, KEPT_LN1), N);
+        linear_bwd(m, l, LIN_K, a->dln, 1, dkp, la.ln1, kept(&la, KEPT_LN1), N);
+        linear_bwd(m, l, LIN_V, a->dln, 1, a->dv, la.ln1, kept(&la, KEPT_LN1), N);
         norm_bwd(m, a->dx, gl ? gl->ln1 : NULL, a->dln, la.x, lw->ln1, la.rstd1, N, c->C);
         if (gl && m->layer_grads) m->layer_grads(m->layer_grads_ctx, l);  // layer l's gradients are complete
     }
@@ -632,7 +672,7 @@ static void *decode_project(Model *m, int l, int group, void *const *parts, cons
     const QWeight *fw = group == 0 ? &lw->qkv : &lw->gateup;
     int first = group == 0 ? LIN_Q : LIN_GATE, n = group == 0 ? 3 : 2, lora = m->lora && m->lora_on;
     if (!fw->rows) {
-        for (int i = 0; i < n; i++) linear_fwd(m, l, first + i, parts[i], inp, N, 0);
+        for (int i = 0; i < n; i++) linear_fwd(m, l, first + i, parts[i], inp, N, 0, NULL);
         return NULL;
     }
     void *fused = m->dec.fused;
@@ -710,7 +750,7 @@ static void decode_compute(void *arg) {
         xq = decode_fp8_input(m, &lw->lin[LIN_O], S);
         be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens,
                              S, c->NH, c->KVH, c->HD, kv->BS, st->MB, attn_scale(c), layer_window(c, l), xq);
-        linear_fwd_q(m, l, LIN_O, d->tmp, d->att, xq, S, 0);
+        linear_fwd_q(m, l, LIN_O, d->tmp, d->att, xq, S, 0, NULL);
         if (c->gemma) norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_attn, S, c->C);
         // the residual add and the post-attention norm in one op
         xq = decode_fp8_input(m, &lw->gateup, S);
@@ -721,7 +761,7 @@ static void decode_compute(void *arg) {
         if (fused) be->glu_gu(d->ff3, xq, fused, S, c->FF, c->gemma);  // SwiGLU (GeGLU) straight from the fused product
         else if (c->gemma) be->geglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
         else be->swiglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
-        linear_fwd_q(m, l, LIN_DOWN, d->tmp, d->ff3, xq, S, 0);
+        linear_fwd_q(m, l, LIN_DOWN, d->tmp, d->ff3, xq, S, 0, NULL);
         if (c->gemma) norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_mlp, S, c->C);
         // the residual add and the next layer's input norm (or the final norm)
         const void *next_norm = l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm;

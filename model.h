@@ -122,6 +122,11 @@ typedef struct {
     void *gate;   // (L, N, FF) act
     void *up;     // (L, N, FF) act
     void *hmlp;   // (L, N, FF) act     silu(gate) * up (Gemma 3: gelu_tanh(gate) * up)
+    // keep (FP8 training, per-tensor recipes: model.c acts_keep): ln1, ln2 and hmlp hold one layer, and
+    // the backward reads the FP8 codes the forward's products read, with their scales
+    void *ln1q, *ln2q;  // (L, N, C) u8  E4M3 codes of ln1, ln2
+    void *hq;     // (L, N, FF) u8      of hmlp
+    void *kscale; // (L, 3) hp, a 16-byte slot each: their scales (ln1, ln2, hmlp)
     void *lnf;    // (N, C) act         final norm output
     void *rstdf;  // (N) hp
     void *logp;   // (N) hp
@@ -141,6 +146,7 @@ typedef struct {
     float inv_temp;  // of the last model_logprobs (its backward uses the same)
     int head_done;   // model_logprobs_grad made the head's gradient (dln) already
     int recompute;   // the layout: 1 recomputation (one layer of per-layer buffers), ACTS_FORWARD_ONLY a prefill
+    int keep;        // the layout keeps ln1, ln2 and hmlp as FP8 codes (above)
 } Acts;
 
 typedef struct LoRA LoRA;
@@ -201,6 +207,8 @@ typedef struct {
     FP8Train **fp8_train;  // (n_fp8_train) the linear weights trained in FP8 (model_fp8_train), or NULL
     int n_fp8_train;
     long fp8_overflows;    // delayed scaling: tensors whose amax was inf/NaN at a step, so far
+    int fp8_keep;          // every layer trained in FP8 with a per-tensor recipe: the activations the
+                           // projections read are saved as their FP8 codes (model.c acts_keep); 0 turns it off
 } Model;
 
 // ---- config and weights (model_load.c) ----

@@ -117,6 +117,16 @@ struct Backend {
     // reuses, or NULL. NULL, with the reason in why, where the device cannot.
     FP8Train *(*fp8_train_new)(const QWeight *w, const FP8Recipe *r, FP8Train *leader, char *why, size_t why_cap);
     void (*fp8_train_free)(FP8Train *t);
+    // The forward's FP8 codes of a trained weight's input kept for its weight gradient, in place of the
+    // bf16 input (the activations saved in FP8: half the bytes). fp8_train_forward_keep is linear_forward
+    // that also leaves inp's codes, (N, C) E4M3, and their per-tensor scale in the caller's keep->data
+    // (N * C bytes) and keep->scale (one float, 16-byte aligned) and sets keep's shape and format; it
+    // returns 0 and does nothing where w's recipe scales per block (X's groups are not X^T's: that
+    // backward needs the bf16 input). fp8_train_backward_kept is linear_backward reading those codes in
+    // inp's place: the same bytes out.
+    int (*fp8_train_forward_keep)(void *out, const void *inp, const QWeight *w, const void *bias, int N, FP8Tensor *keep);
+    void (*fp8_train_backward_kept)(void *dinp, int accumulate, void *dw, void *dbias, const void *dout,
+                                    const FP8Tensor *kept, const QWeight *w, int N);
     // after an optimizer step, for all n trained weights: delayed scaling rolls the amax histories
     // and sets the next scales (*overflows += tensors whose amax was inf/NaN). reduce (or NULL) gets
     // the step's 3 n amaxes (x, w, dy of each weight) first, to reduce them over the ranks.

@@ -313,8 +313,10 @@ static void fp8_act_gemm(void *y, DType yt, const void *inp, const QWeight *w, i
     fp8_gemm_cuda(y, yt, &xq, &w->q, 0);
 }
 
-// linear_forward (inp act) and linear_forward_q (xq, inp's FP8 copy): the product, then the bias
-static void linear_impl(void *out, const void *inp, const FP8Tensor *xq, const QWeight *w, const void *bias, int N) {
+// linear_forward (inp act), linear_forward_q (xq, inp's FP8 copy) and fp8_train_forward_keep (keep:
+// where a trained weight's forward leaves inp's codes): the product, then the bias
+static void linear_impl(void *out, const void *inp, const FP8Tensor *xq, const QWeight *w, const void *bias, int N,
+                        FP8Tensor *keep) {
     int C = w->cols, OC = w->rows;
     if (N <= 0) return;
     size_t n = (size_t)N * OC;
@@ -324,7 +326,7 @@ static void linear_impl(void *out, const void *inp, const FP8Tensor *xq, const Q
         linear_q_check(xq, w, N);
         fp8_gemm_cuda(y, yt, xq, &w->q, 0);
     } else if (w->train) {
-        cu_fp8_train_forward(y, yt, inp, w, N);
+        cu_fp8_train_forward(y, yt, inp, w, N, keep);
     } else if (w->gran == FP8_OFF) {
         gemm_xwt(y, bias ? F32 : BF, inp, w->dense, N, OC, C, 1.f, 0.f);
     } else fp8_act_gemm(y, yt, inp, w, N);
@@ -334,10 +336,15 @@ static void linear_impl(void *out, const void *inp, const FP8Tensor *xq, const Q
     }
 }
 static void cu_linear_forward(void *out, const void *inp, const QWeight *w, const void *bias, int N) {
-    linear_impl(out, inp, NULL, w, bias, N);
+    linear_impl(out, inp, NULL, w, bias, N, NULL);
 }
 static void cu_linear_forward_q(void *out, const FP8Tensor *xq, const QWeight *w, const void *bias, int N) {
-    linear_impl(out, NULL, xq, w, bias, N);
+    linear_impl(out, NULL, xq, w, bias, N, NULL);
+}
+static int cu_fp8_train_forward_keep(void *out, const void *inp, const QWeight *w, const void *bias, int N, FP8Tensor *keep) {
+    if (!w->train || !fp8_train_keeps(w->train)) return 0;
+    linear_impl(out, inp, NULL, w, bias, N, keep);
+    return 1;
 }
 
 // dinp (n) bf16 = bf16(dinp + y), y f32 or bf16, summed in fp32
@@ -356,7 +363,7 @@ static void cu_linear_backward(void *dinp, int accumulate, void *dw, void *dbias
     int C = w->cols, OC = w->rows;
     if (N <= 0) return;
     if (w->train) {
-        cu_fp8_train_backward(dinp, accumulate, (float *)dw, dout, inp, w, N);
+        cu_fp8_train_backward(dinp, accumulate, (float *)dw, dout, inp, NULL, w, N);
         if (dbias) cu_colsum((float *)dbias, (const bf16 *)dout, N, OC);
         return;
     }
@@ -385,6 +392,13 @@ static void cu_linear_backward(void *dinp, int accumulate, void *dw, void *dbias
         gemm_xtz(dw, F32, dout, inp, N, OC, C, 1.f, 1.f);  // dW (OC, C) += dout^T inp
     }
     if (dbias) cu_colsum((float *)dbias, (const bf16 *)dout, N, OC);
+}
+static void cu_fp8_train_backward_kept(void *dinp, int accumulate, void *dw, void *dbias, const void *dout,
+                                       const FP8Tensor *kept, const QWeight *w, int N) {
+    if (N <= 0) return;
+    if (!w->train) die("fp8_train_backward_kept: the weight is not trained in FP8");
+    cu_fp8_train_backward(dinp, accumulate, (float *)dw, dout, NULL, kept, w, N);
+    if (dbias) cu_colsum((float *)dbias, (const bf16 *)dout, N, w->rows);
 }
 
 // ---- LoRA: out += scale * (inp A^T) B^T, in BF16 GEMMs (see the top of the file) ----
@@ -882,6 +896,8 @@ static Backend be = {
     .linear_backward = cu_linear_backward,
     .fp8_train_new = cu_fp8_train_new,
     .fp8_train_free = cu_fp8_train_free,
+    .fp8_train_forward_keep = cu_fp8_train_forward_keep,
+    .fp8_train_backward_kept = cu_fp8_train_backward_kept,
     .fp8_train_step = cu_fp8_train_step,
     .fp8_train_state = cu_fp8_train_state,
     .lora_forward = cu_lora_forward,

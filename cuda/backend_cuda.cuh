@@ -74,9 +74,12 @@ FP8Train *cu_fp8_train_new(const QWeight *w, const FP8Recipe *r, FP8Train *leade
 void cu_fp8_train_free(FP8Train *t);
 void cu_fp8_train_step(FP8Train *const *t, int n, AmaxReduce reduce, void *ctx, long *overflows);
 size_t cu_fp8_train_state(FP8Train *const *t, int n, float *buf, int set);
-// linear_forward / linear_backward of a weight with an FP8Train (out: yt DT_BF16 or DT_F32)
-void cu_fp8_train_forward(void *out, DType yt, const void *inp, const QWeight *w, int N);
-void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *dout, const void *inp, const QWeight *w, int N);
+int fp8_train_keeps(const FP8Train *t);  // 1: its recipe scales per tensor, so its input codes can be kept
+// linear_forward / linear_backward of a weight with an FP8Train (out: yt DT_BF16 or DT_F32); keep /
+// kept: the input's FP8 codes kept from the forward for the backward (backend.h fp8_train_forward_keep)
+void cu_fp8_train_forward(void *out, DType yt, const void *inp, const QWeight *w, int N, FP8Tensor *keep);
+void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *dout, const void *inp, const FP8Tensor *kept,
+                           const QWeight *w, int N);
 int cu_fp8_train_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int N, int FF,
                                  const QWeight *wg, const QWeight *wu);
 

@@ -13,12 +13,19 @@
 // Hopper's FP8 tensor cores read both operands K-major (fp8.cu), so each product needs its
 // operands laid out with the reduced dimension innermost: W^T for dX, dY^T and X^T for dW, each
 // quantized in one pass from the bf16 tensor, transposing as it goes (fp8_quantize_t_cuda). No FP8
-// copy of a weight is kept between calls (memory as BF16 training's). Everything else stays as in
-// BF16 training, for the reasons Transformer Engine gives: the master weights, gradients
-// and AdamW in fp32 (an update is often below an FP8, even a BF16, step of the weight); the
-// embeddings, norms, attention (softmax), the LM head and the loss in bf16/fp32 (small GEMMs or
-// none, and the logits' precision sets the loss's); the saved activations in bf16 (the backward
-// quantizes them again, with the forward's scale, so the codes are the forward's).
+// copy of a weight is kept between calls. Everything else stays as in BF16 training, for the reasons
+// Transformer Engine gives: the master weights, gradients and AdamW in fp32 (an update is often below
+// an FP8, even a BF16, step of the weight); the embeddings, norms, attention (softmax), the LM head
+// and the loss in bf16/fp32 (small GEMMs or none, and the logits' precision sets the loss's).
+//
+// What the backward reads of X. The weight gradient needs X^T in FP8 with the forward's scale, so
+// its codes are the forward's codes (per tensor: the transpose of X's codes). With a per-tensor
+// recipe the caller may keep the forward's codes of X (the `keep` of cu_fp8_train_forward, 1 byte an
+// element) in place of the bf16 X (2 bytes): the backward transposes them, and the weight gradient is
+// bit for bit the one computed from the bf16 X (model.c keeps the norms' outputs and the MLP's hidden
+// this way: Transformer Engine's FP8-saved activations, the memory FP8 training saves). Blocks cannot:
+// X's 1x128 groups run along C and X^T's along the tokens, other scales, so the backward quantizes X
+// again from bf16.
 //
 // Scaling, per tensor x, w, dy of each linear (fp8_recipe.h):
 //   current  the tensor's own amax now (an amax pass, then the encode with TE's scale fmax / amax);
@@ -65,6 +72,7 @@ static float *dev_inv(const FP8Train *t, int i) { return t->dev + SLOT * (3 + i)
 static unsigned *dev_amax(const FP8Train *t, int i) { return (unsigned *)(t->dev + SLOT * (6 + i)); }
 
 static FP8Gran recipe_gran(const FP8Recipe *r) { return r->kind == FP8_RECIPE_BLOCK ? FP8_BLOCK : FP8_TENSOR; }
+int fp8_train_keeps(const FP8Train *t) { return t->r.kind != FP8_RECIPE_BLOCK; }
 
 static FP8Tensor tensor_of(int rows, int cols, FP8Gran g, FP8Format fmt, int block_rows) {
     FP8Tensor t;
@@ -112,14 +120,14 @@ static void tensor_scale(FP8Train *t, int i, const void *x, size_t n) {
 }
 
 // x (rows, cols) bf16 quantized as tensor i of t by the recipe into q (codes and, for block, scales
-// in scratch; a per-tensor scale in t's slot for tensor i)
+// in scratch; a per-tensor scale in t's slot for tensor i, or where q->scale already points)
 static void quantize(FP8Train *t, int i, FP8Tensor *q, const void *x) {
     if (t->r.kind == FP8_RECIPE_BLOCK) {
         fp8_quantize_cuda(q, x, DT_BF16, 0);
         return;
     }
     tensor_scale(t, i, x, (size_t)q->rows * q->cols);
-    q->scale = dev_inv(t, i);
+    if (!q->scale) q->scale = dev_inv(t, i);
     fp8_quantize_scaled_cuda(q, x, DT_BF16, dev_mul(t, i), t->r.kind == FP8_RECIPE_DELAYED ? dev_amax(t, i) : NULL);
 }
 
@@ -164,21 +172,34 @@ static int reuse(FP8Train *t, XCache *c, const void *inp, int N, unsigned long m
     return hit;
 }
 
-// out (N, OC) (yt: DT_BF16, or DT_F32 for the caller's bias pass) = inp (N, C) W^T in FP8
-void cu_fp8_train_forward(void *out, DType yt, const void *inp, const QWeight *w, int N) {
+// out (N, OC) (yt: DT_BF16, or DT_F32 for the caller's bias pass) = inp (N, C) W^T in FP8. keep (or
+// NULL): inp's codes and their scale go to the caller's keep->data (N * C bytes) and keep->scale (one
+// float) as well, for the weight gradient (cu_fp8_train_backward's kept)
+void cu_fp8_train_forward(void *out, DType yt, const void *inp, const QWeight *w, int N, FP8Tensor *keep) {
     FP8Train *t = w->train;
+    if (keep && t->r.kind == FP8_RECIPE_BLOCK) die("fp8_train: kept input codes need a per-tensor recipe");
     FP8Tensor wq = weight_q(t, w, 0);
     XCache *c = &(t->leader ? t->leader : t)->fwd;
     if (!reuse(t, c, inp, N, ++calls)) {
         c->q = act_tensor(t, N, w->cols, FP8_E4M3, SC_ACT_Q);
+        if (keep) c->q.data = keep->data, c->q.scale = keep->scale;  // the codes and scale straight where they stay
         quantize(t, T_X, &c->q, inp);
+    } else if (keep && (keep->data != c->q.data || keep->scale != c->q.scale)) {  // a member with a keep of its own
+        cudaCheck(cudaMemcpyAsync(keep->data, c->q.data, (size_t)N * w->cols, cudaMemcpyDeviceToDevice, cu_stream()));
+        cudaCheck(cudaMemcpyAsync(keep->scale, c->q.scale, sizeof(float), cudaMemcpyDeviceToDevice, cu_stream()));
+    }
+    if (keep) {
+        FP8Tensor k = c->q;
+        k.data = keep->data, k.scale = keep->scale;
+        *keep = k;
     }
     fp8_gemm_cuda(out, yt, &c->q, &wq, 0);
 }
 
-// dinp (N, C) bf16 (=, or += with accumulate) = dout W ; dw (OC, C) f32 += dout^T inp ; in FP8
-void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *dout, const void *inp, const QWeight *w,
-                           int N) {
+// dinp (N, C) bf16 (=, or += with accumulate) = dout W ; dw (OC, C) f32 += dout^T inp ; in FP8. kept (or
+// NULL): inp's codes as the forward kept them, read in inp's place (inp may then be NULL)
+void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *dout, const void *inp, const FP8Tensor *kept,
+                           const QWeight *w, int N) {
     FP8Train *t = w->train;
     int C = w->cols, OC = w->rows;
     FP8Format gfmt = t->r.hybrid ? FP8_E5M2 : FP8_E4M3;
@@ -216,10 +237,18 @@ void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *do
     // per tensor with the scales of dX's and the forward's products, or in 1x128 groups along the tokens
     if (!both && !made) quantize_t(t, T_DY, &dyt, dout);
     XCache *c = &(t->leader ? t->leader : t)->bwd;
-    if (!reuse(t, c, inp, N, me)) {
+    if (!reuse(t, c, kept ? (const void *)kept->data : inp, N, me)) {
         c->q = act_tensor(t, C, N, FP8_E4M3, SC_TRAIN_XT);
-        tensor_scale(t, T_X, inp, (size_t)N * C);
-        quantize_t(t, T_X, &c->q, inp);
+        if (kept) {  // one scale for the tensor: X^T's codes are X's codes transposed
+            if (kept->rows != N || kept->cols != C || kept->gran != FP8_TENSOR)
+                die("fp8_train: the kept input codes are (%d, %d), this backward reads (%d, %d) per tensor", kept->rows,
+                    kept->cols, N, C);
+            c->q.scale = kept->scale;
+            fp8_transpose_cuda(&c->q, kept);
+        } else {
+            tensor_scale(t, T_X, inp, (size_t)N * C);
+            quantize_t(t, T_X, &c->q, inp);
+        }
     }
     fp8_gemm_cuda(dw, DT_F32, &dyt, &c->q, 1);
 }

@@ -932,6 +932,7 @@ void model_fp8_train(Model *m, const FP8Recipe *r) {
             if (!(w->train = be->fp8_train_new(w, r, leader, why, sizeof why))) die("--fp8_recipe: %s: use --fp8_recipe off to train in BF16", why);
             m->fp8_train[m->n_fp8_train++] = w->train;
         }
+    m->fp8_keep = r->kind != FP8_RECIPE_BLOCK && first == 0 && last == 0;
 }
 
 void model_fp8_train_step(Model *m, AmaxReduce reduce, void *ctx) {

@@ -489,6 +489,73 @@ START_TEST(test_full_step) {
 }
 END_TEST
 
+// FP8 training that keeps its projections' inputs as FP8 codes (Model.fp8_keep, model.c acts_keep)
+// against the same training with their bf16 values saved: per tensor the weight gradient's codes are
+// the forward's codes transposed, so three steps give bit-identical logprobs, gradients and masters,
+// with Qwen2's biases, Qwen3's q/k norms and Gemma 3's sandwich norms and GeGLU, and the delayed
+// and current recipes; and the saved activations are smaller by a byte an element of ln1, ln2, hmlp.
+START_TEST(test_fp8_kept_inputs) {
+    int B = 2, T = 64, N = B * T;
+    Arch archs[3] = {ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA3};
+    for (int a = 0; a < 3; a++)
+        for (int kind = 0; kind < 2; kind++) {
+            Config c;
+            memset(&c, 0, sizeof c);
+            c.arch = archs[a];
+            c.V = 256, c.C = 128, c.FF = 256, c.L = 3, c.NH = 4, c.KVH = 2, c.HD = 32, c.max_pos = 128;
+            c.eps = 1e-6f, c.rope_theta = 10000.0f, c.tied = 1, c.bos_id = -1;
+            c.qkv_bias = archs[a] == ARCH_QWEN2, c.qk_norm = archs[a] != ARCH_QWEN2, c.gemma = archs[a] == ARCH_GEMMA3;
+            FP8Recipe r = fp8_recipe_default();
+            r.kind = kind ? FP8_RECIPE_CURRENT : FP8_RECIPE_DELAYED;
+            ModelOptions o = {FP8_OFF, 0, 0, 0, 0};
+            Model m[2];
+            FullTrainer ft[2];
+            for (int k = 0; k < 2; k++) {
+                model_init_random(&m[k], &c, G, &o, 5);
+                full_init(&ft[k], &m[k]);
+                model_fp8_train(&m[k], &r);
+            }
+            ck_assert_msg(m[0].fp8_keep, "a per-tensor recipe on every layer keeps the inputs in FP8");
+            m[1].fp8_keep = 0;
+            size_t kb = model_acts_bytes(&m[0], B, T, 0), bb = model_acts_bytes(&m[1], B, T, 0);
+            size_t less = (size_t)(c.L - 1) * N * (2 * c.C + c.FF) * 2 - (size_t)c.L * N * (2 * c.C + c.FF);
+            ck_assert_msg(bb - kb >= less - 256 * 8 && bb - kb <= less + 256 * 8, "activations %zu bytes less, %zu expected",
+                          bb - kb, less);
+            size_t n = ft[0].n;
+            float *g[2] = {fmalloc(n), fmalloc(n)}, *w[2] = {fmalloc(n), fmalloc(n)};
+            int *ids = (int *)mallocCheck(N * sizeof(int)), *tg = (int *)mallocCheck(N * sizeof(int));
+            double *lp[2] = {(double *)mallocCheck(N * 8), (double *)mallocCheck(N * 8)}, *dl = (double *)mallocCheck(N * 8);
+            Rng rg = rng_make(3);
+            for (int step = 0; step < 3; step++) {
+                for (int i = 0; i < N; i++) ids[i] = rng_int(&rg, c.V);
+                for (int i = 0; i < N; i++) tg[i] = i % T == T - 1 ? -1 : ids[i + 1], dl[i] = tg[i] < 0 ? 0 : -1.0 / N;
+                for (int k = 0; k < 2; k++) {
+                    model_forward(&m[k], ids, B, T);
+                    model_logprobs(&m[k], tg, 1.0f, lp[k]);
+                    model_zero_grads(&m[k]);
+                    model_backward(&m[k], dl);
+                    G->download(g[k], m[k].grads, n * 4);
+                    full_step(&ft[k], &m[k], 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0);
+                    G->download(w[k], ft[k].master, n * 4);
+                }
+                ck_assert_int_eq(m[0].acts.keep, 1);
+                ck_assert_int_eq(m[1].acts.keep, 0);
+                char what[96];
+                snprintf(what, sizeof what, "arch %d %s step %d: logprobs", a, kind ? "current" : "delayed", step);
+                check_exact(what, lp[0], lp[1], N * 8);
+                snprintf(what, sizeof what, "arch %d %s step %d: gradients", a, kind ? "current" : "delayed", step);
+                check_exact(what, g[0], g[1], n * 4);
+                snprintf(what, sizeof what, "arch %d %s step %d: masters", a, kind ? "current" : "delayed", step);
+                check_exact(what, w[0], w[1], n * 4);
+            }
+            printf("  fp8 kept inputs, arch %d, %s: 3 steps bit-identical to bf16-saved; activations %zu -> %zu bytes\n", a,
+                   kind ? "current" : "delayed", bb, kb);
+            for (int k = 0; k < 2; k++) full_free(&ft[k]), model_free(&m[k]), free(g[k]), free(w[k]), free(lp[k]);
+            free(ids), free(tg), free(dl);
+        }
+}
+END_TEST
+
 static Suite *gpu_models_suite(void) {
     Suite *s = suite_create("gpu_models");
     TCase *tc = tcase_create("gpu");
@@ -497,6 +564,7 @@ static Suite *gpu_models_suite(void) {
     tcase_add_test(tc, test_grpo_step);
     tcase_add_test(tc, test_value_model);
     tcase_add_test(tc, test_full_step);
+    tcase_add_test(tc, test_fp8_kept_inputs);
     suite_add_tcase(s, tc);
     return s;
 }
