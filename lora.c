@@ -144,7 +144,7 @@ void lora_adamw_step(LoRA *lo, float lr, float beta1, float beta2, float eps, fl
     if (lo->bf16)
         lo->be->adamw_bf16(lo->params, lo->grads, lo->m, lo->v, lo->n, lr, beta1, beta2, eps, weight_decay, lo->step,
                            lo->sr_seed);
-    else lo->be->adamw(lo->params, lo->grads, 1.0f, lo->m, lo->v, lo->n, lr, beta1, beta2, eps, weight_decay, lo->step, NULL);
+    else lo->be->adamw(lo->params, lo->grads, 1.0f, lo->m, lo->v, lo->n, lr, beta1, beta2, eps, weight_decay, lo->step, NULL, NULL);
     lo->act_valid = 0;  // the masters moved
 }
 

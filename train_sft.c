@@ -52,7 +52,7 @@
 
 typedef struct {
     const char *model, *data, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules, *load_in_fp8;
-    const char *fp8_recipe, *fp8_format, *fp8_amax_compute_algo;
+    const char *fp8_recipe, *fp8_format, *fp8_amax_compute_algo, *adam_moments;
     int resume, overwrite_output_dir, use_peft, gradient_checkpointing, quiet, chat;
     int fp8_amax_history_len, bf16_first_layers, bf16_last_layers;
     double fp8_margin;
@@ -99,6 +99,9 @@ static const Option OPTIONS[] = {
     {"adam_beta1", OPT_DOUBLE, OFF(adam_beta1), 0, 0.999999, .dflt = "0.9", .help = "AdamW beta1"},
     {"adam_beta2", OPT_DOUBLE, OFF(adam_beta2), 0, 0.999999999, .dflt = "0.999", .help = "AdamW beta2"},
     {"adam_epsilon", OPT_DOUBLE, OFF(adam_epsilon), 1e-30, 1, .dflt = "1e-8", .help = "AdamW epsilon"},
+    {"adam_moments", OPT_CHOICE, OFF(adam_moments), .choices = "fp32|bf16", .dflt = "fp32",
+     .help = "training every weight: AdamW's two moments in fp32, or in bf16 rounded stochastically (DeepSeek-V3's; 4 "
+             "bytes a parameter less)"},
     {"max_grad_norm", OPT_DOUBLE, OFF(max_grad_norm), 0, 1e9, .dflt = "1", .help = "clip the global gradient norm to this (0: off)"},
     {"gradient_checkpointing", OPT_FLAG, OFF(gradient_checkpointing), .help = "recompute each layer in the backward (less memory)"},
 
@@ -237,6 +240,9 @@ static void parse_options(int argc, char **argv, Opts *o) {
         die("--load_in_fp8 %s freezes the linear weights in FP8, but training every weight updates them: use --load_in_fp8 off, "
             "or --use_peft to train a LoRA adapter on the FP8 weights", o->load_in_fp8);
     if (o->resume && o->overwrite_output_dir) die("--resume and --overwrite_output_dir contradict each other");
+    if (o->use_peft && strcmp(o->adam_moments, "fp32"))
+        die("--adam_moments %s is for training every weight (a LoRA adapter's optimizer state is small): drop it or --use_peft",
+            o->adam_moments);
     if (o->use_peft && strcmp(o->fp8_recipe, "off"))
         die("--fp8_recipe %s trains every weight in FP8; with --use_peft the base is frozen: use --load_in_fp8 for an FP8 base "
             "under a LoRA adapter, or drop --use_peft",
@@ -549,7 +555,7 @@ static void load(Run *r) {
         printf("training: a LoRA adapter (r %d, alpha %g, %zu parameters) on the frozen weights (%s)\n", r->lo->r, r->lo->alpha,
                r->lo->n, o->load_in_fp8);
     } else {
-        full_init_sharded(&r->ft, &r->m, r->dist);
+        full_init_sharded(&r->ft, &r->m, r->dist, !strcmp(o->adam_moments, "bf16"));
         tr.full = &r->ft;
         if (strcmp(o->fp8_recipe, "off")) {
             FP8Recipe rc = recipe_of(o);
@@ -558,9 +564,10 @@ static void load(Run *r) {
                    o->bf16_first_layers, r->m.cfg.L - 1 - o->bf16_last_layers);
         }
         r->save_dt = checkpoint_dtype(o->model);
-        printf("training: every weight (%zu values, fp32 masters and AdamW: %.1f MiB%s), saved in %s\n", r->ft.n,
-               3.0 * (r->ft.hi - r->ft.lo) * dtype_size(r->be->hp) / 1048576.0, r->world > 1 ? " a rank, sharded over the ranks" : "",
-               dtype_name(r->save_dt));
+        size_t k = r->ft.hi - r->ft.lo;
+        printf("training: every weight (%zu values, fp32 masters and AdamW's moments in %s: %.1f MiB%s), saved in %s\n", r->ft.n,
+               o->adam_moments, (k * dtype_size(r->be->hp) + 2 * k * dtype_size(r->ft.mdt)) / 1048576.0,
+               r->world > 1 ? " a rank, sharded over the ranks" : "", dtype_name(r->save_dt));
     }
     tr.dist = r->world > 1 ? r->dist : NULL;
     r->tr = tr;

@@ -54,6 +54,17 @@ typedef struct {
     int pow2;        // power-of-two scales
 } QuantOptions;
 
+// AdamW's two moments held as bf16 values (adamw's m16; full fine-tuning's --adam_moments bf16, as
+// DeepSeek-V3 trains): bf16 storage where act is bf16 (the CUDA backend's), on the CPU backends their
+// values in hp storage. Each is rounded stochastically after its update (common.h f32_to_bf16_sr),
+// value i of the n with the bits sr_bits(seed, step, i0 + i, 1 for m / 2 for v): i0 the first value's
+// index in the whole array, so that a block of it (a rank's shard) rounds as the whole would. Rounding
+// to nearest would lose v's updates, (1 - beta2) = 0.1% of v, below half a bf16 step (0.2-0.4%).
+typedef struct {
+    uint64_t seed;
+    size_t i0;
+} Bf16Moments;
+
 typedef struct Backend Backend;
 struct Backend {
     const char *name;  // "cpu", "cpu64", "cuda"
@@ -267,9 +278,10 @@ struct Backend {
     // AdamW on n hp values: m, v hp state; step counts from 1 (bias correction). Each gradient is taken
     // times gscale (the clip factor; rounded to hp as `scale` rounds, the gradients left as they are).
     // act_out (n act values) or NULL: the new values in the act dtype as well, as to_act writes them (the
-    // working copy full fine-tuning's forward reads), in the same pass: one read and write of each array
+    // working copy full fine-tuning's forward reads), in the same pass: one read and write of each array.
+    // m16 (or NULL): m and v held as bf16 values instead (Bf16Moments), the same fp64 arithmetic
     void (*adamw)(void *param, const void *grad, float gscale, void *m, void *v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int step, void *act_out);
+                  float beta2, float eps, float weight_decay, int step, void *act_out, const Bf16Moments *m16);
     // AdamW with param, m and v held as bf16 values (--lora_dtype bf16: bf16 storage where act is bf16, the
     // CUDA backend's; on the CPU backends their values in hp storage); grad hp. The same fp64 arithmetic as
     // adamw, then each of the three rounded to bf16 stochastically (common.h f32_to_bf16_sr, its bits from

@@ -365,8 +365,9 @@ static void w_sample(int32_t *tokens, void *logp, const void *logits, uint64_t *
     OP(sample)(tokens, (real *)logp, (const real *)logits, rng, S, V, temperature, top_k, top_p);
 }
 static void w_adamw(void *param, const void *grad, float gscale, void *m, void *v, size_t n, float lr, float beta1,
-                    float beta2, float eps, float weight_decay, int step, void *act_out) {
-    OP(adamw)((real *)param, (const real *)grad, gscale, (real *)m, (real *)v, n, lr, beta1, beta2, eps, weight_decay, step);
+                    float beta2, float eps, float weight_decay, int step, void *act_out, const Bf16Moments *m16) {
+    OP(adamw)((real *)param, (const real *)grad, gscale, (real *)m, (real *)v, n, lr, beta1, beta2, eps, weight_decay, step,
+              m16 != NULL, m16 ? m16->seed : 0, m16 ? m16->i0 : 0);
     if (act_out) cpu_to_act(act_out, param, n);
 }
 static void w_adamw_bf16(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,

@@ -758,17 +758,23 @@ static inline double adamw_elem(double p, double g, double *m, double *v, float 
     return p - lr * (mi / bc1) / (sqrt(vi / bc2) + eps);
 }
 
-// the gradient times gscale, rounded as FN(scale) rounds it
+// the gradient times gscale, rounded as FN(scale) rounds it; m16: the moments are bf16 values
+// (backend.h Bf16Moments: seed, i0), rounded stochastically
 void FN(adamw)(real *param, const real *grad, float gscale, real *m, real *v, size_t n, float lr, float beta1, float beta2,
-               float eps, float weight_decay, int step) {
+               float eps, float weight_decay, int step, int m16, uint64_t seed, size_t i0) {
     double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
         double mi = m[i], vi = v[i];
         real g = gscale == 1.0f ? grad[i] : (real)(grad[i] * (double)gscale);
         double p = adamw_elem(param[i], g, &mi, &vi, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
-        m[i] = (real)mi;
-        v[i] = (real)vi;
+        if (m16) {
+            m[i] = bf16_to_f32(f32_to_bf16_sr((float)mi, sr_bits(seed, step, i0 + i, 1)));
+            v[i] = bf16_to_f32(f32_to_bf16_sr((float)vi, sr_bits(seed, step, i0 + i, 2)));
+        } else {
+            m[i] = (real)mi;
+            v[i] = (real)vi;
+        }
         param[i] = (real)p;
     }
 }

@@ -62,7 +62,7 @@ extern "C" {
     void sample##S(int32_t *tokens, real *logp, const real *logits, uint64_t *rng, int S_, int V,                    \
                    float temperature, int top_k, float top_p);                                                       \
     void adamw##S(real *param, const real *grad, float gscale, real *m, real *v, size_t n, float lr, float beta1,   \
-                  float beta2, float eps, float weight_decay, int step);                                             \
+                  float beta2, float eps, float weight_decay, int step, int m16, uint64_t seed, size_t i0);        \
     void adamw_bf16##S(real *param, const real *grad, real *m, real *v, size_t n, float lr, float beta1, float beta2, \
                        float eps, float weight_decay, int step, uint64_t seed);                                       \
     double sumsq##S(const real *x, size_t n);                                                                        \

@@ -663,35 +663,56 @@ static void cu_logprobs_fused(void *logp, void *lse, void *dh, void *dwlm, const
 // The whole optimizer step in one pass over the arrays: the clip factor gs applied as scale_kernel
 // applies it, AdamW, and the bf16 working copy (act, or NULL) as to_bf16 writes it. Fused, a step of
 // full fine-tuning reads and writes each array once instead of in three passes (scale, AdamW, copy).
-// one value's AdamW step in fp64, each operation rounded as the CPU's (bit-identical results)
+// one value's AdamW step in fp64, each operation rounded as the CPU's (bit-identical results). The
+// moments are stored as float, or as bf16 values rounded stochastically (backend.h Bf16Moments)
 struct AdamW {
     double gs, lr, b1, b2, eps, wd, bc1, bc2;
-    __device__ float step(float &param, float grad, float &m, float &v) const {
+    uint64_t seed;  // bf16 moments: their rounding's bits, sr_bits(seed, step, i0 + i, 1 m / 2 v)
+    int t;
+    size_t i0;
+    __device__ static double get(float x) { return (double)x; }
+    __device__ static double get(bf16 x) { return (double)__bfloat162float(x); }
+    __device__ void put(float &dst, double x, size_t, int) const { dst = (float)x; }
+    __device__ void put(bf16 &dst, double x, size_t i, int which) const {
+        dst = __ushort_as_bfloat16(f32_to_bf16_sr((float)x, sr_bits(seed, t, i0 + i, which)));
+    }
+    template <typename MT>
+    __device__ float step(float &param, float grad, MT &m, MT &v, size_t i) const {
         double g = gs == 1.0 ? (double)grad : (double)(float)__dmul_rn((double)grad, gs);
-        double mi = __dadd_rn(__dmul_rn(b1, (double)m), __dmul_rn(__dsub_rn(1.0, b1), g));
-        double vi = __dadd_rn(__dmul_rn(b2, (double)v), __dmul_rn(__dmul_rn(__dsub_rn(1.0, b2), g), g));
-        m = (float)mi;
-        v = (float)vi;
+        double mi = __dadd_rn(__dmul_rn(b1, get(m)), __dmul_rn(__dsub_rn(1.0, b1), g));
+        double vi = __dadd_rn(__dmul_rn(b2, get(v)), __dmul_rn(__dmul_rn(__dsub_rn(1.0, b2), g), g));
+        put(m, mi, i, 1);
+        put(v, vi, i, 2);
         double p = __dmul_rn((double)param, __dsub_rn(1.0, __dmul_rn(lr, wd)));
         double st = __ddiv_rn(__dmul_rn(lr, __ddiv_rn(mi, bc1)), __dadd_rn(__dsqrt_rn(__ddiv_rn(vi, bc2)), eps));
         return param = (float)__dsub_rn(p, st);
     }
 };
 
-// The step streams 30 bytes a value (param, grad, m, v read; param, m, v, act written), so it runs
-// at the memory's speed only with wide accesses: 16-byte vectors of 4 values where the arrays allow
-// (the scalar loop takes the rest).
-__global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n, AdamW a, bf16 *act) {
+// four moments as one vector load / store: 16 bytes of float, 8 of bf16
+template <typename MT> struct Vec4;
+template <> struct Vec4<float> { typedef float4 T; };
+template <> struct Vec4<bf16> { typedef uint2 T; };
+
+// The step streams 30 bytes a value (param, grad, m, v read; param, m, v, act written; 22 with bf16
+// moments), so it runs at the memory's speed only with wide accesses: vectors of 4 values where the
+// arrays allow (the scalar loop takes the rest).
+template <typename MT>
+__global__ void adamw_kernel(float *param, const float *grad, MT *m, MT *v, size_t n, AdamW a, bf16 *act) {
+    typedef typename Vec4<MT>::T MV;
     size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
-    int vec = ((uintptr_t)param | (uintptr_t)grad | (uintptr_t)m | (uintptr_t)v) % 16 == 0 && (uintptr_t)act % 8 == 0;
+    int vec = ((uintptr_t)param | (uintptr_t)grad) % 16 == 0 && ((uintptr_t)m | (uintptr_t)v) % sizeof(MV) == 0 &&
+              (uintptr_t)act % 8 == 0;
     size_t n4 = vec ? n / 4 : 0;
     for (size_t i = tid; i < n4; i += stride) {
-        float4 p = ((float4 *)param)[i], g = ((const float4 *)grad)[i], mi = ((float4 *)m)[i], vi = ((float4 *)v)[i];
-        a.step(p.x, g.x, mi.x, vi.x);
-        a.step(p.y, g.y, mi.y, vi.y);
-        a.step(p.z, g.z, mi.z, vi.z);
-        a.step(p.w, g.w, mi.w, vi.w);
-        ((float4 *)param)[i] = p, ((float4 *)m)[i] = mi, ((float4 *)v)[i] = vi;
+        float4 p = ((float4 *)param)[i], g = ((const float4 *)grad)[i];
+        MV mv = ((MV *)m)[i], vv = ((MV *)v)[i];
+        MT *mi = (MT *)&mv, *vi = (MT *)&vv;
+        a.step(p.x, g.x, mi[0], vi[0], 4 * i);
+        a.step(p.y, g.y, mi[1], vi[1], 4 * i + 1);
+        a.step(p.z, g.z, mi[2], vi[2], 4 * i + 2);
+        a.step(p.w, g.w, mi[3], vi[3], 4 * i + 3);
+        ((float4 *)param)[i] = p, ((MV *)m)[i] = mv, ((MV *)v)[i] = vv;
         if (act) {
             __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
             uint2 o;
@@ -700,17 +721,21 @@ __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v
         }
     }
     for (size_t i = 4 * n4 + tid; i < n; i += stride) {
-        float np = a.step(param[i], grad[i], m[i], v[i]);
+        float np = a.step(param[i], grad[i], m[i], v[i], i);
         if (act) act[i] = __float2bfloat16_rn(np);
     }
 }
 static void cu_adamw(void *param, const void *grad, float gscale, void *m, void *v, size_t n, float lr, float beta1,
-                     float beta2, float eps, float weight_decay, int step, void *act_out) {
+                     float beta2, float eps, float weight_decay, int step, void *act_out, const Bf16Moments *m16) {
     if (!n) return;
     double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
-    AdamW a = {gscale, lr, beta1, beta2, eps, weight_decay, bc1, bc2};
-    adamw_kernel<<<grid_for(n / 4 + 1), 256, 0, G.stream>>>((float *)param, (const float *)grad, (float *)m, (float *)v, n,
-                                                            a, (bf16 *)act_out);
+    AdamW a = {gscale, lr, beta1, beta2, eps, weight_decay, bc1, bc2, m16 ? m16->seed : 0, step, m16 ? m16->i0 : 0};
+    if (m16)
+        adamw_kernel<<<grid_for(n / 4 + 1), 256, 0, G.stream>>>((float *)param, (const float *)grad, (bf16 *)m, (bf16 *)v,
+                                                                n, a, (bf16 *)act_out);
+    else
+        adamw_kernel<<<grid_for(n / 4 + 1), 256, 0, G.stream>>>((float *)param, (const float *)grad, (float *)m, (float *)v,
+                                                                n, a, (bf16 *)act_out);
     launchCheck();
 }
 

@@ -176,7 +176,7 @@ int main(int argc, char **argv) {
             model_fp8_train(&m, &rc);
         }
         FullTrainer ft;
-        full_init_sharded(&ft, &m, d);
+        full_init_sharded(&ft, &m, d, 0);
         int N = a.batch * a.seq;
         int *ids = (int *)mallocCheck(N * sizeof(int)), *tg = (int *)mallocCheck(N * sizeof(int));
         double *dl = (double *)mallocCheck(N * sizeof(double)), *lp = (double *)mallocCheck(N * sizeof(double));

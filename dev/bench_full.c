@@ -7,6 +7,7 @@
 // in a child process of its own, so that each starts from an empty GPU and its peak is its own.
 //
 //   make bench-full && ./build/bench_full --model 1b --recipe off,delayed,current,block --batch 8 --seq 2048
+//   ./build/bench_full --model 1b --recipe off,off:bf16,delayed:bf16      (:bf16: AdamW's moments in bf16)
 //   ./build/bench_full --model 3b --recipe off,block --batch 4 --seq 2048 --recompute
 // With --profile, one more step per recipe with every backend op timed (dev/op_profile.h); with
 // --parts, one linear layer's products and kernels timed alone at the 1B projections' shapes.
@@ -31,7 +32,7 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 typedef struct {
-    char recipe[16];
+    char recipe[24];
     double step_ms, tok_s, peak_gib, loss;
     long overflows;
 } Result;
@@ -47,12 +48,19 @@ static void one_step(Model *m, FullTrainer *ft, const int *ids, const int *tg, c
     model_zero_grads(m);
 }
 
-static Result run(const char *size, const char *recipe, int B, int T, int steps, int warmup, int recompute) {
+// recipe: off, delayed, current or block, with ":bf16" for AdamW's moments in bf16 (--adam_moments bf16)
+static Result run(const char *size, const char *recipe_m, int B, int T, int steps, int warmup, int recompute) {
     const Backend *be = backend_select("cuda", 0);
     Config cfg = llama32_shape(size);
     Result res;
     memset(&res, 0, sizeof res);
-    snprintf(res.recipe, sizeof res.recipe, "%s", recipe);
+    snprintf(res.recipe, sizeof res.recipe, "%s", recipe_m);
+    char recipe[16];
+    snprintf(recipe, sizeof recipe, "%s", recipe_m);
+    char *colon = strchr(recipe, ':');
+    int m16 = colon && !strcmp(colon, ":bf16");
+    if (colon && !m16) die("--recipe: '%s': the moments are fp32, or bf16 with ':bf16'", recipe_m);
+    if (colon) *colon = 0;
     ModelOptions opt;
     memset(&opt, 0, sizeof opt);
     opt.gran = FP8_OFF;
@@ -67,7 +75,7 @@ static Result run(const char *size, const char *recipe, int B, int T, int steps,
         model_fp8_train(&m, &r);
     }
     FullTrainer ft;
-    full_init(&ft, &m);
+    full_init_sharded(&ft, &m, NULL, m16);
     int N = B * T;
     int *ids = (int *)mallocCheck(N * sizeof(int)), *tg = (int *)mallocCheck(N * sizeof(int));
     double *dl = (double *)mallocCheck(N * sizeof(double)), *logp = (double *)mallocCheck(N * sizeof(double));
@@ -215,7 +223,7 @@ int main(int argc, char **argv) {
             attention_set_hopper(!strcmp(k, "auto"));
         }
         else if (!strcmp(argv[i], "--parts")) parts_only = 1;
-        else die("usage: bench_full [--model 1b|3b] [--recipe off,delayed,current,block] [--batch B] [--seq T] [--steps n] "
+        else die("usage: bench_full [--model 1b|3b] [--recipe off,delayed,current,block[:bf16],...] [--batch B] [--seq T] [--steps n] "
                  "[--warmup n] [--recompute] [--profile] [--parts] [--attention auto|mma]");
     }
     if (B < 1 || T < 2 || steps < 1 || warmup < 0) die("bad --batch/--seq/--steps/--warmup");
@@ -248,7 +256,7 @@ int main(int argc, char **argv) {
         if (got != (ssize_t)sizeof res[n] || !WIFEXITED(st) || WEXITSTATUS(st)) die("the %s run failed (above)", tok);
         n++;
     }
-    printf("\nfull fine-tuning step, Llama-3.2-%s shape, %d x %d tokens%s, AdamW on fp32 masters\n\n", size, B, T,
+    printf("\nfull fine-tuning step, Llama-3.2-%s shape, %d x %d tokens%s, AdamW on fp32 masters (:bf16: its moments in bf16)\n\n", size, B, T,
            recompute ? ", recompute" : "");
     printf("| recipe | step ms | tokens/s | vs BF16 | peak GiB | loss after %d steps | amax overflows |\n", steps + warmup);
     printf("| --- | --- | --- | --- | --- | --- | --- |\n");

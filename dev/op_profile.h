@@ -143,8 +143,8 @@ static void pw_sample(int32_t *tok, void *logp, const void *lg, uint64_t *rng, i
 }
 static void pw_emb_f(void *out, const int32_t *ids, const QWeight *wte, int N) { PW(P_EMB, PF.R->embedding_forward(out, ids, wte, N)); }
 static void pw_adamw(void *p, const void *g, float gs, void *m, void *v, size_t n, float lr, float b1, float b2, float eps,
-                     float wd, int step, void *act) {
-    PW(P_OPT, PF.R->adamw(p, g, gs, m, v, n, lr, b1, b2, eps, wd, step, act));
+                     float wd, int step, void *act, const Bf16Moments *m16) {
+    PW(P_OPT, PF.R->adamw(p, g, gs, m, v, n, lr, b1, b2, eps, wd, step, act, m16));
 }
 static void pw_zero(void *p, size_t bytes) { PW(P_MEM, PF.R->zero(p, bytes)); }
 static void pw_upload(void *d, const void *s, size_t b) { PW(P_MEM, PF.R->upload(d, s, b)); }

@@ -1416,8 +1416,8 @@ START_TEST(test_optimizer) {
     for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
     void *dp = up_hp(p, n), *dg = up_hp(g, n), *dm = up_hp(m, n), *dv = up_hp(v, n);
     for (int step = 1; step <= 3; step++) {
-        G->adamw(dp, dg, 1.0f, dm, dv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step, NULL);
-        adamw_cpu(p, g, 1.0f, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
+        G->adamw(dp, dg, 1.0f, dm, dv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step, NULL, NULL);
+        adamw_cpu(p, g, 1.0f, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step, 0, 0, 0);
     }
     float *gp = down_hp(dp, n), *gm = down_hp(dm, n), *gv = down_hp(dv, n);
     check_exact("adamw param (3 steps, fp64, CPU order)", gp, p, n * 4);
@@ -1429,11 +1429,11 @@ START_TEST(test_optimizer) {
         memcpy(g2, g, n * 4);
         void *fp = up_hp(p, n), *fm = up_hp(m, n), *fv = up_hp(v, n), *fa = G->alloc(n * 2);
         void *rp = up_hp(p, n), *rm = up_hp(m, n), *rv = up_hp(v, n), *ra = G->alloc(n * 2), *rg = up_hp(g, n);
-        G->adamw(fp, dg, 0.37f, fm, fv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 4, fa);
+        G->adamw(fp, dg, 0.37f, fm, fv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 4, fa, NULL);
         G->scale(rg, n, 0.37f);
-        G->adamw(rp, rg, 1.0f, rm, rv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 4, NULL);
+        G->adamw(rp, rg, 1.0f, rm, rv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 4, NULL, NULL);
         G->to_act(ra, rp, n);
-        adamw_cpu(p, g2, 0.37f, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 4);
+        adamw_cpu(p, g2, 0.37f, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 4, 0, 0, 0);
         float *a = down_hp(fp, n), *b = down_hp(rp, n), *fa32 = down_act(fa, n), *ra32 = down_act(ra, n), *g3 = down_hp(dg, n);
         check_exact("adamw fused (clip 0.37, act copy): param vs scale + adamw", a, b, n * 4);
         check_exact("adamw fused: param vs the CPU's", a, p, n * 4);
@@ -1447,6 +1447,25 @@ START_TEST(test_optimizer) {
         check_exact("adamw fused: v", a, b, n * 4);
         free(a); free(b); free(g2);
         G->free(fp); G->free(fm); G->free(fv); G->free(fa); G->free(rp); G->free(rm); G->free(rv); G->free(ra); G->free(rg);
+    }
+    {  // --adam_moments bf16: fp32 params, bf16 moments rounded stochastically from the same hashed bits on
+       // both sides (a block at i0 = 12345, with the clip factor and the act copy), bit for bit the CPU's
+        float *cp = (float *)mallocCheck(n * 4), *cm = (float *)mallocCheck(n * 4), *cv = (float *)mallocCheck(n * 4);
+        for (size_t i = 0; i < n; i++) cp[i] = p[i], cm[i] = bfr(m[i]), cv[i] = bfr(v[i]);
+        void *hp_ = up_hp(cp, n), *hm = up_act(cm, n), *hv = up_act(cv, n), *ha = G->alloc(n * 2);
+        Bf16Moments m16 = {77, 12345};
+        for (int step = 1; step <= 3; step++) {
+            G->adamw(hp_, dg, 0.37f, hm, hv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step, ha, &m16);
+            CPU->adamw(cp, g, 0.37f, cm, cv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step, NULL, &m16);
+        }
+        float *a = down_hp(hp_, n), *bm_ = down_act(hm, n), *bv_ = down_act(hv, n), *aa = down_act(ha, n);
+        check_exact("adamw, bf16 moments: param (3 steps, stochastic rounding)", a, cp, n * 4);
+        check_exact("adamw, bf16 moments: m", bm_, cm, n * 4);
+        check_exact("adamw, bf16 moments: v", bv_, cv, n * 4);
+        for (size_t i = 0; i < n; i++) cp[i] = bfr(cp[i]);
+        check_exact("adamw, bf16 moments: the act copy", aa, cp, n * 4);
+        G->free(hp_); G->free(hm); G->free(hv); G->free(ha);
+        free(a); free(bm_); free(bv_); free(aa); free(cp); free(cm); free(cv);
     }
     // --lora_dtype bf16: bf16 param, m, v, stochastic rounding from the same hashed bits on both sides
     for (size_t i = 0; i < n; i++) p[i] = bfr(p[i]), m[i] = bfr(m[i]), v[i] = bfr(v[i]);

@@ -255,7 +255,7 @@ START_TEST(test_adamw_step) {
     for (int i = 0; i < n; i++) P[i] = p[i];
     for (int step = 1; step <= 2; step++) {
         float *g = step == 1 ? g1 : g2;
-        be->adamw(p, g, 1.0f, m, v, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, step, NULL);
+        be->adamw(p, g, 1.0f, m, v, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, step, NULL, NULL);
         for (int i = 0; i < n; i++) {
             P[i] *= 1 - lr * wd;
             M[i] = b1 * M[i] + (1 - b1) * g[i];
@@ -281,9 +281,9 @@ START_TEST(test_adamw_fused) {
         p[i] = p2[i] = rng_normal(&r), g[i] = g2[i] = g0[i] = 0.1f * rng_normal(&r);
         m[i] = m2[i] = 0.01f * rng_normal(&r), v[i] = v2[i] = 1e-4f * fabsf(rng_normal(&r)) + 1e-6f;
     }
-    be->adamw(p, g, 0.37f, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 3, act);
+    be->adamw(p, g, 0.37f, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 3, act, NULL);
     be->scale(g2, n, 0.37f);
-    be->adamw(p2, g2, 1.0f, m2, v2, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 3, NULL);
+    be->adamw(p2, g2, 1.0f, m2, v2, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 3, NULL, NULL);
     ck_assert(memcmp(p, p2, sizeof p) == 0 && memcmp(m, m2, sizeof m) == 0 && memcmp(v, v2, sizeof v) == 0);
     ck_assert(memcmp(act, p, sizeof p) == 0);
     ck_assert(memcmp(g, g0, sizeof g) == 0);

@@ -293,6 +293,55 @@ START_TEST(test_adamw_bf16) {
 }
 END_TEST
 
+// adamw with bf16 moments (m16, full fine-tuning's --adam_moments bf16) on the CPU backend: m and v are
+// bf16 values; with the gradients gone, v decays by beta2 a step on average (0.999^700 = 0.496), which
+// rounding to nearest would never do (a 0.1% step is below half a bf16 step); the params follow the
+// fp32 moments' within 2^-6 of the update; two halves with their own i0 round as the whole; it repeats
+START_TEST(test_adamw_bf16_moments) {
+    const Backend *be = backend_cpu();
+    size_t n = 4096;
+    float *p = (float *)mallocCheck(n * 4), *g = (float *)mallocCheck(n * 4), *m = (float *)callocCheck(n, 4),
+          *v = (float *)callocCheck(n, 4), *z = (float *)callocCheck(n, 4);
+    float *p32 = (float *)mallocCheck(n * 4), *m32 = (float *)callocCheck(n, 4), *v32 = (float *)callocCheck(n, 4);
+    for (size_t i = 0; i < n; i++) p[i] = p32[i] = rng_normal(&rng), g[i] = 0.01f * rng_normal(&rng);
+    Bf16Moments m16 = {7, 0};
+    float lr = 1e-3f;
+    for (int step = 1; step <= 5; step++) {
+        be->adamw(p, g, 1.0f, m, v, n, lr, 0.9f, 0.999f, 1e-8f, 0.0f, step, NULL, &m16);
+        be->adamw(p32, g, 1.0f, m32, v32, n, lr, 0.9f, 0.999f, 1e-8f, 0.0f, step, NULL, NULL);
+    }
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_msg(bf16_to_f32(f32_to_bf16(m[i])) == m[i] && bf16_to_f32(f32_to_bf16(v[i])) == v[i],
+                      "moment %zu is not a bf16 value", i);
+        worst = fmax(worst, fabs(p[i] - p32[i]));
+    }
+    ck_assert_msg(worst <= 5 * lr * 0x1p-6, "params differ from the fp32 moments' by %g after 5 steps of %g", worst, lr);
+    float *v0 = (float *)mallocCheck(n * 4);
+    memcpy(v0, v, n * 4);
+    for (int step = 6; step < 706; step++) be->adamw(p, z, 1.0f, m, v, n, lr, 0.9f, 0.999f, 1e-8f, 0.0f, step, NULL, &m16);
+    double ratio = 0;
+    for (size_t i = 0; i < n; i++) ratio += v[i] / v0[i];
+    ratio /= n;
+    ck_assert_msg(fabs(ratio - pow(0.999, 700)) < 0.01, "v decayed to %.4f of itself in 700 steps, expected %.4f", ratio,
+                  pow(0.999, 700));
+    ck_assert_msg(f32_to_bf16(0.999f * 1.0f) == f32_to_bf16(1.0f), "rounding to nearest would have kept v");
+    // halves with i0 = 0 and n / 2, against the whole
+    float *q[2], *qm[2], *qv[2];
+    for (int k = 0; k < 2; k++) {
+        q[k] = (float *)mallocCheck(n * 4), qm[k] = (float *)mallocCheck(n * 4), qv[k] = (float *)mallocCheck(n * 4);
+        memcpy(q[k], p32, n * 4), memcpy(qm[k], m, n * 4), memcpy(qv[k], v0, n * 4);
+    }
+    be->adamw(q[0], g, 0.5f, qm[0], qv[0], n, lr, 0.9f, 0.999f, 1e-8f, 0.01f, 9, NULL, &m16);
+    Bf16Moments a = {7, 0}, b = {7, n / 2};
+    be->adamw(q[1], g, 0.5f, qm[1], qv[1], n / 2, lr, 0.9f, 0.999f, 1e-8f, 0.01f, 9, NULL, &a);
+    be->adamw(q[1] + n / 2, g + n / 2, 0.5f, qm[1] + n / 2, qv[1] + n / 2, n / 2, lr, 0.9f, 0.999f, 1e-8f, 0.01f, 9, NULL, &b);
+    ck_assert(!memcmp(q[0], q[1], n * 4) && !memcmp(qm[0], qm[1], n * 4) && !memcmp(qv[0], qv[1], n * 4));
+    for (int k = 0; k < 2; k++) free(q[k]), free(qm[k]), free(qv[k]);
+    free(p); free(g); free(m); free(v); free(z); free(p32); free(m32); free(v32); free(v0);
+}
+END_TEST
+
 // LoRA with bf16 masters and AdamW state on a fixture model: a few steps raising the log-likelihood
 // of fixed targets do so as the fp32 state does (within a quarter of the gain), the masters stay bf16
 // values, and the state written for --resume reads back as it was
@@ -357,6 +406,7 @@ static Suite *memory_suite(void) {
     tcase_add_test(tc, test_memfit);
     tcase_add_test(tc, test_stochastic_rounding);
     tcase_add_test(tc, test_adamw_bf16);
+    tcase_add_test(tc, test_adamw_bf16_moments);
     tcase_add_test(tc, test_lora_bf16);
     suite_add_tcase(s, tc);
     return s;

@@ -496,12 +496,14 @@ START_TEST(test_bf16_model_saved_in_bf16) {
 END_TEST
 
 START_TEST(test_resume_bit_exact) {
-    // 10 steps, then --resume to 20, against 20 straight: the same checkpoint-20, byte for byte
+    // 10 steps, then --resume to 20, against 20 straight: the same checkpoint-20, byte for byte (every
+    // weight; a LoRA adapter; every weight with AdamW's moments in bf16, rounded stochastically)
     setup_program();
-    const char *modes[2] = {"", "--use_peft --lora_r 4 --load_in_fp8 block"};
-    const char *outs[2][2] = {{"straight", "resumed"}, {"peft_straight", "peft_resumed"}};
-    const char *check[2][2] = {{"optimizer.safetensors", "model.safetensors"}, {"optimizer.safetensors", "adapter_model.safetensors"}};
-    for (int k = 0; k < 2; k++) {
+    const char *modes[3] = {"", "--use_peft --lora_r 4 --load_in_fp8 block", "--adam_moments bf16"};
+    const char *outs[3][2] = {{"straight", "resumed"}, {"peft_straight", "peft_resumed"}, {"m16_straight", "m16_resumed"}};
+    const char *check[3][2] = {{"optimizer.safetensors", "model.safetensors"}, {"optimizer.safetensors", "adapter_model.safetensors"},
+                               {"optimizer.safetensors", "model.safetensors"}};
+    for (int k = 0; k < 3; k++) {
         char a[1200], b[1200], cmd[4096], out[8192], p[1400], q[1400];
         snprintf(a, sizeof a, "%s", tmp_path(outs[k][0]));
         snprintf(b, sizeof b, "%s", tmp_path(outs[k][1]));

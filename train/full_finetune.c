@@ -7,7 +7,7 @@
 #include "train/full_finetune.h"
 #include "train/optim.h"  // grad_clip_factor
 
-void full_init(FullTrainer *ft, Model *m) { full_init_sharded(ft, m, NULL); }
+void full_init(FullTrainer *ft, Model *m) { full_init_sharded(ft, m, NULL, 0); }
 
 static int sharded(const FullTrainer *ft) { return ft->dist && dist_world(ft->dist) > 1; }
 
@@ -43,7 +43,7 @@ static void *act_block(const FullTrainer *ft, const Model *m) {
     return (char *)m->w.dense_mem + ft->lo * dtype_size(ft->be->act);
 }
 
-void full_init_sharded(FullTrainer *ft, Model *m, Dist *d) {
+void full_init_sharded(FullTrainer *ft, Model *m, Dist *d, int bf16_moments) {
     const Backend *be = m->be;
     for (int l = 0; l < m->cfg.L; l++)
         for (int i = 0; i < LIN_COUNT; i++)
@@ -51,23 +51,25 @@ void full_init_sharded(FullTrainer *ft, Model *m, Dist *d) {
                 die("full-weight training updates every weight, and layer %d's are FP8 (frozen): load the model with "
                     "--load_in_fp8 off", l);
     // what full training adds to the weights: fp32 gradients, masters and two AdamW moments, 16
-    // bytes a parameter (4 + 12 / world sharded); said before anything is allocated where the
-    // device cannot hold it
+    // bytes a parameter (12 with bf16 moments; sharded, 4 + the rest / world); said before anything
+    // is allocated where the device cannot hold it
     int W = d ? dist_world(d) : 1;
     size_t n = m->w.dense_bytes / dtype_size(be->act), k = W > 1 ? dp_shard(n, W, dist_rank(d)).hi - dp_shard(n, W, dist_rank(d)).lo : n;
     size_t L = m->cfg.L, layer = L ? (n - (size_t)((char *)m->w.layers[0].ln1 - (char *)m->w.dense_mem) / dtype_size(be->act)) / L : 0;
     size_t grads = W > 1 ? n - (L - 1) * layer : n;  // sharded: the tensors outside the layers, and one layer's bucket
-    size_t need = (grads + (W > 1 ? 4 : 3) * k) * dtype_size(be->hp), cap = be->mem_capacity();
+    size_t act = dtype_size(be->act), hp = dtype_size(be->hp), ms = bf16_moments ? act : hp;
+    size_t state = k * ((W > 1 ? 2 : 1) * hp + 2 * ms);  // masters (and sharded, the block's gradients), m and v
+    size_t need = grads * hp + state, cap = be->mem_capacity();
     size_t used = be->mem_in_use(NULL);
     if (cap > 0 && used + need > cap)
         die("full-weight training needs %.1f GiB beyond the model's %.1f GiB (fp32 gradients, and master weights and AdamW's two "
             "moments %s: %.2fB parameters), and the GPU has %.1f GiB left: train a LoRA adapter instead (--use_peft), a smaller "
             "model, or shard over more GPUs (--nproc_per_node)",
-            need / 1073741824.0, m->w.dense_bytes / 1073741824.0, W > 1 ? "sharded over the ranks" : "(16 bytes a parameter)", n / 1e9,
+            need / 1073741824.0, m->w.dense_bytes / 1073741824.0,
+            W > 1 ? "sharded over the ranks" : bf16_moments ? "(12 bytes a parameter)" : "(16 bytes a parameter)", n / 1e9,
             (cap > used ? cap - used : 0) / 1073741824.0);
     memset(ft, 0, sizeof *ft);
     ft->be = be;
-    size_t act = dtype_size(be->act), hp = dtype_size(be->hp);
     ft->n = n;
     ft->lo = 0, ft->hi = n;
     if (W > 1) {
@@ -82,12 +84,14 @@ void full_init_sharded(FullTrainer *ft, Model *m, Dist *d) {
         model_alloc_grads(m);
         if (m->gw.dense_bytes != ft->n * hp) die("full_init: the gradients' layout differs from the weights'");
     }
-    ft->mem = be->alloc((W > 1 ? 4 : 3) * k * hp);
+    ft->bf16_moments = bf16_moments;
+    ft->mdt = bf16_moments ? be->act : be->hp;
+    ft->mem = be->alloc(state);
     ft->master = ft->mem;
-    ft->adam_m = (char *)ft->mem + k * hp;
-    ft->adam_v = (char *)ft->mem + 2 * k * hp;
-    ft->gshard = W > 1 ? (char *)ft->mem + 3 * k * hp : NULL;
-    be->zero(ft->adam_m, (W > 1 ? 3 : 2) * k * hp);
+    ft->gshard = W > 1 ? (char *)ft->mem + k * hp : NULL;
+    ft->adam_m = (char *)ft->mem + (W > 1 ? 2 : 1) * k * hp;
+    ft->adam_v = (char *)ft->adam_m + k * ms;
+    be->zero((char *)ft->mem + k * hp, state - k * hp);
     // the masters start as the act weights of the block, through the host (once): act -> f64 -> hp
     void *raw = mallocCheck(k * act);
     double *h = (double *)mallocCheck(k * sizeof(double));
@@ -130,8 +134,9 @@ double full_step(FullTrainer *ft, Model *m, float lr, float beta1, float beta2, 
     if (!isfinite(clip)) die("full-weight training: the gradient norm is %g (NaN/inf) at step %d: lower the learning rate", norm, ft->step + 1);
     ft->step++;
     // one pass: the gradients times the clip factor, AdamW on the masters, their act copy for the forward
+    Bf16Moments m16 = {0x6d6f6d656e7473ull, ft->lo};  // the stochastic rounding's stream: fixed, so a run repeats
     be->adamw(ft->master, g, (float)clip, ft->adam_m, ft->adam_v, k, lr, beta1, beta2, eps, weight_decay, ft->step,
-              act_block(ft, m));
+              act_block(ft, m), ft->bf16_moments ? &m16 : NULL);
     if (sharded(ft)) be->zero(ft->gshard, k * hp);  // the next step's sums start at 0
     publish_weights(ft, m, 0);
     // FP8 training: delayed scaling's histories roll, from the amaxes of every rank's data
@@ -155,11 +160,12 @@ static void *stage_of(FullTrainer *ft) {
     return ft->stage;
 }
 
-// saving (to_host 1): rank r's block of mine (this rank's block of an array) into host (n values) on
-// rank 0; loading (to_host 0): host's values on rank 0 into every rank's block of mine
-static void move_blocks(FullTrainer *ft, void *mine, void *host, int to_host) {
+// saving (to_host 1): rank r's block of mine (this rank's block of an array of hp values: es bytes
+// each) into host (n values) on rank 0; loading (to_host 0): host's values on rank 0 into every rank's
+// block of mine
+static void move_blocks(FullTrainer *ft, void *mine, void *host, int to_host, size_t es) {
     const Backend *be = ft->be;
-    size_t hp = dtype_size(be->hp);
+    size_t hp = es;
     int me = dist_rank(ft->dist);
     void *st = stage_of(ft);
     for (int r = 0; r < dist_world(ft->dist); r++) {
@@ -179,17 +185,18 @@ static void move_blocks(FullTrainer *ft, void *mine, void *host, int to_host) {
 void full_save_state(const FullTrainer *ftc, const Model *m, const char *path) {
     FullTrainer *ft = (FullTrainer *)ftc;  // (sharded: its stage buffer is made on first use)
     const Backend *be = ft->be;
-    size_t bytes = ft->n * dtype_size(be->hp);
     const void *src[3] = {ft->master, ft->adam_m, ft->adam_v};
     const char *names[3] = {"params", "adam_m", "adam_v"};
+    DType dt[3] = {be->hp, ft->mdt, ft->mdt};
     STWrite t[4];
     void *h[4] = {0};
     int writer = !sharded(ft) || dist_rank(ft->dist) == 0;
     for (int i = 0; i < 3; i++) {
-        h[i] = writer ? mallocCheck(bytes) : NULL;
-        if (sharded(ft)) move_blocks(ft, (void *)src[i], h[i], 1);
-        else be->download(h[i], src[i], bytes);
-        t[i] = (STWrite){names[i], be->hp, 1, {(int64_t)ft->n}, h[i]};
+        size_t es = dtype_size(dt[i]);
+        h[i] = writer ? mallocCheck(ft->n * es) : NULL;
+        if (sharded(ft)) move_blocks(ft, (void *)src[i], h[i], 1, es);
+        else be->download(h[i], src[i], ft->n * es);
+        t[i] = (STWrite){names[i], dt[i], 1, {(int64_t)ft->n}, h[i]};
     }
     if (!writer) return;
     // FP8 delayed scaling: the scales and amax histories, so that a resumed run scales as the
@@ -216,12 +223,16 @@ void full_load_state(FullTrainer *ft, Model *m, const char *path) {
     if (reader) st_open(&st, path);
     const char *names[3] = {"params", "adam_m", "adam_v"};
     void *dst[3] = {ft->master, ft->adam_m, ft->adam_v};
+    DType dt[3] = {be->hp, ft->mdt, ft->mdt};
     for (int i = 0; i < 3; i++) {
         const STensor *t = reader ? st_find(&st, names[i]) : NULL;
-        if (reader && (!t || t->dtype != be->hp || (size_t)t->numel != ft->n))
-            die("%s: %s missing or not %zu %s values: the checkpoint is another model's (or another backend's)", path, names[i],
-                ft->n, dtype_name(be->hp));
-        if (sharded(ft)) move_blocks(ft, dst[i], t ? (void *)t->data : NULL, 0);
+        if (reader && t && i && (size_t)t->numel == ft->n && t->dtype != dt[i] && dt[i] != be->hp)
+            die("%s: AdamW's moments were saved as %s and this run holds them in bf16: resume with the run's --adam_moments", path,
+                dtype_name(t->dtype));
+        if (reader && (!t || t->dtype != dt[i] || (size_t)t->numel != ft->n))
+            die("%s: %s missing or not %zu %s values: the checkpoint is another model's (or another backend's, or was saved "
+                "with another --adam_moments)", path, names[i], ft->n, dtype_name(dt[i]));
+        if (sharded(ft)) move_blocks(ft, dst[i], t ? (void *)t->data : NULL, 0, dtype_size(dt[i]));
         else be->upload(dst[i], t->data, t->nbytes);
     }
     size_t nf = model_fp8_train_state(m, NULL, 0);

@@ -37,8 +37,10 @@ extern "C" {
 typedef struct {
     const Backend *be;
     size_t n;          // values in the dense weights (= in the gradients)
-    void *mem;         // one allocation: master (hi - lo) hp, adam_m (hi - lo) hp, adam_v (hi - lo) hp
+    void *mem;         // one allocation: master (hi - lo) hp, [sharded: gshard (hi - lo) hp,] adam_m, adam_v (hi - lo) mdt
     void *master, *adam_m, *adam_v;
+    int bf16_moments;  // AdamW's moments held as bf16 values (backend.h Bf16Moments; --adam_moments bf16)
+    DType mdt;         // their storage: hp, or with bf16_moments the act dtype (bf16 on the GPU)
     int step;          // AdamW steps taken
     Dist *dist;        // the ranks that share the state (NULL or world 1: this process holds all of it)
     size_t lo, hi;     // the values held: [lo, hi) of the n (all n alone; dp_shard's block when sharded)
@@ -55,8 +57,10 @@ typedef struct {
 // Master weights from m's current weights, zero moments; allocates m's gradients. Dies naming
 // --load_in_fp8 off when a linear weight is FP8.
 void full_init(FullTrainer *ft, Model *m);
-// the same, the masters and moments sharded over d's ranks (above); d NULL or of world 1: full_init
-void full_init_sharded(FullTrainer *ft, Model *m, Dist *d);
+// the same, the masters and moments sharded over d's ranks (above; d NULL or of world 1: one rank);
+// bf16_moments: AdamW's two moments held as bf16 values rounded stochastically (backend.h Bf16Moments,
+// DeepSeek-V3's optimizer state): 2 bytes a parameter each instead of 4 on the GPU
+void full_init_sharded(FullTrainer *ft, Model *m, Dist *d, int bf16_moments);
 // One update from the gradients in m->grads (the caller zeroes them before the backward): the
 // global norm is clipped to max_grad_norm (0: no clipping), AdamW steps the masters, and the act
 // weights get the rounded masters. Returns the gradient norm before clipping; dies on a NaN/inf norm.

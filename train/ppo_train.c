@@ -84,7 +84,7 @@ void value_scale_grads(ValueModel *v, float s) {
 void value_adamw_step(ValueModel *v, float lr, float beta1, float beta2, float eps, float weight_decay) {
     lora_adamw_step(v->lo, lr, beta1, beta2, eps, weight_decay);
     v->step++;  // the head: fp32 masters, and the act copy the forward reads written in the same pass
-    v->be->adamw(v->w, v->g, 1.0f, v->am, v->av, v->C, lr, beta1, beta2, eps, weight_decay, v->step, v->w_act);
+    v->be->adamw(v->w, v->g, 1.0f, v->am, v->av, v->C, lr, beta1, beta2, eps, weight_decay, v->step, v->w_act, NULL);
 }
 size_t value_state_bytes(const ValueModel *v) { return lora_state_bytes(v->lo) + 4 * (size_t)v->C * dtype_size(v->be->hp); }
 
