@@ -57,6 +57,8 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, A
     // Keeping the FP8 codes of ln1, ln2 and hmlp (acts_keep) in place of their bf16 values, which then
     // hold one layer: the one being computed
     size_t keep = acts_keep(m, recompute), Lb = keep ? 1 : L;
+    // gate and up recomputed in the backward (Model.recompute_mlp): one layer's, the one being computed
+    size_t Lg = m->recompute_mlp && recompute != ACTS_FORWARD_ONLY ? 1 : L;
     ASlot t[] = {
         {&a->x, xl * N * c->C * act},
         {&a->ln1, Lb * N * c->C * act},
@@ -81,8 +83,8 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, A
         {&a->xmid, L * N * c->C * act},
         {&a->ln2, Lb * N * c->C * act},
         {&a->rstd2, L * N * hp},
-        {&a->gate, L * N * c->FF * act},
-        {&a->up, L * N * c->FF * act},
+        {&a->gate, Lg * N * c->FF * act},
+        {&a->up, Lg * N * c->FF * act},
         {&a->hmlp, Lb * N * c->FF * act},
         {&a->lnf, N * c->C * act},
         {&a->rstdf, N * hp},
@@ -121,7 +123,9 @@ static void acts_ensure(Model *m, int B, int T) {
     Acts *a = &m->acts;
     const Backend *be = m->be;
     size_t N = (size_t)B * T;
-    if (a->mem && (size_t)a->B * a->T >= N && a->recompute == m->recompute && a->keep == acts_keep(m, m->recompute)) return;
+    if (a->mem && (size_t)a->B * a->T >= N && a->recompute == m->recompute && a->keep == acts_keep(m, m->recompute) &&
+        a->recompute_mlp == m->recompute_mlp)
+        return;
     ASlot s[64] = {{0}};
     size_t ns = acts_slots(m, a, B, T, m->recompute, s), total = 0;
     for (size_t i = 0; i < ns; i++) total += al256(s[i].bytes);
@@ -147,6 +151,7 @@ static void acts_ensure(Model *m, int B, int T) {
     a->T = T;
     a->recompute = m->recompute;
     a->keep = acts_keep(m, m->recompute);
+    a->recompute_mlp = m->recompute_mlp;
 }
 
 void model_arena_init(Model *m, size_t cap) { m->arena.cap = cap; }
@@ -240,13 +245,14 @@ static LayerActs layer_acts(const Model *m, int l) {
     size_t N = (size_t)m->B * m->T, act = dtype_size(m->be->act), hp = dtype_size(m->be->hp);
     size_t C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD, FF = c->FF;
     int i = m->recompute ? 0 : l, ib = a->keep ? 0 : i;  // ib: ln1, ln2 and hmlp, one layer when kept in FP8
+    int ig = a->recompute_mlp ? 0 : i;                    // ig: gate and up, one layer when recomputed
     int x0 = x_slot(m, l), x1 = x_slot(m, l + 1);
     LayerActs la = {
         LAYER(a->x, x0, N * C * act), LAYER(a->x, x1, N * C * act), LAYER(a->ln1, ib, N * C * act),
         LAYER(a->rstd1, i, N * hp), NULL, NULL, NULL, NULL, LAYER(a->q, i, N * q * act), LAYER(a->k, i, N * kvw * act),
         LAYER(a->v, i, N * kvw * act), LAYER(a->att, i, N * q * act), LAYER(a->lse, i, N * c->NH * hp),
         LAYER(a->xmid, i, N * C * act), LAYER(a->ln2, ib, N * C * act), LAYER(a->rstd2, i, N * hp),
-        LAYER(a->gate, i, N * FF * act), LAYER(a->up, i, N * FF * act), LAYER(a->hmlp, ib, N * FF * act),
+        LAYER(a->gate, ig, N * FF * act), LAYER(a->up, ig, N * FF * act), LAYER(a->hmlp, ib, N * FF * act),
         NULL, NULL, NULL, NULL, {{0}},
     };
     if (c->gemma) {
@@ -457,6 +463,16 @@ static void backward_from_hidden(Model *m) {
 
         // MLP: x_{l+1} = xmid + down(silu(gate(ln2)) * up(ln2)); dx passes through the residual.
         // Gemma 3: the branch's output goes through rmsnorm_mlp first, and its activation is gelu_tanh.
+        if (a->recompute_mlp && !m->recompute) {  // gate and up again, as the forward computed them
+            const FP8Tensor *k2 = kept(&la, KEPT_LN2);
+            if (k2) {
+                be->linear_forward_q(la.gate, k2, &lw->lin[LIN_GATE], NULL, N);
+                be->linear_forward_q(la.up, k2, &lw->lin[LIN_UP], NULL, N);
+            } else {
+                linear_fwd(m, l, LIN_GATE, la.gate, la.ln2, N, 1, NULL);
+                linear_fwd(m, l, LIN_UP, la.up, la.ln2, N, 1, NULL);
+            }
+        }
         const void *dmlp = a->dx;
         if (c->gemma) {
             be->zero(a->dpost, N * C * act);

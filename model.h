@@ -147,6 +147,7 @@ typedef struct {
     int head_done;   // model_logprobs_grad made the head's gradient (dln) already
     int recompute;   // the layout: 1 recomputation (one layer of per-layer buffers), ACTS_FORWARD_ONLY a prefill
     int keep;        // the layout keeps ln1, ln2 and hmlp as FP8 codes (above)
+    int recompute_mlp;  // the layout holds one layer of gate and up (Model.recompute_mlp)
 } Acts;
 
 typedef struct LoRA LoRA;
@@ -192,6 +193,8 @@ typedef struct {
     int lora_on;           // 0: the adapters are skipped (the KL reference = the base model)
     int recompute;         // gradient checkpointing: keep each layer's input only, recompute the layer in
                            // the backward (per-layer activations shrink L-fold for one more forward)
+    int recompute_mlp;     // keep no gate and up products (2 FF values a token a layer): the backward computes
+                           // them again from their saved input (the FP8 codes where Acts.keep), two products more
     Acts acts;
     int B, T;              // shape of the last forward
     void *grads;           // optional fp gradients of every dense weight (hp), one allocation, or NULL

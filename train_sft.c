@@ -53,7 +53,7 @@
 typedef struct {
     const char *model, *data, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules, *load_in_fp8;
     const char *fp8_recipe, *fp8_format, *fp8_amax_compute_algo, *adam_moments;
-    int resume, overwrite_output_dir, use_peft, gradient_checkpointing, quiet, chat;
+    int resume, overwrite_output_dir, use_peft, gradient_checkpointing, recompute_mlp, quiet, chat;
     int fp8_amax_history_len, bf16_first_layers, bf16_last_layers;
     double fp8_margin;
     int max_steps, per_device_train_batch_size, gradient_accumulation_steps, max_length, lora_r;
@@ -104,6 +104,9 @@ static const Option OPTIONS[] = {
              "bytes a parameter less)"},
     {"max_grad_norm", OPT_DOUBLE, OFF(max_grad_norm), 0, 1e9, .dflt = "1", .help = "clip the global gradient norm to this (0: off)"},
     {"gradient_checkpointing", OPT_FLAG, OFF(gradient_checkpointing), .help = "recompute each layer in the backward (less memory)"},
+    {"recompute_mlp", OPT_FLAG, OFF(recompute_mlp),
+     .help = "recompute the MLP's gate and up products in the backward instead of saving them (2 x intermediate_size values a "
+             "token a layer less, for two products more)"},
 
     {.name = "what is trained", .kind = OPT_SECTION},
     {"use_peft", OPT_FLAG, OFF(use_peft), .help = "train a LoRA adapter on the frozen weights (else every weight, fp32 masters)"},
@@ -544,6 +547,7 @@ static void load(Run *r) {
     ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), 0, o->bf16_first_layers, o->bf16_last_layers, 0};
     model_load(&r->m, o->model, r->be, &mo);
     r->m.recompute = o->gradient_checkpointing;
+    r->m.recompute_mlp = o->recompute_mlp;
     SftTrainer tr = {.m = &r->m, .micro_batch = o->per_device_train_batch_size, .beta1 = (float)o->adam_beta1,
                      .beta2 = (float)o->adam_beta2, .eps = (float)o->adam_epsilon, .weight_decay = (float)o->weight_decay,
                      .max_grad_norm = o->max_grad_norm};

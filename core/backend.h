@@ -114,7 +114,8 @@ struct Backend {
     void (*linear_forward)(void *out, const void *inp, const QWeight *w, const void *bias, int N);
     // linear_forward's product from its input already quantized: xq (N, C) E4M3 with W's granularity
     // (ROW or BLOCK), as the decode step's producers make it (add_rmsnorm, glu_gu: their outq), so
-    // the FP8 GEMM runs without a quantization pass of its own
+    // the FP8 GEMM runs without a quantization pass of its own; or, for a weight trained in FP8, xq its
+    // input's codes as fp8_train_forward_keep kept them (the forward's product again, the same bytes)
     void (*linear_forward_q)(void *out, const FP8Tensor *xq, const QWeight *w, const void *bias, int N);
     // dinp (N, C) act (= if !accumulate, += if accumulate) = dout (N, OC) W (W dequantized:
     // a straight-through estimator for FP8 weights); dw (OC, C) hp += dout^T inp and

@@ -322,7 +322,9 @@ static void linear_impl(void *out, const void *inp, const FP8Tensor *xq, const Q
     size_t n = (size_t)N * OC;
     void *y = bias ? cu_scratch(SC_F32, n * 4) : out;
     DType yt = bias ? DT_F32 : DT_BF16;
-    if (xq) {
+    if (xq && w->train) {
+        cu_fp8_train_forward_kept(y, yt, xq, w, N);
+    } else if (xq) {
         linear_q_check(xq, w, N);
         fp8_gemm_cuda(y, yt, xq, &w->q, 0);
     } else if (w->train) {

@@ -80,6 +80,7 @@ int fp8_train_keeps(const FP8Train *t);  // 1: its recipe scales per tensor, so 
 void cu_fp8_train_forward(void *out, DType yt, const void *inp, const QWeight *w, int N, FP8Tensor *keep);
 void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *dout, const void *inp, const FP8Tensor *kept,
                            const QWeight *w, int N);
+void cu_fp8_train_forward_kept(void *out, DType yt, const FP8Tensor *xq, const QWeight *w, int N);
 int cu_fp8_train_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int N, int FF,
                                  const QWeight *wg, const QWeight *wu);
 

@@ -196,6 +196,15 @@ void cu_fp8_train_forward(void *out, DType yt, const void *inp, const QWeight *w
     fp8_gemm_cuda(out, yt, &c->q, &wq, 0);
 }
 
+// out (N, OC) = X W^T from X's codes xq as a forward kept them (keep above): the forward's product again,
+// the same bytes (the weight quantized again as that forward quantized it)
+void cu_fp8_train_forward_kept(void *out, DType yt, const FP8Tensor *xq, const QWeight *w, int N) {
+    if (xq->gran != FP8_TENSOR || xq->rows != N || xq->cols != w->cols)
+        die("fp8_train: kept input codes (%d, %d) for a product of (%d, %d) per tensor", xq->rows, xq->cols, N, w->cols);
+    FP8Tensor wq = weight_q(w->train, w, 0);
+    fp8_gemm_cuda(out, yt, xq, &wq, 0);
+}
+
 // dinp (N, C) bf16 (=, or += with accumulate) = dout W ; dw (OC, C) f32 += dout^T inp ; in FP8. kept (or
 // NULL): inp's codes as the forward kept them, read in inp's place (inp may then be NULL)
 void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *dout, const void *inp, const FP8Tensor *kept,

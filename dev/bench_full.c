@@ -7,7 +7,8 @@
 // in a child process of its own, so that each starts from an empty GPU and its peak is its own.
 //
 //   make bench-full && ./build/bench_full --model 1b --recipe off,delayed,current,block --batch 8 --seq 2048
-//   ./build/bench_full --model 1b --recipe off,off:bf16,delayed:bf16      (:bf16: AdamW's moments in bf16)
+//   ./build/bench_full --model 1b --recipe off,delayed,delayed:bf16:mlp   (:bf16: AdamW's moments in bf16;
+//                                                                          :mlp: gate and up recomputed)
 //   ./build/bench_full --model 3b --recipe off,block --batch 4 --seq 2048 --recompute
 // With --profile, one more step per recipe with every backend op timed (dev/op_profile.h); with
 // --parts, one linear layer's products and kernels timed alone at the 1B projections' shapes.
@@ -48,25 +49,32 @@ static void one_step(Model *m, FullTrainer *ft, const int *ids, const int *tg, c
     model_zero_grads(m);
 }
 
-// recipe: off, delayed, current or block, with ":bf16" for AdamW's moments in bf16 (--adam_moments bf16)
+// recipe: off, delayed, current or block, then ":bf16" for AdamW's moments in bf16 (--adam_moments bf16),
+// then ":mlp" for gate and up recomputed in the backward (--recompute_mlp)
 static Result run(const char *size, const char *recipe_m, int B, int T, int steps, int warmup, int recompute) {
     const Backend *be = backend_select("cuda", 0);
     Config cfg = llama32_shape(size);
     Result res;
     memset(&res, 0, sizeof res);
     snprintf(res.recipe, sizeof res.recipe, "%s", recipe_m);
-    char recipe[16];
+    char recipe[24];
     snprintf(recipe, sizeof recipe, "%s", recipe_m);
-    char *colon = strchr(recipe, ':');
-    int m16 = colon && !strcmp(colon, ":bf16");
-    if (colon && !m16) die("--recipe: '%s': the moments are fp32, or bf16 with ':bf16'", recipe_m);
-    if (colon) *colon = 0;
+    int m16 = 0, mlp = 0;
+    for (char *o = strchr(recipe, ':'); o; o = strchr(o + 1, ':')) {
+        m16 |= !strncmp(o, ":bf16", 5) && (o[5] == ':' || !o[5]);
+        mlp |= !strncmp(o, ":mlp", 4) && (o[4] == ':' || !o[4]);
+    }
+    if (strchr(recipe, ':')) *strchr(recipe, ':') = 0;
+    char canon[40];
+    snprintf(canon, sizeof canon, "%s%s%s", recipe, m16 ? ":bf16" : "", mlp ? ":mlp" : "");
+    if (strcmp(canon, recipe_m)) die("--recipe: '%s': RECIPE, then :bf16 (AdamW's moments in bf16), then :mlp (gate and up recomputed)", recipe_m);
     ModelOptions opt;
     memset(&opt, 0, sizeof opt);
     opt.gran = FP8_OFF;
     Model m;
     model_init_random(&m, &cfg, be, &opt, 1234);
     m.recompute = recompute;
+    m.recompute_mlp = mlp;
     if (strcmp(recipe, "off")) {
         FP8Recipe r = fp8_recipe_default();
         int k = fp8_recipe_parse(recipe);
@@ -223,7 +231,7 @@ int main(int argc, char **argv) {
             attention_set_hopper(!strcmp(k, "auto"));
         }
         else if (!strcmp(argv[i], "--parts")) parts_only = 1;
-        else die("usage: bench_full [--model 1b|3b] [--recipe off,delayed,current,block[:bf16],...] [--batch B] [--seq T] [--steps n] "
+        else die("usage: bench_full [--model 1b|3b] [--recipe off,delayed,current,block[:bf16][:mlp],...] [--batch B] [--seq T] [--steps n] "
                  "[--warmup n] [--recompute] [--profile] [--parts] [--attention auto|mma]");
     }
     if (B < 1 || T < 2 || steps < 1 || warmup < 0) die("bad --batch/--seq/--steps/--warmup");
@@ -256,7 +264,7 @@ int main(int argc, char **argv) {
         if (got != (ssize_t)sizeof res[n] || !WIFEXITED(st) || WEXITSTATUS(st)) die("the %s run failed (above)", tok);
         n++;
     }
-    printf("\nfull fine-tuning step, Llama-3.2-%s shape, %d x %d tokens%s, AdamW on fp32 masters (:bf16: its moments in bf16)\n\n", size, B, T,
+    printf("\nfull fine-tuning step, Llama-3.2-%s shape, %d x %d tokens%s, AdamW on fp32 masters (:bf16: its moments in bf16; :mlp: gate and up recomputed)\n\n", size, B, T,
            recompute ? ", recompute" : "");
     printf("| recipe | step ms | tokens/s | vs BF16 | peak GiB | loss after %d steps | amax overflows |\n", steps + warmup);
     printf("| --- | --- | --- | --- | --- | --- | --- |\n");

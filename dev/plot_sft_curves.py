@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""dev/plot_sft_curves.py DIR: the runs of dev/sft_fp8_curves.sh (DIR/<recipe>-<seed>.jsonl): a table of
+"""dev/plot_sft_curves.py DIR: the runs of dev/sft_fp8_curves.sh (DIR/<recipe>[-<tag>]-<seed>.jsonl): a table of
 the final training loss (the mean of the last 50 steps' losses) per recipe, mean and spread over the
 seeds, relative to BF16, and paired (each seed's FP8 run against its BF16 run: the same batches in the same
 order, so the data's noise cancels); and the curves (the loss, smoothed over 10 steps) in SVG (default
@@ -21,7 +21,8 @@ base = statistics.mean(final["off"])
 fin = {rc: {seed: statistics.mean(l for _, l in v[-50:]) for seed, v in s.items()} for rc, s in runs.items()}
 print("| recipe | seeds | final loss, mean | spread (max - min) | vs BF16 (means) | paired: per seed vs its BF16 run |")
 print("| --- | --- | --- | --- | --- | --- |")
-for rc in ("off", "delayed", "block", "current"):
+order = ["off", "delayed", "block", "current"]
+for rc in order + sorted(r for r in final if r not in order):  # then tagged runs (sft_fp8_curves.sh's TAG)
     if rc in final:
         f = final[rc]
         pair = [(fin[rc][sd] / fin["off"][sd] - 1) * 100 for sd in sorted(fin[rc]) if sd in fin["off"]]
@@ -29,7 +30,7 @@ for rc in ("off", "delayed", "block", "current"):
         print(f"| {'BF16' if rc == 'off' else 'FP8 ' + rc} | {len(f)} | {statistics.mean(f):.4f} | {max(f) - min(f):.4f} | "
               f"{(statistics.mean(f) / base - 1) * 100:+.2f}% | {ps} |")
 fig, ax = plt.subplots(figsize=(8, 4.5))
-colors = {"off": "black", "delayed": "tab:blue", "block": "tab:orange", "current": "tab:green"}
+colors = {"off": "black", "delayed": "tab:blue", "block": "tab:orange", "current": "tab:green", "delayed-bf16moments": "tab:purple"}
 for rc, s in runs.items():
     for i, (seed, v) in enumerate(sorted(s.items())):
         st = [x for x, _ in v]

@@ -10,7 +10,9 @@
 #   python3 dev/plot_sft_curves.py OUT      (the table of final losses and the curves' svg)
 # From the repository root on a GPU machine after make; needs python3 with transformers (the random
 # checkpoint). STEPS (default 500), BATCH (32), SEEDS ("1 2 3"), RECIPES ("off delayed block");
-# PARALLEL=1 runs the seeds of a recipe at once (3 x ~22 GiB: an 80 GB GPU holds them).
+# PARALLEL=1 runs the seeds of a recipe at once (3 x ~22 GiB: an 80 GB GPU holds them). EXTRA: more
+# train_sft options for every run (e.g. "--adam_moments bf16 --recompute_mlp"), TAG: then named in the
+# runs' files (OUT/<recipe>-<tag>-<seed>.jsonl).
 set -euo pipefail
 out=${1:-/tmp/sft_curves}
 steps=${STEPS:-500}
@@ -45,8 +47,8 @@ one() {  # recipe seed
   ./train_sft --device cuda --model "$w/model" --data "$w/data.jsonl" --chat 0 --max_steps "$steps" \
     --per_device_train_batch_size "$batch" --learning_rate 1e-4 --lr_scheduler_type cosine --warmup_ratio 0.05 \
     --logging_steps 1 --save_steps 0 --seed "$2" --fp8_recipe "$1" --output_dir "$w/run-$1-$2" --overwrite_output_dir --quiet \
-    | tail -1
-  cp "$w/run-$1-$2/metrics.jsonl" "$out/$1-$2.jsonl"
+    ${EXTRA:-} | tail -1
+  cp "$w/run-$1-$2/metrics.jsonl" "$out/$1${TAG:+-$TAG}-$2.jsonl"
   rm -rf "$w/run-$1-$2"
 }
 for recipe in ${RECIPES:-off delayed block}; do

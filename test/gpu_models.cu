@@ -494,9 +494,12 @@ END_TEST
 // the forward's codes transposed, so three steps give bit-identical logprobs, gradients and masters,
 // with Qwen2's biases, Qwen3's q/k norms and Gemma 3's sandwich norms and GeGLU, and the delayed
 // and current recipes; and the saved activations are smaller by a byte an element of ln1, ln2, hmlp.
+// The same with gate and up recomputed in the backward (Model.recompute_mlp) from the kept codes, and
+// from the bf16 input, bit-identical again: the products run again on the same operands.
 START_TEST(test_fp8_kept_inputs) {
     int B = 2, T = 64, N = B * T;
     Arch archs[3] = {ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA3};
+    const char *how[4] = {"kept in FP8", "bf16-saved", "kept, gate/up recomputed", "bf16-saved, gate/up recomputed"};
     for (int a = 0; a < 3; a++)
         for (int kind = 0; kind < 2; kind++) {
             Config c;
@@ -508,28 +511,37 @@ START_TEST(test_fp8_kept_inputs) {
             FP8Recipe r = fp8_recipe_default();
             r.kind = kind ? FP8_RECIPE_CURRENT : FP8_RECIPE_DELAYED;
             ModelOptions o = {FP8_OFF, 0, 0, 0, 0};
-            Model m[2];
-            FullTrainer ft[2];
-            for (int k = 0; k < 2; k++) {
+            Model m[4];
+            FullTrainer ft[4];
+            for (int k = 0; k < 4; k++) {
                 model_init_random(&m[k], &c, G, &o, 5);
                 full_init(&ft[k], &m[k]);
                 model_fp8_train(&m[k], &r);
+                ck_assert_msg(m[k].fp8_keep, "a per-tensor recipe on every layer keeps the inputs in FP8");
+                m[k].fp8_keep = k % 2 == 0;
+                m[k].recompute_mlp = k >= 2;
             }
-            ck_assert_msg(m[0].fp8_keep, "a per-tensor recipe on every layer keeps the inputs in FP8");
-            m[1].fp8_keep = 0;
-            size_t kb = model_acts_bytes(&m[0], B, T, 0), bb = model_acts_bytes(&m[1], B, T, 0);
+            size_t bytes[4];
+            for (int k = 0; k < 4; k++) bytes[k] = model_acts_bytes(&m[k], B, T, 0);
+            // kept: L - 1 layers of ln1, ln2, hmlp at 2 bytes less, L layers of codes at 1 byte more;
+            // recomputed: L - 1 layers of gate and up less (all within the 256-byte alignment of each buffer)
             size_t less = (size_t)(c.L - 1) * N * (2 * c.C + c.FF) * 2 - (size_t)c.L * N * (2 * c.C + c.FF);
-            ck_assert_msg(bb - kb >= less - 256 * 8 && bb - kb <= less + 256 * 8, "activations %zu bytes less, %zu expected",
-                          bb - kb, less);
+            size_t gu = (size_t)(c.L - 1) * N * 2 * c.FF * 2;
+            ck_assert_msg(bytes[1] - bytes[0] >= less - 2048 && bytes[1] - bytes[0] <= less + 2048,
+                          "activations %zu bytes less, %zu expected", bytes[1] - bytes[0], less);
+            ck_assert_msg(bytes[0] - bytes[2] == gu && bytes[1] - bytes[3] == gu, "recomputed: %zu / %zu bytes less, %zu expected",
+                          bytes[0] - bytes[2], bytes[1] - bytes[3], gu);
             size_t n = ft[0].n;
-            float *g[2] = {fmalloc(n), fmalloc(n)}, *w[2] = {fmalloc(n), fmalloc(n)};
+            float *g[4], *w[4];
+            double *lp[4];
+            for (int k = 0; k < 4; k++) g[k] = fmalloc(n), w[k] = fmalloc(n), lp[k] = (double *)mallocCheck(N * 8);
             int *ids = (int *)mallocCheck(N * sizeof(int)), *tg = (int *)mallocCheck(N * sizeof(int));
-            double *lp[2] = {(double *)mallocCheck(N * 8), (double *)mallocCheck(N * 8)}, *dl = (double *)mallocCheck(N * 8);
+            double *dl = (double *)mallocCheck(N * 8);
             Rng rg = rng_make(3);
             for (int step = 0; step < 3; step++) {
                 for (int i = 0; i < N; i++) ids[i] = rng_int(&rg, c.V);
                 for (int i = 0; i < N; i++) tg[i] = i % T == T - 1 ? -1 : ids[i + 1], dl[i] = tg[i] < 0 ? 0 : -1.0 / N;
-                for (int k = 0; k < 2; k++) {
+                for (int k = 0; k < 4; k++) {
                     model_forward(&m[k], ids, B, T);
                     model_logprobs(&m[k], tg, 1.0f, lp[k]);
                     model_zero_grads(&m[k]);
@@ -537,20 +549,22 @@ START_TEST(test_fp8_kept_inputs) {
                     G->download(g[k], m[k].grads, n * 4);
                     full_step(&ft[k], &m[k], 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0);
                     G->download(w[k], ft[k].master, n * 4);
+                    ck_assert_int_eq(m[k].acts.keep, k % 2 == 0);
                 }
-                ck_assert_int_eq(m[0].acts.keep, 1);
-                ck_assert_int_eq(m[1].acts.keep, 0);
-                char what[96];
-                snprintf(what, sizeof what, "arch %d %s step %d: logprobs", a, kind ? "current" : "delayed", step);
-                check_exact(what, lp[0], lp[1], N * 8);
-                snprintf(what, sizeof what, "arch %d %s step %d: gradients", a, kind ? "current" : "delayed", step);
-                check_exact(what, g[0], g[1], n * 4);
-                snprintf(what, sizeof what, "arch %d %s step %d: masters", a, kind ? "current" : "delayed", step);
-                check_exact(what, w[0], w[1], n * 4);
+                for (int k = 0; k < 4; k++) {
+                    if (k == 1) continue;
+                    char what[160];
+                    snprintf(what, sizeof what, "arch %d %s step %d, %s: logprobs", a, kind ? "current" : "delayed", step, how[k]);
+                    check_exact(what, lp[k], lp[1], N * 8);
+                    snprintf(what, sizeof what, "arch %d %s step %d, %s: gradients", a, kind ? "current" : "delayed", step, how[k]);
+                    check_exact(what, g[k], g[1], n * 4);
+                    snprintf(what, sizeof what, "arch %d %s step %d, %s: masters", a, kind ? "current" : "delayed", step, how[k]);
+                    check_exact(what, w[k], w[1], n * 4);
+                }
             }
-            printf("  fp8 kept inputs, arch %d, %s: 3 steps bit-identical to bf16-saved; activations %zu -> %zu bytes\n", a,
-                   kind ? "current" : "delayed", bb, kb);
-            for (int k = 0; k < 2; k++) full_free(&ft[k]), model_free(&m[k]), free(g[k]), free(w[k]), free(lp[k]);
+            printf("  fp8 kept inputs, arch %d, %s: 3 steps bit-identical to bf16-saved; activations %zu -> %zu bytes "
+                   "(gate/up recomputed: %zu)\n", a, kind ? "current" : "delayed", bytes[1], bytes[0], bytes[2]);
+            for (int k = 0; k < 4; k++) full_free(&ft[k]), model_free(&m[k]), free(g[k]), free(w[k]), free(lp[k]);
             free(ids), free(tg), free(dl);
         }
 }

@@ -727,8 +727,8 @@ END_TEST
 START_TEST(test_gradients_gemma3) { gradient_check(ARCH_GEMMA3, 1); }
 END_TEST
 
-// recomputation (gradient checkpointing) changes memory, not numbers: the same logprobs
-// and bit-identical gradients (LoRA and dense), on the fp32 CPU backend, FP8 weights
+// recomputation (gradient checkpointing, or of gate and up alone: Model.recompute_mlp) changes memory, not
+// numbers: the same logprobs and bit-identical gradients (LoRA and dense), on the fp32 CPU backend, FP8 weights
 START_TEST(test_recompute_identical) {
     Model m;
     load_fixture(&m, "qwen3", FP8_BLOCK);
@@ -738,12 +738,13 @@ START_TEST(test_recompute_identical) {
     m.lora = lo;
     m.lora_on = 1;
     int B = 2, T = 9, N = B * T, ids[18], tg[18];
-    double w[18], lp[2][18];
+    double w[18], lp[3][18];
     for (int i = 0; i < N; i++) ids[i] = rng_int(&r, 320), tg[i] = rng_int(&r, 320), w[i] = rng_normal(&r);
-    float *g[2];
-    size_t arena[2];
-    for (int rc = 0; rc < 2; rc++) {
-        m.recompute = rc;
+    float *g[3];
+    size_t arena[3];
+    for (int rc = 0; rc < 3; rc++) {
+        m.recompute = rc == 1;
+        m.recompute_mlp = rc == 2;
         model_forward(&m, ids, B, T);
         model_logprobs(&m, tg, 1.0f, lp[rc]);
         lora_zero_grads(lo);
@@ -753,11 +754,13 @@ START_TEST(test_recompute_identical) {
         arena[rc] = m.acts.bytes;
         model_free_scratch(&m);
     }
-    ck_assert(memcmp(lp[0], lp[1], sizeof lp[0]) == 0);
-    ck_assert(memcmp(g[0], g[1], lo->n * sizeof(float)) == 0);
-    ck_assert_msg(arena[1] < arena[0], "recompute arena %zu not smaller than %zu", arena[1], arena[0]);
+    for (int rc = 1; rc < 3; rc++) {
+        ck_assert(memcmp(lp[0], lp[rc], sizeof lp[0]) == 0);
+        ck_assert(memcmp(g[0], g[rc], lo->n * sizeof(float)) == 0);
+        ck_assert_msg(arena[rc] < arena[0], "recompute arena %zu not smaller than %zu", arena[rc], arena[0]);
+        free(g[rc]);
+    }
     free(g[0]);
-    free(g[1]);
     m.lora = NULL;
     lora_free(lo);
     model_free(&m);
