@@ -189,12 +189,14 @@ void model_free_scratch(Model *m) {
 // a linear layer with its LoRA adapter
 
 // xq: inp's FP8 copy made by its producer (the decode step: decode_fp8_input), or NULL. keep: where an
-// FP8-trained projection leaves inp's codes for its backward (Acts.keep; never with an adapter), or NULL
+// FP8-trained projection leaves inp's codes for its backward (Acts.keep; never with an adapter), or NULL;
+// inp NULL with keep: the op that made the input wrote it as these codes alone (norm_fwd_kept)
 static void linear_fwd_q(Model *m, int l, int which, void *out, const void *inp, const FP8Tensor *xq, int N, int save,
                          FP8Tensor *keep) {
     const LayerWeights *lw = &m->w.layers[l];
     const void *bias = which <= LIN_V ? lw->bias[which] : NULL;
     if (xq) m->be->linear_forward_q(out, xq, &lw->lin[which], bias, N);
+    else if (keep && !inp) m->be->linear_forward_q(out, keep, &lw->lin[which], bias, N);  // the codes alone were made
     else if (keep) {
         if (!m->be->fp8_train_forward_keep(out, inp, &lw->lin[which], bias, N, keep))
             die("model: layer %d's %s cannot keep its input in FP8 (not trained with a per-tensor recipe)", l, lin_names[which]);
@@ -298,6 +300,15 @@ static void norm_bwd(const Model *m, void *dinp, void *dw, const void *dout, con
     if (m->cfg.gemma) m->be->rmsnorm1p_backward(dinp, dw, dout, inp, w, rstd, N, C);
     else m->be->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
 }
+// a norm whose output the projections of w's group read kept in FP8 (keep, or NULL): where the backend
+// can, the norm writes the codes alone (fp8_train_norm_q) and the bf16 output is NULL; else out
+static void *norm_fwd_kept(const Model *m, void *out, void *rstd, const void *inp, const void *w, int N, int C, FP8Tensor *keep,
+                           const QWeight *consumer) {
+    if (keep && m->be->fp8_train_norm_q && m->be->fp8_train_norm_q(keep, rstd, inp, w, N, C, m->cfg.eps, m->cfg.gemma, consumer))
+        return NULL;
+    norm_fwd(m, out, rstd, inp, w, N, C);
+    return out;
+}
 // Gemma's embeddings are scaled by sqrt(hidden_size), the factor rounded to the embeddings' dtype as
 // transformers rounds it (Gemma3TextScaledWordEmbedding: embed_scale.to(weight.dtype)): 33.94 is 34 in
 // bf16 for hidden 1152. 1 for the others.
@@ -316,17 +327,18 @@ static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int
     const int32_t *pos = (const int32_t *)m->acts.pos;
     const void *inv_freq = layer_inv_freq(m, l);
     FP8Tensor *k1 = kept(la, KEPT_LN1), *k2 = kept(la, KEPT_LN2), *kh = kept(la, KEPT_HM);
-    norm_fwd(m, la->ln1, la->rstd1, la->x, lw->ln1, N, c->C);
+    // ln1: bf16, or NULL where the norm wrote k1's codes alone (then the products read those)
+    const void *ln1 = norm_fwd_kept(m, la->ln1, la->rstd1, la->x, lw->ln1, N, c->C, k1, &lw->lin[LIN_Q]);
     if (c->qk_norm) {
-        linear_fwd(m, l, LIN_Q, la->qpre, la->ln1, N, 1, k1);
-        linear_fwd(m, l, LIN_K, la->kpre, la->ln1, N, 1, k1);
+        linear_fwd(m, l, LIN_Q, la->qpre, ln1, N, 1, k1);
+        linear_fwd(m, l, LIN_K, la->kpre, ln1, N, 1, k1);
         norm_fwd(m, la->q, la->qrstd, la->qpre, lw->q_norm, N * c->NH, c->HD);
         norm_fwd(m, la->k, la->krstd, la->kpre, lw->k_norm, N * c->KVH, c->HD);
     } else {
-        linear_fwd(m, l, LIN_Q, la->q, la->ln1, N, 1, k1);
-        linear_fwd(m, l, LIN_K, la->k, la->ln1, N, 1, k1);
+        linear_fwd(m, l, LIN_Q, la->q, ln1, N, 1, k1);
+        linear_fwd(m, l, LIN_K, la->k, ln1, N, 1, k1);
     }
-    linear_fwd(m, l, LIN_V, la->v, la->ln1, N, 1, k1);
+    linear_fwd(m, l, LIN_V, la->v, ln1, N, 1, k1);
     be->rope_forward(la->q, pos, inv_freq, N, c->NH, c->HD);
     be->rope_forward(la->k, pos, inv_freq, N, c->KVH, c->HD);
     if (kv) {
@@ -342,17 +354,19 @@ static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int
         norm_fwd(m, la->xmid, la->rstda, la->ao, lw->ln_attn, N, c->C);
     } else linear_fwd(m, l, LIN_O, la->xmid, la->att, N, 1, NULL);
     be->add(la->xmid, la->xmid, la->x, (size_t)N * c->C);
-    norm_fwd(m, la->ln2, la->rstd2, la->xmid, lw->ln2, N, c->C);
-    linear_fwd(m, l, LIN_GATE, la->gate, la->ln2, N, 1, k2);
-    linear_fwd(m, l, LIN_UP, la->up, la->ln2, N, 1, k2);
-    if (c->gemma) {  // xn = xmid + rmsnorm_mlp(down(gelu_tanh(gate) * up))
-        be->geglu_forward(la->hm, la->gate, la->up, (size_t)N * c->FF);
-        linear_fwd(m, l, LIN_DOWN, la->mo, la->hm, N, 1, kh);
+    const void *ln2 = norm_fwd_kept(m, la->ln2, la->rstd2, la->xmid, lw->ln2, N, c->C, k2, &lw->lin[LIN_GATE]);
+    linear_fwd(m, l, LIN_GATE, la->gate, ln2, N, 1, k2);
+    linear_fwd(m, l, LIN_UP, la->up, ln2, N, 1, k2);
+    // hm = gelu_tanh(gate) * up (Gemma 3) or silu(gate) * up: bf16, or as kh's codes alone (as ln1)
+    const void *hm = la->hm;
+    if (kh && be->fp8_train_glu_q && be->fp8_train_glu_q(kh, la->gate, la->up, N, c->FF, c->gemma, &lw->lin[LIN_DOWN]))
+        hm = NULL;
+    else if (c->gemma) be->geglu_forward(la->hm, la->gate, la->up, (size_t)N * c->FF);
+    else be->swiglu_forward(la->hm, la->gate, la->up, (size_t)N * c->FF);
+    if (c->gemma) {  // xn = xmid + rmsnorm_mlp(down(hm))
+        linear_fwd(m, l, LIN_DOWN, la->mo, hm, N, 1, kh);
         norm_fwd(m, la->xn, la->rstdm, la->mo, lw->ln_mlp, N, c->C);
-    } else {
-        be->swiglu_forward(la->hm, la->gate, la->up, (size_t)N * c->FF);
-        linear_fwd(m, l, LIN_DOWN, la->xn, la->hm, N, 1, kh);
-    }
+    } else linear_fwd(m, l, LIN_DOWN, la->xn, hm, N, 1, kh);
     be->add(la->xn, la->xn, la->xmid, (size_t)N * c->C);
 }
 

@@ -139,6 +139,16 @@ struct Backend {
     int (*fp8_train_forward_keep)(void *out, const void *inp, const QWeight *w, const void *bias, int N, FP8Tensor *keep);
     void (*fp8_train_backward_kept)(void *dinp, int accumulate, void *dw, void *dbias, const void *dout,
                                     const FP8Tensor *kept, const QWeight *w, int N);
+    // The ops that make a kept input, writing it only as the codes its consumer reads (delayed scaling:
+    // the scale is known before the pass, so the bf16 values are never written): fp8_train_norm_q is
+    // rmsnorm_forward (norm1p: rmsnorm1p_forward) with its output (N, C) as consumer's codes in keep (as
+    // fp8_train_forward_keep leaves them: the same codes, scale and amax), fp8_train_glu_q swiglu_forward
+    // (gelu: geglu_forward) of (N, FF) values likewise. Then linear_forward_q of keep runs the consumer's
+    // product (and its group's). Each returns 0 and does nothing where it does not apply (another recipe,
+    // rows or pointers it cannot take).
+    int (*fp8_train_norm_q)(FP8Tensor *keep, void *rstd, const void *inp, const void *w, int N, int C, float eps, int norm1p,
+                            const QWeight *consumer);
+    int (*fp8_train_glu_q)(FP8Tensor *keep, const void *gate, const void *up, int N, int FF, int gelu, const QWeight *consumer);
     // after an optimizer step, for all n trained weights: delayed scaling rolls the amax histories
     // and sets the next scales (*overflows += tensors whose amax was inf/NaN). reduce (or NULL) gets
     // the step's 3 n amaxes (x, w, dy of each weight) first, to reduce them over the ranks.

@@ -69,6 +69,14 @@ void cu_colsum(float *dst, const bf16 *a, int N, int C);
 
 // dinp (n) bf16 = bf16(dinp + y), summed in fp32 (backend_cuda.cu)
 
+// FP8 training (fp8_train.cu): rmsnorm_forward (norm1p: rmsnorm1p_forward) and swiglu / geglu_forward
+// with their outputs written only as E4M3 codes q of the per-tensor scale *mul (scale_inv = 1 / *mul),
+// the bf16 values' amax recorded; 0 where the shapes or alignment do not allow (nothing done)
+int cu_rmsnorm_q(uint8_t *q, float *scale_inv, unsigned *amax, const float *mul, void *rstd, const void *inp, const void *w,
+                 int N, int C, float eps, int norm1p);
+int cu_glu_q(uint8_t *q, float *scale_inv, unsigned *amax, const float *mul, const void *gate, const void *up, size_t n,
+             int gelu);
+
 // ---- fp8_train.cu ----
 FP8Train *cu_fp8_train_new(const QWeight *w, const FP8Recipe *r, FP8Train *leader, char *why, size_t why_cap);
 void cu_fp8_train_free(FP8Train *t);
@@ -81,6 +89,9 @@ void cu_fp8_train_forward(void *out, DType yt, const void *inp, const QWeight *w
 void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *dout, const void *inp, const FP8Tensor *kept,
                            const QWeight *w, int N);
 void cu_fp8_train_forward_kept(void *out, DType yt, const FP8Tensor *xq, const QWeight *w, int N);
+int cu_fp8_train_norm_q(FP8Tensor *keep, void *rstd, const void *inp, const void *w, int N, int C, float eps, int norm1p,
+                        const QWeight *consumer);
+int cu_fp8_train_glu_q(FP8Tensor *keep, const void *gate, const void *up, int N, int FF, int gelu, const QWeight *consumer);
 int cu_fp8_train_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int N, int FF,
                                  const QWeight *wg, const QWeight *wu);
 

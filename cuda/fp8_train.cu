@@ -205,6 +205,41 @@ void cu_fp8_train_forward_kept(void *out, DType yt, const FP8Tensor *xq, const Q
     fp8_gemm_cuda(out, yt, xq, &wq, 0);
 }
 
+// The ops that make a kept input, writing it only as the codes its consumer's forward reads: with
+// delayed scaling the scale is known before the pass, so the norm (the GLU) encodes its values as it
+// computes them, and the bf16 values are never written and read again (the per-op path: rmsnorm_forward,
+// then the consumer's forward quantizing its output). The codes, scale and amax are that path's.
+static int delayed_input(const QWeight *consumer, FP8Tensor *keep, int N, int C, float **mul, unsigned **amax) {
+    FP8Train *t = consumer->train;
+    if (!t || t->r.kind != FP8_RECIPE_DELAYED || consumer->cols != C) return 0;
+    FP8Train *l = t->leader ? t->leader : t;  // whose codes of this input the group reads (reuse)
+    *mul = dev_mul(l, T_X), *amax = dev_amax(l, T_X);
+    uint8_t *data = keep->data;
+    float *scale = keep->scale;
+    *keep = tensor_of(N, C, FP8_TENSOR, FP8_E4M3, 1);
+    keep->data = data, keep->scale = scale;
+    return 1;
+}
+int cu_fp8_train_norm_q(FP8Tensor *keep, void *rstd, const void *inp, const void *w, int N, int C, float eps, int norm1p,
+                        const QWeight *consumer) {
+    float *mul;
+    unsigned *amax;
+    FP8Tensor k = *keep;
+    if (!delayed_input(consumer, &k, N, C, &mul, &amax) || !cu_rmsnorm_q(k.data, k.scale, amax, mul, rstd, inp, w, N, C, eps, norm1p))
+        return 0;
+    *keep = k;
+    return 1;
+}
+int cu_fp8_train_glu_q(FP8Tensor *keep, const void *gate, const void *up, int N, int FF, int gelu, const QWeight *consumer) {
+    float *mul;
+    unsigned *amax;
+    FP8Tensor k = *keep;
+    if (!delayed_input(consumer, &k, N, FF, &mul, &amax) || !cu_glu_q(k.data, k.scale, amax, mul, gate, up, (size_t)N * FF, gelu))
+        return 0;
+    *keep = k;
+    return 1;
+}
+
 // dinp (N, C) bf16 (=, or += with accumulate) = dout W ; dw (OC, C) f32 += dout^T inp ; in FP8. kept (or
 // NULL): inp's codes as the forward kept them, read in inp's place (inp may then be NULL)
 void cu_fp8_train_backward(void *dinp, int accumulate, float *dw, const void *dout, const void *inp, const FP8Tensor *kept,

@@ -2,6 +2,7 @@
 //   defines: cu_rmsnorm_forward / backward, cu_rope_forward / backward, cu_add_rmsnorm, cu_qkv_rope_kv,
 //   cu_swiglu_forward / backward, cu_glu_gu, cu_add, cu_gather_rows, cu_embedding_forward /
 //   cu_rmsnorm1p_forward / backward, cu_geglu_forward / backward, cu_scale_act (Gemma 3),
+//   cu_rmsnorm_q, cu_glu_q (FP8 training: the norm's and the GLU's outputs as FP8 codes alone),
 //   backward, cu_colsum (backend_cuda.cuh). Each has its truth in ops_cpu.c; test/gpu_backend.cu
 //   compares them on random inputs.
 // bf16 in and out, fp32 arithmetic; sums over rows in fixed order (no float atomics), so results
@@ -230,6 +231,50 @@ static void rmsnorm_forward(void *out, void *rstd, const void *inp, const void *
         rmsnorm_fwd_kernel<false, P1><<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp,
                                                                        (const bf16 *)w, N, C, eps);
     launchCheck();
+}
+// FP8 training's norm into a per-tensor-scaled FP8 input (fp8_train.cu cu_fp8_train_norm_q): the rows
+// of rmsnorm_fwd_kernel (VEC), each value rounded to bf16 as it stores it, then encoded with the scale
+// *mul into q in place of the store, the amax of the bf16 values recorded: fp8_quantize_scaled_cuda's
+// codes and amax of rmsnorm_forward's output, from one pass that never writes the bf16 values
+template <bool P1>
+__global__ void rmsnorm_q_kernel(uint8_t *q, float *scale_inv, unsigned *amax, const float *mul, float *rstd,
+                                 const bf16 *inp, const bf16 *w, int N, int C, float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    float s = *mul;
+    if (blockIdx.x == 0 && threadIdx.x == 0) scale_inv[0] = __frcp_rn(s);
+    unsigned m = 0;
+    if (row < N) {  // (every thread reaches block_amax_record)
+        const bf16 *x = inp + (size_t)row * C;
+        float r = row_rstd<true>(x, C, eps, lane);
+        if (lane == 0) rstd[row] = r;
+        for (int i = lane * 8; i < C; i += 256) {
+            float f[8], g[8];
+            load8(f, x + i);
+            load8(g, w + i);
+            uint32_t word[2] = {0, 0};
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float y = __bfloat162float(__float2bfloat16_rn((f[j] * r) * norm_w<P1>(g[j])));
+                m = max(m, __float_as_uint(fabsf(y)));
+                word[j >> 2] |= (uint32_t)fp8_encode_dev(y * s, FP8_E4M3) << (8 * (j & 3));
+            }
+            *(uint2 *)(q + (size_t)row * C + i) = make_uint2(word[0], word[1]);
+        }
+    }
+    block_amax_record(amax, m);
+}
+int cu_rmsnorm_q(uint8_t *q, float *scale_inv, unsigned *amax, const float *mul, void *rstd, const void *inp, const void *w,
+                 int N, int C, float eps, int norm1p) {
+    if (N <= 0 || C % 8 || !aligned16(inp, w, NULL, NULL) || (uintptr_t)q % 8) return 0;
+    unsigned gr = cdiv(N, 8);
+    if (norm1p)
+        rmsnorm_q_kernel<true><<<gr, 256, 0, cu_stream()>>>(q, scale_inv, amax, mul, (float *)rstd, (const bf16 *)inp,
+                                                            (const bf16 *)w, N, C, eps);
+    else
+        rmsnorm_q_kernel<false><<<gr, 256, 0, cu_stream()>>>(q, scale_inv, amax, mul, (float *)rstd, (const bf16 *)inp,
+                                                             (const bf16 *)w, N, C, eps);
+    launchCheck();
+    return 1;
 }
 void cu_rmsnorm_forward(void *out, void *rstd, const void *inp, const void *w, int N, int C, float eps) {
     rmsnorm_forward<false>(out, rstd, inp, w, N, C, eps);
@@ -567,6 +612,40 @@ static void glu_backward(void *dgate, void *dup, const void *dout, const void *g
     launchCheck();
 }
 void cu_swiglu_forward(void *out, const void *gate, const void *up, size_t n) { glu_forward<false>(out, gate, up, n); }
+// FP8 training's GLU into a per-tensor-scaled FP8 input (cu_fp8_train_glu_q): glu_fwd_kernel's values,
+// rounded to bf16 as it stores them, encoded with *mul into q in place of the store, their amax recorded
+// (fp8_quantize_scaled_cuda's codes and amax of glu_forward's output, the bf16 values never written)
+template <bool GELU>
+__global__ void glu_q_kernel(uint8_t *q, float *scale_inv, unsigned *amax, const float *mul, const bf16 *gate, const bf16 *up,
+                             size_t n8) {
+    float s = *mul;
+    if (blockIdx.x == 0 && threadIdx.x == 0) scale_inv[0] = __frcp_rn(s);
+    unsigned m = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
+        float g[8], u[8];
+        load8(g, gate + 8 * i);
+        load8(u, up + 8 * i);
+        uint32_t word[2] = {0, 0};
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float y = __bfloat162float(__float2bfloat16_rn(glu_mul<GELU>(g[j], u[j])));
+            m = max(m, __float_as_uint(fabsf(y)));
+            word[j >> 2] |= (uint32_t)fp8_encode_dev(y * s, FP8_E4M3) << (8 * (j & 3));
+        }
+        ((uint2 *)q)[i] = make_uint2(word[0], word[1]);
+    }
+    block_amax_record(amax, m);
+}
+int cu_glu_q(uint8_t *q, float *scale_inv, unsigned *amax, const float *mul, const void *gate, const void *up, size_t n,
+             int gelu) {
+    if (!n || n % 8 || !aligned16(gate, up, NULL, NULL) || (uintptr_t)q % 8) return 0;
+    if (gelu)
+        glu_q_kernel<true><<<grid_vec(n), 256, 0, cu_stream()>>>(q, scale_inv, amax, mul, (const bf16 *)gate, (const bf16 *)up, n / 8);
+    else
+        glu_q_kernel<false><<<grid_vec(n), 256, 0, cu_stream()>>>(q, scale_inv, amax, mul, (const bf16 *)gate, (const bf16 *)up, n / 8);
+    launchCheck();
+    return 1;
+}
 // glu_gu: one warp per 128 columns of a row (lane l: columns 4l..4l+3), glu_mul as glu_fwd_kernel
 // rounds it; with q (BLOCK), the group's FP8 copy from the lanes' registers
 template <bool GELU>

@@ -582,6 +582,86 @@ START_TEST(test_swiglu_backward_q) {
 }
 END_TEST
 
+// The ops that write a kept input as FP8 codes alone (fp8_train_norm_q, fp8_train_glu_q) against the
+// per-op path they replace (rmsnorm_forward / rmsnorm1p_forward, swiglu_forward / geglu_forward, then
+// the consumer's forward keeping its input's codes): two identical delayed-scaling linears, one each
+// way, over 3 steps of changing amaxes: the same codes, scale, rstd, product and, after each step, the
+// same delayed state (the amaxes recorded alike); at the 1B shape's width and rows not a multiple of 8
+START_TEST(test_kept_input_ops) {
+    int N = 301, C = 2048, OC = 128, FF = 2048;
+    FP8Recipe r = fp8_recipe_default();
+    r.kind = FP8_RECIPE_DELAYED;
+    float *wh = randn_bf((size_t)OC * C, 0.05f), *nw = randn_bf(C, 0.5f);
+    void *nwd = up_act(nw, C);
+    char why[256];
+    for (int op = 0; op < 4; op++) {  // norm, norm 1 + w, SwiGLU, GeGLU
+        int glu = op >= 2, flag = op & 1;
+        QWeight w[2];
+        for (int p = 0; p < 2; p++) {
+            memset(&w[p], 0, sizeof w[p]);
+            w[p].rows = OC, w[p].cols = C, w[p].gran = FP8_OFF, w[p].dense = up_act(wh, (size_t)OC * C);
+            w[p].train = G->fp8_train_new(&w[p], &r, NULL, why, sizeof why);
+            ck_assert_msg(w[p].train, "%s", why);
+        }
+        size_t nx = (size_t)N * C;
+        void *out = G->alloc(nx * 2), *y[2] = {G->alloc((size_t)N * OC * 2), G->alloc((size_t)N * OC * 2)};
+        void *rs[2] = {G->alloc(N * 4), G->alloc(N * 4)}, *codes[2] = {G->alloc(nx), G->alloc(nx)};
+        void *sc[2] = {G->alloc(16), G->alloc(16)};
+        long overflows = 0;
+        for (int step = 0; step < 3; step++) {
+            float *x = randn_bf(nx, ldexpf(1.0f, step)), *u = randn_bf(nx, 1.0f);
+            void *xd = up_act(x, nx), *ud = up_act(u, nx);
+            FP8Tensor k[2];
+            for (int p = 0; p < 2; p++) {
+                memset(&k[p], 0, sizeof k[p]);
+                k[p].data = (uint8_t *)codes[p], k[p].scale = (float *)sc[p];
+            }
+            if (!glu) (flag ? G->rmsnorm1p_forward : G->rmsnorm_forward)(out, rs[0], xd, nwd, N, C, 1e-6f);
+            else (flag ? G->geglu_forward : G->swiglu_forward)(out, xd, ud, nx);
+            ck_assert(G->fp8_train_forward_keep(y[0], out, &w[0], NULL, N, &k[0]));
+            int made = glu ? G->fp8_train_glu_q(&k[1], xd, ud, N, FF, flag, &w[1])
+                           : G->fp8_train_norm_q(&k[1], rs[1], xd, nwd, N, C, 1e-6f, flag, &w[1]);
+            ck_assert_msg(made, "op %d declined a delayed recipe", op);
+            G->linear_forward_q(y[1], &k[1], &w[1], NULL, N);
+            char what[96];
+            snprintf(what, sizeof what, "op %d step %d: the codes", op, step);
+            check_same_bytes(what, codes[0], codes[1], nx);
+            snprintf(what, sizeof what, "op %d step %d: the scale", op, step);
+            check_same_bytes(what, sc[0], sc[1], 4);
+            snprintf(what, sizeof what, "op %d step %d: the product", op, step);
+            check_same_bytes(what, y[0], y[1], (size_t)N * OC * 2);
+            if (!glu) {
+                snprintf(what, sizeof what, "op %d step %d: rstd", op, step);
+                check_same_bytes(what, rs[0], rs[1], N * 4);
+            }
+            ck_assert(k[1].rows == N && k[1].cols == C && k[1].gran == FP8_TENSOR && k[1].fmt == FP8_E4M3);
+            for (int p = 0; p < 2; p++) G->fp8_train_step(&w[p].train, 1, NULL, NULL, &overflows);
+            free(x), free(u), G->free(xd), G->free(ud);
+        }
+        size_t n = G->fp8_train_state(&w[0].train, 1, NULL, 0);
+        float *a = fmalloc(n), *b = fmalloc(n);
+        G->fp8_train_state(&w[0].train, 1, a, 0), G->fp8_train_state(&w[1].train, 1, b, 0);
+        check_exact("the delayed state after 3 steps", a, b, n * sizeof(float));
+        ck_assert_msg(a[0] != 1.0f, "X's scale is still 1 after 3 steps");
+        for (int p = 0; p < 2; p++)
+            G->fp8_train_free(w[p].train), G->free(w[p].dense), G->free(y[p]), G->free(rs[p]), G->free(codes[p]), G->free(sc[p]);
+        G->free(out), free(a), free(b);
+    }
+    // where it does not apply it declines: a current-scaling consumer
+    FP8Recipe rc = fp8_recipe_default();
+    rc.kind = FP8_RECIPE_CURRENT;
+    QWeight wc;
+    memset(&wc, 0, sizeof wc);
+    wc.rows = OC, wc.cols = C, wc.gran = FP8_OFF, wc.dense = up_act(wh, (size_t)OC * C);
+    wc.train = G->fp8_train_new(&wc, &rc, NULL, why, sizeof why);
+    FP8Tensor k;
+    memset(&k, 0, sizeof k);
+    ck_assert_int_eq(G->fp8_train_norm_q(&k, NULL, NULL, nwd, N, C, 1e-6f, 0, &wc), 0);
+    printf("  fp8_train_norm_q / glu_q: codes, scale, rstd, product and delayed state the per-op path's, 3 steps\n");
+    G->fp8_train_free(wc.train), G->free(wc.dense), G->free(nwd), free(wh), free(nw);
+}
+END_TEST
+
 static Suite *gpu_fp8_train_suite(void) {
     Suite *s = suite_create("gpu_fp8_train");
     TCase *tc = tcase_create("core");
@@ -592,6 +672,7 @@ static Suite *gpu_fp8_train_suite(void) {
     tcase_add_test(tc, test_shared_input);
     tcase_add_test(tc, test_delayed_state);
     tcase_add_test(tc, test_swiglu_backward_q);
+    tcase_add_test(tc, test_kept_input_ops);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -493,7 +493,9 @@ END_TEST
 // against the same training with their bf16 values saved: per tensor the weight gradient's codes are
 // the forward's codes transposed, so three steps give bit-identical logprobs, gradients and masters,
 // with Qwen2's biases, Qwen3's q/k norms and Gemma 3's sandwich norms and GeGLU, and the delayed
-// and current recipes; and the saved activations are smaller by a byte an element of ln1, ln2, hmlp.
+// recipe (whose norms and GLU write the codes alone: fp8_train_norm_q / glu_q) and the current one
+// (whose products quantize and keep them); and the saved activations are smaller by a byte an element
+// of ln1, ln2, hmlp.
 // The same with gate and up recomputed in the backward (Model.recompute_mlp) from the kept codes, and
 // from the bf16 input, bit-identical again: the products run again on the same operands.
 START_TEST(test_fp8_kept_inputs) {
