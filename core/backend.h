@@ -286,15 +286,17 @@ struct Backend {
                    int top_k, float top_p);
 
     // ---- optimizer -----------------------------------------------------------
-    // AdamW on n hp values: m, v hp state; step counts from 1 (bias correction). Each gradient is taken
+    // AdamW on n hp values, computed in hp (fp32 on the GPU, as torch.optim.AdamW on fp32 parameters; each
+    // operation in one order on every backend, so the GPU's results are the CPU's bit for bit): m, v hp
+    // state; step counts from 1 (bias correction). Each gradient is taken
     // times gscale (the clip factor; rounded to hp as `scale` rounds, the gradients left as they are).
     // act_out (n act values) or NULL: the new values in the act dtype as well, as to_act writes them (the
     // working copy full fine-tuning's forward reads), in the same pass: one read and write of each array.
-    // m16 (or NULL): m and v held as bf16 values instead (Bf16Moments), the same fp64 arithmetic
+    // m16 (or NULL): m and v held as bf16 values instead (Bf16Moments), the same arithmetic
     void (*adamw)(void *param, const void *grad, float gscale, void *m, void *v, size_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int step, void *act_out, const Bf16Moments *m16);
     // AdamW with param, m and v held as bf16 values (--lora_dtype bf16: bf16 storage where act is bf16, the
-    // CUDA backend's; on the CPU backends their values in hp storage); grad hp. The same fp64 arithmetic as
+    // CUDA backend's; on the CPU backends their values in hp storage); grad hp. The same arithmetic as
     // adamw, then each of the three rounded to bf16 stochastically (common.h f32_to_bf16_sr, its bits from
     // sr_bits(seed, step, i, 0 param / 1 m / 2 v)), bit-exact between the backends
     void (*adamw_bf16)(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,

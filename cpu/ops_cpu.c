@@ -745,48 +745,54 @@ void FN(sample)(int32_t *tokens, real *logp, const real *logits, uint64_t *rng, 
     }
 }
 
-// one element of AdamW in fp64, in the order both backends compute it (backend_cuda.cu's kernels spell
-// each rounding out): *m and *v updated, the new parameter returned. Decoupled weight decay
-// (torch.optim.AdamW): p -= lr * wd * p, then the Adam step.
-static inline double adamw_elem(double p, double g, double *m, double *v, float lr, float beta1, float beta2, float eps,
-                                float weight_decay, double bc1, double bc2) {
-    double mi = beta1 * *m + (1.0 - beta1) * g;
-    double vi = beta2 * *v + (1.0 - beta2) * g * g;
+// one element of AdamW in the masters' own precision, real (fp32 on the fp32 backend, as the GPU's fp32
+// masters and torch.optim.AdamW on fp32 parameters compute it; fp64 on cpu64), each operation rounded
+// once, in the order backend_cuda.cu's kernel spells out (bit-identical results): *m and *v updated,
+// the new parameter returned. Decoupled weight decay (torch.optim.AdamW): p -= lr * wd * p, then the
+// Adam step. bc1, bc2: the bias corrections 1 - beta^step (computed in fp64, rounded to real).
+static inline real adamw_elem(real p, real g, real *m, real *v, real lr, real beta1, real beta2, real eps, real wd,
+                              real bc1, real bc2) {
+    real mi = beta1 * *m + (1 - beta1) * g;
+    real vi = beta2 * *v + (1 - beta2) * g * g;
     *m = mi;
     *v = vi;
-    p *= 1.0 - (double)lr * weight_decay;
-    return p - lr * (mi / bc1) / (sqrt(vi / bc2) + eps);
+    p = p * (1 - lr * wd);
+#ifdef CPU_F64
+    real root = sqrt(vi / bc2);
+#else
+    real root = sqrtf(vi / bc2);
+#endif
+    return p - lr * (mi / bc1) / (root + eps);
 }
 
 // the gradient times gscale, rounded as FN(scale) rounds it; m16: the moments are bf16 values
 // (backend.h Bf16Moments: seed, i0), rounded stochastically
 void FN(adamw)(real *param, const real *grad, float gscale, real *m, real *v, size_t n, float lr, float beta1, float beta2,
                float eps, float weight_decay, int step, int m16, uint64_t seed, size_t i0) {
-    double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
+    real bc1 = (real)(1.0 - pow(beta1, step)), bc2 = (real)(1.0 - pow(beta2, step));
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
-        double mi = m[i], vi = v[i];
+        real mi = m[i], vi = v[i];
         real g = gscale == 1.0f ? grad[i] : (real)(grad[i] * (double)gscale);
-        double p = adamw_elem(param[i], g, &mi, &vi, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+        param[i] = adamw_elem(param[i], g, &mi, &vi, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
         if (m16) {
             m[i] = bf16_to_f32(f32_to_bf16_sr((float)mi, sr_bits(seed, step, i0 + i, 1)));
             v[i] = bf16_to_f32(f32_to_bf16_sr((float)vi, sr_bits(seed, step, i0 + i, 2)));
         } else {
-            m[i] = (real)mi;
-            v[i] = (real)vi;
+            m[i] = mi;
+            v[i] = vi;
         }
-        param[i] = (real)p;
     }
 }
 
 // adamw with the three results rounded to bf16 stochastically (backend.h adamw_bf16), kept as real values
 void FN(adamw_bf16)(real *param, const real *grad, real *m, real *v, size_t n, float lr, float beta1, float beta2,
                     float eps, float weight_decay, int step, uint64_t seed) {
-    double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
+    real bc1 = (real)(1.0 - pow(beta1, step)), bc2 = (real)(1.0 - pow(beta2, step));
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
-        double mi = m[i], vi = v[i];
-        double p = adamw_elem(param[i], grad[i], &mi, &vi, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+        real mi = m[i], vi = v[i];
+        real p = adamw_elem(param[i], grad[i], &mi, &vi, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
         param[i] = bf16_to_f32(f32_to_bf16_sr((float)p, sr_bits(seed, step, i, 0)));
         m[i] = bf16_to_f32(f32_to_bf16_sr((float)mi, sr_bits(seed, step, i, 1)));
         v[i] = bf16_to_f32(f32_to_bf16_sr((float)vi, sr_bits(seed, step, i, 2)));

@@ -23,7 +23,7 @@
 //   reductions  no float atomics anywhere: sums over rows (dbias, norm weights, embedding
 //               rows, sumsq) use fixed-order partials, so results repeat bit for bit.
 //   sample      fp64, the CPU's formulas; the draw is the sequence's splitmix64 state.
-//   adamw/scale fp64 with the CPU's operation order and no FMA contraction: bit-exact.
+//   adamw (fp32) and scale with the CPU's operation order and no FMA contraction: bit-exact.
 #include <math.h>
 
 #include "cuda/attention_cuda.h"
@@ -660,34 +660,41 @@ static void cu_logprobs_fused(void *logp, void *lse, void *dh, void *dwlm, const
 }
 
 // ----------------------------------------------------------------------------
-// optimizer and reductions: fp64 with the CPU's operation order, no FMA contraction
+// optimizer and reductions: the CPU's operation order, no FMA contraction (AdamW in fp32, sums in fp64)
 
 // The whole optimizer step in one pass over the arrays: the clip factor gs applied as scale_kernel
 // applies it, AdamW, and the bf16 working copy (act, or NULL) as to_bf16 writes it. Fused, a step of
 // full fine-tuning reads and writes each array once instead of in three passes (scale, AdamW, copy).
-// one value's AdamW step in fp64, each operation rounded as the CPU's (bit-identical results). The
-// moments are stored as float, or as bf16 values rounded stochastically (backend.h Bf16Moments)
+// one value's AdamW step in fp32 (the masters' precision, as torch.optim.AdamW on fp32 parameters), each
+// operation rounded once in the CPU's order (ops_cpu.c adamw_elem: bit-identical results). The moments
+// are stored as float, or as bf16 values rounded stochastically (backend.h Bf16Moments)
 struct AdamW {
-    double gs, lr, b1, b2, eps, wd, bc1, bc2;
+    float gs, lr, b1, b2, eps, wd, bc1, bc2;  // bc1, bc2: 1 - beta^step, computed in fp64 and rounded
     uint64_t seed;  // bf16 moments: their rounding's bits, sr_bits(seed, step, i0 + i, 1 m / 2 v)
     int t;
     size_t i0;
-    __device__ static double get(float x) { return (double)x; }
-    __device__ static double get(bf16 x) { return (double)__bfloat162float(x); }
-    __device__ void put(float &dst, double x, size_t, int) const { dst = (float)x; }
-    __device__ void put(bf16 &dst, double x, size_t i, int which) const {
-        dst = __ushort_as_bfloat16(f32_to_bf16_sr((float)x, sr_bits(seed, t, i0 + i, which)));
+    __device__ static float get(float x) { return x; }
+    __device__ static float get(bf16 x) { return __bfloat162float(x); }
+    __device__ void put(float &dst, float x, size_t, int) const { dst = x; }
+    __device__ void put(bf16 &dst, float x, size_t i, int which) const {
+        dst = __ushort_as_bfloat16(f32_to_bf16_sr(x, sr_bits(seed, t, i0 + i, which)));
+    }
+    // the new parameter from p, g and the moments m, v, which become mi, vi (adamw_elem's operations)
+    __device__ float core(float p, float g, float m, float v, float &mi, float &vi) const {
+        mi = __fadd_rn(__fmul_rn(b1, m), __fmul_rn(__fsub_rn(1.0f, b1), g));
+        vi = __fadd_rn(__fmul_rn(b2, v), __fmul_rn(__fmul_rn(__fsub_rn(1.0f, b2), g), g));
+        p = __fmul_rn(p, __fsub_rn(1.0f, __fmul_rn(lr, wd)));
+        float st = __fdiv_rn(__fmul_rn(lr, __fdiv_rn(mi, bc1)), __fadd_rn(__fsqrt_rn(__fdiv_rn(vi, bc2)), eps));
+        return __fsub_rn(p, st);
     }
     template <typename MT>
     __device__ float step(float &param, float grad, MT &m, MT &v, size_t i) const {
-        double g = gs == 1.0 ? (double)grad : (double)(float)__dmul_rn((double)grad, gs);
-        double mi = __dadd_rn(__dmul_rn(b1, get(m)), __dmul_rn(__dsub_rn(1.0, b1), g));
-        double vi = __dadd_rn(__dmul_rn(b2, get(v)), __dmul_rn(__dmul_rn(__dsub_rn(1.0, b2), g), g));
+        float g = gs == 1.0f ? grad : __fmul_rn(grad, gs);  // FN(scale)'s rounding of the product
+        float mi, vi;
+        param = core(param, g, get(m), get(v), mi, vi);
         put(m, mi, i, 1);
         put(v, vi, i, 2);
-        double p = __dmul_rn((double)param, __dsub_rn(1.0, __dmul_rn(lr, wd)));
-        double st = __ddiv_rn(__dmul_rn(lr, __ddiv_rn(mi, bc1)), __dadd_rn(__dsqrt_rn(__ddiv_rn(vi, bc2)), eps));
-        return param = (float)__dsub_rn(p, st);
+        return param;
     }
 };
 
@@ -730,7 +737,7 @@ __global__ void adamw_kernel(float *param, const float *grad, MT *m, MT *v, size
 static void cu_adamw(void *param, const void *grad, float gscale, void *m, void *v, size_t n, float lr, float beta1,
                      float beta2, float eps, float weight_decay, int step, void *act_out, const Bf16Moments *m16) {
     if (!n) return;
-    double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
+    float bc1 = (float)(1.0 - pow(beta1, step)), bc2 = (float)(1.0 - pow(beta2, step));
     AdamW a = {gscale, lr, beta1, beta2, eps, weight_decay, bc1, bc2, m16 ? m16->seed : 0, step, m16 ? m16->i0 : 0};
     if (m16)
         adamw_kernel<<<grid_for(n / 4 + 1), 256, 0, G.stream>>>((float *)param, (const float *)grad, (bf16 *)m, (bf16 *)v,
@@ -742,25 +749,21 @@ static void cu_adamw(void *param, const void *grad, float gscale, void *m, void 
 }
 
 // adamw_kernel's arithmetic on bf16 param, m, v, each result rounded stochastically (common.h), as the CPU's
-__global__ void adamw_bf16_kernel(bf16 *param, const float *grad, bf16 *m, bf16 *v, size_t n, double lr, double b1,
-                                  double b2, double eps, double wd, double bc1, double bc2, int step, uint64_t seed) {
+__global__ void adamw_bf16_kernel(bf16 *param, const float *grad, bf16 *m, bf16 *v, size_t n, AdamW a, uint64_t seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        double g = grad[i];
-        double mi = __dadd_rn(__dmul_rn(b1, (double)__bfloat162float(m[i])), __dmul_rn(__dsub_rn(1.0, b1), g));
-        double vi = __dadd_rn(__dmul_rn(b2, (double)__bfloat162float(v[i])), __dmul_rn(__dmul_rn(__dsub_rn(1.0, b2), g), g));
-        double p = __dmul_rn((double)__bfloat162float(param[i]), __dsub_rn(1.0, __dmul_rn(lr, wd)));
-        double st = __ddiv_rn(__dmul_rn(lr, __ddiv_rn(mi, bc1)), __dadd_rn(__dsqrt_rn(__ddiv_rn(vi, bc2)), eps));
-        param[i] = __ushort_as_bfloat16(f32_to_bf16_sr((float)__dsub_rn(p, st), sr_bits(seed, step, i, 0)));
-        m[i] = __ushort_as_bfloat16(f32_to_bf16_sr((float)mi, sr_bits(seed, step, i, 1)));
-        v[i] = __ushort_as_bfloat16(f32_to_bf16_sr((float)vi, sr_bits(seed, step, i, 2)));
+        float mi, vi;
+        float p = a.core(__bfloat162float(param[i]), grad[i], __bfloat162float(m[i]), __bfloat162float(v[i]), mi, vi);
+        param[i] = __ushort_as_bfloat16(f32_to_bf16_sr(p, sr_bits(seed, a.t, i, 0)));
+        m[i] = __ushort_as_bfloat16(f32_to_bf16_sr(mi, sr_bits(seed, a.t, i, 1)));
+        v[i] = __ushort_as_bfloat16(f32_to_bf16_sr(vi, sr_bits(seed, a.t, i, 2)));
     }
 }
 static void cu_adamw_bf16(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
                           float eps, float weight_decay, int step, uint64_t seed) {
     if (!n) return;
-    double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
-    adamw_bf16_kernel<<<grid_for(n), 256, 0, G.stream>>>((bf16 *)param, (const float *)grad, (bf16 *)m, (bf16 *)v, n, lr,
-                                                         beta1, beta2, eps, weight_decay, bc1, bc2, step, seed);
+    float bc1 = (float)(1.0 - pow(beta1, step)), bc2 = (float)(1.0 - pow(beta2, step));
+    AdamW a = {1.0f, lr, beta1, beta2, eps, weight_decay, bc1, bc2, 0, step, 0};
+    adamw_bf16_kernel<<<grid_for(n), 256, 0, G.stream>>>((bf16 *)param, (const float *)grad, (bf16 *)m, (bf16 *)v, n, a, seed);
     launchCheck();
 }
 

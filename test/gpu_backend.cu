@@ -1420,7 +1420,7 @@ START_TEST(test_optimizer) {
         adamw_cpu(p, g, 1.0f, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step, 0, 0, 0);
     }
     float *gp = down_hp(dp, n), *gm = down_hp(dm, n), *gv = down_hp(dv, n);
-    check_exact("adamw param (3 steps, fp64, CPU order)", gp, p, n * 4);
+    check_exact("adamw param (3 steps, fp32, CPU order)", gp, p, n * 4);
     check_exact("adamw m", gm, m, n * 4);
     check_exact("adamw v", gv, v, n * 4);
     {  // the fused step (clip factor and act copy in the pass) against the passes it replaces, on the GPU:
