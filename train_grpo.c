@@ -57,7 +57,7 @@
 
 typedef struct {
     const char *model, *data, *task, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules;
-    const char *load_in_fp8, *kv_cache_dtype, *lora_dtype, *eval_data, *algo, *kl_estimator;
+    const char *load_in_fp8, *kv_cache_dtype, *lora_dtype, *eval_data, *algo, *kl_estimator, *adam_moments;
     double heldout_frac;
     // PPO (--algo ppo): TRL's PPOConfig, copied into a PpoConfig (ppo.h) by parse_options
     int num_ppo_epochs, num_mini_batches, whiten_rewards;
@@ -159,6 +159,9 @@ static const Option OPTIONS[] = {
     {"adam_beta1", OPT_DOUBLE, OFF(adam_beta1), 0, 0.999999, .dflt = "0.9", .help = "AdamW beta1"},
     {"adam_beta2", OPT_DOUBLE, OFF(adam_beta2), 0, 0.999999999, .dflt = "0.999", .help = "AdamW beta2"},
     {"adam_epsilon", OPT_DOUBLE, OFF(adam_epsilon), 1e-30, 1, .dflt = "1e-8", .help = "AdamW epsilon"},
+    {"adam_moments", OPT_CHOICE, OFF(adam_moments), .choices = "fp32|bf16", .dflt = "fp32",
+     .help = "--use_peft false: AdamW's two moments in fp32, or in bf16 rounded stochastically (4 bytes a parameter "
+             "less; a LoRA adapter's state follows --lora_dtype)"},
     {"max_grad_norm", OPT_DOUBLE, OFF(max_grad_norm), 0, 1e9, .dflt = "1", .help = "clip the global gradient norm to this (0: off)"},
 
     {.name = "LoRA", .kind = OPT_SECTION},
@@ -284,6 +287,8 @@ static void parse_options(int argc, char **argv, Opts *o, GrpoConfig *g, PpoConf
         die("--use_peft false keeps no reference model (the KL term's frozen weights are the ones it trains): use --beta 0 "
             "(the default), or --use_peft, whose reference is the frozen base");
     if (!o->use_peft && o->fp8_embeddings) die("--use_peft false trains the embeddings too, which --fp8_embeddings freezes: drop it");
+    if (o->use_peft && strcmp(o->adam_moments, "fp32"))
+        die("--adam_moments %s is for --use_peft false (every weight); a LoRA adapter's state follows --lora_dtype", o->adam_moments);
     if (o->per_device_train_batch_size % g->num_generations)
         die("per_device_train_batch_size %d is not a multiple of num_generations %d", o->per_device_train_batch_size,
             g->num_generations);
@@ -411,6 +416,7 @@ static cJSON *run_identity(const Run *r) {
     cJSON_AddNumberToObject(j, "lora_alpha", o->lora_alpha);
     cJSON_AddStringToObject(j, "lora_target_modules", o->lora_target_modules);
     if (strcmp(o->lora_dtype, "fp32")) cJSON_AddStringToObject(j, "lora_dtype", o->lora_dtype);  // (older runs: fp32)
+    if (strcmp(o->adam_moments, "fp32")) cJSON_AddStringToObject(j, "adam_moments", o->adam_moments);  // (older runs: fp32)
     cJSON_AddNumberToObject(j, "train_batch_size", (double)o->per_device_train_batch_size * world);
     if (r->ppo) cJSON_AddStringToObject(j, "algo", "ppo");  // (older runs and GRPO: none)
     cJSON_AddNumberToObject(j, "num_generations", g->num_generations);
@@ -739,10 +745,10 @@ static void load(Run *r) {
         }
     } else {
         if (dist_world(r->dist) > 1) die("--use_peft false runs on one process so far: train a LoRA adapter (--use_peft) on several GPUs");
-        full_init(&r->ft, m);  // fp32 gradients, masters and AdamW's moments: 16 bytes a parameter
-        r->lora_bytes = 4 * r->ft.n * dtype_size(r->be->hp);
-        printf("training: every weight (%zu values; gradients, fp32 masters and AdamW %.1f MiB); the rollouts sample from "
-               "the bf16 weights it trains\n", r->ft.n, r->lora_bytes / 1048576.0);
+        full_init_sharded(&r->ft, m, NULL, !strcmp(o->adam_moments, "bf16"));  // fp32 gradients and masters, AdamW's moments
+        r->lora_bytes = r->ft.n * (2 * dtype_size(r->be->hp) + 2 * dtype_size(r->ft.mdt));
+        printf("training: every weight (%zu values; gradients, fp32 masters and AdamW's moments in %s: %.1f MiB); the rollouts "
+               "sample from the bf16 weights it trains\n", r->ft.n, o->adam_moments, r->lora_bytes / 1048576.0);
     }
     printf("memory (%s): weights %.1f MiB (linear %.1f MiB as %s), %s %.1f MiB\n", r->be->name,
            (m->w.dense_bytes + m->w.fp8_bytes) / 1048576.0, m->w.linear_bytes / 1048576.0, o->load_in_fp8,

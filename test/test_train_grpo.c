@@ -107,6 +107,7 @@ START_TEST(test_bad_options) {
         {"--use_peft false", "FP8 weights are frozen: add --load_in_fp8 off"},
         {"--use_peft false --load_in_fp8 off --beta 0.04", "use --beta 0"},
         {"--use_peft false --load_in_fp8 off --fp8_embeddings", "--fp8_embeddings freezes"},
+        {"--adam_moments bf16", "--adam_moments bf16 is for --use_peft false"},
         {"--eval_data e.jsonl", "--eval_data needs --data"},
         {"--heldout_frac 0.2", "--heldout_frac is the share of --data held out"},
         {"--heldout_frac 0.95", "--heldout_frac: '0.95' is not a number in [0, 0.9]"},
@@ -312,6 +313,18 @@ START_TEST(test_full_weight_grpo) {
     snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 5 --resume --output_dir %s", b);
     ck_assert(run(cmd, err, sizeof err) != 0);
     ck_assert_msg(strstr(err, "other settings") && strstr(err, "use_peft"), "%s", err);
+    // AdamW's moments in bf16 (stochastic rounding): it resumes bit-exactly too, and the fp32 run's
+    // checkpoint is not resumed with them
+    char m16[1024], c[1200], d[1200];
+    snprintf(m16, sizeof m16, "%s --adam_moments bf16", opts);
+    fresh_dir("full_m16", c, sizeof c);
+    snprintf(cmd, sizeof cmd, "./train_grpo %s --output_dir %s", m16, c);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(strstr(out, "AdamW's moments in bf16"), "%s", out);
+    resume_matches(c, "full_m16_resumed", d, sizeof d, m16, 2, files, 2);
+    snprintf(cmd, sizeof cmd, "./train_grpo %s --max_steps 5 --resume --output_dir %s", m16, b);
+    ck_assert(run(cmd, err, sizeof err) != 0);
+    ck_assert_msg(strstr(err, "other settings") && strstr(err, "adam_moments"), "%s", err);
 }
 END_TEST
 
