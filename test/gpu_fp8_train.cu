@@ -228,6 +228,18 @@ static void ref_quantize(FP8Tensor *t, Mirror *mr, int i, const float *x, int ro
 }
 
 // sum over k of |a_k b_k| for each output of y = a b^T, a (M, K), b (N, K), from dequantized operands
+// a dense weight (rows, cols) of the host values wh, trained in FP8 under r; leader: the trained projection
+// whose input it reads (fp8_train_new), or NULL
+static QWeight trained_weight(const float *wh, int rows, int cols, const FP8Recipe *r, FP8Train *leader) {
+    QWeight w;
+    memset(&w, 0, sizeof w);
+    w.rows = rows, w.cols = cols, w.gran = FP8_OFF, w.dense = up_act(wh, (size_t)rows * cols);
+    char why[256];
+    w.train = G->fp8_train_new(&w, r, leader, why, sizeof why);
+    ck_assert_msg(w.train, "%s", why);
+    return w;
+}
+
 static double *mag_abt(const FP8Tensor *a, const FP8Tensor *b) {
     int M = a->rows, N = b->rows, K = a->cols;
     float *af = fmalloc((size_t)M * K), *bf = fmalloc((size_t)N * K);
@@ -268,14 +280,8 @@ static void check_linear(const char *name, FP8Recipe r) {
         delayed_init(&mr.d[1], &r, FP8_E4M3);
         delayed_init(&mr.d[2], &r, r.hybrid ? FP8_E5M2 : FP8_E4M3);
     }
-    QWeight qw;
-    memset(&qw, 0, sizeof qw);
-    qw.rows = OC, qw.cols = C, qw.gran = FP8_OFF;
     float *w = randn_bf((size_t)OC * C, 0.05f);
-    qw.dense = up_act(w, (size_t)OC * C);
-    char why[256];
-    qw.train = G->fp8_train_new(&qw, &r, NULL, why, sizeof why);
-    ck_assert_msg(qw.train, "%s", why);
+    QWeight qw = trained_weight(w, OC, C, &r, NULL);
     void *y = G->alloc((size_t)N * OC * 2), *dx = G->alloc((size_t)N * C * 2), *dw = G->alloc((size_t)OC * C * 4);
     long overflows = 0;
     for (int step = 0; step < 3; step++) {
@@ -410,13 +416,7 @@ START_TEST(test_shared_input) {
         r.kind = kind ? FP8_RECIPE_CURRENT : FP8_RECIPE_BLOCK;
         QWeight w[3];  // q (the leader), k (its member), k alone
         float *wh[2] = {randn_bf((size_t)OC * C, 0.05f), randn_bf((size_t)OC * C, 0.05f)};
-        char why[256];
-        for (int i = 0; i < 3; i++) {
-            memset(&w[i], 0, sizeof w[i]);
-            w[i].rows = OC, w[i].cols = C, w[i].gran = FP8_OFF, w[i].dense = up_act(wh[i ? 1 : 0], (size_t)OC * C);
-            w[i].train = G->fp8_train_new(&w[i], &r, i == 1 ? w[0].train : NULL, why, sizeof why);
-            ck_assert_msg(w[i].train, "%s", why);
-        }
+        for (int i = 0; i < 3; i++) w[i] = trained_weight(wh[i ? 1 : 0], OC, C, &r, i == 1 ? w[0].train : NULL);
         float *x1 = randn_bf((size_t)N * C, 1.0f), *x2 = randn_bf((size_t)N * C, 3.0f), *dy = randn_bf((size_t)N * OC, 0.01f);
         void *xd1 = up_act(x1, (size_t)N * C), *xd2 = up_act(x2, (size_t)N * C), *dyd = up_act(dy, (size_t)N * OC);
         void *y[2], *dx[2], *dw[2];
@@ -467,13 +467,7 @@ START_TEST(test_delayed_state) {
     r.history_len = 5;
     QWeight w[2];
     float *wh = randn_bf((size_t)OC * C, 0.05f);
-    char why[256];
-    for (int i = 0; i < 2; i++) {
-        memset(&w[i], 0, sizeof w[i]);
-        w[i].rows = OC, w[i].cols = C, w[i].gran = FP8_OFF, w[i].dense = up_act(wh, (size_t)OC * C);
-        w[i].train = G->fp8_train_new(&w[i], &r, NULL, why, sizeof why);
-        ck_assert_msg(w[i].train, "%s", why);
-    }
+    for (int i = 0; i < 2; i++) w[i] = trained_weight(wh, OC, C, &r, NULL);
     void *y[2] = {G->alloc((size_t)N * OC * 2), G->alloc((size_t)N * OC * 2)}, *dx = G->alloc((size_t)N * C * 2);
     void *dw = G->alloc((size_t)OC * C * 4);
     long overflows = 0;
@@ -518,15 +512,8 @@ START_TEST(test_swiglu_backward_q) {
     r.kind = FP8_RECIPE_DELAYED;
     float *wh[2] = {randn_bf((size_t)FF * C, 0.05f), randn_bf((size_t)FF * C, 0.05f)};
     QWeight w[2][2];  // [path][gate, up]: up reads gate's input, so gate leads it (model.c's order)
-    char why[256];
     for (int p = 0; p < 2; p++)
-        for (int i = 0; i < 2; i++) {
-            QWeight *q = &w[p][i];
-            memset(q, 0, sizeof *q);
-            q->rows = FF, q->cols = C, q->gran = FP8_OFF, q->dense = up_act(wh[i], (size_t)FF * C);
-            q->train = G->fp8_train_new(q, &r, i ? w[p][0].train : NULL, why, sizeof why);
-            ck_assert_msg(q->train, "%s", why);
-        }
+        for (int i = 0; i < 2; i++) w[p][i] = trained_weight(wh[i], FF, C, &r, i ? w[p][0].train : NULL);
     size_t nx = (size_t)N * C, nf = (size_t)N * FF;
     void *dx[2], *dw[2][2], *dgu[2][2], *y = G->alloc(nf * 2);
     for (int p = 0; p < 2; p++) {
@@ -566,14 +553,10 @@ START_TEST(test_swiglu_backward_q) {
     ck_assert_int_eq(G->swiglu_backward_q(dgu[1][0], dgu[1][1], y, y, y, N - 128 + 8, FF, &w[1][0], &w[1][1]), 0);
     FP8Recipe rb = fp8_recipe_default();
     rb.kind = FP8_RECIPE_BLOCK;
-    QWeight wb[2];
-    for (int i = 0; i < 2; i++) {
-        wb[i] = w[0][i];
-        wb[i].train = G->fp8_train_new(&wb[i], &rb, NULL, why, sizeof why);
-    }
+    QWeight wb[2] = {trained_weight(wh[0], FF, C, &rb, NULL), trained_weight(wh[1], FF, C, &rb, NULL)};
     ck_assert_int_eq(G->swiglu_backward_q(dgu[1][0], dgu[1][1], y, y, y, N, FF, &wb[0], &wb[1]), 0);
     printf("  swiglu_backward_q: dX, dW and the delayed state bit-identical to the per-op path over 3 steps\n");
-    for (int i = 0; i < 2; i++) G->fp8_train_free(wb[i].train);
+    for (int i = 0; i < 2; i++) G->fp8_train_free(wb[i].train), G->free(wb[i].dense);
     for (int p = 0; p < 2; p++) {
         G->free(dx[p]);
         for (int i = 0; i < 2; i++) G->fp8_train_free(w[p][i].train), G->free(w[p][i].dense), G->free(dw[p][i]), G->free(dgu[p][i]);
@@ -593,16 +576,9 @@ START_TEST(test_kept_input_ops) {
     r.kind = FP8_RECIPE_DELAYED;
     float *wh = randn_bf((size_t)OC * C, 0.05f), *nw = randn_bf(C, 0.5f);
     void *nwd = up_act(nw, C);
-    char why[256];
     for (int op = 0; op < 4; op++) {  // norm, norm 1 + w, SwiGLU, GeGLU
         int glu = op >= 2, flag = op & 1;
-        QWeight w[2];
-        for (int p = 0; p < 2; p++) {
-            memset(&w[p], 0, sizeof w[p]);
-            w[p].rows = OC, w[p].cols = C, w[p].gran = FP8_OFF, w[p].dense = up_act(wh, (size_t)OC * C);
-            w[p].train = G->fp8_train_new(&w[p], &r, NULL, why, sizeof why);
-            ck_assert_msg(w[p].train, "%s", why);
-        }
+        QWeight w[2] = {trained_weight(wh, OC, C, &r, NULL), trained_weight(wh, OC, C, &r, NULL)};
         size_t nx = (size_t)N * C;
         void *out = G->alloc(nx * 2), *y[2] = {G->alloc((size_t)N * OC * 2), G->alloc((size_t)N * OC * 2)};
         void *rs[2] = {G->alloc(N * 4), G->alloc(N * 4)}, *codes[2] = {G->alloc(nx), G->alloc(nx)};
@@ -650,10 +626,7 @@ START_TEST(test_kept_input_ops) {
     // where it does not apply it declines: a current-scaling consumer
     FP8Recipe rc = fp8_recipe_default();
     rc.kind = FP8_RECIPE_CURRENT;
-    QWeight wc;
-    memset(&wc, 0, sizeof wc);
-    wc.rows = OC, wc.cols = C, wc.gran = FP8_OFF, wc.dense = up_act(wh, (size_t)OC * C);
-    wc.train = G->fp8_train_new(&wc, &rc, NULL, why, sizeof why);
+    QWeight wc = trained_weight(wh, OC, C, &rc, NULL);
     FP8Tensor k;
     memset(&k, 0, sizeof k);
     ck_assert_int_eq(G->fp8_train_norm_q(&k, NULL, NULL, nwd, N, C, 1e-6f, 0, &wc), 0);
