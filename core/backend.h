@@ -134,8 +134,9 @@ struct Backend {
     // that also leaves inp's codes, (N, C) E4M3, and their per-tensor scale in the caller's keep->data
     // (N * C bytes) and keep->scale (one float, 16-byte aligned) and sets keep's shape and format; it
     // returns 0 and does nothing where w's recipe scales per block (X's groups are not X^T's: that
-    // backward needs the bf16 input). fp8_train_backward_kept is linear_backward reading those codes in
-    // inp's place: the same bytes out.
+    // backward needs the bf16 input). The projections that read their leader's input (fp8_train_new) take
+    // the leader's keep. fp8_train_backward_kept is linear_backward reading those codes in inp's place: the
+    // same bytes out.
     int (*fp8_train_forward_keep)(void *out, const void *inp, const QWeight *w, const void *bias, int N, FP8Tensor *keep);
     void (*fp8_train_backward_kept)(void *dinp, int accumulate, void *dw, void *dbias, const void *dout,
                                     const FP8Tensor *kept, const QWeight *w, int N);

@@ -184,10 +184,8 @@ void cu_fp8_train_forward(void *out, DType yt, const void *inp, const QWeight *w
         c->q = act_tensor(t, N, w->cols, FP8_E4M3, SC_ACT_Q);
         if (keep) c->q.data = keep->data, c->q.scale = keep->scale;  // the codes and scale straight where they stay
         quantize(t, T_X, &c->q, inp);
-    } else if (keep && (keep->data != c->q.data || keep->scale != c->q.scale)) {  // a member with a keep of its own
-        cudaCheck(cudaMemcpyAsync(keep->data, c->q.data, (size_t)N * w->cols, cudaMemcpyDeviceToDevice, cu_stream()));
-        cudaCheck(cudaMemcpyAsync(keep->scale, c->q.scale, sizeof(float), cudaMemcpyDeviceToDevice, cu_stream()));
-    }
+    } else if (keep && (keep->data != c->q.data || keep->scale != c->q.scale))
+        die("fp8_train: a projection that reads its leader's codes keeps them in its leader's keep");
     if (keep) {
         FP8Tensor k = c->q;
         k.data = keep->data, k.scale = keep->scale;
