@@ -10,7 +10,7 @@
 //
 // Sharded over several ranks (full_init_sharded, ZeRO stage 2): every rank keeps the whole act
 // weights (its forward and backward need them), but the fp32 masters, both AdamW moments and the
-// gradients (all 16 bytes a parameter) only for its block [lo, hi) of the n values. The gradients
+// gradients (all 16 bytes a parameter, 12 with bf16 moments) only for its block [lo, hi) of the n values. The gradients
 // never exist whole: the layers' share one bucket of one layer's size (model_alloc_grads_bucket);
 // after each layer's backward its values are summed over the ranks straight to their owners (a
 // reduce to rank r of the part within r's block) and added to the owner's block (gshard), and the
@@ -18,7 +18,7 @@
 // are kept whole and go the same way at the step. A step: the global norm from each block's sum of
 // squares, AdamW on the block, the block rounded into the act weights, and the act weights
 // all-gathered so every rank computes with all of them again. Per parameter a rank holds 2 bytes of
-// weights and 16 / world of the rest. The sum over ranks is the whole batch's gradient when each
+// weights and 16 (12) / world of the rest. The sum over ranks is the whole batch's gradient when each
 // rank's loss is normalized by the whole batch (sft.c). A checkpoint holds the whole masters and
 // moments (rank 0 gathers them), so it resumes on any number of ranks, or on one. FP8 training
 // (--fp8_recipe delayed) reduces each step's amaxes over the ranks before the histories roll
