@@ -243,7 +243,8 @@ void model_save_hf(const Model *m, const char *dir, DType dt);
 void model_free(Model *m);
 // FP8 training (--fp8_recipe): the dense projections (q, k, v, o, gate, up, down) of every layer
 // but the --bf16_first_layers / --bf16_last_layers run their three products as FP8 GEMMs under
-// recipe r from now on (fp8_train.cu says which tensors are FP8). Dies in one line where the
+// recipe r from now on (fp8_train.cu says which tensors are FP8), and with r->lm_head the LM head's
+// (--fp8_lm_head; its state last in fp8_train). Dies in one line where the
 // backend (the CPU's) or the GPU (no FP8 tensor cores) cannot, naming BF16 as the way on.
 void model_fp8_train(Model *m, const FP8Recipe *r);
 // after each optimizer step (full_step calls it): delayed scaling's histories roll, from the step's

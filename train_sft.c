@@ -53,7 +53,7 @@
 typedef struct {
     const char *model, *data, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules, *load_in_fp8;
     const char *fp8_recipe, *fp8_format, *fp8_amax_compute_algo, *adam_moments;
-    int resume, overwrite_output_dir, use_peft, gradient_checkpointing, recompute_mlp, quiet, chat;
+    int resume, overwrite_output_dir, use_peft, gradient_checkpointing, recompute_mlp, quiet, chat, fp8_lm_head;
     int fp8_amax_history_len, bf16_first_layers, bf16_last_layers;
     double fp8_margin;
     int max_steps, per_device_train_batch_size, gradient_accumulation_steps, max_length, lora_r;
@@ -127,6 +127,9 @@ static const Option OPTIONS[] = {
     {"fp8_amax_compute_algo", OPT_CHOICE, OFF(fp8_amax_compute_algo), .choices = "max|most_recent", .dflt = "max",
      .help = "delayed: the scale from the history's max, or from the last step's amax"},
     {"fp8_margin", OPT_DOUBLE, OFF(fp8_margin), 0, 64, .dflt = "0", .help = "scales leave 2^margin of headroom"},
+    {"fp8_lm_head", OPT_FLAG, OFF(fp8_lm_head),
+     .help = "the LM head's three GEMMs in FP8 too (delayed; the recipes of TE and torchao keep it in BF16 for the loss's "
+             "precision: measured against BF16 in dev/RESULTS.md)"},
     {"bf16_first_layers", OPT_INT, OFF(bf16_first_layers), 0, 1 << 20, .dflt = "0", .help = "keep the first N layers in BF16"},
     {"bf16_last_layers", OPT_INT, OFF(bf16_last_layers), 0, 1 << 20, .dflt = "0", .help = "keep the last N layers in BF16"},
 
@@ -250,6 +253,9 @@ static void parse_options(int argc, char **argv, Opts *o) {
         die("--fp8_recipe %s trains every weight in FP8; with --use_peft the base is frozen: use --load_in_fp8 for an FP8 base "
             "under a LoRA adapter, or drop --use_peft",
             o->fp8_recipe);
+    if (o->fp8_lm_head && strcmp(o->fp8_recipe, "delayed"))
+        die("--fp8_lm_head runs under --fp8_recipe delayed (got %s): set --fp8_recipe delayed, or drop --fp8_lm_head",
+            o->fp8_recipe);
     if (!strcmp(o->device, "cpu") && strcmp(o->fp8_recipe, "off"))
         die("--fp8_recipe %s: FP8 training runs on the GPU (the CPU backend has no FP8 GEMMs): use --device cuda, or --fp8_recipe "
             "off to train in BF16",
@@ -264,6 +270,7 @@ static FP8Recipe recipe_of(const Opts *o) {
     r.history_len = o->fp8_amax_history_len;
     r.algo = (AmaxAlgo)amax_algo_parse(o->fp8_amax_compute_algo);
     r.margin = (float)o->fp8_margin;
+    r.lm_head = o->fp8_lm_head;
     return r;
 }
 
@@ -335,6 +342,7 @@ static cJSON *run_identity(const Run *r) {
         cJSON_AddNumberToObject(j, "fp8_amax_history_len", o->fp8_amax_history_len);
         cJSON_AddStringToObject(j, "fp8_amax_compute_algo", o->fp8_amax_compute_algo);
         cJSON_AddNumberToObject(j, "fp8_margin", o->fp8_margin);
+        cJSON_AddBoolToObject(j, "fp8_lm_head", o->fp8_lm_head);
         cJSON_AddNumberToObject(j, "bf16_first_layers", o->bf16_first_layers);
         cJSON_AddNumberToObject(j, "bf16_last_layers", o->bf16_last_layers);
     }
@@ -564,8 +572,8 @@ static void load(Run *r) {
         if (strcmp(o->fp8_recipe, "off")) {
             FP8Recipe rc = recipe_of(o);
             model_fp8_train(&r->m, &rc);
-            printf("training: FP8 recipe %s, %s, the projections of layers %d..%d (fp8_train.cu)\n", o->fp8_recipe, o->fp8_format,
-                   o->bf16_first_layers, r->m.cfg.L - 1 - o->bf16_last_layers);
+            printf("training: FP8 recipe %s, %s, the projections of layers %d..%d%s (fp8_train.cu)\n", o->fp8_recipe, o->fp8_format,
+                   o->bf16_first_layers, r->m.cfg.L - 1 - o->bf16_last_layers, o->fp8_lm_head ? " and the LM head" : "");
         }
         r->save_dt = checkpoint_dtype(o->model);
         size_t k = r->ft.hi - r->ft.lo;

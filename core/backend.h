@@ -235,7 +235,8 @@ struct Backend {
     // wlm (V, C): dense act values, or FP8 E4M3 with a scale per vocabulary row (FP8_ROW, the
     // --fp8_embeddings option); then h is quantized per row (token) to E4M3 as linear_forward does, the
     // product is an FP8 GEMM with fp32 output, and the backward's dh goes through W dequantized
-    // (straight-through, as for the linear layers). C = wlm->cols, V = wlm->rows.
+    // (straight-through, as for the linear layers). A dense head with an FP8Train (wlm->train, --fp8_lm_head)
+    // runs the three products as FP8 GEMMs under its recipe (fp8_train.cu). C = wlm->cols, V = wlm->rows.
     // logits (N, V) hp = h (N, C) wlm^T
     void (*logits_forward)(void *logits, const void *h, const QWeight *wlm, int N);
     // logp (N) hp = log_softmax(inv_temp * h wlm^T)[targets[n]], lse (N) hp saved;

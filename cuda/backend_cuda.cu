@@ -489,10 +489,20 @@ static void cu_attention_decode(void *out, const void *q, const void *kc, const 
 // the language-model head
 
 // z (nr, V) f32 = h (nr, C) W^T: a BF16 GEMM, or for an FP8 head (E4M3 rows) h quantized per row as
-// linear_forward quantizes a ROW weight's input, and the FP8 GEMM with fp32 output
-static void head_logits(float *z, const void *h, const QWeight *w, int nr) {
-    if (w->gran == FP8_OFF) gemm_xwt(z, F32, h, w->dense, nr, w->rows, w->cols, 1.f, 0.f);
+// linear_forward quantizes a ROW weight's input, and the FP8 GEMM with fp32 output; or for a head
+// trained in FP8 (w->train: --fp8_lm_head) its FP8 product from W's codes wq (head_weight), with ht
+// (or NULL) h^T's codes kept for the weight gradient (fp8_train.cu)
+static void head_logits(float *z, const void *h, const QWeight *w, const FP8Tensor *wq, int nr, FP8Tensor *ht) {
+    if (w->train) cu_fp8_head_logits(z, h, w, wq, nr, ht);
+    else if (w->gran == FP8_OFF) gemm_xwt(z, F32, h, w->dense, nr, w->rows, w->cols, 1.f, 0.f);
     else fp8_act_gemm(z, DT_F32, h, w, nr);
+}
+// a head trained in FP8: W's codes (and with wt W^T's), made once for all of a call's chunks
+static FP8Tensor head_weight(const QWeight *w, FP8Tensor *wt) {
+    FP8Tensor wq;
+    memset(&wq, 0, sizeof wq);
+    if (w->train) cu_fp8_head_weight(w, &wq, wt);
+    return wq;
 }
 
 // vocabulary rows of an FP8 head dequantized at a time in its backward: 8192 x C bf16 (64 MiB at
@@ -525,7 +535,8 @@ static void head_dx(bf16 *dh, const bf16 *dz, const QWeight *w, int nr) {
 
 static void cu_logits_forward(void *logits, const void *h, const QWeight *wlm, int N) {
     if (N <= 0) return;
-    head_logits((float *)logits, h, wlm, N);
+    FP8Tensor wq = head_weight(wlm, NULL);
+    head_logits((float *)logits, h, wlm, &wq, N, NULL);
 }
 
 // rows of the logits are processed in chunks of at most this many bytes of fp32
@@ -538,6 +549,9 @@ static int logits_chunk_rows(int N, int V) {
         forced = e ? atol(e) : 0;
     }
     size_t r = forced > 0 ? (size_t)forced : LOGITS_CHUNK_BYTES / ((size_t)V * 4);
+    // whole 128-row tiles: the chunk's rows are the reduced dimension of the weight gradient's product
+    // (dz^T h), which the FP8 GEMMs take in multiples of 16, and the FP8 head's dz kernel writes in 128s
+    if (!forced && r > 128) r -= r % 128;
     if (r < 1) r = 1;
     return (int)(r < (size_t)N ? r : (size_t)N);
 }
@@ -600,9 +614,10 @@ static void cu_logprobs_forward(void *logp, void *lse, const void *h, const QWei
     if (N <= 0) return;
     int CH = logits_chunk_rows(N, V);
     float *z = (float *)cu_scratch(SC_F32, (size_t)CH * V * 4);
+    FP8Tensor wq = head_weight(wlm, NULL);
     for (int r0 = 0; r0 < N; r0 += CH) {
         int nr = N - r0 < CH ? N - r0 : CH;
-        head_logits(z, (const bf16 *)h + (size_t)r0 * C, wlm, nr);
+        head_logits(z, (const bf16 *)h + (size_t)r0 * C, wlm, &wq, nr, NULL);
         logprobs_rows_kernel<<<nr, 256, 0, G.stream>>>((float *)logp + r0, (float *)lse + r0, z, targets + r0, inv_temp,
                                                         V);
         launchCheck();
@@ -618,7 +633,7 @@ __global__ void logprobs_dz_kernel(bf16 *dz, const float *logits, const float *d
     bf16 *d = dz + (size_t)r * V;
     int live = t >= 0 && g != 0.f;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float v = live ? g * ((float)(j == t) - expf(z[j] * inv_temp - L)) * inv_temp : 0.f;
+        float v = live ? logprob_grad(z[j], j == t, g, L, inv_temp) : 0.f;
         d[j] = __float2bfloat16_rn(v);
     }
 }
@@ -633,15 +648,23 @@ static void logprobs_chunks(void *logp, void *lse, void *dh, void *dwlm, const v
     if (dwlm && wlm->gran != FP8_OFF) die("cuda backend: an FP8 LM head is frozen (no gradient)");
     int CH = logits_chunk_rows(N, V);
     float *z = (float *)cu_scratch(SC_F32, (size_t)CH * V * 4);
-    bf16 *dz = (bf16 *)cu_scratch(SC_BF16, (size_t)CH * V * 2);
+    FP8Tensor wt, wq = head_weight(wlm, &wt), ht;
+    // dz's memory: its bf16 values, or (a head trained in FP8) its codes in the two layouts its products read
+    void *dzmem = cu_scratch(SC_BF16, wlm->train ? cu_fp8_head_dz_bytes(CH, V) : (size_t)CH * V * 2);
+    bf16 *dz = (bf16 *)dzmem;
     for (int r0 = 0; r0 < N; r0 += CH) {
         int nr = N - r0 < CH ? N - r0 : CH;
         const bf16 *hc = (const bf16 *)h + (size_t)r0 * C;
-        head_logits(z, hc, wlm, nr);
+        head_logits(z, hc, wlm, &wq, nr, dwlm ? &ht : NULL);
         if (logp) {
             logprobs_rows_kernel<<<nr, 256, 0, G.stream>>>((float *)logp + r0, (float *)lse + r0, z, targets + r0,
                                                             inv_temp, V);
             launchCheck();
+        }
+        if (wlm->train) {  // dz's codes, dh = dz W and dW += dz^T h, in FP8 (fp8_train.cu)
+            cu_fp8_head_backward((bf16 *)dh + (size_t)r0 * C, (float *)dwlm, dzmem, z, (const float *)dlogp + r0,
+                                 (const float *)lse + r0, targets + r0, inv_temp, wlm, &wt, &ht, nr);
+            continue;
         }
         logprobs_dz_kernel<<<nr, 256, 0, G.stream>>>(dz, z, (const float *)dlogp + r0, (const float *)lse + r0,
                                                       targets + r0, inv_temp, V);

@@ -33,6 +33,7 @@ enum {
     SC_TRAIN_DY, SC_TRAIN_DY_S,    // dY's,
     SC_TRAIN_DYT, SC_TRAIN_DYT_S,  // dY^T's,
     SC_TRAIN_XT, SC_TRAIN_XT_S,    // X^T's (fp8_train.cu)
+    SC_HEAD_WT,                    // an LM head trained in FP8: W^T's codes (fp8_train.cu)
     SC_COUNT
 };
 cudaStream_t cu_stream(void);              // every op runs on it
@@ -94,6 +95,18 @@ int cu_fp8_train_norm_q(FP8Tensor *keep, void *rstd, const void *inp, const void
 int cu_fp8_train_glu_q(FP8Tensor *keep, const void *gate, const void *up, int N, int FF, int gelu, const QWeight *consumer);
 int cu_fp8_train_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int N, int FF,
                                  const QWeight *wg, const QWeight *wu);
+// The LM head trained in FP8 (--fp8_lm_head): w (V, C) with an FP8Train. cu_fp8_head_weight: W's codes
+// (wq, (V, C)) and, with wt, W^T's ((C, V), from the same read), once per call of the head's ops.
+// cu_fp8_head_logits: z (nr, V) f32 = h (nr, C) W^T, with ht: h^T's codes (C, nr) kept for the weight
+// gradient. cu_fp8_head_backward: from z, dlogp, lse, targets (logprobs_dz's inputs) the logits'
+// gradient dz as codes in both layouts into dzmem (cu_fp8_head_dz_bytes), then dh (nr, C) bf16 = dz W
+// and, with dw, dw (V, C) f32 += dz^T h.
+void cu_fp8_head_weight(const QWeight *w, FP8Tensor *wq, FP8Tensor *wt);
+void cu_fp8_head_logits(float *z, const void *h, const QWeight *w, const FP8Tensor *wq, int nr, FP8Tensor *ht);
+size_t cu_fp8_head_dz_bytes(int nr, int V);
+void cu_fp8_head_backward(void *dh, float *dw, void *dzmem, const float *z, const float *dlogp, const float *lse,
+                          const int32_t *targets, float inv_temp, const QWeight *w, const FP8Tensor *wt, const FP8Tensor *ht,
+                          int nr);
 
 // ---- sample.cu ----
 void cu_sample(int32_t *tokens, void *logp, const void *logits, uint64_t *rng, int S, int V, float temperature,

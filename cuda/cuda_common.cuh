@@ -8,7 +8,8 @@
 //   codes and their scale (the GEMM's 1x128 activation groups and the KV cache's rows both use it);
 //   block_amax_record (a tensor's amax, as bits, from every block), tile_codes_put /
 //   tile_codes_write_t (a 128x128 tile of FP8 codes written transposed), swiglu_grad (SwiGLU's
-//   derivative: the per-op and the fused FP8 backward compute it alike).
+//   derivative) and logprob_grad (a logit's gradient): the per-op and the fused FP8 backwards compute
+//   them alike.
 // The numerics are fp8.h's, bit for bit: scale = amax / max in fp32 (1 for an all-zero group),
 // codes = encode(x / scale) with an IEEE division, round to nearest even, saturating.
 #ifndef CUDA_COMMON_CUH
@@ -244,6 +245,14 @@ __device__ __forceinline__ void swiglu_grad(float d, float g, float u, float *dg
     float sg = 1.0f / (1.0f + expf(-g));
     *dg = d * u * sg * (1.0f + g * (1.0f - sg));
     *du = d * g * sg;
+}
+
+// The gradient of dlogp logp, logp = log_softmax(inv_temp z)[t], with respect to the logit z of
+// vocabulary entry j (is_t: j is the target t): dlogp (1[j = t] - exp(inv_temp z - lse)) inv_temp, each
+// operation rounded once, in this order (no contraction: the tests repeat it on the CPU)
+__device__ __forceinline__ float logprob_grad(float z, int is_t, float dlogp, float lse, float inv_temp) {
+    float p = expf(__fsub_rn(__fmul_rn(z, inv_temp), lse));
+    return __fmul_rn(__fmul_rn(dlogp, __fsub_rn(is_t ? 1.0f : 0.0f, p)), inv_temp);
 }
 
 #endif  // CUDA_COMMON_CUH

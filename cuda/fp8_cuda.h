@@ -116,6 +116,13 @@ void fp8_quantize_t_cuda(FP8Tensor *t, const void *x, const float *mul, unsigned
 // per tensor, x (R, C) bf16 in both layouts from one read of x: row (R, C) as fp8_quantize_scaled_cuda
 // and t (C, R) as fp8_quantize_t_cuda write them (the same codes), the amax recorded once when given
 void fp8_quantize_both_cuda(FP8Tensor *row, FP8Tensor *t, const void *x, const float *mul, unsigned *amax);
+// the LM head's logits gradient in FP8 (fp8_train.cu): from the logits z (nr, V) f32 and per row dlogp,
+// lse (f32) and the target (< 0: none, a zero row), dz = logprob_grad (cuda_common.cuh) rounded to bf16
+// as logprobs_backward stores it, then encoded with mul[0] (as fp8_quantize_both_cuda would encode those
+// bf16 values) into q (nr, V) and qt (V, nr) (per tensor, allocated; both scales = 1 / mul[0]); the
+// amax recorded when given. V a multiple of 8.
+void fp8_head_dz_q_cuda(FP8Tensor *q, FP8Tensor *qt, const float *z, const float *dlogp, const float *lse,
+                        const int32_t *targets, float inv_temp, const float *mul, unsigned *amax);
 #ifdef __cplusplus
 }
 #endif

@@ -1,9 +1,9 @@
 // fp8_train.cu: FP8 training of a dense linear layer on the CUDA backend (--fp8_recipe): the three
 // products of Y = X W^T run as FP8 GEMMs, with the scaling rules of fp8_recipe.h.
 //   defines: the backend ops fp8_train_new, fp8_train_free, fp8_train_step, fp8_train_state,
-//            swiglu_backward_q (the SwiGLU backward writing gate's and up's dY in FP8), and
+//            swiglu_backward_q (the SwiGLU backward writing gate's and up's dY in FP8),
 //            cu_fp8_train_forward / cu_fp8_train_backward, which backend_cuda.cu's linear ops call
-//            for a weight that has an FP8Train
+//            for a weight that has an FP8Train, and cu_fp8_head_* (the LM head's products in FP8)
 //
 // What is FP8 and what is not. The three GEMMs of every trained projection (q, k, v, o, gate, up,
 // down) read FP8 operands and accumulate in fp32:
@@ -16,7 +16,8 @@
 // copy of a weight is kept between calls. Everything else stays as in BF16 training, for the reasons
 // Transformer Engine gives: the master weights, gradients and AdamW in fp32 (an update is often below
 // an FP8, even a BF16, step of the weight); the embeddings, norms, attention (softmax), the LM head
-// and the loss in bf16/fp32 (small GEMMs or none, and the logits' precision sets the loss's).
+// and the loss in bf16/fp32 (small GEMMs or none, and the logits' precision sets the loss's). The LM
+// head's products can be FP8 too (--fp8_lm_head: the section on it below).
 //
 // What the backward reads of X. The weight gradient needs X^T in FP8 with the forward's scale, so
 // its codes are the forward's codes (per tensor: the transpose of X's codes). With a per-tensor
@@ -374,6 +375,130 @@ int cu_fp8_train_swiglu_backward(void *dgate, void *dup, const void *dout, const
     launchCheck();
     tg->dy_for = dgate, tu->dy_for = dup;
     return 1;
+}
+
+// ----------------------------------------------------------------------------
+// The LM head in FP8 (--fp8_lm_head, delayed scaling). The head is a linear layer of V outputs, and
+// with the option its three products are FP8 GEMMs as a projection's are, with its own delayed scales
+// for h (x), W (w) and the logits' gradient dz (dy):
+//   logits       z  (nr, V)  = h  (nr, C) . W   (V, C)^T     h, W E4M3; z in fp32
+//   input grad   dh (nr, C)  = dz (nr, V) . W^T (C, V)^T     dz E5M2 (hybrid) or E4M3
+//   weight grad  dW (V, C)  += dz^T (V, nr) . h^T (C, nr)^T  summed over the chunks of rows
+// The head is the largest GEMM of a small model's step (V = 128,256 against C = 2,048 at Llama-3.2-1B:
+// a fifth of the 1B step in bf16), which is why it is worth it; the recipes of Transformer Engine,
+// torchao and DeepSeek-V3 keep it in bf16 because the logits set the loss's precision, so it is an
+// option, measured against BF16 by the loss curves (dev/RESULTS.md). What stays exact: the logits are
+// fp32 and the softmax, lse and logprobs run on them as in the bf16 path; the error is that of the
+// product's operands (E4M3 h and W: a relative 2^-4 each, averaging over C), the same error every
+// projection's forward has. dz is made from the fp32 logits in one pass that writes its codes in both
+// layouts (the scale is known before the pass), never its bf16 values (the per-op path: bf16 dz,
+// written and read again to quantize it).
+
+// one block a 128x128 tile of (nr, V): row codes from registers, transposed through shared memory
+__global__ void __launch_bounds__(256) head_dz_q_kernel(uint8_t *q, uint8_t *qt, float *inv, const float *mul,
+                                                        unsigned *amax, const float *z, const float *dlogp, const float *lse,
+                                                        const int32_t *targets, float inv_temp, int nr, int V, int fmt) {
+    __shared__ TileCodes tile;
+    int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
+    float s = *mul;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) inv[0] = __frcp_rn(s);
+    unsigned m = 0;
+#pragma unroll 2
+    for (int i = 0; i < 8; i++) {
+        int p = threadIdx.x + 256 * i, r = p >> 4, k8 = p & 15, row = r0 + r, c = c0 + 8 * k8;
+        uint32_t word[2] = {0, 0};
+        if (row < nr && c < V) {
+            int t = targets[row];
+            float g = dlogp[row], L = lse[row];
+            int live = t >= 0 && g != 0.f;  // rows without a target, or without weight, are zero
+            const float4 *zr = (const float4 *)(z + (size_t)row * V + c);
+            float4 a = zr[0], b = zr[1];
+            float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float v = live ? logprob_grad(f[j], c + j == t, g, L, inv_temp) : 0.f;
+                v = __bfloat162float(__float2bfloat16_rn(v));  // the bf16 value logprobs_backward stores
+                m = max(m, __float_as_uint(fabsf(v)));
+                word[j >> 2] |= (uint32_t)fp8_encode_dev(v * s, fmt) << (8 * (j & 3));
+            }
+            *(uint2 *)(q + (size_t)row * V + c) = make_uint2(word[0], word[1]);
+        }
+        tile_codes_put(tile, r, k8, make_uint2(word[0], word[1]));
+    }
+    if (amax) block_amax_record(amax, m);  // (its __syncthreads also orders the tile's writes and reads)
+    else __syncthreads();
+    if (r0 + 128 <= nr && c0 + 128 <= V && nr % 4 == 0) {
+        tile_codes_write_t(tile, qt, nr, r0, c0);
+        return;
+    }
+    // an edge tile, byte by byte: code (r, c) is byte c % 4 of word (c / 4 + r / 4) % 32 of row r (tile_codes_put)
+    for (int e = threadIdx.x; e < 128 * 128; e += 256) {
+        int c = e >> 7, r = e & 127;
+        if (r0 + r < nr && c0 + c < V)
+            qt[(size_t)(c0 + c) * nr + r0 + r] = (uint8_t)(tile[r][((c >> 2) + (r >> 2)) & 31] >> (8 * (c & 3)));
+    }
+}
+
+void fp8_head_dz_q_cuda(FP8Tensor *q, FP8Tensor *qt, const float *z, const float *dlogp, const float *lse,
+                        const int32_t *targets, float inv_temp, const float *mul, unsigned *amax) {
+    int nr = q->rows, V = q->cols;
+    if (q->gran != FP8_TENSOR || qt->gran != FP8_TENSOR || qt->rows != V || qt->cols != nr || q->fmt != qt->fmt || V % 8 ||
+        (uintptr_t)z % 16 || (uintptr_t)q->data % 8)
+        die("fp8_head_dz_q_cuda: per tensor (nr, V) and (V, nr) of one format, V a multiple of 8, aligned buffers");
+    if (nr <= 0) return;
+    dim3 grid(cdiv(V, 128), cdiv(nr, 128));
+    head_dz_q_kernel<<<grid, 256, 0, cu_stream()>>>(q->data, qt->data, qt->scale, mul, amax, z, dlogp, lse, targets, inv_temp,
+                                                    nr, V, q->fmt);
+    launchCheck();
+    if (q->scale != qt->scale) cudaCheck(cudaMemcpyAsync(q->scale, qt->scale, 4, cudaMemcpyDeviceToDevice, cu_stream()));
+}
+
+void cu_fp8_head_weight(const QWeight *w, FP8Tensor *wq, FP8Tensor *wt) {
+    FP8Train *t = w->train;
+    int V = w->rows, C = w->cols;
+    *wq = tensor_of(V, C, FP8_TENSOR, FP8_E4M3, 1);
+    wq->data = (uint8_t *)cu_scratch(SC_TRAIN_W, (size_t)V * C);
+    wq->scale = dev_inv(t, T_W);
+    if (!wt) {
+        quantize(t, T_W, wq, w->dense);
+        return;
+    }
+    *wt = tensor_of(C, V, FP8_TENSOR, FP8_E4M3, 1);
+    wt->data = (uint8_t *)cu_scratch(SC_HEAD_WT, (size_t)V * C);
+    wt->scale = dev_inv(t, T_W);
+    fp8_quantize_both_cuda(wq, wt, w->dense, dev_mul(t, T_W), dev_amax(t, T_W));
+}
+
+void cu_fp8_head_logits(float *z, const void *h, const QWeight *w, const FP8Tensor *wq, int nr, FP8Tensor *ht) {
+    FP8Train *t = w->train;
+    int C = w->cols;
+    FP8Tensor hq = act_tensor(t, nr, C, FP8_E4M3, SC_ACT_Q);
+    hq.scale = dev_inv(t, T_X);
+    if (!ht) quantize(t, T_X, &hq, h);
+    else {
+        *ht = act_tensor(t, C, nr, FP8_E4M3, SC_TRAIN_XT);
+        ht->scale = dev_inv(t, T_X);
+        fp8_quantize_both_cuda(&hq, ht, h, dev_mul(t, T_X), dev_amax(t, T_X));
+    }
+    fp8_gemm_cuda(z, DT_F32, &hq, wq, 0);
+}
+
+// dz's two layouts, the transposed one 256-byte aligned after the rows (the GEMMs read 16-byte aligned operands)
+static size_t dz_rows_bytes(int nr, int V) { return ((size_t)nr * V + 255) / 256 * 256; }
+size_t cu_fp8_head_dz_bytes(int nr, int V) { return 2 * dz_rows_bytes(nr, V); }
+
+void cu_fp8_head_backward(void *dh, float *dw, void *dzmem, const float *z, const float *dlogp, const float *lse,
+                          const int32_t *targets, float inv_temp, const QWeight *w, const FP8Tensor *wt, const FP8Tensor *ht,
+                          int nr) {
+    FP8Train *t = w->train;
+    int V = w->rows;
+    FP8Format f = t->r.hybrid ? FP8_E5M2 : FP8_E4M3;
+    FP8Tensor dzq = tensor_of(nr, V, FP8_TENSOR, f, 1), dzt = tensor_of(V, nr, FP8_TENSOR, f, 1);
+    dzq.data = (uint8_t *)dzmem, dzt.data = (uint8_t *)dzmem + dz_rows_bytes(nr, V);
+    dzq.scale = dzt.scale = dev_inv(t, T_DY);
+    fp8_head_dz_q_cuda(&dzq, &dzt, z, dlogp, lse, targets, inv_temp, dev_mul(t, T_DY), dev_amax(t, T_DY));
+    fp8_gemm_cuda(dh, DT_BF16, &dzq, wt, 0);
+    if (dw) fp8_gemm_cuda(dw, DT_F32, &dzt, ht, 1);
 }
 
 // After an optimizer step: delayed scaling rolls every tensor's history and sets the next scales,

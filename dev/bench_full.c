@@ -8,7 +8,8 @@
 //
 //   make bench-full && ./build/bench_full --model 1b --recipe off,delayed,current,block --batch 8 --seq 2048
 //   ./build/bench_full --model 1b --recipe off,delayed,delayed:bf16:mlp   (:bf16: AdamW's moments in bf16;
-//                                                                          :mlp: gate and up recomputed)
+//                                                                          :mlp: gate and up recomputed;
+//                                                                          :head: the LM head in FP8 too)
 //   ./build/bench_full --model 3b --recipe off,block --batch 4 --seq 2048 --recompute
 // With --profile, one more step per recipe with every backend op timed (dev/op_profile.h); with
 // --parts, one linear layer's products and kernels timed alone at the 1B projections' shapes.
@@ -50,7 +51,8 @@ static void one_step(Model *m, FullTrainer *ft, const int *ids, const int *tg, c
 }
 
 // recipe: off, delayed, current or block, then ":bf16" for AdamW's moments in bf16 (--adam_moments bf16),
-// then ":mlp" for gate and up recomputed in the backward (--recompute_mlp)
+// then ":mlp" for gate and up recomputed in the backward (--recompute_mlp), then ":head" for the LM head
+// trained in FP8 too (--fp8_lm_head)
 static Result run(const char *size, const char *recipe_m, int B, int T, int steps, int warmup, int recompute) {
     const Backend *be = backend_select("cuda", 0);
     Config cfg = llama32_shape(size);
@@ -59,15 +61,18 @@ static Result run(const char *size, const char *recipe_m, int B, int T, int step
     snprintf(res.recipe, sizeof res.recipe, "%s", recipe_m);
     char recipe[24];
     snprintf(recipe, sizeof recipe, "%s", recipe_m);
-    int m16 = 0, mlp = 0;
+    int m16 = 0, mlp = 0, head = 0;
     for (char *o = strchr(recipe, ':'); o; o = strchr(o + 1, ':')) {
         m16 |= !strncmp(o, ":bf16", 5) && (o[5] == ':' || !o[5]);
         mlp |= !strncmp(o, ":mlp", 4) && (o[4] == ':' || !o[4]);
+        head |= !strncmp(o, ":head", 5) && (o[5] == ':' || !o[5]);
     }
     if (strchr(recipe, ':')) *strchr(recipe, ':') = 0;
     char canon[40];
-    snprintf(canon, sizeof canon, "%s%s%s", recipe, m16 ? ":bf16" : "", mlp ? ":mlp" : "");
-    if (strcmp(canon, recipe_m)) die("--recipe: '%s': RECIPE, then :bf16 (AdamW's moments in bf16), then :mlp (gate and up recomputed)", recipe_m);
+    snprintf(canon, sizeof canon, "%s%s%s%s", recipe, m16 ? ":bf16" : "", mlp ? ":mlp" : "", head ? ":head" : "");
+    if (strcmp(canon, recipe_m))
+        die("--recipe: '%s': RECIPE, then :bf16 (AdamW's moments in bf16), then :mlp (gate and up recomputed), then :head (the "
+            "LM head in FP8)", recipe_m);
     ModelOptions opt;
     memset(&opt, 0, sizeof opt);
     opt.gran = FP8_OFF;
@@ -80,8 +85,9 @@ static Result run(const char *size, const char *recipe_m, int B, int T, int step
         int k = fp8_recipe_parse(recipe);
         if (k < 0) die("--recipe: unknown '%s' (off, delayed, current, block)", recipe);
         r.kind = (FP8RecipeKind)k;
+        r.lm_head = head;
         model_fp8_train(&m, &r);
-    }
+    } else if (head) die("--recipe: 'off:head': the LM head in FP8 is part of an FP8 recipe (delayed:head)");
     FullTrainer ft;
     full_init_sharded(&ft, &m, NULL, m16);
     int N = B * T;

@@ -921,7 +921,7 @@ void model_fp8_train(Model *m, const FP8Recipe *r) {
         die("FP8 training (--fp8_recipe) runs on the GPU (the %s backend has no FP8 GEMMs): use --device cuda, or "
             "--fp8_recipe off to train in BF16", be->name);
     int L = m->cfg.L, first = m->opt.bf16_first, last = m->opt.bf16_last;
-    m->fp8_train = (FP8Train **)callocCheck((size_t)L * LIN_COUNT, sizeof(FP8Train *));
+    m->fp8_train = (FP8Train **)callocCheck((size_t)L * LIN_COUNT + 1, sizeof(FP8Train *));
     for (int l = first; l < L - last; l++)
         for (int i = 0; i < LIN_COUNT; i++) {
             QWeight *w = &m->w.layers[l].lin[i];
@@ -932,6 +932,19 @@ void model_fp8_train(Model *m, const FP8Recipe *r) {
             if (!(w->train = be->fp8_train_new(w, r, leader, why, sizeof why))) die("--fp8_recipe: %s: use --fp8_recipe off to train in BF16", why);
             m->fp8_train[m->n_fp8_train++] = w->train;
         }
+    if (r->lm_head) {  // the head's three products too (fp8_train.cu); its state is the list's last
+        QWeight *w = &m->w.head;
+        if (r->kind != FP8_RECIPE_DELAYED)
+            die("--fp8_lm_head takes delayed scaling (its logits' gradient is quantized as it is made, with a scale known "
+                "before): use --fp8_recipe delayed, or drop --fp8_lm_head");
+        if (w->gran != FP8_OFF) die("--fp8_lm_head trains the LM head, and it is FP8 (frozen): drop --fp8_embeddings");
+        if (m->cfg.V % 8)
+            die("--fp8_lm_head: the vocabulary (%d) is not a multiple of 8, which the FP8 head's kernels read 8 at a time: drop "
+                "--fp8_lm_head", m->cfg.V);
+        char why[256];
+        if (!(w->train = be->fp8_train_new(w, r, NULL, why, sizeof why))) die("--fp8_lm_head: %s: drop --fp8_lm_head", why);
+        m->fp8_train[m->n_fp8_train++] = w->train;
+    }
     m->fp8_keep = r->kind != FP8_RECIPE_BLOCK && first == 0 && last == 0;
 }
 

@@ -635,6 +635,226 @@ START_TEST(test_kept_input_ops) {
 }
 END_TEST
 
+// ---- the LM head in FP8 (--fp8_lm_head) ------------------------------------------------
+
+#define FMTNAME(f) ((f) == FP8_E5M2 ? "E5M2" : "E4M3")
+
+// logprob_grad (cuda_common.cuh) on the CPU: the same operations, each rounded once in float
+static float logprob_grad_cpu(float z, int is_t, float g, float L, float inv_temp) {
+    volatile float a = z * inv_temp, b = a - L, p = expf(b), d = (is_t ? 1.0f : 0.0f) - p, e = g * d;
+    return e * inv_temp;
+}
+
+// per row: a target (or -1), dlogp (some 0) and the lse of inv_temp z (z (n, V)), the inputs of the logits' gradient
+static void head_rows(int32_t *t, float *g, float *lse, const float *z, int n, int V, float inv_temp) {
+    for (int r = 0; r < n; r++) {
+        t[r] = r % 7 == 3 ? -1 : rng_int(&rng, V);
+        g[r] = r % 11 == 5 ? 0.0f : (float)rng_normal(&rng);
+        double m = -INFINITY, sum = 0;
+        for (int j = 0; j < V; j++) m = fmax(m, (double)z[(size_t)r * V + j] * inv_temp);
+        for (int j = 0; j < V; j++) sum += exp((double)z[(size_t)r * V + j] * inv_temp - m);
+        lse[r] = (float)(m + log(sum));
+    }
+}
+
+// The logits' gradient written as FP8 codes in both layouts in one pass (fp8_head_dz_q_cuda) against
+// the CPU: the bf16 value logprobs_backward stores, encoded with the given scale (fp8_quantize_scaled_cpu,
+// which the per-op path's quantization equals bit for bit). expf may differ in its last bit between the
+// GPU and the C library, so a code may sit one step away where the bf16 value was a rounding tie
+// apart (expected: well under one in 10^4); everything else bit for bit, both layouts, the amax, the scale.
+START_TEST(test_head_dz_q) {
+    int nr = 301, V = 1000;  // neither a multiple of 128: edge tiles on both sides
+    float inv_temp = 1.0f / 0.7f;
+    size_t n = (size_t)nr * V;
+    for (int f = 0; f < 2; f++) {
+        FP8Format fmt = f ? FP8_E4M3 : FP8_E5M2;
+        float *z = randn(n, 3.0f), *g = fmalloc(nr), *lse = fmalloc(nr), *x = fmalloc(n);
+        int32_t *t = (int32_t *)mallocCheck(nr * 4);
+        head_rows(t, g, lse, z, nr, V, inv_temp);
+        for (int r = 0; r < nr; r++)
+            for (int j = 0; j < V; j++) {
+                int live = t[r] >= 0 && g[r] != 0.0f;
+                x[(size_t)r * V + j] = live ? bfr(logprob_grad_cpu(z[(size_t)r * V + j], j == t[r], g[r], lse[r], inv_temp)) : 0.0f;
+            }
+        float mul = fp8_max(fmt) / 4.0f;  // |dz| <= |dlogp| inv_temp, under 4 here
+        FP8Tensor ref;
+        fp8_tensor_alloc_cpu(&ref, nr, V, FP8_TENSOR, fmt, 1);
+        float amax_ref = fp8_quantize_scaled_cpu(&ref, x, mul);
+        FP8Tensor reft = transposed_copy(&ref);
+        FP8Tensor q = dev_tensor(nr, V, FP8_TENSOR, fmt, 1), qt = dev_tensor(V, nr, FP8_TENSOR, fmt, 1);
+        void *zd = up_hp(z, n), *gd = up_hp(g, nr), *ld = up_hp(lse, nr), *td = up_i32(t, nr), *md = up_hp(&mul, 1);
+        unsigned zero = 0, amax_bits;
+        void *ad = dev_bytes(&zero, 4);
+        fp8_head_dz_q_cuda(&q, &qt, (const float *)zd, (const float *)gd, (const float *)ld, (const int32_t *)td, inv_temp,
+                           (const float *)md, (unsigned *)ad);
+        G->download(&amax_bits, ad, 4);
+        uint8_t *c[2] = {(uint8_t *)down_bytes(q.data, n), (uint8_t *)down_bytes(qt.data, n)};
+        const uint8_t *cr[2] = {ref.data, reft.data};
+        long off[2] = {0, 0};
+        for (int l = 0; l < 2; l++)
+            for (size_t i = 0; i < n; i++) {
+                if (c[l][i] == cr[l][i]) continue;
+                off[l]++;
+                int a = c[l][i], b = cr[l][i];
+                ck_assert_msg((a & 0x80) == (b & 0x80) && abs((a & 0x7f) - (b & 0x7f)) == 1,
+                              "%s dz code %zu of layout %d: gpu 0x%02x, cpu 0x%02x (more than one step apart)", FMTNAME(fmt), i,
+                              l, a, b);
+            }
+        ck_assert_msg(off[0] == off[1] && off[0] * 10000 < (long)n, "%s: %ld / %ld codes one step away of %zu", FMTNAME(fmt),
+                      off[0], off[1], n);
+        float amax_gpu;
+        memcpy(&amax_gpu, &amax_bits, 4);
+        ck_assert_msg(fabsf(amax_gpu - amax_ref) <= 0x1p-8f * amax_ref, "amax %g, cpu %g", amax_gpu, amax_ref);
+        float inv[2];
+        G->download(&inv[0], q.scale, 4), G->download(&inv[1], qt.scale, 4);
+        ck_assert_msg(inv[0] == ref.scale[0] && inv[1] == ref.scale[0], "scale %g %g, cpu %g", inv[0], inv[1], ref.scale[0]);
+        long zeros = 0;  // rows without a target or dlogp: all zero codes
+        for (int r = 0; r < nr; r++)
+            if (t[r] < 0 || g[r] == 0.0f)
+                for (int j = 0; j < V; j++) zeros += c[0][(size_t)r * V + j] != 0;
+        ck_assert_int_eq(zeros, 0);
+        printf("  head dz %s: codes of both layouts the CPU's (%ld of %zu one step away: expf's last bit), amax, scale\n",
+               FMTNAME(fmt), off[0], n);
+        fp8_tensor_free_cpu(&ref), fp8_tensor_free_cpu(&reft), dev_tensor_free(&q), dev_tensor_free(&qt);
+        free(c[0]), free(c[1]), free(z), free(g), free(lse), free(x), free(t);
+        G->free(zd), G->free(gd), G->free(ld), G->free(td), G->free(md), G->free(ad);
+    }
+}
+END_TEST
+
+// The LM head trained in FP8 through the backend's ops (logprobs_fused, logprobs_forward, logits_forward),
+// chunks of 128 rows (three, the last ragged), two steps of delayed scaling, against the CPU in fp64 on
+// the operands the recipe defines: h and W quantized with the scales the CPU's DelayedScale mirror
+// gives (which must be the GPU's), dz with the GPU's dy scale. The bounds, from the formats: the
+// logits within the FP8 tensor cores' accumulation (ACC_TC of sum |h w|, e); lse within inv_temp max e
+// of the row, logp within inv_temp (e_t + max e). dz: the GPU's codes differ from the exact gradient by
+// what the logits' error does to exp (|dlogp| inv_temp p (exp(inv_temp (e + max e)) - 1)), the bf16
+// rounding (2^-9), the FP8 rounding (half a step: 2^-3 E5M2, relative) and half the smallest
+// subnormal; dh = dz W and dW = dz^T h within the sums of those through |W|, |h|, plus ACC_TC and dh's
+// bf16 rounding.
+START_TEST(test_fp8_head) {
+    setenv("FP8GRPO_LOGITS_CHUNK_ROWS", "128", 1);  // read at the first logprobs call of the process: this one
+    int N = 301, C = 256, V = 1000;
+    float inv_temp = 1.0f / 0.8f;
+    FP8Recipe r = fp8_recipe_default();
+    r.history_len = 4;
+    r.margin = 1;  // dz's amax moves between the steps: room for it (the bound has no term for saturation)
+    r.lm_head = 1;
+    Mirror mr;
+    memset(&mr, 0, sizeof mr);
+    mr.r = r;
+    delayed_init(&mr.d[0], &r, FP8_E4M3);
+    delayed_init(&mr.d[1], &r, FP8_E4M3);
+    float *w = randn_bf((size_t)V * C, 0.05f);
+    QWeight qw = trained_weight(w, V, C, &r, NULL);
+    size_t per = 1 + (size_t)r.history_len, ns = G->fp8_train_state(&qw.train, 1, NULL, 0);
+    ck_assert_int_eq(ns, 3 * per);
+    float *state = fmalloc(ns);
+    void *logp = G->alloc(N * 4), *logp2 = G->alloc(N * 4), *lse = G->alloc(N * 4), *dh = G->alloc((size_t)N * C * 2);
+    void *dw = G->alloc((size_t)V * C * 4), *zd = G->alloc((size_t)N * V * 4);
+    long overflows = 0;
+    for (int step = 0; step < 2; step++) {
+        float *h = randn_bf((size_t)N * C, 1.0f + step), *g = fmalloc(N);
+        int32_t *t = (int32_t *)mallocCheck(N * 4);
+        for (int i = 0; i < N; i++) {
+            t[i] = i % 7 == 3 ? -1 : rng_int(&rng, V);
+            g[i] = i % 11 == 5 ? 0.0f : (float)(-1.0 + 0.25 * rng_normal(&rng)) / N;
+        }
+        void *hd = up_act(h, (size_t)N * C), *gd = up_hp(g, N), *td = up_i32(t, N);
+        G->fp8_train_state(&qw.train, 1, state, 0);  // the scales in force: x and w the mirror's, dy the GPU's
+        ck_assert_msg(state[0] == mr.d[0].scale && state[per] == mr.d[1].scale, "step %d: h's / W's scale %g %g, the mirror's %g %g",
+                      step, state[0], state[per], mr.d[0].scale, mr.d[1].scale);
+        float sdy = state[2 * per];
+        G->zero(dw, (size_t)V * C * 4);
+        G->logprobs_fused(logp, lse, dh, dw, gd, hd, &qw, (const int32_t *)td, inv_temp, N);
+        G->logprobs_forward(logp2, lse, hd, &qw, (const int32_t *)td, inv_temp, N);
+        G->logits_forward(zd, hd, &qw, N);
+        // the CPU: the recipe's operands, fp64
+        FP8Tensor hq, wq;
+        ref_quantize(&hq, &mr, 0, h, N, C);
+        ref_quantize(&wq, &mr, 1, w, V, C);
+        float *hf = fmalloc((size_t)N * C), *wf = fmalloc((size_t)V * C);
+        fp8_dequantize_cpu(hf, &hq), fp8_dequantize_cpu(wf, &wq);
+        size_t nz = (size_t)N * V;
+        double *z = dmalloc_h(nz), *e = dmalloc_h(nz), *dz = dmalloc_h(nz), *bz = dmalloc_h(nz);
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < V; j++) {
+                double s = 0, m = 0;
+                for (int k = 0; k < C; k++) {
+                    double p = (double)hf[(size_t)i * C + k] * wf[(size_t)j * C + k];
+                    s += p, m += fabs(p);
+                }
+                z[(size_t)i * V + j] = s, e[(size_t)i * V + j] = ACC_TC * m + 0x1p-23 * fabs(s);
+            }
+        float *lr = fmalloc(N), *lpr = fmalloc(N), *zr = fmalloc(nz);
+        double *tl = dmalloc_h(N), *tlp = dmalloc_h(N), *tz = dmalloc_h(nz);
+        double usub = (r.hybrid ? 0x1p-17 : 0x1p-10) / sdy, u = r.hybrid ? 0x1p-3 : 0x1p-4;  // half a subnormal, half a step
+        for (int i = 0; i < N; i++) {
+            double m = -INFINITY, sum = 0, emax = 0;
+            for (int j = 0; j < V; j++) m = fmax(m, z[(size_t)i * V + j] * inv_temp), emax = fmax(emax, e[(size_t)i * V + j]);
+            for (int j = 0; j < V; j++) sum += exp(z[(size_t)i * V + j] * inv_temp - m);
+            double L = m + log(sum);
+            lr[i] = t[i] < 0 ? 0.0f : (float)L, tl[i] = inv_temp * emax + 1e-6 * fabs(L);  // no target: lse 0
+            int live = t[i] >= 0 && g[i] != 0.0f;
+            lpr[i] = t[i] < 0 ? 0.0f : (float)(z[(size_t)i * V + t[i]] * inv_temp - L);
+            tlp[i] = t[i] < 0 ? 0 : inv_temp * (e[(size_t)i * V + t[i]] + emax) + 1e-6 * fabs(L);
+            for (int j = 0; j < V; j++) {
+                size_t k = (size_t)i * V + j;
+                double p = exp(z[k] * inv_temp - L), gi = fabs((double)g[i]) * inv_temp;
+                dz[k] = live ? g[i] * ((j == t[i]) - p) * inv_temp : 0;
+                double d = live ? gi * p * expm1(inv_temp * (e[k] + emax)) : 0;  // the logits' error through exp
+                bz[k] = live ? d + (0x1p-9 + u) * (fabs(dz[k]) + d) + usub : 0;
+                zr[k] = (float)z[k], tz[k] = e[k];
+            }
+        }
+        // dh = dz W, dW = dz^T h and their bounds
+        double *dhr = dmalloc_h((size_t)N * C), *tdh = dmalloc_h((size_t)N * C), *dwr = dmalloc_h((size_t)V * C),
+               *tdw = dmalloc_h((size_t)V * C);
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < V; j++) {
+                size_t k = (size_t)i * V + j;
+                if (dz[k] == 0 && bz[k] == 0) continue;
+                double a = fabs(dz[k]) + bz[k];
+                for (int c = 0; c < C; c++) {
+                    double wv = wf[(size_t)j * C + c], hv = hf[(size_t)i * C + c];
+                    dhr[(size_t)i * C + c] += dz[k] * wv, tdh[(size_t)i * C + c] += bz[k] * fabs(wv) + ACC_TC * a * fabs(wv);
+                    dwr[(size_t)j * C + c] += dz[k] * hv, tdw[(size_t)j * C + c] += bz[k] * fabs(hv) + ACC_TC * a * fabs(hv);
+                }
+            }
+        float *dhf = to_f(dhr, (size_t)N * C), *dwf = to_f(dwr, (size_t)V * C);
+        for (size_t k = 0; k < (size_t)N * C; k++) tdh[k] += 0x1p-8 * (fabs(dhr[k]) + tdh[k]) + 1e-30;
+        for (size_t k = 0; k < (size_t)V * C; k++) tdw[k] += 1e-30;
+        float *lg = down_hp(logp, N), *lg2 = down_hp(logp2, N), *lsg = down_hp(lse, N), *zg = down_hp(zd, nz);
+        float *dhg = down_act(dh, (size_t)N * C), *dwg = down_hp(dw, (size_t)V * C);
+        printf("FP8 LM head, step %d (h, W, dz scales %g, %g, %g):\n", step, state[0], state[per], sdy);
+        check_close("logits = h W^T (logits_forward)", zg, zr, tz, nz);
+        check_close("lse", lsg, lr, tl, N);
+        check_close("logp", lg, lpr, tlp, N);
+        check_exact("logp of logprobs_forward and of logprobs_fused", lg, lg2, N * 4);
+        check_close("dh = dz W", dhg, dhf, tdh, (size_t)N * C);
+        check_close("dW = dz^T h (summed over 3 chunks)", dwg, dwf, tdw, (size_t)V * C);
+        G->fp8_train_step(&qw.train, 1, NULL, NULL, &overflows);  // the histories roll, as after an optimizer step
+        for (int i = 0; i < 2; i++) delayed_update(&mr.d[i]);
+        free(w);
+        w = randn_bf((size_t)V * C, 0.05f * (step + 2));  // the optimizer's new weights
+        void *wd = up_act(w, (size_t)V * C);
+        G->copy(qw.dense, wd, (size_t)V * C * 2);
+        G->free(wd);
+        fp8_tensor_free_cpu(&hq), fp8_tensor_free_cpu(&wq);
+        void *frees[] = {h, g, t, hf, wf, z, e, dz, bz, lr, lpr, zr, tl, tlp, tz, dhr, tdh, dwr, tdw, dhf, dwf, lg, lg2, lsg, zg, dhg, dwg};
+        for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) free(frees[i]);
+        G->free(hd), G->free(gd), G->free(td);
+    }
+    G->fp8_train_state(&qw.train, 1, state, 0);
+    ck_assert_msg(state[2 * per] != 1.0f && overflows == 0, "dz's scale %g after 2 steps, %ld overflows", state[2 * per], overflows);
+    G->fp8_train_free(qw.train);
+    void *gf[] = {qw.dense, logp, logp2, lse, dh, dw, zd};
+    for (size_t i = 0; i < sizeof gf / sizeof gf[0]; i++) G->free(gf[i]);
+    free(w), free(state);
+    for (int i = 0; i < 2; i++) delayed_free(&mr.d[i]);
+}
+END_TEST
+
 static Suite *gpu_fp8_train_suite(void) {
     Suite *s = suite_create("gpu_fp8_train");
     TCase *tc = tcase_create("core");
@@ -646,6 +866,8 @@ static Suite *gpu_fp8_train_suite(void) {
     tcase_add_test(tc, test_delayed_state);
     tcase_add_test(tc, test_swiglu_backward_q);
     tcase_add_test(tc, test_kept_input_ops);
+    tcase_add_test(tc, test_head_dz_q);
+    tcase_add_test(tc, test_fp8_head);
     suite_add_tcase(s, tc);
     return s;
 }

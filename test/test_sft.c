@@ -603,6 +603,8 @@ START_TEST(test_bad_flags_and_data) {
         {model, data, "--use_peft --fp8_recipe block", "--fp8_recipe block trains every weight in FP8; with --use_peft the base is frozen"},
         {model, data, "--fp8_recipe delayed", "--fp8_recipe delayed: FP8 training runs on the GPU (the CPU backend has no FP8 GEMMs)"},
         {model, data, "--fp8_recipe hybrid", "--fp8_recipe: unknown value 'hybrid'"},
+        {model, data, "--fp8_lm_head", "--fp8_lm_head runs under --fp8_recipe delayed (got off)"},
+        {model, data, "--fp8_recipe current --fp8_lm_head", "--fp8_lm_head runs under --fp8_recipe delayed (got current)"},
         {model, data, "--resume", "--resume: no checkpoint-N in"},
         {model, badd, "", "bad_data.jsonl:2: missing \"completion\" (\"prompt\"/\"answer\" is train_grpo's data"},
         {"--model /nonexistent/dir", data, "", "/nonexistent/dir"},

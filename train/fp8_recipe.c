@@ -9,7 +9,7 @@
 #include "train/fp8_recipe.h"
 
 FP8Recipe fp8_recipe_default(void) {
-    FP8Recipe r = {FP8_RECIPE_DELAYED, 1, 1024, AMAX_MAX, 0.0f};
+    FP8Recipe r = {FP8_RECIPE_DELAYED, 1, 1024, AMAX_MAX, 0.0f, 0};
     return r;
 }
 int fp8_recipe_parse(const char *s) {

@@ -43,9 +43,10 @@ typedef struct {
     int history_len;     // --fp8_amax_history_len (TE's default 1024)
     AmaxAlgo algo;       // --fp8_amax_compute_algo max | most_recent
     float margin;        // --fp8_margin: scales leave 2^margin of headroom
+    int lm_head;         // --fp8_lm_head: the LM head's three products in FP8 too (delayed; fp8_train.cu)
 } FP8Recipe;
 
-// TE's defaults: delayed, hybrid, history 1024, max, margin 0
+// TE's defaults: delayed, hybrid, history 1024, max, margin 0; the LM head in bf16
 FP8Recipe fp8_recipe_default(void);
 // "current" | "delayed" | "block"; "max" | "most_recent"; "hybrid" | "e4m3": -1 if unknown
 int fp8_recipe_parse(const char *s);
