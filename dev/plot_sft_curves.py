@@ -2,7 +2,7 @@
 """dev/plot_sft_curves.py DIR: the runs of dev/sft_fp8_curves.sh (DIR/<recipe>[-<tag>]-<seed>.jsonl): a table of
 the final training loss (the mean of the last 50 steps' losses) per recipe, mean and spread over the
 seeds, relative to BF16, and paired (each seed's FP8 run against its BF16 run: the same batches in the same
-order, so the data's noise cancels); and the curves (the loss, smoothed over 10 steps) in SVG (default
+order, so the data's noise cancels); the same for the held-out loss where the runs have it (EVAL=1); and the curves (the loss, smoothed over 10 steps) in SVG (default
 dev/sft_fp8_curves.svg; a second argument names another)."""
 import glob, json, os, statistics, sys
 
@@ -29,8 +29,28 @@ for rc in order + sorted(r for r in final if r not in order):  # then tagged run
         ps = ", ".join(f"{x:+.2f}%" for x in pair) if rc != "off" else ""
         print(f"| {'BF16' if rc == 'off' else 'FP8 ' + rc} | {len(f)} | {statistics.mean(f):.4f} | {max(f) - min(f):.4f} | "
               f"{(statistics.mean(f) / base - 1) * 100:+.2f}% | {ps} |")
+# the held-out loss of each run's last checkpoint in bf16 by transformers (sft_fp8_curves.sh's EVAL=1:
+# DIR/<recipe>[-<tag>]-<seed>.heldout.json, dev/eval_heldout.py's line): what the weights learned, measured
+# the same way for every recipe
+held = {}
+for p in sorted(glob.glob(os.path.join(d, "*-*.heldout.json"))):
+    recipe, seed = os.path.basename(p)[:-len(".heldout.json")].rsplit("-", 1)
+    held.setdefault(recipe, {})[seed] = json.loads(open(p).read())["loss"]
+if "off" in held:
+    hb = statistics.mean(held["off"].values())
+    print()
+    print("| recipe | seeds | held-out loss (bf16, transformers), mean | spread | vs BF16 (means) | paired: per seed vs its BF16 run |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for rc in order + sorted(r for r in held if r not in order):
+        if rc in held:
+            h = list(held[rc].values())
+            pair = [(held[rc][sd] / held["off"][sd] - 1) * 100 for sd in sorted(held[rc]) if sd in held["off"]]
+            ps = ", ".join(f"{x:+.2f}%" for x in pair) if rc != "off" else ""
+            print(f"| {'BF16' if rc == 'off' else 'FP8 ' + rc} | {len(h)} | {statistics.mean(h):.4f} | {max(h) - min(h):.4f} | "
+                  f"{(statistics.mean(h) / hb - 1) * 100:+.2f}% | {ps} |")
 fig, ax = plt.subplots(figsize=(8, 4.5))
-colors = {"off": "black", "delayed": "tab:blue", "block": "tab:orange", "current": "tab:green", "delayed-bf16moments": "tab:purple"}
+colors = {"off": "black", "delayed": "tab:blue", "block": "tab:orange", "current": "tab:green", "delayed-bf16moments": "tab:purple",
+          "delayed-head": "tab:red", "delayed-head-bf16moments": "tab:brown"}
 for rc, s in runs.items():
     for i, (seed, v) in enumerate(sorted(s.items())):
         st = [x for x, _ in v]

@@ -12,7 +12,11 @@
 # checkpoint). STEPS (default 500), BATCH (32), SEEDS ("1 2 3"), RECIPES ("off delayed block");
 # PARALLEL=1 runs the seeds of a recipe at once (3 x ~22 GiB: an 80 GB GPU holds them). EXTRA: more
 # train_sft options for every run (e.g. "--adam_moments bf16 --recompute_mlp"), TAG: then named in the
-# runs' files (OUT/<recipe>-<tag>-<seed>.jsonl).
+# runs' files (OUT/<recipe>-<tag>-<seed>.jsonl). EVAL=1: each run's last checkpoint also gets its held-out
+# loss from dev/eval_heldout.py (transformers, bf16) on text the runs never train on (TASK=text: pieces
+# of the standard library's packages json, email, http, urllib, xml, logging; sum: 512 problems more, of
+# the 10,000 the task has, so mostly seen ones), into
+# OUT/<recipe>[-<tag>]-<seed>.heldout.json: the weights' loss, the same measure for every recipe.
 set -euo pipefail
 out=${1:-/tmp/sft_curves}
 steps=${STEPS:-500}
@@ -42,6 +46,20 @@ with open(f"{w}/data.jsonl", "w") as f:
         for _ in range(20000):
             a, b = rng.randrange(100), rng.randrange(100)
             f.write(json.dumps({"prompt": f"{a}+{b}=", "completion": str(a + b)}) + "\n")
+with open(f"{w}/eval.jsonl", "w") as f:  # held out: the packages' modules (data.jsonl has the top level's)
+    if sys.argv[2] == "text":
+        text = ""
+        for pkg in ["json", "email", "http", "urllib", "xml", "logging"]:
+            for root, dirs, files in sorted(os.walk(os.path.join(lib, pkg))):
+                dirs.sort()
+                text += "".join(open(os.path.join(root, n), "rb").read().decode("ascii", "ignore") for n in sorted(files) if n.endswith(".py"))
+        for k in range(0, min(len(text) - 128, 128 * 512), 128):
+            f.write(json.dumps({"prompt": text[k:k + 16], "completion": text[k + 16:k + 128]}) + "\n")
+    else:
+        rng = random.Random(1)
+        for _ in range(512):
+            a, b = rng.randrange(100), rng.randrange(100)
+            f.write(json.dumps({"prompt": f"{a}+{b}=", "completion": str(a + b)}) + "\n")
 PY
 one() {  # recipe seed
   ./train_sft --device cuda --model "$w/model" --data "$w/data.jsonl" --chat 0 --max_steps "$steps" \
@@ -49,6 +67,9 @@ one() {  # recipe seed
     --logging_steps 1 --save_steps 0 --seed "$2" --fp8_recipe "$1" --output_dir "$w/run-$1-$2" --overwrite_output_dir --quiet \
     ${EXTRA:-} | tail -1
   cp "$w/run-$1-$2/metrics.jsonl" "$out/$1${TAG:+-$TAG}-$2.jsonl"
+  if [ "${EVAL:-0}" = 1 ]; then
+    python3 "$(dirname "$0")/eval_heldout.py" "$w/run-$1-$2/checkpoint-$steps" "$w/eval.jsonl" > "$out/$1${TAG:+-$TAG}-$2.heldout.json"
+  fi
   rm -rf "$w/run-$1-$2"
 }
 for recipe in ${RECIPES:-off delayed block}; do
