@@ -663,11 +663,13 @@ static void head_rows(int32_t *t, float *g, float *lse, const float *z, int n, i
 // GPU and the C library, so a code may sit one step away where the bf16 value was a rounding tie
 // apart (expected: well under one in 10^4); everything else bit for bit, both layouts, the amax, the scale.
 START_TEST(test_head_dz_q) {
-    int nr = 301, V = 1000;  // neither a multiple of 128: edge tiles on both sides
     float inv_temp = 1.0f / 0.7f;
-    size_t n = (size_t)nr * V;
-    for (int f = 0; f < 2; f++) {
-        FP8Format fmt = f ? FP8_E4M3 : FP8_E5M2;
+    for (int k = 0; k < 4; k++) {
+        // V not a multiple of 128: an edge tile of columns. 301 rows: edge tiles of rows, every transposed tile
+        // written byte by byte; 384: whole row tiles, the others through tile_codes_write_t
+        int nr = k & 2 ? 384 : 301, V = 1000;
+        size_t n = (size_t)nr * V;
+        FP8Format fmt = k & 1 ? FP8_E4M3 : FP8_E5M2;
         float *z = randn(n, 3.0f), *g = fmalloc(nr), *lse = fmalloc(nr), *x = fmalloc(n);
         int32_t *t = (int32_t *)mallocCheck(nr * 4);
         head_rows(t, g, lse, z, nr, V, inv_temp);
@@ -713,8 +715,8 @@ START_TEST(test_head_dz_q) {
             if (t[r] < 0 || g[r] == 0.0f)
                 for (int j = 0; j < V; j++) zeros += c[0][(size_t)r * V + j] != 0;
         ck_assert_int_eq(zeros, 0);
-        printf("  head dz %s: codes of both layouts the CPU's (%ld of %zu one step away: expf's last bit), amax, scale\n",
-               FMTNAME(fmt), off[0], n);
+        printf("  head dz %s, %d x %d: codes of both layouts the CPU's (%ld one step away: expf's last bit), amax, scale\n",
+               FMTNAME(fmt), nr, V, off[0]);
         fp8_tensor_free_cpu(&ref), fp8_tensor_free_cpu(&reft), dev_tensor_free(&q), dev_tensor_free(&qt);
         free(c[0]), free(c[1]), free(z), free(g), free(lse), free(x), free(t);
         G->free(zd), G->free(gd), G->free(ld), G->free(td), G->free(md), G->free(ad);
