@@ -52,12 +52,12 @@
 
 typedef struct {
     const char *model, *data, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules, *load_in_fp8;
-    const char *fp8_recipe, *fp8_format, *fp8_amax_compute_algo, *adam_moments;
+    const char *fp8_recipe, *fp8_format, *fp8_amax_compute_algo, *adam_moments, *eval_data;
     int resume, overwrite_output_dir, use_peft, gradient_checkpointing, recompute_mlp, quiet, chat, fp8_lm_head;
     int fp8_amax_history_len, bf16_first_layers, bf16_last_layers;
     double fp8_margin;
     int max_steps, per_device_train_batch_size, gradient_accumulation_steps, max_length, lora_r;
-    int logging_steps, save_steps, save_total_limit, nproc_per_node;
+    int logging_steps, save_steps, save_total_limit, nproc_per_node, eval_steps;
     double num_train_epochs, learning_rate, warmup_ratio, weight_decay, max_grad_norm, adam_beta1, adam_beta2, adam_epsilon;
     double lora_alpha;
     long seed;
@@ -144,6 +144,9 @@ static const Option OPTIONS[] = {
     {"save_total_limit", OPT_INT, OFF(save_total_limit), 0, 1e9, .unset = "none, every checkpoint is kept",
      .help = "keep only the newest N checkpoints (never the one --resume continued; 0: keep all)"},
     {"quiet", OPT_FLAG, OFF(quiet), .help = "no per-step lines, only the summary"},
+    {"eval_data", OPT_STRING, OFF(eval_data), .meta = "FILE", .unset = "none",
+     .help = "held-out examples (--data's format): their loss (eval_loss in metrics.jsonl) every --eval_steps and at the end"},
+    {"eval_steps", OPT_INT, OFF(eval_steps), 0, 1e9, .dflt = "0", .help = "with --eval_data: evaluate every N steps (0: at the end only)"},
 
     {.name = "several GPUs (README: Several GPUs)", .kind = OPT_SECTION},
     {"nproc_per_node", OPT_INT, OFF(nproc_per_node), 1, 1024, .unset = "one process, or the ranks torchrun / srun started",
@@ -253,6 +256,8 @@ static void parse_options(int argc, char **argv, Opts *o) {
         die("--fp8_recipe %s trains every weight in FP8; with --use_peft the base is frozen: use --load_in_fp8 for an FP8 base "
             "under a LoRA adapter, or drop --use_peft",
             o->fp8_recipe);
+    if (o->eval_steps && !o->eval_data) die("--eval_steps %d evaluates --eval_data, which is not given: add --eval_data FILE", o->eval_steps);
+    if (o->dpo && o->eval_data) die("--eval_data: train_dpo evaluates no held-out set yet: drop --eval_data");
     if (o->fp8_lm_head && strcmp(o->fp8_recipe, "delayed"))
         die("--fp8_lm_head runs under --fp8_recipe delayed (got %s): set --fp8_recipe delayed, or drop --fp8_lm_head",
             o->fp8_recipe);
@@ -289,6 +294,9 @@ typedef struct {
     Model m;
     DType save_dt;       // the dtype a full run's checkpoints are saved in (the --model checkpoint's)
     SftData data;        // SFT's examples...
+    SftData eval;        // (--eval_data) the held-out ones, and this rank's share of them (every world-th)
+    const SftExample **eval_ex;
+    int eval_n, eval_last;  // eval_last: the step evaluated last
     PrefData pref;       // ...or DPO's pairs
     // train_dpo's built-in run: the warm-up model, its task and tokenizer, held-out accuracy
     char warm_dir[4400], dir[4200];
@@ -436,6 +444,13 @@ static void load_examples(Run *r, const SftFormat *f) {
         printf("data: %ld examples left out, their prompt alone fills max_length %d (line %ld is the first)\n", d->dropped,
                f->max_length, d->first_dropped);
     r->n_items = d->n;
+    if (!o->eval_data) return;
+    if (sft_data_load(&r->eval, o->eval_data, f, (uint64_t)o->seed, err, sizeof err) < 0) die("%s", err);
+    const SftData *e = &r->eval;
+    if (e->n < r->world) die("%s: %ld held-out examples for %d ranks: give at least one a rank", o->eval_data, e->n, r->world);
+    printf("eval: %ld held-out examples from %s (%ld completion tokens)\n", e->n, o->eval_data, e->completion_tokens);
+    r->eval_ex = (const SftExample **)mallocCheck((size_t)e->n * sizeof *r->eval_ex);
+    for (long i = r->rank; i < e->n; i += r->world) r->eval_ex[r->eval_n++] = sft_data_at(&r->eval, i);
 }
 
 // Stage "built-in base" (train_dpo without --model and --data): the warm-up model of ./train_grpo's
@@ -693,6 +708,23 @@ static void log_step(const Run *r, Window *w, const SftStats *s, const DpoStats 
     w->t0 = now_sec();
 }
 
+// Stage "eval_heldout" (--eval_data): the held-out examples' loss with the weights of step `step` (each rank its
+// share), a line and a metrics.jsonl record {"step", "eval_loss", "eval_tokens"} (TRL's eval_loss). The forward
+// is a training forward's, FP8 products included; with delayed scaling it records its amaxes into the next
+// step's history as a training forward does (a run resumed at an evaluated step's checkpoint scales from
+// the step's own amaxes alone).
+static void eval_heldout(Run *r, int step) {
+    long tokens;
+    double t0 = now_sec(), loss = sft_eval(&r->tr, r->eval_ex, r->eval_n, &tokens);
+    r->eval_last = step;
+    if (r->rank) return;
+    printf("eval: step %d | eval_loss %.4f (%ld completion tokens of %ld examples, %.1f s)\n", step, loss, tokens, r->eval.n,
+           now_sec() - t0);
+    FILE *f = fopenCheck(r->metrics, "a");
+    fprintf(f, "{\"step\": %d, \"eval_loss\": %.8f, \"eval_tokens\": %ld}\n", step, loss, tokens);
+    fclose(f);
+}
+
 // metrics.jsonl's values of key, by step (NaN where a line lacks it), into x and y (n lines; malloc'ed)
 static int metric_series(const char *path, const char *key, double **x, double **y) {
     int n = 0, cap = 0;
@@ -717,17 +749,21 @@ static int metric_series(const char *path, const char *key, double **x, double *
 static void plot(const Run *r) {
     if (r->rank) return;
     double *x[3], *y[3];
-    const char *keys[3] = {"loss", "rewards/accuracies", "rewards/margins"};
-    int k = r->o.dpo ? 3 : 1, n = 0;
+    // SFT: the loss and the held-out eval_loss in one panel; DPO: the loss, then its two metrics
+    const char *keys[3] = {"loss", r->o.dpo ? "rewards/accuracies" : "eval_loss", "rewards/margins"};
+    int k = r->o.dpo ? 3 : 2, n = 0;
     for (int i = 0; i < k; i++) n = metric_series(r->metrics, keys[i], &x[i], &y[i]);
     PlotSeries s[3];
-    for (int i = 0; i < k; i++) s[i] = (PlotSeries){keys[i], x[i], y[i], n, i == 0 ? "#1f77b4" : i == 1 ? "#d62728" : "#2ca02c", 0, 0};
-    PlotPanel panels[3] = {{r->o.dpo ? "DPO: the loss" : "SFT: the loss", "step", "", &s[0], 1},
+    for (int i = 0; i < k; i++)
+        s[i] = (PlotSeries){keys[i], x[i], y[i], n, i == 0 ? "#1f77b4" : i == 1 ? "#d62728" : "#2ca02c", 0, !r->o.dpo && i == 1};
+    int evals = 0;  // SFT: the eval_loss series only where a run has one
+    for (int i = 0; !r->o.dpo && i < n; i++) evals += !isnan(y[1][i]);
+    PlotPanel panels[3] = {{r->o.dpo ? "DPO: the loss" : "SFT: the loss", "step", "", &s[0], r->o.dpo || !evals ? 1 : 2},
                            {"rewards/accuracies: pairs whose chosen completion gains more than the rejected one", "step", "", &s[1], 1},
                            {"rewards/margins: beta x (chosen log-ratio - rejected log-ratio)", "step", "", &s[2], 1}};
     char path[4200];
     path_join(path, sizeof path, r->o.output_dir, "plot.svg");
-    if (n > 0) plot_svg(path, panels, k);
+    if (n > 0) plot_svg(path, panels, r->o.dpo ? 3 : 1);
     for (int i = 0; i < k; i++) free(x[i]), free(y[i]);
 }
 
@@ -737,6 +773,8 @@ static void run_free(Run *r) {
     r->m.lora = NULL;
     model_free(&r->m);
     sft_data_free(&r->data);
+    if (r->o.eval_data) sft_data_free(&r->eval);
+    free(r->eval_ex);
     pref_data_free(&r->pref);
     if (r->o.builtin) task_free(&r->task), tokenizer_free((Tokenizer *)r->fmt.tok);
     tokenizer_free(r->tok);
@@ -783,7 +821,9 @@ int main(int argc, char **argv) {
         last_loss = s.loss;
         log_step(&r, &w, &s, r.o.dpo ? &ds.dpo : NULL, step, lr, tokens_seen);
         checkpoint(&r, step);
+        if (r.o.eval_data && r.o.eval_steps && step % r.o.eval_steps == 0) eval_heldout(&r, step);
     }
+    if (r.o.eval_data && r.eval_last != r.total) eval_heldout(&r, (int)r.total);  // the end's, once
     if (r.start >= r.total) printf("checkpoint-%d is at the run's last step %ld: nothing left to do\n", r.start, r.total);
     else printf("done: %ld steps in %.1f s, the last one's loss %.4f; %s/checkpoint-%ld holds the %s\n", r.total - r.start, now_sec() - t0,
                 last_loss, r.o.output_dir, r.total, r.lo ? "adapter (PEFT format)" : "model (a Hugging Face checkpoint)");

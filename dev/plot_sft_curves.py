@@ -11,11 +11,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 d = sys.argv[1] if len(sys.argv) > 1 else "/tmp/sft_curves"
-runs = {}
+runs, inrun = {}, {}
 for p in sorted(glob.glob(os.path.join(d, "*-*.jsonl"))):
     recipe, seed = os.path.basename(p)[:-6].rsplit("-", 1)
     rows = [json.loads(l) for l in open(p) if l.strip()]
     runs.setdefault(recipe, {})[seed] = [(r["step"], r["loss"]) for r in rows if "loss" in r]
+    ev = [r["eval_loss"] for r in rows if "eval_loss" in r]
+    if ev: inrun.setdefault(recipe, {})[seed] = ev[-1]  # the run's own last held-out loss (train_sft --eval_data)
 final = {rc: [statistics.mean(l for _, l in v[-50:]) for v in s.values()] for rc, s in runs.items()}
 base = statistics.mean(final["off"])
 fin = {rc: {seed: statistics.mean(l for _, l in v[-50:]) for seed, v in s.items()} for rc, s in runs.items()}
@@ -39,15 +41,19 @@ for p in sorted(glob.glob(os.path.join(d, "*-*.heldout.json"))):
 if "off" in held:
     hb = statistics.mean(held["off"].values())
     print()
-    print("| recipe | seeds | held-out loss (bf16, transformers), mean | spread | vs BF16 (means) | paired: per seed vs its BF16 run |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| recipe | seeds | held-out loss (bf16, transformers), mean | spread | vs BF16 (means) | paired: per seed vs its BF16 run "
+          "| the run's own held-out loss (its products), mean | vs BF16 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    ib = statistics.mean(inrun["off"].values()) if "off" in inrun else None
     for rc in order + sorted(r for r in held if r not in order):
         if rc in held:
             h = list(held[rc].values())
             pair = [(held[rc][sd] / held["off"][sd] - 1) * 100 for sd in sorted(held[rc]) if sd in held["off"]]
             ps = ", ".join(f"{x:+.2f}%" for x in pair) if rc != "off" else ""
+            own = statistics.mean(inrun[rc].values()) if rc in inrun else None
+            os_ = f"{own:.4f} | {(own / ib - 1) * 100:+.2f}%" if own is not None and ib else " | "
             print(f"| {'BF16' if rc == 'off' else 'FP8 ' + rc} | {len(h)} | {statistics.mean(h):.4f} | {max(h) - min(h):.4f} | "
-                  f"{(statistics.mean(h) / hb - 1) * 100:+.2f}% | {ps} |")
+                  f"{(statistics.mean(h) / hb - 1) * 100:+.2f}% | {ps} | {os_} |")
 fig, ax = plt.subplots(figsize=(8, 4.5))
 colors = {"off": "black", "delayed": "tab:blue", "block": "tab:orange", "current": "tab:green", "delayed-bf16moments": "tab:purple",
           "delayed-head": "tab:red", "delayed-head-bf16moments": "tab:brown"}

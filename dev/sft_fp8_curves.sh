@@ -16,7 +16,9 @@
 # loss from dev/eval_heldout.py (transformers, bf16) on text the runs never train on (TASK=text: pieces
 # of the standard library's packages json, email, http, urllib, xml, logging; sum: 512 problems more, of
 # the 10,000 the task has, so mostly seen ones), into
-# OUT/<recipe>[-<tag>]-<seed>.heldout.json: the weights' loss, the same measure for every recipe.
+# OUT/<recipe>[-<tag>]-<seed>.heldout.json: the weights' loss, the same measure for every recipe; and the
+# runs evaluate the same set themselves every 100 steps (train_sft --eval_data: through their own products,
+# FP8 ones included), eval_loss in their metrics.
 set -euo pipefail
 out=${1:-/tmp/sft_curves}
 steps=${STEPS:-500}
@@ -61,11 +63,13 @@ with open(f"{w}/eval.jsonl", "w") as f:  # held out: the packages' modules (data
             a, b = rng.randrange(100), rng.randrange(100)
             f.write(json.dumps({"prompt": f"{a}+{b}=", "completion": str(a + b)}) + "\n")
 PY
+evalflags=""
+[ "${EVAL:-0}" = 1 ] && evalflags="--eval_data $w/eval.jsonl --eval_steps 100"
 one() {  # recipe seed
   ./train_sft --device cuda --model "$w/model" --data "$w/data.jsonl" --chat 0 --max_steps "$steps" \
     --per_device_train_batch_size "$batch" --learning_rate 1e-4 --lr_scheduler_type cosine --warmup_ratio 0.05 \
     --logging_steps 1 --save_steps 0 --seed "$2" --fp8_recipe "$1" --output_dir "$w/run-$1-$2" --overwrite_output_dir --quiet \
-    ${EXTRA:-} | tail -1
+    $evalflags ${EXTRA:-} | tail -1
   cp "$w/run-$1-$2/metrics.jsonl" "$out/$1${TAG:+-$TAG}-$2.jsonl"
   if [ "${EVAL:-0}" = 1 ]; then
     python3 "$(dirname "$0")/eval_heldout.py" "$w/run-$1-$2/checkpoint-$steps" "$w/eval.jsonl" > "$out/$1${TAG:+-$TAG}-$2.heldout.json"

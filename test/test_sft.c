@@ -271,6 +271,15 @@ START_TEST(test_loss_matches_transformers) {
     printf("SFT loss: %.9f, transformers' logits give %.9f (|diff| %.2e, tolerance %.2e)\n", got, want, fabs(got - want), tol);
     ck_assert_msg(fabs(got - want) <= tol, "loss %.9f, want %.9f", got, want);
     ck_assert_msg(want > 1.0, "the check is vacuous: loss %.3f", want);
+    // the held-out loss (sft_eval, --eval_data) of the same two examples, one a micro-batch: the same mean
+    for (int mb = 1; mb <= 2; mb++) {
+        SftTrainer tr = {.m = &m, .micro_batch = mb};
+        long tok = 0;
+        double e = sft_eval(&tr, b, 2, &tok);
+        printf("held-out loss, micro-batches of %d: %.9f (%ld tokens)\n", mb, e, tok);
+        ck_assert_int_eq(tok, count);
+        ck_assert_msg(fabs(e - want) <= tol, "sft_eval %.9f, want %.9f", e, want);
+    }
     sft_batch_free(&bt);
     model_free(&m);
     sft_example_free(&ex[0]), sft_example_free(&ex[1]);
@@ -345,10 +354,17 @@ START_TEST(test_builtin_data_loss_falls) {
     Task task;
     TaskOptions to = task_options_default();
     task_open_or_die(&task, "arithmetic", &to);
-    enum { STEPS = 300, B = 32 };
-    SftExample ex[B];
-    const SftExample *b[B];
-    double first = 0, last = 0;
+    enum { STEPS = 300, B = 32, H = 64 };
+    SftExample ex[B], held[H];  // held: the task's held-out problems, whose loss sft_eval measures
+    const SftExample *b[B], *hb[H];
+    for (int i = 0; i < H; i++) {
+        Example e;
+        task_example(&task, SPLIT_HELDOUT, i, &e);
+        sft_encode(&f, NULL, e.prompt, e.answer, &held[i]);
+        hb[i] = &held[i];
+        example_free(&e);
+    }
+    double first = 0, last = 0, held0 = sft_eval(&tr, hb, H, NULL);
     for (int step = 0; step < STEPS; step++) {
         for (int i = 0; i < B; i++) {
             Example e;
@@ -362,9 +378,13 @@ START_TEST(test_builtin_data_loss_falls) {
         if (step >= STEPS - 10) last += s.loss / 10;
         for (int i = 0; i < B; i++) sft_example_free(&ex[i]);
     }
-    printf("SFT on the built-in arithmetic, %d steps: loss %.3f (first 10 steps) -> %.3f (last 10)\n", STEPS, first, last);
+    double held1 = sft_eval(&tr, hb, H, NULL);
+    printf("SFT on the built-in arithmetic, %d steps: loss %.3f (first 10 steps) -> %.3f (last 10); held-out %.3f -> %.3f\n",
+           STEPS, first, last, held0, held1);
     ck_assert_msg(first > 3.0, "the random model starts at loss %.3f (log V is %.2f)", first, log(c.V));
     ck_assert_msg(last < 0.35 * first, "loss %.3f -> %.3f", first, last);
+    ck_assert_msg(held1 < 0.35 * held0, "held-out loss %.3f -> %.3f: it learned the training problems only", held0, held1);
+    for (int i = 0; i < H; i++) sft_example_free(&held[i]);
     task_free(&task);
     full_free(&ft);
     model_free(&m);
@@ -583,6 +603,34 @@ START_TEST(test_gradient_checkpointing_same_result) {
 }
 END_TEST
 
+// --eval_data through the program: the held-out loss every --eval_steps and at the end, once each, as
+// metrics.jsonl records {"step", "eval_loss", "eval_tokens"}
+START_TEST(test_eval_data) {
+    setup_program();
+    const char *dir = tmp_path("evalrun");
+    char cmd[4096], out[8192], p[1500];
+    snprintf(cmd, sizeof cmd,
+             "rm -rf %s && ./train_sft --device cpu --quiet --max_steps 3 --eval_steps 2 --model %s --data %s --eval_data %s "
+             "--output_dir %s", dir, model_dir, data_path, data_path, dir);
+    ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
+    snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
+    char *m = read_file(p, NULL), *save = NULL;
+    int steps[4], n = 0;
+    for (char *line = strtok_r(m, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (!strstr(line, "eval_loss")) continue;
+        int st;
+        double loss;
+        ck_assert_msg(sscanf(line, "{\"step\": %d, \"eval_loss\": %lf", &st, &loss) == 2, "%s", line);
+        ck_assert_msg(n < 4 && isfinite(loss) && loss > 0, "%s", line);
+        steps[n++] = st;
+    }
+    ck_assert_msg(n == 2 && steps[0] == 2 && steps[1] == 3, "%d eval records (steps %d, %d): want steps 2 and 3", n, n ? steps[0] : -1,
+                  n > 1 ? steps[1] : -1);
+    ck_assert_msg(strstr(out, "eval: step 3 | eval_loss"), "%s", out);
+    free(m);
+}
+END_TEST
+
 START_TEST(test_bad_flags_and_data) {
     setup_program();
     const char *bad = tmp_path("bad_data.jsonl");
@@ -604,6 +652,8 @@ START_TEST(test_bad_flags_and_data) {
         {model, data, "--fp8_recipe delayed", "--fp8_recipe delayed: FP8 training runs on the GPU (the CPU backend has no FP8 GEMMs)"},
         {model, data, "--fp8_recipe hybrid", "--fp8_recipe: unknown value 'hybrid'"},
         {model, data, "--fp8_lm_head", "--fp8_lm_head runs under --fp8_recipe delayed (got off)"},
+        {model, data, "--eval_steps 5", "--eval_steps 5 evaluates --eval_data, which is not given"},
+        {model, data, "--eval_data /nonexistent/eval.jsonl", "/nonexistent/eval.jsonl"},
         {model, data, "--fp8_recipe current --fp8_lm_head", "--fp8_lm_head runs under --fp8_recipe delayed (got current)"},
         {model, data, "--resume", "--resume: no checkpoint-N in"},
         {model, badd, "", "bad_data.jsonl:2: missing \"completion\" (\"prompt\"/\"answer\" is train_grpo's data"},
@@ -640,6 +690,7 @@ static Suite *sft_suite(void) {
     tcase_add_test(tc, test_grad_accumulation_equals_one_batch);
     tcase_add_test(tc, test_builtin_data_loss_falls);
     tcase_add_test(tc, test_full_checkpoint_reloads);
+    tcase_add_test(tc, test_eval_data);
     tcase_add_test(tc, test_bf16_model_saved_in_bf16);
     tcase_add_test(tc, test_resume_bit_exact);
     tcase_add_test(tc, test_gradient_checkpointing_same_result);

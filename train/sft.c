@@ -316,6 +316,21 @@ SftStats sft_step(SftTrainer *t, const SftExample *const *ex, int n, double lr) 
     return s;
 }
 
+double sft_eval(SftTrainer *t, const SftExample *const *ex, int n, long *tokens) {
+    double c[2] = {0, 0};  // the NLL summed, the completion tokens
+    for (int b0 = 0; b0 < n; b0 += t->micro_batch) {
+        SftBatch b;
+        sft_batch_make(&b, ex + b0, n - b0 < t->micro_batch ? n - b0 : t->micro_batch);
+        c[0] += sft_loss(t->m, &b, 1.0, 0);
+        c[1] += (double)b.ntok;
+        sft_batch_free(&b);
+    }
+    if (t->dist) dist_all_reduce_sum_f64_host(t->dist, c, 2);
+    if (c[1] == 0) die("sft_eval: the held-out examples have no completion token");
+    if (tokens) *tokens = (long)c[1];
+    return c[0] / c[1];
+}
+
 void sft_zero_grads(SftTrainer *t) {
     if (t->full) model_zero_grads(t->m);
     else lora_zero_grads(t->lora);

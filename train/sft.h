@@ -183,6 +183,10 @@ typedef struct {
 // the whole step's), the gradients summed over the ranks (LoRA: all-reduced, every rank steps its
 // copy; full: reduce-scattered, each rank steps its block, full_finetune.h), the stats the whole step's.
 SftStats sft_step(SftTrainer *t, const SftExample *const *ex, int n, double lr);
+// The loss of held-out examples ex (n, this rank's share with t->dist): the mean NLL per completion token
+// over every rank's examples, micro_batch at a time, forward only (nothing learned; the same products as a
+// step's forward, FP8 ones included). *tokens (or NULL): the completion tokens it is the mean over.
+double sft_eval(SftTrainer *t, const SftExample *const *ex, int n, long *tokens);
 // the two ends of an optimizer step, for a trainer with a loss of its own (train/dpo_train.h): the
 // gradients zeroed; then, once the backward passes have accumulated them, summed over the ranks,
 // their norm (returned, before clipping) clipped and AdamW at lr. Dies on a NaN/inf norm, naming who.
