@@ -501,6 +501,7 @@ static void head_logits(float *z, const void *h, const QWeight *w, const FP8Tens
 static FP8Tensor head_weight(const QWeight *w, FP8Tensor *wt) {
     FP8Tensor wq;
     memset(&wq, 0, sizeof wq);
+    if (wt) *wt = wq;
     if (w->train) cu_fp8_head_weight(w, &wq, wt);
     return wq;
 }
@@ -693,7 +694,7 @@ static void cu_logprobs_fused(void *logp, void *lse, void *dh, void *dwlm, const
 // are stored as float, or as bf16 values rounded stochastically (backend.h Bf16Moments)
 struct AdamW {
     float gs, lr, b1, b2, eps, wd, bc1, bc2;  // bc1, bc2: 1 - beta^step, computed in fp64 and rounded
-    uint64_t seed;  // bf16 moments: their rounding's bits, sr_bits(seed, step, i0 + i, 1 m / 2 v)
+    uint64_t seed;  // bf16 storage: its rounding's bits, sr_bits(seed, step, i0 + i, 1 m / 2 v; 0 a bf16 parameter)
     int t;
     size_t i0;
     __device__ static float get(float x) { return x; }
@@ -772,21 +773,22 @@ static void cu_adamw(void *param, const void *grad, float gscale, void *m, void 
 }
 
 // adamw_kernel's arithmetic on bf16 param, m, v, each result rounded stochastically (common.h), as the CPU's
-__global__ void adamw_bf16_kernel(bf16 *param, const float *grad, bf16 *m, bf16 *v, size_t n, AdamW a, uint64_t seed) {
+// (the moments through AdamW::put, the bf16 moments' rounding; the parameter with the bits of `which` 0)
+__global__ void adamw_bf16_kernel(bf16 *param, const float *grad, bf16 *m, bf16 *v, size_t n, AdamW a) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float mi, vi;
         float p = a.core(__bfloat162float(param[i]), grad[i], __bfloat162float(m[i]), __bfloat162float(v[i]), mi, vi);
-        param[i] = __ushort_as_bfloat16(f32_to_bf16_sr(p, sr_bits(seed, a.t, i, 0)));
-        m[i] = __ushort_as_bfloat16(f32_to_bf16_sr(mi, sr_bits(seed, a.t, i, 1)));
-        v[i] = __ushort_as_bfloat16(f32_to_bf16_sr(vi, sr_bits(seed, a.t, i, 2)));
+        param[i] = __ushort_as_bfloat16(f32_to_bf16_sr(p, sr_bits(a.seed, a.t, i, 0)));
+        a.put(m[i], mi, i, 1);
+        a.put(v[i], vi, i, 2);
     }
 }
 static void cu_adamw_bf16(void *param, const void *grad, void *m, void *v, size_t n, float lr, float beta1, float beta2,
                           float eps, float weight_decay, int step, uint64_t seed) {
     if (!n) return;
     float bc1 = (float)(1.0 - pow(beta1, step)), bc2 = (float)(1.0 - pow(beta2, step));
-    AdamW a = {1.0f, lr, beta1, beta2, eps, weight_decay, bc1, bc2, 0, step, 0};
-    adamw_bf16_kernel<<<grid_for(n), 256, 0, G.stream>>>((bf16 *)param, (const float *)grad, (bf16 *)m, (bf16 *)v, n, a, seed);
+    AdamW a = {1.0f, lr, beta1, beta2, eps, weight_decay, bc1, bc2, seed, step, 0};
+    adamw_bf16_kernel<<<grid_for(n), 256, 0, G.stream>>>((bf16 *)param, (const float *)grad, (bf16 *)m, (bf16 *)v, n, a);
     launchCheck();
 }
 
