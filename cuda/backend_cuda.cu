@@ -490,19 +490,17 @@ static void cu_attention_decode(void *out, const void *q, const void *kc, const 
 
 // z (nr, V) f32 = h (nr, C) W^T: a BF16 GEMM, or for an FP8 head (E4M3 rows) h quantized per row as
 // linear_forward quantizes a ROW weight's input, and the FP8 GEMM with fp32 output; or for a head
-// trained in FP8 (w->train: --fp8_lm_head) its FP8 product from W's codes wq (head_weight), with ht
-// (or NULL) h^T's codes kept for the weight gradient (fp8_train.cu)
-static void head_logits(float *z, const void *h, const QWeight *w, const FP8Tensor *wq, int nr, FP8Tensor *ht) {
-    if (w->train) cu_fp8_head_logits(z, h, w, wq, nr, ht);
+// trained in FP8 (w->train: --fp8_lm_head) its FP8 product from W's codes wq (head_weight; fp8_train.cu)
+static void head_logits(float *z, const void *h, const QWeight *w, const FP8Tensor *wq, int nr) {
+    if (w->train) cu_fp8_head_logits(z, h, w, wq, nr);
     else if (w->gran == FP8_OFF) gemm_xwt(z, F32, h, w->dense, nr, w->rows, w->cols, 1.f, 0.f);
     else fp8_act_gemm(z, DT_F32, h, w, nr);
 }
-// a head trained in FP8: W's codes (and with wt W^T's), made once for all of a call's chunks
-static FP8Tensor head_weight(const QWeight *w, FP8Tensor *wt) {
+// a head trained in FP8: W's codes, made once for all of a call's chunks
+static FP8Tensor head_weight(const QWeight *w) {
     FP8Tensor wq;
     memset(&wq, 0, sizeof wq);
-    if (wt) *wt = wq;
-    if (w->train) cu_fp8_head_weight(w, &wq, wt);
+    if (w->train) cu_fp8_head_weight(w, &wq, NULL);
     return wq;
 }
 
@@ -536,8 +534,8 @@ static void head_dx(bf16 *dh, const bf16 *dz, const QWeight *w, int nr) {
 
 static void cu_logits_forward(void *logits, const void *h, const QWeight *wlm, int N) {
     if (N <= 0) return;
-    FP8Tensor wq = head_weight(wlm, NULL);
-    head_logits((float *)logits, h, wlm, &wq, N, NULL);
+    FP8Tensor wq = head_weight(wlm);
+    head_logits((float *)logits, h, wlm, &wq, N);
 }
 
 // rows of the logits are processed in chunks of at most this many bytes of fp32
@@ -609,19 +607,23 @@ __global__ void logprobs_rows_kernel(float *logp, float *lse, const float *logit
     }
 }
 
+// logp, lse of nr rows from their logits z (nr, V) (HeadRows: fp8_train.cu's head calls it too)
+static void logprobs_rows(float *logp, float *lse, const float *z, const int32_t *targets, float inv_temp, int nr, int V) {
+    logprobs_rows_kernel<<<nr, 256, 0, G.stream>>>(logp, lse, z, targets, inv_temp, V);
+    launchCheck();
+}
+
 static void cu_logprobs_forward(void *logp, void *lse, const void *h, const QWeight *wlm, const int32_t *targets,
                                 float inv_temp, int N) {
     int C = wlm->cols, V = wlm->rows;
     if (N <= 0) return;
     int CH = logits_chunk_rows(N, V);
     float *z = (float *)cu_scratch(SC_F32, (size_t)CH * V * 4);
-    FP8Tensor wq = head_weight(wlm, NULL);
+    FP8Tensor wq = head_weight(wlm);
     for (int r0 = 0; r0 < N; r0 += CH) {
         int nr = N - r0 < CH ? N - r0 : CH;
-        head_logits(z, (const bf16 *)h + (size_t)r0 * C, wlm, &wq, nr, NULL);
-        logprobs_rows_kernel<<<nr, 256, 0, G.stream>>>((float *)logp + r0, (float *)lse + r0, z, targets + r0, inv_temp,
-                                                        V);
-        launchCheck();
+        head_logits(z, (const bf16 *)h + (size_t)r0 * C, wlm, &wq, nr);
+        logprobs_rows((float *)logp + r0, (float *)lse + r0, z, targets + r0, inv_temp, nr, V);
     }
 }
 
@@ -649,24 +651,17 @@ static void logprobs_chunks(void *logp, void *lse, void *dh, void *dwlm, const v
     if (dwlm && wlm->gran != FP8_OFF) die("cuda backend: an FP8 LM head is frozen (no gradient)");
     int CH = logits_chunk_rows(N, V);
     float *z = (float *)cu_scratch(SC_F32, (size_t)CH * V * 4);
-    FP8Tensor wt, wq = head_weight(wlm, &wt), ht;
-    // dz's memory: its bf16 values, or (a head trained in FP8) its codes in the two layouts its products read
-    void *dzmem = cu_scratch(SC_BF16, wlm->train ? cu_fp8_head_dz_bytes(CH, V) : (size_t)CH * V * 2);
-    bf16 *dz = (bf16 *)dzmem;
+    if (wlm->train) {  // the head trained in FP8: its products and dz's codes (fp8_train.cu)
+        cu_fp8_head_chunks((float *)logp, (float *)lse, dh, (float *)dwlm, (const float *)dlogp, h, wlm, targets, inv_temp, N,
+                           CH, z, logprobs_rows);
+        return;
+    }
+    bf16 *dz = (bf16 *)cu_scratch(SC_BF16, (size_t)CH * V * 2);
     for (int r0 = 0; r0 < N; r0 += CH) {
         int nr = N - r0 < CH ? N - r0 : CH;
         const bf16 *hc = (const bf16 *)h + (size_t)r0 * C;
-        head_logits(z, hc, wlm, &wq, nr, dwlm ? &ht : NULL);
-        if (logp) {
-            logprobs_rows_kernel<<<nr, 256, 0, G.stream>>>((float *)logp + r0, (float *)lse + r0, z, targets + r0,
-                                                            inv_temp, V);
-            launchCheck();
-        }
-        if (wlm->train) {  // dz's codes, dh = dz W and dW += dz^T h, in FP8 (fp8_train.cu)
-            cu_fp8_head_backward((bf16 *)dh + (size_t)r0 * C, (float *)dwlm, dzmem, z, (const float *)dlogp + r0,
-                                 (const float *)lse + r0, targets + r0, inv_temp, wlm, &wt, &ht, nr);
-            continue;
-        }
+        head_logits(z, hc, wlm, NULL, nr);
+        if (logp) logprobs_rows((float *)logp + r0, (float *)lse + r0, z, targets + r0, inv_temp, nr, V);
         logprobs_dz_kernel<<<nr, 256, 0, G.stream>>>(dz, z, (const float *)dlogp + r0, (const float *)lse + r0,
                                                       targets + r0, inv_temp, V);
         launchCheck();

@@ -97,16 +97,14 @@ int cu_fp8_train_swiglu_backward(void *dgate, void *dup, const void *dout, const
                                  const QWeight *wg, const QWeight *wu);
 // The LM head trained in FP8 (--fp8_lm_head): w (V, C) with an FP8Train. cu_fp8_head_weight: W's codes
 // (wq, (V, C)) and, with wt, W^T's ((C, V), from the same read), once per call of the head's ops.
-// cu_fp8_head_logits: z (nr, V) f32 = h (nr, C) W^T, with ht: h^T's codes (C, nr) kept for the weight
-// gradient. cu_fp8_head_backward: from z, dlogp, lse, targets (logprobs_dz's inputs) the logits'
-// gradient dz as codes in both layouts into dzmem (cu_fp8_head_dz_bytes), then dh (nr, C) bf16 = dz W
-// and, with dw, dw (V, C) f32 += dz^T h.
+// cu_fp8_head_logits: z (nr, V) f32 = h (nr, C) W^T. cu_fp8_head_chunks: logprobs_chunks (backend_cuda.cu)
+// for such a head, over chunks of CH rows with z (CH, V) f32 their logits' memory: logp and lse (when logp
+// is not NULL, by rows, which launches logprobs_rows_kernel), dh (N, C) bf16 and, with dw, dw (V, C) f32 +=.
+typedef void (*HeadRows)(float *logp, float *lse, const float *z, const int32_t *targets, float inv_temp, int nr, int V);
 void cu_fp8_head_weight(const QWeight *w, FP8Tensor *wq, FP8Tensor *wt);
-void cu_fp8_head_logits(float *z, const void *h, const QWeight *w, const FP8Tensor *wq, int nr, FP8Tensor *ht);
-size_t cu_fp8_head_dz_bytes(int nr, int V);
-void cu_fp8_head_backward(void *dh, float *dw, void *dzmem, const float *z, const float *dlogp, const float *lse,
-                          const int32_t *targets, float inv_temp, const QWeight *w, const FP8Tensor *wt, const FP8Tensor *ht,
-                          int nr);
+void cu_fp8_head_logits(float *z, const void *h, const QWeight *w, const FP8Tensor *wq, int nr);
+void cu_fp8_head_chunks(float *logp, float *lse, void *dh, float *dw, const float *dlogp, const void *h, const QWeight *w,
+                        const int32_t *targets, float inv_temp, int N, int CH, float *z, HeadRows rows);
 
 // ---- sample.cu ----
 void cu_sample(int32_t *tokens, void *logp, const void *logits, uint64_t *rng, int S, int V, float temperature,

@@ -119,9 +119,9 @@ void fp8_quantize_both_cuda(FP8Tensor *row, FP8Tensor *t, const void *x, const f
 // the LM head's logits gradient in FP8 (fp8_train.cu): from the logits z (nr, V) f32 and per row dlogp,
 // lse (f32) and the target (< 0: none, a zero row), dz = logprob_grad (cuda_common.cuh) rounded to bf16
 // as logprobs_backward stores it, then encoded with mul[0] (as fp8_quantize_both_cuda would encode those
-// bf16 values) into q (nr, V) and qt (V, nr) (per tensor, allocated; both scales = 1 / mul[0]); the
-// amax recorded when given. V a multiple of 8.
-void fp8_head_dz_q_cuda(FP8Tensor *q, FP8Tensor *qt, const float *z, const float *dlogp, const float *lse,
+// bf16 values) into q (nr, V) and, transposed, columns col0 .. col0 + nr - 1 of qt (V, ld) (per tensor,
+// allocated; both scales = 1 / mul[0]); the amax recorded when given. V a multiple of 8.
+void fp8_head_dz_q_cuda(FP8Tensor *q, FP8Tensor *qt, int col0, const float *z, const float *dlogp, const float *lse,
                         const int32_t *targets, float inv_temp, const float *mul, unsigned *amax);
 #ifdef __cplusplus
 }

@@ -394,10 +394,12 @@ int cu_fp8_train_swiglu_backward(void *dgate, void *dup, const void *dout, const
 // layouts (the scale is known before the pass), never its bf16 values (the per-op path: bf16 dz,
 // written and read again to quantize it).
 
-// one block a 128x128 tile of (nr, V): row codes from registers, transposed through shared memory
+// one block a 128x128 tile of (nr, V): row codes from registers, transposed through shared memory into
+// columns col0 .. col0 + nr - 1 of qt (V, ld)
 __global__ void __launch_bounds__(256) head_dz_q_kernel(uint8_t *q, uint8_t *qt, float *inv, const float *mul,
                                                         unsigned *amax, const float *z, const float *dlogp, const float *lse,
-                                                        const int32_t *targets, float inv_temp, int nr, int V, int fmt) {
+                                                        const int32_t *targets, float inv_temp, int nr, int V, int ld,
+                                                        int col0, int fmt) {
     __shared__ TileCodes tile;
     int r0 = blockIdx.y * 128, c0 = blockIdx.x * 128;
     float s = *mul;
@@ -427,28 +429,28 @@ __global__ void __launch_bounds__(256) head_dz_q_kernel(uint8_t *q, uint8_t *qt,
     }
     if (amax) block_amax_record(amax, m);  // (its __syncthreads also orders the tile's writes and reads)
     else __syncthreads();
-    if (r0 + 128 <= nr && c0 + 128 <= V && nr % 4 == 0) {
-        tile_codes_write_t(tile, qt, nr, r0, c0);
+    if (r0 + 128 <= nr && c0 + 128 <= V && ld % 4 == 0 && col0 % 4 == 0) {
+        tile_codes_write_t(tile, qt, ld, col0 + r0, c0);
         return;
     }
     // an edge tile, byte by byte: code (r, c) is byte c % 4 of word (c / 4 + r / 4) % 32 of row r (tile_codes_put)
     for (int e = threadIdx.x; e < 128 * 128; e += 256) {
         int c = e >> 7, r = e & 127;
         if (r0 + r < nr && c0 + c < V)
-            qt[(size_t)(c0 + c) * nr + r0 + r] = (uint8_t)(tile[r][((c >> 2) + (r >> 2)) & 31] >> (8 * (c & 3)));
+            qt[(size_t)(c0 + c) * ld + col0 + r0 + r] = (uint8_t)(tile[r][((c >> 2) + (r >> 2)) & 31] >> (8 * (c & 3)));
     }
 }
 
-void fp8_head_dz_q_cuda(FP8Tensor *q, FP8Tensor *qt, const float *z, const float *dlogp, const float *lse,
+void fp8_head_dz_q_cuda(FP8Tensor *q, FP8Tensor *qt, int col0, const float *z, const float *dlogp, const float *lse,
                         const int32_t *targets, float inv_temp, const float *mul, unsigned *amax) {
     int nr = q->rows, V = q->cols;
-    if (q->gran != FP8_TENSOR || qt->gran != FP8_TENSOR || qt->rows != V || qt->cols != nr || q->fmt != qt->fmt || V % 8 ||
-        (uintptr_t)z % 16 || (uintptr_t)q->data % 8)
-        die("fp8_head_dz_q_cuda: per tensor (nr, V) and (V, nr) of one format, V a multiple of 8, aligned buffers");
+    if (q->gran != FP8_TENSOR || qt->gran != FP8_TENSOR || qt->rows != V || col0 < 0 || qt->cols < col0 + nr ||
+        q->fmt != qt->fmt || V % 8 || (uintptr_t)z % 16 || (uintptr_t)q->data % 8)
+        die("fp8_head_dz_q_cuda: per tensor (nr, V) and (V, >= col0 + nr) of one format, V a multiple of 8, aligned buffers");
     if (nr <= 0) return;
     dim3 grid(cdiv(V, 128), cdiv(nr, 128));
     head_dz_q_kernel<<<grid, 256, 0, cu_stream()>>>(q->data, qt->data, qt->scale, mul, amax, z, dlogp, lse, targets, inv_temp,
-                                                    nr, V, q->fmt);
+                                                    nr, V, qt->cols, col0, q->fmt);
     launchCheck();
     if (q->scale != qt->scale) cudaCheck(cudaMemcpyAsync(q->scale, qt->scale, 4, cudaMemcpyDeviceToDevice, cu_stream()));
 }
@@ -469,36 +471,65 @@ void cu_fp8_head_weight(const QWeight *w, FP8Tensor *wq, FP8Tensor *wt) {
     fp8_quantize_both_cuda(wq, wt, w->dense, dev_mul(t, T_W), dev_amax(t, T_W));
 }
 
-void cu_fp8_head_logits(float *z, const void *h, const QWeight *w, const FP8Tensor *wq, int nr, FP8Tensor *ht) {
+void cu_fp8_head_logits(float *z, const void *h, const QWeight *w, const FP8Tensor *wq, int nr) {
     FP8Train *t = w->train;
-    int C = w->cols;
-    FP8Tensor hq = act_tensor(t, nr, C, FP8_E4M3, SC_ACT_Q);
+    FP8Tensor hq = act_tensor(t, nr, w->cols, FP8_E4M3, SC_ACT_Q);
     hq.scale = dev_inv(t, T_X);
-    if (!ht) quantize(t, T_X, &hq, h);
-    else {
-        *ht = act_tensor(t, C, nr, FP8_E4M3, SC_TRAIN_XT);
-        ht->scale = dev_inv(t, T_X);
-        fp8_quantize_both_cuda(&hq, ht, h, dev_mul(t, T_X), dev_amax(t, T_X));
-    }
+    quantize(t, T_X, &hq, h);
     fp8_gemm_cuda(z, DT_F32, &hq, wq, 0);
 }
 
-// dz's two layouts, the transposed one 256-byte aligned after the rows (the GEMMs read 16-byte aligned operands)
-static size_t dz_rows_bytes(int nr, int V) { return ((size_t)nr * V + 255) / 256 * 256; }
-size_t cu_fp8_head_dz_bytes(int nr, int V) { return 2 * dz_rows_bytes(nr, V); }
+// dz^T (V, rows) of at most this many bytes a weight-gradient product: each product reads and writes the
+// whole fp32 dW (V x C x 4 bytes, 1 GiB at Llama-3.2-1B), so the fewer the better
+#define HEAD_DZT_BYTES ((size_t)512 << 20)
 
-void cu_fp8_head_backward(void *dh, float *dw, void *dzmem, const float *z, const float *dlogp, const float *lse,
-                          const int32_t *targets, float inv_temp, const QWeight *w, const FP8Tensor *wt, const FP8Tensor *ht,
-                          int nr) {
+// dz's row codes (a chunk), 256-byte aligned before dz^T's (the GEMMs read 16-byte aligned operands)
+static size_t dz_rows_bytes(int nr, int V) { return ((size_t)nr * V + 255) / 256 * 256; }
+
+void cu_fp8_head_chunks(float *logp, float *lse, void *dh, float *dw, const float *dlogp, const void *h, const QWeight *w,
+                        const int32_t *targets, float inv_temp, int N, int CH, float *z, HeadRows rows) {
     FP8Train *t = w->train;
-    int V = w->rows;
+    int V = w->rows, C = w->cols;
     FP8Format f = t->r.hybrid ? FP8_E5M2 : FP8_E4M3;
-    FP8Tensor dzq = tensor_of(nr, V, FP8_TENSOR, f, 1), dzt = tensor_of(V, nr, FP8_TENSOR, f, 1);
-    dzq.data = (uint8_t *)dzmem, dzt.data = (uint8_t *)dzmem + dz_rows_bytes(nr, V);
-    dzq.scale = dzt.scale = dev_inv(t, T_DY);
-    fp8_head_dz_q_cuda(&dzq, &dzt, z, dlogp, lse, targets, inv_temp, dev_mul(t, T_DY), dev_amax(t, T_DY));
-    fp8_gemm_cuda(dh, DT_BF16, &dzq, wt, 0);
-    if (dw) fp8_gemm_cuda(dw, DT_F32, &dzt, ht, 1);
+    FP8Tensor wq, wt;
+    cu_fp8_head_weight(w, &wq, &wt);
+    // the rows of a group: whole chunks whose dz^T fits HEAD_DZT_BYTES (at least one chunk;
+    // FP8GRPO_HEAD_GROUP_ROWS, a multiple of CH, overrides it: the tests use it to cover several groups)
+    static long forced = -1;
+    if (forced < 0) {
+        const char *e = getenv("FP8GRPO_HEAD_GROUP_ROWS");
+        forced = e ? atol(e) : 0;
+    }
+    size_t fit = forced > 0 ? (size_t)forced / CH : HEAD_DZT_BYTES / V / CH;
+    int GR = dw && fit > 1 ? (int)(fit * CH < (size_t)N ? fit * CH : N) : CH;
+    uint8_t *mem = (uint8_t *)cu_scratch(SC_BF16, dz_rows_bytes(CH, V) + (size_t)V * GR);
+    for (int g0 = 0; g0 < N; g0 += GR) {
+        int gn = N - g0 < GR ? N - g0 : GR;
+        const bf16 *hg = (const bf16 *)h + (size_t)g0 * C;
+        // h's codes for the group: rows for the logits, transposed (h^T (C, gn)) for dW, from one read
+        FP8Tensor hq = act_tensor(t, gn, C, FP8_E4M3, SC_ACT_Q), ht = act_tensor(t, C, gn, FP8_E4M3, SC_TRAIN_XT);
+        hq.scale = ht.scale = dev_inv(t, T_X);
+        if (dw) fp8_quantize_both_cuda(&hq, &ht, hg, dev_mul(t, T_X), dev_amax(t, T_X));
+        else quantize(t, T_X, &hq, hg);
+        FP8Tensor dzt = tensor_of(V, gn, FP8_TENSOR, f, 1);  // dz^T of the whole group, a chunk's columns at a time
+        dzt.data = mem + dz_rows_bytes(CH, V);
+        dzt.scale = dev_inv(t, T_DY);
+        for (int r0 = 0; r0 < gn; r0 += CH) {
+            int nr = gn - r0 < CH ? gn - r0 : CH, row = g0 + r0;
+            FP8Tensor hc = hq;  // the chunk's rows of the group's codes
+            hc.rows = nr;
+            hc.data += (size_t)r0 * C;
+            fp8_gemm_cuda(z, DT_F32, &hc, &wq, 0);  // z (nr, V) = h W^T
+            if (logp) rows(logp + row, lse + row, z, targets + row, inv_temp, nr, V);
+            FP8Tensor dzq = tensor_of(nr, V, FP8_TENSOR, f, 1);
+            dzq.data = mem;
+            dzq.scale = dev_inv(t, T_DY);
+            fp8_head_dz_q_cuda(&dzq, &dzt, r0, z, dlogp + row, lse + row, targets + row, inv_temp, dev_mul(t, T_DY),
+                               dev_amax(t, T_DY));
+            fp8_gemm_cuda((bf16 *)dh + (size_t)row * C, DT_BF16, &dzq, &wt, 0);  // dh (nr, C) = dz W
+        }
+        if (dw) fp8_gemm_cuda(dw, DT_F32, &dzt, &ht, 1);  // dW (V, C) += dz^T h over the group's rows
+    }
 }
 
 // After an optimizer step: delayed scaling rolls every tensor's history and sets the next scales,

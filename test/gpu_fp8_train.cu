@@ -664,10 +664,11 @@ static void head_rows(int32_t *t, float *g, float *lse, const float *z, int n, i
 // apart (expected: well under one in 10^4); everything else bit for bit, both layouts, the amax, the scale.
 START_TEST(test_head_dz_q) {
     float inv_temp = 1.0f / 0.7f;
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 6; k++) {
         // V not a multiple of 128: an edge tile of columns. 301 rows: edge tiles of rows, every transposed tile
-        // written byte by byte; 384: whole row tiles, the others through tile_codes_write_t
-        int nr = k & 2 ? 384 : 301, V = 1000;
+        // written byte by byte; 384: whole row tiles, the others through tile_codes_write_t. k 4, 5: the
+        // transposed codes as columns 32 .. 415 of a wider dz^T (a group of chunks), the other columns untouched
+        int nr = k & 2 || k >= 4 ? 384 : 301, V = 1000, col0 = k >= 4 ? 32 : 0, ldt = nr + (k >= 4 ? 96 : 0);
         size_t n = (size_t)nr * V;
         FP8Format fmt = k & 1 ? FP8_E4M3 : FP8_E5M2;
         float *z = randn(n, 3.0f), *g = fmalloc(nr), *lse = fmalloc(nr), *x = fmalloc(n);
@@ -683,14 +684,26 @@ START_TEST(test_head_dz_q) {
         fp8_tensor_alloc_cpu(&ref, nr, V, FP8_TENSOR, fmt, 1);
         float amax_ref = fp8_quantize_scaled_cpu(&ref, x, mul);
         FP8Tensor reft = transposed_copy(&ref);
-        FP8Tensor q = dev_tensor(nr, V, FP8_TENSOR, fmt, 1), qt = dev_tensor(V, nr, FP8_TENSOR, fmt, 1);
+        FP8Tensor q = dev_tensor(nr, V, FP8_TENSOR, fmt, 1), qt = dev_tensor(V, ldt, FP8_TENSOR, fmt, 1);
+        uint8_t *fill = (uint8_t *)mallocCheck((size_t)V * ldt);
+        memset(fill, 0xAB, (size_t)V * ldt);
+        G->upload(qt.data, fill, (size_t)V * ldt);
         void *zd = up_hp(z, n), *gd = up_hp(g, nr), *ld = up_hp(lse, nr), *td = up_i32(t, nr), *md = up_hp(&mul, 1);
         unsigned zero = 0, amax_bits;
         void *ad = dev_bytes(&zero, 4);
-        fp8_head_dz_q_cuda(&q, &qt, (const float *)zd, (const float *)gd, (const float *)ld, (const int32_t *)td, inv_temp,
+        fp8_head_dz_q_cuda(&q, &qt, col0, (const float *)zd, (const float *)gd, (const float *)ld, (const int32_t *)td, inv_temp,
                            (const float *)md, (unsigned *)ad);
         G->download(&amax_bits, ad, 4);
-        uint8_t *c[2] = {(uint8_t *)down_bytes(q.data, n), (uint8_t *)down_bytes(qt.data, n)};
+        uint8_t *c[2] = {(uint8_t *)down_bytes(q.data, n), (uint8_t *)mallocCheck(n)}, *all = (uint8_t *)down_bytes(qt.data, (size_t)V * ldt);
+        long outside = 0;  // dz^T's columns col0 .. col0 + nr - 1, and the others as they were
+        for (int j = 0; j < V; j++)
+            for (int i = 0; i < ldt; i++) {
+                uint8_t b = all[(size_t)j * ldt + i];
+                if (i >= col0 && i < col0 + nr) c[1][(size_t)j * nr + i - col0] = b;
+                else outside += b != 0xAB;
+            }
+        ck_assert_msg(outside == 0, "%ld codes written outside the columns %d .. %d of dz^T", outside, col0, col0 + nr - 1);
+        free(all), free(fill);
         const uint8_t *cr[2] = {ref.data, reft.data};
         long off[2] = {0, 0};
         for (int l = 0; l < 2; l++)
@@ -715,8 +728,8 @@ START_TEST(test_head_dz_q) {
             if (t[r] < 0 || g[r] == 0.0f)
                 for (int j = 0; j < V; j++) zeros += c[0][(size_t)r * V + j] != 0;
         ck_assert_int_eq(zeros, 0);
-        printf("  head dz %s, %d x %d: codes of both layouts the CPU's (%ld one step away: expf's last bit), amax, scale\n",
-               FMTNAME(fmt), nr, V, off[0]);
+        printf("  head dz %s, %d x %d (dz^T's columns from %d of %d): codes of both layouts the CPU's (%ld one step away: "
+               "expf's last bit), amax, scale\n", FMTNAME(fmt), nr, V, col0, ldt, off[0]);
         fp8_tensor_free_cpu(&ref), fp8_tensor_free_cpu(&reft), dev_tensor_free(&q), dev_tensor_free(&qt);
         free(c[0]), free(c[1]), free(z), free(g), free(lse), free(x), free(t);
         G->free(zd), G->free(gd), G->free(ld), G->free(td), G->free(md), G->free(ad);
@@ -725,7 +738,7 @@ START_TEST(test_head_dz_q) {
 END_TEST
 
 // The LM head trained in FP8 through the backend's ops (logprobs_fused, logprobs_forward, logits_forward),
-// chunks of 128 rows (three, the last ragged), two steps of delayed scaling, against the CPU in fp64 on
+// chunks of 128 rows (three, the last ragged) in groups of two for dW, two steps of delayed scaling, against the CPU in fp64 on
 // the operands the recipe defines: h and W quantized with the scales the CPU's DelayedScale mirror
 // gives (which must be the GPU's), dz with the GPU's dy scale. The bounds, from the formats: the
 // logits within the FP8 tensor cores' accumulation (ACC_TC of sum |h w|, e); lse within inv_temp max e
@@ -735,7 +748,10 @@ END_TEST
 // subnormal; dh = dz W and dW = dz^T h within the sums of those through |W|, |h|, plus ACC_TC and dh's
 // bf16 rounding.
 START_TEST(test_fp8_head) {
-    setenv("FP8GRPO_LOGITS_CHUNK_ROWS", "128", 1);  // read at the first logprobs call of the process: this one
+    // read at the first logprobs call of the process (this one): chunks of 128 rows, and the weight gradient's
+    // product over groups of two chunks (rows 0 .. 255, then the ragged 256 .. 300)
+    setenv("FP8GRPO_LOGITS_CHUNK_ROWS", "128", 1);
+    setenv("FP8GRPO_HEAD_GROUP_ROWS", "256", 1);
     int N = 301, C = 256, V = 1000;
     float inv_temp = 1.0f / 0.8f;
     FP8Recipe r = fp8_recipe_default();
@@ -834,7 +850,7 @@ START_TEST(test_fp8_head) {
         check_close("logp", lg, lpr, tlp, N);
         check_exact("logp of logprobs_forward and of logprobs_fused", lg, lg2, N * 4);
         check_close("dh = dz W", dhg, dhf, tdh, (size_t)N * C);
-        check_close("dW = dz^T h (summed over 3 chunks)", dwg, dwf, tdw, (size_t)V * C);
+        check_close("dW = dz^T h (two products, 3 chunks)", dwg, dwf, tdw, (size_t)V * C);
         G->fp8_train_step(&qw.train, 1, NULL, NULL, &overflows);  // the histories roll, as after an optimizer step
         for (int i = 0; i < 2; i++) delayed_update(&mr.d[i]);
         free(w);
