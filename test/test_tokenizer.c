@@ -316,6 +316,33 @@ START_TEST(test_special_ids) {
     ck_assert_str_eq(text, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
     free(text);
     tokenizer_free(j);
+    // tokenizer.json and generation_config.json without tokenizer_config.json: the model's own end token is the
+    // first (a plain completion ends with it, as transformers reads the checkpoint); the guessed ones stay eos
+    char dir[] = "/tmp/test_tokenizer_dir_XXXXXX", file[600];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    size_t nj;
+    char *json = slurp(path, &nj);
+    snprintf(file, sizeof file, "%s/tokenizer.json", dir);
+    FILE *f = fopen(file, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(json, 1, nj, f), nj);
+    fclose(f);
+    free(json);
+    snprintf(file, sizeof file, "%s/generation_config.json", dir);
+    f = fopen(file, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "{\"eos_token_id\": %d}\n", eot);
+    fclose(f);
+    j = tokenizer_load_dir(dir);
+    int ne;
+    const int *e = tokenizer_eos_ids(j, &ne);
+    ck_assert_int_eq(e[0], eot);
+    ck_assert(tokenizer_is_eos(j, im_end));
+    tokenizer_free(j);
+    remove(file);
+    snprintf(file, sizeof file, "%s/tokenizer.json", dir);
+    remove(file);
+    rmdir(dir);
 
     // SentencePiece-style: tokenizer_config.json's bos/eos; a tokenizer.json alone ends at Gemma's
     // end tokens; vocabulary strings as the file writes them (U+2581 for a space)

@@ -310,6 +310,18 @@ static void add_eos(Tokenizer *t, int id) {
     for (int i = 0; i < t->n_eos; i++) if (t->eos[i] == id) return;
     if (t->n_eos < MAX_EOS) t->eos[t->n_eos++] = id;
 }
+// id becomes eos[0], the token a plain completion ends with; the others keep their order
+static void eos_first(Tokenizer *t, int id) {
+    if (id < 0) return;
+    int i = 0;
+    while (i < t->n_eos && t->eos[i] != id) i++;
+    if (i == t->n_eos) {  // not an eos yet: one more (when the list is full, in its last one's place)
+        if (t->n_eos < MAX_EOS) t->n_eos++;
+        i = t->n_eos - 1;
+    }
+    for (; i > 0; i--) t->eos[i] = t->eos[i - 1];
+    t->eos[0] = id;
+}
 
 // the normalizer's steps over valid UTF-8 s[0..n): malloc'ed (NUL-terminated, length in
 // *out_n), or NULL when the text comes out unchanged
@@ -647,6 +659,7 @@ Tokenizer *tokenizer_load_dir(const char *dir) {
     path_join(p, sizeof p, dir, "tokenizer_config.json");
     char *text = read_file(p, &n, 0);
     char *tmpl = NULL;
+    int have_config = text != NULL;
     if (text) {
         cJSON *cfg = parse_json(p, text, n);
         free(text);
@@ -670,7 +683,7 @@ Tokenizer *tokenizer_load_dir(const char *dir) {
         path_join(p, sizeof p, dir, "chat_template.jinja");
         tmpl = read_file(p, &n, 0);
     }
-    if (text || tmpl) tokenizer_set_chat_template(t, tmpl);
+    if (have_config || tmpl) tokenizer_set_chat_template(t, tmpl);
     free(tmpl);
     path_join(p, sizeof p, dir, "generation_config.json");
     if ((text = read_file(p, &n, 0)) != NULL) {
@@ -678,8 +691,16 @@ Tokenizer *tokenizer_load_dir(const char *dir) {
         free(text);
         const cJSON *ids = cJSON_GetObjectItemCaseSensitive(g, "eos_token_id");
         const cJSON *list = cJSON_IsArray(ids) ? ids : NULL;
-        if (cJSON_IsNumber(ids)) add_eos(t, jid(p, ids, "eos_token_id"));
-        cJSON_ArrayForEach(e, list) add_eos(t, jid(p, e, "eos_token_id"));
+        int first = cJSON_IsNumber(ids) ? jid(p, ids, "eos_token_id") : -1;  // the model's own end token
+        add_eos(t, first);
+        cJSON_ArrayForEach(e, list) {
+            int id = jid(p, e, "eos_token_id");
+            if (first < 0) first = id;
+            add_eos(t, id);
+        }
+        // without tokenizer_config.json it goes before the ids guessed from the added tokens: a completion
+        // ends with it, as transformers' generation_config says
+        if (!have_config) eos_first(t, first);
         cJSON_Delete(g);
     }
     if (t->chat == CHAT_CHATML) add_eos(t, tok_token_id_named(t, "<|im_end|>"));
