@@ -41,6 +41,18 @@ static int acts_keep(const Model *m, int recompute) {
     return m->fp8_keep && recompute != ACTS_FORWARD_ONLY && !m->lora;
 }
 
+// A frozen FP8 weight whose products quantize their input a row or a 1x128 group at a time: the
+// projections of a group that read one input (q, k, v; gate, up) can share that input's codes
+static int quantizes_input(const QWeight *w) {
+    return w->rows && !w->train && (w->gran == FP8_ROW || w->gran == FP8_BLOCK);
+}
+static int acts_share(const Model *m, int recompute) {
+    if (!m->be->quantize_act || !m->w.layers || acts_keep(m, recompute)) return 0;
+    for (int l = 0; l < m->cfg.L; l++)
+        if (quantizes_input(&m->w.layers[l].lin[LIN_Q]) || quantizes_input(&m->w.layers[l].lin[LIN_GATE])) return 1;
+    return 0;
+}
+
 // (re)allocate m->acts for N = B*T rows; keeps the old arena when it is big enough
 // the activation layout for B x T (one layer of per-layer buffers with recompute): sizes into s
 // (pointers into a), count returned
@@ -66,6 +78,8 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, A
         {&a->ln2q, keep * L * N * c->C},
         {&a->hq, keep * L * N * c->FF},
         {&a->kscale, keep * L * 3 * 16},
+        {&a->xq, acts_share(m, recompute) * N * c->C},
+        {&a->xqs, acts_share(m, recompute) * N * ((c->C + 127) / 128) * 4},
         {&a->rstd1, L * N * hp},
         {&a->qpre, c->qk_norm ? L * N * q * act : 0},
         {&a->kpre, c->qk_norm ? L * N * kv * act : 0},
@@ -319,6 +333,22 @@ static float embed_scale(const Model *m) {
 }
 
 // layer l: la.x -> la.xn, saving what the backward needs in la
+// inp (N rows) quantized once into Acts.xq for the projections of layer l's group that read it (first, n
+// of them: q, k, v or gate, up) where every one of them is a frozen FP8 weight of one granularity (else
+// each quantizes its own: NULL). The same bytes each product would make itself (backend.h quantize_act).
+static const FP8Tensor *shared_input(Model *m, int l, int first, int n, const void *inp, int N, FP8Tensor *t) {
+    const QWeight *w = &m->w.layers[l].lin[first];
+    if (!m->acts.xq || !inp) return NULL;
+    for (int i = 0; i < n; i++)
+        if (!quantizes_input(&w[i]) || w[i].gran != w[0].gran || w[i].cols != w[0].cols) return NULL;
+    memset(t, 0, sizeof *t);
+    t->rows = N, t->cols = w->cols, t->gran = w->gran, t->fmt = FP8_E4M3, t->block_rows = 1;
+    t->data = (uint8_t *)m->acts.xq;
+    t->scale = (float *)m->acts.xqs;
+    m->be->quantize_act(t, inp, N);
+    return t;
+}
+
 static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int32_t *slots_dev) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
@@ -329,16 +359,18 @@ static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int
     FP8Tensor *k1 = kept(la, KEPT_LN1), *k2 = kept(la, KEPT_LN2), *kh = kept(la, KEPT_HM);
     // ln1: bf16, or NULL where the norm wrote k1's codes alone (then the products read those)
     const void *ln1 = norm_fwd_kept(m, la->ln1, la->rstd1, la->x, lw->ln1, N, c->C, k1, &lw->lin[LIN_Q]);
+    FP8Tensor t1, t2;
+    const FP8Tensor *x1 = k1 ? NULL : shared_input(m, l, LIN_Q, 3, ln1, N, &t1);  // ln1's codes, or NULL
     if (c->qk_norm) {
-        linear_fwd(m, l, LIN_Q, la->qpre, ln1, N, 1, k1);
-        linear_fwd(m, l, LIN_K, la->kpre, ln1, N, 1, k1);
+        linear_fwd_q(m, l, LIN_Q, la->qpre, ln1, x1, N, 1, k1);
+        linear_fwd_q(m, l, LIN_K, la->kpre, ln1, x1, N, 1, k1);
         norm_fwd(m, la->q, la->qrstd, la->qpre, lw->q_norm, N * c->NH, c->HD);
         norm_fwd(m, la->k, la->krstd, la->kpre, lw->k_norm, N * c->KVH, c->HD);
     } else {
-        linear_fwd(m, l, LIN_Q, la->q, ln1, N, 1, k1);
-        linear_fwd(m, l, LIN_K, la->k, ln1, N, 1, k1);
+        linear_fwd_q(m, l, LIN_Q, la->q, ln1, x1, N, 1, k1);
+        linear_fwd_q(m, l, LIN_K, la->k, ln1, x1, N, 1, k1);
     }
-    linear_fwd(m, l, LIN_V, la->v, ln1, N, 1, k1);
+    linear_fwd_q(m, l, LIN_V, la->v, ln1, x1, N, 1, k1);
     be->rope_forward(la->q, pos, inv_freq, N, c->NH, c->HD);
     be->rope_forward(la->k, pos, inv_freq, N, c->KVH, c->HD);
     if (kv) {
@@ -355,8 +387,9 @@ static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int
     } else linear_fwd(m, l, LIN_O, la->xmid, la->att, N, 1, NULL);
     be->add(la->xmid, la->xmid, la->x, (size_t)N * c->C);
     const void *ln2 = norm_fwd_kept(m, la->ln2, la->rstd2, la->xmid, lw->ln2, N, c->C, k2, &lw->lin[LIN_GATE]);
-    linear_fwd(m, l, LIN_GATE, la->gate, ln2, N, 1, k2);
-    linear_fwd(m, l, LIN_UP, la->up, ln2, N, 1, k2);
+    const FP8Tensor *x2 = k2 ? NULL : shared_input(m, l, LIN_GATE, 2, ln2, N, &t2);  // ln2's codes, or NULL
+    linear_fwd_q(m, l, LIN_GATE, la->gate, ln2, x2, N, 1, k2);
+    linear_fwd_q(m, l, LIN_UP, la->up, ln2, x2, N, 1, k2);
     // hm = gelu_tanh(gate) * up (Gemma 3) or silu(gate) * up: bf16, or as kh's codes alone (as ln1)
     const void *hm = la->hm;
     if (kh && be->fp8_train_glu_q && be->fp8_train_glu_q(kh, la->gate, la->up, N, c->FF, c->gemma, &lw->lin[LIN_DOWN]))
@@ -483,8 +516,10 @@ static void backward_from_hidden(Model *m) {
                 be->linear_forward_q(la.gate, k2, &lw->lin[LIN_GATE], NULL, N);
                 be->linear_forward_q(la.up, k2, &lw->lin[LIN_UP], NULL, N);
             } else {
-                linear_fwd(m, l, LIN_GATE, la.gate, la.ln2, N, 1, NULL);
-                linear_fwd(m, l, LIN_UP, la.up, la.ln2, N, 1, NULL);
+                FP8Tensor t2;
+                const FP8Tensor *x2 = shared_input(m, l, LIN_GATE, 2, la.ln2, N, &t2);
+                linear_fwd_q(m, l, LIN_GATE, la.gate, la.ln2, x2, N, 1, NULL);
+                linear_fwd_q(m, l, LIN_UP, la.up, la.ln2, x2, N, 1, NULL);
             }
         }
         const void *dmlp = a->dx;

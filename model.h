@@ -127,6 +127,10 @@ typedef struct {
     void *ln1q, *ln2q;  // (L, N, C) u8  E4M3 codes of ln1, ln2
     void *hq;     // (L, N, FF) u8      of hmlp
     void *kscale; // (L, 3) hp, a 16-byte slot each: their scales (ln1, ln2, hmlp)
+    // a norm's output quantized once for the frozen FP8 projections that read it (q, k, v; gate, up:
+    // model.c shared_input), each of which would otherwise quantize it again; NULL where no layer has them
+    void *xq;     // (N, C) u8          E4M3 codes
+    void *xqs;    // (N, C / 128) f32   their scales (ROW: N)
     void *lnf;    // (N, C) act         final norm output
     void *rstdf;  // (N) hp
     void *logp;   // (N) hp

@@ -117,6 +117,10 @@ struct Backend {
     // the FP8 GEMM runs without a quantization pass of its own; or, for a weight trained in FP8, xq its
     // input's codes as fp8_train_forward_keep kept them (the forward's product again, the same bytes)
     void (*linear_forward_q)(void *out, const FP8Tensor *xq, const QWeight *w, const void *bias, int N);
+    // xq (N, C) E4M3 = inp (N, C) act quantized as linear_forward quantizes its input for a weight of xq's
+    // granularity (ROW or BLOCK, block_rows 1; buffers given), the same bytes: the projections that read one
+    // input (q, k and v; gate and up) quantize it once and each multiply through linear_forward_q
+    void (*quantize_act)(FP8Tensor *xq, const void *inp, int N);
     // dinp (N, C) act (= if !accumulate, += if accumulate) = dout (N, OC) W (W dequantized:
     // a straight-through estimator for FP8 weights); dw (OC, C) hp += dout^T inp and
     // dbias (OC) hp += sum dout, each when not NULL (dw only for gran OFF)

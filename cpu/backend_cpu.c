@@ -142,6 +142,10 @@ static void cpu_linear_forward(void *out, const void *inp, const QWeight *w, con
     }
     fp8_linear(out, fake_quant_act((const real *)inp, N, C, w->gran), w, bias, N);
 }
+static void cpu_quantize_act(FP8Tensor *xq, const void *inp, int N) {
+    if (xq->rows != N) die(BACKEND_NAME " backend: quantize_act: %d rows into an FP8 tensor of %d", N, xq->rows);
+    quantize_act(xq, (const real *)inp);
+}
 static void cpu_linear_forward_q(void *out, const FP8Tensor *xq, const QWeight *w, const void *bias, int N) {
     linear_q_check(xq, w, N);
     fp8_linear(out, dequantize_act(xq), w, bias, N);
@@ -407,6 +411,7 @@ static Backend be = {
     .rmsnorm_backward = w_rmsnorm_backward,
     .linear_forward = cpu_linear_forward,
     .linear_forward_q = cpu_linear_forward_q,
+    .quantize_act = cpu_quantize_act,
     .linear_backward = cpu_linear_backward,
     .lora_forward = cpu_lora_forward,
     .lora_apply = cpu_lora_apply,

@@ -343,6 +343,11 @@ static void cu_linear_forward(void *out, const void *inp, const QWeight *w, cons
 static void cu_linear_forward_q(void *out, const FP8Tensor *xq, const QWeight *w, const void *bias, int N) {
     linear_impl(out, NULL, xq, w, bias, N, NULL);
 }
+static void cu_quantize_act(FP8Tensor *xq, const void *inp, int N) {  // as fp8_act_gemm quantizes
+    if (N <= 0) return;
+    if (xq->rows != N) die("quantize_act: %d rows into an FP8 tensor of %d", N, xq->rows);
+    fp8_quantize_cuda(xq, inp, DT_BF16, 0);
+}
 static int cu_fp8_train_forward_keep(void *out, const void *inp, const QWeight *w, const void *bias, int N, FP8Tensor *keep) {
     if (!w->train || !fp8_train_keeps(w->train)) return 0;
     linear_impl(out, inp, NULL, w, bias, N, keep);
@@ -943,6 +948,7 @@ static Backend be = {
     .rmsnorm_backward = cu_rmsnorm_backward,
     .linear_forward = cu_linear_forward,
     .linear_forward_q = cu_linear_forward_q,
+    .quantize_act = cu_quantize_act,
     .linear_backward = cu_linear_backward,
     .fp8_train_new = cu_fp8_train_new,
     .fp8_train_free = cu_fp8_train_free,

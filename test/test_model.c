@@ -425,12 +425,19 @@ START_TEST(test_fp8_linear_matches_reference_gemm) {
         fp8_tensor_alloc_cpu(&qx, M, K, grans[g], FP8_E4M3, 1);
         fp8_quantize_cpu(&qx, x, 0);
         fp8_gemm_cpu(yr, &qx, &qw.q);
-        if (grans[g] != FP8_TENSOR) {  // linear_forward_q: the same product from x's codes, to the bit
+        if (grans[g] != FP8_TENSOR) {  // quantize_act, then linear_forward_q: the same codes and product, to the bit
+            FP8Tensor qb;
+            fp8_tensor_alloc_cpu(&qb, M, K, grans[g], FP8_E4M3, 1);
+            be->quantize_act(&qb, x, M);
+            ck_assert_msg(!memcmp(qb.data, qx.data, (size_t)M * K) &&
+                              !memcmp(qb.scale, qx.scale, fp8_num_scales(grans[g], M, K, 1) * sizeof(float)),
+                          "%s: quantize_act's codes differ from fp8_quantize's", fp8_gran_name(grans[g]));
             float *y2 = (float *)mallocCheck(M * N * sizeof(float));
-            be->linear_forward_q(y2, &qx, &qw, NULL, M);
+            be->linear_forward_q(y2, &qb, &qw, NULL, M);
             ck_assert_msg(!memcmp(y, y2, (size_t)M * N * sizeof(float)), "%s: linear_forward_q differs from linear_forward",
                           fp8_gran_name(grans[g]));
             free(y2);
+            fp8_tensor_free_cpu(&qb);
         }
         double mx = 0, err = 0;
         for (int i = 0; i < M * N; i++) {
