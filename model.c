@@ -46,6 +46,10 @@ static int acts_keep(const Model *m, int recompute) {
 static int quantizes_input(const QWeight *w) {
     return w->rows && !w->train && (w->gran == FP8_ROW || w->gran == FP8_BLOCK);
 }
+// t's shape: w's input codes for N rows (E4M3, w's granularity, 1x128 groups); its buffers untouched
+static void act_codes(FP8Tensor *t, const QWeight *w, int N) {
+    t->rows = N, t->cols = w->cols, t->gran = w->gran, t->fmt = FP8_E4M3, t->block_rows = 1;
+}
 static int acts_share(const Model *m, int recompute) {
     if (!m->be->quantize_act || !m->w.layers || acts_keep(m, recompute)) return 0;
     for (int l = 0; l < m->cfg.L; l++)
@@ -332,7 +336,6 @@ static float embed_scale(const Model *m) {
     return m->be->act == DT_BF16 ? bf16_to_f32(f32_to_bf16(s)) : s;
 }
 
-// layer l: la.x -> la.xn, saving what the backward needs in la
 // inp (N rows) quantized once into Acts.xq for the projections of layer l's group that read it (first, n
 // of them: q, k, v or gate, up) where every one of them is a frozen FP8 weight of one granularity (else
 // each quantizes its own: NULL). The same bytes each product would make itself (backend.h quantize_act).
@@ -342,13 +345,14 @@ static const FP8Tensor *shared_input(Model *m, int l, int first, int n, const vo
     for (int i = 0; i < n; i++)
         if (!quantizes_input(&w[i]) || w[i].gran != w[0].gran || w[i].cols != w[0].cols) return NULL;
     memset(t, 0, sizeof *t);
-    t->rows = N, t->cols = w->cols, t->gran = w->gran, t->fmt = FP8_E4M3, t->block_rows = 1;
+    act_codes(t, w, N);
     t->data = (uint8_t *)m->acts.xq;
     t->scale = (float *)m->acts.xqs;
     m->be->quantize_act(t, inp, N);
     return t;
 }
 
+// layer l: la.x -> la.xn, saving what the backward needs in la
 static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int32_t *slots_dev) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
@@ -755,14 +759,9 @@ static void *decode_project(Model *m, int l, int group, void *const *parts, cons
 // whose activations are quantized a row or a 1x128 group at a time. NULL where w quantizes its input
 // itself (BF16 weights, per-tensor scales: the amax of the whole input first, parts not fused).
 static FP8Tensor *decode_fp8_input(Model *m, const QWeight *w, int S) {
-    if (!w->rows || w->train || (w->gran != FP8_ROW && w->gran != FP8_BLOCK)) return NULL;
-    FP8Tensor *t = &m->dec.xq;
-    t->rows = S;
-    t->cols = w->cols;
-    t->gran = w->gran;
-    t->fmt = FP8_E4M3;
-    t->block_rows = 1;
-    return t;
+    if (!quantizes_input(w)) return NULL;
+    act_codes(&m->dec.xq, w, S);
+    return &m->dec.xq;
 }
 
 // A decode step's attention inputs for layer l: q (S, NH, HD) normed and rotated in d->q, this
