@@ -159,7 +159,7 @@ __global__ void quant_tensor_kernel(uint8_t *q, float *scale, const float *amax,
     float s = fp8_scale_dev(*amax, fmt, pow2);
     if (blockIdx.x == 0 && threadIdx.x == 0) scale[0] = s;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        q[i] = fp8_encode_dev(__fdiv_rn(load_f(x, i), s), fmt);
+        q[i] = fp8_encode_dev(fp8_div(load_f(x, i), s), fmt);
 }
 // per row: one block of 256 threads per row; the second read of the row hits L2
 template <typename T>
@@ -170,17 +170,98 @@ __global__ void quant_row_kernel(uint8_t *q, float *scale, const T *x, int cols,
     for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, fabsf(load_f(xr, c)));
     float s = fp8_scale_dev(block_max(m), fmt, pow2);
     if (threadIdx.x == 0) scale[r] = s;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) q[r * cols + c] = fp8_encode_dev(__fdiv_rn(load_f(xr, c), s), fmt);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) q[r * cols + c] = fp8_encode_dev(fp8_div(load_f(xr, c), s), fmt);
 }
-// activations, 1x128 groups: one warp per group, through the row codec the KV cache also uses
-// (cuda_common.cuh). Scale layout (cols/128, rows): the warps of one block take consecutive rows
-// of one k-block, so their scale stores are contiguous.
+// activations, 1x128 groups, two kernels. The general one: a warp per group, through the row codec
+// the KV cache also uses (cuda_common.cuh); a warp takes one k-block (128 columns) of Q1X128_ROWS
+// consecutive rows and issues all their loads before it reduces any. Scale layout (cols/128, rows):
+// a block's warps take consecutive rows of one k-block, so its scale stores are contiguous.
+#define Q1X128_ROWS 4
 template <typename T>
-__global__ void quant_1x128_kernel(uint8_t *q, float *scale, const T *x, int rows, int cols, int fmt, int pow2) {
-    int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), kb = blockIdx.y, c0 = kb * FP8_BLOCK_SIZE;
-    if (r >= rows) return;
+__global__ void __launch_bounds__(256) quant_1x128_kernel(uint8_t *q, float *scale, const T *x, int rows, int cols,
+                                                          int fmt, int pow2) {
+    int lane = threadIdx.x & 31, kb = blockIdx.y, c0 = kb * FP8_BLOCK_SIZE;
+    int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * Q1X128_ROWS;
     int n = cols - c0 < FP8_BLOCK_SIZE ? cols - c0 : FP8_BLOCK_SIZE;
-    fp8_quantize_warp<1>(q + (size_t)r * cols + c0, scale + (size_t)kb * rows + r, x + (size_t)r * cols + c0, n, fmt, pow2);
+    float v[Q1X128_ROWS][1][4];
+#pragma unroll
+    for (int i = 0; i < Q1X128_ROWS; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int k = lane * 4 + j;
+            v[i][0][j] = r0 + i < rows && k < n ? load_f(x + (size_t)(r0 + i) * cols + c0, k) : 0.0f;
+        }
+#pragma unroll
+    for (int i = 0; i < Q1X128_ROWS; i++) {
+        int r = r0 + i;
+        if (r < rows)  // the same for the whole warp: the codec's shuffles see every lane
+            fp8_quantize_warp_regs<1>(q + (size_t)r * cols + c0, scale + (size_t)kb * rows + r, v[i], n, fmt, pow2);
+    }
+}
+// The one the training step runs (cols % 16 == 0, x and q 16-byte aligned): 8 lanes a group, 16 values
+// a lane, so that a group's amax, scale and reciprocal (three shuffles, two divisions) are paid once
+// for 16 values a lane instead of 4: the pass is a stream of memory (3 bytes a bf16 value) that a warp
+// per group left instruction-bound. A warp takes 4 rows of one k-block at once, Q16_SETS times.
+#define Q16_SETS 2
+template <int FMT, bool FAST>
+__device__ __forceinline__ uint4 fp8_encode16(const float (&v)[16], float s) {
+    float y = __frcp_rn(s);
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float d[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) d[j] = FAST ? fp8_div_fast(v[4 * k + j], s, y) : fp8_div(v[4 * k + j], s);
+        w[k] = fp8_encode4_dev<FMT>(d);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+template <typename T>
+__device__ __forceinline__ void load16(float (&v)[16], const T *p) {
+    if (sizeof(T) == 2) {
+        uint4 u0 = *(const uint4 *)p, u1 = *(const uint4 *)(p + 8);
+        float *lo = v, *hi = v + 8;
+        unpack8(lo, u0);
+        unpack8(hi, u1);
+    } else
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float4 f = *(const float4 *)((const float *)p + 4 * k);
+            v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+        }
+}
+template <typename T>
+__global__ void __launch_bounds__(256) quant_1x128_vec_kernel(uint8_t *q, float *scale, const T *x, int rows, int cols,
+                                                              int fmt, int pow2) {
+    int lane = threadIdx.x & 31, t = lane & 7, kb = blockIdx.y, c0 = kb * FP8_BLOCK_SIZE + 16 * t;
+    int rw = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 4 * Q16_SETS + (lane >> 3);  // row of set 0
+    bool in = c0 < cols;  // cols % 16 == 0: a lane's 16 values are all in or all out
+    float v[Q16_SETS][16];
+#pragma unroll
+    for (int i = 0; i < Q16_SETS; i++) {
+        int r = rw + 4 * i;
+        if (r < rows && in) load16<T>(v[i], x + (size_t)r * cols + c0);
+        else
+#pragma unroll
+            for (int j = 0; j < 16; j++) v[i][j] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < Q16_SETS; i++) {
+        int r = rw + 4 * i;
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 16; j++) m = fmaxf(m, fabsf(v[i][j]));
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));  // the group's 8 lanes
+        if (r >= rows) continue;
+        float s = fp8_scale_dev(m, fmt, pow2);
+        if (t == 0) scale[(size_t)kb * rows + r] = s;
+        if (!in) continue;
+        bool fast = s >= 0x1p-60f && m < INFINITY;  // fp8_div_fast is exact (cuda_common.cuh)
+        uint4 w = fmt == FP8_E4M3 ? (fast ? fp8_encode16<FP8_E4M3, true>(v[i], s) : fp8_encode16<FP8_E4M3, false>(v[i], s))
+                                  : (fast ? fp8_encode16<FP8_E5M2, true>(v[i], s) : fp8_encode16<FP8_E5M2, false>(v[i], s));
+        *(uint4 *)(q + (size_t)r * cols + c0) = w;
+    }
 }
 // weights, 128x128 tiles: one block of 256 threads per tile (grid: ldk x row tiles, the
 // padding columns of the scale matrix write 1). Thread t owns column t % 128 of rows
@@ -206,7 +287,7 @@ __global__ void __launch_bounds__(256) quant_128x128_kernel(uint8_t *q, float *s
 #pragma unroll
     for (int i = 0; i < 64; i++) {
         int r = r0 + 2 * i;
-        if (r < rows && c < cols) q[(size_t)r * cols + c] = fp8_encode_dev(__fdiv_rn(v[i], s), fmt);
+        if (r < rows && c < cols) q[(size_t)r * cols + c] = fp8_encode_dev(fp8_div(v[i], s), fmt);
     }
 }
 
@@ -226,8 +307,13 @@ static void quantize_t(FP8Tensor *t, const T *x, int pow2) {
             break;
         case FP8_BLOCK:
             if (t->block_rows == 1) {
-                dim3 grid(cdiv(R, 8), cdiv(C, FP8_BLOCK_SIZE));
-                quant_1x128_kernel<T><<<grid, 256, 0, ctx.stream>>>(t->data, t->scale, x, R, C, fmt, pow2);
+                if (C % 16 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)t->data % 16 == 0) {
+                    dim3 grid(cdiv(R, 8 * 4 * Q16_SETS), cdiv(C, FP8_BLOCK_SIZE));
+                    quant_1x128_vec_kernel<T><<<grid, 256, 0, ctx.stream>>>(t->data, t->scale, x, R, C, fmt, pow2);
+                } else {
+                    dim3 grid(cdiv(R, 8 * Q1X128_ROWS), cdiv(C, FP8_BLOCK_SIZE));
+                    quant_1x128_kernel<T><<<grid, 256, 0, ctx.stream>>>(t->data, t->scale, x, R, C, fmt, pow2);
+                }
             } else if (t->block_rows == FP8_BLOCK_SIZE) {
                 int ldk = fp8_scale_ld(FP8_BLOCK, R, C, FP8_BLOCK_SIZE);
                 dim3 grid(ldk, cdiv(R, FP8_BLOCK_SIZE));
@@ -410,7 +496,7 @@ __global__ void __launch_bounds__(256) quant_t_kernel(uint8_t *q, float *scale, 
             if (lane == 0) scale[(size_t)blockIdx.y * C + c0 + c] = s;  // (R/128, C): fp8.h's 1x128 layout
         }
         for (int j = 0; j < 4; j++)
-            if (r0 + lane + 32 * j < R) out[lane + 32 * j] = fp8_encode_dev(__fdiv_rn(v[j], s), fmt);
+            if (r0 + lane + 32 * j < R) out[lane + 32 * j] = fp8_encode_dev(fp8_div(v[j], s), fmt);
     }
 }
 
@@ -959,32 +1045,56 @@ void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, i
 //   BF16 (the reference): W dequantized to BF16 in scratch, one BF16 GEMM: the straight-through
 //   estimator the CPU backend computes, exact up to BF16 rounding of W.
 
-// out (C, R) = in (R, C)^T, bytes: 64 x 64 tiles through shared memory as words of 4 bytes, whole
-// words to and from global memory where the tile is whole and the rows are multiples of 4 bytes
-__global__ void transpose_u8_kernel(uint8_t *out, const uint8_t *in, int R, int C) {
-    __shared__ uint32_t tile[64][17];  // 64 rows of 16 words, one spare word against bank conflicts
-    int r0 = blockIdx.y * 64, c0 = blockIdx.x * 64;
-    bool whole = r0 + 64 <= R && c0 + 64 <= C;
-    for (int i = threadIdx.x; i < 64 * 16; i += blockDim.x) {
-        int r = i / 16, w = i % 16;
-        const uint8_t *src = in + (size_t)(r0 + r) * C + c0 + 4 * w;
-        uint32_t v = 0;
-        if (whole && C % 4 == 0) v = *(const uint32_t *)src;
-        else
-            for (int j = 0; j < 4; j++)
-                if (r0 + r < R && c0 + 4 * w + j < C) v |= (uint32_t)src[j] << (8 * j);
-        tile[r][w] = v;
+// out (C, R) = in (R, C)^T, bytes, a 128 x 128 tile a block. A thread reads a 4 x 4 block of bytes
+// as four words (rows 4i..4i+3 of one word column j; a warp's lanes take consecutive words of a row:
+// coalesced), transposes it in registers with byte permutes (four words of output rows 4j..4j+3),
+// and stores those words in shared memory at their place in the output tile; then the warps write
+// the output tile's rows, a word a lane. The shared tile is swizzled (word w of output row o at
+// column w ^ o/4) so that neither the column of 32 words a warp stores nor the row it reads share a
+// bank. Words go to and from global memory where the tile is whole and the rows are multiples of 4
+// bytes; else bytes, with bounds.
+#define TR_TILE 128
+__device__ __forceinline__ void transpose4x4(uint32_t (&a)[4]) {
+    uint32_t lo01 = __byte_perm(a[0], a[1], 0x5140), hi01 = __byte_perm(a[0], a[1], 0x7362);
+    uint32_t lo23 = __byte_perm(a[2], a[3], 0x5140), hi23 = __byte_perm(a[2], a[3], 0x7362);
+    a[0] = __byte_perm(lo01, lo23, 0x5410), a[1] = __byte_perm(lo01, lo23, 0x7632);
+    a[2] = __byte_perm(hi01, hi23, 0x5410), a[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+__global__ void __launch_bounds__(256) transpose_u8_kernel(uint8_t *out, const uint8_t *in, int R, int C) {
+    __shared__ uint32_t tile[TR_TILE][TR_TILE / 4];  // the output tile: 128 rows of 32 words, swizzled
+    constexpr int GROUPS = TR_TILE / 4 / 8;          // row groups of 4 a warp takes (8 warps)
+    int r0 = blockIdx.y * TR_TILE, c0 = blockIdx.x * TR_TILE, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    bool whole = r0 + TR_TILE <= R && c0 + TR_TILE <= C;
+    uint32_t a[GROUPS][4];
+#pragma unroll
+    for (int g = 0; g < GROUPS; g++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            int r = r0 + 4 * (warp + 8 * g) + k, c = c0 + 4 * lane;
+            const uint8_t *src = in + (size_t)r * C + c;
+            uint32_t v = 0;
+            if (whole && C % 4 == 0) v = *(const uint32_t *)src;
+            else
+                for (int j = 0; j < 4; j++)
+                    if (r < R && c + j < C) v |= (uint32_t)src[j] << (8 * j);
+            a[g][k] = v;
+        }
+#pragma unroll
+    for (int g = 0; g < GROUPS; g++) {
+        int i = warp + 8 * g;  // the 4 x 4 block's input rows 4i.., its output word column
+        transpose4x4(a[g]);
+#pragma unroll
+        for (int t = 0; t < 4; t++) tile[4 * lane + t][i ^ lane] = a[g][t];  // output row 4 lane + t, swizzle (4 lane + t) / 4
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < 64 * 16; i += blockDim.x) {
-        int c = i / 16, w = i % 16;  // out row c0 + c, its bytes r0 + 4w .. r0 + 4w + 3
-        uint32_t v = 0;
-        for (int j = 0; j < 4; j++) v |= ((tile[4 * w + j][c / 4] >> (8 * (c % 4))) & 0xffu) << (8 * j);
-        uint8_t *dst = out + (size_t)(c0 + c) * R + r0 + 4 * w;
+#pragma unroll 4
+    for (int o = warp; o < TR_TILE; o += 8) {  // output row c0 + o, its bytes r0 + 4 lane ..
+        uint32_t v = tile[o][lane ^ (o >> 2)];
+        uint8_t *dst = out + (size_t)(c0 + o) * R + r0 + 4 * lane;
         if (whole && R % 4 == 0) *(uint32_t *)dst = v;
         else
             for (int j = 0; j < 4; j++)
-                if (c0 + c < C && r0 + 4 * w + j < R) dst[j] = (uint8_t)(v >> (8 * j));
+                if (c0 + o < C && r0 + 4 * lane + j < R) dst[j] = (uint8_t)(v >> (8 * j));
     }
 }
 
@@ -1004,7 +1114,7 @@ void fp8_transpose_cuda(FP8Tensor *t, const FP8Tensor *w) {
             fp8_gran_name(w->gran));
     if (t->rows != C || t->cols != R || t->gran != w->gran || t->fmt != w->fmt || t->block_rows != w->block_rows)
         die("fp8_transpose_cuda: t must be (%d, %d) with w's granularity and format", C, R);
-    dim3 grid(cdiv(C, 64), cdiv(R, 64));
+    dim3 grid(cdiv(C, TR_TILE), cdiv(R, TR_TILE));
     transpose_u8_kernel<<<grid, 256, 0, ctx.stream>>>(t->data, w->data, R, C);
     launchCheck();
     if (w->gran == FP8_TENSOR) {

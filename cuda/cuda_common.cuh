@@ -4,7 +4,8 @@
 //   cdiv, grid_for (the grid of a grid-stride loop), load_f / store_f (bf16 or f32 as f32), unpack8 / pack8
 //   (8 bf16 values <-> f32),
 //   warp_sum / warp_max / block_max, and the device FP8 codec: fp8_encode_dev, fp8_decode_dev,
-//   fp8_scale_dev and fp8_quantize_warp (_regs), the one routine that turns a row of values into FP8
+//   fp8_scale_dev, fp8_div / fp8_div_fast (a value over its scale, as the CPU divides), fp8_encode4_dev
+//   (four codes a word) and fp8_quantize_warp (_regs), the one routine that turns a row of values into FP8
 //   codes and their scale (the GEMM's 1x128 activation groups and the KV cache's rows both use it);
 //   block_amax_record (a tensor's amax, as bits, from every block), tile_codes_put /
 //   tile_codes_write_t (a 128x128 tile of FP8 codes written transposed), swiglu_grad (SwiGLU's
@@ -147,12 +148,71 @@ __device__ __forceinline__ float fp8_scale_dev(float amax, int fmt, int pow2) {
     return s;
 }
 
+// x / s as the CPU's division gives it (the GPU's division returns NaN without x's sign, x86's keeps
+// it: the code of a NaN carries its sign, as PyTorch's does)
+__device__ __forceinline__ float fp8_div(float x, float s) { return copysignf(__fdiv_rn(x, s), x); }
+// The same, rounded to nearest, from y = 1/s rounded to nearest: x y is
+// within two ulps of x / s; one correction by the exact remainder x - q s (an fma) brings it within
+// one ulp, and a second makes it the rounded quotient (Markstein's theorem: y correctly rounded, q
+// within an ulp, no underflow or overflow on the way). Exact for s >= 2^-60 and finite x: callers
+// check s, and keep IEEE division for the rest. The sign is x's, so zeros keep theirs as x / s does.
+// Three fmas and a multiply where IEEE division is a reciprocal, its refinement and a range check
+// every value: the quantization passes are instruction-bound without it.
+__device__ __forceinline__ float fp8_div_fast(float x, float s, float y) {
+    float q = x * y;
+    q = fmaf(fmaf(-q, s, x), y, q);
+    q = fmaf(fmaf(-q, s, x), y, q);
+    return copysignf(q, x);
+}
+// four quotients as four codes in one word (value j in byte j): the hardware's paired conversion
+// (sm_89+), each value as fp8_encode_dev encodes it (NaN keeps its sign)
+template <int FMT>
+__device__ __forceinline__ uint32_t fp8_encode4_dev(const float (&d)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    uint16_t lo, hi;
+    if (FMT == FP8_E4M3) {
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(d[1]), "f"(d[0]));
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d[3]), "f"(d[2]));
+    } else {
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(d[1]), "f"(d[0]));
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d[3]), "f"(d[2]));
+    }
+    uint32_t w = (uint32_t)lo | (uint32_t)hi << 16;
+    if (isnan(d[0]) || isnan(d[1]) || isnan(d[2]) || isnan(d[3]))  // rare: one test for the four
+        for (int j = 0; j < 4; j++)
+            if (isnan(d[j])) w = (w & ~(0xffu << (8 * j))) | (uint32_t)(signbit(d[j]) ? 0xFF : 0x7F) << (8 * j);
+    return w;
+#else
+    uint32_t w = 0;
+    for (int j = 0; j < 4; j++) w |= (uint32_t)fp8_encode_dev(d[j], FMT) << (8 * j);
+    return w;
+#endif
+}
+
 // One group of n values (n <= 128 * CHUNKS) quantized by one warp: lane l holds values 4l..4l+3
 // of each 128-wide chunk in registers between the amax and the encode, so x is read once.
 // q[0..n) = codes, *scale (lane 0 writes it) = the group's scale. 4-byte stores where q allows.
 // Callers: activations in 1x128 groups (fp8.cu) and the FP8 KV cache's (token, head) rows.
 // fp8_quantize_warp_regs: the same from values the lanes already hold (v[c][j] = value c * 128 + lane * 4
 // + j, 0 beyond n).
+template <int CHUNKS, int FMT, bool FAST>
+__device__ __forceinline__ void fp8_encode_warp(uint8_t *q, const float (&v)[CHUNKS][4], int n, float s) {
+    int lane = threadIdx.x & 31;
+    float y = __frcp_rn(s);
+    bool packed = ((uintptr_t)q & 3) == 0;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; c++) {
+        int i0 = c * 128 + lane * 4;
+        float d[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) d[j] = FAST ? fp8_div_fast(v[c][j], s, y) : fp8_div(v[c][j], s);
+        uint32_t word = fp8_encode4_dev<FMT>(d);
+        if (packed && i0 + 3 < n) *(uint32_t *)(q + i0) = word;
+        else
+            for (int j = 0; j < 4; j++)
+                if (i0 + j < n) q[i0 + j] = (uint8_t)(word >> (8 * j));
+    }
+}
 template <int CHUNKS>
 __device__ __forceinline__ void fp8_quantize_warp_regs(uint8_t *q, float *scale, const float (&v)[CHUNKS][4], int n,
                                                        int fmt, int pow2) {
@@ -162,21 +222,15 @@ __device__ __forceinline__ void fp8_quantize_warp_regs(uint8_t *q, float *scale,
     for (int c = 0; c < CHUNKS; c++)
 #pragma unroll
         for (int j = 0; j < 4; j++) m = fmaxf(m, fabsf(v[c][j]));
-    float s = fp8_scale_dev(warp_max(m), fmt, pow2);
+    float amax = warp_max(m), s = fp8_scale_dev(amax, fmt, pow2);
     if (lane == 0) *scale = s;
-    bool packed = ((uintptr_t)q & 3) == 0;
-#pragma unroll
-    for (int c = 0; c < CHUNKS; c++) {
-        int i0 = c * 128 + lane * 4;
-        if (packed && i0 + 3 < n) {
-            uint32_t word = 0;
-#pragma unroll
-            for (int j = 0; j < 4; j++) word |= (uint32_t)fp8_encode_dev(__fdiv_rn(v[c][j], s), fmt) << (8 * j);
-            *(uint32_t *)(q + i0) = word;
-        } else {
-            for (int j = 0; j < 4; j++)
-                if (i0 + j < n) q[i0 + j] = fp8_encode_dev(__fdiv_rn(v[c][j], s), fmt);
-        }
+    bool fast = s >= 0x1p-60f && amax < INFINITY;  // the whole warp alike: fp8_div_fast is exact
+    if (fmt == FP8_E4M3) {
+        if (fast) fp8_encode_warp<CHUNKS, FP8_E4M3, true>(q, v, n, s);
+        else fp8_encode_warp<CHUNKS, FP8_E4M3, false>(q, v, n, s);
+    } else {
+        if (fast) fp8_encode_warp<CHUNKS, FP8_E5M2, true>(q, v, n, s);
+        else fp8_encode_warp<CHUNKS, FP8_E5M2, false>(q, v, n, s);
     }
 }
 template <int CHUNKS, typename T>

@@ -190,8 +190,8 @@ __global__ void __launch_bounds__(1024) norm_row_kernel(bf16 *x, bf16 *out, floa
     uint32_t lo = 0, hi = 0;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        lo |= (uint32_t)fp8_encode_dev(__fdiv_rn(f[j], sc), FP8_E4M3) << (8 * j);
-        hi |= (uint32_t)fp8_encode_dev(__fdiv_rn(f[j + 4], sc), FP8_E4M3) << (8 * j);
+        lo |= (uint32_t)fp8_encode_dev(fp8_div(f[j], sc), FP8_E4M3) << (8 * j);
+        hi |= (uint32_t)fp8_encode_dev(fp8_div(f[j + 4], sc), FP8_E4M3) << (8 * j);
     }
     *(uint2 *)(q + (size_t)row * C + i0) = make_uint2(lo, hi);
 }

@@ -91,9 +91,29 @@ END_TEST
 // ----------------------------------------------------------------------------
 // quantize / dequantize: byte-exact against the CPU
 
-typedef enum { DATA_RANDOM, DATA_ZERO_ROWS, DATA_HUGE, DATA_POSITIVE } DataKind;
+typedef enum { DATA_RANDOM, DATA_ZERO_ROWS, DATA_HUGE, DATA_POSITIVE, DATA_SWEEP } DataKind;
 
 static void make_input(float *x, int R, int C, DataKind kind, Rng *r) {
+    if (kind == DATA_SWEEP) {  // every bf16 pattern in turn, in groups of 128 led by their amax
+        uint32_t p = 0;        // (2^-70 .. 2^71, either sign); larger values scaled down below it
+        for (int i = 0; i < R; i++)
+            for (int c = 0; c < C; c++) {
+                float v;
+                if (c % 128 == 0) {
+                    v = ldexpf(1.0f + rng_uniform(r), (int)(rng_uniform(r) * 141) - 70);
+                    if (rng_uniform(r) < 0.5f) v = -v;
+                } else {
+                    uint16_t b = (uint16_t)(p++ & 0xffff);  // zeros, subnormals, inf and NaN among them,
+                    if ((b & 0x7f80) == 0x7f80 && (b & 0x7f)) b |= 0x40;  // NaNs quiet: C's fmaxf makes a
+                    v = bf16_to_f32(b);  // signaling one NaN (the CPU's amax restarts after it), the GPU's
+                                         // max ignores it; no arithmetic makes one
+                    float lead = fabsf(x[(size_t)i * C + c / 128 * 128]);
+                    while (isfinite(v) && fabsf(v) > lead) v = ldexpf(v, -16);
+                }
+                x[(size_t)i * C + c] = v;
+            }
+        return;
+    }
     fill_random(x, (size_t)R * C, r, 2.0f, kind == DATA_POSITIVE);
     if (kind == DATA_ZERO_ROWS)
         for (int i = 0; i < R; i += 3) memset(x + (size_t)i * C, 0, C * sizeof(float));  // rows of zeros (and, with
@@ -166,6 +186,19 @@ START_TEST(test_quantize_all) {
                         n++;
                     }
     fprintf(stderr, "quantize: %d cases byte-exact\n", n);
+}
+END_TEST
+// The GPU divides by a group's scale through its reciprocal and two corrections (fp8_div_fast) where
+// that is exact, by IEEE division elsewhere: every bf16 pattern, eight times over (4,096 groups of 128
+// whose scales span both ranges; groups with inf, NaN, zeros and subnormals), byte for byte against the
+// CPU's division, at every granularity and format, rounded and power-of-two scales
+START_TEST(test_quantize_bf16_sweep) {
+    struct { FP8Gran g; int br; } grans[] = {{FP8_TENSOR, 0}, {FP8_ROW, 0}, {FP8_BLOCK, 1}, {FP8_BLOCK, 128}};
+    for (int gi = 0; gi < 4; gi++)
+        for (int f = 0; f < 2; f++)
+            for (int pow2 = 0; pow2 < 2; pow2++)
+                for (int xb = 0; xb < 2; xb++)
+                    check_quantize(4096, 128, grans[gi].g, grans[gi].br, (FP8Format)f, pow2, xb ? DT_BF16 : DT_F32, DATA_SWEEP);
 }
 END_TEST
 
@@ -631,6 +664,7 @@ static Suite *gpu_fp8_suite(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_casts_all_bf16_and_specials);
     tcase_add_test(tc, test_quantize_all);
+    tcase_add_test(tc, test_quantize_bf16_sweep);
     tcase_add_test(tc, test_gemm_backends);
     tcase_add_test(tc, test_gemm_adversarial);
     tcase_add_test(tc, test_gemm_decode);
