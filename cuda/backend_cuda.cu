@@ -361,10 +361,13 @@ __global__ void accumulate_kernel(bf16 *dinp, const T *y, size_t n) {
         dinp[i] = __float2bfloat16_rn(__bfloat162float(dinp[i]) + ld_f(y, i));
 }
 
-// With accumulate, the product goes to scratch and is added in a second pass: a GEMM with
+// With accumulate, the BF16 products go to scratch and are added in a second pass: a GEMM with
 // beta = 1 and a bf16 output may split K and round its partial sums to bf16 (seen on H100:
-// errors of 3 bf16 ulps), which the fp32 scratch avoids (FP8 weights: bf16 scratch, one
-// rounding of the product before the sum).
+// errors of 3 bf16 ulps), which the fp32 scratch avoids (FP8 weights through the BF16 reference:
+// bf16 scratch, one rounding of the product before the sum). The FP8 product of dX adds itself
+// (fp8_linear_dx_cuda with accumulate: its plans do not split K into bf16 partial sums, so
+// dinp + the fp32 product is rounded once), sparing the scratch's write and the second pass's
+// three reads and writes of dinp's size.
 static void cu_linear_backward(void *dinp, int accumulate, void *dw, void *dbias, const void *dout, const void *inp,
                                const QWeight *w, int N) {
     int C = w->cols, OC = w->rows;
@@ -385,7 +388,7 @@ static void cu_linear_backward(void *dinp, int accumulate, void *dw, void *dbias
                 launchCheck();
             }
         } else {
-            if (!accumulate) fp8_linear_dx_cuda(dinp, 0, dout, &w->q, N);
+            if (!accumulate || fp8_linear_dx_is_fp8(&w->q)) fp8_linear_dx_cuda(dinp, accumulate, dout, &w->q, N);
             else {
                 bf16 *y = (bf16 *)cu_scratch(SC_BF16, n * 2);
                 fp8_linear_dx_cuda(y, 0, dout, &w->q, N);

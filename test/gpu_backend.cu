@@ -291,9 +291,10 @@ START_TEST(test_linear) {
                     }
                 // FP8 weights by the BF16 reference: W dequantized to bf16, one more 2^-8 of sum |dout w|;
                 // by the FP8 product: dout's quantization error (m2q) and the tensor cores' FP8 accumulation
-                // on the quantized values (ACC_TC of their sum |dout w|). With accumulate the product is
-                // rounded to bf16 once before the sum: another 2^-8.
-                double k2 = g == FP8_OFF ? acc32(OC) : dx_fp8 ? ACC_TC + U8 * accumulate : acc32(OC) + U8 * (1 + accumulate);
+                // on the quantized values (ACC_TC of their sum |dout w|), added to dinp before the one
+                // rounding. With accumulate the BF16 reference's product is rounded to bf16 once before
+                // the sum: another 2^-8.
+                double k2 = g == FP8_OFF ? acc32(OC) : dx_fp8 ? ACC_TC : acc32(OC) + U8 * (1 + accumulate);
                 double *t2 = tol_bf(rdx, m2, k2, (size_t)N * C);
                 for (size_t i = 0; i < (size_t)N * C; i++) t2[i] += m2q[i];
                 snprintf(what, sizeof what, "linear_backward %s dX %s%s", fp8_gran_name(g), accumulate ? "+=" : "=",
