@@ -235,7 +235,8 @@ static void groups_fill(LoRA *lo) {
         }
 }
 
-void lora_sync_act(LoRA *lo) {
+// the per-member act copies: allocated once, then each made from the masters
+static void members_sync(LoRA *lo) {
     const Backend *be = lo->be;
     if (!lo->act_mem) {
         size_t sd = dtype_size(lo->sdt), act = dtype_size(be->act);
@@ -247,20 +248,35 @@ void lora_sync_act(LoRA *lo) {
             lo->A_act[k] = (char *)lo->act_mem + ((char *)lo->A[k] - (char *)lo->params) / sd * act;
             lo->B_act[k] = (char *)lo->act_mem + ((char *)lo->B[k] - (char *)lo->params) / sd * act;
         }
-        groups_alloc(lo);
     }
     if (lo->sdt == be->hp) be->to_act(lo->act_mem, lo->params, lo->n);
     else be->copy(lo->act_mem, lo->params, lo->n * dtype_size(lo->sdt));  // bf16 masters are act values already
+}
+
+void lora_sync_act(LoRA *lo) {
+    members_sync(lo);
+    if (!lo->gA) groups_alloc(lo);
     groups_fill(lo);
     lo->act_valid = 1;
 }
 void lora_release_act(LoRA *lo) { lo->act_valid = 0; }
+
+void lora_train_weights(LoRA *lo) {
+    if (lo->sdt == lo->be->act) return;  // the masters are what the products read
+    members_sync(lo);
+}
 
 int lora_group_act(const LoRA *lo, int layer, int group, const void **A, const void **B) {
     if (!lo->act_valid) die("lora: the decode step needs the act copies (lora_sync_act)");
     *A = lo->gA[layer * 2 + group];
     *B = lo->gB[layer * 2 + group];
     return lo->gR[group];
+}
+
+// what a training product reads of adapter k's A or B (masters, act copies by lora_train_weights) and its type
+static const void *train_weight(const LoRA *lo, void *const *master, void *const *copy, int k, DType *wdt) {
+    *wdt = lo->sdt == lo->be->act ? lo->sdt : lo->be->act;
+    return lo->sdt == lo->be->act ? master[k] : copy[k];
 }
 
 void lora_hook_forward(Model *m, int layer, int which, void *out, const void *inp, int N, int save) {
@@ -273,16 +289,19 @@ void lora_hook_forward(Model *m, int layer, int which, void *out, const void *in
         return;
     }
     if (lo->ax_cap < N) die("lora: activation buffers hold %d rows, forward has %d", lo->ax_cap, N);
-    lo->be->lora_forward(out, lo->ax[k], inp, lo->A[k], lo->B[k], lo->sdt, lo->scale, N, lo->in[which], lo->r,
-                         lo->out[which]);
+    DType wdt;
+    const void *A = train_weight(lo, lo->A, lo->A_act, k, &wdt), *B = train_weight(lo, lo->B, lo->B_act, k, &wdt);
+    lo->be->lora_forward(out, lo->ax[k], inp, A, B, wdt, lo->scale, N, lo->in[which], lo->r, lo->out[which]);
 }
 
 void lora_hook_backward(Model *m, int layer, int which, void *dinp, const void *dout, const void *inp, int N) {
     LoRA *lo = m->lora;
     int k = layer * LIN_COUNT + which;
     if (!lo->A[k]) return;
-    lo->be->lora_backward(dinp, lo->dA[k], lo->dB[k], dout, inp, lo->ax[k], lo->A[k], lo->B[k], lo->sdt, lo->scale, N,
-                          lo->in[which], lo->r, lo->out[which]);
+    DType wdt;
+    const void *A = train_weight(lo, lo->A, lo->A_act, k, &wdt), *B = train_weight(lo, lo->B, lo->B_act, k, &wdt);
+    lo->be->lora_backward(dinp, lo->dA[k], lo->dB[k], dout, inp, lo->ax[k], A, B, wdt, lo->scale, N, lo->in[which], lo->r,
+                          lo->out[which]);
 }
 
 // ----------------------------------------------------------------------------

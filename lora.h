@@ -38,7 +38,8 @@ struct LoRA {
     int ax_cap;             // rows the ax buffers hold
     // act-typed copies of every A and B (same layout as params) for the decode step's lora_apply:
     // made by lora_sync_act when a rollout starts (the masters do not change during one) and
-    // marked stale by lora_release_act when it ends; act_valid while they are current
+    // marked stale by lora_release_act when it ends; act_valid while they are current. The
+    // training products read them too, made again by lora_train_weights at each training forward
     void *act_mem;
     void **A_act, **B_act;  // (L * LIN_COUNT), NULL where not adapted
     int act_valid;
@@ -88,6 +89,12 @@ void lora_load_state(LoRA *lo, const char *path);
 // the act copies (above): fresh from the masters, and stale (an optimizer step also makes them stale)
 void lora_sync_act(LoRA *lo);
 void lora_release_act(LoRA *lo);
+// What the training products read of each A and B: the masters where they are act values already (the
+// CPU; bf16 masters on CUDA), else the per-member act copies, made from the masters at the start of
+// every training forward (model_forward; its backward reads the same): one pass over the n values,
+// where rounding the masters at each product cost a launch per product. The decode step's group
+// copies are left as they are (lora_sync_act makes them).
+void lora_train_weights(LoRA *lo);
 // A decode step's adapter for a group of layer l (group 0 = q|k|v, 1 = gate|up), from the act copies:
 // *A (R, in) and *B (fused width, R); returns R (0: no member adapted, nothing to add)
 int lora_group_act(const LoRA *lo, int layer, int group, const void **A, const void **B);

@@ -415,7 +415,10 @@ static void forward_impl(Model *m, const int *ids_host, int B, int T, KVCache *k
     for (int i = 0; i < N; i++)
         if (ids_host[i] < 0 || ids_host[i] >= c->V) die("token id %d out of range [0, %d)", ids_host[i], c->V);
     acts_ensure(m, B, T);
-    if (m->lora && m->lora_on) lora_ensure_acts(m->lora, N);
+    if (m->lora && m->lora_on) {
+        lora_ensure_acts(m->lora, N);
+        lora_train_weights(m->lora);
+    }
     m->B = B;
     m->T = T;
     Acts *a = &m->acts;
