@@ -199,23 +199,9 @@ __global__ void __launch_bounds__(256) quant_1x128_kernel(uint8_t *q, float *sca
     }
 }
 // The one the training step runs (cols % 16 == 0, x and q 16-byte aligned): 8 lanes a group, 16 values
-// a lane, so that a group's amax, scale and reciprocal (three shuffles, two divisions) are paid once
-// for 16 values a lane instead of 4: the pass is a stream of memory (3 bytes a bf16 value) that a warp
-// per group left instruction-bound. A warp takes 4 rows of one k-block at once, Q16_SETS times.
+// a lane (fp8_quantize_group16): the pass is a stream of memory (3 bytes a bf16 value) that a warp per
+// group left instruction-bound. A warp takes 4 rows of one k-block at once, Q16_SETS times.
 #define Q16_SETS 2
-template <int FMT, bool FAST>
-__device__ __forceinline__ uint4 fp8_encode16(const float (&v)[16], float s) {
-    float y = __frcp_rn(s);
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float d[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) d[j] = FAST ? fp8_div_fast(v[4 * k + j], s, y) : fp8_div(v[4 * k + j], s);
-        w[k] = fp8_encode4_dev<FMT>(d);
-    }
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
 template <typename T>
 __device__ __forceinline__ void load16(float (&v)[16], const T *p) {
     if (sizeof(T) == 2) {
@@ -248,19 +234,7 @@ __global__ void __launch_bounds__(256) quant_1x128_vec_kernel(uint8_t *q, float 
 #pragma unroll
     for (int i = 0; i < Q16_SETS; i++) {
         int r = rw + 4 * i;
-        float m = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 16; j++) m = fmaxf(m, fabsf(v[i][j]));
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));  // the group's 8 lanes
-        if (r >= rows) continue;
-        float s = fp8_scale_dev(m, fmt, pow2);
-        if (t == 0) scale[(size_t)kb * rows + r] = s;
-        if (!in) continue;
-        bool fast = s >= 0x1p-60f && m < INFINITY;  // fp8_div_fast is exact (cuda_common.cuh)
-        uint4 w = fmt == FP8_E4M3 ? (fast ? fp8_encode16<FP8_E4M3, true>(v[i], s) : fp8_encode16<FP8_E4M3, false>(v[i], s))
-                                  : (fast ? fp8_encode16<FP8_E5M2, true>(v[i], s) : fp8_encode16<FP8_E5M2, false>(v[i], s));
-        *(uint4 *)(q + (size_t)r * cols + c0) = w;
+        fp8_quantize_group16(q + (size_t)r * cols + c0, scale + (size_t)kb * rows + r, v[i], r < rows, in, fmt, pow2);
     }
 }
 // weights, 128x128 tiles: one block of 256 threads per tile (grid: ldk x row tiles, the

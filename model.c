@@ -50,11 +50,16 @@ static int quantizes_input(const QWeight *w) {
 static void act_codes(FP8Tensor *t, const QWeight *w, int N) {
     t->rows = N, t->cols = w->cols, t->gran = w->gran, t->fmt = FP8_E4M3, t->block_rows = 1;
 }
+// the columns of Acts.xq: the widest input a layer's frozen FP8 products share (ln1, ln2: C; hm: FF), 0 if none
 static int acts_share(const Model *m, int recompute) {
     if (!m->be->quantize_act || !m->w.layers || acts_keep(m, recompute)) return 0;
+    int cols = 0;
     for (int l = 0; l < m->cfg.L; l++)
-        if (quantizes_input(&m->w.layers[l].lin[LIN_Q]) || quantizes_input(&m->w.layers[l].lin[LIN_GATE])) return 1;
-    return 0;
+        for (int i = 0; i < LIN_COUNT; i++) {
+            const QWeight *w = &m->w.layers[l].lin[i];
+            if ((i == LIN_Q || i == LIN_GATE || i == LIN_DOWN) && quantizes_input(w) && w->cols > cols) cols = w->cols;
+        }
+    return cols;
 }
 
 // (re)allocate m->acts for N = B*T rows; keeps the old arena when it is big enough
@@ -82,8 +87,8 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, A
         {&a->ln2q, keep * L * N * c->C},
         {&a->hq, keep * L * N * c->FF},
         {&a->kscale, keep * L * 3 * 16},
-        {&a->xq, acts_share(m, recompute) * N * c->C},
-        {&a->xqs, acts_share(m, recompute) * N * ((c->C + 127) / 128) * 4},
+        {&a->xq, N * acts_share(m, recompute)},
+        {&a->xqs, N * ((acts_share(m, recompute) + 127) / 128) * 4},
         {&a->rstd1, L * N * hp},
         {&a->qpre, c->qk_norm ? L * N * q * act : 0},
         {&a->kpre, c->qk_norm ? L * N * kv * act : 0},
@@ -336,18 +341,24 @@ static float embed_scale(const Model *m) {
     return m->be->act == DT_BF16 ? bf16_to_f32(f32_to_bf16(s)) : s;
 }
 
-// inp (N rows) quantized once into Acts.xq for the projections of layer l's group that read it (first, n
-// of them: q, k, v or gate, up) where every one of them is a frozen FP8 weight of one granularity (else
-// each quantizes its own: NULL). The same bytes each product would make itself (backend.h quantize_act).
-static const FP8Tensor *shared_input(Model *m, int l, int first, int n, const void *inp, int N, FP8Tensor *t) {
+// Acts.xq as the input codes of layer l's projections first .. first + n - 1 (q, k, v; gate, up; down) where
+// every one of them is a frozen FP8 weight of one granularity, its buffers unwritten; else NULL (each
+// product quantizes its own input)
+static FP8Tensor *input_codes(Model *m, int l, int first, int n, int N, FP8Tensor *t) {
     const QWeight *w = &m->w.layers[l].lin[first];
-    if (!m->acts.xq || !inp) return NULL;
+    if (!m->acts.xq) return NULL;
     for (int i = 0; i < n; i++)
         if (!quantizes_input(&w[i]) || w[i].gran != w[0].gran || w[i].cols != w[0].cols) return NULL;
     memset(t, 0, sizeof *t);
     act_codes(t, w, N);
     t->data = (uint8_t *)m->acts.xq;
     t->scale = (float *)m->acts.xqs;
+    return t;
+}
+// inp (N rows) quantized once into Acts.xq for the projections of layer l's group that read it (q, k, v or
+// gate, up; input_codes), or NULL. The same bytes each product would make itself (backend.h quantize_act).
+static const FP8Tensor *shared_input(Model *m, int l, int first, int n, const void *inp, int N, FP8Tensor *t) {
+    if (!inp || !input_codes(m, l, first, n, N, t)) return NULL;
     m->be->quantize_act(t, inp, N);
     return t;
 }
@@ -394,16 +405,23 @@ static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int
     const FP8Tensor *x2 = k2 ? NULL : shared_input(m, l, LIN_GATE, 2, ln2, N, &t2);  // ln2's codes, or NULL
     linear_fwd_q(m, l, LIN_GATE, la->gate, ln2, x2, N, 1, k2);
     linear_fwd_q(m, l, LIN_UP, la->up, ln2, x2, N, 1, k2);
-    // hm = gelu_tanh(gate) * up (Gemma 3) or silu(gate) * up: bf16, or as kh's codes alone (as ln1)
+    // hm = gelu_tanh(gate) * up (Gemma 3) or silu(gate) * up: bf16, or as kh's codes alone (as ln1); a
+    // frozen FP8 down reads x3, hm's codes, written by the same pass where the backend can (glu_forward_q)
     const void *hm = la->hm;
+    FP8Tensor t3;
+    const FP8Tensor *x3 = kh ? NULL : input_codes(m, l, LIN_DOWN, 1, N, &t3);
     if (kh && be->fp8_train_glu_q && be->fp8_train_glu_q(kh, la->gate, la->up, N, c->FF, c->gemma, &lw->lin[LIN_DOWN]))
         hm = NULL;
-    else if (c->gemma) be->geglu_forward(la->hm, la->gate, la->up, (size_t)N * c->FF);
-    else be->swiglu_forward(la->hm, la->gate, la->up, (size_t)N * c->FF);
+    else if (x3 && be->glu_forward_q) be->glu_forward_q(la->hm, &t3, la->gate, la->up, N, c->FF, c->gemma);
+    else {
+        if (c->gemma) be->geglu_forward(la->hm, la->gate, la->up, (size_t)N * c->FF);
+        else be->swiglu_forward(la->hm, la->gate, la->up, (size_t)N * c->FF);
+        if (x3) be->quantize_act(&t3, la->hm, N);
+    }
     if (c->gemma) {  // xn = xmid + rmsnorm_mlp(down(hm))
-        linear_fwd(m, l, LIN_DOWN, la->mo, hm, N, 1, kh);
+        linear_fwd_q(m, l, LIN_DOWN, la->mo, hm, x3, N, 1, kh);
         norm_fwd(m, la->xn, la->rstdm, la->mo, lw->ln_mlp, N, c->C);
-    } else linear_fwd(m, l, LIN_DOWN, la->xn, hm, N, 1, kh);
+    } else linear_fwd_q(m, l, LIN_DOWN, la->xn, hm, x3, N, 1, kh);
     be->add(la->xn, la->xn, la->xmid, (size_t)N * c->C);
 }
 

@@ -232,6 +232,10 @@ struct Backend {
     // out (N, FF) act = act(gate) * up read from gu (N, 2 FF), the fused gate|up product: its halves
     // through swiglu_forward (gelu 0) or geglu_forward (gelu 1, Gemma 3); outq as add_rmsnorm's
     void (*glu_gu)(void *out, FP8Tensor *outq, const void *gu, int N, int FF, int gelu);
+    // out (N, FF) act = act(gate) * up from separate (N, FF) halves, as swiglu_forward / geglu_forward,
+    // and outq (as add_rmsnorm's, required) its FP8 copy in the same pass: the training forward's input of
+    // a frozen FP8 down projection. Optional (NULL: those two ops, then quantize_act)
+    void (*glu_forward_q)(void *out, FP8Tensor *outq, const void *gate, const void *up, int N, int FF, int gelu);
     // out (n_idx, C) act = inp[idx[i]] rows; idx (n_idx) i32
     void (*gather_rows)(void *out, const void *inp, const int32_t *idx, int n_idx, int C);
 

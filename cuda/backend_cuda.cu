@@ -980,6 +980,7 @@ static Backend be = {
     .add = cu_add,
     .add_rmsnorm = cu_add_rmsnorm,
     .glu_gu = cu_glu_gu,
+    .glu_forward_q = cu_glu_forward_q,
     .gather_rows = cu_gather_rows,
     .logits_forward = cu_logits_forward,
     .logprobs_forward = cu_logprobs_forward,

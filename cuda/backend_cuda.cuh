@@ -52,6 +52,7 @@ void cu_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, const vo
                     void *vc, float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps);
 void cu_swiglu_forward(void *out, const void *gate, const void *up, size_t n);
 void cu_glu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF, int gelu);
+void cu_glu_forward_q(void *out, FP8Tensor *outq, const void *gate, const void *up, int N, int FF, int gelu);
 // dies in one line unless outq (backend.h) is a copy the fused kernels can write for (N, C) act
 void cu_check_outq(const FP8Tensor *outq, int N, int C, const char *op);
 void cu_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n);

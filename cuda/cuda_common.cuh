@@ -233,6 +233,40 @@ __device__ __forceinline__ void fp8_quantize_warp_regs(uint8_t *q, float *scale,
         else fp8_encode_warp<CHUNKS, FP8_E5M2, false>(q, v, n, s);
     }
 }
+// One 1x128 group quantized by 8 lanes, 16 values a lane (lane t = lane % 8 holds values 16t..16t+15 of
+// the group in v, 0 where the row has none): the group's amax, scale and reciprocal are paid once for 16
+// values a lane, where fp8_quantize_warp pays them for 4 (a pass over a wide activation is instruction-
+// bound that way). Every lane of the warp calls it (the shuffles); row_ok: the group exists (else
+// nothing is written); in: this lane's 16 values are in the row (the row's length a multiple of 16).
+// q: the lane's 16 codes (16-byte aligned), scale: the group's (lane t = 0 writes it). E4M3 or E5M2.
+template <int FMT, bool FAST>
+__device__ __forceinline__ uint4 fp8_encode16(const float (&v)[16], float s) {
+    float y = __frcp_rn(s);
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float d[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) d[j] = FAST ? fp8_div_fast(v[4 * k + j], s, y) : fp8_div(v[4 * k + j], s);
+        w[k] = fp8_encode4_dev<FMT>(d);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+__device__ __forceinline__ void fp8_quantize_group16(uint8_t *q, float *scale, const float (&v)[16], bool row_ok, bool in,
+                                                     int fmt, int pow2) {
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; j++) m = fmaxf(m, fabsf(v[j]));
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));  // the group's 8 lanes
+    if (!row_ok) return;
+    float s = fp8_scale_dev(m, fmt, pow2);
+    if ((threadIdx.x & 7) == 0) *scale = s;
+    if (!in) return;
+    bool fast = s >= 0x1p-60f && m < INFINITY;  // fp8_div_fast is exact
+    *(uint4 *)q = fmt == FP8_E4M3 ? (fast ? fp8_encode16<FP8_E4M3, true>(v, s) : fp8_encode16<FP8_E4M3, false>(v, s))
+                                  : (fast ? fp8_encode16<FP8_E5M2, true>(v, s) : fp8_encode16<FP8_E5M2, false>(v, s));
+}
 template <int CHUNKS, typename T>
 __device__ __forceinline__ void fp8_quantize_warp(uint8_t *q, float *scale, const T *x, int n, int fmt, int pow2) {
     int lane = threadIdx.x & 31;

@@ -1,6 +1,6 @@
 // ops_cuda.cu: the CUDA backend's per-token ops (backend.h), one warp or thread per row or element.
 //   defines: cu_rmsnorm_forward / backward, cu_rope_forward / backward, cu_add_rmsnorm, cu_qkv_rope_kv,
-//   cu_swiglu_forward / backward, cu_glu_gu, cu_add, cu_gather_rows, cu_embedding_forward /
+//   cu_swiglu_forward / backward, cu_glu_gu, cu_glu_forward_q, cu_add, cu_gather_rows, cu_embedding_forward /
 //   cu_rmsnorm1p_forward / backward, cu_geglu_forward / backward, cu_scale_act (Gemma 3),
 //   cu_rmsnorm_q, cu_glu_q (FP8 training: the norm's and the GLU's outputs as FP8 codes alone),
 //   backward, cu_colsum (backend_cuda.cuh). Each has its truth in ops_cpu.c; test/gpu_backend.cu
@@ -678,6 +678,47 @@ void cu_glu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF, int ge
     else glu_gu_kernel<false><<<grid, 256, 0, cu_stream()>>>((bf16 *)out, (const bf16 *)gu, N, FF, q, qs);
     launchCheck();
     if (outq && !block) fp8_quantize_cuda(outq, out, DT_BF16, 0);
+}
+// glu_forward_q: glu_fwd_kernel's values (act(gate) * up rounded to bf16) stored, and their 1x128 groups'
+// FP8 codes from the same registers: 8 lanes a group, 16 values a lane (fp8_quantize_group16), a warp
+// 4 rows of one group column. FF % 16 == 0, every buffer 16-byte aligned (cu_glu_forward_q checks).
+template <bool GELU>
+__global__ void __launch_bounds__(256) glu_q16_kernel(bf16 *out, uint8_t *q, float *qs, const bf16 *gate, const bf16 *up,
+                                                      int N, int FF) {
+    int lane = threadIdx.x & 31, kb = blockIdx.y, c0 = kb * FP8_BLOCK_SIZE + 16 * (lane & 7);
+    int r = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 4 + (lane >> 3);
+    bool ok = r < N, in = c0 < FF;
+    float v[16];
+    size_t at = (size_t)r * FF + c0;
+    if (ok && in) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float g[8], u[8], *y = v + 8 * h;
+            load8(g, gate + at + 8 * h);
+            load8(u, up + at + 8 * h);
+#pragma unroll
+            for (int j = 0; j < 8; j++) y[j] = __bfloat162float(__float2bfloat16_rn(glu_mul<GELU>(g[j], u[j])));
+            store8(out + at + 8 * h, y);  // already bf16 values: stored as they are
+        }
+    } else
+#pragma unroll
+        for (int j = 0; j < 16; j++) v[j] = 0.0f;
+    fp8_quantize_group16(q + at, qs + (size_t)kb * N + r, v, ok, in, FP8_E4M3, 0);
+}
+void cu_glu_forward_q(void *out, FP8Tensor *outq, const void *gate, const void *up, int N, int FF, int gelu) {
+    if (N <= 0) return;
+    cu_check_outq(outq, N, FF, "glu_forward_q");
+    bool fused = outq->gran == FP8_BLOCK && FF % 16 == 0 && aligned16(out, gate, up, outq->data);
+    if (!fused) {  // glu_forward, then the quantization as its own pass
+        if (gelu) glu_forward<true>(out, gate, up, (size_t)N * FF);
+        else glu_forward<false>(out, gate, up, (size_t)N * FF);
+        fp8_quantize_cuda(outq, out, DT_BF16, 0);
+        return;
+    }
+    dim3 grid(cdiv(N, 32), cdiv(FF, FP8_BLOCK_SIZE));
+    if (gelu) glu_q16_kernel<true><<<grid, 256, 0, cu_stream()>>>((bf16 *)out, outq->data, outq->scale, (const bf16 *)gate, (const bf16 *)up, N, FF);
+    else glu_q16_kernel<false><<<grid, 256, 0, cu_stream()>>>((bf16 *)out, outq->data, outq->scale, (const bf16 *)gate, (const bf16 *)up, N, FF);
+    launchCheck();
 }
 void cu_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, size_t n) {
     glu_backward<false>(dgate, dup, dout, gate, up, n);

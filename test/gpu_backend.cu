@@ -618,8 +618,8 @@ START_TEST(test_norm_rope_elementwise) {
         G->free(x1); G->free(x2); G->free(ddx); G->free(dw); G->free(o1); G->free(o2); G->free(r1); G->free(r2);
     }
 
-    // glu_gu (SwiGLU or GeGLU from the fused gate|up product) against swiglu_forward / geglu_forward of the
-    // two halves, and its FP8 copies against fp8_quantize_cuda: bit for bit (FF 100: a partial 128-group;
+    // glu_gu (SwiGLU or GeGLU from the fused gate|up product) and glu_forward_q (from the two halves) against
+    // swiglu_forward / geglu_forward of the two halves, and their FP8 copies against fp8_quantize_cuda: bit for bit (FF 100: a partial 128-group;
     // 3072: 0.6B's; 10240: Gemma-3-4B's)
     const int ffs[4] = {100, 3072, 12288, 10240};
     for (int fi = 0; fi < 4; fi++) {
@@ -646,6 +646,17 @@ START_TEST(test_norm_rope_elementwise) {
             free(a);
             if (qi) {
                 snprintf(what, sizeof what, "glu_gu's FP8 copy, %s (FF %d, gelu %d)", qi == 1 ? "ROW" : "BLOCK", FF, gelu);
+                check_fp8_copy(what, &oq, o2);
+                // glu_forward_q, the same from the separate halves (fused at FF % 16 == 0 with BLOCK)
+                G->zero(o1, (size_t)Ng * FF * 2);
+                G->zero(oq.data, (size_t)Ng * FF);  // glu_gu's copy gone: what is compared is glu_forward_q's
+                G->zero(oq.scale, fp8_num_scales(oq.gran, Ng, FF, 1) * 4);
+                G->glu_forward_q(o1, &oq, dg, du, Ng, FF, gelu);
+                a = down_act(o1, (size_t)Ng * FF);
+                snprintf(what, sizeof what, "glu_forward_q = %s_forward (FF %d, %s)", gelu ? "geglu" : "swiglu", FF, qi == 1 ? "ROW" : "BLOCK");
+                check_exact(what, a, b, (size_t)Ng * FF * 4);
+                free(a);
+                snprintf(what, sizeof what, "glu_forward_q's FP8 copy, %s (FF %d, gelu %d)", qi == 1 ? "ROW" : "BLOCK", FF, gelu);
                 check_fp8_copy(what, &oq, o2);
                 fp8_device_tensor_free(&oq);
             }
