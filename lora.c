@@ -155,7 +155,7 @@ void lora_ensure_acts(LoRA *lo, int N) {
     if (lo->ax_mem && lo->ax_cap >= N) return;
     const Backend *be = lo->be;
     if (lo->ax_mem) be->free(lo->ax_mem);
-    size_t per = (size_t)N * lo->r * dtype_size(be->hp);
+    size_t per = (size_t)N * lo->r * dtype_size(be->act);
     int count = 0;
     for (int k = 0; k < lo->L * LIN_COUNT; k++) count += lo->A[k] != NULL;
     lo->ax_mem = be->alloc(per * count);
@@ -170,7 +170,7 @@ void lora_ensure_acts(LoRA *lo, int N) {
 size_t lora_acts_bytes(const LoRA *lo) {
     int count = 0;
     for (int k = 0; k < lo->L * LIN_COUNT; k++) count += lo->A[k] != NULL;
-    return (size_t)lo->ax_cap * lo->r * dtype_size(lo->be->hp) * count;
+    return (size_t)lo->ax_cap * lo->r * dtype_size(lo->be->act) * count;
 }
 
 size_t lora_state_bytes(const LoRA *lo) { return lo->n * (3 * dtype_size(lo->sdt) + dtype_size(lo->be->hp)); }

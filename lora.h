@@ -33,7 +33,7 @@ struct LoRA {
                             // (the CPU keeps the bf16 values in hp storage)
     uint64_t sr_seed;       // the stochastic rounding's seed (bf16)
     // activations saved by the training forward: ax = x A^T per (layer, projection)
-    void **ax;              // (L * LIN_COUNT): (N, r) hp
+    void **ax;              // (L * LIN_COUNT): (N, r) act
     void *ax_mem;
     int ax_cap;             // rows the ax buffers hold
     // act-typed copies of every A and B (same layout as params) for the decode step's lora_apply:

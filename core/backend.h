@@ -163,7 +163,8 @@ struct Backend {
     // or from it (set 1: the scales uploaded too). Returns the count (buf NULL: counted only), 0
     // for the recipes that keep nothing between steps.
     size_t (*fp8_train_state)(FP8Train *const *t, int n, float *buf, int set);
-    // LoRA, unmerged: ax (N, R) hp = inp A^T ; out (N, OC) act += scale * ax B^T
+    // LoRA, unmerged: ax (N, R) act = inp A^T (saved for the backward; the product B^T reads it as it is
+    // stored) ; out (N, OC) act += scale * ax B^T
     // A (R, C), B (OC, R) of type wdt: hp (fp32 masters), or bf16 where act is bf16 (--lora_dtype bf16's
     // masters on CUDA: the values the fp32 path would round them to for its GEMMs, so the same product)
     void (*lora_forward)(void *out, void *ax, const void *inp, const void *A, const void *B, DType wdt, float scale,

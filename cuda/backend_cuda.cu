@@ -430,10 +430,8 @@ static void cu_lora_forward(void *out, void *ax, const void *inp, const void *A,
     if (N <= 0) return;
     const bf16 *Ab, *Bb;
     lora_bf16_weights(A, B, wdt, C, R, OC, &Ab, &Bb);
-    bf16 *axb = (bf16 *)cu_scratch(SC_LORA_X, (size_t)N * R * 2);
-    gemm_xwt(ax, F32, inp, Ab, N, R, C, 1.f, 0.f);  // ax (N, R) f32 = inp A^T
-    to_bf16(axb, (const float *)ax, (size_t)N * R);
-    gemm_xwt(out, BF, axb, Bb, N, OC, R, scale, 1.f);  // out (N, OC) += scale ax B^T
+    gemm_xwt(ax, BF, inp, Ab, N, R, C, 1.f, 0.f);  // ax (N, R) bf16 = inp A^T (fp32 sums, one rounding)
+    gemm_xwt(out, BF, ax, Bb, N, OC, R, scale, 1.f);  // out (N, OC) += scale ax B^T
 }
 
 static void cu_lora_apply(void *out, const void *inp, const void *A, const void *B, float scale, int N, int C, int R,
@@ -450,14 +448,11 @@ static void cu_lora_backward(void *dinp, void *dA, void *dB, const void *dout, c
     if (N <= 0) return;
     const bf16 *Ab, *Bb;
     lora_bf16_weights(A, B, wdt, C, R, OC, &Ab, &Bb);
-    bf16 *xb = (bf16 *)cu_scratch(SC_LORA_X, (size_t)N * R * 2);
-    float *dax = (float *)cu_scratch(SC_LORA_DX, (size_t)N * R * 4);
-    to_bf16(xb, (const float *)ax, (size_t)N * R);
-    gemm_xw(dax, F32, dout, Bb, N, OC, R, scale, 0.f);    // dax (N, R) = scale dout B
-    gemm_xtz(dB, F32, dout, xb, N, OC, R, scale, 1.f);    // dB (OC, R) += scale dout^T ax
-    to_bf16(xb, dax, (size_t)N * R);                       // xb now holds dax in bf16
-    gemm_xw(dinp, BF, xb, Ab, N, R, C, 1.f, 1.f);         // dinp (N, C) += dax A
-    gemm_xtz(dA, F32, xb, inp, N, R, C, 1.f, 1.f);        // dA (R, C) += dax^T inp
+    bf16 *dax = (bf16 *)cu_scratch(SC_LORA_X, (size_t)N * R * 2);
+    gemm_xw(dax, BF, dout, Bb, N, OC, R, scale, 0.f);  // dax (N, R) bf16 = scale dout B
+    gemm_xtz(dB, F32, dout, ax, N, OC, R, scale, 1.f);  // dB (OC, R) += scale dout^T ax
+    gemm_xw(dinp, BF, dax, Ab, N, R, C, 1.f, 1.f);      // dinp (N, C) += dax A
+    gemm_xtz(dA, F32, dax, inp, N, R, C, 1.f, 1.f);     // dA (R, C) += dax^T inp
 }
 
 // ----------------------------------------------------------------------------

@@ -23,8 +23,7 @@ enum {
     SC_HEAD_DH,  // its fp32 dh, summed over the chunks
     SC_LORA_A,   // bf16 copy of A (R, C)
     SC_LORA_B,   // bf16 copy of B (OC, R)
-    SC_LORA_X,   // bf16 ax (N, R)
-    SC_LORA_DX,  // fp32 dax (N, R)
+    SC_LORA_X,   // bf16 ax (N, R) (lora_apply), dax (lora_backward)
     SC_RED,      // reduction partials
     SC_ATT,      // attention backward D / decode partials
     SC_SORT,     // sampling: sorted keys, ids, CUB temp

@@ -170,7 +170,7 @@ static Result run(const char *size, FP8Gran gran, int B, int T, int steps, int w
     size_t used = gpu_used() - used_base;
     size_t wbytes = m.w.dense_bytes + m.w.fp8_bytes;
     size_t lbytes = lo->n * dtype_size(be->hp) * 4;
-    size_t ax = (size_t)lo->ax_cap * lo->r * dtype_size(be->hp);
+    size_t ax = (size_t)lo->ax_cap * lo->r * dtype_size(be->act);
     int nad = 0;
     for (int i = 0; i < LIN_COUNT; i++) nad += (lo->targets >> i) & 1;
     ax *= (size_t)nad * cfg.L;

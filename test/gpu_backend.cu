@@ -390,15 +390,15 @@ START_TEST(test_lora) {
     float *x = randn_bf((size_t)N * C, 1.0f), *A = randn((size_t)R * C, 0.05f), *B = randn((size_t)OC * R, 0.05f);
     float *out0 = randn_bf((size_t)N * OC, 1.0f);
     void *dx = up_act(x, (size_t)N * C), *dA = up_hp(A, (size_t)R * C), *dB = up_hp(B, (size_t)OC * R);
-    void *dout = up_act(out0, (size_t)N * OC), *dax = G->alloc((size_t)N * R * 4);
+    void *dout = up_act(out0, (size_t)N * OC), *dax = G->alloc((size_t)N * R * 2);
     G->lora_forward(dout, dax, dx, dA, dB, DT_F32, scale, N, C, R, OC);
     float *rout = fdup(out0, (size_t)N * OC), *rax = fmalloc((size_t)N * R);
     CPU->lora_forward(rout, rax, x, A, B, DT_F32, scale, N, C, R, OC);
-    float *gax = down_hp(dax, (size_t)N * R), *gout = down_act(dout, (size_t)N * OC);
-    // ax = x A^T with A rounded to bf16: 2^-8 sum |x a| + fp32 accumulation
+    float *gax = down_act(dax, (size_t)N * R), *gout = down_act(dout, (size_t)N * OC);
+    // ax = x A^T with A rounded to bf16 and ax stored in bf16: 2 x 2^-8 sum |x a| + fp32 accumulation
     double *max_, *mo, *tax = dmalloc_h((size_t)N * R);
     lora_mags(&max_, &mo, x, A, B, scale, N, C, R, OC);
-    for (size_t i = 0; i < (size_t)N * R; i++) tax[i] = (U8 + acc32(C)) * max_[i];
+    for (size_t i = 0; i < (size_t)N * R; i++) tax[i] = (2 * U8 + acc32(C)) * max_[i];
     check_close("lora_forward ax", gax, rax, tax, (size_t)N * R);
     // out += scale ax B^T: A, ax and B each rounded to bf16 (3 x 2^-8 of the magnitude), bf16 output
     double *to = tol_bf(rout, mo, 3 * U8 + acc32(C), (size_t)N * OC);
@@ -416,9 +416,9 @@ START_TEST(test_lora) {
     check_close("lora_apply out +=", gout2, rout, to, (size_t)N * OC);
     // bf16 masters (--lora_dtype bf16) are the values the fp32 path rounds A and B to for its GEMMs:
     // the same products, bit for bit
-    void *dout3 = up_act(out0, (size_t)N * OC), *dax3 = G->alloc((size_t)N * R * 4);
+    void *dout3 = up_act(out0, (size_t)N * OC), *dax3 = G->alloc((size_t)N * R * 2);
     G->lora_forward(dout3, dax3, dx, dA16, dB16, DT_BF16, scale, N, C, R, OC);
-    float *gax3 = down_hp(dax3, (size_t)N * R), *gout3 = down_act(dout3, (size_t)N * OC);
+    float *gax3 = down_act(dax3, (size_t)N * R), *gout3 = down_act(dout3, (size_t)N * OC);
     check_exact("lora_forward with bf16 masters: ax", gax3, gax, (size_t)N * R * 4);
     check_exact("lora_forward with bf16 masters: out +=", gout3, gout, (size_t)N * OC * 4);
     G->free(dout3); G->free(dax3); free(gax3); free(gout3);
