@@ -273,10 +273,12 @@ int lora_group_act(const LoRA *lo, int layer, int group, const void **A, const v
     return lo->gR[group];
 }
 
-// what a training product reads of adapter k's A or B (masters, act copies by lora_train_weights) and its type
-static const void *train_weight(const LoRA *lo, void *const *master, void *const *copy, int k, DType *wdt) {
-    *wdt = lo->sdt == lo->be->act ? lo->sdt : lo->be->act;
-    return lo->sdt == lo->be->act ? master[k] : copy[k];
+// what a training product reads of adapter k: the masters where they are act values, else the act copies
+// lora_train_weights made; either way of type act
+static void train_weights(const LoRA *lo, int k, const void **A, const void **B) {
+    int in_place = lo->sdt == lo->be->act;
+    *A = in_place ? lo->A[k] : lo->A_act[k];
+    *B = in_place ? lo->B[k] : lo->B_act[k];
 }
 
 void lora_hook_forward(Model *m, int layer, int which, void *out, const void *inp, int N, int save) {
@@ -289,18 +291,18 @@ void lora_hook_forward(Model *m, int layer, int which, void *out, const void *in
         return;
     }
     if (lo->ax_cap < N) die("lora: activation buffers hold %d rows, forward has %d", lo->ax_cap, N);
-    DType wdt;
-    const void *A = train_weight(lo, lo->A, lo->A_act, k, &wdt), *B = train_weight(lo, lo->B, lo->B_act, k, &wdt);
-    lo->be->lora_forward(out, lo->ax[k], inp, A, B, wdt, lo->scale, N, lo->in[which], lo->r, lo->out[which]);
+    const void *A, *B;
+    train_weights(lo, k, &A, &B);
+    lo->be->lora_forward(out, lo->ax[k], inp, A, B, lo->be->act, lo->scale, N, lo->in[which], lo->r, lo->out[which]);
 }
 
 void lora_hook_backward(Model *m, int layer, int which, void *dinp, const void *dout, const void *inp, int N) {
     LoRA *lo = m->lora;
     int k = layer * LIN_COUNT + which;
     if (!lo->A[k]) return;
-    DType wdt;
-    const void *A = train_weight(lo, lo->A, lo->A_act, k, &wdt), *B = train_weight(lo, lo->B, lo->B_act, k, &wdt);
-    lo->be->lora_backward(dinp, lo->dA[k], lo->dB[k], dout, inp, lo->ax[k], A, B, wdt, lo->scale, N, lo->in[which], lo->r,
+    const void *A, *B;
+    train_weights(lo, k, &A, &B);
+    lo->be->lora_backward(dinp, lo->dA[k], lo->dB[k], dout, inp, lo->ax[k], A, B, lo->be->act, lo->scale, N, lo->in[which], lo->r,
                           lo->out[which]);
 }
 
