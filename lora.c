@@ -35,8 +35,16 @@ unsigned lora_parse_targets(const char *list) {
     return mask;
 }
 
-// layout of the four blobs (params, grads, m, v): A then B of each adapted (layer, projection);
-// params, m and v in lo->sdt, grads in hp
+// The products' units (lora.h): q, k, v; o; gate, up; down
+static const int UNIT_FIRST[4] = {LIN_Q, LIN_O, LIN_GATE, LIN_DOWN}, UNIT_N[4] = {3, 1, 2, 1};
+
+// element offset of adapter k's A (ab 0) or B (ab 1) in the blobs
+static size_t blob_at(const LoRA *lo, int k, int ab) {
+    return (size_t)((char *)(ab ? lo->B[k] : lo->A[k]) - (char *)lo->params) / dtype_size(lo->sdt);
+}
+
+// layout of the four blobs (params, grads, m, v): per layer and unit, the A's of its adapted members, then
+// their B's; params, m and v in lo->sdt, grads in hp
 static void lora_layout(LoRA *lo, const Model *m, int r, float alpha, unsigned targets, int bf16) {
     const Config *c = &m->cfg;
     lo->bf16 = bf16;
@@ -50,6 +58,12 @@ static void lora_layout(LoRA *lo, const Model *m, int r, float alpha, unsigned t
     for (int i = 0; i < LIN_COUNT; i++) {
         lo->in[i] = m->w.layers[0].lin[i].cols;
         lo->out[i] = m->w.layers[0].lin[i].rows;
+    }
+    for (int u = 0; u < 4; u++) {
+        int R = 0;
+        for (int i = UNIT_FIRST[u]; i < UNIT_FIRST[u] + UNIT_N[u]; i++)
+            if (targets & (1u << i)) lo->col[i] = R, R += r;
+        for (int i = UNIT_FIRST[u]; i < UNIT_FIRST[u] + UNIT_N[u]; i++) lo->ld[i] = R;
     }
     int n = c->L * LIN_COUNT;
     lo->A = (void **)callocCheck(n, sizeof(void *));
@@ -71,17 +85,15 @@ static void lora_layout(LoRA *lo, const Model *m, int r, float alpha, unsigned t
     m->be->zero(lo->v, bytes);
     size_t off = 0;
     for (int l = 0; l < c->L; l++)
-        for (int i = 0; i < LIN_COUNT; i++) {
-            if (!(targets & (1u << i))) continue;
-            int k = l * LIN_COUNT + i;
-            size_t na = (size_t)r * lo->in[i], nb = (size_t)lo->out[i] * r;
-            lo->A[k] = (char *)lo->params + off * sd;
-            lo->dA[k] = (char *)lo->grads + off * hp;
-            off += na;
-            lo->B[k] = (char *)lo->params + off * sd;
-            lo->dB[k] = (char *)lo->grads + off * hp;
-            off += nb;
-        }
+        for (int u = 0; u < 4; u++)
+            for (int ab = 0; ab < 2; ab++)
+                for (int i = UNIT_FIRST[u]; i < UNIT_FIRST[u] + UNIT_N[u]; i++) {
+                    if (!(targets & (1u << i))) continue;
+                    int k = l * LIN_COUNT + i;
+                    *(ab ? &lo->B[k] : &lo->A[k]) = (char *)lo->params + off * sd;
+                    *(ab ? &lo->dB[k] : &lo->dA[k]) = (char *)lo->grads + off * hp;
+                    off += ab ? (size_t)lo->out[i] * r : (size_t)r * lo->in[i];
+                }
 }
 
 // the masters from fp64 host values: rounded to bf16 (to nearest) first with bf16, so that both
@@ -100,13 +112,13 @@ LoRA *lora_create(const Model *m, int r, float alpha, unsigned targets, uint64_t
     // kaiming_uniform_(A, a=sqrt(5)): bound = sqrt(6 / ((1 + a^2) fan_in)) = 1 / sqrt(fan_in); B = 0
     double *h = (double *)mallocCheck(lo->n * sizeof(double));
     Rng rng = rng_make(seed);
-    size_t off = 0;
-    for (int l = 0; l < lo->L; l++)
+    for (int l = 0; l < lo->L; l++)  // drawn adapter by adapter, in (layer, projection) order
         for (int i = 0; i < LIN_COUNT; i++) {
             if (!(targets & (1u << i))) continue;
-            double bound = 1.0 / sqrt((double)lo->in[i]);
-            for (size_t j = 0; j < (size_t)r * lo->in[i]; j++) h[off++] = bound * (2.0 * rng_uniform_d(&rng) - 1.0);
-            for (size_t j = 0; j < (size_t)lo->out[i] * r; j++) h[off++] = 0.0;
+            double bound = 1.0 / sqrt((double)lo->in[i]), *a = h + blob_at(lo, l * LIN_COUNT + i, 0);
+            double *b = h + blob_at(lo, l * LIN_COUNT + i, 1);
+            for (size_t j = 0; j < (size_t)r * lo->in[i]; j++) a[j] = bound * (2.0 * rng_uniform_d(&rng) - 1.0);
+            for (size_t j = 0; j < (size_t)lo->out[i] * r; j++) b[j] = 0.0;
         }
     upload_params(lo, h);
     free(h);
@@ -151,26 +163,36 @@ void lora_adamw_step(LoRA *lo, float lr, float beta1, float beta2, float eps, fl
 // ----------------------------------------------------------------------------
 // hooks
 
+// the widest unit's R (the rows of dax)
+static int widest_unit(const LoRA *lo) {
+    int w = 0;
+    for (int i = 0; i < LIN_COUNT; i++)
+        if (lo->targets & (1u << i) && lo->ld[i] > w) w = lo->ld[i];
+    return w;
+}
+
+size_t lora_acts_bytes(const LoRA *lo, int N) {
+    int count = 0;
+    for (int k = 0; k < lo->L * LIN_COUNT; k++) count += lo->A[k] != NULL;
+    return (size_t)N * ((size_t)count * lo->r + widest_unit(lo)) * dtype_size(lo->be->act);
+}
+
+// per (layer, unit) an (N, R) ax; the members point at their columns
 void lora_ensure_acts(LoRA *lo, int N) {
     if (lo->ax_mem && lo->ax_cap >= N) return;
     const Backend *be = lo->be;
     if (lo->ax_mem) be->free(lo->ax_mem);
-    size_t per = (size_t)N * lo->r * dtype_size(be->act);
-    int count = 0;
-    for (int k = 0; k < lo->L * LIN_COUNT; k++) count += lo->A[k] != NULL;
-    lo->ax_mem = be->alloc(per * count);
+    size_t act = dtype_size(be->act), dax = (size_t)N * widest_unit(lo) * act;
+    lo->ax_mem = be->alloc(lora_acts_bytes(lo, N));
     char *p = (char *)lo->ax_mem;
+    lo->dax = p;
+    p += dax;
     for (int k = 0; k < lo->L * LIN_COUNT; k++) {
-        lo->ax[k] = lo->A[k] ? p : NULL;
-        if (lo->A[k]) p += per;
+        int i = k % LIN_COUNT;
+        lo->ax[k] = lo->A[k] ? p + (size_t)lo->col[i] * act : NULL;
+        if (lo->A[k] && lo->col[i] + lo->r == lo->ld[i]) p += (size_t)N * lo->ld[i] * act;  // the unit's last member
     }
     lo->ax_cap = N;
-}
-
-size_t lora_acts_bytes(const LoRA *lo) {
-    int count = 0;
-    for (int k = 0; k < lo->L * LIN_COUNT; k++) count += lo->A[k] != NULL;
-    return (size_t)lo->ax_cap * lo->r * dtype_size(lo->be->act) * count;
 }
 
 size_t lora_state_bytes(const LoRA *lo) { return lo->n * (3 * dtype_size(lo->sdt) + dtype_size(lo->be->hp)); }
@@ -179,21 +201,19 @@ size_t lora_copies_bytes(const LoRA *lo) {
     return (lo->act_mem ? lo->n * dtype_size(lo->be->act) : 0) + (lo->grp_mem ? lo->grp_bytes : 0);
 }
 
-// the members of the decode step's groups: projections that share their input
+// the decode step's groups: the units whose projections the model also holds fused (q|k|v, gate|up)
 static const int GROUP_FIRST[2] = {LIN_Q, LIN_GATE}, GROUP_N[2] = {3, 2};
 
-// lay out the group copies (lora.h) in one allocation; the blocks off the diagonal stay zero
+// the group adapters (lora.h): A is the unit's stacked A in the act copies; the block-diagonal B's in
+// one allocation, their blocks off the diagonal zero
 static void groups_alloc(LoRA *lo) {
     const Backend *be = lo->be;
     size_t act = dtype_size(be->act), total = 0;
     int out[2] = {0, 0};
     for (int g = 0; g < 2; g++) {
-        lo->gR[g] = 0;
-        for (int i = GROUP_FIRST[g]; i < GROUP_FIRST[g] + GROUP_N[g]; i++) {
-            out[g] += lo->out[i];
-            if (lo->targets & (1u << i)) lo->gR[g] += lo->r;
-        }
-        if (lo->gR[g]) total += (size_t)lo->L * lo->gR[g] * (lo->in[GROUP_FIRST[g]] + out[g]);
+        lo->gR[g] = lo->ld[GROUP_FIRST[g]];
+        for (int i = GROUP_FIRST[g]; i < GROUP_FIRST[g] + GROUP_N[g]; i++) out[g] += lo->out[i];
+        total += (size_t)lo->L * lo->gR[g] * out[g];
     }
     lo->gA = (void **)callocCheck((size_t)lo->L * 2, sizeof(void *));
     lo->gB = (void **)callocCheck((size_t)lo->L * 2, sizeof(void *));
@@ -205,31 +225,28 @@ static void groups_alloc(LoRA *lo) {
     for (int l = 0; l < lo->L; l++)
         for (int g = 0; g < 2; g++) {
             if (!lo->gR[g]) continue;
-            lo->gA[l * 2 + g] = p;
-            p += (size_t)lo->gR[g] * lo->in[GROUP_FIRST[g]] * act;
+            for (int i = GROUP_FIRST[g]; i < GROUP_FIRST[g] + GROUP_N[g]; i++)
+                if (lo->A_act[l * LIN_COUNT + i] && lo->col[i] == 0) lo->gA[l * 2 + g] = lo->A_act[l * LIN_COUNT + i];
             lo->gB[l * 2 + g] = p;
             p += (size_t)out[g] * lo->gR[g] * act;
         }
 }
 
-// fill the group copies from the per-member act copies: A's one after another, each B into its block
-// (rows: the member's part of the fused output; columns: its r of the group's)
+// fill the group B's from the per-member act copies: each B into its block (rows: the member's part
+// of the fused output; columns: its r of the group's)
 static void groups_fill(LoRA *lo) {
     const Backend *be = lo->be;
     size_t act = dtype_size(be->act);
     for (int l = 0; l < lo->L; l++)
         for (int g = 0; g < 2; g++) {
             if (!lo->gR[g]) continue;
-            char *A = (char *)lo->gA[l * 2 + g], *B = (char *)lo->gB[l * 2 + g];
-            size_t row = 0, col = 0, in = lo->in[GROUP_FIRST[g]];
+            char *B = (char *)lo->gB[l * 2 + g];
+            size_t row = 0;
             for (int i = GROUP_FIRST[g]; i < GROUP_FIRST[g] + GROUP_N[g]; i++) {
                 int k = l * LIN_COUNT + i;
-                if (lo->A_act[k]) {
-                    be->copy(A + col * in * act, lo->A_act[k], (size_t)lo->r * in * act);
-                    be->copy_2d(B + (row * lo->gR[g] + col) * act, (size_t)lo->gR[g] * act, lo->B_act[k],
+                if (lo->B_act[k])
+                    be->copy_2d(B + (row * lo->gR[g] + lo->col[i]) * act, (size_t)lo->gR[g] * act, lo->B_act[k],
                                 (size_t)lo->r * act, (size_t)lo->r * act, (size_t)lo->out[i]);
-                    col += lo->r;
-                }
                 row += lo->out[i];
             }
         }
@@ -281,6 +298,15 @@ static void train_weights(const LoRA *lo, int k, const void **A, const void **B)
     *B = in_place ? lo->B[k] : lo->B_act[k];
 }
 
+// adapter k's unit's first adapted member: its A starts the unit's stacked A, its ax the unit's ax
+static int unit_head(const LoRA *lo, int k) {
+    int i = k % LIN_COUNT, u = 0;
+    while (i >= UNIT_FIRST[u] + UNIT_N[u]) u++;
+    int j = UNIT_FIRST[u];
+    while (!(lo->targets & (1u << j))) j++;
+    return k - i + j;
+}
+
 void lora_hook_forward(Model *m, int layer, int which, void *out, const void *inp, int N, int save) {
     LoRA *lo = m->lora;
     int k = layer * LIN_COUNT + which;
@@ -292,18 +318,39 @@ void lora_hook_forward(Model *m, int layer, int which, void *out, const void *in
     }
     if (lo->ax_cap < N) die("lora: activation buffers hold %d rows, forward has %d", lo->ax_cap, N);
     const void *A, *B;
+    int h = unit_head(lo, k), R = lo->ld[which];
+    if (k == h) {  // the unit's down product, every member's ax at once
+        train_weights(lo, h, &A, &B);
+        lo->be->lora_down(lo->ax[h], inp, A, N, lo->in[which], R);
+        lo->down_inp = inp;
+        lo->down_k = h;
+    } else if (lo->down_k != h || lo->down_inp != inp)
+        die("lora: layer %d's %s came without its unit's first member (the hooks take q, k, v and gate, up in order, on one input)",
+            layer, lin_names[which]);
     train_weights(lo, k, &A, &B);
-    lo->be->lora_forward(out, lo->ax[k], inp, A, B, lo->be->act, lo->scale, N, lo->in[which], lo->r, lo->out[which]);
+    lo->be->lora_up(out, lo->ax[k], R, B, lo->scale, N, lo->r, lo->out[which]);
 }
 
 void lora_hook_backward(Model *m, int layer, int which, void *dinp, const void *dout, const void *inp, int N) {
     LoRA *lo = m->lora;
     int k = layer * LIN_COUNT + which;
     if (!lo->A[k]) return;
+    if (lo->up_done != lo->col[which] / lo->r)
+        die("lora: layer %d's %s came out of its unit's order (the hooks take q, k, v and gate, up in order)", layer,
+            lin_names[which]);
     const void *A, *B;
+    int R = lo->ld[which];
     train_weights(lo, k, &A, &B);
-    lo->be->lora_backward(dinp, lo->dA[k], lo->dB[k], dout, inp, lo->ax[k], A, B, lo->be->act, lo->scale, N, lo->in[which], lo->r,
-                          lo->out[which]);
+    void *dax = (char *)lo->dax + (size_t)lo->col[which] * dtype_size(lo->be->act);
+    lo->be->lora_up_backward(dax, lo->dB[k], dout, lo->ax[k], R, B, lo->scale, N, lo->r, lo->out[which]);
+    if (lo->col[which] + lo->r < R) {  // more members to come
+        lo->up_done++;
+        return;
+    }
+    lo->up_done = 0;  // the unit's last member: its input gradient and dA's, once for all
+    int h = unit_head(lo, k);
+    train_weights(lo, h, &A, &B);
+    lo->be->lora_down_backward(dinp, lo->dA[h], lo->dax, inp, A, N, lo->in[which], R);
 }
 
 // ----------------------------------------------------------------------------
@@ -327,20 +374,18 @@ void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char 
     STWrite *t = (STWrite *)callocCheck(2 * cnt, sizeof(STWrite));
     char **names = (char **)callocCheck(2 * cnt, sizeof(char *));
     int n = 0;
-    size_t off = 0;
     for (int l = 0; l < lo->L; l++)
         for (int i = 0; i < LIN_COUNT; i++) {
-            if (!lo->A[l * LIN_COUNT + i]) continue;
+            int k = l * LIN_COUNT + i;
+            if (!lo->A[k]) continue;
             char nm[256];
             peft_name(nm, sizeof nm, l, i, 'A');
             names[n] = str_dup(nm);
-            t[n] = (STWrite){names[n], DT_F32, 2, {lo->r, lo->in[i]}, f + off};
-            off += (size_t)lo->r * lo->in[i];
+            t[n] = (STWrite){names[n], DT_F32, 2, {lo->r, lo->in[i]}, f + blob_at(lo, k, 0)};
             n++;
             peft_name(nm, sizeof nm, l, i, 'B');
             names[n] = str_dup(nm);
-            t[n] = (STWrite){names[n], DT_F32, 2, {lo->out[i], lo->r}, f + off};
-            off += (size_t)lo->out[i] * lo->r;
+            t[n] = (STWrite){names[n], DT_F32, 2, {lo->out[i], lo->r}, f + blob_at(lo, k, 1)};
             n++;
         }
     char p[4096];
@@ -489,7 +534,6 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
     lora_layout(lo, m, rank, alpha, targets, 0);
     double *h = (double *)mallocCheck(lo->n * sizeof(double));
     uint8_t *used = (uint8_t *)callocCheck(st.n ? st.n : 1, 1);  // (st.n) the tensors read
-    size_t off = 0;
     for (int l = 0; l < lo->L; l++)
         for (int i = 0; i < LIN_COUNT; i++) {
             if (!(targets & (1u << i))) continue;
@@ -504,8 +548,7 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
                         (long long)d1);
                 if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16)
                     die("%s: %s has dtype %s", p, nm, dtype_name(t->dtype));
-                convert_to_f64(h + off, t->data, t->dtype, (size_t)t->numel);
-                off += (size_t)t->numel;
+                convert_to_f64(h + blob_at(lo, l * LIN_COUNT + i, ab), t->data, t->dtype, (size_t)t->numel);
                 used[t - st.t] = 1;
             }
         }
@@ -534,9 +577,23 @@ void lora_save_state(const LoRA *lo, const char *path) {
         {"adam_v", lo->sdt, 1, {(int64_t)lo->n}, buf[2]},
     };
     char md[128];
-    snprintf(md, sizeof md, "{\"step\":\"%d\",\"r\":\"%d\"}", lo->step, lo->r);
+    snprintf(md, sizeof md, "{\"step\":\"%d\",\"r\":\"%d\",\"order\":\"units\"}", lo->step, lo->r);
     st_write(path, t, 3, md);
     for (int i = 0; i < 3; i++) free(buf[i]);
+}
+
+// a blob of the earlier order (A then B, adapter by adapter in (layer, projection) order) into this one
+static void from_member_order(const LoRA *lo, uint8_t *dst, const uint8_t *src) {
+    size_t sd = dtype_size(lo->sdt), off = 0;
+    for (int k = 0; k < lo->L * LIN_COUNT; k++) {
+        int i = k % LIN_COUNT;
+        if (!lo->A[k]) continue;
+        for (int ab = 0; ab < 2; ab++) {
+            size_t n = (size_t)lo->r * (ab ? lo->out[i] : lo->in[i]);
+            memcpy(dst + blob_at(lo, k, ab) * sd, src + off * sd, n * sd);
+            off += n;
+        }
+    }
 }
 
 void lora_load_state(LoRA *lo, const char *path) {
@@ -545,12 +602,22 @@ void lora_load_state(LoRA *lo, const char *path) {
     st_open(&st, path);
     const char *nm[3] = {"params", "adam_m", "adam_v"};
     void *dst[3] = {lo->params, lo->m, lo->v};
+    char order[16];  // "units" (lora_layout's); none: a checkpoint of an earlier build, adapter by adapter
+    int units = st_metadata_str(&st, "order", order, sizeof order) >= 0;
+    if (units && strcmp(order, "units")) die("%s: unknown order \"%s\" of the LoRA state", path, order);
     for (int i = 0; i < 3; i++) {
         const STensor *t = st_find(&st, nm[i]);
         if (!t || t->dtype != lo->sdt || (size_t)t->numel != lo->n)
             die("%s: %s missing or not %zu %s values: the checkpoint was made with other LoRA settings", path, nm[i],
                 lo->n, dtype_name(lo->sdt));
-        be->upload(dst[i], t->data, t->nbytes);
+        if (units) {
+            be->upload(dst[i], t->data, t->nbytes);
+            continue;
+        }
+        uint8_t *h = (uint8_t *)mallocCheck(t->nbytes);
+        from_member_order(lo, h, (const uint8_t *)t->data);
+        be->upload(dst[i], h, t->nbytes);
+        free(h);
     }
     lo->step = st_metadata_int(&st, "step", path);  // the step lives in the header's metadata
     st_close(&st);

@@ -32,10 +32,22 @@ struct LoRA {
     DType sdt;              // their element type: hp; bf16 with bf16 on a backend whose act is bf16 (CUDA)
                             // (the CPU keeps the bf16 values in hp storage)
     uint64_t sr_seed;       // the stochastic rounding's seed (bf16)
-    // activations saved by the training forward: ax = x A^T per (layer, projection)
-    void **ax;              // (L * LIN_COUNT): (N, r) act
+    // The training products by unit: q, k, v read one input, and so do gate and up; o and down are
+    // units of one. A unit's adapted members lie one after another in the blobs (their A's, then
+    // their B's), so its A's are one (R, in) matrix, R = r times its adapted members, and one down
+    // product ax = x A^T (N, R) serves them all; each member's up product reads its r columns.
+    int ld[LIN_COUNT];      // R of projection i's unit: the row length of its ax and dax
+    int col[LIN_COUNT];     // the first of projection i's r columns in them
+    // activations saved by the training forward: the units' ax (N, R) act, per (layer, projection)
+    // the member's first column (row stride ld)
+    void **ax;              // (L * LIN_COUNT)
     void *ax_mem;
-    int ax_cap;             // rows the ax buffers hold
+    void *dax;              // (N, the widest R) act: the backward's gradient of a unit's ax, made member by member
+    int ax_cap;             // rows the ax and dax buffers hold
+    // the hooks' check that a unit's members come in order: the last down product's input and its
+    // (layer, first member) k; the members' backwards since the last unit's input gradient
+    const void *down_inp;
+    int down_k, up_done;
     // act-typed copies of every A and B (same layout as params) for the decode step's lora_apply:
     // made by lora_sync_act when a rollout starts (the masters do not change during one) and
     // marked stale by lora_release_act when it ends; act_valid while they are current. The
@@ -44,10 +56,11 @@ struct LoRA {
     void **A_act, **B_act;  // (L * LIN_COUNT), NULL where not adapted
     int act_valid;
     // and, where projections share their input and the model has their fused weight (q|k|v,
-    // gate|up), one adapter for the group: A the adapted members' A stacked (gR, in), B their B's
-    // on the block diagonal of (fused width, gR), zeros elsewhere, so that one lora_apply adds every
-    // member's product to the fused output (2 small GEMMs for the group instead of 2 per member)
-    void *grp_mem;
+    // gate|up), one adapter for the group: A the adapted members' A stacked (gR, in) (the unit's A in
+    // the act copies), B their B's on the block diagonal of (fused width, gR), zeros elsewhere, so
+    // that one lora_apply adds every member's product to the fused output (2 small GEMMs for the
+    // group instead of 2 per member)
+    void *grp_mem;          // the block-diagonal B's
     size_t grp_bytes;       // of grp_mem
     void **gA, **gB;        // (L * 2): group 0 = q|k|v, 1 = gate|up; NULL where none is adapted
     int gR[2];              // r times the group's adapted members
@@ -101,14 +114,16 @@ int lora_group_act(const LoRA *lo, int layer, int group, const void **A, const v
 
 // ---- hooks called by model.c (only when m->lora && m->lora_on) ----
 // out (N, out) += scale * (inp A^T) B^T ; save: keep inp A^T for the backward (training forward), else
-// a decode step: from the act copies
+// a decode step: from the act copies. A training forward calls a unit's members in order (q, k, v;
+// gate, up) with the same inp: the first adapted one makes the unit's ax.
 void lora_hook_forward(Model *m, int layer, int which, void *out, const void *inp, int N, int save);
-// dinp (N, in) += the adapter's input gradient; dA, dB accumulate
+// dB accumulates, and the member's columns of dax are made; after the unit's last adapted member (in
+// the same order) dinp (N, in) += the unit's input gradient and its dA's accumulate
 void lora_hook_backward(Model *m, int layer, int which, void *dinp, const void *dout, const void *inp, int N);
 // make the saved-activation buffers hold N rows
 void lora_ensure_acts(LoRA *lo, int N);
-// bytes of the saved activations (all adapters)
-size_t lora_acts_bytes(const LoRA *lo);
+// bytes of the saved activations (every unit's ax) and dax for N rows
+size_t lora_acts_bytes(const LoRA *lo, int N);
 // bytes of the parameters, their gradients and AdamW's m and v (the optimizer state, all adapters)
 size_t lora_state_bytes(const LoRA *lo);
 // bytes of the act-typed copies the rollouts read (each adapter's, and the groups'), once made

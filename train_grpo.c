@@ -1089,7 +1089,7 @@ static void memory_report(const Run *r, const Step *s) {
     printf("memory after the first step: weights %.1f MiB, %s %.1f MiB, activations %.1f MiB "
            "(%s), KV cache %.1f MiB (during the rollout), decode scratch %.1f MiB; peak held %.1f MiB\n",
            (m->w.dense_bytes + m->w.fp8_bytes) / 1048576.0, r->lo ? "LoRA + AdamW" : "gradients + masters + AdamW",
-           r->lora_bytes / 1048576.0, (m->acts.bytes + (r->lo ? lora_acts_bytes(r->lo) : 0)) / 1048576.0, m->recompute ? "recomputed per layer" : "all layers kept",
+           r->lora_bytes / 1048576.0, (m->acts.bytes + (r->lo ? lora_acts_bytes(r->lo, r->lo->ax_cap) : 0)) / 1048576.0, m->recompute ? "recomputed per layer" : "all layers kept",
            s->ro.kv_bytes / 1048576.0, m->dec.bytes / 1048576.0, peak / 1048576.0);
     if (m->arena.cap)
         printf("arena: %.1f MiB, time-shared: KV cache %.1f MiB at most, activations %.1f MiB at most "

@@ -163,22 +163,26 @@ struct Backend {
     // or from it (set 1: the scales uploaded too). Returns the count (buf NULL: counted only), 0
     // for the recipes that keep nothing between steps.
     size_t (*fp8_train_state)(FP8Train *const *t, int n, float *buf, int set);
-    // LoRA, unmerged: ax (N, R) act = inp A^T (saved for the backward; the product B^T reads it as it is
-    // stored) ; out (N, OC) act += scale * ax B^T
-    // A (R, C), B (OC, R) of type wdt: hp (fp32 masters), or bf16 where act is bf16 (--lora_dtype bf16's
-    // masters on CUDA: the values the fp32 path would round them to for its GEMMs, so the same product)
-    void (*lora_forward)(void *out, void *ax, const void *inp, const void *A, const void *B, DType wdt, float scale,
-                         int N, int C, int R, int OC);
-    // out (N, OC) act += scale * (inp A^T) B^T with A (R, C), B (OC, R) in act (copies of the hp
-    // masters, made once per rollout) and inp A^T rounded to act: lora_forward's product for the
-    // forwards that keep nothing for a backward (the decode step), in fewer launches
+    // LoRA, unmerged, as two small products: down, ax = inp A^T (rank R), and up, out += scale ax B^T.
+    // A (R, C) and B (OC, R) are act values (lora.c's act copies of the masters, or bf16 masters as
+    // they are). Members of a unit share one down product (lora.h): A is their A's stacked and each
+    // member's up product reads its R columns of ax (row stride ld).
+    // ax (N, R) act = inp (N, C) A^T, fp32 sums rounded once (kept for the backward)
+    void (*lora_down)(void *ax, const void *inp, const void *A, int N, int C, int R);
+    // out (N, OC) act += scale * ax B^T, ax (N, R) of row stride ld
+    void (*lora_up)(void *out, const void *ax, int ld, const void *B, float scale, int N, int R, int OC);
+    // out (N, OC) act += scale * (inp A^T) B^T: lora_down then lora_up through the backend's own
+    // scratch, for the forwards that keep nothing for a backward (the decode step)
     void (*lora_apply)(void *out, const void *inp, const void *A, const void *B, float scale, int N, int C, int R,
                        int OC);
     // dst (n) act = src (n) hp, rounded (device to device)
     void (*to_act)(void *dst, const void *src, size_t n);
-    // dA (R, C) hp += ; dB (OC, R) hp += ; dinp (N, C) act += scale * (dout B) A; A, B of type wdt (above)
-    void (*lora_backward)(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax,
-                          const void *A, const void *B, DType wdt, float scale, int N, int C, int R, int OC);
+    // the up product's backward: dax (N, R) act = scale * dout B ; dB (OC, R) hp += scale * dout^T ax;
+    // dax and ax of row stride ld
+    void (*lora_up_backward)(void *dax, void *dB, const void *dout, const void *ax, int ld, const void *B, float scale,
+                             int N, int R, int OC);
+    // the down product's backward: dinp (N, C) act += dax A ; dA (R, C) hp += dax^T inp
+    void (*lora_down_backward)(void *dinp, void *dA, const void *dax, const void *inp, const void *A, int N, int C, int R);
     // x (N, H, HD) act rotated in place by position pos[n] (Hugging Face rotate_half
     // convention); inv_freq (HD/2) hp. Backward rotates by the negative angle.
     void (*rope_forward)(void *x, const int32_t *pos, const void *inv_freq, int N, int H, int HD);

@@ -165,16 +165,23 @@ static void cpu_linear_backward(void *dinp, int accumulate, void *dw, void *dbia
     if (dbias) OP(matmul_backward)(NULL, 0, NULL, (real *)dbias, (const real *)dout, NULL, NULL, N, C, OC);
 }
 
-// ---- LoRA: out += scale * (inp A^T) B^T ------------------------------------------
-// A, B: hp (wdt is hp on the CPU backends: --lora_dtype bf16 holds bf16 values in hp storage)
-static void cpu_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, DType wdt, float scale,
-                             int N, int C, int R, int OC) {
-    if (wdt != REAL_DT) die(BACKEND_NAME " backend: LoRA weights are %s, not %s", dtype_name(wdt), dtype_name(REAL_DT));
+// ---- LoRA: out += scale * (inp A^T) B^T, A and B act (here hp) -------------------
+
+// the R columns of x (N rows of stride ld), contiguous
+static real *lora_columns(const void *x, int ld, int N, int R) {
+    real *c = (real *)callocCheck((size_t)N * R + 1, sizeof(real));
+    for (int n = 0; n < N; n++) memcpy(c + (size_t)n * R, (const real *)x + (size_t)n * ld, R * sizeof(real));
+    return c;
+}
+static void cpu_lora_down(void *ax, const void *inp, const void *A, int N, int C, int R) {
     OP(matmul_forward)((real *)ax, (const real *)inp, (const real *)A, NULL, N, C, R);
-    real *tmp = (real *)mallocCheck((size_t)N * OC * sizeof(real));
-    OP(matmul_forward)(tmp, (const real *)ax, (const real *)B, NULL, N, R, OC);
+}
+static void cpu_lora_up(void *out, const void *ax, int ld, const void *B, float scale, int N, int R, int OC) {
+    real *x = lora_columns(ax, ld, N, R), *tmp = (real *)mallocCheck((size_t)N * OC * sizeof(real));
+    OP(matmul_forward)(tmp, x, (const real *)B, NULL, N, R, OC);
     real *o = (real *)out;
     for (size_t i = 0; i < (size_t)N * OC; i++) o[i] += (real)(scale * (double)tmp[i]);
+    free(x);
     free(tmp);
 }
 
@@ -182,23 +189,28 @@ static void cpu_lora_forward(void *out, void *ax, const void *inp, const void *A
 static void cpu_lora_apply(void *out, const void *inp, const void *A, const void *B, float scale, int N, int C, int R,
                            int OC) {
     real *ax = (real *)mallocCheck((size_t)N * R * sizeof(real));
-    cpu_lora_forward(out, ax, inp, A, B, REAL_DT, scale, N, C, R, OC);
+    cpu_lora_down(ax, inp, A, N, C, R);
+    cpu_lora_up(out, ax, R, B, scale, N, R, OC);
     free(ax);
 }
 static void cpu_to_act(void *dst, const void *src, size_t n) { memcpy(dst, src, n * sizeof(real)); }
 
-static void cpu_lora_backward(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax,
-                              const void *A, const void *B, DType wdt, float scale, int N, int C, int R, int OC) {
-    if (wdt != REAL_DT) die(BACKEND_NAME " backend: LoRA weights are %s, not %s", dtype_name(wdt), dtype_name(REAL_DT));
+static void cpu_lora_up_backward(void *dax, void *dB, const void *dout, const void *ax, int ld, const void *B, float scale,
+                                 int N, int R, int OC) {
     // the adapter's output is scale * ax B^T, so its upstream gradient is scale * dout
     size_t nd = (size_t)N * OC;
     real *sd = (real *)mallocCheck(nd * sizeof(real));
     for (size_t i = 0; i < nd; i++) sd[i] = (real)(scale * (double)((const real *)dout)[i]);
-    real *dax = (real *)mallocCheck((size_t)N * R * sizeof(real));
-    OP(matmul_backward)(dax, 0, (real *)dB, NULL, sd, (const real *)ax, (const real *)B, N, R, OC);
-    OP(matmul_backward)((real *)dinp, 1, (real *)dA, NULL, dax, (const real *)inp, (const real *)A, N, C, R);
+    real *x = lora_columns(ax, ld, N, R), *d = (real *)mallocCheck((size_t)N * R * sizeof(real));
+    OP(matmul_backward)(d, 0, (real *)dB, NULL, sd, x, (const real *)B, N, R, OC);
+    for (int n = 0; n < N; n++) memcpy((real *)dax + (size_t)n * ld, d + (size_t)n * R, R * sizeof(real));
     free(sd);
-    free(dax);
+    free(x);
+    free(d);
+}
+static void cpu_lora_down_backward(void *dinp, void *dA, const void *dax, const void *inp, const void *A, int N, int C,
+                                   int R) {
+    OP(matmul_backward)((real *)dinp, 1, (real *)dA, NULL, (const real *)dax, (const real *)inp, (const real *)A, N, C, R);
 }
 
 // ---- thin wrappers (the void* interface over the typed kernels) -------------------
@@ -413,10 +425,12 @@ static Backend be = {
     .linear_forward_q = cpu_linear_forward_q,
     .quantize_act = cpu_quantize_act,
     .linear_backward = cpu_linear_backward,
-    .lora_forward = cpu_lora_forward,
+    .lora_down = cpu_lora_down,
+    .lora_up = cpu_lora_up,
     .lora_apply = cpu_lora_apply,
     .to_act = cpu_to_act,
-    .lora_backward = cpu_lora_backward,
+    .lora_up_backward = cpu_lora_up_backward,
+    .lora_down_backward = cpu_lora_down_backward,
     .rope_forward = w_rope_forward,
     .add_rmsnorm = w_add_rmsnorm,
     .glu_gu = w_glu_gu,

@@ -276,18 +276,6 @@ static void to_bf16(bf16 *dst, const float *src, size_t n) {
     f32_to_bf16_kernel<<<grid_for(n), 256, 0, G.stream>>>(dst, src, n);
     launchCheck();
 }
-// two arrays in one launch (LoRA's A and B)
-__global__ void f32_to_bf16_2_kernel(bf16 *d1, const float *s1, size_t n1, bf16 *d2, const float *s2, size_t n2) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n1 + n2; i += (size_t)gridDim.x * blockDim.x) {
-        if (i < n1) d1[i] = __float2bfloat16_rn(s1[i]);
-        else d2[i - n1] = __float2bfloat16_rn(s2[i - n1]);
-    }
-}
-static void to_bf16_2(bf16 *d1, const float *s1, size_t n1, bf16 *d2, const float *s2, size_t n2) {
-    f32_to_bf16_2_kernel<<<grid_for(n1 + n2), 256, 0, G.stream>>>(d1, s1, n1, d2, s2, n2);
-    launchCheck();
-}
-
 // out (N, OC) bf16 = y (N, OC) f32 + bias (OC) bf16, in fp32 then rounded once
 __global__ void bias_out_kernel(bf16 *out, const float *y, const bf16 *bias, size_t n, int OC) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -412,47 +400,36 @@ static void cu_fp8_train_backward_kept(void *dinp, int accumulate, void *dw, voi
 }
 
 // ---- LoRA: out += scale * (inp A^T) B^T, in BF16 GEMMs (see the top of the file) ----
+// ax and dax of row stride ld: the GEMM's leading dimension
 
-// A and B as the GEMMs read them: bf16 masters as they are, fp32 ones rounded into scratch
-static void lora_bf16_weights(const void *A, const void *B, DType wdt, int C, int R, int OC, const bf16 **Ab,
-                              const bf16 **Bb) {
-    if (wdt == DT_BF16) {
-        *Ab = (const bf16 *)A, *Bb = (const bf16 *)B;
-        return;
-    }
-    bf16 *a = (bf16 *)cu_scratch(SC_LORA_A, (size_t)R * C * 2), *b = (bf16 *)cu_scratch(SC_LORA_B, (size_t)OC * R * 2);
-    to_bf16_2(a, (const float *)A, (size_t)R * C, b, (const float *)B, (size_t)OC * R);
-    *Ab = a, *Bb = b;
-}
-
-static void cu_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, DType wdt, float scale,
-                            int N, int C, int R, int OC) {
+static void cu_lora_down(void *ax, const void *inp, const void *A, int N, int C, int R) {
     if (N <= 0) return;
-    const bf16 *Ab, *Bb;
-    lora_bf16_weights(A, B, wdt, C, R, OC, &Ab, &Bb);
-    gemm_xwt(ax, BF, inp, Ab, N, R, C, 1.f, 0.f);  // ax (N, R) bf16 = inp A^T (fp32 sums, one rounding)
-    gemm_xwt(out, BF, ax, Bb, N, OC, R, scale, 1.f);  // out (N, OC) += scale ax B^T
+    gemm_xwt(ax, BF, inp, A, N, R, C, 1.f, 0.f);  // ax (N, R) bf16 = inp A^T (fp32 sums, one rounding)
 }
-
+static void cu_lora_up(void *out, const void *ax, int ld, const void *B, float scale, int N, int R, int OC) {
+    if (N <= 0) return;
+    gemm(OPT, OPN, OC, N, R, scale, B, BF, R, ax, BF, ld, 1.f, out, BF, OC);  // out (N, OC) += scale ax B^T
+}
 static void cu_lora_apply(void *out, const void *inp, const void *A, const void *B, float scale, int N, int C, int R,
                           int OC) {
     if (N <= 0) return;
-    bf16 *axb = (bf16 *)cu_scratch(SC_LORA_X, (size_t)N * R * 2);
-    gemm_xwt(axb, BF, inp, A, N, R, C, 1.f, 0.f);        // ax (N, R) bf16 = inp A^T (fp32 sums, one rounding)
-    gemm_xwt(out, BF, axb, B, N, OC, R, scale, 1.f);     // out (N, OC) += scale ax B^T
+    bf16 *ax = (bf16 *)cu_scratch(SC_LORA_X, (size_t)N * R * 2);
+    cu_lora_down(ax, inp, A, N, C, R);
+    cu_lora_up(out, ax, R, B, scale, N, R, OC);
 }
 static void cu_to_act(void *dst, const void *src, size_t n) { to_bf16((bf16 *)dst, (const float *)src, n); }
 
-static void cu_lora_backward(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax,
-                             const void *A, const void *B, DType wdt, float scale, int N, int C, int R, int OC) {
+static void cu_lora_up_backward(void *dax, void *dB, const void *dout, const void *ax, int ld, const void *B, float scale,
+                                int N, int R, int OC) {
     if (N <= 0) return;
-    const bf16 *Ab, *Bb;
-    lora_bf16_weights(A, B, wdt, C, R, OC, &Ab, &Bb);
-    bf16 *dax = (bf16 *)cu_scratch(SC_LORA_X, (size_t)N * R * 2);
-    gemm_xw(dax, BF, dout, Bb, N, OC, R, scale, 0.f);  // dax (N, R) bf16 = scale dout B
-    gemm_xtz(dB, F32, dout, ax, N, OC, R, scale, 1.f);  // dB (OC, R) += scale dout^T ax
-    gemm_xw(dinp, BF, dax, Ab, N, R, C, 1.f, 1.f);      // dinp (N, C) += dax A
-    gemm_xtz(dA, F32, dax, inp, N, R, C, 1.f, 1.f);     // dA (R, C) += dax^T inp
+    gemm(OPN, OPN, R, N, OC, scale, B, BF, R, dout, BF, OC, 0.f, dax, BF, ld);   // dax (N, R) bf16 = scale dout B
+    gemm(OPN, OPT, R, OC, N, scale, ax, BF, ld, dout, BF, OC, 1.f, dB, F32, R);  // dB (OC, R) += scale dout^T ax
+}
+static void cu_lora_down_backward(void *dinp, void *dA, const void *dax, const void *inp, const void *A, int N, int C,
+                                  int R) {
+    if (N <= 0) return;
+    gemm_xw(dinp, BF, dax, A, N, R, C, 1.f, 1.f);   // dinp (N, C) += dax A
+    gemm_xtz(dA, F32, dax, inp, N, R, C, 1.f, 1.f);  // dA (R, C) += dax^T inp
 }
 
 // ----------------------------------------------------------------------------
@@ -956,10 +933,12 @@ static Backend be = {
     .fp8_train_glu_q = cu_fp8_train_glu_q,
     .fp8_train_step = cu_fp8_train_step,
     .fp8_train_state = cu_fp8_train_state,
-    .lora_forward = cu_lora_forward,
+    .lora_down = cu_lora_down,
+    .lora_up = cu_lora_up,
     .lora_apply = cu_lora_apply,
     .to_act = cu_to_act,
-    .lora_backward = cu_lora_backward,
+    .lora_up_backward = cu_lora_up_backward,
+    .lora_down_backward = cu_lora_down_backward,
     .rope_forward = cu_rope_forward,
     .rope_backward = cu_rope_backward,
     .attention_forward = cu_attention_forward,

@@ -21,9 +21,7 @@ enum {
     SC_BF16,     // bf16 dz chunk of logprobs_backward
     SC_HEAD_W,   // an FP8 LM head's backward: bf16 rows of W dequantized, a chunk of the vocabulary
     SC_HEAD_DH,  // its fp32 dh, summed over the chunks
-    SC_LORA_A,   // bf16 copy of A (R, C)
-    SC_LORA_B,   // bf16 copy of B (OC, R)
-    SC_LORA_X,   // bf16 ax (N, R) (lora_apply), dax (lora_backward)
+    SC_LORA_X,   // bf16 ax (N, R) (lora_apply)
     SC_RED,      // reduction partials
     SC_ATT,      // attention backward D / decode partials
     SC_SORT,     // sampling: sorted keys, ids, CUB temp

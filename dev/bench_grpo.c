@@ -182,7 +182,7 @@ static void run(Args *a) {
 
     // the parts
     WeightBytes wb = weight_bytes(&m);
-    size_t lora_other = lora_acts_bytes(lo) + lora_copies_bytes(lo);
+    size_t lora_other = lora_acts_bytes(lo, lo->ax_cap) + lora_copies_bytes(lo);
     size_t parts = ctx + wb.linear + wb.emb + wb.head + wb.other + lora_state + lora_other + m.arena.bytes + m.dec.bytes;
     size_t scratch = peak > parts ? peak - parts : 0;
     printf("\nGRPO step, %s shape (random weights), %s, %d prompts x %d completions, prompt %d + %d new, LoRA r %d "

@@ -67,16 +67,21 @@ static void pw_linear_forward_q(void *out, const FP8Tensor *xq, const QWeight *w
 static void pw_linear_backward(void *dinp, int acc, void *dw, void *db, const void *dout, const void *inp, const QWeight *w, int N) {
     PW(P_LIN_B, PF.R->linear_backward(dinp, acc, dw, db, dout, inp, w, N));
 }
-static void pw_lora_forward(void *out, void *ax, const void *inp, const void *A, const void *B, DType wdt, float s, int N, int C,
-                            int Rk, int OC) {
-    PW(P_LORA_F, PF.R->lora_forward(out, ax, inp, A, B, wdt, s, N, C, Rk, OC));
+static void pw_lora_down(void *ax, const void *inp, const void *A, int N, int C, int Rk) {
+    PW(P_LORA_F, PF.R->lora_down(ax, inp, A, N, C, Rk));
+}
+static void pw_lora_up(void *out, const void *ax, int ld, const void *B, float s, int N, int Rk, int OC) {
+    PW(P_LORA_F, PF.R->lora_up(out, ax, ld, B, s, N, Rk, OC));
 }
 static void pw_lora_apply(void *out, const void *inp, const void *A, const void *B, float s, int N, int C, int Rk, int OC) {
     PW(P_LORA_F, PF.R->lora_apply(out, inp, A, B, s, N, C, Rk, OC));
 }
-static void pw_lora_backward(void *dinp, void *dA, void *dB, const void *dout, const void *inp, const void *ax, const void *A,
-                             const void *B, DType wdt, float s, int N, int C, int Rk, int OC) {
-    PW(P_LORA_B, PF.R->lora_backward(dinp, dA, dB, dout, inp, ax, A, B, wdt, s, N, C, Rk, OC));
+static void pw_lora_up_backward(void *dax, void *dB, const void *dout, const void *ax, int ld, const void *B, float s, int N,
+                                int Rk, int OC) {
+    PW(P_LORA_B, PF.R->lora_up_backward(dax, dB, dout, ax, ld, B, s, N, Rk, OC));
+}
+static void pw_lora_down_backward(void *dinp, void *dA, const void *dax, const void *inp, const void *A, int N, int C, int Rk) {
+    PW(P_LORA_B, PF.R->lora_down_backward(dinp, dA, dax, inp, A, N, C, Rk));
 }
 static void pw_att_f(void *out, void *lse, const void *q, const void *k, const void *v, int B, int T, int NH, int KVH, int HD,
                      double sc, int win) {
@@ -166,7 +171,8 @@ static void prof_install(const Backend *real, Backend *W) {
     memset(prof_calls, 0, sizeof prof_calls);
     *W = *real;
     W->linear_forward = pw_linear_forward; W->linear_backward = pw_linear_backward;
-    W->lora_forward = pw_lora_forward; W->lora_backward = pw_lora_backward; W->lora_apply = pw_lora_apply;
+    W->lora_down = pw_lora_down; W->lora_up = pw_lora_up; W->lora_apply = pw_lora_apply;
+    W->lora_up_backward = pw_lora_up_backward; W->lora_down_backward = pw_lora_down_backward;
     W->attention_forward = pw_att_f; W->attention_backward = pw_att_b;
     W->attention_decode = pw_att_dec; W->kv_write = pw_kv_write;
     W->rmsnorm_forward = pw_norm_f; W->rmsnorm_backward = pw_norm_b;

@@ -358,13 +358,13 @@ static void lora_mags(double **mx, double **mo, const float *x, const float *A, 
         }
 }
 
-// lora_apply against the CPU's lora_forward, with test_lora's tolerance (A, ax, B each rounded to bf16,
-// fp32 sums), at the decode step's shapes
+// lora_apply against the CPU's (fp32 A, B, ax), with test_lora's tolerance (A, ax, B each rounded to
+// bf16, fp32 sums), at the decode step's shapes
 static void lora_apply_case(int N, int C, int R, int OC) {
     float scale = 2.0f;
     float *x = randn_bf((size_t)N * C, 1.0f), *A = randn((size_t)R * C, 0.05f), *B = randn((size_t)OC * R, 0.05f);
-    float *out0 = randn_bf((size_t)N * OC, 1.0f), *rout = fdup(out0, (size_t)N * OC), *rax = fmalloc((size_t)N * R);
-    CPU->lora_forward(rout, rax, x, A, B, DT_F32, scale, N, C, R, OC);
+    float *out0 = randn_bf((size_t)N * OC, 1.0f), *rout = fdup(out0, (size_t)N * OC);
+    CPU->lora_apply(rout, x, A, B, scale, N, C, R, OC);
     double *max_, *mo;
     lora_mags(&max_, &mo, x, A, B, scale, N, C, R, OC);
     double *to = tol_bf(rout, mo, 3 * U8 + acc32(C), (size_t)N * OC);
@@ -377,102 +377,128 @@ static void lora_apply_case(int N, int C, int R, int OC) {
     char what[96];
     snprintf(what, sizeof what, "lora_apply out += N %d C %d R %d OC %d", N, C, R, OC);
     check_close(what, got, rout, to, (size_t)N * OC);
-    free(x); free(A); free(B); free(out0); free(rout); free(rax); free(max_); free(mo); free(to); free(got);
+    free(x); free(A); free(B); free(out0); free(rout); free(max_); free(mo); free(to); free(got);
     G->free(dx); G->free(dA); G->free(dB); G->free(dA16); G->free(dB16); G->free(dout);
 }
 
+// a unit of three members sharing one input (q, k, v at r 16): the down product with their A's stacked
+// (R = 48), each member's up product and its backward on its 16 columns of ax and dax (row stride 48),
+// then the unit's down backward; against the CPU's ops on fp32 A, B (the GPU's are their bf16 copies)
 START_TEST(test_lora) {
     lora_apply_case(64, 1024, 48, 4096);  // the 0.6B shape's q|k|v group at batch 64 (r 16, three members)
     lora_apply_case(5, 3072, 16, 1024);   // down, a few rows
     lora_apply_case(7, 320, 12, 200);     // odd sizes
-    int N = 150, C = 320, R = 16, OC = 200;
+    enum { M = 3 };
+    int N = 150, C = 320, r = 16, R = M * r, OC[M] = {200, 72, 72};
     float scale = 2.0f;
-    float *x = randn_bf((size_t)N * C, 1.0f), *A = randn((size_t)R * C, 0.05f), *B = randn((size_t)OC * R, 0.05f);
-    float *out0 = randn_bf((size_t)N * OC, 1.0f);
-    void *dx = up_act(x, (size_t)N * C), *dA = up_hp(A, (size_t)R * C), *dB = up_hp(B, (size_t)OC * R);
-    void *dout = up_act(out0, (size_t)N * OC), *dax = G->alloc((size_t)N * R * 2);
-    G->lora_forward(dout, dax, dx, dA, dB, DT_F32, scale, N, C, R, OC);
-    float *rout = fdup(out0, (size_t)N * OC), *rax = fmalloc((size_t)N * R);
-    CPU->lora_forward(rout, rax, x, A, B, DT_F32, scale, N, C, R, OC);
-    float *gax = down_act(dax, (size_t)N * R), *gout = down_act(dout, (size_t)N * OC);
-    // ax = x A^T with A rounded to bf16 and ax stored in bf16: 2 x 2^-8 sum |x a| + fp32 accumulation
-    double *max_, *mo, *tax = dmalloc_h((size_t)N * R);
-    lora_mags(&max_, &mo, x, A, B, scale, N, C, R, OC);
-    for (size_t i = 0; i < (size_t)N * R; i++) tax[i] = (2 * U8 + acc32(C)) * max_[i];
-    check_close("lora_forward ax", gax, rax, tax, (size_t)N * R);
-    // out += scale ax B^T: A, ax and B each rounded to bf16 (3 x 2^-8 of the magnitude), bf16 output
-    double *to = tol_bf(rout, mo, 3 * U8 + acc32(C), (size_t)N * OC);
-    check_close("lora_forward out +=", gout, rout, to, (size_t)N * OC);
-    // lora_apply (the decode step's path): A and B as bf16 copies (to_act), ax rounded to bf16 by
-    // the GEMM itself: the same roundings as lora_forward, so the same reference and tolerance
-    void *dA16 = G->alloc((size_t)R * C * 2), *dB16 = G->alloc((size_t)OC * R * 2), *dout2 = up_act(out0, (size_t)N * OC);
+    float *x = randn_bf((size_t)N * C, 1.0f), *A = randn((size_t)R * C, 0.05f);
+    void *dx = up_act(x, (size_t)N * C), *dA = up_hp(A, (size_t)R * C), *dA16 = G->alloc((size_t)R * C * 2);
     G->to_act(dA16, dA, (size_t)R * C);
-    G->to_act(dB16, dB, (size_t)OC * R);
     float *gA16 = down_act(dA16, (size_t)R * C), *rA16 = fmalloc((size_t)R * C);
     for (size_t i = 0; i < (size_t)R * C; i++) rA16[i] = bfr(A[i]);
     check_exact("to_act (f32 -> bf16, nearest even)", gA16, rA16, (size_t)R * C * 4);
-    G->lora_apply(dout2, dx, dA16, dB16, scale, N, C, R, OC);
-    float *gout2 = down_act(dout2, (size_t)N * OC);
-    check_close("lora_apply out +=", gout2, rout, to, (size_t)N * OC);
-    // bf16 masters (--lora_dtype bf16) are the values the fp32 path rounds A and B to for its GEMMs:
-    // the same products, bit for bit
-    void *dout3 = up_act(out0, (size_t)N * OC), *dax3 = G->alloc((size_t)N * R * 2);
-    G->lora_forward(dout3, dax3, dx, dA16, dB16, DT_BF16, scale, N, C, R, OC);
-    float *gax3 = down_act(dax3, (size_t)N * R), *gout3 = down_act(dout3, (size_t)N * OC);
-    check_exact("lora_forward with bf16 masters: ax", gax3, gax, (size_t)N * R * 4);
-    check_exact("lora_forward with bf16 masters: out +=", gout3, gout, (size_t)N * OC * 4);
-    G->free(dout3); G->free(dax3); free(gax3); free(gout3);
-    G->free(dA16); G->free(dB16); G->free(dout2); free(gA16); free(rA16); free(gout2);
-
-    // backward
-    float *g = randn_bf((size_t)N * OC, 1.0f), *din0 = randn_bf((size_t)N * C, 1.0f);
-    float *gA0 = randn((size_t)R * C, 0.1f), *gB0 = randn((size_t)OC * R, 0.1f);
-    void *dg = up_act(g, (size_t)N * OC), *ddin = up_act(din0, (size_t)N * C), *dgA = up_hp(gA0, (size_t)R * C),
-         *dgB = up_hp(gB0, (size_t)OC * R);
-    G->lora_backward(ddin, dgA, dgB, dg, dx, dax, dA, dB, DT_F32, scale, N, C, R, OC);
-    float *rdin = fdup(din0, (size_t)N * C), *rgA = fdup(gA0, (size_t)R * C), *rgB = fdup(gB0, (size_t)OC * R);
-    CPU->lora_backward(rdin, rgA, rgB, g, x, rax, A, B, DT_F32, scale, N, C, R, OC);
-    float *gdin = down_act(ddin, (size_t)N * C), *ggA = down_hp(dgA, (size_t)R * C), *ggB = down_hp(dgB, (size_t)OC * R);
-    // dB += scale g^T ax: ax rounded to bf16 (ax itself carries the forward's error, bounded above)
-    double *tB = dmalloc_h((size_t)OC * R), *mdax = dmalloc_h((size_t)N * R);
-    for (int o = 0; o < OC; o++)
-        for (int r = 0; r < R; r++) {
-            double s = 0, e = 0;
-            for (int i = 0; i < N; i++) {
-                s += fabs(g[(size_t)i * OC + o] * rax[(size_t)i * R + r]);
-                e += fabs(g[(size_t)i * OC + o]) * tax[(size_t)i * R + r];
-            }
-            tB[(size_t)o * R + r] = scale * ((U8 + acc32(N)) * s + e) + 0x1p-22 * fabs(rgB[(size_t)o * R + r]);
-        }
-    check_close("lora_backward dB +=", ggB, rgB, tB, (size_t)OC * R);
-    // dax = scale g B (B rounded): magnitude per (i, r); then dinp += dax A, dA += dax^T x with dax
-    // and A rounded: 3 roundings for dinp, 2 for dA
+    free(gA16); free(rA16);
+    // ax = x A^T with A rounded to bf16 and ax stored in bf16: 2 x 2^-8 sum |x a| + fp32 accumulation
+    void *dax = G->alloc((size_t)N * R * 2);
+    float *rax = fmalloc((size_t)N * R);
+    G->lora_down(dax, dx, dA16, N, C, R);
+    CPU->lora_down(rax, x, A, N, C, R);
+    float *gax = down_act(dax, (size_t)N * R);
+    double *mx = dmalloc_h((size_t)N * R), *tax = dmalloc_h((size_t)N * R);
     for (int i = 0; i < N; i++)
-        for (int r = 0; r < R; r++) {
+        for (int c = 0; c < R; c++) {
             double s = 0;
-            for (int o = 0; o < OC; o++) s += fabs(g[(size_t)i * OC + o] * B[(size_t)o * R + r]);
-            mdax[(size_t)i * R + r] = scale * s;
+            for (int k = 0; k < C; k++) s += fabs(x[(size_t)i * C + k] * A[(size_t)c * C + k]);
+            mx[(size_t)i * R + c] = s, tax[(size_t)i * R + c] = (2 * U8 + acc32(C)) * s;
         }
+    check_close("lora_down ax", gax, rax, tax, (size_t)N * R);
+
+    // per member, last first (a member's writes beyond its columns would show): out += scale ax B^T, then
+    // its backward: dax's columns = scale g B, dB += scale g^T ax
+    void *ddax = G->alloc((size_t)N * R * 2);
+    float *rdax = fmalloc((size_t)N * R);
+    double *mdax = dmalloc_h((size_t)N * R);
+    for (int m = M - 1; m >= 0; m--) {
+        int O = OC[m];
+        size_t no = (size_t)N * O, nb = (size_t)O * r;
+        float *B = randn(nb, 0.05f), *out0 = randn_bf(no, 1.0f), *rout = fdup(out0, no);
+        void *dB = up_hp(B, nb), *dB16 = G->alloc(nb * 2), *dout = up_act(out0, no);
+        G->to_act(dB16, dB, nb);
+        G->lora_up(dout, (uint16_t *)dax + m * r, R, dB16, scale, N, r, O);
+        CPU->lora_up(rout, rax + m * r, R, B, scale, N, r, O);
+        float *gout = down_act(dout, no);
+        // A, ax and B each rounded to bf16 (3 x 2^-8 of the magnitude), bf16 output
+        double *mo = dmalloc_h(no);
+        for (int i = 0; i < N; i++)
+            for (int o = 0; o < O; o++) {
+                double s = 0;
+                for (int c = 0; c < r; c++) s += mx[(size_t)i * R + m * r + c] * fabs(B[(size_t)o * r + c]);
+                mo[(size_t)i * O + o] = scale * s;
+            }
+        double *to = tol_bf(rout, mo, 3 * U8 + acc32(C), no);
+        char what[64];
+        snprintf(what, sizeof what, "lora_up out += (member %d)", m);
+        check_close(what, gout, rout, to, no);
+
+        float *g = randn_bf(no, 1.0f), *gB0 = randn(nb, 0.1f), *rgB = fdup(gB0, nb);
+        void *dg = up_act(g, no), *dgB = up_hp(gB0, nb);
+        G->lora_up_backward((uint16_t *)ddax + m * r, dgB, dg, (uint16_t *)dax + m * r, R, dB16, scale, N, r, O);
+        CPU->lora_up_backward(rdax + m * r, rgB, g, rax + m * r, R, B, scale, N, r, O);
+        float *ggB = down_hp(dgB, nb);
+        // dB += scale g^T ax: ax rounded to bf16 (ax itself carries the forward's error, bounded above)
+        double *tB = dmalloc_h(nb);
+        for (int o = 0; o < O; o++)
+            for (int c = 0; c < r; c++) {
+                double s = 0, e = 0;
+                for (int i = 0; i < N; i++) {
+                    s += fabs(g[(size_t)i * O + o] * rax[(size_t)i * R + m * r + c]);
+                    e += fabs(g[(size_t)i * O + o]) * tax[(size_t)i * R + m * r + c];
+                }
+                tB[(size_t)o * r + c] = scale * ((U8 + acc32(N)) * s + e) + 0x1p-22 * fabs(rgB[(size_t)o * r + c]);
+            }
+        snprintf(what, sizeof what, "lora_up_backward dB += (member %d)", m);
+        check_close(what, ggB, rgB, tB, nb);
+        for (int i = 0; i < N; i++)  // the magnitude of dax = scale g B
+            for (int c = 0; c < r; c++) {
+                double s = 0;
+                for (int o = 0; o < O; o++) s += fabs(g[(size_t)i * O + o] * B[(size_t)o * r + c]);
+                mdax[(size_t)i * R + m * r + c] = scale * s;
+            }
+        free(B); free(out0); free(rout); free(gout); free(mo); free(to); free(g); free(gB0); free(rgB); free(ggB); free(tB);
+        G->free(dB); G->free(dB16); G->free(dout); G->free(dg); G->free(dgB);
+    }
+    // dax: B rounded to bf16 and dax stored in bf16
+    float *gdax = down_act(ddax, (size_t)N * R);
+    double *tdax = tol_bf(rdax, mdax, 2 * U8 + acc32(OC[0]), (size_t)N * R);
+    check_close("lora_up_backward dax (three members' columns)", gdax, rdax, tdax, (size_t)N * R);
+
+    // the unit's down backward: dinp += dax A, dA += dax^T x with dax and A rounded: 3 roundings for
+    // dinp (B's, dax's, A's; and the output's), 2 for dA
+    float *din0 = randn_bf((size_t)N * C, 1.0f), *gA0 = randn((size_t)R * C, 0.1f);
+    void *ddin = up_act(din0, (size_t)N * C), *dgA = up_hp(gA0, (size_t)R * C);
+    float *rdin = fdup(din0, (size_t)N * C), *rgA = fdup(gA0, (size_t)R * C);
+    G->lora_down_backward(ddin, dgA, ddax, dx, dA16, N, C, R);
+    CPU->lora_down_backward(rdin, rgA, rdax, x, A, N, C, R);
+    float *gdin = down_act(ddin, (size_t)N * C), *ggA = down_hp(dgA, (size_t)R * C);
     double *mdin = dmalloc_h((size_t)N * C), *tA = dmalloc_h((size_t)R * C);
     for (int i = 0; i < N; i++)
         for (int c = 0; c < C; c++) {
             double s = 0;
-            for (int r = 0; r < R; r++) s += mdax[(size_t)i * R + r] * fabs(A[(size_t)r * C + c]);
+            for (int k = 0; k < R; k++) s += mdax[(size_t)i * R + k] * fabs(A[(size_t)k * C + c]);
             mdin[(size_t)i * C + c] = s;
         }
-    double *tdin = tol_bf(rdin, mdin, 3 * U8 + acc32(OC), (size_t)N * C);
-    check_close("lora_backward dinp +=", gdin, rdin, tdin, (size_t)N * C);
-    for (int r = 0; r < R; r++)
+    double *tdin = tol_bf(rdin, mdin, 3 * U8 + acc32(OC[0]) + acc32(R), (size_t)N * C);
+    check_close("lora_down_backward dinp +=", gdin, rdin, tdin, (size_t)N * C);
+    for (int k = 0; k < R; k++)
         for (int c = 0; c < C; c++) {
             double s = 0;
-            for (int i = 0; i < N; i++) s += mdax[(size_t)i * R + r] * fabs(x[(size_t)i * C + c]);
-            tA[(size_t)r * C + c] = (2 * U8 + acc32(OC) + acc32(N)) * s + 0x1p-22 * fabs(rgA[(size_t)r * C + c]);
+            for (int i = 0; i < N; i++) s += mdax[(size_t)i * R + k] * fabs(x[(size_t)i * C + c]);
+            tA[(size_t)k * C + c] = (2 * U8 + acc32(OC[0]) + acc32(N)) * s + 0x1p-22 * fabs(rgA[(size_t)k * C + c]);
         }
-    check_close("lora_backward dA +=", ggA, rgA, tA, (size_t)R * C);
-    G->free(dx); G->free(dA); G->free(dB); G->free(dout); G->free(dax); G->free(dg); G->free(ddin); G->free(dgA); G->free(dgB);
-    free(x); free(A); free(B); free(out0); free(rout); free(rax); free(gax); free(gout); free(max_); free(tax); free(mo);
-    free(to); free(g); free(din0); free(gA0); free(gB0); free(rdin); free(rgA); free(rgB); free(gdin); free(ggA); free(ggB);
-    free(tB); free(mdax); free(mdin); free(tA); free(tdin);
+    check_close("lora_down_backward dA +=", ggA, rgA, tA, (size_t)R * C);
+    G->free(dx); G->free(dA); G->free(dA16); G->free(dax); G->free(ddax); G->free(ddin); G->free(dgA);
+    free(x); free(A); free(rax); free(gax); free(mx); free(tax); free(rdax); free(mdax); free(gdax); free(tdax);
+    free(din0); free(gA0); free(rdin); free(rgA); free(gdin); free(ggA); free(mdin); free(tA); free(tdin);
 }
 END_TEST
 

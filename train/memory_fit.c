@@ -6,11 +6,7 @@
 size_t memfit_bytes(const Model *m, int mb, int T, int recompute) {
     size_t b = model_acts_bytes(m, mb, T, recompute);
     const LoRA *lo = m->lora;
-    if (lo) {  // the saved ax = x A^T of every adapted projection: (mb T, r) act each, outside the arena
-        int count = 0;
-        for (int k = 0; k < lo->L * LIN_COUNT; k++) count += lo->A[k] != NULL;
-        b += (size_t)mb * T * lo->r * dtype_size(m->be->act) * count;
-    }
+    if (lo) b += lora_acts_bytes(lo, mb * T);  // the adapters' saved ax and their dax, outside the arena
     return b;
 }
 
