@@ -341,14 +341,19 @@ static float embed_scale(const Model *m) {
     return m->be->act == DT_BF16 ? bf16_to_f32(f32_to_bf16(s)) : s;
 }
 
+// whether the n weights w[0 .. n-1] can read one FP8 copy of their input: each a frozen FP8 weight that
+// quantizes its input, of one granularity and width
+static int parts_share_codes(const QWeight *w, int n) {
+    for (int i = 0; i < n; i++)
+        if (!quantizes_input(&w[i]) || w[i].gran != w[0].gran || w[i].cols != w[0].cols) return 0;
+    return 1;
+}
 // Acts.xq as the input codes of layer l's projections first .. first + n - 1 (q, k, v; gate, up; down) where
 // every one of them is a frozen FP8 weight of one granularity, its buffers unwritten; else NULL (each
 // product quantizes its own input)
 static FP8Tensor *input_codes(Model *m, int l, int first, int n, int N, FP8Tensor *t) {
     const QWeight *w = &m->w.layers[l].lin[first];
-    if (!m->acts.xq) return NULL;
-    for (int i = 0; i < n; i++)
-        if (!quantizes_input(&w[i]) || w[i].gran != w[0].gran || w[i].cols != w[0].cols) return NULL;
+    if (!m->acts.xq || !parts_share_codes(w, n)) return NULL;
     memset(t, 0, sizeof *t);
     act_codes(t, w, N);
     t->data = (uint8_t *)m->acts.xq;
@@ -755,14 +760,14 @@ void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_h
 // group (lora_group_act); returns d->fused (N, the parts' widths summed). Where it has not (per-tensor
 // scales, or block scales whose boundaries do not line up), one GEMM and adapter per part into
 // parts[i]; returns NULL.
-// xq: inp's FP8 copy for the fused weight (decode_fp8_input), or NULL.
+// xq: inp's FP8 copy for the fused weight or for every part (decode_fp8_input of group_input), or NULL.
 static void *decode_project(Model *m, int l, int group, void *const *parts, const void *inp, const FP8Tensor *xq,
                             int N) {
     const LayerWeights *lw = &m->w.layers[l];
     const QWeight *fw = group == 0 ? &lw->qkv : &lw->gateup;
     int first = group == 0 ? LIN_Q : LIN_GATE, n = group == 0 ? 3 : 2, lora = m->lora && m->lora_on;
     if (!fw->rows) {
-        for (int i = 0; i < n; i++) linear_fwd(m, l, first + i, parts[i], inp, N, 0, NULL);
+        for (int i = 0; i < n; i++) linear_fwd_q(m, l, first + i, parts[i], inp, xq, N, 0, NULL);
         return NULL;
     }
     void *fused = m->dec.fused;
@@ -780,9 +785,17 @@ static void *decode_project(Model *m, int l, int group, void *const *parts, cons
 // whose activations are quantized a row or a 1x128 group at a time. NULL where w quantizes its input
 // itself (BF16 weights, per-tensor scales: the amax of the whole input first, parts not fused).
 static FP8Tensor *decode_fp8_input(Model *m, const QWeight *w, int S) {
-    if (!quantizes_input(w)) return NULL;
+    if (!w || !quantizes_input(w)) return NULL;
     act_codes(&m->dec.xq, w, S);
     return &m->dec.xq;
+}
+// the weight whose input codes layer l's group (0: q|k|v, 1: gate|up) reads in a decode step: the fused one,
+// else the first part where every part reads one copy (parts_share_codes), else NULL
+static const QWeight *group_input(const Model *m, int l, int group) {
+    const LayerWeights *lw = &m->w.layers[l];
+    const QWeight *fw = group == 0 ? &lw->qkv : &lw->gateup, *w = &lw->lin[group == 0 ? LIN_Q : LIN_GATE];
+    if (fw->rows) return fw;
+    return parts_share_codes(w, group == 0 ? 3 : 2) ? w : NULL;
 }
 
 // A decode step's attention inputs for layer l: q (S, NH, HD) normed and rotated in d->q, this
@@ -838,7 +851,7 @@ static void decode_compute(void *arg) {
         linear_fwd_q(m, l, LIN_O, d->tmp, d->att, xq, S, 0, NULL);
         if (c->gemma) norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_attn, S, c->C);
         // the residual add and the post-attention norm in one op
-        xq = decode_fp8_input(m, &lw->gateup, S);
+        xq = decode_fp8_input(m, group_input(m, l, 1), S);
         be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps, c->gemma, xq);
         void *gu[2] = {d->ff1, d->ff2};
         void *fused = decode_project(m, l, 1, gu, d->ln, xq, S);
@@ -850,7 +863,7 @@ static void decode_compute(void *arg) {
         if (c->gemma) norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_mlp, S, c->C);
         // the residual add and the next layer's input norm (or the final norm)
         const void *next_norm = l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm;
-        xq = l + 1 < c->L ? decode_fp8_input(m, &m->w.layers[l + 1].qkv, S) : NULL;
+        xq = l + 1 < c->L ? decode_fp8_input(m, group_input(m, l + 1, 0), S) : NULL;
         be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, next_norm, S, c->C, c->eps, c->gemma, xq);
     }
     be->logits_forward(d->logits, d->ln, &m->w.head, S);

@@ -143,9 +143,10 @@ __device__ __forceinline__ float norm_row_rstd(float *v, const float (&f)[8], in
     return r_shared;
 }
 
-// out = rmsnorm(x (+= dx when ADD)) * w (P1: * (1 + w), Gemma's) for row blockIdx.x; with q (C % 128 == 0), out's FP8 copy in
-// 1x128 groups as well: the 16 threads of a group find its amax by shuffles and encode their 8 values
-// as fp8_quantize_warp does (scales (C / 128, N)), so the bytes are fp8_quantize_cuda's.
+// out = rmsnorm(x (+= dx when ADD)) * w (P1: * (1 + w), Gemma's) for row blockIdx.x; with q, out's FP8 copy in
+// 1x128 groups as well (the last one partial where C % 128 != 0): the 16 threads of a group find its amax
+// by shuffles and encode their 8 values as fp8_quantize_warp does (scales (cdiv(C, 128), N)), so the
+// bytes are fp8_quantize_cuda's.
 template <bool ADD, bool P1>
 __global__ void __launch_bounds__(1024) norm_row_kernel(bf16 *x, bf16 *out, float *rstd, const bf16 *dx,
                                                         const bf16 *w, int N, int C, float eps, uint8_t *q, float *qs) {
@@ -171,21 +172,25 @@ __global__ void __launch_bounds__(1024) norm_row_kernel(bf16 *x, bf16 *out, floa
     }
     float r = norm_row_rstd(norm_v, f, C, eps);
     if (threadIdx.x == 0) rstd[row] = r;
-    if (!in) return;
-    float g[8];
-    unpack8(g, wv);
+    if (!in && !q) return;
+    if (in) {
+        float g[8];
+        unpack8(g, wv);
 #pragma unroll
-    for (int j = 0; j < 8; j++) f[j] = (f[j] * r) * norm_w<P1>(g[j]);
-    uint4 y = pack8(f);
-    *(uint4 *)(out + (size_t)row * C + i0) = y;
+        for (int j = 0; j < 8; j++) f[j] = (f[j] * r) * norm_w<P1>(g[j]);
+        uint4 y = pack8(f);
+        *(uint4 *)(out + (size_t)row * C + i0) = y;
+        unpack8(f, y);  // the copy encodes the stored (rounded) values
+    }
     if (!q) return;
-    unpack8(f, y);  // the copy encodes the stored (rounded) values
+    // a group past C (or its part past C) counts zeros: the amax of the values there, as fp8_quantize_cuda's
     float m = 0.f;
 #pragma unroll
     for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
-    unsigned half = 0xffffu << (threadIdx.x & 16);  // the 16 threads of the group (the other half may have left)
+    unsigned half = 0xffffu << (threadIdx.x & 16);  // the 16 threads of the group (whole warps: all here)
     for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(half, m, o));
     float sc = fp8_scale_dev(m, FP8_E4M3, 0);
+    if (!in) return;
     if (threadIdx.x % 16 == 0) qs[(size_t)(i0 / FP8_BLOCK_SIZE) * N + row] = sc;
     uint32_t lo = 0, hi = 0;
 #pragma unroll
@@ -420,7 +425,7 @@ void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *
     int wpb = row_warps(N);
     unsigned gr = cdiv(N, wpb);
     if (norm_row_ok(N, C) && aligned16(x, out, dx, w)) {
-        int fuse = outq && outq->gran == FP8_BLOCK && C % FP8_BLOCK_SIZE == 0 && !((uintptr_t)outq->data & 7);
+        int fuse = outq && outq->gran == FP8_BLOCK && !((uintptr_t)outq->data & 7);
         if (norm1p)
             norm_row<true>((bf16 *)x, (bf16 *)out, (float *)rstd, (const bf16 *)dx, (const bf16 *)w, N, C, eps,
                            fuse ? outq->data : NULL, fuse ? outq->scale : NULL);

@@ -605,12 +605,12 @@ START_TEST(test_norm_rope_elementwise) {
     }
 
     // the decode fusions against the GPU ops they replace: bit for bit (same roundings, same order)
-    // (C 100: scalar kernels; 1000, 1024, 1152, 4096, 6400: a block per row, C 1000 with the FP8 copy
-    // in a pass of its own (a partial group), 1152 with a half-empty last warp; 9216: 16-byte loops);
-    // Llama's norm, and Gemma's (1 + w) one (norm1p: add then rmsnorm1p_forward) at Gemma-3-4B's 2560 and two others
-    const int fusedC[10] = {100, 1000, 1024, 1152, 4096, 6400, 9216, 2560, 1152, 100};
-    for (int vi = 0; vi < 10; vi++) {
-        int Nf = 64, Cf = fusedC[vi], p1 = vi >= 7;
+    // (C 100: scalar kernels; 1000, 1024, 1152, 4096, 6400, 576: a block per row, C 1000 and 576 with a
+    // partial last group, 1152 with a half-empty last warp; 9216: 16-byte loops); Llama's norm, and
+    // Gemma's (1 + w) one (norm1p: add then rmsnorm1p_forward) at Gemma-3-4B's 2560 and two others
+    const int fusedC[11] = {100, 1000, 1024, 1152, 4096, 6400, 9216, 576, 2560, 1152, 100};
+    for (int vi = 0; vi < 11; vi++) {
+        int Nf = 64, Cf = fusedC[vi], p1 = vi >= 8;
         float *x = randn_bf((size_t)Nf * Cf, 1.0f), *dxh = randn_bf((size_t)Nf * Cf, 1.0f), *w = randn_bf(Cf, 1.0f);
         void *x1 = up_act(x, (size_t)Nf * Cf), *x2 = up_act(x, (size_t)Nf * Cf), *ddx = up_act(dxh, (size_t)Nf * Cf);
         void *dw = up_act(w, Cf), *o1 = G->alloc((size_t)Nf * Cf * 2), *o2 = G->alloc((size_t)Nf * Cf * 2);
