@@ -246,11 +246,13 @@ void config_print(const Config *c, FILE *f) {
 
 // ----------------------------------------------------------------------------
 // weight layout: one table of slots per allocation, a walker sets the pointers.
-// Every tensor starts on a 256-byte boundary (vector loads, cuBLASLt alignment).
+// Every tensor starts on a 256-byte boundary (vector loads, cuBLASLt alignment), but for the FP8 scales: on
+// a 16-byte one (slot_add_scales), so that the scales of gate and up lie back to back and fuse
+// (fuse_views) where a 256-byte boundary would leave a gap (60 floats at SmolLM2-135M's shape).
 
 typedef struct {
     void **ptr;
-    size_t bytes;
+    size_t bytes, align;
 } Slot;
 typedef struct {
     Slot *s;
@@ -263,35 +265,35 @@ static void slot_add(SlotTable *t, void **ptr, size_t bytes) {
         t->cap = t->cap ? 2 * t->cap : 64;
         t->s = (Slot *)reallocCheck(t->s, t->cap * sizeof(Slot));
     }
-    t->s[t->n++] = (Slot){ptr, bytes};
+    t->s[t->n++] = (Slot){ptr, bytes, 256};
 }
-static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
-// a slot's room: 256-byte aligned, and in a table of elements a multiple of 128 of them, so that the
-// dense weights (act) and their gradients and master copies (hp) have every tensor at the same
-// element offset: full-weight training updates them as one flat array (full_finetune.c)
-static size_t slot_room(const SlotTable *t, size_t bytes) {
-    if (t->esize) bytes = (bytes / t->esize + 127) / 128 * 128 * t->esize;
-    return align256(bytes);
+static void slot_add_scales(SlotTable *t, void **ptr, size_t bytes) {
+    slot_add(t, ptr, bytes);
+    t->s[t->n - 1].align = 16;
 }
-static size_t slots_total(const SlotTable *t) {
-    size_t s = 0;
-    for (int i = 0; i < t->n; i++) s += slot_room(t, t->s[i].bytes);
-    return s;
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+// a slot's bytes, in a table of elements a multiple of 128 of them, so that the dense weights (act) and
+// their gradients and master copies (hp) have every tensor at the same element offset: full-weight
+// training updates them as one flat array (full_finetune.c)
+static size_t slot_room(const SlotTable *t, const Slot *s) {
+    return t->esize ? (s->bytes / t->esize + 127) / 128 * 128 * t->esize : s->bytes;
 }
+// where slot k starts (k = t->n: the table's bytes, a whole 256): each slot on its alignment after the last
+static size_t slots_before(const SlotTable *t, int k) {
+    size_t off = 0;
+    for (int i = 0; i < k; i++) off = align_up(off, t->s[i].align) + slot_room(t, &t->s[i]);
+    return align_up(off, k < t->n ? t->s[k].align : 256);
+}
+static size_t slots_total(const SlotTable *t) { return slots_before(t, t->n); }
 // the slots from base on, one after another; past byte `wrap` (0: never) every wrap_len bytes start
 // again at wrap (the layers' gradients in one bucket: model_alloc_grads_bucket)
 static void slots_point(const SlotTable *t, void *base, size_t wrap, size_t wrap_len) {
     size_t off = 0;
     for (int i = 0; i < t->n; i++) {
+        off = align_up(off, t->s[i].align);
         *t->s[i].ptr = (char *)base + (wrap && off >= wrap ? wrap + (off - wrap) % wrap_len : off);
-        off += slot_room(t, t->s[i].bytes);
+        off += slot_room(t, &t->s[i]);
     }
-}
-// the bytes of slots [0, k)
-static size_t slots_before(const SlotTable *t, int k) {
-    size_t s = 0;
-    for (int i = 0; i < k; i++) s += slot_room(t, t->s[i].bytes);
-    return s;
 }
 
 // which granularity layer l's linears get under the options
@@ -418,7 +420,7 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
                     q->q.block_rows = FP8_BLOCK_SIZE;
                     size_t ns = fp8_num_scales(g, q->rows, q->cols, FP8_BLOCK_SIZE);
                     if (!pass) slot_add(&fp8, (void **)&q->q.data, (size_t)q->rows * q->cols);
-                    else slot_add(&fp8, (void **)&q->q.scale, ns * sizeof(float));
+                    else slot_add_scales(&fp8, (void **)&q->q.scale, ns * sizeof(float));
                     if (pass) w->linear_bytes += (size_t)q->rows * q->cols + ns * sizeof(float);
                 }
             }
