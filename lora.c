@@ -38,6 +38,15 @@ unsigned lora_parse_targets(const char *list) {
 // The products' units (lora.h): q, k, v; o; gate, up; down
 static const int UNIT_FIRST[4] = {LIN_Q, LIN_O, LIN_GATE, LIN_DOWN}, UNIT_N[4] = {3, 1, 2, 1};
 
+// adapter k's unit's first adapted member: its A starts the unit's stacked A, its ax the unit's ax
+static int unit_head(const LoRA *lo, int k) {
+    int i = k % LIN_COUNT, u = 0;
+    while (i >= UNIT_FIRST[u] + UNIT_N[u]) u++;
+    int j = UNIT_FIRST[u];
+    while (!(lo->targets & (1u << j))) j++;
+    return k - i + j;
+}
+
 // element offset of adapter k's A (ab 0) or B (ab 1) in the blobs
 static size_t blob_at(const LoRA *lo, int k, int ab) {
     return (size_t)((char *)(ab ? lo->B[k] : lo->A[k]) - (char *)lo->params) / dtype_size(lo->sdt);
@@ -133,7 +142,6 @@ void lora_free(LoRA *lo) {
     free(lo->A_act);
     free(lo->B_act);
     if (lo->grp_mem) be->free(lo->grp_mem);
-    free(lo->gA);
     free(lo->gB);
     be->free(lo->grads);
     be->free(lo->m);
@@ -202,20 +210,18 @@ size_t lora_copies_bytes(const LoRA *lo) {
 }
 
 // the decode step's groups: the units whose projections the model also holds fused (q|k|v, gate|up)
-static const int GROUP_FIRST[2] = {LIN_Q, LIN_GATE}, GROUP_N[2] = {3, 2};
+static const int GROUP_UNIT[2] = {0, 2};
 
-// the group adapters (lora.h): A is the unit's stacked A in the act copies; the block-diagonal B's in
-// one allocation, their blocks off the diagonal zero
+// the group adapters' B's (lora.h) in one allocation, their blocks off the diagonal zero
 static void groups_alloc(LoRA *lo) {
     const Backend *be = lo->be;
     size_t act = dtype_size(be->act), total = 0;
     int out[2] = {0, 0};
     for (int g = 0; g < 2; g++) {
-        lo->gR[g] = lo->ld[GROUP_FIRST[g]];
-        for (int i = GROUP_FIRST[g]; i < GROUP_FIRST[g] + GROUP_N[g]; i++) out[g] += lo->out[i];
-        total += (size_t)lo->L * lo->gR[g] * out[g];
+        int u = GROUP_UNIT[g];
+        for (int i = UNIT_FIRST[u]; i < UNIT_FIRST[u] + UNIT_N[u]; i++) out[g] += lo->out[i];
+        total += (size_t)lo->L * lo->ld[UNIT_FIRST[u]] * out[g];
     }
-    lo->gA = (void **)callocCheck((size_t)lo->L * 2, sizeof(void *));
     lo->gB = (void **)callocCheck((size_t)lo->L * 2, sizeof(void *));
     if (!total) return;
     lo->grp_mem = be->alloc(total * act);
@@ -224,11 +230,10 @@ static void groups_alloc(LoRA *lo) {
     char *p = (char *)lo->grp_mem;
     for (int l = 0; l < lo->L; l++)
         for (int g = 0; g < 2; g++) {
-            if (!lo->gR[g]) continue;
-            for (int i = GROUP_FIRST[g]; i < GROUP_FIRST[g] + GROUP_N[g]; i++)
-                if (lo->A_act[l * LIN_COUNT + i] && lo->col[i] == 0) lo->gA[l * 2 + g] = lo->A_act[l * LIN_COUNT + i];
+            int R = lo->ld[UNIT_FIRST[GROUP_UNIT[g]]];
+            if (!R) continue;
             lo->gB[l * 2 + g] = p;
-            p += (size_t)out[g] * lo->gR[g] * act;
+            p += (size_t)out[g] * R * act;
         }
 }
 
@@ -239,14 +244,15 @@ static void groups_fill(LoRA *lo) {
     size_t act = dtype_size(be->act);
     for (int l = 0; l < lo->L; l++)
         for (int g = 0; g < 2; g++) {
-            if (!lo->gR[g]) continue;
+            int u = GROUP_UNIT[g], R = lo->ld[UNIT_FIRST[u]];
+            if (!R) continue;
             char *B = (char *)lo->gB[l * 2 + g];
             size_t row = 0;
-            for (int i = GROUP_FIRST[g]; i < GROUP_FIRST[g] + GROUP_N[g]; i++) {
+            for (int i = UNIT_FIRST[u]; i < UNIT_FIRST[u] + UNIT_N[u]; i++) {
                 int k = l * LIN_COUNT + i;
                 if (lo->B_act[k])
-                    be->copy_2d(B + (row * lo->gR[g] + lo->col[i]) * act, (size_t)lo->gR[g] * act, lo->B_act[k],
-                                (size_t)lo->r * act, (size_t)lo->r * act, (size_t)lo->out[i]);
+                    be->copy_2d(B + (row * R + lo->col[i]) * act, (size_t)R * act, lo->B_act[k], (size_t)lo->r * act,
+                                (size_t)lo->r * act, (size_t)lo->out[i]);
                 row += lo->out[i];
             }
         }
@@ -272,7 +278,7 @@ static void members_sync(LoRA *lo) {
 
 void lora_sync_act(LoRA *lo) {
     members_sync(lo);
-    if (!lo->gA) groups_alloc(lo);
+    if (!lo->gB) groups_alloc(lo);
     groups_fill(lo);
     lo->act_valid = 1;
 }
@@ -285,9 +291,11 @@ void lora_train_weights(LoRA *lo) {
 
 int lora_group_act(const LoRA *lo, int layer, int group, const void **A, const void **B) {
     if (!lo->act_valid) die("lora: the decode step needs the act copies (lora_sync_act)");
-    *A = lo->gA[layer * 2 + group];
+    int first = UNIT_FIRST[GROUP_UNIT[group]], R = lo->ld[first];
+    if (!R) return 0;
+    *A = lo->A_act[unit_head(lo, layer * LIN_COUNT + first)];  // the unit's stacked A
     *B = lo->gB[layer * 2 + group];
-    return lo->gR[group];
+    return R;
 }
 
 // what a training product reads of adapter k: the masters where they are act values, else the act copies
@@ -296,15 +304,6 @@ static void train_weights(const LoRA *lo, int k, const void **A, const void **B)
     int in_place = lo->sdt == lo->be->act;
     *A = in_place ? lo->A[k] : lo->A_act[k];
     *B = in_place ? lo->B[k] : lo->B_act[k];
-}
-
-// adapter k's unit's first adapted member: its A starts the unit's stacked A, its ax the unit's ax
-static int unit_head(const LoRA *lo, int k) {
-    int i = k % LIN_COUNT, u = 0;
-    while (i >= UNIT_FIRST[u] + UNIT_N[u]) u++;
-    int j = UNIT_FIRST[u];
-    while (!(lo->targets & (1u << j))) j++;
-    return k - i + j;
 }
 
 void lora_hook_forward(Model *m, int layer, int which, void *out, const void *inp, int N, int save) {

@@ -56,14 +56,13 @@ struct LoRA {
     void **A_act, **B_act;  // (L * LIN_COUNT), NULL where not adapted
     int act_valid;
     // and, where projections share their input and the model has their fused weight (q|k|v,
-    // gate|up), one adapter for the group: A the adapted members' A stacked (gR, in) (the unit's A in
-    // the act copies), B their B's on the block diagonal of (fused width, gR), zeros elsewhere, so
-    // that one lora_apply adds every member's product to the fused output (2 small GEMMs for the
-    // group instead of 2 per member)
+    // gate|up), one adapter for the group: A the unit's stacked A in the act copies (R = ld, its
+    // members' r's), B their B's on the block diagonal of (fused width, R), zeros elsewhere, so that
+    // one lora_apply adds every member's product to the fused output (2 small GEMMs for the group
+    // instead of 2 per member)
     void *grp_mem;          // the block-diagonal B's
     size_t grp_bytes;       // of grp_mem
-    void **gA, **gB;        // (L * 2): group 0 = q|k|v, 1 = gate|up; NULL where none is adapted
-    int gR[2];              // r times the group's adapted members
+    void **gB;              // (L * 2): group 0 = q|k|v, 1 = gate|up; NULL where none is adapted
     int step;               // AdamW steps taken
 };
 

@@ -754,6 +754,9 @@ void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_h
     be->logits_forward(logits, m->dec.ln, &m->w.head, B);
 }
 
+// the decode step's groups of projections that share their input: 0 = q, k, v; 1 = gate, up
+static const int GROUP_FIRST[2] = {LIN_Q, LIN_GATE}, GROUP_N[2] = {3, 2};
+
 // The decode step's projections of a group of layer l that share their input (group 0: q, k, v; 1:
 // gate, up). Where the model has the group's fused weight (the parts' codes and scales back to back:
 // model_load.c fuse_views), one GEMM into d->fused, and the adapters, unmerged, as one product for the
@@ -765,7 +768,7 @@ static void *decode_project(Model *m, int l, int group, void *const *parts, cons
                             int N) {
     const LayerWeights *lw = &m->w.layers[l];
     const QWeight *fw = group == 0 ? &lw->qkv : &lw->gateup;
-    int first = group == 0 ? LIN_Q : LIN_GATE, n = group == 0 ? 3 : 2, lora = m->lora && m->lora_on;
+    int first = GROUP_FIRST[group], n = GROUP_N[group], lora = m->lora && m->lora_on;
     if (!fw->rows) {
         for (int i = 0; i < n; i++) linear_fwd_q(m, l, first + i, parts[i], inp, xq, N, 0, NULL);
         return NULL;
@@ -793,9 +796,9 @@ static FP8Tensor *decode_fp8_input(Model *m, const QWeight *w, int S) {
 // else the first part where every part reads one copy (parts_share_codes), else NULL
 static const QWeight *group_input(const Model *m, int l, int group) {
     const LayerWeights *lw = &m->w.layers[l];
-    const QWeight *fw = group == 0 ? &lw->qkv : &lw->gateup, *w = &lw->lin[group == 0 ? LIN_Q : LIN_GATE];
+    const QWeight *fw = group == 0 ? &lw->qkv : &lw->gateup, *w = &lw->lin[GROUP_FIRST[group]];
     if (fw->rows) return fw;
-    return parts_share_codes(w, group == 0 ? 3 : 2) ? w : NULL;
+    return parts_share_codes(w, GROUP_N[group]) ? w : NULL;
 }
 
 // A decode step's attention inputs for layer l: q (S, NH, HD) normed and rotated in d->q, this

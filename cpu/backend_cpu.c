@@ -169,7 +169,7 @@ static void cpu_linear_backward(void *dinp, int accumulate, void *dw, void *dbia
 
 // the R columns of x (N rows of stride ld), contiguous
 static real *lora_columns(const void *x, int ld, int N, int R) {
-    real *c = (real *)callocCheck((size_t)N * R + 1, sizeof(real));
+    real *c = (real *)callocCheck((size_t)N * R, sizeof(real));  // calloc: GCC cannot see the rows fill it
     for (int n = 0; n < N; n++) memcpy(c + (size_t)n * R, (const real *)x + (size_t)n * ld, R * sizeof(real));
     return c;
 }

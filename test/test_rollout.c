@@ -335,8 +335,8 @@ START_TEST(test_lora_groups) {
         RolloutConfig rc = {3, 12, 1.0f, 1.0f, 0, NULL, 0, 4, 1};
         Rollout ra;
         rollout_run(&a, &rc, 2, prompts, plens, seeds, &ra);
-        ck_assert_msg(la->gA && la->gR[0] == (si ? 8 : 12) && la->gR[1] == (si ? 4 : 8), "group copies: R %d, %d",
-                      la->gR[0], la->gR[1]);
+        ck_assert_msg(la->gB && la->ld[LIN_Q] == (si ? 8 : 12) && la->ld[LIN_GATE] == (si ? 4 : 8), "group copies: R %d, %d",
+                      la->ld[LIN_Q], la->ld[LIN_GATE]);
         double worst = 0;
         for (int s = 0; s < 6; s++) {
             int pl = plens[s / 3], T = pl + ra.len[s];
