@@ -21,7 +21,8 @@
 //               small matmuls per tile but keep the backward deterministic.
 // Shared-memory tiles hold rows of HD bf16 in 16-byte chunks, chunk index XOR-swizzled
 // with the row (mod 8), so that the 8 row addresses of an ldmatrix hit 8 different bank
-// groups. Other even head dims up to 256 (and 256 on GPUs with less shared memory) take plain
+// groups (mma_tile.cuh: the tile, the fragments, the PTX; shared with the decode kernel).
+// Other even head dims up to 256 (and 256 on GPUs with less shared memory) take plain
 // fp32 kernels, one warp per row (slow, correct).
 // Sliding windows (window > 0: query t sees keys t - window < s <= t): every kernel masks the keys
 // outside (the same condition as the causal one: masked_key), and skips key (or query) blocks that lie
@@ -32,6 +33,7 @@
 #include "cuda/attention_cuda.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/hopper.cuh"
+#include "cuda/mma_tile.cuh"
 
 #define LOG2E 1.4426950408889634f
 #define FULL 0xffffffffu
@@ -43,39 +45,6 @@ __device__ __forceinline__ int first_key_block(int q0, int window, int bc) { ret
 // the end (exclusive) of the queries that see some key of the block [k0, k0 + bc)
 __device__ __forceinline__ int query_end(int k0, int bc, int T, int window) { return window > 0 ? min(T, k0 + bc + window - 1) : T; }
 
-// ----------------------------------------------------------------------------
-// PTX helpers
-
-__device__ __forceinline__ void ldsm4(uint32_t r[4], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm4t(uint32_t r[4], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-// c (16x8 f32) += a (16x16 bf16, row) * b (16x8 bf16, col)
-__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&v;
-}
-
-// A shared-memory tile of rows of HD bf16: chunk c (8 elements) of row r is stored at
-// chunk c ^ (r mod min(8, HD/8)). Element offset of the chunk's start:
-template <int HD>
-__device__ __forceinline__ int toff(int row, int chunk) {
-    constexpr int CH = HD / 8, SW = (CH < 8 ? CH : 8) - 1;
-    return row * HD + ((chunk ^ (row & SW)) << 3);
-}
 // rows [r0, r0 + R) of a row-strided (ld elements) bf16 matrix into a tile; rows >= rmax are zeros
 template <int HD, int R>
 __device__ __forceinline__ void load_rows(bf16 *s, const bf16 *g, size_t ld, int r0, int rmax, int tid) {
@@ -106,29 +75,6 @@ __device__ __forceinline__ void next_kv_block(bf16 *Ks, bf16 *Vs, const bf16 *kg
     __syncthreads();
 }
 
-// The fragment addressing used throughout (lane = 0..31):
-//   A operand (16 rows x 16 k) from a row-major tile:    row = m0 + (lane & 15), chunk = 2 kk + (lane >> 4)
-//   B operand, two n-tiles of 8, from a tile holding B^T rows (n rows, k contiguous):
-//                                  row = n0 + (lane & 7) + ((lane >> 4) << 3), chunk = 2 kk + ((lane >> 3) & 1)
-//     -> b0, b1 of n-tile n0 and b0, b1 of n-tile n0 + 8
-//   B operand, two n-tiles, from a tile holding B rows (k rows, n contiguous), transposed load:
-//                                  row = k0 + (lane & 7) + ((lane >> 3) & 1) * 8, chunk = 2 np + (lane >> 4)
-//   C fragment c[4]: rows g = lane / 4 (c0, c1) and g + 8 (c2, c3), columns 2 (lane % 4) + {0, 1};
-//   two C n-tiles (2kk, 2kk+1) re-packed to bf16 are the A operand of k-step kk.
-#define A_ROW(m0) ((m0) + (lane & 15))
-#define A_CH(kk) (2 * (kk) + (lane >> 4))
-#define BN_ROW(n0) ((n0) + (lane & 7) + ((lane >> 4) << 3))
-#define BN_CH(kk) (2 * (kk) + ((lane >> 3) & 1))
-#define BT_ROW(k0) ((k0) + (lane & 7) + ((lane >> 3) & 1) * 8)
-#define BT_CH(np) (2 * (np) + (lane >> 4))
-
-__device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const float c1[4]) {
-    a[0] = pack_bf16(c0[0], c0[1]);
-    a[1] = pack_bf16(c0[2], c0[3]);
-    a[2] = pack_bf16(c1[0], c1[1]);
-    a[3] = pack_bf16(c1[2], c1[3]);
-}
-
 // c1 (16 x 16 NP, as 2 NP n-tiles) += A1 B1^T and c2 += A2 B2^T over the tiles' HD: A1, A2 hold the
 // warp's 16 rows from row a0, B1, B2 the 16 NP rows of B^T. The backward's two products of a tile,
 // S = Q K^T and dP = dO V^T (or their transposes), sharing each k step's loop.
@@ -153,20 +99,6 @@ __device__ __forceinline__ void mma_abt2(float (&c1)[2 * NP][4], float (&c2)[2 *
         }
     }
 }
-// acc (16 x HD, as HD / 8 n-tiles) += A B: A one k step's operand (16 x 16: c_to_a of two C n-tiles),
-// B the 16 rows from k0 of a tile of rows of HD, read transposed (P V, dS K, P^T dO, dS^T Q)
-template <int HD>
-__device__ __forceinline__ void mma_ab_rows(float (&acc)[HD / 8][4], const uint32_t (&a)[4], const bf16 *B, int k0) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int np = 0; np < HD / 16; np++) {
-        uint32_t bb[4];
-        ldsm4t(bb, B + toff<HD>(BT_ROW(k0), BT_CH(np)));
-        mma16816(acc[2 * np], a, bb[0], bb[1]);
-        mma16816(acc[2 * np + 1], a, bb[2], bb[3]);
-    }
-}
-
 // ----------------------------------------------------------------------------
 // forward (tensor cores)
 

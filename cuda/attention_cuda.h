@@ -12,7 +12,8 @@
 //                             owns dK/dV per key block (no atomics), a second owns dQ per
 //                             query block; deterministic
 //   attention_decode_cuda     one query token per sequence over a paged KV cache,
-//                             split over the context (flash-decoding) and combined
+//                             split over the context (flash-decoding) and combined; fp32 on
+//                             the CUDA cores, or mma.sync for head dims 64 and 128 at long contexts
 //   kv_write_cuda             rows of k, v into their cache slots
 #ifndef ATTENTION_CUDA_H
 #define ATTENTION_CUDA_H
@@ -44,6 +45,9 @@ size_t attention_decode_scratch(int S, int NH, int KVH, int HD, int BS, int MB);
 void attention_decode_cuda(void *out, const void *q, const void *kc, const void *vc, const float *ks, const float *vs,
                            const int32_t *block_table, const int32_t *seq_lens, int S, int NH, int KVH, int HD, int BS,
                            int MB, float sc, int window, float *scratch, uint8_t *oq, float *oqs, void *stream);
+// attention_decode_cuda's tensor-core kernel (head dims 64 and 128, up to 16 query heads a kv head): -1 (the
+// default) where it is the faster, 0 never, 1 wherever it can run (the tests check both kernels)
+void attention_decode_set_mma(int mode);
 void kv_write_cuda(void *kc, void *vc, float *ks, float *vs, const void *k, const void *v, const int32_t *slots, int N,
                    int KVH, int HD, void *stream);
 

@@ -1,15 +1,19 @@
 // attention_decode.cu: the rollout engine's attention kernels (see attention_cuda.h): the paged KV
 // cache's writes and the decode step's attention over it.
-//   defines: kv_write_cuda, attention_decode_cuda, attention_decode_scratch
+//   defines: kv_write_cuda, attention_decode_cuda, attention_decode_scratch, attention_decode_set_mma
 // Decode: one block per (sequence, kv head, context split); its warps stride over the cached
 // tokens (found through the block table), each keeping an online softmax for all the query
 // heads of the kv head (GQA: K and V are read once per group); warps, then splits, are
 // combined with their max and sum. A sliding window starts the walk at the window's first token.
+// Two ways to do a block's walk: fp32 on the CUDA cores (any head dim; the first two kernels), or on
+// the tensor cores (head dims 64 and 128: attn_decode_mma_kernel, further down), which long contexts
+// with groups of 4+ query heads need (there the fp32 kernels are bound by their instructions).
 // The numeric truth is ops_cpu.c's attention_decode_cpu.
 #include <math.h>
 
 #include "cuda/attention_cuda.h"
 #include "cuda/cuda_common.cuh"
+#include "cuda/mma_tile.cuh"
 
 // ----------------------------------------------------------------------------
 // KV cache
@@ -364,6 +368,197 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     if (oq && nsplit == 1) decode_out_fp8(oq, oqs, out, nh, h0, s, gridDim.z, NH, HD);
 }
 
+// ----------------------------------------------------------------------------
+// The tensor-core kernel (HD 64 or 128, up to 16 query heads a kv head: every model we run). The
+// kernels above spend tens of instructions a cached token and kv head on dot products, shuffles and
+// exponentials, one token per lane group at a time: at long contexts with several query heads a kv
+// head they are bound by those instructions, not by the bytes (dev/RESULTS.md). Here a block (one
+// sequence, kv head and context split) holds the group's query heads as the 16 rows of an mma A operand
+// (rows past the group zero), and walks the context in stages of 64 tokens, 16 a warp:
+//   S (16 heads x 16 tokens) = Q K^T    K's rows are B^T's: ldmatrix straight from the staged tile
+//   online softmax per head row         as the training forward (attention.cu), in exp2's domain
+//   O (16 x HD) += P V                  P re-packed from S's accumulators to bf16 (the A operand)
+// Stages are loaded by cp.async, DS_STAGES - 1 ahead of the one in use, every row found through the
+// block table (tokens past the split's end zero-filled). An FP8 cache stages its codes and scales and
+// converts the codes (exactly) into bf16 tiles first; K's scale multiplies the scores, V's is folded
+// into P before its rounding to bf16. That rounding (2^-9 of each p) is this kernel's one departure
+// from fp32 arithmetic (gpu_backend's tolerance is derived from it). The warps' (max, sum, O) merge
+// and the splits combine as in the kernels above.
+#define DS_T 64       // tokens a stage
+#define DS_STAGES 3   // stages in flight
+#define DS_ROWS 16    // query heads a block: the A operand's rows
+
+template <int HD, bool F8>
+struct DecodeMmaSmem {
+    static constexpr int TILE = DS_T * HD * 2;                             // bytes of a bf16 K or V tile
+    static constexpr int STAGE = F8 ? 2 * DS_T * HD + 2 * DS_T * 4 : 2 * TILE;  // codes + scales, or the tiles
+    static constexpr int MERGE = DEC_WARPS * DS_ROWS * (HD + 2) * 4;       // the warps' (max, sum, O), after the walk
+    static constexpr int WALK = DS_STAGES * STAGE + (F8 ? 2 * TILE : 0);   // + the converted tiles
+    static constexpr int BYTES = WALK > MERGE ? WALK : MERGE;
+};
+
+// stage buffer `st` <- the K and V rows of tokens [t0, t0 + DS_T) (zeros from te on): bf16 rows as
+// swizzled tiles (mma_tile.cuh toff), FP8 codes as plain rows, then each row's two scales
+template <int HD, bool F8>
+__device__ __forceinline__ void ds_load(uint8_t *st, const void *kc, const void *vc, const float *ks, const float *vs,
+                                        const int32_t *btr, int BS, int KVH, int kvh, int t0, int te) {
+    constexpr int EB = F8 ? 1 : 2, CH = HD * EB / 16;  // 16-byte chunks a row
+    const int tid = threadIdx.x;
+    for (int i = tid; i < DS_T * CH; i += DEC_WARPS * 32) {
+        const int r = i / CH, c = i % CH, t = t0 + r;
+        const bool ok = t < te;
+        const size_t row = ok ? ((size_t)btr[t / BS] * BS + t % BS) * KVH + kvh : 0;
+        const size_t off = row * HD * EB + (size_t)c * 16;
+        const int dst = F8 ? r * HD + c * 16 : toff<HD>(r, c) * 2;
+        cp_async16(st + dst, (const uint8_t *)kc + off, ok);
+        cp_async16(st + (F8 ? DS_T * HD : DecodeMmaSmem<HD, F8>::TILE) + dst, (const uint8_t *)vc + off, ok);
+    }
+    if (F8 && tid < 2 * DS_T) {
+        const int r = tid % DS_T, t = t0 + r;
+        const bool ok = t < te;
+        const size_t row = ok ? ((size_t)btr[t / BS] * BS + t % BS) * KVH + kvh : 0;
+        cp_async4(st + 2 * DS_T * HD + tid * 4, (tid < DS_T ? ks : vs) + row, ok);
+    }
+}
+
+// an FP8 stage's codes -> bf16 tiles (E4M3 values are bf16 values: exact), 16 codes a thread at a time
+template <int HD>
+__device__ __forceinline__ void ds_convert(bf16 *kt, bf16 *vt, const uint8_t *st) {
+    constexpr int CH = HD / 16;
+    for (int i = threadIdx.x; i < 2 * DS_T * CH; i += DEC_WARPS * 32) {
+        const int isv = i >= DS_T * CH, j = i - isv * DS_T * CH, r = j / CH, c = j % CH;
+        const uint4 raw = *(const uint4 *)(st + isv * DS_T * HD + r * HD + c * 16);
+        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+        uint32_t o[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[k / 2] >> (16 * (k % 2))), __NV_E4M3);
+            o[k] = pack_bf16(__half2float(__half(__half_raw{h.x})), __half2float(__half(__half_raw{h.y})));
+        }
+        bf16 *dst = isv ? vt : kt;
+        *(uint4 *)(dst + toff<HD>(r, 2 * c)) = make_uint4(o[0], o[1], o[2], o[3]);
+        *(uint4 *)(dst + toff<HD>(r, 2 * c + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+    }
+}
+
+// Grid (splits, KVH, S), DEC_WARPS warps; out / part as attn_decode_kernel's
+template <int HD, bool F8>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+    attn_decode_mma_kernel(bf16 *out, float *part, const bf16 *q, const void *kc, const void *vc, const float *ks,
+                           const float *vs, const int32_t *bt, const int32_t *lens, int NH, int KVH, int BS, int MB,
+                           int nsplit, int tps, float sc, int window, uint8_t *oq, float *oqs) {
+    using L = DecodeMmaSmem<HD, F8>;
+    constexpr int KS = HD / 16, ND = HD / 8;
+    extern __shared__ __align__(128) uint8_t smem[];
+    const int sp = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, rep = NH / KVH, h0 = kvh * rep;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int len = lens[s], tb = max(sp * tps, window > 0 ? len - window : 0), te = min(len, sp * tps + tps);
+    const int nst = te > tb ? (te - tb + DS_T - 1) / DS_T : 0;
+    const int32_t *btr = bt + (size_t)s * MB;
+    for (int j = 0; j < DS_STAGES - 1; j++) {
+        if (j < nst) ds_load<HD, F8>(smem + j * L::STAGE, kc, vc, ks, vs, btr, BS, KVH, kvh, tb + j * DS_T, te);
+        cp_async_commit();
+    }
+    // the A operand: rows g and g + 8 are query heads h0 + g, h0 + g + 8 (zero past the group)
+    uint32_t qa[KS][4];
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = g + (e & 1) * 8, d = kk * 16 + 2 * t4 + (e >> 1) * 8;
+            qa[kk][e] = r < rep ? *(const uint32_t *)(q + ((size_t)s * NH + h0 + r) * HD + d) : 0u;
+        }
+    const float sl2 = sc * 1.4426950408889634f;  // scores in exp2's domain
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f}, o[ND][4];
+#pragma unroll
+    for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    bf16 *conv = (bf16 *)(smem + DS_STAGES * L::STAGE);  // FP8: the stage's converted K, V tiles
+    for (int j = 0; j < nst; j++) {
+        cp_async_wait<DS_STAGES - 2>();
+        __syncthreads();  // stage j landed for every thread; every warp is done with stage j - 1's buffer
+        {
+            const int jn = j + DS_STAGES - 1;
+            if (jn < nst) ds_load<HD, F8>(smem + (jn % DS_STAGES) * L::STAGE, kc, vc, ks, vs, btr, BS, KVH, kvh, tb + jn * DS_T, te);
+            cp_async_commit();
+        }
+        const uint8_t *st = smem + (j % DS_STAGES) * L::STAGE;
+        const bf16 *Kt = (const bf16 *)st, *Vt = (const bf16 *)(st + L::TILE);
+        const float *kscale = (const float *)(st + 2 * DS_T * HD), *vscale = kscale + DS_T;
+        if (F8) {
+            ds_convert<HD>(conv, conv + DS_T * HD, st);
+            __syncthreads();
+            Kt = conv, Vt = conv + DS_T * HD;
+        }
+        const int w0 = warp * 16, tok0 = tb + j * DS_T + w0;  // this warp's 16 tokens
+        if (tok0 >= te) continue;                            // uniform over the warp
+        float sf[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+            uint32_t bb[4];
+            ldsm4(bb, Kt + toff<HD>(BN_ROW(w0), BN_CH(kk)));
+            mma16816(sf[0], qa[kk], bb[0], bb[1]);
+            mma16816(sf[1], qa[kk], bb[2], bb[3]);
+        }
+        // scores (scaled, K's scale for FP8; -inf past the split's end), then the online softmax per row
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int c = w0 + nt * 8 + 2 * t4 + (e & 1);
+                sf[nt][e] = tb + j * DS_T + c < te ? sf[nt][e] * sl2 * (F8 ? kscale[c] : 1.f) : -INFINITY;
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = fmaxf(fmaxf(sf[0][2 * r], sf[0][2 * r + 1]), fmaxf(sf[1][2 * r], sf[1][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mnew = fmaxf(mrow[r], mx), mb = mnew == -INFINITY ? 0.f : mnew;
+            const float alpha = exp2f(mrow[r] - mb);
+            float rs = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float p = exp2f(sf[nt][2 * r + e] - mb);
+                    rs += p;
+                    sf[nt][2 * r + e] = F8 ? p * vscale[w0 + nt * 8 + 2 * t4 + e] : p;  // V's scale into P
+                }
+            lrow[r] = lrow[r] * alpha + rs;
+            mrow[r] = mnew;
+#pragma unroll
+            for (int nd = 0; nd < ND; nd++) o[nd][2 * r] *= alpha, o[nd][2 * r + 1] *= alpha;
+        }
+        uint32_t pa[4];
+        c_to_a(pa, sf[0], sf[1]);
+        mma_ab_rows<HD>(o, pa, Vt, w0);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the stages: their memory holds the merge from here
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+        lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+    }
+    float *sm_m = (float *)smem, *sm_l = sm_m + DEC_WARPS * DS_ROWS, *sm_acc = sm_l + DEC_WARPS * DS_ROWS;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = g + 8 * r;
+        if (t4 == 0) {
+            sm_m[warp * DS_ROWS + row] = mrow[r] * 0.6931471805599453f;  // back to exp's domain, as the merge reads it
+            sm_l[warp * DS_ROWS + row] = lrow[r];
+        }
+        float *a = sm_acc + ((size_t)warp * DS_ROWS + row) * HD;
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++) {
+            a[nd * 8 + 2 * t4] = o[nd][2 * r];
+            a[nd * 8 + 2 * t4 + 1] = o[nd][2 * r + 1];
+        }
+    }
+    __syncthreads();
+    decode_merge_warps(out, part, sm_m, sm_l, sm_acc, DS_ROWS, HD, rep, h0, s, sp, NH, HD, nsplit);
+    if (oq && nsplit == 1) decode_out_fp8(oq, oqs, out, rep, h0, s, gridDim.z, NH, HD);
+}
+
 __global__ void attn_decode_combine(bf16 *out, const float *part, int NH, int HD, int nsplit, uint8_t *oq, float *oqs) {
     const int h = blockIdx.x, s = blockIdx.y;
     const float *pp = part + ((size_t)s * NH + h) * nsplit * (HD + 2);
@@ -394,14 +589,28 @@ static int num_sms(void) {
 }
 
 // splits of the context: enough blocks for two waves, at least 256 tokens a split, at most 64 splits
-static int decode_nsplit(int S, int NH, int KVH, int maxlen) {
-    int rep = NH / KVH, ngroups = (rep + DEC_MAXREP - 1) / DEC_MAXREP;
+static int decode_nsplit(int S, int KVH, int ngroups, int maxlen) {
     long blocks = (long)S * KVH * ngroups;
     long want = (2L * num_sms() + blocks - 1) / blocks;
     long most = (maxlen + 255) / 256;
     long ns = want < most ? want : most;
     if (ns > 64) ns = 64;
     return ns < 1 ? 1 : (int)ns;
+}
+
+// The tensor-core kernel where it measured faster than the fp32 ones (dev/RESULTS.md): groups of 4 to 16
+// query heads a kv head (at 2 the fp32 kernel's work is small enough) over block tables of 1,024 tokens or
+// more (shorter walks pay its deeper prologue and larger shared memory: two blocks an SM instead of four).
+// attention_decode_set_mma: 0 never, 1 wherever it can run (HD 64 or 128, up to 16 heads; the tests), -1 the rule.
+static int decode_mma_mode = -1;
+void attention_decode_set_mma(int mode) { decode_mma_mode = mode; }
+static int decode_mma(int NH, int KVH, int HD, int maxlen) {
+    int rep = NH / KVH, can = (HD == 64 || HD == 128) && rep <= DS_ROWS;
+    if (decode_mma_mode >= 0) return can && decode_mma_mode;
+    return can && rep >= 4 && maxlen >= 1024;
+}
+static int decode_groups(int NH, int KVH, int HD, int maxlen) {
+    return decode_mma(NH, KVH, HD, maxlen) ? 1 : (NH / KVH + DEC_MAXREP - 1) / DEC_MAXREP;
 }
 
 // the decode kernels take GQA groups of any size and even head dims up to 256 (4 bf16 pairs a lane)
@@ -411,7 +620,7 @@ static void check_heads(const char *what, int NH, int KVH, int HD) {
 }
 
 size_t attention_decode_scratch(int S, int NH, int KVH, int HD, int BS, int MB) {
-    int ns = decode_nsplit(S, NH, KVH, BS * MB);
+    int ns = decode_nsplit(S, KVH, decode_groups(NH, KVH, HD, BS * MB), BS * MB);
     return ns > 1 ? (size_t)S * NH * ns * (HD + 2) : 0;
 }
 
@@ -422,11 +631,36 @@ void attention_decode_cuda(void *out, const void *q, const void *kc, const void 
     if (oq && HD % FP8_BLOCK_SIZE) die("attention_decode: the FP8 copy of out needs head_dim %% 128 == 0 (got %d)", HD);
     if (S <= 0) return;
     cudaStream_t st = (cudaStream_t)stream;
-    int maxlen = BS * MB, ns = decode_nsplit(S, NH, KVH, maxlen), tps = (maxlen + ns - 1) / ns;
-    int rep = NH / KVH, ngroups = (rep + DEC_MAXREP - 1) / DEC_MAXREP;
+    // (unaligned rows take the other kernels: more blocks, so no more splits than attention_decode_scratch planned)
+    int rep = NH / KVH, maxlen = BS * MB;
+    int mma = decode_mma(NH, KVH, HD, maxlen) && !(((uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc) & 15);
+    int ngroups = mma ? 1 : (rep + DEC_MAXREP - 1) / DEC_MAXREP;
+    int ns = decode_nsplit(S, KVH, ngroups, maxlen), tps = (maxlen + ns - 1) / ns;
     dim3 grid(ns, KVH * ngroups, S);
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q;
+    if (mma) {
+#define DEC_MMA(H, F)                                                                                                 \
+    do {                                                                                                              \
+        static int attr = 0;                                                                                          \
+        if (!attr) {                                                                                                  \
+            cudaCheck(cudaFuncSetAttribute(attn_decode_mma_kernel<H, F>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                           DecodeMmaSmem<H, F>::BYTES));                                              \
+            attr = 1;                                                                                                 \
+        }                                                                                                             \
+        attn_decode_mma_kernel<H, F><<<grid, DEC_WARPS * 32, DecodeMmaSmem<H, F>::BYTES, st>>>(                        \
+            o, scratch, qq, kc, vc, ks, vs, block_table, seq_lens, NH, KVH, BS, MB, ns, tps, sc, window, oq, oqs);      \
+    } while (0)
+        if (HD == 64) { if (ks) DEC_MMA(64, true); else DEC_MMA(64, false); }
+        else { if (ks) DEC_MMA(128, true); else DEC_MMA(128, false); }
+#undef DEC_MMA
+        launchCheck();
+        if (ns > 1) {
+            attn_decode_combine<<<dim3(NH, S), 128, 0, st>>>(o, scratch, NH, HD, ns, oq, oqs);
+            launchCheck();
+        }
+        return;
+    }
     // the vectorized kernel where HD has a template and every row is aligned (16 bytes, 8 for FP8 codes)
     int vec = (HD == 32 || HD == 64 || HD == 128 || HD == 256) &&
               !(((uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc) & (ks ? 7 : 15));

@@ -1014,26 +1014,8 @@ static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const in
     size_t nq = (size_t)S * NH * HD;
     float *q = randn_bf(nq, 1.0f), *ref = fmalloc(nq);
     void *dq = up_act(q, nq), *dt = up_i32(table, (size_t)S * MB), *dl = up_i32(sl, S), *dout = G->alloc(nq * 2);
-    G->attention_decode(dout, dq, dkc, dvc, dks, dvs, (const int32_t *)dt, (const int32_t *)dl, S, NH, KVH, HD, BS, MB,
-                        scale, window, NULL);
     attention_decode_cpu(ref, q, kc, vc, ks, vs, table, sl, S, NH, KVH, HD, BS, MB, scale, window);
-    float *got = down_act(dout, nq);
-    // with out's FP8 copy (the o projection's input): out unchanged bit for bit, the copy fp8_quantize_cuda's
-    // (BLOCK in the same launch where HD % 128 == 0, else and for ROW a pass of its own)
-    for (int qi = 0; qi < 2; qi++) {
-        FP8Tensor oq;
-        fp8_device_tensor(&oq, S, NH * HD, qi ? FP8_BLOCK : FP8_ROW);
-        void *dout2 = G->alloc(nq * 2);
-        G->attention_decode(dout2, dq, dkc, dvc, dks, dvs, (const int32_t *)dt, (const int32_t *)dl, S, NH, KVH, HD, BS,
-                            MB, scale, window, &oq);
-        float *got2 = down_act(dout2, nq);
-        check_exact("attention_decode's out with its FP8 copy", got2, got, nq * 4);
-        check_fp8_copy(qi ? "attention_decode's FP8 copy, BLOCK" : "attention_decode's FP8 copy, ROW", &oq, dout2);
-        free(got2);
-        G->free(dout2);
-        fp8_device_tensor_free(&oq);
-    }
-    // fp32 throughout: output rounding + 2^-12 of sum p |v| (v as the kernel reads it: dequantized for fp8)
+    // sum p |v| per output (v as the kernels read it: dequantized for fp8), for the tolerances
     double *mag = dmalloc_h(nq), sc = scale;
     int rep = NH / KVH;
     double *p = dmalloc_h(MB * BS);
@@ -1059,15 +1041,44 @@ static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const in
                 for (int i = 0; i < HD; i++) mag[((size_t)s * NH + h) * HD + i] += p[t] / sum * fabs(val(vc, vs, slot, h / rep, i));
             }
         }
-    double *t = tol_bf(ref, mag, 0x1p-12, nq);
-    char what[160];
-    snprintf(what, sizeof what, "attention_decode%s S %d NH %d KVH %d HD %d BS %d (max len %d)%s", fp8 ? " fp8 cache" : "", S,
-             NH, KVH, HD, BS, MB * BS, window ? " window" : "");
-    check_close(what, got, ref, t, nq);
+    // both kernels where the tensor-core one runs (HD 64, 128; up to 16 query heads a kv head), else the other
+    const int has_mma = (HD == 64 || HD == 128) && rep <= 16;
+    for (int mma = has_mma; mma >= 0; mma--) {
+        attention_decode_set_mma(mma);
+        G->attention_decode(dout, dq, dkc, dvc, dks, dvs, (const int32_t *)dt, (const int32_t *)dl, S, NH, KVH, HD, BS, MB,
+                            scale, window, NULL);
+        float *got = down_act(dout, nq);
+        // with out's FP8 copy (the o projection's input): out unchanged bit for bit, the copy fp8_quantize_cuda's
+        // (BLOCK in the same launch where HD % 128 == 0, else and for ROW a pass of its own)
+        for (int qi = 0; qi < 2; qi++) {
+            FP8Tensor oq;
+            fp8_device_tensor(&oq, S, NH * HD, qi ? FP8_BLOCK : FP8_ROW);
+            void *dout2 = G->alloc(nq * 2);
+            G->attention_decode(dout2, dq, dkc, dvc, dks, dvs, (const int32_t *)dt, (const int32_t *)dl, S, NH, KVH, HD, BS,
+                                MB, scale, window, &oq);
+            float *got2 = down_act(dout2, nq);
+            check_exact("attention_decode's out with its FP8 copy", got2, got, nq * 4);
+            check_fp8_copy(qi ? "attention_decode's FP8 copy, BLOCK" : "attention_decode's FP8 copy, ROW", &oq, dout2);
+            free(got2);
+            G->free(dout2);
+            fp8_device_tensor_free(&oq);
+        }
+        // output rounding + a relative bound on sum p |v|: 2^-12 for the fp32 kernels (their sums and
+        // exponentials); the tensor-core kernel rounds each p (times V's scale for fp8) to bf16 for its P V
+        // product, 2^-9 of each term, doubled for its fp32 sums and exponentials: 2^-8
+        double *t = tol_bf(ref, mag, mma ? 0x1p-8 : 0x1p-12, nq);
+        char what[200];
+        snprintf(what, sizeof what, "attention_decode%s S %d NH %d KVH %d HD %d BS %d (max len %d)%s, %s kernel",
+                 fp8 ? " fp8 cache" : "", S, NH, KVH, HD, BS, MB * BS, window ? " window" : "", mma ? "tensor-core" : "fp32");
+        check_close(what, got, ref, t, nq);
+        free(got);
+        free(t);
+    }
+    attention_decode_set_mma(-1);
     G->free(dkc); G->free(dvc); G->free(dkn); G->free(dvn); G->free(dslots); G->free(dq); G->free(dt); G->free(dl); G->free(dout);
     if (fp8) { G->free(dks); G->free(dvs); free(kc); free(vc); free(ks); free(vs); }
     free(table); free(perm); free(kf); free(vf); free(kn); free(vn); free(slots); free(sl); free(gk); free(gv); free(q);
-    free(ref); free(got); free(mag); free(p); free(t);
+    free(ref); free(mag); free(p);
 }
 
 // the q|k|v epilogue (qkv_rope_kv) against the plain ops it replaces: the columns split, rmsnorm_forward per
@@ -1149,6 +1160,11 @@ static void qkv_rope_kv_case(int S, int NH, int KVH, int HD, int norm, int fp8, 
 START_TEST(test_decode) {
     int l1[5] = {1, 17, 300, 2000, 64};
     decode_case(5, 16, 8, 128, 16, 125, l1, 0);  // long contexts: split over the context and combined
+    decode_case(5, 16, 8, 128, 16, 125, l1, 1);
+    decode_case(5, 32, 2, 128, 16, 125, l1, 1);  // 16 query heads a kv head: the tensor-core kernel's every row
+    int l7[3] = {70, 1, 130};
+    decode_case(3, 9, 3, 64, 16, 13, l7, 0);      // SmolLM2-135M's heads (3 a kv head of 64)
+    decode_case(3, 9, 3, 64, 16, 13, l7, 1);
     int l2[3] = {5, 40, 33};
     decode_case(3, 8, 2, 64, 8, 6, l2, 0);
     int l3[4] = {24, 3, 11, 7};
