@@ -100,7 +100,10 @@ int dist_env_parse(DistGetenv get, DistEnv *e, char *err, size_t cap) {
     } else e->source = "none";
     if (env_int(get, "MASTER_PORT", 1, 65535, port, &port, err, cap)) return -1;
     snprintf(e->addr, sizeof e->addr, "%s", addr ? addr : "127.0.0.1");
+    long mfd = -1;
+    if (env_int(get, "FP8GRPO_MASTER_FD", 0, INT_MAX, -1, &mfd, err, cap)) return -1;
     e->rank = (int)rank, e->world = (int)world, e->local_rank = (int)lrank, e->local_world = (int)lworld, e->port = (int)port;
+    e->master_fd = (int)mfd;
     return 0;
 }
 
@@ -125,25 +128,26 @@ static int nproc_arg(int argc, char **argv, long *n) {
     return 0;
 }
 
-// a TCP port nobody listens on now (the kernel's choice); rank 0 binds it a moment later
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = 0};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len))
-        die("--nproc_per_node: cannot find a free TCP port (%s): set MASTER_PORT", strerror(errno));
-    close(fd);
-    return ntohs(a.sin_port);
-}
+static int listen_on(int port, int *bound_port);
 
 void dist_launch(int argc, char **argv) {
     long n;
     if (!nproc_arg(argc, argv, &n) || getenv("FP8GRPO_LAUNCHED")) return;  // a started child: train
     if (getenv("RANK") || getenv("WORLD_SIZE"))
         die("--nproc_per_node with RANK/WORLD_SIZE already set: launch one way (torchrun or --nproc_per_node), not both");
+    // MASTER_PORT: the user's, or one the kernel picks, held listening from here and handed to rank 0
+    // alone (FP8GRPO_MASTER_FD), so that nothing else (another run, a rank's own ring socket) can take it
+    // between its choice and rank 0's start
     char port[16], buf[16];
-    snprintf(port, sizeof port, "%d", getenv("MASTER_PORT") ? atoi(getenv("MASTER_PORT")) : free_port());
-    setenv("MASTER_PORT", port, 1);
+    int lfd = -1, lport = 0;
+    if (!getenv("MASTER_PORT")) {
+        lfd = listen_on(0, &lport);
+        if (lfd < 0) die("--nproc_per_node: cannot open a TCP port for rank 0 (%s): set MASTER_PORT", strerror(errno));
+        snprintf(port, sizeof port, "%d", lport);
+        setenv("MASTER_PORT", port, 1);
+        snprintf(buf, sizeof buf, "%d", lfd);
+        setenv("FP8GRPO_MASTER_FD", buf, 1);
+    }
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("NCCL_NVLS_ENABLE", "0", 1);  // NVLink multicast (NVLS) stays off
     setenv("FP8GRPO_LAUNCHED", "1", 1);
@@ -162,6 +166,11 @@ void dist_launch(int argc, char **argv) {
             execv("/proc/self/exe", argv);
             fprintf(stderr, "error: --nproc_per_node: cannot run %s (%s)\n", argv[0], strerror(errno));
             _exit(127);
+        }
+        if (r == 0 && lfd >= 0) {  // rank 0 has it; the other ranks neither inherit nor name it
+            close(lfd);
+            lfd = -1;
+            unsetenv("FP8GRPO_MASTER_FD");
         }
     }
     // wait for all; the first failure decides the status. The others stop on their own when the ring
@@ -484,6 +493,16 @@ static void nonblocking(int fd) {
 Dist *dist_init(const DistEnv *e) {
     Dist *d = (Dist *)callocCheck(1, sizeof(Dist));
     d->rank = e->rank, d->world = e->world, d->timeout = e->timeout, d->next = d->prev = -1;
+    // rank 0's inherited socket, if it is what it claims to be: listening on MASTER_PORT
+    int mfd = -1;
+    if (e->master_fd >= 0) {
+        struct sockaddr_in a;
+        socklen_t len = sizeof a;
+        if (d->rank == 0 && d->world > 1 && !getsockname(e->master_fd, (struct sockaddr *)&a, &len) && a.sin_family == AF_INET &&
+            ntohs(a.sin_port) == e->port)
+            mfd = e->master_fd;
+        else close(e->master_fd);
+    }
     if (d->world == 1) return d;
     int W = d->world, ring_port = 0;
     double deadline = now_sec() + e->timeout;
@@ -493,7 +512,7 @@ Dist *dist_init(const DistEnv *e) {
     Where *where = (Where *)callocCheck(W, sizeof(Where));
     char why[512] = "";
     if (d->rank == 0) {
-        int lfd = listen_on(e->port, NULL);
+        int lfd = mfd >= 0 ? mfd : listen_on(e->port, NULL);
         if (lfd < 0)
             dist_die(d, "cannot listen on MASTER_PORT %d (%s): another run may use it; set MASTER_PORT to a free port", e->port,
                      strerror(errno));

@@ -46,6 +46,8 @@ typedef struct {
     int local_rank, local_world; // among those on this machine (local_rank picks the GPU)
     char addr[256];              // MASTER_ADDR: where rank 0 listens (host name or IP)
     int port;                    // MASTER_PORT
+    int master_fd;               // rank 0's socket already listening on MASTER_PORT, inherited from dist_launch
+                                 // (FP8GRPO_MASTER_FD), so no other process can take the port first; else -1
     double timeout;              // seconds without progress before a collective gives up
     const char *source;          // "torchrun" (RANK, WORLD_SIZE, ...), "--nproc_per_node" (the same, set by dist_launch),
                                  // "slurm" (SLURM_PROCID, ...), "none" (one process)

@@ -139,13 +139,16 @@ END_TEST
 
 static char tmp_dir[] = "/tmp/fp8grpo_distXXXXXX";
 
-static int free_tcp_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = 0};
+// a socket listening on a port the kernel picks (its number in *port), held from here until rank 0
+// takes it (DistEnv.master_fd), as dist_launch does: no other process can take the port in between
+static int listening_port(int *port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY), .sin_port = 0};
     socklen_t len = sizeof a;
-    ck_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    close(fd);
-    return ntohs(a.sin_port);
+    ck_assert(fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0);
+    ck_assert(bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 64) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    *port = ntohs(a.sin_port);
+    return fd;
 }
 
 typedef int (*RankFn)(Dist *d, int rank, int world);
@@ -157,16 +160,18 @@ typedef int (*RankFn)(Dist *d, int rank, int world);
 static double run_ranks(int world, RankFn fn, const int *present, const char *timeout, int *code, double limit) {
     static int made = 0;
     if (!made) ck_assert(mkdtemp(tmp_dir)), made = 1;
-    int port = free_tcp_port();
+    int port, lfd = listening_port(&port);
     pid_t pid[8];
     double t0 = now_sec();
     for (int r = 0; r < world; r++) {
         pid[r] = 0;
+        if (r > 0 && lfd >= 0) close(lfd), lfd = -1;  // rank 0 has it (or, absent, nobody listens there)
         if (present && !present[r]) continue;
         pid[r] = fork();
         ck_assert(pid[r] >= 0);
         if (pid[r] == 0) {
             char v[64], path[256];
+            if (r == 0) snprintf(v, sizeof v, "%d", lfd), setenv("FP8GRPO_MASTER_FD", v, 1);
             snprintf(path, sizeof path, "%s/rank-%d.err", tmp_dir, r);
             if (!freopen(path, "w", stderr)) _exit(99);
             snprintf(v, sizeof v, "%d", r), setenv("RANK", v, 1), setenv("LOCAL_RANK", v, 1);
@@ -183,6 +188,7 @@ static double run_ranks(int world, RankFn fn, const int *present, const char *ti
             _exit(rc);
         }
     }
+    if (lfd >= 0) close(lfd);
     for (int r = 0; r < world; r++) {
         code[r] = -1;
         if (!pid[r]) continue;
