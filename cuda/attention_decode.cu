@@ -18,6 +18,11 @@
 // ----------------------------------------------------------------------------
 // KV cache
 
+// the cache row (slot x KVH + kvh) of token t of a sequence whose block-table row is btr
+__device__ __forceinline__ size_t cache_row(const int32_t *btr, int t, int BS, int KVH, int kvh) {
+    return ((size_t)btr[t / BS] * BS + t % BS) * KVH + kvh;
+}
+
 __global__ void kv_write_kernel(bf16 *kc, bf16 *vc, const bf16 *k, const bf16 *v, const int32_t *slots, int row,
                                 int vec) {
     int n = blockIdx.x, slot = slots[n];
@@ -141,8 +146,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         }
     }
     for (int t = tb + warp; t < te; t += DEC_WARPS) {
-        size_t slot = (size_t)bt[(size_t)s * MB + t / BS] * BS + t % BS;
-        const bf16 *kr = kc + (slot * KVH + kvh) * HD, *vr = vc + (slot * KVH + kvh) * HD;
+        size_t row = cache_row(bt + (size_t)s * MB, t, BS, KVH, kvh);
+        const bf16 *kr = kc + row * HD, *vr = vc + row * HD;
         float2 kk[NP], vv[NP];
 #pragma unroll
         for (int i = 0; i < NP; i++) {
@@ -230,7 +235,7 @@ __device__ __forceinline__ void dec_load(uint4 (&kr)[U], uint4 (&vr)[U], float (
         kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
         ksc[u] = vsc[u] = 0.f;
         if (t < te) {
-            size_t row = ((size_t)bt[t / BS] * BS + t % BS) * KVH + kvh, off = row * HD + c * 8;
+            size_t row = cache_row(bt, t, BS, KVH, kvh), off = row * HD + c * 8;
             if (F8) {
                 uint2 a = __ldg((const uint2 *)((const uint8_t *)kc + off)), b = __ldg((const uint2 *)((const uint8_t *)vc + off));
                 kr[u].x = a.x, kr[u].y = a.y, vr[u].x = b.x, vr[u].y = b.y;
@@ -407,7 +412,7 @@ __device__ __forceinline__ void ds_load(uint8_t *st, const void *kc, const void 
     for (int i = tid; i < DS_T * CH; i += DEC_WARPS * 32) {
         const int r = i / CH, c = i % CH, t = t0 + r;
         const bool ok = t < te;
-        const size_t row = ok ? ((size_t)btr[t / BS] * BS + t % BS) * KVH + kvh : 0;
+        const size_t row = ok ? cache_row(btr, t, BS, KVH, kvh) : 0;
         const size_t off = row * HD * EB + (size_t)c * 16;
         const int dst = F8 ? r * HD + c * 16 : toff<HD>(r, c) * 2;
         cp_async16(st + dst, (const uint8_t *)kc + off, ok);
@@ -416,7 +421,7 @@ __device__ __forceinline__ void ds_load(uint8_t *st, const void *kc, const void 
     if (F8 && tid < 2 * DS_T) {
         const int r = tid % DS_T, t = t0 + r;
         const bool ok = t < te;
-        const size_t row = ok ? ((size_t)btr[t / BS] * BS + t % BS) * KVH + kvh : 0;
+        const size_t row = ok ? cache_row(btr, t, BS, KVH, kvh) : 0;
         cp_async4(st + 2 * DS_T * HD + tid * 4, (tid < DS_T ? ks : vs) + row, ok);
     }
 }
@@ -639,7 +644,11 @@ void attention_decode_cuda(void *out, const void *q, const void *kc, const void 
     dim3 grid(ns, KVH * ngroups, S);
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q;
-    if (mma) {
+    // the vectorized fp32 kernel where HD has a template and every row is aligned (16 bytes, 8 for FP8 codes)
+    int vec = (HD == 32 || HD == 64 || HD == 128 || HD == 256) &&
+              !(((uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc) & (ks ? 7 : 15));
+    if (ks && !vec) die("attention_decode: an FP8 KV cache needs head_dim 32, 64, 128 or 256 (got %d)", HD);
+    int REP = rep <= 2 ? 2 : rep <= 4 ? 4 : DEC_MAXREP;  // groups of more than 8 take ngroups blocks of 8
 #define DEC_MMA(H, F)                                                                                                 \
     do {                                                                                                              \
         static int attr = 0;                                                                                          \
@@ -651,21 +660,8 @@ void attention_decode_cuda(void *out, const void *q, const void *kc, const void 
         attn_decode_mma_kernel<H, F><<<grid, DEC_WARPS * 32, DecodeMmaSmem<H, F>::BYTES, st>>>(                        \
             o, scratch, qq, kc, vc, ks, vs, block_table, seq_lens, NH, KVH, BS, MB, ns, tps, sc, window, oq, oqs);      \
     } while (0)
-        if (HD == 64) { if (ks) DEC_MMA(64, true); else DEC_MMA(64, false); }
-        else { if (ks) DEC_MMA(128, true); else DEC_MMA(128, false); }
-#undef DEC_MMA
-        launchCheck();
-        if (ns > 1) {
-            attn_decode_combine<<<dim3(NH, S), 128, 0, st>>>(o, scratch, NH, HD, ns, oq, oqs);
-            launchCheck();
-        }
-        return;
-    }
-    // the vectorized kernel where HD has a template and every row is aligned (16 bytes, 8 for FP8 codes)
-    int vec = (HD == 32 || HD == 64 || HD == 128 || HD == 256) &&
-              !(((uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc) & (ks ? 7 : 15));
-    if (ks && !vec) die("attention_decode: an FP8 KV cache needs head_dim 32, 64, 128 or 256 (got %d)", HD);
-    int REP = rep <= 2 ? 2 : rep <= 4 ? 4 : DEC_MAXREP;  // groups of more than 8 take ngroups blocks of 8
+#define DEC_MMA_H(H) \
+    if (ks) DEC_MMA(H, true); else DEC_MMA(H, false)
 #define DEC_VEC(H, R, F)                                                                                              \
     attn_decode_vec_kernel<H, R, F><<<grid, DEC_WARPS * 32, 0, st>>>(o, scratch, qq, kc, vc, ks, vs, block_table,    \
                                                                       seq_lens, NH, KVH, BS, MB, ngroups, ns, tps, sc, window, oq, oqs)
@@ -677,7 +673,9 @@ void attention_decode_cuda(void *out, const void *q, const void *kc, const void 
     attn_decode_kernel<NP><<<grid, DEC_WARPS * 32, 0, st>>>(o, scratch, qq, (const bf16 *)kc, (const bf16 *)vc,    \
                                                              block_table, seq_lens, NH, KVH, HD, BS, MB, ngroups, ns, tps, sc, \
                                                              window, oq, oqs)
-    if (vec && HD == 32) { DEC_VEC_H(32); }
+    if (mma && HD == 64) { DEC_MMA_H(64); }
+    else if (mma) { DEC_MMA_H(128); }
+    else if (vec && HD == 32) { DEC_VEC_H(32); }
     else if (vec && HD == 64) { DEC_VEC_H(64); }
     else if (vec && HD == 128) { DEC_VEC_H(128); }
     else if (vec && HD == 256) { DEC_VEC_H(256); }
@@ -688,6 +686,8 @@ void attention_decode_cuda(void *out, const void *q, const void *kc, const void 
 #undef DEC_VEC_H
 #undef DEC_VEC_F
 #undef DEC_VEC
+#undef DEC_MMA_H
+#undef DEC_MMA
     launchCheck();
     if (ns > 1) {
         attn_decode_combine<<<dim3(NH, S), 128, 0, st>>>(o, scratch, NH, HD, ns, oq, oqs);

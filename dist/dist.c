@@ -493,15 +493,16 @@ static void nonblocking(int fd) {
 Dist *dist_init(const DistEnv *e) {
     Dist *d = (Dist *)callocCheck(1, sizeof(Dist));
     d->rank = e->rank, d->world = e->world, d->timeout = e->timeout, d->next = d->prev = -1;
-    // rank 0's inherited socket, if it is what it claims to be: listening on MASTER_PORT
+    // rank 0's inherited socket, if it is what it claims to be (a socket on MASTER_PORT; any other fd is
+    // left alone): used by rank 0 of several, closed otherwise
     int mfd = -1;
     if (e->master_fd >= 0) {
         struct sockaddr_in a;
         socklen_t len = sizeof a;
-        if (d->rank == 0 && d->world > 1 && !getsockname(e->master_fd, (struct sockaddr *)&a, &len) && a.sin_family == AF_INET &&
-            ntohs(a.sin_port) == e->port)
-            mfd = e->master_fd;
-        else close(e->master_fd);
+        if (!getsockname(e->master_fd, (struct sockaddr *)&a, &len) && a.sin_family == AF_INET && ntohs(a.sin_port) == e->port) {
+            if (d->rank == 0 && d->world > 1) mfd = e->master_fd;
+            else close(e->master_fd);
+        }
     }
     if (d->world == 1) return d;
     int W = d->world, ring_port = 0;

@@ -66,6 +66,7 @@ typedef const char *(*DistGetenv)(const char *name);
 //     SLURM_JOB_NODELIST, where task 0 runs) and MASTER_PORT to 20000 + SLURM_JOB_ID % 20000 (two
 //     jobs on one node do not collide);
 //   else one process (world 1).
+// And FP8GRPO_MASTER_FD: rank 0's socket already listening on MASTER_PORT (dist_launch's), else -1.
 // FP8GRPO_DIST_TIMEOUT: seconds (default 1800). Returns 0, or -1 with one line in err naming the
 // variable, what it holds and what it must hold.
 int dist_env_parse(DistGetenv get, DistEnv *e, char *err, size_t cap);
