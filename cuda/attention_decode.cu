@@ -380,70 +380,62 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 // head they are bound by those instructions, not by the bytes (dev/RESULTS.md). Here a block (one
 // sequence, kv head and context split) holds the group's query heads as the 16 rows of an mma A operand
 // (rows past the group zero), and walks the context in stages of 64 tokens, 16 a warp:
-//   S (16 heads x 16 tokens) = Q K^T    K's rows are B^T's: ldmatrix straight from the staged tile
-//   online softmax per head row         as the training forward (attention.cu), in exp2's domain
-//   O (16 x HD) += P V                  P re-packed from S's accumulators to bf16 (the A operand)
-// Stages are loaded by cp.async, DS_STAGES - 1 ahead of the one in use, every row found through the
-// block table (tokens past the split's end zero-filled). An FP8 cache stages its codes and scales and
-// converts the codes (exactly) into bf16 tiles first; K's scale multiplies the scores, V's is folded
-// into P before its rounding to bf16. That rounding (2^-9 of each p) is this kernel's one departure
-// from fp32 arithmetic (gpu_backend's tolerance is derived from it). The warps' (max, sum, O) merge
-// and the splits combine as in the kernels above.
+//   S (16 heads x 16 tokens) = Q K^T    K's rows are B^T's (bf16: ldmatrix straight from the staged tile)
+//   online softmax per head row         in exp2's domain; its max moves only past a slack (DS_SLACK)
+//   O (16 x HD) += P V                  P re-packed from S's accumulators (the A operand)
+// Each warp owns DS_W tokens of every stage and loads them itself by cp.async, DS_STAGES - 1 stages ahead
+// of the one in use, every row found through the block table (tokens past the split's end zero-filled):
+// no block barrier until the warps merge. A bf16 cache's products are bf16 (P rounded to
+// bf16: 2^-9 of each p, this path's one departure from fp32 arithmetic; gpu_backend's tolerance is
+// derived from it). An FP8 cache's are f16, its codes turned into fragments as they are read (an E4M3
+// code is an f16 value: one cvt a pair): K's in a dims order that makes one 32-bit read two fragments
+// (Q's A operand in the same order), V's gathered by byte permutes from two rows, the output's columns
+// in the matching order. K's scale multiplies the scores; V's is folded into P, divided by the largest
+// V scale the warp has seen so far (vref) so that P stays within f16's range, O kept in units of vref.
+// Q goes to f16 times 2^-3 (exact for |q| in [2^-11, 2^19), far beyond a trained model's queries),
+// P is rounded to f16 (2^-11). The warps' (max, sum, O) merge and the splits combine as in the kernels above.
 #define DS_T 64       // tokens a stage
 #define DS_STAGES 3   // stages in flight
 #define DS_ROWS 16    // query heads a block: the A operand's rows
+#define DS_W 16       // tokens a warp takes of each stage (DS_T = DEC_WARPS x DS_W)
+#define DS_SLACK 8.f  // how far (log2) a score may pass a row's running max before the max moves
 
 template <int HD, bool F8>
 struct DecodeMmaSmem {
     static constexpr int TILE = DS_T * HD * 2;                             // bytes of a bf16 K or V tile
-    static constexpr int STAGE = F8 ? 2 * DS_T * HD + 2 * DS_T * 4 : 2 * TILE;  // codes + scales, or the tiles
+    static constexpr int KP = HD + 16;  // bytes of an FP8 row in shared memory: padded, so a warp's reads miss no bank twice
+    static constexpr int STAGE = F8 ? 2 * DS_T * KP + 2 * DS_T * 4 : 2 * TILE;  // codes + scales, or the tiles
     static constexpr int MERGE = DEC_WARPS * DS_ROWS * (HD + 2) * 4;       // the warps' (max, sum, O), after the walk
-    static constexpr int WALK = DS_STAGES * STAGE + (F8 ? 2 * TILE : 0);   // + the converted tiles
+    static constexpr int WALK = DS_STAGES * STAGE;
     static constexpr int BYTES = WALK > MERGE ? WALK : MERGE;
 };
 
-// stage buffer `st` <- the K and V rows of tokens [t0, t0 + DS_T) (zeros from te on): bf16 rows as
-// swizzled tiles (mma_tile.cuh toff), FP8 codes as plain rows, then each row's two scales
+// a warp's share of stage buffer `st`: rows w0 .. w0 + DS_W - 1 (tokens t0 .. t0 + DS_W - 1; zeros from te on):
+// bf16 rows into the swizzled tiles (mma_tile.cuh toff), FP8 codes as padded rows, then each row's two scales.
+// Each lane finds one token's cache row (lanes 16-31 repeat 0-15) and the warp's copies take it by shuffle.
 template <int HD, bool F8>
 __device__ __forceinline__ void ds_load(uint8_t *st, const void *kc, const void *vc, const float *ks, const float *vs,
-                                        const int32_t *btr, int BS, int KVH, int kvh, int t0, int te) {
+                                        const int32_t *btr, int BS, int KVH, int kvh, int w0, int t0, int te) {
+    using L = DecodeMmaSmem<HD, F8>;
     constexpr int EB = F8 ? 1 : 2, CH = HD * EB / 16;  // 16-byte chunks a row
-    const int tid = threadIdx.x;
-    for (int i = tid; i < DS_T * CH; i += DEC_WARPS * 32) {
-        const int r = i / CH, c = i % CH, t = t0 + r;
-        const bool ok = t < te;
-        const size_t row = ok ? cache_row(btr, t, BS, KVH, kvh) : 0;
-        const size_t off = row * HD * EB + (size_t)c * 16;
-        const int dst = F8 ? r * HD + c * 16 : toff<HD>(r, c) * 2;
-        cp_async16(st + dst, (const uint8_t *)kc + off, ok);
-        cp_async16(st + (F8 ? DS_T * HD : DecodeMmaSmem<HD, F8>::TILE) + dst, (const uint8_t *)vc + off, ok);
+    const int lane = threadIdx.x & 31, tl = lane % DS_W;
+    const bool ok = t0 + tl < te;
+    const unsigned long long row = ok ? cache_row(btr, t0 + tl, BS, KVH, kvh) : 0;
+#pragma unroll
+    for (int i = lane; i < DS_W * CH; i += 32) {
+        const int r = i / CH, c = i % CH;
+        const size_t off = __shfl_sync(0xffffffffu, row, r) * HD * EB + (size_t)c * 16;
+        const int dst = F8 ? (w0 + r) * L::KP + c * 16 : toff<HD>(w0 + r, c) * 2;
+        cp_async16(st + dst, (const uint8_t *)kc + off, t0 + r < te);
+        cp_async16(st + (F8 ? DS_T * L::KP : L::TILE) + dst, (const uint8_t *)vc + off, t0 + r < te);
     }
-    if (F8 && tid < 2 * DS_T) {
-        const int r = tid % DS_T, t = t0 + r;
-        const bool ok = t < te;
-        const size_t row = ok ? cache_row(btr, t, BS, KVH, kvh) : 0;
-        cp_async4(st + 2 * DS_T * HD + tid * 4, (tid < DS_T ? ks : vs) + row, ok);
-    }
+    if (F8) cp_async4(st + 2 * DS_T * L::KP + ((lane / DS_W) * DS_T + w0 + tl) * 4, (lane < DS_W ? ks : vs) + row, ok);
 }
 
-// an FP8 stage's codes -> bf16 tiles (E4M3 values are bf16 values: exact), 16 codes a thread at a time
-template <int HD>
-__device__ __forceinline__ void ds_convert(bf16 *kt, bf16 *vt, const uint8_t *st) {
-    constexpr int CH = HD / 16;
-    for (int i = threadIdx.x; i < 2 * DS_T * CH; i += DEC_WARPS * 32) {
-        const int isv = i >= DS_T * CH, j = i - isv * DS_T * CH, r = j / CH, c = j % CH;
-        const uint4 raw = *(const uint4 *)(st + isv * DS_T * HD + r * HD + c * 16);
-        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-        uint32_t o[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[k / 2] >> (16 * (k % 2))), __NV_E4M3);
-            o[k] = pack_bf16(__half2float(__half(__half_raw{h.x})), __half2float(__half(__half_raw{h.y})));
-        }
-        bf16 *dst = isv ? vt : kt;
-        *(uint4 *)(dst + toff<HD>(r, 2 * c)) = make_uint4(o[0], o[1], o[2], o[3]);
-        *(uint4 *)(dst + toff<HD>(r, 2 * c + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
-    }
+// two E4M3 codes (the low 16 bits of w; the first in the low byte) -> an f16 pair (exact)
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t w) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
 }
 
 // Grid (splits, KVH, S), DEC_WARPS warps; out / part as attn_decode_kernel's
@@ -458,67 +450,115 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     const int sp = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, rep = NH / KVH, h0 = kvh * rep;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int len = lens[s], tb = max(sp * tps, window > 0 ? len - window : 0), te = min(len, sp * tps + tps);
-    const int nst = te > tb ? (te - tb + DS_T - 1) / DS_T : 0;
     const int32_t *btr = bt + (size_t)s * MB;
+    // each warp walks its own DS_W tokens of every stage: it loads them, waits for them and reads them
+    // alone (its own cp.async groups and __syncwarp, no block barrier inside the walk)
+    const int w0 = warp * DS_W, nwst = tb + w0 < te ? (te - tb - w0 + DS_T - 1) / DS_T : 0;
     for (int j = 0; j < DS_STAGES - 1; j++) {
-        if (j < nst) ds_load<HD, F8>(smem + j * L::STAGE, kc, vc, ks, vs, btr, BS, KVH, kvh, tb + j * DS_T, te);
+        if (j < nwst) ds_load<HD, F8>(smem + j * L::STAGE, kc, vc, ks, vs, btr, BS, KVH, kvh, w0, tb + j * DS_T + w0, te);
         cp_async_commit();
     }
-    // the A operand: rows g and g + 8 are query heads h0 + g, h0 + g + 8 (zero past the group)
+    // the A operand: rows g and g + 8 are query heads h0 + g, h0 + g + 8 (zero past the group); k = 2 t4
+    // (+1) and 2 t4 + 8 (+1) of step kk are dims 16 kk + 2 t4 and + 8 (bf16), or 16 kk + 4 t4 and + 2 (f16:
+    // the order in which one 32-bit read of a K row's codes holds both of a lane's B fragments)
     uint32_t qa[KS][4];
 #pragma unroll
     for (int kk = 0; kk < KS; kk++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int r = g + (e & 1) * 8, d = kk * 16 + 2 * t4 + (e >> 1) * 8;
-            qa[kk][e] = r < rep ? *(const uint32_t *)(q + ((size_t)s * NH + h0 + r) * HD + d) : 0u;
+            const int r = g + (e & 1) * 8, d = kk * 16 + (F8 ? 4 * t4 + (e >> 1) * 2 : 2 * t4 + (e >> 1) * 8);
+            const uint32_t v = r < rep ? *(const uint32_t *)(q + ((size_t)s * NH + h0 + r) * HD + d) : 0u;
+            if (F8) {  // times 2^-3 (exact), for f16's range; the scores take the 8 back
+                const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&v);
+                qa[kk][e] = pack_f16(f.x * 0.125f, f.y * 0.125f);
+            } else qa[kk][e] = v;
         }
     const float sl2 = sc * 1.4426950408889634f;  // scores in exp2's domain
-    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f}, o[ND][4];
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f}, o[ND][4], vref = 0.f, vinv = 0.f;
 #pragma unroll
     for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    bf16 *conv = (bf16 *)(smem + DS_STAGES * L::STAGE);  // FP8: the stage's converted K, V tiles
-    for (int j = 0; j < nst; j++) {
+    for (int j = 0; j < nwst; j++) {
         cp_async_wait<DS_STAGES - 2>();
-        __syncthreads();  // stage j landed for every thread; every warp is done with stage j - 1's buffer
+        __syncwarp();  // stage j landed for every lane; every lane is done reading stage j - 1's buffer
         {
             const int jn = j + DS_STAGES - 1;
-            if (jn < nst) ds_load<HD, F8>(smem + (jn % DS_STAGES) * L::STAGE, kc, vc, ks, vs, btr, BS, KVH, kvh, tb + jn * DS_T, te);
+            if (jn < nwst)
+                ds_load<HD, F8>(smem + (jn % DS_STAGES) * L::STAGE, kc, vc, ks, vs, btr, BS, KVH, kvh, w0, tb + jn * DS_T + w0, te);
             cp_async_commit();
         }
         const uint8_t *st = smem + (j % DS_STAGES) * L::STAGE;
         const bf16 *Kt = (const bf16 *)st, *Vt = (const bf16 *)(st + L::TILE);
-        const float *kscale = (const float *)(st + 2 * DS_T * HD), *vscale = kscale + DS_T;
-        if (F8) {
-            ds_convert<HD>(conv, conv + DS_T * HD, st);
-            __syncthreads();
-            Kt = conv, Vt = conv + DS_T * HD;
-        }
-        const int w0 = warp * 16, tok0 = tb + j * DS_T + w0;  // this warp's 16 tokens
-        if (tok0 >= te) continue;                            // uniform over the warp
-        float sf[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        const uint8_t *Kc = st, *Vc = st + DS_T * L::KP;  // FP8 codes
+        const float *kscale = (const float *)(st + 2 * DS_T * L::KP), *vscale = kscale + DS_T;
+        const int tok0 = tb + j * DS_T + w0;  // this warp's DS_W tokens
+        // S = Q K^T, the k steps in two chains (even, odd) so that each product waits on half as many
+        float sf[2][4] = {}, sg[2][4] = {};
 #pragma unroll
         for (int kk = 0; kk < KS; kk++) {
-            uint32_t bb[4];
-            ldsm4(bb, Kt + toff<HD>(BN_ROW(w0), BN_CH(kk)));
-            mma16816(sf[0], qa[kk], bb[0], bb[1]);
-            mma16816(sf[1], qa[kk], bb[2], bb[3]);
+            float (*acc)[4] = kk & 1 ? sg : sf;
+            if (F8) {  // lane (g, t4): token w0 + 8 nt + g, dims 16 kk + 4 t4 .. + 3
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    const uint32_t w = *(const uint32_t *)(Kc + (w0 + nt * 8 + g) * L::KP + kk * 16 + 4 * t4);
+                    mma16816_f16(acc[nt], qa[kk], e4m3x2_f16x2(w), e4m3x2_f16x2(w >> 16));
+                }
+            } else {
+                uint32_t bb[4];
+                ldsm4(bb, Kt + toff<HD>(BN_ROW(w0), BN_CH(kk)));
+                mma16816(acc[0], qa[kk], bb[0], bb[1]);
+                mma16816(acc[1], qa[kk], bb[2], bb[3]);
+            }
         }
-        // scores (scaled, K's scale for FP8; -inf past the split's end), then the online softmax per row
+        // scores (scaled, K's scale for FP8; -inf past the split's end), each row's max over the DS_W tokens
+        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int c = w0 + nt * 8 + 2 * t4 + (e & 1);
-                sf[nt][e] = tb + j * DS_T + c < te ? sf[nt][e] * sl2 * (F8 ? kscale[c] : 1.f) : -INFINITY;
+                const float x = sf[nt][e] + sg[nt][e];
+                sf[nt][e] = tok0 - w0 + c < te ? x * sl2 * (F8 ? 8.f * kscale[c] : 1.f) : -INFINITY;
+                mx[e >> 1] = fmaxf(mx[e >> 1], sf[nt][e]);
             }
+        float vmx = 0.f;  // FP8: the largest V scale of the DS_W tokens
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            float mx = fmaxf(fmaxf(sf[0][2 * r], sf[0][2 * r + 1]), fmaxf(sf[1][2 * r], sf[1][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mnew = fmaxf(mrow[r], mx), mb = mnew == -INFINITY ? 0.f : mnew;
-            const float alpha = exp2f(mrow[r] - mb);
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        }
+        if (F8) {
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) vmx = fmaxf(vmx, vscale[w0 + nt * 8 + 2 * t4 + e]);
+            vmx = fmaxf(vmx, __shfl_xor_sync(0xffffffffu, vmx, 1));
+            vmx = fmaxf(vmx, __shfl_xor_sync(0xffffffffu, vmx, 2));
+        }
+        // The online softmax, lazily: a row's running max (the reference its sum and O are kept against) moves
+        // only when a score passes it by more than DS_SLACK, so that P <= 2^DS_SLACK and O is rescaled at the
+        // few stages where some row's max (or, FP8, the V scale reference vref) grows, not at every stage.
+        // FP8: P carries V's scale over vref, the largest the warp has seen (P V is then in units of vref).
+        const bool grow = mx[0] > mrow[0] + DS_SLACK || mx[1] > mrow[1] + DS_SLACK || (F8 && vmx > vref);
+        if (__any_sync(0xffffffffu, grow)) {
+            float vfac = 1.f;
+            if (F8 && vmx > vref) {
+                vfac = vref / vmx;
+                vref = vmx;
+                vinv = 1.f / vmx;
+            }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const float mnew = fmaxf(mrow[r], mx[r]), mb = mnew == -INFINITY ? 0.f : mnew;
+                const float of = exp2f(mrow[r] - mb);
+                lrow[r] *= of;
+                mrow[r] = mnew;
+#pragma unroll
+                for (int nd = 0; nd < ND; nd++) o[nd][2 * r] *= of * vfac, o[nd][2 * r + 1] *= of * vfac;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float mb = mrow[r] == -INFINITY ? 0.f : mrow[r];
             float rs = 0.f;
 #pragma unroll
             for (int nt = 0; nt < 2; nt++)
@@ -526,16 +566,32 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
                 for (int e = 0; e < 2; e++) {
                     const float p = exp2f(sf[nt][2 * r + e] - mb);
                     rs += p;
-                    sf[nt][2 * r + e] = F8 ? p * vscale[w0 + nt * 8 + 2 * t4 + e] : p;  // V's scale into P
+                    sf[nt][2 * r + e] = F8 ? p * (vscale[w0 + nt * 8 + 2 * t4 + e] * vinv) : p;  // V's scale into P
                 }
-            lrow[r] = lrow[r] * alpha + rs;
-            mrow[r] = mnew;
-#pragma unroll
-            for (int nd = 0; nd < ND; nd++) o[nd][2 * r] *= alpha, o[nd][2 * r + 1] *= alpha;
+            lrow[r] += rs;
         }
-        uint32_t pa[4];
-        c_to_a(pa, sf[0], sf[1]);
-        mma_ab_rows<HD>(o, pa, Vt, w0);
+        if (F8) {
+            // P (f16) times V: k = tokens 2 t4 (+1), 2 t4 + 8 (+1); n-tile 4 q + i, column n <-> dim 32 q + 4 n + i,
+            // so that lane g's two 32-bit reads of rows 2 t4, 2 t4 + 1 (dims 32 q + 4 g .. + 3) make four B
+            // fragments by byte permutes
+            const uint32_t pa[4] = {pack_f16(sf[0][0], sf[0][1]), pack_f16(sf[0][2], sf[0][3]), pack_f16(sf[1][0], sf[1][1]),
+                                    pack_f16(sf[1][2], sf[1][3])};
+#pragma unroll
+            for (int qd = 0; qd < HD / 32; qd++) {
+                const uint8_t *v0 = Vc + (w0 + 2 * t4) * L::KP + 32 * qd + 4 * g;
+                const uint32_t A = *(const uint32_t *)v0, B = *(const uint32_t *)(v0 + L::KP);
+                const uint32_t C = *(const uint32_t *)(v0 + 8 * L::KP), D = *(const uint32_t *)(v0 + 9 * L::KP);
+                const uint32_t ab[2] = {__byte_perm(A, B, 0x5140), __byte_perm(A, B, 0x7362)};  // A0 B0 A1 B1, A2 B2 A3 B3
+                const uint32_t cd[2] = {__byte_perm(C, D, 0x5140), __byte_perm(C, D, 0x7362)};
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    mma16816_f16(o[4 * qd + i], pa, e4m3x2_f16x2(ab[i / 2] >> (16 * (i % 2))), e4m3x2_f16x2(cd[i / 2] >> (16 * (i % 2))));
+            }
+        } else {
+            uint32_t pa[4];
+            c_to_a(pa, sf[0], sf[1]);
+            mma_ab_rows<HD>(o, pa, Vt, w0);
+        }
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the stages: their memory holds the merge from here
@@ -555,8 +611,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         float *a = sm_acc + ((size_t)warp * DS_ROWS + row) * HD;
 #pragma unroll
         for (int nd = 0; nd < ND; nd++) {
-            a[nd * 8 + 2 * t4] = o[nd][2 * r];
-            a[nd * 8 + 2 * t4 + 1] = o[nd][2 * r + 1];
+            // column 2 t4 (+1) of n-tile nd: dim 8 nd + 2 t4 (+1); FP8: dim 32 (nd / 4) + 8 t4 (+4) + nd % 4, times vref
+            const int d0 = F8 ? 32 * (nd / 4) + 8 * t4 + nd % 4 : nd * 8 + 2 * t4, d1 = F8 ? d0 + 4 : d0 + 1;
+            a[d0] = o[nd][2 * r] * (F8 ? vref : 1.f);
+            a[d1] = o[nd][2 * r + 1] * (F8 ? vref : 1.f);
         }
     }
     __syncthreads();
@@ -593,19 +651,48 @@ static int num_sms(void) {
     return n;
 }
 
-// splits of the context: enough blocks for two waves, at least 256 tokens a split, at most 64 splits
-static int decode_nsplit(int S, int KVH, int ngroups, int maxlen) {
-    long blocks = (long)S * KVH * ngroups;
-    long want = (2L * num_sms() + blocks - 1) / blocks;
-    long most = (maxlen + 255) / 256;
-    long ns = want < most ? want : most;
-    if (ns > 64) ns = 64;
+// Splits of the context. The fp32 kernels: enough blocks for two an SM, at least 256 tokens a split, at
+// most 64 splits. The tensor-core kernel's blocks are few (one a kv head) and long, and an SM holds only
+// per_sm of them: a batch's blocks in 1.3 waves take as long as in 2. Its split count is the one with the
+// least (whole waves) x (tokens a split + 512, a block's fixed cost in tokens' time: prologue, merge, partial
+// sums; fitted to 8B's 64 x 2,048 tokens, dev/RESULTS.md).
+static int decode_nsplit(int S, int KVH, int ngroups, int maxlen, int per_sm) {
+    long blocks = (long)S * KVH * ngroups, most = (maxlen + 255) / 256;
+    if (most > 64) most = 64;
+    if (per_sm) {
+        long slots = (long)num_sms() * per_sm, best = 1;
+        double cost = 1e300;
+        for (long ns = 1; ns <= most; ns++) {
+            double c = (double)((blocks * ns + slots - 1) / slots) * ((double)maxlen / ns + 512);
+            if (c < cost) cost = c, best = ns;
+        }
+        return (int)best;
+    }
+    long want = (2L * num_sms() + blocks - 1) / blocks, ns = want < most ? want : most;
     return ns < 1 ? 1 : (int)ns;
+}
+
+// blocks of the tensor-core kernel an SM holds at once (its shared memory and registers decide)
+template <int HD, bool F8>
+static int mma_blocks_per_sm(void) {
+    static int n = 0;
+    if (!n) {
+        cudaCheck(cudaFuncSetAttribute(attn_decode_mma_kernel<HD, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       DecodeMmaSmem<HD, F8>::BYTES));
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_mma_kernel<HD, F8>, DEC_WARPS * 32,
+                                                                DecodeMmaSmem<HD, F8>::BYTES));
+        if (n < 1) n = 1;
+    }
+    return n;
+}
+static int mma_per_sm(int HD, int f8) {
+    if (HD == 64) return f8 ? mma_blocks_per_sm<64, true>() : mma_blocks_per_sm<64, false>();
+    return f8 ? mma_blocks_per_sm<128, true>() : mma_blocks_per_sm<128, false>();
 }
 
 // The tensor-core kernel where it measured faster than the fp32 ones (dev/RESULTS.md): groups of 4 to 16
 // query heads a kv head (at 2 the fp32 kernel's work is small enough) over block tables of 1,024 tokens or
-// more (shorter walks pay its deeper prologue and larger shared memory: two blocks an SM instead of four).
+// more (where the rollout tests have run it; at 8B's 384 tokens it measured faster too: dev/RESULTS.md).
 // attention_decode_set_mma: 0 never, 1 wherever it can run (HD 64 or 128, up to 16 heads; the tests), -1 the rule.
 static int decode_mma_mode = -1;
 void attention_decode_set_mma(int mode) { decode_mma_mode = mode; }
@@ -625,7 +712,11 @@ static void check_heads(const char *what, int NH, int KVH, int HD) {
 }
 
 size_t attention_decode_scratch(int S, int NH, int KVH, int HD, int BS, int MB) {
-    int ns = decode_nsplit(S, KVH, decode_groups(NH, KVH, HD, BS * MB), BS * MB);
+    int maxlen = BS * MB, ns = decode_nsplit(S, KVH, decode_groups(NH, KVH, HD, maxlen), maxlen, 0);
+    if (decode_mma(NH, KVH, HD, maxlen)) {  // either cache's kernel (FP8 or bf16), whichever splits more
+        int n8 = decode_nsplit(S, KVH, 1, maxlen, mma_per_sm(HD, 1)), n16 = decode_nsplit(S, KVH, 1, maxlen, mma_per_sm(HD, 0));
+        ns = n8 > n16 ? n8 : n16;
+    }
     return ns > 1 ? (size_t)S * NH * ns * (HD + 2) : 0;
 }
 
@@ -640,7 +731,7 @@ void attention_decode_cuda(void *out, const void *q, const void *kc, const void 
     int rep = NH / KVH, maxlen = BS * MB;
     int mma = decode_mma(NH, KVH, HD, maxlen) && !(((uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc) & 15);
     int ngroups = mma ? 1 : (rep + DEC_MAXREP - 1) / DEC_MAXREP;
-    int ns = decode_nsplit(S, KVH, ngroups, maxlen), tps = (maxlen + ns - 1) / ns;
+    int ns = decode_nsplit(S, KVH, ngroups, maxlen, mma ? mma_per_sm(HD, ks != NULL) : 0), tps = (maxlen + ns - 1) / ns;
     dim3 grid(ns, KVH * ngroups, S);
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q;
@@ -649,17 +740,9 @@ void attention_decode_cuda(void *out, const void *q, const void *kc, const void 
               !(((uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc) & (ks ? 7 : 15));
     if (ks && !vec) die("attention_decode: an FP8 KV cache needs head_dim 32, 64, 128 or 256 (got %d)", HD);
     int REP = rep <= 2 ? 2 : rep <= 4 ? 4 : DEC_MAXREP;  // groups of more than 8 take ngroups blocks of 8
-#define DEC_MMA(H, F)                                                                                                 \
-    do {                                                                                                              \
-        static int attr = 0;                                                                                          \
-        if (!attr) {                                                                                                  \
-            cudaCheck(cudaFuncSetAttribute(attn_decode_mma_kernel<H, F>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                           DecodeMmaSmem<H, F>::BYTES));                                              \
-            attr = 1;                                                                                                 \
-        }                                                                                                             \
-        attn_decode_mma_kernel<H, F><<<grid, DEC_WARPS * 32, DecodeMmaSmem<H, F>::BYTES, st>>>(                        \
-            o, scratch, qq, kc, vc, ks, vs, block_table, seq_lens, NH, KVH, BS, MB, ns, tps, sc, window, oq, oqs);      \
-    } while (0)
+#define DEC_MMA(H, F)                                                                                      \
+    attn_decode_mma_kernel<H, F><<<grid, DEC_WARPS * 32, DecodeMmaSmem<H, F>::BYTES, st>>>(                \
+        o, scratch, qq, kc, vc, ks, vs, block_table, seq_lens, NH, KVH, BS, MB, ns, tps, sc, window, oq, oqs)
 #define DEC_MMA_H(H) \
     if (ks) DEC_MMA(H, true); else DEC_MMA(H, false)
 #define DEC_VEC(H, R, F)                                                                                              \

@@ -9,6 +9,8 @@
 //   make bench-rollout && ./build/bench_rollout --model 0.6b --fp8 block,off --batch 64,256
 //   ./build/bench_rollout --model 8b --fp8 block,off --batch 64 --startup /tmp/q8b
 // --kv auto,fp8 adds rows with the FP8 KV cache (--kv_cache_dtype fp8 of train_grpo).
+// --decode_attn mma|fp32 runs every decode attention on the tensor-core kernel (where it can) or the fp32
+// one, instead of attention_decode.cu's rule (auto): where the rule's crossover is measured.
 // --fp8_embeddings: the FP8 rows hold the embedding table and LM head in E4M3 too (train_grpo's option).
 // With --profile, one more rollout per row runs without graphs, every op timed by CUDA
 // events (dev/op_profile.h): the GPU time per op category per decode step.
@@ -22,6 +24,7 @@
 #include "op_profile.h"
 #include "rollout.h"
 #include "shapes.h"
+#include "cuda/attention_cuda.h"
 #include "cuda/fp8_cuda.h"
 #include "io/safetensors.h"
 
@@ -185,7 +188,7 @@ static void startup(const char *size, const char *dir) {
 
 int main(int argc, char **argv) {
     const char *size = "0.6b", *grans = "block,off", *batches = "64,256", *startup_dir = NULL, *graph_list = "on", *kvs = "auto";
-    const char *gemm = "auto";
+    const char *gemm = "auto", *dattn = "auto";
     int prompt = 128, nnew = 256, G = 1, rank = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) size = argv[++i];
@@ -201,10 +204,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--fp8_embeddings")) fp8_embed = 1;
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc) kvs = argv[++i];
         else if (!strcmp(argv[i], "--gemm") && i + 1 < argc) gemm = argv[++i];
+        else if (!strcmp(argv[i], "--decode_attn") && i + 1 < argc) dattn = argv[++i];
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
         else die("usage: bench_rollout [--model " SHAPE_NAMES "] [--fp8 block,row,tensor,off] [--batch 64,256] [--prompt 128] "
                  "[--new 256] [--generations G] [--lora r] [--graphs on,off] [--kv auto,fp8] [--gemm auto|cublaslt] "
-                 "[--profile] [--fp8_embeddings] [--startup DIR] [--device cuda|cpu]");
+                 "[--decode_attn auto|mma|fp32] [--profile] [--fp8_embeddings] [--startup DIR] [--device cuda|cpu]");
     }
     if (strcmp(device, "cuda") && strcmp(device, "cpu")) die("--device: cuda or cpu, not '%s'", device);
     if (!strcmp(device, "cpu") && (profile || startup_dir)) die("--profile and --startup time the CUDA backend: drop them with --device cpu");
@@ -214,6 +218,8 @@ int main(int argc, char **argv) {
     // product (what the Hopper kernels are worth end to end)
     if (!strcmp(gemm, "cublaslt") && !strcmp(device, "cuda")) fp8_cuda_set_backend(FP8_GEMM_CUBLASLT);
     else if (strcmp(gemm, "auto")) die("--gemm: auto or cublaslt, not '%s'", gemm);
+    if (strcmp(dattn, "auto") && strcmp(dattn, "mma") && strcmp(dattn, "fp32")) die("--decode_attn: auto, mma or fp32, not '%s'", dattn);
+    if (!strcmp(device, "cuda")) attention_decode_set_mma(!strcmp(dattn, "mma") ? 1 : !strcmp(dattn, "fp32") ? 0 : -1);
     // the lists, parsed first
     int gl[8], ng = 0, bl[8], nb = 0;
     char buf[256];

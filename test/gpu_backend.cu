@@ -1064,8 +1064,9 @@ static void decode_case(int S, int NH, int KVH, int HD, int BS, int MB, const in
             fp8_device_tensor_free(&oq);
         }
         // output rounding + a relative bound on sum p |v|: 2^-12 for the fp32 kernels (their sums and
-        // exponentials); the tensor-core kernel rounds each p (times V's scale for fp8) to bf16 for its P V
-        // product, 2^-9 of each term, doubled for its fp32 sums and exponentials: 2^-8
+        // exponentials); the tensor-core kernel rounds each p to bf16 for its P V product (an FP8 cache's
+        // p times V's scale to f16, 2^-11: within the same bound), 2^-9 of each term, doubled for its fp32
+        // sums and exponentials: 2^-8
         double *t = tol_bf(ref, mag, mma ? 0x1p-8 : 0x1p-12, nq);
         char what[200];
         snprintf(what, sizeof what, "attention_decode%s S %d NH %d KVH %d HD %d BS %d (max len %d)%s, %s kernel",
