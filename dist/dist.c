@@ -459,6 +459,28 @@ static int accept_by(int lfd, double deadline, struct sockaddr_in *peer) {
     return accept(lfd, (struct sockaddr *)peer, &len);
 }
 
+// The ring's listener, on a port the kernel picks but never MASTER_PORT: a rank started before rank 0 on
+// rank 0's host (or rank 0 itself, before it listens there) could otherwise take the port rank 0 needs, and
+// a rank's rendezvous would reach its own ring socket instead of rank 0.
+static int ring_listener(int master_port, int *port) {
+    int fd = listen_on(0, port);
+    if (fd >= 0 && *port == master_port) {
+        int again = listen_on(0, port);  // while fd holds MASTER_PORT the kernel picks another
+        close(fd);
+        fd = again;
+    }
+    return fd;
+}
+
+// whether a connected socket reached itself: with nothing listening on a local port, TCP may pick that
+// same port as the connection's own end and "connect" (a simultaneous open with itself)
+static int self_connected(int fd) {
+    struct sockaddr_in a, b;
+    socklen_t la = sizeof a, lb = sizeof b;
+    return !getsockname(fd, (struct sockaddr *)&a, &la) && !getpeername(fd, (struct sockaddr *)&b, &lb) &&
+           a.sin_port == b.sin_port && a.sin_addr.s_addr == b.sin_addr.s_addr;
+}
+
 // connect to host:port, trying again until the deadline (the other side may not listen yet)
 static int connect_to(const char *host, int port, double deadline, char *why, size_t cap) {
     char ps[16];
@@ -468,14 +490,14 @@ static int connect_to(const char *host, int port, double deadline, char *why, si
         int g = getaddrinfo(host, ps, &hints, &res);
         if (g) snprintf(why, cap, "cannot resolve '%s' (%s)", host, gai_strerror(g));
         else {
-            int fd = socket(AF_INET, SOCK_STREAM, 0);
-            if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+            int fd = socket(AF_INET, SOCK_STREAM, 0), self = 0;
+            if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 && !(self = self_connected(fd))) {
                 freeaddrinfo(res);
                 int one = 1;
                 setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
                 return fd;
             }
-            snprintf(why, cap, "%s:%d: %s", host, port, strerror(errno));
+            snprintf(why, cap, "%s:%d: %s", host, port, self ? "nothing listens there" : strerror(errno));
             if (fd >= 0) close(fd);
             freeaddrinfo(res);
         }
@@ -508,7 +530,7 @@ Dist *dist_init(const DistEnv *e) {
     int W = d->world, ring_port = 0;
     double deadline = now_sec() + e->timeout;
     // every rank's ring listener first, so that every connect below finds it listening
-    int ring = listen_on(0, &ring_port);
+    int ring = ring_listener(e->port, &ring_port);
     if (ring < 0) dist_die(d, "cannot open a TCP port for the ring (%s)", strerror(errno));
     Where *where = (Where *)callocCheck(W, sizeof(Where));
     char why[512] = "";

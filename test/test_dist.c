@@ -208,10 +208,15 @@ static double run_ranks(int world, RankFn fn, const int *present, const char *ti
     return now_sec() - t0;
 }
 
-static char *rank_err(int r) {
+// rank r's stderr, copied into a buffer of this file's (no allocation that a failed check would leave behind)
+static const char *rank_err(int r) {
+    static char buf[8192];
     char path[256];
     snprintf(path, sizeof path, "%s/rank-%d.err", tmp_dir, r);
-    return read_file(path, NULL);
+    char *e = read_file(path, NULL);
+    snprintf(buf, sizeof buf, "%s", e);
+    free(e);
+    return buf;
 }
 
 // rank r's value i of the test with seed s: uniform in +-[0.5, 1.5), never 0, different per rank
@@ -384,9 +389,8 @@ static void expect_ranks_pass(int W, RankFn fn, const char *what) {
     int code[8];
     run_ranks(W, fn, NULL, NULL, code, 120);
     for (int r = 0; r < W; r++) {
-        char *e = rank_err(r);
+        const char *e = rank_err(r);
         ck_assert_msg(code[r] == 0, "%s, world %d rank %d: exit %d: %s", what, W, r, code[r], e);
-        free(e);
     }
 }
 
@@ -423,14 +427,13 @@ static int nothing(Dist *d, int rank, int W) { return 0; }
 
 // rank r exited non-zero with one "error: " line on stderr that mentions substr
 static void expect_rank_error(int r, const int *code, const char *substr) {
-    char *e = rank_err(r);
+    const char *e = rank_err(r);
     ck_assert_msg(code[r] != 0, "rank %d exited 0", r);
-    char *line = strstr(e, "error: ");
+    const char *line = strstr(e, "error: ");
     ck_assert_msg(line, "rank %d: no error line in '%s'", r, e);
     ck_assert_msg(strstr(line, substr), "rank %d: '%s' does not mention '%s'", r, line, substr);
     ck_assert_msg(!strchr(line, '\n') || !strchr(strchr(line, '\n') + 1, '\n') || !strstr(strchr(line, '\n') + 1, "error: "),
                   "rank %d: more than one error line: %s", r, e);
-    free(e);
 }
 
 START_TEST(test_dead_rank_stops_all) {
