@@ -18,9 +18,11 @@
 // ----------------------------------------------------------------------------
 // KV cache
 
-// the cache row (slot x KVH + kvh) of token t of a sequence whose block-table row is btr
+// the cache row (slot x KVH + kvh) of token t of a sequence whose block-table row is btr (a block size
+// that is a power of two, as the engine's are, takes a shift instead of a 32-bit division)
 __device__ __forceinline__ size_t cache_row(const int32_t *btr, int t, int BS, int KVH, int kvh) {
-    return ((size_t)btr[t / BS] * BS + t % BS) * KVH + kvh;
+    const int b = BS & (BS - 1) ? t / BS : t >> (__ffs(BS) - 1);
+    return ((size_t)btr[b] * BS + (t - b * BS)) * KVH + kvh;
 }
 
 __global__ void kv_write_kernel(bf16 *kc, bf16 *vc, const bf16 *k, const bf16 *v, const int32_t *slots, int row,
@@ -412,7 +414,8 @@ struct DecodeMmaSmem {
 
 // a warp's share of stage buffer `st`: rows w0 .. w0 + DS_W - 1 (tokens t0 .. t0 + DS_W - 1; zeros from te on):
 // bf16 rows into the swizzled tiles (mma_tile.cuh toff), FP8 codes as padded rows, then each row's two scales.
-// Each lane finds one token's cache row (lanes 16-31 repeat 0-15) and the warp's copies take it by shuffle.
+// Each lane finds one token's cache row (lanes 16-31 repeat 0-15) and the warp's copies take it by shuffle
+// (32 bits: a cache of 2^32 rows would be terabytes).
 template <int HD, bool F8>
 __device__ __forceinline__ void ds_load(uint8_t *st, const void *kc, const void *vc, const float *ks, const float *vs,
                                         const int32_t *btr, int BS, int KVH, int kvh, int w0, int t0, int te) {
@@ -420,11 +423,11 @@ __device__ __forceinline__ void ds_load(uint8_t *st, const void *kc, const void 
     constexpr int EB = F8 ? 1 : 2, CH = HD * EB / 16;  // 16-byte chunks a row
     const int lane = threadIdx.x & 31, tl = lane % DS_W;
     const bool ok = t0 + tl < te;
-    const unsigned long long row = ok ? cache_row(btr, t0 + tl, BS, KVH, kvh) : 0;
+    const uint32_t row = ok ? (uint32_t)cache_row(btr, t0 + tl, BS, KVH, kvh) : 0;
 #pragma unroll
     for (int i = lane; i < DS_W * CH; i += 32) {
         const int r = i / CH, c = i % CH;
-        const size_t off = __shfl_sync(0xffffffffu, row, r) * HD * EB + (size_t)c * 16;
+        const size_t off = (size_t)__shfl_sync(0xffffffffu, row, r) * (HD * EB) + c * 16;
         const int dst = F8 ? (w0 + r) * L::KP + c * 16 : toff<HD>(w0 + r, c) * 2;
         cp_async16(st + dst, (const uint8_t *)kc + off, t0 + r < te);
         cp_async16(st + (F8 ? DS_T * L::KP : L::TILE) + dst, (const uint8_t *)vc + off, t0 + r < te);
@@ -432,10 +435,25 @@ __device__ __forceinline__ void ds_load(uint8_t *st, const void *kc, const void 
     if (F8) cp_async4(st + 2 * DS_T * L::KP + ((lane / DS_W) * DS_T + w0 + tl) * 4, (lane < DS_W ? ks : vs) + row, ok);
 }
 
-// two E4M3 codes (the low 16 bits of w; the first in the low byte) -> an f16 pair (exact)
-__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t w) {
-    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
-    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+// four E4M3 codes (w's bytes, the first lowest) -> two f16 pairs (exact): bytes 0, 1 into lo, 2, 3 into hi
+// (sm_89+: each cvt reads a 16-bit half of w as it is, no shift)
+__device__ __forceinline__ void e4m3x4_f16x4(uint32_t w, uint32_t &lo, uint32_t &hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(w));
+#else  // no FP8 conversion instruction: cuda_fp8.h's arithmetic
+    const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+    const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
+    lo = (uint32_t)a.x | ((uint32_t)a.y << 16);
+    hi = (uint32_t)b.x | ((uint32_t)b.y << 16);
+#endif
+}
+// 2^x in one MUFU instruction (ex2.approx: 2 ulp; results below 2^-126 flush to 0, as a softmax may let them)
+__device__ __forceinline__ float exp2_fast(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // Grid (splits, KVH, S), DEC_WARPS warps; out / part as attn_decode_kernel's
@@ -473,7 +491,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
                 qa[kk][e] = pack_f16(f.x * 0.125f, f.y * 0.125f);
             } else qa[kk][e] = v;
         }
-    const float sl2 = sc * 1.4426950408889634f;  // scores in exp2's domain
+    const float slk = sc * 1.4426950408889634f * (F8 ? 8.f : 1.f);  // scores in exp2's domain (FP8: Q's 2^-3 back)
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f}, o[ND][4], vref = 0.f, vinv = 0.f;
 #pragma unroll
     for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -499,8 +517,9 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             if (F8) {  // lane (g, t4): token w0 + 8 nt + g, dims 16 kk + 4 t4 .. + 3
 #pragma unroll
                 for (int nt = 0; nt < 2; nt++) {
-                    const uint32_t w = *(const uint32_t *)(Kc + (w0 + nt * 8 + g) * L::KP + kk * 16 + 4 * t4);
-                    mma16816_f16(acc[nt], qa[kk], e4m3x2_f16x2(w), e4m3x2_f16x2(w >> 16));
+                    uint32_t b0, b1;
+                    e4m3x4_f16x4(*(const uint32_t *)(Kc + (w0 + nt * 8 + g) * L::KP + kk * 16 + 4 * t4), b0, b1);
+                    mma16816_f16(acc[nt], qa[kk], b0, b1);
                 }
             } else {
                 uint32_t bb[4];
@@ -509,17 +528,22 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
                 mma16816(acc[1], qa[kk], bb[2], bb[3]);
             }
         }
-        // scores (scaled, K's scale for FP8; -inf past the split's end), each row's max over the DS_W tokens
+        // scores (scaled, K's scale for FP8; -inf past the split's end), each row's max over the DS_W tokens.
+        // Scales are read for every token (past the end they are staged zeros) and the end is a select, so
+        // that no load waits behind a branch.
         float mx[2] = {-INFINITY, -INFINITY};
+        const bool whole = tok0 + DS_W <= te;  // the warp's tokens all in the split (uniform)
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < 2; nt++) {
+            const int c = nt * 8 + 2 * t4;  // this lane's two tokens: c, c + 1 of the warp's
+            const float2 ksc = F8 ? *(const float2 *)(kscale + w0 + c) : make_float2(1.f, 1.f);
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int c = w0 + nt * 8 + 2 * t4 + (e & 1);
-                const float x = sf[nt][e] + sg[nt][e];
-                sf[nt][e] = tok0 - w0 + c < te ? x * sl2 * (F8 ? 8.f * kscale[c] : 1.f) : -INFINITY;
+                const float x = (sf[nt][e] + sg[nt][e]) * slk * (e & 1 ? ksc.y : ksc.x);
+                sf[nt][e] = whole || tok0 + c + (e & 1) < te ? x : -INFINITY;
                 mx[e >> 1] = fmaxf(mx[e >> 1], sf[nt][e]);
             }
+        }
         float vmx = 0.f;  // FP8: the largest V scale of the DS_W tokens
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -549,7 +573,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const float mnew = fmaxf(mrow[r], mx[r]), mb = mnew == -INFINITY ? 0.f : mnew;
-                const float of = exp2f(mrow[r] - mb);
+                const float of = exp2_fast(mrow[r] - mb);
                 lrow[r] *= of;
                 mrow[r] = mnew;
 #pragma unroll
@@ -564,7 +588,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    const float p = exp2f(sf[nt][2 * r + e] - mb);
+                    const float p = exp2_fast(sf[nt][2 * r + e] - mb);
                     rs += p;
                     sf[nt][2 * r + e] = F8 ? p * (vscale[w0 + nt * 8 + 2 * t4 + e] * vinv) : p;  // V's scale into P
                 }
@@ -581,11 +605,13 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
                 const uint8_t *v0 = Vc + (w0 + 2 * t4) * L::KP + 32 * qd + 4 * g;
                 const uint32_t A = *(const uint32_t *)v0, B = *(const uint32_t *)(v0 + L::KP);
                 const uint32_t C = *(const uint32_t *)(v0 + 8 * L::KP), D = *(const uint32_t *)(v0 + 9 * L::KP);
-                const uint32_t ab[2] = {__byte_perm(A, B, 0x5140), __byte_perm(A, B, 0x7362)};  // A0 B0 A1 B1, A2 B2 A3 B3
-                const uint32_t cd[2] = {__byte_perm(C, D, 0x5140), __byte_perm(C, D, 0x7362)};
+                uint32_t b0[4], b1[4];  // n-tile i's fragments: (A_i, B_i) and (C_i, D_i) as f16 pairs
+                e4m3x4_f16x4(__byte_perm(A, B, 0x5140), b0[0], b0[1]);  // A0 B0 A1 B1
+                e4m3x4_f16x4(__byte_perm(A, B, 0x7362), b0[2], b0[3]);  // A2 B2 A3 B3
+                e4m3x4_f16x4(__byte_perm(C, D, 0x5140), b1[0], b1[1]);
+                e4m3x4_f16x4(__byte_perm(C, D, 0x7362), b1[2], b1[3]);
 #pragma unroll
-                for (int i = 0; i < 4; i++)
-                    mma16816_f16(o[4 * qd + i], pa, e4m3x2_f16x2(ab[i / 2] >> (16 * (i % 2))), e4m3x2_f16x2(cd[i / 2] >> (16 * (i % 2))));
+                for (int i = 0; i < 4; i++) mma16816_f16(o[4 * qd + i], pa, b0[i], b1[i]);
             }
         } else {
             uint32_t pa[4];
