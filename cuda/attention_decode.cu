@@ -717,18 +717,18 @@ static int mma_per_sm(int HD, int f8) {
 }
 
 // The tensor-core kernel where it measured faster than the fp32 ones (dev/RESULTS.md): groups of 4 to 16
-// query heads a kv head (at 2 the fp32 kernel's work is small enough) over block tables of 1,024 tokens or
-// more (where the rollout tests have run it; at 8B's 384 tokens it measured faster too: dev/RESULTS.md).
+// query heads a kv head, at every context length measured (8B's 384 to 4,096 tokens); with 2 (0.6B) the
+// fp32 kernel's work is small enough that it stays the faster.
 // attention_decode_set_mma: 0 never, 1 wherever it can run (HD 64 or 128, up to 16 heads; the tests), -1 the rule.
 static int decode_mma_mode = -1;
 void attention_decode_set_mma(int mode) { decode_mma_mode = mode; }
-static int decode_mma(int NH, int KVH, int HD, int maxlen) {
+static int decode_mma(int NH, int KVH, int HD) {
     int rep = NH / KVH, can = (HD == 64 || HD == 128) && rep <= DS_ROWS;
     if (decode_mma_mode >= 0) return can && decode_mma_mode;
-    return can && rep >= 4 && maxlen >= 1024;
+    return can && rep >= 4;
 }
-static int decode_groups(int NH, int KVH, int HD, int maxlen) {
-    return decode_mma(NH, KVH, HD, maxlen) ? 1 : (NH / KVH + DEC_MAXREP - 1) / DEC_MAXREP;
+static int decode_groups(int NH, int KVH, int HD) {
+    return decode_mma(NH, KVH, HD) ? 1 : (NH / KVH + DEC_MAXREP - 1) / DEC_MAXREP;
 }
 
 // the decode kernels take GQA groups of any size and even head dims up to 256 (4 bf16 pairs a lane)
@@ -738,8 +738,8 @@ static void check_heads(const char *what, int NH, int KVH, int HD) {
 }
 
 size_t attention_decode_scratch(int S, int NH, int KVH, int HD, int BS, int MB) {
-    int maxlen = BS * MB, ns = decode_nsplit(S, KVH, decode_groups(NH, KVH, HD, maxlen), maxlen, 0);
-    if (decode_mma(NH, KVH, HD, maxlen)) {  // either cache's kernel (FP8 or bf16), whichever splits more
+    int maxlen = BS * MB, ns = decode_nsplit(S, KVH, decode_groups(NH, KVH, HD), maxlen, 0);
+    if (decode_mma(NH, KVH, HD)) {  // either cache's kernel (FP8 or bf16), whichever splits more
         int n8 = decode_nsplit(S, KVH, 1, maxlen, mma_per_sm(HD, 1)), n16 = decode_nsplit(S, KVH, 1, maxlen, mma_per_sm(HD, 0));
         ns = n8 > n16 ? n8 : n16;
     }
@@ -755,7 +755,7 @@ void attention_decode_cuda(void *out, const void *q, const void *kc, const void 
     cudaStream_t st = (cudaStream_t)stream;
     // (unaligned rows take the other kernels: more blocks, so no more splits than attention_decode_scratch planned)
     int rep = NH / KVH, maxlen = BS * MB;
-    int mma = decode_mma(NH, KVH, HD, maxlen) && !(((uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc) & 15);
+    int mma = decode_mma(NH, KVH, HD) && !(((uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc) & 15);
     int ngroups = mma ? 1 : (rep + DEC_MAXREP - 1) / DEC_MAXREP;
     int ns = decode_nsplit(S, KVH, ngroups, maxlen, mma ? mma_per_sm(HD, ks != NULL) : 0), tps = (maxlen + ns - 1) / ns;
     dim3 grid(ns, KVH * ngroups, S);
