@@ -31,10 +31,10 @@ static double max_abs_f(const float *a, size_t n) {
     return m;
 }
 
-// Everything one backend computes on one fixture: forward logits, prefill + decode logits,
-// LoRA logprobs and LoRA gradients
+// Everything one backend computes on one fixture: forward logits, prefill + decode logits (without and with
+// the adapter), LoRA logprobs and LoRA gradients
 typedef struct {
-    float *logits, *dec, *grads;
+    float *logits, *dec, *dec_lora, *grads;
     double *lp;
     size_t nlogits, ndec, ngrads;
     int nlp;
@@ -48,6 +48,39 @@ static void load_fixture(Model *m, char *dir, size_t cap, const char *arch, cons
     memset(&o, 0, sizeof o);
     o.gran = gran;
     model_load(m, dir, be, &o);
+}
+
+// prefill two right-padded prompts of the fixture's rows (3 and 7 tokens), then 10 decode steps each: the
+// logits of all 11 steps (*n floats)
+static float *prefill_decode(Model *m, const Backend *be, const int *ids, int T, size_t *n) {
+    int V = m->cfg.V, BS = 8, MB = 3, lens[2] = {3, 7}, table[6] = {0, 2, 4, 1, 3, 5}, pids[14], slots[14], steps = 10;
+    for (int s = 0; s < 2; s++)
+        for (int t = 0; t < 7; t++) {
+            pids[s * 7 + t] = t < lens[s] ? ids[s * T + t] : 0;
+            slots[s * 7 + t] = t < lens[s] ? table[s * MB + t / BS] * BS + t % BS : -1;
+        }
+    KVCache kv;
+    kvcache_alloc(&kv, m, 6, BS);
+    *n = (size_t)(steps + 1) * 2 * V;
+    float *dec = fmalloc(*n);
+    void *z = be->alloc(2 * V * 4);
+    model_prefill(m, &kv, pids, lens, slots, 2, 7, z);
+    be->download(dec, z, 2 * V * 4);
+    int pos[2] = {3, 7};
+    for (int step = 0; step < steps; step++) {
+        int tok[2], sl[2];
+        for (int s = 0; s < 2; s++) {
+            tok[s] = ids[s * T + pos[s]];
+            sl[s] = table[s * MB + pos[s] / BS] * BS + pos[s] % BS;
+        }
+        model_decode(m, &kv, tok, pos, sl, table, 2, MB, z);
+        be->download(dec + (size_t)(step + 1) * 2 * V, z, 2 * V * 4);
+        pos[0]++;
+        pos[1]++;
+    }
+    kvcache_free(&kv, be);
+    be->free(z);
+    return dec;
 }
 
 static void model_run(ModelRun *r, const char *arch, const Backend *be, FP8Gran gran) {
@@ -66,34 +99,7 @@ static void model_run(ModelRun *r, const char *arch, const Backend *be, FP8Gran 
     model_forward(&m, ids, B, T);
     model_logits(&m, r->logits);
 
-    // prefill two right-padded prompts (3 and 7 tokens), then 10 decode steps each
-    int BS = 8, MB = 3, lens[2] = {3, 7}, table[6] = {0, 2, 4, 1, 3, 5}, pids[14], slots[14], steps = 10;
-    for (int s = 0; s < 2; s++)
-        for (int t = 0; t < 7; t++) {
-            pids[s * 7 + t] = t < lens[s] ? ids[s * T + t] : 0;
-            slots[s * 7 + t] = t < lens[s] ? table[s * MB + t / BS] * BS + t % BS : -1;
-        }
-    KVCache kv;
-    kvcache_alloc(&kv, &m, 6, BS);
-    r->ndec = (size_t)(steps + 1) * 2 * V;
-    r->dec = fmalloc(r->ndec);
-    void *z = be->alloc(2 * V * 4);
-    model_prefill(&m, &kv, pids, lens, slots, 2, 7, z);
-    be->download(r->dec, z, 2 * V * 4);
-    int pos[2] = {3, 7};
-    for (int step = 0; step < steps; step++) {
-        int tok[2], sl[2];
-        for (int s = 0; s < 2; s++) {
-            tok[s] = ids[s * T + pos[s]];
-            sl[s] = table[s * MB + pos[s] / BS] * BS + pos[s] % BS;
-        }
-        model_decode(&m, &kv, tok, pos, sl, table, 2, MB, z);
-        be->download(r->dec + (size_t)(step + 1) * 2 * V, z, 2 * V * 4);
-        pos[0]++;
-        pos[1]++;
-    }
-    kvcache_free(&kv, be);
-    be->free(z);
+    r->dec = prefill_decode(&m, be, ids, T, &r->ndec);
 
     // LoRA on all projections with random A and B (the same on every backend); logprobs of the
     // next token (some rows -1) at temperature 0.8; backward of sum dlogp * logp
@@ -104,6 +110,9 @@ static void model_run(ModelRun *r, const char *arch, const Backend *be, FP8Gran 
     be->upload_convert(lo->params, be->hp, par, DT_F64, lo->n);
     m.lora = lo;
     m.lora_on = 1;
+    lora_sync_act(lo);  // prefill and decode with the adapter: its products in the decode step's kernels
+    r->dec_lora = prefill_decode(&m, be, ids, T, &r->ndec);
+    lora_release_act(lo);
     r->nlp = B * T;
     r->tg = (int *)mallocCheck(B * T * sizeof(int));
     r->lp = (double *)mallocCheck(B * T * 8);
@@ -127,7 +136,7 @@ static void model_run(ModelRun *r, const char *arch, const Backend *be, FP8Gran 
     model_free(&m);
 }
 static void model_run_free(ModelRun *r) {
-    free(r->logits); free(r->dec); free(r->grads); free(r->lp); free(r->tg);
+    free(r->logits); free(r->dec); free(r->dec_lora); free(r->grads); free(r->lp); free(r->tg);
 }
 
 // Tolerances for whole models. BF16 storage rounds every activation (about 15 times per layer,
@@ -161,13 +170,15 @@ START_TEST(test_models) {
         double tl = 0x1p-5, tgr = 0x1p-4;
         model_cmp(arch, "off", "forward logits", go.logits, co.logits, co.nlogits, tl);
         model_cmp(arch, "off", "prefill + 10 decode steps", go.dec, co.dec, co.ndec, tl);
+        model_cmp(arch, "off", "prefill + decode, LoRA", go.dec_lora, co.dec_lora, co.ndec, tl);
         model_cmp(arch, "off", "LoRA gradients", go.grads, co.grads, co.ngrads, tgr);
         double ql = rel_l2(cb.logits, co.logits, co.nlogits, NULL), qd = rel_l2(cb.dec, co.dec, co.ndec, NULL);
-        double qg = rel_l2(cb.grads, co.grads, co.ngrads, NULL);
-        printf("  model %-6s FP8 quantization effect on the CPU: logits %.4f, decode %.4f, LoRA gradients %.4f\n", arch,
-               ql, qd, qg);
+        double qg = rel_l2(cb.grads, co.grads, co.ngrads, NULL), qdl = rel_l2(cb.dec_lora, co.dec_lora, co.ndec, NULL);
+        printf("  model %-6s FP8 quantization effect on the CPU: logits %.4f, decode %.4f (with LoRA %.4f), LoRA gradients %.4f\n",
+               arch, ql, qd, qdl, qg);
         model_cmp(arch, "block", "forward logits", gb.logits, cb.logits, cb.nlogits, tl + ql);
         model_cmp(arch, "block", "prefill + 10 decode steps", gb.dec, cb.dec, cb.ndec, tl + qd);
+        model_cmp(arch, "block", "prefill + decode, LoRA", gb.dec_lora, cb.dec_lora, cb.ndec, tl + qdl);
         model_cmp(arch, "block", "LoRA gradients", gb.grads, cb.grads, cb.ngrads, tgr + qg);
         // dX through the frozen FP8 weights as an FP8 product (dY quantized; forced: these widths are
         // below AUTO's) against the BF16 reference (W dequantized): what it changes in the LoRA
