@@ -716,16 +716,16 @@ static int mma_per_sm(int HD, int f8) {
     return f8 ? mma_blocks_per_sm<128, true>() : mma_blocks_per_sm<128, false>();
 }
 
-// The tensor-core kernel where it measured faster than the fp32 ones (dev/RESULTS.md): groups of 4 to 16
-// query heads a kv head, at every context length measured (8B's 384 to 4,096 tokens); with 2 (0.6B) the
-// fp32 kernel's work is small enough that it stays the faster.
+// The tensor-core kernel where it measured faster than the fp32 ones (dev/RESULTS.md): groups of 3 to 16
+// query heads a kv head, at every context length measured (8B's 4 a kv head at 384 to 4,096 tokens; 3 at
+// SmolLM2-135M's head dim 64); with 2 (0.6B) the fp32 kernel's work is small enough that it stays the faster.
 // attention_decode_set_mma: 0 never, 1 wherever it can run (HD 64 or 128, up to 16 heads; the tests), -1 the rule.
 static int decode_mma_mode = -1;
 void attention_decode_set_mma(int mode) { decode_mma_mode = mode; }
 static int decode_mma(int NH, int KVH, int HD) {
     int rep = NH / KVH, can = (HD == 64 || HD == 128) && rep <= DS_ROWS;
     if (decode_mma_mode >= 0) return can && decode_mma_mode;
-    return can && rep >= 4;
+    return can && rep >= 3;
 }
 static int decode_groups(int NH, int KVH, int HD) {
     return decode_mma(NH, KVH, HD) ? 1 : (NH / KVH + DEC_MAXREP - 1) / DEC_MAXREP;
