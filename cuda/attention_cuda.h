@@ -13,7 +13,7 @@
 //                             query block; deterministic
 //   attention_decode_cuda     one query token per sequence over a paged KV cache,
 //                             split over the context (flash-decoding) and combined; fp32 on
-//                             the CUDA cores, or mma.sync for head dims 64 and 128 at long contexts
+//                             the CUDA cores, or mma.sync for head dims 64 and 128 (3-16 query heads a kv head)
 //   kv_write_cuda             rows of k, v into their cache slots
 #ifndef ATTENTION_CUDA_H
 #define ATTENTION_CUDA_H
