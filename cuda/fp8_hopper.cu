@@ -42,7 +42,7 @@
 // 2. The decode kernel, for M <= 64: a decode step multiplies a few dozen tokens by every weight
 //    once, so its time is the time to stream W. One 64 x 128 output tile per block and K split over a
 //    thread-block cluster of up to 8 blocks, summed through distributed shared memory: more SMs read W
-//    than cuBLASLt's 128-wide tiles keep busy at N <= 4096.
+//    than cuBLASLt's 128-wide tiles keep busy at a decode step's widths.
 #include <cooperative_groups.h>
 #include <cudaTypedefs.h>
 
@@ -447,12 +447,12 @@ int hopper_wgmma_preferred(int M, int N, int K, int sms) {
     return K <= 1024 && tiles >= 3L * sms && (double)M * N >= 0.9 * waves * sms * WG_BM * WG_BN;
 }
 
-// M <= 64 on the narrow products with a long K and at most 8 MiB of weight, where cuBLASLt's 128-wide
-// tiles leave most SMs idle. Elsewhere cuBLASLt is as fast or faster: K = 1024 (too few steps to
-// split), N >= 12288 (no room for splits), and the 8B shape's 4096 x 4096 and 4096 x 12288 (the
-// measurements: dev/RESULTS.md).
-int hopper_decode_preferred(int M, int N, int K) {
-    return M <= DK_BM && N <= 4096 && K >= 2048 && (long)N * K <= (8L << 20);
+// M <= 64 with K >= 2048: the clusters split K, so more SMs stream W than cuBLASLt's 128-wide tiles
+// keep busy, and in the decode step it is the faster at every such product measured, N 1024 to 24576.
+// At K = 1024 there are too few steps to split and cuBLASLt is as fast or faster (the measurements,
+// each shape alone and in the decode step: dev/RESULTS.md).
+int hopper_decode_preferred(int M, int K) {
+    return M <= DK_BM && K >= 2048;
 }
 
 template <typename T, int GRAN, bool TMA_OUT>
