@@ -937,7 +937,7 @@ static FP8GemmBackend auto_choice(DType ydt, const FP8Tensor *x, const FP8Tensor
     char why[256];
     if (!ctx.has_fp8) return FP8_GEMM_BF16;
     if (!kernel_scales_ok(x, w, why, sizeof why)) return fp8_plan(ydt, x, w, y, a.accumulate, why, sizeof why) ? FP8_GEMM_CUBLASLT : FP8_GEMM_BF16;
-    if (hopper_decode_preferred(a.M, a.K) && hopper_supported(a, 1, why, sizeof why)) return FP8_GEMM_DECODE;
+    if (hopper_decode_preferred(a.M, a.N, a.K) && hopper_supported(a, 1, why, sizeof why)) return FP8_GEMM_DECODE;
     if (hopper_wgmma_preferred(a.M, a.N, a.K, ctx.sms) && hopper_supported(a, 0, why, sizeof why)) return FP8_GEMM_WGMMA;
     if (fp8_plan(ydt, x, w, y, a.accumulate, why, sizeof why)) return FP8_GEMM_CUBLASLT;
     if (hopper_supported(a, 0, why, sizeof why)) return FP8_GEMM_WGMMA;

@@ -51,7 +51,7 @@ int hopper_supported(const GemmArgs &a, int decode, char *why, size_t cap);
 // AUTO's rules, from the measurements (fp8_hopper.cu says which): the wgmma kernel beats cuBLASLt /
 // the decode kernel beats cuBLASLt on this shape of an sm_count-SM GPU
 int hopper_wgmma_preferred(int M, int N, int K, int sms);
-int hopper_decode_preferred(int M, int K);
+int hopper_decode_preferred(int M, int N, int K);
 // Y (ydt bf16 or f32) = or += the product, on the stream (hopper_supported must hold)
 void hopper_wgmma_gemm(void *y, DType ydt, const GemmArgs &a, int sms, cudaStream_t stream);
 void hopper_decode_gemm(void *y, DType ydt, const GemmArgs &a, cudaStream_t stream);

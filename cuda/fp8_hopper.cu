@@ -447,12 +447,14 @@ int hopper_wgmma_preferred(int M, int N, int K, int sms) {
     return K <= 1024 && tiles >= 3L * sms && (double)M * N >= 0.9 * waves * sms * WG_BM * WG_BN;
 }
 
-// M <= 64 with K >= 2048: the clusters split K, so more SMs stream W than cuBLASLt's 128-wide tiles
+// K >= 2048 and M <= 64: the clusters split K, so more SMs stream W than cuBLASLt's 128-wide tiles
 // keep busy, and in the decode step it is the faster at every such product measured, N 1024 to 24576.
-// At K = 1024 there are too few steps to split and cuBLASLt is as fast or faster (the measurements,
-// each shape alone and in the decode step: dev/RESULTS.md).
-int hopper_decode_preferred(int M, int K) {
-    return M <= DK_BM && K >= 2048;
+// M <= 128 too where W is at most 8 MiB: the second 64-row tile reads W again, from the L2 while it is
+// that small (at M = 256, or a W of 16 MiB or more, cuBLASLt is far faster). At K = 1024 there are
+// too few steps to split and cuBLASLt is as fast or faster (the measurements, each shape alone and in
+// the decode step: dev/RESULTS.md).
+int hopper_decode_preferred(int M, int N, int K) {
+    return K >= 2048 && (M <= DK_BM || (M <= 2 * DK_BM && (long)N * K <= (8L << 20)));
 }
 
 template <typename T, int GRAN, bool TMA_OUT>

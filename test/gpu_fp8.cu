@@ -424,7 +424,7 @@ START_TEST(test_gemm_decode) {
     }
     FP8Gran grans[] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK};
     int shapes[][3] = {{64, 1024, 1024}, {1, 256, 3072}, {17, 512, 576}, {64, 4096, 4096}, {40, 192, 12288},
-                       {64, 128, 128}, {33, 200, 1024}, {100, 100, 256}};
+                       {64, 128, 128}, {33, 200, 1024}, {100, 100, 256}, {128, 1024, 2048}};
     double worst = 0;
     for (int gi = 0; gi < 3; gi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -437,7 +437,7 @@ START_TEST(test_gemm_decode) {
                 double w = gemm_check(&c, FP8_GEMM_DECODE, ydt, 0, ACC_TC, "kernel-decode");
                 if (w > worst) worst = w;
                 gemm_check(&c, FP8_GEMM_DECODE, ydt, 1, ACC_TC, "kernel-decode");  // accumulate
-                if (M <= 64 && c.x.cols >= 2048)  // hopper_decode_preferred
+                if (c.x.cols >= 2048 && (M <= 64 || (M <= 128 && (long)N * c.x.cols <= (8L << 20))))  // hopper_decode_preferred
                     gemm_check(&c, FP8_GEMM_AUTO, ydt, 0, ACC_TC, "kernel-decode");
             }
             size_t n = (size_t)M * N * 4;
