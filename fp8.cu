@@ -10,6 +10,7 @@
 // AUTO runs where they beat cuBLASLt are in fp8_hopper.cu; the versions that led to them, in dev/cuda/.
 // Needs: CUDA >= 12.9 (cuBLASLt's VEC128 / BLK128x128 scale modes), cuBLASLt.
 #include <cublasLt.h>
+#include <type_traits>
 
 #include "cuda/cuda_common.cuh"
 #include "cuda/fp8_cuda.h"
@@ -172,6 +173,29 @@ __global__ void quant_row_kernel(uint8_t *q, float *scale, const T *x, int cols,
     if (threadIdx.x == 0) scale[r] = s;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) q[r * cols + c] = fp8_encode_dev(fp8_div(load_f(xr, c), s), fmt);
 }
+// per row, bf16 rows of a multiple of 8 up to 8192 (a decode step's activations): one block per row, 8
+// values a thread held in registers between the row's amax and the encode, so the row is read once, 16
+// bytes a load; the bytes are quant_row_kernel's (the same amax, scale and division)
+#define QROW8_MAXC 8192
+__global__ void __launch_bounds__(1024) quant_row8_kernel(uint8_t *q, float *scale, const bf16 *x, int cols, int fmt, int pow2) {
+    size_t r = blockIdx.x;
+    int i0 = 8 * threadIdx.x;
+    bool in = i0 < cols;
+    float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, m = 0.f;
+    if (in) unpack8(f, *(const uint4 *)(x + r * cols + i0));
+#pragma unroll
+    for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
+    float s = fp8_scale_dev(block_max(m), fmt, pow2);
+    if (threadIdx.x == 0) scale[r] = s;
+    if (!in) return;
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        lo |= (uint32_t)fp8_encode_dev(fp8_div(f[j], s), fmt) << (8 * j);
+        hi |= (uint32_t)fp8_encode_dev(fp8_div(f[j + 4], s), fmt) << (8 * j);
+    }
+    *(uint2 *)(q + r * cols + i0) = make_uint2(lo, hi);
+}
 // activations, 1x128 groups, two kernels. The general one: a warp per group, through the row codec
 // the KV cache also uses (cuda_common.cuh); a warp takes one k-block (128 columns) of Q1X128_ROWS
 // consecutive rows and issues all their loads before it reduces any. Scale layout (cols/128, rows):
@@ -277,7 +301,10 @@ static void quantize_t(FP8Tensor *t, const T *x, int pow2) {
             quant_tensor_kernel<T><<<grid_for(n), 256, 0, ctx.stream>>>(t->data, t->scale, ctx.amax, x, n, fmt, pow2);
             break;
         case FP8_ROW:
-            quant_row_kernel<T><<<R, 256, 0, ctx.stream>>>(t->data, t->scale, x, C, fmt, pow2);
+            if (std::is_same<T, bf16>::value && C % 8 == 0 && C <= QROW8_MAXC && (uintptr_t)x % 16 == 0 &&
+                (uintptr_t)t->data % 8 == 0)
+                quant_row8_kernel<<<R, 32 * cdiv(C / 8, 32), 0, ctx.stream>>>(t->data, t->scale, (const bf16 *)x, C, fmt, pow2);
+            else quant_row_kernel<T><<<R, 256, 0, ctx.stream>>>(t->data, t->scale, x, C, fmt, pow2);
             break;
         case FP8_BLOCK:
             if (t->block_rows == 1) {

@@ -120,6 +120,17 @@ static int row_warps(int N) { return N <= ROW_FEW ? 1 : 8; }
 static int norm_row_ok(int N, int C) { return N <= ROW_FEW && C % 8 == 0 && C <= NORM_ROW_MAXC; }
 static unsigned norm_row_threads(int C) { return 32 * cdiv(C / 8, 32); }
 
+// 8 values' E4M3 codes with scale s (value j in byte j), each as fp8_quantize_cuda encodes it
+__device__ __forceinline__ uint2 encode8(const float (&f)[8], float s) {
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        lo |= (uint32_t)fp8_encode_dev(fp8_div(f[j], s), FP8_E4M3) << (8 * j);
+        hi |= (uint32_t)fp8_encode_dev(fp8_div(f[j + 4], s), FP8_E4M3) << (8 * j);
+    }
+    return make_uint2(lo, hi);
+}
+
 // row_rstd's sum: its lane l adds elements 8 l + 256 k + j for k, then j. Here the values pass through
 // shared memory (v: [k][j][lane], blockDim.x * 8 floats) and lane l of warp 0 adds them in that order.
 __device__ __forceinline__ float norm_row_rstd(float *v, const float (&f)[8], int C, float eps) {
@@ -143,13 +154,16 @@ __device__ __forceinline__ float norm_row_rstd(float *v, const float (&f)[8], in
     return r_shared;
 }
 
-// out = rmsnorm(x (+= dx when ADD)) * w (P1: * (1 + w), Gemma's) for row blockIdx.x; with q, out's FP8 copy in
-// 1x128 groups as well (the last one partial where C % 128 != 0): the 16 threads of a group find its amax
-// by shuffles and encode their 8 values as fp8_quantize_warp does (scales (cdiv(C, 128), N)), so the
+// out = rmsnorm(x (+= dx when ADD)) * w (P1: * (1 + w), Gemma's) for row blockIdx.x; with q, out's FP8 copy
+// as well, in 1x128 groups (the last one partial where C % 128 != 0): the 16 threads of a group find its
+// amax by shuffles and encode their 8 values as fp8_quantize_warp does (scales (cdiv(C, 128), N)); or,
+// with qrow, a scale for the row (ROW: qs[row]): the block's amax of the whole row, which the block
+// holds in registers, then each thread encodes its 8 values as quant_row_kernel does. Either way the
 // bytes are fp8_quantize_cuda's.
 template <bool ADD, bool P1>
 __global__ void __launch_bounds__(1024) norm_row_kernel(bf16 *x, bf16 *out, float *rstd, const bf16 *dx,
-                                                        const bf16 *w, int N, int C, float eps, uint8_t *q, float *qs) {
+                                                        const bf16 *w, int N, int C, float eps, uint8_t *q, float *qs,
+                                                        bool qrow) {
     extern __shared__ float norm_v[];
     int row = blockIdx.x, i0 = 8 * threadIdx.x;
     bool in = i0 < C;
@@ -187,27 +201,27 @@ __global__ void __launch_bounds__(1024) norm_row_kernel(bf16 *x, bf16 *out, floa
     float m = 0.f;
 #pragma unroll
     for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
+    if (qrow) {  // every thread of the block is here (block_max's barriers)
+        float sc = fp8_scale_dev(block_max(m), FP8_E4M3, 0);
+        if (threadIdx.x == 0) qs[row] = sc;
+        if (in) *(uint2 *)(q + (size_t)row * C + i0) = encode8(f, sc);
+        return;
+    }
     unsigned half = 0xffffu << (threadIdx.x & 16);  // the 16 threads of the group (whole warps: all here)
     for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(half, m, o));
     float sc = fp8_scale_dev(m, FP8_E4M3, 0);
     if (!in) return;
     if (threadIdx.x % 16 == 0) qs[(size_t)(i0 / FP8_BLOCK_SIZE) * N + row] = sc;
-    uint32_t lo = 0, hi = 0;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        lo |= (uint32_t)fp8_encode_dev(fp8_div(f[j], sc), FP8_E4M3) << (8 * j);
-        hi |= (uint32_t)fp8_encode_dev(fp8_div(f[j + 4], sc), FP8_E4M3) << (8 * j);
-    }
-    *(uint2 *)(q + (size_t)row * C + i0) = make_uint2(lo, hi);
+    *(uint2 *)(q + (size_t)row * C + i0) = encode8(f, sc);
 }
 // norm_row_kernel over N rows (norm_row_ok)
 template <bool P1>
 static void norm_row(bf16 *x, bf16 *out, float *rstd, const bf16 *dx, const bf16 *w, int N, int C, float eps,
-                     uint8_t *q, float *qs) {
+                     uint8_t *q, float *qs, bool qrow) {
     unsigned th = norm_row_threads(C);
     size_t smem = th * 8 * sizeof(float);
-    if (dx) norm_row_kernel<true, P1><<<N, th, smem, cu_stream()>>>(x, out, rstd, dx, w, N, C, eps, q, qs);
-    else norm_row_kernel<false, P1><<<N, th, smem, cu_stream()>>>(x, out, rstd, dx, w, N, C, eps, q, qs);
+    if (dx) norm_row_kernel<true, P1><<<N, th, smem, cu_stream()>>>(x, out, rstd, dx, w, N, C, eps, q, qs, qrow);
+    else norm_row_kernel<false, P1><<<N, th, smem, cu_stream()>>>(x, out, rstd, dx, w, N, C, eps, q, qs, qrow);
     launchCheck();
 }
 
@@ -228,7 +242,7 @@ static void rmsnorm_forward(void *out, void *rstd, const void *inp, const void *
     int wpb = row_warps(N);
     unsigned gr = cdiv(N, wpb);
     if (norm_row_ok(N, C) && aligned16(out, inp, w, NULL))
-        norm_row<P1>((bf16 *)inp, (bf16 *)out, (float *)rstd, NULL, (const bf16 *)w, N, C, eps, NULL, NULL);
+        norm_row<P1>((bf16 *)inp, (bf16 *)out, (float *)rstd, NULL, (const bf16 *)w, N, C, eps, NULL, NULL, false);
     else if (C % 8 == 0 && aligned16(out, inp, w, NULL))
         rmsnorm_fwd_kernel<true, P1><<<gr, 32 * wpb, 0, cu_stream()>>>((bf16 *)out, (float *)rstd, (const bf16 *)inp,
                                                                       (const bf16 *)w, N, C, eps);
@@ -425,13 +439,15 @@ void cu_add_rmsnorm(void *x, void *out, void *rstd, const void *dx, const void *
     int wpb = row_warps(N);
     unsigned gr = cdiv(N, wpb);
     if (norm_row_ok(N, C) && aligned16(x, out, dx, w)) {
-        int fuse = outq && outq->gran == FP8_BLOCK && !((uintptr_t)outq->data & 7);
+        // the copy from the registers: 1x128 groups or a row's scale (norm_row_kernel), 8-byte aligned codes
+        int fuse = outq && !((uintptr_t)outq->data & 7);
+        bool qrow = fuse && outq->gran == FP8_ROW;
         if (norm1p)
             norm_row<true>((bf16 *)x, (bf16 *)out, (float *)rstd, (const bf16 *)dx, (const bf16 *)w, N, C, eps,
-                           fuse ? outq->data : NULL, fuse ? outq->scale : NULL);
+                           fuse ? outq->data : NULL, fuse ? outq->scale : NULL, qrow);
         else
             norm_row<false>((bf16 *)x, (bf16 *)out, (float *)rstd, (const bf16 *)dx, (const bf16 *)w, N, C, eps,
-                            fuse ? outq->data : NULL, fuse ? outq->scale : NULL);
+                            fuse ? outq->data : NULL, fuse ? outq->scale : NULL, qrow);
         if (outq && !fuse) fp8_quantize_cuda(outq, out, DT_BF16, 0);
         return;
     }
@@ -672,10 +688,46 @@ __global__ void glu_gu_kernel(bf16 *out, const bf16 *gu, int N, int FF, uint8_t 
         fp8_quantize_warp_regs<1>(q + (size_t)r * FF + c0, qs + (size_t)(c0 / FP8_BLOCK_SIZE) * N + r, v,
                                   min(FP8_BLOCK_SIZE, FF - c0), FP8_E4M3, 0);
 }
+// glu_gu with a ROW copy (a scale a row): one block per row, since the scale needs the whole row's amax.
+// Each thread makes 8 values at a time as glu_gu_kernel does and stores them, the block takes their amax,
+// then each thread encodes the values it stored (read back from its own writes: L1 or L2) as
+// quant_row_kernel does. FF % 8 == 0, out and gu 16-byte aligned, q 8-byte aligned (cu_glu_gu checks).
+template <bool GELU>
+__global__ void __launch_bounds__(256) glu_gu_row_kernel(bf16 *out, const bf16 *gu, int FF, uint8_t *q, float *qs) {
+    int r = blockIdx.x;
+    const bf16 *g = gu + (size_t)r * 2 * FF, *u = g + FF;
+    bf16 *y = out + (size_t)r * FF;
+    float m = 0.f;
+    for (int c = 8 * threadIdx.x; c < FF; c += 8 * blockDim.x) {
+        float a[8], b[8];
+        load8(a, g + c);
+        load8(b, u + c);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            a[j] = __bfloat162float(__float2bfloat16_rn(glu_mul<GELU>(a[j], b[j])));
+            m = fmaxf(m, fabsf(a[j]));
+        }
+        store8(y + c, a);
+    }
+    float s = fp8_scale_dev(block_max(m), FP8_E4M3, 0);
+    if (threadIdx.x == 0) qs[r] = s;
+    for (int c = 8 * threadIdx.x; c < FF; c += 8 * blockDim.x) {
+        float a[8];
+        load8(a, y + c);
+        *(uint2 *)(q + (size_t)r * FF + c) = encode8(a, s);
+    }
+}
 void cu_glu_gu(void *out, FP8Tensor *outq, const void *gu, int N, int FF, int gelu) {
     if (N <= 0) return;
     if (outq) cu_check_outq(outq, N, FF, "glu_gu");
-    int block = outq && outq->gran == FP8_BLOCK;  // ROW needs the whole row's amax: a pass of its own
+    if (outq && outq->gran == FP8_ROW && N <= ROW_FEW && FF % 8 == 0 && aligned16(out, gu, NULL, NULL) &&
+        !((uintptr_t)outq->data & 7)) {
+        if (gelu) glu_gu_row_kernel<true><<<N, 256, 0, cu_stream()>>>((bf16 *)out, (const bf16 *)gu, FF, outq->data, outq->scale);
+        else glu_gu_row_kernel<false><<<N, 256, 0, cu_stream()>>>((bf16 *)out, (const bf16 *)gu, FF, outq->data, outq->scale);
+        launchCheck();
+        return;
+    }
+    int block = outq && outq->gran == FP8_BLOCK;  // ROW here (many rows, odd shapes): a pass of its own
     unsigned grid = cdiv((long)N * cdiv(FF, FP8_BLOCK_SIZE), 8);
     uint8_t *q = block ? outq->data : NULL;
     float *qs = block ? outq->scale : NULL;
