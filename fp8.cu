@@ -834,7 +834,8 @@ static void plan_build(LtPlan *p, cudaDataType_t ta, cudaDataType_t tb, int lda)
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     if (p->kind == 0) {
         // fast accumulation off: with it Hopper's FP8 tensor cores keep ~14 accumulator bits over
-        // the whole K (an error that grows with K: dev/RESULTS.md); off, cuBLASLt promotes the
+        // the whole K (an error that grows with K: dev/notes/gemm.md, "Figures that were in product
+        // comments: cuBLASLt's fast accumulation"); off, cuBLASLt promotes the
         // partial sums to fp32 as the kernels here do
         int8_t fast = 0;
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
@@ -923,8 +924,9 @@ void bf16_gemm_cuda(void *y, DType ydt, const void *x, const void *w, int M, int
 // fp8_gemm_cuda: which implementation runs a product
 //
 // AUTO takes the first that can run the product, in this order (each where it measured faster than
-// what follows it: dev/RESULTS.md):
-//   1. Hopper, M <= 64 (a decode step): the decode kernel on narrow products with a long K;
+// what follows it: dev/notes/gemm.md, "Now: AUTO's rule and what each kernel gives"):
+//   1. Hopper, K >= 2048 and M <= 64 (a decode step), or M <= 128 where W is at most 8 MiB: the
+//      decode kernel;
 //   2. Hopper, K <= 1024 on large products: the wgmma kernel (both: fp8_hopper.cu says where);
 //   3. cuBLASLt, wherever it supports the shape and scaling (row and block scaling need sm_90+);
 //   4. Hopper: the wgmma kernel where cuBLASLt declines (mma.sync FP8 is emulated on sm_90);
@@ -1041,7 +1043,8 @@ void fp8_gemm_cuda(void *y, DType ydt, const FP8Tensor *x, const FP8Tensor *w, i
 //   Which one AUTO takes: the FP8 product saves GEMM time in proportion to M N K and costs dY's
 //   quantization, 3 bytes moved per element of dY (M N), so it pays only where K is large enough
 //   for the saving to outweigh the pass; with Hopper's FP8 and BF16 tensor-core rates and its memory
-//   bandwidth the two meet near K = 1100, so FP8 where K >= 2048 (dev/RESULTS.md has the measurements).
+//   bandwidth the two meet near K = 1100, so FP8 where K >= 2048 (the measurements: dev/notes/fp8-training.md,
+//   "The LoRA update's input gradient as an FP8 product").
 //
 //   BF16 (the reference): W dequantized to BF16 in scratch, one BF16 GEMM: the straight-through
 //   estimator the CPU backend computes, exact up to BF16 rounding of W.

@@ -129,7 +129,7 @@ static const Option OPTIONS[] = {
     {"fp8_margin", OPT_DOUBLE, OFF(fp8_margin), 0, 64, .dflt = "0", .help = "scales leave 2^margin of headroom"},
     {"fp8_lm_head", OPT_FLAG, OFF(fp8_lm_head),
      .help = "the LM head's three GEMMs in FP8 too (delayed; the recipes of TE and torchao keep it in BF16 for the loss's "
-             "precision: measured against BF16 in dev/RESULTS.md)"},
+             "precision: measured against BF16 in dev/notes/fp8-training.md)"},
     {"bf16_first_layers", OPT_INT, OFF(bf16_first_layers), 0, 1 << 20, .dflt = "0", .help = "keep the first N layers in BF16"},
     {"bf16_last_layers", OPT_INT, OFF(bf16_last_layers), 0, 1 << 20, .dflt = "0", .help = "keep the last N layers in BF16"},
 

@@ -283,7 +283,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     // step's rows are loaded before this step's math, so they are in flight while it runs. The
     // second set of rows costs registers: with 2 heads a block (U = 4) it still leaves 4 blocks on
     // an SM; with 4 heads U = 4 would leave 3 (fewer loads in flight: slower), so U = 2; with 8
-    // heads the registers leave no room for it (dev/RESULTS.md has the measurements).
+    // heads the registers leave no room for it (dev/notes/decode.md, "Figures that were in product
+    // comments: the decode attention's prefetch").
     constexpr bool PF = REP <= 4;
     const int32_t *btr = bt + (size_t)s * MB;
     uint4 kr[U], vr[U];
@@ -379,7 +380,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 // The tensor-core kernel (HD 64 or 128, up to 16 query heads a kv head: every model we run). The
 // kernels above spend tens of instructions a cached token and kv head on dot products, shuffles and
 // exponentials, one token per lane group at a time: at long contexts with several query heads a kv
-// head they are bound by those instructions, not by the bytes (dev/RESULTS.md). Here a block (one
+// head they are bound by those instructions, not by the bytes (dev/notes/decode.md, "The decode step on
+// the H200: where an 8B layer's time goes", its long contexts). Here a block (one
 // sequence, kv head and context split) holds the group's query heads as the 16 rows of an mma A operand
 // (rows past the group zero), and walks the context in stages of 64 tokens, 16 a warp:
 //   S (16 heads x 16 tokens) = Q K^T    K's rows are B^T's (bf16: ldmatrix straight from the staged tile)
@@ -681,7 +683,8 @@ static int num_sms(void) {
 // most 64 splits. The tensor-core kernel's blocks are few (one a kv head) and long, and an SM holds only
 // per_sm of them: a batch's blocks in 1.3 waves take as long as in 2. Its split count is the one with the
 // least (whole waves) x (tokens a split + 512, a block's fixed cost in tokens' time: prologue, merge, partial
-// sums; fitted to 8B's 64 x 2,048 tokens, dev/RESULTS.md).
+// sums; fitted to 8B's 64 x 2,048 tokens: dev/notes/decode.md, "The decode attention on the tensor cores,
+// second version").
 static int decode_nsplit(int S, int KVH, int ngroups, int maxlen, int per_sm) {
     long blocks = (long)S * KVH * ngroups, most = (maxlen + 255) / 256;
     if (most > 64) most = 64;
@@ -716,9 +719,9 @@ static int mma_per_sm(int HD, int f8) {
     return f8 ? mma_blocks_per_sm<128, true>() : mma_blocks_per_sm<128, false>();
 }
 
-// The tensor-core kernel where it measured faster than the fp32 ones (dev/RESULTS.md): groups of 3 to 16
-// query heads a kv head, at every context length measured (8B's 4 a kv head at 384 to 4,096 tokens; 3 at
-// SmolLM2-135M's head dim 64); with 2 (0.6B) the fp32 kernel's work is small enough that it stays the faster.
+// The tensor-core kernel for groups of 3 to 16 query heads a kv head, where it is the faster at every
+// context length; with 2 (0.6B) the fp32 kernel's work is small enough that it stays the faster (the
+// measurements: dev/notes/decode.md, "The decode attention's walk in fewer instructions").
 // attention_decode_set_mma: 0 never, 1 wherever it can run (HD 64 or 128, up to 16 heads; the tests), -1 the rule.
 static int decode_mma_mode = -1;
 void attention_decode_set_mma(int mode) { decode_mma_mode = mode; }

@@ -350,9 +350,9 @@ __global__ void accumulate_kernel(bf16 *dinp, const T *y, size_t n) {
 }
 
 // With accumulate, the BF16 products go to scratch and are added in a second pass: a GEMM with
-// beta = 1 and a bf16 output may split K and round its partial sums to bf16 (seen on H100:
-// errors of 3 bf16 ulps), which the fp32 scratch avoids (FP8 weights through the BF16 reference:
-// bf16 scratch, one rounding of the product before the sum). The FP8 product of dX adds itself
+// beta = 1 and a bf16 output may split K and round its partial sums to bf16 (dev/notes/fp8-training.md,
+// "Figures that were in product comments"), which the fp32 scratch avoids (FP8 weights through the
+// BF16 reference: bf16 scratch, one rounding of the product before the sum). The FP8 product of dX adds itself
 // (fp8_linear_dx_cuda with accumulate: its plans do not split K into bf16 partial sums, so
 // dinp + the fp32 product is rounded once), sparing the scratch's write and the second pass's
 // three reads and writes of dinp's size.

@@ -4,7 +4,7 @@
 // Read fp8.cu's mma.sync kernel first: the same product, Y[M,N] = X[M,K] W[N,K]^T with both operands
 // K-major, and the same promotion of block-scaled partial sums; here it is fed the Hopper way.
 // Their history (versions 1, 2, 4, 5, 6 as standalone files) is in dev/cuda/, their measurements in
-// dev/RESULTS.md.
+// dev/notes/gemm.md.
 //
 // Why Hopper needs its own kernel: on sm_90 the FP8 mma.sync is emulated (widened to f16 HMMA, a
 // fraction of the FP8 rate); the FP8 tensor-core rate is reached only through wgmma, which reads
@@ -441,18 +441,19 @@ int hopper_supported(const GemmArgs &a, int decode, char *why, size_t cap) {
 // it better than cuBLASLt does) wherever the tiles keep the GPU busy: at least 3 a SM, and the last
 // wave's and the partial tiles' share counted, (M N) / (waves x SMs x 128 x 192) >= 0.9. Below 0.9
 // the idle SMs of the last wave cost more than the kernel gains (the shapes measured on each side of
-// the line: dev/RESULTS.md).
+// the line: dev/notes/gemm.md, "AUTO at other K = 1024 shapes").
 int hopper_wgmma_preferred(int M, int N, int K, int sms) {
     long tiles = (long)cdiv(M, WG_BM) * cdiv(N, WG_BN), waves = (tiles + sms - 1) / sms;
     return K <= 1024 && tiles >= 3L * sms && (double)M * N >= 0.9 * waves * sms * WG_BM * WG_BN;
 }
 
 // K >= 2048 and M <= 64: the clusters split K, so more SMs stream W than cuBLASLt's 128-wide tiles
-// keep busy, and in the decode step it is the faster at every such product measured, N 1024 to 24576.
-// M <= 128 too where W is at most 8 MiB: the second 64-row tile reads W again, from the L2 while it is
-// that small (at M = 256, or a W of 16 MiB or more, cuBLASLt is far faster). At K = 1024 there are
-// too few steps to split and cuBLASLt is as fast or faster (the measurements, each shape alone and in
-// the decode step: dev/RESULTS.md).
+// keep busy, and the decode step is faster for it at every width. M <= 128 too where W is at most
+// 8 MiB: the second 64-row tile reads W again, from the L2 while it is that small (larger weights at
+// M <= 128 stay on cuBLASLt; at M = 256, one read of W a 64-row tile, the kernel is far slower than
+// cuBLASLt). At K = 1024 there are too few steps to split and cuBLASLt is as fast or faster. The
+// measurements, each shape alone and in the decode step: dev/notes/decode.md, "The decode kernel's
+// rule set in the step".
 int hopper_decode_preferred(int M, int N, int K) {
     return K >= 2048 && (M <= DK_BM || (M <= 2 * DK_BM && (long)N * K <= (8L << 20)));
 }

@@ -387,8 +387,9 @@ int cu_fp8_train_swiglu_backward(void *dgate, void *dup, const void *dout, const
 // The head is the largest GEMM of a small model's step (V = 128,256 against C = 2,048 at Llama-3.2-1B:
 // a fifth of the 1B step in bf16), which is why it is worth it; the recipes of Transformer Engine,
 // torchao and DeepSeek-V3 keep it in bf16 because the logits set the loss's precision, so it is an
-// option, measured against BF16 by the loss curves (dev/RESULTS.md). What stays exact: the logits are
-// fp32 and the softmax, lse and logprobs run on them as in the bf16 path; the error is that of the
+// option, measured against BF16 by the loss curves (dev/notes/fp8-training.md, "The FP8 head's weight
+// gradient a product per group of chunks; what the FP8 head learns, held out"). What stays exact: the
+// logits are fp32 and the softmax, lse and logprobs run on them as in the bf16 path; the error is that of the
 // product's operands (E4M3 h and W: a relative 2^-4 each, averaging over C), the same error every
 // projection's forward has. dz is made from the fp32 logits in one pass that writes its codes in both
 // layouts (the scale is known before the pass), never its bf16 values (the per-op path: bf16 dz,

@@ -12,11 +12,11 @@
 //   peers.json: python3 dev/peers.py gemm [--shape MxNxK ...] --json peers.json   (torch, same machine)
 //
 // Default mode: the validation of each backend against fp8_gemm_cpu (where fp8_gemm_supported says it
-// can run the product), then at eight shapes (the M = 8192 products of dev/RESULTS.md, two M = 64
+// can run the product), then at eight shapes (the M = 8192 products of dev/notes/gemm.md, two M = 64
 // ones, 4096^3): every backend timed back to back (median of CUDA-event-timed calls over rotating
 // operand sets larger than L2), BF16 and cuBLASLt timed as peers.py times torch (L2 flushed before
 // each call) against torch, and FP8 as the program runs it (AUTO) against BF16 with the kernels called
-// in turn, the table dev/RESULTS.md compares across changes: printed last, naming the GPU.
+// in turn, the table dev/notes/gemm.md compares across changes: printed last, naming the GPU.
 // The kernel versions themselves (1, 2, 4, 5, 6 standalone; 3, 7, 8 in the product) and cuBLASLt's
 // configurations (--lt-algos, --lt-search) are in dev/cuda/; their history in dev/cuda/README.md.
 #include <cjson/cJSON.h>
@@ -120,7 +120,7 @@ static void print_vs_peer(double ours, double peer) {
 // is the time to read W: microseconds and W bytes / time for BF16 cuBLAS, cuBLASLt FP8 block, the
 // decode kernel (version 8, fp8_hopper.cu), and AUTO (with what it ran); plus the activation
 // quantization. (Its K splits forced, and the other algorithms cuBLASLt offers, were measured with
-// switches since removed: dev/RESULTS.md "The decode GEMM"; dev/cuda/cublaslt_search.cu --lt-algos.)
+// switches since removed: dev/notes/gemm.md "The decode GEMM: version 8"; dev/cuda/cublaslt_search.cu --lt-algos.)
 
 typedef struct { int M, N, K; double bf, lt, q, dk, au; const char *au_be; } DecodeRow;
 

@@ -1,5 +1,5 @@
 // dev/bench_grpo.c: one GRPO step at a named shape on the CUDA backend, and the memory it takes as the
-// process holds it (issue 23: the seeds' memory table). Random weights are built on the GPU straight
+// process holds it (the seeds' memory table: dev/notes/memory.md). Random weights are built on the GPU straight
 // into the format the model computes with (model_init_random: one tensor at a time through a staging
 // buffer, never a BF16 copy of the model). The step is train_grpo's: the rollout engine samples G
 // completions of each of P random prompts (no EOS: every completion runs to --new tokens), then the

@@ -16,7 +16,7 @@
 #                                         python3 dev/plot_sft_curves.py OUT
 #   bash dev/fp8_train_check.sh curves_head   the same for FP8 delayed with the LM head in FP8
 #                                         (--fp8_lm_head), with fp32 and with bf16 moments
-# dev/RESULTS.md gets the tables.
+# dev/notes/fp8-training.md gets the tables.
 set -uo pipefail
 ARCH=${GPU_ARCH:-90a}
 run() { echo; echo "== $*"; "$@" || echo "(exit $?)"; }

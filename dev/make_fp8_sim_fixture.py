@@ -21,7 +21,7 @@ and nothing else of the project's code. It writes, under test/fixtures/fp8sim/:
                                      to fp32 first, as the project's cpu64 backend does)
   logits32.npy     float32 (16, V)   the simulation in fp32
 
-Why two and what the script checks (the numerics question of issue 22). FP8 rounding is a
+Why two and what the script checks (a numerics question). FP8 rounding is a
 step function: two correct fp32 implementations whose sums differ in the last bits (~1e-4
 of an E4M3 step here) put a value that lies that close to a rounding midpoint on different
 sides, and that one code (2^-4 of the value) changes every later layer's inputs by more

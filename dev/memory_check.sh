@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dev/memory_check.sh: issue 23's measurements on a GPU (H100 80 GB; the 70B default step on an H200),
+# dev/memory_check.sh: the memory measurements (dev/notes/memory.md) on a GPU (H100 80 GB; the 70B default step on an H200),
 # each section one command of under 10 minutes. From the repository root:
 #   bash dev/memory_check.sh build      make (sm_90a), the GPU suites and dev/bench_grpo
 #   bash dev/memory_check.sh tests      make test-gpu (gpu_backend has the FP8 embedding / LM head cases)
@@ -16,7 +16,7 @@
 #   bash dev/memory_check.sh train      ./train_grpo --model DIR --data FILE with no other option on an
 #                                       8B-shaped random checkpoint, then with the process held to 16 GiB
 # Each bench_grpo run prints its memory by part and the peak held (cudaMemGetInfo, CUDA context
-# included) last; dev/RESULTS.md gets the tables.
+# included) last; dev/notes/memory.md gets the tables.
 set -uo pipefail
 B=./build/bench_grpo
 ARCH=${GPU_ARCH:-90a}

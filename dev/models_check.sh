@@ -11,7 +11,7 @@
 #                                       FP8 block and BF16 at the same 16 GiB arena
 #   bash dev/models_check.sh rollout    bench_rollout at the Gemma-3-4B shape (batch 64, 128 + 256), FP8
 #                                       block and BF16, and a kernel trace of its decode step
-# dev/RESULTS.md gets the tables.
+# dev/notes/models.md gets the tables.
 set -uo pipefail
 ARCH=${GPU_ARCH:-90a}
 W=${WORK:-/tmp/models_check}

@@ -17,7 +17,8 @@
 #                                        loss curves (dev/plot_dp_sft.py draws them)
 #   bash dev/multi_gpu_check.sh kill     ./train_grpo on 2 GPUs with rank 1 killed at step 3: every rank
 #                                        stops with one line, in seconds; --resume finishes the run
-#   bash dev/multi_gpu_check.sh all      all of them, the summary put into dev/RESULTS.md under "# Today"
+#   bash dev/multi_gpu_check.sh all      all of them, the summary put into dev/notes/multi-gpu.md as the
+#                                        newest section of its history
 #                                        (on a machine without GPUs: the build alone, as CI runs it)
 #
 # Output: each stage's log and a summary line per result in ${OUT:-.bench}/multi_gpu/ (summary.txt).
@@ -170,19 +171,19 @@ case "$stage" in
   kill) do_kill ;;
   balance) do_balance ;;
   sft) do_sft ;;
-  all)  # every stage, then the summary into dev/RESULTS.md (this tree's; copy it back from a GPU machine)
+  all)  # every stage, then the summary into dev/notes/multi-gpu.md (this tree's; copy it back from a GPU machine)
     : > "$dir/summary.txt"
     do_build
     if [ "$ngpu" -ge 1 ]; then
       for st in one grpo full balance sft kill; do
         t0=$SECONDS; "do_$st"; echo "stage $st: $(( SECONDS - t0 )) s"
       done
-      { echo "## dev/multi_gpu_check.sh all ($(date -u '+%F %H:%M') UTC, $ngpu x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1))"
+      { echo "### dev/multi_gpu_check.sh all ($(date -u '+%F %H:%M') UTC, $ngpu x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1))"
         echo; sed 's/^/- /' "$dir/summary.txt"; } > "$dir/section.md"
-      # under the first "# Today" heading, where today's figures go (at the end where there is none)
+      # under the "## History, newest first" heading, the newest section (at the end where there is none)
       awk -v f="$dir/section.md" 'BEGIN { while ((getline l < f) > 0) sec = sec l "\n" }
-        { print } /^# Today/ && !done { printf "\n%s", sec; done = 1 } END { if (!done) printf "\n%s", sec }' \
-        dev/RESULTS.md > "$dir/RESULTS.md" && cp "$dir/RESULTS.md" dev/RESULTS.md
+        { print } /^## History/ && !done { printf "\n%s", sec; done = 1 } END { if (!done) printf "\n%s", sec }' \
+        dev/notes/multi-gpu.md > "$dir/multi-gpu.md" && cp "$dir/multi-gpu.md" dev/notes/multi-gpu.md
     else say "no GPU: only the build stage runs here"; fi ;;
   *) echo "usage: bash dev/multi_gpu_check.sh build|one|grpo|full|balance|sft|kill|all"; exit 1 ;;
 esac

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dev/sft_fp8_curves.sh: does FP8 training learn like BF16? (issue 20) Supervised fine-tuning of a
+# dev/sft_fp8_curves.sh: does FP8 training learn like BF16? (dev/notes/fp8-training.md) Supervised fine-tuning of a
 # Llama-3.2-1B-shaped model (hidden 2048, 16 layers, 32/8 heads, FF 8192, vocab 128256; random
 # weights, the built-in byte-level tokenizer) on the built-in kind of data (a + b = c), with
 # ./train_sft in BF16, FP8 delayed and FP8 block (hybrid), three data-order seeds each, the same

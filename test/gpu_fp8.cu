@@ -615,7 +615,7 @@ START_TEST(test_transpose) {
 END_TEST
 
 // AUTO's choice at the M = 8192 benchmark shapes (dev/bench_gemm.cu) and two more with K = 1024, as
-// fp8_hopper.cu's hopper_wgmma_preferred states the rule (its measurements: dev/RESULTS.md): on Hopper
+// fp8_hopper.cu's hopper_wgmma_preferred states the rule (its measurements: dev/notes/gemm.md): on Hopper
 // the wgmma kernel at K <= 1024 where its tiles keep the GPU >= 90% busy (132 SMs),
 // cuBLASLt elsewhere. Only the choice is asserted here:
 // each kernel's numbers are checked, forced, by test_gemm_backends.

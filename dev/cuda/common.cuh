@@ -12,7 +12,7 @@
 //
 // The product is Y[M,N] = X[M,K] W[N,K]^T with X an activation (1x128 groups for block scaling) and
 // W a weight (128x128 tiles), both E4M3, bf16 output. The data: standard normal bf16 values (as
-// dev/RESULTS.md's benchmarks used; never all zeros, whose low power would flatter the clocks),
+// the notebook's benchmarks (dev/notes/gemm.md) used; never all zeros, whose low power would flatter the clocks),
 // quantized on the GPU with dynamic amax scales, so every scale is a real one.
 //
 // The tolerance (as test/gpu_fp8.cu derives it): |y - ref| <= ACC sum_k |x_k w_k| + 2^-8 |ref|,
@@ -268,7 +268,7 @@ static double time_ms(F op, int nb) {
 // through the same span of clocks and power, which time_ms, called for one op after another, does
 // not give: on the power-capped H100 a kernel runs at the clocks the kernel before it left, and the
 // same cuBLASLt block-scaled kernel timed second in a round of time_ms calls measured 3-7% slower
-// than when timed first at K >= 4096 (dev/RESULTS.md, "Session 9"). With burst > 1 an event's own
+// than when timed first at K >= 4096 (dev/notes/gemm.md, the 23:00 runs). With burst > 1 an event's own
 // cost (~1 us a call, 1-3% of a 50 us GEMM) is shared by burst calls. Passes sized to ~1.5 s, at
 // least 10.
 template <typename F>
@@ -311,7 +311,7 @@ static void time_interleaved(F op, int n, int nb, int burst, double *ms) {
 // median time in ms of op() timed as triton's do_bench times torch in dev/peers.py: the same
 // operands every call, L2 flushed (a 256 MiB memset) before each, events around the call alone. A
 // kernel timed so can run faster than back to back on the power-capped H100 (cuBLASLt block at
-// 8192x4096x4096: 0.91-0.93 of torch back to back, 0.96 so; dev/RESULTS.md, "Session 8").
+// 8192x4096x4096: 0.91-0.93 of torch back to back, 0.96 so; dev/notes/gemm.md, the 21:30 runs).
 template <typename F>
 static double time_ms_flushed(F op) {
     enum { REPS = 100 };

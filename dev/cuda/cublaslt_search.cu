@@ -12,7 +12,7 @@
 // fp8.cu builds: the "TN" layout with both operands K-major, fast accumulation off, the scale modes of
 // fp8.h's layouts); it is not the product's path (fp8.cu's plan cache is). Operands and timing:
 // dev/cuda/common.cuh (the quantization is the product's).
-// Findings (H100, dev/RESULTS.md "Session 5" and "Session 9"; dev/cuda/README.md): for row and block
+// Findings (H100, dev/notes/gemm.md, the 16:31 runs and "The 23:00 runs"; dev/cuda/README.md): for row and block
 // scaling the heuristic offers one algorithm at every M = 8192 shape; no accepted configuration beats
 // the heuristic's for FP8; its 128 x 64 block-scaled configurations compute wrong products (max |diff|
 // 56-68 of a largest |y| of 169-372); for BF16 two configurations ran 1.065-1.075x the heuristic's at
@@ -70,7 +70,7 @@ static LtProduct lt_product(int kind, int M, int N, int K, const OperandSet *o) 
     cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     if (kind) {
-        int8_t fast = 0;  // fast accumulation off, as fp8.cu (dev/RESULTS.md: 4.7e-2 relative error with it)
+        int8_t fast = 0;  // fast accumulation off, as fp8.cu (dev/notes/gemm.md: 4.7e-2 relative error with it)
         cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
         FP8Gran g = GRANS[kind - 1];
         cublasLtMatmulMatrixScale_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, mb = ma;

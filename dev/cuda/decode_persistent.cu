@@ -6,7 +6,7 @@
 // h = silu(gate) * up (its FP8 copy hq); d = hq W_d^T; x += d; the next layer's norm and its FP8 copy
 // nq. Today that is six launches (fp8_gemm_cuda, cu_add_rmsnorm, fp8_gemm_cuda, cu_glu_gu,
 // fp8_gemm_cuda, cu_add_rmsnorm), each paying a ramp of a few microseconds before the weights stream
-// at speed, and a gap between launches (dev/RESULTS.md: 6.5-7 us a product at 0.6B for 1-6 MB).
+// at speed, and a gap between launches (dev/notes/decode.md: 6.5-7 us a product at 0.6B for 1-6 MB).
 // The question here: how much of that goes when one kernel runs the six as phases, and the weights of
 // the next product stream into shared memory while the current phase finishes.
 //
@@ -34,7 +34,7 @@
 // up to the ring's depth ahead, needing only a free stage (weights depend on nothing); X's (and its
 // scales, cp.async) waits for the phase that writes X. So when a row phase ends, the next product's
 // first PD_STAGES steps of W are already in shared memory on every SM, meant to hide the ramp a new
-// launch pays. What it measured, and why it is slower than the per-op path: dev/RESULTS.md ("One
+// launch pays. What it measured, and why it is slower than the per-op path: dev/notes/decode.md ("One
 // persistent kernel for half a decode layer") and dev/cuda/README.md.
 #include <math.h>
 

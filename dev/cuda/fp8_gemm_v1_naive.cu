@@ -4,7 +4,7 @@
 // partial sum, promoted with sx[m, kb] * sw[n / 128, kb] (DeepSeek-V3), for tensor / row scaling the
 // scales multiply once at the end. It is fp8_gemm_cpu on the GPU, and the truth the faster versions
 // were first checked against.
-// Measured: nothing worth recording (dev/RESULTS.md has no figure for it); it exists to be obviously
+// Measured: nothing worth recording (dev/notes/gemm.md has no figure for it); it exists to be obviously
 // right. The versions after it: 2 (dev/cuda/fp8_gemm_v2_tiled.cu), 3 (fp8.cu: mma.sync, the portable
 // kernel the program runs), 4-6 (dev/cuda/), 7 and 8 (fp8_hopper.cu); the history is dev/cuda/README.md.
 //

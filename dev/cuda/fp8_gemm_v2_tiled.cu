@@ -6,7 +6,7 @@
 // 256-entry table per operand instead of a cvt per use. Block scaling promotes each step's partial
 // sums as version 1 does. Any shape, any format pair: until the redesign fp8.cu kept it as the
 // fallback for what version 3 would not take (K % 16 != 0); that case now takes the BF16 path.
-// Measured (H100, dev/RESULTS.md "FP8 GEMM", run 2): 10.2 TFLOP/s at 4096^3, block scaling: the CUDA
+// Measured (H100, dev/notes/gemm.md "FP8 GEMM", run 2): 10.2 TFLOP/s at 4096^3, block scaling: the CUDA
 // cores' fp32 rate, about 1/100 of cuBLASLt's FP8. The versions after it: 3 (fp8.cu: the FP8 tensor
 // cores through mma.sync), 4-6 (dev/cuda/), 7 and 8 (fp8_hopper.cu); the history is dev/cuda/README.md.
 //

@@ -11,7 +11,7 @@
 // for tensor / row, scaled at the end), and meet at __syncthreads before the stage is reused. Only
 // the load of the next K step overlaps the math: the promotion and the wgmmas of the one warpgroup
 // never overlap, and the tensor cores idle while it waits.
-// Measured (H100, dev/RESULTS.md "Hopper wgmma kernel"): block scaling at M = 8192, 502-647 TFLOP/s
+// Measured (H100, dev/notes/gemm.md "Hopper wgmma kernel"): block scaling at M = 8192, 502-647 TFLOP/s
 // (0.46-0.60x cuBLASLt), 335 at K = 1024; correct on its first run, 3x version 3. 134-138 registers,
 // 50,192 B of shared memory, 4 QGMMA.64x128x32 a step. The versions after it: 5 and 6 (dev/cuda/),
 // 7 and 8 (fp8_hopper.cu, what the program runs); the history is dev/cuda/README.md.

@@ -8,7 +8,7 @@
 // TMA bytes landed, and the scale warp's 32 arrivals) and an "empty" one (the 8 consumer warps are
 // done reading): the loads run up to 6 K steps ahead, and with two consumers one warpgroup's
 // promotion overlaps the other's wgmmas. One tile per block; the epilogue stores from registers.
-// Measured (H100, dev/RESULTS.md "Hopper wgmma kernel"): block scaling at M = 8192, 643-877 TFLOP/s,
+// Measured (H100, dev/notes/gemm.md "Hopper wgmma kernel"): block scaling at M = 8192, 643-877 TFLOP/s,
 // 352 at K = 1024, where the prologue and the register epilogue of 1536 one-tile blocks dominate.
 // Its first runs loaded the block scales in the consumers: 292-648 (ptxas put the multiply by the
 // scales between the wgmmas, waiting on one scoreboard with the next step's loads: the producer's

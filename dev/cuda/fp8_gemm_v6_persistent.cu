@@ -4,23 +4,24 @@
 // - persistent grid: one block per SM walks the tiles (blockIdx.x, + gridDim.x, ...) in groups of 8
 //   tile rows, column by column within a group, so that the blocks running at once share X and W
 //   tiles in L2; the producer runs ahead into the next tile while the consumers store the last one;
-//   the walk advances by subtraction, not two integer divisions a tile (dev/RESULTS.md, session 8);
+//   the walk advances by subtraction, not two integer divisions a tile (dev/notes/gemm.md, the 21:30 runs);
 // - split promotion: each K step is issued as two halves of the tile's columns (m64n64k32 wgmmas, L
 //   and R, each its own commit group), and L is promoted while R's wgmmas still run, so the CUDA-core
-//   promotion does not leave the tensor cores waiting on this warpgroup (session 4);
+//   promotion does not leave the tensor cores waiting on this warpgroup (the 14:03 runs);
 // - the epilogue (bf16, Y =): registers -> 128-byte-swizzled shared memory (stmatrix) -> TMA stores,
 //   which clip rows >= M and columns >= N; f32 or Y += goes straight from registers. Row scaling's
 //   scales reach shared memory by cp.async at the tile's start, so the epilogue has no load latency.
 // This is the old template's BN = 128 instantiation (48caab8's fp8.cu, gemm_fp8_v6_kernel): with 128
 // x 128 tiles neither the K steps in pairs nor the stagger of the consumers paid (pairs +2 to +10%,
-// stagger +1 to +10% at 8192x4096x4096; session 5), so this version has neither; version 7 has both.
-// Measured (H100): session 1 (before the split promotion and the walk), M = 8192: block 920-1008
-// TFLOP/s (0.81-0.97x cuBLASLt), tensor 963-1168, row 920-1053 (dev/RESULTS.md "Hopper wgmma
-// kernel"); the split promotion -1 to -2% cycles (session 4), the walk -1 to -6% (session 8), then
-// ncu cycles at 8192x4096x4096 368 / 389 / 403k (tensor / row / block) against cuBLASLt's ~315 /
-// 316 / 348k (sessions 6-8), and under the power cap 0.88-0.91x cuBLASLt at 8192x1024x3072 (session
-// 6, --ab). Until the redesign fp8.cu chose it over version 7 by shape (fewer than 8 tiles of 128 x
-// 192 per SM, or N < 3072), which mattered only where cuBLASLt declines a product (AUTO's fallback)
+// stagger +1 to +10% at 8192x4096x4096; the 16:31 runs), so this version has neither; version 7 has both.
+// Measured (H100; dev/notes/gemm.md, its 2026-11-22 sections named by start time): the first wgmma
+// runs (before the split promotion and the walk), M = 8192: block 920-1008 TFLOP/s (0.81-0.97x
+// cuBLASLt), tensor 963-1168, row 920-1053 ("Hopper wgmma kernel"); the split promotion -1 to -2%
+// cycles (the 14:03 runs), the walk -1 to -6% (the 21:30 runs), then ncu cycles at 8192x4096x4096
+// 368 / 389 / 403k (tensor / row / block) against cuBLASLt's ~315 / 316 / 348k (the 18:28-21:30
+// runs), and under the power cap 0.88-0.91x cuBLASLt at 8192x1024x3072 (the 18:28 runs, --ab).
+// Until the redesign fp8.cu chose it over version 7 by shape (fewer than 8 tiles of 128 x 192 per
+// SM, or N < 3072), which mattered only where cuBLASLt declines a product (AUTO's fallback)
 // or with the kernel backend forced; the product now keeps version 7 alone (fp8_hopper.cu).
 // 230,496 B of shared memory (tensor; row 232,032 with its scales), 202,832 B (block).
 // The versions after it: 7 and 8 (fp8_hopper.cu, what the program runs); the history is

@@ -1,6 +1,6 @@
 // dev/cuda/tma_stream.cu: how fast can a Hopper GPU stream an FP8 weight matrix into shared memory,
 // by the access pattern? The question behind the decode GEMM (M = 64): both cuBLASLt and
-// fp8_hopper.cu's decode kernel read W at ~2.2 TB/s where BF16 cuBLAS reads ~2.57 (dev/RESULTS.md),
+// fp8_hopper.cu's decode kernel read W at ~2.2 TB/s where BF16 cuBLAS reads ~2.57 (dev/notes/decode.md),
 // and without loading W the decode kernel's time drops by 40%. No math here: each block only
 // streams its share of W (N x K bytes, row-major as Hugging Face stores it) through a 4-stage ring of
 // 16 KB, and a consumer warp releases each stage as it lands.
