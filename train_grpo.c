@@ -775,9 +775,11 @@ static double held_out_accuracy(Run *r) {
     return correct / n;
 }
 
-// what to print for an accuracy that is not there (evaluate's NaN, or no line in metrics.jsonl)
-static const char *algo_name(const Run *r) { return r->ppo ? "PPO" : "GRPO"; }
+// the algorithm as the lines and the plot name it: PPO (--algo ppo), RLOO (the GRPO loop with
+// --advantage_estimator rloo: TRL's RLOOTrainer), else GRPO
+static const char *algo_name(const Run *r) { return r->ppo ? "PPO" : r->g.advantage_estimator == ADV_RLOO ? "RLOO" : "GRPO"; }
 
+// what to print for an accuracy that is not there (evaluate's NaN, or no line in metrics.jsonl)
 static const char *no_accuracy(const Run *r) {
     if (r->o.eval_size == 0) return "not measured (--eval_size 0)";
     if (task_size(&r->task, SPLIT_HELDOUT) == 0) return "not measured (no held-out problems)";
@@ -848,8 +850,8 @@ static void begin(Run *r) {
                c->num_mini_batches, c->cliprange, c->vf_coef, c->kl_coef, c->kl_estimator == PPO_KL_K3 ? "k3" : "k1", c->gamma,
                c->lam, o->learning_rate);
     } else
-        printf("GRPO: %d steps x %d prompts x %d completions, max %d new tokens, loss %s, beta %g, lr %g\n", o->max_steps,
-               r->dp.P_all, r->G, r->Tc, grpo_loss_type_name(r->g.loss_type), r->g.beta, o->learning_rate);
+        printf("%s: %d steps x %d prompts x %d completions, max %d new tokens, loss %s, beta %g, lr %g\n", algo_name(r),
+               o->max_steps, r->dp.P_all, r->G, r->Tc, grpo_loss_type_name(r->g.loss_type), r->g.beta, o->learning_rate);
     if (r->dp.world > 1)
         printf("data parallel: %d ranks x %d prompts; gradients summed over them by %s, optimizer replicated\n", r->dp.world, r->P,
                dist_transport(r->dist, r->be));

@@ -256,7 +256,8 @@ START_TEST(test_ppo_resume_bit_exact) {
     fresh_dir("ppo_straight", a, sizeof a);
     snprintf(cmd, sizeof cmd, "./train_grpo %s --output_dir %s", opts, a);
     ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
-    ck_assert_msg(strstr(out, "PPO value model") && strstr(out, "before PPO"), "%s", out);
+    ck_assert_msg(strstr(out, "PPO value model") && strstr(out, "before PPO") && strstr(out, "\nPPO: 4 steps x ") &&
+                      !strstr(out, "GRPO"), "%s", out);
     const char *files[] = {"checkpoint-4/adapter_model.safetensors", "checkpoint-4/optimizer.safetensors",
                            "checkpoint-4/value_model.safetensors"};
     resume_matches(a, "ppo_resumed", b, sizeof b, opts, 2, files, 3);
@@ -347,6 +348,91 @@ START_TEST(test_memory_options) {
 }
 END_TEST
 
+// The README says what plot.svg draws: the names it quotes in "`plot.svg` (per step: ...)" are the
+// plot's legends (each legend: a line of stroke-width 2, then its text), and "kl", drawn when beta != 0
+static void plot_as_readme_says(const char *svg_path) {
+    char *svg = read_file(svg_path, NULL), *readme = read_file("README.md", NULL), said[2048], drawn[2048] = "\"kl\"";
+    const char *at = strstr(readme, "`plot.svg` (per step: ");
+    ck_assert_msg(at, "README.md has no \"`plot.svg` (per step: ...)\"");
+    const char *end = strchr(at, '(');  // to the parenthesis that closes this one
+    for (int depth = 0; *end && (depth += (*end == '(') - (*end == ')')) > 0;) end++;
+    ck_assert(*end == ')');
+    snprintf(said, sizeof said, "%.*s", (int)(end - at), at);
+    int n = 0;
+    for (const char *l = strstr(svg, "stroke-width=\"2\""); l; l = strstr(l + 1, "stroke-width=\"2\""), n++) {
+        const char *t = strchr(strstr(l, "<text"), '>') + 1;
+        char name[128], quoted[140];
+        snprintf(name, sizeof name, "%.*s", (int)(strstr(t, "</text>") - t), t);
+        snprintf(quoted, sizeof quoted, "\"%s\"", name);
+        ck_assert_msg(strstr(said, quoted), "the plot draws \"%s\"; the README says: %s", name, said);
+        snprintf(drawn + strlen(drawn), sizeof drawn - strlen(drawn), " %s", quoted);
+    }
+    ck_assert_int_ge(n, 3);
+    for (const char *q = strchr(said, '"'); q; q = strchr(strchr(q + 1, '"') + 1, '"')) {
+        char quoted[140];
+        snprintf(quoted, sizeof quoted, "%.*s", (int)(strchr(q + 1, '"') - q + 1), q);
+        ck_assert_msg(strstr(drawn, quoted), "the README names %s; the plot draws %s", quoted, drawn);
+    }
+    free(svg), free(readme);
+}
+
+// The header line and the plot name the algorithm that runs: RLOO with --advantage_estimator rloo
+// (PPO's: test_ppo_resume_bit_exact), GRPO by default
+START_TEST(test_header_names_the_algorithm) {
+    setup();
+    char dir[1200], cmd[4096], out[16384], err[2048];
+    const char *modes[2] = {"", "--advantage_estimator rloo --scale_rewards none"}, *names[2] = {"GRPO", "RLOO"};
+    for (int k = 0; k < 2; k++) {
+        fresh_dir(k ? "header_rloo" : "header_grpo", dir, sizeof dir);
+        snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --eval_size 0 --max_steps 1 --per_device_train_batch_size 16 %s --output_dir %s",
+                 modes[k], dir);
+        ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+        char want[64];
+        snprintf(want, sizeof want, "\n%s: 1 steps x 2 prompts x 8 completions", names[k]);
+        ck_assert_msg(strstr(out, want) && !strstr(out, names[!k]), "%s", out);
+        char *svg = slurp(dir, "plot.svg", NULL);
+        snprintf(want, sizeof want, ">%s: accuracy on training rollouts", names[k]);
+        ck_assert_msg(strstr(svg, want), "plot.svg's title is not %s's", names[k]);
+        free(svg);
+    }
+}
+END_TEST
+
+static void assert_one_line(const char *err, const char *want);
+
+// ./generate --lora follows the weights the adapter was trained on (its trainer_state.json): an adapter
+// of --load_in_fp8 off runs unquantized unless --load_in_fp8 is given, and stderr says which and why;
+// an adapter without the file gets the defaults, said; a recorded value it cannot use: one line
+START_TEST(test_generate_follows_adapter) {
+    setup();
+    char dir[1200], cmd[4096], out[16384], err[4096];
+    fresh_dir("unquantized", dir, sizeof dir);
+    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --eval_size 0 --max_steps 1 --per_device_train_batch_size 16 --load_in_fp8 off "
+             "--output_dir %s", dir);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+    const char *gen = "./generate --device cpu --prompt 1+2= --max_new_tokens 4 --lora";
+    snprintf(cmd, sizeof cmd, "%s %s/checkpoint-1", gen, dir);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(strstr(err, "adapter: --load_in_fp8 off (as trained), --kv_cache_dtype auto (as trained), from ") &&
+                      strstr(err, "\nlinear weights: off;"), "%s", err);
+    snprintf(cmd, sizeof cmd, "%s %s/checkpoint-1 --load_in_fp8 block", gen, dir);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(strstr(err, "adapter: --load_in_fp8 block (given; trained on off)") && strstr(err, "\nlinear weights: block;"),
+                  "%s", err);
+    snprintf(cmd, sizeof cmd, "cp -r %s/checkpoint-1 %s/peft && rm %s/peft/trainer_state.json", dir, dir, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s %s/peft", gen, dir);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(strstr(err, "records no training settings (no trainer_state.json): --load_in_fp8 block") &&
+                      strstr(err, "\nlinear weights: block;"), "%s", err);
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"load_in_fp8\":[[:space:]]*\"off\"/\"load_in_fp8\": \"int4\"/' %s/checkpoint-1/trainer_state.json", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s %s/checkpoint-1", gen, dir);
+    ck_assert_int_ne(run(cmd, err, sizeof err), 0);
+    assert_one_line(err, "trainer_state.json: \"load_in_fp8\" is not one of block|row|tensor|off: fix the file, or give --load_in_fp8");
+}
+END_TEST
+
 // GRPO fixes what the warm-up got wrong: held-out accuracy rises, the sampled reward does not fall
 START_TEST(test_grpo_learns) {
     setup();
@@ -381,6 +467,7 @@ START_TEST(test_grpo_learns) {
     char p[2048];
     snprintf(p, sizeof p, "%s/plot.svg", dir);
     ck_assert(file_exists(p));
+    plot_as_readme_says(p);
     snprintf(p, sizeof p, "%s/checkpoint-100/adapter_config.json", dir);
     ck_assert(file_exists(p));
 }
@@ -948,6 +1035,8 @@ static Suite *train_suite(void) {
     tcase_add_test(tc, test_checkpoint_never_overwritten);
     tcase_add_test(tc, test_resume_bit_exact);
     tcase_add_test(tc, test_ppo_resume_bit_exact);
+    tcase_add_test(tc, test_header_names_the_algorithm);
+    tcase_add_test(tc, test_generate_follows_adapter);
     tcase_add_test(tc, test_memory_options);
     tcase_add_test(tc, test_full_weight_grpo);
     tcase_add_test(tc, test_grpo_learns);
