@@ -456,7 +456,7 @@ static void load_examples(Run *r, const SftFormat *f) {
 }
 
 // Stage "built-in base" (train_dpo without --model and --data): the warm-up model of ./train_grpo's
-// default run (made now if out/ holds no cache of it: warmup_ensure) becomes --model
+// default run (made now if the warm-up cache holds none: warmup_ensure) becomes --model
 static void builtin_base(Run *r) {
     Opts *o = &r->o;
     r->be = backend_select(o->device, 1);
@@ -468,9 +468,9 @@ static void builtin_base(Run *r) {
     to.seed = (uint64_t)o->seed, to.max_operand = w.max_operand;
     task_open_or_die(&r->task, w.task, &to);
     r->fmt = (Formatter){tok, 0, NULL, 512};
-    char json[512];
-    warmup_key(&w, &tc, "out", json, sizeof json, r->warm_dir, sizeof r->warm_dir);
-    mkdir_or_die("out");  // the caches' directory (./train_grpo's default run shares it)
+    char json[512], root[4096];
+    warmup_cache_root(root, sizeof root);  // ./train_grpo's runs share it
+    warmup_key(&w, &tc, root, json, sizeof json, r->warm_dir, sizeof r->warm_dir);
     warmup_ensure(&w, &tc, r->be, &r->task, &r->fmt, json, r->warm_dir);
     o->model = r->warm_dir;
 }
