@@ -16,7 +16,8 @@
 //                 that ./generate --load_in_fp8 block on the merged weights holds the same codes and scales.
 //                 A projection whose shape is not whole 128x128 blocks (a side over 128 and not a multiple
 //                 of it: hidden 576, intermediate 160) is written in BF16 instead and named in
-//                 modules_to_not_convert (fp8_whole_blocks says why), and a line says which.
+//                 modules_to_not_convert (fp8_whole_blocks says why), and a line says which. How much of
+//                 the adapter's change the codes keep, and the BF16 projections, is measured as below.
 //   --dtype fp32  every tensor fp32, torch_dtype float32: twice BF16's bytes, and the merge whole. A typical
 //                 LoRA change is ~1e-3 of a weight, below BF16's step (2^-8 of it) at most weights: rounded to
 //                 BF16 most of it is lost, which the line after the export measures (`kept`).
@@ -34,6 +35,7 @@
 #include <sys/stat.h>
 #include <cjson/cJSON.h>
 
+#include "fp8.h"
 #include "lora.h"
 #include "model.h"
 #include "io/options.h"
@@ -112,7 +114,7 @@ static void check_output(const ExportOpts *o) {
 
 static void parse_options(int argc, char **argv, ExportOpts *o) {
     memset(o, 0, sizeof *o);
-    OptionTable t = {.usage = "usage: ./export --model DIR [--lora ADAPTER] --output_dir DIR [--dtype bf16|fp8] [--name value ...]\n"
+    OptionTable t = {.usage = "usage: ./export --model DIR [--lora ADAPTER] --output_dir DIR [--dtype bf16|fp8|fp32] [--name value ...]\n"
                               "'-' and '_' are the same in names; a flag alone means true.",
                      .rows = OPTIONS, .n = N_OPTIONS, .base = o};
     options_parse(&t, argc, argv);
@@ -248,12 +250,31 @@ static int plan_shards(OutTensor *t, int n, size_t max_bytes) {
     return shard + 1;
 }
 
-// How much of the adapter's change survives the output dtype (BF16, fp32): over every merged weight,
-// the change d = (alpha / r) B A and the error of what the file shows of it, (written merge) - (the
-// base's weight in the same dtype) - d. A change below the dtype's resolution at a weight is lost.
+// How much of the adapter's change survives the output dtype: over every merged weight, the change
+// d = (alpha / r) B A and the error of what the file shows of it, (written merge) - (the base's weight
+// in the same dtype) - d. A change below the dtype's resolution at a weight is lost. Kept apart for
+// the projections written as BF16 or fp32 ([0]) and as FP8 codes ([1]: each dequantized with its
+// block's scale, the base's quantized as --load_in_fp8 block would).
 static struct {
     double change2, err2;
-} kept;
+    int n;  // projections the adapter changes
+} kept[2];
+
+// kept[1]'s share of one projection: q the merge's codes, W (rows, cols) the base's weight, x the merge
+static void kept_fp8(const FP8Tensor *q, const float *W, const double *x, size_t n) {
+    FP8Tensor qb;
+    fp8_tensor_alloc_cpu(&qb, q->rows, q->cols, FP8_BLOCK, FP8_E4M3, FP8_BLOCK_SIZE);
+    fp8_quantize_cpu(&qb, W, 0);
+    float *v = (float *)mallocCheck(n * sizeof(float)), *vb = (float *)mallocCheck(n * sizeof(float));
+    fp8_dequantize_cpu(v, q);
+    fp8_dequantize_cpu(vb, &qb);
+    for (size_t i = 0; i < n; i++) {
+        double d = x[i] - W[i], e = (double)v[i] - vb[i] - d;
+        kept[1].change2 += d * d, kept[1].err2 += e * e;
+    }
+    free(v), free(vb);
+    fp8_tensor_free_cpu(&qb);
+}
 
 // One tensor's bytes as written (malloc'ed). FP8 codes also return their scales in *scales_out
 // (HF's (br, bc) layout, malloc'ed) for the scales tensor that follows.
@@ -273,6 +294,9 @@ static void *tensor_bytes(const Model *m, const OutTensor *t, float **scales_out
     }
     double *x = (double *)mallocCheck(n * sizeof(double));
     merge_linear(x, m, h->layer, h->which);
+    const float *W = (const float *)m->w.layers[h->layer].lin[h->which].dense;
+    int adapted = m->lora && m->lora->A[h->layer * LIN_COUNT + h->which];
+    kept[t->dtype == DT_E4M3].n += adapted;
     void *out;
     if (t->dtype == DT_E4M3) {
         float *f = (float *)mallocCheck(n * sizeof(float));
@@ -285,12 +309,12 @@ static void *tensor_bytes(const Model *m, const OutTensor *t, float **scales_out
         int ld = fp8_scale_ld(FP8_BLOCK, q.rows, q.cols, FP8_BLOCK_SIZE);
         float *s = (float *)mallocCheck((size_t)br * bc * sizeof(float));
         for (int r = 0; r < br; r++) memcpy(s + (size_t)r * bc, q.scale + (size_t)r * ld, bc * sizeof(float));
+        if (adapted) kept_fp8(&q, W, x, n);
         out = q.data;  // the codes, (rows, cols) row-major as HF stores them
         free(q.scale);
         free(f);
         *scales_out = s;
     } else {
-        const float *W = (const float *)m->w.layers[h->layer].lin[h->which].dense;
         int f32 = t->dtype == DT_F32;
         out = mallocCheck(n * (f32 ? 4 : 2));
         for (size_t i = 0; i < n; i++) {
@@ -300,11 +324,29 @@ static void *tensor_bytes(const Model *m, const OutTensor *t, float **scales_out
                 uint16_t b = ((uint16_t *)out)[i] = f64_to_bf16(x[i]);
                 v = bf16_to_f32(b), vb = bf16_to_f32(f32_to_bf16(W[i]));
             }
-            kept.change2 += d * d, kept.err2 += (v - vb - d) * (v - vb - d);
+            kept[0].change2 += d * d, kept[0].err2 += (v - vb - d) * (v - vb - d);
         }
     }
     free(x);
     return out;
+}
+
+// One line per kind of projection the adapter changed (rounded: "BF16" or "fp32"; FP8 codes): how far
+// what the file holds of the change is from it, and what keeps it where much is lost
+static void report_kept(const char *rounded) {
+    for (int k = 0; k < 2; k++) {
+        if (kept[k].change2 <= 0) continue;
+        const char *dt = k ? "FP8" : rounded;
+        double e = sqrt(kept[k].err2 / kept[k].change2);
+        char file[96], lost[200] = "";
+        if (kept[!k].n) snprintf(file, sizeof file, "exported file holds it in the %d projections written as %s", kept[k].n, dt);
+        else snprintf(file, sizeof file, "%s file holds it", dt);
+        if (e > 0.1)
+            snprintf(lost, sizeof lost, ": much of it is below %s's resolution at these weights, and lost; --dtype fp32 keeps it "
+                     "(or serve the base with the adapter unmerged)", dt);
+        fprintf(stderr, "merge: the adapter's change to the weights, as the %s, is off by %.3g of its size (relative L2)%s\n",
+                file, e, lost);
+    }
 }
 
 static void shard_name(char *out, size_t cap, int shard, int nshards) {
@@ -513,13 +555,7 @@ int main(int argc, char **argv) {
                 (long long)h[ex].rows, (long long)h[ex].cols,
                 nbf16 < nlin ? "they are listed in quantization_config.modules_to_not_convert"
                              : "none is left in FP8, so the checkpoint is plain BF16 (no quantization_config)");
-    if (o.lora && !fp8 && kept.change2 > 0) {
-        double e = sqrt(kept.err2 / kept.change2);
-        fprintf(stderr, "merge: the adapter's change to the weights, as the %s file holds it, is off by %.3g of its size "
-                "(relative L2)%s\n", fp32 ? "fp32" : "BF16", e,
-                e > 0.1 ? ": much of it is below BF16's resolution at these weights, and lost; --dtype fp32 keeps it (or serve "
-                          "the base with the adapter unmerged)" : "");
-    }
+    if (o.lora) report_kept(fp32 ? "fp32" : "BF16");
     free(t);
     free(h);
     if (m.lora) lora_free(m.lora);

@@ -9,13 +9,16 @@
 //   ./generate --help                                             every option, its default and meaning
 //
 // Greedy by default (temperature 0). The frozen weights are quantized as ./train_grpo's are
-// (--load_in_fp8 block by default; --fp8_embeddings, --kv_cache_dtype as there), so an adapter runs
-// on the weights and cache it was trained with.
+// (--load_in_fp8 block by default; --fp8_embeddings, --kv_cache_dtype as there); with --lora, as the
+// adapter's checkpoint records its training (trainer_state.json: --load_in_fp8, --kv_cache_dtype)
+// where those options are not given, so an adapter runs on the weights and cache it was trained with.
 // stdout gets the continuation's text, or its token ids with --print_ids or when the
 // checkpoint has no tokenizer.json; stderr the diagnostics (backend, config). Runs on the GPU
 // when one is usable, else the CPU. Options: the parser and rules of train_grpo (options.h).
 #include <errno.h>
 #include <math.h>
+
+#include <cjson/cJSON.h>
 
 #include "lora.h"
 #include "model.h"
@@ -50,14 +53,16 @@ static const Option OPTIONS[] = {
 
     {.name = "FP8 (the frozen weights, as train_grpo's)", .kind = OPT_SECTION},
     {"load_in_fp8", OPT_CHOICE, OFF(load_in_fp8), .choices = "block|row|tensor|off", .dflt = "block",
-     .help = "linear weights in E4M3 with a scale per 128x128 block, per row or per tensor; off: unquantized"},
+     .help = "linear weights in E4M3 with a scale per 128x128 block, per row or per tensor; off: unquantized (with --lora, "
+             "when not given: as the adapter was trained, its trainer_state.json says)"},
     {"fp8_pow2_scales", OPT_FLAG, OFF(fp8_pow2), .help = "round the FP8 scales up to powers of two"},
     {"bf16_first_layers", OPT_INT, OFF(bf16_first_layers), 0, 1e6, .dflt = "0", .help = "keep the first N layers unquantized"},
     {"bf16_last_layers", OPT_INT, OFF(bf16_last_layers), 0, 1e6, .dflt = "0", .help = "keep the last N layers unquantized"},
     {"fp8_embeddings", OPT_FLAG, OFF(fp8_embeddings),
      .help = "the embedding table and LM head in E4M3 too, a scale per row (as train_grpo --fp8_embeddings)"},
     {"kv_cache_dtype", OPT_CHOICE, OFF(kv_cache_dtype), .choices = "auto|fp8", .dflt = "auto",
-     .help = "the KV cache: the activations' type, or E4M3 with a scale per token and head (as train_grpo's)"},
+     .help = "the KV cache: the activations' type, or E4M3 with a scale per token and head (as train_grpo's; with --lora, "
+             "when not given: as the adapter was trained)"},
 
     {.name = "sampling", .kind = OPT_SECTION},
     {"max_new_tokens", OPT_INT, OFF(max_new_tokens), 0, 1 << 20, .dflt = "16", .help = "tokens to generate at most (EOS stops sooner)"},
@@ -75,12 +80,58 @@ static const Option OPTIONS[] = {
 };
 #define N_OPTIONS ((int)(sizeof OPTIONS / sizeof OPTIONS[0]))
 
-static void parse_options(int argc, char **argv, GenOpts *o) {
+// The frozen-weight settings the adapter was trained with, as its checkpoint's trainer_state.json
+// records them ("run": train_grpo's, train_sft's and train_dpo's), taken for each option not given
+// here: an adapter trained on --load_in_fp8 off is not tried on FP8 blocks unless asked. said: what
+// was chosen and why, for stderr. An adapter without the file (PEFT's): the defaults, said so.
+static const char *const FOLLOWED[2][2] = {{"load_in_fp8", "block|row|tensor|off"}, {"kv_cache_dtype", "auto|fp8"}};
+static void follow_adapter(GenOpts *o, const OptionTable *t, char *said, size_t cap) {
+    const char **field[2] = {&o->load_in_fp8, &o->kv_cache_dtype};
+    static char vals[2][16];
+    char p[4200];
+    path_join(p, sizeof p, o->lora, "trainer_state.json");
+    if (!file_exists(p)) {
+        snprintf(said, cap, "adapter: %s records no training settings (no trainer_state.json): --load_in_fp8 %s, "
+                 "--kv_cache_dtype %s", o->lora, o->load_in_fp8, o->kv_cache_dtype);
+        return;
+    }
+    char *text = read_file(p, NULL);
+    cJSON *st = cJSON_Parse(text), *run = cJSON_GetObjectItemCaseSensitive(st, "run");
+    free(text);
+    if (!cJSON_IsObject(run)) die("%s: no \"run\" object (not a trainer_state.json of this program): give --load_in_fp8", p);
+    size_t n = snprintf(said, cap, "adapter: ");
+    for (int i = 0; i < 2; i++) {
+        const char *name = FOLLOWED[i][0], *choices = FOLLOWED[i][1];
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(run, name);
+        char pat[64];
+        if (v) snprintf(pat, sizeof pat, "|%s|", cJSON_IsString(v) ? v->valuestring : "");
+        char all[64];
+        snprintf(all, sizeof all, "|%s|", choices);
+        if (v && (!cJSON_IsString(v) || strlen(v->valuestring) >= sizeof vals[i] || !strstr(all, pat)))
+            die("%s: \"%s\" is not one of %s: fix the file, or give --%s", p, name, choices, name);
+        const char *why = "not recorded: the default";
+        char differs[64];
+        snprintf(differs, sizeof differs, "given; trained on %s", v && cJSON_IsString(v) ? v->valuestring : "");
+        if (v && options_given(t, name)) why = strcmp(*field[i], v->valuestring) ? differs : "given, as trained";
+        else if (v) {
+            snprintf(vals[i], sizeof vals[i], "%s", v->valuestring);
+            *field[i] = vals[i];
+            why = "as trained";
+        } else if (options_given(t, name)) why = "given";
+        if (n < cap) n += snprintf(said + n, cap - n, "%s--%s %s (%s)", i ? ", " : "", name, *field[i], why);
+    }
+    if (n < cap) snprintf(said + n, cap - n, ", from %s", p);
+    cJSON_Delete(st);
+}
+
+static void parse_options(int argc, char **argv, GenOpts *o, char *said, size_t cap) {
     memset(o, 0, sizeof *o);
     OptionTable t = {.usage = "usage: ./generate --model DIR (--prompt TEXT | --tokens IDS) [--name value | --name=value ...]\n"
                               "'-' and '_' are the same in names; a flag alone means true.",
                      .rows = OPTIONS, .n = N_OPTIONS, .base = o};
     options_parse(&t, argc, argv);
+    said[0] = 0;
+    if (o->lora) follow_adapter(o, &t, said, cap);
     if (!o->model && o->lora) o->model = lora_base_dir(o->lora);
     if (!o->model) die("--model DIR is required (see --help)");
     if (!o->sqnr && !!o->tokens + !!o->prompt != 1) die("give exactly one of --tokens or --prompt (see --help)");
@@ -196,7 +247,8 @@ static void generate(Model *m, const GenOpts *o, const Tokenizer *tok, const int
 
 int main(int argc, char **argv) {
     GenOpts o;
-    parse_options(argc, argv, &o);
+    char weights_from[4600];  // with --lora: the frozen-weight settings, and whether the adapter's or given
+    parse_options(argc, argv, &o, weights_from, sizeof weights_from);
     if (o.sqnr) {
         model_sqnr_report(o.model, stdout);
         return 0;
@@ -226,6 +278,7 @@ int main(int argc, char **argv) {
     model_load(&m, o.model, be, &mo);
     m.kv_fp8 = !strcmp(o.kv_cache_dtype, "fp8");
     config_print(&m.cfg, stderr);
+    if (weights_from[0]) fprintf(stderr, "%s\n", weights_from);
     fprintf(stderr, "linear weights: %s; embeddings and LM head: %s; KV cache: %s\n", o.load_in_fp8,
             o.fp8_embeddings ? "fp8 (a scale per row)" : "unquantized", m.kv_fp8 ? "fp8" : dtype_name(be->act));
     if (o.lora) {

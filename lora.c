@@ -2,7 +2,9 @@
 // forward/backward hooks model.c calls, AdamW and clipping over one flat
 // parameter buffer, and PEFT-format save/load.
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -398,6 +400,12 @@ void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char 
     free(t);
     free(f);
 
+    // the base as an absolute path where it is a directory here, so that the adapter finds it (and
+    // PEFT's AutoPeftModel loads it) from any working directory; else as given (a hub name)
+    char abs[PATH_MAX];
+    struct stat sb;
+    if (base_model_name && stat(base_model_name, &sb) == 0 && S_ISDIR(sb.st_mode) && realpath(base_model_name, abs))
+        base_model_name = abs;
     cJSON *r = cJSON_CreateObject();
     cJSON_AddStringToObject(r, "peft_type", "LORA");
     cJSON_AddStringToObject(r, "task_type", "CAUSAL_LM");
@@ -655,7 +663,7 @@ void lora_check_base(const char *adapter_dir, const char *model_dir, int allow_o
 }
 
 const char *lora_base_dir(const char *adapter_dir) {
-    static char base[4096];
+    static char base[PATH_MAX + 4200];  // room for a parent of the adapter and the relative path
     char p[4096];
     path_join(p, sizeof p, adapter_dir, "adapter_config.json");
     if (!file_exists(p)) die("%s: no adapter_config.json (expected a PEFT LoRA adapter directory)", adapter_dir);
@@ -668,6 +676,22 @@ const char *lora_base_dir(const char *adapter_dir) {
     if (!ok) die("%s names no base_model_name_or_path: give --model", p);
     char cfg[4200];
     path_join(cfg, sizeof cfg, base, "config.json");
-    if (!file_exists(cfg)) die("%s's base %s is not a checkpoint directory here: give --model", adapter_dir, base);
-    return base;
+    if (file_exists(cfg)) return base;
+    // A relative path is relative to where the training run started (adapters of earlier versions,
+    // or written so by hand): the adapter's directory lies below that, so each of its parents is tried,
+    // nearest first. The weights' fingerprint (lora_check_base) then says whether it is the base.
+    char up[PATH_MAX], rel[4096];
+    snprintf(rel, sizeof rel, "%.4000s", base);
+    if (rel[0] != '/' && realpath(adapter_dir, up))
+        for (char *slash = strrchr(up, '/'); slash; slash = strrchr(up, '/')) {
+            *slash = 0;
+            char cand[PATH_MAX + 4200];
+            snprintf(cand, sizeof cand, "%s/%s/config.json", up, rel);
+            if (file_exists(cand)) {
+                snprintf(base, sizeof base, "%s/%s", up, rel);
+                return base;
+            }
+        }
+    die("%s's base %s is not a checkpoint directory here%s: give --model", adapter_dir, rel,
+        rel[0] != '/' ? " nor beside any directory above the adapter" : "");
 }

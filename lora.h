@@ -92,7 +92,9 @@ LoRA *lora_load_peft(const Model *m, const char *dir);
 // both and exit (allow_other: a warning, and on)
 void lora_check_base(const char *adapter_dir, const char *model_dir, int allow_other);
 // the base adapter_config.json names (base_model_name_or_path, as PEFT's AutoPeftModel reads it), when
-// it is a checkpoint directory here; else one line asking for --model
+// it is a checkpoint directory here (lora_save_peft records an absolute path); a relative one not found
+// from here is looked for beside each directory above the adapter (where its training run started);
+// else one line asking for --model
 const char *lora_base_dir(const char *adapter_dir);
 // raw state (params + Adam m, v + step) for checkpoints that resume bit-exactly
 void lora_save_state(const LoRA *lo, const char *path);

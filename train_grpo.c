@@ -14,7 +14,8 @@
 // then update_ppo (train/ppo_train.h): a value model (a LoRA adapter of its own and a score head on
 // the same frozen base), per-token KL rewards and GAE, num_ppo_epochs of clipped policy and value updates.
 // A run writes into --output_dir, or without it into a new out/run-N (so the default
-// command can run again; the built-in model's warm-up cache, out/warmup, is shared):
+// command can run again; the built-in model's warm-ups are cached apart, in ~/.cache/fp8-grpo,
+// and shared by every run):
 // metrics.jsonl (TRL's metric names), checkpoints (checkpoint-N/: PEFT adapter +
 // optimizer state, written atomically), and at the end plot.svg. --resume continues
 // from the last checkpoint bit-exactly. main(), at the bottom, is the table of
@@ -86,7 +87,8 @@ static const Option OPTIONS[] = {
     {"task", OPT_CHOICE, OFF(task), .choices = "arithmetic|countdown", .dflt = "arithmetic", .help = "the built-in task, when no --data"},
     {"max_operand", OPT_INT, OFF(max_operand), 1, 999, .dflt = "30", .help = "built-in arithmetic: operands in [0, max_operand]"},
     {"warmup_sft_steps", OPT_INT, OFF(warmup_sft_steps), 0, 1e7, .dflt = "1000",
-     .help = "built-in model: supervised warm-up steps before GRPO (made once per setting, cached in warmup-<key>/)"},
+     .help = "built-in model: supervised warm-up steps before GRPO (made once per setting, cached in "
+             "$XDG_CACHE_HOME/fp8-grpo/warmup-<key>/, by default ~/.cache/fp8-grpo/)"},
     {"warmup_carry_errors", OPT_DOUBLE, OFF(warmup_carry_errors), 0, 1, .dflt = "0.7",
      .help = "built-in arithmetic: share of the warm-up's additions shown with the carry forgotten (for GRPO to fix)"},
     {"chat", OPT_INT, OFF(chat), -1, 1, .dflt = "-1",
@@ -183,8 +185,8 @@ static const Option OPTIONS[] = {
     {"top_k", OPT_INT, OFF(top_k), 0, 1e9, .dflt = "0", .help = "top-k sampling (0: off)"},
 
     {.name = "logging and checkpoints", .kind = OPT_SECTION},
-    {"output_dir", OPT_STRING, OFF(output_dir), .meta = "DIR", .unset = "a new out/run-N per run, the warm-up caches in out/",
-     .help = "where metrics.jsonl, checkpoint-N/ and plot.svg go (and the built-in model's warmup-<key>/ with --output_dir)"},
+    {"output_dir", OPT_STRING, OFF(output_dir), .meta = "DIR", .unset = "a new out/run-N per run",
+     .help = "where metrics.jsonl, checkpoint-N/ and plot.svg go (the built-in model's warm-ups are cached apart: --warmup_sft_steps)"},
     {"resume", OPT_FLAG, OFF(resume), .help = "continue from the last checkpoint of --output_dir (without it: the newest out/run-N that has one)"},
     {"overwrite_output_dir", OPT_FLAG, OFF(overwrite_output_dir), .help = "start over in an --output_dir that holds checkpoints"},
     {"logging_steps", OPT_INT, OFF(logging_steps), 1, 1e9, .dflt = "1", .help = "print a step's line every N steps"},
@@ -321,7 +323,7 @@ typedef struct {
     DpBatch dp;             // this rank's share of a step's prompts and sequences
     int rank0;              // this process writes the metrics, checkpoints, plot and prints the run
     char dir[4096];         // where this run writes: --output_dir, or a new out/run-N
-    char warm_root[4096];   // where the built-in model's warm-ups are cached: --output_dir, or out (shared by the runs)
+    char warm_root[4096];   // where the built-in model's warm-ups are cached (warmup_cache_root: shared by every run)
     char warm_dir[4400];    // this run's: <warm_root>/warmup-<key>, one per setting (warmup_settings)
     char warm_json[512];    // the settings that define the built-in model's weights ("" with --model)
     char base_fp[17];       // the fingerprint of the base's weights (st_fingerprint; "": not known yet)
@@ -556,18 +558,17 @@ static void warmup(Run *r, const Config *tc, const ModelOptions *mo) {
 
 // Where the run writes, claimed before any work (checkpoint.h: made, locked, checked). Without
 // --output_dir each run gets a new out/run-N, so the default command runs again without losing the
-// last run, and the runs share the warm-up caches in out/; --resume continues the newest out/run-N
-// that holds a checkpoint. With --output_dir: that directory (and the warm-ups in it).
+// last run; --resume continues the newest out/run-N that holds a checkpoint. With --output_dir: that
+// directory. The built-in model's warm-ups are cached apart (warmup_cache_root), for every run.
 // Rank 0 decides (out/run-N is claimed by one mkdir) and tells the others.
 static void prepare_output(Run *r) {
     Opts *o = &r->o;
     if (r->rank0) {
+        if (!o->model) warmup_cache_root(r->warm_root, sizeof r->warm_root);
         if (o->output_dir) {
             snprintf(r->dir, sizeof r->dir, "%s", o->output_dir);
-            snprintf(r->warm_root, sizeof r->warm_root, "%s", o->output_dir);
             r->last = run_dir_claim(r->dir, o->resume, o->overwrite_output_dir);
         } else {
-            snprintf(r->warm_root, sizeof r->warm_root, "out");
             if (o->resume) {
                 int n = newest_numbered("out", "run", 1);
                 if (n < 0) die("--resume: no out/run-N holds a checkpoint: give the run's --output_dir");
@@ -775,9 +776,11 @@ static double held_out_accuracy(Run *r) {
     return correct / n;
 }
 
-// what to print for an accuracy that is not there (evaluate's NaN, or no line in metrics.jsonl)
-static const char *algo_name(const Run *r) { return r->ppo ? "PPO" : "GRPO"; }
+// the algorithm as the lines and the plot name it: PPO (--algo ppo), RLOO (the GRPO loop with
+// --advantage_estimator rloo: TRL's RLOOTrainer), else GRPO
+static const char *algo_name(const Run *r) { return r->ppo ? "PPO" : r->g.advantage_estimator == ADV_RLOO ? "RLOO" : "GRPO"; }
 
+// what to print for an accuracy that is not there (evaluate's NaN, or no line in metrics.jsonl)
 static const char *no_accuracy(const Run *r) {
     if (r->o.eval_size == 0) return "not measured (--eval_size 0)";
     if (task_size(&r->task, SPLIT_HELDOUT) == 0) return "not measured (no held-out problems)";
@@ -848,8 +851,8 @@ static void begin(Run *r) {
                c->num_mini_batches, c->cliprange, c->vf_coef, c->kl_coef, c->kl_estimator == PPO_KL_K3 ? "k3" : "k1", c->gamma,
                c->lam, o->learning_rate);
     } else
-        printf("GRPO: %d steps x %d prompts x %d completions, max %d new tokens, loss %s, beta %g, lr %g\n", o->max_steps,
-               r->dp.P_all, r->G, r->Tc, grpo_loss_type_name(r->g.loss_type), r->g.beta, o->learning_rate);
+        printf("%s: %d steps x %d prompts x %d completions, max %d new tokens, loss %s, beta %g, lr %g\n", algo_name(r),
+               o->max_steps, r->dp.P_all, r->G, r->Tc, grpo_loss_type_name(r->g.loss_type), r->g.beta, o->learning_rate);
     if (r->dp.world > 1)
         printf("data parallel: %d ranks x %d prompts; gradients summed over them by %s, optimizer replicated\n", r->dp.world, r->P,
                dist_transport(r->dist, r->be));

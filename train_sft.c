@@ -67,6 +67,7 @@ typedef struct {
     const char *loss_type, *truncation_mode;
     double beta, label_smoothing, discopop_tau;
     int reference_free, precompute_ref_log_probs, max_prompt_length, max_completion_length;
+    int max_length_given;  // --max_length on the command line (its default fits itself to the model unsaid)
 } Opts;
 
 #define OFF(f) offsetof(Opts, f)
@@ -234,6 +235,7 @@ static void parse_options(int argc, char **argv, Opts *o) {
                      .rows = rows, .n = option_rows(o->dpo, rows), .base = o};
     options_parse(&t, argc, argv);
     o->builtin = o->dpo && !options_given(&t, "model") && !options_given(&t, "data");
+    o->max_length_given = options_given(&t, "max_length");
     if (o->builtin) o->data = "the built-in arithmetic task";
     if (!o->model && !o->builtin) die("--model is required: a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)");
     if (!o->data)
@@ -454,7 +456,7 @@ static void load_examples(Run *r, const SftFormat *f) {
 }
 
 // Stage "built-in base" (train_dpo without --model and --data): the warm-up model of ./train_grpo's
-// default run (made now if out/ holds no cache of it: warmup_ensure) becomes --model
+// default run (made now if the warm-up cache holds none: warmup_ensure) becomes --model
 static void builtin_base(Run *r) {
     Opts *o = &r->o;
     r->be = backend_select(o->device, 1);
@@ -466,9 +468,9 @@ static void builtin_base(Run *r) {
     to.seed = (uint64_t)o->seed, to.max_operand = w.max_operand;
     task_open_or_die(&r->task, w.task, &to);
     r->fmt = (Formatter){tok, 0, NULL, 512};
-    char json[512];
-    warmup_key(&w, &tc, "out", json, sizeof json, r->warm_dir, sizeof r->warm_dir);
-    mkdir_or_die("out");  // the caches' directory (./train_grpo's default run shares it)
+    char json[512], root[4096];
+    warmup_cache_root(root, sizeof root);  // ./train_grpo's runs share it
+    warmup_key(&w, &tc, root, json, sizeof json, r->warm_dir, sizeof r->warm_dir);
     warmup_ensure(&w, &tc, r->be, &r->task, &r->fmt, json, r->warm_dir);
     o->model = r->warm_dir;
 }
@@ -555,9 +557,10 @@ static void load(Run *r) {
     config_check_tokenizer(&cfg, tokenizer_vocab_size(r->tok), o->model);
     int chat = o->chat >= 0 ? o->chat : strcmp(tokenizer_chat_format(r->tok), "none") != 0;
     int max_length = o->max_length;
-    if (max_length > cfg.max_pos) {
-        printf("max_length %d is more than the model's max_position_embeddings %d: examples are cut at %d tokens\n", max_length,
-               cfg.max_pos, cfg.max_pos);
+    if (max_length > cfg.max_pos) {  // said when given; the default is the model's length where that is shorter
+        if (o->max_length_given)
+            printf("max_length %d is more than the model's max_position_embeddings %d: examples are cut at %d tokens\n", max_length,
+                   cfg.max_pos, cfg.max_pos);
         max_length = cfg.max_pos;
     }
     SftFormat f = {r->tok, chat, o->system_prompt, sft_eos_id(r->tok, chat), max_length};

@@ -15,7 +15,7 @@ TRAIN=${TRAIN:-./train_grpo}  # the program (a prebuilt one may be named here)
 run() {  # gran seed [options]
   local g=$1 s=$2 d="$out/$1_s$2"
   shift 2
-  if [ "$g" != block ]; then mkdir -p "$d"; cp -r "$out/block_s$s"/warmup-* "$d/"; fi
+  # (the runs of one seed share its warm-up through the cache, ~/.cache/fp8-grpo: made by the first)
   "$TRAIN" --load_in_fp8 "$g" --seed "$s" --output_dir "$d" --quiet "$@" > "$d.log" 2>&1 || { echo "run $g seed $s failed:"; tail -3 "$d.log"; }
   grep "held-out accuracy:" "$d.log" | sed "s/^/$g seed $s: /" || true
 }

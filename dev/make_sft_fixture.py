@@ -20,12 +20,12 @@ SFT_ARGS = ("--device cpu --quiet --max_steps 20 --per_device_train_batch_size 4
 IDS = [49, 43, 50, 61]
 
 w = tempfile.mkdtemp(prefix="sft_fixture_")
-subprocess.run(f"./train_grpo --device cpu --quiet --eval_size 0 --warmup_sft_steps 3 --max_steps 1 "
+subprocess.run(f"XDG_CACHE_HOME={w}/cache ./train_grpo --device cpu --quiet --eval_size 0 --warmup_sft_steps 3 --max_steps 1 "
                f"--per_device_train_batch_size 8 --output_dir {w}/grpo", shell=True, check=True)
 with open(f"{w}/sum.jsonl", "w") as f:
     for i in range(48):
         f.write(f'{{"prompt": "{i % 13}+{i % 7}=", "completion": "{i % 13 + i % 7}"}}\n')
-subprocess.run(f"./train_sft {SFT_ARGS} --model {glob.glob(w + '/grpo/warmup-*')[0]} --data {w}/sum.jsonl --output_dir {w}/full", shell=True, check=True)
+subprocess.run(f"./train_sft {SFT_ARGS} --model {glob.glob(w + '/cache/fp8-grpo/warmup-*')[0]} --data {w}/sum.jsonl --output_dir {w}/full", shell=True, check=True)
 ckpt = f"{w}/full/checkpoint-20"
 model = AutoModelForCausalLM.from_pretrained(ckpt, torch_dtype=torch.float32).eval()
 with torch.no_grad():

@@ -62,8 +62,8 @@ train)
     w=${WORK:-/tmp/memory_check}
     rm -rf "$w" && mkdir -p "$w"
     run $B --model 8b --save "$w/q8b"
-    ./train_grpo --max_steps 1 --output_dir "$w/tiny" --quiet >/dev/null  # the byte-level tokenizer.json
-    cp "$w"/tiny/warmup-*/tokenizer.json "$w/q8b/"
+    XDG_CACHE_HOME="$w/cache" ./train_grpo --max_steps 1 --output_dir "$w/tiny" --quiet >/dev/null  # the byte-level tokenizer.json
+    cp "$w"/cache/fp8-grpo/warmup-*/tokenizer.json "$w/q8b/"
     for i in $(seq 0 199); do echo "{\"prompt\": \"$((i % 97)) + $((i % 89)) = ?\", \"answer\": \"$((i % 97 + i % 89))\"}"; done >"$w/d.jsonl"
     run ./train_grpo --model "$w/q8b" --data "$w/d.jsonl" --output_dir "$w/run1" --max_steps 2 --eval_size 8
     run ./train_grpo --model "$w/q8b" --data "$w/d.jsonl" --output_dir "$w/run2" --max_steps 2 --eval_size 8 \

@@ -140,8 +140,8 @@ print("step %.1f ms (rollout %.1f), waiting for the slowest rollout %.2f ms (%.1
 do_sft() {
   [ "$ngpu" -ge 2 ] || { say "sft: needs 2 GPUs"; return; }
   rm -rf "$dir/sft-1" "$dir/sft-2" "$dir/sft-base"
-  ./train_grpo --max_steps 1 --output_dir "$dir/sft-base" > "$dir/sft-base.log" 2>&1
-  local model; model=$(ls -d "$dir"/sft-base/warmup-* | head -n1)
+  XDG_CACHE_HOME="$dir/sft-base/cache" ./train_grpo --max_steps 1 --output_dir "$dir/sft-base" > "$dir/sft-base.log" 2>&1
+  local model; model=$(ls -d "$dir"/sft-base/cache/fp8-grpo/warmup-* | head -n1)
   for i in $(seq 0 399); do echo "{\"prompt\": \"$((i % 23))+$((i % 17))=\", \"completion\": \"$((i % 23 + i % 17))\"}"; done >"$dir/sum.jsonl"
   local args="--model $model --data $dir/sum.jsonl --chat 0 --max_steps 200 --learning_rate 2e-4 --logging_steps 1 --fp8_recipe delayed --quiet"
   ./train_sft $args --per_device_train_batch_size 8 --gradient_accumulation_steps 2 --output_dir "$dir/sft-1" > "$dir/sft-1.log" 2>&1

@@ -15,7 +15,7 @@ for s in ${SEEDS:-1 2 3}; do
   for a in grpo ppo; do
     d="$out/${a}_s$s"
     mkdir -p "$d"
-    if [ "$a" = ppo ]; then cp -r "$out/grpo_s$s"/warmup-* "$d/"; fi
+    # (PPO's run loads the warm-up GRPO's made, from the cache: ~/.cache/fp8-grpo)
     t0=$(date +%s.%N)
     "$TRAIN" --algo "$a" --seed "$s" --output_dir "$d" --quiet "$@" > "$d.log" 2>&1 || { echo "$a seed $s failed:"; tail -3 "$d.log"; continue; }
     t1=$(date +%s.%N)

@@ -25,7 +25,7 @@ steps=${STEPS:-500}
 batch=${BATCH:-32}
 w=$(mktemp -d /tmp/sft_curves_work.XXXXXX)
 mkdir -p "$out"
-./train_grpo --max_steps 1 --eval_size 4 --output_dir "$w/grpo" >/dev/null  # the built-in tokenizer.json
+XDG_CACHE_HOME="$w/cache" ./train_grpo --max_steps 1 --eval_size 4 --output_dir "$w/grpo" >/dev/null  # the built-in tokenizer.json
 python3 - "$w" "${TASK:-sum}" <<'PY'
 import json, os, random, sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -35,7 +35,7 @@ cfg = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, n
                   bos_token_id=None, eos_token_id=256)
 torch.manual_seed(0)
 LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(f"{w}/model", safe_serialization=True)
-os.system(f"cp {w}/grpo/warmup-*/tokenizer.json {w}/grpo/warmup-*/tokenizer_config.json {w}/model/")
+os.system(f"cp {w}/cache/fp8-grpo/warmup-*/tokenizer.json {w}/cache/fp8-grpo/warmup-*/tokenizer_config.json {w}/model/")
 rng = random.Random(0)
 with open(f"{w}/data.jsonl", "w") as f:
     if sys.argv[2] == "text":  # the standard library's modules, in name order, cut into 128-byte pieces

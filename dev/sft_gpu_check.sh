@@ -10,10 +10,11 @@ set -euo pipefail
 w=${1:-/tmp/sft_gpu_check}
 dev=${DEVICE:-cuda}
 rm -rf "$w" && mkdir -p "$w"
+export XDG_CACHE_HOME="$w/cache"  # the warm-up's cache: made by the first run below, loaded by the second
 echo "== ./train_grpo, default run (the warm-up trained by sft_step on the GPU), then again with it cached"
 /usr/bin/time -f "wall %e s" ./train_grpo --device "$dev" --output_dir "$w/grpo" 2>&1 | grep -E "^backend|warm-up 1000|held-out accuracy|wall"
 /usr/bin/time -f "wall %e s" ./train_grpo --device "$dev" --output_dir "$w/grpo" --overwrite_output_dir 2>&1 | grep -E "held-out accuracy:|wall"
-model=$(ls -d "$w"/grpo/warmup-* | head -n1)
+model=$(ls -d "$w"/cache/fp8-grpo/warmup-* | head -n1)
 for i in $(seq 0 199); do echo "{\"prompt\": \"$((i % 23))+$((i % 17))=\", \"completion\": \"$((i % 23 + i % 17))\"}"; done >"$w/sum.jsonl"
 sft() { ./train_sft --device "$dev" --model "$model" --data "$w/sum.jsonl" --chat 0 --max_steps 20 --save_steps 10 \
   --per_device_train_batch_size 8 --gradient_accumulation_steps 2 --logging_steps 5 --learning_rate 1e-4 "$@"; }

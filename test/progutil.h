@@ -13,11 +13,13 @@
 
 static char base_dir[] = TMP_TEMPLATE;
 
-static const char *tmp_path(const char *name) {  // a path in this run's temporary directory
+// a path in this run's temporary directory; made at the first call, with the warm-up cache of the
+// programs started from then on in it (use_cache_in)
+static const char *tmp_path(const char *name) {
     static char p[8][1200];
     static int k = 0;
     static int made = 0;
-    if (!made) ck_assert(mkdtemp(base_dir)), made = 1;
+    if (!made) ck_assert(mkdtemp(base_dir)), use_cache_in(base_dir), made = 1;
     k = (k + 1) % 8;
     snprintf(p[k], sizeof p[k], "%s/%s", base_dir, name);
     return p[k];
@@ -65,14 +67,14 @@ static double metrics_value(const char *dir, int step, const char *key) {
 static inline double metrics_loss(const char *dir, int step) { return metrics_value(dir, step, "loss"); }
 
 // A checkpoint directory with a tokenizer, into dir: the built-in model after a short warm-up
-// (./train_grpo writes it as a Hugging Face checkpoint with tokenizer.json)
+// (./train_grpo writes it as a Hugging Face checkpoint with tokenizer.json, in the warm-up cache)
 static void warm_model(char *dir, size_t cap) {
     char cmd[4096], out[8192];
     snprintf(cmd, sizeof cmd, "./train_grpo --device cpu --quiet --eval_size 0 --warmup_sft_steps 3 --max_steps 1 "
                               "--per_device_train_batch_size 8 --output_dir %s",
              tmp_path("grpo"));
     ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
-    warm_dir_in(tmp_path("grpo"), dir, cap);
+    warm_cached(dir, cap);
 }
 
 // A JSONL reader under test: reads path; 0 (what it read freed), or -1 with the message in err (and

@@ -528,6 +528,7 @@ static void train_setup(void) {
     if (done) return;
     done = 1;
     ck_assert(mkdtemp(run_dir));
+    use_cache_in(run_dir);  // the warm-up made here is the one every run below loads
     char cmd[4096], err[4096];
     snprintf(cmd, sizeof cmd, BASE " --max_steps 1 --output_dir %s/warm", run_dir);
     ck_assert_msg(sh(cmd, err, sizeof err) == 0, "warm-up failed: %s", err);
@@ -535,10 +536,8 @@ static void train_setup(void) {
 
 static void fresh(const char *name, char *out, size_t cap) {
     snprintf(out, cap, "%s/%s", run_dir, name);
-    char cmd[8192], warm[4096];
-    snprintf(cmd, sizeof cmd, "%s/warm", run_dir);
-    warm_dir_in(cmd, warm, sizeof warm);
-    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp -r %s %s/", out, out, warm, out);
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", out, out);
     ck_assert_int_eq(system(cmd), 0);
 }
 
@@ -754,9 +753,8 @@ START_TEST(test_sft_sharded_equals_one_process) {
         snprintf(one, sizeof one, "%s/sft-one-%d", run_dir, peft);
         snprintf(two, sizeof two, "%s/sft-two-%d", run_dir, peft);
         snprintf(res, sizeof res, "%s/sft-res-%d", run_dir, peft);
-        char runs[1200], warm[1300];
-        snprintf(runs, sizeof runs, "%s/warm", run_dir);
-        warm_dir_in(runs, warm, sizeof warm);
+        char warm[1300];
+        warm_cached(warm, sizeof warm);
         snprintf(F, sizeof F, "./train_sft --device cpu --quiet --max_steps 2 --save_steps 1 --logging_steps 1 --learning_rate 1e-3 "
                               "--adam_epsilon 1 --max_grad_norm 0 --model %s --data %s%s",
                  warm, data, modes[peft]);

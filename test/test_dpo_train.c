@@ -373,8 +373,8 @@ START_TEST(test_bad_flags_and_data) {
 END_TEST
 
 // ./train_dpo alone: the built-in preference task on the warm-up of ./train_grpo's default run (made
-// here, in a directory of the test's own: out/ is relative to where the program runs), held-out
-// accuracy before and after, the adapter where the line says; a second run reuses the warm-up
+// here, in the test's own cache: tmp_path), held-out accuracy before and after, the adapter where the
+// line says; a second run reuses the warm-up
 START_TEST(test_builtin_run_fixes_the_carry) {
     char cwd[1024], cmd[4096], out[16384];
     ck_assert(getcwd(cwd, sizeof cwd));
@@ -387,12 +387,12 @@ START_TEST(test_builtin_run_fixes_the_carry) {
                   out);
     // measured: 0.725 -> 0.899 (CPU); the warm-up forgets 70% of its carries, DPO's pairs teach them
     ck_assert_msg(after > before + 0.1, "held-out accuracy %.3f before, %.3f after:\n%s", before, after, out);
-    char p[1400];
+    char p[4400];
     snprintf(p, sizeof p, "%s/out/dpo-1/checkpoint-100/adapter_model.safetensors", dir);
     ck_assert_msg(file_exists(p), "%s missing:\n%s", p, out);
     snprintf(cmd, sizeof cmd, "cd %s && %s/train_dpo --device cpu --quiet --max_steps 1", dir, cwd);
-    ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0 && strstr(out, "warm-up loaded from out/warmup-") && strstr(out, "output: out/dpo-2"),
-                  "%s", out);
+    snprintf(p, sizeof p, "warm-up loaded from %s/warmup-", warm_cache());
+    ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0 && strstr(out, p) && strstr(out, "output: out/dpo-2"), "%s", out);
 }
 END_TEST
 

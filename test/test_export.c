@@ -394,6 +394,126 @@ START_TEST(test_bf16_rounded_once) {
 }
 END_TEST
 
+// the figure of export's "merge: ..." line that names `what` (-1: no such line)
+static double printed_off(const char *err, const char *what) {
+    const char *at = strstr(err, what);
+    if (!at || !(at = strstr(at, "is off by "))) return -1;
+    return atof(at + strlen("is off by "));
+}
+// the line of err that starts with "merge:" (malloc'ed; "" when none)
+static char *merge_line(const char *err) {
+    const char *at = strstr(err, "merge:");
+    if (!at) return str_dup("");
+    size_t n = strcspn(at, "\n");
+    char *l = (char *)mallocCheck(n + 1);
+    memcpy(l, at, n);
+    l[n] = 0;
+    return l;
+}
+
+// --dtype fp8 says what the merge lost, as --dtype bf16 does. qwen3 + adapter: the projections of
+// whole 128x128 blocks go out as FP8 codes, the 160-wide MLP ones in BF16; one line for each kind,
+// its figure recomputed here from the written file: (the file's value) - (the base's weight as that
+// kind holds it: BF16 rounded, or quantized as --load_in_fp8 block does) - (the change, fp64), in
+// relative L2 over the projections of that kind. Then a model no projection of which is whole blocks
+// (fp8sim: hidden 192): the FP8 export is a BF16 merge, and prints the very line --dtype bf16 prints.
+START_TEST(test_fp8_merge_report) {
+    char args[4096], out[128], model[1024], lora[1024];
+    fixture_path(model, sizeof model, "qwen3");
+    fixture_path(lora, sizeof lora, "peft/qwen3_lora");
+    snprintf(out, sizeof out, "%s/fp8", tmp);
+    snprintf(args, sizeof args, "--model %s --lora %s --output_dir %s --dtype fp8", model, lora, out);
+    char *err;
+    ck_assert_int_eq(run_export(args, &err), 0);
+    Inputs in;
+    inputs_open(&in, model, lora);
+    SafeTensors o;
+    st_open_dir(&o, out);
+    double c2[2] = {0, 0}, e2[2] = {0, 0};
+    int n[2] = {0, 0};  // [0] BF16, [1] FP8: the projections the adapter changes
+    for (int i = 0; i < in.base.n; i++) {
+        const STensor *t = &in.base.t[i];
+        if (!is_projection(t->name)) continue;
+        int k = whole_blocks(t), rows = (int)t->shape[0], cols = (int)t->shape[1];
+        double *x = merged(&in, t);
+        float *W = (float *)mallocCheck(t->numel * sizeof(float)), *v = (float *)mallocCheck(t->numel * sizeof(float));
+        float *vb = (float *)mallocCheck(t->numel * sizeof(float));
+        convert_to_f32(W, t->data, t->dtype, t->numel);
+        const STensor *f = st_find(&o, t->name);
+        if (k) {  // the file's codes times their block's scale; the base quantized as --load_in_fp8 block
+            char sn[300];
+            snprintf(sn, sizeof sn, "%s_scale_inv", t->name);
+            const float *sc = (const float *)st_find(&o, sn)->data;
+            int bc = (cols + 127) / 128;
+            for (int r = 0; r < rows; r++)
+                for (int c = 0; c < cols; c++)
+                    v[(size_t)r * cols + c] = fp8_e4m3_decode(((const uint8_t *)f->data)[(size_t)r * cols + c]) * sc[(r / 128) * bc + c / 128];
+            FP8Tensor q;
+            fp8_tensor_alloc_cpu(&q, rows, cols, FP8_BLOCK, FP8_E4M3, FP8_BLOCK_SIZE);
+            fp8_quantize_cpu(&q, W, 0);
+            fp8_dequantize_cpu(vb, &q);
+            fp8_tensor_free_cpu(&q);
+        } else
+            for (int64_t j = 0; j < t->numel; j++)
+                v[j] = bf16_to_f32(((const uint16_t *)f->data)[j]), vb[j] = bf16_to_f32(bf16_nearest(W[j]));
+        int changed = 0;
+        for (int64_t j = 0; j < t->numel; j++) {
+            double d = x[j] - W[j], e = (double)v[j] - vb[j] - d;
+            c2[k] += d * d, e2[k] += e * e, changed |= d != 0;
+        }
+        n[k] += changed;
+        free(x), free(W), free(v), free(vb);
+    }
+    st_close(&o);
+    inputs_close(&in);
+    ck_assert_msg(n[0] > 0 && n[1] > 0, "the adapter should change projections of both kinds (%d, %d)", n[0], n[1]);
+    for (int k = 0; k < 2; k++) {
+        char what[128];
+        snprintf(what, sizeof what, "as the exported file holds it in the %d projections written as %s,", n[k], k ? "FP8" : "BF16");
+        double want = sqrt(e2[k] / c2[k]), got = printed_off(err, what);
+        printf("fp8 export of qwen3 + adapter: the change as the %s projections hold it is off by %.4g (printed %g)\n",
+               k ? "FP8" : "BF16", want, got);
+        ck_assert_msg(fabs(got - want) <= 0.005 * want, "'%s': printed %g, recomputed %g: %s", what, got, want, err);
+    }
+    free(err);
+
+    // fp8sim with a rank-1 adapter on every layer's q_proj (128 x 192: not whole blocks)
+    char ad[128], p[1200], *lines[2];
+    fixture_path(model, sizeof model, "fp8sim");
+    snprintf(ad, sizeof ad, "%s/adapter", tmp);
+    mkdir(ad, 0755);
+    enum { ROWS = 128, COLS = 192 };
+    static float A[COLS], B[ROWS];
+    uint64_t h = 12345;
+    for (int c = 0; c < COLS; c++) A[c] = (float)((int)((h = h * 6364136223846793005ull + 1442695040888963407ull) >> 40 & 255) - 128) / 4096;
+    for (int r = 0; r < ROWS; r++) B[r] = (float)((int)((h = h * 6364136223846793005ull + 1442695040888963407ull) >> 40 & 255) - 128) / 4096;
+    STWrite a[4];
+    char names[4][128];
+    for (int l = 0; l < 2; l++) {
+        snprintf(names[2 * l], 128, "base_model.model.model.layers.%d.self_attn.q_proj.lora_A.weight", l);
+        snprintf(names[2 * l + 1], 128, "base_model.model.model.layers.%d.self_attn.q_proj.lora_B.weight", l);
+        a[2 * l] = (STWrite){names[2 * l], DT_F32, 2, {1, COLS}, A};
+        a[2 * l + 1] = (STWrite){names[2 * l + 1], DT_F32, 2, {ROWS, 1}, B};
+    }
+    snprintf(p, sizeof p, "%s/adapter_model.safetensors", ad);
+    st_write(p, a, 4, NULL);
+    snprintf(p, sizeof p, "%s/adapter_config.json", ad);
+    const char *cfg = "{\"peft_type\": \"LORA\", \"r\": 1, \"lora_alpha\": 1, \"target_modules\": [\"q_proj\"]}";
+    write_file_atomic(p, cfg, strlen(cfg));
+    const char *dts[2] = {"bf16", "fp8"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, "--model %s --lora %s --output_dir %s/sim-%s --dtype %s", model, ad, tmp, dts[k], dts[k]);
+        ck_assert_int_eq(run_export(args, &err), 0);
+        lines[k] = merge_line(err);
+        free(err);
+    }
+    ck_assert_msg(strstr(lines[0], "as the BF16 file holds it, is off by "), "%s", lines[0]);
+    ck_assert_msg(!strcmp(lines[0], lines[1]), "--dtype bf16: '%s'; --dtype fp8: '%s'", lines[0], lines[1]);
+    printf("fp8 export of fp8sim + adapter (every projection BF16): %s\n", lines[1]);
+    free(lines[0]), free(lines[1]);
+}
+END_TEST
+
 // The FP8 export, loaded back, is --load_in_fp8 block of the merged weights, bit for bit: the same codes
 // and scales, the same BF16-rounded rest, the same logits. qwen3 + adapter (tied,
 // q/k-norm, 160-wide MLP: edge blocks) and qwen2 alone (biases, untied: a conversion); then the
@@ -706,6 +826,8 @@ START_TEST(test_bad_inputs) {
     ck_assert_int_eq(pclose(f), 0);
     ck_assert_msg(strstr(help, "--dtype bf16|fp8|fp32") && strstr(help, "(default: bf16)") && strstr(help, "(default: 5GB)") &&
                       strstr(help, "--overwrite") && strstr(help, "--lora DIR"), "%s", help);
+    // the usage line names every --dtype too
+    ck_assert_msg(strstr(help, "usage: ./export") && strstr(help, "[--dtype bf16|fp8|fp32]") < strchr(help, '\n'), "%s", help);
     // the directories given as outputs are as they were
     snprintf(a, sizeof a, "test \"$(ls %s)\" = keep && test -d %s/tokenizer.json", full, badtok);
     ck_assert_int_eq(system(a), 0);
@@ -721,6 +843,7 @@ Suite *export_suite(void) {
     tcase_add_test(tc, test_fp32_merge);
     tcase_add_test(tc, test_bf16_rounded_once);
     tcase_add_test(tc, test_fp8_equals_load_in_fp8_block);
+    tcase_add_test(tc, test_fp8_merge_report);
     tcase_add_test(tc, test_shards_and_tokenizer_files);
     tcase_add_test(tc, test_atomic);
     tcase_add_test(tc, test_bad_inputs);

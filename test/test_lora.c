@@ -6,7 +6,9 @@
 // checked by finite differences in test_model.c.)
 #include <check.h>
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
+#include <unistd.h>
 
 #include "grpo.h"
 #include "lora.h"
@@ -108,6 +110,49 @@ START_TEST(test_peft_roundtrip) {
     lora_free(a);
     lora_free(b);
     m.lora = NULL;
+    model_free(&m);
+}
+END_TEST
+
+// An adapter's base is found from any working directory: lora_save_peft records the absolute path of
+// a base given relative to where the run started, and lora_base_dir reads it from elsewhere (here
+// "/"); an adapter whose config holds such a relative path (written by earlier versions) is found
+// beside a directory above the adapter; one found nowhere: one line asking for --model.
+START_TEST(test_peft_base_found_anywhere) {
+    Model m;
+    load_qwen3(&m, backend_cpu());
+    char fix[1024], abs[PATH_MAX], here[PATH_MAX], dir[] = "/tmp/fp8grpo_loraXXXXXX", ad[1200], cmd[8400];
+    fixture_path(fix, sizeof fix, "qwen3");
+    ck_assert(realpath(fix, abs) && getcwd(here, sizeof here) && mkdtemp(dir));
+    fixture_path(fix, sizeof fix, "peft/qwen3_lora");
+    LoRA *a = lora_load_peft(&m, fix);
+    snprintf(ad, sizeof ad, "%s/run/out/run-1/checkpoint-1", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && ln -s %s %s/run/out/warm", ad, abs, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s/run", dir);  // the run starts in <dir>/run, its base out/warm
+    ck_assert_int_eq(chdir(cmd), 0);
+    lora_save_peft(a, &m, "out/run-1/checkpoint-1", "out/warm", NULL);
+    ck_assert_int_eq(chdir("/"), 0);
+    snprintf(cmd, sizeof cmd, "%s/adapter_config.json", ad);
+    char *text = read_file(cmd, NULL);
+    cJSON *r = cJSON_Parse(text);
+    ck_assert_str_eq(cJSON_GetObjectItem(r, "base_model_name_or_path")->valuestring, abs);
+    cJSON_Delete(r);
+    free(text);
+    ck_assert_str_eq(lora_base_dir(ad), abs);
+    // an adapter_config.json of an earlier version: the path relative to <dir>/run
+    const char *old = "{\"peft_type\": \"LORA\", \"base_model_name_or_path\": \"out/warm\", \"r\": 8, \"lora_alpha\": 16}";
+    write_file_atomic(cmd, old, strlen(old));
+    char want[1300];
+    snprintf(want, sizeof want, "%s/run/out/warm", dir);
+    ck_assert_str_eq(lora_base_dir(ad), want);
+    const char *none = "{\"peft_type\": \"LORA\", \"base_model_name_or_path\": \"out/gone\", \"r\": 8, \"lora_alpha\": 16}";
+    write_file_atomic(cmd, none, strlen(none));
+    EXPECT_DIE(lora_base_dir(ad), "'s base out/gone is not a checkpoint directory here nor beside any directory above the adapter: give --model");
+    ck_assert_int_eq(chdir(here), 0);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    lora_free(a);
     model_free(&m);
 }
 END_TEST
@@ -489,6 +534,7 @@ static Suite *lora_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_peft_adapter_logits);
     tcase_add_test(tc, test_peft_roundtrip);
+    tcase_add_test(tc, test_peft_base_found_anywhere);
     tcase_add_test(tc, test_peft_roundtrip_mistral_gemma3);
     tcase_add_test(tc, test_peft_target_modules);
     tcase_add_test(tc, test_init_like_peft);

@@ -435,6 +435,8 @@ START_TEST(test_full_checkpoint_reloads) {
     const char *dir = tmp_path("full");
     snprintf(cmd, sizeof cmd, "./train_sft " SFT_ARGS " --model %s --data %s --output_dir %s", model_dir, data_path, dir);
     ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
+    // max_length left at its default (1024) fits itself to the model (64 positions) without a word
+    ck_assert_msg(!strstr(out, "max_position_embeddings"), "a warning about a default: %s", out);
     const char *files[] = {"config.json", "model.safetensors", "tokenizer.json", "optimizer.safetensors", "trainer_state.json"};
     for (int k = 10; k <= 20; k += 10)
         for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
@@ -494,6 +496,7 @@ START_TEST(test_full_checkpoint_reloads) {
 }
 END_TEST
 
+// a bf16 checkpoint trains and saves in bf16
 START_TEST(test_bf16_model_saved_in_bf16) {
     setup_program();
     // the warm-up model in bf16, with its tokenizer
@@ -504,9 +507,12 @@ START_TEST(test_bf16_model_saved_in_bf16) {
     model_save_hf(&mm, src, DT_BF16);
     model_free(&mm);
     char cmd[4096], out[8192], p[1400];
-    snprintf(cmd, sizeof cmd, "cp %s/tokenizer.json %s/ && ./train_sft --device cpu --quiet --max_steps 2 --model %s --data %s --output_dir %s",
-             model_dir, src, src, data_path, dir);
+    snprintf(cmd, sizeof cmd, "cp %s/tokenizer.json %s/ && ./train_sft --device cpu --quiet --max_steps 2 --max_length 100 --model %s "
+             "--data %s --output_dir %s", model_dir, src, src, data_path, dir);
     ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
+    // a --max_length given beyond the model's positions is said (the default is not: test_full_checkpoint_reloads)
+    ck_assert_msg(strstr(out, "max_length 100 is more than the model's max_position_embeddings 64: examples are cut at 64 tokens"),
+                  "%s", out);
     snprintf(p, sizeof p, "%s/checkpoint-2/model.safetensors", dir);
     SafeTensors st;
     st_open(&st, p);

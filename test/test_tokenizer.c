@@ -752,6 +752,8 @@ END_TEST
 START_TEST(test_bad_input_hook) {
     const char *p = write_tmp(TOK_JSON("{\"type\": \"Unigram\", \"unk_id\": 0, \"vocab\": [[\"a\", -1.0]]}", BL));
     EXPECT_DIE(tokenizer_load(p), "model type Unigram is not supported");
+    // the refusal names both kinds it reads, SentencePiece-style BPE too
+    EXPECT_DIE(tokenizer_load(p), "reads BPE tokenizers, byte-level (Qwen2/Qwen3, Llama 3, SmolLM) and SentencePiece-style (Gemma");
     unlink(p);
     Tokenizer *t = tokenizer_byte_level();
     tokenizer_set_chat_template(t, "{% for m in messages %}<|user|>{{ m.content }}{% endfor %}");

@@ -7,7 +7,8 @@
 // runs twice (out/run-1, out/run-2) and --resume continues the newest; the warm-up
 // checkpoint carries a tokenizer.json that reads back as the built-in vocabulary, and the
 // ./generate command a run prints at its end works and prints text. All runs share one
-// cached warm-up. A tokenizer of another checkpoint is said at load; --resume of a finished run
+// cached warm-up, in the suite's own cache (use_cache_in), whatever their --output_dir or
+// working directory; runs that need a warm-up at once make it once. A tokenizer of another checkpoint is said at load; --resume of a finished run
 // reports its figures and trains nothing; --save_total_limit keeps the newest checkpoints and
 // the one a run resumed from.
 #include <check.h>
@@ -62,7 +63,7 @@ static void setup(void) {
     if (done) return;
     done = 1;
     ck_assert(mkdtemp(base_dir));
-    // one warm-up, copied into each run's output_dir (the cache is keyed by its settings)
+    use_cache_in(base_dir);  // one warm-up for every run below (the cache is keyed by its settings)
     char cmd[2048], err[2048];
     snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 1 --output_dir %s/warm", base_dir);
     int rc = run(cmd, err, sizeof err);
@@ -71,10 +72,8 @@ static void setup(void) {
 
 static void fresh_dir(const char *name, char *out, size_t cap) {
     snprintf(out, cap, "%s/%s", base_dir, name);
-    char cmd[8192], warm[1400];
-    snprintf(cmd, sizeof cmd, "%s/warm", base_dir);
-    warm_dir_in(cmd, warm, sizeof warm);
-    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp -r %s %s/", out, out, warm, out);
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", out, out);
     ck_assert_int_eq(system(cmd), 0);
 }
 
@@ -256,7 +255,8 @@ START_TEST(test_ppo_resume_bit_exact) {
     fresh_dir("ppo_straight", a, sizeof a);
     snprintf(cmd, sizeof cmd, "./train_grpo %s --output_dir %s", opts, a);
     ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
-    ck_assert_msg(strstr(out, "PPO value model") && strstr(out, "before PPO"), "%s", out);
+    ck_assert_msg(strstr(out, "PPO value model") && strstr(out, "before PPO") && strstr(out, "\nPPO: 4 steps x ") &&
+                      !strstr(out, "GRPO"), "%s", out);
     const char *files[] = {"checkpoint-4/adapter_model.safetensors", "checkpoint-4/optimizer.safetensors",
                            "checkpoint-4/value_model.safetensors"};
     resume_matches(a, "ppo_resumed", b, sizeof b, opts, 2, files, 3);
@@ -347,6 +347,91 @@ START_TEST(test_memory_options) {
 }
 END_TEST
 
+// The README says what plot.svg draws: the names it quotes in "`plot.svg` (per step: ...)" are the
+// plot's legends (each legend: a line of stroke-width 2, then its text), and "kl", drawn when beta != 0
+static void plot_as_readme_says(const char *svg_path) {
+    char *svg = read_file(svg_path, NULL), *readme = read_file("README.md", NULL), said[2048], drawn[2048] = "\"kl\"";
+    const char *at = strstr(readme, "`plot.svg` (per step: ");
+    ck_assert_msg(at, "README.md has no \"`plot.svg` (per step: ...)\"");
+    const char *end = strchr(at, '(');  // to the parenthesis that closes this one
+    for (int depth = 0; *end && (depth += (*end == '(') - (*end == ')')) > 0;) end++;
+    ck_assert(*end == ')');
+    snprintf(said, sizeof said, "%.*s", (int)(end - at), at);
+    int n = 0;
+    for (const char *l = strstr(svg, "stroke-width=\"2\""); l; l = strstr(l + 1, "stroke-width=\"2\""), n++) {
+        const char *t = strchr(strstr(l, "<text"), '>') + 1;
+        char name[128], quoted[140];
+        snprintf(name, sizeof name, "%.*s", (int)(strstr(t, "</text>") - t), t);
+        snprintf(quoted, sizeof quoted, "\"%s\"", name);
+        ck_assert_msg(strstr(said, quoted), "the plot draws \"%s\"; the README says: %s", name, said);
+        snprintf(drawn + strlen(drawn), sizeof drawn - strlen(drawn), " %s", quoted);
+    }
+    ck_assert_int_ge(n, 3);
+    for (const char *q = strchr(said, '"'); q; q = strchr(strchr(q + 1, '"') + 1, '"')) {
+        char quoted[140];
+        snprintf(quoted, sizeof quoted, "%.*s", (int)(strchr(q + 1, '"') - q + 1), q);
+        ck_assert_msg(strstr(drawn, quoted), "the README names %s; the plot draws %s", quoted, drawn);
+    }
+    free(svg), free(readme);
+}
+
+// The header line and the plot name the algorithm that runs: RLOO with --advantage_estimator rloo
+// (PPO's: test_ppo_resume_bit_exact), GRPO by default
+START_TEST(test_header_names_the_algorithm) {
+    setup();
+    char dir[1200], cmd[4096], out[16384], err[2048];
+    const char *modes[2] = {"", "--advantage_estimator rloo --scale_rewards none"}, *names[2] = {"GRPO", "RLOO"};
+    for (int k = 0; k < 2; k++) {
+        fresh_dir(k ? "header_rloo" : "header_grpo", dir, sizeof dir);
+        snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --eval_size 0 --max_steps 1 --per_device_train_batch_size 16 %s --output_dir %s",
+                 modes[k], dir);
+        ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+        char want[64];
+        snprintf(want, sizeof want, "\n%s: 1 steps x 2 prompts x 8 completions", names[k]);
+        ck_assert_msg(strstr(out, want) && !strstr(out, names[!k]), "%s", out);
+        char *svg = slurp(dir, "plot.svg", NULL);
+        snprintf(want, sizeof want, ">%s: accuracy on training rollouts", names[k]);
+        ck_assert_msg(strstr(svg, want), "plot.svg's title is not %s's", names[k]);
+        free(svg);
+    }
+}
+END_TEST
+
+static void assert_one_line(const char *err, const char *want);
+
+// ./generate --lora follows the weights the adapter was trained on (its trainer_state.json): an adapter
+// of --load_in_fp8 off runs unquantized unless --load_in_fp8 is given, and stderr says which and why;
+// an adapter without the file gets the defaults, said; a recorded value it cannot use: one line
+START_TEST(test_generate_follows_adapter) {
+    setup();
+    char dir[1200], cmd[4096], out[16384], err[4096];
+    fresh_dir("unquantized", dir, sizeof dir);
+    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --eval_size 0 --max_steps 1 --per_device_train_batch_size 16 --load_in_fp8 off "
+             "--output_dir %s", dir);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
+    const char *gen = "./generate --device cpu --prompt 1+2= --max_new_tokens 4 --lora";
+    snprintf(cmd, sizeof cmd, "%s %s/checkpoint-1", gen, dir);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(strstr(err, "adapter: --load_in_fp8 off (as trained), --kv_cache_dtype auto (as trained), from ") &&
+                      strstr(err, "\nlinear weights: off;"), "%s", err);
+    snprintf(cmd, sizeof cmd, "%s %s/checkpoint-1 --load_in_fp8 block", gen, dir);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(strstr(err, "adapter: --load_in_fp8 block (given; trained on off)") && strstr(err, "\nlinear weights: block;"),
+                  "%s", err);
+    snprintf(cmd, sizeof cmd, "cp -r %s/checkpoint-1 %s/peft && rm %s/peft/trainer_state.json", dir, dir, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s %s/peft", gen, dir);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(strstr(err, "records no training settings (no trainer_state.json): --load_in_fp8 block") &&
+                      strstr(err, "\nlinear weights: block;"), "%s", err);
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"load_in_fp8\":[[:space:]]*\"off\"/\"load_in_fp8\": \"int4\"/' %s/checkpoint-1/trainer_state.json", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s %s/checkpoint-1", gen, dir);
+    ck_assert_int_ne(run(cmd, err, sizeof err), 0);
+    assert_one_line(err, "trainer_state.json: \"load_in_fp8\" is not one of block|row|tensor|off: fix the file, or give --load_in_fp8");
+}
+END_TEST
+
 // GRPO fixes what the warm-up got wrong: held-out accuracy rises, the sampled reward does not fall
 START_TEST(test_grpo_learns) {
     setup();
@@ -381,6 +466,7 @@ START_TEST(test_grpo_learns) {
     char p[2048];
     snprintf(p, sizeof p, "%s/plot.svg", dir);
     ck_assert(file_exists(p));
+    plot_as_readme_says(p);
     snprintf(p, sizeof p, "%s/checkpoint-100/adapter_config.json", dir);
     ck_assert(file_exists(p));
 }
@@ -398,7 +484,7 @@ START_TEST(test_help_lists_defaults) {
     for (int i = 0; i < 9; i++) ck_assert_msg(strstr(out, sections[i]), "no section '%s'", sections[i] + 1);
     // each option: its line, and "(default: ...)" before the next option (flags that default to off excepted)
     struct { const char *name, *dflt; } want[] = {
-        {"model", "the built-in tiny model"}, {"output_dir", "a new out/run-N per run, the warm-up caches in out/"},
+        {"model", "the built-in tiny model"}, {"output_dir", "a new out/run-N per run"},
         {"load_in_fp8", "block"}, {"learning_rate", "5e-4; 1e-5 with --model"}, {"max_steps", "150; 200 with --model"},
         {"max_completion_length", "8; 256 with --model"}, {"eval_size", "200; 100 with --model"},
         {"eval_steps", "25; 50 with --model"}, {"per_device_train_batch_size", "64"}, {"lora_r", "16"}, {"lora_alpha", "32"},
@@ -463,14 +549,14 @@ START_TEST(test_dash_underscore_same_run) {
 }
 END_TEST
 
-// a bad output directory fails at once, before the warm-up (a fresh cwd: no cache to load); a run that
+// a bad output directory fails at once, before the warm-up (an empty cache: none to load); a run that
 // fails on its inputs leaves no directory behind
 START_TEST(test_output_dir_checked_first) {
     setup();
     char dir[1200], cmd[4096], err[2048], here[1024];
     ck_assert(getcwd(here, sizeof here));
     fresh_dir("badout", dir, sizeof dir);
-    snprintf(cmd, sizeof cmd, "rm -rf %s/warmup-* && echo x > %s/file", dir, dir);
+    snprintf(cmd, sizeof cmd, "echo x > %s/file", dir);
     ck_assert_int_eq(system(cmd), 0);
     struct { const char *args, *msg; } cases[] = {
         {"--output_dir file", "output directory file exists and is not a directory"},
@@ -482,11 +568,11 @@ START_TEST(test_output_dir_checked_first) {
         {"--model /nonexistent/m --output_dir new/sub", "/nonexistent/m is not a directory"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        snprintf(cmd, sizeof cmd, "cd %s && %s/train_grpo --device cpu %s", dir, here, cases[i].args);
+        snprintf(cmd, sizeof cmd, "cd %s && XDG_CACHE_HOME=%s/cache %s/train_grpo --device cpu %s", dir, dir, here, cases[i].args);
         int rc = run(cmd, err, sizeof err);
         ck_assert_msg(rc != 0 && strstr(err, cases[i].msg), "'%s': rc %d, stderr '%s'", cases[i].args, rc, err);
         ck_assert_msg(strncmp(err, "error: ", 7) == 0 && strchr(err, '\n') == err + strlen(err) - 1, "not one line: %s", err);
-        // nothing made: no warm-up (so the check came before that work), no out/, no new/
+        // nothing made: no warm-up (so the check came before that work: no cache/), no out/, no new/
         snprintf(cmd, sizeof cmd, "ls -A %s | grep -v -x -e file", dir);
         ck_assert_msg(run_out(cmd, err, sizeof err, NULL, 0) != 0, "'%s' left behind: %s", cases[i].args, err);
     }
@@ -498,9 +584,8 @@ END_TEST
 // warm-up taught), so that ./train_sft and ./generate on it write and stop as the model does
 START_TEST(test_warmup_tokenizer_json) {
     setup();
-    char dir[1400], warm[1200];
-    snprintf(warm, sizeof warm, "%s/warm", base_dir);
-    warm_dir_in(warm, dir, sizeof dir);
+    char dir[1400];
+    warm_cached(dir, sizeof dir);
     Tokenizer *a = tokenizer_byte_level(), *b = tokenizer_load_dir(dir);
     ck_assert_int_eq(tokenizer_vocab_size(a), tokenizer_vocab_size(b));
     ck_assert_str_eq(tokenizer_chat_format(b), "none");
@@ -540,23 +625,28 @@ static int line_after(const char *text, const char *key, char *out, size_t cap) 
 }
 
 // The default command without --output_dir, twice (out/run-1, out/run-2, the warm-up shared
-// in out/warmup-<key>), --resume continuing the newest run that has a checkpoint, and the
+// from the cache), --resume continuing the newest run that has a checkpoint, and the
 // ./generate command a run prints: it runs, and prints the completion's text (the decode of
-// its --print_ids ids).
+// its --print_ids ids). The warm-up is the cache's wherever the run writes: a new --output_dir from
+// another working directory loads it too, and no output directory holds one.
 START_TEST(test_default_runs_and_generate) {
     setup();
-    char dir[1200], cmd[8192], out[16384], err[4096], here[1024], line[4096], warm[1400], name[1400];
+    char dir[1200], cmd[8192], out[16384], err[4096], here[1024], line[4096], name[1400];
     ck_assert(getcwd(here, sizeof here));
     snprintf(dir, sizeof dir, "%s/default", base_dir);
-    snprintf(cmd, sizeof cmd, "%s/warm", base_dir);
-    warm_dir_in(cmd, warm, sizeof warm);
-    snprintf(name, sizeof name, "out/%s", strrchr(warm, '/') + 1);  // out/warmup-<key>
-    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s/out && cp -r %s %s/out/", dir, dir, warm, dir);
+    warm_cached(name, sizeof name);  // <cache>/fp8-grpo/warmup-<key>
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s/elsewhere", dir, dir);
     ck_assert_int_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "cd %s/elsewhere && %s/train_grpo " EASY " --max_steps 1 --output_dir new", dir, here);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    char want[1500];
+    snprintf(want, sizeof want, "warm-up loaded from %s\n", name);
+    ck_assert_msg(strstr(out, want) && !strstr(out, "supervised warm-up"), "a new --output_dir did not reuse the warm-up: %s", out);
+    snprintf(cmd, sizeof cmd, "ls -A %s/elsewhere/new | grep -v -x -e checkpoint-1 -e metrics.jsonl -e plot.svg -e .lock", dir);
+    ck_assert_msg(run_out(cmd, out, sizeof out, NULL, 0) != 0, "the output directory holds more: %s", out);
     for (int r = 1; r <= 2; r++) {
         snprintf(cmd, sizeof cmd, "cd %s && %s/train_grpo " EASY " --max_steps 1", dir, here);
         ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "run %d: %s", r, err);
-        char want[1500];
         snprintf(want, sizeof want, "output: out/run-%d (a new out/run-N", r);
         ck_assert_msg(strstr(out, want), "run %d: %s", r, out);
         snprintf(want, sizeof want, "warm-up loaded from %s", name);
@@ -592,11 +682,11 @@ START_TEST(test_default_runs_and_generate) {
     ck_assert_int_gt(n, 0);
     Tokenizer *tok = tokenizer_byte_level();
     if (n > 0 && tokenizer_is_eos(tok, ids[n - 1])) n--;
-    char *want = tokenizer_decode(tok, ids, n);
+    char *decoded = tokenizer_decode(tok, ids, n);
     text[strlen(text) - 1] = 0;
-    ck_assert_msg(!strcmp(text, want), "text '%s', ids decode to '%s'", text, want);
+    ck_assert_msg(!strcmp(text, decoded), "text '%s', ids decode to '%s'", text, decoded);
     printf("generate: '%s' -> '%s'\n", strstr(line, "--prompt"), text);
-    free(want);
+    free(decoded);
     tokenizer_free(tok);
     // --resume without --output_dir continues the newest run with a checkpoint, out/run-2 (not
     // out/run-3, a run stopped before its first checkpoint)
@@ -643,7 +733,7 @@ START_TEST(test_data_and_eval_files) {
     setup();
     char dir[1200], model[1400], data[1300], eval[1300], cmd[8192], out[16384], err[2048];
     fresh_dir("evalfile", dir, sizeof dir);
-    warm_dir_in(dir, model, sizeof model);  // the built-in model as a checkpoint (its tokenizer: a byte a token)
+    warm_cached(model, sizeof model);  // the built-in model as a checkpoint (its tokenizer: a byte a token)
     snprintf(data, sizeof data, "%s/d.jsonl", dir);
     snprintf(eval, sizeof eval, "%s/e.jsonl", dir);
     const char *d = "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n{\"prompt\": \"2+2=\", \"answer\": 4}\n"
@@ -744,11 +834,11 @@ START_TEST(test_save_total_limit) {
         snprintf(p, sizeof p, "%s/checkpoint-%d", dir, k);
         ck_assert_msg(path_exists(p) == kept2[k], "after the resume: checkpoint-%d %s", k, kept2[k] ? "deleted" : "kept");
     }
-    snprintf(cmd, sizeof cmd, "ls -A %s | grep -v -x -e checkpoint-4 -e checkpoint-6 -e metrics.jsonl -e plot.svg -e 'warmup-[0-9a-f]*' -e .lock", dir);
+    snprintf(cmd, sizeof cmd, "ls -A %s | grep -v -x -e checkpoint-4 -e checkpoint-6 -e metrics.jsonl -e plot.svg -e .lock", dir);
     ck_assert_msg(run_out(cmd, out, sizeof out, NULL, 0) != 0, "left behind: %s", out);
     // and the last one is whole: the adapter loads
     char warm[1400];
-    warm_dir_in(dir, warm, sizeof warm);
+    warm_cached(warm, sizeof warm);
     snprintf(cmd, sizeof cmd, "./generate --device cpu --model %s --lora %s/checkpoint-6 --prompt '1+2=' --max_new_tokens 4", warm, dir);
     ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
 }
@@ -775,20 +865,21 @@ static int count_warmups(const char *dir) {
 // the base it was trained on (its weights' fingerprint), and ./generate, ./export and --resume refuse
 // another base with one line naming both (--allow_other_base: generate and export go on, warned); a
 // resume with other settings stops before any work (no warm-up made for it); a cache that holds other
-// settings than its name says is refused, not replaced.
+// settings than its name says is refused, not replaced. Here in a cache of its own, dir/cache.
 START_TEST(test_warmups_and_bases) {
     setup();
-    char dir[1200], cmd[8192], out[16384], err[4096], here[1024], a[1600], b[1600], outdir[1300];
+    char dir[1200], cmd[8192], out[16384], err[4096], here[1024], a[1600], b[1600], outdir[1024], shared[1400];
     ck_assert(getcwd(here, sizeof here));
     snprintf(dir, sizeof dir, "%s/bases", base_dir);
-    snprintf(outdir, sizeof outdir, "%s/out", dir);
-    snprintf(cmd, sizeof cmd, "%s/warm", base_dir);
-    warm_dir_in(cmd, a, sizeof a);
+    warm_cached(a, sizeof a);
+    snprintf(shared, sizeof shared, "%s", getenv("XDG_CACHE_HOME"));
+    use_cache_in(dir);
+    snprintf(outdir, sizeof outdir, "%s", warm_cache());
     snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp -r %s %s/", dir, outdir, a, outdir);
     ck_assert_int_eq(system(cmd), 0);
     char name[256];
     snprintf(name, sizeof name, "%s", strrchr(a, '/') + 1);
-    snprintf(a, sizeof a, "%s/%s", outdir, name);  // warm-up A, in out/
+    snprintf(a, sizeof a, "%s/%s", outdir, name);  // warm-up A, in the cache
     // run-1 on the shared warm-up A; run-2 with another seed and warm-up length makes a warm-up B of its own
     size_t n0, n1;
     char *before = slurp(a, "model.safetensors", &n0);
@@ -842,12 +933,29 @@ START_TEST(test_warmups_and_bases) {
     // a cache whose warmup.json is not what its name says: refused, left as it is
     snprintf(cmd, sizeof cmd, "%s/warmup.json", b);
     write_file_atomic(cmd, "{}", 2);
-    snprintf(cmd, sizeof cmd, "cd %s && %s/train_grpo " EASY " --max_steps 1 --seed 7 --warmup_sft_steps 20 --output_dir out", dir, here);
+    snprintf(cmd, sizeof cmd, "cd %s && %s/train_grpo " EASY " --max_steps 1 --seed 7 --warmup_sft_steps 20", dir, here);
     ck_assert_int_ne(run(cmd, err, sizeof err), 0);
     assert_one_line(err, "holds another warm-up");
     char *w = slurp(b, "warmup.json", NULL);
     ck_assert_str_eq(w, "{}");
     free(w);
+    // two runs that need a warm-up not made yet, started at once: one makes it, the other waits for it
+    // and loads it (the cache's lock), whichever comes first
+    snprintf(cmd, sizeof cmd, "cd %s && for k in 1 2; do %s/train_grpo " EASY " --max_steps 1 --seed 11 --warmup_sft_steps 5 "
+             "--output_dir two-$k >two-$k.txt 2>&1 & done; wait", dir, here);
+    ck_assert_int_eq(system(cmd), 0);
+    int made = 0, loaded = 0;
+    for (int k = 1; k <= 2; k++) {
+        char log[32];
+        snprintf(log, sizeof log, "two-%d.txt", k);
+        char *t = slurp(dir, log, NULL);
+        ck_assert_msg(strstr(t, "/checkpoint-1 (PEFT format)"), "run %d: %s", k, t);
+        made += strstr(t, "supervised warm-up on") != NULL, loaded += strstr(t, "warm-up loaded from") != NULL;
+        free(t);
+    }
+    ck_assert_msg(made == 1 && loaded == 1, "%d runs made the warm-up, %d loaded it", made, loaded);
+    ck_assert_int_eq(count_warmups(outdir), 3);
+    ck_assert(setenv("XDG_CACHE_HOME", shared, 1) == 0);
 }
 END_TEST
 
@@ -865,7 +973,7 @@ START_TEST(test_overwrite_output_dir) {
     ck_assert_msg(path_exists(p) && metric_at(dir, 3, "loss") == metric_at(dir, 3, "loss"), "the earlier run was touched");
     snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 1 --overwrite_output_dir --output_dir %s", dir);
     ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
-    snprintf(cmd, sizeof cmd, "ls -A %s | grep -v -x -e checkpoint-1 -e metrics.jsonl -e plot.svg -e 'warmup-[0-9a-f]*' -e .lock", dir);
+    snprintf(cmd, sizeof cmd, "ls -A %s | grep -v -x -e checkpoint-1 -e metrics.jsonl -e plot.svg -e .lock", dir);
     ck_assert_msg(run_out(cmd, out, sizeof out, NULL, 0) != 0, "left of the earlier run: %s", out);
     ck_assert(isnan(metric_at(dir, 2, "loss")) && isnan(metric_at(dir, 3, "loss")) && !isnan(metric_at(dir, 1, "loss")));
     // a resume continues the new run
@@ -913,8 +1021,7 @@ END_TEST
 START_TEST(test_generate_tokenize_and_unused_tensors) {
     setup();
     char warm[1400], cmd[8192], out[4096], err[4096], dir[1300];
-    snprintf(cmd, sizeof cmd, "%s/warm", base_dir);
-    warm_dir_in(cmd, warm, sizeof warm);
+    warm_cached(warm, sizeof warm);
     snprintf(cmd, sizeof cmd, "./generate --model %s --tokenize --prompt ''", warm);
     ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
     ck_assert_str_eq(out, "\n");
@@ -948,6 +1055,8 @@ static Suite *train_suite(void) {
     tcase_add_test(tc, test_checkpoint_never_overwritten);
     tcase_add_test(tc, test_resume_bit_exact);
     tcase_add_test(tc, test_ppo_resume_bit_exact);
+    tcase_add_test(tc, test_header_names_the_algorithm);
+    tcase_add_test(tc, test_generate_follows_adapter);
     tcase_add_test(tc, test_memory_options);
     tcase_add_test(tc, test_full_weight_grpo);
     tcase_add_test(tc, test_grpo_learns);

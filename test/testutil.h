@@ -41,6 +41,23 @@ static inline void warm_dir_in(const char *dir, char *out, size_t cap) {
     globfree(&g);
 }
 
+// The suites that run the programs keep the built-in model's warm-up cache (train/builtin.h:
+// $XDG_CACHE_HOME/fp8-grpo) in a directory of their own, not the user's: XDG_CACHE_HOME=dir/cache for
+// every program they start from now on. warm_cache: that cache's directory (dir/cache/fp8-grpo);
+// warm_cached: the one warm-up in it.
+static inline void use_cache_in(const char *dir) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/cache", dir);
+    ck_assert(setenv("XDG_CACHE_HOME", p, 1) == 0);
+}
+static inline const char *warm_cache(void) {
+    static char p[1024];
+    ck_assert_msg(getenv("XDG_CACHE_HOME"), "use_cache_in first");
+    snprintf(p, sizeof p, "%.1000s/fp8-grpo", getenv("XDG_CACHE_HOME"));
+    return p;
+}
+static inline void warm_cached(char *out, size_t cap) { warm_dir_in(warm_cache(), out, cap); }
+
 // A loaded .npy array: data converted to double (float32/float64/int32/int64/uint8/bool),
 // shape up to 4 dims.
 typedef struct {

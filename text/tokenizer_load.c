@@ -433,8 +433,8 @@ Tokenizer *tokenizer_load(const char *path) {
     if (!cJSON_IsObject(model)) die("%s: no \"model\" object: not a Hugging Face tokenizer.json", path);
     const char *mtype = jstr(model, "type");
     if (mtype ? strcmp(mtype, "BPE") != 0 : !cJSON_GetObjectItemCaseSensitive(model, "merges"))
-        die("%s: model type %s is not supported: fp8-grpo reads byte-level BPE tokenizers (Qwen2/Qwen3, Llama 3)", path,
-            mtype ? mtype : "(none)");
+        die("%s: model type %s is not supported: fp8-grpo reads BPE tokenizers, byte-level (Qwen2/Qwen3, Llama 3, SmolLM) "
+            "and SentencePiece-style (Gemma, Mistral, Llama 2: Metaspace, byte fallback)", path, mtype ? mtype : "(none)");
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");

@@ -1,7 +1,11 @@
 // builtin.c: the built-in model: its shape, its warm-up and the cache of it, greedy held-out
 // accuracy (builtin.h).
 #include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
 #include <math.h>
+#include <pwd.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -217,6 +221,22 @@ WarmupSpec warmup_spec_default(void) {
     return w;
 }
 
+// The XDG base-directory rule for caches (Hugging Face's hub cache follows it too): $XDG_CACHE_HOME
+// when it is an absolute path (the specification ignores a relative one), else ~/.cache.
+void warmup_cache_root(char *out, size_t cap) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (xdg && xdg[0] == '/') {
+        snprintf(out, cap, "%s/fp8-grpo", xdg);
+        return;
+    }
+    if (!home || home[0] != '/') {
+        const struct passwd *pw = getpwuid(getuid());
+        home = pw && pw->pw_dir && pw->pw_dir[0] == '/' ? pw->pw_dir : NULL;
+    }
+    if (!home) die("the built-in model's warm-up has no cache directory: set XDG_CACHE_HOME (or HOME) to an absolute path");
+    snprintf(out, cap, "%s/.cache/fp8-grpo", home);
+}
+
 void warmup_key(const WarmupSpec *w, const Config *tc, const char *root, char *json, size_t jcap, char *dir, size_t dcap) {
     snprintf(json, jcap, "{\"task\":\"%s\",\"max_operand\":%d,\"steps\":%d,\"carry_errors\":%g,\"seed\":%ld,\"C\":%d,\"L\":%d,\"FF\":%d}",
              w->task, w->max_operand, w->steps, w->carry_errors, w->seed, tc->C, tc->L, tc->FF);
@@ -237,10 +257,33 @@ static void write_tokenizer_config(const char *dir) {
     write_file_atomic(p, text, strlen(text));
 }
 
+// dir's parents made (mkdir -p) and dir's lock taken: <parent>/.<name>.lock, flock'ed, so that of
+// the runs that need one warm-up at once one makes it and the others wait for it. Returns the lock's
+// fd (closing it lets go; so does the process's end, however it ends).
+static int lock_warmup(const char *dir) {
+    char p[4500];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *c = strchr(p + 1, '/'); c; c = strchr(c + 1, '/')) {  // the parents
+        *c = 0;
+        mkdir_or_die(p);
+        *c = '/';
+    }
+    const char *name = strrchr(dir, '/');
+    snprintf(p, sizeof p, "%.*s/.%s.lock", (int)(name - dir), dir, name + 1);
+    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) die("cannot open %s (%s): is the warm-up cache writable? (XDG_CACHE_HOME sets where it is)", p, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        printf("built-in model: another run is making or checking this warm-up (%s): waiting for it\n", dir);
+        if (flock(fd, LOCK_EX) != 0) die("cannot lock %s (%s)", p, strerror(errno));
+    }
+    return fd;
+}
+
 void warmup_ensure(const WarmupSpec *w, const Config *tc, const Backend *be, const Task *task, const Formatter *f, const char *json,
                    const char *dir) {
     char wjson[4500], tmp[4500], p[4600];
     path_join(wjson, sizeof wjson, dir, "warmup.json");
+    int lock = lock_warmup(dir);
     if (dir_exists(dir)) {
         if (!file_exists(wjson)) die("%s holds no warmup.json: not a warm-up this program made; remove it", dir);
         char *text = read_file(wjson, NULL), have[512];
@@ -251,6 +294,7 @@ void warmup_ensure(const WarmupSpec *w, const Config *tc, const Backend *be, con
         path_join(p, sizeof p, dir, "tokenizer_config.json");
         if (!file_exists(p)) write_tokenizer_config(dir);  // (a warm-up cached before the file was written)
         printf("built-in model: warm-up loaded from %s\n", dir);
+        close(lock);
         return;
     }
     printf("built-in model: %d layers, hidden %d, vocab %d (byte-level); supervised warm-up on '%s' for %d steps (cached in %s)\n",
@@ -259,8 +303,12 @@ void warmup_ensure(const WarmupSpec *w, const Config *tc, const Backend *be, con
     ModelOptions dense = {FP8_OFF, 0, 0, 0, 0};
     model_init_random(&m, tc, be, &dense, (uint64_t)w->seed);
     sft_warmup(&m, task, f, w->steps, 64, w->seed, tc->eos_ids[0], w->quiet, w->eval_size, w->max_new, w->carry_errors);
+    snprintf(tmp, sizeof tmp, "%s.tmp-*", dir);  // what a run killed while making it left
+    glob_t g;
+    if (glob(tmp, 0, NULL, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc; i++) rm_rf(g.gl_pathv[i]);
+    globfree(&g);
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", dir, (int)getpid());
-    rm_rf(tmp);
     mkdir_or_die(tmp);
     model_save_hf(&m, tmp, DT_F32);
     path_join(p, sizeof p, tmp, "tokenizer.json");
@@ -269,8 +317,6 @@ void warmup_ensure(const WarmupSpec *w, const Config *tc, const Backend *be, con
     path_join(p, sizeof p, tmp, "warmup.json");
     write_file_atomic(p, json, strlen(json));
     model_free(&m);
-    if (rename(tmp, dir) != 0) {  // another run made the same warm-up meanwhile: theirs is as good
-        if (!dir_exists(dir)) die("cannot rename %s to %s (%s)", tmp, dir, strerror(errno));
-        rm_rf(tmp);
-    }
+    if (rename(tmp, dir) != 0) die("cannot rename %s to %s (%s)", tmp, dir, strerror(errno));
+    close(lock);
 }

@@ -2,8 +2,8 @@
 // its supervised warm-up (made once per setting, cached as a Hugging Face checkpoint), and greedy
 // held-out accuracy on a task (also what train_grpo evaluates a real checkpoint with).
 //   defines: Formatter, encode_prompt (prompts as tokens), builtin_config, acc_text, eval_count,
-//            evaluate_range, evaluate (held-out accuracy), demo_answer, WarmupSpec, warmup_key,
-//            warmup_ensure (the warm-up and its cache)
+//            evaluate_range, evaluate (held-out accuracy), demo_answer, WarmupSpec, warmup_cache_root,
+//            warmup_key, warmup_ensure (the warm-up and its cache)
 #ifndef BUILTIN_H
 #define BUILTIN_H
 
@@ -61,13 +61,19 @@ typedef struct {
 // the settings of ./train_grpo's default run (its options' defaults: the two must agree, so that
 // ./train_dpo's built-in run trains on the warm-up train_grpo made, and the other way round)
 WarmupSpec warmup_spec_default(void);
+// Where the warm-ups are cached (out): $XDG_CACHE_HOME/fp8-grpo, else ~/.cache/fp8-grpo. One cache
+// for every run of the user, whatever its --output_dir or working directory, so that a setting's
+// warm-up is made once; an adapter trained on one records its absolute path as its base.
+void warmup_cache_root(char *out, size_t cap);
 // The settings as JSON (json: what the cache's warmup.json holds) and the cache's directory:
 // root/warmup-<a hash of them>. A run with other settings gets a directory of its own, so that a
 // warm-up is never replaced by another under an adapter trained on it.
 void warmup_key(const WarmupSpec *w, const Config *tc, const char *root, char *json, size_t jcap, char *dir, size_t dcap);
 // dir as this warm-up's cache: found (its warmup.json must hold json, else one line and exit), or made
 // (SFT of every weight of a random model of shape tc on be, on task demonstrations made in memory,
-// then a Hugging Face checkpoint with f->tok's tokenizer.json, written whole and renamed into place)
+// then a Hugging Face checkpoint with f->tok's tokenizer.json, written whole and renamed into place).
+// Under dir's lock (<root>/.warmup-<key>.lock): a run that needs a warm-up another is making waits for
+// it, and finds it made.
 void warmup_ensure(const WarmupSpec *w, const Config *tc, const Backend *be, const Task *task, const Formatter *f, const char *json,
                    const char *dir);
 
