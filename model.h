@@ -204,6 +204,8 @@ typedef struct {
     Weights w;
     void *inv_freq;        // (HD/2) hp   RoPE inverse frequencies (scaling applied)
     void *inv_freq_local;  // (HD/2) hp   Gemma 3's sliding layers' (rope_local_theta), else NULL
+    char *src_dir;         // the checkpoint directory model_load read (NULL: a model made here): model_save_hf
+                           // writes a multimodal Gemma 3's vision tower and config.json back from it
     LoRA *lora;            // attached adapters, or NULL
     int lora_on;           // 0: the adapters are skipped (the KL reference = the base model)
     int recompute;         // gradient checkpointing: keep each layer's input only, recompute the layer in
@@ -259,7 +261,8 @@ typedef struct {
 // the model's tensors as a checkpoint names and orders them, into out (NULL: counted only); returns the count
 int model_hf_tensors(const Model *m, HFTensor *out);
 // write the model's weights as a Hugging Face checkpoint (config.json + model.safetensors, bf16 or f32),
-// dense weights only (a model loaded with FP8 is dequantized)
+// dense weights only (a model loaded with FP8 is dequantized); a multimodal Gemma 3 whole, its vision tower
+// and projector copied from src_dir as they are (a model made here: the text model alone)
 void model_save_hf(const Model *m, const char *dir, DType dt);
 void model_free(Model *m);
 // FP8 training (--fp8_recipe): the dense projections (q, k, v, o, gate, up, down) of every layer

@@ -1,6 +1,7 @@
 // model_load.c: from a Hugging Face checkpoint directory to a Model.
 // Defines: config_from_json (Llama 3 / Qwen2 / Qwen3 / Mistral / Gemma 3 text config.json, both the
-// transformers 4.x keys (rope_theta, rope_scaling) and 5.x (rope_parameters)),
+// transformers 4.x keys (rope_theta, rope_scaling) and 5.x (rope_parameters); the multimodal Gemma 3's
+// text_config), the text model's tensor names (config_text_prefix: both namings of the multimodal Gemma 3),
 // the weight layout walker (one allocation for the dense weights, one for the
 // FP8 codes + scales), model_load (safetensors, BF16/F16/F32, or pre-quantized
 // FP8 with weight_scale_inv read as is), config_load_dir and config_check_tokenizer (a tokenizer
@@ -769,6 +770,7 @@ void model_load(Model *m, const char *dir, const Backend *be, const ModelOptions
     walk_tensors(&ld, NULL);
     warn_unused(&ld);
     model_common_init(m, &c, be, opt);
+    m->src_dir = str_dup(dir);
     walk_tensors(&ld, m);
     be->sync();
     free(ld.used);
@@ -853,15 +855,29 @@ static void *to_host_dtype(const Model *m, const void *src, size_t n, DType dt, 
     return b;
 }
 
-// A multimodal Gemma 3's config.json around its text model's (text): Gemma3ForConditionalGeneration with the
-// published checkpoints' vision tower (SigLIP so400m, 896-pixel images of 14-pixel patches, 256 tokens an image)
-// in vision_config. Its weights are not written (model_save_hf writes the text model's): transformers loads such
-// a checkpoint with the vision tower freshly initialized, and says so.
-static cJSON *gemma3_wrap(const Config *c, cJSON *text) {
+// A multimodal Gemma 3's config.json around its text model's (text): the base's (src_dir's) with text_config
+// replaced, or for a model made here Gemma3ForConditionalGeneration with the published checkpoints' vision tower
+// (SigLIP so400m, 896-pixel images of 14-pixel patches, 256 tokens an image) in vision_config, whose weights are
+// not written: transformers loads such a checkpoint with the vision tower freshly initialized, and says so.
+static cJSON *gemma3_wrap(const Config *c, cJSON *text, const char *src_dir) {
+    cJSON_DeleteItemFromObjectCaseSensitive(text, "architectures");
+    const char *dt = cJSON_GetObjectItemCaseSensitive(text, "torch_dtype")->valuestring;
+    if (src_dir) {
+        char p[4096];
+        path_join(p, sizeof p, src_dir, "config.json");
+        char *t = read_file(p, NULL);
+        cJSON *r = cJSON_Parse(t);
+        free(t);
+        if (!cJSON_IsObject(r)) die("%s: not valid JSON", p);
+        cJSON_ReplaceItemInObjectCaseSensitive(r, "text_config", text);
+        cJSON_DeleteItemFromObjectCaseSensitive(r, "dtype");  // 5.x's name of torch_dtype
+        cJSON_DeleteItemFromObjectCaseSensitive(r, "torch_dtype");
+        cJSON_AddStringToObject(r, "torch_dtype", dt);
+        return r;
+    }
     cJSON *r = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "architectures"), cJSON_CreateString("Gemma3ForConditionalGeneration"));
     cJSON_AddStringToObject(r, "model_type", "gemma3");
-    cJSON_DeleteItemFromObjectCaseSensitive(text, "architectures");
     cJSON_AddItemToObject(r, "text_config", text);
     cJSON *v = cJSON_AddObjectToObject(r, "vision_config");
     cJSON_AddStringToObject(v, "model_type", "siglip_vision_model");
@@ -876,12 +892,12 @@ static cJSON *gemma3_wrap(const Config *c, cJSON *text) {
     static const char *mm_keys[3] = {"image_token_index", "boi_token_index", "eoi_token_index"};
     for (int i = 0; c->n_mm_ids == 3 && i < 3; i++) cJSON_AddNumberToObject(r, mm_keys[i], c->mm_ids[i]);
     cJSON_AddBoolToObject(r, "tie_word_embeddings", c->tied);
-    cJSON_AddStringToObject(r, "torch_dtype", cJSON_GetObjectItemCaseSensitive(text, "torch_dtype")->valuestring);
+    cJSON_AddStringToObject(r, "torch_dtype", dt);
     return r;
 }
 
 // config.json in the keys of transformers 4.x (which 5.x reads too)
-static void config_write(const Config *c, const char *path, DType dt) {
+static void config_write(const Config *c, const char *path, DType dt, const char *src_dir) {
     static const char *cls[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
                                 "Gemma3ForCausalLM"};
     cJSON *r = cJSON_CreateObject();
@@ -933,7 +949,7 @@ static void config_write(const Config *c, const char *path, DType dt) {
         for (int i = 0; i < c->n_eos; i++) cJSON_AddItemToArray(e, cJSON_CreateNumber(c->eos_ids[i]));
     }
     cJSON_AddStringToObject(r, "torch_dtype", dt == DT_F32 ? "float32" : "bfloat16");
-    if (c->mm) r = gemma3_wrap(c, r);
+    if (c->mm) r = gemma3_wrap(c, r, src_dir);
     char *text = cJSON_Print(r);
     cJSON_Delete(r);
     write_file_atomic(path, text, strlen(text));
@@ -984,18 +1000,31 @@ void model_save_hf(const Model *m, const char *dir, DType dt) {
     int n = model_hf_tensors(m, NULL);
     HFTensor *h = (HFTensor *)mallocCheck(n * sizeof(HFTensor));
     model_hf_tensors(m, h);
-    STWrite *t = (STWrite *)callocCheck(n, sizeof(STWrite));
+    SafeTensors base;  // a multimodal Gemma 3's vision tower and projector, as the checkpoint read holds them
+    int from_base = m->cfg.mm && m->src_dir, nt = n;
+    if (from_base) {
+        st_open_dir(&base, m->src_dir);
+        for (int i = 0; i < base.n; i++) nt += hf_vision_tensor(base.t[i].name);
+    }
+    STWrite *t = (STWrite *)callocCheck(nt, sizeof(STWrite));
     void **bufs = (void **)callocCheck(n, sizeof(void *));
     for (int i = 0; i < n; i++) {
         size_t numel = (size_t)h[i].rows * (h[i].cols ? h[i].cols : 1);
         bufs[i] = to_host_dtype(m, h[i].dense, numel, dt, h[i].lin != NULL, h[i].lin);
         t[i] = (STWrite){h[i].name, dt, h[i].cols ? 2 : 1, {h[i].rows, h[i].cols}, bufs[i]};
     }
+    for (int i = 0, k = n; from_base && i < base.n; i++) {
+        const STensor *b = &base.t[i];
+        if (!hf_vision_tensor(b->name)) continue;
+        t[k] = (STWrite){b->name, b->dtype, b->ndim, {0}, b->data};
+        memcpy(t[k++].shape, b->shape, sizeof b->shape);
+    }
     char p[4096];
     path_join(p, sizeof p, dir, "model.safetensors");
-    st_write(p, t, n, "{\"format\":\"pt\"}");
+    st_write(p, t, nt, "{\"format\":\"pt\"}");
+    if (from_base) st_close(&base);
     path_join(p, sizeof p, dir, "config.json");
-    config_write(&m->cfg, p, dt);
+    config_write(&m->cfg, p, dt, m->cfg.mm ? m->src_dir : NULL);
     for (int i = 0; i < n; i++) free(bufs[i]);
     free(h);
     free(t);
@@ -1014,6 +1043,7 @@ void model_free(Model *m) {
     if (m->inv_freq_local) be->free(m->inv_freq_local);
     for (int i = 0; i < m->n_fp8_train; i++) be->fp8_train_free(m->fp8_train[i]);
     free(m->fp8_train);
+    free(m->src_dir);
     model_free_scratch(m);
     memset(m, 0, sizeof *m);
 }

@@ -7,6 +7,7 @@
 // differences of every gradient the backward produces, save/load round trips, a tokenizer of
 // another checkpoint said at load, the reason given on a machine without a GPU.
 #include <check.h>
+#include <cjson/cJSON.h>
 #include <dlfcn.h>
 #include <limits.h>
 #include <math.h>
@@ -886,8 +887,10 @@ END_TEST
 // (sliding windows, layer types, RoPE bases and scaling, query_pre_attn_scalar) and Gemma's norm names
 // survive it (12 tokens: past both windows)
 START_TEST(test_save_load_roundtrip) {
-    const char *archs[] = {"qwen2", "mistral", "gemma3"};
-    for (int a_ = 0; a_ < 3; a_++) {
+    // gemma3_mm*: model_save_hf writes Gemma3ForConditionalGeneration's config.json and the text model under the
+    // naming it was read in (what bench_grpo --save makes of the gemma3-4b / 27b shapes)
+    const char *archs[] = {"qwen2", "mistral", "gemma3", "gemma3_mm", "gemma3_mm_v5"};
+    for (int a_ = 0; a_ < 5; a_++) {
         char p[1024];
         fixture(p, sizeof p, archs[a_], "");
         Model m, m2;
@@ -907,6 +910,7 @@ START_TEST(test_save_load_roundtrip) {
         ck_assert_msg(memcmp(a, b, 12 * 320 * 4) == 0, "%s: logits changed in the round trip", archs[a_]);
         free(a);
         free(b);
+        if (m.cfg.mm) ck_assert_int_eq(assert_whole_checkpoint(p, dir), 34);  // the vision tower as the base holds it
         model_free(&m);
         model_free(&m2);
         char cmd[1100];
@@ -946,6 +950,43 @@ static void header_variant(const char *dst, const char *src, const char *from, c
     fclose(f);
     free(d);
 }
+
+// bench_grpo --save's gemma3-4b / 27b (a model made here, no checkpoint read): Gemma3ForConditionalGeneration's
+// config.json (the published vision_config, the image ids) and the text model under transformers 4.x's names,
+// which load back as the same model
+START_TEST(test_save_multimodal_made_here) {
+    Config c = fixture_config("gemma3_mm");
+    c.mm = MM_V4;
+    Model m, m2;
+    ModelOptions o = opt_dense();
+    model_init_random(&m, &c, backend_cpu(), &o, 7);
+    char dir[] = "/tmp/fp8grpo_test_savemmXXXXXX", p[1200];
+    ck_assert(mkdtemp(dir));
+    model_save_hf(&m, dir, DT_BF16);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    char *text = read_file(p, NULL);
+    cJSON *r = cJSON_Parse(text);
+    ck_assert_str_eq(cJSON_GetObjectItem(r, "model_type")->valuestring, "gemma3");
+    ck_assert_str_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "architectures"), 0)->valuestring, "Gemma3ForConditionalGeneration");
+    ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(r, "vision_config"), "hidden_size")->valueint, 1152);
+    ck_assert_int_eq(cJSON_GetObjectItem(r, "image_token_index")->valueint, 319);
+    cJSON_Delete(r);
+    free(text);
+    model_load(&m2, dir, backend_cpu(), &o);
+    ck_assert_int_eq(m2.cfg.mm, MM_V4);
+    ck_assert_msg(!memcmp(&m.cfg, &m2.cfg, sizeof m.cfg), "config.json changed in the round trip");
+    SafeTensors st;
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    st_open(&st, p);
+    ck_assert(st_find(&st, "language_model.model.layers.2.mlp.down_proj.weight"));
+    for (int i = 0; i < st.n; i++) ck_assert_msg(!strncmp(st.t[i].name, "language_model.model.", 21), "%s", st.t[i].name);
+    st_close(&st);
+    model_free(&m);
+    model_free(&m2);
+    snprintf(p, sizeof p, "rm -rf %s", dir);
+    ck_assert_int_eq(system(p), 0);
+}
+END_TEST
 
 START_TEST(test_bad_safetensors) {
     char src[1024], dir[] = "/tmp/fp8grpo_test_badXXXXXX", p[1200], cfg[1024], cp[1200];
@@ -1312,6 +1353,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_gradients_gemma3);
     tcase_add_test(tc, test_recompute_identical);
     tcase_add_test(tc, test_save_load_roundtrip);
+    tcase_add_test(tc, test_save_multimodal_made_here);
     tcase_add_test(tc, test_bad_safetensors);
     tcase_add_test(tc, test_bad_checkpoint);
     tcase_add_test(tc, test_generate_cli);
