@@ -36,6 +36,9 @@ The other directions of the round trips:
   python3 dev/make_gemma3_mm_fixture.py --check-export DIR    a ./export of gemma3_mm + its adapter: loads
         as Gemma3ForConditionalGeneration, vision tensors byte-equal to the base's, text logits within 1e-5
         (relative to the largest logit) of gemma3_mm_lora_logits.npy
+  python3 dev/make_gemma3_mm_fixture.py --check-checkpoint DIR   a full fine-tune of gemma3_mm (./train_sft's
+        checkpoint-N): loads as Gemma3ForConditionalGeneration, vision tensors byte-equal to the base's, text
+        logits within 1e-5 of what ./generate --device cpu --dump_logits computes on it (built beforehand)
 """
 import argparse
 import json
@@ -193,12 +196,14 @@ def check_adapter():
           f"logit {change:.3f}; its logits saved for test_lora")
 
 
-def check_export(d):
+def check_whole(d):
+    """d is Gemma3ForConditionalGeneration again: its config, every tensor name of the base, the vision tower and
+    projector byte for byte; returns the model transformers loads from it"""
     cfg = json.load(open(os.path.join(d, "config.json")))
     assert cfg["model_type"] == "gemma3" and cfg["architectures"] == ["Gemma3ForConditionalGeneration"], cfg
     out = {}
     for fn in sorted(os.listdir(d)):
-        if fn.endswith(".safetensors"):
+        if fn.startswith("model") and fn.endswith(".safetensors"):
             with safe_open(os.path.join(d, fn), "pt") as f:
                 out.update({k: f.get_tensor(k) for k in f.keys()})
     base = tensors(BASE)
@@ -208,23 +213,48 @@ def check_export(d):
         assert out[k].dtype == base[k].dtype and torch.equal(out[k], base[k]), f"{k} changed"
     model = load(d)
     assert type(model).__name__ == "Gemma3ForConditionalGeneration"
+    print(f"{d}: Gemma3ForConditionalGeneration, {len(vision)} vision/projector tensors byte-equal to the base's")
+    return model
+
+
+def check_export(d):
+    model = check_whole(d)
     tokens = np.load(os.path.join(BASE, "tokens.npy"))
     ref = np.load(ADAPTER_LOGITS)
     lg = logits_of(model, tokens)
     err, mx = np.abs(lg - ref).max(), np.abs(ref).max()
-    print(f"export {d}: Gemma3ForConditionalGeneration, {len(vision)} vision/projector tensors byte-equal, text logits "
-          f"max |diff| from peft's unmerged {err:.3g} (max |logit| {mx:.3g}, ratio {err / mx:.3g})")
+    print(f"export {d}: text logits max |diff| from peft's unmerged {err:.3g} (max |logit| {mx:.3g}, ratio {err / mx:.3g})")
     assert err <= 1e-5 * mx, "the merged export's logits differ"
+
+
+def check_checkpoint(d):
+    import subprocess
+    import tempfile
+    model = check_whole(d)
+    ids = np.load(os.path.join(BASE, "tokens.npy"))[0]
+    with tempfile.TemporaryDirectory() as t:
+        out = os.path.join(t, "logits.npy")
+        subprocess.run(["./generate", "--device", "cpu", "--model", d, "--load_in_fp8", "off", "--tokens",
+                        " ".join(map(str, ids)), "--dump_logits", out], check=True, stdout=subprocess.DEVNULL)
+        c = np.load(out)
+    lg = row_logits(model, ids.tolist()).numpy()
+    err, mx = np.abs(lg - c).max(), np.abs(lg).max()
+    print(f"checkpoint {d}: text logits, transformers vs ./generate: max |diff| {err:.3g} (max |logit| {mx:.3g}, "
+          f"ratio {err / mx:.3g})")
+    assert err <= 1e-5 * mx, "the checkpoint's logits differ"
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--check-adapter", action="store_true")
     ap.add_argument("--check-export", metavar="DIR")
+    ap.add_argument("--check-checkpoint", metavar="DIR")
     a = ap.parse_args()
     if a.check_adapter:
         check_adapter()
     elif a.check_export:
         check_export(a.check_export)
+    elif a.check_checkpoint:
+        check_checkpoint(a.check_checkpoint)
     else:
         make()
