@@ -23,7 +23,9 @@
 //                 BF16 most of it is lost, which the line after the export measures (`kept`).
 // Above --max_shard_size the tensors go to model-0000i-of-0000n.safetensors with
 // model.safetensors.index.json, as transformers' save_pretrained shards them. The tokenizer files
-// are copied. Everything is written into OUTPUT_DIR.tmp-XXXXXX and renamed to OUTPUT_DIR at the end;
+// are copied. A multimodal Gemma 3 (Gemma3ForConditionalGeneration) is written back whole: its text model as
+// above, under the base's tensor names, its vision tower and projector copied byte for byte, config.json the
+// base's (so transformers loads the export as the same class). Everything is written into OUTPUT_DIR.tmp-XXXXXX and renamed to OUTPUT_DIR at the end;
 // a failure removes the temporary directory, so OUTPUT_DIR is either complete or absent (or, with
 // --overwrite, the previous one untouched). A process killed outright leaves OUTPUT_DIR.tmp-XXXXXX
 // behind, never a partial OUTPUT_DIR.
@@ -187,10 +189,11 @@ static void merge_linear(double *out, const Model *m, int l, int which) {
 
 typedef struct {
     const HFTensor *src;
+    const STensor *raw;  // or a tensor of the base the model does not read, copied as it is (vision tower, projector)
     int scales;        // 1: the weight_scale_inv of the FP8 tensor written just before
     char name[112];
     DType dtype;
-    int64_t shape[2];
+    int64_t shape[ST_MAX_DIMS];
     int ndim;
     size_t bytes;
     int shard;
@@ -207,10 +210,21 @@ static int fp8_whole_blocks(int64_t rows, int64_t cols) {
 }
 static int written_fp8(const HFTensor *h, int fp8) { return fp8 && h->lin && fp8_whole_blocks(h->rows, h->cols); }
 
-static int plan_tensors(const HFTensor *h, int nh, int fp8, int fp32, OutTensor *out) {
+// the model's tensors (h), then the base's that the model does not read (st: a multimodal Gemma 3's vision
+// tower and projector, NULL: none)
+static int plan_tensors(const HFTensor *h, int nh, const SafeTensors *st, int fp8, int fp32, OutTensor *out) {
     int n = 0;
+    for (int i = 0; st && i < st->n; i++) {
+        if (!hf_vision_tensor(st->t[i].name)) continue;
+        OutTensor t = {.raw = &st->t[i], .dtype = st->t[i].dtype, .ndim = st->t[i].ndim, .bytes = st->t[i].nbytes};
+        if (snprintf(t.name, sizeof t.name, "%s", st->t[i].name) >= (int)sizeof t.name)
+            die("tensor name %.60s... is longer than %d characters", st->t[i].name, (int)sizeof t.name - 1);
+        memcpy(t.shape, st->t[i].shape, sizeof t.shape);
+        if (out) out[n] = t;
+        n++;
+    }
     for (int i = 0; i < nh; i++) {
-        OutTensor t = {&h[i], 0, "", fp32 ? DT_F32 : DT_BF16, {h[i].rows, h[i].cols}, h[i].cols ? 2 : 1, 0, 0};
+        OutTensor t = {&h[i], NULL, 0, "", fp32 ? DT_F32 : DT_BF16, {h[i].rows, h[i].cols}, h[i].cols ? 2 : 1, 0, 0};
         snprintf(t.name, sizeof t.name, "%s", h[i].name);
         if (written_fp8(&h[i], fp8)) t.dtype = DT_E4M3;
         t.bytes = (size_t)h[i].rows * (h[i].cols ? h[i].cols : 1) * dtype_size(t.dtype);
@@ -279,6 +293,7 @@ static void kept_fp8(const FP8Tensor *q, const float *W, const double *x, size_t
 // One tensor's bytes as written (malloc'ed). FP8 codes also return their scales in *scales_out
 // (HF's (br, bc) layout, malloc'ed) for the scales tensor that follows.
 static void *tensor_bytes(const Model *m, const OutTensor *t, float **scales_out) {
+    if (t->raw) return memcpy(mallocCheck(t->bytes), t->raw->data, t->bytes);
     const HFTensor *h = t->src;
     size_t n = (size_t)h->rows * (h->cols ? h->cols : 1);
     if (t->scales) {
@@ -364,7 +379,8 @@ static void write_weights(const Model *m, OutTensor *t, int n, int nshards, cons
         float *scales = NULL;
         for (; i < n && t[i].shard == s; i++, k++) {
             bufs[k] = tensor_bytes(m, &t[i], &scales);
-            w[k] = (STWrite){t[i].name, t[i].dtype, t[i].ndim, {t[i].shape[0], t[i].shape[1]}, bufs[k]};
+            w[k] = (STWrite){t[i].name, t[i].dtype, t[i].ndim, {0}, bufs[k]};
+            memcpy(w[k].shape, t[i].shape, sizeof w[k].shape);
             total += t[i].bytes;
         }
         char name[64], p[4096];
@@ -420,7 +436,7 @@ static void write_weights(const Model *m, OutTensor *t, int n, int nshards, cons
 //                             With no projection left in FP8 there is no quantization_config at all.
 // vLLM also needs every part of a fused projection (q, k, v; gate, up) to be a multiple of 128 rows
 // (validate_fp8_block_shape): true of real checkpoints (KV heads of 128), not of the tiny fixtures.
-static void write_config(const char *model_dir, const char *dir, int fp8, int fp32, const HFTensor *h, int nh) {
+static void write_config(const char *model_dir, const char *dir, int fp8, int fp32, const HFTensor *h, int nh, int mm) {
     int nfp8 = 0;
     for (int i = 0; i < nh; i++) nfp8 += written_fp8(&h[i], fp8);
     char p[4096];
@@ -447,6 +463,10 @@ static void write_config(const char *model_dir, const char *dir, int fp8, int fp
         cJSON_AddItemToArray(b, cJSON_CreateNumber(FP8_BLOCK_SIZE));
         cJSON *skip = cJSON_AddArrayToObject(q, "modules_to_not_convert");
         cJSON_AddItemToArray(skip, cJSON_CreateString("lm_head"));
+        if (mm) {  // a multimodal Gemma 3's vision tower and projector, copied as they were (BF16)
+            cJSON_AddItemToArray(skip, cJSON_CreateString("vision_tower"));
+            cJSON_AddItemToArray(skip, cJSON_CreateString("multi_modal_projector"));
+        }
         for (int i = 0; i < nh; i++)
             if (h[i].lin && !written_fp8(&h[i], fp8)) {  // "model.layers.0.mlp.gate_proj", without ".weight"
                 char mod[96];
@@ -502,9 +522,12 @@ int main(int argc, char **argv) {
     int nh = model_hf_tensors(&m, NULL);
     HFTensor *h = (HFTensor *)mallocCheck(nh * sizeof(HFTensor));
     model_hf_tensors(&m, h);
-    int n = plan_tensors(h, nh, fp8, fp32, NULL);
+    SafeTensors base;  // a multimodal Gemma 3's vision tower and projector, written back as they are
+    if (m.cfg.mm) st_open_dir(&base, o.model);
+    const SafeTensors *vision = m.cfg.mm ? &base : NULL;
+    int n = plan_tensors(h, nh, vision, fp8, fp32, NULL);
     OutTensor *t = (OutTensor *)mallocCheck(n * sizeof(OutTensor));
-    plan_tensors(h, nh, fp8, fp32, t);
+    plan_tensors(h, nh, vision, fp8, fp32, t);
     int nshards = plan_shards(t, n, max_shard);
 
     snprintf(tmp_dir, sizeof tmp_dir, "%s.tmp-XXXXXX", o.output_dir);
@@ -518,7 +541,7 @@ int main(int argc, char **argv) {
     chmod(tmp_dir, 0755);  // mkdtemp makes it 0700: the export is meant to be read by others (a server)
 
     write_weights(&m, t, n, nshards, tmp_dir);
-    write_config(o.model, tmp_dir, fp8, fp32, h, nh);
+    write_config(o.model, tmp_dir, fp8, fp32, h, nh, m.cfg.mm != MM_NONE);
     copy_tokenizer_files(o.model, tmp_dir);
 
     // into place: rename() replaces an empty directory atomically; a non-empty one (--overwrite) is
@@ -546,9 +569,10 @@ int main(int argc, char **argv) {
             nlin++;
             if (fp8 && !written_fp8(&h[i], fp8) && nbf16++ == 0) ex = i;
         }
-    fprintf(stderr, "wrote %s: %s, %d tensors, %.1f MB in %d file%s%s\n", o.output_dir,
+    fprintf(stderr, "wrote %s: %s, %d tensors, %.1f MB in %d file%s%s%s\n", o.output_dir,
             fp8 && nbf16 < nlin ? "FP8 E4M3 projections with 128x128 block scales, the rest BF16" : fp32 ? "fp32" : "BF16", n,
-            total / 1e6, nshards, nshards > 1 ? "s + model.safetensors.index.json" : "", o.lora ? ", adapter merged" : "");
+            total / 1e6, nshards, nshards > 1 ? "s + model.safetensors.index.json" : "", o.lora ? ", adapter merged" : "",
+            vision ? "; the vision tower and projector copied from the base as they are (Gemma3ForConditionalGeneration)" : "");
     if (nbf16)
         fprintf(stderr, "fp8: %d of %d projections written in BF16, their shapes not whole 128x128 blocks (e.g. %s, %lld x "
                 "%lld), which transformers' and vLLM's FP8 loaders need; %s\n", nbf16, nlin, h[ex].name,
@@ -558,6 +582,7 @@ int main(int argc, char **argv) {
     if (o.lora) report_kept(fp32 ? "fp32" : "BF16");
     free(t);
     free(h);
+    if (vision) st_close(&base);
     if (m.lora) lora_free(m.lora);
     model_free(&m);
     return 0;

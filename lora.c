@@ -357,8 +357,14 @@ void lora_hook_backward(Model *m, int layer, int which, void *dinp, const void *
 // ----------------------------------------------------------------------------
 // PEFT format
 
-static void peft_name(char *out, size_t cap, int l, int i, char ab) {
-    snprintf(out, cap, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l, lin_parent_name[i], lin_names[i], ab);
+// The modules' names PEFT sees: the decoder's layers under model. (Gemma3ForConditionalGeneration's under
+// model.language_model., as transformers 4.52 and later name them; older versions named them
+// language_model.model., which adapters made then hold and lora_load_peft reads too)
+static const char *peft_prefix(const Model *m, int old) {
+    return !m->cfg.mm ? "model." : old ? "language_model.model." : "model.language_model.";
+}
+static void peft_name(char *out, size_t cap, const char *prefix, int l, int i, char ab) {
+    snprintf(out, cap, "base_model.model.%slayers.%d.%s.%s.lora_%c.weight", prefix, l, lin_parent_name[i], lin_names[i], ab);
 }
 
 void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char *base_model_name, const char *base_fingerprint) {
@@ -380,11 +386,11 @@ void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char 
             int k = l * LIN_COUNT + i;
             if (!lo->A[k]) continue;
             char nm[256];
-            peft_name(nm, sizeof nm, l, i, 'A');
+            peft_name(nm, sizeof nm, peft_prefix(m, 0), l, i, 'A');
             names[n] = str_dup(nm);
             t[n] = (STWrite){names[n], DT_F32, 2, {lo->r, lo->in[i]}, f + blob_at(lo, k, 0)};
             n++;
-            peft_name(nm, sizeof nm, l, i, 'B');
+            peft_name(nm, sizeof nm, peft_prefix(m, 0), l, i, 'B');
             names[n] = str_dup(nm);
             t[n] = (STWrite){names[n], DT_F32, 2, {lo->out[i], lo->r}, f + blob_at(lo, k, 1)};
             n++;
@@ -418,15 +424,22 @@ void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char 
     cJSON_AddBoolToObject(r, "use_rslora", 0);
     cJSON_AddBoolToObject(r, "use_dora", 0);
     cJSON_AddBoolToObject(r, "inference_mode", 1);
-    cJSON *tm = cJSON_AddArrayToObject(r, "target_modules");
-    for (int i = 0; i < LIN_COUNT; i++)
-        if (lo->targets & (1u << i)) cJSON_AddItemToArray(tm, cJSON_CreateString(lin_names[i]));
+    if (m->cfg.mm) {  // a list of names would select the vision tower's q_proj, k_proj and v_proj as well
+        char re[160] = ".*language_model.*\\.(";
+        for (int i = 0, k = 0; i < LIN_COUNT; i++)
+            if (lo->targets & (1u << i)) snprintf(re + strlen(re), sizeof re - strlen(re), "%s%s", k++ ? "|" : "", lin_names[i]);
+        strcat(re, ")");
+        cJSON_AddStringToObject(r, "target_modules", re);
+    } else {
+        cJSON *tm = cJSON_AddArrayToObject(r, "target_modules");
+        for (int i = 0; i < LIN_COUNT; i++)
+            if (lo->targets & (1u << i)) cJSON_AddItemToArray(tm, cJSON_CreateString(lin_names[i]));
+    }
     char *text = cJSON_Print(r);
     cJSON_Delete(r);
     path_join(p, sizeof p, dir, "adapter_config.json");
     write_file_atomic(p, text, strlen(text));
     free(text);
-    (void)m;
 }
 
 // does PEFT's target_modules select the module called name?
@@ -451,11 +464,13 @@ static int peft_selects(const PeftTargets *t, const char *name) {
 }
 
 // The projections adapter_config.json's target_modules selects, as PEFT reads it against the modules
-// model.layers.{l}.{self_attn|mlp}.{q_proj|...}: a string is a regular expression that the whole name
+// model.layers.{l}.{self_attn|mlp}.{q_proj|...} (peft_prefix's, either naming of a multimodal Gemma 3's):
+// a string is a regular expression that the whole name
 // must match (Python's re.fullmatch), "all-linear" every projection; a list holds names that a module's
 // name equals or ends with after a '.'. Adapters on every layer only: a projection selected in some
 // layers and not others is an error, as is a selection of no projection at all.
-static unsigned peft_targets(const cJSON *tm, int L, const char *path) {
+static unsigned peft_targets(const cJSON *tm, const Model *m, const char *path) {
+    int L = m->cfg.L;
     PeftTargets t = {tm, NULL, NULL};
     if (cJSON_IsString(tm)) {
         if (!strcmp(tm->valuestring, "all-linear")) return (1u << LIN_COUNT) - 1;
@@ -477,10 +492,11 @@ static unsigned peft_targets(const cJSON *tm, int L, const char *path) {
     unsigned targets = 0;
     for (int i = 0; i < LIN_COUNT; i++) {
         int hits = 0;
-        char name[128];
+        char name[128], old[128];
         for (int l = 0; l < L; l++) {
-            snprintf(name, sizeof name, "model.layers.%d.%s.%s", l, lin_parent_name[i], lin_names[i]);
-            hits += peft_selects(&t, name);
+            snprintf(name, sizeof name, "%slayers.%d.%s.%s", peft_prefix(m, 0), l, lin_parent_name[i], lin_names[i]);
+            snprintf(old, sizeof old, "%slayers.%d.%s.%s", peft_prefix(m, 1), l, lin_parent_name[i], lin_names[i]);
+            hits += peft_selects(&t, name) || (m->cfg.mm && peft_selects(&t, old));
         }
         if (hits == L) targets |= 1u << i;
         else if (hits > 0) {
@@ -522,7 +538,7 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
     if (lt && !cJSON_IsNull(lt)) die("%s: layers_to_transform is not supported (adapters on every layer only)", p);
     cJSON *fi = cJSON_GetObjectItemCaseSensitive(r, "fan_in_fan_out");
     if (cJSON_IsTrue(fi)) die("%s: fan_in_fan_out adapters are not supported", p);
-    unsigned targets = peft_targets(cJSON_GetObjectItemCaseSensitive(r, "target_modules"), m->cfg.L, p);
+    unsigned targets = peft_targets(cJSON_GetObjectItemCaseSensitive(r, "target_modules"), m, p);
     int rank = (int)jr->valuedouble;
     cJSON_Delete(r);
 
@@ -532,6 +548,11 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
     path_join(p, sizeof p, dir, "adapter_model.safetensors");
     SafeTensors st;
     st_open(&st, p);
+    for (int k = 0; m->cfg.mm && k < st.n; k++)
+        if (strstr(st.t[k].name, "vision_tower.") || strstr(st.t[k].name, "multi_modal_projector."))
+            die("%s: tensor %s adapts the vision tower, and fp8-grpo runs Gemma 3's text model only: make the adapter with "
+                "target_modules a regular expression over the language model's projections (e.g. "
+                "\".*language_model.*\\\\.(q_proj|v_proj)\")", p, st.t[k].name);
     size_t want = 0, have = 0;
     for (int i = 0; i < LIN_COUNT; i++)
         if (targets & (1u << i)) want += (size_t)m->cfg.L * rank * (m->w.layers[0].lin[i].rows + m->w.layers[0].lin[i].cols);
@@ -546,8 +567,13 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
             if (!(targets & (1u << i))) continue;
             for (int ab = 0; ab < 2; ab++) {
                 char nm[256];
-                peft_name(nm, sizeof nm, l, i, ab ? 'B' : 'A');
+                peft_name(nm, sizeof nm, peft_prefix(m, 0), l, i, ab ? 'B' : 'A');
                 const STensor *t = st_find(&st, nm);
+                if (!t && m->cfg.mm) {  // an adapter made on transformers older than 4.52
+                    char old[256];
+                    peft_name(old, sizeof old, peft_prefix(m, 1), l, i, ab ? 'B' : 'A');
+                    if ((t = st_find(&st, old))) snprintf(nm, sizeof nm, "%s", old);
+                }
                 if (!t) die("%s: missing tensor %s", p, nm);
                 int64_t d0 = ab ? lo->out[i] : rank, d1 = ab ? rank : lo->in[i];
                 if (t->ndim != 2 || t->shape[0] != d0 || t->shape[1] != d1)

@@ -81,6 +81,8 @@ void lora_adamw_step(LoRA *lo, float lr, float beta1, float beta2, float eps, fl
 void lora_scale_grads(LoRA *lo, float s);
 
 // PEFT format. Tensor names: base_model.model.model.layers.{l}.{self_attn|mlp}.{proj}.lora_{A|B}.weight
+// (a multimodal Gemma 3's: base_model.model.model.language_model.layers..., and target_modules a regular
+// expression over the language model, so that PEFT adapts no module of the vision tower)
 // base_fingerprint (st_fingerprint's, of the base it was trained on; NULL: none) goes into
 // adapter_model.safetensors' metadata as "base_model_fingerprint" (peft and vLLM ignore it)
 void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char *base_model_name, const char *base_fingerprint);

@@ -16,6 +16,11 @@ extern "C" {
 typedef enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_MISTRAL, ARCH_GEMMA3 } Arch;
 #define CONFIG_MAX_LAYERS 1024
 
+// The tensor names of a multimodal Gemma 3's text model: transformers 4.x's (language_model.model.*, the head
+// language_model.lm_head; what save_pretrained writes and the published checkpoints hold) or 5.x's
+// (model.language_model.*, lm_head: the modules' own names, which PEFT adapters use)
+typedef enum { MM_NONE, MM_V4, MM_V5 } MMLayout;
+
 typedef struct {
     Arch arch;
     int V;            // vocab_size
@@ -47,6 +52,12 @@ typedef struct {
     int bos_id;       // -1 if none
     int eos_ids[4];   // eos_token_id (int or list); n_eos of them
     int n_eos;
+    // Gemma 3 as published (model_type "gemma3", Gemma3ForConditionalGeneration): the text model of the
+    // multimodal checkpoint, its config under text_config. The vision tower and the projector are never read
+    // (text only: an image in the data is refused); ./export copies them into the merged checkpoint unchanged.
+    MMLayout mm;      // where the text model's tensors lie; MM_NONE: a text-only checkpoint
+    int mm_ids[3];    // image_token_index, boi_token_index, eoi_token_index where inside the vocabulary:
+    int n_mm_ids;     // the ids of image input, which text never holds
 } Config;
 
 // the seven LoRA-able projections of a layer, in PEFT's target_modules names
@@ -193,6 +204,8 @@ typedef struct {
     Weights w;
     void *inv_freq;        // (HD/2) hp   RoPE inverse frequencies (scaling applied)
     void *inv_freq_local;  // (HD/2) hp   Gemma 3's sliding layers' (rope_local_theta), else NULL
+    char *src_dir;         // the checkpoint directory model_load read (NULL: a model made here): model_save_hf
+                           // writes a multimodal Gemma 3's vision tower and config.json back from it
     LoRA *lora;            // attached adapters, or NULL
     int lora_on;           // 0: the adapters are skipped (the KL reference = the base model)
     int recompute;         // gradient checkpointing: keep each layer's input only, recompute the layer in
@@ -226,6 +239,12 @@ void config_load_dir(Config *cfg, const char *dir);
 // dies with one line when a tokenizer's ids (0 .. tokenizer_vocab - 1) do not fit vocab_size: the
 // tokenizer belongs to another checkpoint
 void config_check_tokenizer(const Config *cfg, int tokenizer_vocab, const char *dir);
+// the checkpoint names of the text model's tensors: the decoder's prefix ("model.", or a multimodal Gemma 3's
+// "language_model.model." / "model.language_model.") and the LM head's name
+const char *config_text_prefix(const Config *cfg);
+const char *config_head_name(const Config *cfg);
+// 1 for a tensor of a multimodal Gemma 3's vision tower or projector (never read by the model)
+int hf_vision_tensor(const char *name);
 // load a Hugging Face checkpoint directory (config.json + *.safetensors); dies with a one-line error on bad input
 void model_load(Model *m, const char *dir, const Backend *be, const ModelOptions *opt);
 // a random-weight model of the given config (for the built-in tiny model and tests); std 0.02-ish init
@@ -242,7 +261,8 @@ typedef struct {
 // the model's tensors as a checkpoint names and orders them, into out (NULL: counted only); returns the count
 int model_hf_tensors(const Model *m, HFTensor *out);
 // write the model's weights as a Hugging Face checkpoint (config.json + model.safetensors, bf16 or f32),
-// dense weights only (a model loaded with FP8 is dequantized)
+// dense weights only (a model loaded with FP8 is dequantized); a multimodal Gemma 3 whole, its vision tower
+// and projector copied from src_dir as they are (a model made here: the text model alone)
 void model_save_hf(const Model *m, const char *dir, DType dt);
 void model_free(Model *m);
 // FP8 training (--fp8_recipe): the dense projections (q, k, v, o, gate, up, down) of every layer

@@ -121,6 +121,28 @@ static int admit(Run *r) {
     return r->next_group - g0;
 }
 
+// The ids a text model must never produce: a multimodal Gemma 3's image, begin- and end-of-image tokens
+// (Config.mm_ids), whose rows the published embedding table holds. They are masked out of the logits before the
+// sampler: -inf in their columns, written from a column of S -inf values (never_column; NULL: nothing to mask).
+// The rollout's distribution and logprobs are then those over the text ids, which differ from the trainer's
+// softmax over the whole vocabulary by log(1 - p(image ids)): the importance-sampling ratio sees the
+// distribution that was sampled.
+static void *never_column(const Model *m, int S) {
+    if (!m->cfg.n_mm_ids) return NULL;
+    const Backend *be = m->be;
+    float *h = (float *)mallocCheck(S * sizeof(float));
+    for (int i = 0; i < S; i++) h[i] = -INFINITY;
+    void *d = be->alloc((size_t)S * dtype_size(be->hp));
+    be->upload_convert(d, be->hp, h, DT_F32, S);
+    free(h);
+    return d;
+}
+static void mask_never(const Model *m, void *logits, int rows, const void *never) {
+    size_t hp = dtype_size(m->be->hp);
+    for (int i = 0; never && i < m->cfg.n_mm_ids; i++)
+        m->be->copy_2d((char *)logits + (size_t)m->cfg.mm_ids[i] * hp, (size_t)m->cfg.V * hp, never, hp, hp, rows);
+}
+
 void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *prompts, const int *plens,
                  const uint64_t *seeds, Rollout *out) {
     const Backend *be = m->be;
@@ -209,6 +231,7 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
     // them back with one download; the host copy has the same layout
     size_t out_bytes = (size_t)S * (sizeof(uint64_t) + sizeof(int32_t) + hp);
     void *samp_d = be->alloc(out_bytes);
+    void *never = never_column(m, S);
     void *rng_d = samp_d, *tok_d = (char *)samp_d + (size_t)S * sizeof(uint64_t), *logp_d = (char *)tok_d + (size_t)S * sizeof(int32_t);
     char *samp_h = (char *)mallocCheck(out_bytes);
     uint64_t *rng_a = (uint64_t *)samp_h;
@@ -222,6 +245,7 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
         // the next token of each live sequence from its logits row (row i = act[i])
         for (int i = 0; i < na; i++) rng_a[i] = rng[act[i]];
         be->upload(rng_d, rng_a, na * sizeof(uint64_t));
+        mask_never(m, r.logits, na, never);
         be->sample((int32_t *)tok_d, logp_d, r.logits, (uint64_t *)rng_d, na, V, rc->temperature, rc->top_k, rc->top_p);
         be->download(samp_h, samp_d, out_bytes);  // (S rows; the first na of each array are this step's)
         convert_to_f64(lp, lp_h, be->hp, na);
@@ -272,6 +296,7 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
     be->free(r.logits);
     be->free(r.plogits);
     be->free(samp_d);
+    if (never) be->free(never);
     kvcache_free_model(&r.kv, m);
     for (int p = 0; p < P; p++) free(r.gr[p].pblocks);
     free(r.gr);

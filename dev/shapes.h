@@ -1,7 +1,8 @@
 // dev/shapes.h: the model shapes the benchmarks build from random weights (the 0.6B and 8B ones are
 // the configurations dev/peers.py builds for the peers). Each is the checkpoint's config.json as
 // model_load would read it: Qwen3-0.6B, Qwen3-8B, Qwen3-32B, Llama-3.3-70B (Llama 3 RoPE scaling),
-// the text towers of Gemma-3-4B and Gemma-3-27B, and Mistral-7B (v0.3);
+// Gemma-3-4B and Gemma-3-27B as published (the multimodal checkpoint: --save writes Gemma3ForConditionalGeneration's
+// config.json and tensor names, the text model's weights alone), and Mistral-7B (v0.3);
 // and the Llama-3.2 1B and 3B shapes of the full fine-tuning benchmarks (bench_full, bench_dp).
 #ifndef SHAPES_H
 #define SHAPES_H
@@ -66,6 +67,7 @@ static inline Config bench_shape(const char *size) {
         c.window = 1024;
         for (int l = 0; l < c.L; l++) c.sliding[l] = (l + 1) % 6 != 0;
         c.bos_id = 2, c.eos_ids[0] = 1, c.eos_ids[1] = 106, c.n_eos = 2;
+        c.mm = MM_V4, c.mm_ids[0] = 262144, c.mm_ids[1] = 255999, c.mm_ids[2] = 256000, c.n_mm_ids = 3;
     } else if (!strcmp(size, "mistral-7b")) {
         c.arch = ARCH_MISTRAL;
         c.V = 32768, c.C = 4096, c.FF = 14336, c.L = 32, c.NH = 32, c.KVH = 8, c.HD = 128, c.tied = 0, c.qk_norm = 0;

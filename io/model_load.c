@@ -1,6 +1,7 @@
 // model_load.c: from a Hugging Face checkpoint directory to a Model.
 // Defines: config_from_json (Llama 3 / Qwen2 / Qwen3 / Mistral / Gemma 3 text config.json, both the
-// transformers 4.x keys (rope_theta, rope_scaling) and 5.x (rope_parameters)),
+// transformers 4.x keys (rope_theta, rope_scaling) and 5.x (rope_parameters); the multimodal Gemma 3's
+// text_config), the text model's tensor names (config_text_prefix: both namings of the multimodal Gemma 3),
 // the weight layout walker (one allocation for the dense weights, one for the
 // FP8 codes + scales), model_load (safetensors, BF16/F16/F32, or pre-quantized
 // FP8 with weight_scale_inv read as is), config_load_dir and config_check_tokenizer (a tokenizer
@@ -116,9 +117,32 @@ static void rope_scaling_read(Config *c, cJSON *scaling, const char *sp, const c
         die("%s: rope scaling type \"%s\" is not supported (default, linear and llama3 are)", path, t);
 }
 
+// A multimodal Gemma 3's config.json (model_type "gemma3"): its text model's config, text_config (absent:
+// Gemma3TextConfig's defaults, as transformers' Gemma3Config makes it), and its tensor layout (MM_V4 until
+// model_load finds the other in the weights). Returns the object to read the text model from.
+static cJSON *gemma3_text_config(Config *c, cJSON *top, const char *path) {
+    cJSON *t = cJSON_GetObjectItemCaseSensitive(top, "text_config");
+    if (!t || cJSON_IsNull(t)) {
+        cJSON_DeleteItemFromObjectCaseSensitive(top, "text_config");
+        t = cJSON_AddObjectToObject(top, "text_config");  // freed with top
+    }
+    if (!cJSON_IsObject(t)) die("%s: \"text_config\" must be an object (the language model's config)", path);
+    cJSON *mt = cJSON_GetObjectItemCaseSensitive(t, "model_type");
+    if (mt && !(cJSON_IsString(mt) && !strcmp(mt->valuestring, "gemma3_text")))
+        die("%s: text_config's model_type must be \"gemma3_text\" (the text model of a gemma3 checkpoint)", path);
+    c->mm = MM_V4;
+    return t;
+}
+
+// bos_token_id / eos_token_id: a multimodal config's top level holds them (the text_config's where it does not)
+static cJSON *token_key(cJSON *top, cJSON *root, const char *key) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(top, key);
+    return v && !cJSON_IsNull(v) ? v : cJSON_GetObjectItemCaseSensitive(root, key);
+}
+
 void config_from_json(Config *c, const char *text, const char *path) {
     memset(c, 0, sizeof *c);
-    cJSON *root = cJSON_Parse(text);
+    cJSON *top = cJSON_Parse(text), *root = top;
     if (!root || !cJSON_IsObject(root)) die("%s: not valid JSON", path);
     cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     if (!cJSON_IsString(mt)) die("%s: missing \"model_type\"", path);
@@ -127,21 +151,27 @@ void config_from_json(Config *c, const char *text, const char *path) {
     else if (!strcmp(mt->valuestring, "qwen3")) c->arch = ARCH_QWEN3;
     else if (!strcmp(mt->valuestring, "mistral")) c->arch = ARCH_MISTRAL;
     else if (!strcmp(mt->valuestring, "gemma3_text")) c->arch = ARCH_GEMMA3;
-    else if (!strcmp(mt->valuestring, "gemma3"))
-        die("%s: model_type \"gemma3\" is the multimodal Gemma 3 (Gemma3ForConditionalGeneration), which is not "
-            "supported: use a text-only checkpoint (model_type \"gemma3_text\", Gemma3ForCausalLM: gemma-3-1b, or the "
-            "text tower saved on its own)", path);
+    else if (!strcmp(mt->valuestring, "gemma3")) c->arch = ARCH_GEMMA3;  // Gemma3ForConditionalGeneration
     else
-        die("%s: unsupported architecture \"%s\": fp8-grpo runs llama (Llama 3), qwen2, qwen3, mistral and gemma3_text "
-            "checkpoints", path, mt->valuestring);
+        die("%s: unsupported architecture \"%s\": fp8-grpo runs llama (Llama 3), qwen2, qwen3, mistral, gemma3_text and "
+            "gemma3 (its text model) checkpoints", path, mt->valuestring);
     int gemma = c->arch == ARCH_GEMMA3;
+    const char *top_path = path;
+    char tpath[4200];
+    if (!strcmp(mt->valuestring, "gemma3")) {
+        root = gemma3_text_config(c, top, path);
+        snprintf(tpath, sizeof tpath, "%s: text_config", path);
+        path = tpath;
+    }
 
-    c->V = json_int(root, "vocab_size", 0, 1, 1, MAX_VOCAB, path);
-    c->C = json_int(root, "hidden_size", 0, 1, 1, MAX_HIDDEN, path);
-    c->FF = json_int(root, "intermediate_size", 0, 1, 1, MAX_FF, path);
-    c->L = json_int(root, "num_hidden_layers", 0, 1, 1, MAX_LAYERS, path);
-    c->NH = json_int(root, "num_attention_heads", 0, 1, 1, MAX_HEADS, path);
-    c->KVH = json_int(root, "num_key_value_heads", c->NH, 0, 1, MAX_HEADS, path);
+    // Gemma3TextConfig gives every size a default (the published 4B's text_config leaves out its heads and
+    // vocabulary); the other configs must state them
+    c->V = json_int(root, "vocab_size", 262208, !gemma, 1, MAX_VOCAB, path);
+    c->C = json_int(root, "hidden_size", 2304, !gemma, 1, MAX_HIDDEN, path);
+    c->FF = json_int(root, "intermediate_size", 9216, !gemma, 1, MAX_FF, path);
+    c->L = json_int(root, "num_hidden_layers", 26, !gemma, 1, MAX_LAYERS, path);
+    c->NH = json_int(root, "num_attention_heads", 8, !gemma, 1, MAX_HEADS, path);
+    c->KVH = json_int(root, "num_key_value_heads", gemma ? 4 : c->NH, 0, 1, MAX_HEADS, path);
     if (c->NH % c->KVH) die("%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path, c->NH, c->KVH);
     cJSON *hd = cJSON_GetObjectItemCaseSensitive(root, "head_dim");
     if (c->C % c->NH && (!hd || cJSON_IsNull(hd)))
@@ -195,7 +225,7 @@ void config_from_json(Config *c, const char *text, const char *path) {
     cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
     cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
     c->rope_theta = (float)json_pos(root, "rope_theta", gemma ? 1000000.0 : 10000.0, 0, 1, 1e12, path);
-    char sp[4200];  // its fields' errors name it: "config.json: rope_scaling: \"factor\" is 0: ..."
+    char sp[4400];  // its fields' errors name it: "config.json: rope_scaling: \"factor\" is 0: ..."
     if (gemma) {
         c->rope_local_theta = (float)json_pos(root, "rope_local_base_freq", 10000.0, 0, 1, 1e12, path);
         cJSON *full = cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "full_attention") : NULL;
@@ -218,9 +248,10 @@ void config_from_json(Config *c, const char *text, const char *path) {
     if (scaling) rope_scaling_read(c, scaling, sp, path);
 
     c->bos_id = -1;
-    cJSON *bos = cJSON_GetObjectItemCaseSensitive(root, "bos_token_id");
+    cJSON *bos = token_key(top, root, "bos_token_id"), *eos = token_key(top, root, "eos_token_id");
+    if (c->mm && !bos) bos = cJSON_AddNumberToObject(root, "bos_token_id", 2);  // Gemma3TextConfig's
+    if (c->mm && !eos) eos = cJSON_AddNumberToObject(root, "eos_token_id", 1);
     if (bos && !cJSON_IsNull(bos)) c->bos_id = json_id(bos, "bos_token_id", c->V, path);
-    cJSON *eos = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
     if (cJSON_IsArray(eos)) {
         int n = cJSON_GetArraySize(eos);
         if (n > (int)(sizeof c->eos_ids / sizeof c->eos_ids[0]))
@@ -228,7 +259,16 @@ void config_from_json(Config *c, const char *text, const char *path) {
         cJSON *e;
         cJSON_ArrayForEach(e, eos) c->eos_ids[c->n_eos++] = json_id(e, "eos_token_id", c->V, path);
     } else if (eos && !cJSON_IsNull(eos)) c->eos_ids[c->n_eos++] = json_id(eos, "eos_token_id", c->V, path);
-    cJSON_Delete(root);
+
+    // the image ids (Gemma3Config's defaults: the published checkpoints'): those inside the vocabulary are
+    // what a text model must never be given or produce (transformers maps one beyond it to 0 before the lookup)
+    static const char *mm_keys[3] = {"image_token_index", "boi_token_index", "eoi_token_index"};
+    static const int mm_dflt[3] = {262144, 255999, 256000};
+    for (int i = 0; c->mm && i < 3; i++) {
+        int id = json_int(top, mm_keys[i], mm_dflt[i], 0, 0, 1 << 30, top_path);
+        if (id < c->V) c->mm_ids[c->n_mm_ids++] = id;
+    }
+    cJSON_Delete(top);
 }
 
 static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "mistral", "gemma3_text"};
@@ -239,9 +279,23 @@ void config_print(const Config *c, FILE *f) {
     for (int l = 0; l < c->L; l++) ns += c->sliding[l];
     char win[96] = "";
     if (c->window && ns) snprintf(win, sizeof win, ", sliding window %d on %d of %d layers", c->window, ns, c->L);
-    fprintf(f, "model: %s, %d layers, hidden %d, mlp %d, heads %d/%d x %d, vocab %d, %s embeddings%s%s%s\n",
+    fprintf(f, "model: %s, %d layers, hidden %d, mlp %d, heads %d/%d x %d, vocab %d, %s embeddings%s%s%s%s\n",
             arch_names[c->arch], c->L, c->C, c->FF, c->NH, c->KVH, c->HD, c->V, c->tied ? "tied" : "untied",
-            rs[c->rope_scaling], c->qk_norm ? ", qk-norm" : "", win);
+            rs[c->rope_scaling], c->qk_norm ? ", qk-norm" : "", win,
+            c->mm ? "; the text model of a multimodal gemma3 (its vision tower and projector are not read: text only)" : "");
+}
+
+const char *config_text_prefix(const Config *c) {
+    return c->mm == MM_V4 ? "language_model.model." : c->mm == MM_V5 ? "model.language_model." : "model.";
+}
+const char *config_head_name(const Config *c) { return c->mm == MM_V4 ? "language_model.lm_head.weight" : "lm_head.weight"; }
+
+int hf_vision_tensor(const char *name) {
+    static const char *const pre[] = {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                                      "model.multi_modal_projector."};
+    for (int i = 0; i < 4; i++)
+        if (!strncmp(name, pre[i], strlen(pre[i]))) return 1;
+    return 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -630,12 +684,13 @@ static void read_config(Config *c, const char *dir) {
 static void walk_tensors(const Loader *ld, Model *m) {
     const Config *c = ld->c;
     char nm[512];
-    load_vocab(ld, m ? &m->w.emb : NULL, "model.embed_tokens.weight", m ? m->opt.pow2 : 0);
-    load_dense(ld, m ? m->w.norm : NULL, "model.norm.weight", c->C, 0);
-    if (!c->tied) load_vocab(ld, m ? &m->w.head : NULL, "lm_head.weight", m ? m->opt.pow2 : 0);
+    const char *pre = config_text_prefix(c);
+    load_vocab(ld, m ? &m->w.emb : NULL, (snprintf(nm, sizeof nm, "%sembed_tokens.weight", pre), nm), m ? m->opt.pow2 : 0);
+    load_dense(ld, m ? m->w.norm : NULL, (snprintf(nm, sizeof nm, "%snorm.weight", pre), nm), c->C, 0);
+    if (!c->tied) load_vocab(ld, m ? &m->w.head : NULL, config_head_name(c), m ? m->opt.pow2 : 0);
     for (int l = 0; l < c->L; l++) {
         LayerWeights *lw = m ? &m->w.layers[l] : NULL;
-#define LNAME(fmt, ...) (snprintf(nm, sizeof nm, "model.layers.%d." fmt, l, __VA_ARGS__), nm)
+#define LNAME(fmt, ...) (snprintf(nm, sizeof nm, "%slayers.%d." fmt, pre, l, __VA_ARGS__), nm)
         void *const *np[4];
         const char *nn[4];
         int nnorm = layer_norms(c, lw ? lw : &(LayerWeights){0}, np, nn);
@@ -659,7 +714,7 @@ static void walk_tensors(const Loader *ld, Model *m) {
 // transformers names them ("Some weights of the model checkpoint were not used"): a num_hidden_layers
 // below the checkpoint's layers, say, loads a smaller model than the one trained. Not named: what
 // transformers ignores too (a tied model's lm_head.weight, the rotary inv_freq buffers of older
-// Llama checkpoints).
+// Llama checkpoints), and a multimodal Gemma 3's vision tower and projector (config_print says so).
 static void warn_unused(const Loader *ld) {
     int n = 0;
     char names[512] = "";
@@ -667,7 +722,9 @@ static void warn_unused(const Loader *ld) {
     for (int i = 0; i < ld->st->n; i++) {
         const char *nm = ld->st->t[i].name;
         size_t k = strlen(nm);
-        if (ld->used[i] || (ld->c->tied && !strcmp(nm, "lm_head.weight")) || (k >= 9 && !strcmp(nm + k - 9, ".inv_freq"))) continue;
+        if (ld->used[i] || (ld->c->tied && !strcmp(nm, config_head_name(ld->c))) || (k >= 9 && !strcmp(nm + k - 9, ".inv_freq")) ||
+            (ld->c->mm && hf_vision_tensor(nm)))
+            continue;
         if (n++ < 3 && len < sizeof names) len += snprintf(names + len, sizeof names - len, "%s%s", n > 1 ? ", " : "", nm);
     }
     if (n)
@@ -689,16 +746,31 @@ void config_check_tokenizer(const Config *c, int tokenizer_vocab, const char *di
             dir, tokenizer_vocab - 1, c->V);
 }
 
+// A multimodal Gemma 3's text model under transformers 4.x's names or 5.x's: which, from the embedding table
+static void find_layout(Config *c, const SafeTensors *st, const char *dir) {
+    if (!c->mm) return;
+    c->mm = MM_V4;
+    if (st_find(st, "language_model.model.embed_tokens.weight")) return;
+    c->mm = MM_V5;
+    if (st_find(st, "model.language_model.embed_tokens.weight")) return;
+    die("%s: config.json says gemma3 (Gemma3ForConditionalGeneration), but the weights hold neither "
+        "language_model.model.embed_tokens.weight (transformers 4.x names) nor model.language_model.embed_tokens.weight "
+        "(5.x): is this the multimodal checkpoint's own safetensors?", dir);
+}
+
 void model_load(Model *m, const char *dir, const Backend *be, const ModelOptions *opt) {
     Config c;
     read_config(&c, dir);
     SafeTensors st;
     st_open_dir(&st, dir);
-    if (!c.tied && !st_find(&st, "lm_head.weight")) die("%s: missing tensor lm_head.weight (and tie_word_embeddings is false)", dir);
+    find_layout(&c, &st, dir);
+    if (!c.tied && !st_find(&st, config_head_name(&c)))
+        die("%s: missing tensor %s (and tie_word_embeddings is false)", dir, config_head_name(&c));
     Loader ld = {&st, &c, be, dir, (uint8_t *)callocCheck(st.n ? st.n : 1, 1)};
     walk_tensors(&ld, NULL);
     warn_unused(&ld);
     model_common_init(m, &c, be, opt);
+    m->src_dir = str_dup(dir);
     walk_tensors(&ld, m);
     be->sync();
     free(ld.used);
@@ -783,8 +855,49 @@ static void *to_host_dtype(const Model *m, const void *src, size_t n, DType dt, 
     return b;
 }
 
+// A multimodal Gemma 3's config.json around its text model's (text): the base's (src_dir's) with text_config
+// replaced, or for a model made here Gemma3ForConditionalGeneration with the published checkpoints' vision tower
+// (SigLIP so400m, 896-pixel images of 14-pixel patches, 256 tokens an image) in vision_config, whose weights are
+// not written: transformers loads such a checkpoint with the vision tower freshly initialized, and says so.
+static cJSON *gemma3_wrap(const Config *c, cJSON *text, const char *src_dir) {
+    cJSON_DeleteItemFromObjectCaseSensitive(text, "architectures");
+    const char *dt = cJSON_GetObjectItemCaseSensitive(text, "torch_dtype")->valuestring;
+    if (src_dir) {
+        char p[4096];
+        path_join(p, sizeof p, src_dir, "config.json");
+        char *t = read_file(p, NULL);
+        cJSON *r = cJSON_Parse(t);
+        free(t);
+        if (!cJSON_IsObject(r)) die("%s: not valid JSON", p);
+        cJSON_ReplaceItemInObjectCaseSensitive(r, "text_config", text);
+        cJSON_DeleteItemFromObjectCaseSensitive(r, "dtype");  // 5.x's name of torch_dtype
+        cJSON_DeleteItemFromObjectCaseSensitive(r, "torch_dtype");
+        cJSON_AddStringToObject(r, "torch_dtype", dt);
+        return r;
+    }
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "architectures"), cJSON_CreateString("Gemma3ForConditionalGeneration"));
+    cJSON_AddStringToObject(r, "model_type", "gemma3");
+    cJSON_AddItemToObject(r, "text_config", text);
+    cJSON *v = cJSON_AddObjectToObject(r, "vision_config");
+    cJSON_AddStringToObject(v, "model_type", "siglip_vision_model");
+    cJSON_AddNumberToObject(v, "hidden_size", 1152);
+    cJSON_AddNumberToObject(v, "intermediate_size", 4304);
+    cJSON_AddNumberToObject(v, "num_hidden_layers", 27);
+    cJSON_AddNumberToObject(v, "num_attention_heads", 16);
+    cJSON_AddNumberToObject(v, "image_size", 896);
+    cJSON_AddNumberToObject(v, "patch_size", 14);
+    cJSON_AddBoolToObject(v, "vision_use_head", 0);
+    cJSON_AddNumberToObject(r, "mm_tokens_per_image", 256);
+    static const char *mm_keys[3] = {"image_token_index", "boi_token_index", "eoi_token_index"};
+    for (int i = 0; c->n_mm_ids == 3 && i < 3; i++) cJSON_AddNumberToObject(r, mm_keys[i], c->mm_ids[i]);
+    cJSON_AddBoolToObject(r, "tie_word_embeddings", c->tied);
+    cJSON_AddStringToObject(r, "torch_dtype", dt);
+    return r;
+}
+
 // config.json in the keys of transformers 4.x (which 5.x reads too)
-static void config_write(const Config *c, const char *path, DType dt) {
+static void config_write(const Config *c, const char *path, DType dt, const char *src_dir) {
     static const char *cls[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
                                 "Gemma3ForCausalLM"};
     cJSON *r = cJSON_CreateObject();
@@ -836,6 +949,7 @@ static void config_write(const Config *c, const char *path, DType dt) {
         for (int i = 0; i < c->n_eos; i++) cJSON_AddItemToArray(e, cJSON_CreateNumber(c->eos_ids[i]));
     }
     cJSON_AddStringToObject(r, "torch_dtype", dt == DT_F32 ? "float32" : "bfloat16");
+    if (c->mm) r = gemma3_wrap(c, r, src_dir);
     char *text = cJSON_Print(r);
     cJSON_Delete(r);
     write_file_atomic(path, text, strlen(text));
@@ -855,23 +969,26 @@ int model_hf_tensors(const Model *m, HFTensor *out) {
         n++;                                                                                               \
     } while (0)
     // FP8 embeddings / LM head are given as weights (lin), which model_save_hf dequantizes
-    ADD(m->w.wte, m->w.wte ? NULL : &m->w.emb, -1, -1, c->V, c->C, "model.embed_tokens.weight");
-    ADD(m->w.norm, NULL, -1, -1, c->C, 0, "model.norm.weight");
-    if (!c->tied) ADD(m->w.lm_head, m->w.lm_head ? NULL : &m->w.head, -1, -1, c->V, c->C, "lm_head.weight");
+    const char *pre = config_text_prefix(c);
+    ADD(m->w.wte, m->w.wte ? NULL : &m->w.emb, -1, -1, c->V, c->C, "%sembed_tokens.weight", pre);
+    ADD(m->w.norm, NULL, -1, -1, c->C, 0, "%snorm.weight", pre);
+    if (!c->tied) ADD(m->w.lm_head, m->w.lm_head ? NULL : &m->w.head, -1, -1, c->V, c->C, "%s", config_head_name(c));
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *lw = &m->w.layers[l];
         void *const *np[4];
         const char *nn[4];
         int nnorm = layer_norms(c, lw, np, nn);
-        for (int i = 0; i < nnorm; i++) ADD(*np[i], NULL, -1, -1, c->C, 0, "model.layers.%d.%s.weight", l, nn[i]);
+        for (int i = 0; i < nnorm; i++) ADD(*np[i], NULL, -1, -1, c->C, 0, "%slayers.%d.%s.weight", pre, l, nn[i]);
         if (c->qk_norm) {
-            ADD(lw->q_norm, NULL, -1, -1, c->HD, 0, "model.layers.%d.self_attn.q_norm.weight", l);
-            ADD(lw->k_norm, NULL, -1, -1, c->HD, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+            ADD(lw->q_norm, NULL, -1, -1, c->HD, 0, "%slayers.%d.self_attn.q_norm.weight", pre, l);
+            ADD(lw->k_norm, NULL, -1, -1, c->HD, 0, "%slayers.%d.self_attn.k_norm.weight", pre, l);
         }
         if (c->qkv_bias)
-            for (int i = 0; i < 3; i++) ADD(lw->bias[i], NULL, -1, -1, lw->lin[i].rows, 0, "model.layers.%d.self_attn.%s.bias", l, lin_names[i]);
+            for (int i = 0; i < 3; i++)
+                ADD(lw->bias[i], NULL, -1, -1, lw->lin[i].rows, 0, "%slayers.%d.self_attn.%s.bias", pre, l, lin_names[i]);
         for (int i = 0; i < LIN_COUNT; i++)
-            ADD(NULL, &lw->lin[i], l, i, lw->lin[i].rows, lw->lin[i].cols, "model.layers.%d.%s.%s.weight", l, lin_parent[i], lin_names[i]);
+            ADD(NULL, &lw->lin[i], l, i, lw->lin[i].rows, lw->lin[i].cols, "%slayers.%d.%s.%s.weight", pre, l, lin_parent[i],
+                lin_names[i]);
     }
 #undef ADD
     return n;
@@ -883,18 +1000,31 @@ void model_save_hf(const Model *m, const char *dir, DType dt) {
     int n = model_hf_tensors(m, NULL);
     HFTensor *h = (HFTensor *)mallocCheck(n * sizeof(HFTensor));
     model_hf_tensors(m, h);
-    STWrite *t = (STWrite *)callocCheck(n, sizeof(STWrite));
+    SafeTensors base;  // a multimodal Gemma 3's vision tower and projector, as the checkpoint read holds them
+    int from_base = m->cfg.mm && m->src_dir, nt = n;
+    if (from_base) {
+        st_open_dir(&base, m->src_dir);
+        for (int i = 0; i < base.n; i++) nt += hf_vision_tensor(base.t[i].name);
+    }
+    STWrite *t = (STWrite *)callocCheck(nt, sizeof(STWrite));
     void **bufs = (void **)callocCheck(n, sizeof(void *));
     for (int i = 0; i < n; i++) {
         size_t numel = (size_t)h[i].rows * (h[i].cols ? h[i].cols : 1);
         bufs[i] = to_host_dtype(m, h[i].dense, numel, dt, h[i].lin != NULL, h[i].lin);
         t[i] = (STWrite){h[i].name, dt, h[i].cols ? 2 : 1, {h[i].rows, h[i].cols}, bufs[i]};
     }
+    for (int i = 0, k = n; from_base && i < base.n; i++) {
+        const STensor *b = &base.t[i];
+        if (!hf_vision_tensor(b->name)) continue;
+        t[k] = (STWrite){b->name, b->dtype, b->ndim, {0}, b->data};
+        memcpy(t[k++].shape, b->shape, sizeof b->shape);
+    }
     char p[4096];
     path_join(p, sizeof p, dir, "model.safetensors");
-    st_write(p, t, n, "{\"format\":\"pt\"}");
+    st_write(p, t, nt, "{\"format\":\"pt\"}");
+    if (from_base) st_close(&base);
     path_join(p, sizeof p, dir, "config.json");
-    config_write(&m->cfg, p, dt);
+    config_write(&m->cfg, p, dt, m->cfg.mm ? m->src_dir : NULL);
     for (int i = 0; i < n; i++) free(bufs[i]);
     free(h);
     free(t);
@@ -913,6 +1043,7 @@ void model_free(Model *m) {
     if (m->inv_freq_local) be->free(m->inv_freq_local);
     for (int i = 0; i < m->n_fp8_train; i++) be->fp8_train_free(m->fp8_train[i]);
     free(m->fp8_train);
+    free(m->src_dir);
     model_free_scratch(m);
     memset(m, 0, sizeof *m);
 }
@@ -989,6 +1120,7 @@ void model_sqnr_report(const char *dir, FILE *f) {
     read_config(&c, dir);
     SafeTensors st;
     st_open_dir(&st, dir);
+    find_layout(&c, &st, dir);
     Loader ld = {&st, &c, NULL, dir, NULL};
     fprintf(f, "per-layer FP8 (E4M3) quantization error of %s: SQNR in dB (higher is better)\n", dir);
     fprintf(f, "%-5s %-10s %9s %9s %9s %11s\n", "layer", "weight", "tensor", "row", "block", "block-pow2");
@@ -997,7 +1129,7 @@ void model_sqnr_report(const char *dir, FILE *f) {
     for (int l = 0; l < c.L; l++)
         for (int i = 0; i < LIN_COUNT; i++) {
             char nm[512];
-            snprintf(nm, sizeof nm, "model.layers.%d.%s.%s.weight", l, lin_parent[i], lin_names[i]);
+            snprintf(nm, sizeof nm, "%slayers.%d.%s.%s.weight", config_text_prefix(&c), l, lin_parent[i], lin_names[i]);
             int rows, cols;
             lin_shape(&c, i, &rows, &cols);
             const STensor *t = need(&ld, nm, rows, cols);

@@ -324,6 +324,44 @@ START_TEST(test_fp32_merge) {
 }
 END_TEST
 
+// Gemma 3 as published, under either naming: the export of the multimodal fixture + peft's adapter is the
+// whole checkpoint again: the base's tensor names, its vision tower and projector byte for byte, config.json
+// of the same kind (Gemma3ForConditionalGeneration); loaded back, its text logits are base + adapter unmerged
+// within 1e-5. (dev/make_gemma3_mm_fixture.py --check-export loads such an export in transformers.)
+START_TEST(test_gemma3_multimodal_whole) {
+    const char *bases[2] = {"gemma3_mm", "gemma3_mm_v5"};
+    for (int k = 0; k < 2; k++) {
+        char args[4096], out[128], model[1024], lora[1024], p[256];
+        fixture_path(model, sizeof model, bases[k]);
+        fixture_path(lora, sizeof lora, "peft/gemma3_mm_lora");
+        snprintf(out, sizeof out, "%s/%s", tmp, bases[k]);
+        snprintf(args, sizeof args, "--model %s --lora %s --output_dir %s --dtype fp32", model, lora, out);
+        char *err;
+        ck_assert_int_eq(run_export(args, &err), 0);
+        ck_assert_msg(strstr(err, "the vision tower and projector copied from the base as they are"), "%s", err);
+        free(err);
+        snprintf(p, sizeof p, "%s/config.json", out);
+        char *text = read_file(p, NULL);
+        cJSON *cfg = cJSON_Parse(text), *ar = cJSON_GetObjectItem(cfg, "architectures");
+        ck_assert_str_eq(cJSON_GetObjectItem(cfg, "model_type")->valuestring, "gemma3");
+        ck_assert_str_eq(cJSON_GetArrayItem(ar, 0)->valuestring, "Gemma3ForConditionalGeneration");
+        ck_assert(cJSON_IsObject(cJSON_GetObjectItem(cfg, "vision_config")));
+        cJSON_Delete(cfg);
+        free(text);
+        ck_assert_int_eq(assert_whole_checkpoint(model, out), 34);  // SigLIP's 1 layer (16), embeddings (3), post-norm
+                                                                   // and head (13), projector (2)
+        Model m;
+        float *ref = logits_of(model, FP8_OFF, lora, &m), *got = logits_of(out, FP8_OFF, NULL, NULL);
+        double e = rel_l2(got, ref, (size_t)2 * 24 * m.cfg.V);
+        printf("%s: fp32 export, whole: logits rel L2 %.2g from base + adapter unmerged (tol 1e-5)\n", bases[k], e);
+        ck_assert_msg(e <= 1e-5, "rel L2 %g", e);
+        free(ref);
+        free(got);
+        model_free(&m);
+    }
+}
+END_TEST
+
 // Rounded once: a merged value just above (below) a BF16 midpoint goes up (down). The base's layer-0
 // q_proj is all 1 + 2^-8 (F32), a midpoint between the BF16 neighbours 1 and 1 + 2^-7; an adapter of
 // rank 1 on q_proj adds +-2^-30 by row. Rounded to fp32 first, 1 + 2^-8 +- 2^-30 would be the midpoint
@@ -841,6 +879,7 @@ Suite *export_suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_bf16_merge);
     tcase_add_test(tc, test_fp32_merge);
+    tcase_add_test(tc, test_gemma3_multimodal_whole);
     tcase_add_test(tc, test_bf16_rounded_once);
     tcase_add_test(tc, test_fp8_equals_load_in_fp8_block);
     tcase_add_test(tc, test_fp8_merge_report);

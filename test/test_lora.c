@@ -201,6 +201,91 @@ START_TEST(test_peft_roundtrip_mistral_gemma3) {
 }
 END_TEST
 
+// Gemma 3 as published (Gemma3ForConditionalGeneration, test/fixtures/gemma3_mm, made by
+// dev/make_gemma3_mm_fixture.py), both ways:
+//   peft -> here: the adapter peft made on the multimodal model (its modules model.language_model.layers.*)
+//     gives peft's logits within 1e-5 (of the largest), on the checkpoint under either naming;
+//   here -> peft: a seeded adapter saved by lora_save_peft is byte for byte test/fixtures/peft/gemma3_mm_c_lora,
+//     which the fixture script loaded in peft on Gemma3ForConditionalGeneration (--check-adapter): its logits there,
+//     gemma3_mm_c_lora_logits.npy, are the ones here within 1e-5. Its tensor names are those peft gives.
+// An adapter that adapts the vision tower (target_modules a list: SigLIP has q_proj, k_proj, v_proj too) is
+// refused in one line.
+static int file_equal(const char *a, const char *b) {
+    size_t na, nb;
+    char *x = read_file(a, &na), *y = read_file(b, &nb);
+    int eq = na == nb && !memcmp(x, y, na);
+    free(x);
+    free(y);
+    return eq;
+}
+START_TEST(test_peft_gemma3_multimodal) {
+    const char *bases[2] = {"gemma3_mm", "gemma3_mm_v5"};
+    char p[1024], q[1200], dir[] = "/tmp/fp8grpo_lora_mmXXXXXX";
+    for (int k = 0; k < 2; k++) {
+        Model m;
+        load_arch(&m, backend_cpu(), bases[k]);
+        fixture_path(p, sizeof p, "peft/gemma3_mm_lora");
+        LoRA *lo = lora_load_peft(&m, p);
+        ck_assert_uint_eq(lo->targets, (1u << LIN_COUNT) - 1);
+        m.lora = lo;
+        m.lora_on = 1;
+        double mx, err = logits_err_of(&m, "gemma3_mm/tokens.npy", "peft/gemma3_mm_lora_logits.npy", &mx);
+        printf("%s: peft's adapter: max |logit - Gemma3ForConditionalGeneration+peft| %.3g (max |logit| %.3g)\n", bases[k],
+               err, mx);
+        ck_assert_msg(err <= 1e-5 * mx, "%s: max |diff| %g", bases[k], err);
+        lora_free(lo);
+        m.lora = NULL;
+        model_free(&m);
+    }
+
+    Model m;
+    load_arch(&m, backend_cpu(), "gemma3_mm");
+    LoRA *a = lora_create(&m, 4, 8.0f, lora_parse_targets("all"), 3, 0);
+    Rng r = rng_make(11);
+    for (size_t i = 0; i < a->n; i++) ((float *)a->params)[i] += 0.2f * rng_normal(&r);  // B = 0 at init
+    ck_assert(mkdtemp(dir));
+    lora_save_peft(a, &m, dir, "test/fixtures/gemma3_mm", NULL);
+    const char *files[2] = {"adapter_model.safetensors", "adapter_config.json"};
+    for (int i = 0; i < 2; i++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "peft/gemma3_mm_c_lora/%s", files[i]);
+        fixture_path(p, sizeof p, rel);
+        snprintf(q, sizeof q, "%s/%s", dir, files[i]);
+        ck_assert_msg(file_exists(p) && file_equal(p, q),
+                      "%s differs from what lora_save_peft writes now (%s, kept): if the change is meant, copy it there and "
+                      "run python3 dev/make_gemma3_mm_fixture.py --check-adapter on it", p, q);
+    }
+    // the names peft gave its own adapter on this model
+    SafeTensors ours, theirs;
+    snprintf(q, sizeof q, "%s/adapter_model.safetensors", dir);
+    st_open(&ours, q);
+    fixture_path(p, sizeof p, "peft/gemma3_mm_lora/adapter_model.safetensors");
+    st_open(&theirs, p);
+    ck_assert_int_eq(ours.n, theirs.n);
+    for (int i = 0; i < ours.n; i++) ck_assert_msg(st_find(&theirs, ours.t[i].name), "peft has no %s", ours.t[i].name);
+    st_close(&ours);
+    st_close(&theirs);
+    m.lora = a;
+    m.lora_on = 1;
+    double mx, err = logits_err_of(&m, "gemma3_mm/tokens.npy", "peft/gemma3_mm_c_lora_logits.npy", &mx);
+    printf("gemma3_mm: the adapter saved here, in peft: max |logit here - there| %.3g (max |logit| %.3g)\n", err, mx);
+    ck_assert_msg(err <= 1e-5 * mx, "max |diff| %g", err);
+    m.lora = NULL;
+
+    // a list of names: peft adapts the vision tower's q_proj too
+    snprintf(q, sizeof q, "%s/adapter_model.safetensors", dir);
+    STWrite t = {"base_model.model.model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.lora_A.weight", DT_F32, 2,
+                 {4, 16}, calloc(64, sizeof(float))};
+    st_write(q, &t, 1, NULL);
+    free((void *)t.data);
+    EXPECT_DIE(lora_load_peft(&m, dir), "adapts the vision tower, and fp8-grpo runs Gemma 3's text model only");
+    lora_free(a);
+    model_free(&m);
+    snprintf(q, sizeof q, "rm -rf %s", dir);
+    ck_assert_int_eq(system(q), 0);
+}
+END_TEST
+
 // adapter_config.json's target_modules read as PEFT reads it: a string is a regular expression the
 // whole module name must match, a list holds names (or name endings); a tensor of a module the
 // config does not select is an error, never ignored
@@ -537,6 +622,7 @@ static Suite *lora_suite(void) {
     tcase_add_test(tc, test_peft_base_found_anywhere);
     tcase_add_test(tc, test_peft_roundtrip_mistral_gemma3);
     tcase_add_test(tc, test_peft_target_modules);
+    tcase_add_test(tc, test_peft_gemma3_multimodal);
     tcase_add_test(tc, test_init_like_peft);
     tcase_add_test(tc, test_adamw_step);
     tcase_add_test(tc, test_adamw_fused);

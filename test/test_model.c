@@ -7,6 +7,7 @@
 // differences of every gradient the backward produces, save/load round trips, a tokenizer of
 // another checkpoint said at load, the reason given on a machine without a GPU.
 #include <check.h>
+#include <cjson/cJSON.h>
 #include <dlfcn.h>
 #include <limits.h>
 #include <math.h>
@@ -19,7 +20,7 @@
 #include "io/safetensors.h"
 #include "train/full_finetune.h"
 
-static const char *ARCHS[] = {"qwen3", "qwen2", "llama3", "mistral", "gemma3"};
+static const char *ARCHS[] = {"qwen3", "qwen2", "llama3", "mistral", "gemma3", "gemma3_mm"};
 #define N_ARCHS ((int)(sizeof ARCHS / sizeof ARCHS[0]))
 
 static void fixture(char *out, size_t cap, const char *arch, const char *file) {
@@ -151,7 +152,7 @@ START_TEST(test_config_bad) {
                "not supported");
     // Mistral / Gemma 3: what is not implemented is said with the way out
 #define GEMMA_BASE "{\"model_type\":\"gemma3_text\",\"vocab_size\":10,\"hidden_size\":8,\"intermediate_size\":8," \
-                   "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"head_dim\":4"
+                   "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"num_key_value_heads\":2,\"head_dim\":4"
     EXPECT_DIE(config_from_json(&c, GEMMA_BASE ",\"final_logit_softcapping\":30.0}", "x.json"),
                "\"final_logit_softcapping\" is set: logit soft-capping (Gemma 2) is not supported");
     EXPECT_DIE(config_from_json(&c, GEMMA_BASE ",\"attn_logit_softcapping\":50.0}", "x.json"), "attention soft-capping");
@@ -162,7 +163,6 @@ START_TEST(test_config_bad) {
     EXPECT_DIE(config_from_json(&c, GEMMA_BASE ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":8}}", "x.json"),
                "rope scaling type \"yarn\" is not supported (default, linear and llama3 are)");
 #undef GEMMA_BASE
-    EXPECT_DIE(config_from_json(&c, "{\"model_type\":\"gemma3\"}", "x.json"), "use a text-only checkpoint");
     EXPECT_DIE(config_from_json(&c,
                                 "{\"model_type\":\"mistral\",\"vocab_size\":10,\"hidden_size\":8,\"intermediate_size\":8,"
                                 "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"sliding_window\":0}",
@@ -173,6 +173,113 @@ START_TEST(test_config_bad) {
                                 "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"use_sliding_window\":true}",
                                 "x.json"),
                "use_sliding_window true is not supported for qwen2");
+}
+END_TEST
+
+// Gemma 3 as published: the 4B's config.json as Google ships it (text_config without its heads, vocabulary or
+// head_dim: Gemma3TextConfig's defaults), and what is refused
+START_TEST(test_config_gemma3_multimodal) {
+    Config c;
+    config_from_json(&c,
+                     "{\"architectures\":[\"Gemma3ForConditionalGeneration\"],\"boi_token_index\":255999,"
+                     "\"eoi_token_index\":256000,\"eos_token_id\":[1,106],\"image_token_index\":262144,"
+                     "\"mm_tokens_per_image\":256,\"model_type\":\"gemma3\",\"text_config\":{\"hidden_size\":2560,"
+                     "\"intermediate_size\":10240,\"model_type\":\"gemma3_text\",\"num_hidden_layers\":34,"
+                     "\"rope_scaling\":{\"factor\":8.0,\"rope_type\":\"linear\"},\"sliding_window\":1024},"
+                     "\"torch_dtype\":\"bfloat16\",\"vision_config\":{\"hidden_size\":1152,\"model_type\":"
+                     "\"siglip_vision_model\",\"num_hidden_layers\":27}}",
+                     "config.json");
+    ck_assert_int_eq(c.arch, ARCH_GEMMA3);
+    ck_assert(c.gemma && c.mm == MM_V4 && c.tied && c.qk_norm);
+    ck_assert_int_eq(c.V, 262208);
+    ck_assert_int_eq(c.C, 2560);
+    ck_assert_int_eq(c.FF, 10240);
+    ck_assert_int_eq(c.L, 34);
+    ck_assert_int_eq(c.NH, 8);
+    ck_assert_int_eq(c.KVH, 4);
+    ck_assert_int_eq(c.HD, 256);
+    ck_assert_int_eq(c.window, 1024);
+    ck_assert(c.sliding[0] && !c.sliding[5] && c.sliding[6] && !c.sliding[11]);  // every sixth layer full
+    ck_assert_int_eq(c.rope_scaling, 2);
+    ck_assert_float_eq(c.rope_factor, 8.0f);
+    ck_assert_float_eq(c.rope_theta, 1e6f);
+    ck_assert_float_eq(c.rope_local_theta, 10000.0f);
+    ck_assert_float_eq(c.query_pre_attn_scalar, 256.0f);
+    ck_assert_int_eq(c.bos_id, 2);  // Gemma3TextConfig's: the file has none
+    ck_assert_int_eq(c.n_eos, 2);
+    ck_assert_int_eq(c.eos_ids[1], 106);
+    ck_assert_int_eq(c.n_mm_ids, 3);
+    ck_assert(c.mm_ids[0] == 262144 && c.mm_ids[1] == 255999 && c.mm_ids[2] == 256000);
+    ck_assert_str_eq(config_text_prefix(&c), "language_model.model.");
+    ck_assert(hf_vision_tensor("vision_tower.vision_model.embeddings.patch_embedding.weight"));
+    ck_assert(hf_vision_tensor("model.multi_modal_projector.mm_input_projection_weight"));
+    ck_assert(!hf_vision_tensor("language_model.model.norm.weight"));
+    EXPECT_DIE(config_from_json(&c, "{\"model_type\":\"gemma3\",\"text_config\":{\"model_type\":\"llama\"}}", "x.json"),
+               "text_config's model_type must be \"gemma3_text\"");
+    EXPECT_DIE(config_from_json(&c, "{\"model_type\":\"gemma3\",\"text_config\":[1]}", "x.json"), "\"text_config\" must be an object");
+    EXPECT_DIE(config_from_json(&c, "{\"model_type\":\"gemma3\",\"text_config\":{\"final_logit_softcapping\":30}}", "x.json"),
+               "x.json: text_config: \"final_logit_softcapping\" is set");
+}
+END_TEST
+
+// The multimodal fixture under both name layouts: the text logits within 1e-5 (of the largest) of what
+// Gemma3ForConditionalGeneration computes on the same ids; the vision tower is not read (no warning about it),
+// and weights of neither layout are named in one line.
+START_TEST(test_gemma3_multimodal_logits) {
+    const char *dirs[2] = {"gemma3_mm", "gemma3_mm_v5"};
+    const MMLayout want[2] = {MM_V4, MM_V5};
+    char p[1024];
+    fixture(p, sizeof p, "gemma3_mm", "tokens.npy");
+    Npy tk = npy_read(p);
+    fixture(p, sizeof p, "gemma3_mm", "logits.npy");
+    Npy lg = npy_read(p);
+    int B = (int)tk.shape[0], T = (int)tk.shape[1];
+    int *ids = (int *)mallocCheck(B * T * sizeof(int));
+    for (int i = 0; i < B * T; i++) ids[i] = (int)tk.data[i];
+    for (int d = 0; d < 2; d++) {
+        Model m;
+        load_fixture(&m, dirs[d], FP8_OFF);
+        ck_assert_int_eq(m.cfg.mm, want[d]);
+        ck_assert_int_eq(m.cfg.n_mm_ids, 3);
+        ck_assert(m.cfg.mm_ids[0] == 319 && m.cfg.mm_ids[1] == 317 && m.cfg.mm_ids[2] == 318);
+        int V = m.cfg.V;
+        ck_assert_int_eq(lg.shape[2], V);
+        model_forward(&m, ids, B, T);
+        float *out = (float *)mallocCheck((size_t)B * T * V * sizeof(float));
+        model_logits(&m, out);
+        double mx = max_abs_d(lg.data, lg.n), err = 0;
+        for (long i = 0; i < lg.n; i++) err = fmax(err, fabs(out[i] - lg.data[i]));
+        printf("logits %s (Gemma3ForConditionalGeneration's text): max |diff| %.3g, max |logit| %.3g, ratio %.3g\n", dirs[d],
+               err, mx, err / mx);
+        ck_assert_msg(err <= 1e-5 * mx, "%s: max |diff| %g > 1e-5 * %g", dirs[d], err, mx);
+        free(out);
+        model_free(&m);
+    }
+    // the multimodal config.json over a text-only checkpoint's weights
+    char dir[] = "/tmp/fp8grpo_test_mmXXXXXX", src[PATH_MAX], dst[1200];
+    ck_assert(mkdtemp(dir));
+    fixture(src, sizeof src, "gemma3_mm", "config.json");
+    snprintf(dst, sizeof dst, "%s/config.json", dir);
+    size_t n;
+    char *text = read_file(src, &n);
+    write_file_atomic(dst, text, n);
+    free(text);
+    fixture(p, sizeof p, "gemma3", "model.safetensors");
+    ck_assert(realpath(p, src));
+    snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
+    ck_assert_int_eq(symlink(src, dst), 0);
+    Model m;
+    ModelOptions o = opt_dense();
+    EXPECT_DIE(model_load(&m, dir, backend_cpu(), &o),
+               "the weights hold neither language_model.model.embed_tokens.weight (transformers 4.x names) nor "
+               "model.language_model.embed_tokens.weight");
+    unlink(dst);
+    snprintf(dst, sizeof dst, "%s/config.json", dir);
+    unlink(dst);
+    rmdir(dir);
+    free(ids);
+    npy_free(&tk);
+    npy_free(&lg);
 }
 END_TEST
 
@@ -780,8 +887,10 @@ END_TEST
 // (sliding windows, layer types, RoPE bases and scaling, query_pre_attn_scalar) and Gemma's norm names
 // survive it (12 tokens: past both windows)
 START_TEST(test_save_load_roundtrip) {
-    const char *archs[] = {"qwen2", "mistral", "gemma3"};
-    for (int a_ = 0; a_ < 3; a_++) {
+    // gemma3_mm*: model_save_hf writes Gemma3ForConditionalGeneration's config.json and the text model under the
+    // naming it was read in (what bench_grpo --save makes of the gemma3-4b / 27b shapes)
+    const char *archs[] = {"qwen2", "mistral", "gemma3", "gemma3_mm", "gemma3_mm_v5"};
+    for (int a_ = 0; a_ < 5; a_++) {
         char p[1024];
         fixture(p, sizeof p, archs[a_], "");
         Model m, m2;
@@ -801,6 +910,7 @@ START_TEST(test_save_load_roundtrip) {
         ck_assert_msg(memcmp(a, b, 12 * 320 * 4) == 0, "%s: logits changed in the round trip", archs[a_]);
         free(a);
         free(b);
+        if (m.cfg.mm) ck_assert_int_eq(assert_whole_checkpoint(p, dir), 34);  // the vision tower as the base holds it
         model_free(&m);
         model_free(&m2);
         char cmd[1100];
@@ -840,6 +950,43 @@ static void header_variant(const char *dst, const char *src, const char *from, c
     fclose(f);
     free(d);
 }
+
+// bench_grpo --save's gemma3-4b / 27b (a model made here, no checkpoint read): Gemma3ForConditionalGeneration's
+// config.json (the published vision_config, the image ids) and the text model under transformers 4.x's names,
+// which load back as the same model
+START_TEST(test_save_multimodal_made_here) {
+    Config c = fixture_config("gemma3_mm");
+    c.mm = MM_V4;
+    Model m, m2;
+    ModelOptions o = opt_dense();
+    model_init_random(&m, &c, backend_cpu(), &o, 7);
+    char dir[] = "/tmp/fp8grpo_test_savemmXXXXXX", p[1200];
+    ck_assert(mkdtemp(dir));
+    model_save_hf(&m, dir, DT_BF16);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    char *text = read_file(p, NULL);
+    cJSON *r = cJSON_Parse(text);
+    ck_assert_str_eq(cJSON_GetObjectItem(r, "model_type")->valuestring, "gemma3");
+    ck_assert_str_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "architectures"), 0)->valuestring, "Gemma3ForConditionalGeneration");
+    ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(r, "vision_config"), "hidden_size")->valueint, 1152);
+    ck_assert_int_eq(cJSON_GetObjectItem(r, "image_token_index")->valueint, 319);
+    cJSON_Delete(r);
+    free(text);
+    model_load(&m2, dir, backend_cpu(), &o);
+    ck_assert_int_eq(m2.cfg.mm, MM_V4);
+    ck_assert_msg(!memcmp(&m.cfg, &m2.cfg, sizeof m.cfg), "config.json changed in the round trip");
+    SafeTensors st;
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    st_open(&st, p);
+    ck_assert(st_find(&st, "language_model.model.layers.2.mlp.down_proj.weight"));
+    for (int i = 0; i < st.n; i++) ck_assert_msg(!strncmp(st.t[i].name, "language_model.model.", 21), "%s", st.t[i].name);
+    st_close(&st);
+    model_free(&m);
+    model_free(&m2);
+    snprintf(p, sizeof p, "rm -rf %s", dir);
+    ck_assert_int_eq(system(p), 0);
+}
+END_TEST
 
 START_TEST(test_bad_safetensors) {
     char src[1024], dir[] = "/tmp/fp8grpo_test_badXXXXXX", p[1200], cfg[1024], cp[1200];
@@ -1188,6 +1335,8 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_config_v4_keys);
     tcase_add_test(tc, test_config_bad);
     tcase_add_test(tc, test_config_gemma3_v4);
+    tcase_add_test(tc, test_config_gemma3_multimodal);
+    tcase_add_test(tc, test_gemma3_multimodal_logits);
     tcase_add_test(tc, test_inv_freq);
     tcase_add_test(tc, test_logits_full_forward);
     tcase_add_test(tc, test_logprobs_match_logits);
@@ -1204,6 +1353,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_gradients_gemma3);
     tcase_add_test(tc, test_recompute_identical);
     tcase_add_test(tc, test_save_load_roundtrip);
+    tcase_add_test(tc, test_save_multimodal_made_here);
     tcase_add_test(tc, test_bad_safetensors);
     tcase_add_test(tc, test_bad_checkpoint);
     tcase_add_test(tc, test_generate_cli);

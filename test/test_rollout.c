@@ -55,6 +55,55 @@ START_TEST(test_greedy_matches_transformers) {
 }
 END_TEST
 
+// A multimodal Gemma 3 (test/fixtures/gemma3_mm): greedy rollouts equal Gemma3ForConditionalGeneration's
+// generate on text; the ids of Config.mm_ids are never produced. To see the mask work, mm_ids is set to the two
+// ids greedy decoding picks first: then the first token is the argmax over the other ids, its logprob the
+// log-softmax over them, and no completion, greedy or sampled, holds either id.
+START_TEST(test_never_image_ids) {
+    Model m;
+    load(&m, "gemma3_mm", FP8_OFF);
+    ck_assert_int_eq(m.cfg.n_mm_ids, 3);
+    int *prompt = fixture_prompt("gemma3_mm", 0, 8), plen = 8, V = m.cfg.V;
+    char p[1024];
+    fixture_path(p, sizeof p, "gemma3_mm/generate.npy");
+    Npy gen = npy_read(p);
+    uint64_t seeds[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    RolloutConfig rc = {1, (int)gen.n, 0.0f, 1.0f, 0, NULL, 0, 4, 1};
+    Rollout r;
+    rollout_run(&m, &rc, 1, (const int *const *)&prompt, &plen, seeds, &r);
+    for (int t = 0; t < gen.n; t++) ck_assert_msg(r.ids[t] == (int)gen.data[t], "token %d: %d vs %d", t, r.ids[t], (int)gen.data[t]);
+    rollout_free(&r);
+    int banned[2] = {(int)gen.data[0], (int)gen.data[1]};
+    ck_assert_int_ne(banned[0], banned[1]);
+    m.cfg.mm_ids[0] = banned[0], m.cfg.mm_ids[1] = banned[1], m.cfg.n_mm_ids = 2;
+    model_forward(&m, prompt, 1, plen);
+    float *lg = (float *)mallocCheck((size_t)plen * V * sizeof(float));
+    model_logits(&m, lg);
+    const float *z = lg + (size_t)(plen - 1) * V;
+    int arg = -1;
+    double sum = 0;
+    for (int j = 0; j < V; j++) {
+        if (j == banned[0] || j == banned[1]) continue;
+        if (arg < 0 || z[j] > z[arg]) arg = j;
+        sum += exp((double)z[j]);
+    }
+    rollout_run(&m, &rc, 1, (const int *const *)&prompt, &plen, seeds, &r);
+    ck_assert_int_eq(r.ids[0], arg);
+    ck_assert_msg(fabs(r.logp[0] - (z[arg] - log(sum))) < 1e-5, "logp %g vs %g", r.logp[0], z[arg] - log(sum));
+    for (int t = 0; t < r.len[0]; t++) ck_assert(r.ids[t] != banned[0] && r.ids[t] != banned[1]);
+    rollout_free(&r);
+    RolloutConfig rs = {8, 16, 1.0f, 1.0f, 0, NULL, 0, 4, 1};
+    rollout_run(&m, &rs, 1, (const int *const *)&prompt, &plen, seeds, &r);
+    for (int s = 0; s < 8; s++)
+        for (int t = 0; t < r.len[s]; t++) ck_assert(r.ids[s * 16 + t] != banned[0] && r.ids[s * 16 + t] != banned[1]);
+    rollout_free(&r);
+    free(lg);
+    npy_free(&gen);
+    free(prompt);
+    model_free(&m);
+}
+END_TEST
+
 // sampled completions with shared prompt blocks (copy-on-write of the partial block)
 // equal those of separately prefilled prompts, token for token and logprob for logprob
 START_TEST(test_prefix_sharing_equals_no_sharing) {
@@ -499,6 +548,7 @@ static Suite *rollout_suite(void) {
     tcase_add_test(tc, test_arena_budget);
     tcase_add_test(tc, test_continuous_batching);
     tcase_add_test(tc, test_fp8_kv_cache);
+    tcase_add_test(tc, test_never_image_ids);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -32,15 +32,20 @@ START_TEST(test_jsonl_formats) {
                "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"Hi\"}, "
                "{\"role\": \"assistant\", \"content\": \"Hello\"}]}\n"
                "{\"prompt\": [{\"role\": \"user\", \"content\": \"2+2?\"}], \"completion\": [{\"role\": \"assistant\", \"content\": \"4\"}]}\n"
-               "  {\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": \"\"}]}  \n");
+               "  {\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": \"\"}]}  \n"
+               // content as a list of parts (gemma-3-it's shape): the texts joined, each stripped, as its template does
+               "{\"messages\": [{\"role\": \"system\", \"content\": [{\"type\": \"text\", \"text\": \"Be brief.\"}]}, "
+               "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \" 2+2 \"}, {\"type\": \"text\", \"text\": \"?\\n\"}]}, "
+               "{\"role\": \"assistant\", \"content\": [{\"type\": \"text\", \"text\": \"4\"}]}]}\n");
     SftText *t;
     long n;
     char err[512];
     ck_assert_msg(sft_read_jsonl(path, &t, &n, err, sizeof err) == 0, "%s", err);
-    ck_assert_int_eq(n, 4);
-    long lines[4] = {1, 3, 4, 5};
-    const char *sys[4] = {NULL, "Be brief.", NULL, NULL}, *prompt[4] = {"17+25=", "Hi", "2+2?", "a"}, *comp[4] = {"42", "Hello", "4", ""};
-    for (int i = 0; i < 4; i++) {
+    ck_assert_int_eq(n, 5);
+    long lines[5] = {1, 3, 4, 5, 6};
+    const char *sys[5] = {NULL, "Be brief.", NULL, NULL, "Be brief."}, *prompt[5] = {"17+25=", "Hi", "2+2?", "a", "2+2?"},
+               *comp[5] = {"42", "Hello", "4", "", "4"};
+    for (int i = 0; i < 5; i++) {
         ck_assert_int_eq(t[i].line, lines[i]);
         ck_assert_int_eq(t[i].conversational, i > 0);
         if (sys[i]) ck_assert_str_eq(t[i].system, sys[i]);
@@ -66,8 +71,12 @@ START_TEST(test_jsonl_errors) {
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": \"b\"}, "
          "{\"role\": \"user\", \"content\": \"c\"}, {\"role\": \"assistant\", \"content\": \"d\"}]}",
          "multi-turn conversations are not"},
-        {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"}]}]}",
-         "content as a list of parts is not supported"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\", \"url\": \"cat.png\"}, {\"type\": \"text\", "
+         "\"text\": \"a\"}]}, {\"role\": \"assistant\", \"content\": \"b\"}]}",
+         "\"messages\"[0] has an image (part 0): fp8-grpo trains a model on text (Gemma 3's vision tower is not read): give "
+         "text parts only"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": 3}]}]}",
+         "\"messages\"[0]'s content part 0 is not {\"type\": \"text\", \"text\": \"...\"}"},
         {"{\"messages\": [{\"role\": \"user\"}]}", "\"messages\"[0] is not a {\"role\": ..., \"content\": \"text\"} message"},
         {"{\"text\": \"some text\"}", "\"text\" (language modelling, a loss on every token) is not supported"},
         {"{\"prompt\": \"1+1?\", \"answer\": \"2\"}", "\"prompt\"/\"answer\" is train_grpo's data"},

@@ -1016,6 +1016,65 @@ START_TEST(test_output_dir_locked) {
 }
 END_TEST
 
+// Gemma 3 as published: ./train_grpo and ./train_sft run on the multimodal fixture (test/fixtures/gemma3_mm:
+// Gemma3ForConditionalGeneration, vocabulary 320, with the built-in model's tokenizer of a byte a token beside
+// it), and the model line says the vision tower is not read. GRPO's adapter is one PEFT resolves on the
+// multimodal model (its names under model.language_model., target_modules over the language model only); SFT's
+// full fine-tune is the whole checkpoint again (the vision tower and projector as the base holds them).
+static void assert_mm_adapter(const char *ckpt) {
+    char p[1500];
+    snprintf(p, sizeof p, "%s/adapter_model.safetensors", ckpt);
+    SafeTensors st;
+    st_open(&st, p);
+    ck_assert_int_gt(st.n, 0);
+    for (int i = 0; i < st.n; i++)
+        ck_assert_msg(!strncmp(st.t[i].name, "base_model.model.model.language_model.layers.", 45), "%s", st.t[i].name);
+    st_close(&st);
+    snprintf(p, sizeof p, "%s/adapter_config.json", ckpt);
+    char *text = read_file(p, NULL);
+    ck_assert_msg(strstr(text, "\"target_modules\":\t\".*language_model.*\\\\.("), "%s", text);
+    free(text);
+}
+START_TEST(test_gemma3_multimodal_trains) {
+    setup();
+    char dir[1200], model[1300], data[1300], rel[1024], q[PATH_MAX], warm[1400], cmd[3 * PATH_MAX + 4096], out[16384],
+        err[4096], ck[1400];
+    fresh_dir("gemma3_mm", dir, sizeof dir);
+    snprintf(rel, sizeof rel, "%s/warm", base_dir);
+    warm_dir_in(rel, warm, sizeof warm);
+    snprintf(model, sizeof model, "%s/model", dir);
+    fixture_path(rel, sizeof rel, "gemma3_mm");
+    ck_assert(realpath(rel, q));
+    snprintf(cmd, sizeof cmd, "mkdir %s && ln -s %s/config.json %s/model.safetensors %s/ && cp %s/tokenizer.json %s/tokenizer_config.json %s/",
+             model, q, q, model, warm, warm, model);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(data, sizeof data, "%s/data.jsonl", dir);
+    const char *text = "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n{\"prompt\": \"2+3=\", \"answer\": \"5\"}\n";
+    write_file_atomic(data, text, strlen(text));
+    snprintf(cmd, sizeof cmd, "./train_grpo --device cpu --quiet --model %s --data %s --heldout_frac 0 --max_steps 2 "
+             "--per_device_train_batch_size 4 --num_generations 4 --max_completion_length 4 --save_steps 2 --output_dir %s/grpo",
+             model, data, dir);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(strstr(out, "the text model of a multimodal gemma3 (its vision tower and projector are not read: text only)"),
+                  "%s", out);
+    ck_assert_msg(!strstr(err, "warning"), "%s", err);
+    snprintf(ck, sizeof ck, "%s/grpo/checkpoint-2", dir);
+    assert_mm_adapter(ck);
+    snprintf(data, sizeof data, "%s/sft.jsonl", dir);
+    text = "{\"prompt\": \"1+1=\", \"completion\": \"2\"}\n{\"prompt\": \"2+3=\", \"completion\": \"5\"}\n";
+    write_file_atomic(data, text, strlen(text));
+    snprintf(cmd, sizeof cmd, "./train_sft --device cpu --quiet --model %s --data %s --max_steps 2 --save_steps 2 "
+             "--per_device_train_batch_size 2 --output_dir %s/sft", model, data, dir);
+    ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    snprintf(ck, sizeof ck, "%s/sft/checkpoint-2", dir);
+    ck_assert_int_eq(assert_whole_checkpoint(model, ck), 34);
+    snprintf(cmd, sizeof cmd, "%s/config.json", ck);
+    char *cfg = read_file(cmd, NULL);
+    ck_assert_msg(strstr(cfg, "\"Gemma3ForConditionalGeneration\"") && strstr(cfg, "\"vision_config\""), "%s", cfg);
+    free(cfg);
+}
+END_TEST
+
 // ./generate --tokenize: the ids on stdout (a file here), an empty prompt none, exit 0; a config.json
 // with fewer layers than its checkpoint names the tensors it leaves unused
 START_TEST(test_generate_tokenize_and_unused_tensors) {
@@ -1067,7 +1126,12 @@ static Suite *train_suite(void) {
     tcase_add_test(tc, test_overwrite_output_dir);
     tcase_add_test(tc, test_output_dir_locked);
     tcase_add_test(tc, test_generate_tokenize_and_unused_tensors);
+    // its own case: CK_RUN_CASE=gemma3_mm runs it alone
+    TCase *mm = tcase_create("gemma3_mm");
+    tcase_set_timeout(mm, 900);
+    tcase_add_test(mm, test_gemma3_multimodal_trains);
     suite_add_tcase(s, tc);
+    suite_add_tcase(s, mm);
     return s;
 }
 

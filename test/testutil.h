@@ -13,6 +13,8 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "model.h"             // hf_vision_tensor
+#include "io/safetensors.h"
 
 // fixtures live in test/fixtures (run from the repo root, as make test does)
 static inline const char *fixture_dir(void) {
@@ -57,6 +59,28 @@ static inline const char *warm_cache(void) {
     return p;
 }
 static inline void warm_cached(char *out, size_t cap) { warm_dir_in(warm_cache(), out, cap); }
+
+// A checkpoint written from the one in base_dir (an export, a full fine-tune's): the same tensor names, and a
+// multimodal Gemma 3's vision tower and projector byte for byte; returns how many of those there are
+static inline int assert_whole_checkpoint(const char *base_dir, const char *out_dir) {
+    SafeTensors a, b;
+    st_open_dir(&a, base_dir);
+    st_open_dir(&b, out_dir);
+    ck_assert_int_eq(a.n, b.n);
+    int nv = 0;
+    for (int i = 0; i < a.n; i++) {
+        const STensor *x = &a.t[i], *y = st_find(&b, x->name);
+        ck_assert_msg(y, "%s has no %s", out_dir, x->name);
+        if (!hf_vision_tensor(x->name)) continue;
+        nv++;
+        ck_assert_msg(y->dtype == x->dtype && y->ndim == x->ndim && !memcmp(y->shape, x->shape, sizeof x->shape) &&
+                          y->nbytes == x->nbytes && !memcmp(y->data, x->data, x->nbytes),
+                      "%s: %s changed", out_dir, x->name);
+    }
+    st_close(&a);
+    st_close(&b);
+    return nv;
+}
 
 // A loaded .npy array: data converted to double (float32/float64/int32/int64/uint8/bool),
 // shape up to 4 dims.

@@ -1,5 +1,6 @@
 // sft.c: supervised fine-tuning: the JSONL data, its tokens, batches, the completion-only loss
 // and the optimizer step (sft.h).
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 
@@ -13,6 +14,42 @@
 // ----------------------------------------------------------------------------
 // JSONL
 
+// Content given as a list of parts ([{"type": "text", "text": ...}, ...], the shape multimodal chat templates
+// take: gemma-3-it's) made text in the message itself: the parts' texts joined as gemma-3-it's template joins
+// them, each stripped of white space at both ends. An image part is refused: the vision tower is not read.
+// NULL, or what is wrong (into why).
+static const char *join_parts(cJSON *msg, const cJSON *parts, const char *field, int n, char *why, size_t cap) {
+    size_t len = 0;
+    char *out = (char *)mallocCheck(1);
+    const cJSON *p;
+    int k = 0;
+    cJSON_ArrayForEach(p, parts) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(p, "type"), *tx = cJSON_GetObjectItemCaseSensitive(p, "text");
+        const char *t = cJSON_IsString(ty) ? ty->valuestring : NULL;
+        if (t && (!strcmp(t, "image") || !strcmp(t, "image_url")))
+            snprintf(why, cap, "\"%s\"[%d] has an image (part %d): fp8-grpo trains a model on text (Gemma 3's vision tower is "
+                     "not read): give text parts only", field, n, k);
+        else if (!t || strcmp(t, "text") || !cJSON_IsString(tx))
+            snprintf(why, cap, "\"%s\"[%d]'s content part %d is not {\"type\": \"text\", \"text\": \"...\"}", field, n, k);
+        else {
+            const char *a = tx->valuestring, *b = a + strlen(a);
+            while (*a && isspace((unsigned char)*a)) a++;
+            while (b > a && isspace((unsigned char)b[-1])) b--;
+            out = (char *)reallocCheck(out, len + (size_t)(b - a) + 1);
+            memcpy(out + len, a, (size_t)(b - a));
+            len += (size_t)(b - a);
+            k++;
+            continue;
+        }
+        free(out);
+        return why;
+    }
+    out[len] = 0;
+    cJSON_ReplaceItemInObjectCaseSensitive(msg, "content", cJSON_CreateString(out));
+    free(out);
+    return NULL;
+}
+
 // A list of chat messages -> system (optional), user, assistant contents. want_user / want_reply
 // say which roles the list must end with: "messages" has both, a conversational "prompt" the
 // user turn alone, its "completion" the reply alone. Returns NULL, or what is wrong.
@@ -23,9 +60,12 @@ const char *sft_read_messages(const cJSON *list, const char *field, int want_use
     const cJSON *e;
     cJSON_ArrayForEach(e, list) {
         const cJSON *r = cJSON_GetObjectItemCaseSensitive(e, "role"), *c = cJSON_GetObjectItemCaseSensitive(e, "content");
+        if (cJSON_IsObject(e) && cJSON_IsArray(c)) {  // the line's own tree: the list is replaced by its text
+            if (join_parts((cJSON *)e, c, field, n, why, cap)) return why;
+            c = cJSON_GetObjectItemCaseSensitive(e, "content");
+        }
         if (!cJSON_IsObject(e) || !cJSON_IsString(r) || !cJSON_IsString(c)) {
-            snprintf(why, cap, "\"%s\"[%d] is not a {\"role\": ..., \"content\": \"text\"} message%s", field, n,
-                     cJSON_IsArray(c) ? " (content as a list of parts is not supported: give it as text)" : "");
+            snprintf(why, cap, "\"%s\"[%d] is not a {\"role\": ..., \"content\": \"text\"} message", field, n);
             return why;
         }
         if (n < 16) roles[n] = r->valuestring;
