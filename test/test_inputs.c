@@ -335,22 +335,25 @@ static void expect_quick_refusal(const char *const *argv, const char *env, const
 }
 
 // The built-in model, warmed up for a few steps, as a checkpoint of its own (byte-level tokenizer,
-// no chat template) at <scratch>/plain, and the same with a ChatML template at <scratch>/chat
+// no chat template) at <scratch>/plain, and the same with a ChatML template at <scratch>/chat;
+// remove_models: those and the runs' directories gone again (the scratch directory's clean-up at exit
+// removes files only)
+static const char *const MADE[] = {"warm", "plain", "chat", "out"};
+static void remove_models(void) {
+    for (int i = 0; i < 4; i++) rm_rf(scratch_file(MADE[i], NULL));
+}
 static void make_models(void) {
     const char *d = fuzz_scratch();
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s/chat", d);
-    if (dir_exists(cmd)) return;  // (made by the other test of this process, under CK_FORK=no)
+    remove_models();
     snprintf(cmd, sizeof cmd, "./train_grpo --device cpu --quiet --eval_size 0 --warmup_sft_steps 3 --max_steps 1 "
              "--per_device_train_batch_size 8 --output_dir %s/warm >/dev/null 2>&1 && mv %s/warm/warmup-* %s/plain && "
              "cp -r %s/plain %s/chat", d, d, d, d, d);
     ck_assert_msg(system(cmd) == 0, "%s failed", cmd);
-    char p[700];
-    snprintf(p, sizeof p, "%s/chat/tokenizer_config.json", d);
     const char *cfg = "{\"eos_token\": \"<|endoftext|>\", \"chat_template\": \"{% for message in messages %}{{'<|im_start|>' + "
                       "message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
                       "%}{{ '<|im_start|>assistant\\n' }}{% endif %}\"}";
-    write_file_atomic(p, cfg, strlen(cfg));
+    scratch_file("chat/tokenizer_config.json", cfg);
 }
 
 START_TEST(test_streams) {
@@ -380,6 +383,7 @@ START_TEST(test_streams) {
         for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) expect_quick_refusal(runs[k], NULL, out, says[i]);
     }
     unlink(big);
+    remove_models();
 }
 END_TEST
 
@@ -438,6 +442,7 @@ START_TEST(test_silent_cases) {
     text[n] = 0;
     ck_assert_msg(pclose(p) == 0, "%s: %s", cmd, text);
     ck_assert_msg(strstr(text, "; prompts 23-23 tokens in the chat template (mean 23.0)"), "%s", text);
+    remove_models();
 }
 END_TEST
 
