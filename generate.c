@@ -45,10 +45,10 @@ static const Option OPTIONS[] = {
     {"lora", OPT_STRING, OFF(lora), .meta = "DIR", .help = "a PEFT LoRA adapter to apply (e.g. train_grpo's checkpoint-N)"},
     {"allow_other_base", OPT_FLAG, OFF(allow_other_base),
      .help = "apply --lora to a --model other than the base it was trained on (its weights' fingerprint differs)"},
-    {"prompt", OPT_STRING, OFF(prompt), .help = "the prompt as text (needs the checkpoint's tokenizer.json)"},
+    {"prompt", OPT_TEXT, OFF(prompt), .help = "the prompt as text (needs the checkpoint's tokenizer.json)"},
     {"tokens", OPT_STRING, OFF(tokens), .meta = "IDS", .help = "or the prompt as token ids, separated by spaces or commas"},
     {"chat", OPT_FLAG, OFF(chat), .help = "wrap --prompt in the checkpoint's chat format (user turn + assistant prefix)"},
-    {"system_prompt", OPT_STRING, OFF(system_prompt), .help = "with --chat: the system message"},
+    {"system_prompt", OPT_TEXT, OFF(system_prompt), .help = "with --chat: the system message"},
     {"device", OPT_CHOICE, OFF(device), .choices = "auto|cpu|cuda", .dflt = "auto", .help = "auto: the GPU when usable, else the CPU"},
 
     {.name = "FP8 (the frozen weights, as train_grpo's)", .kind = OPT_SECTION},

@@ -69,17 +69,6 @@ static size_t utf8_lossy(Buf *out, const uint8_t *s, size_t n, int keep_tail) {
     buf_put(out, s + run, i - run);
     return 0;
 }
-// the length of the valid UTF-8 that s[0..n) starts with (n: all of it)
-size_t tok_utf8_valid_len(const uint8_t *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        if (s[i] < 0x80) { i++; continue; }
-        uint32_t cp;
-        int k = utf8_char(s + i, n - i, &cp);
-        if (k <= 0) return i;
-        i += k;
-    }
-    return n;
-}
 static int utf8_len1(uint8_t c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }  // of valid text
 
 // Unicode White_Space (Rust's char::is_whitespace and regex \s, used by lstrip/rstrip)
@@ -116,7 +105,7 @@ static size_t bl_encode(const uint8_t *s, size_t n, char *out) {
 
 char *tokenizer_nfc(const char *s, size_t len, size_t *out_len) {
     Buf b = {0}, fix = {0};
-    if (tok_utf8_valid_len((const uint8_t *)s, len) < len) {  // invalid bytes: U+FFFD first, as encode does
+    if (utf8_valid_len((const uint8_t *)s, len) < len) {  // invalid bytes: U+FFFD first, as encode does
         utf8_lossy(&fix, (const uint8_t *)s, len, 0);
         s = fix.p, len = fix.n;
     }
@@ -653,7 +642,7 @@ static int encode_impl(const Tokenizer *t, const char *text, size_t len, int add
     IntVec ids = {0};
     Buf wb = {0};  // words: NUL-separated
     const char *s = text;
-    if (tok_utf8_valid_len((const uint8_t *)text, len) < len) {  // read it as Python's decode(errors="replace")
+    if (utf8_valid_len((const uint8_t *)text, len) < len) {  // read it as Python's decode(errors="replace")
         Buf fix = {0};
         utf8_lossy(&fix, (const uint8_t *)text, len, 0);
         s = ctx_own(&c, fix.p), len = fix.n;
@@ -785,7 +774,7 @@ static void sp_end_run(const Tokenizer *t, TokenizerStream *st, Buf *out) {
     if (!st->nrun) return;
     size_t n = st->nrun;
     st->nrun = 0;
-    if (tok_utf8_valid_len((const uint8_t *)st->run, n) == n) sp_emit(t, st, st->run, n, out);
+    if (utf8_valid_len((const uint8_t *)st->run, n) == n) sp_emit(t, st, st->run, n, out);
     else for (size_t i = 0; i < n; i++) sp_emit(t, st, "\xEF\xBF\xBD", 3, out);
 }
 static void sp_push(const Tokenizer *t, TokenizerStream *st, int id, Buf *out) {

@@ -78,7 +78,7 @@ static const Option OPTIONS[] = {
     {"model", OPT_STRING, OFF(model), .meta = "DIR", .unset = "the built-in tiny model",
      .help = "Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)"},
     {"data", OPT_STRING, OFF(data), .meta = "FILE", .unset = "the built-in --task",
-     .help = "JSONL training data, one {\"prompt\", \"answer\"} per line (GSM8K \"#### N\" answers ok); needs --model"},
+     .help = "JSONL training data, one {\"prompt\", \"answer\"} per line (GSM8K \"#### N\" answers ok; " JSONL_LIMITS "); needs --model"},
     {"eval_data", OPT_STRING, OFF(eval_data), .meta = "FILE", .unset = "a share of --data (--heldout_frac)",
      .help = "JSONL held-out problems for the evaluations, as --data's lines; with it every line of --data trains"},
     {"heldout_frac", OPT_DOUBLE, OFF(heldout_frac), 0, 0.9, .dflt = "0.1",
@@ -93,7 +93,7 @@ static const Option OPTIONS[] = {
      .help = "built-in arithmetic: share of the warm-up's additions shown with the carry forgotten (for GRPO to fix)"},
     {"chat", OPT_INT, OFF(chat), -1, 1, .dflt = "-1",
      .help = "prompts in the chat template: -1 when the tokenizer has one, 0 raw text, 1 always"},
-    {"system_prompt", OPT_STRING, OFF(system_prompt), .help = "system message, for checkpoints with a chat template"},
+    {"system_prompt", OPT_TEXT, OFF(system_prompt), .help = "system message, for checkpoints with a chat template"},
     {"max_prompt_length", OPT_INT, OFF(max_prompt_length), 1, 1e7, .dflt = "512", .help = "a longer prompt (in tokens) is an error"},
     {"device", OPT_CHOICE, OFF(device), .choices = "auto|cpu|cuda", .dflt = "auto", .help = "auto: the GPU when usable, else the CPU"},
     {"seed", OPT_LONG, OFF(seed), 0, 9e18, .dflt = "42", .help = "seed of everything random (data order, LoRA init, sampling)"},
@@ -329,6 +329,7 @@ typedef struct {
     char base_fp[17];       // the fingerprint of the base's weights (st_fingerprint; "": not known yet)
     char metrics[4200];     // <dir>/metrics.jsonl
     int last;               // the newest checkpoint-N in dir (-1: none)
+    int max_pos;            // --model's max_position_embeddings (0: the built-in model)
     const Backend *be;
     Task task;
     Tokenizer *tok;
@@ -633,7 +634,9 @@ static size_t arena_budget(Run *r) {
 }
 
 // One line on the data: the problems of each split and how the held-out ones were chosen; for a
-// file, the prompts' length in tokens (the text alone, before any chat template) and the answers'.
+// file, the prompts' length in tokens as the model reads them (in the chat template, with the system
+// prompt, where the run uses one) and the answers'. A prompt over --max_prompt_length dies here, in
+// one line, before the run claims its directory.
 static void data_summary(const Run *r) {
     const Opts *o = &r->o;
     const Task *t = &r->task;
@@ -643,33 +646,47 @@ static void data_summary(const Run *r) {
                100 * t->opt.heldout_frac);
         return;
     }
+    long pmin = LONG_MAX, pmax = 0, amin = LONG_MAX, amax = 0, over = 0, longest = 0;
+    double psum = 0, asum = 0;
+    if (t->kind == TASK_JSONL) {
+        Formatter f = r->fmt;
+        f.max_prompt = INT_MAX;  // (counted here; those over it said below, together)
+        for (long k = 0; k < t->n_items; k++) {
+            int *ids;
+            long np = encode_prompt(&f, t->items[k].prompt, &ids), na = (long)strlen(t->items[k].answer);
+            free(ids);
+            if (np > pmax) longest = k;
+            over += np > r->fmt.max_prompt;
+            pmin = np < pmin ? np : pmin, pmax = np > pmax ? np : pmax, psum += np;
+            amin = na < amin ? na : amin, amax = na > amax ? na : amax, asum += na;
+        }
+        if (over)
+            die("%s%s%s: %ld prompt%s more than --max_prompt_length %d tokens%s (the longest %ld: '%.40s...'): raise "
+                "--max_prompt_length or shorten them", o->data, o->eval_data ? " and " : "", o->eval_data ? o->eval_data : "", over,
+                over == 1 ? " has" : "s have", r->fmt.max_prompt, r->fmt.chat ? " in the chat template" : "", pmax,
+                t->items[longest].prompt);
+        if (r->max_pos && pmax + r->g.max_completion_length > r->max_pos)
+            die("%s%s%s: the longest prompt (%ld tokens%s) and --max_completion_length %d exceed the model's "
+                "max_position_embeddings %d: lower --max_completion_length, or shorten the prompts", o->data,
+                o->eval_data ? " and " : "", o->eval_data ? o->eval_data : "", pmax, r->fmt.chat ? " in the chat template" : "",
+                r->g.max_completion_length, r->max_pos);
+    }
     char how[4300];
     if (o->eval_data) snprintf(how, sizeof how, "those of %s", o->eval_data);
     else if (!o->data) snprintf(how, sizeof how, "%g%% of the problems, by a hash of the problem", 100 * t->opt.heldout_frac);
     else snprintf(how, sizeof how, "--heldout_frac %g of the problems, by a hash of the prompt", o->heldout_frac);
     printf("data: %s: %ld training and %ld held-out problems (held out: %s)", o->data ? o->data : t->name, ntr, nho, how);
-    if (t->kind == TASK_JSONL) {
-        long pmin = LONG_MAX, pmax = 0, amin = LONG_MAX, amax = 0;
-        double psum = 0, asum = 0;
-        for (long k = 0; k < t->n_items; k++) {
-            int *ids;
-            long np = tokenizer_encode(r->tok, t->items[k].prompt, &ids), na = (long)strlen(t->items[k].answer);
-            free(ids);
-            pmin = np < pmin ? np : pmin, pmax = np > pmax ? np : pmax, psum += np;
-            amin = na < amin ? na : amin, amax = na > amax ? na : amax, asum += na;
-        }
-        printf("; prompts %ld-%ld tokens (mean %.1f), answers %ld-%ld characters (mean %.1f)", pmin, pmax, psum / t->n_items, amin,
-               amax, asum / t->n_items);
-    }
+    if (t->kind == TASK_JSONL)
+        printf("; prompts %ld-%ld tokens%s (mean %.1f), answers %ld-%ld characters (mean %.1f)", pmin, pmax,
+               r->fmt.chat ? " in the chat template" : "", psum / t->n_items, amin, amax, asum / t->n_items);
     printf("\n");
 }
 
-// Stage "load": the task, the tokenizer (checked against the checkpoint's vocabulary), the
-// backend, the model (the built-in one through its warm-up), LoRA, and the GPU arena's budget.
-static void load(Run *r) {
+// Stage "inputs": the data, the tokenizer (checked against the checkpoint's vocabulary) and how the
+// prompts become tokens, each bad input said in one line before the run claims its directory; the
+// prompts' lengths counted as the model will read them (data_summary)
+static void read_inputs(Run *r) {
     const Opts *o = &r->o;
-    // the inputs first, each bad one said in one line before any work: the data, then a tokenizer
-    // of another checkpoint; then the backend
     TaskOptions to = task_options_default();
     to.seed = (uint64_t)o->seed;
     to.max_operand = o->max_operand;
@@ -688,22 +705,25 @@ static void load(Run *r) {
         Config cfg;
         config_load_dir(&cfg, o->model);
         config_check_tokenizer(&cfg, tokenizer_vocab_size(r->tok), o->model);
-    }
+        r->max_pos = cfg.max_pos;
+    } else r->tok = tokenizer_byte_level();
+    r->fmt = (Formatter){r->tok, prompts_in_chat(r->tok, o->chat, o->system_prompt, o->model), o->system_prompt, o->max_prompt_length};
+    data_summary(r);
+}
+
+// Stage "load": the backend, the model (the built-in one through its warm-up), LoRA, and the GPU
+// arena's budget.
+static void load(Run *r) {
+    const Opts *o = &r->o;
     r->be = backend_select(o->device, 1);
     Config tc;  // the built-in model's shape (on a GPU a larger one), and the warm-up that makes its weights
     if (!o->model) {
-        r->tok = tokenizer_byte_level();
-        r->fmt.tok = r->tok;
-        r->fmt.chat = 0;
         tc = builtin_config(tokenizer_vocab_size(r->tok), !strcmp(r->be->name, "cuda"));
         r->eos[r->neos++] = tc.eos_ids[0];
         warmup_settings(r, &tc);
     }
-    data_summary(r);
     ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), o->fp8_pow2, o->bf16_first_layers, o->bf16_last_layers,
                        o->fp8_embeddings};
-    r->fmt.system = o->system_prompt;
-    r->fmt.max_prompt = o->max_prompt_length;
     // a resume checked against its checkpoint before any work: the settings, the batch, and the
     // base's fingerprint where the base is there to read (a warm-up still to make: after it)
     if (r->rank0) {
@@ -713,8 +733,6 @@ static void load(Run *r) {
     }
     Model *m = &r->m;
     if (o->model) {
-        r->fmt.tok = r->tok;
-        r->fmt.chat = o->chat >= 0 ? o->chat : strcmp(tokenizer_chat_format(r->tok), "none") != 0;
         model_load(m, o->model, r->be, &mo);
         int n;
         const int *e = tokenizer_eos_ids(r->tok, &n);
@@ -1383,8 +1401,9 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     r.dist = dist_from_env();  // the ranks (torchrun's or srun's environment; none: one process)
     r.rank0 = dist_rank(r.dist) == 0;
+    read_inputs(&r);     // data, tokenizer, prompts: each bad input said before any directory exists
     prepare_output(&r);  // where the run writes; checked now, not after the warm-up
-    load(&r);            // task, tokenizer, model (the built-in one: warm-up, cached), LoRA
+    load(&r);            // backend, model (the built-in one: warm-up, cached), LoRA
     begin(&r);           // resume a checkpoint, or the held-out accuracy before GRPO
 
     Step s;

@@ -76,12 +76,13 @@ static const Option OPTIONS[] = {
     {"model", OPT_STRING, OFF(model), .meta = "DIR", .unset = "required",
      .help = "Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)"},
     {"data", OPT_STRING, OFF(data), .meta = "FILE", .unset = "required",
-     .help = "JSONL, one example per line: {\"prompt\", \"completion\"} as text or as chat messages, or {\"messages\"}"},
+     .help = "JSONL, one example per line: {\"prompt\", \"completion\"} as text or as chat messages, or {\"messages\"} "
+             "(" JSONL_LIMITS ")"},
     {"max_length", OPT_INT, OFF(max_length), 2, 1e7, .dflt = "1024",
      .help = "tokens kept per example, prompt + completion (the start is kept; at most the model's max_position_embeddings)"},
     {"chat", OPT_INT, OFF(chat), -1, 1, .dflt = "-1",
      .help = "prompts in the chat template: -1 when the tokenizer has one, 0 raw text, 1 always"},
-    {"system_prompt", OPT_STRING, OFF(system_prompt), .help = "system message of the examples that have none (chat template only)"},
+    {"system_prompt", OPT_TEXT, OFF(system_prompt), .help = "system message of the examples that have none (chat template only)"},
     {"device", OPT_CHOICE, OFF(device), .choices = "auto|cpu|cuda", .dflt = "auto", .help = "auto: the GPU when usable, else the CPU"},
     {"seed", OPT_LONG, OFF(seed), 0, 9e18, .dflt = "42", .help = "seed of the data order (a shuffle per epoch) and the LoRA init"},
 
@@ -203,7 +204,9 @@ static int option_rows(int dpo, Option *rows) {
             if (!strcmp(o->name, DPO_DEFAULTS[k].name)) o->dflt = DPO_DEFAULTS[k].builtin, o->dflt_model = DPO_DEFAULTS[k].trl;
         if (!strcmp(o->name, "model")) o->unset = "the built-in model (./train_grpo's warm-up), with the built-in task";
         if (!strcmp(o->name, "output_dir")) o->dflt = NULL, o->unset = "a new out/dpo-N";
-        if (!strcmp(o->name, "data")) o->help = "JSONL, one preference pair per line: {\"prompt\", \"chosen\", \"rejected\"} as text or as chat messages";
+        if (!strcmp(o->name, "data"))
+            o->help = "JSONL, one preference pair per line: {\"prompt\", \"chosen\", \"rejected\"} as text or as chat messages "
+                      "(" JSONL_LIMITS ")";
         if (!strcmp(o->name, "max_length")) o->help = "tokens kept per sequence, prompt + completion (truncation_mode says which end)";
         if (!strcmp(o->name, "per_device_train_batch_size")) o->help = "pairs per forward/backward (2x that sequences: chosen and rejected)";
         if (!strcmp(o->name, "gradient_accumulation_steps")) o->help = "micro-batches per optimizer step (the loss: the mean over all their pairs)";
@@ -547,15 +550,15 @@ static void reference(Run *r) {
            o->use_peft ? "the adapter off" : "every weight as loaded: no frozen copy is kept", now_sec() - t0);
 }
 
-// Stage "load": the tokenizer and the data (each bad input said in one line before the weights
-// are read), the backend, the model, and what is trained.
-static void load(Run *r) {
+// Stage "inputs": the tokenizer and the data, each bad input said in one line before the run claims
+// its directory and the weights are read.
+static void read_inputs(Run *r) {
     Opts *o = &r->o;
     r->tok = tokenizer_load_dir(o->model);
     Config cfg;
     config_load_dir(&cfg, o->model);
     config_check_tokenizer(&cfg, tokenizer_vocab_size(r->tok), o->model);
-    int chat = o->chat >= 0 ? o->chat : strcmp(tokenizer_chat_format(r->tok), "none") != 0;
+    int chat = prompts_in_chat(r->tok, o->chat, o->system_prompt, o->model);
     int max_length = o->max_length;
     if (max_length > cfg.max_pos) {  // said when given; the default is the model's length where that is shorter
         if (o->max_length_given)
@@ -568,7 +571,11 @@ static void load(Run *r) {
     if (o->builtin) builtin_pairs(r, &f);
     else if (o->dpo) load_pairs(r, &f);
     else load_examples(r, &f);
+}
 
+// Stage "load": the backend, the model, and what is trained.
+static void load(Run *r) {
+    Opts *o = &r->o;
     if (!r->be) r->be = backend_select(o->device, 1);
     ModelOptions mo = {(FP8Gran)fp8_gran_parse(o->load_in_fp8), 0, o->bf16_first_layers, o->bf16_last_layers, 0};
     model_load(&r->m, o->model, r->be, &mo);
@@ -792,8 +799,9 @@ int main(int argc, char **argv) {
     r.dist = dist_from_env();  // the ranks (torchrun's or srun's environment; none: one process)
     r.rank = dist_rank(r.dist), r.world = dist_world(r.dist);
     if (r.o.builtin) builtin_base(&r);  // train_dpo alone: the built-in model (warmed up once) and task
+    read_inputs(&r);     // tokenizer, data: each bad input said before any directory exists
     prepare_output(&r);  // where the run writes, checked before any work
-    load(&r);            // tokenizer, data, backend, model, what is trained
+    load(&r);            // backend, model, what is trained
     if (r.o.builtin) {
         r.acc0 = builtin_accuracy(&r, 0);
         printf("held-out accuracy of the warmed-up model (greedy, %d problems): %.3f\n", eval_count(&r.task, 200), r.acc0);

@@ -1,5 +1,7 @@
 // backend.c: choosing a backend at run time (GPU when usable, CPU otherwise),
 // and host-side conversions of backend values for reports and tests, and the checks both backends share.
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
@@ -19,7 +21,20 @@
 void convert_to_f64(double *dst, const void *src, DType st, size_t n) { CONVERT_BODY(dst, src, st, n) }
 void convert_to_f32(float *dst, const void *src, DType st, size_t n) { CONVERT_BODY(dst, src, st, n) }
 
+long backend_env_rows(const char *name) {
+    const char *v = getenv(name);
+    if (!v) return 0;
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (end == v || *end || errno || n < 1 || n > (1L << 24))
+        die("%s='%.40s': not a number of rows in [1, 16777216]: set a positive integer, or unset it for the default", name, v);
+    return n;
+}
+
 const Backend *backend_select(const char *device, int verbose) {
+    backend_env_rows("FP8GRPO_LOGITS_CHUNK_ROWS");
+    backend_env_rows("FP8GRPO_HEAD_GROUP_ROWS");
     char why[256] = "";
     const Backend *be = NULL;
     if (!strcmp(device, "cpu")) be = backend_cpu();

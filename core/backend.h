@@ -352,6 +352,12 @@ const Backend *backend_cuda(char *why, size_t why_cap);
 // "auto" (GPU when usable, else CPU), "cpu", "cuda"; prints the choice; dies on a bad name or
 // when "cuda" is asked for and unusable
 const Backend *backend_select(const char *device, int verbose);
+// The tuning knobs of the environment (FP8GRPO_LOGITS_CHUNK_ROWS, FP8GRPO_HEAD_GROUP_ROWS: how many
+// rows the CUDA backend's LM head takes at a time; the tests set them small to cover several chunks):
+// the value of the variable name, or 0 when it is unset; anything but a whole number of rows in
+// [1, 2^24] dies in one line. backend_select checks every knob, on any device, so that a typo is said
+// at the start of a run and not ignored.
+long backend_env_rows(const char *name);
 
 // host-side conversion of backend values (act or hp) to fp64 / fp32 for reports and tests
 void convert_to_f64(double *dst, const void *src_host, DType st, size_t n);

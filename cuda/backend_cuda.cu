@@ -523,10 +523,7 @@ static void cu_logits_forward(void *logits, const void *h, const QWeight *wlm, i
 // (FP8GRPO_LOGITS_CHUNK_ROWS overrides it: the tests use it to cover several chunks)
 static int logits_chunk_rows(int N, int V) {
     static long forced = -1;
-    if (forced < 0) {
-        const char *e = getenv("FP8GRPO_LOGITS_CHUNK_ROWS");
-        forced = e ? atol(e) : 0;
-    }
+    if (forced < 0) forced = backend_env_rows("FP8GRPO_LOGITS_CHUNK_ROWS");
     size_t r = forced > 0 ? (size_t)forced : LOGITS_CHUNK_BYTES / ((size_t)V * 4);
     // whole 128-row tiles: the chunk's rows are the reduced dimension of the weight gradient's product
     // (dz^T h), which the FP8 GEMMs take in multiples of 16, and the FP8 head's dz kernel writes in 128s

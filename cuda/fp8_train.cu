@@ -497,10 +497,7 @@ void cu_fp8_head_chunks(float *logp, float *lse, void *dh, float *dw, const floa
     // the rows of a group: whole chunks whose dz^T fits HEAD_DZT_BYTES (at least one chunk;
     // FP8GRPO_HEAD_GROUP_ROWS, a multiple of CH, overrides it: the tests use it to cover several groups)
     static long forced = -1;
-    if (forced < 0) {
-        const char *e = getenv("FP8GRPO_HEAD_GROUP_ROWS");
-        forced = e ? atol(e) : 0;
-    }
+    if (forced < 0) forced = backend_env_rows("FP8GRPO_HEAD_GROUP_ROWS");
     size_t fit = forced > 0 ? (size_t)forced / CH : HEAD_DZT_BYTES / V / CH;
     int GR = dw && fit > 1 ? (int)(fit * CH < (size_t)N ? fit * CH : N) : CH;
     uint8_t *mem = (uint8_t *)cu_scratch(SC_BF16, dz_rows_bytes(CH, V) + (size_t)V * GR);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "io/options.h"
+#include "text/unicode.h"
 
 // the row named name (underscore form), or -1
 static int opt_find(const OptionTable *t, const char *name) {
@@ -72,6 +73,12 @@ static void opt_set(OptionTable *t, int i, const char *v) {
             break;
         }
         case OPT_STRING: *(const char **)p = v; break;
+        case OPT_TEXT: {  // (the tokenizer would read stray bytes as U+FFFD: the prompt would not be the one given)
+            size_t n = strlen(v), ok = utf8_valid_len((const uint8_t *)v, n);
+            if (ok < n) die("--%s: not valid UTF-8 (byte 0x%02X at offset %zu): give the text in UTF-8", o->name, (unsigned char)v[ok], ok);
+            *(const char **)p = v;
+            break;
+        }
         case OPT_CHOICE:
             opt_choices_text(o->choices, what, sizeof what);
             if (!opt_is_choice(o->choices, v)) die("--%s: unknown value '%s': use %s", o->name, v, what);
@@ -139,6 +146,7 @@ void options_parse(OptionTable *t, int argc, char **argv) {
             if (i + 1 >= argc) die("--%s needs a value (see --help)", t->rows[k].name);
             val = argv[++i];
         }
+        if (t->given[k]) die("--%s is given twice (the second time as '%.60s'): give it once", t->rows[k].name, val);
         opt_set(t, k, val);
         t->given[k] = 1;
     }
@@ -173,7 +181,8 @@ void options_help(const OptionTable *t, FILE *f) {
                 case OPT_DOUBLE: meta = "X"; break;
                 case OPT_CHOICE: meta = o->choices; break;
                 case OPT_GRPO: meta = o->choices ? o->choices : "X"; break;
-                case OPT_STRING: meta = "TEXT"; break;
+                case OPT_STRING:
+                case OPT_TEXT: meta = "TEXT"; break;
                 default: meta = "";
             }
         }

@@ -10,6 +10,7 @@
 //   a flag stands alone (--resume) or takes true/false (--resume=false, --resume false),
 //   as transformers' HfArgumentParser reads booleans;
 //   --help (or -h) prints every option with its default and meaning, and exits 0;
+//   an option given twice is an error (which of the two values wins is not obvious);
 //   anything wrong is one line on stderr, "error: --name: what is allowed", and exit 1.
 // Defaults: each row's dflt is parsed like a command-line value before argv is read, so the
 // default --help shows is the one that runs. A row's dflt_model replaces dflt when --model is
@@ -30,6 +31,7 @@ typedef enum {
     OPT_LONG,       // long in [lo, hi]
     OPT_DOUBLE,     // double in [lo, hi]
     OPT_STRING,     // const char * (into argv, or the default's literal)
+    OPT_TEXT,       // the same, text for the model (a prompt, a system message): valid UTF-8
     OPT_CHOICE,     // const char *, one of choices
     OPT_FLAG,       // int, 0 or 1
     OPT_GRPO,       // a GrpoConfig option, set by grpo_config_set (off unused)

@@ -13,12 +13,16 @@
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/common.h"
+#include "text/unicode.h"
 
 
 void example_free(Example *ex) {
@@ -404,13 +408,74 @@ static const char *duplicate_key(const cJSON *j) {
     return NULL;
 }
 
+int jsonl_reader_open(JsonlReader *r, const char *path, char *err, size_t cap) {
+    memset(r, 0, sizeof *r);
+    r->path = path;
+    // O_NONBLOCK: the open of a FIFO must not wait for a writer (reads of a regular file ignore it)
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return error_msg(err, cap, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    const char *what = fstat(fd, &sb) ? strerror(errno)
+                       : S_ISREG(sb.st_mode) ? NULL
+                       : S_ISFIFO(sb.st_mode) ? "a FIFO (pipe)"
+                       : S_ISCHR(sb.st_mode) ? "a character device"
+                       : S_ISDIR(sb.st_mode) ? "a directory" : "not a regular file";
+    if (what) {
+        close(fd);
+        return error_msg(err, cap, "%s is %s, not a file: give a .jsonl file (a stream may never end: save it to a file first)",
+                         path, what);
+    }
+    if (sb.st_size > JSONL_MAX_FILE) {
+        close(fd);
+        return error_msg(err, cap, "%s holds %.2f GiB, more than the %ld GiB a data file may (its examples stay in memory for the "
+                         "whole run): split it, or sample it", path, sb.st_size / 1073741824.0, JSONL_MAX_FILE >> 30);
+    }
+    if (!(r->f = fdopen(fd, "r"))) {
+        close(fd);
+        return error_msg(err, cap, "cannot read %s: %s", path, strerror(errno));
+    }
+    return 0;
+}
+
+void jsonl_reader_close(JsonlReader *r) {
+    if (r->f) fclose(r->f);
+    free(r->line);
+    r->f = NULL, r->line = NULL, r->cap = 0;
+}
+
+// the next line of r->f into r->line, its '\n' dropped: its length; -1 at the end of the file; -2
+// when it is longer than JSONL_MAX_LINE (what was read of it is all the memory it takes)
+static long jsonl_line(JsonlReader *r) {
+    size_t n = 0;
+    int c;
+    if (!r->line) r->line = (char *)mallocCheck(r->cap = 4096);
+    while ((c = getc_unlocked(r->f)) != EOF && c != '\n') {
+        if (n == JSONL_MAX_LINE) return -2;
+        if (n + 1 == r->cap) {  // (room for the NUL, up to JSONL_MAX_LINE + 1 bytes)
+            r->cap = 2 * r->cap < JSONL_MAX_LINE + 1 ? 2 * r->cap : JSONL_MAX_LINE + 1;
+            r->line = (char *)reallocCheck(r->line, r->cap);
+        }
+        r->line[n++] = (char)c;
+    }
+    if (c == EOF && n == 0) return -1;
+    r->line[n] = 0;
+    return (long)n;
+}
+
 int jsonl_next(JsonlReader *r, cJSON **out, char *err, size_t cap) {
     *out = NULL;
-    ssize_t len;
-    while ((len = getline(&r->line, &r->cap, r->f)) >= 0) {
+    long len;
+    while ((len = jsonl_line(r)) != -1) {
         r->lineno++;
+        if (len == -2)
+            return error_msg(err, cap, "%s:%ld: a line longer than %zu MiB, the limit of one example: one JSON object per line", r->path,
+                             r->lineno, JSONL_MAX_LINE >> 20);
         char *s = r->line;
         if ((size_t)len != strlen(s)) return error_msg(err, cap, "%s:%ld: holds a NUL byte: not a text file", r->path, r->lineno);
+        size_t ok = utf8_valid_len((const uint8_t *)s, (size_t)len);
+        if (ok < (size_t)len)
+            return error_msg(err, cap, "%s:%ld: not valid UTF-8 (byte 0x%02X at column %zu): save the file as UTF-8", r->path,
+                             r->lineno, (unsigned char)s[ok], ok + 1);
         if (has_nul_escape(s))
             return error_msg(err, cap, "%s:%ld: a string holds \\u0000 (a NUL character), which a prompt or answer cannot", r->path,
                              r->lineno);
@@ -436,13 +501,13 @@ int jsonl_next(JsonlReader *r, cJSON **out, char *err, size_t cap) {
         *out = j;
         return 1;
     }
+    if (ferror(r->f)) return error_msg(err, cap, "%s:%ld: cannot read on: %s", r->path, r->lineno + 1, strerror(errno));
     return 0;
 }
 
 static int jsonl_open(Task *t, const char *path, char *err, size_t cap) {
-    FILE *f = fopen(path, "r");
-    if (!f) return error_msg(err, cap, "cannot open %s: %s", path, strerror(errno));
-    JsonlReader rd = {f, path, NULL, 0, 0};
+    JsonlReader rd;
+    if (jsonl_reader_open(&rd, path, err, cap)) return -1;
     long ncap = 0;
     int rc;
     cJSON *j;
@@ -489,8 +554,7 @@ static int jsonl_open(Task *t, const char *path, char *err, size_t cap) {
         ex->key = task_key(ex->prompt);
         cJSON_Delete(j);
     }
-    free(rd.line);
-    fclose(f);
+    jsonl_reader_close(&rd);
     if (rc) return rc;
     if (t->n_items == 0) return error_msg(err, cap, "%s: no examples (one JSON object per line with \"prompt\" and \"answer\")", path);
     if (t->n_items > 0xffffffffL) return error_msg(err, cap, "%s: too many examples", path);
@@ -533,10 +597,9 @@ int task_open(Task *t, const char *spec, const TaskOptions *opt, char *err, size
         rc = 0;
     } else {
         size_t n = strlen(spec);
-        FILE *f = fopen(spec, "r");
-        if (!f && (n < 6 || strcmp(spec + n - 6, ".jsonl")))
+        struct stat sb;  // (not opened here: a FIFO's open would wait for a writer)
+        if (stat(spec, &sb) && (n < 6 || strcmp(spec + n - 6, ".jsonl")))
             return error_msg(err, cap, "unknown task '%s': use arithmetic, countdown or a .jsonl file", spec);
-        if (f) fclose(f);
         t->kind = TASK_JSONL;
         rc = jsonl_open(t, spec, err, cap);
     }

@@ -61,19 +61,28 @@ typedef struct {
     long n[2];                // sizes of order[]
 } Task;
 
-// The JSONL reader of every data file (a task's, ./train_sft's): jsonl_next gives the next
-// non-blank line of f parsed as one JSON value: 1 and *out (the caller cJSON_Deletes it), 0 at the
-// end, or -1 with "path:line: not valid JSON (near ...)" (or more than one value) in err.
-// lineno: the line just read. The caller frees line and closes f.
+// The JSONL reader of every data file (a task's, ./train_sft's, ./train_dpo's), with limits, so that
+// no input can hang a run or exhaust its memory: the file must be a regular file (a FIFO, a device
+// such as /dev/zero or a directory is refused at once: a stream never ends), of at most
+// JSONL_MAX_FILE bytes (its examples are held in memory for the whole run), each line of at most
+// JSONL_MAX_LINE bytes and valid UTF-8. jsonl_reader_open: 0, or -1 with a one-line message in err.
+// jsonl_next gives the next non-blank line parsed as one JSON value: 1 and *out (the caller
+// cJSON_Deletes it), 0 at the end, or -1 with "path:line: ..." (not valid JSON, more than one value,
+// too long, not UTF-8) in err. lineno: the line just read. jsonl_reader_close: what open made, freed.
+#define JSONL_MAX_LINE ((size_t)1 << 20)  // 1 MiB: a 100k-token conversation fits, one JSON object
+#define JSONL_MAX_FILE ((long)2 << 30)    // 2 GiB
+#define JSONL_LIMITS "a regular file of UTF-8 text, at most 2 GiB, lines up to 1 MiB"  // (--help's words for both)
 struct cJSON;
 typedef struct {
     FILE *f;
     const char *path;  // for the messages
-    char *line;        // getline's buffer
+    char *line;        // the line just read (NUL-terminated, its '\n' dropped), up to JSONL_MAX_LINE bytes
     size_t cap;
     long lineno;
 } JsonlReader;
+int jsonl_reader_open(JsonlReader *r, const char *path, char *err, size_t cap);
 int jsonl_next(JsonlReader *r, struct cJSON **out, char *err, size_t cap);
+void jsonl_reader_close(JsonlReader *r);
 
 // spec: "arithmetic", "countdown", or a path to a .jsonl file. opt NULL = defaults.
 // Returns 0, or -1 with a one-line message ("data.jsonl:3: missing \"answer\"").

@@ -304,14 +304,14 @@ static void setup_program(void) {
 }
 
 #define DPO_ARGS "--device cpu --quiet --chat 0 --max_steps 20 --per_device_train_batch_size 2 --gradient_accumulation_steps 2 " \
-                 "--learning_rate 1e-3 --logging_steps 5 --save_steps 10"
+                 "--logging_steps 5 --save_steps 10"
 
 START_TEST(test_resume_bit_exact_and_metrics) {
     // 10 steps, then --resume to 20, against 20 straight: the same checkpoint-20, byte for byte, and
     // the same metrics; a LoRA adapter on FP8 weights (the reference the adapter off), and every weight
     // (the reference precomputed, from --model's weights again on the resume)
     setup_program();
-    const char *modes[2] = {"--use_peft --lora_r 4 --load_in_fp8 block", "--learning_rate 1e-4 --loss_type ipo"};
+    const char *modes[2] = {"--use_peft --lora_r 4 --load_in_fp8 block --learning_rate 1e-3", "--learning_rate 1e-4 --loss_type ipo"};
     const char *check[2][2] = {{"optimizer.safetensors", "adapter_model.safetensors"}, {"optimizer.safetensors", "model.safetensors"}};
     for (int k = 0; k < 2; k++) {
         char a[1200], b[1200], cmd[4096], out[8192], p[1400], q[1400];

@@ -3,9 +3,17 @@
 // fuzz-replay) goes through the loader it broke, which must now give the one-line error named
 // here, or (the misaligned tensor) read it correctly; then the programs on a few of them: a
 // one-line error on stderr and exit 1. The fuzz targets themselves are test/fuzz/fuzz_*.c.
+// Then the inputs that never end (/dev/zero, a FIFO, a 1 GiB line) as every data file of the
+// training programs: refused in one line within a second, in under 100 MB, no directory made; and
+// the cases that were accepted without a word (a repeated option, a bad FP8GRPO_* knob, invalid
+// UTF-8, a system prompt with no chat template, a prompt over --max_prompt_length in the template).
 #include <check.h>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fuzz/fuzz.h"
 #include "lora.h"
@@ -15,6 +23,8 @@
 #include "io/safetensors.h"
 #include "tasks/tasks.h"
 #include "train/checkpoint.h"
+#include "train/dpo_train.h"
+#include "train/sft.h"
 
 // the files of the regression input test/fuzz/corpus/<target>/<name>, written as names[] into the
 // scratch directory (fuzz.h's format); returns the directory
@@ -167,6 +177,80 @@ START_TEST(test_jsonl) {
 }
 END_TEST
 
+// the limits of the reader every data file goes through (tasks.h), on each reader: a line over
+// JSONL_MAX_LINE, invalid UTF-8, a file over JSONL_MAX_FILE (sparse: refused by its size, unread),
+// and what is not a regular file (a directory; the FIFO and /dev/zero: test_streams)
+static const char *scratch_file(const char *name, const char *text) {  // text into the scratch directory
+    static char p[8][700];
+    static int k;
+    k = (k + 1) % 8;
+    snprintf(p[k], sizeof p[k], "%s/%s", fuzz_scratch(), name);
+    if (text) write_file_atomic(p[k], text, strlen(text));
+    return p[k];
+}
+static void big_file(const char *path, const char *head, long size) {  // head, then zeros up to size (sparse)
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ck_assert(fd >= 0 && write(fd, head, strlen(head)) == (ssize_t)strlen(head) && ftruncate(fd, size) == 0 && close(fd) == 0);
+}
+// path read by the reader of train_grpo (0), train_sft (1) or train_dpo (2): 0, or -1 with the message in err
+static int read_data(int reader, const char *path, char *err, size_t cap) {
+    Task task;
+    SftText *sft;
+    PrefText *pref;
+    long n;
+    int rc = reader == 0 ? task_open(&task, path, NULL, err, cap)
+             : reader == 1 ? sft_read_jsonl(path, &sft, &n, err, cap) : pref_read_jsonl(path, &pref, &n, err, cap);
+    if (!rc) reader == 0 ? task_free(&task) : reader == 1 ? sft_texts_free(sft, n) : pref_texts_free(pref, n);
+    return rc;
+}
+
+START_TEST(test_jsonl_limits) {
+    const char *good[] = {"{\"prompt\": \"1+1=\", \"answer\": \"2\"}", "{\"prompt\": \"1+1=\", \"completion\": \"2\"}",
+                          "{\"prompt\": \"1+1=\", \"chosen\": \"2\", \"rejected\": \"3\"}"};
+    char err[1024], text[512];
+    for (int i = 0; i < 3; i++) {
+        // the good line alone is read
+        snprintf(text, sizeof text, "%s\n", good[i]);
+        const char *p = scratch_file("data.jsonl", text);
+        ck_assert_msg(read_data(i, p, err, sizeof err) == 0, "%s", err);
+        // invalid UTF-8 (a Latin-1 "é") on line 2: the file, the line and the byte
+        snprintf(text, sizeof text, "%s\n{\"prompt\": \"caf\xE9\"}\n", good[i]);
+        p = scratch_file("latin1.jsonl", text);
+        ck_assert_int_eq(read_data(i, p, err, sizeof err), -1);
+        ck_assert_msg(strstr(err, "latin1.jsonl:2: not valid UTF-8 (byte 0xE9 at column 16): save the file as UTF-8"), "%s", err);
+        // line 2 one byte over JSONL_MAX_LINE (a string of that many x), then a good line: refused at line 2
+        p = scratch_file("long.jsonl", NULL);
+        FILE *f = fopen(p, "w");
+        ck_assert(f);
+        fprintf(f, "%s\n{\"prompt\": \"", good[i]);
+        for (size_t k = 12; k < JSONL_MAX_LINE + 1; k++) fputc('x', f);
+        fprintf(f, "\n%s\n", good[i]);
+        ck_assert(fclose(f) == 0);
+        ck_assert_int_eq(read_data(i, p, err, sizeof err), -1);
+        ck_assert_msg(strstr(err, "long.jsonl:2: a line longer than 1 MiB, the limit of one example"), "%s", err);
+        // a line of exactly JSONL_MAX_LINE bytes is read (the prompt of the rest of it)
+        f = fopen(p, "w");
+        ck_assert(f);
+        char tail[256];
+        int nt = snprintf(tail, sizeof tail, "%s", good[i] + strlen("{\"prompt\": \"1+1="));
+        fprintf(f, "{\"prompt\": \"");
+        for (size_t k = 12; k < JSONL_MAX_LINE - (size_t)nt; k++) fputc('x', f);
+        fprintf(f, "%s\n", tail);
+        ck_assert(fclose(f) == 0);
+        ck_assert_msg(read_data(i, p, err, sizeof err) == 0, "%s", err);
+        // a directory
+        ck_assert_int_eq(read_data(i, fuzz_scratch(), err, sizeof err), -1);
+        ck_assert_msg(strstr(err, " is a directory, not a file: give a .jsonl file"), "%s", err);
+        // a file over JSONL_MAX_FILE, refused by its size before a byte is read
+        p = scratch_file("huge.jsonl", NULL);
+        big_file(p, good[i], JSONL_MAX_FILE + 1);
+        ck_assert_int_eq(read_data(i, p, err, sizeof err), -1);
+        ck_assert_msg(strstr(err, "huge.jsonl holds 2.00 GiB, more than the 2 GiB a data file may"), "%s", err);
+        unlink(p);
+    }
+}
+END_TEST
+
 static const char RUN[] = "{\"model\":\"builtin-tiny\",\"data\":\"arithmetic\",\"lora_r\":2,\"lora_alpha\":4}";  // fuzz_resume.c's
 static const char *const RESUME[] = {"trainer_state.json", "optimizer.safetensors"};
 static void resume(const char *name) {
@@ -213,6 +297,155 @@ START_TEST(test_programs) {
 }
 END_TEST
 
+// ---------------------------------------------------------------------------
+// the programs on inputs that never end, and on the cases once accepted without a word
+
+// A program (argv, run from the repository root; env: "NAME=value" or NULL) on an input it must refuse
+// at once: exit 1, stderr one line "error: ..." holding text, within a second and 100 MB at its peak
+// (the child's ru_maxrss), and dir (NULL: none) never made. An alarm set before the exec (it survives
+// it) ends a program that regresses into waiting for a FIFO's writer or reading forever, so that the
+// test fails instead of hanging.
+static void expect_quick_refusal(const char *const *argv, const char *env, const char *dir, const char *text) {
+    char errp[700], cmd[2048] = "";
+    snprintf(errp, sizeof errp, "%s/stderr.txt", fuzz_scratch());
+    for (int i = 0; argv[i]; i++) snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), "%s ", argv[i]);
+    double t0 = now_sec();
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0) {
+        int fd = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644), nul = open("/dev/null", O_WRONLY);
+        if (fd < 0 || nul < 0 || dup2(fd, 2) < 0 || dup2(nul, 1) < 0) _exit(126);
+        if (env) putenv((char *)env);
+        alarm(10);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    struct rusage ru;
+    ck_assert(wait4(pid, &st, 0, &ru) == pid);
+    double secs = now_sec() - t0;
+    char *e = read_file(errp, NULL);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%s: exit status %d (stderr: %s)", cmd, st, e);
+    ck_assert_msg(!strncmp(e, "error: ", 7) && strchr(e, '\n') == e + strlen(e) - 1, "%s: stderr is not one error line: %s", cmd, e);
+    ck_assert_msg(strstr(e, text), "%s: '%s' does not say '%s'", cmd, e, text);
+    ck_assert_msg(secs < 1.0, "%s: refused after %.2f s", cmd, secs);
+    ck_assert_msg(ru.ru_maxrss < 100 * 1024, "%s: peak resident memory %ld KiB", cmd, ru.ru_maxrss);
+    ck_assert_msg(!dir || !dir_exists(dir), "%s: left %s", cmd, dir);
+    free(e);
+}
+
+// The built-in model, warmed up for a few steps, as a checkpoint of its own (byte-level tokenizer,
+// no chat template) at <scratch>/plain, and the same with a ChatML template at <scratch>/chat;
+// remove_models: those and the runs' directories gone again (the scratch directory's clean-up at exit
+// removes files only)
+static const char *const MADE[] = {"warm", "plain", "chat", "out"};
+static void remove_models(void) {
+    for (int i = 0; i < 4; i++) rm_rf(scratch_file(MADE[i], NULL));
+}
+static void make_models(void) {
+    const char *d = fuzz_scratch();
+    char cmd[4096];
+    remove_models();
+    snprintf(cmd, sizeof cmd, "./train_grpo --device cpu --quiet --eval_size 0 --warmup_sft_steps 3 --max_steps 1 "
+             "--per_device_train_batch_size 8 --output_dir %s/warm >/dev/null 2>&1 && mv %s/warm/warmup-* %s/plain && "
+             "cp -r %s/plain %s/chat", d, d, d, d, d);
+    ck_assert_msg(system(cmd) == 0, "%s failed", cmd);
+    const char *cfg = "{\"eos_token\": \"<|endoftext|>\", \"chat_template\": \"{% for message in messages %}{{'<|im_start|>' + "
+                      "message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
+                      "%}{{ '<|im_start|>assistant\\n' }}{% endif %}\"}";
+    scratch_file("chat/tokenizer_config.json", cfg);
+}
+
+START_TEST(test_streams) {
+    make_models();
+    const char *d = fuzz_scratch();
+    char plain[700], out[700], fifo[700], big[700], grpo[700], sft[700];
+    snprintf(plain, sizeof plain, "%s/plain", d);
+    snprintf(out, sizeof out, "%s/out", d);
+    snprintf(fifo, sizeof fifo, "%s/fifo.jsonl", d);
+    snprintf(big, sizeof big, "%s/big.jsonl", d);
+    ck_assert(mkfifo(fifo, 0600) == 0);
+    big_file(big, "{\"prompt\": \"", 1L << 30);  // one line of 1 GiB (sparse: no disk, no memory)
+    snprintf(grpo, sizeof grpo, "%s", scratch_file("grpo.jsonl", "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n"));
+    snprintf(sft, sizeof sft, "%s", scratch_file("sft.jsonl", "{\"prompt\": \"1+1=\", \"completion\": \"2\"}\n"));
+    const char *inputs[] = {"/dev/zero", fifo, big};
+    const char *says[] = {"/dev/zero is a character device, not a file: give a .jsonl file", "fifo.jsonl is a FIFO (pipe), not a file",
+                          "big.jsonl:1: a line longer than 1 MiB, the limit of one example"};
+    for (int i = 0; i < 3; i++) {
+        const char *x = inputs[i];
+        const char *const runs[][12] = {
+            {"./train_grpo", "--device", "cpu", "--model", plain, "--data", x, "--output_dir", out, NULL},
+            {"./train_grpo", "--device", "cpu", "--model", plain, "--data", grpo, "--eval_data", x, "--output_dir", out, NULL},
+            {"./train_sft", "--device", "cpu", "--model", plain, "--data", x, "--output_dir", out, NULL},
+            {"./train_sft", "--device", "cpu", "--model", plain, "--data", sft, "--eval_data", x, "--output_dir", out, NULL},
+            {"./train_dpo", "--device", "cpu", "--model", plain, "--data", x, "--output_dir", out, NULL},
+        };
+        for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) expect_quick_refusal(runs[k], NULL, out, says[i]);
+    }
+    unlink(big);
+    remove_models();
+}
+END_TEST
+
+START_TEST(test_silent_cases) {
+    make_models();
+    const char *d = fuzz_scratch();
+    char plain[700], chat[700], out[700], grpo[700], latin1[700];
+    snprintf(plain, sizeof plain, "%s/plain", d);
+    snprintf(chat, sizeof chat, "%s/chat", d);
+    snprintf(out, sizeof out, "%s/out", d);
+    snprintf(grpo, sizeof grpo, "%s", scratch_file("grpo.jsonl", "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n"));
+    snprintf(latin1, sizeof latin1, "%s",
+             scratch_file("latin1.jsonl", "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n{\"prompt\": \"caf\xE9?\", \"answer\": \"1\"}\n"));
+    const struct {
+        const char *argv[14], *env;  // the command (NULL-ended), and a "NAME=value" to run it with (or NULL)
+        const char *says;            // what its one error line must say (the run's --output_dir, if any, is out: never made)
+    } cases[] = {
+        // a repeated option: which value wins is not obvious ("--learning-rate" is the same option)
+        {{"./train_grpo", "--learning_rate", "1", "--learning-rate=2"}, NULL,
+         "--learning_rate is given twice (the second time as '2'): give it once"},
+        // the CUDA backend's chunk knobs, checked on any device
+        {{"./generate", "--device", "cpu", "--model", plain, "--prompt", "1+1="}, "FP8GRPO_LOGITS_CHUNK_ROWS=0",
+         "FP8GRPO_LOGITS_CHUNK_ROWS='0': not a number of rows in [1, 16777216]"},
+        {{"./train_grpo", "--device", "cpu", "--model", plain, "--data", grpo, "--max_completion_length", "8", "--output_dir", out},
+         "FP8GRPO_LOGITS_CHUNK_ROWS=abc", "FP8GRPO_LOGITS_CHUNK_ROWS='abc': not a number of rows"},
+        {{"./train_grpo", "--device", "cpu", "--model", plain, "--data", grpo, "--max_completion_length", "8", "--output_dir", out},
+         "FP8GRPO_HEAD_GROUP_ROWS=16x", "FP8GRPO_HEAD_GROUP_ROWS='16x': not a number of rows"},
+        // invalid UTF-8: in the data (file and line), in --prompt, in --system_prompt
+        {{"./train_grpo", "--device", "cpu", "--model", plain, "--data", latin1, "--output_dir", out}, NULL,
+         "latin1.jsonl:2: not valid UTF-8 (byte 0xE9 at column 16)"},
+        {{"./generate", "--device", "cpu", "--model", plain, "--prompt", "caf\xE9"}, NULL,
+         "--prompt: not valid UTF-8 (byte 0xE9 at offset 3): give the text in UTF-8"},
+        {{"./train_grpo", "--device", "cpu", "--model", chat, "--data", grpo, "--system_prompt", "\xFF", "--output_dir", out}, NULL,
+         "--system_prompt: not valid UTF-8 (byte 0xFF at offset 0)"},
+        // a system prompt where no chat template can hold it (it was dropped without a word)
+        {{"./train_grpo", "--device", "cpu", "--model", plain, "--data", grpo, "--system_prompt", "Be brief.", "--output_dir", out}, NULL,
+         "plain has no chat template (tokenizer_config.json's chat_template)"},
+        {{"./train_grpo", "--device", "cpu", "--system_prompt", "Be brief.", "--output_dir", out}, NULL,
+         "--system_prompt: the built-in model reads its prompts as raw text"},
+        {{"./train_sft", "--device", "cpu", "--model", plain, "--data", grpo, "--system_prompt", "Be brief.", "--output_dir", out}, NULL,
+         "plain has no chat template"},
+        // --max_prompt_length counts the prompt in the chat template, before any directory exists: "1+1="
+        // is 4 byte-level tokens, 23 in ChatML (<|im_start|> "user\n" 1+1= <|im_end|> "\n" <|im_start|>
+        // "assistant\n": 1 + 5 + 4 + 1 + 1 + 1 + 10)
+        {{"./train_grpo", "--device", "cpu", "--model", chat, "--data", grpo, "--max_prompt_length", "22", "--output_dir", out}, NULL,
+         "grpo.jsonl: 1 prompt has more than --max_prompt_length 22 tokens in the chat template (the longest 23: '1+1=...')"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_quick_refusal(cases[i].argv, cases[i].env, out, cases[i].says);
+    // and the data: line says 23
+    char cmd[4096], text[16384];
+    snprintf(cmd, sizeof cmd, "./train_grpo --device cpu --model %s --data %s --max_prompt_length 23 --max_completion_length 4 "
+             "--max_steps 1 --per_device_train_batch_size 2 --num_generations 2 --eval_size 0 --output_dir %s 2>&1", chat, grpo, out);
+    FILE *p = popen(cmd, "r");
+    ck_assert(p);
+    size_t n = fread(text, 1, sizeof text - 1, p);
+    text[n] = 0;
+    ck_assert_msg(pclose(p) == 0, "%s: %s", cmd, text);
+    ck_assert_msg(strstr(text, "; prompts 23-23 tokens in the chat template (mean 23.0)"), "%s", text);
+    remove_models();
+}
+END_TEST
+
 Suite *inputs_suite(void) {
     Suite *s = suite_create("inputs");
     TCase *tc = tcase_create("regressions");
@@ -222,8 +455,11 @@ Suite *inputs_suite(void) {
     tcase_add_test(tc, test_tokenizer);
     tcase_add_test(tc, test_peft);
     tcase_add_test(tc, test_jsonl);
+    tcase_add_test(tc, test_jsonl_limits);
     tcase_add_test(tc, test_resume);
     tcase_add_test(tc, test_programs);
+    tcase_add_test(tc, test_streams);
+    tcase_add_test(tc, test_silent_cases);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -28,8 +28,10 @@
 #include "train/checkpoint.h"  // run_dir_claim
 #include "train/sft.h"         // sft_eos_id
 
-// the default task and warm-up (made once, ~2 min on 2 cores), smaller evaluations
-#define EASY "--eval_size 100 --device cpu --quiet"
+// the default task and warm-up (made once, ~2 min on 2 cores), smaller evaluations (QUIET: the
+// evaluation's size left to the command, an option may be given once)
+#define QUIET "--device cpu --quiet"
+#define EASY "--eval_size 100 " QUIET
 static char base_dir[] = "/tmp/fp8grpo_trainXXXXXX";
 
 // run a shell command; its exit status, its stdout in out and its stderr in err (each may
@@ -250,7 +252,7 @@ END_TEST
 START_TEST(test_ppo_resume_bit_exact) {
     setup();
     char a[1200], b[1200], cmd[8192], out[8192], err[2048];
-    const char *opts = EASY " --algo ppo --max_steps 4 --save_steps 2 --eval_steps 2 --eval_size 20 --per_device_train_batch_size 16"
+    const char *opts = QUIET " --algo ppo --max_steps 4 --save_steps 2 --eval_steps 2 --eval_size 20 --per_device_train_batch_size 16"
                             " --num_ppo_epochs 2 --num_mini_batches 2 --missing_eos_penalty 0.5";
     fresh_dir("ppo_straight", a, sizeof a);
     snprintf(cmd, sizeof cmd, "./train_grpo %s --output_dir %s", opts, a);
@@ -274,8 +276,8 @@ END_TEST
 START_TEST(test_full_weight_grpo) {
     setup();
     char a[1200], b[1200], cmd[8192], out[8192], err[2048];
-    const char *opts = EASY " --use_peft false --load_in_fp8 off --learning_rate 1e-4 --max_steps 4 --save_steps 2 --eval_steps 0"
-                            " --eval_size 20";
+    const char *opts = QUIET " --use_peft false --load_in_fp8 off --learning_rate 1e-4 --max_steps 4 --save_steps 2 --eval_steps 0"
+                             " --eval_size 20";
     fresh_dir("full_straight", a, sizeof a);
     snprintf(cmd, sizeof cmd, "./train_grpo %s --output_dir %s", opts, a);
     ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
@@ -322,7 +324,7 @@ START_TEST(test_full_weight_grpo) {
     ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
     ck_assert_msg(strstr(out, "AdamW's moments in bf16"), "%s", out);
     resume_matches(c, "full_m16_resumed", d, sizeof d, m16, 2, files, 2);
-    snprintf(cmd, sizeof cmd, "./train_grpo %s --max_steps 5 --resume --output_dir %s", m16, b);
+    snprintf(cmd, sizeof cmd, "./train_grpo %s --resume --output_dir %s", m16, b);  // (m16 names --max_steps 4 already)
     ck_assert(run(cmd, err, sizeof err) != 0);
     ck_assert_msg(strstr(err, "other settings") && strstr(err, "adam_moments"), "%s", err);
 }
@@ -334,7 +336,7 @@ END_TEST
 START_TEST(test_memory_options) {
     setup();
     char a[1200], b[1200], cmd[8192], out[8192], err[2048];
-    const char *opts = EASY " --max_steps 2 --save_steps 1 --eval_steps 0 --eval_size 20 --fp8_embeddings --lora_dtype bf16";
+    const char *opts = QUIET " --max_steps 2 --save_steps 1 --eval_steps 0 --eval_size 20 --fp8_embeddings --lora_dtype bf16";
     fresh_dir("mem_straight", a, sizeof a);
     snprintf(cmd, sizeof cmd, "./train_grpo %s --output_dir %s", opts, a);
     ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
@@ -437,7 +439,7 @@ START_TEST(test_grpo_learns) {
     setup();
     char dir[1200], cmd[4096], err[2048];
     fresh_dir("learn", dir, sizeof dir);
-    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --max_steps 100 --eval_size 200 --eval_steps 0 --output_dir %s", dir);
+    snprintf(cmd, sizeof cmd, "./train_grpo " QUIET " --max_steps 100 --eval_size 200 --eval_steps 0 --output_dir %s", dir);
     ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
     char *m = slurp(dir, "metrics.jsonl", NULL), *save = NULL;
     double r[128], acc0 = NAN, acc1 = NAN;
@@ -1005,7 +1007,13 @@ START_TEST(test_output_dir_locked) {
     ck_assert_int_ne(run(cmd, err, sizeof err), 0);
     snprintf(want, sizeof want, "is in use by another run (pid %d)", (int)pid);
     assert_one_line(err, want);
-    snprintf(cmd, sizeof cmd, "./train_sft --device cpu --model %s --data x.jsonl --output_dir %s", dir, dir);
+    char warm[1400], data[1300];  // (train_sft reads its inputs first: good ones, to reach the lock)
+    snprintf(cmd, sizeof cmd, "%s/warm", base_dir);
+    warm_dir_in(cmd, warm, sizeof warm);
+    snprintf(data, sizeof data, "%s/locked.jsonl", base_dir);
+    const char *example = "{\"prompt\": \"1+1=\", \"completion\": \"2\"}\n";
+    write_file_atomic(data, example, strlen(example));
+    snprintf(cmd, sizeof cmd, "./train_sft --device cpu --model %s --data %s --output_dir %s", warm, data, dir);
     ck_assert_int_ne(run(cmd, err, sizeof err), 0);
     assert_one_line(err, want);
     kill(pid, SIGKILL);

@@ -136,8 +136,6 @@ extern uint32_t tok_bl_char[256];  // byte -> code point
 extern int16_t tok_bl_byte[324];   // code point -> byte, -1 if none
 extern pthread_once_t tok_bl_once;
 void tok_bl_init(void);
-// the length of the valid UTF-8 that s[0..n) starts with (n: all of it)
-size_t tok_utf8_valid_len(const uint8_t *s, size_t n);
 // the vocabulary's id of the string s[0..n), -1 if none; the index behind it; one merge rule
 int tok_vocab_get(const Tokenizer *t, const char *s, size_t n);
 void tok_vocab_index(Tokenizer *t);

@@ -418,7 +418,7 @@ Tokenizer *tokenizer_load(const char *path) {
     char *text = read_file(path, &n, 1);
     // JSON is UTF-8 (tokenizers refuses the file too): an added token of stray bytes would split
     // valid text inside its characters, and the regex and NFC then see invalid UTF-8
-    size_t ok = tok_utf8_valid_len((const uint8_t *)text, n);
+    size_t ok = utf8_valid_len((const uint8_t *)text, n);
     if (ok < n) {
         uint8_t b = (uint8_t)text[ok];
         free(text);

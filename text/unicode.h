@@ -1,6 +1,7 @@
-// unicode.h: what tokenizer.c needs of Unicode beyond its tables: UTF-8 one character at a
-// time (utf8_char, utf8_put: inline here) and NFC as Hugging Face tokenizers' normalizer
-// computes it (nfc_normalize, in unicode.c, on the tables of tokenizer_unicode.h).
+// unicode.h: what tokenizer.c (and every reader of text) needs of Unicode beyond its tables: UTF-8
+// one character at a time (utf8_char, utf8_put, utf8_valid_len: inline here) and NFC as Hugging
+// Face tokenizers' normalizer computes it (nfc_normalize, in unicode.c, on the tables of
+// tokenizer_unicode.h).
 #ifndef UNICODE_H
 #define UNICODE_H
 
@@ -30,6 +31,17 @@ static inline int utf8_char(const uint8_t *s, size_t n, uint32_t *cp) {
     }
     *cp = v;
     return need;
+}
+// the length of the valid UTF-8 that s[0..n) starts with (n: all of it)
+static inline size_t utf8_valid_len(const uint8_t *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        if (s[i] < 0x80) { i++; continue; }
+        uint32_t cp;
+        int k = utf8_char(s + i, n - i, &cp);
+        if (k <= 0) return i;
+        i += k;
+    }
+    return n;
 }
 static inline int utf8_put(uint32_t c, char *o) {
     if (c < 0x80) { o[0] = (char)c; return 1; }

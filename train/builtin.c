@@ -48,6 +48,19 @@ int encode_prompt(const Formatter *f, const char *text, int **ids) {
     return n;
 }
 
+int prompts_in_chat(const Tokenizer *tok, int chat_opt, const char *system_prompt, const char *model) {
+    int chat = !model ? 0 : chat_opt >= 0 ? chat_opt : strcmp(tokenizer_chat_format(tok), "none") != 0;
+    if (system_prompt && !chat) {
+        if (!model) die("--system_prompt: the built-in model reads its prompts as raw text, with no chat template to hold a system "
+                        "message: drop --system_prompt");
+        if (chat_opt == 0) die("--system_prompt: --chat 0 gives the prompts as raw text, with no chat template to hold a system "
+                               "message: drop one of the two");
+        die("--system_prompt: %s has no chat template (tokenizer_config.json's chat_template), so its prompts are raw text with "
+            "no place for a system message: drop --system_prompt, or write it into the prompts", model);
+    }
+    return chat;
+}
+
 
 // ----------------------------------------------------------------------------
 // held-out accuracy: greedy, one completion per prompt

@@ -1,9 +1,9 @@
 // builtin.h: the built-in model of ./train_grpo and ./train_dpo's runs without --model: its shape,
 // its supervised warm-up (made once per setting, cached as a Hugging Face checkpoint), and greedy
 // held-out accuracy on a task (also what train_grpo evaluates a real checkpoint with).
-//   defines: Formatter, encode_prompt (prompts as tokens), builtin_config, acc_text, eval_count,
-//            evaluate_range, evaluate (held-out accuracy), demo_answer, WarmupSpec, warmup_cache_root,
-//            warmup_key, warmup_ensure (the warm-up and its cache)
+//   defines: Formatter, encode_prompt (prompts as tokens), prompts_in_chat, builtin_config,
+//            acc_text, eval_count, evaluate_range, evaluate (held-out accuracy), demo_answer,
+//            WarmupSpec, warmup_cache_root, warmup_key, warmup_ensure (the warm-up and its cache)
 #ifndef BUILTIN_H
 #define BUILTIN_H
 
@@ -27,6 +27,10 @@ typedef struct {
 
 // the prompt's tokens (malloc'ed into *ids), their count; dies on an empty prompt or one longer than max_prompt
 int encode_prompt(const Formatter *f, const char *text, int **ids);
+// Whether the prompts go into the chat template: chat_opt (the --chat option; -1: not given) or else
+// whether the tokenizer of checkpoint model has one; the built-in model (model NULL) reads raw text.
+// A system_prompt with no template to hold it dies in one line (it would be dropped without a word).
+int prompts_in_chat(const Tokenizer *tok, int chat_opt, const char *system_prompt, const char *model);
 
 // the built-in tiny model's shape (Qwen3-style, byte-level vocabulary of V); gpu: a larger one
 // (hidden 256, 6 layers: ~7x the parameters)

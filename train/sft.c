@@ -7,7 +7,7 @@
 #include <cjson/cJSON.h>
 
 #include "dist/data_parallel.h"    // dp_all_reduce_grads
-#include "tasks/tasks.h"  // jsonl_next
+#include "tasks/tasks.h"  // jsonl_reader_open, jsonl_next
 #include "train/optim.h"  // grad_clip_factor
 #include "train/sft.h"
 
@@ -134,9 +134,8 @@ static const char *read_example(const cJSON *j, SftText *t, char *why, size_t ca
 int jsonl_read_all(const char *path, size_t size, JsonlRecordFn read, void (*free_all)(void *, long), const char *expected,
                    void **out, long *n_out, char *err, size_t cap) {
     *out = NULL, *n_out = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) return error_msg(err, cap, "cannot open %s: %s", path, strerror(errno));
-    JsonlReader rd = {f, path, NULL, 0, 0};
+    JsonlReader rd;
+    if (jsonl_reader_open(&rd, path, err, cap)) return -1;
     char why[512];
     long n = 0, ncap = 0;
     int rc;
@@ -153,8 +152,7 @@ int jsonl_read_all(const char *path, size_t size, JsonlRecordFn read, void (*fre
         }
         n++;
     }
-    free(rd.line);
-    fclose(f);
+    jsonl_reader_close(&rd);
     if (!rc && n == 0) rc = error_msg(err, cap, "%s: no examples (one JSON object per line: %s)", path, expected);
     if (rc) {
         free_all(t, n);
