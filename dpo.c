@@ -178,3 +178,21 @@ DpoMetrics dpo_metrics(const DpoStats *st) {
     m.logps_rejected = st->logps_rejected / n;
     return m;
 }
+
+void dpo_eval_add(DpoEvalStats *e, const DpoStats *batch) {
+    DpoMetrics m = dpo_metrics(batch);
+    e->batches += 1, e->pairs += batch->pairs;
+    e->loss += batch->loss * batch->pairs;  // batch->loss: the batch's mean (norm = its pairs)
+    e->sum.rewards_chosen += m.rewards_chosen, e->sum.rewards_rejected += m.rewards_rejected;
+    e->sum.rewards_accuracies += m.rewards_accuracies, e->sum.rewards_margins += m.rewards_margins;
+    e->sum.logps_chosen += m.logps_chosen, e->sum.logps_rejected += m.logps_rejected;
+}
+
+DpoMetrics dpo_eval_metrics(const DpoEvalStats *e) {
+    double b = e->batches > 0 ? e->batches : NAN;
+    DpoMetrics m = {.loss = e->loss / (e->pairs > 0 ? e->pairs : NAN)};
+    m.rewards_chosen = e->sum.rewards_chosen / b, m.rewards_rejected = e->sum.rewards_rejected / b;
+    m.rewards_accuracies = e->sum.rewards_accuracies / b, m.rewards_margins = e->sum.rewards_margins / b;
+    m.logps_chosen = e->sum.logps_chosen / b, m.logps_rejected = e->sum.logps_rejected / b;
+    return m;
+}

@@ -4,7 +4,8 @@
 // summed log-probabilities (the trainer spreads it over the completion tokens and
 // back-propagates it like any dL/dlogp), the implicit rewards and TRL's metrics.
 //   defines: DpoLossType, DpoConfig, dpo_config_default, dpo_loss_type_parse, dpo_loss_type_name,
-//            dpo_config_check, DpoInputs, DpoStats, dpo_stats_init, dpo_loss, DpoMetrics, dpo_metrics
+//            dpo_config_check, DpoInputs, DpoStats, dpo_stats_init, dpo_loss, DpoMetrics, dpo_metrics,
+//            DpoEvalStats, dpo_eval_add, dpo_eval_metrics (TRL's evaluation over batches)
 // Plain C on the host in double precision; it knows nothing of models, tokens or GPUs (as grpo.h).
 //
 // Semantics and names follow TRL's DPOConfig / DPOTrainer.dpo_loss of the 0.2x line (read at
@@ -28,6 +29,9 @@
 //   loss            = the mean over the pairs (ls = label_smoothing, s = sigmoid)
 //   rewards/chosen  = beta (chosen_logps - ref_chosen_logps), rejected likewise: always against
 //                     the reference (reference_free changes the loss only, as TRL's)
+// TRL 1.16 (the current release; its trainer rewritten at 0.29) computes the same losses, but for:
+// sigmoid reads no label_smoothing (cDPO is gone), exo_pair takes label_smoothing 0 as it is (an
+// infinite loss) where 0.28 took 1e-3, and reference_free is gone; the options keep 0.28's.
 // nca_pair and sppo_hard ignore reference_free, as TRL's do. Not here: bco_pair (a running mean of
 // the rewards across steps: state, not a formula), aot / aot_unpaired (they sort the pairs of a
 // batch against each other, so that micro-batching would change the loss), sft / rpo_alpha, and
@@ -112,6 +116,22 @@ typedef struct {
     double logps_rejected;     // "logps/rejected"
 } DpoMetrics;
 DpoMetrics dpo_metrics(const DpoStats *st);
+
+// TRL's evaluation (DPOTrainer.evaluate, transformers' Trainer.evaluation_loop): held-out pairs in
+// batches of per_device_eval_batch_size, each batch's loss the mean of its pairs' (dpo_loss with
+// norm = its pairs). eval_loss is the mean over every pair (the Trainer repeats each batch's loss
+// batch-size times before the mean); every other metric, eval_rewards/accuracies included, the
+// mean of the batches' means (DPOTrainer.log averages what each batch appended), which weighs a
+// short last batch's pairs more: the same as the pairs' mean when the batch size divides them.
+typedef struct {
+    double batches, pairs;
+    double loss;     // sum over the batches of (batch mean loss x its pairs)
+    DpoMetrics sum;  // sums of the batches' metrics (its loss unused)
+} DpoEvalStats;
+// one batch's sums (dpo_loss's st over that batch alone, norm = its pairs) into e (zeroed to start)
+void dpo_eval_add(DpoEvalStats *e, const DpoStats *batch);
+// the metrics with TRL's evaluation means (names: "eval_" + DpoMetrics's)
+DpoMetrics dpo_eval_metrics(const DpoEvalStats *e);
 
 #ifdef __cplusplus
 }

@@ -1307,7 +1307,10 @@ static void print_generate_command(Run *r) {
     snprintf(path, sizeof path, "%s/checkpoint-%d", r->dir, r->end);
     cmd_add(&c, " --model");
     if (r->lo) {
-        cmd_word(&c, o->model ? o->model : r->warm_dir, 0);
+        char wd[4200];
+        const char *base = o->model ? o->model : path_for_shell(r->warm_dir, wd, sizeof wd);
+        if (base[0] == '~') cmd_add(&c, " %s", base);  // bare, for the shell to expand
+        else cmd_word(&c, base, 0);
         cmd_add(&c, " --lora");
     }
     cmd_word(&c, path, 0);  // the adapter, or (--use_peft false) the whole trained model

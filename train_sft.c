@@ -66,7 +66,7 @@ typedef struct {
     int builtin;  // train_dpo without --model and --data: the built-in preference task
     const char *loss_type, *truncation_mode;
     double beta, label_smoothing, discopop_tau;
-    int reference_free, precompute_ref_log_probs, max_prompt_length, max_completion_length;
+    int reference_free, precompute_ref_log_probs, max_prompt_length, max_completion_length, per_device_eval_batch_size;
     int max_length_given;  // --max_length on the command line (its default fits itself to the model unsaid)
 } Opts;
 
@@ -170,11 +170,15 @@ static const Option DPO_OPTIONS[] = {
     {"discopop_tau", OPT_DOUBLE, OFF(discopop_tau), 1e-9, 1e9, .dflt = "0.05", .help = "discopop's temperature"},
     {"precompute_ref_log_probs", OPT_FLAG, OFF(precompute_ref_log_probs),
      .help = "the reference's log-probs once before training (always when training every weight: no frozen copy is kept)"},
-    {"max_prompt_length", OPT_INT, OFF(max_prompt_length), 0, 1e7, .dflt = "512", .help = "the prompt's last tokens kept (0: all)"},
+    {"max_prompt_length", OPT_INT, OFF(max_prompt_length), 0, 1e7, .dflt = "0",
+     .help = "the prompt's last tokens kept (0: all, as TRL 1.16, which has no such option; TRL 0.28's default was 512)"},
     {"max_completion_length", OPT_INT, OFF(max_completion_length), 0, 1e7, .dflt = "0",
-     .help = "each completion's first tokens kept, EOS included (0: all, TRL's None)"},
-    {"truncation_mode", OPT_CHOICE, OFF(truncation_mode), .choices = "keep_end|keep_start", .dflt = "keep_end",
-     .help = "over max_length: keep the sequence's end (the prompt's start goes first) or its start"},
+     .help = "each completion's first tokens kept, EOS included (0: all; TRL 0.28's option, 1.16 has none)"},
+    {"truncation_mode", OPT_CHOICE, OFF(truncation_mode), .choices = "keep_start|keep_end", .dflt = "keep_start",
+     .help = "over max_length: keep the sequence's start (the completion's end goes first; TRL 1.16's default) or its end "
+             "(the prompt's start goes first; TRL 0.28's default)"},
+    {"per_device_eval_batch_size", OPT_INT, OFF(per_device_eval_batch_size), 1, 1e6, .dflt = "8",
+     .help = "held-out pairs per forward (--eval_data); the metrics are the means of these batches' means, as TRL's"},
 };
 #define N_DPO_OPTIONS ((int)(sizeof DPO_OPTIONS / sizeof DPO_OPTIONS[0]))
 
@@ -192,12 +196,19 @@ static const struct {
 };
 
 // the program's table: train_sft's rows, and for train_dpo its rows after them, with its defaults
-// (DPO_DEFAULTS) and the data's words
+// (DPO_DEFAULTS) and the data's words, less the several-GPU rows (DPO runs on one process so far:
+// parse_options refuses --nproc_per_node in one line)
 static int option_rows(int dpo, Option *rows) {
-    memcpy(rows, OPTIONS, sizeof OPTIONS);
-    if (!dpo) return N_OPTIONS;
-    memcpy(rows + N_OPTIONS, DPO_OPTIONS, sizeof DPO_OPTIONS);
-    for (int i = 0; i < N_OPTIONS + N_DPO_OPTIONS; i++) {
+    if (!dpo) {
+        memcpy(rows, OPTIONS, sizeof OPTIONS);
+        return N_OPTIONS;
+    }
+    int n = 0;
+    for (int i = 0; i < N_OPTIONS; i++)
+        if (strcmp(OPTIONS[i].name, "nproc_per_node") && strncmp(OPTIONS[i].name, "several GPUs", 12)) rows[n++] = OPTIONS[i];
+    memcpy(rows + n, DPO_OPTIONS, sizeof DPO_OPTIONS);
+    n += N_DPO_OPTIONS;
+    for (int i = 0; i < n; i++) {
         Option *o = &rows[i];
         if (!o->name || o->kind == OPT_SECTION) continue;
         for (size_t k = 0; k < sizeof DPO_DEFAULTS / sizeof DPO_DEFAULTS[0]; k++)
@@ -210,9 +221,11 @@ static int option_rows(int dpo, Option *rows) {
         if (!strcmp(o->name, "max_length")) o->help = "tokens kept per sequence, prompt + completion (truncation_mode says which end)";
         if (!strcmp(o->name, "per_device_train_batch_size")) o->help = "pairs per forward/backward (2x that sequences: chosen and rejected)";
         if (!strcmp(o->name, "gradient_accumulation_steps")) o->help = "micro-batches per optimizer step (the loss: the mean over all their pairs)";
-        if (!strcmp(o->name, "nproc_per_node")) o->help = "several processes: not for DPO yet (one process)";
+        if (!strcmp(o->name, "eval_data"))
+            o->help = "held-out pairs (--data's format): TRL's eval_loss, eval_rewards/*, eval_logps/* in metrics.jsonl every "
+                      "--eval_steps and at the end";
     }
-    return N_OPTIONS + N_DPO_OPTIONS;
+    return n;
 }
 
 // the DPO loss's settings from the options (dpo.h checks them)
@@ -226,6 +239,9 @@ static DpoConfig dpo_config_of(const Opts *o) {
 static void parse_options(int argc, char **argv, Opts *o) {
     memset(o, 0, sizeof *o);
     o->dpo = !strcmp(basename(argv[0]), "train_dpo");
+    for (int i = 1; o->dpo && i < argc; i++)  // not in its table: "unknown option" would not say why
+        if (!strncmp(argv[i], "--nproc_per_node", 16) || !strncmp(argv[i], "--nproc-per-node", 16))
+            die("--nproc_per_node: train_dpo runs on one process so far: leave it out");
     static Option rows[N_OPTIONS + N_DPO_OPTIONS];
     OptionTable t = {.usage = o->dpo ? "usage: ./train_dpo [--model DIR --data PAIRS.jsonl] [--name value | --name=value ...]\n"
                                        "Alone: the built-in preference task on the built-in model (README: DPO).\n"
@@ -248,7 +264,6 @@ static void parse_options(int argc, char **argv, Opts *o) {
         char err[512];
         DpoConfig c = dpo_config_of(o);
         if (dpo_config_check(&c, err, sizeof err)) die("%s", err);
-        if (o->nproc_per_node > 1) die("--nproc_per_node %d: train_dpo runs on one process so far: leave it out", o->nproc_per_node);
     }
     if (!o->use_peft && strcmp(o->load_in_fp8, "off"))
         die("--load_in_fp8 %s freezes the linear weights in FP8, but training every weight updates them: use --load_in_fp8 off, "
@@ -262,7 +277,6 @@ static void parse_options(int argc, char **argv, Opts *o) {
             "under a LoRA adapter, or drop --use_peft",
             o->fp8_recipe);
     if (o->eval_steps && !o->eval_data) die("--eval_steps %d evaluates --eval_data, which is not given: add --eval_data FILE", o->eval_steps);
-    if (o->dpo && o->eval_data) die("--eval_data: train_dpo evaluates no held-out set yet: drop --eval_data");
     if (o->fp8_lm_head && strcmp(o->fp8_recipe, "delayed"))
         die("--fp8_lm_head runs under --fp8_recipe delayed (got %s): set --fp8_recipe delayed, or drop --fp8_lm_head",
             o->fp8_recipe);
@@ -303,6 +317,7 @@ typedef struct {
     const SftExample **eval_ex;
     int eval_n, eval_last;  // eval_last: the step evaluated last
     PrefData pref;       // ...or DPO's pairs
+    PrefData pref_eval;  // (--eval_data) DPO's held-out pairs
     // train_dpo's built-in run: the warm-up model, its task and tokenizer, held-out accuracy
     char warm_dir[4400], dir[4200];
     Task task;
@@ -478,6 +493,19 @@ static void builtin_base(Run *r) {
     o->model = r->warm_dir;
 }
 
+// DPO's held-out pairs (--eval_data), with the training pairs' tokens and truncations
+static void load_eval_pairs(Run *r, const PrefFormat *pf) {
+    const Opts *o = &r->o;
+    char err[1024];
+    if (!o->eval_data) return;
+    if (pref_data_load(&r->pref_eval, o->eval_data, pf, (uint64_t)o->seed, err, sizeof err) < 0) die("%s", err);
+    const PrefData *e = &r->pref_eval;
+    printf("eval: %ld held-out preference pairs from %s (batches of %d)\n", e->n, o->eval_data, o->per_device_eval_batch_size);
+    if (e->dropped)
+        printf("eval: %ld pairs left out, a side with no completion token left to score (line %ld is the first)\n", e->dropped,
+               e->first_dropped);
+}
+
 // the built-in preference pairs: every addition of the task's training split, chosen its sum, rejected
 // the carry got wrong, the warm-up's error: forgotten where the ones digits carry ("17+25=" 42 over
 // 32), added where they do not ("12+14=" 26 over 36), so that the tens digit is learned from the
@@ -504,6 +532,7 @@ static void builtin_pairs(Run *r, const SftFormat *f) {
     r->n_items = k;
     printf("data: %ld preference pairs made from the additions of the task's %ld training problems (chosen: the sum; rejected: "
            "the carry got wrong), %ld held-out problems\n", k, n, task_size(&r->task, SPLIT_HELDOUT));
+    load_eval_pairs(r, &pf);
 }
 
 // the built-in run's held-out accuracy (greedy, as ./train_grpo's evaluation), the adapter on or off
@@ -531,6 +560,7 @@ static void load_pairs(Run *r, const SftFormat *f) {
         printf("data: %ld pairs left out, a side with no completion token left to score (line %ld is the first)\n", d->dropped,
                d->first_dropped);
     r->n_items = d->n;
+    load_eval_pairs(r, &pf);
 }
 
 // DPO's reference, before any step: the adapter off on each micro-batch, or log-probs computed now
@@ -546,8 +576,10 @@ static void reference(Run *r) {
     }
     double t0 = now_sec();
     pref_precompute_ref(&r->pref, &r->m, o->per_device_train_batch_size);
-    printf("reference: log-probabilities of the %ld pairs computed before training, %s (%.1f s)\n", r->pref.n,
-           o->use_peft ? "the adapter off" : "every weight as loaded: no frozen copy is kept", now_sec() - t0);
+    if (o->eval_data) pref_precompute_ref(&r->pref_eval, &r->m, o->per_device_eval_batch_size);
+    printf("reference: log-probabilities of the %ld pairs%s computed before training, %s (%.1f s)\n", r->pref.n,
+           o->eval_data ? " and the held-out ones" : "", o->use_peft ? "the adapter off" : "every weight as loaded: no frozen copy is kept",
+           now_sec() - t0);
 }
 
 // Stage "inputs": the tokenizer and the data, each bad input said in one line before the run claims
@@ -718,12 +750,32 @@ static void log_step(const Run *r, Window *w, const SftStats *s, const DpoStats 
     w->t0 = now_sec();
 }
 
-// Stage "eval_heldout" (--eval_data): the held-out examples' loss with the weights of step `step` (each rank its
+// DPO's evaluation (--eval_data): the held-out pairs' loss and metrics with the weights of step `step`
+// (dpo_evaluate: TRL's DPOTrainer.evaluate), a line and a metrics.jsonl record with TRL's names
+static void eval_pairs(Run *r, int step) {
+    double t0 = now_sec();
+    DpoMetrics m = dpo_evaluate(&r->dpo, &r->pref_eval, r->o.per_device_eval_batch_size);
+    r->eval_last = step;
+    printf("eval: step %d | eval_loss %.4f | eval_rewards/accuracies %.3f | eval_rewards/margins %.4f (%ld pairs, %.1f s)\n", step,
+           m.loss, m.rewards_accuracies, m.rewards_margins, r->pref_eval.n, now_sec() - t0);
+    FILE *f = fopenCheck(r->metrics, "a");
+    fprintf(f, "{\"step\": %d, \"eval_loss\": %.8f, \"eval_rewards/chosen\": %.8f, \"eval_rewards/rejected\": %.8f, "
+               "\"eval_rewards/accuracies\": %.8f, \"eval_rewards/margins\": %.8f, \"eval_logps/chosen\": %.8f, "
+               "\"eval_logps/rejected\": %.8f}\n",
+            step, m.loss, m.rewards_chosen, m.rewards_rejected, m.rewards_accuracies, m.rewards_margins, m.logps_chosen, m.logps_rejected);
+    fclose(f);
+}
+
+// Stage "eval_heldout" (--eval_data; DPO: eval_pairs): the held-out examples' loss with the weights of step `step` (each rank its
 // share), a line and a metrics.jsonl record {"step", "eval_loss", "eval_tokens"} (TRL's eval_loss). The forward
 // is a training forward's, FP8 products included; with delayed scaling it records its amaxes into the next
 // step's history as a training forward does (a run resumed at an evaluated step's checkpoint scales from
 // the step's own amaxes alone).
 static void eval_heldout(Run *r, int step) {
+    if (r->o.dpo) {
+        eval_pairs(r, step);
+        return;
+    }
     long tokens;
     double t0 = now_sec(), loss = sft_eval(&r->tr, r->eval_ex, r->eval_n, &tokens);
     r->eval_last = step;
@@ -755,26 +807,32 @@ static int metric_series(const char *path, const char *key, double **x, double *
 }
 
 // Stage "finish": plot.svg beside metrics.jsonl, from its lines (a resumed run's too): the loss, and
-// for DPO the share of pairs whose chosen completion has the higher reward, and the margin
+// for DPO the share of pairs whose chosen completion has the higher reward, and the margin; each
+// panel with its held-out value (eval_ + its name, dots) where the run evaluated
 static void plot(const Run *r) {
     if (r->rank) return;
-    double *x[3], *y[3];
-    // SFT: the loss and the held-out eval_loss in one panel; DPO: the loss, then its two metrics
-    const char *keys[3] = {"loss", r->o.dpo ? "rewards/accuracies" : "eval_loss", "rewards/margins"};
-    int k = r->o.dpo ? 3 : 2, n = 0;
-    for (int i = 0; i < k; i++) n = metric_series(r->metrics, keys[i], &x[i], &y[i]);
-    PlotSeries s[3];
-    for (int i = 0; i < k; i++)
-        s[i] = (PlotSeries){keys[i], x[i], y[i], n, i == 0 ? "#1f77b4" : i == 1 ? "#d62728" : "#2ca02c", 0, !r->o.dpo && i == 1};
-    int evals = 0;  // SFT: the eval_loss series only where a run has one
-    for (int i = 0; !r->o.dpo && i < n; i++) evals += !isnan(y[1][i]);
-    PlotPanel panels[3] = {{r->o.dpo ? "DPO: the loss" : "SFT: the loss", "step", "", &s[0], r->o.dpo || !evals ? 1 : 2},
-                           {"rewards/accuracies: pairs whose chosen completion gains more than the rejected one", "step", "", &s[1], 1},
-                           {"rewards/margins: beta x (chosen log-ratio - rejected log-ratio)", "step", "", &s[2], 1}};
+    static const char *keys[3] = {"loss", "rewards/accuracies", "rewards/margins"};
+    static const char *titles[3] = {NULL, "rewards/accuracies: pairs whose chosen completion gains more than the rejected one",
+                                    "rewards/margins: beta x (chosen log-ratio - rejected log-ratio)"};
+    int k = r->o.dpo ? 3 : 1, n = 0;
+    double *x[6], *y[6];
+    char names[3][64];
+    PlotSeries s[6];
+    PlotPanel panels[3];
+    for (int i = 0; i < k; i++) {
+        snprintf(names[i], sizeof names[i], "eval_%s", keys[i]);
+        n = metric_series(r->metrics, keys[i], &x[2 * i], &y[2 * i]);
+        metric_series(r->metrics, names[i], &x[2 * i + 1], &y[2 * i + 1]);
+        int evals = 0;  // the held-out series only where a run has one
+        for (int t = 0; t < n; t++) evals += !isnan(y[2 * i + 1][t]);
+        s[2 * i] = (PlotSeries){keys[i], x[2 * i], y[2 * i], n, "#1f77b4", 0, 0};
+        s[2 * i + 1] = (PlotSeries){names[i], x[2 * i + 1], y[2 * i + 1], n, "#d62728", 0, 1};
+        panels[i] = (PlotPanel){i == 0 ? (r->o.dpo ? "DPO: the loss" : "SFT: the loss") : titles[i], "step", "", &s[2 * i], evals ? 2 : 1};
+    }
     char path[4200];
     path_join(path, sizeof path, r->o.output_dir, "plot.svg");
-    if (n > 0) plot_svg(path, panels, r->o.dpo ? 3 : 1);
-    for (int i = 0; i < k; i++) free(x[i]), free(y[i]);
+    if (n > 0) plot_svg(path, panels, k);
+    for (int i = 0; i < 2 * k; i++) free(x[i]), free(y[i]);
 }
 
 static void run_free(Run *r) {
@@ -786,6 +844,7 @@ static void run_free(Run *r) {
     if (r->o.eval_data) sft_data_free(&r->eval);
     free(r->eval_ex);
     pref_data_free(&r->pref);
+    pref_data_free(&r->pref_eval);
     if (r->o.builtin) task_free(&r->task), tokenizer_free((Tokenizer *)r->fmt.tok);
     tokenizer_free(r->tok);
 }
@@ -841,9 +900,10 @@ int main(int argc, char **argv) {
     plot(&r);
     if (r.o.builtin && r.lo) {
         double acc1 = builtin_accuracy(&r, 1);
+        char wd[4200];
         printf("held-out accuracy (greedy, %d problems): %.3f before DPO, %.3f after\n", eval_count(&r.task, 200), r.acc0, acc1);
         printf("try it: ./generate --model %s --lora %s/checkpoint-%ld --load_in_fp8 %s --prompt '17+25='   (without --lora: the "
-               "warm-up's answer)\n", r.warm_dir, r.o.output_dir, r.total, r.o.load_in_fp8);
+               "warm-up's answer)\n", path_for_shell(r.warm_dir, wd, sizeof wd), r.o.output_dir, r.total, r.o.load_in_fp8);
     }
     free(ex);
     free(idx);

@@ -13,6 +13,11 @@ The gradient comes from the complex step, d f(x) / dx = Im f(x + i h) / h with h
 float64 rounding (no difference of two nearby values is taken), and sharing no algebra with the
 hand-derived gradients of dpo.c.
 
+And TRL's evaluation (DPOTrainer.evaluate in TRL 1.16, through transformers' Trainer.evaluation_loop)
+of the same pairs in batches of EVAL_BATCH, the last one short: eval_loss the mean of every pair's
+loss (the Trainer repeats each batch's mean loss batch-size times, then takes the mean), each other
+metric the mean of the batches' means (DPOTrainer.log averages what _compute_loss appended a batch).
+
     python3 dev/make_dpo_fixture.py    # rewrites test/fixtures/dpo/
     make build/test_dpo && ./build/test_dpo
 
@@ -26,6 +31,8 @@ import numpy as np
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test", "fixtures", "dpo")
 N = 24  # pairs
 H = 1e-30  # the complex step
+EVAL_BATCH = 5  # per_device_eval_batch_size: 24 pairs are batches of 5, 5, 5, 5 and 4
+EVAL_CASES = ["sigmoid", "ipo", "sppo_hard"]
 
 # name, DPOConfig options by TRL's name (the C test parses them as train_dpo's options are parsed)
 CASES = [
@@ -133,6 +140,17 @@ def case(c, pc, pr, rc, rr, tc, tr):
     return np.stack([losses, dchosen, drejected], axis=1), np.array(metrics)
 
 
+def eval_case(c, pc, pr, rc, rr, tc, tr):
+    """TRL's evaluation metrics of the pairs in batches of EVAL_BATCH (METRICS' order, "eval_" + each)."""
+    losses, means = [], []
+    for i0 in range(0, len(pc), EVAL_BATCH):
+        sl = slice(i0, i0 + EVAL_BATCH)
+        _, m = case(c, pc[sl], pr[sl], rc[sl], rr[sl], tc[sl], tr[sl])  # the batch's metrics, m[0] its mean loss
+        losses.append(np.repeat(m[0], len(pc[sl])))  # evaluation_loop: loss.repeat(batch_size)
+        means.append(m)
+    return np.array([np.concatenate(losses).mean()] + list(np.mean(means, axis=0)[1:]))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     rng = np.random.default_rng(20261128)
@@ -147,13 +165,15 @@ def main():
     lines = ["# name option=value ... (TRL's DPOConfig names). Made by dev/make_dpo_fixture.py; pairs.npy: (N, 6) chosen_logps, "
              "rejected_logps, ref_chosen_logps, ref_rejected_logps, chosen_tokens, rejected_tokens; <name>_pairs.npy: "
              "(N, 3) each pair's loss, d mean loss / d chosen_logps, d mean loss / d rejected_logps; <name>_metrics.npy: "
-             + ", ".join(METRICS)]
+             + ", ".join(METRICS) + f"; <name>_eval.npy: the eval_ metrics in batches of {EVAL_BATCH} (the cases {', '.join(EVAL_CASES)})"]
     for name, opts in CASES:
         c = dict(beta=0.1, label_smoothing=0.0, reference_free=0, discopop_tau=0.05)
         c.update(opts)
         per, metrics = case(c, pc, pr, rc, rr, tc, tr)
         np.save(os.path.join(OUT, f"{name}_pairs.npy"), per)
         np.save(os.path.join(OUT, f"{name}_metrics.npy"), metrics)
+        if name in EVAL_CASES:
+            np.save(os.path.join(OUT, f"{name}_eval.npy"), eval_case(c, pc, pr, rc, rr, tc, tr))
         lines.append(name + " " + " ".join(f"{k}={v}" for k, v in c.items()))
     with open(os.path.join(OUT, "cases.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")

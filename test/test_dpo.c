@@ -1,10 +1,12 @@
 // test/test_dpo.c: Check suite for dpo.c. Every loss_type's loss, gradient and TRL's metrics
 // against test/fixtures/dpo (TRL v0.28's DPOTrainer.dpo_loss reimplemented in NumPy float64, the
 // gradient by complex steps: dev/make_dpo_fixture.py); the gradient again against central finite
-// differences of dpo_loss itself; micro-batches against the whole batch; the defaults, names and
-// checks of the options.
+// differences of dpo_loss itself; micro-batches against the whole batch; TRL 1.16's evaluation
+// means over batches (dpo_eval_add, dpo_eval_metrics) against the same fixture's; the defaults,
+// names and checks of the options.
 //   make build/test_dpo && ./build/test_dpo     (from the repo root: the fixtures are read from test/fixtures)
 #include <check.h>
+#include <unistd.h>
 
 #include "dpo.h"
 #include "testutil.h"
@@ -211,6 +213,56 @@ START_TEST(loss_matches_fixture) {
 }
 END_TEST
 
+// TRL's evaluation of the 24 pairs in batches of 5 (the last of 4): eval_loss the mean over the
+// pairs, the other metrics the mean of the batches' means. The fixture's batch means differ from the
+// pairs' means (the _metrics.npy values) by far more than TOL_FIX, so averaging the pairs instead
+// cannot pass.
+START_TEST(eval_matches_fixture) {
+    Pairs p = pairs_load();
+    Case cs[64];
+    int nc = cases_load(cs, 64), tested = 0;
+    const int batch = 5;
+    for (int k = 0; k < nc; k++) {
+        const Case *c = &cs[k];
+        char rel[128], path[512];
+        snprintf(rel, sizeof rel, "dpo/%.60s_eval.npy", c->name);
+        fixture_path(path, sizeof path, rel);
+        if (access(path, F_OK) != 0) continue;  // the cases dev/make_dpo_fixture.py evaluates (EVAL_CASES)
+        Npy ev = load(rel);
+        snprintf(rel, sizeof rel, "dpo/%.60s_metrics.npy", c->name);
+        Npy met = load(rel);
+        ck_assert_int_eq(ev.n, 7);
+        DpoEvalStats e;
+        memset(&e, 0, sizeof e);
+        for (int i0 = 0; i0 < p.n; i0 += batch) {
+            int kb = p.n - i0 < batch ? p.n - i0 : batch;
+            DpoInputs in = inputs_at(&p, i0);
+            DpoStats st;
+            dpo_stats_init(&st);
+            dpo_loss(&c->cfg, &in, kb, kb, NULL, NULL, &st);
+            dpo_eval_add(&e, &st);
+        }
+        ck_assert_int_eq((int)e.batches, 5);
+        DpoMetrics m = dpo_eval_metrics(&e);
+        double apart = 0;
+        for (int j = 0; j < 7; j++) {
+            ck_assert_msg(close_rel(metric_of(&m, j), ev.data[j], TOL_FIX), "%s: eval_%s %.17g, fixture %.17g", c->name,
+                          METRIC_NAMES[j], metric_of(&m, j), ev.data[j]);
+            apart = fmax(apart, fabs(ev.data[j] - met.data[j]) / (1 + fabs(met.data[j])));
+        }
+        ck_assert_msg(close_rel(m.loss, met.data[0], TOL_FIX), "%s: eval_loss %.17g is not the pairs' mean %.17g", c->name, m.loss,
+                      met.data[0]);
+        ck_assert_msg(apart > 1e6 * TOL_FIX, "%s: the batches' means equal the pairs' (%g apart): the fixture tests nothing", c->name,
+                      apart);
+        npy_free(&ev);
+        npy_free(&met);
+        tested++;
+    }
+    ck_assert_int_ge(tested, 3);
+    pairs_free(&p);
+}
+END_TEST
+
 // The comparison above can fail: every two cases' fixtures differ by far more than TOL_FIX, in the
 // loss or in a gradient, so a formula computed for the wrong case (a sign, a missing reference
 // term, the sum where ipo takes the mean) cannot pass. The exception is TRL's own: nca_pair and
@@ -363,6 +415,7 @@ Suite *dpo_suite(void) {
     tcase_add_test(tc, check_rejects_bad_options);
     tcase_add_test(tc, loss_matches_fixture);
     tcase_add_test(tc, fixtures_discriminate);
+    tcase_add_test(tc, eval_matches_fixture);
     tcase_add_test(tc, gradient_matches_finite_differences);
     tcase_add_test(tc, gradient_prefers_chosen);
     tcase_add_test(tc, microbatches_equal_full_batch);

@@ -1,7 +1,9 @@
 // test/test_dpo_train.c: DPO training (train/dpo_train.h) and ./train_dpo. TRL's preference
 // formats (standard, conversational, implicit prompt) and every error, each naming file:line; the
-// tokens of a pair and TRL's truncations (max_prompt_length, max_completion_length, max_length with
-// keep_end and keep_start); dpo_step's LoRA gradient against central finite differences of its own
+// tokens of a pair and the truncations (max_prompt_length, max_completion_length, max_length with
+// keep_end and keep_start); conversational pairs' tokens equal to TRL 1.16's on four chat templates
+// (test/fixtures/dpo/chat_tokens.json, dev/make_dpo_tokens_fixture.py); dpo_evaluate (TRL's
+// evaluation) against the pairs' own log-probs; dpo_step's LoRA gradient against central finite differences of its own
 // loss (fp64 backend), for sigmoid and ipo (whose mean per token runs through the counts), its
 // micro-batches against one batch, the reference (the adapter off) equal precomputed or not; and
 // ./train_dpo end to end: --resume is bit-exact (a LoRA adapter on FP8 weights, every weight),
@@ -11,6 +13,8 @@
 #include <check.h>
 #include <math.h>
 #include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "testutil.h"
 #include "train/dpo_train.h"
@@ -118,6 +122,56 @@ START_TEST(test_encode_and_truncate) {
     ck_assert_int_eq(p.chosen.n, 7); ck_assert_int_eq(p.chosen.plen, 6); ck_assert_int_eq(p.chosen.ids[6], '4');
     pref_pair_free(&p);
     tokenizer_free(tok);
+}
+END_TEST
+
+// ids (n) equal to the JSON list want
+static int ids_equal_json(const int *ids, int n, const cJSON *want) {
+    if (cJSON_GetArraySize(want) != n) return 0;
+    for (int i = 0; i < n; i++)
+        if (cJSON_GetArrayItem(want, i)->valueint != ids[i]) return 0;
+    return 1;
+}
+
+// Conversational pairs through each chat template: the prompt's tokens, and each completion's,
+// TRL 1.16's (its completion is what follows the prompt in the rendered conversation, so it ends as
+// the template ends the turn: ChatML's and Gemma's "\n" after the end-of-turn token, nothing after
+// Llama 3's and Mistral's)
+START_TEST(test_chat_tokens_match_trl) {
+    char path[1200], dir[1200];
+    fixture_path(path, sizeof path, "dpo/chat_tokens.json");
+    char *text = read_file(path, NULL);
+    ck_assert_msg(text != NULL, "cannot read %s: run from the repo root or regenerate with dev/make_dpo_tokens_fixture.py", path);
+    cJSON *j = cJSON_Parse(text), *c;
+    free(text);
+    int n = 0, newline = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "cases")) {
+        const char *kind = cJSON_GetObjectItem(c, "kind")->valuestring;
+        snprintf(path, sizeof path, "tokenizer/%s", kind);
+        fixture_path(dir, sizeof dir, path);
+        Tokenizer *tok = tokenizer_load_dir(dir);
+        PrefFormat f = {{tok, 1, NULL, sft_eos_id(tok, 1), 0}, 0, 0, 0};
+        const cJSON *sys = cJSON_GetObjectItem(c, "system");
+        PrefPair p;
+        pref_encode(&f, cJSON_IsString(sys) ? sys->valuestring : NULL, cJSON_GetObjectItem(c, "user")->valuestring,
+                    cJSON_GetObjectItem(c, "chosen")->valuestring, cJSON_GetObjectItem(c, "rejected")->valuestring, &p);
+        const SftExample *side[2] = {&p.chosen, &p.rejected};
+        const char *names[2] = {"chosen_ids", "rejected_ids"};
+        for (int s = 0; s < 2; s++) {
+            const SftExample *e = side[s];
+            ck_assert_msg(ids_equal_json(e->ids, e->plen, cJSON_GetObjectItem(c, "prompt_ids")), "%s pair %d: the prompt's tokens differ",
+                          kind, n);
+            ck_assert_msg(ids_equal_json(e->ids + e->plen, e->n - e->plen, cJSON_GetObjectItem(c, names[s])),
+                          "%s pair %d: %s differ (%d tokens here)", kind, n, names[s], e->n - e->plen);
+        }
+        newline += tokenizer_token_id(tok, "\xC4\x8A") >= 0 && p.chosen.ids[p.chosen.n - 1] == tokenizer_token_id(tok, "\xC4\x8A");
+        pref_pair_free(&p);
+        tokenizer_free(tok);
+        n++;
+    }
+    cJSON_Delete(j);
+    ck_assert_int_ge(n, 7);
+    ck_assert_int_ge(newline, 2);  // ChatML's completions end with the newline ("\xC4\x8A" is byte-level BPE's "\n")
 }
 END_TEST
 
@@ -283,10 +337,66 @@ START_TEST(test_step_microbatches_and_precomputed_reference) {
 }
 END_TEST
 
+// dpo_evaluate, batches of 2 of the 3 pairs: TRL's evaluation (the batches' metrics, dpo_eval_add:
+// test_dpo's fixture) of the log-probs each pair has alone (a forward of its own, the adapter on and
+// off), so that batching, padding and the reference's adapter-off forward are checked; the same with
+// a precomputed reference; the adapter and its gradients left as they were
+START_TEST(test_evaluate_matches_pairs_alone) {
+    Setup s;
+    setup(&s);
+    DpoConfig cfg = dpo_config_default();
+    cfg.beta = 0.5;
+    double pc[3], pr[3], rc[3], rr[3];
+    int tc[3], tr[3];
+    for (int i = 0; i < 3; i++) {
+        const PrefPair *one[1] = {&s.d.pairs[i]};
+        pref_logps(&s.m, one, 1, &pc[i], &pr[i], &tc[i], &tr[i]);
+        s.m.lora_on = 0;
+        pref_logps(&s.m, one, 1, &rc[i], &rr[i], NULL, NULL);
+        s.m.lora_on = 1;
+    }
+    DpoEvalStats e;
+    memset(&e, 0, sizeof e);
+    for (int i0 = 0; i0 < 3; i0 += 2) {
+        int k = i0 + 2 <= 3 ? 2 : 1;
+        DpoInputs in = {pc + i0, pr + i0, rc + i0, rr + i0, tc + i0, tr + i0};
+        DpoStats st;
+        dpo_stats_init(&st);
+        dpo_loss(&cfg, &in, k, k, NULL, NULL, &st);
+        dpo_eval_add(&e, &st);
+    }
+    DpoMetrics want = dpo_eval_metrics(&e);
+    ck_assert_msg(fabs(want.rewards_margins) > 1e-3, "the adapter changes nothing (margins %g): the test would test nothing",
+                  want.rewards_margins);
+    size_t n = s.lo->n;
+    double *p0 = (double *)mallocCheck(n * sizeof(double));
+    memcpy(p0, s.lo->params, n * sizeof(double));
+    memset(s.lo->grads, 0, n * sizeof(double));
+    SftTrainer tr_ = {.m = &s.m, .lora = s.lo, .micro_batch = 3};
+    DpoTrainer dt = {&tr_, cfg};
+    for (int pre = 0; pre < 2; pre++) {
+        if (pre) pref_precompute_ref(&s.d, &s.m, 3);
+        DpoMetrics got = dpo_evaluate(&dt, &s.d, 2);
+        double g[7] = {got.loss, got.rewards_chosen, got.rewards_rejected, got.rewards_accuracies, got.rewards_margins, got.logps_chosen,
+                       got.logps_rejected};
+        double w[7] = {want.loss, want.rewards_chosen, want.rewards_rejected, want.rewards_accuracies, want.rewards_margins,
+                       want.logps_chosen, want.logps_rejected};
+        for (int j = 0; j < 7; j++)  // fp64: the same sums in another batch shape, ~1e-15 relative
+            ck_assert_msg(fabs(g[j] - w[j]) <= 1e-12 * (1 + fabs(w[j])), "%s reference, metric %d: %.15g, want %.15g",
+                          pre ? "precomputed" : "adapter-off", j, g[j], w[j]);
+        ck_assert_int_eq(s.m.lora_on, 1);
+        ck_assert_msg(!memcmp(p0, s.lo->params, n * sizeof(double)), "dpo_evaluate changed the adapter");
+        ck_assert_msg(max_abs_d((double *)s.lo->grads, (long)n) == 0, "dpo_evaluate left gradients");
+    }
+    free(p0);
+    teardown(&s);
+}
+END_TEST
+
 // ----------------------------------------------------------------------------
 // ./train_dpo end to end (CPU)
 
-static char data_path[1200];
+static char data_path[1200], eval_path[1200];
 
 static void setup_program(void) {
     static int done = 0;
@@ -301,30 +411,40 @@ static void setup_program(void) {
                  b, a + b, carry ? a + b - 10 : a + b + 10);
     }
     write_text(data_path, text);
+    snprintf(eval_path, sizeof eval_path, "%s", tmp_path("held.jsonl"));
+    text[0] = 0;
+    for (int i = 40; i < 47; i++) {  // held out: sums of the same kind the training pairs do not hold
+        int a = i % 17 + 3, b = i % 11 + 5, carry = a % 10 + b % 10 >= 10;
+        snprintf(text + strlen(text), sizeof text - strlen(text), "{\"prompt\": \"%d+%d=\", \"chosen\": \"%d\", \"rejected\": \"%d\"}\n", a,
+                 b, a + b, carry ? a + b - 10 : a + b + 10);
+    }
+    write_text(eval_path, text);
 }
 
 #define DPO_ARGS "--device cpu --quiet --chat 0 --max_steps 20 --per_device_train_batch_size 2 --gradient_accumulation_steps 2 " \
-                 "--logging_steps 5 --save_steps 10"
+                 "--logging_steps 5 --save_steps 10 --eval_steps 10 --per_device_eval_batch_size 3"
 
 START_TEST(test_resume_bit_exact_and_metrics) {
     // 10 steps, then --resume to 20, against 20 straight: the same checkpoint-20, byte for byte, and
-    // the same metrics; a LoRA adapter on FP8 weights (the reference the adapter off), and every weight
-    // (the reference precomputed, from --model's weights again on the resume)
+    // the same metrics, the held-out pairs' (--eval_data, TRL's eval_ names, at steps 10 and 20) included;
+    // a LoRA adapter on FP8 weights (the reference the adapter off), and every weight (the reference
+    // precomputed, from --model's weights again on the resume, the held-out pairs' too)
     setup_program();
     const char *modes[2] = {"--use_peft --lora_r 4 --load_in_fp8 block --learning_rate 1e-3", "--learning_rate 1e-4 --loss_type ipo"};
     const char *check[2][2] = {{"optimizer.safetensors", "adapter_model.safetensors"}, {"optimizer.safetensors", "model.safetensors"}};
     for (int k = 0; k < 2; k++) {
-        char a[1200], b[1200], cmd[4096], out[8192], p[1400], q[1400];
+        char a[1200], b[1200], cmd[8192], out[8192], p[1400], q[1400];
         snprintf(a, sizeof a, "%s", tmp_path(k ? "full_straight" : "peft_straight"));
         snprintf(b, sizeof b, "%s", tmp_path(k ? "full_resumed" : "peft_resumed"));
-        snprintf(cmd, sizeof cmd, "./train_dpo " DPO_ARGS " %s --model %s --data %s --output_dir %s", modes[k], model_dir, data_path, a);
+        snprintf(cmd, sizeof cmd, "./train_dpo " DPO_ARGS " %s --model %s --data %s --eval_data %s --output_dir %s", modes[k], model_dir,
+                 data_path, eval_path, a);
         ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
         ck_assert_msg(strstr(out, k ? "computed before training, every weight as loaded" : "the adapter off, on each micro-batch"),
                       "%s", out);
         snprintf(cmd, sizeof cmd, "cp -r %s %s && rm -rf %s/checkpoint-20", a, b, b);
         ck_assert_int_eq(system(cmd), 0);
-        snprintf(cmd, sizeof cmd, "./train_dpo " DPO_ARGS " %s --model %s --data %s --output_dir %s --resume", modes[k], model_dir,
-                 data_path, b);
+        snprintf(cmd, sizeof cmd, "./train_dpo " DPO_ARGS " %s --model %s --data %s --eval_data %s --output_dir %s --resume", modes[k],
+                 model_dir, data_path, eval_path, b);
         ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
         for (int i = 0; i < 2; i++) {
             snprintf(p, sizeof p, "%s/checkpoint-20/%s", a, check[k][i]);
@@ -332,14 +452,18 @@ START_TEST(test_resume_bit_exact_and_metrics) {
             ck_assert_msg(same_file(p, q), "%s differs from %s", q, p);
         }
         const char *keys[] = {"loss", "grad_norm", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
-                              "logps/chosen", "logps/rejected"};
+                              "logps/chosen", "logps/rejected", "eval_loss", "eval_rewards/chosen", "eval_rewards/rejected",
+                              "eval_rewards/accuracies", "eval_rewards/margins", "eval_logps/chosen", "eval_logps/rejected"};
         for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
             double x = metrics_value(a, 20, keys[i]), y = metrics_value(b, 20, keys[i]);
             ck_assert_msg(isfinite(x) && x == y, "%s at step 20: %g straight, %g resumed", keys[i], x, y);
         }
-        // the preference learned: the chosen completions gain on the rejected ones
+        // the preference learned: the chosen completions gain on the rejected ones, the held-out ones too
         double m5 = metrics_value(a, 5, "rewards/margins"), m20 = metrics_value(a, 20, "rewards/margins");
         ck_assert_msg(m20 > m5 && metrics_value(a, 20, "rewards/accuracies") >= 0.5, "margins %g -> %g", m5, m20);
+        double e10 = metrics_value(a, 10, "eval_rewards/margins"), e20 = metrics_value(a, 20, "eval_rewards/margins");
+        ck_assert_msg(isfinite(e10) && e20 > e10 && e20 > 0, "held-out margins %g -> %g", e10, e20);
+        ck_assert_msg(strstr(out, "eval: 7 held-out preference pairs from"), "%s", out);
         snprintf(p, sizeof p, "%s/plot.svg", b);
         ck_assert_msg(file_exists(p), "%s missing", p);
     }
@@ -350,10 +474,11 @@ START_TEST(test_bad_flags_and_data) {
     setup_program();
     const char *bad = tmp_path("bad_pairs.jsonl");
     write_text(bad, "{\"prompt\": \"1+1=\", \"chosen\": \"2\", \"rejected\": \"12\"}\n{\"prompt\": \"2+2=\", \"completion\": \"4\"}\n");
-    char model[1300], data[1300], badd[1300];
+    char model[1300], data[1300], badd[1300], evalb[1300];
     snprintf(model, sizeof model, "--model %s", model_dir);
     snprintf(data, sizeof data, "--data %s", data_path);
     snprintf(badd, sizeof badd, "--data %s", bad);
+    snprintf(evalb, sizeof evalb, "--eval_data %s", bad);
     const BadCase cases[] = {
         {model, "", "", "--data is required: a JSONL file, one {\"prompt\", \"chosen\", \"rejected\"} per line"},
         {model, data, "--loss_type bco_pair", "--loss_type: unknown value 'bco_pair'"},
@@ -366,9 +491,17 @@ START_TEST(test_bad_flags_and_data) {
         {model, badd, "", "bad_pairs.jsonl:2: a completion without a rejected one is ./train_sft's data"},
         {model, data, "--max_length 4 --truncation_mode keep_start", "no completion token is left to score"},
         {model, data, "--resume", "--resume: no checkpoint-N in"},
+        {model, data, "--eval_steps 5", "--eval_steps 5 evaluates --eval_data, which is not given"},
+        {model, data, evalb, "bad_pairs.jsonl:2: a completion without a rejected one is ./train_sft's data"},
+        {model, data, "--per_device_eval_batch_size 0", "--per_device_eval_batch_size"},
     };
     const char *dir = tmp_path("badrun");
     expect_bad_runs("./train_dpo --device cpu --chat 0", dir, cases, sizeof cases / sizeof cases[0]);
+    // --help lists what train_dpo runs: no several-process options, the held-out evaluation, TRL 1.16's truncation
+    char out[32768];
+    ck_assert_int_eq(run_cmd("./train_dpo --help", out, sizeof out), 0);
+    ck_assert_msg(!strstr(out, "nproc_per_node") && strstr(out, "--eval_data FILE") && strstr(out, "--per_device_eval_batch_size") &&
+                  strstr(out, "(default: keep_start)"), "%s", out);
 }
 END_TEST
 
@@ -385,7 +518,7 @@ START_TEST(test_builtin_run_fixes_the_carry) {
     const char *at = strstr(out, "held-out accuracy (greedy, ");
     ck_assert_msg(at && sscanf(at, "held-out accuracy (greedy, %*d problems): %lf before DPO, %lf after", &before, &after) == 2, "%s",
                   out);
-    // measured: 0.725 -> 0.899 (CPU); the warm-up forgets 70% of its carries, DPO's pairs teach them
+    // measured: 0.745 -> 0.940 (2-core CPU, 2026-12-06); the warm-up forgets 70% of its carries, DPO's pairs teach them
     ck_assert_msg(after > before + 0.1, "held-out accuracy %.3f before, %.3f after:\n%s", before, after, out);
     char p[4400];
     snprintf(p, sizeof p, "%s/out/dpo-1/checkpoint-100/adapter_model.safetensors", dir);
@@ -403,9 +536,11 @@ static Suite *dpo_train_suite(void) {
     tcase_add_test(tc, test_jsonl_formats);
     tcase_add_test(tc, test_jsonl_errors);
     tcase_add_test(tc, test_encode_and_truncate);
+    tcase_add_test(tc, test_chat_tokens_match_trl);
     tcase_add_test(tc, test_data_load_drops_and_orders);
     tcase_add_test(tc, test_step_gradient_matches_finite_differences);
     tcase_add_test(tc, test_step_microbatches_and_precomputed_reference);
+    tcase_add_test(tc, test_evaluate_matches_pairs_alone);
     tcase_add_test(tc, test_resume_bit_exact_and_metrics);
     tcase_add_test(tc, test_bad_flags_and_data);
     tcase_add_test(tc, test_builtin_run_fixes_the_carry);

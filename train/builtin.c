@@ -1,5 +1,6 @@
 // builtin.c: the built-in model: its shape, its warm-up and the cache of it, greedy held-out
 // accuracy (builtin.h).
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
@@ -248,6 +249,16 @@ void warmup_cache_root(char *out, size_t cap) {
     }
     if (!home) die("the built-in model's warm-up has no cache directory: set XDG_CACHE_HOME (or HOME) to an absolute path");
     snprintf(out, cap, "%s/.cache/fp8-grpo", home);
+}
+
+const char *path_for_shell(const char *dir, char *out, size_t cap) {
+    const char *home = getenv("HOME");
+    size_t n = home ? strlen(home) : 0;
+    if (!n || home[0] != '/' || strncmp(dir, home, n) || dir[n] != '/') return dir;
+    for (const char *p = dir + n; *p; p++)
+        if (!(isalnum((unsigned char)*p) || strchr("_./+=:,@%-", *p))) return dir;
+    snprintf(out, cap, "~%s", dir + n);
+    return out;
 }
 
 void warmup_key(const WarmupSpec *w, const Config *tc, const char *root, char *json, size_t jcap, char *dir, size_t dcap) {

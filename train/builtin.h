@@ -69,6 +69,9 @@ WarmupSpec warmup_spec_default(void);
 // for every run of the user, whatever its --output_dir or working directory, so that a setting's
 // warm-up is made once; an adapter trained on one records its absolute path as its base.
 void warmup_cache_root(char *out, size_t cap);
+// dir as a person types it in a shell: "~/..." where it lies under $HOME (the rest plain letters, digits
+// and "_./+=:,@%-"), else dir itself; out (cap bytes) holds the short form
+const char *path_for_shell(const char *dir, char *out, size_t cap);
 // The settings as JSON (json: what the cache's warmup.json holds) and the cache's directory:
 // root/warmup-<a hash of them>. A run with other settings gets a directory of its own, so that a
 // warm-up is never replaced by another under an adapter trained on it.

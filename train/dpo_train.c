@@ -66,8 +66,9 @@ int pref_read_jsonl(const char *path, PrefText **out, long *n, char *err, size_t
 // ----------------------------------------------------------------------------
 // text -> tokens
 
-// TRL's truncations of one side (DPOTrainer.tokenize_row, then concatenated_forward's max_length);
-// 1 when something was cut
+// The truncations of one side: max_prompt_length and max_completion_length as TRL 0.28's
+// DPOTrainer.tokenize_row, then max_length as TRL 1.16's DataCollatorForPreference (the whole
+// sequence sliced, [:max_length] or [-max_length:]); 1 when something was cut
 static int truncate_side(const PrefFormat *f, SftExample *e) {
     int plen = e->plen, clen = e->n - e->plen, cut = 0;
     if (f->max_prompt_length > 0 && plen > f->max_prompt_length) {  // the prompt's end is kept
@@ -94,6 +95,25 @@ static int truncate_side(const PrefFormat *f, SftExample *e) {
 // with the prompt cut away entirely, the first token has no position before it
 static int scored(const SftExample *e) { return e->n - (e->plen > 1 ? e->plen : 1); }
 
+// What the chat template writes after the end-of-turn token that closes the assistant's reply: "\n"
+// in ChatML ("<|im_end|>\n") and Gemma ("<end_of_turn>\n"), nothing in Llama 3 and Mistral. TRL
+// 1.16 renders prompt + completion through the template and takes the completion as all that follows
+// the prompt, so a conversational completion ends with it (TRL 0.28 stopped at the end-of-turn token).
+static const char *after_turn_end(const Tokenizer *tok) {
+    const char *fmt = tokenizer_chat_format(tok);
+    return !strcmp(fmt, "chatml") || !strcmp(fmt, "gemma") ? "\n" : "";
+}
+
+// e's completion followed by the tokens of text (none when text is empty)
+static void append_text(const Tokenizer *tok, SftExample *e, const char *text) {
+    if (!*text) return;
+    int *t, n = tokenizer_encode(tok, text, &t);
+    e->ids = (int *)reallocCheck(e->ids, (size_t)(e->n + n) * sizeof(int));
+    memcpy(e->ids + e->n, t, (size_t)n * sizeof(int));
+    e->n += n;
+    free(t);
+}
+
 int pref_encode(const PrefFormat *f, const char *system, const char *prompt, const char *chosen, const char *rejected,
                 PrefPair *out) {
     SftFormat g = f->f;
@@ -101,6 +121,10 @@ int pref_encode(const PrefFormat *f, const char *system, const char *prompt, con
     memset(out, 0, sizeof *out);
     sft_encode(&g, system, prompt, chosen, &out->chosen);
     sft_encode(&g, system, prompt, rejected, &out->rejected);
+    if (g.chat) {  // the completion is an assistant turn of the template: it ends as the template ends it
+        append_text(g.tok, &out->chosen, after_turn_end(g.tok));
+        append_text(g.tok, &out->rejected, after_turn_end(g.tok));
+    }
     int a = truncate_side(f, &out->chosen), b = truncate_side(f, &out->rejected);
     return a || b;
 }
@@ -287,4 +311,40 @@ DpoStepStats dpo_step(DpoTrainer *dt, PrefData *d, const long *idx, int n, doubl
     s.grad_norm = sft_apply(t, lr, "DPO");
     free(pp), free(v), free(cnt);
     return s;
+}
+
+// ----------------------------------------------------------------------------
+// evaluation
+
+DpoMetrics dpo_evaluate(DpoTrainer *dt, PrefData *d, int batch) {
+    Model *m = dt->t->m;
+    if (!d->ref_chosen && !dt->t->lora)
+        die("dpo_evaluate: no reference: precompute the held-out pairs' log-probabilities (pref_precompute_ref) before training");
+    const PrefPair **pp = (const PrefPair **)mallocCheck((size_t)batch * sizeof(PrefPair *));
+    double *v = (double *)mallocCheck(4 * (size_t)batch * sizeof(double));
+    double *pc = v, *pr = v + batch, *rc = v + 2 * batch, *rr = v + 3 * batch;
+    int *cnt = (int *)mallocCheck(2 * (size_t)batch * sizeof(int));
+    DpoEvalStats e;
+    memset(&e, 0, sizeof e);
+    for (long i0 = 0; i0 < d->n; i0 += batch) {
+        int k = d->n - i0 < batch ? (int)(d->n - i0) : batch;
+        for (int i = 0; i < k; i++) pp[i] = &d->pairs[i0 + i];
+        pref_logps(m, pp, k, pc, pr, cnt, cnt + k);
+        if (d->ref_chosen) {
+            memcpy(rc, d->ref_chosen + i0, k * sizeof(double));
+            memcpy(rr, d->ref_rejected + i0, k * sizeof(double));
+        } else {  // the reference: the adapter off
+            int on = m->lora_on;
+            m->lora_on = 0;
+            pref_logps(m, pp, k, rc, rr, NULL, NULL);
+            m->lora_on = on;
+        }
+        DpoInputs in = {pc, pr, rc, rr, cnt, cnt + k};
+        DpoStats st;
+        dpo_stats_init(&st);
+        dpo_loss(&dt->cfg, &in, k, k, NULL, NULL, &st);  // the batch's mean
+        dpo_eval_add(&e, &st);
+    }
+    free(pp), free(v), free(cnt);
+    return dpo_eval_metrics(&e);
 }

@@ -3,7 +3,7 @@
 //   defines: PrefText, pref_read_jsonl (the user's JSONL), PrefFormat, PrefPair, pref_encode
 //            (text -> tokens, TRL's truncations), PrefData, pref_data_load, pref_data_from_pairs,
 //            pref_data_at (the pairs and their order), pref_logps, pref_precompute_ref (log-probs of
-//            pairs), DpoTrainer, DpoStepStats, dpo_step (one optimizer step)
+//            pairs), DpoTrainer, DpoStepStats, dpo_step (one optimizer step), dpo_evaluate (held-out pairs)
 // Used by ./train_dpo (train_sft.c in its DPO mode). Built on train/sft.h: a pair is two SftExamples
 // (the prompt then the chosen completion, the prompt then the rejected one), batched, encoded and
 // stepped by sft.h's functions.
@@ -14,11 +14,13 @@
 //    "chosen": [{"role": "assistant", "content": ...}], "rejected": [{"role": "assistant", ...}]}  conversational
 //   {"chosen": [system?, user, assistant], "rejected": [the same system and user, assistant]}   implicit prompt
 // Tokens as ./train_sft's (sft_encode: the prompt through the chat template when there is one, the
-// completion after it, ended by EOS), then TRL's truncations in its order: the prompt's last
-// max_prompt_length tokens, each completion's first max_completion_length (EOS included), then the
-// whole sequence to max_length, keeping its end (truncation_mode keep_end, TRL's default: the
-// prompt's start goes first) or its start (keep_start). A pair where either side has no completion
-// token left to score is left out (counted).
+// completion after it, ended by EOS; through the template, also what it writes after the end of
+// turn, ChatML's and Gemma's "\n", as TRL 1.16), then the truncations in TRL's order: the prompt's
+// last max_prompt_length tokens, each completion's first max_completion_length (EOS included; these
+// two are TRL 0.28's, 1.16 has neither: 0 leaves them off), then the whole sequence to max_length,
+// keeping its start (truncation_mode keep_start, TRL 1.16's default) or its end (keep_end, 0.28's
+// default: the prompt's start goes first). A pair where either side has no completion token left to
+// score is left out (counted).
 //
 // The reference: the same model with the adapter off (m->lora_on = 0: no second copy of the
 // weights), run on each micro-batch before the policy's forward; or log-probabilities computed once
@@ -51,7 +53,7 @@ typedef struct {
     SftFormat f;                // tokenizer, chat, system, eos; f.max_length: max_length (0: no limit)
     int max_prompt_length;      // the prompt's last tokens kept (0: all)
     int max_completion_length;  // each completion's first tokens kept, EOS included (0: all; TRL's None)
-    int keep_end;               // 1: truncation_mode keep_end (TRL's default), 0: keep_start
+    int keep_end;               // 1: truncation_mode keep_end, 0: keep_start (TRL 1.16's default)
 } PrefFormat;
 
 typedef struct {
@@ -111,6 +113,12 @@ typedef struct {
 // precomputed, else from the adapter-off forward of each micro-batch (needs a LoRA adapter); the
 // loss the mean over the n pairs, gradients accumulated, then sft_apply. Dies on a NaN loss.
 DpoStepStats dpo_step(DpoTrainer *t, PrefData *d, const long *idx, int n, double lr);
+
+// TRL's evaluation of every pair of d (DPOTrainer.evaluate): forward only, in file order, batch
+// pairs a batch (per_device_eval_batch_size), the reference as dpo_step's (d->ref_* when
+// precomputed, else the adapter off); the weights and gradients untouched. The metrics with TRL's
+// evaluation means (dpo.h, DpoEvalStats): "eval_" + their names.
+DpoMetrics dpo_evaluate(DpoTrainer *t, PrefData *d, int batch);
 
 #ifdef __cplusplus
 }
