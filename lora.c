@@ -115,6 +115,17 @@ static void upload_params(LoRA *lo, double *h) {
 
 LoRA *lora_create(const Model *m, int r, float alpha, unsigned targets, uint64_t seed, int bf16) {
     if (r <= 0) die("lora_r must be positive (got %d)", r);
+    // Qwen3 MoE: adapters on the attention only; the router and the experts stay frozen (and so does the MLP
+    // of a dense layer among them, which PEFT would name as it names the experts' projections)
+    unsigned attn = (1u << LIN_Q) | (1u << LIN_K) | (1u << LIN_V) | (1u << LIN_O);
+    if (m->cfg.E && (targets & ~attn)) {
+        if (targets != (1u << LIN_COUNT) - 1)
+            die("LoRA on gate_proj, up_proj or down_proj of a qwen3_moe model is not supported (its experts are frozen): "
+                "target the attention (--lora_target_modules q_proj,k_proj,v_proj,o_proj)");
+        targets &= attn;
+        fprintf(stderr, "qwen3_moe: LoRA adapters on the attention (q_proj, k_proj, v_proj, o_proj); the router and the "
+                "experts stay frozen\n");
+    }
     LoRA *lo = (LoRA *)callocCheck(1, sizeof(LoRA));
     lora_layout(lo, m, r, alpha, targets, bf16);
     lo->sr_seed = seed ^ 0x5bf0363e2ad1f7a3ull;

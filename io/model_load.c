@@ -95,6 +95,29 @@ static void gemma3_layer_types(Config *c, cJSON *root, const char *path) {
     for (int l = 0; l < c->L; l++) c->sliding[l] = (l + 1) % pat != 0;
 }
 
+// Qwen3 MoE's experts (transformers' Qwen3MoeConfig defaults where a key is absent) and which layers have
+// them: layer l is sparse unless listed in mlp_only_layers, when (l + 1) % decoder_sparse_step == 0
+// (Qwen3MoeDecoderLayer). router_aux_loss_coef and output_router_logits are read by nobody here: the
+// load-balancing loss is a pre-training term, and an RL or SFT step here trains no router.
+enum { MAX_EXPERTS = 1 << 12 };
+static void qwen3_moe_layers(Config *c, cJSON *root, const char *path) {
+    // num_experts (the published checkpoints, transformers 4.x), num_local_experts (what 5.x writes)
+    const char *ne = cJSON_GetObjectItemCaseSensitive(root, "num_experts") ? "num_experts" : "num_local_experts";
+    c->E = json_int(root, ne, 128, 0, 1, MAX_EXPERTS, path);
+    c->K = json_int(root, "num_experts_per_tok", 8, 0, 1, c->E, path);
+    c->FFe = json_int(root, "moe_intermediate_size", 768, 0, 1, MAX_FF, path);
+    c->norm_topk = json_bool(root, "norm_topk_prob", 0, path);
+    int step = json_int(root, "decoder_sparse_step", 1, 0, 1, MAX_LAYERS, path);
+    for (int l = 0; l < c->L; l++) c->moe[l] = (l + 1) % step == 0;
+    cJSON *only = cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers"), *e;
+    if (only && !cJSON_IsNull(only) && !cJSON_IsArray(only)) die("%s: \"mlp_only_layers\" must be a list of layer indices", path);
+    cJSON_ArrayForEach(e, only) {
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble < c->L) || e->valuedouble != floor(e->valuedouble))
+            die("%s: \"mlp_only_layers\" must list layer indices in [0, num_hidden_layers %d)", path, c->L);
+        c->moe[(int)e->valuedouble] = 0;
+    }
+}
+
 // one RoPE parameter set (the top level of a 4.x config, rope_scaling, rope_parameters, or one of Gemma 3's
 // per-layer-type sets of rope_parameters): its scaling, when it has one, into c; the type's name returned
 static void rope_scaling_read(Config *c, cJSON *scaling, const char *sp, const char *path) {
@@ -127,13 +150,14 @@ void config_from_json(Config *c, const char *text, const char *path) {
     else if (!strcmp(mt->valuestring, "qwen3")) c->arch = ARCH_QWEN3;
     else if (!strcmp(mt->valuestring, "mistral")) c->arch = ARCH_MISTRAL;
     else if (!strcmp(mt->valuestring, "gemma3_text")) c->arch = ARCH_GEMMA3;
+    else if (!strcmp(mt->valuestring, "qwen3_moe")) c->arch = ARCH_QWEN3_MOE;
     else if (!strcmp(mt->valuestring, "gemma3"))
         die("%s: model_type \"gemma3\" is the multimodal Gemma 3 (Gemma3ForConditionalGeneration), which is not "
             "supported: use a text-only checkpoint (model_type \"gemma3_text\", Gemma3ForCausalLM: gemma-3-1b, or the "
             "text tower saved on its own)", path);
     else
-        die("%s: unsupported architecture \"%s\": fp8-grpo runs llama (Llama 3), qwen2, qwen3, mistral and gemma3_text "
-            "checkpoints", path, mt->valuestring);
+        die("%s: unsupported architecture \"%s\": fp8-grpo runs llama (Llama 3), qwen2, qwen3, qwen3_moe, mistral and "
+            "gemma3_text checkpoints", path, mt->valuestring);
     int gemma = c->arch == ARCH_GEMMA3;
 
     c->V = json_int(root, "vocab_size", 0, 1, 1, MAX_VOCAB, path);
@@ -153,7 +177,7 @@ void config_from_json(Config *c, const char *text, const char *path) {
     c->eps = (float)json_pos(root, "rms_norm_eps", 1e-6, 0, 0, 1, path);
     c->tied = json_bool(root, "tie_word_embeddings", gemma, path);
     c->qkv_bias = c->arch == ARCH_QWEN2;
-    c->qk_norm = c->arch == ARCH_QWEN3 || gemma;
+    c->qk_norm = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE || gemma;
     c->gemma = gemma;
 
     // the MLP's activation: SiLU (SwiGLU), Gemma 3's gelu tanh (GeGLU)
@@ -167,6 +191,7 @@ void config_from_json(Config *c, const char *text, const char *path) {
     if (c->arch != ARCH_QWEN2 && json_bool(root, "attention_bias", 0, path))
         die("%s: attention_bias true is not supported for %s", path, mt->valuestring);
     if (json_bool(root, "mlp_bias", 0, path)) die("%s: mlp_bias true is not supported", path);
+    if (c->arch == ARCH_QWEN3_MOE) qwen3_moe_layers(c, root, path);
     // Sliding windows: Mistral's sliding_window applies to every layer (null: none); Gemma 3's to its
     // layer_types' sliding layers. Qwen2's use_sliding_window (layers past max_window_layers) is not done.
     if (c->arch == ARCH_MISTRAL) {
@@ -231,7 +256,7 @@ void config_from_json(Config *c, const char *text, const char *path) {
     cJSON_Delete(root);
 }
 
-static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "mistral", "gemma3_text"};
+static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "mistral", "gemma3_text", "qwen3_moe"};
 
 void config_print(const Config *c, FILE *f) {
     static const char *rs[] = {"", ", llama3 rope", ", linear rope"};
@@ -239,9 +264,14 @@ void config_print(const Config *c, FILE *f) {
     for (int l = 0; l < c->L; l++) ns += c->sliding[l];
     char win[96] = "";
     if (c->window && ns) snprintf(win, sizeof win, ", sliding window %d on %d of %d layers", c->window, ns, c->L);
-    fprintf(f, "model: %s, %d layers, hidden %d, mlp %d, heads %d/%d x %d, vocab %d, %s embeddings%s%s%s\n",
+    int nm = 0;
+    for (int l = 0; l < c->L; l++) nm += c->moe[l];
+    char moe[128] = "";
+    if (c->E) snprintf(moe, sizeof moe, ", %d experts of %d (top %d%s) on %d of %d layers", c->E, c->FFe, c->K,
+                       c->norm_topk ? ", renormalized" : "", nm, c->L);
+    fprintf(f, "model: %s, %d layers, hidden %d, mlp %d, heads %d/%d x %d, vocab %d, %s embeddings%s%s%s%s\n",
             arch_names[c->arch], c->L, c->C, c->FF, c->NH, c->KVH, c->HD, c->V, c->tied ? "tied" : "untied",
-            rs[c->rope_scaling], c->qk_norm ? ", qk-norm" : "", win);
+            rs[c->rope_scaling], c->qk_norm ? ", qk-norm" : "", win, moe);
 }
 
 // ----------------------------------------------------------------------------
@@ -360,6 +390,29 @@ static void fuse_views(QWeight *out, const QWeight *parts, int n, size_t act) {
     out->q.rows = rows;
 }
 
+// q (rows, cols) held at granularity g: a dense slot, or its FP8 codes and then their scales
+static void weight_slots(SlotTable *dense, SlotTable *fp8, QWeight *q, int rows, int cols, FP8Gran g, size_t act,
+                         size_t *linear_bytes) {
+    *q = (QWeight){.rows = rows, .cols = cols, .gran = g};
+    if (g == FP8_OFF) {
+        slot_add(dense, &q->dense, (size_t)rows * cols * act);
+        *linear_bytes += (size_t)rows * cols * act;
+        return;
+    }
+    q->q = (FP8Tensor){.rows = rows, .cols = cols, .gran = g, .fmt = FP8_E4M3, .block_rows = FP8_BLOCK_SIZE};
+    size_t ns = fp8_num_scales(g, rows, cols, FP8_BLOCK_SIZE);
+    slot_add(fp8, (void **)&q->q.data, (size_t)rows * cols);
+    slot_add_scales(fp8, (void **)&q->q.scale, ns * sizeof(float));
+    *linear_bytes += (size_t)rows * cols + ns * sizeof(float);
+}
+
+// the shape of expert weight k (0 gate, 1 up, 2 down)
+static void expert_shape(const Config *c, int k, int *rows, int *cols) {
+    *rows = k < 2 ? c->FFe : c->C;
+    *cols = k < 2 ? c->C : c->FFe;
+}
+static const char *const expert_names[3] = {"gate_proj", "up_proj", "down_proj"};
+
 // bucket (with dense_only_hp: gradients): the dense part allocated only up to the end of layer 0, every
 // layer's slots pointing into layer 0's (model_alloc_grads_bucket); w->dense_bytes is what was allocated
 static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, const Backend *be, int dense_only_hp,
@@ -368,6 +421,9 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
     SlotTable dense = {NULL, 0, 0, act}, fp8 = {NULL, 0, 0, 0};
     memset(w, 0, sizeof *w);
     w->layers = (LayerWeights *)callocCheck(c->L, sizeof(LayerWeights));
+    int n_sparse = 0;
+    for (int l = 0; l < c->L; l++) n_sparse += c->moe[l];
+    if (n_sparse) w->experts = (QWeight *)callocCheck((size_t)n_sparse * c->E * 3, sizeof(QWeight));
     // the embedding table and the LM head: dense, or FP8 rows (codes, then the row scales)
     int fp8_embed = o->fp8_embed && !dense_only_hp;
     QWeight *vw[2] = {&w->emb, c->tied ? NULL : &w->head};
@@ -385,7 +441,7 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
     }
     slot_add(&dense, &w->norm, (size_t)c->C * act);
     int layer_slot[2] = {0, 0};  // the dense slots where layers 0 and 1 begin
-    for (int l = 0; l < c->L; l++) {
+    for (int l = 0, sparse = 0; l < c->L; l++) {
         if (l < 2) layer_slot[l] = dense.n;
         LayerWeights *lw = &w->layers[l];
         slot_add(&dense, &lw->ln1, (size_t)c->C * act);
@@ -406,6 +462,7 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
         for (int pass = 0; pass < 2; pass++)
             for (int i = 0; i < LIN_COUNT; i++) {
                 QWeight *q = &lw->lin[i];
+                if (c->moe[l] && i >= LIN_GATE) continue;  // the experts in place of the MLP: below
                 lin_shape(c, i, &q->rows, &q->cols);
                 q->gran = g;
                 if (g == FP8_OFF) {
@@ -424,6 +481,16 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
                     if (pass) w->linear_bytes += (size_t)q->rows * q->cols + ns * sizeof(float);
                 }
             }
+        if (c->moe[l]) {  // the router (dense) and each expert's three weights
+            weight_slots(&dense, &fp8, &lw->router, c->E, c->C, FP8_OFF, act, &w->linear_bytes);
+            lw->experts = w->experts + (size_t)sparse++ * c->E * 3;
+            for (int e = 0; e < c->E; e++)
+                for (int k = 0; k < 3; k++) {
+                    int rows, cols;
+                    expert_shape(c, k, &rows, &cols);
+                    weight_slots(&dense, &fp8, &lw->experts[3 * e + k], rows, cols, g, act, &w->linear_bytes);
+                }
+        }
     }
     w->dense_bytes = slots_total(&dense);
     w->fp8_bytes = slots_total(&fp8);
@@ -449,7 +516,7 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
     for (int l = 0; l < c->L; l++) {
         LayerWeights *lw = &w->layers[l];
         fuse_views(&lw->qkv, lw->lin + LIN_Q, 3, act);
-        fuse_views(&lw->gateup, lw->lin + LIN_GATE, 2, act);
+        if (!c->moe[l]) fuse_views(&lw->gateup, lw->lin + LIN_GATE, 2, act);
         if (c->qkv_bias) {
             lw->bias[1] = (char *)lw->bias[0] + (size_t)c->NH * c->HD * act;
             lw->bias[2] = (char *)lw->bias[1] + (size_t)c->KVH * c->HD * act;
@@ -464,6 +531,9 @@ static void model_common_init(Model *m, const Config *c, const Backend *be, cons
     m->be = be;
     if (opt) m->opt = *opt;
     if (m->opt.gran < FP8_OFF || m->opt.gran > FP8_BLOCK) die("bad FP8 granularity");
+    if (c->E && !be->moe_experts_forward)
+        die("qwen3_moe: the %s backend has no mixture-of-experts products yet (the experts' grouped GEMMs): run it on "
+            "the CPU reference backend (--device cpu)", be->name);
     weights_layout(&m->w, c, &m->opt, be, 0, 0);
 
     // RoPE inverse frequencies, with llama3 scaling (transformers' _compute_llama3_parameters):
@@ -646,10 +716,21 @@ static void walk_tensors(const Loader *ld, Model *m) {
         }
         for (int i = 0; i < LIN_COUNT; i++) {
             int rows, cols;
+            if (c->moe[l] && i >= LIN_GATE) continue;  // the experts in place of the MLP: below
             lin_shape(c, i, &rows, &cols);
             if (c->qkv_bias && i < 3) load_dense(ld, lw ? lw->bias[i] : NULL, LNAME("self_attn.%s.bias", lin_names[i]), rows, 0);
             load_linear(ld, lw ? &lw->lin[i] : NULL, LNAME("%s.%s.weight", lin_parent[i], lin_names[i]), rows, cols,
                         m ? m->opt.pow2 : 0);
+        }
+        if (c->moe[l]) {  // the router mlp.gate, then mlp.experts.e.{gate,up,down}_proj (each its own scales)
+            load_dense(ld, lw ? lw->router.dense : NULL, LNAME("%s", "mlp.gate.weight"), c->E, c->C);
+            for (int e = 0; e < c->E; e++)
+                for (int k = 0; k < 3; k++) {
+                    int rows, cols;
+                    expert_shape(c, k, &rows, &cols);
+                    load_linear(ld, lw ? &lw->experts[3 * e + k] : NULL, LNAME("mlp.experts.%d.%s.weight", e, expert_names[k]),
+                                rows, cols, m ? m->opt.pow2 : 0);
+                }
         }
 #undef LNAME
     }
@@ -723,6 +804,8 @@ void model_init_random(Model *m, const Config *c, const Backend *be, const Model
     size_t big = (size_t)c->V * c->C;
     size_t lmax = (size_t)(c->FF > c->NH * c->HD ? c->FF : c->NH * c->HD) * (c->C > c->FF ? c->C : c->FF);
     if (lmax > big) big = lmax;
+    size_t emax = (size_t)c->C * (c->E > c->FFe ? c->E : c->FFe);  // the router's and the experts' sizes
+    if (emax > big) big = emax;
     float *buf = (float *)mallocCheck(big * sizeof(float));
     double es = sqrt(3.0 / c->C);  // uniform(-b, b) has std b / sqrt(3)
     uint64_t tag = 1;
@@ -752,9 +835,16 @@ void model_init_random(Model *m, const Config *c, const Backend *be, const Model
             }
         for (int i = 0; i < LIN_COUNT; i++) {
             QWeight *w = &lw->lin[i];
+            if (!w->rows) continue;  // a sparse layer's absent MLP
             fill_uniform(buf, (size_t)w->rows * w->cols, 1.0 / sqrt((double)w->cols), seed, tag++);
             be->quantize_weight(w, buf, DT_F32, m->opt.pow2);
         }
+        if (c->moe[l])  // the router, then the experts
+            for (int i = -1; i < 3 * c->E; i++) {
+                QWeight *w = i < 0 ? &lw->router : &lw->experts[i];
+                fill_uniform(buf, (size_t)w->rows * w->cols, 1.0 / sqrt((double)w->cols), seed, tag++);
+                be->quantize_weight(w, buf, DT_F32, m->opt.pow2);
+            }
     }
     free(buf);
     be->sync();
@@ -907,8 +997,10 @@ void model_free(Model *m) {
     if (m->w.dense_mem) be->free(m->w.dense_mem);
     if (m->w.fp8_mem) be->free(m->w.fp8_mem);
     free(m->w.layers);
+    free(m->w.experts);
     if (m->grads) be->free(m->grads);
     free(m->gw.layers);
+    free(m->gw.experts);
     if (m->inv_freq) be->free(m->inv_freq);
     if (m->inv_freq_local) be->free(m->inv_freq_local);
     for (int i = 0; i < m->n_fp8_train; i++) be->fp8_train_free(m->fp8_train[i]);

@@ -1,5 +1,5 @@
 // test/test_model.c: the CPU reference transformer against Hugging Face transformers.
-// Fixtures (test/fixtures/{qwen3,qwen2,llama3,mistral,gemma3}, made by dev/make_fixtures.py) hold
+// Fixtures (test/fixtures/{qwen3,qwen2,llama3,mistral,gemma3,qwen3_moe,qwen3_moe16}, made by dev/make_fixtures.py) hold
 // tiny random checkpoints and the fp32 logits transformers computed on them.
 // Checks: config parsing, RoPE frequencies, full-forward and KV-cache-decode logits,
 // greedy continuation, FP8 fake-quant linear = the FP8 reference GEMM, FP8 block logits = an
@@ -19,7 +19,7 @@
 #include "io/safetensors.h"
 #include "train/full_finetune.h"
 
-static const char *ARCHS[] = {"qwen3", "qwen2", "llama3", "mistral", "gemma3"};
+static const char *ARCHS[] = {"qwen3", "qwen2", "llama3", "mistral", "gemma3", "qwen3_moe", "qwen3_moe16"};
 #define N_ARCHS ((int)(sizeof ARCHS / sizeof ARCHS[0]))
 
 static void fixture(char *out, size_t cap, const char *arch, const char *file) {
@@ -281,7 +281,7 @@ START_TEST(test_logits_decode) {
         // the decode step runs q|k|v and gate|up as one GEMM each (fused views of the weights)
         const LayerWeights *l0 = &m.w.layers[0];
         ck_assert_int_eq(l0->qkv.rows, (m.cfg.NH + 2 * m.cfg.KVH) * m.cfg.HD);
-        ck_assert_int_eq(l0->gateup.rows, 2 * m.cfg.FF);
+        ck_assert_int_eq(l0->gateup.rows, m.cfg.moe[0] ? 0 : 2 * m.cfg.FF);  // a sparse layer: the experts instead
         ck_assert(m.cfg.qkv_bias == (l0->bias_qkv != NULL));
         fixture(p, sizeof p, ARCHS[a], "tokens.npy");
         Npy tk = npy_read(p);
@@ -574,7 +574,7 @@ static Config tiny_cfg(Arch arch) {
     c.eps = 1e-5f;
     c.rope_theta = 100.0f;
     c.qkv_bias = arch == ARCH_QWEN2;
-    c.qk_norm = arch == ARCH_QWEN3 || arch == ARCH_GEMMA3;
+    c.qk_norm = arch == ARCH_QWEN3 || arch == ARCH_QWEN3_MOE || arch == ARCH_GEMMA3;
     c.tied = 0;
     c.bos_id = -1;
     if (arch == ARCH_MISTRAL) {  // a window of 3 in sequences of 7: most queries lose keys to it
@@ -627,10 +627,8 @@ static void fd_check(FDCase *f, double *p, const double *g, size_t n, const char
     }
 }
 
-static void gradient_check(Arch arch, int tied) {
+static void gradient_check_cfg(Config c) {
     const Backend *be = backend_cpu64();
-    Config c = tiny_cfg(arch);
-    c.tied = tied;
     Model m;
     ModelOptions o = opt_dense();
     model_init_random(&m, &c, be, &o, 11);
@@ -693,8 +691,15 @@ static void gradient_check(Arch arch, int tied) {
     for (int l = 0; l < c.L; l++) {
         LayerWeights *lw = &m.w.layers[l], *gl = &m.gw.layers[l];
         for (int i = 0; i < LIN_COUNT; i++)
-            fd_check(&f, (double *)lw->lin[i].dense, (const double *)gl->lin[i].dense,
-                     (size_t)lw->lin[i].rows * lw->lin[i].cols, lin_names[i], 2);
+            if (lw->lin[i].rows)  // (a sparse layer has no MLP of its own)
+                fd_check(&f, (double *)lw->lin[i].dense, (const double *)gl->lin[i].dense,
+                         (size_t)lw->lin[i].rows * lw->lin[i].cols, lin_names[i], 2);
+        if (c.moe[l]) {  // the router, and each expert's three weights
+            fd_check(&f, (double *)lw->router.dense, (const double *)gl->router.dense, (size_t)c.E * c.C, "router", 4);
+            for (int k = 0; k < 3 * c.E; k++)
+                fd_check(&f, (double *)lw->experts[k].dense, (const double *)gl->experts[k].dense,
+                         (size_t)lw->experts[k].rows * lw->experts[k].cols, "expert", 2);
+        }
         fd_check(&f, (double *)lw->ln1, (const double *)gl->ln1, c.C, "ln1", 2);
         fd_check(&f, (double *)lw->ln2, (const double *)gl->ln2, c.C, "ln2", 2);
         if (c.gemma) {
@@ -713,11 +718,16 @@ static void gradient_check(Arch arch, int tied) {
     fd_check(&f, (double *)m.w.lm_head, (const double *)m.gw.lm_head, (size_t)c.V * c.C, "lm_head", 6);
     for (int k = 0; k < 4; k++) {
         double *row = (double *)m.w.wte + (size_t)ids[k * 3] * c.C;
-        fd_check(&f, row, (const double *)m.gw.wte + (size_t)ids[k * 3] * c.C, c.C, tied ? "tied wte" : "wte", 2);
+        fd_check(&f, row, (const double *)m.gw.wte + (size_t)ids[k * 3] * c.C, c.C, c.tied ? "tied wte" : "wte", 2);
     }
     lora_free(lo);
     m.lora = NULL;
     model_free(&m);
+}
+static void gradient_check(Arch arch, int tied) {
+    Config c = tiny_cfg(arch);
+    c.tied = tied;
+    gradient_check_cfg(c);
 }
 
 START_TEST(test_gradients_qwen3) { gradient_check(ARCH_QWEN3, 1); }
@@ -732,6 +742,19 @@ END_TEST
 // the (1 + w) norms (the four of a layer, q/k and final), GeGLU, the embeddings' sqrt(C), a sliding and a
 // full layer with their RoPE bases and query_pre_attn_scalar's scale
 START_TEST(test_gradients_gemma3) { gradient_check(ARCH_GEMMA3, 1); }
+END_TEST
+// Qwen3 MoE: a sparse layer (router, softmax, top-k, the experts) then a dense one; with norm_topk_prob the
+// gradient goes through the renormalization too. The routing choice itself has no gradient: the finite
+// differences' steps (1e-5) are far below the gaps between the chosen and the other probabilities.
+static void gradient_check_moe(int E, int K, int norm) {
+    Config c = tiny_cfg(ARCH_QWEN3_MOE);
+    c.E = E, c.K = K, c.FFe = 10, c.norm_topk = norm;
+    c.moe[0] = 1;
+    gradient_check_cfg(c);
+}
+START_TEST(test_gradients_qwen3_moe_norm) { gradient_check_moe(4, 2, 1); }
+END_TEST
+START_TEST(test_gradients_qwen3_moe) { gradient_check_moe(5, 3, 0); }
 END_TEST
 
 // recomputation (gradient checkpointing, or of gate and up alone: Model.recompute_mlp) changes memory, not
@@ -1212,6 +1235,11 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_no_gpu_reason);
     tcase_add_test(tc, test_full_training_refusals);
     suite_add_tcase(s, tc);
+    TCase *moe = tcase_create("qwen3_moe");  // CK_RUN_CASE=qwen3_moe runs these alone
+    tcase_set_timeout(moe, 600);
+    tcase_add_test(moe, test_gradients_qwen3_moe_norm);
+    tcase_add_test(moe, test_gradients_qwen3_moe);
+    suite_add_tcase(s, moe);
     return s;
 }
 
