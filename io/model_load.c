@@ -876,7 +876,7 @@ static void *to_host_dtype(const Model *m, const void *src, size_t n, DType dt, 
 // config.json in the keys of transformers 4.x (which 5.x reads too)
 static void config_write(const Config *c, const char *path, DType dt) {
     static const char *cls[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
-                                "Gemma3ForCausalLM"};
+                                "Gemma3ForCausalLM", "Qwen3MoeForCausalLM"};
     cJSON *r = cJSON_CreateObject();
     cJSON *ar = cJSON_AddArrayToObject(r, "architectures");
     cJSON_AddItemToArray(ar, cJSON_CreateString(cls[c->arch]));
@@ -915,6 +915,16 @@ static void config_write(const Config *c, const char *path, DType dt) {
             cJSON_AddItemToArray(lt, cJSON_CreateString(c->sliding[l] ? "sliding_attention" : "full_attention"));
         cJSON_AddNullToObject(r, "final_logit_softcapping");
         cJSON_AddNullToObject(r, "attn_logit_softcapping");
+    }
+    if (c->E) {
+        cJSON_AddNumberToObject(r, "num_experts", c->E);
+        cJSON_AddNumberToObject(r, "num_experts_per_tok", c->K);
+        cJSON_AddNumberToObject(r, "moe_intermediate_size", c->FFe);
+        cJSON_AddBoolToObject(r, "norm_topk_prob", c->norm_topk);
+        cJSON_AddNumberToObject(r, "decoder_sparse_step", 1);  // and the dense layers listed:
+        cJSON *only = cJSON_AddArrayToObject(r, "mlp_only_layers");
+        for (int l = 0; l < c->L; l++)
+            if (!c->moe[l]) cJSON_AddItemToArray(only, cJSON_CreateNumber(l));
     }
     cJSON_AddBoolToObject(r, "tie_word_embeddings", c->tied);
     cJSON_AddStringToObject(r, c->gemma ? "hidden_activation" : "hidden_act", c->gemma ? "gelu_pytorch_tanh" : "silu");
@@ -961,7 +971,17 @@ int model_hf_tensors(const Model *m, HFTensor *out) {
         if (c->qkv_bias)
             for (int i = 0; i < 3; i++) ADD(lw->bias[i], NULL, -1, -1, lw->lin[i].rows, 0, "model.layers.%d.self_attn.%s.bias", l, lin_names[i]);
         for (int i = 0; i < LIN_COUNT; i++)
-            ADD(NULL, &lw->lin[i], l, i, lw->lin[i].rows, lw->lin[i].cols, "model.layers.%d.%s.%s.weight", l, lin_parent[i], lin_names[i]);
+            if (lw->lin[i].rows)  // (a sparse layer's MLP is its router and experts)
+                ADD(NULL, &lw->lin[i], l, i, lw->lin[i].rows, lw->lin[i].cols, "model.layers.%d.%s.%s.weight", l, lin_parent[i], lin_names[i]);
+        if (!c->moe[l]) continue;
+        // the router; the experts as dense tensors where they are (no adapter merges into them), FP8 ones
+        // as weights of no projection (layer and which -1), which model_save_hf dequantizes
+        ADD(lw->router.dense, NULL, -1, -1, c->E, c->C, "model.layers.%d.mlp.gate.weight", l);
+        for (int k = 0; k < 3 * c->E; k++) {
+            const QWeight *w = &lw->experts[k];
+            ADD(w->gran == FP8_OFF ? w->dense : NULL, w->gran == FP8_OFF ? NULL : w, -1, -1, w->rows, w->cols,
+                "model.layers.%d.mlp.experts.%d.%s.weight", l, k / 3, expert_names[k % 3]);
+        }
     }
 #undef ADD
     return n;
@@ -1011,6 +1031,7 @@ void model_free(Model *m) {
 
 void model_fp8_train(Model *m, const FP8Recipe *r) {
     const Backend *be = m->be;
+    if (m->cfg.E) die("FP8 training (--fp8_recipe) of a qwen3_moe model is not supported: use --fp8_recipe off");
     if (!be->fp8_train_new)
         die("FP8 training (--fp8_recipe) runs on the GPU (the %s backend has no FP8 GEMMs): use --device cuda, or "
             "--fp8_recipe off to train in BF16", be->name);
@@ -1056,6 +1077,8 @@ size_t model_fp8_train_state(const Model *m, float *buf, int set) {
 
 static void alloc_grads(Model *m, int bucket) {
     if (m->grads) return;
+    if (bucket && m->cfg.E)  // the bucket holds one layer's gradients, and sparse and dense layers differ in size
+        die("sharded full training of a qwen3_moe model is not supported: train a LoRA adapter (--use_peft)");
     if (m->w.emb.gran != FP8_OFF)
         die("the embedding table and LM head are FP8 (--fp8_embeddings), and FP8 weights are frozen: training every "
             "weight needs them dense (drop --fp8_embeddings)");
@@ -1088,6 +1111,7 @@ void model_sqnr_report(const char *dir, FILE *f) {
     int cnt = 0;
     for (int l = 0; l < c.L; l++)
         for (int i = 0; i < LIN_COUNT; i++) {
+            if (c.moe[l] && i >= LIN_GATE) continue;  // a sparse layer's experts: not reported
             char nm[512];
             snprintf(nm, sizeof nm, "model.layers.%d.%s.%s.weight", l, lin_parent[i], lin_names[i]);
             int rows, cols;
