@@ -939,9 +939,9 @@ END_TEST
 
 // recomputation (gradient checkpointing, or of gate and up alone: Model.recompute_mlp) changes memory, not
 // numbers: the same logprobs and bit-identical gradients (LoRA and dense), on the fp32 CPU backend, FP8 weights
-START_TEST(test_recompute_identical) {
+static void recompute_identical(const char *arch) {
     Model m;
-    load_fixture(&m, "qwen3", FP8_BLOCK);
+    load_fixture(&m, arch, FP8_BLOCK);
     LoRA *lo = lora_create(&m, 4, 8.0f, lora_parse_targets("all"), 2, 0);
     Rng r = rng_make(9);
     for (size_t i = 0; i < lo->n; i++) ((float *)lo->params)[i] += 0.05f * rng_normal(&r);
@@ -975,6 +975,10 @@ START_TEST(test_recompute_identical) {
     lora_free(lo);
     model_free(&m);
 }
+START_TEST(test_recompute_identical) { recompute_identical("qwen3"); }
+END_TEST
+// Qwen3 MoE: the sparse layers' routing and experts' products again in the backward (FP8 block experts)
+START_TEST(test_recompute_identical_moe) { recompute_identical("qwen3_moe"); }
 END_TEST
 
 // ---- round trips and bad input -------------------------------------------------------
@@ -1422,6 +1426,7 @@ static Suite *model_suite(void) {
     tcase_add_test(moe, test_moe_fp8_granularities);
     tcase_add_test(moe, test_moe_published_fp8);
     tcase_add_test(moe, test_moe_refusals);
+    tcase_add_test(moe, test_recompute_identical_moe);
     tcase_add_test(moe, test_gradients_qwen3_moe_norm);
     tcase_add_test(moe, test_gradients_qwen3_moe);
     suite_add_tcase(s, moe);
