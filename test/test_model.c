@@ -316,16 +316,16 @@ START_TEST(test_logits_decode) {
 END_TEST
 
 // several sequences decode together, each with its own length and blocks
-START_TEST(test_decode_batched) {
+static void decode_batched(const char *arch) {
     char p[1024];
-    fixture(p, sizeof p, "llama3", "");
+    fixture(p, sizeof p, arch, "");
     Model m;
     ModelOptions o = opt_dense();
     const Backend *be = backend_cpu();
     model_load(&m, p, be, &o);
-    fixture(p, sizeof p, "llama3", "tokens.npy");
+    fixture(p, sizeof p, arch, "tokens.npy");
     Npy tk = npy_read(p);
-    fixture(p, sizeof p, "llama3", "logits.npy");
+    fixture(p, sizeof p, arch, "logits.npy");
     Npy lg = npy_read(p);
     int T = 24, V = m.cfg.V, BS = 8, MB = 3;
     KVCache kv;
@@ -358,13 +358,17 @@ START_TEST(test_decode_batched) {
         pos[0]++;
         pos[1]++;
     }
-    ck_assert_msg(err <= 1e-4 * mx, "batched decode: max |diff| %g > 1e-4 * %g", err, mx);
+    ck_assert_msg(err <= 1e-4 * mx, "%s batched decode: max |diff| %g > 1e-4 * %g", arch, err, mx);
     be->free(lgd);
     kvcache_free(&kv, be);
     npy_free(&tk);
     npy_free(&lg);
     model_free(&m);
 }
+START_TEST(test_decode_batched) { decode_batched("llama3"); }
+END_TEST
+// Qwen3 MoE: the two sequences' tokens routed together in each step (and in the prefill, padding included)
+START_TEST(test_decode_batched_moe) { decode_batched("qwen3_moe16"); }
 END_TEST
 
 // greedy continuation equals transformers' generate(do_sample=False)
@@ -1427,6 +1431,7 @@ static Suite *model_suite(void) {
     tcase_add_test(moe, test_moe_published_fp8);
     tcase_add_test(moe, test_moe_refusals);
     tcase_add_test(moe, test_recompute_identical_moe);
+    tcase_add_test(moe, test_decode_batched_moe);
     tcase_add_test(moe, test_gradients_qwen3_moe_norm);
     tcase_add_test(moe, test_gradients_qwen3_moe);
     suite_add_tcase(s, moe);
