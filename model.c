@@ -13,7 +13,8 @@
 // and every W above may carry a LoRA adapter (lora.h). Qwen3 MoE's sparse layers (Config.moe) replace the
 // MLP by a router and experts (moe_forward): p = softmax(h Wr^T) over the E experts, each token's K
 // largest (divided by their sum with norm_topk_prob), x = x + sum over them of p_e * expert_e(h), each
-// expert a SwiGLU MLP of its own; the experts and the router carry no adapter. Gemma 3 (Config.gemma) is the same layer with
+// expert a SwiGLU MLP of its own; the experts and the router carry no adapter.
+// Gemma 3 (Config.gemma) is the same layer with
 // its norms x / rms(x) * (1 + w), q_norm and k_norm, a norm on each branch's output before the residual
 // add ("sandwich" norms), and GeGLU:
 //   x = x + rmsnorm_attn(attention(q, k, v) Wo^T) ; h = rmsnorm(x)

@@ -1,4 +1,4 @@
-// model.h: Llama 3 / Qwen2 / Qwen3 / Mistral / Gemma 3 (text) decoder-only transformers on any Backend.
+// model.h: Llama 3 / Qwen2 / Qwen3 / Qwen3 MoE / Mistral / Gemma 3 (text) decoder-only transformers on any Backend.
 // Defines: Config (from a Hugging Face config.json), Weights (one allocation
 // per role with a pointer table), the training forward/backward with
 // per-token logprobs, and the KV-cache decode used by the rollout engine.

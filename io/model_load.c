@@ -1,5 +1,5 @@
 // model_load.c: from a Hugging Face checkpoint directory to a Model.
-// Defines: config_from_json (Llama 3 / Qwen2 / Qwen3 / Mistral / Gemma 3 text config.json, both the
+// Defines: config_from_json (Llama 3 / Qwen2 / Qwen3 / Qwen3 MoE / Mistral / Gemma 3 text config.json, both the
 // transformers 4.x keys (rope_theta, rope_scaling) and 5.x (rope_parameters)),
 // the weight layout walker (one allocation for the dense weights, one for the
 // FP8 codes + scales), model_load (safetensors, BF16/F16/F32, or pre-quantized
@@ -1099,6 +1099,28 @@ void model_zero_grads(Model *m) {
 // ----------------------------------------------------------------------------
 // SQNR report: each linear weight of a checkpoint at each granularity
 
+// the SQNR (dB) of the checkpoint's weight name (rows, cols) held in E4M3 per tensor, row, block, block with
+// power-of-two scales, into db
+static void weight_sqnr(const Loader *ld, const char *name, int rows, int cols, double db[4]) {
+    const STensor *t = need(ld, name, rows, cols);
+    size_t n = (size_t)rows * cols;
+    float *x;
+    if (t->dtype == DT_E4M3) x = dequant_prequantized(ld, t, name);
+    else {
+        x = (float *)mallocCheck(n * sizeof(float));
+        convert_to_f32(x, t->data, t->dtype, n);
+    }
+    FP8Gran gs[4] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK, FP8_BLOCK};
+    for (int k = 0; k < 4; k++) {
+        FP8Tensor q;
+        fp8_tensor_alloc_cpu(&q, rows, cols, gs[k], FP8_E4M3, 128);
+        fp8_quantize_cpu(&q, x, k == 3);
+        db[k] = fp8_sqnr_db(x, &q);
+        fp8_tensor_free_cpu(&q);
+    }
+    free(x);
+}
+
 void model_sqnr_report(const char *dir, FILE *f) {
     Config c;
     read_config(&c, dir);
@@ -1109,35 +1131,35 @@ void model_sqnr_report(const char *dir, FILE *f) {
     fprintf(f, "%-5s %-10s %9s %9s %9s %11s\n", "layer", "weight", "tensor", "row", "block", "block-pow2");
     double tot[4] = {0};
     int cnt = 0;
-    for (int l = 0; l < c.L; l++)
+    for (int l = 0; l < c.L; l++) {
         for (int i = 0; i < LIN_COUNT; i++) {
-            if (c.moe[l] && i >= LIN_GATE) continue;  // a sparse layer's experts: not reported
+            if (c.moe[l] && i >= LIN_GATE) continue;  // a sparse layer's experts: below
             char nm[512];
             snprintf(nm, sizeof nm, "model.layers.%d.%s.%s.weight", l, lin_parent[i], lin_names[i]);
             int rows, cols;
             lin_shape(&c, i, &rows, &cols);
-            const STensor *t = need(&ld, nm, rows, cols);
-            size_t n = (size_t)rows * cols;
-            float *x;
-            if (t->dtype == DT_E4M3) x = dequant_prequantized(&ld, t, nm);
-            else {
-                x = (float *)mallocCheck(n * sizeof(float));
-                convert_to_f32(x, t->data, t->dtype, n);
-            }
             double db[4];
-            FP8Gran gs[4] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK, FP8_BLOCK};
-            for (int k = 0; k < 4; k++) {
-                FP8Tensor q;
-                fp8_tensor_alloc_cpu(&q, rows, cols, gs[k], FP8_E4M3, 128);
-                fp8_quantize_cpu(&q, x, k == 3);
-                db[k] = fp8_sqnr_db(x, &q);
-                tot[k] += db[k];
-                fp8_tensor_free_cpu(&q);
-            }
+            weight_sqnr(&ld, nm, rows, cols, db);
+            for (int k = 0; k < 4; k++) tot[k] += db[k];
             cnt++;
             fprintf(f, "%-5d %-10s %9.2f %9.2f %9.2f %11.2f\n", l, lin_names[i], db[0], db[1], db[2], db[3]);
-            free(x);
         }
+        for (int k = 0; c.moe[l] && k < 3; k++) {  // Qwen3 MoE: each projection's mean over the experts
+            double mean[4] = {0};
+            int rows, cols;
+            expert_shape(&c, k, &rows, &cols);
+            for (int e = 0; e < c.E; e++) {
+                char nm[512];
+                double db[4];
+                snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, expert_names[k]);
+                weight_sqnr(&ld, nm, rows, cols, db);
+                for (int j = 0; j < 4; j++) mean[j] += db[j] / c.E, tot[j] += db[j];
+                cnt++;
+            }
+            fprintf(f, "%-5d %-10s %9.2f %9.2f %9.2f %11.2f  (mean of %d experts)\n", l, expert_names[k], mean[0], mean[1],
+                    mean[2], mean[3], c.E);
+        }
+    }
     fprintf(f, "%-16s %9.2f %9.2f %9.2f %11.2f\n", "mean", tot[0] / cnt, tot[1] / cnt, tot[2] / cnt, tot[3] / cnt);
     st_close(&st);
 }
