@@ -66,6 +66,14 @@ static int acts_share(const Model *m, int recompute) {
     return cols;
 }
 
+// the width of the dense MLP's buffers: intermediate_size, or 0 where every layer is sparse (Qwen3-30B-A3B's
+// intermediate_size, 6144, is no layer's: its MLPs are the experts)
+static size_t dense_ff(const Config *c) {
+    for (int l = 0; l < c->L; l++)
+        if (!c->moe[l]) return (size_t)c->FF;
+    return 0;
+}
+
 // (re)allocate m->acts for N = B*T rows; keeps the old arena when it is big enough
 // the activation layout for B x T (one layer of per-layer buffers with recompute): sizes into s
 // (pointers into a), count returned
@@ -84,6 +92,7 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, A
     size_t keep = acts_keep(m, recompute), Lb = keep ? 1 : L;
     // gate and up recomputed in the backward (Model.recompute_mlp): one layer's, the one being computed
     size_t Lg = m->recompute_mlp && recompute != ACTS_FORWARD_ONLY ? 1 : L;
+    size_t FF = dense_ff(c);
     ASlot t[] = {
         {&a->x, xl * N * c->C * act},
         {&a->ln1, Lb * N * c->C * act},
@@ -110,9 +119,9 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, A
         {&a->xmid, L * N * c->C * act},
         {&a->ln2, Lb * N * c->C * act},
         {&a->rstd2, L * N * hp},
-        {&a->gate, Lg * N * c->FF * act},
-        {&a->up, Lg * N * c->FF * act},
-        {&a->hmlp, Lb * N * c->FF * act},
+        {&a->gate, Lg * N * FF * act},
+        {&a->up, Lg * N * FF * act},
+        {&a->hmlp, Lb * N * FF * act},
         {&a->rlogits, L * N * c->E * act},
         {&a->ridx, L * N * c->K * 4},
         {&a->rw, L * N * c->K * hp},
@@ -131,9 +140,9 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, A
         {&a->datt, b * N * q * act},
         {&a->dqpre, b * N * q * act},
         {&a->dkpre, b * N * kv * act},
-        {&a->dff1, b * N * c->FF * act},
-        {&a->dff2, b * N * c->FF * act},
-        {&a->dff3, b * N * c->FF * act},
+        {&a->dff1, b * N * FF * act},
+        {&a->dff2, b * N * FF * act},
+        {&a->dff3, b * N * FF * act},
         {&a->drw, b * N * c->K * hp},
         {&a->drlogits, b * N * c->E * act},
         {&a->ids, N * 4},
@@ -205,8 +214,8 @@ void model_arena_reserve(Model *m, size_t bytes, const char *what) {
     memset(&m->acts, 0, sizeof m->acts);  // they lived in the old pool
 }
 
-// per-layer slices of the arena
-#define LAYER(base, l, per) ((void *)((char *)(base) + (size_t)(l) * (per)))
+// per-layer slices of the arena (NULL: a buffer the model has none of)
+#define LAYER(base, l, per) ((base) ? (void *)((char *)(base) + (size_t)(l) * (per)) : NULL)
 
 void model_free_scratch(Model *m) {
     m->be->replay_forget();
@@ -281,7 +290,7 @@ static LayerActs layer_acts(const Model *m, int l) {
     const Config *c = &m->cfg;
     const Acts *a = &m->acts;
     size_t N = (size_t)m->B * m->T, act = dtype_size(m->be->act), hp = dtype_size(m->be->hp);
-    size_t C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD, FF = c->FF;
+    size_t C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD, FF = dense_ff(c);
     int i = m->recompute ? 0 : l, ib = a->keep ? 0 : i;  // ib: ln1, ln2 and hmlp, one layer when kept in FP8
     int ig = a->recompute_mlp ? 0 : i;                    // ig: gate and up, one layer when recomputed
     int x0 = x_slot(m, l), x1 = x_slot(m, l + 1);
@@ -760,7 +769,7 @@ static void dec_ensure(Model *m, int S, int MB) {
         {&d->fused, cap * fused * act},
         {&d->x, cap * c->C * act}, {&d->ln, cap * c->C * act}, {&d->q, cap * q * act}, {&d->k, cap * kvw * act},
         {&d->v, cap * kvw * act}, {&d->att, cap * q * act}, {&d->tmp, cap * wide * act},
-        {&d->ff1, cap * (size_t)c->FF * act}, {&d->ff2, cap * (size_t)c->FF * act}, {&d->ff3, cap * (size_t)c->FF * act},
+        {&d->ff1, cap * dense_ff(c) * act}, {&d->ff2, cap * dense_ff(c) * act}, {&d->ff3, cap * dense_ff(c) * act},
         {&d->rlogits, cap * (size_t)c->E * act}, {&d->ridx, cap * (size_t)c->K * 4}, {&d->rw, cap * (size_t)c->K * hp},
         // the step's index arrays back to back (tok, pos, slots, seq_lens: cap each; block_table): one upload
         {&d->tok, ((size_t)4 * cap + (size_t)cap * mb) * 4},

@@ -747,15 +747,7 @@ END_TEST
 // full layer with their RoPE bases and query_pre_attn_scalar's scale
 START_TEST(test_gradients_gemma3) { gradient_check(ARCH_GEMMA3, 1); }
 END_TEST
-// Qwen3 MoE: a sparse layer (router, softmax, top-k, the experts) then a dense one; with norm_topk_prob the
-// gradient goes through the renormalization too. The routing choice itself has no gradient: the finite
-// differences' steps (1e-5) are far below the gaps between the chosen and the other probabilities.
-static void gradient_check_moe(int E, int K, int norm) {
-    Config c = tiny_cfg(ARCH_QWEN3_MOE);
-    c.E = E, c.K = K, c.FFe = 10, c.norm_topk = norm;
-    c.moe[0] = 1;
-    gradient_check_cfg(c);
-}
+
 // ---- Qwen3 MoE ---------------------------------------------------------------------------
 
 // the two fixtures' config.json: experts, top-k, renormalization and which layers are sparse, both by
@@ -782,6 +774,31 @@ START_TEST(test_moe_config) {
 }
 END_TEST
 
+// the largest difference between the full forward's logits full (B, T, V) of ids (B, T) and those of a
+// prefill of 3 tokens, then a KV-cache decode step a token, blocks of 4, each row in turn
+static double decode_vs_forward(Model *m, const int *ids, int B, int T, const float *full) {
+    int V = m->cfg.V, BS = 4, MB = (T + BS - 1) / BS, P = 3, table[16], slots[64];
+    ck_assert(MB <= 16 && T <= 64);
+    float *dec = (float *)mallocCheck(V * sizeof(float));
+    double derr = 0;
+    KVCache kv;
+    kvcache_alloc(&kv, m, MB, BS);
+    for (int b = 0; b < MB; b++) table[b] = MB - 1 - b;
+    for (int t = 0; t < T; t++) slots[t] = table[t / BS] * BS + t % BS;
+    for (int row = 0; row < B; row++) {
+        const int *rid = ids + row * T;
+        model_prefill(m, &kv, rid, &P, slots, 1, P, dec);
+        for (int j = 0; j < V; j++) derr = fmax(derr, fabs(dec[j] - full[((size_t)row * T + P - 1) * V + j]));
+        for (int t = P; t < T; t++) {
+            model_decode(m, &kv, &rid[t], &t, &slots[t], table, 1, MB, dec);
+            for (int j = 0; j < V; j++) derr = fmax(derr, fabs(dec[j] - full[((size_t)row * T + t) * V + j]));
+        }
+    }
+    kvcache_free(&kv, m->be);
+    free(dec);
+    return derr;
+}
+
 // the fixtures' logits within 1e-5 of transformers' (absolute; the logits are ~4), the routing spread over
 // every expert (the fixture tests the router, not one expert); the KV-cache decode of every position equal
 // to the full forward's logits of it
@@ -798,38 +815,46 @@ START_TEST(test_moe_logits_decode) {
         int T = (int)tk.shape[1], V = m.cfg.V, B = 2, ids[48];
         for (int i = 0; i < B * T; i++) ids[i] = (int)tk.data[i];
         model_forward(&m, ids, B, T);
-        float *full = (float *)mallocCheck((size_t)B * T * V * sizeof(float)), *dec = (float *)mallocCheck(V * sizeof(float));
+        float *full = (float *)mallocCheck((size_t)B * T * V * sizeof(float));
         model_logits(&m, full);
-        double err = 0, derr = 0;
+        double err = 0;
         for (long i = 0; i < lg.n; i++) err = fmax(err, fabs(full[i] - lg.data[i]));
         int l = m.cfg.moe[0] ? 0 : 1, hit[16] = {0}, nhit = 0;  // the first sparse layer's routing
         for (int i = 0; i < B * T * m.cfg.K; i++) hit[((int32_t *)m.acts.ridx)[(size_t)l * B * T * m.cfg.K + i]] = 1;
         for (int e = 0; e < m.cfg.E; e++) nhit += hit[e];
-        // decode: one token a step after a prefill of 3, blocks of 4
-        int BS = 4, MB = (T + BS - 1) / BS, P = 3, table[8], slots[24];
-        KVCache kv;
-        kvcache_alloc(&kv, &m, MB, BS);
-        for (int b = 0; b < MB; b++) table[b] = MB - 1 - b;
-        for (int t = 0; t < T; t++) slots[t] = table[t / BS] * BS + t % BS;
-        for (int row = 0; row < B; row++) {
-            const int *rid = ids + row * T;
-            model_prefill(&m, &kv, rid, &P, slots, 1, P, dec);
-            for (int j = 0; j < V; j++) derr = fmax(derr, fabs(dec[j] - full[((size_t)row * T + P - 1) * V + j]));
-            for (int t = P; t < T; t++) {
-                model_decode(&m, &kv, &rid[t], &t, &slots[t], table, 1, MB, dec);
-                for (int j = 0; j < V; j++) derr = fmax(derr, fabs(dec[j] - full[((size_t)row * T + t) * V + j]));
-            }
-        }
+        double derr = decode_vs_forward(&m, ids, B, T, full);
         printf("%s: logits max |diff| from transformers %.3g; decode from the full forward %.3g; layer %d routes to %d "
                "of %d experts\n", archs[a], err, derr, l, nhit, m.cfg.E);
         ck_assert_msg(err <= 1e-5, "%s: logits max |diff| %g > 1e-5", archs[a], err);
         ck_assert_msg(derr <= 1e-5, "%s: decode max |diff| from the forward %g > 1e-5", archs[a], derr);
         ck_assert_int_eq(nhit, m.cfg.E);
-        kvcache_free(&kv, m.be);
-        free(full), free(dec);
+        free(full);
         npy_free(&tk), npy_free(&lg);
         model_free(&m);
     }
+}
+END_TEST
+
+// every layer sparse (Qwen3-30B-A3B's layout: no dense MLP buffers at all), random weights, experts in FP8
+// blocks: the decode step equal to the full forward
+START_TEST(test_moe_all_sparse_decode) {
+    Config c = tiny_cfg(ARCH_QWEN3_MOE);
+    c.E = 6, c.K = 2, c.FFe = 12, c.norm_topk = 1, c.moe[0] = c.moe[1] = 1;
+    ModelOptions o = opt_dense();
+    o.gran = FP8_BLOCK;
+    Model m;
+    model_init_random(&m, &c, backend_cpu(), &o, 5);
+    Rng r = rng_make(4);
+    int B = 2, T = 11, ids[22];
+    for (int i = 0; i < B * T; i++) ids[i] = rng_int(&r, c.V);
+    model_forward(&m, ids, B, T);
+    ck_assert(m.acts.gate == NULL && m.acts.hmlp == NULL);  // no dense MLP anywhere
+    float *full = (float *)mallocCheck((size_t)B * T * c.V * sizeof(float));
+    model_logits(&m, full);
+    double derr = decode_vs_forward(&m, ids, B, T, full);
+    ck_assert_msg(derr <= 1e-5, "decode max |diff| from the forward %g", derr);
+    free(full);
+    model_free(&m);
 }
 END_TEST
 
@@ -936,9 +961,20 @@ START_TEST(test_moe_refusals) {
 }
 END_TEST
 
-START_TEST(test_gradients_qwen3_moe_norm) { gradient_check_moe(4, 2, 1); }
+// Qwen3 MoE: a sparse layer (router, softmax, top-k, the experts) then a dense one, or two sparse ones (as
+// Qwen3-30B-A3B, every layer); with norm_topk_prob the gradient goes through the renormalization too. The
+// routing choice itself has no gradient: the finite differences' steps (1e-5) are far below the gaps
+// between the chosen and the other probabilities.
+static void gradient_check_moe(int E, int K, int norm, int all_sparse) {
+    Config c = tiny_cfg(ARCH_QWEN3_MOE);
+    c.E = E, c.K = K, c.FFe = 10, c.norm_topk = norm;
+    c.moe[0] = 1;
+    c.moe[1] = all_sparse;
+    gradient_check_cfg(c);
+}
+START_TEST(test_gradients_qwen3_moe_norm) { gradient_check_moe(4, 2, 1, 0); }
 END_TEST
-START_TEST(test_gradients_qwen3_moe) { gradient_check_moe(5, 3, 0); }
+START_TEST(test_gradients_qwen3_moe) { gradient_check_moe(5, 3, 0, 1); }
 END_TEST
 
 // recomputation (gradient checkpointing, or of gate and up alone: Model.recompute_mlp) changes memory, not
@@ -1427,6 +1463,7 @@ static Suite *model_suite(void) {
     tcase_set_timeout(moe, 600);
     tcase_add_test(moe, test_moe_config);
     tcase_add_test(moe, test_moe_logits_decode);
+    tcase_add_test(moe, test_moe_all_sparse_decode);
     tcase_add_test(moe, test_moe_fp8_granularities);
     tcase_add_test(moe, test_moe_published_fp8);
     tcase_add_test(moe, test_moe_refusals);
