@@ -54,10 +54,17 @@ static size_t blob_at(const LoRA *lo, int k, int ab) {
     return (size_t)((char *)(ab ? lo->B[k] : lo->A[k]) - (char *)lo->params) / dtype_size(lo->sdt);
 }
 
+#define ATTN_TARGETS ((1u << LIN_Q) | (1u << LIN_K) | (1u << LIN_V) | (1u << LIN_O))
+
 // layout of the four blobs (params, grads, m, v): per layer and unit, the A's of its adapted members, then
 // their B's; params, m and v in lo->sdt, grads in hp
 static void lora_layout(LoRA *lo, const Model *m, int r, float alpha, unsigned targets, int bf16) {
     const Config *c = &m->cfg;
+    // Qwen3 MoE: adapters on the attention only; the router and the experts stay frozen (and so does the MLP
+    // of a dense layer among them, which PEFT would name as it names the experts' projections)
+    if (c->E && (targets & ~ATTN_TARGETS))
+        die("LoRA on gate_proj, up_proj or down_proj of a qwen3_moe model is not supported (its experts are frozen): "
+            "target the attention (q_proj, k_proj, v_proj, o_proj)");
     lo->bf16 = bf16;
     lo->sdt = bf16 && m->be->act == DT_BF16 ? DT_BF16 : m->be->hp;
     lo->r = r;
@@ -117,6 +124,11 @@ static void upload_params(LoRA *lo, double *h) {
 
 LoRA *lora_create(const Model *m, int r, float alpha, unsigned targets, uint64_t seed, int bf16) {
     if (r <= 0) die("lora_r must be positive (got %d)", r);
+    if (m->cfg.E && targets == (1u << LIN_COUNT) - 1) {  // "all" on Qwen3 MoE: the attention (lora_layout)
+        targets = ATTN_TARGETS;
+        fprintf(stderr, "qwen3_moe: LoRA adapters on the attention (q_proj, k_proj, v_proj, o_proj); the router and the "
+                "experts stay frozen\n");
+    }
     LoRA *lo = (LoRA *)callocCheck(1, sizeof(LoRA));
     lora_layout(lo, m, r, alpha, targets, bf16);
     lo->sr_seed = seed ^ 0x5bf0363e2ad1f7a3ull;

@@ -10,7 +10,11 @@
 //   Qwen3: q, k = rmsnorm per head (q_norm, k_norm) ; q, k = rope(q, k)
 //   x = x + attention(q, k, v) Wo^T
 //   h = rmsnorm(x) ; x = x + (silu(h Wg^T) * h Wu^T) Wd^T
-// and every W above may carry a LoRA adapter (lora.h). Gemma 3 (Config.gemma) is the same layer with
+// and every W above may carry a LoRA adapter (lora.h). Qwen3 MoE's sparse layers (Config.moe) replace the
+// MLP by a router and experts (moe_forward): p = softmax(h Wr^T) over the E experts, each token's K
+// largest (divided by their sum with norm_topk_prob), x = x + sum over them of p_e * expert_e(h), each
+// expert a SwiGLU MLP of its own; the experts and the router carry no adapter.
+// Gemma 3 (Config.gemma) is the same layer with
 // its norms x / rms(x) * (1 + w), q_norm and k_norm, a norm on each branch's output before the residual
 // add ("sandwich" norms), and GeGLU:
 //   x = x + rmsnorm_attn(attention(q, k, v) Wo^T) ; h = rmsnorm(x)
@@ -62,6 +66,14 @@ static int acts_share(const Model *m, int recompute) {
     return cols;
 }
 
+// the width of the dense MLP's buffers: intermediate_size, or 0 where every layer is sparse (Qwen3-30B-A3B's
+// intermediate_size, 6144, is no layer's: its MLPs are the experts)
+static size_t dense_ff(const Config *c) {
+    for (int l = 0; l < c->L; l++)
+        if (!c->moe[l]) return (size_t)c->FF;
+    return 0;
+}
+
 // (re)allocate m->acts for N = B*T rows; keeps the old arena when it is big enough
 // the activation layout for B x T (one layer of per-layer buffers with recompute): sizes into s
 // (pointers into a), count returned
@@ -80,6 +92,7 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, A
     size_t keep = acts_keep(m, recompute), Lb = keep ? 1 : L;
     // gate and up recomputed in the backward (Model.recompute_mlp): one layer's, the one being computed
     size_t Lg = m->recompute_mlp && recompute != ACTS_FORWARD_ONLY ? 1 : L;
+    size_t FF = dense_ff(c);
     ASlot t[] = {
         {&a->x, xl * N * c->C * act},
         {&a->ln1, Lb * N * c->C * act},
@@ -106,9 +119,14 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, A
         {&a->xmid, L * N * c->C * act},
         {&a->ln2, Lb * N * c->C * act},
         {&a->rstd2, L * N * hp},
-        {&a->gate, Lg * N * c->FF * act},
-        {&a->up, Lg * N * c->FF * act},
-        {&a->hmlp, Lb * N * c->FF * act},
+        {&a->gate, Lg * N * FF * act},
+        {&a->up, Lg * N * FF * act},
+        {&a->hmlp, Lb * N * FF * act},
+        {&a->rlogits, L * N * c->E * act},
+        {&a->ridx, L * N * c->K * 4},
+        {&a->rw, L * N * c->K * hp},
+        {&a->egate, L * N * c->K * c->FFe * act},
+        {&a->eup, L * N * c->K * c->FFe * act},
         {&a->lnf, N * c->C * act},
         {&a->rstdf, N * hp},
         {&a->logp, N * hp},
@@ -122,9 +140,11 @@ static size_t acts_slots(const Model *m, Acts *a, int B, int T, int recompute, A
         {&a->datt, b * N * q * act},
         {&a->dqpre, b * N * q * act},
         {&a->dkpre, b * N * kv * act},
-        {&a->dff1, b * N * c->FF * act},
-        {&a->dff2, b * N * c->FF * act},
-        {&a->dff3, b * N * c->FF * act},
+        {&a->dff1, b * N * FF * act},
+        {&a->dff2, b * N * FF * act},
+        {&a->dff3, b * N * FF * act},
+        {&a->drw, b * N * c->K * hp},
+        {&a->drlogits, b * N * c->E * act},
         {&a->ids, N * 4},
         {&a->pos, N * 4},
         {&a->targets, N * 4},
@@ -194,8 +214,8 @@ void model_arena_reserve(Model *m, size_t bytes, const char *what) {
     memset(&m->acts, 0, sizeof m->acts);  // they lived in the old pool
 }
 
-// per-layer slices of the arena
-#define LAYER(base, l, per) ((void *)((char *)(base) + (size_t)(l) * (per)))
+// per-layer slices of the arena (NULL: a buffer the model has none of)
+#define LAYER(base, l, per) ((base) ? (void *)((char *)(base) + (size_t)(l) * (per)) : NULL)
 
 void model_free_scratch(Model *m) {
     m->be->replay_forget();
@@ -257,6 +277,8 @@ typedef struct {
     void *ao, *rstda, *mo, *rstdm;  // Gemma 3's sandwich norms' inputs and rstds, else NULL
     FP8Tensor kept[3];  // Acts.keep: ln1's, ln2's and hm's FP8 codes (KEPT_*), what the backward reads of
                         // them; else zeroed
+    void *rlogits, *rw, *egate, *eup;  // Qwen3 MoE (Acts), else NULL
+    int32_t *ridx;
 } LayerActs;
 
 static FP8Tensor *kept(LayerActs *la, int i) { return la->kept[i].data ? &la->kept[i] : NULL; }
@@ -268,7 +290,7 @@ static LayerActs layer_acts(const Model *m, int l) {
     const Config *c = &m->cfg;
     const Acts *a = &m->acts;
     size_t N = (size_t)m->B * m->T, act = dtype_size(m->be->act), hp = dtype_size(m->be->hp);
-    size_t C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD, FF = c->FF;
+    size_t C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD, FF = dense_ff(c);
     int i = m->recompute ? 0 : l, ib = a->keep ? 0 : i;  // ib: ln1, ln2 and hmlp, one layer when kept in FP8
     int ig = a->recompute_mlp ? 0 : i;                    // ig: gate and up, one layer when recomputed
     int x0 = x_slot(m, l), x1 = x_slot(m, l + 1);
@@ -278,7 +300,7 @@ static LayerActs layer_acts(const Model *m, int l) {
         LAYER(a->v, i, N * kvw * act), LAYER(a->att, i, N * q * act), LAYER(a->lse, i, N * c->NH * hp),
         LAYER(a->xmid, i, N * C * act), LAYER(a->ln2, ib, N * C * act), LAYER(a->rstd2, i, N * hp),
         LAYER(a->gate, ig, N * FF * act), LAYER(a->up, ig, N * FF * act), LAYER(a->hmlp, ib, N * FF * act),
-        NULL, NULL, NULL, NULL, {{0}},
+        NULL, NULL, NULL, NULL, {{0}}, NULL, NULL, NULL, NULL, NULL,
     };
     if (c->gemma) {
         la.ao = LAYER(a->ao, i, N * C * act);
@@ -295,6 +317,14 @@ static LayerActs layer_acts(const Model *m, int l) {
             t->data = (uint8_t *)codes[k];
             t->scale = (float *)LAYER(a->kscale, 3 * i + k, 16);
         }
+    }
+    if (c->E) {
+        size_t NK = N * c->K;
+        la.rlogits = LAYER(a->rlogits, i, N * c->E * act);
+        la.ridx = (int32_t *)LAYER(a->ridx, i, NK * 4);
+        la.rw = LAYER(a->rw, i, NK * hp);
+        la.egate = LAYER(a->egate, i, NK * c->FFe * act);
+        la.eup = LAYER(a->eup, i, NK * c->FFe * act);
     }
     if (c->qk_norm) {
         la.qpre = LAYER(a->qpre, i, N * q * act);
@@ -368,6 +398,19 @@ static const FP8Tensor *shared_input(Model *m, int l, int first, int n, const vo
     return t;
 }
 
+// Qwen3 MoE's sparse MLP of layer l (Qwen3MoeSparseMoeBlock): out (N, C) from its input x, the norm's
+// output. The router's logits x Wr^T, each token's K experts and routing weights (softmax in fp32, the
+// K largest, renormalized with norm_topk_prob), then the sum of the experts' SwiGLU outputs so weighted.
+// rlogits, ridx, rw: where the routing goes; gate, up: the experts' products kept for the backward, or NULL.
+static void moe_forward(Model *m, int l, void *out, const void *x, void *rlogits, int32_t *ridx, void *rw, void *gate,
+                        void *up, int N) {
+    const Config *c = &m->cfg;
+    const LayerWeights *lw = &m->w.layers[l];
+    m->be->linear_forward(rlogits, x, &lw->router, NULL, N);
+    m->be->moe_route(ridx, rw, rlogits, N, c->E, c->K, c->norm_topk);
+    m->be->moe_experts_forward(out, gate, up, x, ridx, rw, lw->experts, N, c->E, c->K);
+}
+
 // layer l: la.x -> la.xn, saving what the backward needs in la
 static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int32_t *slots_dev) {
     const Config *c = &m->cfg;
@@ -406,6 +449,12 @@ static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int
         norm_fwd(m, la->xmid, la->rstda, la->ao, lw->ln_attn, N, c->C);
     } else linear_fwd(m, l, LIN_O, la->xmid, la->att, N, 1, NULL);
     be->add(la->xmid, la->xmid, la->x, (size_t)N * c->C);
+    if (c->moe[l]) {  // Qwen3 MoE's sparse layer: the router and the experts in the MLP's place
+        norm_fwd(m, la->ln2, la->rstd2, la->xmid, lw->ln2, N, c->C);
+        moe_forward(m, l, la->xn, la->ln2, la->rlogits, la->ridx, la->rw, la->egate, la->eup, N);
+        be->add(la->xn, la->xn, la->xmid, (size_t)N * c->C);
+        return;
+    }
     const void *ln2 = norm_fwd_kept(m, la->ln2, la->rstd2, la->xmid, lw->ln2, N, c->C, k2, &lw->lin[LIN_GATE]);
     const FP8Tensor *x2 = k2 ? NULL : shared_input(m, l, LIN_GATE, 2, ln2, N, &t2);  // ln2's codes, or NULL
     linear_fwd_q(m, l, LIN_GATE, la->gate, ln2, x2, N, 1, k2);
@@ -519,6 +568,22 @@ void model_logits(Model *m, float *logits_host) {
 // ----------------------------------------------------------------------------
 // backward: the forward's loop in reverse
 
+// moe_forward's backward: a->dln = the gradient of its input from a->dx, its output's. Through the experts
+// (their input, and the routing weights' gradient), then through the weights to the router's logits and
+// its input. The choice of experts is not differentiated (transformers' autograd: topk's indices have
+// none), the weights it picked are. gl: the layer's weight gradients (dense experts, the router), or NULL.
+static void moe_backward(Model *m, int l, const LayerActs *la, const LayerWeights *gl, int N) {
+    const Config *c = &m->cfg;
+    const Backend *be = m->be;
+    Acts *a = &m->acts;
+    const LayerWeights *lw = &m->w.layers[l];
+    const QWeight *dexperts = gl && lw->experts[0].gran == FP8_OFF ? gl->experts : NULL;  // FP8 experts: frozen
+    be->moe_experts_backward(a->dln, a->drw, dexperts, a->dx, la->ln2, la->ridx, la->rw, la->egate, la->eup, lw->experts,
+                             N, c->E, c->K);
+    be->moe_route_backward(a->drlogits, a->drw, la->rlogits, la->ridx, N, c->E, c->K, c->norm_topk);
+    be->linear_backward(a->dln, 1, gl ? gl->router.dense : NULL, NULL, a->drlogits, la->ln2, &lw->router, N);
+}
+
 // from a->dln = dL/d(the final norm's output): the final norm into the residual gradient dx, then the
 // layers in reverse
 static void backward_from_hidden(Model *m) {
@@ -540,7 +605,7 @@ static void backward_from_hidden(Model *m) {
 
         // MLP: x_{l+1} = xmid + down(silu(gate(ln2)) * up(ln2)); dx passes through the residual.
         // Gemma 3: the branch's output goes through rmsnorm_mlp first, and its activation is gelu_tanh.
-        if (a->recompute_mlp && !m->recompute) {  // gate and up again, as the forward computed them
+        if (a->recompute_mlp && !m->recompute && !c->moe[l]) {  // gate and up again, as the forward computed them
             const FP8Tensor *k2 = kept(&la, KEPT_LN2);
             if (k2) {
                 be->linear_forward_q(la.gate, k2, &lw->lin[LIN_GATE], NULL, N);
@@ -552,19 +617,22 @@ static void backward_from_hidden(Model *m) {
                 linear_fwd_q(m, l, LIN_UP, la.up, la.ln2, x2, N, 1, NULL);
             }
         }
-        const void *dmlp = a->dx;
-        if (c->gemma) {
-            be->zero(a->dpost, N * C * act);
-            norm_bwd(m, a->dpost, gl ? gl->ln_mlp : NULL, a->dx, la.mo, lw->ln_mlp, la.rstdm, N, c->C);
-            dmlp = a->dpost;
+        if (c->moe[l]) moe_backward(m, l, &la, gl, N);  // Qwen3 MoE's sparse layer
+        else {
+            const void *dmlp = a->dx;
+            if (c->gemma) {
+                be->zero(a->dpost, N * C * act);
+                norm_bwd(m, a->dpost, gl ? gl->ln_mlp : NULL, a->dx, la.mo, lw->ln_mlp, la.rstdm, N, c->C);
+                dmlp = a->dpost;
+            }
+            linear_bwd(m, l, LIN_DOWN, a->dff3, 0, dmlp, la.hm, kept(&la, KEPT_HM), N);
+            if (c->gemma) be->geglu_backward(a->dff1, a->dff2, a->dff3, la.gate, la.up, N * FF);
+            else if (!be->swiglu_backward_q ||
+                     !be->swiglu_backward_q(a->dff1, a->dff2, a->dff3, la.gate, la.up, N, FF, &lw->lin[LIN_GATE], &lw->lin[LIN_UP]))
+                be->swiglu_backward(a->dff1, a->dff2, a->dff3, la.gate, la.up, N * FF);
+            linear_bwd(m, l, LIN_GATE, a->dln, 0, a->dff1, la.ln2, kept(&la, KEPT_LN2), N);
+            linear_bwd(m, l, LIN_UP, a->dln, 1, a->dff2, la.ln2, kept(&la, KEPT_LN2), N);
         }
-        linear_bwd(m, l, LIN_DOWN, a->dff3, 0, dmlp, la.hm, kept(&la, KEPT_HM), N);
-        if (c->gemma) be->geglu_backward(a->dff1, a->dff2, a->dff3, la.gate, la.up, N * FF);
-        else if (!be->swiglu_backward_q ||
-                 !be->swiglu_backward_q(a->dff1, a->dff2, a->dff3, la.gate, la.up, N, FF, &lw->lin[LIN_GATE], &lw->lin[LIN_UP]))
-            be->swiglu_backward(a->dff1, a->dff2, a->dff3, la.gate, la.up, N * FF);
-        linear_bwd(m, l, LIN_GATE, a->dln, 0, a->dff1, la.ln2, kept(&la, KEPT_LN2), N);
-        linear_bwd(m, l, LIN_UP, a->dln, 1, a->dff2, la.ln2, kept(&la, KEPT_LN2), N);
         norm_bwd(m, a->dx, gl ? gl->ln2 : NULL, a->dln, la.xmid, lw->ln2, la.rstd2, N, c->C);
 
         // attention: xmid = x + o(attention(rope(q), rope(k), v)) (Gemma 3: x + rmsnorm_attn(o(...)))
@@ -701,7 +769,8 @@ static void dec_ensure(Model *m, int S, int MB) {
         {&d->fused, cap * fused * act},
         {&d->x, cap * c->C * act}, {&d->ln, cap * c->C * act}, {&d->q, cap * q * act}, {&d->k, cap * kvw * act},
         {&d->v, cap * kvw * act}, {&d->att, cap * q * act}, {&d->tmp, cap * wide * act},
-        {&d->ff1, cap * (size_t)c->FF * act}, {&d->ff2, cap * (size_t)c->FF * act}, {&d->ff3, cap * (size_t)c->FF * act},
+        {&d->ff1, cap * dense_ff(c) * act}, {&d->ff2, cap * dense_ff(c) * act}, {&d->ff3, cap * dense_ff(c) * act},
+        {&d->rlogits, cap * (size_t)c->E * act}, {&d->ridx, cap * (size_t)c->K * 4}, {&d->rw, cap * (size_t)c->K * hp},
         // the step's index arrays back to back (tok, pos, slots, seq_lens: cap each; block_table): one upload
         {&d->tok, ((size_t)4 * cap + (size_t)cap * mb) * 4},
         {&d->rstd, cap * (size_t)c->NH * hp},
@@ -856,13 +925,17 @@ static void decode_compute(void *arg) {
         // the residual add and the post-attention norm in one op
         xq = decode_fp8_input(m, group_input(m, l, 1), S);
         be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps, c->gemma, xq);
-        void *gu[2] = {d->ff1, d->ff2};
-        void *fused = decode_project(m, l, 1, gu, d->ln, xq, S);
-        xq = fused ? decode_fp8_input(m, &lw->lin[LIN_DOWN], S) : NULL;
-        if (fused) be->glu_gu(d->ff3, xq, fused, S, c->FF, c->gemma);  // SwiGLU (GeGLU) straight from the fused product
-        else if (c->gemma) be->geglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
-        else be->swiglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
-        linear_fwd_q(m, l, LIN_DOWN, d->tmp, d->ff3, xq, S, 0, NULL);
+        if (c->moe[l])  // Qwen3 MoE's sparse layer (xq is NULL: no FP8 copy of its input is made for it)
+            moe_forward(m, l, d->tmp, d->ln, d->rlogits, (int32_t *)d->ridx, d->rw, NULL, NULL, S);
+        else {
+            void *gu[2] = {d->ff1, d->ff2};
+            void *fused = decode_project(m, l, 1, gu, d->ln, xq, S);
+            xq = fused ? decode_fp8_input(m, &lw->lin[LIN_DOWN], S) : NULL;
+            if (fused) be->glu_gu(d->ff3, xq, fused, S, c->FF, c->gemma);  // SwiGLU (GeGLU) straight from the fused product
+            else if (c->gemma) be->geglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
+            else be->swiglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
+            linear_fwd_q(m, l, LIN_DOWN, d->tmp, d->ff3, xq, S, 0, NULL);
+        }
         if (c->gemma) norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_mlp, S, c->C);
         // the residual add and the next layer's input norm (or the final norm)
         const void *next_norm = l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm;

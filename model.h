@@ -1,4 +1,4 @@
-// model.h: Llama 3 / Qwen2 / Qwen3 / Mistral / Gemma 3 (text) decoder-only transformers on any Backend.
+// model.h: Llama 3 / Qwen2 / Qwen3 / Qwen3 MoE / Mistral / Gemma 3 (text) decoder-only transformers on any Backend.
 // Defines: Config (from a Hugging Face config.json), Weights (one allocation
 // per role with a pointer table), the training forward/backward with
 // per-token logprobs, and the KV-cache decode used by the rollout engine.
@@ -13,7 +13,7 @@
 extern "C" {
 #endif
 
-typedef enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_MISTRAL, ARCH_GEMMA3 } Arch;
+typedef enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_MISTRAL, ARCH_GEMMA3, ARCH_QWEN3_MOE } Arch;
 #define CONFIG_MAX_LAYERS 1024
 
 // The tensor names of a multimodal Gemma 3's text model: transformers 4.x's (language_model.model.*, the head
@@ -49,6 +49,14 @@ typedef struct {
                                   // scaled); 0: every layer uses rope_theta (and rope_scaling)
     int gemma;        // Gemma 3's layer: RMSNorm x * (1 + w) in fp32, a norm after the attention and after
                       // the MLP as well, GeGLU (gelu tanh) MLP, embeddings times sqrt(hidden_size)
+    // Qwen3 MoE (qwen3_moe: Qwen3's attention; on its sparse layers the MLP is a router and experts,
+    // Qwen3MoeSparseMoeBlock). E = 0: no experts (every layer dense, of FF).
+    int E;            // num_experts
+    int K;            // num_experts_per_tok: the experts each token goes to
+    int FFe;          // moe_intermediate_size: each expert's SwiGLU width
+    int norm_topk;    // norm_topk_prob: the k routing weights renormalized to sum to 1
+    unsigned char moe[CONFIG_MAX_LAYERS];  // 1: layer l's MLP is the experts (not in mlp_only_layers, and
+                                           // (l + 1) % decoder_sparse_step == 0)
     int bos_id;       // -1 if none
     int eos_ids[4];   // eos_token_id (int or list); n_eos of them
     int n_eos;
@@ -78,6 +86,10 @@ typedef struct {
     // rows; dense): the decode step then runs one GEMM instead of three and two. rows == 0: none.
     QWeight qkv, gateup;
     void *bias_qkv;        // the three biases back to back (Qwen2), or NULL
+    // Qwen3 MoE's sparse layers (Config.moe[l]), where lin[LIN_GATE .. LIN_DOWN] are absent (rows 0):
+    QWeight router;        // (E, C) mlp.gate, always dense (the published FP8 checkpoint keeps it BF16)
+    QWeight *experts;      // (E, 3) gate, up (FFe, C), down (C, FFe) of mlp.experts.e, dense or FP8 with
+                           // scales of their own; NULL on a dense layer
 } LayerWeights;
 
 typedef struct {
@@ -89,6 +101,7 @@ typedef struct {
     // fp8_mem. Tied: head == emb, one copy.
     QWeight emb, head;
     LayerWeights *layers;  // (L) host array of pointers into the two blobs below
+    QWeight *experts;      // (sparse layers, E, 3) host array: what LayerWeights.experts point into, or NULL
     void *dense_mem;       // one allocation: embeddings, norms, biases, lm_head, linears kept dense
     size_t dense_bytes;
     void *fp8_mem;         // one allocation: FP8 codes and their scales
@@ -133,6 +146,11 @@ typedef struct {
     void *gate;   // (L, N, FF) act
     void *up;     // (L, N, FF) act
     void *hmlp;   // (L, N, FF) act     silu(gate) * up (Gemma 3: gelu_tanh(gate) * up)
+    // Qwen3 MoE (Config.E), else NULL: a sparse layer's router and experts (model.c moe_forward)
+    void *rlogits;// (L, N, E) act      router logits
+    void *ridx;   // (L, N, K) i32      each token's experts
+    void *rw;     // (L, N, K) hp       their routing weights
+    void *egate, *eup;  // (L, N, K, FFe) act  each (token, expert)'s gate and up products
     // keep (FP8 training, per-tensor recipes: model.c acts_keep): ln1, ln2 and hmlp hold one layer, and
     // the backward reads the FP8 codes the forward's products read, with their scales
     void *ln1q, *ln2q;  // (L, N, C) u8  E4M3 codes of ln1, ln2
@@ -153,6 +171,8 @@ typedef struct {
     void *dq, *dk, *dv, *datt;  // (N, NH*HD), (N, KVH*HD) x2, (N, NH*HD) act
     void *dqpre, *dkpre;        // (N, NH*HD), (N, KVH*HD) act  (Qwen3 q/k-norm backward)
     void *dff1, *dff2, *dff3;   // (N, FF) act
+    void *drw;    // (N, K) hp    Qwen3 MoE: the routing weights' gradient
+    void *drlogits;  // (N, E) act  the router logits'
     void *ids, *pos, *targets;  // (N) i32
     void *dlogp;  // (N) hp
     void *mem;
@@ -187,6 +207,7 @@ typedef struct {
     void *x, *ln, *q, *k, *v, *att, *tmp;   // (cap, C) / (cap, NH*HD) / (cap, KVH*HD) act
     void *ff1, *ff2, *ff3;                  // (cap, FF) act
     void *fused;                            // (cap, max((NH + 2 KVH) HD, 2 FF)) act: a fused projection's output
+    void *rlogits, *ridx, *rw;              // Qwen3 MoE: (cap, E) act, (cap, K) i32, (cap, K) hp (Acts' own)
     void *rstd;                             // (cap * NH) hp
     FP8Tensor xq;                           // the next FP8 product's input, quantized by the op that makes it
                                             // (codes (cap, max(C, FF)), scales for 1x128 groups; decode_fp8_input)

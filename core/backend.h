@@ -247,6 +247,27 @@ struct Backend {
     // out (n_idx, C) act = inp[idx[i]] rows; idx (n_idx) i32
     void (*gather_rows)(void *out, const void *inp, const int32_t *idx, int n_idx, int C);
 
+    // ---- Qwen3 MoE's sparse MLP (Qwen3MoeSparseMoeBlock). Optional: NULL where the backend has no
+    // experts' products (model_load refuses a qwen3_moe checkpoint there).
+    // idx (N, K) i32, w (N, K) hp: each row's K largest probabilities of softmax(logits (N, E) act), computed
+    // in fp32 or wider, largest first (ties: the lower expert), divided by their sum when norm
+    void (*moe_route)(int32_t *idx, void *w, const void *logits, int N, int E, int K, int norm);
+    // dlogits (N, E) act = the gradient of the loss through the routing weights w, given dw (N, K) hp: through
+    // the renormalization (norm) and the softmax; the choice of experts itself is not differentiated
+    void (*moe_route_backward)(void *dlogits, const void *dw, const void *logits, const int32_t *idx, int N, int E,
+                               int K, int norm);
+    // out (N, C) act = sum_j w[n, j] * down_e(silu(gate_e(x[n])) * up_e(x[n])), e = idx[n, j], with experts
+    // (E, 3) the weights gate, up (FFe, C), down (C, FFe) of each expert (dense or FP8, as linear_forward);
+    // gate, up (N, K, FFe) act: each (token, choice)'s products, kept for the backward (NULL: not kept)
+    void (*moe_experts_forward)(void *out, void *gate, void *up, const void *x, const int32_t *idx, const void *w,
+                                const QWeight *experts, int N, int E, int K);
+    // dx (N, C) act = the gradient through the experts of dout (N, C); dw (N, K) hp = <dout[n], the output of
+    // expert idx[n, j]>, what moe_route_backward takes; dexperts (E, 3) dense: the experts' weight gradients,
+    // accumulated (NULL: none). gate, up as moe_experts_forward kept them.
+    void (*moe_experts_backward)(void *dx, void *dw, const QWeight *dexperts, const void *dout, const void *x,
+                                 const int32_t *idx, const void *w, const void *gate, const void *up,
+                                 const QWeight *experts, int N, int E, int K);
+
     // ---- the language-model head -------------------------------------------
     // wlm (V, C): dense act values, or FP8 E4M3 with a scale per vocabulary row (FP8_ROW, the
     // --fp8_embeddings option); then h is quantized per row (token) to E4M3 as linear_forward does, the

@@ -165,6 +165,91 @@ static void cpu_linear_backward(void *dinp, int accumulate, void *dw, void *dbia
     if (dbias) OP(matmul_backward)(NULL, 0, NULL, (real *)dbias, (const real *)dout, NULL, NULL, N, C, OC);
 }
 
+// ---- Qwen3 MoE: the router's ops (ops_cpu.c), and each expert's SwiGLU on the rows routed to it ------------
+static void w_moe_route(int32_t *idx, void *w, const void *logits, int N, int E, int K, int norm) {
+    OP(moe_route)(idx, (real *)w, (const real *)logits, N, E, K, norm);
+}
+static void w_moe_route_backward(void *dlogits, const void *dw, const void *logits, const int32_t *idx, int N, int E,
+                                 int K, int norm) {
+    OP(moe_route_backward)((real *)dlogits, (const real *)dw, (const real *)logits, idx, N, E, K, norm);
+}
+
+// the (token, choice) pairs routed to expert e: their tokens rows[i] and slots n * K + j; returns how many
+static int expert_rows(const int32_t *idx, int N, int K, int e, int32_t *rows, int32_t *slots) {
+    int n = 0;
+    for (int i = 0; i < N * K; i++)
+        if (idx[i] == e) rows[n] = i / K, slots[n++] = i;
+    return n;
+}
+
+// An expert at a time, in expert order, as transformers' loop over the experts (index_add_ of each
+// one's weighted output): its rows gathered, gate and up, SwiGLU, down, each row added to its token
+// times its routing weight
+static void cpu_moe_experts_forward(void *out, void *gate, void *up, const void *x, const int32_t *idx, const void *w,
+                                    const QWeight *experts, int N, int E, int K) {
+    int C = experts[0].cols, F = experts[0].rows, NK = N * K;
+    real *o = (real *)out, *wt = (real *)w;
+    int32_t *rows = (int32_t *)mallocCheck(2 * (size_t)NK * sizeof(int32_t)), *slots = rows + NK;
+    real *xe = (real *)mallocCheck((size_t)NK * C * sizeof(real)), *y = (real *)mallocCheck((size_t)NK * C * sizeof(real));
+    real *g = (real *)mallocCheck(3 * (size_t)NK * F * sizeof(real)), *u = g + (size_t)NK * F, *h = u + (size_t)NK * F;
+    memset(o, 0, (size_t)N * C * sizeof(real));
+    for (int e = 0; e < E; e++) {
+        int n = expert_rows(idx, N, K, e, rows, slots);
+        if (!n) continue;
+        const QWeight *ew = &experts[3 * e];
+        OP(gather_rows)(xe, (const real *)x, rows, n, C);
+        cpu_linear_forward(g, xe, &ew[0], NULL, n);
+        cpu_linear_forward(u, xe, &ew[1], NULL, n);
+        OP(swiglu_forward)(h, g, u, (size_t)n * F);
+        cpu_linear_forward(y, h, &ew[2], NULL, n);
+        for (int i = 0; i < n; i++) {
+            for (int c = 0; c < C; c++) o[(size_t)rows[i] * C + c] += wt[slots[i]] * y[(size_t)i * C + c];
+            if (gate) memcpy((real *)gate + (size_t)slots[i] * F, g + (size_t)i * F, F * sizeof(real));
+            if (up) memcpy((real *)up + (size_t)slots[i] * F, u + (size_t)i * F, F * sizeof(real));
+        }
+    }
+    free(rows), free(xe), free(y), free(g);
+}
+
+// The forward's expert loop in reverse, from its kept gate and up: an expert's output again (down of the
+// SwiGLU) for the routing weight's gradient, then the rows' gradient times their weight through down,
+// SwiGLU, gate and up, added to each row's token
+static void cpu_moe_experts_backward(void *dx, void *dw, const QWeight *dexperts, const void *dout, const void *x,
+                                     const int32_t *idx, const void *w, const void *gate, const void *up,
+                                     const QWeight *experts, int N, int E, int K) {
+    int C = experts[0].cols, F = experts[0].rows, NK = N * K;
+    real *d = (real *)dx, *wt = (real *)w, *dwt = (real *)dw;
+    int32_t *rows = (int32_t *)mallocCheck(2 * (size_t)NK * sizeof(int32_t)), *slots = rows + NK;
+    real *xe = (real *)mallocCheck(3 * (size_t)NK * C * sizeof(real)), *y = xe + (size_t)NK * C, *dy = y + (size_t)NK * C;
+    real *g = (real *)mallocCheck(6 * (size_t)NK * F * sizeof(real)), *u = g + (size_t)NK * F, *h = u + (size_t)NK * F;
+    real *dh = h + (size_t)NK * F, *dg = dh + (size_t)NK * F, *du = dg + (size_t)NK * F;
+    memset(d, 0, (size_t)N * C * sizeof(real));
+    for (int e = 0; e < E; e++) {
+        int n = expert_rows(idx, N, K, e, rows, slots);
+        if (!n) continue;
+        const QWeight *ew = &experts[3 * e];
+        OP(gather_rows)(xe, (const real *)x, rows, n, C);
+        OP(gather_rows)(g, (const real *)gate, slots, n, F);
+        OP(gather_rows)(u, (const real *)up, slots, n, F);
+        OP(swiglu_forward)(h, g, u, (size_t)n * F);
+        cpu_linear_forward(y, h, &ew[2], NULL, n);
+        OP(gather_rows)(dy, (const real *)dout, rows, n, C);
+        for (int i = 0; i < n; i++) {
+            double s = 0;
+            for (int c = 0; c < C; c++) s += (double)dy[(size_t)i * C + c] * y[(size_t)i * C + c];
+            dwt[slots[i]] = (real)s;
+            for (int c = 0; c < C; c++) dy[(size_t)i * C + c] *= wt[slots[i]];
+        }
+        cpu_linear_backward(dh, 0, dexperts ? dexperts[3 * e + 2].dense : NULL, NULL, dy, h, &ew[2], n);
+        OP(swiglu_backward)(dg, du, dh, g, u, (size_t)n * F);
+        cpu_linear_backward(y, 0, dexperts ? dexperts[3 * e].dense : NULL, NULL, dg, xe, &ew[0], n);  // y: dxe
+        cpu_linear_backward(y, 1, dexperts ? dexperts[3 * e + 1].dense : NULL, NULL, du, xe, &ew[1], n);
+        for (int i = 0; i < n; i++)
+            for (int c = 0; c < C; c++) d[(size_t)rows[i] * C + c] += y[(size_t)i * C + c];
+    }
+    free(rows), free(xe), free(g);
+}
+
 // ---- LoRA: out += scale * (inp A^T) B^T, A and B act (here hp) -------------------
 
 // the R columns of x (N rows of stride ld), contiguous
@@ -447,6 +532,10 @@ static Backend be = {
     .scale_act = w_scale_act,
     .add = w_add,
     .gather_rows = w_gather_rows,
+    .moe_route = w_moe_route,
+    .moe_route_backward = w_moe_route_backward,
+    .moe_experts_forward = cpu_moe_experts_forward,
+    .moe_experts_backward = cpu_moe_experts_backward,
     .logits_forward = w_logits_forward,
     .logprobs_forward = w_logprobs_forward,
     .logprobs_backward = w_logprobs_backward,

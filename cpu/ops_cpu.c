@@ -551,6 +551,56 @@ void FN(gather_rows)(real *out, const real *inp, const int32_t *idx, int n_idx, 
     for (int i = 0; i < n_idx; i++) memcpy(out + (size_t)i * C, inp + (size_t)idx[i] * C, C * sizeof(real));
 }
 
+// Qwen3 MoE's router, a token (row) at a time: p = softmax(logits) over the E experts (in double), its K
+// largest picked in turn (a tie goes to the lower expert, as torch.topk), w their p, divided by their sum
+// when norm (norm_topk_prob)
+static void router_probs(double *p, const real *z, int E) {
+    double mx = z[0], s = 0;
+    for (int e = 1; e < E; e++) mx = fmax(mx, z[e]);
+    for (int e = 0; e < E; e++) s += p[e] = exp(z[e] - mx);
+    for (int e = 0; e < E; e++) p[e] /= s;
+}
+void FN(moe_route)(int32_t *idx, real *w, const real *logits, int N, int E, int K, int norm) {
+    double *p = (double *)mallocCheck(E * sizeof(double));
+    for (int n = 0; n < N; n++) {
+        router_probs(p, logits + (size_t)n * E, E);
+        int32_t *ix = idx + (size_t)n * K;
+        double sum = 0;
+        for (int j = 0; j < K; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++) taken |= ix[i] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            ix[j] = best;
+            sum += p[best];
+        }
+        for (int j = 0; j < K; j++) w[(size_t)n * K + j] = (real)(norm ? p[ix[j]] / sum : p[ix[j]]);
+    }
+    free(p);
+}
+// w_j = p_j / S (S = sum of the chosen p; S = 1 without norm): dp_j = (dw_j - sum_i dw_i w_i) / S on the chosen
+// experts, 0 elsewhere; then the softmax: dz_e = p_e (dp_e - sum_f p_f dp_f)
+void FN(moe_route_backward)(real *dlogits, const real *dw, const real *logits, const int32_t *idx, int N, int E, int K,
+                            int norm) {
+    double *p = (double *)mallocCheck(2 * E * sizeof(double)), *dp = p + E;
+    for (int n = 0; n < N; n++) {
+        router_probs(p, logits + (size_t)n * E, E);
+        const int32_t *ix = idx + (size_t)n * K;
+        const real *g = dw + (size_t)n * K;
+        double S = 0, gw = 0, pdp = 0;
+        for (int j = 0; j < K; j++) S += p[ix[j]];
+        if (!norm) S = 1;
+        for (int j = 0; j < K; j++) gw += g[j] * p[ix[j]] / S;
+        for (int e = 0; e < E; e++) dp[e] = 0;
+        for (int j = 0; j < K; j++) dp[ix[j]] = norm ? (g[j] - gw) / S : g[j];
+        for (int e = 0; e < E; e++) pdp += p[e] * dp[e];
+        for (int e = 0; e < E; e++) dlogits[(size_t)n * E + e] = (real)(p[e] * (dp[e] - pdp));
+    }
+    free(p);
+}
+
 // log_softmax(inv_temp * h wlm^T)[target], one row at a time (never (N, V) at once)
 void FN(logprobs_forward)(real *logp, real *lse, const real *h, const real *wlm, const int32_t *targets,
                           float inv_temp, int N, int C, int V) {

@@ -49,6 +49,10 @@ extern "C" {
                                const real *rstd, int N, int C);                                                      \
     void add##S(real *out, const real *a, const real *b, size_t n);                                                  \
     void gather_rows##S(real *out, const real *inp, const int32_t *idx, int n_idx, int C);                          \
+    /* Qwen3 MoE's router and its backward (backend.h moe_route, moe_route_backward) */                             \
+    void moe_route##S(int32_t *idx, real *w, const real *logits, int N, int E, int K, int norm);                     \
+    void moe_route_backward##S(real *dlogits, const real *dw, const real *logits, const int32_t *idx, int N, int E,  \
+                               int K, int norm);                                                                     \
     void logprobs_forward##S(real *logp, real *lse, const real *h, const real *wlm, const int32_t *targets,         \
                              float inv_temp, int N, int C, int V);                                                   \
     void logprobs_backward##S(real *dh, real *dwlm, const real *dlogp, const real *lse, const real *h,             \

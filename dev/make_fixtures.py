@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Make the Hugging Face reference fixtures the C model is tested against.
 
-For each of five tiny random-weight models (Qwen3, Qwen2, Llama 3, Mistral,
-Gemma 3 text) this writes, under test/fixtures/<name>/:
+For each of seven tiny random-weight models (Qwen3, Qwen2, Llama 3, Mistral,
+Gemma 3 text, two Qwen3 MoE) this writes, under test/fixtures/<name>/:
 
   config.json, *.safetensors   the checkpoint, written by transformers'
                                save_pretrained (what the C loader must read)
@@ -26,6 +26,12 @@ greedy path, 16 tokens) run past it: on every layer (Mistral), on a mix of
 sliding and full layers with their own RoPE bases and a linearly scaled one for
 the full layers (Gemma 3), with Gemma's (1 + w) norms, sandwich norms, GeGLU,
 embeddings times sqrt(hidden) and query_pre_attn_scalar != head_dim.
+Qwen3 MoE (Qwen3MoeForCausalLM): 8 experts, top 2, norm_topk_prob, a dense layer
+between two sparse ones by mlp_only_layers (qwen3_moe, float32); 16 experts, top 4,
+not renormalized, every second layer sparse by decoder_sparse_step 2 (qwen3_moe16,
+bfloat16). transformers 5.x holds the experts as 3D tensors (gate_up_proj, down_proj)
+and saves them as published checkpoints have them, one tensor per expert and
+projection (mlp.experts.E.gate_proj.weight, ...).
 
 The weights are not transformers' default init (std 0.02 gives near-uniform
 logits that hide bugs): every tensor is drawn from a seeded generator at a scale
@@ -48,7 +54,8 @@ import transformers
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GenerationConfig,
                           LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+                          Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test", "fixtures")
 
@@ -59,7 +66,7 @@ COMMON = dict(vocab_size=320, hidden_size=64, intermediate_size=160,
 
 N_ROWS, N_TOKENS = 2, 24            # tokens.npy shape
 PROMPT_LEN = 8                      # greedy generation check: NEW_TOKENS after the first 8 tokens
-NEW_TOKENS = {"mistral": 16, "gemma3": 16}  # past the sliding window (8, 6) by far; the others 8
+NEW_TOKENS = {"mistral": 16, "gemma3": 16, "qwen3_moe": 16, "qwen3_moe16": 16}  # past the sliding window (8, 6) by far; the others 8
 MIN_REL_MARGIN = 1e-3               # top-2 logit gap along the greedy path, relative to the top logit
 MIN_DISTINCT = 5                    # distinct ids the greedy path must have (a repeated token tests little)
 # The seeds in model_specs() were chosen (by trying 1000..1049) for a wide
@@ -138,6 +145,18 @@ def model_specs():
                               full_attention=dict(rope_type="linear", factor=4.0, rope_theta=1000000.0),
                               sliding_attention=dict(rope_type="default", rope_theta=10000.0))),
          torch.float32, None, 0.05, 1007),
+        ("qwen3_moe", Qwen3MoeForCausalLM,
+         Qwen3MoeConfig(**dict(COMMON, num_hidden_layers=3), head_dim=32, num_experts=8, num_experts_per_tok=2,
+                        moe_intermediate_size=48, norm_topk_prob=True, mlp_only_layers=[1], decoder_sparse_step=1,
+                        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                        rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
+         torch.float32, None, 0.5, 1001),
+        ("qwen3_moe16", Qwen3MoeForCausalLM,
+         Qwen3MoeConfig(**COMMON, head_dim=16, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=40,
+                        norm_topk_prob=False, mlp_only_layers=[], decoder_sparse_step=2,
+                        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                        rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
+         torch.bfloat16, None, 0.5, 1002),
     ]
 
 
@@ -155,8 +174,8 @@ def init_weights(model, embed_std, seed):
                 p.copy_(0.1 * z)
             elif "embed_tokens" in name:
                 p.copy_(embed_std * z)
-            else:                                     # linear (out, in), lm_head included
-                p.copy_(z / math.sqrt(p.shape[1]))
+            else:                                     # linear (out, in), lm_head, a MoE router, experts (E, out, in)
+                p.copy_(z / math.sqrt(p.shape[-1]))
 
 
 def save_and_reload(cls, config, dtype, shard, embed_std, seed, path):

@@ -1,14 +1,15 @@
 """Make the PEFT LoRA fixtures the C tests compare lora.c with (an independent oracle).
 
 peft attaches a LoRA adapter (r=4, alpha=8, all seven projections) to a tiny fixture
-checkpoint (test/fixtures/qwen3, mistral or gemma3), gives every A and B seeded random
+checkpoint (test/fixtures/qwen3, mistral or gemma3; qwen3_moe with the attention's four
+projections alone, what lora.c adapts on Qwen3 MoE), gives every A and B seeded random
 values (peft initialises B to zero, which would test nothing), saves the adapter
 with save_pretrained (adapter_model.safetensors + adapter_config.json) into
 test/fixtures/peft/<arch>_lora/, and writes the fp32 logits of the fixture's token
 rows with the adapter applied to test/fixtures/peft/lora_logits.npy (qwen3; the others
 <arch>_lora_logits.npy), (B, T, V).
 
-    python3 dev/make_peft_fixture.py [--arch qwen3|mistral|gemma3]   # from the repository root
+    python3 dev/make_peft_fixture.py [--arch qwen3|mistral|gemma3|qwen3_moe]   # from the repository root
 
 It also checks the other direction when given an adapter the C code saved:
 
@@ -38,7 +39,8 @@ def logits_of(model, tokens):
 def make():
     from peft import LoraConfig, get_peft_model
     torch.manual_seed(7)
-    model = get_peft_model(base_model(), LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0))
+    targets = TARGETS[:4] if ARCH == "qwen3_moe" else TARGETS
+    model = get_peft_model(base_model(), LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_" in name:
@@ -68,7 +70,7 @@ def check(adapter_dir):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", help="adapter directory written by the C code")
-    ap.add_argument("--arch", default="qwen3", choices=["qwen3", "mistral", "gemma3"])
+    ap.add_argument("--arch", default="qwen3", choices=["qwen3", "mistral", "gemma3", "qwen3_moe"])
     a = ap.parse_args()
     ARCH, BASE = a.arch, "test/fixtures/" + a.arch
     LOGITS = os.path.join(OUT, "lora_logits.npy" if ARCH == "qwen3" else ARCH + "_lora_logits.npy")

@@ -1,6 +1,6 @@
 // model_load.c: from a Hugging Face checkpoint directory to a Model.
-// Defines: config_from_json (Llama 3 / Qwen2 / Qwen3 / Mistral / Gemma 3 text config.json, both the
-// transformers 4.x keys (rope_theta, rope_scaling) and 5.x (rope_parameters); the multimodal Gemma 3's
+// Defines: config_from_json (Llama 3 / Qwen2 / Qwen3 / Qwen3 MoE / Mistral / Gemma 3 text config.json, both
+// the transformers 4.x keys (rope_theta, rope_scaling) and 5.x (rope_parameters); the multimodal Gemma 3's
 // text_config), the text model's tensor names (config_text_prefix: both namings of the multimodal Gemma 3),
 // the weight layout walker (one allocation for the dense weights, one for the
 // FP8 codes + scales), model_load (safetensors, BF16/F16/F32, or pre-quantized
@@ -96,6 +96,29 @@ static void gemma3_layer_types(Config *c, cJSON *root, const char *path) {
     for (int l = 0; l < c->L; l++) c->sliding[l] = (l + 1) % pat != 0;
 }
 
+// Qwen3 MoE's experts (transformers' Qwen3MoeConfig defaults where a key is absent) and which layers have
+// them: layer l is sparse unless listed in mlp_only_layers, when (l + 1) % decoder_sparse_step == 0
+// (Qwen3MoeDecoderLayer). router_aux_loss_coef and output_router_logits are read by nobody here: the
+// load-balancing loss is a pre-training term, and an RL or SFT step here trains no router.
+enum { MAX_EXPERTS = 1 << 12 };
+static void qwen3_moe_layers(Config *c, cJSON *root, const char *path) {
+    // num_experts (the published checkpoints, transformers 4.x), num_local_experts (what 5.x writes)
+    const char *ne = cJSON_GetObjectItemCaseSensitive(root, "num_experts") ? "num_experts" : "num_local_experts";
+    c->E = json_int(root, ne, 128, 0, 1, MAX_EXPERTS, path);
+    c->K = json_int(root, "num_experts_per_tok", 8, 0, 1, c->E, path);
+    c->FFe = json_int(root, "moe_intermediate_size", 768, 0, 1, MAX_FF, path);
+    c->norm_topk = json_bool(root, "norm_topk_prob", 0, path);
+    int step = json_int(root, "decoder_sparse_step", 1, 0, 1, MAX_LAYERS, path);
+    for (int l = 0; l < c->L; l++) c->moe[l] = (l + 1) % step == 0;
+    cJSON *only = cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers"), *e;
+    if (only && !cJSON_IsNull(only) && !cJSON_IsArray(only)) die("%s: \"mlp_only_layers\" must be a list of layer indices", path);
+    cJSON_ArrayForEach(e, only) {
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble < c->L) || e->valuedouble != floor(e->valuedouble))
+            die("%s: \"mlp_only_layers\" must list layer indices in [0, num_hidden_layers %d)", path, c->L);
+        c->moe[(int)e->valuedouble] = 0;
+    }
+}
+
 // one RoPE parameter set (the top level of a 4.x config, rope_scaling, rope_parameters, or one of Gemma 3's
 // per-layer-type sets of rope_parameters): its scaling, when it has one, into c; the type's name returned
 static void rope_scaling_read(Config *c, cJSON *scaling, const char *sp, const char *path) {
@@ -151,10 +174,11 @@ void config_from_json(Config *c, const char *text, const char *path) {
     else if (!strcmp(mt->valuestring, "qwen3")) c->arch = ARCH_QWEN3;
     else if (!strcmp(mt->valuestring, "mistral")) c->arch = ARCH_MISTRAL;
     else if (!strcmp(mt->valuestring, "gemma3_text")) c->arch = ARCH_GEMMA3;
+    else if (!strcmp(mt->valuestring, "qwen3_moe")) c->arch = ARCH_QWEN3_MOE;
     else if (!strcmp(mt->valuestring, "gemma3")) c->arch = ARCH_GEMMA3;  // Gemma3ForConditionalGeneration
     else
-        die("%s: unsupported architecture \"%s\": fp8-grpo runs llama (Llama 3), qwen2, qwen3, mistral, gemma3_text and "
-            "gemma3 (its text model) checkpoints", path, mt->valuestring);
+        die("%s: unsupported architecture \"%s\": fp8-grpo runs llama (Llama 3), qwen2, qwen3, qwen3_moe, mistral, "
+            "gemma3_text and gemma3 (its text model) checkpoints", path, mt->valuestring);
     int gemma = c->arch == ARCH_GEMMA3;
     const char *top_path = path;
     char tpath[4200];
@@ -183,7 +207,7 @@ void config_from_json(Config *c, const char *text, const char *path) {
     c->eps = (float)json_pos(root, "rms_norm_eps", 1e-6, 0, 0, 1, path);
     c->tied = json_bool(root, "tie_word_embeddings", gemma, path);
     c->qkv_bias = c->arch == ARCH_QWEN2;
-    c->qk_norm = c->arch == ARCH_QWEN3 || gemma;
+    c->qk_norm = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE || gemma;
     c->gemma = gemma;
 
     // the MLP's activation: SiLU (SwiGLU), Gemma 3's gelu tanh (GeGLU)
@@ -197,6 +221,7 @@ void config_from_json(Config *c, const char *text, const char *path) {
     if (c->arch != ARCH_QWEN2 && json_bool(root, "attention_bias", 0, path))
         die("%s: attention_bias true is not supported for %s", path, mt->valuestring);
     if (json_bool(root, "mlp_bias", 0, path)) die("%s: mlp_bias true is not supported", path);
+    if (c->arch == ARCH_QWEN3_MOE) qwen3_moe_layers(c, root, path);
     // Sliding windows: Mistral's sliding_window applies to every layer (null: none); Gemma 3's to its
     // layer_types' sliding layers. Qwen2's use_sliding_window (layers past max_window_layers) is not done.
     if (c->arch == ARCH_MISTRAL) {
@@ -271,7 +296,7 @@ void config_from_json(Config *c, const char *text, const char *path) {
     cJSON_Delete(top);
 }
 
-static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "mistral", "gemma3_text"};
+static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "mistral", "gemma3_text", "qwen3_moe"};
 
 void config_print(const Config *c, FILE *f) {
     static const char *rs[] = {"", ", llama3 rope", ", linear rope"};
@@ -279,12 +304,16 @@ void config_print(const Config *c, FILE *f) {
     for (int l = 0; l < c->L; l++) ns += c->sliding[l];
     char win[96] = "";
     if (c->window && ns) snprintf(win, sizeof win, ", sliding window %d on %d of %d layers", c->window, ns, c->L);
-    fprintf(f, "model: %s, %d layers, hidden %d, mlp %d, heads %d/%d x %d, vocab %d, %s embeddings%s%s%s%s\n",
+    int nm = 0;
+    for (int l = 0; l < c->L; l++) nm += c->moe[l];
+    char moe[128] = "";
+    if (c->E) snprintf(moe, sizeof moe, ", %d experts of %d (top %d%s) on %d of %d layers", c->E, c->FFe, c->K,
+                       c->norm_topk ? ", renormalized" : "", nm, c->L);
+    fprintf(f, "model: %s, %d layers, hidden %d, mlp %d, heads %d/%d x %d, vocab %d, %s embeddings%s%s%s%s%s\n",
             arch_names[c->arch], c->L, c->C, c->FF, c->NH, c->KVH, c->HD, c->V, c->tied ? "tied" : "untied",
-            rs[c->rope_scaling], c->qk_norm ? ", qk-norm" : "", win,
+            rs[c->rope_scaling], c->qk_norm ? ", qk-norm" : "", win, moe,
             c->mm ? "; the text model of a multimodal gemma3 (its vision tower and projector are not read: text only)" : "");
 }
-
 const char *config_text_prefix(const Config *c) {
     return c->mm == MM_V4 ? "language_model.model." : c->mm == MM_V5 ? "model.language_model." : "model.";
 }
@@ -414,6 +443,29 @@ static void fuse_views(QWeight *out, const QWeight *parts, int n, size_t act) {
     out->q.rows = rows;
 }
 
+// q (rows, cols) held at granularity g: a dense slot, or its FP8 codes and then their scales
+static void weight_slots(SlotTable *dense, SlotTable *fp8, QWeight *q, int rows, int cols, FP8Gran g, size_t act,
+                         size_t *linear_bytes) {
+    *q = (QWeight){.rows = rows, .cols = cols, .gran = g};
+    if (g == FP8_OFF) {
+        slot_add(dense, &q->dense, (size_t)rows * cols * act);
+        *linear_bytes += (size_t)rows * cols * act;
+        return;
+    }
+    q->q = (FP8Tensor){.rows = rows, .cols = cols, .gran = g, .fmt = FP8_E4M3, .block_rows = FP8_BLOCK_SIZE};
+    size_t ns = fp8_num_scales(g, rows, cols, FP8_BLOCK_SIZE);
+    slot_add(fp8, (void **)&q->q.data, (size_t)rows * cols);
+    slot_add_scales(fp8, (void **)&q->q.scale, ns * sizeof(float));
+    *linear_bytes += (size_t)rows * cols + ns * sizeof(float);
+}
+
+// the shape of expert weight k (0 gate, 1 up, 2 down)
+static void expert_shape(const Config *c, int k, int *rows, int *cols) {
+    *rows = k < 2 ? c->FFe : c->C;
+    *cols = k < 2 ? c->C : c->FFe;
+}
+static const char *const expert_names[3] = {"gate_proj", "up_proj", "down_proj"};
+
 // bucket (with dense_only_hp: gradients): the dense part allocated only up to the end of layer 0, every
 // layer's slots pointing into layer 0's (model_alloc_grads_bucket); w->dense_bytes is what was allocated
 static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, const Backend *be, int dense_only_hp,
@@ -422,6 +474,9 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
     SlotTable dense = {NULL, 0, 0, act}, fp8 = {NULL, 0, 0, 0};
     memset(w, 0, sizeof *w);
     w->layers = (LayerWeights *)callocCheck(c->L, sizeof(LayerWeights));
+    int n_sparse = 0;
+    for (int l = 0; l < c->L; l++) n_sparse += c->moe[l];
+    if (n_sparse) w->experts = (QWeight *)callocCheck((size_t)n_sparse * c->E * 3, sizeof(QWeight));
     // the embedding table and the LM head: dense, or FP8 rows (codes, then the row scales)
     int fp8_embed = o->fp8_embed && !dense_only_hp;
     QWeight *vw[2] = {&w->emb, c->tied ? NULL : &w->head};
@@ -439,7 +494,7 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
     }
     slot_add(&dense, &w->norm, (size_t)c->C * act);
     int layer_slot[2] = {0, 0};  // the dense slots where layers 0 and 1 begin
-    for (int l = 0; l < c->L; l++) {
+    for (int l = 0, sparse = 0; l < c->L; l++) {
         if (l < 2) layer_slot[l] = dense.n;
         LayerWeights *lw = &w->layers[l];
         slot_add(&dense, &lw->ln1, (size_t)c->C * act);
@@ -460,6 +515,7 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
         for (int pass = 0; pass < 2; pass++)
             for (int i = 0; i < LIN_COUNT; i++) {
                 QWeight *q = &lw->lin[i];
+                if (c->moe[l] && i >= LIN_GATE) continue;  // the experts in place of the MLP: below
                 lin_shape(c, i, &q->rows, &q->cols);
                 q->gran = g;
                 if (g == FP8_OFF) {
@@ -478,6 +534,16 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
                     if (pass) w->linear_bytes += (size_t)q->rows * q->cols + ns * sizeof(float);
                 }
             }
+        if (c->moe[l]) {  // the router (dense) and each expert's three weights
+            weight_slots(&dense, &fp8, &lw->router, c->E, c->C, FP8_OFF, act, &w->linear_bytes);
+            lw->experts = w->experts + (size_t)sparse++ * c->E * 3;
+            for (int e = 0; e < c->E; e++)
+                for (int k = 0; k < 3; k++) {
+                    int rows, cols;
+                    expert_shape(c, k, &rows, &cols);
+                    weight_slots(&dense, &fp8, &lw->experts[3 * e + k], rows, cols, g, act, &w->linear_bytes);
+                }
+        }
     }
     w->dense_bytes = slots_total(&dense);
     w->fp8_bytes = slots_total(&fp8);
@@ -503,7 +569,7 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
     for (int l = 0; l < c->L; l++) {
         LayerWeights *lw = &w->layers[l];
         fuse_views(&lw->qkv, lw->lin + LIN_Q, 3, act);
-        fuse_views(&lw->gateup, lw->lin + LIN_GATE, 2, act);
+        if (!c->moe[l]) fuse_views(&lw->gateup, lw->lin + LIN_GATE, 2, act);
         if (c->qkv_bias) {
             lw->bias[1] = (char *)lw->bias[0] + (size_t)c->NH * c->HD * act;
             lw->bias[2] = (char *)lw->bias[1] + (size_t)c->KVH * c->HD * act;
@@ -518,6 +584,9 @@ static void model_common_init(Model *m, const Config *c, const Backend *be, cons
     m->be = be;
     if (opt) m->opt = *opt;
     if (m->opt.gran < FP8_OFF || m->opt.gran > FP8_BLOCK) die("bad FP8 granularity");
+    if (c->E && !be->moe_experts_forward)
+        die("qwen3_moe: the %s backend has no mixture-of-experts products yet (the experts' grouped GEMMs): run it on "
+            "the CPU reference backend (--device cpu)", be->name);
     weights_layout(&m->w, c, &m->opt, be, 0, 0);
 
     // RoPE inverse frequencies, with llama3 scaling (transformers' _compute_llama3_parameters):
@@ -701,10 +770,21 @@ static void walk_tensors(const Loader *ld, Model *m) {
         }
         for (int i = 0; i < LIN_COUNT; i++) {
             int rows, cols;
+            if (c->moe[l] && i >= LIN_GATE) continue;  // the experts in place of the MLP: below
             lin_shape(c, i, &rows, &cols);
             if (c->qkv_bias && i < 3) load_dense(ld, lw ? lw->bias[i] : NULL, LNAME("self_attn.%s.bias", lin_names[i]), rows, 0);
             load_linear(ld, lw ? &lw->lin[i] : NULL, LNAME("%s.%s.weight", lin_parent[i], lin_names[i]), rows, cols,
                         m ? m->opt.pow2 : 0);
+        }
+        if (c->moe[l]) {  // the router mlp.gate, then mlp.experts.e.{gate,up,down}_proj (each its own scales)
+            load_dense(ld, lw ? lw->router.dense : NULL, LNAME("%s", "mlp.gate.weight"), c->E, c->C);
+            for (int e = 0; e < c->E; e++)
+                for (int k = 0; k < 3; k++) {
+                    int rows, cols;
+                    expert_shape(c, k, &rows, &cols);
+                    load_linear(ld, lw ? &lw->experts[3 * e + k] : NULL, LNAME("mlp.experts.%d.%s.weight", e, expert_names[k]),
+                                rows, cols, m ? m->opt.pow2 : 0);
+                }
         }
 #undef LNAME
     }
@@ -795,6 +875,8 @@ void model_init_random(Model *m, const Config *c, const Backend *be, const Model
     size_t big = (size_t)c->V * c->C;
     size_t lmax = (size_t)(c->FF > c->NH * c->HD ? c->FF : c->NH * c->HD) * (c->C > c->FF ? c->C : c->FF);
     if (lmax > big) big = lmax;
+    size_t emax = (size_t)c->C * (c->E > c->FFe ? c->E : c->FFe);  // the router's and the experts' sizes
+    if (emax > big) big = emax;
     float *buf = (float *)mallocCheck(big * sizeof(float));
     double es = sqrt(3.0 / c->C);  // uniform(-b, b) has std b / sqrt(3)
     uint64_t tag = 1;
@@ -824,9 +906,16 @@ void model_init_random(Model *m, const Config *c, const Backend *be, const Model
             }
         for (int i = 0; i < LIN_COUNT; i++) {
             QWeight *w = &lw->lin[i];
+            if (!w->rows) continue;  // a sparse layer's absent MLP
             fill_uniform(buf, (size_t)w->rows * w->cols, 1.0 / sqrt((double)w->cols), seed, tag++);
             be->quantize_weight(w, buf, DT_F32, m->opt.pow2);
         }
+        if (c->moe[l])  // the router, then the experts
+            for (int i = -1; i < 3 * c->E; i++) {
+                QWeight *w = i < 0 ? &lw->router : &lw->experts[i];
+                fill_uniform(buf, (size_t)w->rows * w->cols, 1.0 / sqrt((double)w->cols), seed, tag++);
+                be->quantize_weight(w, buf, DT_F32, m->opt.pow2);
+            }
     }
     free(buf);
     be->sync();
@@ -899,7 +988,7 @@ static cJSON *gemma3_wrap(const Config *c, cJSON *text, const char *src_dir) {
 // config.json in the keys of transformers 4.x (which 5.x reads too)
 static void config_write(const Config *c, const char *path, DType dt, const char *src_dir) {
     static const char *cls[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
-                                "Gemma3ForCausalLM"};
+                                "Gemma3ForCausalLM", "Qwen3MoeForCausalLM"};
     cJSON *r = cJSON_CreateObject();
     cJSON *ar = cJSON_AddArrayToObject(r, "architectures");
     cJSON_AddItemToArray(ar, cJSON_CreateString(cls[c->arch]));
@@ -938,6 +1027,16 @@ static void config_write(const Config *c, const char *path, DType dt, const char
             cJSON_AddItemToArray(lt, cJSON_CreateString(c->sliding[l] ? "sliding_attention" : "full_attention"));
         cJSON_AddNullToObject(r, "final_logit_softcapping");
         cJSON_AddNullToObject(r, "attn_logit_softcapping");
+    }
+    if (c->E) {
+        cJSON_AddNumberToObject(r, "num_experts", c->E);
+        cJSON_AddNumberToObject(r, "num_experts_per_tok", c->K);
+        cJSON_AddNumberToObject(r, "moe_intermediate_size", c->FFe);
+        cJSON_AddBoolToObject(r, "norm_topk_prob", c->norm_topk);
+        cJSON_AddNumberToObject(r, "decoder_sparse_step", 1);  // and the dense layers listed:
+        cJSON *only = cJSON_AddArrayToObject(r, "mlp_only_layers");
+        for (int l = 0; l < c->L; l++)
+            if (!c->moe[l]) cJSON_AddItemToArray(only, cJSON_CreateNumber(l));
     }
     cJSON_AddBoolToObject(r, "tie_word_embeddings", c->tied);
     cJSON_AddStringToObject(r, c->gemma ? "hidden_activation" : "hidden_act", c->gemma ? "gelu_pytorch_tanh" : "silu");
@@ -987,8 +1086,18 @@ int model_hf_tensors(const Model *m, HFTensor *out) {
             for (int i = 0; i < 3; i++)
                 ADD(lw->bias[i], NULL, -1, -1, lw->lin[i].rows, 0, "%slayers.%d.self_attn.%s.bias", pre, l, lin_names[i]);
         for (int i = 0; i < LIN_COUNT; i++)
-            ADD(NULL, &lw->lin[i], l, i, lw->lin[i].rows, lw->lin[i].cols, "%slayers.%d.%s.%s.weight", pre, l, lin_parent[i],
-                lin_names[i]);
+            if (lw->lin[i].rows)  // (a sparse layer's MLP is its router and experts)
+                ADD(NULL, &lw->lin[i], l, i, lw->lin[i].rows, lw->lin[i].cols, "%slayers.%d.%s.%s.weight", pre, l,
+                    lin_parent[i], lin_names[i]);
+        if (!c->moe[l]) continue;
+        // the router; the experts as dense tensors where they are (no adapter merges into them), FP8 ones
+        // as weights of no projection (layer and which -1), which model_save_hf dequantizes
+        ADD(lw->router.dense, NULL, -1, -1, c->E, c->C, "%slayers.%d.mlp.gate.weight", pre, l);
+        for (int k = 0; k < 3 * c->E; k++) {
+            const QWeight *w = &lw->experts[k];
+            ADD(w->gran == FP8_OFF ? w->dense : NULL, w->gran == FP8_OFF ? NULL : w, -1, -1, w->rows, w->cols,
+                "%slayers.%d.mlp.experts.%d.%s.weight", pre, l, k / 3, expert_names[k % 3]);
+        }
     }
 #undef ADD
     return n;
@@ -1037,8 +1146,10 @@ void model_free(Model *m) {
     if (m->w.dense_mem) be->free(m->w.dense_mem);
     if (m->w.fp8_mem) be->free(m->w.fp8_mem);
     free(m->w.layers);
+    free(m->w.experts);
     if (m->grads) be->free(m->grads);
     free(m->gw.layers);
+    free(m->gw.experts);
     if (m->inv_freq) be->free(m->inv_freq);
     if (m->inv_freq_local) be->free(m->inv_freq_local);
     for (int i = 0; i < m->n_fp8_train; i++) be->fp8_train_free(m->fp8_train[i]);
@@ -1050,6 +1161,7 @@ void model_free(Model *m) {
 
 void model_fp8_train(Model *m, const FP8Recipe *r) {
     const Backend *be = m->be;
+    if (m->cfg.E) die("FP8 training (--fp8_recipe) of a qwen3_moe model is not supported: use --fp8_recipe off");
     if (!be->fp8_train_new)
         die("FP8 training (--fp8_recipe) runs on the GPU (the %s backend has no FP8 GEMMs): use --device cuda, or "
             "--fp8_recipe off to train in BF16", be->name);
@@ -1095,6 +1207,8 @@ size_t model_fp8_train_state(const Model *m, float *buf, int set) {
 
 static void alloc_grads(Model *m, int bucket) {
     if (m->grads) return;
+    if (bucket && m->cfg.E)  // the bucket holds one layer's gradients, and sparse and dense layers differ in size
+        die("sharded full training of a qwen3_moe model is not supported: train a LoRA adapter (--use_peft)");
     if (m->w.emb.gran != FP8_OFF)
         die("the embedding table and LM head are FP8 (--fp8_embeddings), and FP8 weights are frozen: training every "
             "weight needs them dense (drop --fp8_embeddings)");
@@ -1115,6 +1229,28 @@ void model_zero_grads(Model *m) {
 // ----------------------------------------------------------------------------
 // SQNR report: each linear weight of a checkpoint at each granularity
 
+// the SQNR (dB) of the checkpoint's weight name (rows, cols) held in E4M3 per tensor, row, block, block with
+// power-of-two scales, into db
+static void weight_sqnr(const Loader *ld, const char *name, int rows, int cols, double db[4]) {
+    const STensor *t = need(ld, name, rows, cols);
+    size_t n = (size_t)rows * cols;
+    float *x;
+    if (t->dtype == DT_E4M3) x = dequant_prequantized(ld, t, name);
+    else {
+        x = (float *)mallocCheck(n * sizeof(float));
+        convert_to_f32(x, t->data, t->dtype, n);
+    }
+    FP8Gran gs[4] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK, FP8_BLOCK};
+    for (int k = 0; k < 4; k++) {
+        FP8Tensor q;
+        fp8_tensor_alloc_cpu(&q, rows, cols, gs[k], FP8_E4M3, 128);
+        fp8_quantize_cpu(&q, x, k == 3);
+        db[k] = fp8_sqnr_db(x, &q);
+        fp8_tensor_free_cpu(&q);
+    }
+    free(x);
+}
+
 void model_sqnr_report(const char *dir, FILE *f) {
     Config c;
     read_config(&c, dir);
@@ -1126,34 +1262,35 @@ void model_sqnr_report(const char *dir, FILE *f) {
     fprintf(f, "%-5s %-10s %9s %9s %9s %11s\n", "layer", "weight", "tensor", "row", "block", "block-pow2");
     double tot[4] = {0};
     int cnt = 0;
-    for (int l = 0; l < c.L; l++)
+    for (int l = 0; l < c.L; l++) {
         for (int i = 0; i < LIN_COUNT; i++) {
+            if (c.moe[l] && i >= LIN_GATE) continue;  // a sparse layer's experts: below
             char nm[512];
             snprintf(nm, sizeof nm, "%slayers.%d.%s.%s.weight", config_text_prefix(&c), l, lin_parent[i], lin_names[i]);
             int rows, cols;
             lin_shape(&c, i, &rows, &cols);
-            const STensor *t = need(&ld, nm, rows, cols);
-            size_t n = (size_t)rows * cols;
-            float *x;
-            if (t->dtype == DT_E4M3) x = dequant_prequantized(&ld, t, nm);
-            else {
-                x = (float *)mallocCheck(n * sizeof(float));
-                convert_to_f32(x, t->data, t->dtype, n);
-            }
             double db[4];
-            FP8Gran gs[4] = {FP8_TENSOR, FP8_ROW, FP8_BLOCK, FP8_BLOCK};
-            for (int k = 0; k < 4; k++) {
-                FP8Tensor q;
-                fp8_tensor_alloc_cpu(&q, rows, cols, gs[k], FP8_E4M3, 128);
-                fp8_quantize_cpu(&q, x, k == 3);
-                db[k] = fp8_sqnr_db(x, &q);
-                tot[k] += db[k];
-                fp8_tensor_free_cpu(&q);
-            }
+            weight_sqnr(&ld, nm, rows, cols, db);
+            for (int k = 0; k < 4; k++) tot[k] += db[k];
             cnt++;
             fprintf(f, "%-5d %-10s %9.2f %9.2f %9.2f %11.2f\n", l, lin_names[i], db[0], db[1], db[2], db[3]);
-            free(x);
         }
+        for (int k = 0; c.moe[l] && k < 3; k++) {  // Qwen3 MoE: each projection's mean over the experts
+            double mean[4] = {0};
+            int rows, cols;
+            expert_shape(&c, k, &rows, &cols);
+            for (int e = 0; e < c.E; e++) {
+                char nm[512];
+                double db[4];
+                snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, expert_names[k]);
+                weight_sqnr(&ld, nm, rows, cols, db);
+                for (int j = 0; j < 4; j++) mean[j] += db[j] / c.E, tot[j] += db[j];
+                cnt++;
+            }
+            fprintf(f, "%-5d %-10s %9.2f %9.2f %9.2f %11.2f  (mean of %d experts)\n", l, expert_names[k], mean[0], mean[1],
+                    mean[2], mean[3], c.E);
+        }
+    }
     fprintf(f, "%-16s %9.2f %9.2f %9.2f %11.2f\n", "mean", tot[0] / cnt, tot[1] / cnt, tot[2] / cnt, tot[3] / cnt);
     st_close(&st);
 }

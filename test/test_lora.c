@@ -82,6 +82,28 @@ START_TEST(test_peft_adapter_logits) {
 }
 END_TEST
 
+// Qwen3 MoE: peft's adapter on the attention (q, k, v, o; dev/make_peft_fixture.py --arch qwen3_moe) gives
+// transformers+peft's logits through the sparse and dense layers; one on an MLP projection is refused
+START_TEST(test_peft_adapter_moe) {
+    Model m;
+    load_arch(&m, backend_cpu(), "qwen3_moe");
+    char p[1024];
+    fixture_path(p, sizeof p, "peft/qwen3_moe_lora");
+    LoRA *lo = lora_load_peft(&m, p);
+    ck_assert_uint_eq(lo->targets, (1u << LIN_Q) | (1u << LIN_K) | (1u << LIN_V) | (1u << LIN_O));
+    m.lora = lo;
+    m.lora_on = 1;
+    double mx, err = logits_err_of(&m, "qwen3_moe/tokens.npy", "peft/qwen3_moe_lora_logits.npy", &mx);
+    printf("qwen3_moe peft adapter: max |logit - transformers+peft| %.3g (max |logit| %.3g)\n", err, mx);
+    ck_assert_msg(err <= 1e-5, "max |diff| %g", err);
+    lora_free(lo);
+    m.lora = NULL;
+    EXPECT_DIE(lora_create(&m, 2, 4.0f, lora_parse_targets("q_proj,down_proj"), 1, 0),
+               "LoRA on gate_proj, up_proj or down_proj of a qwen3_moe model is not supported");
+    model_free(&m);
+}
+END_TEST
+
 // save with lora_save_peft, load again: the same numbers, the same logits
 START_TEST(test_peft_roundtrip) {
     Model m;
@@ -638,6 +660,7 @@ static Suite *lora_suite(void) {
     TCase *tc = tcase_create("lora");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_peft_adapter_logits);
+    tcase_add_test(tc, test_peft_adapter_moe);
     tcase_add_test(tc, test_peft_roundtrip);
     tcase_add_test(tc, test_peft_base_found_anywhere);
     tcase_add_test(tc, test_peft_roundtrip_mistral_gemma3);

@@ -1,5 +1,5 @@
 // test/test_model.c: the CPU reference transformer against Hugging Face transformers.
-// Fixtures (test/fixtures/{qwen3,qwen2,llama3,mistral,gemma3}, made by dev/make_fixtures.py) hold
+// Fixtures (test/fixtures/{qwen3,qwen2,llama3,mistral,gemma3,qwen3_moe,qwen3_moe16}, made by dev/make_fixtures.py) hold
 // tiny random checkpoints and the fp32 logits transformers computed on them.
 // Checks: config parsing, RoPE frequencies, full-forward and KV-cache-decode logits,
 // greedy continuation, FP8 fake-quant linear = the FP8 reference GEMM, FP8 block logits = an
@@ -20,7 +20,7 @@
 #include "io/safetensors.h"
 #include "train/full_finetune.h"
 
-static const char *ARCHS[] = {"qwen3", "qwen2", "llama3", "mistral", "gemma3", "gemma3_mm"};
+static const char *ARCHS[] = {"qwen3", "qwen2", "llama3", "mistral", "gemma3", "gemma3_mm", "qwen3_moe", "qwen3_moe16"};
 #define N_ARCHS ((int)(sizeof ARCHS / sizeof ARCHS[0]))
 
 static void fixture(char *out, size_t cap, const char *arch, const char *file) {
@@ -388,7 +388,7 @@ START_TEST(test_logits_decode) {
         // the decode step runs q|k|v and gate|up as one GEMM each (fused views of the weights)
         const LayerWeights *l0 = &m.w.layers[0];
         ck_assert_int_eq(l0->qkv.rows, (m.cfg.NH + 2 * m.cfg.KVH) * m.cfg.HD);
-        ck_assert_int_eq(l0->gateup.rows, 2 * m.cfg.FF);
+        ck_assert_int_eq(l0->gateup.rows, m.cfg.moe[0] ? 0 : 2 * m.cfg.FF);  // a sparse layer: the experts instead
         ck_assert(m.cfg.qkv_bias == (l0->bias_qkv != NULL));
         fixture(p, sizeof p, ARCHS[a], "tokens.npy");
         Npy tk = npy_read(p);
@@ -423,16 +423,16 @@ START_TEST(test_logits_decode) {
 END_TEST
 
 // several sequences decode together, each with its own length and blocks
-START_TEST(test_decode_batched) {
+static void decode_batched(const char *arch) {
     char p[1024];
-    fixture(p, sizeof p, "llama3", "");
+    fixture(p, sizeof p, arch, "");
     Model m;
     ModelOptions o = opt_dense();
     const Backend *be = backend_cpu();
     model_load(&m, p, be, &o);
-    fixture(p, sizeof p, "llama3", "tokens.npy");
+    fixture(p, sizeof p, arch, "tokens.npy");
     Npy tk = npy_read(p);
-    fixture(p, sizeof p, "llama3", "logits.npy");
+    fixture(p, sizeof p, arch, "logits.npy");
     Npy lg = npy_read(p);
     int T = 24, V = m.cfg.V, BS = 8, MB = 3;
     KVCache kv;
@@ -465,13 +465,17 @@ START_TEST(test_decode_batched) {
         pos[0]++;
         pos[1]++;
     }
-    ck_assert_msg(err <= 1e-4 * mx, "batched decode: max |diff| %g > 1e-4 * %g", err, mx);
+    ck_assert_msg(err <= 1e-4 * mx, "%s batched decode: max |diff| %g > 1e-4 * %g", arch, err, mx);
     be->free(lgd);
     kvcache_free(&kv, be);
     npy_free(&tk);
     npy_free(&lg);
     model_free(&m);
 }
+START_TEST(test_decode_batched) { decode_batched("llama3"); }
+END_TEST
+// Qwen3 MoE: the two sequences' tokens routed together in each step (and in the prefill, padding included)
+START_TEST(test_decode_batched_moe) { decode_batched("qwen3_moe16"); }
 END_TEST
 
 // greedy continuation equals transformers' generate(do_sample=False)
@@ -681,7 +685,7 @@ static Config tiny_cfg(Arch arch) {
     c.eps = 1e-5f;
     c.rope_theta = 100.0f;
     c.qkv_bias = arch == ARCH_QWEN2;
-    c.qk_norm = arch == ARCH_QWEN3 || arch == ARCH_GEMMA3;
+    c.qk_norm = arch == ARCH_QWEN3 || arch == ARCH_QWEN3_MOE || arch == ARCH_GEMMA3;
     c.tied = 0;
     c.bos_id = -1;
     if (arch == ARCH_MISTRAL) {  // a window of 3 in sequences of 7: most queries lose keys to it
@@ -734,10 +738,8 @@ static void fd_check(FDCase *f, double *p, const double *g, size_t n, const char
     }
 }
 
-static void gradient_check(Arch arch, int tied) {
+static void gradient_check_cfg(Config c) {
     const Backend *be = backend_cpu64();
-    Config c = tiny_cfg(arch);
-    c.tied = tied;
     Model m;
     ModelOptions o = opt_dense();
     model_init_random(&m, &c, be, &o, 11);
@@ -800,8 +802,15 @@ static void gradient_check(Arch arch, int tied) {
     for (int l = 0; l < c.L; l++) {
         LayerWeights *lw = &m.w.layers[l], *gl = &m.gw.layers[l];
         for (int i = 0; i < LIN_COUNT; i++)
-            fd_check(&f, (double *)lw->lin[i].dense, (const double *)gl->lin[i].dense,
-                     (size_t)lw->lin[i].rows * lw->lin[i].cols, lin_names[i], 2);
+            if (lw->lin[i].rows)  // (a sparse layer has no MLP of its own)
+                fd_check(&f, (double *)lw->lin[i].dense, (const double *)gl->lin[i].dense,
+                         (size_t)lw->lin[i].rows * lw->lin[i].cols, lin_names[i], 2);
+        if (c.moe[l]) {  // the router, and each expert's three weights
+            fd_check(&f, (double *)lw->router.dense, (const double *)gl->router.dense, (size_t)c.E * c.C, "router", 4);
+            for (int k = 0; k < 3 * c.E; k++)
+                fd_check(&f, (double *)lw->experts[k].dense, (const double *)gl->experts[k].dense,
+                         (size_t)lw->experts[k].rows * lw->experts[k].cols, "expert", 2);
+        }
         fd_check(&f, (double *)lw->ln1, (const double *)gl->ln1, c.C, "ln1", 2);
         fd_check(&f, (double *)lw->ln2, (const double *)gl->ln2, c.C, "ln2", 2);
         if (c.gemma) {
@@ -820,11 +829,16 @@ static void gradient_check(Arch arch, int tied) {
     fd_check(&f, (double *)m.w.lm_head, (const double *)m.gw.lm_head, (size_t)c.V * c.C, "lm_head", 6);
     for (int k = 0; k < 4; k++) {
         double *row = (double *)m.w.wte + (size_t)ids[k * 3] * c.C;
-        fd_check(&f, row, (const double *)m.gw.wte + (size_t)ids[k * 3] * c.C, c.C, tied ? "tied wte" : "wte", 2);
+        fd_check(&f, row, (const double *)m.gw.wte + (size_t)ids[k * 3] * c.C, c.C, c.tied ? "tied wte" : "wte", 2);
     }
     lora_free(lo);
     m.lora = NULL;
     model_free(&m);
+}
+static void gradient_check(Arch arch, int tied) {
+    Config c = tiny_cfg(arch);
+    c.tied = tied;
+    gradient_check_cfg(c);
 }
 
 START_TEST(test_gradients_qwen3) { gradient_check(ARCH_QWEN3, 1); }
@@ -841,11 +855,240 @@ END_TEST
 START_TEST(test_gradients_gemma3) { gradient_check(ARCH_GEMMA3, 1); }
 END_TEST
 
+// ---- Qwen3 MoE ---------------------------------------------------------------------------
+
+// the two fixtures' config.json: experts, top-k, renormalization and which layers are sparse, both by
+// mlp_only_layers and by decoder_sparse_step; what is wrong in one is said
+START_TEST(test_moe_config) {
+    Config c = fixture_config("qwen3_moe");  // transformers 5.x writes num_local_experts
+    ck_assert_int_eq(c.arch, ARCH_QWEN3_MOE);
+    ck_assert(c.E == 8 && c.K == 2 && c.FFe == 48 && c.norm_topk == 1 && c.FF == 160 && c.qk_norm && !c.tied);
+    ck_assert(c.moe[0] == 1 && c.moe[1] == 0 && c.moe[2] == 1);  // mlp_only_layers [1]
+    c = fixture_config("qwen3_moe16");
+    ck_assert(c.E == 16 && c.K == 4 && c.FFe == 40 && c.norm_topk == 0);
+    ck_assert(c.moe[0] == 0 && c.moe[1] == 1);  // decoder_sparse_step 2
+#define MOE_BASE "{\"model_type\":\"qwen3_moe\",\"vocab_size\":10,\"hidden_size\":8,\"intermediate_size\":8," \
+                 "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"num_experts\":4"
+    config_from_json(&c, MOE_BASE ",\"num_experts_per_tok\":4,\"mlp_only_layers\":[0]}", "x.json");
+    ck_assert(c.E == 4 && c.K == 4 && c.FFe == 768 && !c.norm_topk && !c.moe[0] && c.moe[1]);  // transformers' defaults
+    EXPECT_DIE(config_from_json(&c, MOE_BASE "}", "x.json"), "\"num_experts_per_tok\" is 8");  // its default, > 4
+    EXPECT_DIE(config_from_json(&c, MOE_BASE ",\"num_experts_per_tok\":5}", "x.json"),
+               "\"num_experts_per_tok\" is 5: it must be an integer in [1, 4]");
+    EXPECT_DIE(config_from_json(&c, MOE_BASE ",\"num_experts_per_tok\":2,\"mlp_only_layers\":[2]}", "x.json"),
+               "\"mlp_only_layers\" must list layer indices in [0, num_hidden_layers 2)");
+    EXPECT_DIE(config_from_json(&c, MOE_BASE ",\"num_experts_per_tok\":2,\"mlp_only_layers\":3}", "x.json"), "must be a list of layer indices");
+#undef MOE_BASE
+}
+END_TEST
+
+// the largest difference between the full forward's logits full (B, T, V) of ids (B, T) and those of a
+// prefill of 3 tokens, then a KV-cache decode step a token, blocks of 4, each row in turn
+static double decode_vs_forward(Model *m, const int *ids, int B, int T, const float *full) {
+    int V = m->cfg.V, BS = 4, MB = (T + BS - 1) / BS, P = 3, table[16], slots[64];
+    ck_assert(MB <= 16 && T <= 64);
+    float *dec = (float *)mallocCheck(V * sizeof(float));
+    double derr = 0;
+    KVCache kv;
+    kvcache_alloc(&kv, m, MB, BS);
+    for (int b = 0; b < MB; b++) table[b] = MB - 1 - b;
+    for (int t = 0; t < T; t++) slots[t] = table[t / BS] * BS + t % BS;
+    for (int row = 0; row < B; row++) {
+        const int *rid = ids + row * T;
+        model_prefill(m, &kv, rid, &P, slots, 1, P, dec);
+        for (int j = 0; j < V; j++) derr = fmax(derr, fabs(dec[j] - full[((size_t)row * T + P - 1) * V + j]));
+        for (int t = P; t < T; t++) {
+            model_decode(m, &kv, &rid[t], &t, &slots[t], table, 1, MB, dec);
+            for (int j = 0; j < V; j++) derr = fmax(derr, fabs(dec[j] - full[((size_t)row * T + t) * V + j]));
+        }
+    }
+    kvcache_free(&kv, m->be);
+    free(dec);
+    return derr;
+}
+
+// the fixtures' logits within 1e-5 of transformers' (absolute; the logits are ~4), the routing spread over
+// every expert (the fixture tests the router, not one expert); the KV-cache decode of every position equal
+// to the full forward's logits of it
+START_TEST(test_moe_logits_decode) {
+    const char *archs[] = {"qwen3_moe", "qwen3_moe16"};
+    for (int a = 0; a < 2; a++) {
+        char p[1024];
+        Model m;
+        load_fixture(&m, archs[a], FP8_OFF);
+        fixture(p, sizeof p, archs[a], "tokens.npy");
+        Npy tk = npy_read(p);
+        fixture(p, sizeof p, archs[a], "logits.npy");
+        Npy lg = npy_read(p);
+        int T = (int)tk.shape[1], V = m.cfg.V, B = 2, ids[48];
+        for (int i = 0; i < B * T; i++) ids[i] = (int)tk.data[i];
+        model_forward(&m, ids, B, T);
+        float *full = (float *)mallocCheck((size_t)B * T * V * sizeof(float));
+        model_logits(&m, full);
+        double err = 0;
+        for (long i = 0; i < lg.n; i++) err = fmax(err, fabs(full[i] - lg.data[i]));
+        int l = m.cfg.moe[0] ? 0 : 1, hit[16] = {0}, nhit = 0;  // the first sparse layer's routing
+        for (int i = 0; i < B * T * m.cfg.K; i++) hit[((int32_t *)m.acts.ridx)[(size_t)l * B * T * m.cfg.K + i]] = 1;
+        for (int e = 0; e < m.cfg.E; e++) nhit += hit[e];
+        double derr = decode_vs_forward(&m, ids, B, T, full);
+        printf("%s: logits max |diff| from transformers %.3g; decode from the full forward %.3g; layer %d routes to %d "
+               "of %d experts\n", archs[a], err, derr, l, nhit, m.cfg.E);
+        ck_assert_msg(err <= 1e-5, "%s: logits max |diff| %g > 1e-5", archs[a], err);
+        ck_assert_msg(derr <= 1e-5, "%s: decode max |diff| from the forward %g > 1e-5", archs[a], derr);
+        ck_assert_int_eq(nhit, m.cfg.E);
+        free(full);
+        npy_free(&tk), npy_free(&lg);
+        model_free(&m);
+    }
+}
+END_TEST
+
+// every layer sparse (Qwen3-30B-A3B's layout: no dense MLP buffers at all), random weights, experts in FP8
+// blocks: the decode step equal to the full forward
+START_TEST(test_moe_all_sparse_decode) {
+    Config c = tiny_cfg(ARCH_QWEN3_MOE);
+    c.E = 6, c.K = 2, c.FFe = 12, c.norm_topk = 1, c.moe[0] = c.moe[1] = 1;
+    ModelOptions o = opt_dense();
+    o.gran = FP8_BLOCK;
+    Model m;
+    model_init_random(&m, &c, backend_cpu(), &o, 5);
+    Rng r = rng_make(4);
+    int B = 2, T = 11, ids[22];
+    for (int i = 0; i < B * T; i++) ids[i] = rng_int(&r, c.V);
+    model_forward(&m, ids, B, T);
+    ck_assert(m.acts.gate == NULL && m.acts.hmlp == NULL);  // no dense MLP anywhere
+    float *full = (float *)mallocCheck((size_t)B * T * c.V * sizeof(float));
+    model_logits(&m, full);
+    double derr = decode_vs_forward(&m, ids, B, T, full);
+    ck_assert_msg(derr <= 1e-5, "decode max |diff| from the forward %g", derr);
+    free(full);
+    model_free(&m);
+}
+END_TEST
+
+// the experts held in FP8 at each granularity, each expert with scales of its own: the logits within the FP8
+// error of transformers' (as test_fp8_model_logits: < 0.19 relative, and > 1e-3, quantization shows)
+START_TEST(test_moe_fp8_granularities) {
+    char p[1024];
+    fixture(p, sizeof p, "qwen3_moe16", "tokens.npy");
+    Npy tk = npy_read(p);
+    fixture(p, sizeof p, "qwen3_moe16", "logits.npy");
+    Npy lg = npy_read(p);
+    int T = 24, V = 320, ids[24];
+    for (int t = 0; t < T; t++) ids[t] = (int)tk.data[t];
+    for (int g = FP8_TENSOR; g <= FP8_BLOCK; g++) {
+        Model m;
+        load_fixture(&m, "qwen3_moe16", (FP8Gran)g);
+        const LayerWeights *lw = &m.w.layers[1];
+        ck_assert(lw->router.gran == FP8_OFF && lw->router.dense);
+        for (int k = 0; k < 3 * m.cfg.E; k++) {
+            ck_assert_int_eq(lw->experts[k].gran, g);
+            if (k) ck_assert(lw->experts[k].q.scale != lw->experts[k - 1].q.scale && lw->experts[k].q.data != lw->experts[k - 1].q.data);
+        }
+        ck_assert(lw->experts[0].q.scale[0] != lw->experts[3].q.scale[0]);  // expert 0's gate and expert 1's: own amaxes
+        model_forward(&m, ids, 1, T);
+        float *out = (float *)mallocCheck((size_t)T * V * sizeof(float));
+        model_logits(&m, out);
+        double se = 0, sr = 0;
+        for (int i = 0; i < T * V; i++) se += (out[i] - lg.data[i]) * (out[i] - lg.data[i]), sr += lg.data[i] * lg.data[i];
+        double rel = sqrt(se / sr);
+        printf("qwen3_moe16 FP8 gran %d: logits relative error %.3g\n", g, rel);
+        ck_assert_msg(rel > 1e-3 && rel < 0.19, "gran %d rel %g", g, rel);
+        free(out);
+        model_free(&m);
+    }
+    npy_free(&tk), npy_free(&lg);
+}
+END_TEST
+
+// the published FP8 layout (dev/make_moe_fp8_fixture.py: E4M3 weight + F32 weight_scale_inv of 128 x 128
+// blocks, every expert's own): --load_in_fp8 block takes each expert's codes and scales as they are;
+// off dequantizes them, and its logits are transformers' on the dequantized weights within 1e-5
+START_TEST(test_moe_published_fp8) {
+    char p[1024];
+    fixture(p, sizeof p, "qwen3_moe_fp8", "");
+    SafeTensors st;
+    st_open_dir(&st, p);
+    Model m;
+    load_fixture(&m, "qwen3_moe_fp8", FP8_BLOCK);
+    for (int k = 0; k < 3 * m.cfg.E; k++) {
+        const QWeight *w = &m.w.layers[1].experts[k];
+        char nm[128];
+        static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
+        snprintf(nm, sizeof nm, "model.layers.1.mlp.experts.%d.%s.weight", k / 3, proj[k % 3]);
+        const STensor *t = st_find(&st, nm);
+        ck_assert(t && t->dtype == DT_E4M3);
+        ck_assert_msg(!memcmp(w->q.data, t->data, (size_t)w->rows * w->cols), "%s: codes not read as they are", nm);
+        strcat(nm, "_scale_inv");
+        const STensor *s = st_find(&st, nm);
+        int br = (w->rows + 127) / 128, bc = (w->cols + 127) / 128, ld = fp8_scale_ld(FP8_BLOCK, w->rows, w->cols, 128);
+        for (int r = 0; r < br; r++)
+            for (int c = 0; c < bc; c++) ck_assert(w->q.scale[r * ld + c] == ((const float *)s->data)[r * bc + c]);
+    }
+    model_free(&m);
+    st_close(&st);
+
+    load_fixture(&m, "qwen3_moe_fp8", FP8_OFF);
+    fixture(p, sizeof p, "qwen3_moe_fp8", "tokens.npy");
+    Npy tk = npy_read(p);
+    fixture(p, sizeof p, "qwen3_moe_fp8", "logits.npy");
+    Npy lg = npy_read(p);
+    int B = 2, T = 24, V = 320, ids[48];
+    for (int i = 0; i < B * T; i++) ids[i] = (int)tk.data[i];
+    model_forward(&m, ids, B, T);
+    float *out = (float *)mallocCheck((size_t)B * T * V * sizeof(float));
+    model_logits(&m, out);
+    double err = 0;
+    for (long i = 0; i < lg.n; i++) err = fmax(err, fabs(out[i] - lg.data[i]));
+    printf("qwen3_moe_fp8 dequantized: logits max |diff| from transformers %.3g\n", err);
+    ck_assert_msg(err <= 1e-5, "max |diff| %g", err);
+    free(out);
+    npy_free(&tk), npy_free(&lg);
+    model_free(&m);
+}
+END_TEST
+
+// adapters on the attention alone: "all" (the default) becomes q, k, v, o; an MLP target is refused. A
+// backend without the experts' ops refuses the checkpoint in one line.
+START_TEST(test_moe_refusals) {
+    Model m;
+    load_fixture(&m, "qwen3_moe", FP8_OFF);
+    LoRA *lo = lora_create(&m, 2, 4.0f, lora_parse_targets("all"), 1, 0);
+    ck_assert_uint_eq(lo->targets, (1u << LIN_Q) | (1u << LIN_K) | (1u << LIN_V) | (1u << LIN_O));
+    lora_free(lo);
+    EXPECT_DIE(lora_create(&m, 2, 4.0f, lora_parse_targets("q_proj,gate_proj"), 1, 0),
+               "LoRA on gate_proj, up_proj or down_proj of a qwen3_moe model is not supported");
+    EXPECT_DIE(model_fp8_train(&m, &(FP8Recipe){0}), "qwen3_moe model is not supported: use --fp8_recipe off");
+    model_free(&m);
+    Backend nomoe = *backend_cpu();
+    nomoe.moe_experts_forward = NULL;
+    char p[1024];
+    fixture(p, sizeof p, "qwen3_moe", "");
+    ModelOptions o = opt_dense();
+    EXPECT_DIE(model_load(&m, p, &nomoe, &o), "has no mixture-of-experts products yet");
+}
+END_TEST
+
+// Qwen3 MoE: a sparse layer (router, softmax, top-k, the experts) then a dense one, or two sparse ones (as
+// Qwen3-30B-A3B, every layer); with norm_topk_prob the gradient goes through the renormalization too. The
+// routing choice itself has no gradient: the finite differences' steps (1e-5) are far below the gaps
+// between the chosen and the other probabilities.
+static void gradient_check_moe(int E, int K, int norm, int all_sparse) {
+    Config c = tiny_cfg(ARCH_QWEN3_MOE);
+    c.E = E, c.K = K, c.FFe = 10, c.norm_topk = norm;
+    c.moe[0] = 1;
+    c.moe[1] = all_sparse;
+    gradient_check_cfg(c);
+}
+START_TEST(test_gradients_qwen3_moe_norm) { gradient_check_moe(4, 2, 1, 0); }
+END_TEST
+START_TEST(test_gradients_qwen3_moe) { gradient_check_moe(5, 3, 0, 1); }
+END_TEST
+
 // recomputation (gradient checkpointing, or of gate and up alone: Model.recompute_mlp) changes memory, not
 // numbers: the same logprobs and bit-identical gradients (LoRA and dense), on the fp32 CPU backend, FP8 weights
-START_TEST(test_recompute_identical) {
+static void recompute_identical(const char *arch) {
     Model m;
-    load_fixture(&m, "qwen3", FP8_BLOCK);
+    load_fixture(&m, arch, FP8_BLOCK);
     LoRA *lo = lora_create(&m, 4, 8.0f, lora_parse_targets("all"), 2, 0);
     Rng r = rng_make(9);
     for (size_t i = 0; i < lo->n; i++) ((float *)lo->params)[i] += 0.05f * rng_normal(&r);
@@ -879,6 +1122,10 @@ START_TEST(test_recompute_identical) {
     lora_free(lo);
     model_free(&m);
 }
+START_TEST(test_recompute_identical) { recompute_identical("qwen3"); }
+END_TEST
+// Qwen3 MoE: the sparse layers' routing and experts' products again in the backward (FP8 block experts)
+START_TEST(test_recompute_identical_moe) { recompute_identical("qwen3_moe"); }
 END_TEST
 
 // ---- round trips and bad input -------------------------------------------------------
@@ -889,7 +1136,7 @@ END_TEST
 START_TEST(test_save_load_roundtrip) {
     // gemma3_mm*: model_save_hf writes Gemma3ForConditionalGeneration's config.json and the text model under the
     // naming it was read in (what bench_grpo --save makes of the gemma3-4b / 27b shapes)
-    const char *archs[] = {"qwen2", "mistral", "gemma3", "gemma3_mm", "gemma3_mm_v5"};
+    const char *archs[] = {"qwen2", "mistral", "gemma3", "gemma3_mm", "gemma3_mm_v5", "qwen3_moe", "qwen3_moe16"};
     for (int a_ = 0; a_ < 5; a_++) {
         char p[1024];
         fixture(p, sizeof p, archs[a_], "");
@@ -1362,6 +1609,19 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_no_gpu_reason);
     tcase_add_test(tc, test_full_training_refusals);
     suite_add_tcase(s, tc);
+    TCase *moe = tcase_create("qwen3_moe");  // CK_RUN_CASE=qwen3_moe runs these alone
+    tcase_set_timeout(moe, 600);
+    tcase_add_test(moe, test_moe_config);
+    tcase_add_test(moe, test_moe_logits_decode);
+    tcase_add_test(moe, test_moe_all_sparse_decode);
+    tcase_add_test(moe, test_moe_fp8_granularities);
+    tcase_add_test(moe, test_moe_published_fp8);
+    tcase_add_test(moe, test_moe_refusals);
+    tcase_add_test(moe, test_recompute_identical_moe);
+    tcase_add_test(moe, test_decode_batched_moe);
+    tcase_add_test(moe, test_gradients_qwen3_moe_norm);
+    tcase_add_test(moe, test_gradients_qwen3_moe);
+    suite_add_tcase(s, moe);
     return s;
 }
 
