@@ -9,8 +9,10 @@
 // lists as free to change. Each race is put in order by the checkpoint code's test hook
 // (FP8GRPO_TEST_PAUSE, checkpoint.h: a process waits at a named point until the test lets it go), so
 // every case runs the same way each time; "nothing touched" is every file's name and bytes compared.
+// A removal removes a link, never what it points to.
 #include <check.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -389,6 +391,24 @@ START_TEST(test_resume_checks_every_file) {
 }
 END_TEST
 
+// rm_rf (every removal above) removes a link, never what it points to: a checkpoint or an old export
+// holding a link to a directory elsewhere leaves that directory as it was
+START_TEST(test_removal_keeps_link_targets) {
+    char dir[1200], cmd[4096], before[4096], after[4096], other[1200];
+    snprintf(dir, sizeof dir, "%s", tmp_path("links"));
+    snprintf(other, sizeof other, "%s", tmp_path("elsewhere"));
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/sub %s && echo keep > %s/file && ln -s %s %s/to_dir && ln -s %s %s/sub/again && "
+                              "ln -s %s/file %s/to_file", dir, other, other, other, dir, other, dir, other, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snapshot(other, before, sizeof before);
+    rm_rf(dir);
+    struct stat sb;
+    ck_assert_msg(lstat(dir, &sb) != 0, "%s left", dir);
+    snapshot(other, after, sizeof after);
+    ck_assert_str_eq(before, after);
+}
+END_TEST
+
 static Suite *rundir_suite(void) {
     Suite *s = suite_create("rundir");
     TCase *tc = tcase_create("rundir");
@@ -399,6 +419,7 @@ static Suite *rundir_suite(void) {
     tcase_add_test(tc, test_killed_pruning_finished_at_next_start);
     tcase_add_test(tc, test_resume_names_changed_options);
     tcase_add_test(tc, test_resume_checks_every_file);
+    tcase_add_test(tc, test_removal_keeps_link_targets);
     suite_add_tcase(s, tc);
     return s;
 }

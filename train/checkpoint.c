@@ -28,6 +28,12 @@ void mkdir_or_die(const char *p) {
     if (mkdir(p, 0755) != 0 && errno != EEXIST) die("cannot create directory %s (%s)", p, strerror(errno));
 }
 void rm_rf(const char *p) {
+    struct stat sb;
+    if (lstat(p, &sb) != 0) return;
+    if (!S_ISDIR(sb.st_mode)) {  // a file, or a link: the link goes, never what it points to
+        unlink(p);
+        return;
+    }
     DIR *d = opendir(p);
     if (!d) return;
     struct dirent *e;
@@ -35,8 +41,7 @@ void rm_rf(const char *p) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         char q[4096];
         path_join(q, sizeof q, p, e->d_name);
-        if (dir_exists(q)) rm_rf(q);
-        else remove(q);
+        rm_rf(q);
     }
     closedir(d);
     rmdir(p);

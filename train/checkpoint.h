@@ -23,7 +23,7 @@ extern "C" {
 // ---- the output directory ----
 int dir_exists(const char *p);
 void mkdir_or_die(const char *p);
-void rm_rf(const char *p);  // a directory and everything in it (rm -rf)
+void rm_rf(const char *p);  // a directory and everything in it, as rm -rf (links removed, not followed)
 // A directory a program writes into, claimed before any work: made if need be (with its parents when
 // parents), and locked: dir/.lock, held with flock until the process ends, however it ends; a second
 // process stops at once with one line naming the first's pid (the lock file is written whole, pid
