@@ -25,10 +25,13 @@
 // model.safetensors.index.json, as transformers' save_pretrained shards them. The tokenizer files
 // are copied. A multimodal Gemma 3 (Gemma3ForConditionalGeneration) is written back whole: its text model as
 // above, under the base's tensor names, its vision tower and projector copied byte for byte, config.json the
-// base's (so transformers loads the export as the same class). Everything is written into OUTPUT_DIR.tmp-XXXXXX and renamed to OUTPUT_DIR at the end;
-// a failure removes the temporary directory, so OUTPUT_DIR is either complete or absent (or, with
-// --overwrite, the previous one untouched). A process killed outright leaves OUTPUT_DIR.tmp-XXXXXX
-// behind, never a partial OUTPUT_DIR.
+// base's (so transformers loads the export as the same class). OUTPUT_DIR is claimed first, as a training run
+// claims its directory (made, its .lock held: checkpoint.h's dir_claim), so that no run writes into it meanwhile
+// and no export replaces a running training's directory. Everything is written into OUTPUT_DIR.tmp-XXXXXX and
+// exchanged with OUTPUT_DIR at the end in one step (dir_replace), the previous contents then removed; a failure
+// removes the temporary directory, so OUTPUT_DIR is either complete or absent (or, with --overwrite, the
+// previous one untouched). A process killed outright leaves OUTPUT_DIR.tmp-XXXXXX behind, never a partial
+// OUTPUT_DIR.
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
@@ -42,6 +45,7 @@
 #include "model.h"
 #include "io/options.h"
 #include "io/safetensors.h"
+#include "train/checkpoint.h"  // dir_claim, dir_replace
 
 // ----------------------------------------------------------------------------
 // options
@@ -87,24 +91,22 @@ static size_t parse_size(const char *s) {
     die("--max_shard_size: '%s' is not a size: give bytes or a number with KB, MB, GB, KiB, MiB or GiB (e.g. 5GB)", s);
 }
 
-static int dir_is_empty(const char *path) {
+static int dir_is_empty(const char *path) {  // but for our lock
     DIR *d = opendir(path);
     if (!d) die("--output_dir %s: cannot read it (%s)", path, strerror(errno));
     struct dirent *e;
     int empty = 1;
     while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = 0;
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, ".lock")) empty = 0;
     closedir(d);
     return empty;
 }
 
-// Every output problem before any work: the directory and what replacing it would mean
+// Every output problem before any work: the directory (claimed: made, locked) and what replacing it would mean
 static void check_output(const ExportOpts *o) {
     struct stat sb;
     if (stat(o->output_dir, &sb) == 0) {
         if (!S_ISDIR(sb.st_mode)) die("--output_dir %s exists and is not a directory: choose another path", o->output_dir);
-        if (!o->overwrite && !dir_is_empty(o->output_dir))
-            die("--output_dir %s exists and is not empty: choose another path, or pass --overwrite to replace it", o->output_dir);
         char a[PATH_MAX], b[PATH_MAX];
         const char *inputs[2] = {o->model, o->lora};
         for (int i = 0; i < 2; i++)
@@ -112,6 +114,9 @@ static void check_output(const ExportOpts *o) {
                 die("--output_dir %s is the checkpoint being read (--%s): write the export elsewhere", o->output_dir,
                     i ? "lora" : "model");
     }
+    dir_claim(o->output_dir, 0);
+    if (!o->overwrite && !dir_is_empty(o->output_dir))
+        die("--output_dir %s exists and is not empty: choose another path, or pass --overwrite to replace it", o->output_dir);
 }
 
 static void parse_options(int argc, char **argv, ExportOpts *o) {
@@ -511,7 +516,7 @@ int main(int argc, char **argv) {
     size_t max_shard = parse_size(o.max_shard_size);
 
     // the base in fp32 on the host, linear weights unquantized (an FP8 base dequantized); the adapter's
-    // fp32 masters. Both loaders check everything before the output directory is created.
+    // fp32 masters. Both loaders check everything before anything is written.
     const Backend *be = backend_cpu();
     ModelOptions mo = {FP8_OFF, 0, 0, 0, 0};
     Model m;
@@ -547,22 +552,9 @@ int main(int argc, char **argv) {
     write_config(o.model, tmp_dir, fp8, fp32, h, nh, m.cfg.mm != MM_NONE);
     copy_tokenizer_files(o.model, tmp_dir);
 
-    // into place: rename() replaces an empty directory atomically; a non-empty one (--overwrite) is
-    // first moved aside, and removed only once the new one is in its place
-    char old[PATH_MAX] = "";
-    struct stat sb;
-    if (stat(o.output_dir, &sb) == 0 && !dir_is_empty(o.output_dir)) {
-        snprintf(old, sizeof old, "%s.old-XXXXXX", o.output_dir);
-        if (!mkdtemp(old) || rename(o.output_dir, old) != 0)
-            die("--output_dir %s: cannot move the old one aside (%s)", o.output_dir, strerror(errno));
-    }
-    if (rename(tmp_dir, o.output_dir) != 0) {
-        int e = errno;
-        if (old[0]) rename(old, o.output_dir);
-        die("cannot rename %s to %s (%s)", tmp_dir, o.output_dir, strerror(e));
-    }
+    // into place, OUTPUT_DIR's lock held throughout; what it held before removed
+    dir_replace(o.output_dir, tmp_dir);
     tmp_dir[0] = 0;
-    if (old[0]) remove_tree(old);
 
     size_t total = 0;
     for (int i = 0; i < n; i++) total += t[i].bytes;

@@ -397,33 +397,17 @@ static uint64_t seq_seed(long seed, long step, int s, uint64_t purpose) {
 // ----------------------------------------------------------------------------
 // checkpoints (checkpoint.h: the output directory, writing and reading them)
 
-// the settings a checkpoint must agree with to be resumed; the batch is the step's over all ranks
-// (train_batch_size), so that a run resumes on any number of ranks that splits it (data_parallel.h); the base
-// by its weights' fingerprint too, so that a checkpoint never continues on another model saved
+// the settings a checkpoint must agree with to be resumed: every option but those a resume may change
+// (checkpoint.h: run_options_json), the built-in model's warm-up, the batch as the step's over all ranks
+// (train_batch_size), so that a run resumes on any number of ranks that splits it (data_parallel.h), and
+// the base by its weights' fingerprint, so that a checkpoint never continues on another model saved
 // under the same path (or another warm-up of the built-in one)
 static cJSON *run_identity(const Run *r) {
     const Opts *o = &r->o;
-    const GrpoConfig *g = &r->g;
-    int world = dist_world(r->dist);
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "model", o->model ? o->model : "builtin-tiny");
+    OptionTable t = {.rows = OPTIONS, .n = N_OPTIONS, .base = (void *)o, .grpo = (GrpoConfig *)&r->g};
+    cJSON *j = run_options_json(&t);
     if (!o->model) cJSON_AddItemToObject(j, "warmup", cJSON_Parse(r->warm_json));  // what made the built-in model's weights
-    cJSON_AddStringToObject(j, "data", o->data ? o->data : o->task);
-    if (o->eval_data) cJSON_AddStringToObject(j, "eval_data", o->eval_data);  // (older runs: a share of data)
-    else if (o->data && o->heldout_frac != task_options_default().heldout_frac)
-        cJSON_AddNumberToObject(j, "heldout_frac", o->heldout_frac);
-    cJSON_AddStringToObject(j, "load_in_fp8", o->load_in_fp8);
-    cJSON_AddStringToObject(j, "kv_cache_dtype", o->kv_cache_dtype);
-    if (!o->use_peft) cJSON_AddBoolToObject(j, "use_peft", 0);  // (older runs: LoRA)
-    cJSON_AddNumberToObject(j, "lora_r", o->lora_r);
-    cJSON_AddNumberToObject(j, "lora_alpha", o->lora_alpha);
-    cJSON_AddStringToObject(j, "lora_target_modules", o->lora_target_modules);
-    if (strcmp(o->lora_dtype, "fp32")) cJSON_AddStringToObject(j, "lora_dtype", o->lora_dtype);  // (older runs: fp32)
-    if (strcmp(o->adam_moments, "fp32")) cJSON_AddStringToObject(j, "adam_moments", o->adam_moments);  // (older runs: fp32)
-    cJSON_AddNumberToObject(j, "train_batch_size", (double)o->per_device_train_batch_size * world);
-    if (r->ppo) cJSON_AddStringToObject(j, "algo", "ppo");  // (older runs and GRPO: none)
-    cJSON_AddNumberToObject(j, "num_generations", g->num_generations);
-    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    cJSON_AddNumberToObject(j, "train_batch_size", (double)o->per_device_train_batch_size * dist_world(r->dist));
     if (r->base_fp[0]) cJSON_AddStringToObject(j, "base_model_fingerprint", r->base_fp);
     return j;
 }
@@ -460,6 +444,7 @@ static void resume_check(const Run *r) {
     const Opts *o = &r->o;
     char dir[4300], err[512];
     snprintf(dir, sizeof dir, "%s/checkpoint-%d", r->dir, r->last);
+    checkpoint_check_files(dir);
     int tbs = dp_checkpoint_batch(dir);
     if (tbs > 0 && dp_resume_batch_check(tbs, o->per_device_train_batch_size, 1, dist_world(r->dist), r->g.num_generations, err, sizeof err))
         die("%s: %s", dir, err);

@@ -347,50 +347,17 @@ typedef struct {
 // ----------------------------------------------------------------------------
 // the stages, in the order main() calls them
 
-// the settings a checkpoint must agree with to be resumed (those that change the data or the
-// state); the batch is the step's over every rank (train_batch_size), so that a run resumes on any
-// number of ranks that splits it; and the fingerprint of the base's weights, so that a checkpoint
-// is never continued on another model saved under the same path
+// the settings a checkpoint must agree with to be resumed: every option but those a resume may change
+// (checkpoint.h: run_options_json); the batch is the step's over every rank (train_batch_size), so
+// that a run resumes on any number of ranks that splits it; and the fingerprint of the base's
+// weights, so that a checkpoint is never continued on another model saved under the same path
 static cJSON *run_identity(const Run *r) {
     const Opts *o = &r->o;
-    int world = r->world;
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "model", o->model);
-    cJSON_AddStringToObject(j, "data", o->data);
-    cJSON_AddNumberToObject(j, "max_length", o->max_length);
-    cJSON_AddNumberToObject(j, "chat", o->chat);
-    cJSON_AddStringToObject(j, "system_prompt", o->system_prompt ? o->system_prompt : "");
-    cJSON_AddNumberToObject(j, "train_batch_size", (double)o->per_device_train_batch_size * o->gradient_accumulation_steps * world);
-    cJSON_AddNumberToObject(j, "gradient_accumulation_steps", o->gradient_accumulation_steps);
-    cJSON_AddBoolToObject(j, "use_peft", o->use_peft);
-    cJSON_AddStringToObject(j, "load_in_fp8", o->load_in_fp8);
-    if (strcmp(o->fp8_recipe, "off")) {  // FP8 training: its recipe (the checkpoint holds delayed scaling's state)
-        cJSON_AddStringToObject(j, "fp8_recipe", o->fp8_recipe);
-        cJSON_AddStringToObject(j, "fp8_format", o->fp8_format);
-        cJSON_AddNumberToObject(j, "fp8_amax_history_len", o->fp8_amax_history_len);
-        cJSON_AddStringToObject(j, "fp8_amax_compute_algo", o->fp8_amax_compute_algo);
-        cJSON_AddNumberToObject(j, "fp8_margin", o->fp8_margin);
-        cJSON_AddBoolToObject(j, "fp8_lm_head", o->fp8_lm_head);
-        cJSON_AddNumberToObject(j, "bf16_first_layers", o->bf16_first_layers);
-        cJSON_AddNumberToObject(j, "bf16_last_layers", o->bf16_last_layers);
-    }
-    if (o->use_peft) {
-        cJSON_AddNumberToObject(j, "lora_r", o->lora_r);
-        cJSON_AddNumberToObject(j, "lora_alpha", o->lora_alpha);
-        cJSON_AddStringToObject(j, "lora_target_modules", o->lora_target_modules);
-    }
-    if (o->dpo) {  // what the loss and the data's tokens depend on
-        cJSON_AddStringToObject(j, "trainer", "dpo");
-        cJSON_AddNumberToObject(j, "beta", o->beta);
-        cJSON_AddStringToObject(j, "loss_type", o->loss_type);
-        cJSON_AddNumberToObject(j, "label_smoothing", o->label_smoothing);
-        cJSON_AddBoolToObject(j, "reference_free", o->reference_free);
-        cJSON_AddNumberToObject(j, "discopop_tau", o->discopop_tau);
-        cJSON_AddNumberToObject(j, "max_prompt_length", o->max_prompt_length);
-        cJSON_AddNumberToObject(j, "max_completion_length", o->max_completion_length);
-        cJSON_AddStringToObject(j, "truncation_mode", o->truncation_mode);
-    }
-    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    Option rows[N_OPTIONS + N_DPO_OPTIONS];
+    OptionTable t = {.rows = rows, .n = option_rows(o->dpo, rows), .base = (void *)o};
+    cJSON *j = run_options_json(&t);
+    if (o->dpo) cJSON_AddStringToObject(j, "trainer", "dpo");
+    cJSON_AddNumberToObject(j, "train_batch_size", (double)o->per_device_train_batch_size * o->gradient_accumulation_steps * r->world);
     cJSON_AddStringToObject(j, "base_model_fingerprint", r->base_fp);  // the weights of --model (st_fingerprint)
     return j;
 }
@@ -431,6 +398,7 @@ static void prepare_output(Run *r) {
         if (tbs > 0 &&
             dp_resume_batch_check(tbs, o->per_device_train_batch_size, o->gradient_accumulation_steps, r->world, 0, err, sizeof err))
             die("%s: %s", dir, err);
+        checkpoint_check_files(dir);
         cJSON *mine = run_identity(r);
         char *id = cJSON_PrintUnformatted(mine);
         checkpoint_check_run(dir, r->last, id);

@@ -853,7 +853,7 @@ START_TEST(test_bad_inputs) {
     FAIL("no config.json", "--model %s.none --output_dir %s", o, o);
     FAIL("no adapter_config.json", "--model %s --lora %s --output_dir %s", m, m, o);
     FAIL("has the wrong shape for this model", "--model %s --lora %s --output_dir %s", llama, lora, o);
-    FAIL("cannot create a directory beside it", "--model %s --output_dir %s/no/such/parent", m, o);
+    FAIL("cannot create directory", "--model %s --output_dir %s/no/such/parent", m, o);
     FAIL("tokenizer.json: not a regular file", "--model %s --output_dir %s", badtok, o);
 #undef FAIL
     // --help: every option with its default, exit 0

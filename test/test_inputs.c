@@ -338,17 +338,18 @@ static void expect_quick_refusal(const char *const *argv, const char *env, const
 // no chat template) at <scratch>/plain, and the same with a ChatML template at <scratch>/chat;
 // remove_models: those and the runs' directories gone again (the scratch directory's clean-up at exit
 // removes files only)
-static const char *const MADE[] = {"warm", "plain", "chat", "out"};
+static const char *const MADE[] = {"warm", "plain", "chat", "out", "cache"};
 static void remove_models(void) {
-    for (int i = 0; i < 4; i++) rm_rf(scratch_file(MADE[i], NULL));
+    for (int i = 0; i < 5; i++) rm_rf(scratch_file(MADE[i], NULL));
 }
 static void make_models(void) {
     const char *d = fuzz_scratch();
     char cmd[4096];
     remove_models();
-    snprintf(cmd, sizeof cmd, "./train_grpo --device cpu --quiet --eval_size 0 --warmup_sft_steps 3 --max_steps 1 "
-             "--per_device_train_batch_size 8 --output_dir %s/warm >/dev/null 2>&1 && mv %s/warm/warmup-* %s/plain && "
-             "cp -r %s/plain %s/chat", d, d, d, d, d);
+    // the warm-up is made in a cache of the scratch directory's own (train/builtin.h: XDG_CACHE_HOME)
+    snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME=%s/cache ./train_grpo --device cpu --quiet --eval_size 0 --warmup_sft_steps 3 "
+             "--max_steps 1 --per_device_train_batch_size 8 --output_dir %s/warm >/dev/null 2>&1 && "
+             "mv %s/cache/fp8-grpo/warmup-* %s/plain && cp -r %s/plain %s/chat", d, d, d, d, d, d);
     ck_assert_msg(system(cmd) == 0, "%s failed", cmd);
     const char *cfg = "{\"eos_token\": \"<|endoftext|>\", \"chat_template\": \"{% for message in messages %}{{'<|im_start|>' + "
                       "message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "

@@ -1,10 +1,13 @@
 // checkpoint.c: a training run's output directory and its checkpoints (checkpoint.h): the
-// directory checked before any work, checkpoint-N/ written atomically and rotated, and what
-// --resume reads back (train_grpo.c's and train_sft.c's); the reading out of the programs so that
-// the fuzz target test/fuzz/fuzz_resume.c reads checkpoints as they do.
+// directory claimed (locked) before any work, every removal in it under that lock, checkpoint-N/
+// written atomically with its manifest and rotated, and what --resume checks and reads back
+// (train_grpo.c's and train_sft.c's); the reading out of the programs so that the fuzz target
+// test/fuzz/fuzz_resume.c reads checkpoints as they do.
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -25,6 +28,12 @@ void mkdir_or_die(const char *p) {
     if (mkdir(p, 0755) != 0 && errno != EEXIST) die("cannot create directory %s (%s)", p, strerror(errno));
 }
 void rm_rf(const char *p) {
+    struct stat sb;
+    if (lstat(p, &sb) != 0) return;
+    if (!S_ISDIR(sb.st_mode)) {  // a file, or a link: the link goes, never what it points to
+        unlink(p);
+        return;
+    }
     DIR *d = opendir(p);
     if (!d) return;
     struct dirent *e;
@@ -32,8 +41,7 @@ void rm_rf(const char *p) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         char q[4096];
         path_join(q, sizeof q, p, e->d_name);
-        if (dir_exists(q)) rm_rf(q);
-        else remove(q);
+        rm_rf(q);
     }
     closedir(d);
     rmdir(p);
@@ -64,41 +72,48 @@ int last_checkpoint(const char *dir) { return newest_numbered(dir, "checkpoint",
 // ----------------------------------------------------------------------------
 // claiming it: made, locked, checked; what a run that failed on its inputs made, removed again
 
-// the directories this process made for its run (parents first), removed at exit while they hold
-// nothing but the lock: a run that stops on a bad input before writing anything leaves none behind
+// A test hook of the programs: FP8GRPO_TEST_PAUSE="point:path" stops this process at the named
+// point (test_pause's callers: dir_made, lock_taken, pruning) until path exists, after creating
+// path.reached. The suites use it to put the steps of two processes in a chosen order (a race made
+// deterministic); unset, as it is outside them, it does nothing.
+void test_pause(const char *point) {
+    const char *e = getenv("FP8GRPO_TEST_PAUSE");
+    size_t n = strlen(point);
+    if (!e || strncmp(e, point, n) || e[n] != ':') return;
+    char reached[4200];
+    snprintf(reached, sizeof reached, "%s.reached", e + n + 1);
+    close(open(reached, O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+    while (access(e + n + 1, F_OK) != 0) usleep(2000);
+}
+
+// the directories this process made for its run (parents first), and the one it holds the lock of
 static struct {
     char path[8][4096];
     int n;
 } made;
-static int lock_fd = -1;  // the output directory's .lock, flock'ed until the process ends
+static int lock_fd = -1;       // dir/.lock, flock'ed until the process ends
+static char locked[4096];      // that dir
 
-static int holds_only_lock(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return 0;
-    struct dirent *e;
-    int other = 0;
-    while ((e = readdir(d)))
-        other |= strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, ".lock");
-    closedir(d);
-    return !other;
+// At exit, while the lock is still held: its file removed, and the directories this process made
+// for the run removed again if they hold nothing else (a run that stopped on a bad input leaves none
+// behind). A process that holds no lock (refused) removes nothing: the directory it made may be the
+// one another process won meanwhile.
+static void release_dir(void) {
+    if (lock_fd < 0) return;
+    char lock[4200];
+    path_join(lock, sizeof lock, locked, ".lock");
+    unlink(lock);
+    int i = made.n - 1;
+    while (i >= 0 && strcmp(made.path[i], locked)) i--;  // the locked one, if this process made it,
+    for (; i >= 0 && rmdir(made.path[i]) == 0; i--) {}    // and its parents: rmdir removes only what is empty
 }
-static void remove_unused_dirs(void) {
-    for (int i = made.n - 1; i >= 0; i--) {
-        if (!holds_only_lock(made.path[i])) break;  // the run wrote here: keep it and its parents
-        char lock[4200];
-        path_join(lock, sizeof lock, made.path[i], ".lock");
-        remove(lock);
-        rmdir(made.path[i]);
-    }
-}
-// mkdir, remembered (for remove_unused_dirs) when this call made it; 1 when it did
+// mkdir, remembered (for release_dir) when this call made it; 1 when it did, 0 when it existed
 static int mkdir_made(const char *p) {
     if (mkdir(p, 0755) == 0) {
-        if (made.n == 0) atexit(remove_unused_dirs);
         if (made.n < 8) snprintf(made.path[made.n++], sizeof made.path[0], "%s", p);
         return 1;
     }
-    if (errno != EEXIST) die("cannot create directory %s (%s)", p, strerror(errno));
+    if (errno != EEXIST) die("cannot create directory %s (%s): does its parent exist and is it writable?", p, strerror(errno));
     return 0;
 }
 // dir and its parents, as mkdir -p
@@ -114,43 +129,113 @@ static void mkdir_p_made(const char *dir) {
     mkdir_made(p);
 }
 
-// One run at a time in a directory: dir/.lock held with flock (the kernel lets it go when the process
-// ends, however it ends), with the holder's pid in it for the message of the run that finds it taken.
-static void lock_dir(const char *dir) {
-    char p[4200];
-    path_join(p, sizeof p, dir, ".lock");
-    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+// whether the name path still names the file fd has open (a lock file can be replaced or removed
+// between a process's open and its flock)
+static int still_named(int fd, const char *path) {
+    struct stat a, b;
+    return fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+// A lock file in full before anyone can see it: this process's pid written into a new file of dir
+// (path into tmp), flock'ed; it becomes dir/.lock by link or rename, so .lock never names a file
+// without its holder's pid.
+static int new_lock_file(const char *dir, char *tmp, size_t cap) {
+    snprintf(tmp, cap, "%s/.lock-XXXXXX", dir);
+    int fd = mkostemp(tmp, O_CLOEXEC);
     if (fd < 0) die("cannot write in output directory %s (%s): give another --output_dir", dir, strerror(errno));
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        char pid[32] = "";
-        ssize_t k = pread(fd, pid, sizeof pid - 1, 0);
-        pid[k > 0 ? k : 0] = 0;
-        pid[strcspn(pid, "\n")] = 0;
-        die("%s is in use by another run (pid %s): wait for it to end, or give another --output_dir", dir, pid[0] ? pid : "unknown");
-    }
     char pid[32];
     int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, n, 0) != n) die("cannot write %s (%s)", p, strerror(errno));
-    if (lock_fd >= 0) close(lock_fd);
-    lock_fd = fd;
+    if (write(fd, pid, n) != n || fchmod(fd, 0644) != 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        unlink(tmp);
+        die("cannot write in output directory %s (%s): give another --output_dir", dir, strerror(e));
+    }
+    return fd;
+}
+// the pid in a lock file that another process holds (into pid); 0 when that is no live process: a
+// process that took over the lock file of one that ended is about to replace it with its own
+static int holder_pid(int fd, char *pid, size_t cap) {
+    ssize_t k = pread(fd, pid, cap - 1, 0);
+    pid[k > 0 ? k : 0] = 0;
+    pid[strcspn(pid, "\n")] = 0;
+    return pid[0] && (kill(atoi(pid), 0) == 0 || errno != ESRCH);
 }
 
-// dir made (with its parents) if need be, and writable: said now, not after minutes of warm-up
-static void make_writable(const char *dir) {
+// One run at a time in a directory: dir/.lock held with flock (the kernel lets it go when the process
+// ends, however it ends), with the holder's pid in it for the message of the run that finds it taken.
+// The lock file is made whole under another name and then linked to .lock (none there) or renamed over
+// it (one there, left by a process that ended: taken first, so that no third process takes it meanwhile).
+static void lock_dir(const char *dir) {
+    char p[4200], tmp[4200], pid[32] = "";
+    path_join(p, sizeof p, dir, ".lock");
+    int fd = new_lock_file(dir, tmp, sizeof tmp);
+    for (int tries = 0;; tries++) {
+        if (link(tmp, p) == 0) break;
+        int e = errno, old = e == EEXIST ? open(p, O_RDWR | O_CLOEXEC) : -1;
+        if (old < 0 && e == EEXIST && errno == ENOENT) continue;  // removed meanwhile: link again
+        if (old < 0) {
+            e = e == EEXIST ? errno : e;
+            unlink(tmp);
+            die("cannot write in output directory %s (%s): give another --output_dir", dir, strerror(e));
+        }
+        if (flock(old, LOCK_EX | LOCK_NB) == 0) {  // its holder ended: ours replaces it
+            int named = still_named(old, p), ok = named && rename(tmp, p) == 0;
+            e = errno;
+            close(old);
+            if (ok) break;
+            if (named) {
+                unlink(tmp);
+                die("cannot write %s (%s): give another --output_dir", p, strerror(e));
+            }
+            continue;
+        }
+        int live = holder_pid(old, pid, sizeof pid), named = still_named(old, p);
+        close(old);
+        if (named && (live || tries >= 1000)) {
+            unlink(tmp);
+            close(fd);
+            die("%s is in use by another run (pid %s): wait for it to end, or give another --output_dir", dir,
+                pid[0] ? pid : "unknown");
+        }
+        usleep(1000);  // being replaced: look again (for a second at most)
+    }
+    unlink(tmp);  // (after the rename: no such name left)
+    if (lock_fd >= 0) close(lock_fd);
+    lock_fd = fd;
+    if (!locked[0]) atexit(release_dir);
+    snprintf(locked, sizeof locked, "%s", dir);
+    test_pause("lock_taken");
+}
+
+// what the removals of a killed run left in dir (an interrupted --save_total_limit, --overwrite_output_dir
+// or checkpoint write), removed now that this run holds the directory
+static void finish_removals(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        int k;
+        char tail[16], p[4200];
+        int deleting = !strncmp(e->d_name, ".checkpoint-", 12) && strstr(e->d_name, ".deleting");
+        int partial = !strncmp(e->d_name, "checkpoint-", 11) && sscanf(e->d_name + 11, "%d%15s", &k, tail) == 2 && !strcmp(tail, ".tmp");
+        if (!deleting && !partial && strncmp(e->d_name, ".overwritten-", 13)) continue;
+        path_join(p, sizeof p, dir, e->d_name);
+        rm_rf(p);
+        printf("removed %s (left by a run that was killed)\n", p);
+    }
+    if (d) closedir(d);
+}
+
+void dir_claim(const char *dir, int parents) {
     struct stat sb;
     if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) die("output directory %s exists and is not a directory: give another --output_dir", dir);
-    mkdir_p_made(dir);
-    char probe[4200];
-    snprintf(probe, sizeof probe, "%s/.write_test_XXXXXX", dir);
-    int fd = mkstemp(probe);
-    if (fd < 0) die("cannot write in output directory %s (%s): give another --output_dir", dir, strerror(errno));
-    close(fd);
-    unlink(probe);
+    if (parents) mkdir_p_made(dir);
+    else mkdir_made(dir);
+    test_pause("dir_made");
+    lock_dir(dir);
 }
 
 int run_dir_claim(const char *dir, int resume, int overwrite) {
-    make_writable(dir);
-    lock_dir(dir);
+    dir_claim(dir, 1);
+    finish_removals(dir);
     int last = last_checkpoint(dir);
     if (last >= 0 && !resume && !overwrite)
         die("%s already holds checkpoint-%d: pass --resume to continue it, --overwrite_output_dir to start over, or another --output_dir",
@@ -160,14 +245,43 @@ int run_dir_claim(const char *dir, int resume, int overwrite) {
 }
 
 int run_dir_claim_new(const char *parent, const char *prefix, char *dir, size_t cap) {
-    make_writable(parent);
+    struct stat sb;
+    if (stat(parent, &sb) == 0 && !S_ISDIR(sb.st_mode)) die("%s exists and is not a directory: give an --output_dir", parent);
+    mkdir_p_made(parent);
     int n = newest_numbered(parent, prefix, 0);
     for (n = n < 0 ? 1 : n + 1;; n++) {  // the next number; mkdir claims it, so two runs started at once never share one
         snprintf(dir, cap, "%s/%s-%d", parent, prefix, n);
         if (mkdir_made(dir)) break;
     }
+    test_pause("dir_made");
     lock_dir(dir);
     return n;
+}
+
+// After dir_claim(dir): tmp, a finished directory beside it, put in dir's place in one step (renameat2's
+// exchange), the lock held throughout (tmp gets a held .lock of its own first); what dir held before,
+// now under tmp's name, removed.
+void dir_replace(const char *dir, const char *tmp) {
+    char p[4200], t[4200];
+    path_join(p, sizeof p, tmp, ".lock");
+    int fd = new_lock_file(tmp, t, sizeof t);
+    if (rename(t, p) != 0) die("cannot write %s (%s)", p, strerror(errno));
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) != 0) {
+        // (a file system without the exchange: the old one moved aside first; a process that makes
+        // dir in between makes the second rename fail, and the old one is put back)
+        char old[4200];
+        snprintf(old, sizeof old, "%s.old-%d", dir, (int)getpid());
+        if (rename(dir, old) != 0) die("cannot move %s aside (%s)", dir, strerror(errno));
+        if (rename(tmp, dir) != 0) {
+            int e = errno;
+            if (rename(old, dir) != 0) die("cannot rename %s to %s (%s); the previous one is in %s", tmp, dir, strerror(e), old);
+            die("cannot rename %s to %s (%s)", tmp, dir, strerror(e));
+        }
+        if (rename(old, tmp) != 0) die("cannot rename %s to %s (%s)", old, tmp, strerror(errno));
+    }
+    close(lock_fd);  // (its file, the old .lock, now in tmp)
+    lock_fd = fd;
+    rm_rf(tmp);
 }
 
 // what a run writes into its directory (and what a killed one leaves there)
@@ -189,7 +303,8 @@ void run_dir_start(const char *dir, int overwrite) {
         return;
     }
     // every file of the earlier run renamed into one hidden directory, then that removed: what a kill
-    // in between leaves is out of the names a resume or a reader of metrics.jsonl looks at
+    // in between leaves is out of the names a resume or a reader of metrics.jsonl looks at (and
+    // removed by the next run's claim)
     char trash[4200];
     snprintf(trash, sizeof trash, "%s/.overwritten-%d", dir, (int)getpid());
     rm_rf(trash);
@@ -200,8 +315,7 @@ void run_dir_start(const char *dir, int overwrite) {
         char from[4400], to[4400];
         path_join(from, sizeof from, dir, e->d_name);
         path_join(to, sizeof to, trash, e->d_name);
-        if (!strncmp(e->d_name, ".overwritten-", 13) && strcmp(from, trash)) rm_rf(from);  // a killed overwrite's
-        else if (run_file(e->d_name) && rename(from, to) != 0)
+        if (run_file(e->d_name) && rename(from, to) != 0)
             die("--overwrite_output_dir: cannot move %s aside (%s)", from, strerror(errno));
     }
     if (d) closedir(d);
@@ -210,14 +324,15 @@ void run_dir_start(const char *dir, int overwrite) {
 
 
 static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 // TRL's save_total_limit, called once checkpoint-`newest` is complete (renamed into place):
 // delete dir's oldest checkpoints until at most `limit` remain, never `newest` itself nor `keep`
 // (the one this run resumed from; -1: none); checkpoints numbered above newest are not counted
-// nor touched. Each goes
-// atomically as far as --resume can tell: first renamed out of the checkpoint-N names (to a
-// hidden .checkpoint-N.deleting that the next rotation finishes removing if this one is killed),
-// then removed, so a half-deleted checkpoint is never taken for one to resume.
+// nor touched. Each goes atomically as far as --resume can tell: first renamed out of the
+// checkpoint-N names (to a hidden .checkpoint-N.deleting, which the next run in the directory
+// finishes removing if this one is killed: run_dir_claim), then removed, so a half-deleted
+// checkpoint is never taken for one to resume. (Only the holder of the directory's lock calls it.)
 void rotate_checkpoints(const char *dir, int limit, int newest, int keep, int quiet) {
     DIR *d = opendir(dir);
     if (!d) return;
@@ -227,10 +342,6 @@ void rotate_checkpoints(const char *dir, int limit, int newest, int keep, int qu
         int k;
         char tail, p[4200];
         path_join(p, sizeof p, dir, e->d_name);
-        if (!strncmp(e->d_name, ".checkpoint-", 12) && strstr(e->d_name, ".deleting")) {
-            rm_rf(p);  // what a killed rotation left
-            continue;
-        }
         if (strncmp(e->d_name, "checkpoint-", 11) || sscanf(e->d_name + 11, "%d%c", &k, &tail) != 1 || k < 0 || k > newest ||
             !dir_exists(p))
             continue;
@@ -246,6 +357,7 @@ void rotate_checkpoints(const char *dir, int limit, int newest, int keep, int qu
         snprintf(to, sizeof to, "%s/.checkpoint-%d.deleting", dir, steps[i]);
         rm_rf(to);
         if (rename(from, to) != 0) die("--save_total_limit: cannot remove %s (%s)", from, strerror(errno));
+        test_pause("pruning");
         rm_rf(to);
         left--;
         if (!quiet) printf("deleted %s (--save_total_limit %d)\n", from, limit);
@@ -275,6 +387,130 @@ void metrics_truncate(const char *path, int upto) {
 // ----------------------------------------------------------------------------
 // writing a checkpoint
 
+// j as dir/name (atomically), and freed
+static void write_json(const char *dir, const char *name, cJSON *j) {
+    char *text = cJSON_Print(j), p[4300];
+    cJSON_Delete(j);
+    path_join(p, sizeof p, dir, name);
+    write_file_atomic(p, text, strlen(text));
+    free(text);
+}
+
+// A file's bytes as a 64-bit hash, read in 1 MiB pieces: four lanes of a multiply-rotate over 8-byte
+// words (independent, so that their multiplies overlap), the tail's bytes last, the lanes and the size
+// mixed at the end. Not cryptographic: enough to tell a truncated, damaged or replaced file, at about
+// the speed the file is read. Its size into *size; -1 when it cannot be read.
+static int file_hash(const char *path, uint64_t *hash, long long *size) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    enum { PIECE = 1 << 20 };
+    uint64_t *buf = (uint64_t *)mallocCheck(PIECE), h[4] = {1, 2, 3, 4};
+    long long total = 0;
+    ssize_t k = 1;
+    while (k > 0) {
+        size_t got = 0;  // a whole piece (a multiple of 32 bytes), or the file's last bytes
+        while (got < PIECE && (k = read(fd, (char *)buf + got, PIECE - got)) > 0) got += (size_t)k;
+        for (size_t i = 0; i < got / 8; i++) {
+            uint64_t x = h[i % 4] ^ buf[i];
+            h[i % 4] = ((x << 31) | (x >> 33)) * 0xbf58476d1ce4e5b9ull;
+        }
+        for (size_t i = got / 8 * 8; i < got; i++) h[0] = (h[0] ^ ((unsigned char *)buf)[i]) * 0x100000001b3ull;
+        total += (long long)got;
+    }
+    free(buf);
+    close(fd);
+    if (k < 0) return -1;
+    uint64_t x = (uint64_t)total;
+    for (int i = 0; i < 4; i++) {
+        x ^= h[i];
+        x = splitmix64(&x);
+    }
+    *hash = x;
+    *size = total;
+    return 0;
+}
+
+// dir's files (not manifest.json), sorted by name, into names (freed by the caller, each too); their count
+static int dir_files(const char *dir, char ***names) {
+    DIR *d = opendir(dir);
+    if (!d) die("cannot read %s (%s)", dir, strerror(errno));
+    int n = 0, cap = 0;
+    *names = NULL;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char p[4200];
+        path_join(p, sizeof p, dir, e->d_name);
+        if (e->d_name[0] == '.' || !strcmp(e->d_name, "manifest.json") || dir_exists(p)) continue;
+        if (n == cap) *names = (char **)reallocCheck(*names, (cap = cap ? 2 * cap : 16) * sizeof(char *));
+        (*names)[n++] = str_dup(e->d_name);
+    }
+    closedir(d);
+    qsort(*names, n, sizeof(char *), cmp_str);
+    return n;
+}
+
+// manifest.json, written last into a checkpoint: {"files": {name: {"size": bytes, "hash": "16 hex"}}}
+// for every other file in it (trainer_state.json included)
+static void write_manifest(const char *dir) {
+    char **names;
+    int n = dir_files(dir, &names);
+    cJSON *m = cJSON_CreateObject(), *files = cJSON_AddObjectToObject(m, "files");
+    for (int i = 0; i < n; i++) {
+        char p[4300], hex[17];
+        uint64_t h;
+        long long size;
+        path_join(p, sizeof p, dir, names[i]);
+        if (file_hash(p, &h, &size) != 0) die("cannot read %s (%s)", p, strerror(errno));
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+        cJSON *f = cJSON_AddObjectToObject(files, names[i]);
+        cJSON_AddNumberToObject(f, "size", (double)size);
+        cJSON_AddStringToObject(f, "hash", hex);
+        free(names[i]);
+    }
+    free(names);
+    write_json(dir, "manifest.json", m);
+}
+
+void checkpoint_check_files(const char *dir) {
+    char p[4300];
+    path_join(p, sizeof p, dir, "manifest.json");
+    if (!file_exists(p))
+        die("%s has no manifest.json (the sizes and checksums of its files; an earlier version wrote none), so its files "
+            "cannot be checked: start over with --overwrite_output_dir, or resume it with the version that wrote it", dir);
+    char *text = read_file(p, NULL);
+    cJSON *m = cJSON_Parse(text);
+    free(text);
+    cJSON *files = cJSON_GetObjectItemCaseSensitive(m, "files"), *f;
+    if (!cJSON_IsObject(files)) die("%s: not valid JSON with a \"files\" object: the checkpoint is damaged", p);
+    cJSON_ArrayForEach(f, files) {
+        char q[4300], hex[17];
+        const cJSON *sz = cJSON_GetObjectItemCaseSensitive(f, "size"), *hs = cJSON_GetObjectItemCaseSensitive(f, "hash");
+        if (!cJSON_IsNumber(sz) || !cJSON_IsString(hs) || strchr(f->string, '/') || f->string[0] == '.')
+            die("%s: the entry of \"%s\" is not {\"size\": N, \"hash\": \"HEX\"}: the checkpoint is damaged", p, f->string);
+        path_join(q, sizeof q, dir, f->string);
+        uint64_t h;
+        long long size;
+        if (file_hash(q, &h, &size) != 0)
+            die("%s: cannot read it (%s): the checkpoint is incomplete; resume an earlier checkpoint-N (remove this one) or "
+                "start over with --overwrite_output_dir", q, strerror(errno));
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+        const char *fix = "the checkpoint is damaged: resume an earlier checkpoint-N (remove this one) or start over with "
+                          "--overwrite_output_dir";
+        if (size != (long long)sz->valuedouble)
+            die("%s is %lld bytes where its manifest.json says %.0f: %s", q, size, sz->valuedouble, fix);
+        if (strcmp(hex, hs->valuestring)) die("%s does not match its checksum in manifest.json (%s, not %s): %s", q, hex, hs->valuestring, fix);
+    }
+    char **names, extra[256] = "";
+    int n = dir_files(dir, &names);
+    for (int i = 0; i < n; i++) {
+        if (!extra[0] && !cJSON_GetObjectItemCaseSensitive(files, names[i])) snprintf(extra, sizeof extra, "%s", names[i]);
+        free(names[i]);
+    }
+    free(names);
+    cJSON_Delete(m);
+    if (extra[0]) die("%s/%s is not in its manifest.json: not a file this checkpoint was written with; remove it", dir, extra);
+}
+
 void checkpoint_begin(const char *out_dir, int step, char *tmp, size_t cap) {
     snprintf(tmp, cap, "%s/checkpoint-%d.tmp", out_dir, step);
     rm_rf(tmp);  // what a killed run left
@@ -285,11 +521,9 @@ void checkpoint_commit(const char *out_dir, int step, const char *tmp, const cJS
     cJSON *st = cJSON_CreateObject();
     cJSON_AddNumberToObject(st, "global_step", step);
     cJSON_AddItemToObject(st, "run", cJSON_Duplicate(run, 1));
-    char *text = cJSON_Print(st), p[4200], final[4200];
-    cJSON_Delete(st);
-    path_join(p, sizeof p, tmp, "trainer_state.json");
-    write_file_atomic(p, text, strlen(text));
-    free(text);
+    write_json(tmp, "trainer_state.json", st);
+    write_manifest(tmp);
+    char final[4200];
     // the directory appears under its final name only once complete
     snprintf(final, sizeof final, "%s/checkpoint-%d", out_dir, step);
     if (dir_exists(final)) rm_rf(final);
@@ -317,6 +551,45 @@ static void describe_difference(const cJSON *theirs, const cJSON *mine, char *ou
             free(a), free(b);
         }
     }
+}
+
+// The options a resumed run may give otherwise than the run that wrote the checkpoint: where and how
+// often it writes and reports, how long it runs, where it runs and in how much memory. Every other
+// option changes what the run computes, and a resume must repeat it (README: Runs never mix).
+// per_device_train_batch_size is the programs' train_batch_size (over every rank).
+static const char *const RESUME_MAY_CHANGE[] = {
+    "output_dir", "resume", "overwrite_output_dir", "max_steps", "num_train_epochs", "logging_steps", "save_steps",
+    "save_total_limit", "eval_steps", "eval_size", "quiet", "device", "nproc_per_node", "per_device_train_batch_size",
+    "micro_batch_size", "gradient_checkpointing", "recompute_mlp", "gpu_memory_utilization",
+};
+
+cJSON *run_options_json(const OptionTable *t) {
+    cJSON *j = cJSON_CreateObject();
+    for (int i = 0; i < t->n; i++) {
+        const Option *o = &t->rows[i];
+        int skip = o->kind == OPT_SECTION;
+        for (size_t k = 0; !skip && k < sizeof RESUME_MAY_CHANGE / sizeof RESUME_MAY_CHANGE[0]; k++)
+            skip = !strcmp(o->name, RESUME_MAY_CHANGE[k]);
+        if (skip) continue;
+        const char *at = (const char *)t->base + o->off;
+        char v[256];
+        switch (o->kind) {
+        case OPT_INT: cJSON_AddNumberToObject(j, o->name, *(const int *)at); break;
+        case OPT_LONG: cJSON_AddNumberToObject(j, o->name, (double)*(const long *)at); break;
+        case OPT_DOUBLE: cJSON_AddNumberToObject(j, o->name, *(const double *)at); break;
+        case OPT_FLAG: cJSON_AddBoolToObject(j, o->name, *(const int *)at); break;
+        case OPT_STRING:
+        case OPT_TEXT:
+        case OPT_CHOICE:
+            if (*(const char *const *)at) cJSON_AddStringToObject(j, o->name, *(const char *const *)at);
+            else cJSON_AddNullToObject(j, o->name);
+            break;
+        default:  // OPT_GRPO, OPT_GRPO_FLAG: as grpo_config_set reads them
+            if (grpo_config_get(t->grpo, o->name, v, sizeof v) != 0) die("run_options_json: no GRPO option %s", o->name);
+            cJSON_AddStringToObject(j, o->name, v);
+        }
+    }
+    return j;
 }
 
 void checkpoint_check_run(const char *dir, int step, const char *identity_json) {
