@@ -40,7 +40,7 @@ static int run_cmd(const char *cmd, char *out, size_t cap) {  // cmd: up to 4096
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
 }
 
-static int same_file(const char *a, const char *b) {
+static inline int same_file(const char *a, const char *b) {
     size_t na, nb;
     char *x = read_file(a, &na), *y = read_file(b, &nb);
     int same = na == nb && !memcmp(x, y, na);
@@ -95,7 +95,7 @@ typedef struct {
         return rc;                                                 \
     }
 // each case as line 2 of a file whose line 1 (good) is read fine: -1 and one line "path:2: ...msg..."
-static void expect_bad_lines(JsonlReadFn read, const char *good, const BadLine *cases, size_t n) {
+static inline void expect_bad_lines(JsonlReadFn read, const char *good, const BadLine *cases, size_t n) {
     const char *path = tmp_path("bad.jsonl");
     for (size_t i = 0; i < n; i++) {
         char text[2048], err[1024], want[1300];
@@ -115,7 +115,7 @@ typedef struct {
 } BadCase;
 // each case as "rm -rf dir && <prog> --output_dir dir a b c": a one-line error, and dir not left behind
 // (a run that stops on a bad input leaves no directory)
-static void expect_bad_runs(const char *prog, const char *dir, const BadCase *cases, size_t n) {
+static inline void expect_bad_runs(const char *prog, const char *dir, const BadCase *cases, size_t n) {
     for (size_t i = 0; i < n; i++) {
         char cmd[4096], out[4096];
         snprintf(cmd, sizeof cmd, "rm -rf %s && %s --output_dir %s %s %s %s 2>&1 >/dev/null", dir, prog, dir, cases[i].a, cases[i].b,
