@@ -72,6 +72,12 @@ static void opt_set(OptionTable *t, int i, const char *v) {
             break;
         }
         case OPT_STRING: *(const char **)p = v; break;
+        case OPT_LIST: {
+            OptList *l = (OptList *)p;
+            if (l->n == OPT_LIST_MAX) die("--%s: given more than %d times", o->name, OPT_LIST_MAX);
+            l->v[l->n++] = v;
+            break;
+        }
         case OPT_CHOICE:
             opt_choices_text(o->choices, what, sizeof what);
             if (!opt_is_choice(o->choices, v)) die("--%s: unknown value '%s': use %s", o->name, v, what);
@@ -173,7 +179,8 @@ void options_help(const OptionTable *t, FILE *f) {
                 case OPT_DOUBLE: meta = "X"; break;
                 case OPT_CHOICE: meta = o->choices; break;
                 case OPT_GRPO: meta = o->choices ? o->choices : "X"; break;
-                case OPT_STRING: meta = "TEXT"; break;
+                case OPT_STRING:
+                case OPT_LIST: meta = "TEXT"; break;
                 default: meta = "";
             }
         }

@@ -25,8 +25,9 @@ typedef struct {
     int max_prompt;      // tokens
 } Formatter;
 
-// the prompt's tokens (malloc'ed into *ids), their count; dies on an empty prompt or one longer than max_prompt
-int encode_prompt(const Formatter *f, const char *text, int **ids);
+// the example's prompt as tokens (malloc'ed into *ids), their count: in the chat template (with the
+// example's own messages, else with f's system message) or as text; dies on an empty prompt or one longer than max_prompt
+int encode_prompt(const Formatter *f, const Example *ex, int **ids);
 
 // the built-in tiny model's shape (Qwen3-style, byte-level vocabulary of V); gpu: a larger one
 // (hidden 256, 6 layers: ~7x the parameters)
