@@ -298,7 +298,8 @@ START_TEST(test_failures) {
 }
 END_TEST
 
-// bad reward options: one line each, before any work
+// bad reward options: one line each, before any work; a program that is not there, or that greets
+// on stdout, at its first request
 START_TEST(test_bad_reward_options) {
     setup();
     char dir[1200], cmd[4096], err[4096];
@@ -314,6 +315,8 @@ START_TEST(test_bad_reward_options) {
         {"--reward_funcs none", "no --reward_cmd: the run has no reward"},
         {"--reward_cmd true --reward_funcs format --reward_weights 1", "reward_weights has 1 values but there are 2 reward functions (format, cmd0)"},
         {"--reward_cmd nosuchprogram_xyz", "reward program 'cmd0' at step 1: exited with status 127 (command not found?) without answering"},
+        // a banner at its start: said at the first request (before it, or after it with the answer behind)
+        {"--reward_cmd 'echo hello; exec " REWARD_PROG " null'", "reward program 'cmd0' at step 1: wrote to stdout before its answer"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char name[32];
