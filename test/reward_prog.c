@@ -57,6 +57,7 @@ int main(int argc, char **argv) {
         cJSON *req = cJSON_Parse(line);
         if (!req) {
             fprintf(stderr, "reward_prog: the request is not JSON\n");
+            free(line);
             return 1;
         }
         int S = cJSON_GetArraySize(cJSON_GetObjectItem(req, "completions"));
@@ -74,7 +75,10 @@ int main(int argc, char **argv) {
         } else if (!strcmp(mode, "fail") && argc > 3 && step == atoi(argv[3])) {
             const char *kind = argv[2];
             fprintf(stderr, "reward_prog: failing by '%s' at step %d\n", kind, step);  // (the user's terminal)
-            if (!strcmp(kind, "exit")) return 3;
+            if (!strcmp(kind, "exit")) {
+                cJSON_Delete(req), free(line);  // (all freed: a sanitizer build's leak check would change the status)
+                return 3;
+            }
             if (!strcmp(kind, "hang")) pause();
             if (!strcmp(kind, "malformed")) printf("{oops\n");
             if (!strcmp(kind, "count")) {  // correctness one short
