@@ -7,7 +7,8 @@
 //   null             answers 1 for the even completions and null for the odd ones
 //   fail KIND STEP   builtin, until the request of step STEP, which it answers by KIND: exit (status 3),
 //                    hang (never answers), malformed ("{oops"), count (one correctness short), nonnumber
-//                    ("a" for the first correctness), stdout (a log line first, then a right answer)
+//                    ("a" for the first correctness), stdout (a log line first, then a right answer),
+//                    huge (17 MiB on one line, unfinished)
 // Built by the Makefile into build/; linked against the library for tasks.c.
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -94,6 +95,12 @@ int main(int argc, char **argv) {
                 printf("], \"format\": [");
                 for (int i = 0; i < S; i++) printf("%s1", i ? "," : "");
                 printf("]}\n");
+            }
+            if (!strcmp(kind, "huge")) {  // 17 MiB of rewards and no end of line
+                printf("[");
+                for (int i = 0; i < (17 << 20) / 2; i++) printf("1,");
+                fflush(stdout);
+                pause();
             }
             if (!strcmp(kind, "stdout")) {
                 printf("debug: scoring %d completions\n", S);

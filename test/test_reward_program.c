@@ -5,8 +5,9 @@
 // request holds every column of the data, conversational prompts as messages (completions as
 // assistant messages), null where a line lacks a column; null rewards are left out of the weighted
 // sum and of the reward's mean; each failure (exit, hang, malformed JSON, the wrong count, a
-// non-number, a log line on stdout) stops the run with one line naming it, the last checkpoint and
-// metrics.jsonl intact, and --resume continues once the program is fixed; bad reward options and
+// non-number, a line over 16 MiB, a log line on stdout) stops the run with one line naming it, the
+// program gone, the last checkpoint and metrics.jsonl intact, and --resume continues once the program
+// is fixed; bad reward options and
 // data are one line each.
 #include <check.h>
 #include <cjson/cJSON.h>
@@ -270,6 +271,8 @@ static void failure(const char *kind, const char *want) {
                   strstr(line, "--resume continues the run"), "%s: stderr: %s", kind, err);
     ck_assert_msg(!strchr(line, '\n') || !strchr(line, '\n')[1], "%s: more than one error line: %s", kind, err);
     ck_assert_msg(strstr(err, "reward_prog: failing by"), "%s: the program's stderr did not reach ours: %s", kind, err);
+    snprintf(cmd, sizeof cmd, "pgrep -f 'reward_pro[g] fail %s' >/dev/null", kind);  // ([g]: not this shell's own line)
+    ck_assert_msg(system(cmd) != 0, "%s: the program is still running", kind);  // (killed, a hung one too)
     ck_assert(exists(dir, "checkpoint-2/adapter_model.safetensors"));
     ck_assert(!exists(dir, "checkpoint-3") && !exists(dir, "checkpoint-3.tmp"));
     int n;
@@ -294,6 +297,7 @@ START_TEST(test_failures) {
     failure("malformed", "answered text that is not one JSON value: \"{oops\"");
     failure("count", "answered 15 rewards for 16 completions of \"correctness\"");
     failure("nonnumber", "answered a reward that is not a finite number or null (entry 0 of \"correctness\"): \"{\"correctness\": [\"a\",1,1");
+    failure("huge", "answered a line longer than 16 MiB: \"[1,1,1,");
     failure("stdout", "wrote to stdout before its answer: \"debug: scoring 16 completions\"; write logs to stderr");
 }
 END_TEST
