@@ -240,13 +240,14 @@ static const char *quote(const char *s, size_t n, char *q, size_t cap) {
 static const char *exit_text(RewardProgram *p, char *t, size_t cap) {
     if (!p->pid) return "is not running";
     int st = 0;
+    pid_t w;
     double until = now_sec() + 1;  // (its stdout ended: its exit follows)
-    while (waitpid(p->pid, &st, WNOHANG) == 0 && now_sec() < until) nanosleep(&(struct timespec){0, 5000000}, NULL);
-    if (now_sec() >= until) snprintf(t, cap, "closed its stdout");
-    else if (WIFEXITED(st)) snprintf(t, cap, "exited with status %d%s", WEXITSTATUS(st), WEXITSTATUS(st) == 127 ? " (command not found?)" : "");
+    while ((w = waitpid(p->pid, &st, WNOHANG)) == 0 && now_sec() < until) nanosleep(&(struct timespec){0, 5000000}, NULL);
+    if (w != p->pid) return snprintf(t, cap, "closed its stdout"), t;  // (still running: kill_program ends it)
+    p->pid = 0;  // (reaped)
+    if (WIFEXITED(st)) snprintf(t, cap, "exited with status %d%s", WEXITSTATUS(st), WEXITSTATUS(st) == 127 ? " (command not found?)" : "");
     else if (WIFSIGNALED(st)) snprintf(t, cap, "was killed by signal %d", WTERMSIG(st));
     else snprintf(t, cap, "exited");
-    if (now_sec() < until) p->pid = 0;  // (reaped)
     return t;
 }
 
