@@ -229,6 +229,12 @@ TESTS_CPU := $(patsubst test/%.c,$(BUILD)/%,$(wildcard test/test_*.c))
 $(BUILD)/test_%: test/test_%.c test/testutil.h test/progutil.h test/fuzz/fuzz.h $(LIB) $(HEADERS)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) $(CHECK_LIBS) -o $@
 
+# the reward program test_reward_program runs (--reward_cmd), at an absolute path the suite is built with
+$(BUILD)/reward_prog: test/reward_prog.c $(LIB) $(HEADERS)
+	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+$(BUILD)/test_reward_program: $(BUILD)/reward_prog
+$(BUILD)/test_reward_program: override CFLAGS += -DREWARD_PROG='"$(abspath $(BUILD))/reward_prog"'
+
 # (SAN=1: run inside build-san/, where the suites' ./train_grpo, ./train_sft and ./generate are its own)
 TEST_RUN := $(if $(BIN),cd $(BUILD) && FIXTURES=$(CURDIR)/test/fixtures UBSAN_OPTIONS=print_stacktrace=1,)
 test: $(TESTS_CPU) $(PROGS)

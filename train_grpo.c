@@ -44,6 +44,7 @@
 #include "io/options.h"
 #include "io/plot.h"
 #include "io/safetensors.h"
+#include "tasks/reward_program.h"
 #include "tasks/tasks.h"
 #include "train/builtin.h"
 #include "train/checkpoint.h"
@@ -59,6 +60,9 @@
 typedef struct {
     const char *model, *data, *task, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules;
     const char *load_in_fp8, *kv_cache_dtype, *lora_dtype, *eval_data, *algo, *kl_estimator, *adam_moments;
+    const char *reward_funcs, *reward_names;  // the rewards: the built-in ones, the programs' names
+    OptList reward_cmd;                       // the reward programs (tasks/reward_program.h)
+    double reward_timeout;
     double heldout_frac;
     // PPO (--algo ppo): TRL's PPOConfig, copied into a PpoConfig (ppo.h) by parse_options
     int num_ppo_epochs, num_mini_batches, whiten_rewards;
@@ -78,7 +82,9 @@ static const Option OPTIONS[] = {
     {"model", OPT_STRING, OFF(model), .meta = "DIR", .unset = "the built-in tiny model",
      .help = "Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)"},
     {"data", OPT_STRING, OFF(data), .meta = "FILE", .unset = "the built-in --task",
-     .help = "JSONL training data, one {\"prompt\", \"answer\"} per line (GSM8K \"#### N\" answers ok; " JSONL_LIMITS "); needs --model"},
+     .help = "JSONL training data in TRL's shape: a \"prompt\" (text, or a list of messages), an \"answer\" (GSM8K "
+             "\"#### N\" ok; optional when reward programs judge) and any other columns, which reach the reward programs ("
+             JSONL_LIMITS "); needs --model"},
     {"eval_data", OPT_STRING, OFF(eval_data), .meta = "FILE", .unset = "a share of --data (--heldout_frac)",
      .help = "JSONL held-out problems for the evaluations, as --data's lines; with it every line of --data trains"},
     {"heldout_frac", OPT_DOUBLE, OFF(heldout_frac), 0, 0.9, .dflt = "0.1",
@@ -127,14 +133,25 @@ static const Option OPTIONS[] = {
     {"importance_sampling_level", OPT_GRPO, .choices = "token|sequence", .help = "policy ratio per token, or per sequence (GSPO)"},
     {"num_iterations", OPT_GRPO, .meta = "N", .help = "updates per rollout batch (mu); > 1 adds an old-policy pass"},
     {"mask_truncated_completions", OPT_GRPO_FLAG, .help = "completions cut at max_completion_length get no loss"},
-    {"reward_weights", OPT_GRPO, .meta = "X,X", .help = "a weight per reward function: correctness, format (none: theirs, 1.0,0.2)"},
+    {"reward_weights", OPT_GRPO, .meta = "X,X", .help = "a weight per reward: the built-in ones (--reward_funcs), then each program's "
+     "(none: correctness 1.0, format 0.2, a program's 1.0)"},
+    {"reward_funcs", OPT_STRING, OFF(reward_funcs), .meta = "LIST", .unset = "correctness,format; none with --reward_cmd",
+     .help = "the built-in rewards used: a comma list of correctness and format, or none"},
+    {"reward_cmd", OPT_LIST, OFF(reward_cmd), .meta = "CMD",
+     .help = "a reward program in any language, run with sh -c once and asked each step in a JSON line with TRL's "
+             "reward-function arguments (README: Your own rewards); may be given several times"},
+    {"reward_names", OPT_STRING, OFF(reward_names), .meta = "LIST", .unset = "cmd0,cmd1,...",
+     .help = "a name per --reward_cmd, comma-separated (logged as rewards/<name>/mean); a+b: that program answers an "
+             "object of the rewards a and b"},
+    {"reward_timeout", OPT_DOUBLE, OFF(reward_timeout), 0.001, 1e9, .dflt = "300",
+     .help = "seconds a reward program may take to answer a step; past it the run stops (its last checkpoint intact)"},
     {"vllm_importance_sampling_correction", OPT_GRPO_FLAG,
      .help = "weight tokens by exp(trainer - sampler logprob), capped: the rollout engine's numbers differ slightly"},
     {"vllm_importance_sampling_mode", OPT_GRPO, .choices = "token_truncate|token_mask|sequence_truncate|sequence_mask",
      .help = "that weight per token or per sequence; above the cap: cut to it (truncate) or 0 (mask)"},
     {"vllm_importance_sampling_cap", OPT_GRPO, .help = "the cap of that weight"},
 
-    {.name = "PPO (--algo ppo; TRL's PPOConfig names; of the GRPO options, num_generations, max_completion_length and reward_weights apply)", .kind = OPT_SECTION},
+    {.name = "PPO (--algo ppo; TRL's PPOConfig names; of the GRPO options, num_generations, max_completion_length and the reward options apply)", .kind = OPT_SECTION},
     {"num_ppo_epochs", OPT_INT, OFF(num_ppo_epochs), 1, 1e6, .dflt = "4", .help = "passes over each rollout batch"},
     {"num_mini_batches", OPT_INT, OFF(num_mini_batches), 1, 1e6, .dflt = "1",
      .help = "optimizer steps per pass, each on its share of the batch (shuffled per pass)"},
@@ -346,6 +363,7 @@ typedef struct {
     float inv_temp;         // logprobs at the sampling temperature, as TRL's trainer computes them
     double weights[GRPO_MAX_REWARDS];  // (R) reward weights
     const char *reward_names[GRPO_MAX_REWARDS];
+    RewardSet rewards;      // the built-in rewards used and the reward programs (this rank's own)
     int start;              // the step resumed from (0: a fresh run)
     int end;                // the step of the run's last checkpoint: max_steps, or start when a resumed run is past it
     double acc;             // this step's held-out accuracy (NaN: not evaluated)
@@ -381,6 +399,7 @@ typedef struct {
     int minlen, maxlen, nclip;
     double loss, gnorm, lr;
     double t_step, t_roll, t_ref, t_train, t_total;  // seconds: start, rollout, reference passes, all training, all
+    double t_reward;         // seconds: the rewards (the reward programs' answers included)
     // Several ranks: the time each spends in the first collective after its rollout (the rewards' gather)
     // and in the gradients' all-reduce, as the ranks' mean and their least. The rank that arrives last
     // spends the least, the transfer alone; the mean less the least is the mean wait for the slowest rank.
@@ -638,12 +657,13 @@ static void data_summary(const Run *r) {
         f.max_prompt = INT_MAX;  // (counted here; those over it said below, together)
         for (long k = 0; k < t->n_items; k++) {
             int *ids;
-            long np = encode_prompt(&f, t->items[k].prompt, &ids), na = (long)strlen(t->items[k].answer);
+            const char *ans = t->items[k].answer;
+            long np = encode_prompt(&f, &t->items[k], &ids), na = ans ? (long)strlen(ans) : 0;
             free(ids);
             if (np > pmax) longest = k;
             over += np > r->fmt.max_prompt;
             pmin = np < pmin ? np : pmin, pmax = np > pmax ? np : pmax, psum += np;
-            amin = na < amin ? na : amin, amax = na > amax ? na : amax, asum += na;
+            if (ans) amin = na < amin ? na : amin, amax = na > amax ? na : amax, asum += na;
         }
         if (over)
             die("%s%s%s: %ld prompt%s more than --max_prompt_length %d tokens%s (the longest %ld: '%.40s...'): raise "
@@ -661,15 +681,34 @@ static void data_summary(const Run *r) {
     else if (!o->data) snprintf(how, sizeof how, "%g%% of the problems, by a hash of the problem", 100 * t->opt.heldout_frac);
     else snprintf(how, sizeof how, "--heldout_frac %g of the problems, by a hash of the prompt", o->heldout_frac);
     printf("data: %s: %ld training and %ld held-out problems (held out: %s)", o->data ? o->data : t->name, ntr, nho, how);
-    if (t->kind == TASK_JSONL)
-        printf("; prompts %ld-%ld tokens%s (mean %.1f), answers %ld-%ld characters (mean %.1f)", pmin, pmax,
-               r->fmt.chat ? " in the chat template" : "", psum / t->n_items, amin, amax, asum / t->n_items);
+    if (t->kind == TASK_JSONL) {
+        long nans = t->n_items - t->n_unanswered;
+        printf("; prompts %ld-%ld tokens%s (mean %.1f)", pmin, pmax, r->fmt.chat ? " in the chat template" : "",
+               psum / t->n_items);
+        if (nans) printf(", answers %ld-%ld characters (mean %.1f)", amin, amax, asum / nans);
+        if (t->n_unanswered) printf(", %ld lines without an answer", t->n_unanswered);
+        if (t->n_conversational) printf(", %ld prompts as messages", t->n_conversational);
+    }
     printf("\n");
+}
+
+// The run's rewards (tasks/reward_program.h): the built-in ones the data can serve, and the reward
+// programs, started now (each rank its own, for its own completions)
+static void open_rewards(Run *r) {
+    const Opts *o = &r->o;
+    RewardSet *rs = &r->rewards;
+    char err[512];
+    if (reward_set_open(rs, o->reward_funcs, o->reward_cmd.v, o->reward_cmd.n, o->reward_names, o->reward_timeout, err, sizeof err))
+        die("%s", err);
+    for (int k = 0; k < rs->n_builtin; k++)
+        if (REWARD_FUNCS[rs->builtin[k]].fn == reward_correctness && r->task.n_unanswered == r->task.n_items && r->task.n_items)
+            die("%s: no line has an \"answer\", which the built-in correctness reward needs: judge the completions with "
+                "--reward_cmd (with --reward_funcs format or none), or add answers", o->data);
 }
 
 // Stage "inputs": the data, the tokenizer (checked against the checkpoint's vocabulary) and how the
 // prompts become tokens, each bad input said in one line before the run claims its directory; the
-// prompts' lengths counted as the model will read them (data_summary)
+// prompts' lengths counted as the model will read them (data_summary); the reward programs started
 static void read_inputs(Run *r) {
     const Opts *o = &r->o;
     TaskOptions to = task_options_default();
@@ -685,6 +724,7 @@ static void read_inputs(Run *r) {
             printf("note: %ld of the %ld problems of %s are in %s too: the evaluation measures them after training on them\n",
                    both, task_size(&r->task, SPLIT_HELDOUT), o->eval_data, o->data);
     }
+    open_rewards(r);
     if (o->model) {
         r->tok = tokenizer_load_dir(o->model);
         Config cfg;
@@ -693,6 +733,9 @@ static void read_inputs(Run *r) {
         r->max_pos = cfg.max_pos;
     } else r->tok = tokenizer_byte_level();
     r->fmt = (Formatter){r->tok, prompts_in_chat(r->tok, o->chat, o->system_prompt, o->model), o->system_prompt, o->max_prompt_length};
+    if (r->task.n_conversational && !r->fmt.chat)
+        die("%s: %ld prompts are lists of messages, which need the chat template: %s", o->data, r->task.n_conversational,
+            o->chat == 0 ? "drop --chat 0" : "this checkpoint's tokenizer has none (give those prompts as text)");
     data_summary(r);
 }
 
@@ -772,7 +815,7 @@ static void load(Run *r) {
 // (several ranks: each evaluates its slice of the problems, the counts are summed)
 static double held_out_accuracy(Run *r) {
     int n = eval_count(&r->task, r->o.eval_size), W = r->dp.world, k = r->dp.rank;
-    if (n == 0) return NAN;
+    if (n == 0 || r->task.n_unanswered) return NAN;  // (greedy correctness needs every problem's answer)
     double correct =
         evaluate_range(&r->m, &r->task, &r->fmt, (int)((long)n * k / W), (int)((long)n * (k + 1) / W), r->Tc, r->eos, r->neos, NULL);
     dist_all_reduce_sum_f64_host(r->dist, &correct, 1);
@@ -787,6 +830,7 @@ static const char *algo_name(const Run *r) { return r->ppo ? "PPO" : r->g.advant
 static const char *no_accuracy(const Run *r) {
     if (r->o.eval_size == 0) return "not measured (--eval_size 0)";
     if (task_size(&r->task, SPLIT_HELDOUT) == 0) return "not measured (no held-out problems)";
+    if (r->task.n_unanswered) return "not measured (lines of the data have no \"answer\")";
     return "not in metrics.jsonl";
 }
 
@@ -818,9 +862,10 @@ static void begin(Run *r) {
     r->total_updates = (long)o->max_steps * (r->ppo ? r->pc.num_ppo_epochs * r->pc.num_mini_batches : r->g.num_iterations);
     r->lr_warmup = warmup_steps_from_ratio(o->warmup_ratio, r->total_updates);
     r->inv_temp = (float)(1.0 / o->temperature);
-    r->R = N_REWARD_FUNCS;
+    r->R = r->rewards.R;  // the built-in rewards (their own default weights), then the programs' (1.0)
     double defaults[GRPO_MAX_REWARDS];
-    for (int k = 0; k < r->R; k++) defaults[k] = REWARD_FUNCS[k].weight, r->reward_names[k] = REWARD_FUNCS[k].name;
+    for (int k = 0; k < r->R; k++) defaults[k] = 1.0, r->reward_names[k] = r->rewards.names[k];
+    for (int k = 0; k < r->rewards.n_builtin; k++) defaults[k] = REWARD_FUNCS[r->rewards.builtin[k]].weight;
     char err[256];
     if (grpo_resolve_reward_weights(&r->g, r->R, defaults, r->reward_names, r->weights, err, sizeof err) < 0) die("%s", err);
 
@@ -891,7 +936,7 @@ static void rollout(Run *r, Step *s, int step) {
         example_free(&s->ex[p]);
         free(s->prompts[p]);
         task_example(&r->task, SPLIT_TRAIN, (uint64_t)(step - 1) * b->P_all + b->p0 + p, &s->ex[p]);
-        s->plens[p] = encode_prompt(&r->fmt, s->ex[p].prompt, &s->prompts[p]);
+        s->plens[p] = encode_prompt(&r->fmt, &s->ex[p], &s->prompts[p]);
     }
     for (int q = 0; q < r->S; q++) s->seeds[q] = seq_seed(r->o.seed, step, b->q0 + q, 1);
     RolloutConfig rc = {r->G, r->Tc, (float)r->o.temperature, (float)r->o.top_p, r->o.top_k, r->eos, r->neos, 16, 1};
@@ -903,14 +948,20 @@ static void rollout(Run *r, Step *s, int step) {
 // and the masks and sampler logprobs of the completion tokens. With several ranks the rewards of
 // all are gathered and the advantages computed over the whole batch (each rank then takes its
 // rows), the normalizers and length metrics summed: every rank has the numbers one process would.
-static void score(Run *r, Step *s) {
+static void score(Run *r, Step *s, int step) {
     int S = r->S, R = r->R, Tc = r->Tc;
     const Rollout *ro = &s->ro;
     s->gen_tokens = 0, s->minlen = Tc, s->maxlen = 0, s->nclip = 0;
+    double t0 = now_sec();
+    char **texts = (char **)mallocCheck(S * sizeof(char *)), err[1024];
+    for (int q = 0; q < S; q++) texts[q] = tokenizer_decode_ex(r->tok, ro->ids + (size_t)q * Tc, ro->len[q], 1, NULL);
+    if (reward_set_score(&r->rewards, s->ex, r->G, S, texts, ro->ids, ro->len, Tc, ro->truncated, step, r->o.max_steps, s->rewards, err,
+                         sizeof err))
+        die("%s; the run stops here, its last checkpoint intact: fix the program, then --resume continues the run", err);
+    for (int q = 0; q < S; q++) free(texts[q]);
+    free(texts);
+    s->t_reward = now_sec() - t0;
     for (int q = 0; q < S; q++) {
-        char *text = tokenizer_decode_ex(r->tok, ro->ids + (size_t)q * Tc, ro->len[q], 1, NULL);
-        for (int k = 0; k < R; k++) s->rewards[q * R + k] = REWARD_FUNCS[k].fn(&s->ex[q / r->G], text, ro->truncated[q]);
-        free(text);
         s->gen_tokens += ro->len[q];
         s->minlen = ro->len[q] < s->minlen ? ro->len[q] : s->minlen;
         s->maxlen = ro->len[q] > s->maxlen ? ro->len[q] : s->maxlen;
@@ -923,7 +974,7 @@ static void score(Run *r, Step *s) {
     }
     const DpBatch *b = &r->dp;
     memcpy(s->rewards_all + (size_t)b->q0 * R, s->rewards, (size_t)S * R * sizeof(double));
-    double t0 = now_sec();  // the first collective after the rollout: a rank that finished first waits here
+    t0 = now_sec();  // the first collective after the rollout: a rank that finished first waits here
     dist_all_gather_host(r->dist, s->rewards_all, (size_t)S * R * sizeof(double));
     s->t_wait = now_sec() - t0;
     grpo_advantages(&r->g, b->S_all, R, s->rewards_all, r->weights, s->adv_all, &s->rm);
@@ -1168,6 +1219,7 @@ static void log_step(Run *r, const Step *s, int step) {
     add_num(j, "eval/accuracy", r->acc);
     add_num(j, "step_time", s->t_total);
     add_num(j, "time/rollout", s->t_roll);
+    add_num(j, "time/reward", s->t_reward);
     add_num(j, "time/reference", s->t_ref);
     add_num(j, "time/update", t_upd);
     if (r->dp.world > 1) {  // the ranks' mean waits for the slowest rank's rollout and update; the transfers
@@ -1201,12 +1253,13 @@ static void log_step(Run *r, const Step *s, int step) {
     if (!r->o.quiet && (step % r->o.logging_steps == 0 || step == r->o.max_steps)) {
         printf("step %4d/%d | reward %.3f", step, r->o.max_steps, s->rm.reward);
         if (!r->ppo) printf(" (std %.3f)", s->rm.reward_std);
-        printf(" | correct %.3f", s->rm.func_mean[0]);
+        if (!strcmp(r->reward_names[0], "correctness")) printf(" | correct %.3f", s->rm.func_mean[0]);
+        else printf(" | %s %.3f", r->reward_names[0], s->rm.func_mean[0]);
         if (isfinite(r->acc)) printf(" | held-out %.3f", r->acc);
-        printf(" | len %.1f | kl %.4f | loss %+.4f | |g| %.3f | %.2f s: rollout %.2f (%.0f tok/s), ref %.2f, update %.2f "
-               "(%.0f tok/s)\n",
+        printf(" | len %.1f | kl %.4f | loss %+.4f | |g| %.3f | %.2f s: rollout %.2f (%.0f tok/s), reward %.2f, ref %.2f, "
+               "update %.2f (%.0f tok/s)\n",
                (double)s->gen_tokens / S, isfinite(kl) ? kl : 0.0, s->loss, s->gnorm, s->t_total, s->t_roll,
-               s->gen_tokens / fmax(s->t_roll, 1e-9), s->t_ref, t_upd, upd_tok_s);
+               s->gen_tokens / fmax(s->t_roll, 1e-9), s->t_reward, s->t_ref, t_upd, upd_tok_s);
     }
     if (step == r->start + 1) memory_report(r, s);
 }
@@ -1260,7 +1313,7 @@ enum { SHOWCASE = 16 };
 static int showcase_problem(Run *r, const char **why) {
     int n = eval_count(&r->task, SHOWCASE);
     *why = "a held-out problem";
-    if (!r->lo || n == 0) return 0;
+    if (!r->lo || n == 0 || r->task.n_unanswered) return 0;
     double on[SHOWCASE], off[SHOWCASE];
     evaluate_range(&r->m, &r->task, &r->fmt, 0, n, r->Tc, r->eos, r->neos, on);
     r->m.lora_on = 0;
@@ -1316,7 +1369,7 @@ static void print_generate_command(Run *r) {
     Example ex;
     task_example(&r->task, task_size(&r->task, SPLIT_HELDOUT) != 0 ? SPLIT_HELDOUT : SPLIT_TRAIN, (uint64_t)i, &ex);
     cmd_word(&c, strlen(ex.prompt) <= 200 && !strchr(ex.prompt, '\n') ? ex.prompt : "YOUR PROMPT", 1);
-    printf("try it: %s\n        (%s; its answer: %s)\n", c.s, why, ex.answer);
+    printf("try it: %s\n        (%s; its answer: %s)\n", c.s, why, ex.answer ? ex.answer : "none in the data");
     example_free(&ex);
 }
 
@@ -1375,6 +1428,7 @@ static void run_free(Run *r) {
     model_free(&r->m);
     tokenizer_free(r->tok);
     task_free(&r->task);
+    reward_set_close(&r->rewards);
 }
 
 // ----------------------------------------------------------------------------
@@ -1400,7 +1454,7 @@ int main(int argc, char **argv) {
         dp_test_kill(r.dist, step);
         s.t_step = now_sec();
         rollout(&r, &s, step);  // P prompts x G completions, LoRA on
-        score(&r, &s);          // rewards -> group advantages
+        score(&r, &s, step);    // rewards (built-in, reward programs) -> group advantages
         if (r.ppo) update_ppo(&r, &s, step);  // reference, old policy, values; GAE; epochs x (value, policy; AdamW)
         else update(&r, &s, step);  // reference / old logprobs, num_iterations x (forward, backward, AdamW)
         r.acc = eval_due(&r, step) ? held_out_accuracy(&r) : NAN;  // evaluate

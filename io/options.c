@@ -79,6 +79,12 @@ static void opt_set(OptionTable *t, int i, const char *v) {
             *(const char **)p = v;
             break;
         }
+        case OPT_LIST: {
+            OptList *l = (OptList *)p;
+            if (l->n == OPT_LIST_MAX) die("--%s: given more than %d times", o->name, OPT_LIST_MAX);
+            l->v[l->n++] = v;
+            break;
+        }
         case OPT_CHOICE:
             opt_choices_text(o->choices, what, sizeof what);
             if (!opt_is_choice(o->choices, v)) die("--%s: unknown value '%s': use %s", o->name, v, what);
@@ -146,7 +152,7 @@ void options_parse(OptionTable *t, int argc, char **argv) {
             if (i + 1 >= argc) die("--%s needs a value (see --help)", t->rows[k].name);
             val = argv[++i];
         }
-        if (t->given[k]) die("--%s is given twice (the second time as '%.60s'): give it once", t->rows[k].name, val);
+        if (t->given[k] && kind != OPT_LIST) die("--%s is given twice (the second time as '%.60s'): give it once", t->rows[k].name, val);
         opt_set(t, k, val);
         t->given[k] = 1;
     }
@@ -183,6 +189,7 @@ void options_help(const OptionTable *t, FILE *f) {
                 case OPT_GRPO: meta = o->choices ? o->choices : "X"; break;
                 case OPT_STRING:
                 case OPT_TEXT: meta = "TEXT"; break;
+                case OPT_LIST: meta = "TEXT"; break;
                 default: meta = "";
             }
         }

@@ -9,6 +9,7 @@
 //   --name value  or  --name=value, and '-' and '_' are the same in every name;
 //   a flag stands alone (--resume) or takes true/false (--resume=false, --resume false),
 //   as transformers' HfArgumentParser reads booleans;
+//   an OPT_LIST option (--reward_cmd) may be given several times, each adding a value;
 //   --help (or -h) prints every option with its default and meaning, and exits 0;
 //   an option given twice is an error (which of the two values wins is not obvious);
 //   anything wrong is one line on stderr, "error: --name: what is allowed", and exit 1.
@@ -36,7 +37,14 @@ typedef enum {
     OPT_FLAG,       // int, 0 or 1
     OPT_GRPO,       // a GrpoConfig option, set by grpo_config_set (off unused)
     OPT_GRPO_FLAG,  // the same, a boolean: a bare --name means true
+    OPT_LIST,       // OptList: the one option that may be given several times, each value appended
 } OptKind;
+
+#define OPT_LIST_MAX 8
+typedef struct {
+    const char *v[OPT_LIST_MAX];  // (into argv)
+    int n;
+} OptList;
 
 typedef struct {
     const char *name;        // TRL's name, underscore form (OPT_SECTION: the section's title)

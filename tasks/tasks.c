@@ -14,6 +14,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,10 +27,11 @@
 
 
 void example_free(Example *ex) {
-    free(ex->prompt);
-    free(ex->answer);
-    ex->prompt = ex->answer = NULL;
+    free(ex->prompt), free(ex->answer), free(ex->system), free(ex->messages), free(ex->columns);
+    ex->prompt = ex->answer = ex->system = ex->messages = ex->columns = NULL;
 }
+
+static char *str_dup_or_null(const char *s) { return s ? str_dup(s) : NULL; }
 
 TaskOptions task_options_default(void) {
     TaskOptions o = {1, 99, 3, 9, 0.1};
@@ -505,6 +507,28 @@ int jsonl_next(JsonlReader *r, cJSON **out, char *err, size_t cap) {
     return 0;
 }
 
+// A conversational prompt, TRL's [{"role": ..., "content": ...}]: an optional system message and one
+// user message, the turn tokenizer_chat_prompt writes (the chat template applied by the trainer).
+// NULL, *system (or NULL) and *user; or why not.
+static const char *prompt_messages(const cJSON *p, const char **system, const char **user) {
+    *system = *user = NULL;
+    int n = cJSON_GetArraySize(p), k = 0;
+    if (n < 1 || n > 2) return "\"prompt\" as messages holds an optional system message and one user message (multi-turn prompts are not supported)";
+    for (const cJSON *m = p->child; m; m = m->next, k++) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role"), *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!cJSON_IsString(role) || !cJSON_IsString(content))
+            return "a message of \"prompt\" must be {\"role\": \"system\" or \"user\", \"content\": \"text\"}";
+        int last = k == n - 1;
+        if (!strcmp(role->valuestring, "system") && !last) *system = content->valuestring;
+        else if (!strcmp(role->valuestring, "user") && last) *user = content->valuestring;
+        else return "\"prompt\" as messages must be [{\"role\": \"system\", ...} (optional), {\"role\": \"user\", ...}]";
+    }
+    return *user[0] ? NULL : "the user message of \"prompt\" is empty";
+}
+
+// the names a reward program's request gives its own entries (reward_program.h), which a column cannot have
+static const char *const RESERVED_COLUMNS[] = {"prompts", "completions", "completion_ids", "truncated", "trainer_state"};
+
 static int jsonl_open(Task *t, const char *path, char *err, size_t cap) {
     JsonlReader rd;
     if (jsonl_reader_open(&rd, path, err, cap)) return -1;
@@ -513,30 +537,37 @@ static int jsonl_open(Task *t, const char *path, char *err, size_t cap) {
     cJSON *j;
     while ((rc = jsonl_next(&rd, &j, err, cap)) > 0) {
         long lineno = rd.lineno;
-        const char *why = NULL;
+        const char *why = NULL, *system = NULL, *user = NULL;
         cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
         if (!p) p = cJSON_GetObjectItemCaseSensitive(j, "question");  // GSM8K's own files say "question"
         cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "answer");
-        char num[64];
+        if (cJSON_IsNull(a)) a = NULL;  // (a column datasets fill with None where a line lacks it)
+        char num[64], reserved[160];
         if (!cJSON_IsObject(j)) why = "not a JSON object";
         else if (!p) why = "missing \"prompt\"";
-        else if (cJSON_IsArray(p)) why = "\"prompt\" is a list of messages: give the prompt as text (chat templates are applied by the trainer)";
-        else if (!cJSON_IsString(p)) why = "\"prompt\" must be a string";
+        else if (cJSON_IsArray(p)) why = prompt_messages(p, &system, &user);
+        else if (!cJSON_IsString(p)) why = "\"prompt\" must be a string or a list of messages";
         else if (!*p->valuestring) why = "\"prompt\" is empty";
-        else if (!a) why = "missing \"answer\"";
-        else if (!cJSON_IsString(a) && !cJSON_IsNumber(a)) why = "\"answer\" must be a string or a number";
+        else user = p->valuestring;
+        if (!why && a && !cJSON_IsString(a) && !cJSON_IsNumber(a)) why = "\"answer\" must be a string or a number";
+        for (size_t k = 0; !why && k < sizeof RESERVED_COLUMNS / sizeof *RESERVED_COLUMNS; k++)
+            if (cJSON_GetObjectItemCaseSensitive(j, RESERVED_COLUMNS[k])) {
+                snprintf(reserved, sizeof reserved, "the column \"%s\" has the name of a reward program's own argument: rename it",
+                         RESERVED_COLUMNS[k]);
+                why = reserved;
+            }
         if (why) {
             rc = error_msg(err, cap, "%s:%ld: %s", path, lineno, why);
             cJSON_Delete(j);
             break;
         }
-        char *ans;
-        if (cJSON_IsNumber(a)) {
+        char *ans = NULL;
+        if (a && cJSON_IsNumber(a)) {
             snprintf(num, sizeof num, "%.15g", a->valuedouble);
             ans = str_dup(num);
-        } else ans = str_dup(a->valuestring);
+        } else if (a) ans = str_dup(a->valuestring);
         char aerr[128];
-        if (normalize_answer(ans, aerr, sizeof aerr)) {
+        if (ans && normalize_answer(ans, aerr, sizeof aerr)) {
             rc = error_msg(err, cap, "%s:%ld: %s", path, lineno, aerr);
             free(ans);
             cJSON_Delete(j);
@@ -549,14 +580,20 @@ static int jsonl_open(Task *t, const char *path, char *err, size_t cap) {
         Example *ex = &t->items[t->n_items++];
         memset(ex, 0, sizeof *ex);
         ex->kind = TASK_JSONL;
-        ex->prompt = str_dup(p->valuestring);
+        ex->prompt = str_dup(user);
         ex->answer = ans;
-        ex->key = task_key(ex->prompt);
+        ex->system = str_dup_or_null(system);
+        if (cJSON_IsArray(p)) ex->messages = cJSON_PrintUnformatted(p);
+        ex->key = task_key(ex->messages ? ex->messages : ex->prompt);
+        t->n_unanswered += !ans;
+        t->n_conversational += ex->messages != NULL;
+        cJSON_Delete(cJSON_DetachItemViaPointer(j, p));  // the other columns, for the reward programs
+        ex->columns = cJSON_PrintUnformatted(j);
         cJSON_Delete(j);
     }
     jsonl_reader_close(&rd);
     if (rc) return rc;
-    if (t->n_items == 0) return error_msg(err, cap, "%s: no examples (one JSON object per line with \"prompt\" and \"answer\")", path);
+    if (t->n_items == 0) return error_msg(err, cap, "%s: no examples (one JSON object per line with a \"prompt\")", path);
     if (t->n_items > 0xffffffffL) return error_msg(err, cap, "%s: too many examples", path);
     for (int s = 0; s < 2; s++) t->order[s] = (uint32_t *)mallocCheck((size_t)t->n_items * sizeof(uint32_t));
     for (long k = 0; k < t->n_items; k++) {
@@ -653,6 +690,7 @@ int task_set_eval_file(Task *t, const char *path, long *both, char *err, size_t 
     for (long k = 0; k < ev.n_items; k++) t->order[SPLIT_HELDOUT][k] = (uint32_t)(base + k);
     t->n[SPLIT_HELDOUT] = ev.n_items;
     t->n_items = base + ev.n_items;
+    t->n_unanswered += ev.n_unanswered, t->n_conversational += ev.n_conversational;
     Rng r = stream(t->opt.seed, SPLIT_HELDOUT, 0, 0x150e);
     shuffle(t->order[SPLIT_HELDOUT], t->n[SPLIT_HELDOUT], &r);
     free(ev.items);  // (their strings now belong to t)
@@ -677,7 +715,10 @@ void task_example(const Task *t, Split s, uint64_t i, Example *ex) {
         const Example *src = &t->items[k];
         ex->kind = TASK_JSONL;
         ex->prompt = str_dup(src->prompt);
-        ex->answer = str_dup(src->answer);
+        ex->answer = str_dup_or_null(src->answer);
+        ex->system = str_dup_or_null(src->system);
+        ex->messages = str_dup_or_null(src->messages);
+        ex->columns = str_dup_or_null(src->columns);
         ex->key = src->key;
         return;
     }
@@ -802,6 +843,7 @@ static int is_integer_text(const char *s, long *v) {
 }
 
 double reward_correctness(const Example *ex, const char *completion, int truncated) {
+    if (!ex->answer) return NAN;  // a JSONL line without one: does not apply
     char a[1024];
     int mark = extract(ex, completion, a, sizeof a);
     switch (ex->kind) {

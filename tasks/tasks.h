@@ -1,7 +1,8 @@
 // tasks.h: what the model is trained on and how it is scored. Built-in synthetic
 // tasks (arithmetic, countdown) with seeded generators and a held-out split that
-// is disjoint from training by construction; user data as JSONL (prompt, answer;
-// GSM8K "#### 72" answers); reward functions (correctness, format) in a table.
+// is disjoint from training by construction; user data as JSONL in TRL's shape (a
+// prompt as text or as messages, an optional answer with GSM8K "#### 72" answers,
+// every other column kept); reward functions (correctness, format) in a table.
 // Depends on common.h and cJSON (-lcjson). Host only, text in, numbers out: the
 // tokenizer and the chat template are the caller's.
 //
@@ -34,7 +35,13 @@ typedef struct {
     TaskKind kind;
     char *prompt;   // the text the model continues: "17+25=", "3,5,7->22:", or the JSONL prompt
     char *answer;   // the expected final answer: "42"; countdown: one solution, "3*5+7" (any valid
-                    // expression scores); JSONL: the answer, GSM8K's "... #### 1,234" -> "1234"
+                    // expression scores); JSONL: the answer, GSM8K's "... #### 1,234" -> "1234", or
+                    // NULL for a line without one (a reward program judges its completions)
+    char *system;   // JSONL conversational prompt: its system message (NULL: none)
+    char *messages; // JSONL conversational prompt: the list of messages as the line gives it, JSON text
+                    // (prompt then holds the user message); NULL: a text prompt
+    char *columns;  // JSONL: every field of the line but the prompt, a JSON object's text (the reward
+                    // programs' columns); NULL: a built-in task
     int nums[COUNTDOWN_MAX_NUMS];  // countdown: the numbers that may be used, each at most once
     int n_nums;
     long target;                   // countdown: the value to reach
@@ -57,6 +64,8 @@ typedef struct {
     TaskOptions opt;
     Example *items;           // JSONL: every example of the file
     long n_items;
+    long n_unanswered;        // JSONL lines without "answer"
+    long n_conversational;    // JSONL lines whose prompt is a list of messages
     uint32_t *order[2];       // per split: arithmetic problem codes / JSONL item indices, seeded shuffle
     long n[2];                // sizes of order[]
 } Task;
@@ -136,6 +145,7 @@ extern const int N_REWARD_FUNCS;
 // after the last "####", else inside the last \boxed{}, else the whole text; for a
 // numeric expected answer the number found there (first after ####, else the
 // last; commas and $ ignored) must equal it, else the text must (case-insensitive).
+// NaN (does not apply) for a JSONL line without an answer.
 double reward_correctness(const Example *ex, const char *completion, int truncated);
 // 1.0 when well-formed and ended by EOS (not truncated). Arithmetic: an integer
 // and nothing else; countdown: a syntactically valid expression and nothing else

@@ -12,6 +12,7 @@ typedef struct {
     int steps, flag, on;
     long seed;
     double lr;
+    OptList cmd;
 } T;
 
 #define OFF(f) offsetof(T, f)
@@ -30,6 +31,7 @@ static const Option ROWS[] = {
     {"beta", OPT_GRPO, .help = "KL"},
     {"max_completion_length", OPT_GRPO, .meta = "N", .dflt = "8", .help = "tokens"},
     {"mask_truncated_completions", OPT_GRPO_FLAG, .help = "mask"},
+    {"cmd", OPT_LIST, OFF(cmd), .help = "repeatable"},
 };
 
 static T t;
@@ -106,6 +108,17 @@ START_TEST(model_defaults) {
 }
 END_TEST
 
+// the one repeatable kind: each use appends, in order; more than OPT_LIST_MAX is refused
+START_TEST(list_option_repeats) {
+    parse("");
+    ck_assert_int_eq(t.cmd.n, 0);
+    parse("--cmd a --max_steps 3 --cmd=b");
+    ck_assert_int_eq(t.cmd.n, 2);
+    ck_assert(!strcmp(t.cmd.v[0], "a") && !strcmp(t.cmd.v[1], "b") && t.steps == 3);
+    EXPECT_DIE(parse("--cmd 1 --cmd 2 --cmd 3 --cmd 4 --cmd 5 --cmd 6 --cmd 7 --cmd 8 --cmd 9"), "--cmd: given more than 8 times");
+}
+END_TEST
+
 START_TEST(bad_input_names_the_option) {
     EXPECT_DIE(parse("--no_such 3"), "unknown option --no_such (see --help)");
     EXPECT_DIE(parse("--no-such 3"), "unknown option --no-such (see --help)");
@@ -162,6 +175,7 @@ static Suite *options_suite(void) {
     tcase_add_test(tc, spellings_are_one);
     tcase_add_test(tc, flags);
     tcase_add_test(tc, model_defaults);
+    tcase_add_test(tc, list_option_repeats);
     tcase_add_test(tc, bad_input_names_the_option);
     tcase_add_test(tc, help_shows_every_default);
     suite_add_tcase(s, tc);

@@ -406,7 +406,7 @@ END_TEST
 START_TEST(jsonl_errors_name_file_and_line) {
     struct { const char *text; int line; const char *why; } bad[] = {
         {"{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"prompt\": \"x\"\n", 2, "not valid JSON"},
-        {"{\"prompt\": \"x\"}\n", 1, "missing \"answer\""},
+        {"{\"prompt\": \"x\", \"completions\": 1}\n", 1, "the column \"completions\" has the name of a reward program's own argument"},
         {"\n\n{\"answer\": \"x\"}\n", 3, "missing \"prompt\""},
         {"[1, 2]\n", 1, "not a JSON object"},
         {"{\"prompt\": 5, \"answer\": \"1\"}\n", 1, "\"prompt\" must be a string"},
@@ -414,7 +414,13 @@ START_TEST(jsonl_errors_name_file_and_line) {
         {"{\"prompt\": \"x\", \"answer\": [1]}\n", 1, "\"answer\" must be a string or a number"},
         {"{\"prompt\": \"x\", \"answer\": \"blah ####  \"}\n", 1, "nothing after \"####\""},
         {"{\"prompt\": \"x\", \"answer\": \"  \"}\n", 1, "\"answer\" is empty"},
-        {"{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}], \"answer\": \"1\"}\n", 1, "list of messages"},
+        {"{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"a\"}, "
+         "{\"role\": \"user\", \"content\": \"b\"}]}\n", 1, "multi-turn prompts are not supported"},
+        {"{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"system\", \"content\": \"s\"}]}\n", 1,
+         "must be [{\"role\": \"system\", ...} (optional), {\"role\": \"user\", ...}]"},
+        {"{\"prompt\": [{\"role\": \"user\", \"text\": \"hi\"}]}\n", 1, "a message of \"prompt\" must be {\"role\""},
+        {"{\"prompt\": [{\"role\": \"user\", \"content\": \"\"}]}\n", 1, "the user message of \"prompt\" is empty"},
+        {"{\"prompt\": [], \"answer\": \"1\"}\n", 1, "an optional system message and one user message"},
         {"{\"prompt\": \"a\", \"answer\": \"1\"} {\"prompt\": \"b\", \"answer\": \"2\"}\n", 1, "more than one JSON value"},
         // what a C string cannot hold, or JSON leaves undefined: said, never read as something else
         {"{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"prompt\": \"x\\u0000y\", \"answer\": \"1\"}\n", 2, "a string holds \\u0000"},
@@ -453,6 +459,50 @@ START_TEST(jsonl_errors_name_file_and_line) {
     ck_assert_str_eq(err, "unknown task 'arithmetics': use arithmetic, countdown or a .jsonl file");
     // programs get the same line through die()
     EXPECT_DIE(task_open_or_die(&t, "{bad", NULL), "unknown task '{bad'");
+}
+END_TEST
+
+// TRL's shape: a prompt as messages (system + user) or text, the answer optional (null as missing), every
+// other column kept for the reward programs; the built-in correctness does not apply without an answer
+START_TEST(jsonl_trl_shape) {
+    const char *text =
+        "{\"prompt\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"1+2=\"}], "
+        "\"answer\": \"#### 3\", \"level\": 2}\n"
+        "{\"prompt\": \"2+2=\", \"answer\": null, \"tags\": [\"a\"]}\n"
+        "{\"question\": [{\"role\": \"user\", \"content\": \"3+3=\"}]}\n";
+    Task t;
+    char err[512];
+    TaskOptions o = task_options_default();
+    o.heldout_frac = 0;
+    const char *path = tmp_file(text);
+    ck_assert_msg(task_open(&t, path, &o, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(t.n_items, 3);
+    ck_assert_int_eq(t.n_unanswered, 2);
+    ck_assert_int_eq(t.n_conversational, 2);
+    const Example *a = &t.items[0], *b = &t.items[1], *c = &t.items[2];
+    ck_assert_str_eq(a->prompt, "1+2=");
+    ck_assert_str_eq(a->system, "Be brief.");
+    ck_assert_str_eq(a->answer, "3");
+    ck_assert_str_eq(a->messages, "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"1+2=\"}]");
+    ck_assert_str_eq(a->columns, "{\"answer\":\"#### 3\",\"level\":2}");  // (the answer as the line has it)
+    ck_assert(!b->answer && !b->messages && !b->system);
+    ck_assert_str_eq(b->columns, "{\"answer\":null,\"tags\":[\"a\"]}");
+    ck_assert(!c->system && !c->answer);
+    ck_assert_str_eq(c->prompt, "3+3=");
+    ck_assert_str_eq(c->columns, "{}");
+    ck_assert(a->key != c->key && a->key != task_key("1+2="));  // the messages decide the split
+    ck_assert(isnan(reward_correctness(b, "4", 0)));
+    ck_assert_double_eq(reward_correctness(a, "<answer>3</answer>", 0), 1.0);
+    Example e;  // task_example copies every field
+    for (int i = 0; i < 3; i++) {
+        task_example(&t, SPLIT_TRAIN, i, &e);
+        const Example *src = !strcmp(e.prompt, "1+2=") ? a : !strcmp(e.prompt, "2+2=") ? b : c;
+        ck_assert_str_eq(e.columns, src->columns);
+        ck_assert((e.messages == NULL) == (src->messages == NULL) && (e.answer == NULL) == (src->answer == NULL));
+        example_free(&e);
+    }
+    task_free(&t);
+    unlink(path);
 }
 END_TEST
 
@@ -532,10 +582,10 @@ START_TEST(jsonl_eval_file) {
     for (int q = 40; q < 60; q++) ck_assert_int_eq(seen[q], 1);  // each once, in a shuffled order
     task_free(&t);
     unlink(epath);
-    epath = tmp_file("{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"prompt\": \"b\"}\n");
+    epath = tmp_file("{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"prompt\": \"b\", \"answer\": [2]}\n");
     ck_assert_int_eq(task_open(&t, path, &o, err, sizeof err), 0);
     ck_assert_int_eq(task_set_eval_file(&t, epath, &both, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, ":2: missing \"answer\""), "%s", err);
+    ck_assert_msg(strstr(err, ":2: \"answer\" must be a string or a number"), "%s", err);
     ck_assert_int_eq(task_size(&t, SPLIT_HELDOUT), 0);  // (the task as it was)
     task_free(&t);
     unlink(epath);
@@ -590,6 +640,7 @@ Suite *tasks_suite(void) {
     tcase_add_test(tc, reward_table);
     tcase_add_test(tc, jsonl_loads_gsm8k);
     tcase_add_test(tc, jsonl_errors_name_file_and_line);
+    tcase_add_test(tc, jsonl_trl_shape);
     tcase_add_test(tc, jsonl_split_by_prompt);
     tcase_add_test(tc, jsonl_eval_file);
     tcase_add_test(tc, options_checked);

@@ -482,7 +482,7 @@ START_TEST(test_help_lists_defaults) {
     const char *sections[] = {"\nmodel and data:\n", "\nFP8 (the frozen weights):\n", "\nGRPO (TRL's GRPOConfig names):\n",
                               "\noptimizer (AdamW on the LoRA weights):\n", "\nLoRA:\n", "\nsampling (the rollouts):\n",
                               "\nlogging and checkpoints:\n", "\nmemory:\n",
-                              "\nPPO (--algo ppo; TRL's PPOConfig names; of the GRPO options, num_generations, max_completion_length and reward_weights apply):\n"};
+                              "\nPPO (--algo ppo; TRL's PPOConfig names; of the GRPO options, num_generations, max_completion_length and the reward options apply):\n"};
     for (int i = 0; i < 9; i++) ck_assert_msg(strstr(out, sections[i]), "no section '%s'", sections[i] + 1);
     // each option: its line, and "(default: ...)" before the next option (flags that default to off excepted)
     struct { const char *name, *dflt; } want[] = {
@@ -496,6 +496,8 @@ START_TEST(test_help_lists_defaults) {
         {"num_generations", "8"}, {"beta", "0"}, {"epsilon", "0.2"}, {"epsilon_high", "none"}, {"loss_type", "dapo"},
         {"scale_rewards", "group"}, {"importance_sampling_level", "token"}, {"num_iterations", "1"},
         {"mask_truncated_completions", "false"}, {"reward_weights", "none"}, {"vllm_importance_sampling_correction", "true"},
+        {"reward_funcs", "correctness,format; none with --reward_cmd"}, {"reward_cmd", "none"}, {"reward_names", "cmd0,cmd1,..."},
+        {"reward_timeout", "300"},
         {"vllm_importance_sampling_mode", "sequence_mask"}, {"vllm_importance_sampling_cap", "3"},
         // PPO's: TRL's PPOConfig defaults
         {"algo", "grpo"}, {"num_ppo_epochs", "4"}, {"num_mini_batches", "1"}, {"cliprange", "0.2"}, {"cliprange_value", "0.2"},
@@ -1008,8 +1010,7 @@ START_TEST(test_output_dir_locked) {
     snprintf(want, sizeof want, "is in use by another run (pid %d)", (int)pid);
     assert_one_line(err, want);
     char warm[1400], data[1300];  // (train_sft reads its inputs first: good ones, to reach the lock)
-    snprintf(cmd, sizeof cmd, "%s/warm", base_dir);
-    warm_dir_in(cmd, warm, sizeof warm);
+    warm_cached(warm, sizeof warm);
     snprintf(data, sizeof data, "%s/locked.jsonl", base_dir);
     const char *example = "{\"prompt\": \"1+1=\", \"completion\": \"2\"}\n";
     write_file_atomic(data, example, strlen(example));
@@ -1048,8 +1049,7 @@ START_TEST(test_gemma3_multimodal_trains) {
     char dir[1200], model[1300], data[1300], rel[1024], q[PATH_MAX], warm[1400], cmd[3 * PATH_MAX + 4096], out[16384],
         err[4096], ck[1400];
     fresh_dir("gemma3_mm", dir, sizeof dir);
-    snprintf(rel, sizeof rel, "%s/warm", base_dir);
-    warm_dir_in(rel, warm, sizeof warm);
+    warm_cached(warm, sizeof warm);
     snprintf(model, sizeof model, "%s/model", dir);
     fixture_path(rel, sizeof rel, "gemma3_mm");
     ck_assert(realpath(rel, q));

@@ -42,8 +42,10 @@ Config builtin_config(int V, int gpu) {
 // ----------------------------------------------------------------------------
 // prompts and completions as tokens
 
-int encode_prompt(const Formatter *f, const char *text, int **ids) {
-    int n = f->chat ? tokenizer_chat_prompt(f->tok, f->system, text, ids) : tokenizer_encode(f->tok, text, ids);
+int encode_prompt(const Formatter *f, const Example *ex, int **ids) {
+    // a conversational line's messages as it gives them (its system message or none), else --system_prompt's
+    const char *text = ex->prompt, *system = ex->messages ? ex->system : f->system;
+    int n = f->chat ? tokenizer_chat_prompt(f->tok, system, text, ids) : tokenizer_encode(f->tok, text, ids);
     if (n == 0) die("a prompt encodes to no tokens: '%s'", text);
     if (n > f->max_prompt) die("a prompt has %d tokens, more than max_prompt_length %d: '%.60s...'", n, f->max_prompt, text);
     return n;
@@ -91,7 +93,7 @@ double evaluate_range(Model *m, const Task *task, const Formatter *f, int i0, in
     uint64_t *seeds = (uint64_t *)callocCheck(n, sizeof(uint64_t));
     for (int i = 0; i < n; i++) {
         task_example(task, SPLIT_HELDOUT, i0 + i, &ex[i]);
-        plens[i] = encode_prompt(f, ex[i].prompt, &prompts[i]);
+        plens[i] = encode_prompt(f, &ex[i], &prompts[i]);
     }
     RolloutConfig rc = {1, max_new, 0.0f, 1.0f, 0, eos, neos, 16, 1};
     Rollout r;

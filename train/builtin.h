@@ -25,8 +25,9 @@ typedef struct {
     int max_prompt;      // tokens
 } Formatter;
 
-// the prompt's tokens (malloc'ed into *ids), their count; dies on an empty prompt or one longer than max_prompt
-int encode_prompt(const Formatter *f, const char *text, int **ids);
+// the example's prompt as tokens (malloc'ed into *ids), their count: in the chat template (with the
+// example's own messages, else with f's system message) or as text; dies on an empty prompt or one longer than max_prompt
+int encode_prompt(const Formatter *f, const Example *ex, int **ids);
 // Whether the prompts go into the chat template: chat_opt (the --chat option; -1: not given) or else
 // whether the tokenizer of checkpoint model has one; the built-in model (model NULL) reads raw text.
 // A system_prompt with no template to hold it dies in one line (it would be dropped without a word).

@@ -561,6 +561,7 @@ static const char *const RESUME_MAY_CHANGE[] = {
     "output_dir", "resume", "overwrite_output_dir", "max_steps", "num_train_epochs", "logging_steps", "save_steps",
     "save_total_limit", "eval_steps", "eval_size", "quiet", "device", "nproc_per_node", "per_device_train_batch_size",
     "micro_batch_size", "gradient_checkpointing", "recompute_mlp", "gpu_memory_utilization",
+    "reward_cmd", "reward_timeout",  // a reward program fixed after a failure: the run goes on with it
 };
 
 cJSON *run_options_json(const OptionTable *t) {
@@ -578,6 +579,12 @@ cJSON *run_options_json(const OptionTable *t) {
         case OPT_LONG: cJSON_AddNumberToObject(j, o->name, (double)*(const long *)at); break;
         case OPT_DOUBLE: cJSON_AddNumberToObject(j, o->name, *(const double *)at); break;
         case OPT_FLAG: cJSON_AddBoolToObject(j, o->name, *(const int *)at); break;
+        case OPT_LIST: {
+            const OptList *l = (const OptList *)at;
+            cJSON *a = cJSON_AddArrayToObject(j, o->name);
+            for (int k = 0; k < l->n; k++) cJSON_AddItemToArray(a, cJSON_CreateString(l->v[k]));
+            break;
+        }
         case OPT_STRING:
         case OPT_TEXT:
         case OPT_CHOICE:

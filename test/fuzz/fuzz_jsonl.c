@@ -1,9 +1,11 @@
 // test/fuzz/fuzz_jsonl.c: user data through task_open (tasks.c: JSONL, one {"prompt", "answer"}
-// per line, GSM8K's "#### 72"), every example of both splits, and a completion scored against
-// each by the reward functions, as train_grpo scores its rollouts; the same file through
+// per line, GSM8K's "#### 72", prompts as messages, other columns), every example of both splits, and a
+// completion scored against each by the reward functions, as train_grpo scores its rollouts, and put
+// in a reward program's request (reward_program.h); the same file through
 // ./train_sft's and ./train_dpo's readers (sft.h, dpo_train.h) first. Input: data.jsonl, then the
 // completion text (test/fuzz/fuzz.h's separator between them).
 #include "fuzz.h"
+#include "tasks/reward_program.h"
 #include "tasks/tasks.h"
 #include "train/dpo_train.h"
 
@@ -35,7 +37,12 @@ static void body(const char *dir, const uint8_t *rest, size_t nrest) {
             Example ex;
             task_example(&t, (Split)s, (uint64_t)i, &ex);
             score(&ex, completion);
-            score(&ex, ex.answer);  // the answer itself scores (a reward's own edge cases)
+            if (ex.answer) score(&ex, ex.answer);  // the answer itself scores (a reward's own edge cases)
+            // a reward program's request for two completions of it: the line's columns and messages as JSON again
+            int ids[4] = {1, 2, 3, 4}, lens[2] = {2, 0};
+            unsigned char trunc[2] = {0, 1};
+            char *texts[2] = {completion, ""};
+            free(reward_request(&ex, 2, 2, texts, ids, lens, 2, trunc, 1, 1));
             example_free(&ex);
         }
     // the completion as a countdown expression
