@@ -16,13 +16,9 @@ import re, sys
 text = open("README.md").read()
 open(sys.argv[1], "w").write(re.search(r"```python\n(.*?)```", text, re.S).group(1))
 EOF
-warm=$(ls -d out/warmup-* 2>/dev/null | head -1 || true)
-run() {  # name, then options
+run() {  # name, then options (the warm-up: the shared cache's, made by the first run when missing)
     local name=$1; shift
-    mkdir -p "$out/$name"
-    [ -n "$warm" ] && cp -r "$warm" "$out/$name/"
     ./train_grpo --quiet --output_dir "$out/$name" "$@" > "$out/$name.log" 2>&1
-    [ -n "$warm" ] || warm=$(ls -d "$out/$name"/warmup-* | head -1)
 }
 run builtin "$@"
 run c_program --reward_cmd "$PWD/build/reward_prog builtin" --reward_names correctness+format --reward_weights 1,0.2 "$@"

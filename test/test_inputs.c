@@ -360,7 +360,7 @@ static void make_models(void) {
 START_TEST(test_streams) {
     make_models();
     const char *d = fuzz_scratch();
-    char plain[700], out[700], fifo[700], big[700], grpo[700], sft[700];
+    char plain[700], out[700], fifo[700], big[700], grpo[700], sft[700], dpo[700];
     snprintf(plain, sizeof plain, "%s/plain", d);
     snprintf(out, sizeof out, "%s/out", d);
     snprintf(fifo, sizeof fifo, "%s/fifo.jsonl", d);
@@ -369,6 +369,7 @@ START_TEST(test_streams) {
     big_file(big, "{\"prompt\": \"", 1L << 30);  // one line of 1 GiB (sparse: no disk, no memory)
     snprintf(grpo, sizeof grpo, "%s", scratch_file("grpo.jsonl", "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n"));
     snprintf(sft, sizeof sft, "%s", scratch_file("sft.jsonl", "{\"prompt\": \"1+1=\", \"completion\": \"2\"}\n"));
+    snprintf(dpo, sizeof dpo, "%s", scratch_file("dpo.jsonl", "{\"prompt\": \"1+1=\", \"chosen\": \"2\", \"rejected\": \"3\"}\n"));
     const char *inputs[] = {"/dev/zero", fifo, big};
     const char *says[] = {"/dev/zero is a character device, not a file: give a .jsonl file", "fifo.jsonl is a FIFO (pipe), not a file",
                           "big.jsonl:1: a line longer than 1 MiB, the limit of one example"};
@@ -380,6 +381,7 @@ START_TEST(test_streams) {
             {"./train_sft", "--device", "cpu", "--model", plain, "--data", x, "--output_dir", out, NULL},
             {"./train_sft", "--device", "cpu", "--model", plain, "--data", sft, "--eval_data", x, "--output_dir", out, NULL},
             {"./train_dpo", "--device", "cpu", "--model", plain, "--data", x, "--output_dir", out, NULL},
+            {"./train_dpo", "--device", "cpu", "--model", plain, "--data", dpo, "--eval_data", x, "--output_dir", out, NULL},
         };
         for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) expect_quick_refusal(runs[k], NULL, out, says[i]);
     }

@@ -43,16 +43,17 @@ static void setup(void) {
     if (done) return;
     done = 1;
     ck_assert(mkdtemp(base_dir));
+    use_cache_in(base_dir);  // the built-in warm-up, made once here for every run of the suite
     char cmd[2048], err[4096];
     snprintf(cmd, sizeof cmd, RUN " --max_steps 1 --output_dir %s/warm", base_dir);
     ck_assert_msg(run(cmd, err, sizeof err) == 0, "warm-up run failed: %s", err);
 }
 
-// dir = base_dir/name, fresh, holding the warm-up (so that no run makes one: the same memory figures)
+// dir = base_dir/name, fresh (the warm-up is the suite's cache's: no run makes one)
 static void fresh_dir(const char *name, char *dir, size_t cap) {
     char cmd[4096];
     snprintf(dir, cap, "%s/%s", base_dir, name);
-    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp -r %s/warm/warmup-* %s/", dir, dir, base_dir, dir);
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", dir, dir);
     ck_assert_int_eq(system(cmd), 0);
 }
 
@@ -147,7 +148,9 @@ START_TEST(test_columns_and_conversational) {
     fresh_dir("columns", dir, sizeof dir);
     // the built-in model with a ChatML template (its vocabulary has <|im_start|> and <|im_end|>)
     snprintf(model, sizeof model, "%s/chatmodel", dir);
-    snprintf(cmd, sizeof cmd, "cp -r %s/warmup-* %s", dir, model);
+    char warm[1400];
+    warm_cached(warm, sizeof warm);
+    snprintf(cmd, sizeof cmd, "cp -r %s %s", warm, model);
     ck_assert_int_eq(system(cmd), 0);
     char p[1500];
     snprintf(p, sizeof p, "%s/tokenizer_config.json", model);
@@ -215,8 +218,7 @@ START_TEST(test_columns_and_conversational) {
     free(text);
     // the same data on a model without a chat template: one line saying so
     char plain[1400];
-    snprintf(cmd, sizeof cmd, "%s/warmup-*", dir);
-    warm_dir_in(dir, plain, sizeof plain);
+    warm_cached(plain, sizeof plain);
     snprintf(cmd, sizeof cmd, "./train_grpo %s --model %s --data %s --output_dir %s/out2 --reward_cmd '%s null'", small, plain, data, dir,
              REWARD_PROG);
     ck_assert_int_ne(run(cmd, err, sizeof err), 0);
