@@ -385,7 +385,7 @@ START_TEST(test_header_names_the_algorithm) {
     const char *modes[2] = {"", "--advantage_estimator rloo --scale_rewards none"}, *names[2] = {"GRPO", "RLOO"};
     for (int k = 0; k < 2; k++) {
         fresh_dir(k ? "header_rloo" : "header_grpo", dir, sizeof dir);
-        snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --eval_size 0 --max_steps 1 --per_device_train_batch_size 16 %s --output_dir %s",
+        snprintf(cmd, sizeof cmd, "./train_grpo " QUIET " --eval_size 0 --max_steps 1 --per_device_train_batch_size 16 %s --output_dir %s",
                  modes[k], dir);
         ck_assert_msg(run_out(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
         char want[64];
@@ -408,7 +408,7 @@ START_TEST(test_generate_follows_adapter) {
     setup();
     char dir[1200], cmd[4096], out[16384], err[4096];
     fresh_dir("unquantized", dir, sizeof dir);
-    snprintf(cmd, sizeof cmd, "./train_grpo " EASY " --eval_size 0 --max_steps 1 --per_device_train_batch_size 16 --load_in_fp8 off "
+    snprintf(cmd, sizeof cmd, "./train_grpo " QUIET " --eval_size 0 --max_steps 1 --per_device_train_batch_size 16 --load_in_fp8 off "
              "--output_dir %s", dir);
     ck_assert_msg(run(cmd, err, sizeof err) == 0, "%s", err);
     const char *gen = "./generate --device cpu --prompt 1+2= --max_new_tokens 4 --lora";
