@@ -241,7 +241,7 @@ static int file_equal(const char *a, const char *b) {
     return eq;
 }
 // adapter_config.json files a and b equal but for base_model_name_or_path, and b's base that directory
-// (rel, from where the tests run) made absolute
+// (rel) made absolute
 static int config_equal_but_base(const char *a, const char *b, const char *rel) {
     char *ta = read_file(a, NULL), *tb = read_file(b, NULL), abs_base[4096];
     cJSON *ja = cJSON_Parse(ta), *jb = cJSON_Parse(tb);
@@ -284,7 +284,9 @@ START_TEST(test_peft_gemma3_multimodal) {
     Rng r = rng_make(11);
     for (size_t i = 0; i < a->n; i++) ((float *)a->params)[i] += 0.2f * rng_normal(&r);  // B = 0 at init
     ck_assert(mkdtemp(dir));
-    lora_save_peft(a, &m, dir, "test/fixtures/gemma3_mm", NULL);
+    char base[PATH_MAX];
+    fixture_path(base, sizeof base, "gemma3_mm");
+    lora_save_peft(a, &m, dir, base, NULL);
     const char *files[2] = {"adapter_model.safetensors", "adapter_config.json"};
     for (int i = 0; i < 2; i++) {
         char rel[128];
@@ -292,7 +294,7 @@ START_TEST(test_peft_gemma3_multimodal) {
         fixture_path(p, sizeof p, rel);
         snprintf(q, sizeof q, "%s/%s", dir, files[i]);
         // the config's base is recorded as an absolute path (where this checkout is): compared apart
-        int same = file_exists(p) && (i == 0 ? file_equal(p, q) : config_equal_but_base(p, q, "test/fixtures/gemma3_mm"));
+        int same = file_exists(p) && (i == 0 ? file_equal(p, q) : config_equal_but_base(p, q, base));
         ck_assert_msg(same,
                       "%s differs from what lora_save_peft writes now (%s, kept): if the change is meant, copy it there and "
                       "run python3 dev/make_gemma3_mm_fixture.py --check-adapter on it", p, q);
