@@ -352,7 +352,9 @@ END_TEST
 // The README says what plot.svg draws: the names it quotes in "`plot.svg` (per step: ...)" are the
 // plot's legends (each legend: a line of stroke-width 2, then its text), and "kl", drawn when beta != 0
 static void plot_as_readme_says(const char *svg_path) {
-    char *svg = read_file(svg_path, NULL), *readme = read_file("README.md", NULL), said[2048], drawn[2048] = "\"kl\"";
+    char rp[PATH_MAX];  // the repository's README (the suites may run from build-san/: found from the fixtures)
+    fixture_path(rp, sizeof rp, "../../README.md");
+    char *svg = read_file(svg_path, NULL), *readme = read_file(rp, NULL), said[2048], drawn[2048] = "\"kl\"";
     const char *at = strstr(readme, "`plot.svg` (per step: ");
     ck_assert_msg(at, "README.md has no \"`plot.svg` (per step: ...)\"");
     const char *end = strchr(at, '(');  // to the parenthesis that closes this one
