@@ -310,7 +310,7 @@ static void lt_search(int M, int N, int K, SearchRow *rows) {
         double def0 = quick(&p.algo), t_start = now_sec();
         int timed = 0;
         for (int i = 0; i < nc; i++, timed++) {
-            if (now_sec() - t_start > 12.0) break;  // a bound on the device time a case may take
+            if (now_sec() - t_start > 12.0) break;  // a bound on the GPU time a case may take
             ctf[i] = quick(&cand[i]);
         }
         double def1 = quick(&p.algo);
