@@ -66,6 +66,8 @@ typedef struct {
     MMLayout mm;      // where the text model's tensors lie; MM_NONE: a text-only checkpoint
     int mm_ids[3];    // image_token_index, boi_token_index, eoi_token_index where inside the vocabulary:
     int n_mm_ids;     // the ids of image input, which text never holds
+    int num_labels;   // a *ForSequenceClassification (a reward model): its score head's rows (score.weight), and
+                      // no LM head (tied: the embedding table stands in, never read); 0: a causal LM
 } Config;
 
 // the seven LoRA-able projections of a layer, in PEFT's target_modules names
@@ -96,6 +98,7 @@ typedef struct {
     void *wte;             // (V, C) act   embed_tokens; NULL when FP8 (emb)
     void *norm;            // (C) act      final norm
     void *lm_head;         // (V, C) act   == wte when tied; NULL when FP8 (head)
+    void *score;           // (num_labels, C) act  a *ForSequenceClassification's score head, else NULL
     // The embedding table and the LM head as the ops read them (backend.h): dense (gran OFF, dense =
     // wte / lm_head), or with ModelOptions.fp8_embed E4M3 codes (V, C) + a scale per row (FP8_ROW) in
     // fp8_mem. Tied: head == emb, one copy.
@@ -268,6 +271,9 @@ const char *config_head_name(const Config *cfg);
 int hf_vision_tensor(const char *name);
 // load a Hugging Face checkpoint directory (config.json + *.safetensors); dies with a one-line error on bad input
 void model_load(Model *m, const char *dir, const Backend *be, const ModelOptions *opt);
+// the same for a *ForSequenceClassification checkpoint (a reward model): its transformer and its score head
+// (w.score); model_load refuses one, and this anything else
+void model_load_classifier(Model *m, const char *dir, const Backend *be, const ModelOptions *opt);
 // a random-weight model of the given config (for the built-in tiny model and tests); std 0.02-ish init
 void model_init_random(Model *m, const Config *cfg, const Backend *be, const ModelOptions *opt, uint64_t seed);
 // One tensor of the model under its Hugging Face checkpoint name (model_hf_tensors): a vector (cols 0)

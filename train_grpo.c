@@ -45,6 +45,7 @@
 #include "io/plot.h"
 #include "io/safetensors.h"
 #include "tasks/reward_program.h"
+#include "train/reward_model.h"
 #include "tasks/tasks.h"
 #include "train/builtin.h"
 #include "train/checkpoint.h"
@@ -61,6 +62,7 @@ typedef struct {
     const char *model, *data, *task, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules;
     const char *load_in_fp8, *kv_cache_dtype, *lora_dtype, *eval_data, *algo, *kl_estimator, *adam_moments;
     const char *reward_funcs, *reward_names;  // the rewards: the built-in ones, the programs' names
+    const char *reward_model, *reward_model_fp8;  // a *ForSequenceClassification checkpoint (train/reward_model.h)
     OptList reward_cmd;                       // the reward programs (tasks/reward_program.h)
     double reward_timeout;
     double heldout_frac;
@@ -134,8 +136,8 @@ static const Option OPTIONS[] = {
     {"num_iterations", OPT_GRPO, .meta = "N", .help = "updates per rollout batch (mu); > 1 adds an old-policy pass"},
     {"mask_truncated_completions", OPT_GRPO_FLAG, .help = "completions cut at max_completion_length get no loss"},
     {"reward_weights", OPT_GRPO, .meta = "X,X", .help = "a weight per reward: the built-in ones (--reward_funcs), then each program's "
-     "(none: correctness 1.0, format 0.2, a program's 1.0)"},
-    {"reward_funcs", OPT_STRING, OFF(reward_funcs), .meta = "LIST", .unset = "correctness,format; none with --reward_cmd",
+     "(none: correctness 1.0, format 0.2, a program's 1.0), then the reward model's (1.0)"},
+    {"reward_funcs", OPT_STRING, OFF(reward_funcs), .meta = "LIST", .unset = "correctness,format; none with --reward_cmd or --reward_model",
      .help = "the built-in rewards used: a comma list of correctness and format, or none"},
     {"reward_cmd", OPT_LIST, OFF(reward_cmd), .meta = "CMD",
      .help = "a reward program in any language, run with sh -c once and asked each step in a JSON line with TRL's "
@@ -145,6 +147,12 @@ static const Option OPTIONS[] = {
              "object of the rewards a and b"},
     {"reward_timeout", OPT_DOUBLE, OFF(reward_timeout), 0.001, 1e9, .dflt = "300",
      .help = "seconds a reward program may take to answer a step; past it the run stops (its last checkpoint intact)"},
+    {"reward_model", OPT_STRING, OFF(reward_model), .meta = "DIR",
+     .help = "a reward model: a Llama/Qwen2/Qwen3 *ForSequenceClassification checkpoint (num_labels 1, its tokenizer beside "
+             "it), frozen on the policy's device; it scores prompt + completion under its own tokenizer and chat template; "
+             "its weight last in --reward_weights (1.0), logged as rewards/<DIR's basename>/mean"},
+    {"reward_model_fp8", OPT_CHOICE, OFF(reward_model_fp8), .choices = "block|row|tensor|off", .unset = "--load_in_fp8's",
+     .help = "the reward model's linear weights in FP8 at this granularity, or off (BF16)"},
     {"vllm_importance_sampling_correction", OPT_GRPO_FLAG,
      .help = "weight tokens by exp(trainer - sampler logprob), capped: the rollout engine's numbers differ slightly"},
     {"vllm_importance_sampling_mode", OPT_GRPO, .choices = "token_truncate|token_mask|sequence_truncate|sequence_mask",
@@ -364,6 +372,7 @@ typedef struct {
     double weights[GRPO_MAX_REWARDS];  // (R) reward weights
     const char *reward_names[GRPO_MAX_REWARDS];
     RewardSet rewards;      // the built-in rewards used and the reward programs (this rank's own)
+    RewardModel rmodel;     // --reward_model (rmodel.tok NULL: none), the rewards' last column
     int start;              // the step resumed from (0: a fresh run)
     int end;                // the step of the run's last checkpoint: max_steps, or start when a resumed run is past it
     double acc;             // this step's held-out accuracy (NaN: not evaluated)
@@ -692,13 +701,17 @@ static void data_summary(const Run *r) {
     printf("\n");
 }
 
-// The run's rewards (tasks/reward_program.h): the built-in ones the data can serve, and the reward
-// programs, started now (each rank its own, for its own completions)
+// The run's rewards (tasks/reward_program.h): the built-in ones the data can serve, the reward
+// programs, started now (each rank its own, for its own completions), and a reward model checked with its
+// tokenizer read (its weights are read with the policy's: load)
 static void open_rewards(Run *r) {
     const Opts *o = &r->o;
     RewardSet *rs = &r->rewards;
     char err[512];
-    if (reward_set_open(rs, o->reward_funcs, o->reward_cmd.v, o->reward_cmd.n, o->reward_names, o->reward_timeout, err, sizeof err))
+    if (o->reward_model) reward_model_open(&r->rmodel, o->reward_model, r->task.n_conversational > 0);
+    const char *funcs = o->reward_funcs ? o->reward_funcs : o->reward_model ? "none" : NULL;  // (TRL: the model alone)
+    if (reward_set_open(rs, funcs, o->reward_cmd.v, o->reward_cmd.n, o->reward_names, o->reward_model ? r->rmodel.name : NULL,
+                        o->reward_timeout, err, sizeof err))
         die("%s", err);
     for (int k = 0; k < rs->n_builtin; k++)
         if (REWARD_FUNCS[rs->builtin[k]].fn == reward_correctness && r->task.n_unanswered == r->task.n_items && r->task.n_items)
@@ -769,6 +782,10 @@ static void load(Run *r) {
     } else {
         warmup(r, &tc, &mo);
         if (r->rank0 && !r->base_fp[0]) st_dir_fingerprint(r->warm_dir, r->base_fp);
+    }
+    if (o->reward_model) {  // held before the arena's budget is set: the memory plan counts its weights
+        reward_model_load(&r->rmodel, r->be, (FP8Gran)fp8_gran_parse(o->reward_model_fp8 ? o->reward_model_fp8 : o->load_in_fp8));
+        printf("reward model %s: a %s, linear weights %s\n", r->rmodel.name, r->rmodel.cls, fp8_gran_name(r->rmodel.m.opt.gran));
     }
     config_print(&m->cfg, stdout);
     printf("%s linear weights: %s, %.2f MiB (of %.2f MiB of weights)\n", o->use_peft ? "frozen" : "trained", o->load_in_fp8,
@@ -958,6 +975,7 @@ static void score(Run *r, Step *s, int step) {
     if (reward_set_score(&r->rewards, s->ex, r->G, S, texts, ro->ids, ro->len, Tc, ro->truncated, step, r->o.max_steps, s->rewards, err,
                          sizeof err))
         die("%s; the run stops here, its last checkpoint intact: fix the program, then --resume continues the run", err);
+    if (r->rmodel.tok) reward_model_score(&r->rmodel, &r->m, s->ex, r->G, S, texts, s->rewards + r->rewards.model_col, R);
     for (int q = 0; q < S; q++) free(texts[q]);
     free(texts);
     s->t_reward = now_sec() - t0;
@@ -1148,6 +1166,7 @@ static void memory_report(const Run *r, const Step *s) {
            (m->w.dense_bytes + m->w.fp8_bytes) / 1048576.0, r->lo ? "LoRA + AdamW" : "gradients + masters + AdamW",
            r->lora_bytes / 1048576.0, (m->acts.bytes + (r->lo ? lora_acts_bytes(r->lo, r->lo->ax_cap) : 0)) / 1048576.0, m->recompute ? "recomputed per layer" : "all layers kept",
            s->ro.kv_bytes / 1048576.0, m->dec.bytes / 1048576.0, peak / 1048576.0);
+    if (r->rmodel.tok) reward_model_report(&r->rmodel, stdout);
     if (m->arena.cap)
         printf("arena: %.1f MiB, time-shared: KV cache %.1f MiB at most, activations %.1f MiB at most "
                "(separate allocations would hold %.1f MiB)\n",
@@ -1429,6 +1448,7 @@ static void run_free(Run *r) {
     tokenizer_free(r->tok);
     task_free(&r->task);
     reward_set_close(&r->rewards);
+    reward_model_close(&r->rmodel);
 }
 
 // ----------------------------------------------------------------------------

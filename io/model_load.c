@@ -206,6 +206,15 @@ void config_from_json(Config *c, const char *text, const char *path) {
     c->max_pos = json_int(root, "max_position_embeddings", gemma ? 131072 : 4096, 0, 1, MAX_POS, path);
     c->eps = (float)json_pos(root, "rms_norm_eps", 1e-6, 0, 0, 1, path);
     c->tied = json_bool(root, "tie_word_embeddings", gemma, path);
+    // A *ForSequenceClassification (a reward model): a score head in the LM head's place, of num_labels rows
+    // (id2label's entries; transformers' default 2). It has no LM head: the embedding table stands in (tied).
+    cJSON *archs = cJSON_GetObjectItemCaseSensitive(top, "architectures"), *a0 = cJSON_GetArrayItem(archs, 0);
+    const char *cls = cJSON_IsString(a0) ? a0->valuestring : "", *suffix = "ForSequenceClassification";
+    if (strlen(cls) > strlen(suffix) && !strcmp(cls + strlen(cls) - strlen(suffix), suffix)) {
+        cJSON *labels = cJSON_GetObjectItemCaseSensitive(root, "id2label");
+        c->num_labels = cJSON_IsObject(labels) ? cJSON_GetArraySize(labels) : json_int(root, "num_labels", 2, 0, 1, 1 << 20, path);
+        c->tied = 1;
+    }
     c->qkv_bias = c->arch == ARCH_QWEN2;
     c->qk_norm = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE || gemma;
     c->gemma = gemma;
@@ -493,6 +502,7 @@ static void weights_layout(Weights *w, const Config *c, const ModelOptions *o, c
         slot_add(&fp8, (void **)&vw[i]->q.scale, (size_t)c->V * sizeof(float));
     }
     slot_add(&dense, &w->norm, (size_t)c->C * act);
+    if (c->num_labels) slot_add(&dense, &w->score, (size_t)c->num_labels * c->C * act);
     int layer_slot[2] = {0, 0};  // the dense slots where layers 0 and 1 begin
     for (int l = 0, sparse = 0; l < c->L; l++) {
         if (l < 2) layer_slot[l] = dense.n;
@@ -757,6 +767,7 @@ static void walk_tensors(const Loader *ld, Model *m) {
     load_vocab(ld, m ? &m->w.emb : NULL, (snprintf(nm, sizeof nm, "%sembed_tokens.weight", pre), nm), m ? m->opt.pow2 : 0);
     load_dense(ld, m ? m->w.norm : NULL, (snprintf(nm, sizeof nm, "%snorm.weight", pre), nm), c->C, 0);
     if (!c->tied) load_vocab(ld, m ? &m->w.head : NULL, config_head_name(c), m ? m->opt.pow2 : 0);
+    if (c->num_labels) load_dense(ld, m ? m->w.score : NULL, "score.weight", c->num_labels, c->C);
     for (int l = 0; l < c->L; l++) {
         LayerWeights *lw = m ? &m->w.layers[l] : NULL;
 #define LNAME(fmt, ...) (snprintf(nm, sizeof nm, "%slayers.%d." fmt, pre, l, __VA_ARGS__), nm)
@@ -838,11 +849,20 @@ static void find_layout(Config *c, const SafeTensors *st, const char *dir) {
         "(5.x): is this the multimodal checkpoint's own safetensors?", dir);
 }
 
-void model_load(Model *m, const char *dir, const Backend *be, const ModelOptions *opt) {
+// classifier: a *ForSequenceClassification is wanted (model_load_classifier), and only one is taken
+static void load_impl(Model *m, const char *dir, const Backend *be, const ModelOptions *opt, int classifier) {
     Config c;
     read_config(&c, dir);
+    if (c.num_labels && !classifier)
+        die("%s is a *ForSequenceClassification checkpoint (a reward model: --reward_model takes it), not a language model: "
+            "give a *ForCausalLM checkpoint", dir);
+    if (!c.num_labels && classifier)
+        die("%s: config.json's architectures name no *ForSequenceClassification: not a reward model checkpoint", dir);
     SafeTensors st;
     st_open_dir(&st, dir);
+    if (classifier && !st_find(&st, "score.weight"))
+        die("%s: the checkpoint has no score head (score.weight): save the reward model with its head (save_pretrained of "
+            "the *ForSequenceClassification)", dir);
     find_layout(&c, &st, dir);
     if (!c.tied && !st_find(&st, config_head_name(&c)))
         die("%s: missing tensor %s (and tie_word_embeddings is false)", dir, config_head_name(&c));
@@ -856,6 +876,9 @@ void model_load(Model *m, const char *dir, const Backend *be, const ModelOptions
     free(ld.used);
     st_close(&st);
 }
+
+void model_load(Model *m, const char *dir, const Backend *be, const ModelOptions *opt) { load_impl(m, dir, be, opt, 0); }
+void model_load_classifier(Model *m, const char *dir, const Backend *be, const ModelOptions *opt) { load_impl(m, dir, be, opt, 1); }
 
 // buf[i] = bound * U(-1, 1), element i drawn from its own counter-based stream (seed, tag, i):
 // parallel over elements and the same for any thread count (an 8B model in seconds)

@@ -364,10 +364,11 @@ static int open_builtins(RewardSet *rs, const char *funcs, char *err, size_t cap
     }
 }
 
-int reward_set_open(RewardSet *rs, const char *funcs, const char *const *cmds, int n_cmd, const char *names, double timeout,
-                    char *err, size_t cap) {
+int reward_set_open(RewardSet *rs, const char *funcs, const char *const *cmds, int n_cmd, const char *names, const char *model,
+                    double timeout, char *err, size_t cap) {
     memset(rs, 0, sizeof *rs);
     rs->timeout = timeout;
+    rs->model_col = -1;
     if (open_builtins(rs, funcs ? funcs : n_cmd ? "none" : "correctness,format", err, cap)) return -1;
     if (names && !n_cmd) return error_msg(err, cap, "--reward_names names the --reward_cmd programs: add --reward_cmd");
     if (n_cmd > REWARD_SET_MAX) return error_msg(err, cap, "--reward_cmd: at most %d programs", REWARD_SET_MAX);
@@ -397,7 +398,14 @@ int reward_set_open(RewardSet *rs, const char *funcs, const char *const *cmds, i
         reward_set_close(rs);
         return error_msg(err, cap, "--reward_names '%s' has more entries than the %d --reward_cmd programs: one each", names, n_cmd);
     }
-    if (rs->R == 0) return error_msg(err, cap, "--reward_funcs none and no --reward_cmd: the run has no reward");
+    if (model) {
+        rs->model_col = rs->R;
+        if (add_name(rs, model, err, cap)) {
+            reward_set_close(rs);
+            return -1;
+        }
+    }
+    if (rs->R == 0) return error_msg(err, cap, "--reward_funcs none and no --reward_cmd or --reward_model: the run has no reward");
     return 0;
 }
 

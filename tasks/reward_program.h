@@ -75,24 +75,27 @@ void reward_program_stop(RewardProgram *p);
 
 #define REWARD_SET_MAX 8
 typedef struct {
-    int R;                                  // rewards (the table's columns): the built-in ones, then the programs'
+    int R;                                  // rewards (the table's columns): the built-in ones, the programs', then
+                                            // a reward model's (train/reward_model.h)
     const char *names[REWARD_SET_MAX];      // (R)
     int n_builtin, builtin[REWARD_SET_MAX]; // the built-in ones, as indices of REWARD_FUNCS
     int n_prog;
     RewardProgram prog[REWARD_SET_MAX];
     double timeout;                         // seconds a program may take to answer
     double prog_seconds;                    // the programs' wall time in the last reward_set_score
+    int model_col;                          // the reward model's column, last, which its caller fills; -1: none
 } RewardSet;
 
 // funcs: the built-in rewards, "correctness,format" or "none" (NULL: both without programs, none
 // with them); cmds: n_cmd program command lines; names: their --reward_names, one comma-separated
-// entry each ("a" or "a+b"; NULL: cmd0, cmd1, ...). Starts the programs. 0, or -1 with one line in err
-// (nothing left running).
-int reward_set_open(RewardSet *rs, const char *funcs, const char *const *cmds, int n_cmd, const char *names, double timeout,
-                    char *err, size_t cap);
+// entry each ("a" or "a+b"; NULL: cmd0, cmd1, ...); model: a reward model's name (kept by the caller),
+// whose column comes last and is left to the caller, or NULL. Starts the programs. 0, or -1 with one
+// line in err (nothing left running).
+int reward_set_open(RewardSet *rs, const char *funcs, const char *const *cmds, int n_cmd, const char *names, const char *model,
+                    double timeout, char *err, size_t cap);
 // The rewards of S completions (texts, ids (S, Tc), lens, truncated) of the examples ex (S / G of
 // them) at step: out (S, R) row-major, NaN where a reward does not apply. 0, or -1 with one line in
-// err (a program's failure; that program is killed).
+// err (a program's failure; that program is killed). The reward model's column is not written.
 int reward_set_score(RewardSet *rs, const Example *ex, int G, int S, char *const *texts, const int *ids, const int *lens, int Tc,
                      const unsigned char *truncated, int step, int max_steps, double *out, char *err, size_t cap);
 void reward_set_close(RewardSet *rs);

@@ -318,7 +318,7 @@ START_TEST(test_bad_reward_options) {
         {"--reward_cmd true --reward_funcs correctness --reward_names correctness", "two rewards are named 'correctness'"},
         {"--reward_cmd true --reward_names 'a b'", "a name is 1-63 letters, digits"},
         {"--reward_funcs exact", "unknown reward 'exact': use correctness, format or none"},
-        {"--reward_funcs none", "no --reward_cmd: the run has no reward"},
+        {"--reward_funcs none", "no --reward_cmd or --reward_model: the run has no reward"},
         {"--reward_cmd true --reward_funcs format --reward_weights 1", "reward_weights has 1 values but there are 2 reward functions (format, cmd0)"},
         {"--reward_cmd nosuchprogram_xyz", "reward program 'cmd0' at step 1: exited with status 127 (command not found?) without answering"},
         // a banner at its start: said at the first request (before it, or after it with the answer behind)

@@ -32,3 +32,9 @@ int memfit_update(const Model *m, int S, int T, int want_mb, int want_rc, FitCho
     out->bytes = memfit_bytes(m, out->mb, T, out->recompute);
     return 0;
 }
+
+int memfit_forward(const Model *m, int S, int T, size_t cap) {
+    for (int mb = S; mb >= 1; mb = mb == 1 ? 0 : (mb + 1) / 2)
+        if (!cap || model_acts_bytes(m, mb, T, ACTS_FORWARD_ONLY) <= cap) return mb;
+    return 0;
+}

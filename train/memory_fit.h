@@ -1,4 +1,5 @@
 // memory_fit.h: the update's micro-batch and recomputation chosen to fit the time-shared arena.
+// (And a forward's alone, a reward model's: memfit_forward.)
 // An update runs forward + logprobs + backward over micro-batches of mb sequences of T tokens; their
 // activations live in the arena (model.h), and LoRA's saved ax beside it. A user's explicit
 // --micro_batch_size / --gradient_checkpointing always win; what is left open is chosen here:
@@ -32,6 +33,9 @@ size_t memfit_bytes(const Model *m, int mb, int T, int recompute);
 // largest choice is taken) less what LoRA's ax would take. 0 and *out on success; -1 when not even
 // the smallest allowed choice fits, with out->bytes its need.
 int memfit_update(const Model *m, int S, int T, int want_mb, int want_rc, FitChoice *out);
+// A forward alone (no backward: a reward model's, ACTS_FORWARD_ONLY) over S sequences of T tokens: the
+// largest of S, S/2, S/4, ..., 1 sequences whose activations fit in cap (0: no limit, S); 0 if none does.
+int memfit_forward(const Model *m, int S, int T, size_t cap);
 
 #ifdef __cplusplus
 }
