@@ -18,11 +18,16 @@
 //   ./build/bench_grpo --model 8b --fp8 off                     # the project's BF16 mode, same step
 //   ./build/bench_grpo --model 8b --fp8_embeddings --kv fp8 --lora_dtype bf16 --total_gib 10
 //   ./build/bench_grpo --model 8b --total_gib 24 --fit_new      # the longest completion that fits 24 GiB
+//   ./build/bench_grpo --model 8b --reward_model 8b              # with an 8B-shaped FP8 reward model
 // --total_gib X caps what the process holds, context included: the arena (KV cache / activations) gets
 // X less the context, weights, LoRA and --reserve_gib for the backend's scratch; without it the arena
 // gets --gpu_memory_utilization of the device, as train_grpo; --arena_gib X sets the arena's cap itself
 // (two runs compared at the same arena). --save DIR writes the shape's random weights as a bf16
-// checkpoint and stops (for ./train_grpo --model DIR, with a tokenizer.json put beside). --fit_new: --new becomes the longest
+// checkpoint and stops (for ./train_grpo --model DIR, with a tokenizer.json put beside). --reward_model SHAPE adds a
+// reward model of that shape (random weights, a score head; --reward_fp8, default --fp8) held beside the policy
+// before the arena's budget is set, as train_grpo holds one, which scores every prompt + completion between the
+// rollout and the update in the policy's arena (train/reward_model.h): its time and memory are parts of the
+// step. --fit_new: --new becomes the longest
 // completion (a multiple of 64) whose step fits that arena for one prompt's G completions (the KV cache
 // of the prompt and its G completions, and the update of one sequence with recomputation), then runs.
 // Prints one summary table last.
@@ -37,6 +42,7 @@
 #include "rollout.h"
 #include "shapes.h"
 #include "train/memory_fit.h"
+#include "train/reward_model.h"
 
 static double gib(size_t b) { return b / 1073741824.0; }
 static size_t gpu_used(void) {
@@ -58,6 +64,9 @@ typedef struct {
     int P, G, prompt, nnew, rank, want_mb, want_rc, fit_new;
     double total_gib, util, reserve_gib, arena_gib;
     const char *save;
+    const char *reward;  // --reward_model SHAPE, or NULL
+    FP8Gran reward_gran;
+    int reward_gran_set;
 } Args;
 
 // bytes of the weights by part: FP8 (or dense) linears, embedding table, LM head, the rest (norms, biases)
@@ -105,6 +114,14 @@ static void run(Args *a) {
     be->sync();
     double t_init = now_sec() - t0;
     size_t after_w = sample();
+    RewardModel rm;
+    memset(&rm, 0, sizeof rm);
+    if (a->reward) {
+        Config rc = bench_shape(a->reward);
+        reward_model_init_random(&rm, &rc, be, a->reward_gran_set ? a->reward_gran : a->gran, 4321);
+        be->sync();
+    }
+    size_t after_rm = sample();
     m.kv_fp8 = a->kv_fp8;
     LoRA *lo = lora_create(&m, a->rank, 2.0f * a->rank, (1u << LIN_COUNT) - 1, 7, a->lora_bf16);
     m.lora = lo;
@@ -144,8 +161,29 @@ static void run(Args *a) {
     double t_roll = now_sec() - t1;
     size_t after_roll = sample();
 
-    // update: the batch prompt + completion, dL/dlogp at the completion tokens
+    // the reward model: every prompt + completion scored (a forward alone, in the policy's arena)
     int T = a->prompt + a->nnew;
+    double t_rm = 0, mean_score = 0;
+    if (a->reward) {
+        int **rids = (int **)mallocCheck(S * sizeof(int *)), *rlens = (int *)mallocCheck(S * sizeof(int));
+        double *sc = (double *)mallocCheck(S * sizeof(double));
+        for (int q = 0; q < S; q++) {
+            rids[q] = (int *)mallocCheck(T * sizeof(int));
+            for (int t = 0; t < T; t++)
+                rids[q][t] = (t < a->prompt ? prompts[q / G][t] : ro.ids[(size_t)q * a->nnew + t - a->prompt]) % (rm.m.cfg.V - 1);
+            rlens[q] = T;
+        }
+        double t3 = now_sec();
+        reward_model_score_ids(&rm, &m, rids, rlens, S, sc, 1);
+        be->sync();
+        t_rm = now_sec() - t3;
+        for (int q = 0; q < S; q++) mean_score += sc[q] / S, free(rids[q]);
+        free(rids), free(rlens), free(sc);
+        if (!isfinite(mean_score)) die("the reward model's scores are not finite (mean %g)", mean_score);
+        sample();
+    }
+
+    // update: the batch prompt + completion, dL/dlogp at the completion tokens
     int *ids = (int *)mallocCheck((size_t)S * T * sizeof(int)), *tg = (int *)mallocCheck((size_t)S * T * sizeof(int));
     for (int q = 0; q < S; q++)
         for (int t = 0; t < T; t++) {
@@ -183,7 +221,8 @@ static void run(Args *a) {
     // the parts
     WeightBytes wb = weight_bytes(&m);
     size_t lora_other = lora_acts_bytes(lo, lo->ax_cap) + lora_copies_bytes(lo);
-    size_t parts = ctx + wb.linear + wb.emb + wb.head + wb.other + lora_state + lora_other + m.arena.bytes + m.dec.bytes;
+    size_t rm_bytes = a->reward ? reward_model_weight_bytes(&rm) : 0;
+    size_t parts = ctx + wb.linear + wb.emb + wb.head + wb.other + rm_bytes + lora_state + lora_other + m.arena.bytes + m.dec.bytes;
     size_t scratch = peak > parts ? peak - parts : 0;
     printf("\nGRPO step, %s shape (random weights), %s, %d prompts x %d completions, prompt %d + %d new, LoRA r %d "
            "on all 7 projections (%s masters and AdamW state)\n",
@@ -192,15 +231,23 @@ static void run(Args *a) {
            "rollout %.1f s (%d admissions after the first), update %.1f s; mean logprob %.3f\n",
            a->gran == FP8_OFF ? "bf16" : fp8_gran_name(a->gran), a->fp8_embed ? "fp8 rows" : "bf16",
            a->kv_fp8 ? "fp8" : "bf16", fc.mb, T, fc.recompute ? "on" : "off", t_roll, ro.admissions, t_upd, mean_lp);
-    printf("held (GiB): context %.2f, + weights %.2f, after the rollout %.2f, after the update %.2f; backend's own peak "
-           "%.2f beyond the context\n",
-           gib(ctx), gib(after_w), gib(after_roll), gib(after_upd), gib(bpeak));
+    if (a->reward)
+        printf("reward model %s shape, linears %s: scoring %.1f s (%d sequences of %d tokens, micro-batches in the arena), mean "
+               "score %.3f\n", a->reward, fp8_gran_name(rm.m.opt.gran), t_rm, S, T, mean_score);
+    printf("held (GiB): context %.2f, + weights %.2f, + reward model %.2f, after the rollout %.2f, after the update %.2f; "
+           "backend's own peak %.2f beyond the context\n",
+           gib(ctx), gib(after_w), gib(after_rm), gib(after_roll), gib(after_upd), gib(bpeak));
     printf("| part | GiB |\n| --- | --- |\n");
     printf("| CUDA context + cuBLAS(Lt) | %.2f |\n", gib(ctx));
     printf("| weights: linears (%s) | %.2f |\n", a->gran == FP8_OFF ? "bf16" : "fp8 + scales", gib(wb.linear));
     printf("| weights: embedding table | %.2f |\n", gib(wb.emb));
     printf("| weights: LM head%s | %.2f |\n", cfg.tied ? " (tied: the table)" : "", gib(wb.head));
     printf("| weights: norms, biases | %.3f |\n", gib(wb.other));
+    if (a->reward) {
+        printf("| reward model: weights (%s linears, embedding table, norms, score head) | %.2f |\n",
+               fp8_gran_name(rm.m.opt.gran), gib(rm_bytes));
+        printf("| reward model: activations at most (in the arena, a forward's alone) | %.2f |\n", gib(rm.peak_acts));
+    }
     printf("| LoRA params + grads + AdamW m, v | %.2f |\n", gib(lora_state));
     printf("| LoRA saved ax + rollout copies | %.2f |\n", gib(lora_other));
     printf("| arena (time-shared): KV cache at most | %.2f |\n", gib(m.arena.peak_kv));
@@ -210,6 +257,8 @@ static void run(Args *a) {
     printf("| backend scratch (the rest: logits chunks, FP8 activations, dequantized W for dX, sampler) | %.2f |\n",
            gib(scratch));
     printf("| **peak held, context included** | **%.2f** |\n", gib(peak));
+    printf("| step time: rollout, reward model, update (s) | %.2f, %.2f, %.2f |\n", t_roll, t_rm, t_upd);
+    reward_model_close(&rm);
     rollout_free(&ro);
     m.lora = NULL;
     lora_free(lo);
@@ -219,7 +268,7 @@ static void run(Args *a) {
 }
 
 int main(int argc, char **argv) {
-    Args a = {"8b", FP8_BLOCK, 0, 0, 0, 8, 8, 256, 512, 16, 0, -1, 0, 0, 0.9, 1.0, 0, NULL};
+    Args a = {"8b", FP8_BLOCK, 0, 0, 0, 8, 8, 256, 512, 16, 0, -1, 0, 0, 0.9, 1.0, 0, NULL, NULL, FP8_BLOCK, 0};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(k, "--model") && v) a.size = v, i++;
@@ -243,10 +292,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--arena_gib") && v) a.arena_gib = atof(v), i++;
         else if (!strcmp(k, "--fit_new")) a.fit_new = 1;
         else if (!strcmp(k, "--save") && v) a.save = v, i++;
+        else if (!strcmp(k, "--reward_model") && v) a.reward = v, i++;
+        else if (!strcmp(k, "--reward_fp8") && v) {
+            int g = fp8_gran_parse(v);
+            if (g < 0) die("--reward_fp8: block, row, tensor or off, not '%s'", v);
+            a.reward_gran = (FP8Gran)g, a.reward_gran_set = 1, i++;
+        }
         else die("usage: bench_grpo [--model " SHAPE_NAMES "] [--fp8 block|row|tensor|off] [--kv auto|fp8] "
                  "[--fp8_embeddings] [--lora_dtype fp32|bf16] [--prompts 8] [--generations 8] [--prompt 256] [--new 512] "
                  "[--rank 16] [--micro_batch N] [--recompute] [--total_gib X | --gpu_memory_utilization 0.9] "
-                 "[--arena_gib X] [--reserve_gib 1] [--fit_new] [--save DIR]");
+                 "[--arena_gib X] [--reserve_gib 1] [--fit_new] [--save DIR] [--reward_model SHAPE] [--reward_fp8 GRAN]");
     }
     if (a.P < 1 || a.G < 1 || a.prompt < 1 || a.nnew < 1 || a.rank < 1 || a.want_mb < 0)
         die("--prompts, --generations, --prompt, --new, --rank must be positive");

@@ -1,11 +1,14 @@
 // test/gpu_models.cu: GPU suite for whole models from the Hugging Face fixtures
 // (test/fixtures/{qwen3,qwen2,llama3,mistral,gemma3}) on both backends: logits, KV-cache decode, LoRA
-// gradients, and one GRPO step, PPO's value model and one full-weight training step CPU vs GPU.
+// gradients, and one GRPO step, PPO's value model and one full-weight training step CPU vs GPU; the reward
+// models of test/fixtures/reward_model scoring their cases.
 // Tolerances: gpu_util.cuh. Run on a GPU: make test-gpu (CK_FORK=no).
 #include "gpu_util.cuh"
 #include "train/full_finetune.h"
 #include "train/optim.h"
 #include "train/ppo_train.h"
+#include "train/reward_model.h"
+#include <cjson/cJSON.h>
 
 // ---- whole models: the fixtures on both backends -----------------------------------------------
 
@@ -416,6 +419,64 @@ START_TEST(test_value_model) {
 }
 END_TEST
 
+// Reward models (train/reward_model.h): each fixture's cases (cases.json: text and conversational prompts)
+// scored on backend be at gran into out (*n of them); lend: through an arena of a policy's too small for the
+// whole batch (micro-batches, as between a rollout and an update)
+static void reward_scores(const char *name, const Backend *be, FP8Gran gran, int lend, double *out, int *n) {
+    char dir[1024], p[1100];
+    snprintf(dir, sizeof dir, "%s/reward_model/%s", fixture_dir(), name);
+    path_join(p, sizeof p, dir, "cases.json");
+    char *text = read_file(p, NULL);
+    cJSON *root = cJSON_Parse(text), *it;
+    free(text);
+    Example ex[16];
+    char *comp[16];
+    memset(ex, 0, sizeof ex);
+    *n = 0;
+    cJSON_ArrayForEach(it, root) {
+        cJSON *sys = cJSON_GetObjectItem(it, "system");
+        ex[*n].prompt = cJSON_GetObjectItem(it, "prompt")->valuestring;
+        ex[*n].system = cJSON_IsString(sys) ? sys->valuestring : NULL;
+        ex[*n].messages = cJSON_IsTrue(cJSON_GetObjectItem(it, "messages")) ? (char *)"[]" : NULL;
+        comp[(*n)++] = cJSON_GetObjectItem(it, "completion")->valuestring;
+    }
+    RewardModel rm;
+    reward_model_open(&rm, dir, 1);
+    reward_model_load(&rm, be, gran);
+    Model owner;
+    memset(&owner, 0, sizeof owner);
+    owner.be = be;
+    if (lend) model_arena_init(&owner, model_acts_bytes(&rm.m, 2, 64, ACTS_FORWARD_ONLY));
+    reward_model_score(&rm, lend ? &owner : NULL, ex, 1, *n, comp, out, 1);
+    if (owner.arena.mem) be->free(owner.arena.mem);
+    reward_model_close(&rm);
+    cJSON_Delete(root);
+}
+
+// The GPU's scores against the CPU's: BF16 within 2^-5 (rel L2 over the cases, the value model's allowance:
+// a dot product of bf16 hidden states); FP8 block within that plus the FP8 quantization's own effect on the
+// CPU (rel L2 between the CPU's FP8 and fp32 scores), as the logits above
+START_TEST(test_reward_models) {
+    const char *names[2] = {"llama", "qwen3"};
+    for (int a = 0; a < 2; a++)
+        for (int lend = 0; lend < 2; lend++) {
+            double co[16], go[16], cb[16], gb[16];
+            int n;
+            reward_scores(names[a], CPU, FP8_OFF, 0, co, &n);
+            reward_scores(names[a], G, FP8_OFF, lend, go, &n);
+            reward_scores(names[a], CPU, FP8_BLOCK, 0, cb, &n);
+            reward_scores(names[a], G, FP8_BLOCK, lend, gb, &n);
+            float f[4][16];
+            for (int i = 0; i < n; i++) f[0][i] = (float)co[i], f[1][i] = (float)go[i], f[2][i] = (float)cb[i], f[3][i] = (float)gb[i];
+            double q = rel_l2(f[2], f[0], n, NULL), eo = rel_l2(f[1], f[0], n, NULL), eb = rel_l2(f[3], f[2], n, NULL);
+            printf("  reward model %-5s%s: scores rel L2 off %.4f (tol %.4f), block %.4f (tol %.4f; FP8's effect on the CPU %.4f)\n",
+                   names[a], lend ? " (lent an arena)" : "", eo, 0x1p-5, eb, 0x1p-5 + q, q);
+            ck_assert_msg(eo <= 0x1p-5, "%s: BF16 scores differ by %g", names[a], eo);
+            ck_assert_msg(eb <= 0x1p-5 + q, "%s: FP8 scores differ by %g", names[a], eb);
+        }
+}
+END_TEST
+
 // One full-weight training step (full_finetune.h) on each fixture, CPU vs GPU: the gradients of every dense
 // weight (embeddings, norms, projections, biases, the LM head) within the LoRA gradients' allowance
 // (2^-4 rel L2: the chain runs forward and back through bf16 storage), the AdamW update of the fp32
@@ -590,6 +651,7 @@ static Suite *gpu_models_suite(void) {
     tcase_add_test(tc, test_models);
     tcase_add_test(tc, test_grpo_step);
     tcase_add_test(tc, test_value_model);
+    tcase_add_test(tc, test_reward_models);
     tcase_add_test(tc, test_full_step);
     tcase_add_test(tc, test_fp8_kept_inputs);
     suite_add_tcase(s, tc);

@@ -184,14 +184,9 @@ static void score_batch(RewardModel *rm, int *const *ids, const int *lens, int B
     free(tmp), free(v), free(tok), free(last);
 }
 
-void reward_model_score(RewardModel *rm, Model *arena, const Example *ex, int G, int S, char *const *texts, double *out,
-                        int stride) {
-    double t0 = now_sec();
-    int **ids = (int **)mallocCheck(S * sizeof(int *)), *lens = (int *)mallocCheck(S * sizeof(int)), T = 0;
+void reward_model_score_ids(RewardModel *rm, Model *arena, int *const *ids, const int *lens, int S, double *out, int stride) {
+    int T = 0;
     for (int q = 0; q < S; q++) {
-        char *text = reward_model_text(rm, &ex[q / G], texts[q]);
-        lens[q] = tokenizer_encode(rm->tok, text, &ids[q]);
-        free(text);
         if (lens[q] < 1) die("reward model %s: a prompt and its completion encode to no tokens", rm->name);
         if (lens[q] > rm->m.cfg.max_pos)
             die("reward model %s: a prompt and its completion are %d of its tokens, more than its max_position_embeddings %d: "
@@ -210,9 +205,38 @@ void reward_model_score(RewardModel *rm, Model *arena, const Example *ex, int G,
         score_batch(rm, ids + q0, lens + q0, B, out + (size_t)q0 * stride, stride);
     }
     arena_return(rm, arena);
+}
+
+void reward_model_score(RewardModel *rm, Model *arena, const Example *ex, int G, int S, char *const *texts, double *out,
+                        int stride) {
+    double t0 = now_sec();
+    int **ids = (int **)callocCheck(S, sizeof(int *)), *lens = (int *)callocCheck(S, sizeof(int));
+    for (int q = 0; q < S; q++) {
+        char *text = reward_model_text(rm, &ex[q / G], texts[q]);
+        lens[q] = tokenizer_encode(rm->tok, text, &ids[q]);
+        free(text);
+    }
+    reward_model_score_ids(rm, arena, ids, lens, S, out, stride);
     for (int q = 0; q < S; q++) free(ids[q]);
     free(ids), free(lens);
     rm->seconds = now_sec() - t0;
+}
+
+void reward_model_init_random(RewardModel *rm, const Config *shape, const Backend *be, FP8Gran gran, uint64_t seed) {
+    memset(rm, 0, sizeof *rm);
+    Config c = *shape;
+    c.num_labels = 1, c.tied = 1;  // a score head, no LM head
+    ModelOptions mo = {gran, 0, 0, 0, 0};
+    model_init_random(&rm->m, &c, be, &mo, seed);
+    rm->m.recompute = ACTS_FORWARD_ONLY;
+    rm->head = (QWeight){.rows = 1, .cols = c.C, .gran = FP8_OFF, .dense = rm->m.w.score};
+    float *w = (float *)mallocCheck(c.C * sizeof(float));
+    for (int i = 0; i < c.C; i++) w[i] = (float)(((i * 7919) % 13) - 6) / (6.0f * sqrtf((float)c.C));
+    be->upload_convert(rm->m.w.score, be->act, w, DT_F32, c.C);
+    free(w);
+    rm->pad = c.V - 1;
+    snprintf(rm->name, sizeof rm->name, "random");
+    snprintf(rm->cls, sizeof rm->cls, "random *ForSequenceClassification");
 }
 
 size_t reward_model_weight_bytes(const RewardModel *rm) { return rm->m.w.dense_bytes + rm->m.w.fp8_bytes; }
@@ -225,10 +249,9 @@ void reward_model_report(const RewardModel *rm, FILE *f) {
 }
 
 void reward_model_close(RewardModel *rm) {
-    if (!rm->tok) return;
     const Backend *be = rm->m.be;
     if (rm->rows) be->free(rm->rows), be->free(rm->idx), be->free(rm->vals);
     if (be) model_free(&rm->m);
-    tokenizer_free(rm->tok);
+    if (rm->tok) tokenizer_free(rm->tok);
     memset(rm, 0, sizeof *rm);
 }

@@ -11,7 +11,8 @@
 // Its weights are another model's (the policy's memory plan counts them: they are held before the arena's
 // budget is set); its activations are a forward's alone (ACTS_FORWARD_ONLY), in micro-batches that fit,
 // and live in the policy's time-shared arena (model.h Arena), idle between the rollout and the update.
-// Defines RewardModel, reward_model_open / _load / _name / _text / _score / _report / _close (reward_model.c).
+// Defines RewardModel, reward_model_open / _load / _name / _text / _score / _score_ids /
+// _init_random / _report / _close (reward_model.c).
 // Depends on model.h, tokenizer.h, tasks/tasks.h (Example).
 #ifndef REWARD_MODEL_H
 #define REWARD_MODEL_H
@@ -56,6 +57,11 @@ char *reward_model_text(const RewardModel *rm, const Example *ex, const char *co
 // live in it), or NULL (activations of their own).
 void reward_model_score(RewardModel *rm, Model *arena, const Example *ex, int G, int S, char *const *texts, double *out,
                         int stride);
+// the same for S texts as its token ids (ids[q], lens[q] of them)
+void reward_model_score_ids(RewardModel *rm, Model *arena, int *const *ids, const int *lens, int S, double *out, int stride);
+// A reward model of a shape made here with random weights (benchmarks: dev/bench_grpo.c), its linear
+// weights as gran; no tokenizer (score ids alone), pad id V - 1
+void reward_model_init_random(RewardModel *rm, const Config *shape, const Backend *be, FP8Gran gran, uint64_t seed);
 // one line on its memory: weights and the most its activations held
 void reward_model_report(const RewardModel *rm, FILE *f);
 size_t reward_model_weight_bytes(const RewardModel *rm);
