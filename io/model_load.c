@@ -213,6 +213,7 @@ void config_from_json(Config *c, const char *text, const char *path) {
     if (strlen(cls) > strlen(suffix) && !strcmp(cls + strlen(cls) - strlen(suffix), suffix)) {
         cJSON *labels = cJSON_GetObjectItemCaseSensitive(root, "id2label");
         c->num_labels = cJSON_IsObject(labels) ? cJSON_GetArraySize(labels) : json_int(root, "num_labels", 2, 0, 1, 1 << 20, path);
+        if (c->num_labels < 1 || c->num_labels > 1 << 20) die("%s: id2label has %d labels: a classifier has 1 or more", path, c->num_labels);
         c->tied = 1;
     }
     c->qkv_bias = c->arch == ARCH_QWEN2;

@@ -188,6 +188,7 @@ static void two_labels(cJSON *root) {
     cJSON_AddStringToObject(l, "1", "LABEL_1");
     cJSON_ReplaceItemInObject(root, "id2label", l);
 }
+static void no_labels(cJSON *root) { cJSON_ReplaceItemInObject(root, "id2label", cJSON_CreateObject()); }
 static void no_pad(cJSON *root) { cJSON_DeleteItemFromObject(root, "pad_token_id"); }
 static void other_pad(cJSON *root) { cJSON_ReplaceItemInObject(root, "pad_token_id", cJSON_CreateNumber(5)); }
 static void pad0(cJSON *root) { cJSON_ReplaceItemInObject(root, "pad_token_id", cJSON_CreateNumber(0)); }  // (Gemma's <pad>)
@@ -205,6 +206,7 @@ START_TEST(test_bad_checkpoints) {
         {"mistral", mistral, all, "unsupported architecture MistralForSequenceClassification: --reward_model takes"},
         {"gpt2", gpt2, all, "unsupported architecture \"gpt2\""},
         {"labels", two_labels, all, "num_labels is 2 (config.json's id2label): a reward model gives one score, num_labels 1"},
+        {"nolabels", no_labels, all, "id2label has 0 labels: a classifier has 1 or more"},
         {"nopad", no_pad, all, "config.json has no pad_token_id in [0, 3968)"},
         {"otherpad", other_pad, all, "the tokenizer pads with id 3692 but config.json's pad_token_id is 5"},
         {"notok", NULL, "model.safetensors", "no tokenizer.json: the reward model reads the text under its own tokenizer"},

@@ -498,8 +498,8 @@ START_TEST(test_help_lists_defaults) {
         {"num_generations", "8"}, {"beta", "0"}, {"epsilon", "0.2"}, {"epsilon_high", "none"}, {"loss_type", "dapo"},
         {"scale_rewards", "group"}, {"importance_sampling_level", "token"}, {"num_iterations", "1"},
         {"mask_truncated_completions", "false"}, {"reward_weights", "none"}, {"vllm_importance_sampling_correction", "true"},
-        {"reward_funcs", "correctness,format; none with --reward_cmd"}, {"reward_cmd", "none"}, {"reward_names", "cmd0,cmd1,..."},
-        {"reward_timeout", "300"},
+        {"reward_funcs", "correctness,format; none with --reward_cmd or --reward_model"}, {"reward_cmd", "none"}, {"reward_names", "cmd0,cmd1,..."},
+        {"reward_timeout", "300"}, {"reward_model", "none"}, {"reward_model_fp8", "--load_in_fp8's"},
         {"vllm_importance_sampling_mode", "sequence_mask"}, {"vllm_importance_sampling_cap", "3"},
         // PPO's: TRL's PPOConfig defaults
         {"algo", "grpo"}, {"num_ppo_epochs", "4"}, {"num_mini_batches", "1"}, {"cliprange", "0.2"}, {"cliprange_value", "0.2"},
