@@ -3,7 +3,8 @@
 // tokenizer, a Qwen3ForSequenceClassification with the Qwen2 tokenizer's ChatML) score text and
 // conversational prompt + completion pairs within 1e-5 of transformers, with the same ids; in micro-batches
 // lent the policy's arena as well; each bad checkpoint is one line; ./train_grpo runs GRPO and PPO with one,
-// logs its reward under its name, weighs it beside a built-in reward, and refuses another on --resume.
+// logs its reward under its name (the scores of the run's own completions), weighs it beside a built-in
+// reward, and refuses another on --resume.
 #include <check.h>
 #include <limits.h>
 #include <cjson/cJSON.h>
@@ -249,7 +250,7 @@ END_TEST
 // ./train_grpo with a reward model
 
 static int run(const char *cmd, char *out, size_t cap) {
-    char full[5 * PATH_MAX], of[PATH_MAX];
+    char full[8 * PATH_MAX], of[PATH_MAX];
     snprintf(of, sizeof of, "%s/out.txt", tmp_dir);
     snprintf(full, sizeof full, "%s >%s 2>&1", cmd, of);
     int rc = system(full);
@@ -314,6 +315,52 @@ START_TEST(test_grpo_and_ppo) {
 }
 END_TEST
 
+// The logged reward is the reward model's score of the run's own completions: a reward program (of weight 0)
+// records each step's request, whose prompts and completions, scored here, give rewards/qwen3/mean
+START_TEST(test_logged_scores_are_the_completions) {
+    tmp_setup();
+    use_cache_in(tmp_dir);
+    char fix[PATH_MAX], rel[1024], cmd[6 * PATH_MAX], out[32768], dir[PATH_MAX], req[PATH_MAX + 32];
+    fixture_path(rel, sizeof rel, "reward_model/qwen3");
+    ck_assert(realpath(rel, fix));
+    snprintf(dir, sizeof dir, "%s/logged", tmp_dir);
+    snprintf(req, sizeof req, "%s/requests.jsonl", tmp_dir);
+    snprintf(cmd, sizeof cmd, "rm -f %s && ./train_grpo --device cpu --warmup_sft_steps 0 --per_device_train_batch_size 4 "
+             "--num_generations 2 --max_completion_length 8 --eval_size 2 --eval_steps 0 --max_steps 2 --reward_model %s "
+             "--reward_model_fp8 off --reward_funcs none --reward_cmd 'while IFS= read -r l; do printf \"%%s\\n\" \"$l\" >> %s; "
+             "echo \"[0, 0, 0, 0]\"; done' --reward_weights 0,1 --output_dir %s", req, fix, req, dir);
+    ck_assert_msg(run(cmd, out, sizeof out) == 0, "%s\n%s", cmd, out);
+    RewardModel rm;
+    reward_model_open(&rm, fix, 0);
+    reward_model_load(&rm, backend_cpu(), FP8_OFF);
+    char *text = read_file(req, NULL), *line = text;
+    int step = 0;
+    for (char *nl; line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        cJSON *j = cJSON_Parse(line), *ps = cJSON_GetObjectItem(j, "prompts"), *cs = cJSON_GetObjectItem(j, "completions");
+        int S = cJSON_GetArraySize(cs);
+        ck_assert_int_eq(S, 4);
+        Example ex[4];
+        char *comp[4];
+        memset(ex, 0, sizeof ex);
+        for (int q = 0; q < S; q++) {
+            ex[q].prompt = cJSON_GetArrayItem(ps, q)->valuestring;
+            comp[q] = cJSON_GetArrayItem(cs, q)->valuestring;
+        }
+        double sc[4], mean = 0;
+        reward_model_score(&rm, NULL, ex, 1, S, comp, sc, 1);
+        for (int q = 0; q < S; q++) mean += sc[q] / S;
+        double logged = metric(dir, ++step, "rewards/qwen3/mean");
+        ck_assert_msg(fabs(logged - mean) < 1e-6, "step %d: logged %.7f, the completions score %.7f", step, logged, mean);
+        cJSON_Delete(j);
+    }
+    ck_assert_int_eq(step, 2);
+    free(text);
+    reward_model_close(&rm);
+}
+END_TEST
+
 static Suite *reward_model_suite(void) {
     Suite *s = suite_create("reward_model");
     TCase *tc = tcase_create("reward_model");
@@ -323,6 +370,7 @@ static Suite *reward_model_suite(void) {
     tcase_add_test(tc, test_arena_micro_batches);
     tcase_add_test(tc, test_bad_checkpoints);
     tcase_add_test(tc, test_grpo_and_ppo);
+    tcase_add_test(tc, test_logged_scores_are_the_completions);
     suite_add_tcase(s, tc);
     return s;
 }
