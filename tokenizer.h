@@ -87,6 +87,9 @@ char *tokenizer_chat_text(const Tokenizer *t, const char *system, const char *us
 // Recognize a Jinja chat template (what tokenizer_load_dir does with tokenizer_config.json's).
 void tokenizer_set_chat_template(Tokenizer *t, const char *jinja);
 const char *tokenizer_chat_format(const Tokenizer *t);  // "chatml", "llama3", "llama3.1", "gemma", "mistral", "none", "unsupported"
+// 1 when the template writes a <think> block into the assistant's turns (Qwen3's): the prompt ending in the
+// generation prompt is ChatML's, a whole conversation is not
+int tokenizer_chat_thinks(const Tokenizer *t);
 
 // ---- vocabulary ----
 int tokenizer_vocab_size(const Tokenizer *t);                 // largest id + 1 (model vocab and added tokens)

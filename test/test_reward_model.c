@@ -238,6 +238,18 @@ START_TEST(test_bad_checkpoints) {
     snprintf(p, sizeof p, "cp %s/tokenizer.json %s/tokenizer_config.json %s/", src, src, dir);
     ck_assert_int_eq(system(p), 0);
     EXPECT_DIE(reward_model_open(&rm, dir, 1), "the reward model's chat template is gemma, not ChatML or Llama 3");
+    // ChatML with a <think> block in the assistant's turn (as Qwen3's template writes one): conversational data refused,
+    // text prompts taken
+    variant("thinks", NULL, "model.safetensors tokenizer.json", dir, sizeof dir);
+    const char *cfg = "{\"pad_token\": \"<|end_of_text|>\", \"chat_template\": \"{%- for m in messages %}{{- '<|im_start|>' + "
+                      "m.role + '\\n' }}{%- if m.role == 'assistant' %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{{- "
+                      "m.content + '<|im_end|>\\n' }}{%- endfor %}\"}";
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    write_file_atomic(p, cfg, strlen(cfg));
+    EXPECT_DIE(reward_model_open(&rm, dir, 1), "writes a <think> block into the assistant's turn (Qwen3's)");
+    reward_model_open(&rm, dir, 0);
+    ck_assert_str_eq(tokenizer_chat_format(rm.tok), "chatml");
+    reward_model_close(&rm);
     // a policy (--model) that is a reward model
     Model m;
     ModelOptions o = {0};

@@ -125,6 +125,7 @@ struct Tokenizer {
     char *default_system, *date, *bos_str;
     char *inst_open, *inst_close;  // Mistral: the literals around the user turn ("[INST] ", " [/INST]")
     int no_system;                 // the template refuses a system message (Gemma 1/2, Mistral v0.1)
+    int thinks;                    // the template writes a <think> block into assistant turns (Qwen3)
     int bos, pad, eos[MAX_EOS], n_eos;
 };
 

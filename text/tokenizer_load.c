@@ -3,7 +3,7 @@
 // checked against what tokenizer.c runs, anything else refused in one line; the added tokens;
 // the decode tables), the checkpoint directory's tokenizer_config.json, chat_template.jinja and
 // generation_config.json (the chat format, the special ids), and the built-in byte vocabulary.
-// Defines tokenizer_load, tokenizer_load_dir, tokenizer_set_chat_template, tokenizer_chat_format,
+// Defines tokenizer_load, tokenizer_load_dir, tokenizer_set_chat_template, tokenizer_chat_format, tokenizer_chat_thinks,
 // tokenizer_byte_level (tokenizer.h). What a Tokenizer does with all this: tokenizer.c.
 #include <cjson/cJSON.h>
 #include <sys/stat.h>
@@ -598,6 +598,7 @@ void tokenizer_set_chat_template(Tokenizer *t, const char *tmpl) {
     t->default_system = t->date = t->inst_open = t->inst_close = NULL;
     t->no_system = 0;
     if (!tmpl) { t->chat = CHAT_NONE; return; }
+    t->thinks = strstr(tmpl, "<think>") != NULL;
     if (strstr(tmpl, "<|im_start|>")) {
         t->chat = CHAT_CHATML;
         for (const char *p = tmpl; (p = strstr(p, "<|im_start|>system")) != NULL; p++) {
@@ -641,6 +642,8 @@ void tokenizer_set_chat_template(Tokenizer *t, const char *tmpl) {
         t->chat = CHAT_UNSUPPORTED;
     }
 }
+
+int tokenizer_chat_thinks(const Tokenizer *t) { return t->chat != CHAT_NONE && t->thinks; }
 
 const char *tokenizer_chat_format(const Tokenizer *t) {
     static const char *names[] = {"none", "chatml", "llama3", "llama3.1", "gemma", "mistral", "unsupported"};

@@ -66,6 +66,10 @@ void reward_model_open(RewardModel *rm, const char *dir, int conversational) {
     if (conversational && strcmp(fmt, "chatml") && strcmp(fmt, "llama3") && strcmp(fmt, "llama3.1"))
         die("--reward_model %s: the data's prompts are messages, but the reward model's chat template is %s, not ChatML or "
             "Llama 3 (the ones built in for scoring a whole conversation): give the prompts as text", dir, fmt);
+    if (conversational && tokenizer_chat_thinks(rm->tok))
+        die("--reward_model %s: the data's prompts are messages, but the reward model's chat template writes a <think> block "
+            "into the assistant's turn (Qwen3's), which is not built in for scoring a whole conversation: give the prompts as "
+            "text", dir);
     reward_model_name(dir, rm->name, sizeof rm->name);
 }
 
