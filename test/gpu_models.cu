@@ -1,5 +1,5 @@
-// test/gpu_models.cu: GPU suite for whole models from the Hugging Face fixtures
-// (test/fixtures/{qwen3,qwen2,llama3,mistral,gemma3}) on both backends: logits, KV-cache decode, LoRA
+// test/gpu_models.cu: GPU suite for whole models from the Hugging Face fixtures (test/fixtures/{qwen3,
+// qwen2,llama3,mistral,gemma3,qwen3_moe,qwen3_moe16,qwen3_moe_fp8}) on both backends: logits, KV-cache decode, LoRA
 // gradients, and one GRPO step, PPO's value model and one full-weight training step CPU vs GPU.
 // Tolerances: gpu_util.cuh. Run on a GPU: make test-gpu (CK_FORK=no).
 #include "gpu_util.cuh"
@@ -11,7 +11,10 @@
 
 // Mistral (a sliding window on every layer) and Gemma 3 (sliding and full layers, GeGLU, (1 + w) norms):
 // their decode below runs to position 17, past both fixtures' windows (8, 6)
-static const char *ARCHS[] = {"qwen3", "qwen2", "llama3", "mistral", "gemma3"};
+// Qwen3 MoE: 8 experts top 2 with norm_topk_prob and a dense layer among the sparse ones, 16 top 4 without,
+// and the published FP8 layout (each expert its own 128x128 block scales); their LoRA is on the attention
+// ("all" becomes q, k, v, o), so its gradients come through the experts' input gradient
+static const char *ARCHS[] = {"qwen3", "qwen2", "llama3", "mistral", "gemma3", "qwen3_moe", "qwen3_moe16", "qwen3_moe_fp8"};
 #define N_ARCHS ((int)(sizeof ARCHS / sizeof ARCHS[0]))
 
 static double rel_l2(const float *a, const float *b, size_t n, double *maxabs) {
