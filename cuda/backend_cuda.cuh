@@ -33,8 +33,8 @@ enum {
     SC_HEAD_WT,                    // an LM head trained in FP8: W^T's codes (fp8_train.cu)
     SC_MOE_INT,                    // Qwen3 MoE (moe.cu): the slots' groups by expert (counts, offsets, perm),
     SC_MOE_SX, SC_MOE_SH,          // the FP8 scales of the experts' inputs and of the SwiGLU's outputs,
-    SC_MOE_GU, SC_MOE_H,           // gate|up (the decode step's) or their gradients, the SwiGLU's outputs,
-    SC_MOE_Y, SC_MOE_DY, SC_MOE_DH,  // each slot's expert output (or dx), dout times its weight, dh
+    SC_MOE_GU, SC_MOE_H,           // gate|up (the decode step's) or their gradients, the SwiGLU's outputs (or dh),
+    SC_MOE_Y,                      // each slot's expert output (or its gradients, dy then dx)
     SC_COUNT
 };
 cudaStream_t cu_stream(void);              // every op runs on it

@@ -446,7 +446,8 @@ __global__ void moe_combine_kernel(bf16 *out, const bf16 *y, const float *w, con
     }
 }
 
-// a warp a slot: dw[slot] = <dout[n], y[slot]> (fp32), dy[slot] = bf16(w[slot] dout[n]) (0 for a slot of no expert)
+// a warp a slot: dw[slot] = <dout[n], y[slot]> (fp32), dy[slot] = bf16(w[slot] dout[n]) (0 for a slot of no
+// expert); dy may be y (each element is read before the same thread writes it)
 __global__ void moe_dw_kernel(float *dw, bf16 *dy, const bf16 *dout, const bf16 *y, const float *w, const int32_t *idx,
                               int NK, int C, int K, int E) {
     int sl = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
@@ -616,25 +617,30 @@ void cu_moe_experts_backward(void *dx, void *dw, const QWeight *dexperts, const 
     if (N <= 0) return;
     cudaStream_t st = cu_stream();
     MoeGroups g = moe_groups(idx, NK, E);
+    // three per-slot buffers, each reused once its contents are spent: h then dh (F), y then dy then each
+    // slot's dx (C), and dgate|dup (2 F)
     bf16 *h = (bf16 *)cu_scratch(SC_MOE_H, (size_t)NK * F * 2), *y = (bf16 *)cu_scratch(SC_MOE_Y, (size_t)NK * C * 2);
-    bf16 *dy = (bf16 *)cu_scratch(SC_MOE_DY, (size_t)NK * C * 2), *dh = (bf16 *)cu_scratch(SC_MOE_DH, (size_t)NK * F * 2);
     bf16 *dg = (bf16 *)cu_scratch(SC_MOE_GU, 2 * (size_t)NK * F * 2), *du = dg + (size_t)NK * F;
-    // each slot's expert output again (the routing weight's gradient), then dy = w dout through down, the SwiGLU,
-    // and gate and up (summed in one product), then each token's K slots summed
+    MoeDW d[3];  // the weight gradients' pointers (dexperts: BF16 experts, full fine-tuning)
+    for (int e = 0; dexperts && e < E; e++)
+        for (int k = 0; k < 3; k++) d[k].dw[e] = (float *)dexperts[3 * e + k].dense;
+    // each slot's expert output again (the routing weight's gradient), dy = w dout in its place; then dy
+    // through down (dWd += dy^T h first: h's buffer takes dh), the SwiGLU, and gate and up (one product,
+    // dy's buffer takes it); each token's K slots summed; dWg += dgate^T x, dWu += dup^T x
     down_forward(y, h, (const bf16 *)gate, (const bf16 *)up, experts, &g, NK, E, F, C);
-    moe_dw_kernel<<<cdiv(NK, 8), 256, 0, st>>>((float *)dw, dy, (const bf16 *)dout, y, (const float *)w, idx, NK, C, K, E);
+    moe_dw_kernel<<<cdiv(NK, 8), 256, 0, st>>>((float *)dw, y, (const bf16 *)dout, y, (const float *)w, idx, NK, C, K, E);
     launchCheck();
-    backward_product(dh, dy, NULL, 2, 1, experts, &g, E, F, C);
+    if (dexperts) {
+        moe_dweight_kernel<<<dim3(cdiv(F, 32), cdiv(C, 32), E), 256, 0, st>>>(d[2], y, h, g.perm, g.offsets, C, F, 1);
+        launchCheck();
+    }
+    bf16 *dh = h;
+    backward_product(dh, y, NULL, 2, 1, experts, &g, E, F, C);
     cu_swiglu_backward(dg, du, dh, gate, up, (size_t)NK * F);
-    backward_product(y, dg, du, 0, 2, experts, &g, E, C, F);  // y: each slot's dx
+    backward_product(y, dg, du, 0, 2, experts, &g, E, C, F);
     moe_sum_slots_kernel<<<grid_for((size_t)N * C), 256, 0, st>>>((bf16 *)dx, y, idx, N, C, K, E);
     launchCheck();
     if (!dexperts) return;
-    // the weight gradients: dWd += dy^T h, dWg += dg^T x, dWu += du^T x (each expert's rows)
-    MoeDW d[3];
-    for (int e = 0; e < E; e++)
-        for (int k = 0; k < 3; k++) d[k].dw[e] = (float *)dexperts[3 * e + k].dense;
-    moe_dweight_kernel<<<dim3(cdiv(F, 32), cdiv(C, 32), E), 256, 0, st>>>(d[2], dy, h, g.perm, g.offsets, C, F, 1);
     moe_dweight_kernel<<<dim3(cdiv(C, 32), cdiv(F, 32), E), 256, 0, st>>>(d[0], dg, (const bf16 *)x, g.perm, g.offsets, F, C, K);
     moe_dweight_kernel<<<dim3(cdiv(C, 32), cdiv(F, 32), E), 256, 0, st>>>(d[1], du, (const bf16 *)x, g.perm, g.offsets, F, C, K);
     launchCheck();
