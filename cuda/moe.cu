@@ -281,6 +281,7 @@ typedef struct {
     int trans;                      // W read transposed, dequantized to bf16 (the backward)
     int qx;                         // quantize A to E4M3 with sx as it is loaded (the forward through FP8)
     int ldws;                       // BLOCK: the row length of a weight's scale matrix (fp8_scale_ld)
+    int vec;                        // K_in and N_out multiples of 8, every operand 16-byte aligned: 16-byte loads
 } MoeGemm;
 
 // the scale of weight element (r, c) of W (its own rows and columns)
@@ -292,13 +293,39 @@ __device__ __forceinline__ float moe_ws_at(const MoeGemm &p, const float *ws, in
 __device__ __forceinline__ float moe_sx_at(const MoeGemm &p, int e, int r, int k) {
     return p.gran == FP8_BLOCK ? p.sx[(size_t)(k / FP8_BLOCK_SIZE) * p.ra + r] : p.gran == FP8_ROW ? p.sx[r] : p.sx[e];
 }
-// weight element i of W_s,e as the product reads it: the code's value (forward through FP8: the scale is
-// applied at the promotion), bf16(code * scale) (the backward), or the bf16 value (OFF)
-__device__ __forceinline__ float moe_w_at(const MoeGemm &p, int s, int e, int r, int c, int cols) {
+// 8 consecutive elements of A's row r from column k (0 beyond the row; the row r < 0: none), quantized to
+// E4M3 with the scale sx and decoded again when p.qx (the value the FP8 product multiplies)
+__device__ __forceinline__ void moe_load_a8(float v[8], const MoeGemm &p, const bf16 *A, int r, int k, float sx) {
+    const bf16 *row = A + (size_t)r * p.k_in;
+    if (r >= 0 && p.vec && k + 8 <= p.k_in) unpack8(v, *(const uint4 *)(row + k));
+    else
+        for (int j = 0; j < 8; j++) v[j] = r >= 0 && k + j < p.k_in ? __bfloat162float(row[k + j]) : 0.0f;
+    if (p.qx)
+        for (int j = 0; j < 8; j++) v[j] = fp8_decode_dev(fp8_encode_dev(fp8_div(v[j], sx), FP8_E4M3), FP8_E4M3);
+}
+// 8 consecutive elements of row r of W_s,e (rows x cols) from column c (0 outside W), as the product reads
+// them: an FP8 code's value (the forward: its scale multiplies at the promotion), bf16(code * scale) (the
+// backward; c .. c + 7 lie in one 128-wide block, so one scale), or the bf16 value (OFF)
+__device__ __forceinline__ void moe_load_w8(float v[8], const MoeGemm &p, int s, int e, int r, int c, int rows, int cols) {
     size_t i = (size_t)r * cols + c;
-    if (p.gran == FP8_OFF) return __bfloat162float(((const bf16 *)p.w[s][e])[i]);
-    float v = fp8_decode_dev(((const uint8_t *)p.w[s][e])[i], FP8_E4M3);
-    return p.trans ? __bfloat162float(__float2bfloat16_rn(v * moe_ws_at(p, p.ws[s][e], r, c))) : v;
+    bool in = r < rows && c < cols, whole = in && p.vec && c + 8 <= cols;
+    if (p.gran == FP8_OFF) {
+        const bf16 *w = (const bf16 *)p.w[s][e];
+        if (whole) unpack8(v, *(const uint4 *)(w + i));
+        else
+            for (int j = 0; j < 8; j++) v[j] = in && c + j < cols ? __bfloat162float(w[i + j]) : 0.0f;
+        return;
+    }
+    const uint8_t *q = (const uint8_t *)p.w[s][e];
+    uint8_t b[8];
+    if (whole) *(uint2 *)b = *(const uint2 *)(q + i);
+    else
+        for (int j = 0; j < 8; j++) b[j] = in && c + j < cols ? q[i + j] : 0;  // code 0 is +0
+    float sc = p.trans && in ? moe_ws_at(p, p.ws[s][e], r, c) : 1.0f;
+    for (int j = 0; j < 8; j++) {
+        float x = fp8_decode_dev(b[j], FP8_E4M3);
+        v[j] = p.trans ? __bfloat162float(__float2bfloat16_rn(x * sc)) : x;
+    }
 }
 
 // grid (row tiles, column tiles, outputs), 128 threads: warp w computes rows 32 (w / 2) .. + 32 and
@@ -339,33 +366,23 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const __grid_constant__ M
 #pragma unroll
             for (int i = 0; i < 2; i++) {  // A: 64 rows x 32 columns
                 int q = tid + 128 * i, r = q / 4, k = k0 + 8 * (q % 4);
-                float sx = 0.0f;
-                if (p.qx && arow[i] >= 0 && k < p.k_in) sx = moe_sx_at(p, e, arow[i], k);
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    float v = 0.0f;
-                    if (arow[i] >= 0 && k + j < p.k_in) {
-                        v = __bfloat162float(A[(size_t)arow[i] * p.k_in + k + j]);
-                        if (p.qx) v = fp8_decode_dev(fp8_encode_dev(fp8_div(v, sx), FP8_E4M3), FP8_E4M3);
-                    }
-                    As[r * MOE_LDS + 8 * (q % 4) + j] = __float2bfloat16_rn(v);
-                }
+                float v[8], sx = p.qx && arow[i] >= 0 && k < p.k_in ? moe_sx_at(p, e, arow[i], k) : 1.0f;
+                moe_load_a8(v, p, A, arow[i], k, sx);
+                *(uint4 *)(As + r * MOE_LDS + 8 * (q % 4)) = pack8(v);
             }
 #pragma unroll
             for (int i = 0; i < 2; i++) {  // B: 64 columns (outputs) x 32 deep, stored as Bs[n][k]
                 int q = tid + 128 * i;
+                float v[8];
                 if (!p.trans) {  // W (N_out, K_in): 8 consecutive k of row n
-                    int r = q / 4, n = n0 + r, k = k0 + 8 * (q % 4);
+                    int r = q / 4;
+                    moe_load_w8(v, p, s, e, n0 + r, k0 + 8 * (q % 4), p.n_out, p.k_in);
+                    *(uint4 *)(Bs + r * MOE_LDS + 8 * (q % 4)) = pack8(v);
+                } else {  // W (K_in, N_out): 8 consecutive n of row k, stored down a column of Bs
+                    int kr = q / 8;
+                    moe_load_w8(v, p, s, e, k0 + kr, n0 + 8 * (q % 8), p.k_in, p.n_out);
 #pragma unroll
-                    for (int j = 0; j < 8; j++)
-                        Bs[r * MOE_LDS + 8 * (q % 4) + j] = __float2bfloat16_rn(
-                            n < p.n_out && k + j < p.k_in ? moe_w_at(p, s, e, n, k + j, p.k_in) : 0.0f);
-                } else {  // W (K_in, N_out): 8 consecutive n of row k
-                    int kr = q / 8, k = k0 + kr, n = n0 + 8 * (q % 8);
-#pragma unroll
-                    for (int j = 0; j < 8; j++)
-                        Bs[(8 * (q % 8) + j) * MOE_LDS + kr] = __float2bfloat16_rn(
-                            k < p.k_in && n + j < p.n_out ? moe_w_at(p, s, e, k, n + j, p.n_out) : 0.0f);
+                    for (int j = 0; j < 8; j++) Bs[(8 * (q % 8) + j) * MOE_LDS + kr] = __float2bfloat16_rn(v[j]);
                 }
             }
             __syncthreads();
@@ -537,7 +554,19 @@ static void gemm_weights(MoeGemm *p, int s, const QWeight *experts, int E, int k
     p->ldws = fp8_scale_ld(w0->gran, w0->rows, w0->cols, FP8_BLOCK_SIZE);
 }
 
-static void gemm_launch(const MoeGemm *p, const MoeGroups *g, int outputs) {
+// whether every row the product reads can be loaded 8 elements at a time (MoeGemm.vec)
+static int gemm_vec(const MoeGemm *p) {
+    if (p->k_in % 8 || p->n_out % 8) return 0;
+    for (int s = 0; s < 2; s++) {
+        if (p->a[s] && ptr_align(p->a[s]) < 16) return 0;
+        for (int e = 0; e < p->E; e++)
+            if (p->w[s][e] && ptr_align(p->w[s][e]) < (p->gran == FP8_OFF ? 16 : 8)) return 0;
+    }
+    return 1;
+}
+
+static void gemm_launch(MoeGemm *p, const MoeGroups *g, int outputs) {
+    p->vec = gemm_vec(p);
     dim3 grid(g->row_tiles, cdiv(p->n_out, MOE_BN), outputs);
     moe_gemm_kernel<<<grid, 128, 0, cu_stream()>>>(*p);
     launchCheck();

@@ -2,7 +2,7 @@
 // moe_experts_forward, moe_experts_backward) against the CPU backend's (backend_cpu.c, ops_cpu.c), on random
 // inputs (never zeros): E 8, 16 and 128 experts, K 2, 4 and 8 a token, N 1, 7, 64 and 300 tokens (many experts
 // empty, one expert's rows a partial tile, several tiles), BF16 experts and FP8 ones of the three
-// granularities, at widths that are not multiples of the kernel's tiles (C 192, F 80). The tolerances follow
+// granularities, at widths that are not multiples of the kernel's tiles (C 192, F 80 and 84). The tolerances follow
 // gpu_util.cuh's rules, carried through the SwiGLU and the sums as each check says. Whole models: gpu_models.cu.
 // Run on a GPU: make test-gpu (CK_FORK=no).
 #include "gpu_util.cuh"
@@ -79,7 +79,10 @@ END_TEST
 
 // ---- the experts -------------------------------------------------------------------------
 
-enum { MC = 192, MF = 80 };  // C, F: neither a multiple of the GEMM's 64-wide tiles nor of 128
+// C, and F of the case at hand: neither a multiple of the GEMM's 64-wide tiles nor of 128; F 80 (every row
+// loaded 8 elements at a time) or 84 (an element at a time: the kernel's other path)
+enum { MC = 192, MF_MAX = 96 };
+static int MF;
 
 // E experts' three weights on both backends (the same codes: test_weights), and the values both use
 typedef struct {
@@ -130,7 +133,7 @@ static void random_route(int32_t *idx, float *w, int N, int E, int K) {
 // 2^-10 s for subnormal ones, s <= hmax / 448 the group's scale): dhq = dh + U8 |h| + 2^-3 |h| + 2^-9 hmax / 448;
 // BF16: dhq = dh + U8 |h| (the GPU's h rounded to bf16). my (C): sum_f |h_f Wd_cf|.
 static void y_error(double *dy, double *my, const double *h, const double *dh, const float *wd, int fp8, double hmax) {
-    double dhq[MF];
+    double dhq[MF_MAX];
     for (int f = 0; f < MF; f++) {
         dhq[f] = dh[f] + U8 * fabs(h[f]) + 0x1p-21 * fabs(h[f]);  // and the fp32 SwiGLU's few ulps
         if (fp8) dhq[f] += 0x1p-3 * fabs(h[f]) + 0x1p-9 * hmax / 448;
@@ -189,7 +192,7 @@ static void experts_forward_case(Experts *ex, int N, int K) {
     char what[112];
     const char *gn = fp8_gran_name(ex->gran);
     double *tg = tol_bf(cg, mg, acc32(MC), ng), *tu = tol_bf(cu, mu, acc32(MC), ng);
-    snprintf(what, sizeof what, "moe_experts_forward %s gate E %d K %d N %d", gn, E, K, N);
+    snprintf(what, sizeof what, "moe_experts_forward %s gate E %d K %d N %d F %d", gn, E, K, N, MF);
     check_close(what, gg, cg, tg, ng);
     snprintf(what, sizeof what, "moe_experts_forward %s up E %d K %d N %d", gn, E, K, N);
     check_close(what, gu, cu, tu, ng);
@@ -280,7 +283,7 @@ static void experts_backward_case(Experts *ex, int N, int K) {
     const char *gn = fp8_gran_name(ex->gran);
     snprintf(what, sizeof what, "moe_experts_backward %s dw E %d K %d N %d", gn, E, K, N);
     check_close(what, gdw, cdw, tdw, NK);
-    snprintf(what, sizeof what, "moe_experts_backward %s dx E %d K %d N %d", gn, E, K, N);
+    snprintf(what, sizeof what, "moe_experts_backward %s dx E %d K %d N %d F %d", gn, E, K, N, MF);
     check_close(what, gdx, cdx, tdx, nx);
     if (!fp8) {
         double *t = dmalloc_h(nw);
@@ -320,14 +323,15 @@ static void experts_backward_case(Experts *ex, int N, int K) {
 
 START_TEST(test_moe_experts) {
     FP8Gran grans[4] = {FP8_OFF, FP8_TENSOR, FP8_ROW, FP8_BLOCK};
-    int EK[2][2] = {{8, 2}, {16, 4}};
+    int EKF[2][3] = {{8, 2, 84}, {16, 4, 80}};
     for (int gi = 0; gi < 4; gi++)
         for (int c = 0; c < 2; c++) {
             Experts ex;
-            experts_make(&ex, EK[c][0], grans[gi]);
+            MF = EKF[c][2];
+            experts_make(&ex, EKF[c][0], grans[gi]);
             for (int i = 0; i < 4; i++) {
-                experts_forward_case(&ex, NS[i], EK[c][1]);
-                experts_backward_case(&ex, NS[i], EK[c][1]);
+                experts_forward_case(&ex, NS[i], EKF[c][1]);
+                experts_backward_case(&ex, NS[i], EKF[c][1]);
             }
             experts_free(&ex);
         }
