@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const __grid_constant__ M
                 }
             }
             // the end of a 128-deep group (or of K): promote the partial sums, times the scales of the
-            // forward's FP8 product (its codes' sums are exact; the scales change only between groups)
+            // forward's FP8 product (sums of the codes' exact products; the scales change only between groups)
             if ((k0 + MOE_BK) % FP8_BLOCK_SIZE == 0 || k0 + MOE_BK >= p.k_in) {
                 int kb = k0 / FP8_BLOCK_SIZE;
 #pragma unroll
