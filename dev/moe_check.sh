@@ -5,7 +5,8 @@
 #   bash dev/moe_check.sh tests      gpu_moe (the router and the grouped expert GEMMs against the CPU's ops) and
 #                                    gpu_models (the qwen3_moe, qwen3_moe16 and qwen3_moe_fp8 fixtures, CPU vs GPU)
 #   bash dev/moe_check.sh memory     bench_grpo's GRPO step at qwen3-30b-a3b (8 prompts x 8, 256 + 256 new, LoRA
-#                                    r 16 on the attention), FP8 block: its time and peak memory by part
+#                                    r 16 on the attention), FP8 block, everything held within 40 GiB: its time
+#                                    and peak memory by part
 #   bash dev/moe_check.sh rollout    bench_rollout at batch 64 (128 + 256): qwen3-30b-a3b FP8 block and BF16 beside
 #                                    the dense 8b in the same command, then a profiled FP8 run (--profile: the
 #                                    grouped expert GEMMs' time a decode step, for their bandwidth against the
@@ -31,7 +32,8 @@ tests)
     for t in build/gpu_moe build/gpu_models; do run env CK_FORK=no $t; done
     ;;
 memory)
-    run ./build/bench_grpo --model qwen3-30b-a3b --fp8 block --prompts 8 --generations 8 --prompt 256 --new 256 --rank 16
+    run ./build/bench_grpo --model qwen3-30b-a3b --fp8 block --prompts 8 --generations 8 --prompt 256 --new 256 --rank 16 \
+        --total_gib 40
     ;;
 rollout)
     for m in qwen3-30b-a3b 8b; do run ./build/bench_rollout --model $m --fp8 block,off --batch 64; done
@@ -46,7 +48,7 @@ grpo)
     rm -rf "$W/qwen3-30b-a3b"
     ;;
 *)
-    sed -n '2,17p' "$0"
+    sed -n '2,18p' "$0"
     exit 2
     ;;
 esac
