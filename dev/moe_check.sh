@@ -48,7 +48,7 @@ grpo)
     rm -rf "$W/qwen3-30b-a3b"
     ;;
 *)
-    sed -n '2,18p' "$0"
+    sed -n '2,17p' "$0"
     exit 2
     ;;
 esac
