@@ -267,6 +267,10 @@ START_TEST(test_models) {
         fp8_cuda_set_dx(FP8_DX_AUTO);
         model_cmp(arch, "block", "LoRA gradients, FP8 dX", g8.grads, cb.grads, cb.ngrads, tgr + qg);
         model_cmp(arch, "block", "LoRA grads FP8 dX vs BF16", g8.grads, gr.grads, gr.ngrads, qg);
+        if (!strncmp(arch, "qwen3_moe", 9)) {  // gb's decode steps ran plainly (model_runs), gr's through CUDA graphs
+            check_exact("qwen3_moe decode: CUDA graphs = plain steps", gr.dec, gb.dec, gb.ndec * 4);
+            check_exact("qwen3_moe decode with LoRA: CUDA graphs = plain steps", gr.dec_lora, gb.dec_lora, gb.ndec * 4);
+        }
         model_run_free(&g8), model_run_free(&gr);
         // logprobs: rows without a target are exactly 0; the rest within the logits' allowance
         const ModelRun *gs[2] = {&go, &gb}, *cs[2] = {&co, &cb};
