@@ -285,17 +285,21 @@ static void experts_backward_case(Experts *ex, int N, int K) {
     check_close(what, gdw, cdw, tdw, NK);
     snprintf(what, sizeof what, "moe_experts_backward %s dx E %d K %d N %d F %d", gn, E, K, N, MF);
     check_close(what, gdx, cdx, tdx, nx);
-    if (!fp8) {
-        double *t = dmalloc_h(nw);
-        for (int e = 0; e < E; e++)
-            for (int k = 0; k < 3; k++) {
-                int i = 3 * e + k, n_e = 0, O = k < 2 ? MF : MC, I = k < 2 ? MC : MF;
-                for (int sl = 0; sl < NK; sl++) n_e += idx[sl] == e;
+    if (!fp8) {  // each weight kind's gradients over all the experts, one check each
+        int *slots = (int *)mallocCheck(NK * sizeof(int));
+        double *t = dmalloc_h((size_t)E * nw);
+        float *got = fmalloc((size_t)E * nw), *ref = fmalloc((size_t)E * nw);
+        for (int k = 0; k < 3; k++) {
+            int O = k < 2 ? MF : MC, I = k < 2 ? MC : MF;
+            for (int e = 0; e < E; e++) {
+                int i = 3 * e + k, n_e = 0;
+                for (int sl = 0; sl < NK; sl++)
+                    if (idx[sl] == e) slots[n_e++] = sl;
                 for (int o = 0; o < O; o++)
                     for (int c = 0; c < I; c++) {
                         double err = 0, m = fabs(de0[i][(size_t)o * I + c]);
-                        for (int sl = 0; sl < NK; sl++) {
-                            if (idx[sl] != e) continue;
+                        for (int q = 0; q < n_e; q++) {
+                            int sl = slots[q];
                             if (k == 2) {  // dys_o h_c: both rounded to bf16 on the GPU
                                 double a = fabs((double)w[sl] * dout[(size_t)(sl / K) * MC + o] * h[(size_t)sl * MF + c]);
                                 m += a, err += 2 * U8 * a;
@@ -305,15 +309,16 @@ static void experts_backward_case(Experts *ex, int N, int K) {
                                 m += fabs(k ? vu[j] : vg[j]) * xa, err += (k ? eu[j] : eg[j]) * xa;
                             }
                         }
-                        t[(size_t)o * I + c] = err + acc32(n_e + 1) * m;
+                        t[(size_t)e * nw + (size_t)o * I + c] = err + acc32(n_e + 1) * m;
                     }
-                float *got = down_hp(gde[i].dense, nw);
-                snprintf(what, sizeof what, "moe_experts_backward dW%s += (expert %d) E %d K %d N %d", k == 0 ? "gate" : k == 1 ? "up" : "down",
-                         e, E, K, N);
-                check_close(what, got, (const float *)cde[i].dense, t, nw);
-                free(got);
+                G->download(got + (size_t)e * nw, gde[i].dense, nw * 4);
+                memcpy(ref + (size_t)e * nw, cde[i].dense, nw * 4);
             }
-        free(t);
+            snprintf(what, sizeof what, "moe_experts_backward dW%s += E %d K %d N %d", k == 0 ? "gate" : k == 1 ? "up" : "down",
+                     E, K, N);
+            check_close(what, got, ref, t, (size_t)E * nw);
+        }
+        free(slots); free(t); free(got); free(ref);
     }
     for (int i = 0; i < 3 * E; i++) free(de0[i]), free(cde[i].dense), G->free(gde[i].dense);
     free(x); free(w); free(gq); free(uq); free(dout); free(cdx); free(cdw); free(idx); free(gdx); free(gdw);
