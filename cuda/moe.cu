@@ -19,7 +19,7 @@
 //   4. the weighted sum of each token's K outputs, in slot order (moe_combine_kernel): no atomics, so the
 //      results repeat bit for bit.
 //
-// The grouped GEMM is the simplest correct tensor-core kernel: 64 x 64 tiles, 32-deep K steps staged
+// The grouped GEMM is the simplest correct tensor-core kernel: 64 x 64 tiles, 64-deep K steps staged
 // through registers into padded shared memory, four warps of mma.sync m16n8k16 (bf16 in, fp32 sums).
 // FP8 weights are read as their codes (exact in bf16) and the activations are quantized as they are
 // loaded, to the weight's granularity with the CPU's scales (TENSOR: one scale for the rows of an expert,
@@ -39,8 +39,12 @@
 #define MOE_SORT_TILE 256   // slots a warp of the counting sort takes
 #define MOE_BM 64           // the grouped GEMM's tile: rows (slots) ...
 #define MOE_BN 64           // ... columns (outputs) ...
-#define MOE_BK 32           // ... and the depth of one K step
-#define MOE_LDS (MOE_BK + 8)  // shared-memory row pitch (80 bytes: ldmatrix's 8 rows hit 32 different banks)
+#define MOE_BK 64           // ... and the depth of one K step
+#define MOE_LDS (MOE_BK + 8)  // shared-memory row pitch (144 bytes: ldmatrix's 8 rows hit 32 different banks)
+#define MOE_CK (MOE_BK / 8)   // 8-element chunks in a row of a tile's A (or B^T) part
+#define MOE_CN (MOE_BN / 8)   // 8-element chunks in a row of W^T's part (the backward's transposed read)
+#define MOE_CH (MOE_BM * MOE_BK / 8 / 128)  // chunks each of the 128 threads loads of A, and of B, a step
+static_assert(MOE_BM == MOE_BN, "A and B tiles of one shape: MOE_CH chunks a thread each");
 
 // ----------------------------------------------------------------------------
 // the router: one warp a token
@@ -351,11 +355,12 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const __grid_constant__ M
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = part[i][j][c] = 0.0f;
-    // the A rows this thread loads (chunks of 8 columns: chunk q = tid + 128 i is row q / 4, columns 8 (q % 4))
-    int arow[2];
+    // the A rows this thread loads (chunks of 8 columns: chunk q = tid + 128 i is row q / MOE_CK, columns
+    // 8 (q % MOE_CK)); the same q of B is row q / MOE_CK of W (its output n), or with trans row q / MOE_CN (its k)
+    int arow[MOE_CH];
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        int m = m0 + (tid + 128 * i) / 4;
+    for (int i = 0; i < MOE_CH; i++) {
+        int m = m0 + (tid + 128 * i) / MOE_CK;
         arow[i] = m < m_end ? p.perm[m] / p.div : -1;
     }
     for (int si = 0; si < p.nsrc; si++) {
@@ -364,25 +369,25 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const __grid_constant__ M
         for (int k0 = 0; k0 < p.k_in; k0 += MOE_BK) {
             __syncthreads();  // the previous step's fragments are read
 #pragma unroll
-            for (int i = 0; i < 2; i++) {  // A: 64 rows x 32 columns
-                int q = tid + 128 * i, r = q / 4, k = k0 + 8 * (q % 4);
+            for (int i = 0; i < MOE_CH; i++) {  // A: 64 rows x MOE_BK columns
+                int q = tid + 128 * i, r = q / MOE_CK, k = k0 + 8 * (q % MOE_CK);
                 float v[8], sx = p.qx && arow[i] >= 0 && k < p.k_in ? moe_sx_at(p, e, arow[i], k) : 1.0f;
                 moe_load_a8(v, p, A, arow[i], k, sx);
-                *(uint4 *)(As + r * MOE_LDS + 8 * (q % 4)) = pack8(v);
+                *(uint4 *)(As + r * MOE_LDS + 8 * (q % MOE_CK)) = pack8(v);
             }
 #pragma unroll
-            for (int i = 0; i < 2; i++) {  // B: 64 columns (outputs) x 32 deep, stored as Bs[n][k]
+            for (int i = 0; i < MOE_CH; i++) {  // B: 64 columns (outputs) x MOE_BK deep, stored as Bs[n][k]
                 int q = tid + 128 * i;
                 float v[8];
                 if (!p.trans) {  // W (N_out, K_in): 8 consecutive k of row n
-                    int r = q / 4;
-                    moe_load_w8(v, p, s, e, n0 + r, k0 + 8 * (q % 4), p.n_out, p.k_in);
-                    *(uint4 *)(Bs + r * MOE_LDS + 8 * (q % 4)) = pack8(v);
+                    int r = q / MOE_CK;
+                    moe_load_w8(v, p, s, e, n0 + r, k0 + 8 * (q % MOE_CK), p.n_out, p.k_in);
+                    *(uint4 *)(Bs + r * MOE_LDS + 8 * (q % MOE_CK)) = pack8(v);
                 } else {  // W (K_in, N_out): 8 consecutive n of row k, stored down a column of Bs
-                    int kr = q / 8;
-                    moe_load_w8(v, p, s, e, k0 + kr, n0 + 8 * (q % 8), p.k_in, p.n_out);
+                    int kr = q / MOE_CN;
+                    moe_load_w8(v, p, s, e, k0 + kr, n0 + 8 * (q % MOE_CN), p.k_in, p.n_out);
 #pragma unroll
-                    for (int j = 0; j < 8; j++) Bs[(8 * (q % 8) + j) * MOE_LDS + kr] = __float2bfloat16_rn(v[j]);
+                    for (int j = 0; j < 8; j++) Bs[(8 * (q % MOE_CN) + j) * MOE_LDS + kr] = __float2bfloat16_rn(v[j]);
                 }
             }
             __syncthreads();
