@@ -247,10 +247,12 @@ struct Backend {
     // out (n_idx, C) act = inp[idx[i]] rows; idx (n_idx) i32
     void (*gather_rows)(void *out, const void *inp, const int32_t *idx, int n_idx, int C);
 
-    // ---- Qwen3 MoE's sparse MLP (Qwen3MoeSparseMoeBlock). Optional: NULL where the backend has no
-    // experts' products (model_load refuses a qwen3_moe checkpoint there).
+    // ---- Qwen3 MoE's sparse MLP (Qwen3MoeSparseMoeBlock): the CPU's in backend_cpu.c / ops_cpu.c, the GPU's
+    // in cuda/moe.cu (the slots grouped by expert, the experts' products as grouped GEMMs). Optional: NULL
+    // where a backend has no experts' products (model_load refuses a qwen3_moe checkpoint there).
     // idx (N, K) i32, w (N, K) hp: each row's K largest probabilities of softmax(logits (N, E) act), computed
-    // in fp32 or wider, largest first (ties: the lower expert), divided by their sum when norm
+    // in fp32 or wider, largest first (ties: the lower expert; the CUDA backend ranks the logits, the same order),
+    // divided by their sum when norm
     void (*moe_route)(int32_t *idx, void *w, const void *logits, int N, int E, int K, int norm);
     // dlogits (N, E) act = the gradient of the loss through the routing weights w, given dw (N, K) hp: through
     // the renormalization (norm) and the softmax; the choice of experts itself is not differentiated

@@ -2,7 +2,7 @@
 //   defines: backend_cuda(), the Backend table, and the ops built on cuBLAS and on the other files'
 //   kernels: memory, weights, linear (FP8: fp8.cu), LoRA, attention (attention.cu), the LM head and
 //   logprobs, the optimizer, replay (CUDA graphs). The per-token ops are in ops_cuda.cu, the sampler
-//   in sample.cu (backend_cuda.cuh).
+//   in sample.cu, Qwen3 MoE's router and experts (grouped GEMMs) in moe.cu (backend_cuda.cuh).
 // Needs: a GPU of compute capability 8.0+ (BF16 tensor cores), cuBLAS. The numeric truth
 // of every op is its ops_cpu.c reference; test/gpu_backend.cu checks each against it.
 //
@@ -22,6 +22,9 @@
 //               the two GEMMs (dh = dz W, dW += dz^T h).
 //   reductions  no float atomics anywhere: sums over rows (dbias, norm weights, embedding
 //               rows, sumsq) use fixed-order partials, so results repeat bit for bit.
+//   moe         the router in fp32 (the CPU's in double: the same choices, see moe.cu); the
+//               experts' grouped GEMMs as linear's products (FP8: activations quantized to the
+//               weight's granularity, fp32 sums), each token's K outputs summed in slot order.
 //   sample      fp64, the CPU's formulas; the draw is the sequence's splitmix64 state.
 //   adamw (fp32) and scale with the CPU's operation order and no FMA contraction: bit-exact.
 #include <math.h>
@@ -953,6 +956,10 @@ static Backend be = {
     .glu_gu = cu_glu_gu,
     .glu_forward_q = cu_glu_forward_q,
     .gather_rows = cu_gather_rows,
+    .moe_route = cu_moe_route,
+    .moe_route_backward = cu_moe_route_backward,
+    .moe_experts_forward = cu_moe_experts_forward,
+    .moe_experts_backward = cu_moe_experts_backward,
     .logits_forward = cu_logits_forward,
     .logprobs_forward = cu_logprobs_forward,
     .logprobs_backward = cu_logprobs_backward,

@@ -1,4 +1,4 @@
-// backend_cuda.cuh: what the CUDA backend's files share (backend_cuda.cu, ops_cuda.cu, sample.cu):
+// backend_cuda.cuh: what the CUDA backend's files share (backend_cuda.cu, ops_cuda.cu, sample.cu, moe.cu):
 // its stream, its scratch buffers, and the ops whose kernels live outside backend_cuda.cu. Each op
 // is the backend.h op of the same name (its shapes and semantics are there), on bf16 activations
 // and f32 high-precision values.
@@ -31,6 +31,10 @@ enum {
     SC_TRAIN_DYT, SC_TRAIN_DYT_S,  // dY^T's,
     SC_TRAIN_XT, SC_TRAIN_XT_S,    // X^T's (fp8_train.cu)
     SC_HEAD_WT,                    // an LM head trained in FP8: W^T's codes (fp8_train.cu)
+    SC_MOE_INT,                    // Qwen3 MoE (moe.cu): the slots' groups by expert (counts, offsets, perm),
+    SC_MOE_SX, SC_MOE_SH,          // the FP8 scales of the experts' inputs and of the SwiGLU's outputs,
+    SC_MOE_GU, SC_MOE_H,           // gate|up (the decode step's) or their gradients, the SwiGLU's outputs (or dh),
+    SC_MOE_Y,                      // each slot's expert output (or its gradients, dy then dx)
     SC_COUNT
 };
 cudaStream_t cu_stream(void);              // every op runs on it
@@ -103,6 +107,16 @@ void cu_fp8_head_weight(const QWeight *w, FP8Tensor *wq, FP8Tensor *wt);
 void cu_fp8_head_logits(float *z, const void *h, const QWeight *w, const FP8Tensor *wq, int nr);
 void cu_fp8_head_chunks(float *logp, float *lse, void *dh, float *dw, const float *dlogp, const void *h, const QWeight *w,
                         const int32_t *targets, float inv_temp, int N, int CH, float *z, HeadRows rows);
+
+// ---- moe.cu: Qwen3 MoE's router and experts (backend.h moe_*) ----
+void cu_moe_route(int32_t *idx, void *w, const void *logits, int N, int E, int K, int norm);
+void cu_moe_route_backward(void *dlogits, const void *dw, const void *logits, const int32_t *idx, int N, int E, int K,
+                           int norm);
+void cu_moe_experts_forward(void *out, void *gate, void *up, const void *x, const int32_t *idx, const void *w,
+                            const QWeight *experts, int N, int E, int K);
+void cu_moe_experts_backward(void *dx, void *dw, const QWeight *dexperts, const void *dout, const void *x,
+                             const int32_t *idx, const void *w, const void *gate, const void *up, const QWeight *experts,
+                             int N, int E, int K);
 
 // ---- sample.cu ----
 void cu_sample(int32_t *tokens, void *logp, const void *logits, uint64_t *rng, int S, int V, float temperature,

@@ -19,17 +19,19 @@
 //   ./build/bench_grpo --model 8b --fp8_embeddings --kv fp8 --lora_dtype bf16 --total_gib 10
 //   ./build/bench_grpo --model 8b --total_gib 24 --fit_new      # the longest completion that fits 24 GiB
 //   ./build/bench_grpo --model 8b --reward_model 8b              # with an 8B-shaped FP8 reward model
+//   ./build/bench_grpo --model qwen3-30b-a3b --new 256           # the MoE: 8 x 8, 256 + 256, LoRA r 16 on the attention
 // --total_gib X caps what the process holds, context included: the arena (KV cache / activations) gets
 // X less the context, weights, LoRA and --reserve_gib for the backend's scratch; without it the arena
 // gets --gpu_memory_utilization of the device, as train_grpo; --arena_gib X sets the arena's cap itself
 // (two runs compared at the same arena). --save DIR writes the shape's random weights as a bf16
-// checkpoint and stops (for ./train_grpo --model DIR, with a tokenizer.json put beside). --reward_model SHAPE adds a
-// reward model of that shape (random weights, a score head; --reward_fp8, default --fp8) held beside the policy
-// before the arena's budget is set, as train_grpo holds one, which scores every prompt + completion between the
-// rollout and the update in the policy's arena (train/reward_model.h): its time and memory are parts of the
-// step. --fit_new: --new becomes the longest
-// completion (a multiple of 64) whose step fits that arena for one prompt's G completions (the KV cache
-// of the prompt and its G completions, and the update of one sequence with recomputation), then runs.
+// checkpoint in the published layout and stops (for ./train_grpo --model DIR, with a tokenizer.json put
+// beside; qwen3-30b-a3b: 61 GB, model_type qwen3_moe; gemma3-*: Gemma3ForConditionalGeneration's names).
+// --reward_model SHAPE adds a reward model of that shape (random weights, a score head; --reward_fp8, default
+// --fp8) held beside the policy before the arena's budget is set, as train_grpo holds one, which scores every
+// prompt + completion between the rollout and the update in the policy's arena (train/reward_model.h): its
+// time and memory are parts of the step. --fit_new: --new becomes the longest completion (a multiple of 64)
+// whose step fits that arena for one prompt's G completions (the KV cache of the prompt and its G completions,
+// and the update of one sequence with recomputation), then runs.
 // Prints one summary table last.
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -225,8 +227,10 @@ static void run(Args *a) {
     size_t parts = ctx + wb.linear + wb.emb + wb.head + wb.other + rm_bytes + lora_state + lora_other + m.arena.bytes + m.dec.bytes;
     size_t scratch = peak > parts ? peak - parts : 0;
     printf("\nGRPO step, %s shape (random weights), %s, %d prompts x %d completions, prompt %d + %d new, LoRA r %d "
-           "on all 7 projections (%s masters and AdamW state)\n",
-           a->size, be->device_desc, P, G, a->prompt, a->nnew, a->rank, a->lora_bf16 ? "bf16" : "fp32");
+           "on %s (%s masters and AdamW state)\n",
+           a->size, be->device_desc, P, G, a->prompt, a->nnew, a->rank,
+           cfg.E ? "the attention's 4 projections (qwen3_moe: the experts stay frozen)" : "all 7 projections",
+           a->lora_bf16 ? "bf16" : "fp32");
     printf("weights %s, embeddings/LM head %s, KV cache %s; update: micro-batch %d x %d tokens, recomputation %s; "
            "rollout %.1f s (%d admissions after the first), update %.1f s; mean logprob %.3f\n",
            a->gran == FP8_OFF ? "bf16" : fp8_gran_name(a->gran), a->fp8_embed ? "fp8 rows" : "bf16",

@@ -1,6 +1,7 @@
 // dev/bench_rollout.c: rollout throughput of the engine (rollout.c) on the CUDA backend (or, with
-// --device cpu, the CPU's), Qwen3-shaped random models (and SmolLM2-135M's Llama shape), prompt 128 + 256 new tokens at fixed length (no EOS),
-// sampling at temperature 1 as transformers' generate in dev/peers.py does.
+// --device cpu, the CPU's), Qwen3-shaped random models (Qwen3-30B-A3B's experts among them; and SmolLM2-135M's
+// Llama shape), prompt 128 + 256 new tokens at fixed length (no EOS), sampling at temperature 1 as
+// transformers' generate in dev/peers.py does.
 // Reports tokens/s (new tokens over prefill + decode), the decode step time against the
 // floor of BENCHMARKS.md (bytes read per step / 3.0 TB/s), and memory (the process's peak so far beyond the
 // CUDA context: run one row per process for a row's own). With --startup,
@@ -17,6 +18,7 @@
 // Prints one summary table last.
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
+#include <math.h>
 #include <unistd.h>
 
 #include "lora.h"
@@ -38,14 +40,21 @@ typedef struct {
     double tok_s, prefill_s, decode_s, step_ms, floor_ms, peak_gib, kv_gib, weights_gib;
 } Row;
 
-// bytes one decode step reads: linear weights, the lm head, and the KV cache at the mean context
+static double weight_bytes(const QWeight *w) { return (double)w->rows * w->cols * (w->gran == FP8_OFF ? 2 : 1); }
+
+// bytes one decode step reads: linear weights, the lm head, and the KV cache at the mean context. Qwen3 MoE:
+// a sparse layer's router and the experts its S tokens choose, each read once (cuda/moe.cu): E (1 - (1 - K/E)^S)
+// of them expected where the choices are uniform (random weights route near uniformly)
 static double decode_floor_ms(const Config *c, const Model *m, int S, int prompt, int nnew) {
     double lin = 0;
-    for (int i = 0; i < LIN_COUNT; i++) {
-        const QWeight *w = &m->w.layers[0].lin[i];
-        lin += (double)w->rows * w->cols * (w->gran == FP8_OFF ? 2 : 1);
+    for (int l = 0; l < c->L; l++) {
+        const LayerWeights *lw = &m->w.layers[l];
+        for (int i = 0; i < LIN_COUNT; i++) lin += weight_bytes(&lw->lin[i]);  // (a sparse layer's MLP: rows 0)
+        if (!c->moe[l]) continue;
+        double active = c->E * (1 - pow(1 - (double)c->K / c->E, S));
+        lin += weight_bytes(&lw->router) +
+               active * (weight_bytes(&lw->experts[0]) + weight_bytes(&lw->experts[1]) + weight_bytes(&lw->experts[2]));
     }
-    lin *= c->L;
     double head = (m->w.head.gran != FP8_OFF ? 1.0 : 2.0) * c->V * c->C;
     double ctx = prompt + nnew / 2.0;
     double kv = ctx * S * c->L * 2.0 * c->KVH * (m->kv_fp8 ? c->HD + 4.0 : c->HD * 2.0);  // FP8: codes + a scale

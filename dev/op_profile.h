@@ -19,11 +19,12 @@
 void *backend_cuda_stream(void);  // backend_cuda.cu: the stream every op runs on
 
 enum { P_LIN_F, P_LIN_B, P_LORA_F, P_LORA_B, P_ATT_F, P_ATT_B, P_ATT_DEC, P_KV_WRITE, P_NORM, P_ROPE, P_SWIGLU, P_ADD,
-       P_LOGITS, P_HEAD_F, P_HEAD_B, P_SAMPLE, P_EMB, P_OPT, P_MEM, P_COUNT };
+       P_MOE_R, P_MOE_F, P_MOE_B, P_LOGITS, P_HEAD_F, P_HEAD_B, P_SAMPLE, P_EMB, P_OPT, P_MEM, P_COUNT };
 static const char *const prof_name[P_COUNT] = {
     "linear forward (FP8 quantize + GEMM)", "linear backward (dX)", "LoRA forward", "LoRA backward",
     "attention forward", "attention backward", "attention decode (paged)", "KV cache write",
-    "rmsnorm f+b (decode: + residual add)", "rope f+b (decode: + q/k norm, KV write)", "swiglu f+b", "residual add", "logits (lm head, decode)", "logprobs forward (lm head)",
+    "rmsnorm f+b (decode: + residual add)", "rope f+b (decode: + q/k norm, KV write)", "swiglu f+b", "residual add",
+    "MoE router f+b (softmax, top-K)", "MoE experts forward (grouped GEMMs)", "MoE experts backward", "logits (lm head, decode)", "logprobs forward (lm head)",
     "logprobs backward (lm head)", "sampling", "embedding", "AdamW + grad zero", "memcpy / memset"};
 
 static double prof_ms[P_COUNT];
@@ -129,6 +130,20 @@ static void pw_qkv_rope_kv(void *q, void *k, const void *qin, const void *kin, c
                            float *ks, float *vs, const int32_t *slots, int N, int NH, int KVH, int HD, float eps) {
     PW(P_ROPE, PF.R->qkv_rope_kv(q, k, qin, kin, vin, ldq, ldkv, qn, kn, n1p, pos, f, kc, vc, ks, vs, slots, N, NH, KVH, HD, eps));
 }
+static void pw_moe_route(int32_t *idx, void *w, const void *lg, int N, int E, int K, int norm) {
+    PW(P_MOE_R, PF.R->moe_route(idx, w, lg, N, E, K, norm));
+}
+static void pw_moe_route_b(void *dlg, const void *dw, const void *lg, const int32_t *idx, int N, int E, int K, int norm) {
+    PW(P_MOE_R, PF.R->moe_route_backward(dlg, dw, lg, idx, N, E, K, norm));
+}
+static void pw_moe_f(void *out, void *g, void *u, const void *x, const int32_t *idx, const void *w, const QWeight *ex, int N,
+                     int E, int K) {
+    PW(P_MOE_F, PF.R->moe_experts_forward(out, g, u, x, idx, w, ex, N, E, K));
+}
+static void pw_moe_b(void *dx, void *dw, const QWeight *dex, const void *dout, const void *x, const int32_t *idx, const void *w,
+                     const void *g, const void *u, const QWeight *ex, int N, int E, int K) {
+    PW(P_MOE_B, PF.R->moe_experts_backward(dx, dw, dex, dout, x, idx, w, g, u, ex, N, E, K));
+}
 // no recording: every op runs (and is timed) each step
 static void pw_replay(const void *key, size_t key_bytes, void (*run)(void *arg), void *arg) { run(arg); }
 static void pw_logits(void *lg, const void *h, const QWeight *w, int N) { PW(P_LOGITS, PF.R->logits_forward(lg, h, w, N)); }
@@ -171,6 +186,8 @@ static void prof_install(const Backend *real, Backend *W) {
     memset(prof_calls, 0, sizeof prof_calls);
     *W = *real;
     W->linear_forward = pw_linear_forward; W->linear_backward = pw_linear_backward;
+    W->moe_route = pw_moe_route; W->moe_route_backward = pw_moe_route_b;
+    W->moe_experts_forward = pw_moe_f; W->moe_experts_backward = pw_moe_b;
     W->lora_down = pw_lora_down; W->lora_up = pw_lora_up; W->lora_apply = pw_lora_apply;
     W->lora_up_backward = pw_lora_up_backward; W->lora_down_backward = pw_lora_down_backward;
     W->attention_forward = pw_att_f; W->attention_backward = pw_att_b;

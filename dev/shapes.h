@@ -2,7 +2,8 @@
 // the configurations dev/peers.py builds for the peers). Each is the checkpoint's config.json as
 // model_load would read it: Qwen3-0.6B, Qwen3-8B, Qwen3-32B, Llama-3.3-70B (Llama 3 RoPE scaling),
 // Gemma-3-4B and Gemma-3-27B as published (the multimodal checkpoint: --save writes Gemma3ForConditionalGeneration's
-// config.json and tensor names, the text model's weights alone), and Mistral-7B (v0.3);
+// config.json and tensor names, the text model's weights alone), Mistral-7B (v0.3) and Qwen3-30B-A3B (the
+// mixture of experts: --save writes Qwen3MoeForCausalLM's config.json, model_type qwen3_moe, and its names);
 // and the Llama-3.2 1B and 3B shapes of the full fine-tuning benchmarks (bench_full, bench_dp).
 #ifndef SHAPES_H
 #define SHAPES_H
@@ -11,7 +12,7 @@
 
 #include "model.h"
 
-#define SHAPE_NAMES "135m|0.6b|8b|32b|70b|gemma3-4b|gemma3-27b|mistral-7b"
+#define SHAPE_NAMES "135m|0.6b|8b|32b|70b|gemma3-4b|gemma3-27b|mistral-7b|qwen3-30b-a3b"
 
 // "135m": SmolLM2-135M's config (Llama: 30 layers, hidden 576, 9/3 heads x 64, FF 1536, tied, vocab
 // 49,152; 576 is not a multiple of 128: FP8 block scaling's partial blocks);
@@ -23,7 +24,10 @@
 // a 1024-token sliding window (RoPE base 10,000; the full layers' 1e6 with linear scaling 8);
 // "gemma3-27b": the same with 62 layers, hidden 5376, 32/16 heads x 128, FF 21504, queries scaled by
 // 168^-0.5; "mistral-7b": Mistral-7B-v0.3, Llama's layer, 32 layers, hidden 4096, 32/8 heads x 128,
-// FF 14336, vocab 32,768, untied, no window. Dies on another name.
+// FF 14336, vocab 32,768, untied, no window; "qwen3-30b-a3b": Qwen3-30B-A3B, Qwen3's attention (qk-norm) in 48
+// layers, hidden 2048, 32/4 heads x 128, vocab 151,936, untied, and on every layer (decoder_sparse_step 1, no
+// mlp_only_layers) 128 experts of 768, 8 a token, norm_topk_prob (intermediate_size 6144, the dense MLP's,
+// unused). Dies on another name.
 static inline Config bench_shape(const char *size) {
     Config c;
     memset(&c, 0, sizeof c);
@@ -73,6 +77,11 @@ static inline Config bench_shape(const char *size) {
         c.V = 32768, c.C = 4096, c.FF = 14336, c.L = 32, c.NH = 32, c.KVH = 8, c.HD = 128, c.tied = 0, c.qk_norm = 0;
         c.max_pos = 32768, c.eps = 1e-5f, c.rope_theta = 1e6f;
         c.bos_id = 1, c.eos_ids[0] = 2;
+    } else if (!strcmp(size, "qwen3-30b-a3b")) {
+        c.arch = ARCH_QWEN3_MOE;
+        c.C = 2048, c.FF = 6144, c.L = 48, c.NH = 32, c.KVH = 4, c.tied = 0;
+        c.E = 128, c.K = 8, c.FFe = 768, c.norm_topk = 1;
+        for (int l = 0; l < c.L; l++) c.moe[l] = 1;
     } else die("--model must be one of " SHAPE_NAMES ", got '%s'", size);
     return c;
 }

@@ -75,33 +75,6 @@ END_TEST
 
 // ---- weights ------------------------------------------------------------------------
 
-static void qweight_setup(QWeight *w, int rows, int cols, FP8Gran g, int device) {
-    memset(w, 0, sizeof *w);
-    w->rows = rows;
-    w->cols = cols;
-    w->gran = g;
-    const Backend *b = device ? G : CPU;
-    if (g == FP8_OFF) {
-        w->dense = b->alloc((size_t)rows * cols * dtype_size(b->act));
-        return;
-    }
-    w->q.rows = rows;
-    w->q.cols = cols;
-    w->q.gran = g;
-    w->q.fmt = FP8_E4M3;
-    w->q.block_rows = FP8_BLOCK_SIZE;
-    w->q.data = (uint8_t *)b->alloc((size_t)rows * cols);
-    w->q.scale = (float *)b->alloc(fp8_num_scales(g, rows, cols, FP8_BLOCK_SIZE) * 4);
-}
-static void qweight_free(QWeight *w, int device) {
-    const Backend *b = device ? G : CPU;
-    if (w->gran == FP8_OFF) b->free(w->dense);
-    else {
-        b->free(w->q.data);
-        b->free(w->q.scale);
-    }
-}
-
 START_TEST(test_weights) {
     int R = 300, C = 520;  // neither a multiple of 128
     size_t n = (size_t)R * C;

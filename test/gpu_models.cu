@@ -1,5 +1,5 @@
-// test/gpu_models.cu: GPU suite for whole models from the Hugging Face fixtures
-// (test/fixtures/{qwen3,qwen2,llama3,mistral,gemma3}) on both backends: logits, KV-cache decode, LoRA
+// test/gpu_models.cu: GPU suite for whole models from the Hugging Face fixtures (test/fixtures/{qwen3,
+// qwen2,llama3,mistral,gemma3,qwen3_moe,qwen3_moe16,qwen3_moe_fp8}) on both backends: logits, KV-cache decode, LoRA
 // gradients, and one GRPO step, PPO's value model and one full-weight training step CPU vs GPU; the reward
 // models of test/fixtures/reward_model scoring their cases.
 // Tolerances: gpu_util.cuh. Run on a GPU: make test-gpu (CK_FORK=no).
@@ -14,7 +14,10 @@
 
 // Mistral (a sliding window on every layer) and Gemma 3 (sliding and full layers, GeGLU, (1 + w) norms):
 // their decode below runs to position 17, past both fixtures' windows (8, 6)
-static const char *ARCHS[] = {"qwen3", "qwen2", "llama3", "mistral", "gemma3"};
+// Qwen3 MoE: 8 experts top 2 with norm_topk_prob and a dense layer among the sparse ones, 16 top 4 without,
+// and the published FP8 layout (each expert its own 128x128 block scales); their LoRA is on the attention
+// ("all" becomes q, k, v, o), so its gradients come through the experts' input gradient
+static const char *ARCHS[] = {"qwen3", "qwen2", "llama3", "mistral", "gemma3", "qwen3_moe", "qwen3_moe16", "qwen3_moe_fp8"};
 #define N_ARCHS ((int)(sizeof ARCHS / sizeof ARCHS[0]))
 
 static double rel_l2(const float *a, const float *b, size_t n, double *maxabs) {
@@ -162,14 +165,88 @@ static double model_cmp(const char *arch, const char *gran, const char *what, co
     return e;
 }
 
+// ---- Qwen3 MoE: the CPU's run follows the GPU's routing -------------------------------------------
+// Where two experts' router logits nearly tie (these tiny random fixtures have gaps down to 6e-4 of the
+// row's largest logit, and bf16 activations move the logits by more), the GPU and the CPU may choose
+// differently, and a token sent to another expert changes its logits by up to 40%: transformers' own bf16
+// run of qwen3_moe differs from its fp32 run by 0.13 rel L2 for that reason alone. The router's choices are
+// checked bit for bit on equal logits (gpu_moe); here the GPU's backend records each moe_route's choices
+// (its decode steps run plainly: no graph, so every call is seen) and the CPU's takes them in the same
+// order, with the weights of its own probabilities, after checking that each choice it changes is a near
+// tie: the CPU's logit of the GPU's expert within the logits' allowance of its own K-th largest (2^-5 of the
+// row's largest |logit|; FP8, where an activation may land one E4M3 step away, 2^-3 more).
+#define RT_CAP 4096
+static struct {
+    int32_t *idx[RT_CAP];
+    int n[RT_CAP], count, pos;
+    long followed, tokens;
+    double slack;  // the near-tie allowance, a fraction of the row's largest |logit|
+} RT;
+static Backend GW, CW;  // the GPU's backend recording its choices, the CPU's following them
+
+static void rt_reset(void) {
+    for (int i = 0; i < RT.count; i++) free(RT.idx[i]);
+    memset(&RT, 0, sizeof RT);
+}
+static void rt_record(int32_t *idx, void *w, const void *logits, int N, int E, int K, int norm) {
+    G->moe_route(idx, w, logits, N, E, K, norm);
+    ck_assert_msg(RT.count < RT_CAP, "more than %d routing calls", RT_CAP);
+    int32_t *h = (int32_t *)mallocCheck((size_t)N * K * 4);
+    G->download(h, idx, (size_t)N * K * 4);
+    RT.idx[RT.count] = h, RT.n[RT.count++] = N * K;
+}
+static void rt_plain(const void *key, size_t key_bytes, void (*run)(void *arg), void *arg) { run(arg); }
+static void rt_follow(int32_t *idx, void *w, const void *logits, int N, int E, int K, int norm) {
+    CPU->moe_route(idx, w, logits, N, E, K, norm);
+    ck_assert_msg(RT.pos < RT.count && RT.n[RT.pos] == N * K, "routing call %d: the CPU's run routes %d choices, the GPU's %d",
+                  RT.pos, N * K, RT.pos < RT.count ? RT.n[RT.pos] : 0);
+    const int32_t *g = RT.idx[RT.pos++];
+    const float *z = (const float *)logits;
+    float *wt = (float *)w;
+    RT.tokens += N;
+    for (int n = 0; n < N; n++) {
+        const float *zr = z + (size_t)n * E;
+        const int32_t *gi = g + (size_t)n * K;
+        int32_t *ci = idx + (size_t)n * K;
+        if (!memcmp(gi, ci, K * sizeof(int32_t))) continue;
+        RT.followed++;
+        double mx = zr[0], zmax = 0, s = 0, S = 0, kth = zr[ci[K - 1]];  // the CPU's choices come largest first
+        for (int e = 0; e < E; e++) mx = fmax(mx, zr[e]), zmax = fmax(zmax, fabs(zr[e]));
+        for (int e = 0; e < E; e++) s += exp(zr[e] - mx);
+        for (int j = 0; j < K; j++) {
+            ck_assert_msg(zr[gi[j]] >= kth - RT.slack * zmax, "the GPU routed a token to expert %d, logit %g, where the "
+                          "CPU's K-th largest is %g: not a near tie", gi[j], zr[gi[j]], kth);
+            S += exp(zr[gi[j]] - mx) / s;
+        }
+        if (!norm) S = 1;
+        for (int j = 0; j < K; j++) ci[j] = gi[j], wt[j + (size_t)n * K] = (float)(exp(zr[gi[j]] - mx) / s / S);
+    }
+}
+// the two runs of a fixture at granularity gran: the GPU's, then the CPU's (following its routing: Qwen3 MoE)
+static void model_runs(ModelRun *g, ModelRun *c, const char *arch, FP8Gran gran) {
+    if (strncmp(arch, "qwen3_moe", 9)) {
+        model_run(g, arch, G, gran);
+        model_run(c, arch, CPU, gran);
+        return;
+    }
+    GW = *G, GW.moe_route = rt_record, GW.replay = rt_plain;
+    CW = *CPU, CW.moe_route = rt_follow;
+    rt_reset();
+    RT.slack = gran == FP8_OFF ? 0x1p-5 : 0x1p-5 + 0x1p-3;
+    model_run(g, arch, &GW, gran);
+    model_run(c, arch, &CW, gran);
+    ck_assert_msg(RT.pos == RT.count, "the CPU's run routed %d times, the GPU's %d", RT.pos, RT.count);
+    printf("  model %-6s %-5s routing: the CPU took the GPU's choices (near ties) on %ld of %ld tokens\n", arch,
+           fp8_gran_name(gran), RT.followed, RT.tokens);
+    rt_reset();
+}
+
 START_TEST(test_models) {
     for (int a = 0; a < N_ARCHS; a++) {
         const char *arch = ARCHS[a];
         ModelRun co, go, cb, gb;
-        model_run(&co, arch, CPU, FP8_OFF);
-        model_run(&go, arch, G, FP8_OFF);
-        model_run(&cb, arch, CPU, FP8_BLOCK);
-        model_run(&gb, arch, G, FP8_BLOCK);
+        model_runs(&go, &co, arch, FP8_OFF);
+        model_runs(&gb, &cb, arch, FP8_BLOCK);
         double tl = 0x1p-5, tgr = 0x1p-4;
         model_cmp(arch, "off", "forward logits", go.logits, co.logits, co.nlogits, tl);
         model_cmp(arch, "off", "prefill + 10 decode steps", go.dec, co.dec, co.ndec, tl);
@@ -195,6 +272,10 @@ START_TEST(test_models) {
         fp8_cuda_set_dx(FP8_DX_AUTO);
         model_cmp(arch, "block", "LoRA gradients, FP8 dX", g8.grads, cb.grads, cb.ngrads, tgr + qg);
         model_cmp(arch, "block", "LoRA grads FP8 dX vs BF16", g8.grads, gr.grads, gr.ngrads, qg);
+        if (!strncmp(arch, "qwen3_moe", 9)) {  // gb's decode steps ran plainly (model_runs), gr's through CUDA graphs
+            check_exact("qwen3_moe decode: CUDA graphs = plain steps", gr.dec, gb.dec, gb.ndec * 4);
+            check_exact("qwen3_moe decode with LoRA: CUDA graphs = plain steps", gr.dec_lora, gb.dec_lora, gb.ndec * 4);
+        }
         model_run_free(&g8), model_run_free(&gr);
         // logprobs: rows without a target are exactly 0; the rest within the logits' allowance
         const ModelRun *gs[2] = {&go, &gb}, *cs[2] = {&co, &cb};

@@ -1,6 +1,6 @@
 // test/gpu_util.cuh: what the GPU suites of the CUDA backend share (gpu_backend.cu: every op;
 // gpu_models.cu: whole models): the two backends, random bf16-rounded data, uploads and downloads,
-// and checks against a reference with a tolerance per element.
+// QWeights on either backend, and checks against a reference with a tolerance per element.
 //
 // How the tolerances are derived. The GPU holds activations in bf16 (8 significant bits), so
 // the reference is fed the same bf16-rounded inputs and a tolerance only has to cover
@@ -118,6 +118,34 @@ static inline double *tol_bf(const float *ref, const double *mag, double k, size
     double *t = dmalloc_h(n);
     for (size_t i = 0; i < n; i++) t[i] = U8 * fabs(ref[i]) + k * (mag ? mag[i] : 0) + 1e-30;
     return t;
+}
+
+// a QWeight (rows, cols) of granularity g in the memory of the GPU (device 1) or the CPU backend, and its release
+static inline void qweight_setup(QWeight *w, int rows, int cols, FP8Gran g, int device) {
+    memset(w, 0, sizeof *w);
+    w->rows = rows;
+    w->cols = cols;
+    w->gran = g;
+    const Backend *b = device ? G : CPU;
+    if (g == FP8_OFF) {
+        w->dense = b->alloc((size_t)rows * cols * dtype_size(b->act));
+        return;
+    }
+    w->q.rows = rows;
+    w->q.cols = cols;
+    w->q.gran = g;
+    w->q.fmt = FP8_E4M3;
+    w->q.block_rows = FP8_BLOCK_SIZE;
+    w->q.data = (uint8_t *)b->alloc((size_t)rows * cols);
+    w->q.scale = (float *)b->alloc(fp8_num_scales(g, rows, cols, FP8_BLOCK_SIZE) * 4);
+}
+static inline void qweight_free(QWeight *w, int device) {
+    const Backend *b = device ? G : CPU;
+    if (w->gran == FP8_OFF) b->free(w->dense);
+    else {
+        b->free(w->q.data);
+        b->free(w->q.scale);
+    }
 }
 
 #endif  // GPU_UTIL_CUH

@@ -7,6 +7,11 @@ size_t memfit_bytes(const Model *m, int mb, int T, int recompute) {
     size_t b = model_acts_bytes(m, mb, T, recompute);
     const LoRA *lo = m->lora;
     if (lo) b += lora_acts_bytes(lo, mb * T);  // the adapters' saved ax and their dax, outside the arena
+    // Qwen3 MoE: the experts' per-slot buffers a sparse layer's backward holds outside the arena (the CUDA
+    // backend's, cuda/moe.cu: for each of the N K (token, expert) pairs dgate|dup, h then dh, y then dy and dx):
+    // counted here so that the arena never grows into the memory they take
+    const Config *c = &m->cfg;
+    if (c->E) b += (size_t)mb * T * c->K * (3 * (size_t)c->FFe + c->C) * dtype_size(m->be->act);
     return b;
 }
 
