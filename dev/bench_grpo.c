@@ -238,9 +238,10 @@ static void run(Args *a) {
     if (a->reward)
         printf("reward model %s shape, linears %s: scoring %.1f s (%d sequences of %d tokens, micro-batches in the arena), mean "
                "score %.3f\n", a->reward, fp8_gran_name(rm.m.opt.gran), t_rm, S, T, mean_score);
-    printf("held (GiB): context %.2f, + weights %.2f, + reward model %.2f, after the rollout %.2f, after the update %.2f; "
-           "backend's own peak %.2f beyond the context\n",
-           gib(ctx), gib(after_w), gib(after_rm), gib(after_roll), gib(after_upd), gib(bpeak));
+    printf("held (GiB): context %.2f, + weights %.2f", gib(ctx), gib(after_w));
+    if (a->reward) printf(", + reward model %.2f", gib(after_rm));
+    printf(", after the rollout %.2f, after the update %.2f; backend's own peak %.2f beyond the context\n", gib(after_roll),
+           gib(after_upd), gib(bpeak));
     printf("| part | GiB |\n| --- | --- |\n");
     printf("| CUDA context + cuBLAS(Lt) | %.2f |\n", gib(ctx));
     printf("| weights: linears (%s) | %.2f |\n", a->gran == FP8_OFF ? "bf16" : "fp8 + scales", gib(wb.linear));
