@@ -234,7 +234,7 @@ void model_free_scratch(Model *m) {
 // xq: inp's FP8 copy made by its producer (the decode step: decode_fp8_input), or NULL. keep: where an
 // FP8-trained projection leaves inp's codes for its backward (Acts.keep; never with an adapter), or NULL;
 // inp NULL with keep: the op that made the input wrote it as these codes alone (norm_fwd_kept)
-static void linear_fwd_q(Model *m, int l, int which, void *out, const void *inp, const FP8Tensor *xq, int N, int save,
+static void linear_fwd_q(Model *m, LoRA *lo, int l, int which, void *out, const void *inp, const FP8Tensor *xq, int N, int save,
                          FP8Tensor *keep) {
     const LayerWeights *lw = &m->w.layers[l];
     const void *bias = which <= LIN_V ? lw->bias[which] : NULL;
@@ -244,15 +244,15 @@ static void linear_fwd_q(Model *m, int l, int which, void *out, const void *inp,
         if (!m->be->fp8_train_forward_keep(out, inp, &lw->lin[which], bias, N, keep))
             die("model: layer %d's %s cannot keep its input in FP8 (not trained with a per-tensor recipe)", l, lin_names[which]);
     } else m->be->linear_forward(out, inp, &lw->lin[which], bias, N);
-    if (m->lora && m->lora_on) lora_hook_forward(m, l, which, out, inp, N, save);
+    if (lo) lora_hook_forward(lo, l, which, out, inp, N, save);
 }
-static void linear_fwd(Model *m, int l, int which, void *out, const void *inp, int N, int save, FP8Tensor *keep) {
-    linear_fwd_q(m, l, which, out, inp, NULL, N, save, keep);
+static void linear_fwd(Model *m, LoRA *lo, int l, int which, void *out, const void *inp, int N, int save, FP8Tensor *keep) {
+    linear_fwd_q(m, lo, l, which, out, inp, NULL, N, save, keep);
 }
 
 // dinp (= or +=) gradient through W (and the adapter); dense weight grads when allocated. kept: inp's
 // codes as linear_fwd kept them, read in inp's place, or NULL
-static void linear_bwd(Model *m, int l, int which, void *dinp, int accumulate, const void *dout, const void *inp,
+static void linear_bwd(Model *m, LoRA *lo, int l, int which, void *dinp, int accumulate, const void *dout, const void *inp,
                        const FP8Tensor *kept, int N) {
     const LayerWeights *lw = &m->w.layers[l];
     void *dw = NULL, *db = NULL;
@@ -263,7 +263,7 @@ static void linear_bwd(Model *m, int l, int which, void *dinp, int accumulate, c
     }
     if (kept) m->be->fp8_train_backward_kept(dinp, accumulate, dw, db, dout, kept, &lw->lin[which], N);
     else m->be->linear_backward(dinp, accumulate, dw, db, dout, inp, &lw->lin[which], N);
-    if (m->lora && m->lora_on) lora_hook_backward(m, l, which, dinp, dout, inp, N);
+    if (lo) lora_hook_backward(lo, l, which, dinp, dout, inp, N);
 }
 
 // ----------------------------------------------------------------------------
@@ -412,7 +412,7 @@ static void moe_forward(Model *m, int l, void *out, const void *x, void *rlogits
 }
 
 // layer l: la.x -> la.xn, saving what the backward needs in la
-static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int32_t *slots_dev) {
+static void layer_forward(Model *m, LoRA *lo, int l, LayerActs *la, KVCache *kv, const int32_t *slots_dev) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     const LayerWeights *lw = &m->w.layers[l];
@@ -425,15 +425,15 @@ static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int
     FP8Tensor t1, t2;
     const FP8Tensor *x1 = k1 ? NULL : shared_input(m, l, LIN_Q, 3, ln1, N, &t1);  // ln1's codes, or NULL
     if (c->qk_norm) {
-        linear_fwd_q(m, l, LIN_Q, la->qpre, ln1, x1, N, 1, k1);
-        linear_fwd_q(m, l, LIN_K, la->kpre, ln1, x1, N, 1, k1);
+        linear_fwd_q(m, lo, l, LIN_Q, la->qpre, ln1, x1, N, 1, k1);
+        linear_fwd_q(m, lo, l, LIN_K, la->kpre, ln1, x1, N, 1, k1);
         norm_fwd(m, la->q, la->qrstd, la->qpre, lw->q_norm, N * c->NH, c->HD);
         norm_fwd(m, la->k, la->krstd, la->kpre, lw->k_norm, N * c->KVH, c->HD);
     } else {
-        linear_fwd_q(m, l, LIN_Q, la->q, ln1, x1, N, 1, k1);
-        linear_fwd_q(m, l, LIN_K, la->k, ln1, x1, N, 1, k1);
+        linear_fwd_q(m, lo, l, LIN_Q, la->q, ln1, x1, N, 1, k1);
+        linear_fwd_q(m, lo, l, LIN_K, la->k, ln1, x1, N, 1, k1);
     }
-    linear_fwd_q(m, l, LIN_V, la->v, ln1, x1, N, 1, k1);
+    linear_fwd_q(m, lo, l, LIN_V, la->v, ln1, x1, N, 1, k1);
     be->rope_forward(la->q, pos, inv_freq, N, c->NH, c->HD);
     be->rope_forward(la->k, pos, inv_freq, N, c->KVH, c->HD);
     if (kv) {
@@ -445,9 +445,9 @@ static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int
     be->attention_forward(la->att, la->lse, la->q, la->k, la->v, B, T, c->NH, c->KVH, c->HD, attn_scale(c),
                           layer_window(c, l));
     if (c->gemma) {  // xmid = x + rmsnorm_attn(o)
-        linear_fwd(m, l, LIN_O, la->ao, la->att, N, 1, NULL);
+        linear_fwd(m, lo, l, LIN_O, la->ao, la->att, N, 1, NULL);
         norm_fwd(m, la->xmid, la->rstda, la->ao, lw->ln_attn, N, c->C);
-    } else linear_fwd(m, l, LIN_O, la->xmid, la->att, N, 1, NULL);
+    } else linear_fwd(m, lo, l, LIN_O, la->xmid, la->att, N, 1, NULL);
     be->add(la->xmid, la->xmid, la->x, (size_t)N * c->C);
     if (c->moe[l]) {  // Qwen3 MoE's sparse layer: the router and the experts in the MLP's place
         norm_fwd(m, la->ln2, la->rstd2, la->xmid, lw->ln2, N, c->C);
@@ -457,8 +457,8 @@ static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int
     }
     const void *ln2 = norm_fwd_kept(m, la->ln2, la->rstd2, la->xmid, lw->ln2, N, c->C, k2, &lw->lin[LIN_GATE]);
     const FP8Tensor *x2 = k2 ? NULL : shared_input(m, l, LIN_GATE, 2, ln2, N, &t2);  // ln2's codes, or NULL
-    linear_fwd_q(m, l, LIN_GATE, la->gate, ln2, x2, N, 1, k2);
-    linear_fwd_q(m, l, LIN_UP, la->up, ln2, x2, N, 1, k2);
+    linear_fwd_q(m, lo, l, LIN_GATE, la->gate, ln2, x2, N, 1, k2);
+    linear_fwd_q(m, lo, l, LIN_UP, la->up, ln2, x2, N, 1, k2);
     // hm = gelu_tanh(gate) * up (Gemma 3) or silu(gate) * up: bf16, or as kh's codes alone (as ln1); a
     // frozen FP8 down reads x3, hm's codes, written by the same pass where the backend can (glu_forward_q)
     const void *hm = la->hm;
@@ -473,13 +473,13 @@ static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int
         if (x3) be->quantize_act(&t3, la->hm, N);
     }
     if (c->gemma) {  // xn = xmid + rmsnorm_mlp(down(hm))
-        linear_fwd_q(m, l, LIN_DOWN, la->mo, hm, x3, N, 1, kh);
+        linear_fwd_q(m, lo, l, LIN_DOWN, la->mo, hm, x3, N, 1, kh);
         norm_fwd(m, la->xn, la->rstdm, la->mo, lw->ln_mlp, N, c->C);
-    } else linear_fwd_q(m, l, LIN_DOWN, la->xn, hm, x3, N, 1, kh);
+    } else linear_fwd_q(m, lo, l, LIN_DOWN, la->xn, hm, x3, N, 1, kh);
     be->add(la->xn, la->xn, la->xmid, (size_t)N * c->C);
 }
 
-static void forward_impl(Model *m, const int *ids_host, int B, int T, KVCache *kv, const int32_t *slots_dev) {
+static void forward_impl(Model *m, LoRA *lo, const int *ids_host, int B, int T, KVCache *kv, const int32_t *slots_dev) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     int N = B * T;
@@ -487,10 +487,14 @@ static void forward_impl(Model *m, const int *ids_host, int B, int T, KVCache *k
     for (int i = 0; i < N; i++)
         if (ids_host[i] < 0 || ids_host[i] >= c->V) die("token id %d out of range [0, %d)", ids_host[i], c->V);
     acts_ensure(m, B, T);
-    if (m->lora && m->lora_on) {
-        lora_ensure_acts(m->lora, N);
-        lora_train_weights(m->lora);
+    if (lo && m->acts.keep)
+        die("model: this layout keeps the layers' inputs as FP8 codes alone, which an adapter cannot read: set m->lora "
+            "before the first forward");
+    if (lo) {
+        lora_ensure_acts(lo, N);
+        lora_train_weights(lo);
     }
+    m->acts.lora = lo;
     m->B = B;
     m->T = T;
     Acts *a = &m->acts;
@@ -504,13 +508,15 @@ static void forward_impl(Model *m, const int *ids_host, int B, int T, KVCache *k
     if (c->gemma) be->scale_act(a->x, (size_t)N * c->C, embed_scale(m));
     for (int l = 0; l < c->L; l++) {
         LayerActs la = layer_acts(m, l);
-        layer_forward(m, l, &la, kv, slots_dev);
+        layer_forward(m, lo, l, &la, kv, slots_dev);
     }
     norm_fwd(m, a->lnf, a->rstdf, LAYER(a->x, x_slot(m, c->L), (size_t)N * c->C * dtype_size(be->act)), m->w.norm, N,
              c->C);
 }
 
-void model_forward(Model *m, const int *ids_host, int B, int T) { forward_impl(m, ids_host, B, T, NULL, NULL); }
+void model_forward(Model *m, LoRA *lo, const int *ids_host, int B, int T) {
+    forward_impl(m, lo, ids_host, B, T, NULL, NULL);
+}
 
 // the logprobs, and with dlogp_host the head's backward (dln = dL/dlnf; the head's gradient)
 static void logprobs_impl(Model *m, const int *targets_host, float inv_temp, const double *dlogp_host, double *logp_host) {
@@ -586,7 +592,7 @@ static void moe_backward(Model *m, int l, const LayerActs *la, const LayerWeight
 
 // from a->dln = dL/d(the final norm's output): the final norm into the residual gradient dx, then the
 // layers in reverse
-static void backward_from_hidden(Model *m) {
+static void backward_from_hidden(Model *m, LoRA *lo) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     Acts *a = &m->acts;
@@ -601,7 +607,7 @@ static void backward_from_hidden(Model *m) {
         const LayerWeights *lw = &m->w.layers[l];
         const LayerWeights *gl = gw ? &gw->layers[l] : NULL;
         LayerActs la = layer_acts(m, l);
-        if (m->recompute) layer_forward(m, l, &la, NULL, NULL);  // the layer's activations again, from its input
+        if (m->recompute) layer_forward(m, lo, l, &la, NULL, NULL);  // the layer's activations again, from its input
 
         // MLP: x_{l+1} = xmid + down(silu(gate(ln2)) * up(ln2)); dx passes through the residual.
         // Gemma 3: the branch's output goes through rmsnorm_mlp first, and its activation is gelu_tanh.
@@ -613,8 +619,8 @@ static void backward_from_hidden(Model *m) {
             } else {
                 FP8Tensor t2;
                 const FP8Tensor *x2 = shared_input(m, l, LIN_GATE, 2, la.ln2, N, &t2);
-                linear_fwd_q(m, l, LIN_GATE, la.gate, la.ln2, x2, N, 1, NULL);
-                linear_fwd_q(m, l, LIN_UP, la.up, la.ln2, x2, N, 1, NULL);
+                linear_fwd_q(m, lo, l, LIN_GATE, la.gate, la.ln2, x2, N, 1, NULL);
+                linear_fwd_q(m, lo, l, LIN_UP, la.up, la.ln2, x2, N, 1, NULL);
             }
         }
         if (c->moe[l]) moe_backward(m, l, &la, gl, N);  // Qwen3 MoE's sparse layer
@@ -625,13 +631,13 @@ static void backward_from_hidden(Model *m) {
                 norm_bwd(m, a->dpost, gl ? gl->ln_mlp : NULL, a->dx, la.mo, lw->ln_mlp, la.rstdm, N, c->C);
                 dmlp = a->dpost;
             }
-            linear_bwd(m, l, LIN_DOWN, a->dff3, 0, dmlp, la.hm, kept(&la, KEPT_HM), N);
+            linear_bwd(m, lo, l, LIN_DOWN, a->dff3, 0, dmlp, la.hm, kept(&la, KEPT_HM), N);
             if (c->gemma) be->geglu_backward(a->dff1, a->dff2, a->dff3, la.gate, la.up, N * FF);
             else if (!be->swiglu_backward_q ||
                      !be->swiglu_backward_q(a->dff1, a->dff2, a->dff3, la.gate, la.up, N, FF, &lw->lin[LIN_GATE], &lw->lin[LIN_UP]))
                 be->swiglu_backward(a->dff1, a->dff2, a->dff3, la.gate, la.up, N * FF);
-            linear_bwd(m, l, LIN_GATE, a->dln, 0, a->dff1, la.ln2, kept(&la, KEPT_LN2), N);
-            linear_bwd(m, l, LIN_UP, a->dln, 1, a->dff2, la.ln2, kept(&la, KEPT_LN2), N);
+            linear_bwd(m, lo, l, LIN_GATE, a->dln, 0, a->dff1, la.ln2, kept(&la, KEPT_LN2), N);
+            linear_bwd(m, lo, l, LIN_UP, a->dln, 1, a->dff2, la.ln2, kept(&la, KEPT_LN2), N);
         }
         norm_bwd(m, a->dx, gl ? gl->ln2 : NULL, a->dln, la.xmid, lw->ln2, la.rstd2, N, c->C);
 
@@ -642,7 +648,7 @@ static void backward_from_hidden(Model *m) {
             norm_bwd(m, a->dpost, gl ? gl->ln_attn : NULL, a->dx, la.ao, lw->ln_attn, la.rstda, N, c->C);
             dattn = a->dpost;
         }
-        linear_bwd(m, l, LIN_O, a->datt, 0, dattn, la.att, NULL, N);
+        linear_bwd(m, lo, l, LIN_O, a->datt, 0, dattn, la.att, NULL, N);
         be->attention_backward(a->dq, a->dk, a->dv, a->datt, la.att, la.lse, la.q, la.k, la.v, B, T, c->NH, c->KVH, c->HD,
                                attn_scale(c), layer_window(c, l));
         be->rope_backward(a->dq, (const int32_t *)a->pos, inv_freq, N, c->NH, c->HD);
@@ -656,9 +662,9 @@ static void backward_from_hidden(Model *m) {
             dqp = a->dqpre;
             dkp = a->dkpre;
         }
-        linear_bwd(m, l, LIN_Q, a->dln, 0, dqp, la.ln1, kept(&la, KEPT_LN1), N);
-        linear_bwd(m, l, LIN_K, a->dln, 1, dkp, la.ln1, kept(&la, KEPT_LN1), N);
-        linear_bwd(m, l, LIN_V, a->dln, 1, a->dv, la.ln1, kept(&la, KEPT_LN1), N);
+        linear_bwd(m, lo, l, LIN_Q, a->dln, 0, dqp, la.ln1, kept(&la, KEPT_LN1), N);
+        linear_bwd(m, lo, l, LIN_K, a->dln, 1, dkp, la.ln1, kept(&la, KEPT_LN1), N);
+        linear_bwd(m, lo, l, LIN_V, a->dln, 1, a->dv, la.ln1, kept(&la, KEPT_LN1), N);
         norm_bwd(m, a->dx, gl ? gl->ln1 : NULL, a->dln, la.x, lw->ln1, la.rstd1, N, c->C);
         if (gl && m->layer_grads) m->layer_grads(m->layer_grads_ctx, l);  // layer l's gradients are complete
     }
@@ -669,10 +675,18 @@ static void backward_from_hidden(Model *m) {
     }
 }
 
-void model_backward(Model *m, const double *dlogp_host) {
+// the backward reads what the forward saved, the adapter's activations too: it takes the forward's adapter
+static void check_adapter(const Model *m, const LoRA *lo, const char *who) {
+    if (lo != m->acts.lora)
+        die("%s: given %s, but the forward applied %s: pass the forward's adapter", who, lo ? "an adapter" : "no adapter",
+            m->acts.lora ? (lo ? "another one" : "one") : "none");
+}
+
+void model_backward(Model *m, LoRA *lo, const double *dlogp_host) {
     const Backend *be = m->be;
     Acts *a = &m->acts;
     int N = m->B * m->T;
+    check_adapter(m, lo, "model_backward");
     // the head: dlnf (already there after model_logprobs_grad), then the rest
     if ((dlogp_host == NULL) != a->head_done)
         die(a->head_done ? "model_backward: the head's gradient was made by model_logprobs_grad: pass NULL"
@@ -683,14 +697,15 @@ void model_backward(Model *m, const double *dlogp_host) {
                               (const int32_t *)a->targets, a->inv_temp, N);
     }
     a->head_done = 0;
-    backward_from_hidden(m);
+    backward_from_hidden(m, lo);
 }
 
-void model_backward_hidden(Model *m, const void *dh) {
+void model_backward_hidden(Model *m, LoRA *lo, const void *dh) {
     Acts *a = &m->acts;
+    check_adapter(m, lo, "model_backward_hidden");
     if (dh != a->dln) m->be->copy(a->dln, dh, (size_t)m->B * m->T * m->cfg.C * dtype_size(m->be->act));
     a->head_done = 0;
-    backward_from_hidden(m);
+    backward_from_hidden(m, lo);
 }
 
 // ----------------------------------------------------------------------------
@@ -796,7 +811,7 @@ static void dec_ensure(Model *m, int S, int MB) {
     d->mb_cap = mb;
 }
 
-void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_host, const int *slots_host, int B,
+void model_prefill(Model *m, LoRA *lo, KVCache *kv, const int *ids_host, const int *lens_host, const int *slots_host, int B,
                    int T, void *logits) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
@@ -810,7 +825,7 @@ void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_h
     acts_ensure(m, B, T);
     // slots go through the arena's targets buffer (unused by a prefill)
     be->upload(m->acts.targets, slots_host, (size_t)B * T * sizeof(int32_t));
-    forward_impl(m, ids_host, B, T, kv, (const int32_t *)m->acts.targets);
+    forward_impl(m, lo, ids_host, B, T, kv, (const int32_t *)m->acts.targets);
     m->recompute = recompute;
     int32_t *last = (int32_t *)mallocCheck(B * sizeof(int32_t));
     for (int b = 0; b < B; b++) {
@@ -833,13 +848,13 @@ static const int GROUP_FIRST[2] = {LIN_Q, LIN_GATE}, GROUP_N[2] = {3, 2};
 // scales, or block scales whose boundaries do not line up), one GEMM and adapter per part into
 // parts[i]; returns NULL.
 // xq: inp's FP8 copy for the fused weight or for every part (decode_fp8_input of group_input), or NULL.
-static void *decode_project(Model *m, int l, int group, void *const *parts, const void *inp, const FP8Tensor *xq,
+static void *decode_project(Model *m, LoRA *lo, int l, int group, void *const *parts, const void *inp, const FP8Tensor *xq,
                             int N) {
     const LayerWeights *lw = &m->w.layers[l];
     const QWeight *fw = group == 0 ? &lw->qkv : &lw->gateup;
-    int first = GROUP_FIRST[group], n = GROUP_N[group], lora = m->lora && m->lora_on;
+    int first = GROUP_FIRST[group], n = GROUP_N[group];
     if (!fw->rows) {
-        for (int i = 0; i < n; i++) linear_fwd_q(m, l, first + i, parts[i], inp, xq, N, 0, NULL);
+        for (int i = 0; i < n; i++) linear_fwd_q(m, lo, l, first + i, parts[i], inp, xq, N, 0, NULL);
         return NULL;
     }
     void *fused = m->dec.fused;
@@ -847,8 +862,8 @@ static void *decode_project(Model *m, int l, int group, void *const *parts, cons
     if (xq) m->be->linear_forward_q(fused, xq, fw, bias, N);
     else m->be->linear_forward(fused, inp, fw, bias, N);
     const void *A, *B;
-    int R = lora ? lora_group_act(m->lora, l, group, &A, &B) : 0;
-    if (R) m->be->lora_apply(fused, inp, A, B, m->lora->scale, N, fw->cols, R, fw->rows);
+    int R = lo ? lora_group_act(lo, l, group, &A, &B) : 0;
+    if (R) m->be->lora_apply(fused, inp, A, B, lo->scale, N, fw->cols, R, fw->rows);
     return fused;
 }
 
@@ -872,13 +887,13 @@ static const QWeight *group_input(const Model *m, int l, int group) {
 
 // A decode step's attention inputs for layer l: q (S, NH, HD) normed and rotated in d->q, this
 // token's k and v in the cache (kc, vc, ks, vs: kvcache_layer). xq: d->ln's FP8 copy, or NULL.
-static void decode_qkv(Model *m, int l, int S, const FP8Tensor *xq, void *kc, void *vc, float *ks, float *vs) {
+static void decode_qkv(Model *m, LoRA *lo, int l, int S, const FP8Tensor *xq, void *kc, void *vc, float *ks, float *vs) {
     const Config *c = &m->cfg;
     const LayerWeights *lw = &m->w.layers[l];
     DecodeScratch *d = &m->dec;
     int q = c->NH * c->HD, kvw = c->KVH * c->HD;
     void *parts[3] = {d->q, d->k, d->v};
-    const char *fused = (const char *)decode_project(m, l, 0, parts, d->ln, xq, S);
+    const char *fused = (const char *)decode_project(m, lo, l, 0, parts, d->ln, xq, S);
     size_t act = dtype_size(m->be->act);
     const void *qin = fused ? fused : d->q, *kin = fused ? fused + q * act : d->k, *vin = fused ? fused + (q + kvw) * act : d->v;
     int ldq = fused ? q + 2 * kvw : q, ldkv = fused ? q + 2 * kvw : kvw;
@@ -891,6 +906,7 @@ static void decode_qkv(Model *m, int l, int S, const FP8Tensor *xq, void *kc, vo
 // Logits (S, V) into d->logits.
 typedef struct {
     Model *m;
+    LoRA *lo;
     KVCache *kv;
     int S, MB;
 } DecodeStep;
@@ -898,6 +914,7 @@ typedef struct {
 static void decode_compute(void *arg) {
     DecodeStep *st = (DecodeStep *)arg;
     Model *m = st->m;
+    LoRA *lo = st->lo;
     KVCache *kv = st->kv;
     int S = st->S;
     const Config *c = &m->cfg;
@@ -916,11 +933,11 @@ static void decode_compute(void *arg) {
         void *kc, *vc;
         float *ks, *vs;
         kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
-        decode_qkv(m, l, S, xq, kc, vc, ks, vs);
+        decode_qkv(m, lo, l, S, xq, kc, vc, ks, vs);
         xq = decode_fp8_input(m, &lw->lin[LIN_O], S);
         be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens,
                              S, c->NH, c->KVH, c->HD, kv->BS, st->MB, attn_scale(c), layer_window(c, l), xq);
-        linear_fwd_q(m, l, LIN_O, d->tmp, d->att, xq, S, 0, NULL);
+        linear_fwd_q(m, lo, l, LIN_O, d->tmp, d->att, xq, S, 0, NULL);
         if (c->gemma) norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_attn, S, c->C);
         // the residual add and the post-attention norm in one op
         xq = decode_fp8_input(m, group_input(m, l, 1), S);
@@ -929,12 +946,12 @@ static void decode_compute(void *arg) {
             moe_forward(m, l, d->tmp, d->ln, d->rlogits, (int32_t *)d->ridx, d->rw, NULL, NULL, S);
         else {
             void *gu[2] = {d->ff1, d->ff2};
-            void *fused = decode_project(m, l, 1, gu, d->ln, xq, S);
+            void *fused = decode_project(m, lo, l, 1, gu, d->ln, xq, S);
             xq = fused ? decode_fp8_input(m, &lw->lin[LIN_DOWN], S) : NULL;
             if (fused) be->glu_gu(d->ff3, xq, fused, S, c->FF, c->gemma);  // SwiGLU (GeGLU) straight from the fused product
             else if (c->gemma) be->geglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
             else be->swiglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
-            linear_fwd_q(m, l, LIN_DOWN, d->tmp, d->ff3, xq, S, 0, NULL);
+            linear_fwd_q(m, lo, l, LIN_DOWN, d->tmp, d->ff3, xq, S, 0, NULL);
         }
         if (c->gemma) norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_mlp, S, c->C);
         // the residual add and the next layer's input norm (or the final norm)
@@ -948,11 +965,12 @@ static void decode_compute(void *arg) {
 // what a recorded decode step depends on: every buffer and size it saw (backend.h replay)
 typedef struct {
     const void *dec, *kv_k, *kv_v, *lora, *lora_act;
-    int S, MB, dec_cap, kv_nb, kv_bs, lora_on;
+    int S, MB, dec_cap, kv_nb, kv_bs;
+    int zero;  // 0: the struct has no padding
 } DecodeKey;
 _Static_assert(sizeof(DecodeKey) == 5 * sizeof(void *) + 6 * sizeof(int), "no padding: keys are compared as bytes");
 
-void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_host, const int *slots_host,
+void model_decode(Model *m, LoRA *lo, KVCache *kv, const int *tokens_host, const int *pos_host, const int *slots_host,
                   const int *block_table_host, int S, int MB, void *logits) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
@@ -960,7 +978,7 @@ void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_
     void *mem_before = m->dec.mem;
     dec_ensure(m, Sp, MB);
     if (m->dec.mem != mem_before) be->replay_forget();  // the scratch moved: recordings point at the old one
-    if (m->lora && m->lora_on && !m->lora->act_valid) lora_sync_act(m->lora);  // the decode step reads the act copies
+    if (lo && !lo->act_valid) lora_sync_act(lo);  // the decode step reads the act copies
     DecodeScratch *d = &m->dec;
     // packed as the device region is (dec_ensure): four arrays of cap, then the table (Sp, MB)
     int cap = d->cap;
@@ -980,11 +998,10 @@ void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_
     }
     be->upload(d->tok, h, nix * sizeof(int32_t));
     free(h);
-    DecodeStep step = {m, kv, Sp, MB};
+    DecodeStep step = {m, lo, kv, Sp, MB};
     if (m->no_graphs) decode_compute(&step);
     else {
-        const LoRA *lo = m->lora;
-        DecodeKey key = {d->mem, kv->k, kv->v, lo, lo ? lo->act_mem : NULL, Sp, MB, d->cap, kv->NB, kv->BS, m->lora_on};
+        DecodeKey key = {d->mem, kv->k, kv->v, lo, lo ? lo->act_mem : NULL, Sp, MB, d->cap, kv->NB, kv->BS, 0};
         be->replay(&key, sizeof key, decode_compute, &step);
     }
     be->copy(logits, d->logits, (size_t)S * c->V * dtype_size(be->hp));

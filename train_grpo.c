@@ -780,7 +780,6 @@ static void load(Run *r) {
         r->lo = lora_create(m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17,
                             !strcmp(o->lora_dtype, "bf16"));
         m->lora = r->lo;
-        m->lora_on = 1;
         printf("LoRA: r %d, alpha %g, %zu parameters\n", r->lo->r, r->lo->alpha, r->lo->n);
         r->lora_bytes = lora_state_bytes(r->lo);  // parameters, gradients, Adam m and v
         if (r->ppo) {
@@ -811,13 +810,13 @@ static void load(Run *r) {
     }
 }
 
-// the held-out accuracy of the model as it is now (greedy, eval_size problems)
-// (several ranks: each evaluates its slice of the problems, the counts are summed)
-static double held_out_accuracy(Run *r) {
+// the held-out accuracy of the model as it is now with the adapter lo (or NULL) (greedy, eval_size
+// problems) (several ranks: each evaluates its slice of the problems, the counts are summed)
+static double held_out_accuracy(Run *r, LoRA *lo) {
     int n = eval_count(&r->task, r->o.eval_size), W = r->dp.world, k = r->dp.rank;
     if (n == 0 || r->task.n_unanswered) return NAN;  // (greedy correctness needs every problem's answer)
     double correct =
-        evaluate_range(&r->m, &r->task, &r->fmt, (int)((long)n * k / W), (int)((long)n * (k + 1) / W), r->Tc, r->eos, r->neos, NULL);
+        evaluate_range(&r->m, lo, &r->task, &r->fmt, (int)((long)n * k / W), (int)((long)n * (k + 1) / W), r->Tc, r->eos, r->neos, NULL);
     dist_all_reduce_sum_f64_host(r->dist, &correct, 1);
     return correct / n;
 }
@@ -876,9 +875,7 @@ static void begin(Run *r) {
         return;
     }
     if (!o->resume) {
-        r->m.lora_on = 0;
-        double acc = held_out_accuracy(r);
-        r->m.lora_on = 1;
+        double acc = held_out_accuracy(r, NULL);  // the base model
         long avail = task_size(&r->task, SPLIT_HELDOUT);
         if (isfinite(acc))
             printf("held-out accuracy before %s: %.3f (%ld held-out problems, greedy)\n", algo_name(r), acc,
@@ -940,7 +937,7 @@ static void rollout(Run *r, Step *s, int step) {
     }
     for (int q = 0; q < r->S; q++) s->seeds[q] = seq_seed(r->o.seed, step, b->q0 + q, 1);
     RolloutConfig rc = {r->G, r->Tc, (float)r->o.temperature, (float)r->o.top_p, r->o.top_k, r->eos, r->neos, 16, 1};
-    rollout_run(&r->m, &rc, r->P, (const int *const *)s->prompts, s->plens, s->seeds, &s->ro);
+    rollout_run(&r->m, r->lo, &rc, r->P, (const int *const *)s->prompts, s->plens, s->seeds, &s->ro);
     s->t_roll = now_sec() - s->t_step;
 }
 
@@ -1044,7 +1041,7 @@ static int fit_update(Run *r, int T) {
     return fc.mb;
 }
 
-// Stage "update": the reference (LoRA off) and old-policy logprobs when the loss needs them,
+// Stage "update": the reference (no adapter) and old-policy logprobs when the loss needs them,
 // then num_iterations x (per micro-batch: forward, logprobs, grpo_loss, backward; clip, AdamW).
 static void update(Run *r, Step *s, int step) {
     Model *m = &r->m;
@@ -1058,14 +1055,12 @@ static void update(Run *r, Step *s, int step) {
     s->t_reduce = 0;
     for (int pass = 0; pass < 2; pass++) {  // 0: the reference, 1: the old policy
         if ((pass == 0 && g->beta == 0) || (pass == 1 && !need_old)) continue;
-        m->lora_on = pass == 1;
         for (int b0 = 0; b0 < S; b0 += mb) {
             int nb = S - b0 < mb ? S - b0 : mb;
-            model_forward(m, s->ids + (size_t)b0 * T, nb, T);
+            model_forward(m, pass == 1 ? r->lo : NULL, s->ids + (size_t)b0 * T, nb, T);
             model_logprobs(m, s->tg + (size_t)b0 * T, r->inv_temp, s->lp);
             to_completion(r, s, s->lp, pass == 0 ? s->ref : s->old, b0, nb);
         }
-        m->lora_on = 1;
     }
     s->t_ref = now_sec() - t_train0;
     GrpoStats st;
@@ -1077,7 +1072,7 @@ static void update(Run *r, Step *s, int step) {
         s->loss = 0;
         for (int b0 = 0; b0 < S; b0 += mb) {
             int nb = S - b0 < mb ? S - b0 : mb;
-            model_forward(m, s->ids + (size_t)b0 * T, nb, T);
+            model_forward(m, r->lo, s->ids + (size_t)b0 * T, nb, T);
             model_logprobs(m, s->tg + (size_t)b0 * T, r->inv_temp, s->lp);
             to_completion(r, s, s->lp, s->logp, b0, nb);
             GrpoInputs in = {s->logp + (size_t)b0 * Tc, need_old ? s->old + (size_t)b0 * Tc : NULL,
@@ -1087,7 +1082,7 @@ static void update(Run *r, Step *s, int step) {
             memset(s->dl, 0, (size_t)nb * T * sizeof(double));  // dL/dlogp back at the positions of the (nb, T) batch
             for (int q = b0; q < b0 + nb; q++)
                 for (int j = 0; j < s->ro.len[q]; j++) s->dl[(size_t)(q - b0) * T + s->plens[q / r->G] - 1 + j] = s->dlogp[q * Tc + j];
-            model_backward(m, s->dl);
+            model_backward(m, r->lo, s->dl);
         }
         s->lr = lr_schedule(r->o.lr_scheduler_type, r->o.learning_rate, (long)(step - 1) * g->num_iterations + it, r->lr_warmup,
                             r->total_updates);
@@ -1128,7 +1123,7 @@ static void update_ppo(Run *r, Step *s, int step) {
     PpoBatch b = {r->S, s->T, r->Tc, s->ids, s->tg, start, s->ro.len, s->trunc, s->score, r->inv_temp};
     PpoOptim po = {o->lr_scheduler_type, o->learning_rate, o->adam_beta1, o->adam_beta2, o->adam_epsilon, o->weight_decay,
                    o->max_grad_norm, r->lr_warmup, r->total_updates};
-    ppo_step(&r->pt, &r->m, &b, mb, &po, step, &s->ps);
+    ppo_step(&r->pt, &r->m, r->lo, &b, mb, &po, step, &s->ps);
     free(start);
     s->loss = s->ps.loss, s->gnorm = s->ps.grad_norm, s->lr = s->ps.lr, s->t_ref = s->ps.t_rollout_passes;
     s->t_reduce = s->t_reduce_min = 0;
@@ -1315,10 +1310,8 @@ static int showcase_problem(Run *r, const char **why) {
     *why = "a held-out problem";
     if (!r->lo || n == 0 || r->task.n_unanswered) return 0;
     double on[SHOWCASE], off[SHOWCASE];
-    evaluate_range(&r->m, &r->task, &r->fmt, 0, n, r->Tc, r->eos, r->neos, on);
-    r->m.lora_on = 0;
-    evaluate_range(&r->m, &r->task, &r->fmt, 0, n, r->Tc, r->eos, r->neos, off);
-    r->m.lora_on = 1;
+    evaluate_range(&r->m, r->lo, &r->task, &r->fmt, 0, n, r->Tc, r->eos, r->neos, on);
+    evaluate_range(&r->m, NULL, &r->task, &r->fmt, 0, n, r->Tc, r->eos, r->neos, off);
     for (int i = 0; i < n; i++)
         if (on[i] == 1 && off[i] != 1) {
             *why = "a held-out problem the adapter answers and the base model alone does not";
@@ -1457,7 +1450,7 @@ int main(int argc, char **argv) {
         score(&r, &s, step);    // rewards (built-in, reward programs) -> group advantages
         if (r.ppo) update_ppo(&r, &s, step);  // reference, old policy, values; GAE; epochs x (value, policy; AdamW)
         else update(&r, &s, step);  // reference / old logprobs, num_iterations x (forward, backward, AdamW)
-        r.acc = eval_due(&r, step) ? held_out_accuracy(&r) : NAN;  // evaluate
+        r.acc = eval_due(&r, step) ? held_out_accuracy(&r, r.lo) : NAN;  // evaluate
         log_step(&r, &s, step);
         checkpoint(&r, step);
         step_end(&s);

@@ -503,13 +503,10 @@ static void builtin_pairs(Run *r, const SftFormat *f) {
     load_eval_pairs(r, &pf);
 }
 
-// the built-in run's held-out accuracy (greedy, as ./train_grpo's evaluation), the adapter on or off
-static double builtin_accuracy(Run *r, int lora_on) {
-    int on = r->m.lora_on, eos = r->m.cfg.eos_ids[0];
-    r->m.lora_on = lora_on;
-    double acc = evaluate(&r->m, &r->task, &r->fmt, 200, 8, &eos, 1);
-    r->m.lora_on = on;
-    return acc;
+// the built-in run's held-out accuracy (greedy, as ./train_grpo's evaluation) with the adapter lo (or NULL)
+static double builtin_accuracy(Run *r, LoRA *lo) {
+    int eos = r->m.cfg.eos_ids[0];
+    return evaluate(&r->m, lo, &r->task, &r->fmt, 200, 8, &eos, 1);
 }
 
 // the data of DPO: preference pairs, with TRL's truncations
@@ -587,7 +584,6 @@ static void load(Run *r) {
     if (o->use_peft) {
         r->lo = lora_create(&r->m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17, 0);
         r->m.lora = r->lo;
-        r->m.lora_on = 1;
         tr.lora = r->lo;
         printf("training: a LoRA adapter (r %d, alpha %g, %zu parameters) on the frozen weights (%s)\n", r->lo->r, r->lo->alpha,
                r->lo->n, o->load_in_fp8);
@@ -830,7 +826,7 @@ int main(int argc, char **argv) {
     prepare_output(&r);  // where the run writes, checked before any work
     load(&r);            // backend, model, what is trained
     if (r.o.builtin) {
-        r.acc0 = builtin_accuracy(&r, 0);
+        r.acc0 = builtin_accuracy(&r, NULL);
         printf("held-out accuracy of the warmed-up model (greedy, %d problems): %.3f\n", eval_count(&r.task, 200), r.acc0);
     }
     begin(&r);           // the run's length; resume a checkpoint
@@ -867,7 +863,7 @@ int main(int argc, char **argv) {
                 last_loss, r.o.output_dir, r.total, r.lo ? "adapter (PEFT format)" : "model (a Hugging Face checkpoint)");
     plot(&r);
     if (r.o.builtin && r.lo) {
-        double acc1 = builtin_accuracy(&r, 1);
+        double acc1 = builtin_accuracy(&r, r.lo);
         char wd[4200];
         printf("held-out accuracy (greedy, %d problems): %.3f before DPO, %.3f after\n", eval_count(&r.task, 200), r.acc0, acc1);
         printf("try it: ./generate --model %s --lora %s/checkpoint-%ld --load_in_fp8 %s --prompt '17+25='   (without --lora: the "
