@@ -7,10 +7,14 @@
 //                   (fp32) and "cpu64" (fp64, for finite-difference gradient checks)
 //   backend_cuda.cu the CUDA backend (bf16 activations, fp8 GEMMs), with its kernels in
 //                   ops_cuda.cu, attention.cu, attention_decode.cu, sample.cu and fp8.cu
-// The CUDA backend implements every op. The CPU backends leave eleven NULL: the eight FP8-training
-// ops (fp8_train_*: FP8 training runs on the GPU; model_fp8_train stops with one line on the CPU) and
-// three fusions, swiglu_backward_q, glu_forward_q and logprobs_fused, where model.c calls the ops
-// they fuse instead. model.c calls every other op the same way on either.
+// Ops a backend may leave NULL, and what then happens:
+//   - the CPU backends: the eight FP8-training ops (fp8_train_*: FP8 training runs on the GPU;
+//     model_fp8_train stops with one line on the CPU) and three fusions, swiglu_backward_q,
+//     glu_forward_q and logprobs_fused, where model.c calls the ops they fuse instead;
+//   - the CUDA backend: the four mixture-of-experts ops (moe_route, moe_route_backward,
+//     moe_experts_forward, moe_experts_backward): model_load stops a Qwen3 MoE checkpoint on it with
+//     one line naming --device cpu.
+// Every other op is in both, and model.c calls it the same way on either.
 // The program picks the GPU when a usable one is present and the CPU otherwise
 // (backend_select, --device overrides). Nothing above this header knows which.
 //
