@@ -176,7 +176,7 @@ endif
 # rewards), dist (several processes). Includes name the folder: #include "cuda/fp8_cuda.h".
 SRC_DIRS := core cpu cuda train io text tasks dist
 STUBS   := cuda/backend_cuda_stub.c dist/dist_cuda_stub.c
-LIB_C   := model.c lora.c grpo.c dpo.c ppo.c tokenizer.c rollout.c $(filter-out $(STUBS),$(wildcard $(addsuffix /*.c,$(SRC_DIRS))))
+LIB_C   := model.c model_alloc.c lora.c grpo.c dpo.c ppo.c tokenizer.c rollout.c $(filter-out $(STUBS),$(wildcard $(addsuffix /*.c,$(SRC_DIRS))))
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C)))
 # the CPU reference kernels and backend again, in fp64 (backend "cpu64")
 LIB_OBJ += $(BUILD)/ops_cpu64.o $(BUILD)/backend_cpu64.o

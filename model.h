@@ -2,7 +2,7 @@
 // Defines: Config (from a Hugging Face config.json), Weights (one allocation
 // per role with a pointer table), the training forward/backward with
 // per-token logprobs, and the KV-cache decode used by the rollout engine.
-// Implemented in model.c (and model_load.c for checkpoints); LoRA hooks in
+// Implemented in model.c, model_alloc.c (its memory) and io/model_load.c (checkpoints); LoRA hooks in
 // through lora.h.
 #ifndef MODEL_H
 #define MODEL_H
@@ -70,7 +70,9 @@ typedef struct {
 
 // the seven LoRA-able projections of a layer, in PEFT's target_modules names
 enum { LIN_Q = 0, LIN_K, LIN_V, LIN_O, LIN_GATE, LIN_UP, LIN_DOWN, LIN_COUNT };
-extern const char *const lin_names[LIN_COUNT];  // "q_proj", ..., "down_proj"
+// their names (model.c, lora.c and the checkpoint code read them; static: every file its own copy, no file
+// the others depend on for it)
+static const char *const lin_names[LIN_COUNT] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
 typedef struct {
     void *ln1;             // (C) act   input_layernorm
@@ -255,7 +257,36 @@ typedef struct {
                            // projections read are saved as their FP8 codes (model.c acts_keep); 0 turns it off
 } Model;
 
-// ---- config and weights (model_load.c) ----
+// ---- the model's memory (model_alloc.c) ----
+// a Model of config c on be: its weights allocated as opt holds them (unset), its RoPE frequencies made;
+// what model_load fills from a checkpoint and model_init_random at random
+void model_common_init(Model *m, const Config *c, const Backend *be, const ModelOptions *opt);
+// the shape (rows, cols) of a layer's projection which (LIN_*), and of expert weight k (0 gate, 1 up, 2 down)
+void lin_shape(const Config *c, int which, int *rows, int *cols);
+void expert_shape(const Config *c, int k, int *rows, int *cols);
+void model_free(Model *m);
+// FP8 training (--fp8_recipe): the dense projections (q, k, v, o, gate, up, down) of every layer
+// but the --bf16_first_layers / --bf16_last_layers run their three products as FP8 GEMMs under
+// recipe r from now on (fp8_train.cu says which tensors are FP8), and with r->lm_head the LM head's
+// (--fp8_lm_head; its state last in fp8_train). Dies in one line where the
+// backend (the CPU's) or the GPU (no FP8 tensor cores) cannot, naming BF16 as the way on.
+void model_fp8_train(Model *m, const FP8Recipe *r);
+// after each optimizer step (full_step calls it): delayed scaling's histories roll, from the step's
+// amaxes as reduce leaves them (NULL: as this process saw them; several ranks: their max)
+void model_fp8_train_step(Model *m, AmaxReduce reduce, void *ctx);
+// delayed scaling's state (scales and amax histories) as floats into buf, or from it (set 1), for
+// a checkpoint; returns the count (buf NULL: counted only), 0 when nothing is kept between steps
+size_t model_fp8_train_state(const Model *m, float *buf, int set);
+// allocate (zeroed) gradients for every dense weight; zero them again later with model_zero_grads
+void model_alloc_grads(Model *m);
+// the same, but the layers' gradients in one bucket of one layer's size (gw.bucket_at, gw.bucket_bytes),
+// which every layer's backward writes in turn: set m->layer_grads to take each layer's away (summed
+// to where they are kept) and zero the bucket before the next. What sharded full training holds
+// (train/full_finetune.h) instead of every gradient.
+void model_alloc_grads_bucket(Model *m);
+void model_zero_grads(Model *m);
+
+// ---- config and weights (io/model_load.c) ----
 void config_from_json(Config *cfg, const char *json_text, const char *path_for_errors);
 void config_print(const Config *cfg, FILE *f);
 // config.json of a checkpoint directory alone (what a program checks before it loads the weights)
@@ -288,19 +319,6 @@ int model_hf_tensors(const Model *m, HFTensor *out);
 // dense weights only (a model loaded with FP8 is dequantized); a multimodal Gemma 3 whole, its vision tower
 // and projector copied from src_dir as they are (a model made here: the text model alone)
 void model_save_hf(const Model *m, const char *dir, DType dt);
-void model_free(Model *m);
-// FP8 training (--fp8_recipe): the dense projections (q, k, v, o, gate, up, down) of every layer
-// but the --bf16_first_layers / --bf16_last_layers run their three products as FP8 GEMMs under
-// recipe r from now on (fp8_train.cu says which tensors are FP8), and with r->lm_head the LM head's
-// (--fp8_lm_head; its state last in fp8_train). Dies in one line where the
-// backend (the CPU's) or the GPU (no FP8 tensor cores) cannot, naming BF16 as the way on.
-void model_fp8_train(Model *m, const FP8Recipe *r);
-// after each optimizer step (full_step calls it): delayed scaling's histories roll, from the step's
-// amaxes as reduce leaves them (NULL: as this process saw them; several ranks: their max)
-void model_fp8_train_step(Model *m, AmaxReduce reduce, void *ctx);
-// delayed scaling's state (scales and amax histories) as floats into buf, or from it (set 1), for
-// a checkpoint; returns the count (buf NULL: counted only), 0 when nothing is kept between steps
-size_t model_fp8_train_state(const Model *m, float *buf, int set);
 void model_free_scratch(Model *m);  // the activation arena and decode scratch (weights stay)
 // turn the time-shared arena on with this budget (bytes); see Arena
 void model_arena_init(Model *m, size_t cap);
@@ -338,14 +356,6 @@ void model_logprobs_grad(Model *m, const int *targets_host, float inv_temp, cons
 // (PPO's value head, train/ppo_train.h). dh (N, C) act in backend memory; it may be acts.dln itself
 // (no copy). Accumulates as model_backward does.
 void model_backward_hidden(Model *m, LoRA *lo, const void *dh);
-// allocate (zeroed) gradients for every dense weight; zero them again later with model_zero_grads
-void model_alloc_grads(Model *m);
-// the same, but the layers' gradients in one bucket of one layer's size (gw.bucket_at, gw.bucket_bytes),
-// which every layer's backward writes in turn: set m->layer_grads to take each layer's away (summed
-// to where they are kept) and zero the bucket before the next. What sharded full training holds
-// (train/full_finetune.h) instead of every gradient.
-void model_alloc_grads_bucket(Model *m);
-void model_zero_grads(Model *m);
 
 // ---- KV cache decode (model.c) ----
 struct KVCache {
