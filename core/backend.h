@@ -38,7 +38,7 @@
 
 #include "fp8.h"
 #include "core/common.h"
-#include "train/fp8_recipe.h"
+#include "core/fp8_recipe.h"
 
 #ifdef __cplusplus
 extern "C" {
