@@ -16,7 +16,7 @@
 //     one line naming --device cpu.
 // Every other op is in both, and model.c calls it the same way on either.
 // The program picks the GPU when a usable one is present and the CPU otherwise
-// (backend_select, --device overrides). Nothing above this header knows which.
+// (backend_select in io/options.c, --device overrides). Nothing above this header knows which.
 //
 // Memory: every pointer an op takes is backend memory (host memory for the CPU
 // backends, device memory for CUDA) unless its name ends in _host. Element types:
@@ -374,13 +374,10 @@ const Backend *backend_cpu(void);    // fp32
 const Backend *backend_cpu64(void);  // fp64 (tests)
 // the CUDA backend, or NULL with a one-line reason in why (no GPU, no driver, not built with nvcc)
 const Backend *backend_cuda(char *why, size_t why_cap);
-// "auto" (GPU when usable, else CPU), "cpu", "cuda"; prints the choice; dies on a bad name or
-// when "cuda" is asked for and unusable
-const Backend *backend_select(const char *device, int verbose);
 // The tuning knobs of the environment (FP8GRPO_LOGITS_CHUNK_ROWS, FP8GRPO_HEAD_GROUP_ROWS: how many
 // rows the CUDA backend's LM head takes at a time; the tests set them small to cover several chunks):
 // the value of the variable name, or 0 when it is unset; anything but a whole number of rows in
-// [1, 2^24] dies in one line. backend_select checks every knob, on any device, so that a typo is said
+// [1, 2^24] dies in one line. backend_select (io/options.h) checks every knob, on any device, so that a typo is said
 // at the start of a run and not ignored.
 long backend_env_rows(const char *name);
 

@@ -25,6 +25,7 @@
 #include "shapes.h"
 #include "dist/data_parallel.h"
 #include "train/full_finetune.h"
+#include "io/options.h"  // backend_select
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

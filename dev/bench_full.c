@@ -27,6 +27,7 @@
 #include "shapes.h"  // llama32_shape
 #include "cuda/fp8_cuda.h"
 #include "train/full_finetune.h"
+#include "io/options.h"  // backend_select
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

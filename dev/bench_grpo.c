@@ -37,6 +37,7 @@
 #include "rollout.h"
 #include "shapes.h"
 #include "train/memory_fit.h"
+#include "io/options.h"  // backend_select
 
 static double gib(size_t b) { return b / 1073741824.0; }
 static size_t gpu_used(void) {

@@ -27,6 +27,7 @@
 #include "cuda/attention_cuda.h"
 #include "cuda/fp8_cuda.h"
 #include "io/safetensors.h"
+#include "io/options.h"  // backend_select
 
 
 static double gib(size_t b) { return b / 1073741824.0; }

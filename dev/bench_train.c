@@ -37,6 +37,7 @@
 #include "cuda/attention_cuda.h"
 #include "cuda/fp8_cuda.h"
 #include "shapes.h"
+#include "io/options.h"  // backend_select
 
 
 static size_t gpu_used(void) {
