@@ -1121,7 +1121,7 @@ static void update_ppo(Run *r, Step *s, int step) {
     int *start = (int *)mallocCheck(r->S * sizeof(int));
     for (int q = 0; q < r->S; q++) start[q] = s->plens[q / r->G] - 1;  // completion token 0 is predicted there
     PpoBatch b = {r->S, s->T, r->Tc, s->ids, s->tg, start, s->ro.len, s->trunc, s->score, r->inv_temp};
-    PpoOptim po = {o->lr_scheduler_type, o->learning_rate, o->adam_beta1, o->adam_beta2, o->adam_epsilon, o->weight_decay,
+    OptimConfig po = {o->lr_scheduler_type, o->learning_rate, o->adam_beta1, o->adam_beta2, o->adam_epsilon, o->weight_decay,
                    o->max_grad_norm, r->lr_warmup, r->total_updates};
     ppo_step(&r->pt, &r->m, r->lo, &b, mb, &po, step, &s->ps);
     free(start);

@@ -180,7 +180,7 @@ START_TEST(test_ppo_step_against_formulas) {
 
     // the step, in micro-batches of 3 (3 + 1) that an epoch shuffles, lr 0: the gradients stay to be read
     PpoBatch b = {B, T, TC, x.ids, x.tg, x.start, x.len, x.trunc, x.score, 1.0f};
-    PpoOptim po = {"constant", 0.0, 0.9, 0.999, 1e-8, 0.0, 0.0, 0, 1};
+    OptimConfig po = {"constant", 0.0, 0.9, 0.999, 1e-8, 0.0, 0.0, 0, 1};
     PpoStepStats st;
     ppo_step(&p, &m, lo, &b, 3, &po, 1, &st);
     ck_assert_msg(close_rel(st.kl, kl / B, 1e-12), "objective/kl %.17g, want %.17g", st.kl, kl / B);
@@ -240,7 +240,7 @@ START_TEST(test_ppo_step_trains) {
         ppo_init(&p, &c, &m, lo, B, TC, 3);
         double p0 = ((double *)lo->params)[lo->n - 1];
         PpoBatch b = {B, T, TC, x.ids, x.tg, x.start, x.len, x.trunc, x.score, 1.0f};
-        PpoOptim po = {"constant", 1e-2, 0.9, 0.999, 1e-8, 0.0, 1.0, 0, 4};
+        OptimConfig po = {"constant", 1e-2, 0.9, 0.999, 1e-8, 0.0, 1.0, 0, 4};
         PpoStepStats st;
         ppo_step(&p, &m, lo, &b, 1, &po, 1, &st);
         ck_assert_int_eq(lo->step, 4);

@@ -293,7 +293,7 @@ static void mini_batch(PpoTrainer *p, Model *m, LoRA *policy, const PpoBatch *b,
     ls->loss = ls->pg_loss + c->vf_coef * ls->vf_loss;
 }
 
-void ppo_step(PpoTrainer *p, Model *m, LoRA *policy, const PpoBatch *b, int mb, const PpoOptim *o, long step,
+void ppo_step(PpoTrainer *p, Model *m, LoRA *policy, const PpoBatch *b, int mb, const OptimConfig *o, long step,
               PpoStepStats *st) {
     const PpoConfig *c = &p->c;
     int S = b->S, T = b->T, E = c->num_ppo_epochs, K = c->num_mini_batches, n = S / K;

@@ -2,7 +2,7 @@
 // formulas (KL rewards, whitening, GAE, the clipped losses) are ppo.h's; here are the value model they
 // need and the step that drives them over a batch of rollouts.
 //   defines: ValueModel (value_init, value_forward, value_backward, ... its optimizer and state),
-//            PpoBatch, PpoOptim, PpoStepStats, PpoTrainer, ppo_init, ppo_step, ppo_free
+//            PpoBatch, PpoStepStats, PpoTrainer, ppo_init, ppo_step, ppo_free
 //
 // The value model. TRL's is a second model (AutoModelForSequenceClassification) whose `score` head, a
 // Linear(hidden, 1, bias=False), reads the final normed hidden state at every position. Here it is the
@@ -46,6 +46,7 @@
 #include "lora.h"
 #include "model.h"
 #include "ppo.h"
+#include "train/optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -93,12 +94,6 @@ typedef struct {
     float inv_temp;        // the logprobs at the sampling temperature
 } PpoBatch;
 
-typedef struct {  // the optimizer (train/optim.h's schedule), shared by the policy and the value
-    const char *lr_scheduler_type;
-    double learning_rate, beta1, beta2, eps, weight_decay, max_grad_norm;
-    long warmup, total;    // optimizer steps of warm-up, of the run
-} PpoOptim;
-
 typedef struct {  // one step, TRL's metric names in the comments
     double kl;                // objective/kl: the mean over sequences of the summed per-token KL
     double entropy;           // objective/entropy: the mean over sequences of the summed -logp (rollout policy)
@@ -131,7 +126,7 @@ void ppo_free(PpoTrainer *p);
 // One PPO step on batch b with the policy's adapter: the passes, the advantages, the
 // updates (mb sequences per forward / backward). step: the run's step (1, 2, ...): the shuffles' seed
 // and the optimizer steps' place in the schedule ((step - 1) x epochs x mini-batches before it).
-void ppo_step(PpoTrainer *p, Model *m, LoRA *policy, const PpoBatch *b, int mb, const PpoOptim *o, long step,
+void ppo_step(PpoTrainer *p, Model *m, LoRA *policy, const PpoBatch *b, int mb, const OptimConfig *o, long step,
               PpoStepStats *st);
 // the scores: the weighted sum of each completion's R rewards (NaN terms skipped, as GRPO's), less
 // missing_eos_penalty where truncated (TRL: no EOS)
