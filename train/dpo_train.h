@@ -4,7 +4,7 @@
 //            (text -> tokens, TRL's truncations), PrefData, pref_data_load, pref_data_from_pairs,
 //            pref_data_at (the pairs and their order), pref_logps, pref_precompute_ref (log-probs of
 //            pairs), DpoTrainer, DpoStepStats, dpo_step (one optimizer step), dpo_evaluate (held-out pairs)
-// Used by ./train_dpo (train_sft.c in its DPO mode). Built on train/sft.h: a pair is two SftExamples
+// Used by ./train_dpo (train_dpo.c). Built on train/sft.h: a pair is two SftExamples
 // (the prompt then the chosen completion, the prompt then the rejected one), batched, encoded and
 // stepped by sft.h's functions.
 //
