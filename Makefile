@@ -1,6 +1,6 @@
 # Makefile for fp8-grpo.
 #
-#   make              build ./train_grpo, ./train_sft (and ./train_dpo, its DPO mode), ./generate and ./export (CPU backend always; CUDA
+#   make              build ./train_grpo, ./train_sft, ./train_dpo, ./generate and ./export (CPU backend always; CUDA
 #                     backend too when nvcc is found), on every core
 #   make test         build and run the CPU test suites (Check); non-zero on any failure
 #   make test-gpu     build and run the GPU test suites (needs a CUDA GPU)
@@ -176,7 +176,7 @@ endif
 # rewards), dist (several processes). Includes name the folder: #include "cuda/fp8_cuda.h".
 SRC_DIRS := core cpu cuda train io text tasks dist
 STUBS   := cuda/backend_cuda_stub.c dist/dist_cuda_stub.c
-LIB_C   := model.c lora.c grpo.c dpo.c ppo.c tokenizer.c rollout.c $(filter-out $(STUBS),$(wildcard $(addsuffix /*.c,$(SRC_DIRS))))
+LIB_C   := model.c model_alloc.c lora.c grpo.c dpo.c ppo.c tokenizer.c rollout.c $(filter-out $(STUBS),$(wildcard $(addsuffix /*.c,$(SRC_DIRS))))
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C)))
 # the CPU reference kernels and backend again, in fp64 (backend "cpu64")
 LIB_OBJ += $(BUILD)/ops_cpu64.o $(BUILD)/backend_cpu64.o
@@ -188,9 +188,7 @@ else  # the CUDA backend's and NCCL's stand-ins: the programs link, and say why 
 LIB_OBJ += $(patsubst %.c,$(BUILD)/%.o,$(notdir $(STUBS)))
 endif
 LIB     := $(BUILD)/libfp8grpo.a
-PROGS   := $(patsubst %.c,$(BIN)%,$(wildcard train_grpo.c train_sft.c generate.c export.c))
-# ./train_dpo is ./train_sft under another name: the name picks its DPO mode (train_sft.c)
-PROGS   += $(BIN)train_dpo
+PROGS   := $(patsubst %.c,$(BIN)%,$(wildcard train_grpo.c train_sft.c train_dpo.c generate.c export.c))
 HEADERS := $(wildcard *.h $(addsuffix /*.h,$(SRC_DIRS)) $(addsuffix /*.cuh,$(SRC_DIRS)))
 
 VPATH := . $(SRC_DIRS) test
@@ -218,10 +216,8 @@ $(LIB): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(filter-out $(BIN)train_dpo,$(PROGS)): $(BIN)%: %.c $(LIB) $(HEADERS)
+$(PROGS): $(BIN)%: %.c $(LIB) $(HEADERS)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
-$(BIN)train_dpo: $(BIN)train_sft
-	ln -f $< $@
 
 # ---- tests ----
 # CPU suites: test/test_*.c (Check); each is one program; all must pass.

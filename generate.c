@@ -187,7 +187,7 @@ static int prompt_ids(const GenOpts *o, const Tokenizer *tok, int **ids) {
 }
 
 static void dump_logits(Model *m, const int *ids, int n, const char *path) {
-    model_forward(m, ids, 1, n);
+    model_forward(m, m->lora, ids, 1, n);
     float *lg = (float *)mallocCheck((size_t)n * m->cfg.V * sizeof(float));
     model_logits(m, lg);
     npy_write_f32(path, lg, n, m->cfg.V);
@@ -211,7 +211,7 @@ static void generate(Model *m, const GenOpts *o, const Tokenizer *tok, const int
     void *logits = be->alloc((size_t)m->cfg.V * hp), *logp = be->alloc(hp), *tokd = be->alloc(4), *rngd = be->alloc(8);
     uint64_t rng = (uint64_t)o->seed;
     be->upload(rngd, &rng, 8);
-    model_prefill(m, &kv, ids, &n, slots, 1, n, logits);
+    model_prefill(m, m->lora, &kv, ids, &n, slots, 1, n, logits);
     FILE *text_out = o->print_ids ? stderr : stdout;  // the text, where the ids are not
     TokenizerStream ts;
     if (tok) tokenizer_stream_init(&ts, tok, 0);
@@ -226,7 +226,7 @@ static void generate(Model *m, const GenOpts *o, const Tokenizer *tok, const int
         fflush(stdout);
         if (is_eos || t == max_new - 1) break;
         int pos = n + t;
-        model_decode(m, &kv, &next, &pos, &slots[pos], table, 1, MB, logits);
+        model_decode(m, m->lora, &kv, &next, &pos, &slots[pos], table, 1, MB, logits);
     }
     if (tok) {
         fprintf(text_out, "%s", tokenizer_stream_flush(&ts));
@@ -281,10 +281,7 @@ int main(int argc, char **argv) {
     if (weights_from[0]) fprintf(stderr, "%s\n", weights_from);
     fprintf(stderr, "linear weights: %s; embeddings and LM head: %s; KV cache: %s\n", o.load_in_fp8,
             o.fp8_embeddings ? "fp8 (a scale per row)" : "unquantized", m.kv_fp8 ? "fp8" : dtype_name(be->act));
-    if (o.lora) {
-        m.lora = lora_load_peft(&m, o.lora);
-        m.lora_on = 1;
-    }
+    if (o.lora) m.lora = lora_load_peft(&m, o.lora);  // (applied by every forward below)
     for (int i = 0; i < n; i++)
         if (ids[i] >= m.cfg.V) die("token id %d is outside the vocabulary (%d)", ids[i], m.cfg.V);
 

@@ -320,8 +320,7 @@ static void train_weights(const LoRA *lo, int k, const void **A, const void **B)
     *B = in_place ? lo->B[k] : lo->B_act[k];
 }
 
-void lora_hook_forward(Model *m, int layer, int which, void *out, const void *inp, int N, int save) {
-    LoRA *lo = m->lora;
+void lora_hook_forward(LoRA *lo, int layer, int which, void *out, const void *inp, int N, int save) {
     int k = layer * LIN_COUNT + which;
     if (!lo->A[k]) return;
     if (!save) {  // a decode step: the act copies, nothing kept for a backward
@@ -344,8 +343,7 @@ void lora_hook_forward(Model *m, int layer, int which, void *out, const void *in
     lo->be->lora_up(out, lo->ax[k], R, B, lo->scale, N, lo->r, lo->out[which]);
 }
 
-void lora_hook_backward(Model *m, int layer, int which, void *dinp, const void *dout, const void *inp, int N) {
-    LoRA *lo = m->lora;
+void lora_hook_backward(LoRA *lo, int layer, int which, void *dinp, const void *dout, const void *inp, int N) {
     int k = layer * LIN_COUNT + which;
     if (!lo->A[k]) return;
     if (lo->up_done != lo->col[which] / lo->r)

@@ -115,14 +115,14 @@ void lora_train_weights(LoRA *lo);
 // *A (R, in) and *B (fused width, R); returns R (0: no member adapted, nothing to add)
 int lora_group_act(const LoRA *lo, int layer, int group, const void **A, const void **B);
 
-// ---- hooks called by model.c (only when m->lora && m->lora_on) ----
+// ---- hooks called by model.c (for the adapter a forward or backward is given) ----
 // out (N, out) += scale * (inp A^T) B^T ; save: keep inp A^T for the backward (training forward), else
 // a decode step: from the act copies. A training forward calls a unit's members in order (q, k, v;
 // gate, up) with the same inp: the first adapted one makes the unit's ax.
-void lora_hook_forward(Model *m, int layer, int which, void *out, const void *inp, int N, int save);
+void lora_hook_forward(LoRA *lo, int layer, int which, void *out, const void *inp, int N, int save);
 // dB accumulates, and the member's columns of dax are made; after the unit's last adapted member (in
 // the same order) dinp (N, in) += the unit's input gradient and its dA's accumulate
-void lora_hook_backward(Model *m, int layer, int which, void *dinp, const void *dout, const void *inp, int N);
+void lora_hook_backward(LoRA *lo, int layer, int which, void *dinp, const void *dout, const void *inp, int N);
 // make the saved-activation buffers hold N rows
 void lora_ensure_acts(LoRA *lo, int N);
 // bytes of the saved activations (every unit's ax) and dax for N rows

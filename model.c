@@ -229,31 +229,41 @@ void model_free_scratch(Model *m) {
 }
 
 // ----------------------------------------------------------------------------
-// a linear layer with its LoRA adapter
+// a linear layer with its LoRA adapter, and its input as the products read it
 
-// xq: inp's FP8 copy made by its producer (the decode step: decode_fp8_input), or NULL. keep: where an
-// FP8-trained projection leaves inp's codes for its backward (Acts.keep; never with an adapter), or NULL;
-// inp NULL with keep: the op that made the input wrote it as these codes alone (norm_fwd_kept)
-static void linear_fwd_q(Model *m, int l, int which, void *out, const void *inp, const FP8Tensor *xq, int N, int save,
-                         FP8Tensor *keep) {
+// A projection's input. The plain model: the act values x. Two optimizations change what the products
+// read and are kept here, so that the layer's code reads the same with them or without:
+//   - frozen FP8 weights whose products quantize their input (q, k, v; gate, up; down) read one FP8 copy
+//     of it (xq) that the op making the input, or one quantize_act, wrote once, where each product would
+//     quantize it again (Acts.xq: shared_input; the decode step: decode_fp8_input);
+//   - FP8 training with a per-tensor recipe (Acts.keep) keeps the input for the backward as the FP8 codes
+//     the products read (kept), written by the first product, or by the op that made the input in its
+//     place (x NULL: norm_fwd_kept, glu_to_linear). Never with an adapter (its backward reads x).
+typedef struct {
+    const void *x;        // (N, in) act, or NULL where the input exists as kept's codes alone
+    const FP8Tensor *xq;  // x's shared FP8 copy, or NULL
+    FP8Tensor *kept;      // the codes kept for the backward, or NULL
+    FP8Tensor t;          // the storage xq points at when this struct made it
+} LinearInput;
+
+// out = in W^T (+ bias) (+ the adapter's product). save: a training forward (the adapter keeps its
+// activation for the backward), else a decode step
+static void linear_fwd(Model *m, LoRA *lo, int l, int which, void *out, const LinearInput *in, int N, int save) {
     const LayerWeights *lw = &m->w.layers[l];
     const void *bias = which <= LIN_V ? lw->bias[which] : NULL;
-    if (xq) m->be->linear_forward_q(out, xq, &lw->lin[which], bias, N);
-    else if (keep && !inp) m->be->linear_forward_q(out, keep, &lw->lin[which], bias, N);  // the codes alone were made
-    else if (keep) {
-        if (!m->be->fp8_train_forward_keep(out, inp, &lw->lin[which], bias, N, keep))
+    if (in->xq) m->be->linear_forward_q(out, in->xq, &lw->lin[which], bias, N);
+    else if (in->kept && !in->x) m->be->linear_forward_q(out, in->kept, &lw->lin[which], bias, N);  // the codes alone were made
+    else if (in->kept) {
+        if (!m->be->fp8_train_forward_keep(out, in->x, &lw->lin[which], bias, N, in->kept))
             die("model: layer %d's %s cannot keep its input in FP8 (not trained with a per-tensor recipe)", l, lin_names[which]);
-    } else m->be->linear_forward(out, inp, &lw->lin[which], bias, N);
-    if (m->lora && m->lora_on) lora_hook_forward(m, l, which, out, inp, N, save);
-}
-static void linear_fwd(Model *m, int l, int which, void *out, const void *inp, int N, int save, FP8Tensor *keep) {
-    linear_fwd_q(m, l, which, out, inp, NULL, N, save, keep);
+    } else m->be->linear_forward(out, in->x, &lw->lin[which], bias, N);
+    if (lo) lora_hook_forward(lo, l, which, out, in->x, N, save);
 }
 
-// dinp (= or +=) gradient through W (and the adapter); dense weight grads when allocated. kept: inp's
-// codes as linear_fwd kept them, read in inp's place, or NULL
-static void linear_bwd(Model *m, int l, int which, void *dinp, int accumulate, const void *dout, const void *inp,
-                       const FP8Tensor *kept, int N) {
+// dinp (= or +=) gradient through W (and the adapter); dense weight grads when allocated. in: the input
+// as the forward saved it (its kept codes, where there are, read in x's place)
+static void linear_bwd(Model *m, LoRA *lo, int l, int which, void *dinp, int accumulate, const void *dout,
+                       const LinearInput *in, int N) {
     const LayerWeights *lw = &m->w.layers[l];
     void *dw = NULL, *db = NULL;
     if (m->grads) {
@@ -261,9 +271,9 @@ static void linear_bwd(Model *m, int l, int which, void *dinp, int accumulate, c
         if (lw->lin[which].gran == FP8_OFF) dw = gl->lin[which].dense;
         if (which <= LIN_V) db = gl->bias[which];
     }
-    if (kept) m->be->fp8_train_backward_kept(dinp, accumulate, dw, db, dout, kept, &lw->lin[which], N);
-    else m->be->linear_backward(dinp, accumulate, dw, db, dout, inp, &lw->lin[which], N);
-    if (m->lora && m->lora_on) lora_hook_backward(m, l, which, dinp, dout, inp, N);
+    if (in->kept) m->be->fp8_train_backward_kept(dinp, accumulate, dw, db, dout, in->kept, &lw->lin[which], N);
+    else m->be->linear_backward(dinp, accumulate, dw, db, dout, in->x, &lw->lin[which], N);
+    if (lo) lora_hook_backward(lo, l, which, dinp, dout, in->x, N);
 }
 
 // ----------------------------------------------------------------------------
@@ -282,6 +292,11 @@ typedef struct {
 } LayerActs;
 
 static FP8Tensor *kept(LayerActs *la, int i) { return la->kept[i].data ? &la->kept[i] : NULL; }
+// ln1, ln2 or hm (KEPT_*) as the forward saved it for the backward
+static LinearInput saved_input(LayerActs *la, int i) {
+    LinearInput in = {i == KEPT_LN1 ? la->ln1 : i == KEPT_LN2 ? la->ln2 : la->hm, NULL, kept(la, i), {0}};
+    return in;
+}
 
 // the slot of x holding layer l's input: l, or with ACTS_FORWARD_ONLY l % 2 (two slots in turn)
 static int x_slot(const Model *m, int l) { return m->recompute == ACTS_FORWARD_ONLY ? l % 2 : l; }
@@ -398,6 +413,35 @@ static const FP8Tensor *shared_input(Model *m, int l, int first, int n, const vo
     return t;
 }
 
+// The norm whose output layer l's projections first .. first + n - 1 read (q, k, v: ln1; gate, up: ln2)
+// into out, and that output as they read it (LinearInput): the act values with their shared FP8 copy,
+// or (keep) the codes kept for FP8 training, which the norm may write alone
+static void norm_to_linear(Model *m, int l, int first, int n, LinearInput *in, void *out, void *rstd, const void *inp,
+                           const void *w, int N, FP8Tensor *keep) {
+    in->x = norm_fwd_kept(m, out, rstd, inp, w, N, m->cfg.C, keep, &m->w.layers[l].lin[first]);
+    in->kept = keep;
+    in->xq = keep ? NULL : shared_input(m, l, first, n, in->x, N, &in->t);
+}
+
+// hm = gelu_tanh(gate) * up (Gemma 3) or silu(gate) * up, and hm as layer l's down projection reads it:
+// its codes alone (keep, where the backend writes them in the GLU's pass: fp8_train_glu_q), or the act
+// values with the shared FP8 copy, written in the same pass where the backend can (glu_forward_q)
+static void glu_to_linear(Model *m, int l, LinearInput *in, void *hm, const void *gate, const void *up, int N,
+                          FP8Tensor *keep) {
+    const Config *c = &m->cfg;
+    const Backend *be = m->be;
+    FP8Tensor *xq = keep ? NULL : input_codes(m, l, LIN_DOWN, 1, N, &in->t);
+    in->x = hm, in->xq = xq, in->kept = keep;
+    if (keep && be->fp8_train_glu_q && be->fp8_train_glu_q(keep, gate, up, N, c->FF, c->gemma, &m->w.layers[l].lin[LIN_DOWN]))
+        in->x = NULL;
+    else if (xq && be->glu_forward_q) be->glu_forward_q(hm, xq, gate, up, N, c->FF, c->gemma);
+    else {
+        if (c->gemma) be->geglu_forward(hm, gate, up, (size_t)N * c->FF);
+        else be->swiglu_forward(hm, gate, up, (size_t)N * c->FF);
+        if (xq) be->quantize_act(xq, hm, N);
+    }
+}
+
 // Qwen3 MoE's sparse MLP of layer l (Qwen3MoeSparseMoeBlock): out (N, C) from its input x, the norm's
 // output. The router's logits x Wr^T, each token's K experts and routing weights (softmax in fp32, the
 // K largest, renormalized with norm_topk_prob), then the sum of the experts' SwiGLU outputs so weighted.
@@ -411,32 +455,30 @@ static void moe_forward(Model *m, int l, void *out, const void *x, void *rlogits
     m->be->moe_experts_forward(out, gate, up, x, ridx, rw, lw->experts, N, c->E, c->K);
 }
 
-// layer l: la.x -> la.xn, saving what the backward needs in la
-static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int32_t *slots_dev) {
+// Layer l: la.x -> la.xn, saving what the backward needs in la. What each projection reads of its input
+// (an FP8 copy made once, codes kept for FP8 training) is LinearInput's, made by the op before it.
+static void layer_forward(Model *m, LoRA *lo, int l, LayerActs *la, KVCache *kv, const int32_t *slots_dev) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     const LayerWeights *lw = &m->w.layers[l];
     int B = m->B, T = m->T, N = B * T;
     const int32_t *pos = (const int32_t *)m->acts.pos;
     const void *inv_freq = layer_inv_freq(m, l);
-    FP8Tensor *k1 = kept(la, KEPT_LN1), *k2 = kept(la, KEPT_LN2), *kh = kept(la, KEPT_HM);
-    // ln1: bf16, or NULL where the norm wrote k1's codes alone (then the products read those)
-    const void *ln1 = norm_fwd_kept(m, la->ln1, la->rstd1, la->x, lw->ln1, N, c->C, k1, &lw->lin[LIN_Q]);
-    FP8Tensor t1, t2;
-    const FP8Tensor *x1 = k1 ? NULL : shared_input(m, l, LIN_Q, 3, ln1, N, &t1);  // ln1's codes, or NULL
+    LinearInput in;
+
+    // attention: xmid = x + o(attention(rope(q), rope(k), v)) of ln1 = rmsnorm(x)
+    // (Qwen3: q and k normed per head before RoPE; Gemma 3: o's output normed before the residual add)
+    norm_to_linear(m, l, LIN_Q, 3, &in, la->ln1, la->rstd1, la->x, lw->ln1, N, kept(la, KEPT_LN1));
+    linear_fwd(m, lo, l, LIN_Q, c->qk_norm ? la->qpre : la->q, &in, N, 1);
+    linear_fwd(m, lo, l, LIN_K, c->qk_norm ? la->kpre : la->k, &in, N, 1);
+    linear_fwd(m, lo, l, LIN_V, la->v, &in, N, 1);
     if (c->qk_norm) {
-        linear_fwd_q(m, l, LIN_Q, la->qpre, ln1, x1, N, 1, k1);
-        linear_fwd_q(m, l, LIN_K, la->kpre, ln1, x1, N, 1, k1);
         norm_fwd(m, la->q, la->qrstd, la->qpre, lw->q_norm, N * c->NH, c->HD);
         norm_fwd(m, la->k, la->krstd, la->kpre, lw->k_norm, N * c->KVH, c->HD);
-    } else {
-        linear_fwd_q(m, l, LIN_Q, la->q, ln1, x1, N, 1, k1);
-        linear_fwd_q(m, l, LIN_K, la->k, ln1, x1, N, 1, k1);
     }
-    linear_fwd_q(m, l, LIN_V, la->v, ln1, x1, N, 1, k1);
     be->rope_forward(la->q, pos, inv_freq, N, c->NH, c->HD);
     be->rope_forward(la->k, pos, inv_freq, N, c->KVH, c->HD);
-    if (kv) {
+    if (kv) {  // a prefill: this layer's K and V into the cache as well
         void *kc, *vc;
         float *ks, *vs;
         kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
@@ -444,42 +486,28 @@ static void layer_forward(Model *m, int l, LayerActs *la, KVCache *kv, const int
     }
     be->attention_forward(la->att, la->lse, la->q, la->k, la->v, B, T, c->NH, c->KVH, c->HD, attn_scale(c),
                           layer_window(c, l));
-    if (c->gemma) {  // xmid = x + rmsnorm_attn(o)
-        linear_fwd(m, l, LIN_O, la->ao, la->att, N, 1, NULL);
-        norm_fwd(m, la->xmid, la->rstda, la->ao, lw->ln_attn, N, c->C);
-    } else linear_fwd(m, l, LIN_O, la->xmid, la->att, N, 1, NULL);
+    in = (LinearInput){.x = la->att};
+    linear_fwd(m, lo, l, LIN_O, c->gemma ? la->ao : la->xmid, &in, N, 1);
+    if (c->gemma) norm_fwd(m, la->xmid, la->rstda, la->ao, lw->ln_attn, N, c->C);
     be->add(la->xmid, la->xmid, la->x, (size_t)N * c->C);
-    if (c->moe[l]) {  // Qwen3 MoE's sparse layer: the router and the experts in the MLP's place
+
+    // MLP: xn = xmid + down(glu(gate(ln2), up(ln2))) of ln2 = rmsnorm(xmid) (Gemma 3: down's output normed
+    // before the residual add; Qwen3 MoE's sparse layer: the router and its experts in the MLP's place)
+    if (c->moe[l]) {
         norm_fwd(m, la->ln2, la->rstd2, la->xmid, lw->ln2, N, c->C);
         moe_forward(m, l, la->xn, la->ln2, la->rlogits, la->ridx, la->rw, la->egate, la->eup, N);
-        be->add(la->xn, la->xn, la->xmid, (size_t)N * c->C);
-        return;
+    } else {
+        norm_to_linear(m, l, LIN_GATE, 2, &in, la->ln2, la->rstd2, la->xmid, lw->ln2, N, kept(la, KEPT_LN2));
+        linear_fwd(m, lo, l, LIN_GATE, la->gate, &in, N, 1);
+        linear_fwd(m, lo, l, LIN_UP, la->up, &in, N, 1);
+        glu_to_linear(m, l, &in, la->hm, la->gate, la->up, N, kept(la, KEPT_HM));
+        linear_fwd(m, lo, l, LIN_DOWN, c->gemma ? la->mo : la->xn, &in, N, 1);
+        if (c->gemma) norm_fwd(m, la->xn, la->rstdm, la->mo, lw->ln_mlp, N, c->C);
     }
-    const void *ln2 = norm_fwd_kept(m, la->ln2, la->rstd2, la->xmid, lw->ln2, N, c->C, k2, &lw->lin[LIN_GATE]);
-    const FP8Tensor *x2 = k2 ? NULL : shared_input(m, l, LIN_GATE, 2, ln2, N, &t2);  // ln2's codes, or NULL
-    linear_fwd_q(m, l, LIN_GATE, la->gate, ln2, x2, N, 1, k2);
-    linear_fwd_q(m, l, LIN_UP, la->up, ln2, x2, N, 1, k2);
-    // hm = gelu_tanh(gate) * up (Gemma 3) or silu(gate) * up: bf16, or as kh's codes alone (as ln1); a
-    // frozen FP8 down reads x3, hm's codes, written by the same pass where the backend can (glu_forward_q)
-    const void *hm = la->hm;
-    FP8Tensor t3;
-    const FP8Tensor *x3 = kh ? NULL : input_codes(m, l, LIN_DOWN, 1, N, &t3);
-    if (kh && be->fp8_train_glu_q && be->fp8_train_glu_q(kh, la->gate, la->up, N, c->FF, c->gemma, &lw->lin[LIN_DOWN]))
-        hm = NULL;
-    else if (x3 && be->glu_forward_q) be->glu_forward_q(la->hm, &t3, la->gate, la->up, N, c->FF, c->gemma);
-    else {
-        if (c->gemma) be->geglu_forward(la->hm, la->gate, la->up, (size_t)N * c->FF);
-        else be->swiglu_forward(la->hm, la->gate, la->up, (size_t)N * c->FF);
-        if (x3) be->quantize_act(&t3, la->hm, N);
-    }
-    if (c->gemma) {  // xn = xmid + rmsnorm_mlp(down(hm))
-        linear_fwd_q(m, l, LIN_DOWN, la->mo, hm, x3, N, 1, kh);
-        norm_fwd(m, la->xn, la->rstdm, la->mo, lw->ln_mlp, N, c->C);
-    } else linear_fwd_q(m, l, LIN_DOWN, la->xn, hm, x3, N, 1, kh);
     be->add(la->xn, la->xn, la->xmid, (size_t)N * c->C);
 }
 
-static void forward_impl(Model *m, const int *ids_host, int B, int T, KVCache *kv, const int32_t *slots_dev) {
+static void forward_impl(Model *m, LoRA *lo, const int *ids_host, int B, int T, KVCache *kv, const int32_t *slots_dev) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     int N = B * T;
@@ -487,10 +515,14 @@ static void forward_impl(Model *m, const int *ids_host, int B, int T, KVCache *k
     for (int i = 0; i < N; i++)
         if (ids_host[i] < 0 || ids_host[i] >= c->V) die("token id %d out of range [0, %d)", ids_host[i], c->V);
     acts_ensure(m, B, T);
-    if (m->lora && m->lora_on) {
-        lora_ensure_acts(m->lora, N);
-        lora_train_weights(m->lora);
+    if (lo && m->acts.keep)
+        die("model: this layout keeps the layers' inputs as FP8 codes alone, which an adapter cannot read: set m->lora "
+            "before the first forward");
+    if (lo) {
+        lora_ensure_acts(lo, N);
+        lora_train_weights(lo);
     }
+    m->acts.lora = lo;
     m->B = B;
     m->T = T;
     Acts *a = &m->acts;
@@ -504,13 +536,15 @@ static void forward_impl(Model *m, const int *ids_host, int B, int T, KVCache *k
     if (c->gemma) be->scale_act(a->x, (size_t)N * c->C, embed_scale(m));
     for (int l = 0; l < c->L; l++) {
         LayerActs la = layer_acts(m, l);
-        layer_forward(m, l, &la, kv, slots_dev);
+        layer_forward(m, lo, l, &la, kv, slots_dev);
     }
     norm_fwd(m, a->lnf, a->rstdf, LAYER(a->x, x_slot(m, c->L), (size_t)N * c->C * dtype_size(be->act)), m->w.norm, N,
              c->C);
 }
 
-void model_forward(Model *m, const int *ids_host, int B, int T) { forward_impl(m, ids_host, B, T, NULL, NULL); }
+void model_forward(Model *m, LoRA *lo, const int *ids_host, int B, int T) {
+    forward_impl(m, lo, ids_host, B, T, NULL, NULL);
+}
 
 // the logprobs, and with dlogp_host the head's backward (dln = dL/dlnf; the head's gradient)
 static void logprobs_impl(Model *m, const int *targets_host, float inv_temp, const double *dlogp_host, double *logp_host) {
@@ -584,82 +618,106 @@ static void moe_backward(Model *m, int l, const LayerActs *la, const LayerWeight
     be->linear_backward(a->dln, 1, gl ? gl->router.dense : NULL, NULL, a->drlogits, la->ln2, &lw->router, N);
 }
 
-// from a->dln = dL/d(the final norm's output): the final norm into the residual gradient dx, then the
-// layers in reverse
-static void backward_from_hidden(Model *m) {
+// Model.recompute_mlp: layer l's gate and up products again, as its forward computed them (from ln2's kept
+// codes, or from ln2 with its shared FP8 copy)
+static void gate_up_again(Model *m, LoRA *lo, int l, LayerActs *la, int N) {
+    LinearInput in = {NULL, NULL, kept(la, KEPT_LN2), {0}};  // the codes alone: read as they are
+    if (!in.kept) in.x = la->ln2, in.xq = shared_input(m, l, LIN_GATE, 2, la->ln2, N, &in.t);
+    linear_fwd(m, lo, l, LIN_GATE, la->gate, &in, N, 1);
+    linear_fwd(m, lo, l, LIN_UP, la->up, &in, N, 1);
+}
+
+// the GLU's backward: dff1, dff2 (gate's and up's gradients) from dff3 (hm's); SwiGLU with FP8-trained
+// gate and up in the op that quantizes them for their backward where the backend has it (swiglu_backward_q)
+static void glu_bwd(Model *m, int l, const LayerActs *la, int N) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     Acts *a = &m->acts;
+    const LayerWeights *lw = &m->w.layers[l];
+    if (c->gemma) be->geglu_backward(a->dff1, a->dff2, a->dff3, la->gate, la->up, (size_t)N * c->FF);
+    else if (!be->swiglu_backward_q || !be->swiglu_backward_q(a->dff1, a->dff2, a->dff3, la->gate, la->up, N, c->FF,
+                                                               &lw->lin[LIN_GATE], &lw->lin[LIN_UP]))
+        be->swiglu_backward(a->dff1, a->dff2, a->dff3, la->gate, la->up, (size_t)N * c->FF);
+}
+
+// Layer l's backward: a->dx, the gradient of its output, becomes its input's; its weights' gradients
+// accumulate into gl (or NULL: none kept) and the adapter's. The forward's sequence in reverse.
+static void layer_backward(Model *m, LoRA *lo, int l, LayerActs *la, const LayerWeights *gl) {
+    const Config *c = &m->cfg;
+    const Backend *be = m->be;
+    Acts *a = &m->acts;
+    const LayerWeights *lw = &m->w.layers[l];
     int B = m->B, T = m->T, N = B * T;
-    size_t act = dtype_size(be->act);
-    size_t C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD, FF = c->FF;
+    size_t act = dtype_size(be->act), C = c->C, q = (size_t)c->NH * c->HD, kvw = (size_t)c->KVH * c->HD;
+    const void *inv_freq = layer_inv_freq(m, l);
+    LinearInput in;
+
+    // MLP: xn = xmid + down(glu(gate(ln2), up(ln2))); dx passes through the residual.
+    // Gemma 3: the branch's output goes through rmsnorm_mlp first, and its activation is gelu_tanh.
+    if (c->moe[l]) moe_backward(m, l, la, gl, N);  // Qwen3 MoE's sparse layer
+    else {
+        if (a->recompute_mlp && !m->recompute) gate_up_again(m, lo, l, la, N);
+        const void *dmlp = a->dx;
+        if (c->gemma) {
+            be->zero(a->dpost, N * C * act);
+            norm_bwd(m, a->dpost, gl ? gl->ln_mlp : NULL, a->dx, la->mo, lw->ln_mlp, la->rstdm, N, c->C);
+            dmlp = a->dpost;
+        }
+        in = saved_input(la, KEPT_HM);
+        linear_bwd(m, lo, l, LIN_DOWN, a->dff3, 0, dmlp, &in, N);
+        glu_bwd(m, l, la, N);
+        in = saved_input(la, KEPT_LN2);
+        linear_bwd(m, lo, l, LIN_GATE, a->dln, 0, a->dff1, &in, N);
+        linear_bwd(m, lo, l, LIN_UP, a->dln, 1, a->dff2, &in, N);
+    }
+    norm_bwd(m, a->dx, gl ? gl->ln2 : NULL, a->dln, la->xmid, lw->ln2, la->rstd2, N, c->C);
+
+    // attention: xmid = x + o(attention(rope(q), rope(k), v)) (Gemma 3: x + rmsnorm_attn(o(...)))
+    const void *dattn = a->dx;
+    if (c->gemma) {
+        be->zero(a->dpost, N * C * act);
+        norm_bwd(m, a->dpost, gl ? gl->ln_attn : NULL, a->dx, la->ao, lw->ln_attn, la->rstda, N, c->C);
+        dattn = a->dpost;
+    }
+    in = (LinearInput){.x = la->att};
+    linear_bwd(m, lo, l, LIN_O, a->datt, 0, dattn, &in, N);
+    be->attention_backward(a->dq, a->dk, a->dv, a->datt, la->att, la->lse, la->q, la->k, la->v, B, T, c->NH, c->KVH, c->HD,
+                           attn_scale(c), layer_window(c, l));
+    be->rope_backward(a->dq, (const int32_t *)a->pos, inv_freq, N, c->NH, c->HD);
+    be->rope_backward(a->dk, (const int32_t *)a->pos, inv_freq, N, c->KVH, c->HD);
+    void *dqp = a->dq, *dkp = a->dk;
+    if (c->qk_norm) {
+        be->zero(a->dqpre, N * q * act);
+        be->zero(a->dkpre, N * kvw * act);
+        norm_bwd(m, a->dqpre, gl ? gl->q_norm : NULL, a->dq, la->qpre, lw->q_norm, la->qrstd, N * c->NH, c->HD);
+        norm_bwd(m, a->dkpre, gl ? gl->k_norm : NULL, a->dk, la->kpre, lw->k_norm, la->krstd, N * c->KVH, c->HD);
+        dqp = a->dqpre;
+        dkp = a->dkpre;
+    }
+    in = saved_input(la, KEPT_LN1);
+    linear_bwd(m, lo, l, LIN_Q, a->dln, 0, dqp, &in, N);
+    linear_bwd(m, lo, l, LIN_K, a->dln, 1, dkp, &in, N);
+    linear_bwd(m, lo, l, LIN_V, a->dln, 1, a->dv, &in, N);
+    norm_bwd(m, a->dx, gl ? gl->ln1 : NULL, a->dln, la->x, lw->ln1, la->rstd1, N, c->C);
+}
+
+// from a->dln = dL/d(the final norm's output): the final norm into the residual gradient dx, then the
+// layers in reverse
+static void backward_from_hidden(Model *m, LoRA *lo) {
+    const Config *c = &m->cfg;
+    const Backend *be = m->be;
+    Acts *a = &m->acts;
+    int N = m->B * m->T;
+    size_t act = dtype_size(be->act), C = c->C;
     const Weights *gw = m->grads ? &m->gw : NULL;
 
     be->zero(a->dx, N * C * act);
     norm_bwd(m, a->dx, gw ? gw->norm : NULL, a->dln, LAYER(a->x, c->L, N * C * act), m->w.norm, a->rstdf, N, c->C);
     for (int l = c->L - 1; l >= 0; l--) {
-        const LayerWeights *lw = &m->w.layers[l];
         const LayerWeights *gl = gw ? &gw->layers[l] : NULL;
         LayerActs la = layer_acts(m, l);
-        if (m->recompute) layer_forward(m, l, &la, NULL, NULL);  // the layer's activations again, from its input
-
-        // MLP: x_{l+1} = xmid + down(silu(gate(ln2)) * up(ln2)); dx passes through the residual.
-        // Gemma 3: the branch's output goes through rmsnorm_mlp first, and its activation is gelu_tanh.
-        if (a->recompute_mlp && !m->recompute && !c->moe[l]) {  // gate and up again, as the forward computed them
-            const FP8Tensor *k2 = kept(&la, KEPT_LN2);
-            if (k2) {
-                be->linear_forward_q(la.gate, k2, &lw->lin[LIN_GATE], NULL, N);
-                be->linear_forward_q(la.up, k2, &lw->lin[LIN_UP], NULL, N);
-            } else {
-                FP8Tensor t2;
-                const FP8Tensor *x2 = shared_input(m, l, LIN_GATE, 2, la.ln2, N, &t2);
-                linear_fwd_q(m, l, LIN_GATE, la.gate, la.ln2, x2, N, 1, NULL);
-                linear_fwd_q(m, l, LIN_UP, la.up, la.ln2, x2, N, 1, NULL);
-            }
-        }
-        if (c->moe[l]) moe_backward(m, l, &la, gl, N);  // Qwen3 MoE's sparse layer
-        else {
-            const void *dmlp = a->dx;
-            if (c->gemma) {
-                be->zero(a->dpost, N * C * act);
-                norm_bwd(m, a->dpost, gl ? gl->ln_mlp : NULL, a->dx, la.mo, lw->ln_mlp, la.rstdm, N, c->C);
-                dmlp = a->dpost;
-            }
-            linear_bwd(m, l, LIN_DOWN, a->dff3, 0, dmlp, la.hm, kept(&la, KEPT_HM), N);
-            if (c->gemma) be->geglu_backward(a->dff1, a->dff2, a->dff3, la.gate, la.up, N * FF);
-            else if (!be->swiglu_backward_q ||
-                     !be->swiglu_backward_q(a->dff1, a->dff2, a->dff3, la.gate, la.up, N, FF, &lw->lin[LIN_GATE], &lw->lin[LIN_UP]))
-                be->swiglu_backward(a->dff1, a->dff2, a->dff3, la.gate, la.up, N * FF);
-            linear_bwd(m, l, LIN_GATE, a->dln, 0, a->dff1, la.ln2, kept(&la, KEPT_LN2), N);
-            linear_bwd(m, l, LIN_UP, a->dln, 1, a->dff2, la.ln2, kept(&la, KEPT_LN2), N);
-        }
-        norm_bwd(m, a->dx, gl ? gl->ln2 : NULL, a->dln, la.xmid, lw->ln2, la.rstd2, N, c->C);
-
-        // attention: xmid = x + o(attention(rope(q), rope(k), v)) (Gemma 3: x + rmsnorm_attn(o(...)))
-        const void *dattn = a->dx, *inv_freq = layer_inv_freq(m, l);
-        if (c->gemma) {
-            be->zero(a->dpost, N * C * act);
-            norm_bwd(m, a->dpost, gl ? gl->ln_attn : NULL, a->dx, la.ao, lw->ln_attn, la.rstda, N, c->C);
-            dattn = a->dpost;
-        }
-        linear_bwd(m, l, LIN_O, a->datt, 0, dattn, la.att, NULL, N);
-        be->attention_backward(a->dq, a->dk, a->dv, a->datt, la.att, la.lse, la.q, la.k, la.v, B, T, c->NH, c->KVH, c->HD,
-                               attn_scale(c), layer_window(c, l));
-        be->rope_backward(a->dq, (const int32_t *)a->pos, inv_freq, N, c->NH, c->HD);
-        be->rope_backward(a->dk, (const int32_t *)a->pos, inv_freq, N, c->KVH, c->HD);
-        void *dqp = a->dq, *dkp = a->dk;
-        if (c->qk_norm) {
-            be->zero(a->dqpre, N * q * act);
-            be->zero(a->dkpre, N * kvw * act);
-            norm_bwd(m, a->dqpre, gl ? gl->q_norm : NULL, a->dq, la.qpre, lw->q_norm, la.qrstd, N * c->NH, c->HD);
-            norm_bwd(m, a->dkpre, gl ? gl->k_norm : NULL, a->dk, la.kpre, lw->k_norm, la.krstd, N * c->KVH, c->HD);
-            dqp = a->dqpre;
-            dkp = a->dkpre;
-        }
-        linear_bwd(m, l, LIN_Q, a->dln, 0, dqp, la.ln1, kept(&la, KEPT_LN1), N);
-        linear_bwd(m, l, LIN_K, a->dln, 1, dkp, la.ln1, kept(&la, KEPT_LN1), N);
-        linear_bwd(m, l, LIN_V, a->dln, 1, a->dv, la.ln1, kept(&la, KEPT_LN1), N);
-        norm_bwd(m, a->dx, gl ? gl->ln1 : NULL, a->dln, la.x, lw->ln1, la.rstd1, N, c->C);
+        if (m->recompute) layer_forward(m, lo, l, &la, NULL, NULL);  // the layer's activations again, from its input
+        layer_backward(m, lo, l, &la, gl);
         if (gl && m->layer_grads) m->layer_grads(m->layer_grads_ctx, l);  // layer l's gradients are complete
     }
     // a->dx now holds the gradient with respect to the embeddings' output (Gemma: the scaled one's)
@@ -669,10 +727,18 @@ static void backward_from_hidden(Model *m) {
     }
 }
 
-void model_backward(Model *m, const double *dlogp_host) {
+// the backward reads what the forward saved, the adapter's activations too: it takes the forward's adapter
+static void check_adapter(const Model *m, const LoRA *lo, const char *who) {
+    if (lo != m->acts.lora)
+        die("%s: given %s, but the forward applied %s: pass the forward's adapter", who, lo ? "an adapter" : "no adapter",
+            m->acts.lora ? (lo ? "another one" : "one") : "none");
+}
+
+void model_backward(Model *m, LoRA *lo, const double *dlogp_host) {
     const Backend *be = m->be;
     Acts *a = &m->acts;
     int N = m->B * m->T;
+    check_adapter(m, lo, "model_backward");
     // the head: dlnf (already there after model_logprobs_grad), then the rest
     if ((dlogp_host == NULL) != a->head_done)
         die(a->head_done ? "model_backward: the head's gradient was made by model_logprobs_grad: pass NULL"
@@ -683,14 +749,15 @@ void model_backward(Model *m, const double *dlogp_host) {
                               (const int32_t *)a->targets, a->inv_temp, N);
     }
     a->head_done = 0;
-    backward_from_hidden(m);
+    backward_from_hidden(m, lo);
 }
 
-void model_backward_hidden(Model *m, const void *dh) {
+void model_backward_hidden(Model *m, LoRA *lo, const void *dh) {
     Acts *a = &m->acts;
+    check_adapter(m, lo, "model_backward_hidden");
     if (dh != a->dln) m->be->copy(a->dln, dh, (size_t)m->B * m->T * m->cfg.C * dtype_size(m->be->act));
     a->head_done = 0;
-    backward_from_hidden(m);
+    backward_from_hidden(m, lo);
 }
 
 // ----------------------------------------------------------------------------
@@ -796,7 +863,7 @@ static void dec_ensure(Model *m, int S, int MB) {
     d->mb_cap = mb;
 }
 
-void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_host, const int *slots_host, int B,
+void model_prefill(Model *m, LoRA *lo, KVCache *kv, const int *ids_host, const int *lens_host, const int *slots_host, int B,
                    int T, void *logits) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
@@ -810,7 +877,7 @@ void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_h
     acts_ensure(m, B, T);
     // slots go through the arena's targets buffer (unused by a prefill)
     be->upload(m->acts.targets, slots_host, (size_t)B * T * sizeof(int32_t));
-    forward_impl(m, ids_host, B, T, kv, (const int32_t *)m->acts.targets);
+    forward_impl(m, lo, ids_host, B, T, kv, (const int32_t *)m->acts.targets);
     m->recompute = recompute;
     int32_t *last = (int32_t *)mallocCheck(B * sizeof(int32_t));
     for (int b = 0; b < B; b++) {
@@ -833,13 +900,14 @@ static const int GROUP_FIRST[2] = {LIN_Q, LIN_GATE}, GROUP_N[2] = {3, 2};
 // scales, or block scales whose boundaries do not line up), one GEMM and adapter per part into
 // parts[i]; returns NULL.
 // xq: inp's FP8 copy for the fused weight or for every part (decode_fp8_input of group_input), or NULL.
-static void *decode_project(Model *m, int l, int group, void *const *parts, const void *inp, const FP8Tensor *xq,
+static void *decode_project(Model *m, LoRA *lo, int l, int group, void *const *parts, const void *inp, const FP8Tensor *xq,
                             int N) {
     const LayerWeights *lw = &m->w.layers[l];
     const QWeight *fw = group == 0 ? &lw->qkv : &lw->gateup;
-    int first = GROUP_FIRST[group], n = GROUP_N[group], lora = m->lora && m->lora_on;
+    int first = GROUP_FIRST[group], n = GROUP_N[group];
     if (!fw->rows) {
-        for (int i = 0; i < n; i++) linear_fwd_q(m, l, first + i, parts[i], inp, xq, N, 0, NULL);
+        LinearInput in = {inp, xq, NULL, {0}};
+        for (int i = 0; i < n; i++) linear_fwd(m, lo, l, first + i, parts[i], &in, N, 0);
         return NULL;
     }
     void *fused = m->dec.fused;
@@ -847,8 +915,8 @@ static void *decode_project(Model *m, int l, int group, void *const *parts, cons
     if (xq) m->be->linear_forward_q(fused, xq, fw, bias, N);
     else m->be->linear_forward(fused, inp, fw, bias, N);
     const void *A, *B;
-    int R = lora ? lora_group_act(m->lora, l, group, &A, &B) : 0;
-    if (R) m->be->lora_apply(fused, inp, A, B, m->lora->scale, N, fw->cols, R, fw->rows);
+    int R = lo ? lora_group_act(lo, l, group, &A, &B) : 0;
+    if (R) m->be->lora_apply(fused, inp, A, B, lo->scale, N, fw->cols, R, fw->rows);
     return fused;
 }
 
@@ -872,13 +940,13 @@ static const QWeight *group_input(const Model *m, int l, int group) {
 
 // A decode step's attention inputs for layer l: q (S, NH, HD) normed and rotated in d->q, this
 // token's k and v in the cache (kc, vc, ks, vs: kvcache_layer). xq: d->ln's FP8 copy, or NULL.
-static void decode_qkv(Model *m, int l, int S, const FP8Tensor *xq, void *kc, void *vc, float *ks, float *vs) {
+static void decode_qkv(Model *m, LoRA *lo, int l, int S, const FP8Tensor *xq, void *kc, void *vc, float *ks, float *vs) {
     const Config *c = &m->cfg;
     const LayerWeights *lw = &m->w.layers[l];
     DecodeScratch *d = &m->dec;
     int q = c->NH * c->HD, kvw = c->KVH * c->HD;
     void *parts[3] = {d->q, d->k, d->v};
-    const char *fused = (const char *)decode_project(m, l, 0, parts, d->ln, xq, S);
+    const char *fused = (const char *)decode_project(m, lo, l, 0, parts, d->ln, xq, S);
     size_t act = dtype_size(m->be->act);
     const void *qin = fused ? fused : d->q, *kin = fused ? fused + q * act : d->k, *vin = fused ? fused + (q + kvw) * act : d->v;
     int ldq = fused ? q + 2 * kvw : q, ldkv = fused ? q + 2 * kvw : kvw;
@@ -891,14 +959,64 @@ static void decode_qkv(Model *m, int l, int S, const FP8Tensor *xq, void *kc, vo
 // Logits (S, V) into d->logits.
 typedef struct {
     Model *m;
+    LoRA *lo;
     KVCache *kv;
     int S, MB;
 } DecodeStep;
 
-static void decode_compute(void *arg) {
-    DecodeStep *st = (DecodeStep *)arg;
+// Layer l of a decode step on m->dec: the residual stream d->x, its normed copy d->ln (the previous op's
+// add_rmsnorm) and xq, d->ln's FP8 copy for q|k|v (or NULL), in; the next layer's (or the final norm's)
+// out, returning the next xq. The inputs of the FP8 products are quantized by the ops that make them
+// (xq: decode_fp8_input): the norms for q|k|v and gate|up, the attention for o, the SwiGLU for down.
+// Gemma 3: its norms are x * (1 + w) (norm1p, gelu below), and each branch's output is normed before
+// the residual add (its sandwich norms: plain ops).
+static FP8Tensor *decode_layer(const DecodeStep *st, int l, FP8Tensor *xq) {
     Model *m = st->m;
+    LoRA *lo = st->lo;
     KVCache *kv = st->kv;
+    int S = st->S;
+    const Config *c = &m->cfg;
+    const Backend *be = m->be;
+    const LayerWeights *lw = &m->w.layers[l];
+    DecodeScratch *d = &m->dec;
+    void *kc, *vc;
+    float *ks, *vs;
+    kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
+    // attention: q|k|v, RoPE and this token's K and V into the cache, attention over the cache, o
+    decode_qkv(m, lo, l, S, xq, kc, vc, ks, vs);
+    xq = decode_fp8_input(m, &lw->lin[LIN_O], S);
+    be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens, S,
+                         c->NH, c->KVH, c->HD, kv->BS, st->MB, attn_scale(c), layer_window(c, l), xq);
+    LinearInput in = {d->att, xq, NULL, {0}};
+    linear_fwd(m, lo, l, LIN_O, d->tmp, &in, S, 0);
+    if (c->gemma) norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_attn, S, c->C);
+    // the residual add and the post-attention norm in one op
+    xq = decode_fp8_input(m, group_input(m, l, 1), S);
+    be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps, c->gemma, xq);
+    // MLP: gate|up, the GLU, down
+    if (c->moe[l])  // Qwen3 MoE's sparse layer (xq is NULL: no FP8 copy of its input is made for it)
+        moe_forward(m, l, d->tmp, d->ln, d->rlogits, (int32_t *)d->ridx, d->rw, NULL, NULL, S);
+    else {
+        void *gu[2] = {d->ff1, d->ff2};
+        void *fused = decode_project(m, lo, l, 1, gu, d->ln, xq, S);
+        xq = fused ? decode_fp8_input(m, &lw->lin[LIN_DOWN], S) : NULL;
+        if (fused) be->glu_gu(d->ff3, xq, fused, S, c->FF, c->gemma);  // SwiGLU (GeGLU) straight from the fused product
+        else if (c->gemma) be->geglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
+        else be->swiglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
+        in = (LinearInput){.x = d->ff3, .xq = xq};
+        linear_fwd(m, lo, l, LIN_DOWN, d->tmp, &in, S, 0);
+    }
+    if (c->gemma) norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_mlp, S, c->C);
+    // the residual add and the next layer's input norm (or the final norm)
+    const void *next_norm = l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm;
+    xq = l + 1 < c->L ? decode_fp8_input(m, group_input(m, l + 1, 0), S) : NULL;
+    be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, next_norm, S, c->C, c->eps, c->gemma, xq);
+    return xq;
+}
+
+static void decode_compute(void *arg) {
+    const DecodeStep *st = (const DecodeStep *)arg;
+    Model *m = st->m;
     int S = st->S;
     const Config *c = &m->cfg;
     const Backend *be = m->be;
@@ -906,53 +1024,20 @@ static void decode_compute(void *arg) {
     be->embedding_forward(d->x, (const int32_t *)d->tok, &m->w.emb, S);
     if (c->gemma) be->scale_act(d->x, (size_t)S * c->C, embed_scale(m));
     norm_fwd(m, d->ln, d->rstd, d->x, m->w.layers[0].ln1, S, c->C);
-    // The inputs of the FP8 products are quantized by the ops that make them (xq: decode_fp8_input):
-    // the norms for q|k|v and gate|up, the attention for o, the SwiGLU for down; layer 0's q|k|v
-    // quantizes its own. Gemma 3: its norms are x * (1 + w) (norm1p, gelu below), and each branch's
-    // output is normed before the residual add (its sandwich norms: plain ops).
-    FP8Tensor *xq = NULL;
-    for (int l = 0; l < c->L; l++) {
-        const LayerWeights *lw = &m->w.layers[l];
-        void *kc, *vc;
-        float *ks, *vs;
-        kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
-        decode_qkv(m, l, S, xq, kc, vc, ks, vs);
-        xq = decode_fp8_input(m, &lw->lin[LIN_O], S);
-        be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens,
-                             S, c->NH, c->KVH, c->HD, kv->BS, st->MB, attn_scale(c), layer_window(c, l), xq);
-        linear_fwd_q(m, l, LIN_O, d->tmp, d->att, xq, S, 0, NULL);
-        if (c->gemma) norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_attn, S, c->C);
-        // the residual add and the post-attention norm in one op
-        xq = decode_fp8_input(m, group_input(m, l, 1), S);
-        be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps, c->gemma, xq);
-        if (c->moe[l])  // Qwen3 MoE's sparse layer (xq is NULL: no FP8 copy of its input is made for it)
-            moe_forward(m, l, d->tmp, d->ln, d->rlogits, (int32_t *)d->ridx, d->rw, NULL, NULL, S);
-        else {
-            void *gu[2] = {d->ff1, d->ff2};
-            void *fused = decode_project(m, l, 1, gu, d->ln, xq, S);
-            xq = fused ? decode_fp8_input(m, &lw->lin[LIN_DOWN], S) : NULL;
-            if (fused) be->glu_gu(d->ff3, xq, fused, S, c->FF, c->gemma);  // SwiGLU (GeGLU) straight from the fused product
-            else if (c->gemma) be->geglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
-            else be->swiglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
-            linear_fwd_q(m, l, LIN_DOWN, d->tmp, d->ff3, xq, S, 0, NULL);
-        }
-        if (c->gemma) norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_mlp, S, c->C);
-        // the residual add and the next layer's input norm (or the final norm)
-        const void *next_norm = l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm;
-        xq = l + 1 < c->L ? decode_fp8_input(m, group_input(m, l + 1, 0), S) : NULL;
-        be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, next_norm, S, c->C, c->eps, c->gemma, xq);
-    }
+    FP8Tensor *xq = NULL;  // layer 0's q|k|v quantizes its own input
+    for (int l = 0; l < c->L; l++) xq = decode_layer(st, l, xq);
     be->logits_forward(d->logits, d->ln, &m->w.head, S);
 }
 
 // what a recorded decode step depends on: every buffer and size it saw (backend.h replay)
 typedef struct {
     const void *dec, *kv_k, *kv_v, *lora, *lora_act;
-    int S, MB, dec_cap, kv_nb, kv_bs, lora_on;
+    int S, MB, dec_cap, kv_nb, kv_bs;
+    int zero;  // 0: the struct has no padding
 } DecodeKey;
 _Static_assert(sizeof(DecodeKey) == 5 * sizeof(void *) + 6 * sizeof(int), "no padding: keys are compared as bytes");
 
-void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_host, const int *slots_host,
+void model_decode(Model *m, LoRA *lo, KVCache *kv, const int *tokens_host, const int *pos_host, const int *slots_host,
                   const int *block_table_host, int S, int MB, void *logits) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
@@ -960,7 +1045,7 @@ void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_
     void *mem_before = m->dec.mem;
     dec_ensure(m, Sp, MB);
     if (m->dec.mem != mem_before) be->replay_forget();  // the scratch moved: recordings point at the old one
-    if (m->lora && m->lora_on && !m->lora->act_valid) lora_sync_act(m->lora);  // the decode step reads the act copies
+    if (lo && !lo->act_valid) lora_sync_act(lo);  // the decode step reads the act copies
     DecodeScratch *d = &m->dec;
     // packed as the device region is (dec_ensure): four arrays of cap, then the table (Sp, MB)
     int cap = d->cap;
@@ -980,11 +1065,10 @@ void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_
     }
     be->upload(d->tok, h, nix * sizeof(int32_t));
     free(h);
-    DecodeStep step = {m, kv, Sp, MB};
+    DecodeStep step = {m, lo, kv, Sp, MB};
     if (m->no_graphs) decode_compute(&step);
     else {
-        const LoRA *lo = m->lora;
-        DecodeKey key = {d->mem, kv->k, kv->v, lo, lo ? lo->act_mem : NULL, Sp, MB, d->cap, kv->NB, kv->BS, m->lora_on};
+        DecodeKey key = {d->mem, kv->k, kv->v, lo, lo ? lo->act_mem : NULL, Sp, MB, d->cap, kv->NB, kv->BS, 0};
         be->replay(&key, sizeof key, decode_compute, &step);
     }
     be->copy(logits, d->logits, (size_t)S * c->V * dtype_size(be->hp));

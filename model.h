@@ -2,7 +2,7 @@
 // Defines: Config (from a Hugging Face config.json), Weights (one allocation
 // per role with a pointer table), the training forward/backward with
 // per-token logprobs, and the KV-cache decode used by the rollout engine.
-// Implemented in model.c (and model_load.c for checkpoints); LoRA hooks in
+// Implemented in model.c, model_alloc.c (its memory) and io/model_load.c (checkpoints); LoRA hooks in
 // through lora.h.
 #ifndef MODEL_H
 #define MODEL_H
@@ -72,7 +72,9 @@ typedef struct {
 
 // the seven LoRA-able projections of a layer, in PEFT's target_modules names
 enum { LIN_Q = 0, LIN_K, LIN_V, LIN_O, LIN_GATE, LIN_UP, LIN_DOWN, LIN_COUNT };
-extern const char *const lin_names[LIN_COUNT];  // "q_proj", ..., "down_proj"
+// their names (model.c, lora.c and the checkpoint code read them; static: every file its own copy, no file
+// the others depend on for it)
+static const char *const lin_names[LIN_COUNT] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
 typedef struct {
     void *ln1;             // (C) act   input_layernorm
@@ -122,6 +124,8 @@ typedef struct {
     int fp8_embed;         // the embedding table and LM head in E4M3 with a scale per row (--fp8_embeddings):
                            // frozen, half the bytes of BF16 (1.16 GiB less at the Qwen3-8B shape)
 } ModelOptions;
+
+typedef struct LoRA LoRA;
 
 // Saved activations of the training forward, for B sequences of T tokens (N = B*T).
 // One arena allocation; the walker in model.c sets these pointers. With m->recompute
@@ -182,13 +186,13 @@ typedef struct {
     size_t bytes;
     int B, T;     // the shape the arena was sized for (capacity)
     float inv_temp;  // of the last model_logprobs (its backward uses the same)
+    LoRA *lora;      // the adapter the last forward applied, or NULL (its backward must be given the same)
     int head_done;   // model_logprobs_grad made the head's gradient (dln) already
     int recompute;   // the layout: 1 recomputation (one layer of per-layer buffers), ACTS_FORWARD_ONLY a prefill
     int keep;        // the layout keeps ln1, ln2 and hmlp as FP8 codes (above)
     int recompute_mlp;  // the layout holds one layer of gate and up (Model.recompute_mlp)
 } Acts;
 
-typedef struct LoRA LoRA;
 typedef struct KVCache KVCache;
 
 // The time-shared pool: one allocation that holds the KV cache during a
@@ -230,8 +234,9 @@ typedef struct {
     void *inv_freq_local;  // (HD/2) hp   Gemma 3's sliding layers' (rope_local_theta), else NULL
     char *src_dir;         // the checkpoint directory model_load read (NULL: a model made here): model_save_hf
                            // writes a multimodal Gemma 3's vision tower and config.json back from it
-    LoRA *lora;            // attached adapters, or NULL
-    int lora_on;           // 0: the adapters are skipped (the KL reference = the base model)
+    LoRA *lora;            // the adapter trained or loaded with the model, or NULL: what the activations' layout
+                           // (no FP8 codes kept where an adapter reads its input), the memory report and
+                           // ./export account for. No forward applies it unless it is passed (model_forward's lo)
     int recompute;         // gradient checkpointing: keep each layer's input only, recompute the layer in
                            // the backward (per-layer activations shrink L-fold for one more forward)
     int recompute_mlp;     // keep no gate and up products (2 FF values a token a layer): the backward computes
@@ -255,7 +260,36 @@ typedef struct {
                            // projections read are saved as their FP8 codes (model.c acts_keep); 0 turns it off
 } Model;
 
-// ---- config and weights (model_load.c) ----
+// ---- the model's memory (model_alloc.c) ----
+// a Model of config c on be: its weights allocated as opt holds them (unset), its RoPE frequencies made;
+// what model_load fills from a checkpoint and model_init_random at random
+void model_common_init(Model *m, const Config *c, const Backend *be, const ModelOptions *opt);
+// the shape (rows, cols) of a layer's projection which (LIN_*), and of expert weight k (0 gate, 1 up, 2 down)
+void lin_shape(const Config *c, int which, int *rows, int *cols);
+void expert_shape(const Config *c, int k, int *rows, int *cols);
+void model_free(Model *m);
+// FP8 training (--fp8_recipe): the dense projections (q, k, v, o, gate, up, down) of every layer
+// but the --bf16_first_layers / --bf16_last_layers run their three products as FP8 GEMMs under
+// recipe r from now on (fp8_train.cu says which tensors are FP8), and with r->lm_head the LM head's
+// (--fp8_lm_head; its state last in fp8_train). Dies in one line where the
+// backend (the CPU's) or the GPU (no FP8 tensor cores) cannot, naming BF16 as the way on.
+void model_fp8_train(Model *m, const FP8Recipe *r);
+// after each optimizer step (full_step calls it): delayed scaling's histories roll, from the step's
+// amaxes as reduce leaves them (NULL: as this process saw them; several ranks: their max)
+void model_fp8_train_step(Model *m, AmaxReduce reduce, void *ctx);
+// delayed scaling's state (scales and amax histories) as floats into buf, or from it (set 1), for
+// a checkpoint; returns the count (buf NULL: counted only), 0 when nothing is kept between steps
+size_t model_fp8_train_state(const Model *m, float *buf, int set);
+// allocate (zeroed) gradients for every dense weight; zero them again later with model_zero_grads
+void model_alloc_grads(Model *m);
+// the same, but the layers' gradients in one bucket of one layer's size (gw.bucket_at, gw.bucket_bytes),
+// which every layer's backward writes in turn: set m->layer_grads to take each layer's away (summed
+// to where they are kept) and zero the bucket before the next. What sharded full training holds
+// (train/full_finetune.h) instead of every gradient.
+void model_alloc_grads_bucket(Model *m);
+void model_zero_grads(Model *m);
+
+// ---- config and weights (io/model_load.c) ----
 void config_from_json(Config *cfg, const char *json_text, const char *path_for_errors);
 void config_print(const Config *cfg, FILE *f);
 // config.json of a checkpoint directory alone (what a program checks before it loads the weights)
@@ -291,19 +325,6 @@ int model_hf_tensors(const Model *m, HFTensor *out);
 // dense weights only (a model loaded with FP8 is dequantized); a multimodal Gemma 3 whole, its vision tower
 // and projector copied from src_dir as they are (a model made here: the text model alone)
 void model_save_hf(const Model *m, const char *dir, DType dt);
-void model_free(Model *m);
-// FP8 training (--fp8_recipe): the dense projections (q, k, v, o, gate, up, down) of every layer
-// but the --bf16_first_layers / --bf16_last_layers run their three products as FP8 GEMMs under
-// recipe r from now on (fp8_train.cu says which tensors are FP8), and with r->lm_head the LM head's
-// (--fp8_lm_head; its state last in fp8_train). Dies in one line where the
-// backend (the CPU's) or the GPU (no FP8 tensor cores) cannot, naming BF16 as the way on.
-void model_fp8_train(Model *m, const FP8Recipe *r);
-// after each optimizer step (full_step calls it): delayed scaling's histories roll, from the step's
-// amaxes as reduce leaves them (NULL: as this process saw them; several ranks: their max)
-void model_fp8_train_step(Model *m, AmaxReduce reduce, void *ctx);
-// delayed scaling's state (scales and amax histories) as floats into buf, or from it (set 1), for
-// a checkpoint; returns the count (buf NULL: counted only), 0 when nothing is kept between steps
-size_t model_fp8_train_state(const Model *m, float *buf, int set);
 void model_free_scratch(Model *m);  // the activation arena and decode scratch (weights stay)
 // turn the time-shared arena on with this budget (bytes); see Arena
 void model_arena_init(Model *m, size_t cap);
@@ -319,35 +340,28 @@ size_t model_acts_bytes(const Model *m, int B, int T, int recompute);
 void model_sqnr_report(const char *dir, FILE *f);
 
 // ---- forward / backward (model.c) ----
-// training / scoring forward over B right-padded sequences of T tokens ids_host (B*T);
-// saves what backward needs. Then logprobs of targets_host (B*T, -1 = none) at
+// training / scoring forward over B right-padded sequences of T tokens ids_host (B*T), with the adapter lo
+// applied (NULL: none; the base model, the KL and DPO reference); saves what backward needs. Then logprobs of targets_host (B*T, -1 = none) at
 // inverse temperature inv_temp, returned to the host in logp_host (B*T) as fp64.
-void model_forward(Model *m, const int *ids_host, int B, int T);
+void model_forward(Model *m, LoRA *lo, const int *ids_host, int B, int T);
 void model_logprobs(Model *m, const int *targets_host, float inv_temp, double *logp_host);
 // full logits (B*T, V) as fp32 on the host, after model_forward
 void model_logits(Model *m, float *logits_host);
-// backward of sum_n dlogp[n] * logp[n] (the last model_logprobs call): accumulates into
-// the LoRA gradients (when attached and on) and into m->grads (when allocated)
-void model_backward(Model *m, const double *dlogp_host);
+// backward of sum_n dlogp[n] * logp[n] (the last model_logprobs call): accumulates into the gradients
+// of lo, the adapter the forward applied (any other dies: its saved activations are the forward's), and
+// into m->grads (when allocated)
+void model_backward(Model *m, LoRA *lo, const double *dlogp_host);
 // model_logprobs for a loss whose dlogp is known before the logprobs (one linear in them: the SFT
 // loss, -1/norm for each target), with the head's part of the backward in the same pass: each chunk
 // of logits computed once, where model_logprobs and model_backward compute it twice. Then
-// model_backward(m, NULL) goes on from the head's gradient; the results are model_logprobs' and
-// model_backward(m, dlogp_host)'s.
+// model_backward(m, lo, NULL) goes on from the head's gradient; the results are model_logprobs' and
+// model_backward(m, lo, dlogp_host)'s.
 void model_logprobs_grad(Model *m, const int *targets_host, float inv_temp, const double *dlogp_host, double *logp_host);
 // backward of sum_n <dh[n], h[n]>, h the final norm's output of the last model_forward (acts.lnf, (N, C)
 // act): the hook for a head of the caller's own on the hidden states in place of the LM head's logprobs
 // (PPO's value head, train/ppo_train.h). dh (N, C) act in backend memory; it may be acts.dln itself
 // (no copy). Accumulates as model_backward does.
-void model_backward_hidden(Model *m, const void *dh);
-// allocate (zeroed) gradients for every dense weight; zero them again later with model_zero_grads
-void model_alloc_grads(Model *m);
-// the same, but the layers' gradients in one bucket of one layer's size (gw.bucket_at, gw.bucket_bytes),
-// which every layer's backward writes in turn: set m->layer_grads to take each layer's away (summed
-// to where they are kept) and zero the bucket before the next. What sharded full training holds
-// (train/full_finetune.h) instead of every gradient.
-void model_alloc_grads_bucket(Model *m);
-void model_zero_grads(Model *m);
+void model_backward_hidden(Model *m, LoRA *lo, const void *dh);
 
 // ---- KV cache decode (model.c) ----
 struct KVCache {
@@ -371,14 +385,14 @@ void kvcache_free_model(KVCache *kv, Model *m);
 void kvcache_layer(const KVCache *kv, int l, void **kc, void **vc, float **ks, float **vs);
 void kvcache_free(KVCache *kv, const Backend *be);
 
-// Prefill B right-padded prompts ids_host (B*T): writes their K/V to slots_host (B*T, -1 = padding),
+// Prefill B right-padded prompts ids_host (B*T) with the adapter lo (or NULL): writes their K/V to slots_host (B*T, -1 = padding),
 // and returns the last-position logits of each prompt (lens_host (B)) as logits (B, V) hp in backend memory
-void model_prefill(Model *m, KVCache *kv, const int *ids_host, const int *lens_host, const int *slots_host,
+void model_prefill(Model *m, LoRA *lo, KVCache *kv, const int *ids_host, const int *lens_host, const int *slots_host,
                    int B, int T, void *logits);
-// One decode step for S sequences: token tokens_host[s] at position pos_host[s] goes to slot
+// One decode step for S sequences with the adapter lo (or NULL; from its act copies, lora_sync_act): token tokens_host[s] at position pos_host[s] goes to slot
 // slots_host[s]; then attends to seq_lens[s] = pos + 1 cached tokens via block_table_host (S, MB).
 // Writes logits (S, V) hp in backend memory.
-void model_decode(Model *m, KVCache *kv, const int *tokens_host, const int *pos_host, const int *slots_host,
+void model_decode(Model *m, LoRA *lo, KVCache *kv, const int *tokens_host, const int *pos_host, const int *slots_host,
                   const int *block_table_host, int S, int MB, void *logits);
 
 #ifdef __cplusplus

@@ -47,6 +47,7 @@ typedef struct {
 // everything a rollout keeps between admissions and decode steps
 typedef struct {
     Model *m;
+    LoRA *lo;              // the adapter sampled with, or NULL
     const RolloutConfig *rc;
     const int *const *prompts;
     const int *plens;
@@ -107,7 +108,7 @@ static int admit(Run *r) {
             r->slots[(size_t)q * T + t] = r->slots[(size_t)q * r->Tmax + t];  // (in place: q * T <= q * Tmax)
         }
     }
-    model_prefill(r->m, &r->kv, r->ids, r->lens, r->slots, nq, T, r->plogits);
+    model_prefill(r->m, r->lo, &r->kv, r->ids, r->lens, r->slots, nq, T, r->plogits);
     // each completion starts from its prompt's logits; with sharing it copies the partial block
     for (int q = 0; q < nq; q++)
         for (int j = 0; j < (r->share ? r->G : 1); j++) {
@@ -143,7 +144,7 @@ static void mask_never(const Model *m, void *logits, int rows, const void *never
         m->be->copy_2d((char *)logits + (size_t)m->cfg.mm_ids[i] * hp, (size_t)m->cfg.V * hp, never, hp, hp, rows);
 }
 
-void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *prompts, const int *plens,
+void rollout_run(Model *m, LoRA *lo, const RolloutConfig *rc, int P, const int *const *prompts, const int *plens,
                  const uint64_t *seeds, Rollout *out) {
     const Backend *be = m->be;
     const Config *c = &m->cfg;
@@ -160,7 +161,7 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
 
     Run r;
     memset(&r, 0, sizeof r);
-    r.m = m, r.rc = rc, r.prompts = prompts, r.plens = plens, r.P = P, r.G = G, r.S = S, r.BS = BS, r.V = V;
+    r.m = m, r.lo = lo, r.rc = rc, r.prompts = prompts, r.plens = plens, r.P = P, r.G = G, r.S = S, r.BS = BS, r.V = V;
     r.share = rc->share_prefix || G == 1;
     for (int p = 0; p < P; p++) {
         if (plens[p] < 1) die("rollout: empty prompt %d", p);
@@ -217,7 +218,7 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
     r.first = (int *)mallocCheck(nprompts * sizeof(int));
 
     // the adapters' act copies for the decode step (the masters are fixed during a rollout)
-    if (m->lora && m->lora_on) lora_sync_act(m->lora);
+    if (lo) lora_sync_act(lo);
     double t0 = now_sec();
     admit(&r);
     be->sync();
@@ -276,7 +277,7 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
         }
         r.na = nf;
         if (nf > 0) {
-            model_decode(m, &r.kv, feed, pos, slot, tab, nf, r.MB, r.logits);
+            model_decode(m, lo, &r.kv, feed, pos, slot, tab, nf, r.MB, r.logits);
             out->decode_steps++;
         }
         if (r.next_group < P && r.gr[r.next_group].need <= r.nfree) {  // waiting prompts that fit now
@@ -292,7 +293,7 @@ void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *pro
     be->sync();
     out->decode_s = now_sec() - t0;
 
-    if (m->lora) lora_release_act(m->lora);
+    if (lo) lora_release_act(lo);
     be->free(r.logits);
     be->free(r.plogits);
     be->free(samp_d);

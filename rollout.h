@@ -46,9 +46,10 @@ typedef struct {
     int admissions;        // prefills after the first: prompts that waited for blocks (continuous batching)
 } Rollout;
 
-// Sample G completions for each of P prompts (prompts[p], plens[p] tokens). seeds (P * G):
-// the RNG state of each sequence. out is allocated here; free with rollout_free.
-void rollout_run(Model *m, const RolloutConfig *rc, int P, const int *const *prompts, const int *plens,
+// Sample G completions for each of P prompts (prompts[p], plens[p] tokens) from the model with the adapter
+// lo (NULL: the base model alone). seeds (P * G): the RNG state of each sequence. out is allocated here;
+// free with rollout_free.
+void rollout_run(Model *m, LoRA *lo, const RolloutConfig *rc, int P, const int *const *prompts, const int *plens,
                  const uint64_t *seeds, Rollout *out);
 void rollout_free(Rollout *r);
 

@@ -957,6 +957,11 @@ int tokenizer_chat_prompt(const Tokenizer *t, const char *system, const char *us
 // vocabulary access
 
 int tokenizer_vocab_size(const Tokenizer *t) { return t->n_ids; }
+int tok_token_id_named(const Tokenizer *t, const char *name) {
+    if (!name) return -1;
+    for (int i = 0; i < t->n_added; i++) if (!strcmp(t->added[i].content, name)) return t->added[i].id;
+    return tok_vocab_get(t, name, strlen(name));
+}
 int tokenizer_token_id(const Tokenizer *t, const char *token) { return tok_token_id_named(t, token); }
 const char *tokenizer_token_str(const Tokenizer *t, int id) {
     if (id < 0 || id >= t->n_ids) return NULL;

@@ -6,10 +6,10 @@
 //
 // One step: sample per_device_train_batch_size / num_generations prompts; the
 // rollout engine (rollout.c) samples num_generations completions of each with
-// LoRA on; rewards (tasks.c) -> group advantages (grpo.c); then num_iterations
-// updates: per micro-batch a forward to per-token logprobs, grpo_loss gives
-// dL/dlogp, model_backward accumulates the LoRA gradients; clip, AdamW.
-// The reference for the KL (beta != 0) is the same model with LoRA switched off.
+// LoRA on; rewards (tasks.c) -> group advantages (grpo.c); then the update, grpo_step
+// (train/grpo_train.h): num_iterations times, per micro-batch a forward to per-token logprobs,
+// grpo_loss gives dL/dlogp, model_backward accumulates the LoRA gradients; clip, AdamW.
+// The reference for the KL (beta != 0) is the same model with no adapter.
 // --algo ppo runs PPO instead (TRL's PPOTrainer and PPOConfig names): the same rollouts and rewards,
 // then update_ppo (train/ppo_train.h): a value model (a LoRA adapter of its own and a score head on
 // the same frozen base), per-token KL rewards and GAE, num_ppo_epochs of clipped policy and value updates.
@@ -50,6 +50,7 @@
 #include "train/builtin.h"
 #include "train/checkpoint.h"
 #include "train/full_finetune.h"
+#include "train/grpo_train.h"
 #include "train/memory_fit.h"
 #include "train/optim.h"
 #include "train/ppo_train.h"
@@ -391,17 +392,14 @@ typedef struct {
     double *adv_all;         // (S_all)
     double *adv;             // (S) advantages
     uint8_t *mask, *trunc;   // (S, Tc) 1 on completion tokens; (S) 1 when cut at Tc
-    double *samp;            // (S, Tc) logprobs of the completion tokens: the sampler's,
-    double *logp;            // (S, Tc)   the policy's now,
-    double *old;             // (S, Tc)   before this step's updates (num_iterations > 1),
-    double *ref;             // (S, Tc)   the reference's, LoRA off (beta != 0)
-    double *dlogp;           // (S, Tc) dL/dlogp
+    double *samp;            // (S, Tc) the sampler's logprobs of the completion tokens
     int T;                   // tokens of the longest prompt + completion
     int *ids, *tg;           // (S, T) prompt + completion, right-padded; the token each position predicts (-1: none)
-    double *lp, *dl;         // (S, T) logprobs of tg; dL/d(those), a micro-batch's rows at a time
+    int *start;              // (S) the position that predicts each completion's first token
     GrpoRewardMetrics rm;
     GrpoNorm norm;
-    GrpoMetrics gm;
+    GrpoTrainer gt;          // the update (train/grpo_train.h) and its buffers
+    GrpoStepStats gs;        // its figures
     double *score;           // (S) PPO: each completion's score (the weighted rewards, less missing_eos_penalty)
     PpoStepStats ps;         // PPO: the step's figures
     long gen_tokens;
@@ -797,7 +795,6 @@ static void load(Run *r) {
         r->lo = lora_create(m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17,
                             !strcmp(o->lora_dtype, "bf16"));
         m->lora = r->lo;
-        m->lora_on = 1;
         printf("LoRA: r %d, alpha %g, %zu parameters\n", r->lo->r, r->lo->alpha, r->lo->n);
         r->lora_bytes = lora_state_bytes(r->lo);  // parameters, gradients, Adam m and v
         if (r->ppo) {
@@ -828,13 +825,13 @@ static void load(Run *r) {
     }
 }
 
-// the held-out accuracy of the model as it is now (greedy, eval_size problems)
-// (several ranks: each evaluates its slice of the problems, the counts are summed)
-static double held_out_accuracy(Run *r) {
+// the held-out accuracy of the model as it is now with the adapter lo (or NULL) (greedy, eval_size
+// problems) (several ranks: each evaluates its slice of the problems, the counts are summed)
+static double held_out_accuracy(Run *r, LoRA *lo) {
     int n = eval_count(&r->task, r->o.eval_size), W = r->dp.world, k = r->dp.rank;
     if (n == 0 || r->task.n_unanswered) return NAN;  // (greedy correctness needs every problem's answer)
     double correct =
-        evaluate_range(&r->m, &r->task, &r->fmt, (int)((long)n * k / W), (int)((long)n * (k + 1) / W), r->Tc, r->eos, r->neos, NULL);
+        evaluate_range(&r->m, lo, &r->task, &r->fmt, (int)((long)n * k / W), (int)((long)n * (k + 1) / W), r->Tc, r->eos, r->neos, NULL);
     dist_all_reduce_sum_f64_host(r->dist, &correct, 1);
     return correct / n;
 }
@@ -893,9 +890,7 @@ static void begin(Run *r) {
         return;
     }
     if (!o->resume) {
-        r->m.lora_on = 0;
-        double acc = held_out_accuracy(r);
-        r->m.lora_on = 1;
+        double acc = held_out_accuracy(r, NULL);  // the base model
         long avail = task_size(&r->task, SPLIT_HELDOUT);
         if (isfinite(acc))
             printf("held-out accuracy before %s: %.3f (%ld held-out problems, greedy)\n", algo_name(r), acc,
@@ -937,10 +932,8 @@ static void step_alloc(const Run *r, Step *s) {
     s->mask = (uint8_t *)mallocCheck((size_t)S * Tc);
     s->trunc = (uint8_t *)mallocCheck(S);
     s->samp = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
-    s->logp = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
-    s->old = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
-    s->ref = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
-    s->dlogp = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
+    s->start = (int *)mallocCheck(S * sizeof(int));
+    grpo_train_init(&s->gt, S, Tc);
     s->score = (double *)mallocCheck((size_t)S * sizeof(double));
 }
 
@@ -957,7 +950,7 @@ static void rollout(Run *r, Step *s, int step) {
     }
     for (int q = 0; q < r->S; q++) s->seeds[q] = seq_seed(r->o.seed, step, b->q0 + q, 1);
     RolloutConfig rc = {r->G, r->Tc, (float)r->o.temperature, (float)r->o.top_p, r->o.top_k, r->eos, r->neos, 16, 1};
-    rollout_run(&r->m, &rc, r->P, (const int *const *)s->prompts, s->plens, s->seeds, &s->ro);
+    rollout_run(&r->m, r->lo, &rc, r->P, (const int *const *)s->prompts, s->plens, s->seeds, &s->ro);
     s->t_roll = now_sec() - s->t_step;
 }
 
@@ -1024,18 +1017,8 @@ static void make_batch(const Run *r, Step *s) {
             s->tg[q * T + t] = (j >= 0 && j < ro->len[q]) ? ro->ids[(size_t)q * Tc + j] : -1;
         }
     }
-    s->lp = (double *)mallocCheck((size_t)S * T * sizeof(double));
-    s->dl = (double *)callocCheck((size_t)S * T, sizeof(double));
+    for (int q = 0; q < S; q++) s->start[q] = s->plens[q / G] - 1;  // completion token 0 is predicted there
 }
-
-// full (nb, T): per-position values of sequences b0..b0+nb-1 -> comp (S, Tc): the values at
-// their completion tokens (completion token j is predicted at position plen - 1 + j), 0 after
-static void to_completion(const Run *r, const Step *s, const double *full, double *comp, int b0, int nb) {
-    for (int q = b0; q < b0 + nb; q++)
-        for (int j = 0; j < r->Tc; j++)
-            comp[q * r->Tc + j] = j < s->ro.len[q] ? full[(size_t)(q - b0) * s->T + s->plens[q / r->G] - 1 + j] : 0;
-}
-
 
 // The update's micro-batch and recomputation for this step's T (memory_fit.h): the user's choice where
 // given, else the largest that fits the arena; printed when it changes. When nothing fits, one line
@@ -1062,74 +1045,21 @@ static int fit_update(Run *r, int T) {
     return fc.mb;
 }
 
-// Stage "update": the reference (LoRA off) and old-policy logprobs when the loss needs them,
-// then num_iterations x (per micro-batch: forward, logprobs, grpo_loss, backward; clip, AdamW).
+// Stage "update": the reference (no adapter) and old-policy logprobs when the loss needs them,
+// then num_iterations x (per micro-batch: forward, logprobs, grpo_loss, backward; clip, AdamW):
+// train/grpo_train.h's grpo_step
 static void update(Run *r, Step *s, int step) {
-    Model *m = &r->m;
-    const GrpoConfig *g = &r->g;
-    int S = r->S, Tc = r->Tc;
+    const Opts *o = &r->o;
     double t_train0 = now_sec();
     make_batch(r, s);
-    int T = s->T;
-    int mb = fit_update(r, T);
-    int need_old = g->num_iterations > 1;
-    s->t_reduce = 0;
-    for (int pass = 0; pass < 2; pass++) {  // 0: the reference, 1: the old policy
-        if ((pass == 0 && g->beta == 0) || (pass == 1 && !need_old)) continue;
-        m->lora_on = pass == 1;
-        for (int b0 = 0; b0 < S; b0 += mb) {
-            int nb = S - b0 < mb ? S - b0 : mb;
-            model_forward(m, s->ids + (size_t)b0 * T, nb, T);
-            model_logprobs(m, s->tg + (size_t)b0 * T, r->inv_temp, s->lp);
-            to_completion(r, s, s->lp, pass == 0 ? s->ref : s->old, b0, nb);
-        }
-        m->lora_on = 1;
-    }
-    s->t_ref = now_sec() - t_train0;
-    GrpoStats st;
-    grpo_stats_init(&st);
-    for (int it = 0; it < g->num_iterations; it++) {
-        grpo_stats_init(&st);
-        if (r->lo) lora_zero_grads(r->lo);
-        else model_zero_grads(m);
-        s->loss = 0;
-        for (int b0 = 0; b0 < S; b0 += mb) {
-            int nb = S - b0 < mb ? S - b0 : mb;
-            model_forward(m, s->ids + (size_t)b0 * T, nb, T);
-            model_logprobs(m, s->tg + (size_t)b0 * T, r->inv_temp, s->lp);
-            to_completion(r, s, s->lp, s->logp, b0, nb);
-            GrpoInputs in = {s->logp + (size_t)b0 * Tc, need_old ? s->old + (size_t)b0 * Tc : NULL,
-                             g->beta != 0 ? s->ref + (size_t)b0 * Tc : NULL, s->samp + (size_t)b0 * Tc, s->adv + b0,
-                             s->mask + (size_t)b0 * Tc, s->trunc + b0};
-            s->loss += grpo_loss(g, &s->norm, &in, nb, s->dlogp + (size_t)b0 * Tc, &st);
-            memset(s->dl, 0, (size_t)nb * T * sizeof(double));  // dL/dlogp back at the positions of the (nb, T) batch
-            for (int q = b0; q < b0 + nb; q++)
-                for (int j = 0; j < s->ro.len[q]; j++) s->dl[(size_t)(q - b0) * T + s->plens[q / r->G] - 1 + j] = s->dlogp[q * Tc + j];
-            model_backward(m, s->dl);
-        }
-        s->lr = lr_schedule(r->o.lr_scheduler_type, r->o.learning_rate, (long)(step - 1) * g->num_iterations + it, r->lr_warmup,
-                            r->total_updates);
-        if (!r->lo) {  // every weight: full_step clips the global norm and steps the masters (full_finetune.h)
-            s->gnorm = full_step(&r->ft, m, (float)s->lr, (float)r->o.adam_beta1, (float)r->o.adam_beta2,
-                                 (float)r->o.adam_epsilon, (float)r->o.weight_decay, r->o.max_grad_norm);
-            continue;
-        }
-        // every rank's gradient of its rows, summed: the whole batch's (data_parallel.h); then the same clip
-        // and AdamW step on every rank keep the copies equal
-        s->t_reduce += dp_all_reduce_grads(r->dist, r->be, r->lo->grads, r->lo->n);
-        s->gnorm = lora_grad_norm(r->lo);
-        double clip = grad_clip_factor(s->gnorm, r->o.max_grad_norm);
-        if (!isfinite(clip)) die("step %d: the gradient norm is %g (NaN/inf): lower --learning_rate or check the data", step, s->gnorm);
-        if (clip != 1.0) lora_scale_grads(r->lo, (float)clip);
-        lora_adamw_step(r->lo, (float)s->lr, (float)r->o.adam_beta1, (float)r->o.adam_beta2, (float)r->o.adam_epsilon,
-                        (float)r->o.weight_decay);
-    }
-    dp_stats(r->dist, &st);
-    double red[2] = {s->loss, s->t_reduce}, least = -s->t_reduce;
-    dist_all_reduce_sum_f64_host(r->dist, red, 2);
-    dist_all_reduce_max_f64_host(r->dist, &least, 1);
-    s->loss = red[0], s->t_reduce = red[1] / r->dp.world, s->t_reduce_min = -least;
-    s->gm = grpo_metrics(&st);
+    int mb = fit_update(r, s->T);
+    GrpoBatch b = {r->S, s->T, r->Tc, s->ids, s->tg, s->start, s->ro.len, s->samp, s->adv, s->mask, s->trunc, &s->norm,
+                   r->inv_temp};
+    OptimConfig oc = {o->lr_scheduler_type, o->learning_rate, o->adam_beta1, o->adam_beta2, o->adam_epsilon, o->weight_decay,
+                      o->max_grad_norm, r->lr_warmup, r->total_updates};
+    grpo_step(&s->gt, &r->m, r->lo, &r->ft, r->dist, &r->g, &b, mb, &oc, step, &s->gs);
+    s->loss = s->gs.loss, s->gnorm = s->gs.grad_norm, s->lr = s->gs.lr, s->t_ref = s->gs.t_ref;
+    s->t_reduce = s->gs.t_reduce, s->t_reduce_min = s->gs.t_reduce_min;
     s->t_train = now_sec() - t_train0, s->t_total = now_sec() - s->t_step;
 }
 
@@ -1141,13 +1071,10 @@ static void update_ppo(Run *r, Step *s, int step) {
     double t_train0 = now_sec();
     make_batch(r, s);
     int mb = fit_update(r, s->T);
-    int *start = (int *)mallocCheck(r->S * sizeof(int));
-    for (int q = 0; q < r->S; q++) start[q] = s->plens[q / r->G] - 1;  // completion token 0 is predicted there
-    PpoBatch b = {r->S, s->T, r->Tc, s->ids, s->tg, start, s->ro.len, s->trunc, s->score, r->inv_temp};
-    PpoOptim po = {o->lr_scheduler_type, o->learning_rate, o->adam_beta1, o->adam_beta2, o->adam_epsilon, o->weight_decay,
+    PpoBatch b = {r->S, s->T, r->Tc, s->ids, s->tg, s->start, s->ro.len, s->trunc, s->score, r->inv_temp};
+    OptimConfig po = {o->lr_scheduler_type, o->learning_rate, o->adam_beta1, o->adam_beta2, o->adam_epsilon, o->weight_decay,
                    o->max_grad_norm, r->lr_warmup, r->total_updates};
-    ppo_step(&r->pt, &r->m, &b, mb, &po, step, &s->ps);
-    free(start);
+    ppo_step(&r->pt, &r->m, r->lo, &b, mb, &po, step, &s->ps);
     s->loss = s->ps.loss, s->gnorm = s->ps.grad_norm, s->lr = s->ps.lr, s->t_ref = s->ps.t_rollout_passes;
     s->t_reduce = s->t_reduce_min = 0;
     s->t_train = now_sec() - t_train0, s->t_total = now_sec() - s->t_step;
@@ -1218,10 +1145,10 @@ static void log_step(Run *r, const Step *s, int step) {
     if (r->ppo) log_ppo(j, &s->ps);
     else {
         add_num(j, "frac_reward_zero_std", s->rm.frac_reward_zero_std);
-        add_num(j, "kl", s->gm.kl);
-        add_num(j, "clip_ratio/low_mean", s->gm.clip_low_mean);
-        add_num(j, "clip_ratio/high_mean", s->gm.clip_high_mean);
-        add_num(j, "clip_ratio/region_mean", s->gm.clip_region_mean);
+        add_num(j, "kl", s->gs.gm.kl);
+        add_num(j, "clip_ratio/low_mean", s->gs.gm.clip_low_mean);
+        add_num(j, "clip_ratio/high_mean", s->gs.gm.clip_high_mean);
+        add_num(j, "clip_ratio/region_mean", s->gs.gm.clip_region_mean);
     }
     add_num(j, "completions/mean_length", (double)s->gen_tokens / S);  // (S, gen_tokens: all ranks')
     add_num(j, "completions/min_length", s->minlen);
@@ -1229,11 +1156,11 @@ static void log_step(Run *r, const Step *s, int step) {
     add_num(j, "completions/clipped_ratio", (double)s->nclip / S);
     if (r->ppo) add_num(j, "val/num_eos_tokens", S - s->nclip);  // (TRL's: the EOS tokens sampled, one per finished completion)
     if (!r->ppo) {
-        add_num(j, "sampling/sampling_logp_difference/mean", s->gm.sampling_logp_diff_mean);
-        add_num(j, "sampling/sampling_logp_difference/max", s->gm.sampling_logp_diff_max);
-        add_num(j, "sampling/importance_sampling_ratio/min", s->gm.is_ratio_min);
-        add_num(j, "sampling/importance_sampling_ratio/mean", s->gm.is_ratio_mean);
-        add_num(j, "sampling/importance_sampling_ratio/max", s->gm.is_ratio_max);
+        add_num(j, "sampling/sampling_logp_difference/mean", s->gs.gm.sampling_logp_diff_mean);
+        add_num(j, "sampling/sampling_logp_difference/max", s->gs.gm.sampling_logp_diff_max);
+        add_num(j, "sampling/importance_sampling_ratio/min", s->gs.gm.is_ratio_min);
+        add_num(j, "sampling/importance_sampling_ratio/mean", s->gs.gm.is_ratio_mean);
+        add_num(j, "sampling/importance_sampling_ratio/max", s->gs.gm.is_ratio_max);
     }
     add_num(j, "eval/accuracy", r->acc);
     add_num(j, "step_time", s->t_total);
@@ -1267,7 +1194,7 @@ static void log_step(Run *r, const Step *s, int step) {
     fprintf(mf, "%s\n", line);
     fclose(mf);
     free(line);
-    double kl = r->ppo ? s->ps.kl : s->gm.kl;
+    double kl = r->ppo ? s->ps.kl : s->gs.gm.kl;
     hist_add(&r->hist, step, s->rm.func_mean[0], r->acc, kl, (double)s->gen_tokens / S);
     if (!r->o.quiet && (step % r->o.logging_steps == 0 || step == r->o.max_steps)) {
         printf("step %4d/%d | reward %.3f", step, r->o.max_steps, s->rm.reward);
@@ -1295,9 +1222,8 @@ static void checkpoint(const Run *r, int step) {
 
 static void step_end(Step *s) {  // what the next step makes anew
     rollout_free(&s->ro);
-    free(s->ids), free(s->tg), free(s->lp), free(s->dl);
+    free(s->ids), free(s->tg);
     s->ids = s->tg = NULL;
-    s->lp = s->dl = NULL;
 }
 
 // a shell command line, built word by word
@@ -1334,10 +1260,8 @@ static int showcase_problem(Run *r, const char **why) {
     *why = "a held-out problem";
     if (!r->lo || n == 0 || r->task.n_unanswered) return 0;
     double on[SHOWCASE], off[SHOWCASE];
-    evaluate_range(&r->m, &r->task, &r->fmt, 0, n, r->Tc, r->eos, r->neos, on);
-    r->m.lora_on = 0;
-    evaluate_range(&r->m, &r->task, &r->fmt, 0, n, r->Tc, r->eos, r->neos, off);
-    r->m.lora_on = 1;
+    evaluate_range(&r->m, r->lo, &r->task, &r->fmt, 0, n, r->Tc, r->eos, r->neos, on);
+    evaluate_range(&r->m, NULL, &r->task, &r->fmt, 0, n, r->Tc, r->eos, r->neos, off);
     for (int i = 0; i < n; i++)
         if (on[i] == 1 && off[i] != 1) {
             *why = "a held-out problem the adapter answers and the base model alone does not";
@@ -1434,7 +1358,8 @@ static void step_free(const Run *r, Step *s) {
     }
     free(s->prompts), free(s->plens), free(s->ex), free(s->seeds), free(s->rewards), free(s->adv), free(s->mask), free(s->trunc);
     free(s->rewards_all), free(s->adv_all);
-    free(s->samp), free(s->logp), free(s->old), free(s->ref), free(s->dlogp), free(s->score);
+    free(s->samp), free(s->start), free(s->score);
+    grpo_train_free(&s->gt);
 }
 
 static void run_free(Run *r) {
@@ -1477,7 +1402,7 @@ int main(int argc, char **argv) {
         score(&r, &s, step);    // rewards (built-in, reward programs) -> group advantages
         if (r.ppo) update_ppo(&r, &s, step);  // reference, old policy, values; GAE; epochs x (value, policy; AdamW)
         else update(&r, &s, step);  // reference / old logprobs, num_iterations x (forward, backward, AdamW)
-        r.acc = eval_due(&r, step) ? held_out_accuracy(&r) : NAN;  // evaluate
+        r.acc = eval_due(&r, step) ? held_out_accuracy(&r, r.lo) : NAN;  // evaluate
         log_step(&r, &s, step);
         checkpoint(&r, step);
         step_end(&s);

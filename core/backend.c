@@ -32,26 +32,6 @@ long backend_env_rows(const char *name) {
     return n;
 }
 
-const Backend *backend_select(const char *device, int verbose) {
-    backend_env_rows("FP8GRPO_LOGITS_CHUNK_ROWS");
-    backend_env_rows("FP8GRPO_HEAD_GROUP_ROWS");
-    char why[256] = "";
-    const Backend *be = NULL;
-    if (!strcmp(device, "cpu")) be = backend_cpu();
-    else if (!strcmp(device, "cuda")) {
-        be = backend_cuda(why, sizeof why);
-        if (!be) die("--device cuda: %s", why);
-    } else if (!strcmp(device, "auto")) {
-        be = backend_cuda(why, sizeof why);
-        if (!be) {
-            be = backend_cpu();
-            if (verbose) fprintf(stderr, "no usable GPU (%s): running on the CPU reference backend (slow; tiny models only)\n", why);
-        }
-    } else die("unknown --device '%s': use auto, cpu or cuda", device);
-    if (verbose) fprintf(stderr, "backend: %s\n", be->device_desc);
-    return be;
-}
-
 void linear_q_check(const FP8Tensor *xq, const QWeight *w, int N) {
     if (w->train || xq->gran != w->gran || (w->gran != FP8_ROW && w->gran != FP8_BLOCK) || xq->rows != N ||
         xq->cols != w->cols)

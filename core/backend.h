@@ -7,12 +7,16 @@
 //                   (fp32) and "cpu64" (fp64, for finite-difference gradient checks)
 //   backend_cuda.cu the CUDA backend (bf16 activations, fp8 GEMMs), with its kernels in
 //                   ops_cuda.cu, attention.cu, attention_decode.cu, sample.cu and fp8.cu
-// The CUDA backend implements every op. The CPU backends leave eleven NULL: the eight FP8-training
-// ops (fp8_train_*: FP8 training runs on the GPU; model_fp8_train stops with one line on the CPU) and
-// three fusions, swiglu_backward_q, glu_forward_q and logprobs_fused, where model.c calls the ops
-// they fuse instead. model.c calls every other op the same way on either.
+// Ops a backend may leave NULL, and what then happens:
+//   - the CPU backends: the eight FP8-training ops (fp8_train_*: FP8 training runs on the GPU;
+//     model_fp8_train stops with one line on the CPU) and three fusions, swiglu_backward_q,
+//     glu_forward_q and logprobs_fused, where model.c calls the ops they fuse instead;
+//   - either backend: the four mixture-of-experts ops (moe_route, moe_route_backward,
+//     moe_experts_forward, moe_experts_backward; both have them: cpu/, cuda/moe.cu): a backend without
+//     them gets a Qwen3 MoE checkpoint refused by model_load in one line naming --device cpu.
+// Every other op is in both, and model.c calls it the same way on either.
 // The program picks the GPU when a usable one is present and the CPU otherwise
-// (backend_select, --device overrides). Nothing above this header knows which.
+// (backend_select in io/options.c, --device overrides). Nothing above this header knows which.
 //
 // Memory: every pointer an op takes is backend memory (host memory for the CPU
 // backends, device memory for CUDA) unless its name ends in _host. Element types:
@@ -34,7 +38,7 @@
 
 #include "fp8.h"
 #include "core/common.h"
-#include "train/fp8_recipe.h"
+#include "core/fp8_recipe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -372,13 +376,10 @@ const Backend *backend_cpu(void);    // fp32
 const Backend *backend_cpu64(void);  // fp64 (tests)
 // the CUDA backend, or NULL with a one-line reason in why (no GPU, no driver, not built with nvcc)
 const Backend *backend_cuda(char *why, size_t why_cap);
-// "auto" (GPU when usable, else CPU), "cpu", "cuda"; prints the choice; dies on a bad name or
-// when "cuda" is asked for and unusable
-const Backend *backend_select(const char *device, int verbose);
 // The tuning knobs of the environment (FP8GRPO_LOGITS_CHUNK_ROWS, FP8GRPO_HEAD_GROUP_ROWS: how many
 // rows the CUDA backend's LM head takes at a time; the tests set them small to cover several chunks):
 // the value of the variable name, or 0 when it is unset; anything but a whole number of rows in
-// [1, 2^24] dies in one line. backend_select checks every knob, on any device, so that a typo is said
+// [1, 2^24] dies in one line. backend_select (io/options.h) checks every knob, on any device, so that a typo is said
 // at the start of a run and not ignored.
 long backend_env_rows(const char *name);
 

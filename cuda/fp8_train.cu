@@ -40,7 +40,7 @@
 
 #include "cuda/backend_cuda.cuh"
 #include "cuda/fp8_cuda.h"
-#include "train/fp8_recipe.h"
+#include "core/fp8_recipe.h"
 
 enum { T_X = 0, T_W, T_DY };  // a linear's three scaled tensors
 

@@ -25,6 +25,7 @@
 #include "shapes.h"
 #include "dist/data_parallel.h"
 #include "train/full_finetune.h"
+#include "io/options.h"  // backend_select
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -56,7 +57,7 @@ static void grpo_step(Dist *d, Model *m, LoRA *lo, const Args *a, int **prompts,
     // no EOS: every completion runs to --new tokens, so every rank has the same work
     RolloutConfig rc = {a->group, a->nnew, 1.0f, 1.0f, 0, NULL, 0, 16, 1};
     Rollout ro;
-    rollout_run(m, &rc, P, (const int *const *)prompts, plens, seeds, &ro);
+    rollout_run(m, lo, &rc, P, (const int *const *)prompts, plens, seeds, &ro);
     be->sync();
     double t1 = now_sec();
     int *ids = (int *)mallocCheck((size_t)S * T * sizeof(int)), *tg = (int *)mallocCheck((size_t)S * T * sizeof(int));
@@ -69,10 +70,10 @@ static void grpo_step(Dist *d, Model *m, LoRA *lo, const Args *a, int **prompts,
     lora_zero_grads(lo);
     for (int b0 = 0; b0 < S; b0 += a->micro) {
         int nb = S - b0 < a->micro ? S - b0 : a->micro;
-        model_forward(m, ids + (size_t)b0 * T, nb, T);
+        model_forward(m, lo, ids + (size_t)b0 * T, nb, T);
         model_logprobs(m, tg + (size_t)b0 * T, 1.0f, lp);
         for (int i = 0; i < nb * T; i++) dl[i] = tg[(size_t)b0 * T + i] < 0 ? 0 : -1.0 / ((double)S * a->nnew * dist_world(d));
-        model_backward(m, dl);
+        model_backward(m, lo, dl);
     }
     be->sync();
     double t2 = now_sec();
@@ -94,9 +95,9 @@ static void full_one(Dist *d, Model *m, FullTrainer *ft, const Args *a, const in
     const Backend *be = m->be;
     dist_barrier(d);
     double t0 = now_sec();
-    model_forward(m, ids, a->batch, a->seq);
+    model_forward(m, NULL, ids, a->batch, a->seq);
     model_logprobs(m, tg, 1.0f, lp);
-    model_backward(m, dl);
+    model_backward(m, NULL, dl);
     be->sync();
     double t1 = now_sec();
     full_step(ft, m, 1e-5f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0);
@@ -146,7 +147,7 @@ int main(int argc, char **argv) {
     double tokens_step;  // this rank's tokens a step
     if (grpo) {
         LoRA *lo = lora_create(&m, 16, 32.0f, (1u << LIN_COUNT) - 1, 7, 0);
-        m.lora = lo, m.lora_on = 1;
+        m.lora = lo;
         dist_broadcast(d, be, lo->params, lo->n * dtype_size(lo->sdt), 0);  // as train_grpo's begin
         int P = a.batch / a.group;
         Rng r = rng_make(11 + rank);  // each rank its own prompts

@@ -27,6 +27,7 @@
 #include "shapes.h"  // llama32_shape
 #include "cuda/fp8_cuda.h"
 #include "train/full_finetune.h"
+#include "io/options.h"  // backend_select
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -43,9 +44,9 @@ static int profile;
 
 // one step: forward, logprobs, backward, optimizer
 static void one_step(Model *m, FullTrainer *ft, const int *ids, const int *tg, const double *dl, double *logp, int B, int T) {
-    model_forward(m, ids, B, T);
+    model_forward(m, NULL, ids, B, T);
     model_logprobs_grad(m, tg, 1.0f, dl, logp);  // the next-token loss: dL/dlogp known ahead
-    model_backward(m, NULL);
+    model_backward(m, NULL, NULL);
     full_step(ft, m, 1e-5f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0);
     model_zero_grads(m);
 }

@@ -45,6 +45,7 @@
 #include "shapes.h"
 #include "train/memory_fit.h"
 #include "train/reward_model.h"
+#include "io/options.h"  // backend_select
 
 static double gib(size_t b) { return b / 1073741824.0; }
 static size_t gpu_used(void) {
@@ -127,7 +128,6 @@ static void run(Args *a) {
     m.kv_fp8 = a->kv_fp8;
     LoRA *lo = lora_create(&m, a->rank, 2.0f * a->rank, (1u << LIN_COUNT) - 1, 7, a->lora_bf16);
     m.lora = lo;
-    m.lora_on = 1;
     size_t lora_state = lora_state_bytes(lo);
     be->sync();
     size_t held = sample(), reserve = (size_t)(a->reserve_gib * 1073741824.0);
@@ -158,7 +158,7 @@ static void run(Args *a) {
     RolloutConfig rc = {G, a->nnew, 1.0f, 1.0f, 0, NULL, 0, 16, 1};
     Rollout ro;
     double t1 = now_sec();
-    rollout_run(&m, &rc, P, (const int *const *)prompts, plens, seeds, &ro);
+    rollout_run(&m, lo, &rc, P, (const int *const *)prompts, plens, seeds, &ro);
     be->sync();
     double t_roll = now_sec() - t1;
     size_t after_roll = sample();
@@ -203,13 +203,13 @@ static void run(Args *a) {
     lora_zero_grads(lo);
     for (int b0 = 0; b0 < S; b0 += fc.mb) {
         int nb = S - b0 < fc.mb ? S - b0 : fc.mb;
-        model_forward(&m, ids + (size_t)b0 * T, nb, T);
+        model_forward(&m, lo, ids + (size_t)b0 * T, nb, T);
         model_logprobs(&m, tg + (size_t)b0 * T, 1.0f, lp);
         for (size_t i = 0; i < (size_t)nb * T; i++) {
             dl[i] = tg[(size_t)b0 * T + i] < 0 ? 0 : ((i & 1) ? 1.0 : -1.0) / ((double)S * a->nnew);
             mean_lp += lp[i] / ((double)S * a->nnew);
         }
-        model_backward(&m, dl);
+        model_backward(&m, lo, dl);
         sample();
     }
     lora_adamw_step(lo, 1e-5f, 0.9f, 0.999f, 1e-8f, 0.0f);

@@ -29,6 +29,7 @@
 #include "cuda/attention_cuda.h"
 #include "cuda/fp8_cuda.h"
 #include "io/safetensors.h"
+#include "io/options.h"  // backend_select
 
 
 static double gib(size_t b) { return b / 1073741824.0; }
@@ -77,7 +78,6 @@ static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nne
     if (rank > 0) {
         lo = lora_create(&m, rank, (float)rank, (1u << LIN_COUNT) - 1, 7, 0);
         m.lora = lo;
-        m.lora_on = 1;
     }
     int P = S / G;
     Rng r = rng_make(11);
@@ -94,15 +94,15 @@ static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nne
     // warm-up (kernel selection, cuBLASLt heuristics, allocations), then the measured run
     RolloutConfig warm = rc;
     warm.max_new = 8;
-    rollout_run(&m, &warm, P, (const int *const *)prompts, plens, seeds, &ro);
+    rollout_run(&m, lo, &warm, P, (const int *const *)prompts, plens, seeds, &ro);
     rollout_free(&ro);
     m.no_graphs = !graphs;
-    rollout_run(&m, &rc, P, (const int *const *)prompts, plens, seeds, &ro);
+    rollout_run(&m, lo, &rc, P, (const int *const *)prompts, plens, seeds, &ro);
     Row row = {fp8_gran_name(gran), S, G, graphs, -1, 0, 0, 0, 0, 0, 0, 0, 0};
     if (graphs) {  // the same rollout without graphs must give the same tokens (fixed batch: same GEMM shapes)
         Rollout ref;
         m.no_graphs = 1;
-        rollout_run(&m, &rc, P, (const int *const *)prompts, plens, seeds, &ref);
+        rollout_run(&m, lo, &rc, P, (const int *const *)prompts, plens, seeds, &ref);
         m.no_graphs = 0;
         row.same_as_no_graphs = memcmp(ro.ids, ref.ids, (size_t)S * nnew * sizeof(int)) == 0;
         rollout_free(&ref);
@@ -113,7 +113,7 @@ static Row run(const char *size, FP8Gran gran, int S, int G, int prompt, int nne
         m.be = &W;
         if (lo) lo->be = &W;
         Rollout pr;
-        rollout_run(&m, &rc, P, (const int *const *)prompts, plens, seeds, &pr);
+        rollout_run(&m, lo, &rc, P, (const int *const *)prompts, plens, seeds, &pr);
         m.be = be;
         if (lo) lo->be = be;
         char title[160];
@@ -182,7 +182,7 @@ static void startup(const char *size, const char *dir) {
     uint64_t seed = 1;
     RolloutConfig rc = {1, 1, 1.0f, 1.0f, 0, NULL, 0, 16, 1};
     Rollout ro;
-    rollout_run(&m, &rc, 1, &pp, &plen, &seed, &ro);
+    rollout_run(&m, NULL, &rc, 1, &pp, &plen, &seed, &ro);
     double t_first = now_sec() - t0;
     fflush(stdout);
     printf("\nstart to first rollout token, %s from %s (bf16 safetensors -> FP8 block on load):\n", size, dir);

@@ -37,6 +37,7 @@
 #include "cuda/attention_cuda.h"
 #include "cuda/fp8_cuda.h"
 #include "shapes.h"
+#include "io/options.h"  // backend_select
 
 
 static size_t gpu_used(void) {
@@ -88,7 +89,7 @@ static double *lp_reference(const char *size, const int *ids, const int *tg, int
     model_init_random(&m, &cfg, cpu, &opt, SEED);
     double t1 = now_sec();
     double *ref = (double *)mallocCheck((size_t)B * T * sizeof(double));
-    model_forward(&m, ids, B, T);
+    model_forward(&m, NULL, ids, B, T);
     model_logprobs(&m, tg, 1.0f, ref);
     double t2 = now_sec();
     model_free(&m);
@@ -117,9 +118,9 @@ static void lp_compare(Result *res, const double *logp) {
 }
 
 static void one_step(Model *m, LoRA *lo, const int *ids, const int *tg, const double *dl, double *logp, int B, int T) {
-    model_forward(m, ids, B, T);
+    model_forward(m, lo, ids, B, T);
     model_logprobs(m, tg, 1.0f, logp);
-    model_backward(m, dl);
+    model_backward(m, lo, dl);
     lora_adamw_step(lo, 1e-5f, 0.9f, 0.999f, 1e-8f, 0.0f);
     lora_zero_grads(lo);
 }
@@ -142,7 +143,6 @@ static Result run(const char *size, FP8Gran gran, int B, int T, int steps, int w
     LoRA *lo = lora_create(&m, rank, (float)rank, (1u << LIN_COUNT) - 1, 99, 0);
     m.recompute = recompute;
     m.lora = lo;
-    m.lora_on = 1;
     int N = B * T;
     int *ids = (int *)mallocCheck(N * sizeof(int)), *tg = (int *)mallocCheck(N * sizeof(int));
     double *dl = (double *)mallocCheck(N * sizeof(double)), *logp = (double *)mallocCheck(N * sizeof(double));
@@ -216,10 +216,8 @@ static Result run(const char *size, FP8Gran gran, int B, int T, int steps, int w
     }
     if (lpe.on) {  // after the timed steps and the memory reading; the base model, its adapter skipped
         double *lp = (double *)mallocCheck((size_t)lpe.B * lpe.T * sizeof(double));
-        m.lora_on = 0;
-        model_forward(&m, lpe.ids, lpe.B, lpe.T);
+        model_forward(&m, NULL, lpe.ids, lpe.B, lpe.T);
         model_logprobs(&m, lpe.tg, 1.0f, lp);
-        m.lora_on = 1;
         lp_compare(&res, lp);
         fprintf(stderr, "  logprob error vs fp32: mean %.3e, max %.3e, rel L2 %.3e\n", res.lp_mean, res.lp_max, res.lp_rel);
         free(lp);

@@ -1,6 +1,6 @@
 // options.h: the one command-line parser of ./train_grpo and ./generate, and their --help.
 // Defines Option (a row of a program's option table), OptionTable, options_parse,
-// options_given and options_help (options.c).
+// options_given and options_help (options.c), and backend_select (--device's backend).
 //
 // A program describes every option in one table: the name (TRL's, in underscore form),
 // the kind, where the value is stored, its range or choices, its default as --help shows
@@ -24,6 +24,7 @@
 #include <stdio.h>
 
 #include "grpo.h"
+#include "core/backend.h"
 #include "core/common.h"
 
 typedef enum {
@@ -76,5 +77,10 @@ void options_parse(OptionTable *t, int argc, char **argv);
 int options_given(const OptionTable *t, const char *name);
 // every option with its default and meaning, by section
 void options_help(const OptionTable *t, FILE *f);
+
+// --device's backend: "auto" (the GPU when usable, else the CPU), "cpu", "cuda"; prints the choice;
+// dies on a bad name or when "cuda" is asked for and unusable. Checks the environment's tuning knobs
+// first (core/backend.h backend_env_rows)
+const Backend *backend_select(const char *device, int verbose);
 
 #endif  // OPTIONS_H

@@ -14,7 +14,7 @@
 // Run on a GPU: make test-gpu (CK_FORK=no).
 #include "gpu_util.cuh"
 
-#include "train/fp8_recipe.h"
+#include "core/fp8_recipe.h"
 
 static void *dev_bytes(const void *h, size_t n) {
     void *d = G->alloc(n);

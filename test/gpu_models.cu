@@ -58,7 +58,7 @@ static void load_fixture(Model *m, char *dir, size_t cap, const char *arch, cons
 
 // prefill two right-padded prompts of the fixture's rows (3 and 7 tokens), then 10 decode steps each: the
 // logits of all 11 steps (*n floats)
-static float *prefill_decode(Model *m, const Backend *be, const int *ids, int T, size_t *n) {
+static float *prefill_decode(Model *m, LoRA *lo, const Backend *be, const int *ids, int T, size_t *n) {
     int V = m->cfg.V, BS = 8, MB = 3, lens[2] = {3, 7}, table[6] = {0, 2, 4, 1, 3, 5}, pids[14], slots[14], steps = 10;
     for (int s = 0; s < 2; s++)
         for (int t = 0; t < 7; t++) {
@@ -70,7 +70,7 @@ static float *prefill_decode(Model *m, const Backend *be, const int *ids, int T,
     *n = (size_t)(steps + 1) * 2 * V;
     float *dec = fmalloc(*n);
     void *z = be->alloc(2 * V * 4);
-    model_prefill(m, &kv, pids, lens, slots, 2, 7, z);
+    model_prefill(m, lo, &kv, pids, lens, slots, 2, 7, z);
     be->download(dec, z, 2 * V * 4);
     int pos[2] = {3, 7};
     for (int step = 0; step < steps; step++) {
@@ -79,7 +79,7 @@ static float *prefill_decode(Model *m, const Backend *be, const int *ids, int T,
             tok[s] = ids[s * T + pos[s]];
             sl[s] = table[s * MB + pos[s] / BS] * BS + pos[s] % BS;
         }
-        model_decode(m, &kv, tok, pos, sl, table, 2, MB, z);
+        model_decode(m, lo, &kv, tok, pos, sl, table, 2, MB, z);
         be->download(dec + (size_t)(step + 1) * 2 * V, z, 2 * V * 4);
         pos[0]++;
         pos[1]++;
@@ -102,10 +102,10 @@ static void model_run(ModelRun *r, const char *arch, const Backend *be, FP8Gran 
     memset(r, 0, sizeof *r);
     r->nlogits = (size_t)B * T * V;
     r->logits = fmalloc(r->nlogits);
-    model_forward(&m, ids, B, T);
+    model_forward(&m, NULL, ids, B, T);
     model_logits(&m, r->logits);
 
-    r->dec = prefill_decode(&m, be, ids, T, &r->ndec);
+    r->dec = prefill_decode(&m, NULL, be, ids, T, &r->ndec);
 
     // LoRA on all projections with random A and B (the same on every backend); logprobs of the
     // next token (some rows -1) at temperature 0.8; backward of sum dlogp * logp
@@ -114,10 +114,8 @@ static void model_run(ModelRun *r, const char *arch, const Backend *be, FP8Gran 
     double *par = (double *)mallocCheck(lo->n * sizeof(double));
     for (size_t i = 0; i < lo->n; i++) par[i] = 0.1 * rng_normal(&pr);
     be->upload_convert(lo->params, be->hp, par, DT_F64, lo->n);
-    m.lora = lo;
-    m.lora_on = 1;
     lora_sync_act(lo);  // prefill and decode with the adapter: its products in the decode step's kernels
-    r->dec_lora = prefill_decode(&m, be, ids, T, &r->ndec);
+    r->dec_lora = prefill_decode(&m, lo, be, ids, T, &r->ndec);
     lora_release_act(lo);
     r->nlp = B * T;
     r->tg = (int *)mallocCheck(B * T * sizeof(int));
@@ -127,14 +125,13 @@ static void model_run(ModelRun *r, const char *arch, const Backend *be, FP8Gran 
         r->tg[i] = (i % T == T - 1 || i % 9 == 4) ? -1 : ids[i + 1];
         dl[i] = r->tg[i] < 0 ? 0 : rng_normal(&pr);
     }
-    model_forward(&m, ids, B, T);
+    model_forward(&m, lo, ids, B, T);
     model_logprobs(&m, r->tg, 1.0f / 0.8f, r->lp);
     lora_zero_grads(lo);
-    model_backward(&m, dl);
+    model_backward(&m, lo, dl);
     r->ngrads = lo->n;
     r->grads = fmalloc(lo->n);
     be->download(r->grads, lo->grads, lo->n * 4);
-    m.lora = NULL;
     lora_free(lo);
     free(par);
     free(dl);
@@ -334,9 +331,8 @@ static void grpo_step(GrpoStep *r, const Backend *be, FP8Gran gran, const double
     be->upload_convert(lo->params, be->hp, par, DT_F64, lo->n);
     free(par);
     m.lora = lo;
-    m.lora_on = 1;
     double lp[GS_B * GS_T], dl[GS_B * GS_T];
-    model_forward(&m, ids, GS_B, GS_T);
+    model_forward(&m, lo, ids, GS_B, GS_T);
     model_logprobs(&m, tg, 1.0f, lp);
     for (int b = 0; b < GS_B; b++)
         for (int j = 0; j < GS_TC; j++) r->lp[b * GS_TC + j] = mask[b * GS_TC + j] ? lp[b * GS_T + GS_P - 1 + j] : 0;
@@ -355,7 +351,7 @@ static void grpo_step(GrpoStep *r, const Backend *be, FP8Gran gran, const double
     for (int b = 0; b < GS_B; b++)
         for (int j = 0; j < GS_TC; j++) dl[b * GS_T + GS_P - 1 + j] = r->dlogp[b * GS_TC + j];
     lora_zero_grads(lo);
-    model_backward(&m, dl);
+    model_backward(&m, lo, dl);
     r->gnorm = lora_grad_norm(lo);
     r->n = lo->n;
     r->grads = fmalloc(lo->n);
@@ -452,7 +448,6 @@ static void value_run(ValueRun *r, const Backend *be) {
     npy_free(&tk);
     LoRA *lo = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 7, 0);
     m.lora = lo;
-    m.lora_on = 1;
     ValueModel v;
     value_init(&v, &m, lo, 9);
     Rng pr = rng_make(78);  // the value adapter and the head away from zero, the same on both backends
@@ -589,10 +584,10 @@ static void full_run(FullRun *r, const char *arch, const Backend *be) {
     r->n = ft.n;
     r->grads = fmalloc(ft.n), r->before = fmalloc(ft.n), r->after = fmalloc(ft.n);
     be->download(r->before, ft.master, ft.n * 4);
-    model_forward(&m, ids, B, T);
+    model_forward(&m, NULL, ids, B, T);
     model_logprobs(&m, tg, 1.0f, lp);
     model_zero_grads(&m);
-    model_backward(&m, dl);
+    model_backward(&m, NULL, dl);
     be->download(r->grads, m.grads, ft.n * 4);
     full_step(&ft, &m, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.0);
     be->download(r->after, ft.master, ft.n * 4);
@@ -715,10 +710,10 @@ START_TEST(test_fp8_kept_inputs) {
                 for (int i = 0; i < N; i++) ids[i] = rng_int(&rg, c.V);
                 for (int i = 0; i < N; i++) tg[i] = i % T == T - 1 ? -1 : ids[i + 1], dl[i] = tg[i] < 0 ? 0 : -1.0 / N;
                 for (int k = 0; k < 4; k++) {
-                    model_forward(&m[k], ids, B, T);
+                    model_forward(&m[k], NULL, ids, B, T);
                     model_logprobs(&m[k], tg, 1.0f, lp[k]);
                     model_zero_grads(&m[k]);
-                    model_backward(&m[k], dl);
+                    model_backward(&m[k], NULL, dl);
                     G->download(g[k], m[k].grads, n * 4);
                     full_step(&ft[k], &m[k], 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0);
                     G->download(w[k], ft[k].master, n * 4);

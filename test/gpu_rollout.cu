@@ -65,7 +65,7 @@ static float *tf_logits(Model *m, const int *prompt, int plen, const int *comp, 
     memcpy(ids, prompt, plen * sizeof(int));
     memcpy(ids + plen, comp, (n - 1) * sizeof(int));
     float *all = (float *)mallocCheck((size_t)T * V * sizeof(float)), *z = (float *)mallocCheck((size_t)n * V * sizeof(float));
-    model_forward(m, ids, 1, T);
+    model_forward(m, NULL, ids, 1, T);
     model_logits(m, all);
     memcpy(z, all + (size_t)(plen - 1) * V, (size_t)n * V * sizeof(float));
     free(ids);
@@ -112,8 +112,8 @@ START_TEST(test_greedy_cpu_vs_gpu) {
             uint64_t seeds[NP1] = {1, 2, 3};  // greedy draws nothing
             RolloutConfig rc = {1, NEW1, 0.0f, 1.0f, 0, NULL, 0, 16, 1};
             Rollout rcpu, rgpu;
-            rollout_run(&mc, &rc, NP1, prompts, PLEN1, seeds, &rcpu);
-            rollout_run(&mg, &rc, NP1, prompts, PLEN1, seeds, &rgpu);
+            rollout_run(&mc, NULL, &rc, NP1, prompts, PLEN1, seeds, &rcpu);
+            rollout_run(&mg, NULL, &rc, NP1, prompts, PLEN1, seeds, &rgpu);
             double num = 0, den = 0, qnum = 0, qden = 0, lperr = 0, lpmax = 0;
             long m_here = 0;
             for (int p = 0; p < NP1; p++) {
@@ -283,16 +283,16 @@ START_TEST(test_prefix_sharing_gpu) {
             // another cache than it was captured with shows up as a divergence at the first decode
             // step (token 1) of every completion.
             rc.share_prefix = 0;
-            rollout_run(&mg, &rc, NP2, prompts, PLEN2, seeds, &nosh);
+            rollout_run(&mg, NULL, &rc, NP2, prompts, PLEN2, seeds, &nosh);
             rc.share_prefix = 1;
-            rollout_run(&mg, &rc, NP2, prompts, PLEN2, seeds, &sh);
+            rollout_run(&mg, NULL, &rc, NP2, prompts, PLEN2, seeds, &sh);
             mg.no_graphs = 1;
-            rollout_run(&mg, &rc, NP2, prompts, PLEN2, seeds, &nog);
+            rollout_run(&mg, NULL, &rc, NP2, prompts, PLEN2, seeds, &nog);
             mg.no_graphs = 0;
             // the same rollout again, after others with other buffers and sizes: the same kernels on
             // the same shapes must repeat bit for bit
-            rollout_run(&mg, &rc, NP2, prompts, PLEN2, seeds, &sh2);
-            rollout_run(&mc, &rc, NP2, prompts, PLEN2, seeds, &cpu);
+            rollout_run(&mg, NULL, &rc, NP2, prompts, PLEN2, seeds, &sh2);
+            rollout_run(&mc, NULL, &rc, NP2, prompts, PLEN2, seeds, &cpu);
             // sampling happened (the G completions of a prompt are not all alike), sharing held fewer blocks
             for (int p = 0; p < NP2; p++) {
                 int differ = 0;
@@ -313,7 +313,7 @@ START_TEST(test_prefix_sharing_gpu) {
             // group prefills one at a time); the later prompts wait for blocks and are prefilled alone
             Rollout cb;
             model_arena_init(&mg, kvcache_bytes(&mg, 15, 16) + model_acts_bytes(&mg, 1, 37, ACTS_FORWARD_ONLY));
-            rollout_run(&mg, &rc, NP2, prompts, PLEN2, seeds, &cb);
+            rollout_run(&mg, NULL, &rc, NP2, prompts, PLEN2, seeds, &cb);
             ck_assert_msg(cb.admissions == NP2 - 1, "%d later admissions, expected %d", cb.admissions, NP2 - 1);
             cmp_runs("continuous batching", &mg, &mc, &sh, &cb, prompts, seeds, rc.temperature, 0.75);
             Rollout *all[6] = {&sh, &nosh, &sh2, &nog, &cpu, &cb};
@@ -448,13 +448,12 @@ START_TEST(test_arena_handover_gpu) {
         load(&b, "qwen3", GPU, GRANS[gi]);
         model_arena_init(&a, (size_t)256 << 20);
         LoRA *la = lora_create(&a, 4, 8.0f, (1u << LIN_COUNT) - 1, 5, 0), *lb = lora_create(&b, 4, 8.0f, (1u << LIN_COUNT) - 1, 5, 0);
-        a.lora = la, a.lora_on = 1, b.lora = lb, b.lora_on = 1;
         int *pool = token_pool("qwen3"), plens[2] = {7, 13};
         const int *prompts[2] = {pool, pool + 20};
         uint64_t seeds[6] = {1, 2, 3, 4, 5, 6}, seeds2[6] = {11, 12, 13, 14, 15, 16};
         RolloutConfig rc = {3, 12, 1.0f, 1.0f, 0, NULL, 0, 16, 1};
         Rollout r1, r2, rb;
-        rollout_run(&a, &rc, 2, prompts, plens, seeds, &r1);
+        rollout_run(&a, la, &rc, 2, prompts, plens, seeds, &r1);
         int B = 6, T = 25, ids[150], tg[150];
         double dl[150], lp[150];
         for (int i = 0; i < B * T; i++) {
@@ -462,15 +461,15 @@ START_TEST(test_arena_handover_gpu) {
             tg[i] = i % T == T - 1 ? -1 : pool[(i * 7 + 7) % 48];
             dl[i] = tg[i] < 0 ? 0 : ((i % 3) - 1) * 0.1;
         }
-        model_forward(&a, ids, B, T);
+        model_forward(&a, la, ids, B, T);
         ck_assert_ptr_eq(a.acts.mem, a.arena.mem);
         ck_assert_msg(a.arena.peak_acts + a.arena.peak_kv > a.arena.bytes, "KV and activations do not share bytes");
         model_logprobs(&a, tg, 1.0f, lp);
-        model_backward(&a, dl);
+        model_backward(&a, la, dl);
         lora_adamw_step(la, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f);
-        rollout_run(&a, &rc, 2, prompts, plens, seeds2, &r2);
+        rollout_run(&a, la, &rc, 2, prompts, plens, seeds2, &r2);
         GPU->copy(lb->params, la->params, la->n * sizeof(float));
-        rollout_run(&b, &rc, 2, prompts, plens, seeds2, &rb);
+        rollout_run(&b, lb, &rc, 2, prompts, plens, seeds2, &rb);
         for (int s = 0; s < 6; s++) {
             ck_assert_int_eq(r2.len[s], rb.len[s]);
             for (int t = 0; t < r2.len[s]; t++) {
@@ -482,7 +481,6 @@ START_TEST(test_arena_handover_gpu) {
                "= a fresh model's, bit for bit\n", fp8_gran_name(GRANS[gi]), a.arena.bytes / 1048576.0,
                a.arena.peak_kv / 1048576.0, a.arena.peak_acts / 1048576.0);
         rollout_free(&r1), rollout_free(&r2), rollout_free(&rb);
-        a.lora = b.lora = NULL;
         lora_free(la), lora_free(lb);
         free(pool);
         model_free(&a), model_free(&b);

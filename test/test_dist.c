@@ -28,7 +28,7 @@
 #include "dist/data_parallel.h"
 #include "dist/dist.h"
 #include "io/safetensors.h"
-#include "train/fp8_recipe.h"
+#include "core/fp8_recipe.h"
 
 // ----------------------------------------------------------------------------
 // env: a table in place of the process environment

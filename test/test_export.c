@@ -196,17 +196,14 @@ static float *logits_of(const char *dir, FP8Gran gran, const char *lora_dir, Mod
     Model m;
     ModelOptions o = {gran, 0, 0, 0, 0};
     model_load(&m, dir, backend_cpu(), &o);
-    if (lora_dir) {
-        m.lora = lora_load_peft(&m, lora_dir);
-        m.lora_on = 1;
-    }
+    if (lora_dir) m.lora = lora_load_peft(&m, lora_dir);
     char p[1024];
     fixture_path(p, sizeof p, "qwen3/tokens.npy");
     Npy tk = npy_read(p);
     int B = (int)tk.shape[0], T = (int)tk.shape[1];
     int *ids = (int *)mallocCheck(B * T * sizeof(int));
     for (int i = 0; i < B * T; i++) ids[i] = (int)tk.data[i] % m.cfg.V;
-    model_forward(&m, ids, B, T);
+    model_forward(&m, m.lora, ids, B, T);
     float *lg = (float *)mallocCheck((size_t)B * T * m.cfg.V * sizeof(float));
     model_logits(&m, lg);
     free(ids);

@@ -1,4 +1,4 @@
-// test/test_fp8_recipe.c: the FP8 training recipe's CPU reference (train/fp8_recipe.h): delayed
+// test/test_fp8_recipe.c: the FP8 training recipe's CPU reference (core/fp8_recipe.h): delayed
 // scaling step by step against an independent NumPy reimplementation of Transformer Engine's
 // amax_and_scale_update (fixtures: dev/make_recipe_fixtures.py), and the three FP8 products of a
 // trained linear layer against each other (adjoints). The GPU's recipe: test/gpu_fp8_train.cu.
@@ -7,7 +7,7 @@
 
 #include "fp8.h"
 #include "testutil.h"
-#include "train/fp8_recipe.h"
+#include "core/fp8_recipe.h"
 
 // Delayed scaling against Transformer Engine's semantics.
 // Each case of test/fixtures/recipe (dev/make_recipe_fixtures.py: an independent NumPy

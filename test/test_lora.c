@@ -24,7 +24,7 @@ static void load_arch(Model *m, const Backend *be, const char *arch) {
 }
 static void load_qwen3(Model *m, const Backend *be) { load_arch(m, be, "qwen3"); }
 
-static double logits_err_of(Model *m, const char *tokens_rel, const char *ref_rel, double *max_ref) {
+static double logits_err_of(Model *m, LoRA *lo, const char *tokens_rel, const char *ref_rel, double *max_ref) {
     char p[1024];
     fixture_path(p, sizeof p, tokens_rel);
     Npy tk = npy_read(p);
@@ -33,7 +33,7 @@ static double logits_err_of(Model *m, const char *tokens_rel, const char *ref_re
     int B = (int)tk.shape[0], T = (int)tk.shape[1], V = m->cfg.V;
     int *ids = (int *)mallocCheck(B * T * sizeof(int));
     for (int i = 0; i < B * T; i++) ids[i] = (int)tk.data[i];
-    model_forward(m, ids, B, T);
+    model_forward(m, lo, ids, B, T);
     float *lg = (float *)mallocCheck((size_t)B * T * V * sizeof(float));
     model_logits(m, lg);
     double err = 0;
@@ -45,8 +45,8 @@ static double logits_err_of(Model *m, const char *tokens_rel, const char *ref_re
     npy_free(&ref);
     return err;
 }
-static double logits_err(Model *m, const char *ref_rel, double *max_ref) {
-    return logits_err_of(m, "qwen3/tokens.npy", ref_rel, max_ref);
+static double logits_err(Model *m, LoRA *lo, const char *ref_rel, double *max_ref) {
+    return logits_err_of(m, lo, "qwen3/tokens.npy", ref_rel, max_ref);
 }
 
 // an adapter saved by peft, applied by lora.c, gives transformers+peft's logits on the fixture's own
@@ -63,20 +63,16 @@ START_TEST(test_peft_adapter_logits) {
         ck_assert_int_eq(lo->r, 4);
         ck_assert(fabsf(lo->scale - 2.0f) < 1e-7f);
         ck_assert_uint_eq(lo->targets, (1u << LIN_COUNT) - 1);
-        m.lora = lo;
-        m.lora_on = 1;
         snprintf(tokens, sizeof tokens, "%s/tokens.npy", archs[k]);
         if (k == 0) snprintf(ref, sizeof ref, "peft/lora_logits.npy");
         else snprintf(ref, sizeof ref, "peft/%s_lora_logits.npy", archs[k]);
-        double mx, err = logits_err_of(&m, tokens, ref, &mx);
+        double mx, err = logits_err_of(&m, lo, tokens, ref, &mx);
         printf("%s peft adapter: max |logit - transformers+peft| %.3g (max |logit| %.3g)\n", archs[k], err, mx);
         ck_assert_msg(err <= 1e-4 * mx, "%s: max |diff| %g", archs[k], err);
-        m.lora_on = 0;
         snprintf(base, sizeof base, "%s/logits.npy", archs[k]);
-        err = logits_err_of(&m, tokens, base, &mx);
+        err = logits_err_of(&m, NULL, tokens, base, &mx);
         ck_assert_msg(err <= 1e-4 * mx, "%s, LoRA off: max |diff| %g", archs[k], err);
         lora_free(lo);
-        m.lora = NULL;
         model_free(&m);
     }
 }
@@ -91,13 +87,10 @@ START_TEST(test_peft_adapter_moe) {
     fixture_path(p, sizeof p, "peft/qwen3_moe_lora");
     LoRA *lo = lora_load_peft(&m, p);
     ck_assert_uint_eq(lo->targets, (1u << LIN_Q) | (1u << LIN_K) | (1u << LIN_V) | (1u << LIN_O));
-    m.lora = lo;
-    m.lora_on = 1;
-    double mx, err = logits_err_of(&m, "qwen3_moe/tokens.npy", "peft/qwen3_moe_lora_logits.npy", &mx);
+    double mx, err = logits_err_of(&m, lo, "qwen3_moe/tokens.npy", "peft/qwen3_moe_lora_logits.npy", &mx);
     printf("qwen3_moe peft adapter: max |logit - transformers+peft| %.3g (max |logit| %.3g)\n", err, mx);
     ck_assert_msg(err <= 1e-5, "max |diff| %g", err);
     lora_free(lo);
-    m.lora = NULL;
     EXPECT_DIE(lora_create(&m, 2, 4.0f, lora_parse_targets("q_proj,down_proj"), 1, 0),
                "LoRA on gate_proj, up_proj or down_proj of a qwen3_moe model is not supported");
     model_free(&m);
@@ -125,13 +118,10 @@ START_TEST(test_peft_roundtrip) {
     ck_assert(strstr(cfg, "\"peft_type\":\t\"LORA\"") || strstr(cfg, "\"peft_type\": \"LORA\""));
     ck_assert(strstr(cfg, "\"target_modules\""));
     free(cfg);
-    m.lora = b;
-    m.lora_on = 1;
-    double mx, err = logits_err(&m, "peft/lora_logits.npy", &mx);
+    double mx, err = logits_err(&m, b, "peft/lora_logits.npy", &mx);
     ck_assert_msg(err <= 1e-4 * mx, "after the round trip: max |diff| %g", err);
     lora_free(a);
     lora_free(b);
-    m.lora = NULL;
     model_free(&m);
 }
 END_TEST
@@ -203,16 +193,13 @@ START_TEST(test_peft_roundtrip_mistral_gemma3) {
         float *lg[3];
         LoRA *use[3] = {NULL, a, b};
         for (int k = 0; k < 3; k++) {
-            m.lora = use[k];
-            m.lora_on = use[k] != NULL;
-            model_forward(&m, ids, 1, 16);
+            model_forward(&m, use[k], ids, 1, 16);
             lg[k] = (float *)mallocCheck((size_t)16 * V * sizeof(float));
             model_logits(&m, lg[k]);
         }
         ck_assert_msg(!memcmp(lg[1], lg[2], (size_t)16 * V * sizeof(float)), "%s: logits changed in the round trip", archs[a_]);
         ck_assert_msg(memcmp(lg[0], lg[1], (size_t)16 * V * sizeof(float)), "%s: the adapter changed nothing", archs[a_]);
         for (int k = 0; k < 3; k++) free(lg[k]);
-        m.lora = NULL;
         lora_free(a);
         lora_free(b);
         model_free(&m);
@@ -267,14 +254,11 @@ START_TEST(test_peft_gemma3_multimodal) {
         fixture_path(p, sizeof p, "peft/gemma3_mm_lora");
         LoRA *lo = lora_load_peft(&m, p);
         ck_assert_uint_eq(lo->targets, (1u << LIN_COUNT) - 1);
-        m.lora = lo;
-        m.lora_on = 1;
-        double mx, err = logits_err_of(&m, "gemma3_mm/tokens.npy", "peft/gemma3_mm_lora_logits.npy", &mx);
+        double mx, err = logits_err_of(&m, lo, "gemma3_mm/tokens.npy", "peft/gemma3_mm_lora_logits.npy", &mx);
         printf("%s: peft's adapter: max |logit - Gemma3ForConditionalGeneration+peft| %.3g (max |logit| %.3g)\n", bases[k],
                err, mx);
         ck_assert_msg(err <= 1e-5 * mx, "%s: max |diff| %g", bases[k], err);
         lora_free(lo);
-        m.lora = NULL;
         model_free(&m);
     }
 
@@ -309,12 +293,9 @@ START_TEST(test_peft_gemma3_multimodal) {
     for (int i = 0; i < ours.n; i++) ck_assert_msg(st_find(&theirs, ours.t[i].name), "peft has no %s", ours.t[i].name);
     st_close(&ours);
     st_close(&theirs);
-    m.lora = a;
-    m.lora_on = 1;
-    double mx, err = logits_err_of(&m, "gemma3_mm/tokens.npy", "peft/gemma3_mm_c_lora_logits.npy", &mx);
+    double mx, err = logits_err_of(&m, a, "gemma3_mm/tokens.npy", "peft/gemma3_mm_c_lora_logits.npy", &mx);
     printf("gemma3_mm: the adapter saved here, in peft: max |logit here - there| %.3g (max |logit| %.3g)\n", err, mx);
     ck_assert_msg(err <= 1e-5 * mx, "max |diff| %g", err);
-    m.lora = NULL;
 
     // a list of names: peft adapts the vision tower's q_proj too
     snprintf(q, sizeof q, "%s/adapter_model.safetensors", dir);
@@ -407,13 +388,10 @@ START_TEST(test_init_like_peft) {
             ck_assert(fabs(mean / na) < 0.2 * bound);
             for (size_t j = 0; j < (size_t)lo->out[i] * lo->r; j++) ck_assert(B[j] == 0.0f);
         }
-    m.lora = lo;
-    m.lora_on = 1;
-    double mx, err = logits_err(&m, "qwen3/logits.npy", &mx);
+    double mx, err = logits_err(&m, lo, "qwen3/logits.npy", &mx);
     ck_assert_msg(err <= 1e-4 * mx, "fresh adapter changed the logits by %g", err);
     EXPECT_DIE(lora_parse_targets("q_proj,lm_head"), "unknown LoRA target module 'lm_head'");
     lora_free(lo);
-    m.lora = NULL;
     model_free(&m);
 }
 END_TEST
@@ -556,6 +534,7 @@ END_TEST
 // so the ratio is not 1 and clipping can act), the k3 KL to a reference, the IS weight, GSPO.
 typedef struct {
     Model *m;
+    LoRA *lo;
     GrpoConfig *cfg;
     GrpoNorm *norm;
     const int *ids, *tg;
@@ -568,7 +547,7 @@ static double grpo_case_loss(GrpoCase *k, double *dlogp_full) {
     int N = k->B * k->T;
     double *lp = (double *)mallocCheck(N * sizeof(double)), *lc = (double *)callocCheck(k->B * k->Tc, sizeof(double));
     double *dc = (double *)callocCheck(k->B * k->Tc, sizeof(double));
-    model_forward(k->m, k->ids, k->B, k->T);
+    model_forward(k->m, k->lo, k->ids, k->B, k->T);
     model_logprobs(k->m, k->tg, 1.25f, lp);
     for (int b = 0; b < k->B; b++)
         for (int j = 0; j < k->Tc; j++) lc[b * k->Tc + j] = lp[b * k->T + k->P - 1 + j];
@@ -596,8 +575,6 @@ START_TEST(test_grpo_loss_gradient_through_lora) {
     LoRA *lo = lora_create(&m, 2, 4.0f, lora_parse_targets("q_proj,v_proj,up_proj,down_proj"), 4, 0);
     Rng r = rng_make(8);
     for (size_t i = 0; i < lo->n; i++) ((double *)lo->params)[i] += 0.2 * rng_normal(&r);
-    m.lora = lo;
-    m.lora_on = 1;
     enum { B = 4, P = 3, Tc = 4, T = P + Tc };
     int ids[B * T], tg[B * T];
     uint8_t mask[B * Tc];
@@ -618,9 +595,9 @@ START_TEST(test_grpo_loss_gradient_through_lora) {
     cfg.epsilon = 0.1;
     cfg.max_completion_length = Tc;
     GrpoNorm norm = grpo_prepare(&cfg, B, Tc, mask, NULL);
-    GrpoCase k = {&m, &cfg, &norm, ids, tg, old_c, ref_c, samp_c, adv, mask, B, T, Tc, P};
+    GrpoCase k = {&m, lo, &cfg, &norm, ids, tg, old_c, ref_c, samp_c, adv, mask, B, T, Tc, P};
     double lp[B * T];
-    model_forward(&m, ids, B, T);
+    model_forward(&m, lo, ids, B, T);
     model_logprobs(&m, tg, 1.25f, lp);
     for (int b = 0; b < B; b++)
         for (int j = 0; j < Tc; j++) {
@@ -634,7 +611,7 @@ START_TEST(test_grpo_loss_gradient_through_lora) {
         double dl[B * T];
         grpo_case_loss(&k, dl);
         lora_zero_grads(lo);
-        model_backward(&m, dl);
+        model_backward(&m, lo, dl);
         double *p = (double *)lo->params, *g = (double *)lo->grads;
         Rng pick = rng_make(100 + level);
         for (int s = 0; s < 12; s++) {
@@ -651,7 +628,6 @@ START_TEST(test_grpo_loss_gradient_through_lora) {
                           level, i, g[i], num);
         }
     }
-    m.lora = NULL;
     lora_free(lo);
     model_free(&m);
 }

@@ -161,9 +161,9 @@ static void fp8_embed_model_case(const char *arch) {
     int ids[18];
     for (int i = 0; i < N; i++) ids[i] = rng_int(&rng, V);
     float *lq = (float *)mallocCheck((size_t)N * V * 4), *ld = (float *)mallocCheck((size_t)N * V * 4);
-    model_forward(&q, ids, B, T);
+    model_forward(&q, NULL, ids, B, T);
     model_logits(&q, lq);
-    model_forward(&d, ids, B, T);
+    model_forward(&d, NULL, ids, B, T);
     model_logits(&d, ld);
     const float *h = (const float *)d.acts.lnf;  // the head's input, the same in both up to here
     double worst = 0, moved = 0;
@@ -197,8 +197,7 @@ START_TEST(test_memfit) {
     Model m;
     load(&m, "qwen3", 0);
     LoRA *lo = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 3, 0);
-    m.lora = lo;
-    m.lora_on = 1;
+    m.lora = lo;  // (memfit counts its memory)
     int S = 8, T = 40;
     FitChoice f;
     // the needs grow with the micro-batch, and recomputation lowers them
@@ -355,11 +354,9 @@ START_TEST(test_lora_bf16) {
         Model m;
         load(&m, "qwen3", 0);
         LoRA *lo = lora_create(&m, 4, 8.0f, (1u << LIN_COUNT) - 1, 11, bf);
-        m.lora = lo;
-        m.lora_on = 1;
         double lp[24], dl[24], first = 0, last = 0;
         for (int step = 0; step <= 8; step++) {
-            model_forward(&m, ids, B, T);
+            model_forward(&m, lo, ids, B, T);
             model_logprobs(&m, tg, 1.0f, lp);
             double sum = 0;
             for (int i = 0; i < N; i++) sum += lp[i], dl[i] = tg[i] < 0 ? 0 : -1.0 / N;  // minimize -mean logp
@@ -367,7 +364,7 @@ START_TEST(test_lora_bf16) {
             last = sum;
             if (step == 8) break;
             lora_zero_grads(lo);
-            model_backward(&m, dl);
+            model_backward(&m, lo, dl);
             lora_adamw_step(lo, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f);
         }
         gain[bf] = last - first;
@@ -388,7 +385,6 @@ START_TEST(test_lora_bf16) {
             lora_free(l2);
             remove(path);
         }
-        m.lora = NULL;
         lora_free(lo);
         model_free(&m);
     }

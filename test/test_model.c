@@ -244,7 +244,7 @@ START_TEST(test_gemma3_multimodal_logits) {
         ck_assert(m.cfg.mm_ids[0] == 319 && m.cfg.mm_ids[1] == 317 && m.cfg.mm_ids[2] == 318);
         int V = m.cfg.V;
         ck_assert_int_eq(lg.shape[2], V);
-        model_forward(&m, ids, B, T);
+        model_forward(&m, NULL, ids, B, T);
         float *out = (float *)mallocCheck((size_t)B * T * V * sizeof(float));
         model_logits(&m, out);
         double mx = max_abs_d(lg.data, lg.n), err = 0;
@@ -327,7 +327,7 @@ START_TEST(test_logits_full_forward) {
         ck_assert_int_eq(lg.shape[2], V);
         int *ids = (int *)mallocCheck(B * T * sizeof(int));
         for (int i = 0; i < B * T; i++) ids[i] = (int)tk.data[i];
-        model_forward(&m, ids, B, T);
+        model_forward(&m, NULL, ids, B, T);
         float *out = (float *)mallocCheck((size_t)B * T * V * sizeof(float));
         model_logits(&m, out);
         double mx = max_abs_d(lg.data, lg.n), err = 0;
@@ -356,7 +356,7 @@ START_TEST(test_logprobs_match_logits) {
     int *ids = (int *)mallocCheck(N * sizeof(int)), *tg = (int *)mallocCheck(N * sizeof(int));
     for (int i = 0; i < N; i++) ids[i] = (int)tk.data[i];
     for (int i = 0; i < N; i++) tg[i] = (i % T == T - 1) ? -1 : ids[i + 1];
-    model_forward(&m, ids, B, T);
+    model_forward(&m, NULL, ids, B, T);
     double *lp = (double *)mallocCheck(N * sizeof(double));
     model_logprobs(&m, tg, 1.0f, lp);
     for (int i = 0; i < N; i++) {
@@ -404,10 +404,10 @@ START_TEST(test_logits_decode) {
         for (int row = 0; row < 2; row++) {
             for (int t = 0; t < T; t++) ids[t] = (int)tk.data[row * T + t];
             float *lgd = (float *)be->alloc(V * sizeof(float));
-            model_prefill(&m, &kv, ids, &P, slots, 1, P, lgd);
+            model_prefill(&m, NULL, &kv, ids, &P, slots, 1, P, lgd);
             for (int j = 0; j < V; j++) err = fmax(err, fabs(lgd[j] - lg.data[((size_t)row * T + P - 1) * V + j]));
             for (int t = P; t < T; t++) {
-                model_decode(&m, &kv, &ids[t], &t, &slots[t], table, 1, MB, lgd);
+                model_decode(&m, NULL, &kv, &ids[t], &t, &slots[t], table, 1, MB, lgd);
                 for (int j = 0; j < V; j++) err = fmax(err, fabs(lgd[j] - lg.data[((size_t)row * T + t) * V + j]));
             }
             be->free(lgd);
@@ -448,7 +448,7 @@ static void decode_batched(const char *arch) {
             slots[s * 7 + t] = t < lens[s] ? table[s * MB + t / BS] * BS + t % BS : -1;
         }
     float *lgd = (float *)be->alloc(2 * V * sizeof(float));
-    model_prefill(&m, &kv, pids, lens, slots, 2, 7, lgd);
+    model_prefill(&m, NULL, &kv, pids, lens, slots, 2, 7, lgd);
     double mx = max_abs_d(lg.data, lg.n), err = 0;
     for (int s = 0; s < 2; s++)
         for (int j = 0; j < V; j++) err = fmax(err, fabs(lgd[s * V + j] - lg.data[((size_t)s * T + lens[s] - 1) * V + j]));
@@ -459,7 +459,7 @@ static void decode_batched(const char *arch) {
             tok[s] = ids[s * T + pos[s]];
             sl[s] = table[s * MB + pos[s] / BS] * BS + pos[s] % BS;
         }
-        model_decode(&m, &kv, tok, pos, sl, table, 2, MB, lgd);
+        model_decode(&m, NULL, &kv, tok, pos, sl, table, 2, MB, lgd);
         for (int s = 0; s < 2; s++)
             for (int j = 0; j < V; j++) err = fmax(err, fabs(lgd[s * V + j] - lg.data[((size_t)s * T + pos[s]) * V + j]));
         pos[0]++;
@@ -497,13 +497,13 @@ START_TEST(test_greedy_generation) {
         float *lgd = (float *)be->alloc(m.cfg.V * sizeof(float)), lp;
         int32_t next;
         uint64_t rng = 1;
-        model_prefill(&m, &kv, ids, &P, slots, 1, P, lgd);
+        model_prefill(&m, NULL, &kv, ids, &P, slots, 1, P, lgd);
         for (int t = 0; t < G; t++) {
             be->sample(&next, &lp, lgd, &rng, 1, m.cfg.V, 0.0f, 0, 1.0f);
             ck_assert_msg(next == (int)gen.data[t], "%s: greedy token %d is %d, transformers gives %d", ARCHS[a], t, next,
                           (int)gen.data[t]);
             int pos = P + t;
-            model_decode(&m, &kv, &next, &pos, &slots[pos], table, 1, 2, lgd);
+            model_decode(&m, NULL, &kv, &next, &pos, &slots[pos], table, 1, 2, lgd);
         }
         be->free(lgd);
         kvcache_free(&kv, be);
@@ -582,7 +582,7 @@ START_TEST(test_fp8_model_logits) {
     for (int g = FP8_OFF; g <= FP8_BLOCK; g++) {
         Model m;
         load_fixture(&m, "qwen3", (FP8Gran)g);
-        model_forward(&m, ids, 1, T);
+        model_forward(&m, NULL, ids, 1, T);
         float *out = (float *)mallocCheck((size_t)T * V * sizeof(float));
         model_logits(&m, out);
         double se = 0, sr = 0;
@@ -620,7 +620,7 @@ static double fp8sim_rel(const Backend *be, FP8Gran g, const Npy *tk, const Npy 
     int T = (int)tk->n, V = m.cfg.V, ids[64];
     ck_assert(T <= 64 && ref->n == (long)T * V);
     for (int t = 0; t < T; t++) ids[t] = (int)tk->data[t];
-    model_forward(&m, ids, 1, T);
+    model_forward(&m, NULL, ids, 1, T);
     float *out = (float *)mallocCheck((size_t)T * V * sizeof(float));
     model_logits(&m, out);
     double se = 0, sr = 0;
@@ -714,7 +714,7 @@ typedef struct {
 static double fd_loss(FDCase *f) {
     int N = f->B * f->T;
     double *lp = (double *)mallocCheck(N * sizeof(double)), s = 0;
-    model_forward(f->m, f->ids, f->B, f->T);
+    model_forward(f->m, f->m->lora, f->ids, f->B, f->T);
     model_logprobs(f->m, f->tg, 0.7f, lp);
     for (int i = 0; i < N; i++) s += f->w[i] * lp[i];
     free(lp);
@@ -767,7 +767,6 @@ static void gradient_check_cfg(Config c) {
     // B = 0 at init would hide dA: give B random values
     for (size_t i = 0; i < lo->n; i++) ((double *)lo->params)[i] += 0.1 * rng_normal(&r);
     m.lora = lo;
-    m.lora_on = 1;
     model_alloc_grads(&m);
 
     int B = 2, T = 7, N = B * T, ids[14], tg[14];
@@ -782,7 +781,7 @@ static void gradient_check_cfg(Config c) {
     fd_loss(&f);
     lora_zero_grads(lo);
     model_zero_grads(&m);
-    model_backward(&m, w);
+    model_backward(&m, lo, w);
     {  // the head's backward in the logprobs' pass (model_logprobs_grad): the same gradients, bit for bit
         size_t nl = lo->n * sizeof(double), nd = m.gw.dense_bytes;
         void *gl = mallocCheck(nl), *gd = mallocCheck(nd);
@@ -790,9 +789,9 @@ static void gradient_check_cfg(Config c) {
         double lp[14];
         lora_zero_grads(lo);
         model_zero_grads(&m);
-        model_forward(&m, ids, B, T);
+        model_forward(&m, lo, ids, B, T);
         model_logprobs_grad(&m, tg, 0.7f, w, lp);  // (fd_loss's temperature)
-        model_backward(&m, NULL);
+        model_backward(&m, lo, NULL);
         ck_assert_msg(memcmp(gl, lo->grads, nl) == 0, "LoRA gradients through model_logprobs_grad differ");
         ck_assert_msg(memcmp(gd, m.gw.dense_mem, nd) == 0, "weight gradients through model_logprobs_grad differ");
         free(gl), free(gd);
@@ -894,10 +893,10 @@ static double decode_vs_forward(Model *m, const int *ids, int B, int T, const fl
     for (int t = 0; t < T; t++) slots[t] = table[t / BS] * BS + t % BS;
     for (int row = 0; row < B; row++) {
         const int *rid = ids + row * T;
-        model_prefill(m, &kv, rid, &P, slots, 1, P, dec);
+        model_prefill(m, NULL, &kv, rid, &P, slots, 1, P, dec);
         for (int j = 0; j < V; j++) derr = fmax(derr, fabs(dec[j] - full[((size_t)row * T + P - 1) * V + j]));
         for (int t = P; t < T; t++) {
-            model_decode(m, &kv, &rid[t], &t, &slots[t], table, 1, MB, dec);
+            model_decode(m, NULL, &kv, &rid[t], &t, &slots[t], table, 1, MB, dec);
             for (int j = 0; j < V; j++) derr = fmax(derr, fabs(dec[j] - full[((size_t)row * T + t) * V + j]));
         }
     }
@@ -921,7 +920,7 @@ START_TEST(test_moe_logits_decode) {
         Npy lg = npy_read(p);
         int T = (int)tk.shape[1], V = m.cfg.V, B = 2, ids[48];
         for (int i = 0; i < B * T; i++) ids[i] = (int)tk.data[i];
-        model_forward(&m, ids, B, T);
+        model_forward(&m, NULL, ids, B, T);
         float *full = (float *)mallocCheck((size_t)B * T * V * sizeof(float));
         model_logits(&m, full);
         double err = 0;
@@ -954,7 +953,7 @@ START_TEST(test_moe_all_sparse_decode) {
     Rng r = rng_make(4);
     int B = 2, T = 11, ids[22];
     for (int i = 0; i < B * T; i++) ids[i] = rng_int(&r, c.V);
-    model_forward(&m, ids, B, T);
+    model_forward(&m, NULL, ids, B, T);
     ck_assert(m.acts.gate == NULL && m.acts.hmlp == NULL);  // no dense MLP anywhere
     float *full = (float *)mallocCheck((size_t)B * T * c.V * sizeof(float));
     model_logits(&m, full);
@@ -985,7 +984,7 @@ START_TEST(test_moe_fp8_granularities) {
             if (k) ck_assert(lw->experts[k].q.scale != lw->experts[k - 1].q.scale && lw->experts[k].q.data != lw->experts[k - 1].q.data);
         }
         ck_assert(lw->experts[0].q.scale[0] != lw->experts[3].q.scale[0]);  // expert 0's gate and expert 1's: own amaxes
-        model_forward(&m, ids, 1, T);
+        model_forward(&m, NULL, ids, 1, T);
         float *out = (float *)mallocCheck((size_t)T * V * sizeof(float));
         model_logits(&m, out);
         double se = 0, sr = 0;
@@ -1034,7 +1033,7 @@ START_TEST(test_moe_published_fp8) {
     Npy lg = npy_read(p);
     int B = 2, T = 24, V = 320, ids[48];
     for (int i = 0; i < B * T; i++) ids[i] = (int)tk.data[i];
-    model_forward(&m, ids, B, T);
+    model_forward(&m, NULL, ids, B, T);
     float *out = (float *)mallocCheck((size_t)B * T * V * sizeof(float));
     model_logits(&m, out);
     double err = 0;
@@ -1093,7 +1092,6 @@ static void recompute_identical(const char *arch) {
     Rng r = rng_make(9);
     for (size_t i = 0; i < lo->n; i++) ((float *)lo->params)[i] += 0.05f * rng_normal(&r);
     m.lora = lo;
-    m.lora_on = 1;
     int B = 2, T = 9, N = B * T, ids[18], tg[18];
     double w[18], lp[3][18];
     for (int i = 0; i < N; i++) ids[i] = rng_int(&r, 320), tg[i] = rng_int(&r, 320), w[i] = rng_normal(&r);
@@ -1102,10 +1100,10 @@ static void recompute_identical(const char *arch) {
     for (int rc = 0; rc < 3; rc++) {
         m.recompute = rc == 1;
         m.recompute_mlp = rc == 2;
-        model_forward(&m, ids, B, T);
+        model_forward(&m, lo, ids, B, T);
         model_logprobs(&m, tg, 1.0f, lp[rc]);
         lora_zero_grads(lo);
-        model_backward(&m, w);
+        model_backward(&m, lo, w);
         g[rc] = (float *)mallocCheck(lo->n * sizeof(float));
         memcpy(g[rc], lo->grads, lo->n * sizeof(float));
         arena[rc] = m.acts.bytes;
@@ -1149,8 +1147,8 @@ START_TEST(test_save_load_roundtrip) {
         model_load(&m2, dir, backend_cpu(), &o);
         ck_assert_msg(!memcmp(&m.cfg, &m2.cfg, sizeof m.cfg), "%s: config.json changed in the round trip", archs[a_]);
         int ids[12] = {1, 5, 9, 44, 300, 2, 7, 8, 100, 200, 3, 4};
-        model_forward(&m, ids, 1, 12);
-        model_forward(&m2, ids, 1, 12);
+        model_forward(&m, NULL, ids, 1, 12);
+        model_forward(&m2, NULL, ids, 1, 12);
         float *a = (float *)mallocCheck(12 * 320 * 4), *b = (float *)mallocCheck(12 * 320 * 4);
         model_logits(&m, a);
         model_logits(&m2, b);
@@ -1444,7 +1442,7 @@ START_TEST(test_generate_frozen_settings) {
     kvcache_alloc(&kv, &m, 2, 16);
     float *lg = (float *)mallocCheck(m.cfg.V * sizeof(float)), lp;
     uint64_t rng = 1;
-    model_prefill(&m, &kv, ids, &n, slots, 1, P, lg);
+    model_prefill(&m, NULL, &kv, ids, &n, slots, 1, P, lg);
     for (int t = 0; t < 8; t++) {
         int32_t next;
         m.be->sample(&next, &lp, lg, &rng, 1, m.cfg.V, 0.0f, 0, 1.0f);
@@ -1453,7 +1451,7 @@ START_TEST(test_generate_frozen_settings) {
         for (int e = 0; e < m.cfg.n_eos; e++) eos |= next == m.cfg.eos_ids[e];
         if (eos) break;
         int pos = P + t;
-        model_decode(&m, &kv, &next, &pos, &slots[pos], table, 1, 2, lg);
+        model_decode(&m, NULL, &kv, &next, &pos, &slots[pos], table, 1, 2, lg);
     }
     kvcache_free(&kv, m.be);
     snprintf(cmd, sizeof cmd, "./generate --device cpu --model %s --load_in_fp8 off --fp8_embeddings --kv_cache_dtype fp8 "
@@ -1466,7 +1464,7 @@ START_TEST(test_generate_frozen_settings) {
     ck_assert_msg(!strcmp(line, want), "generate with an FP8 table and cache: '%s', the library's '%s'", line, want);
     // teacher-forced logits: with --fp8_embeddings the library's with the FP8 table, and not the dense table's
     float *lib = (float *)mallocCheck((size_t)P * m.cfg.V * sizeof(float));
-    model_forward(&m, ids, 1, P);
+    model_forward(&m, NULL, ids, 1, P);
     model_logits(&m, lib);
     const char *flags[] = {"--fp8_embeddings", ""};
     float diff[2];

@@ -25,7 +25,6 @@ static void tiny(Model *m, LoRA **lo) {
     Rng r = rng_make(8);
     for (size_t i = 0; i < (*lo)->n; i++) ((double *)(*lo)->params)[i] += 0.2 * rng_normal(&r);
     m->lora = *lo;
-    m->lora_on = 1;
 }
 
 // the value model's weights away from their start (B = 0, head = 0), so that every gradient is alive
@@ -60,7 +59,9 @@ START_TEST(test_value_gradient) {
     double c[B * T], val[B * T];
     for (int i = 0; i < B * T; i++) ids[i] = rng_int(&r, m.cfg.V), c[i] = rng_normal(&r);
     value_forward(&v, &m, ids, B, T, val);
-    ck_assert_ptr_eq(m.lora, lo);  // the policy's adapter is back
+    ck_assert_ptr_eq(m.acts.lora, v.lo);  // the forward applied the value's adapter, and its backward must too
+    EXPECT_DIE(model_backward_hidden(&m, lo, m.acts.dln), "model_backward_hidden: given an adapter, but the forward applied another one: pass the forward's adapter");
+    EXPECT_DIE(model_backward_hidden(&m, NULL, m.acts.dln), "given no adapter, but the forward applied one");
     // the values are score . lnf, lnf the final norm's output of the value adapter's forward
     for (int i = 0; i < B * T; i++) {
         double d = 0;
@@ -70,7 +71,6 @@ START_TEST(test_value_gradient) {
     lora_zero_grads(lo);
     value_zero_grads(&v);
     value_backward(&v, &m, c);
-    ck_assert_ptr_eq(m.lora, lo);
     for (size_t i = 0; i < lo->n; i++) ck_assert_msg(((double *)lo->grads)[i] == 0, "the policy's gradient moved at %zu", i);
     // every head weight, and 16 of the value adapter's parameters, against central differences
     double h = 1e-6;
@@ -143,19 +143,15 @@ START_TEST(test_ppo_step_against_formulas) {
     PpoTrainer p;
     ppo_init(&p, &c, &m, lo, B, TC, 3);
     randomize_value(&p.value, 6);
-    // the test's own passes: the reference (adapter off), the policy, the value (its adapter, score . lnf)
+    // the test's own passes: the reference (no adapter), the policy, the value (its adapter, score . lnf)
     double full[B * T], ref[B * TC], old[B * TC], val[B * TC];
-    m.lora_on = 0;
-    model_forward(&m, x.ids, B, T);
+    model_forward(&m, NULL, x.ids, B, T);
     model_logprobs(&m, x.tg, 1.0f, full);
     comp(&x, full, ref);
-    m.lora_on = 1;
-    model_forward(&m, x.ids, B, T);
+    model_forward(&m, lo, x.ids, B, T);
     model_logprobs(&m, x.tg, 1.0f, full);
     comp(&x, full, old);
-    m.lora = p.value.lo;
-    model_forward(&m, x.ids, B, T);
-    m.lora = lo;
+    model_forward(&m, p.value.lo, x.ids, B, T);
     for (int i = 0; i < B * T; i++) {
         full[i] = 0;
         for (int k = 0; k < m.cfg.C; k++) full[i] += ((double *)p.value.w)[k] * ((double *)m.acts.lnf)[(size_t)i * m.cfg.C + k];
@@ -184,10 +180,9 @@ START_TEST(test_ppo_step_against_formulas) {
 
     // the step, in micro-batches of 3 (3 + 1) that an epoch shuffles, lr 0: the gradients stay to be read
     PpoBatch b = {B, T, TC, x.ids, x.tg, x.start, x.len, x.trunc, x.score, 1.0f};
-    PpoOptim po = {"constant", 0.0, 0.9, 0.999, 1e-8, 0.0, 0.0, 0, 1};
+    OptimConfig po = {"constant", 0.0, 0.9, 0.999, 1e-8, 0.0, 0.0, 0, 1};
     PpoStepStats st;
-    ppo_step(&p, &m, &b, 3, &po, 1, &st);
-    ck_assert_ptr_eq(m.lora, lo);
+    ppo_step(&p, &m, lo, &b, 3, &po, 1, &st);
     ck_assert_msg(close_rel(st.kl, kl / B, 1e-12), "objective/kl %.17g, want %.17g", st.kl, kl / B);
     ck_assert_msg(close_rel(st.entropy, ent / B, 1e-12), "objective/entropy %.17g, want %.17g", st.entropy, ent / B);
     ck_assert_msg(close_rel(st.scores, sc / B, 1e-12), "objective/scores %.17g", st.scores);
@@ -205,10 +200,10 @@ START_TEST(test_ppo_step_against_formulas) {
     memcpy(gh, p.value.g, sizeof gh);
     lora_zero_grads(lo);
     value_zero_grads(&p.value);
-    model_forward(&m, x.ids, B, T);
+    model_forward(&m, lo, x.ids, B, T);
     model_logprobs(&m, x.tg, 1.0f, full);
     uncomp(&x, dlogp, full);
-    model_backward(&m, full);
+    model_backward(&m, lo, full);
     value_forward(&p.value, &m, x.ids, B, T, full);
     uncomp(&x, dv, full);
     value_backward(&p.value, &m, full);
@@ -245,9 +240,9 @@ START_TEST(test_ppo_step_trains) {
         ppo_init(&p, &c, &m, lo, B, TC, 3);
         double p0 = ((double *)lo->params)[lo->n - 1];
         PpoBatch b = {B, T, TC, x.ids, x.tg, x.start, x.len, x.trunc, x.score, 1.0f};
-        PpoOptim po = {"constant", 1e-2, 0.9, 0.999, 1e-8, 0.0, 1.0, 0, 4};
+        OptimConfig po = {"constant", 1e-2, 0.9, 0.999, 1e-8, 0.0, 1.0, 0, 4};
         PpoStepStats st;
-        ppo_step(&p, &m, &b, 1, &po, 1, &st);
+        ppo_step(&p, &m, lo, &b, 1, &po, 1, &st);
         ck_assert_int_eq(lo->step, 4);
         ck_assert_int_eq(p.value.step, 4);
         ck_assert(p.value.lo->step == 4 && isfinite(st.ratio_var) && isfinite(st.loss));

@@ -43,7 +43,7 @@ START_TEST(test_greedy_matches_transformers) {
         uint64_t seed = 1;
         RolloutConfig rc = {1, (int)gen.n, 0.0f, 1.0f, 0, NULL, 0, 4, 1};
         Rollout r;
-        rollout_run(&m, &rc, 1, (const int *const *)&prompt, &plen, &seed, &r);
+        rollout_run(&m, NULL, &rc, 1, (const int *const *)&prompt, &plen, &seed, &r);
         ck_assert_int_eq(r.len[0], gen.n);
         ck_assert_int_eq(r.truncated[0], 1);
         for (int t = 0; t < gen.n; t++) ck_assert_msg(r.ids[t] == (int)gen.data[t], "%s token %d: %d vs %d", archs[a], t, r.ids[t], (int)gen.data[t]);
@@ -70,13 +70,13 @@ START_TEST(test_never_image_ids) {
     uint64_t seeds[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     RolloutConfig rc = {1, (int)gen.n, 0.0f, 1.0f, 0, NULL, 0, 4, 1};
     Rollout r;
-    rollout_run(&m, &rc, 1, (const int *const *)&prompt, &plen, seeds, &r);
+    rollout_run(&m, NULL, &rc, 1, (const int *const *)&prompt, &plen, seeds, &r);
     for (int t = 0; t < gen.n; t++) ck_assert_msg(r.ids[t] == (int)gen.data[t], "token %d: %d vs %d", t, r.ids[t], (int)gen.data[t]);
     rollout_free(&r);
     int banned[2] = {(int)gen.data[0], (int)gen.data[1]};
     ck_assert_int_ne(banned[0], banned[1]);
     m.cfg.mm_ids[0] = banned[0], m.cfg.mm_ids[1] = banned[1], m.cfg.n_mm_ids = 2;
-    model_forward(&m, prompt, 1, plen);
+    model_forward(&m, NULL, prompt, 1, plen);
     float *lg = (float *)mallocCheck((size_t)plen * V * sizeof(float));
     model_logits(&m, lg);
     const float *z = lg + (size_t)(plen - 1) * V;
@@ -87,13 +87,13 @@ START_TEST(test_never_image_ids) {
         if (arg < 0 || z[j] > z[arg]) arg = j;
         sum += exp((double)z[j]);
     }
-    rollout_run(&m, &rc, 1, (const int *const *)&prompt, &plen, seeds, &r);
+    rollout_run(&m, NULL, &rc, 1, (const int *const *)&prompt, &plen, seeds, &r);
     ck_assert_int_eq(r.ids[0], arg);
     ck_assert_msg(fabs(r.logp[0] - (z[arg] - log(sum))) < 1e-5, "logp %g vs %g", r.logp[0], z[arg] - log(sum));
     for (int t = 0; t < r.len[0]; t++) ck_assert(r.ids[t] != banned[0] && r.ids[t] != banned[1]);
     rollout_free(&r);
     RolloutConfig rs = {8, 16, 1.0f, 1.0f, 0, NULL, 0, 4, 1};
-    rollout_run(&m, &rs, 1, (const int *const *)&prompt, &plen, seeds, &r);
+    rollout_run(&m, NULL, &rs, 1, (const int *const *)&prompt, &plen, seeds, &r);
     for (int s = 0; s < 8; s++)
         for (int t = 0; t < r.len[s]; t++) ck_assert(r.ids[s * 16 + t] != banned[0] && r.ids[s * 16 + t] != banned[1]);
     rollout_free(&r);
@@ -119,9 +119,9 @@ START_TEST(test_prefix_sharing_equals_no_sharing) {
         Rollout a, b;
         for (int bs = 4; bs <= 5; bs++) {  // 11 % 4 = 3, 6 % 4 = 2; 5 divides neither
             RolloutConfig rc = {G, 9, 1.0f, 1.0f, 0, NULL, 0, bs, 1};
-            rollout_run(&m, &rc, 2, prompts, plens, seeds, &a);
+            rollout_run(&m, NULL, &rc, 2, prompts, plens, seeds, &a);
             rc.share_prefix = 0;
-            rollout_run(&m, &rc, 2, prompts, plens, seeds, &b);
+            rollout_run(&m, NULL, &rc, 2, prompts, plens, seeds, &b);
             for (int s = 0; s < S; s++) {
                 ck_assert_int_eq(a.len[s], b.len[s]);
                 for (int t = 0; t < a.len[s]; t++) {
@@ -154,8 +154,8 @@ START_TEST(test_batch_independence) {
     uint64_t seeds[4] = {11, 12, 13, 14};
     RolloutConfig rc = {2, 7, 0.8f, 0.9f, 20, NULL, 0, 16, 1};
     Rollout both, one;
-    rollout_run(&m, &rc, 2, prompts, plens, seeds, &both);
-    rollout_run(&m, &rc, 1, prompts + 1, plens + 1, seeds + 2, &one);
+    rollout_run(&m, NULL, &rc, 2, prompts, plens, seeds, &both);
+    rollout_run(&m, NULL, &rc, 1, prompts + 1, plens + 1, seeds + 2, &one);
     for (int s = 0; s < 2; s++) {
         ck_assert_int_eq(one.len[s], both.len[2 + s]);
         for (int t = 0; t < one.len[s]; t++) ck_assert_int_eq(one.ids[s * 7 + t], both.ids[(2 + s) * 7 + t]);
@@ -180,7 +180,7 @@ START_TEST(test_eos_and_truncation) {
     uint64_t seed = 1;
     RolloutConfig rc = {1, 8, 0.0f, 1.0f, 0, &eos, 1, 16, 1};
     Rollout r;
-    rollout_run(&m, &rc, 1, (const int *const *)&p0, &plen, &seed, &r);
+    rollout_run(&m, NULL, &rc, 1, (const int *const *)&p0, &plen, &seed, &r);
     int first = 0;
     while ((int)gen.data[first] != eos) first++;
     ck_assert_int_eq(r.len[0], first + 1);
@@ -188,13 +188,13 @@ START_TEST(test_eos_and_truncation) {
     ck_assert_int_eq(r.truncated[0], 0);
     rollout_free(&r);
     rc.max_new = 2;  // stops before reaching it
-    rollout_run(&m, &rc, 1, (const int *const *)&p0, &plen, &seed, &r);
+    rollout_run(&m, NULL, &rc, 1, (const int *const *)&p0, &plen, &seed, &r);
     if (first >= 2) {
         ck_assert_int_eq(r.len[0], 2);
         ck_assert_int_eq(r.truncated[0], 1);
     }
     rollout_free(&r);
-    EXPECT_DIE(({ rc.max_new = 200; rollout_run(&m, &rc, 1, (const int *const *)&p0, &plen, &seed, &r); }), "exceeds max_position_embeddings");
+    EXPECT_DIE(({ rc.max_new = 200; rollout_run(&m, NULL, &rc, 1, (const int *const *)&p0, &plen, &seed, &r); }), "exceeds max_position_embeddings");
     npy_free(&gen);
     free(p0);
     model_free(&m);
@@ -300,13 +300,12 @@ START_TEST(test_arena_handover) {
     load(&b, "qwen3", FP8_OFF);
     model_arena_init(&a, (size_t)64 << 20);
     LoRA *la = lora_create(&a, 4, 8.0f, (1u << LIN_COUNT) - 1, 5, 0), *lb = lora_create(&b, 4, 8.0f, (1u << LIN_COUNT) - 1, 5, 0);
-    a.lora = la, a.lora_on = 1, b.lora = lb, b.lora_on = 1;
     int *pr0 = fixture_prompt("qwen3", 0, 7), *pr1 = fixture_prompt("qwen3", 1, 13), plens[2] = {7, 13};
     const int *prompts[2] = {pr0, pr1};
     uint64_t seeds[6] = {1, 2, 3, 4, 5, 6}, seeds2[6] = {11, 12, 13, 14, 15, 16};
     RolloutConfig rc = {3, 12, 1.0f, 1.0f, 0, NULL, 0, 4, 1};
     Rollout r1, r2, rb;
-    rollout_run(&a, &rc, 2, prompts, plens, seeds, &r1);
+    rollout_run(&a, la, &rc, 2, prompts, plens, seeds, &r1);
     ck_assert(a.arena.peak_kv > 0 && a.arena.kv_bytes == 0);  // the cache was in the arena and is released
     // an update: 6 sequences of 25 tokens, forward, logprobs, backward, one AdamW step (B leaves 0)
     int B = 6, T = 25, ids[150], tg[150];
@@ -317,17 +316,17 @@ START_TEST(test_arena_handover) {
         tg[i] = i % T == T - 1 ? -1 : pool[(i * 7 + 7) % 24];
         dl[i] = tg[i] < 0 ? 0 : ((i % 3) - 1) * 0.1;
     }
-    model_forward(&a, ids, B, T);
+    model_forward(&a, la, ids, B, T);
     ck_assert_ptr_eq(a.acts.mem, a.arena.mem);  // the activations live in the arena ...
     ck_assert_msg(a.arena.peak_acts + a.arena.peak_kv > a.arena.bytes,  // ... over the bytes the cache used
                   "arena %zu bytes, KV %zu + activations %zu do not overlap", a.arena.bytes, a.arena.peak_kv, a.arena.peak_acts);
     model_logprobs(&a, tg, 1.0f, lp);
-    model_backward(&a, dl);
+    model_backward(&a, la, dl);
     lora_adamw_step(la, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f);
-    rollout_run(&a, &rc, 2, prompts, plens, seeds2, &r2);
+    rollout_run(&a, la, &rc, 2, prompts, plens, seeds2, &r2);
     // the fresh model gets the updated adapter
     memcpy(lb->params, la->params, la->n * sizeof(float));
-    rollout_run(&b, &rc, 2, prompts, plens, seeds2, &rb);
+    rollout_run(&b, lb, &rc, 2, prompts, plens, seeds2, &rb);
     int S = 6, differ1 = 0;
     for (int s = 0; s < S; s++) {
         ck_assert_int_eq(r2.len[s], rb.len[s]);
@@ -341,7 +340,6 @@ START_TEST(test_arena_handover) {
     printf("arena hand-over: arena %.2f MiB, KV %.2f MiB and activations %.2f MiB at most; rollout after the update "
            "equals a fresh model's\n", a.arena.bytes / 1048576.0, a.arena.peak_kv / 1048576.0, a.arena.peak_acts / 1048576.0);
     rollout_free(&r1), rollout_free(&r2), rollout_free(&rb);
-    a.lora = b.lora = NULL;
     lora_free(la), lora_free(lb);
     free(pr0), free(pr1), free(pool);
     model_free(&a), model_free(&b);
@@ -377,13 +375,12 @@ START_TEST(test_lora_groups) {
         for (size_t i = 0; i < la->n; i++) h[i] = 0.2 * (2.0 * rng_uniform_d(&rng) - 1.0);
         a.be->upload_convert(la->params, a.be->hp, h, DT_F64, la->n);
         free(h);
-        a.lora = la, a.lora_on = 1;
         int *pr0 = fixture_prompt("qwen3", 0, 7), *pr1 = fixture_prompt("qwen3", 1, 13), plens[2] = {7, 13};
         const int *prompts[2] = {pr0, pr1};
         uint64_t seeds[6] = {1, 2, 3, 4, 5, 6};
         RolloutConfig rc = {3, 12, 1.0f, 1.0f, 0, NULL, 0, 4, 1};
         Rollout ra;
-        rollout_run(&a, &rc, 2, prompts, plens, seeds, &ra);
+        rollout_run(&a, la, &rc, 2, prompts, plens, seeds, &ra);
         ck_assert_msg(la->gB && la->ld[LIN_Q] == (si ? 8 : 12) && la->ld[LIN_GATE] == (si ? 4 : 8), "group copies: R %d, %d",
                       la->ld[LIN_Q], la->ld[LIN_GATE]);
         double worst = 0;
@@ -395,7 +392,7 @@ START_TEST(test_lora_groups) {
                 ids[t] = t < pl ? prompts[s / 3][t] : ra.ids[s * 12 + t - pl];
                 tg[t] = t + 1 >= pl && t + 1 < T ? ra.ids[s * 12 + t + 1 - pl] : -1;
             }
-            model_forward(&a, ids, 1, T);
+            model_forward(&a, la, ids, 1, T);
             model_logprobs(&a, tg, 1.0f, lp);
             for (int t = 0; t < ra.len[s]; t++) {
                 double d = fabs((double)ra.logp[s * 12 + t] - lp[pl - 1 + t]);
@@ -407,7 +404,6 @@ START_TEST(test_lora_groups) {
         }
         printf("LoRA groups (targets %x): decode logprobs equal the forward's within %.2g\n", sets[si], worst);
         rollout_free(&ra);
-        a.lora = NULL;
         lora_free(la);
         free(pr0), free(pr1);
         model_free(&a);
@@ -433,8 +429,8 @@ START_TEST(test_continuous_batching) {
         size_t cap = kvcache_bytes(&b, share ? 30 : 45, 4) + model_acts_bytes(&b, share ? 1 : G, 13, ACTS_FORWARD_ONLY);
         model_arena_init(&b, cap);
         Rollout ra, rb;
-        rollout_run(&a, &rc, P, (const int *const *)pr, plens, seeds, &ra);
-        rollout_run(&b, &rc, P, (const int *const *)pr, plens, seeds, &rb);
+        rollout_run(&a, NULL, &rc, P, (const int *const *)pr, plens, seeds, &ra);
+        rollout_run(&b, NULL, &rc, P, (const int *const *)pr, plens, seeds, &rb);
         ck_assert_msg(rb.admissions > 0, "the small arena should have made prompts wait");
         ck_assert(lens_differ_check(&ra));
         ck_assert(rb.kv_bytes < ra.kv_bytes);
@@ -503,8 +499,8 @@ START_TEST(test_fp8_kv_cache) {
         kvcache_alloc(&kv, &m, MB, BS);
         lg[f] = (float *)mallocCheck((size_t)T * V * sizeof(float));
         int P = 6;
-        model_prefill(&m, &kv, ids, &P, sl, 1, P, lg[f] + (size_t)(P - 1) * V);
-        for (int t = P; t < T; t++) model_decode(&m, &kv, &ids[t], &t, &sl[t], table, 1, MB, lg[f] + (size_t)t * V);
+        model_prefill(&m, NULL, &kv, ids, &P, sl, 1, P, lg[f] + (size_t)(P - 1) * V);
+        for (int t = P; t < T; t++) model_decode(&m, NULL, &kv, &ids[t], &t, &sl[t], table, 1, MB, lg[f] + (size_t)t * V);
         kvcache_free_model(&kv, &m);
     }
     for (int t = 5; t < T; t++)
@@ -528,7 +524,7 @@ START_TEST(test_arena_budget) {
     uint64_t seed = 1;
     RolloutConfig rc = {2, 8, 1.0f, 1.0f, 0, NULL, 0, 4, 1};
     Rollout r;
-    EXPECT_DIE(rollout_run(&m, &rc, 1, (const int *const *)&pr, &plen, &seed, &r), "--gpu_memory_utilization");
+    EXPECT_DIE(rollout_run(&m, NULL, &rc, 1, (const int *const *)&pr, &plen, &seed, &r), "--gpu_memory_utilization");
     free(pr);
     model_free(&m);
 }

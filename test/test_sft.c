@@ -272,7 +272,7 @@ START_TEST(test_loss_matches_transformers) {
     SftBatch bt;
     sft_batch_make(&bt, b, 2);
     ck_assert_int_eq(bt.ntok, count);
-    double got = sft_loss(&m, &bt, (double)bt.ntok, 0);
+    double got = sft_loss(&m, NULL, &bt, (double)bt.ntok, 0);
     // both sides compute in fp32 (the C model, and transformers in float32): each logit carries a few
     // fp32 roundings of its ~100-term sums, 1e-6 relative at most, and the mean of log-softmax
     // entries no more than that
@@ -482,7 +482,7 @@ START_TEST(test_full_checkpoint_reloads) {
     ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
     Npy lg = npy_read(q);
     int ids[4] = {49, 43, 50, 61};
-    model_forward(&mm, ids, 1, 4);
+    model_forward(&mm, NULL, ids, 1, 4);
     float *mine = (float *)mallocCheck((size_t)lg.n * sizeof(float));
     ck_assert_int_eq(lg.n, 4 * mm.cfg.V);
     model_logits(&mm, mine);

@@ -3,7 +3,8 @@
 // tokenizer.json, tokenizer_config.json and the checkpoint's chat files; the built-in byte
 // vocabulary). Nothing else includes it: every other file sees tokenizer.h only.
 //   defines: IntVec / Buf (growable arrays), the pipeline's steps (AddedTok, PreStep, NormStep,
-//   DecStep), struct Tokenizer, and the functions one file defines for the other (tok_*).
+//   DecStep), struct Tokenizer, and the functions tokenizer.c defines for text/tokenizer_load.c (tok_*;
+//   the reading uses the tokenizer, never the reverse).
 #ifndef TOKENIZER_INTERNAL_H
 #define TOKENIZER_INTERNAL_H
 
@@ -151,8 +152,7 @@ int tok_byte_token(const char *s, size_t n);
 // the SentencePiece-style decoder steps [from, to) over one token's text (first: the first token)
 char *tok_dec_string(const Tokenizer *t, int from, int to, int first, const char *s, size_t n, size_t *out_n);
 
-// defined in tokenizer_load.c, used by tokenizer.c too: the id of an added token or vocabulary
-// string by its text, -1 if none
+// the id of an added token or vocabulary string by its text, -1 if none
 int tok_token_id_named(const Tokenizer *t, const char *name);
 
 #endif  // TOKENIZER_INTERNAL_H

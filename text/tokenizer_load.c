@@ -300,11 +300,6 @@ static void build_added_set(Tokenizer *t, AddedSet *s, int normalized) {
     }
 }
 
-int tok_token_id_named(const Tokenizer *t, const char *name) {
-    if (!name) return -1;
-    for (int i = 0; i < t->n_added; i++) if (!strcmp(t->added[i].content, name)) return t->added[i].id;
-    return tok_vocab_get(t, name, strlen(name));
-}
 static void add_eos(Tokenizer *t, int id) {
     if (id < 0) return;
     for (int i = 0; i < t->n_eos; i++) if (t->eos[i] == id) return;

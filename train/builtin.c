@@ -82,9 +82,9 @@ int eval_count(const Task *task, int n) {
     return avail > 0 && n > avail ? (int)avail : n;
 }
 
-// the number of held-out problems i0 <= i < i1 answered correctly (greedy); each (or NULL): every
-// problem's reward, i1 - i0 of them
-double evaluate_range(Model *m, const Task *task, const Formatter *f, int i0, int i1, int max_new, const int *eos, int neos,
+// the number of held-out problems i0 <= i < i1 answered correctly (greedy) with the adapter lo; each (or
+// NULL): every problem's reward, i1 - i0 of them
+double evaluate_range(Model *m, LoRA *lo, const Task *task, const Formatter *f, int i0, int i1, int max_new, const int *eos, int neos,
                              double *each) {
     int n = i1 - i0;
     if (n <= 0) return 0;
@@ -97,7 +97,7 @@ double evaluate_range(Model *m, const Task *task, const Formatter *f, int i0, in
     }
     RolloutConfig rc = {1, max_new, 0.0f, 1.0f, 0, eos, neos, 16, 1};
     Rollout r;
-    rollout_run(m, &rc, n, (const int *const *)prompts, plens, seeds, &r);
+    rollout_run(m, lo, &rc, n, (const int *const *)prompts, plens, seeds, &r);
     double correct = 0;
     for (int i = 0; i < n; i++) {
         char *text = tokenizer_decode_ex(f->tok, r.ids + (size_t)i * max_new, r.len[i], 1, NULL);
@@ -116,9 +116,9 @@ double evaluate_range(Model *m, const Task *task, const Formatter *f, int i0, in
     return correct;
 }
 
-double evaluate(Model *m, const Task *task, const Formatter *f, int n, int max_new, const int *eos, int neos) {
+double evaluate(Model *m, LoRA *lo, const Task *task, const Formatter *f, int n, int max_new, const int *eos, int neos) {
     n = eval_count(task, n);
-    return n ? evaluate_range(m, task, f, 0, n, max_new, eos, neos, NULL) / n : NAN;
+    return n ? evaluate_range(m, lo, task, f, 0, n, max_new, eos, neos, NULL) / n : NAN;
 }
 
 // ----------------------------------------------------------------------------
@@ -162,7 +162,7 @@ static void sft_warmup(Model *m, const Task *task, const Formatter *f, int steps
         double lr = lr_schedule("cosine", 3e-3, step, steps / 10, steps);
         SftStats st = sft_step(&tr, exp, batch, lr);
         if (!quiet && ((step + 1) % 50 == 0 || step == steps - 1)) {
-            double acc = evaluate(m, task, f, eval_size, max_new, &eos, 1);
+            double acc = evaluate(m, NULL, task, f, eval_size, max_new, &eos, 1);
             printf("warm-up %4d/%d | loss %.4f | grad_norm %.3f | lr %.2e | held-out %.3f | %.1f s\n", step + 1, steps, st.loss,
                    st.grad_norm, lr, acc, now_sec() - t0);
         }

@@ -41,12 +41,13 @@ Config builtin_config(int V, int gpu);
 const char *acc_text(double acc, const char *why_none, char *buf, size_t cap);
 // the held-out problems an evaluation of n asks for that exist (0: none)
 int eval_count(const Task *task, int n);
-// the number of held-out problems i0 <= i < i1 answered correctly (greedy, up to max_new tokens,
-// stopping at any of eos); each (or NULL): every problem's reward, i1 - i0 of them
-double evaluate_range(Model *m, const Task *task, const Formatter *f, int i0, int i1, int max_new, const int *eos, int neos,
+// the number of held-out problems i0 <= i < i1 the model with the adapter lo (NULL: the base model alone)
+// answers correctly (greedy, up to max_new tokens, stopping at any of eos); each (or NULL): every problem's
+// reward, i1 - i0 of them
+double evaluate_range(Model *m, LoRA *lo, const Task *task, const Formatter *f, int i0, int i1, int max_new, const int *eos, int neos,
                       double *each);
 // the share of the first n held-out problems answered correctly (NaN: none to evaluate)
-double evaluate(Model *m, const Task *task, const Formatter *f, int n, int max_new, const int *eos, int neos);
+double evaluate(Model *m, LoRA *lo, const Task *task, const Formatter *f, int n, int max_new, const int *eos, int neos);
 
 // The answer a warm-up demonstration shows: ex's, or with probability p_forget, for an addition
 // whose ones digits carry, the carry forgotten ("17+25=32")

@@ -211,10 +211,10 @@ static void pairs_batch(const PrefPair *const *p, int k, SftBatch *b) {
     free(ex);
 }
 
-// forward and logprobs of b on m; every row's summed completion log-probs (sums) and their count
+// forward and logprobs of b on m with the adapter lo (or NULL); every row's summed completion log-probs (sums) and their count
 // (counts, may be NULL); lp (B*T) keeps the per-token values
-static void forward_sums(Model *m, const SftBatch *b, double *lp, double *sums, int *counts) {
-    model_forward(m, b->ids, b->B, b->T);
+static void forward_sums(Model *m, LoRA *lo, const SftBatch *b, double *lp, double *sums, int *counts) {
+    model_forward(m, lo, b->ids, b->B, b->T);
     model_logprobs(m, b->tg, 1.0f, lp);
     for (int r = 0; r < b->B; r++) {
         double s = 0;
@@ -226,12 +226,12 @@ static void forward_sums(Model *m, const SftBatch *b, double *lp, double *sums, 
     }
 }
 
-void pref_logps(Model *m, const PrefPair *const *p, int k, double *chosen, double *rejected, int *tc, int *tr) {
+void pref_logps(Model *m, LoRA *lo, const PrefPair *const *p, int k, double *chosen, double *rejected, int *tc, int *tr) {
     SftBatch b;
     pairs_batch(p, k, &b);
     double *lp = (double *)mallocCheck((size_t)b.B * b.T * sizeof(double)), *sums = (double *)mallocCheck(2 * (size_t)k * sizeof(double));
     int *cnt = (int *)mallocCheck(2 * (size_t)k * sizeof(int));
-    forward_sums(m, &b, lp, sums, cnt);
+    forward_sums(m, lo, &b, lp, sums, cnt);
     for (int i = 0; i < k; i++) {
         chosen[i] = sums[i], rejected[i] = sums[k + i];
         if (tc) tc[i] = cnt[i];
@@ -242,18 +242,15 @@ void pref_logps(Model *m, const PrefPair *const *p, int k, double *chosen, doubl
 }
 
 void pref_precompute_ref(PrefData *d, Model *m, int micro_batch) {
-    int on = m->lora_on;
-    m->lora_on = 0;
     d->ref_chosen = (double *)reallocCheck(d->ref_chosen, (size_t)d->n * sizeof(double));
     d->ref_rejected = (double *)reallocCheck(d->ref_rejected, (size_t)d->n * sizeof(double));
     const PrefPair **pp = (const PrefPair **)mallocCheck((size_t)micro_batch * sizeof(PrefPair *));
     for (long i0 = 0; i0 < d->n; i0 += micro_batch) {
         int k = d->n - i0 < micro_batch ? (int)(d->n - i0) : micro_batch;
         for (int i = 0; i < k; i++) pp[i] = &d->pairs[i0 + i];
-        pref_logps(m, pp, k, d->ref_chosen + i0, d->ref_rejected + i0, NULL, NULL);
+        pref_logps(m, NULL, pp, k, d->ref_chosen + i0, d->ref_rejected + i0, NULL, NULL);  // the base model
     }
     free(pp);
-    m->lora_on = on;
 }
 
 // ----------------------------------------------------------------------------
@@ -286,13 +283,11 @@ DpoStepStats dpo_step(DpoTrainer *dt, PrefData *d, const long *idx, int n, doubl
         double *lp = (double *)mallocCheck(N * sizeof(double)), *w = (double *)mallocCheck(N * sizeof(double));
         if (d->ref_chosen) {
             for (int i = 0; i < k; i++) rc[i] = d->ref_chosen[idx[b0 + i]], rr[i] = d->ref_rejected[idx[b0 + i]];
-        } else {  // the reference: the same weights with the adapter off, before the forward the backward needs
-            m->lora_on = 0;
-            forward_sums(m, &b, lp, sums, NULL);
-            m->lora_on = 1;
+        } else {  // the reference: the same weights with no adapter, before the forward the backward needs
+            forward_sums(m, NULL, &b, lp, sums, NULL);
             for (int i = 0; i < k; i++) rc[i] = sums[i], rr[i] = sums[k + i];
         }
-        forward_sums(m, &b, lp, sums, cnt);
+        forward_sums(m, t->lora, &b, lp, sums, cnt);
         for (int i = 0; i < k; i++) pc[i] = sums[i], pr[i] = sums[k + i];
         DpoInputs in = {pc, pr, rc, rr, cnt, cnt + k};
         double loss = dpo_loss(&dt->cfg, &in, k, n, dc, dr, &s.dpo);
@@ -304,7 +299,7 @@ DpoStepStats dpo_step(DpoTrainer *dt, PrefData *d, const long *idx, int n, doubl
                 size_t o = (size_t)r * b.T + tt;
                 w[o] = b.tg[o] >= 0 ? (r < k ? dc[r] : dr[r - k]) : 0;
             }
-        model_backward(m, w);
+        model_backward(m, t->lora, w);
         free(lp), free(w);
         sft_batch_free(&b);
     }
@@ -329,16 +324,11 @@ DpoMetrics dpo_evaluate(DpoTrainer *dt, PrefData *d, int batch) {
     for (long i0 = 0; i0 < d->n; i0 += batch) {
         int k = d->n - i0 < batch ? (int)(d->n - i0) : batch;
         for (int i = 0; i < k; i++) pp[i] = &d->pairs[i0 + i];
-        pref_logps(m, pp, k, pc, pr, cnt, cnt + k);
+        pref_logps(m, dt->t->lora, pp, k, pc, pr, cnt, cnt + k);
         if (d->ref_chosen) {
             memcpy(rc, d->ref_chosen + i0, k * sizeof(double));
             memcpy(rr, d->ref_rejected + i0, k * sizeof(double));
-        } else {  // the reference: the adapter off
-            int on = m->lora_on;
-            m->lora_on = 0;
-            pref_logps(m, pp, k, rc, rr, NULL, NULL);
-            m->lora_on = on;
-        }
+        } else pref_logps(m, NULL, pp, k, rc, rr, NULL, NULL);  // the reference: no adapter
         DpoInputs in = {pc, pr, rc, rr, cnt, cnt + k};
         DpoStats st;
         dpo_stats_init(&st);

@@ -4,7 +4,7 @@
 //            (text -> tokens, TRL's truncations), PrefData, pref_data_load, pref_data_from_pairs,
 //            pref_data_at (the pairs and their order), pref_logps, pref_precompute_ref (log-probs of
 //            pairs), DpoTrainer, DpoStepStats, dpo_step (one optimizer step), dpo_evaluate (held-out pairs)
-// Used by ./train_dpo (train_sft.c in its DPO mode). Built on train/sft.h: a pair is two SftExamples
+// Used by ./train_dpo (train_dpo.c). Built on train/sft.h: a pair is two SftExamples
 // (the prompt then the chosen completion, the prompt then the rejected one), batched, encoded and
 // stepped by sft.h's functions.
 //
@@ -22,7 +22,7 @@
 // default: the prompt's start goes first). A pair where either side has no completion token left to
 // score is left out (counted).
 //
-// The reference: the same model with the adapter off (m->lora_on = 0: no second copy of the
+// The reference: the same model with no adapter (the forward given NULL: no second copy of the
 // weights), run on each micro-batch before the policy's forward; or log-probabilities computed once
 // before training (pref_precompute_ref: TRL's precompute_ref_log_probs, and what training every weight
 // uses, since it keeps no frozen copy of the weights it changes).
@@ -90,11 +90,11 @@ void pref_data_free(PrefData *d);
 // seeded shuffle: sft.h's data_order_at)
 long pref_data_at(PrefData *d, long pos);
 
-// Forward only, on m as it is (adapter on or off as m->lora_on says): the summed log-probs of k
-// pairs' completion tokens, chosen[i] and rejected[i], and how many tokens each sum has (tc, tr; may be NULL).
-void pref_logps(Model *m, const PrefPair *const *p, int k, double *chosen, double *rejected, int *tc, int *tr);
-// the reference's log-probs of every pair into d->ref_* (micro_batch pairs a forward): m with its
-// adapter off when it has one (else as it is: call before training)
+// Forward only, on m with the adapter lo (NULL: none, the reference): the summed log-probs of k pairs'
+// completion tokens, chosen[i] and rejected[i], and how many tokens each sum has (tc, tr; may be NULL).
+void pref_logps(Model *m, LoRA *lo, const PrefPair *const *p, int k, double *chosen, double *rejected, int *tc, int *tr);
+// the reference's log-probs of every pair into d->ref_* (micro_batch pairs a forward): m with no adapter
+// (training every weight: call before training)
 void pref_precompute_ref(PrefData *d, Model *m, int micro_batch);
 
 typedef struct {

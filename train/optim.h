@@ -9,6 +9,13 @@
 extern "C" {
 #endif
 
+// the optimizer's settings as a trainer's step takes them (TRL's names; AdamW's betas and epsilon)
+typedef struct {
+    const char *lr_scheduler_type;
+    double learning_rate, beta1, beta2, eps, weight_decay, max_grad_norm;
+    long warmup, total;    // optimizer steps of warm-up, of the run
+} OptimConfig;
+
 // transformers' get_scheduler: a linear ramp from 0 over `warmup` steps, then
 //   linear:   lr * max(0, (total - step) / max(1, total - warmup))
 //   cosine:   lr * max(0, 0.5 * (1 + cos(pi * (step - warmup) / max(1, total - warmup))))  (num_cycles 0.5)

@@ -43,11 +43,7 @@ static void value_scratch(ValueModel *v, int N) {
 }
 
 void value_forward(ValueModel *v, Model *m, const int *ids, int B, int T, double *values) {
-    LoRA *policy = m->lora;
-    int on = m->lora_on;
-    m->lora = v->lo, m->lora_on = 1;
-    model_forward(m, ids, B, T);
-    m->lora = policy, m->lora_on = on;
+    model_forward(m, v->lo, ids, B, T);
     int N = B * T;
     value_scratch(v, N);
     const Backend *be = v->be;
@@ -65,11 +61,7 @@ void value_backward(ValueModel *v, Model *m, const double *dvalues) {
     be->upload_convert(v->dv, be->act, dvalues, DT_F64, N);
     // dh (N, C) = dv score, straight into the model's dL/dlnf buffer; d score += dv^T lnf
     be->linear_backward(m->acts.dln, 0, v->g, NULL, v->dv, m->acts.lnf, &v->head, N);
-    LoRA *policy = m->lora;
-    int on = m->lora_on;
-    m->lora = v->lo, m->lora_on = 1;  // (a recomputed layer must see the adapter its forward saw)
-    model_backward_hidden(m, m->acts.dln);
-    m->lora = policy, m->lora_on = on;
+    model_backward_hidden(m, v->lo, m->acts.dln);
 }
 
 void value_zero_grads(ValueModel *v) {
@@ -192,9 +184,9 @@ static void micro_tokens(PpoTrainer *p, const PpoBatch *b, const int *rows, int 
     gather(p->tg, b->tg, rows, nb, (size_t)b->T * sizeof(int));
 }
 
-// 1. the rollout's numbers, a micro-batch at a time in batch order: the reference's log-probs (the
-// policy adapter off), the policy's, and the values
-static void rollout_passes(PpoTrainer *p, Model *m, const PpoBatch *b, int mb) {
+// 1. the rollout's numbers, a micro-batch at a time in batch order: the reference's log-probs (no
+// adapter), the policy's, and the values
+static void rollout_passes(PpoTrainer *p, Model *m, LoRA *policy, const PpoBatch *b, int mb) {
     int S = b->S, Tc = b->Tc;
     for (int b0 = 0; b0 < S; b0 += mb) {
         int nb = S - b0 < mb ? S - b0 : mb;
@@ -203,10 +195,8 @@ static void rollout_passes(PpoTrainer *p, Model *m, const PpoBatch *b, int mb) {
         for (int pass = 0; pass < 3; pass++) {
             double *out = pass == 0 ? p->ref : pass == 1 ? p->old : p->values;
             if (pass < 2) {
-                m->lora_on = pass == 1;
-                model_forward(m, p->ids, nb, b->T);
+                model_forward(m, pass == 1 ? policy : NULL, p->ids, nb, b->T);
                 model_logprobs(m, p->tg, b->inv_temp, p->full);
-                m->lora_on = 1;
             } else value_forward(&p->value, m, p->ids, nb, b->T, p->full);
             to_comp(b, rows, nb, p->full, out + (size_t)b0 * Tc);
         }
@@ -258,7 +248,7 @@ static void shuffle(int *perm, int S, uint64_t seed, long step, int epoch) {
 
 // 3. one mini-batch (rows[0..n)): per micro-batch the value's forward, loss and backward, then the
 // policy's; the gradients accumulate in both models. Its losses, token-weighted, into *ls.
-static void mini_batch(PpoTrainer *p, Model *m, const PpoBatch *b, const int *rows, int n, int mb, PpoLossStats *ls) {
+static void mini_batch(PpoTrainer *p, Model *m, LoRA *policy, const PpoBatch *b, const int *rows, int n, int mb, PpoLossStats *ls) {
     const PpoConfig *c = &p->c;
     int Tc = b->Tc;
     size_t cap = (size_t)p->S * Tc;
@@ -288,13 +278,13 @@ static void mini_batch(PpoTrainer *p, Model *m, const PpoBatch *b, const int *ro
         from_comp(b, r, nu, p->dcur, p->dfull);
         value_backward(&p->value, m, p->dfull);
         // the policy: forward, clipped loss, backward into the policy adapter
-        model_forward(m, p->ids, nu, b->T);
+        model_forward(m, policy, p->ids, nu, b->T);
         model_logprobs(m, p->tg, b->inv_temp, p->full);
         to_comp(b, r, nu, p->full, now);
         ppo_policy_loss(c, k, now, old, adv, mask, p->dcur, &s);
         for (size_t i = 0; i < k; i++) p->dcur[i] *= share;
         from_comp(b, r, nu, p->dcur, p->dfull);
-        model_backward(m, p->dfull);
+        model_backward(m, policy, p->dfull);
         double every = (double)nu / n;  // (approxkl and the ratio are means over every position, as TRL's)
         ls->pg_loss += share * s.pg_loss, ls->pg_clipfrac += share * s.pg_clipfrac;
         ls->vf_loss += share * s.vf_loss, ls->vf_clipfrac += share * s.vf_clipfrac;
@@ -303,9 +293,9 @@ static void mini_batch(PpoTrainer *p, Model *m, const PpoBatch *b, const int *ro
     ls->loss = ls->pg_loss + c->vf_coef * ls->vf_loss;
 }
 
-void ppo_step(PpoTrainer *p, Model *m, const PpoBatch *b, int mb, const PpoOptim *o, long step, PpoStepStats *st) {
+void ppo_step(PpoTrainer *p, Model *m, LoRA *policy, const PpoBatch *b, int mb, const OptimConfig *o, long step,
+              PpoStepStats *st) {
     const PpoConfig *c = &p->c;
-    LoRA *policy = m->lora;
     int S = b->S, T = b->T, E = c->num_ppo_epochs, K = c->num_mini_batches, n = S / K;
     if (S != p->S || b->Tc != p->Tc) die("ppo_step: a batch of %d x %d, the trainer was made for %d x %d", S, b->Tc, p->S, p->Tc);
     if (T > p->cap_T) {
@@ -318,7 +308,7 @@ void ppo_step(PpoTrainer *p, Model *m, const PpoBatch *b, int mb, const PpoOptim
     memset(st, 0, sizeof *st);
     double t0 = now_sec();
     for (int i = 0; i < S; i++) p->perm[i] = i;
-    rollout_passes(p, m, b, mb);
+    rollout_passes(p, m, policy, b, mb);
     st->t_rollout_passes = now_sec() - t0;
     advantages(p, b, st);
 
@@ -329,7 +319,7 @@ void ppo_step(PpoTrainer *p, Model *m, const PpoBatch *b, int mb, const PpoOptim
             lora_zero_grads(policy);
             value_zero_grads(&p->value);
             PpoLossStats ls;
-            mini_batch(p, m, b, p->perm + (size_t)k * n, n, mb, &ls);
+            mini_batch(p, m, policy, b, p->perm + (size_t)k * n, n, mb, &ls);
             long u = (long)e * K + k;  // this step's update
             st->lr = lr_schedule(o->lr_scheduler_type, o->learning_rate, (step - 1) * E * K + u, o->warmup, o->total);
             st->grad_norm = lora_grad_norm(policy);

@@ -2,27 +2,27 @@
 // formulas (KL rewards, whitening, GAE, the clipped losses) are ppo.h's; here are the value model they
 // need and the step that drives them over a batch of rollouts.
 //   defines: ValueModel (value_init, value_forward, value_backward, ... its optimizer and state),
-//            PpoBatch, PpoOptim, PpoStepStats, PpoTrainer, ppo_init, ppo_step, ppo_free
+//            PpoBatch, PpoStepStats, PpoTrainer, ppo_init, ppo_step, ppo_free
 //
 // The value model. TRL's is a second model (AutoModelForSequenceClassification) whose `score` head, a
 // Linear(hidden, 1, bias=False), reads the final normed hidden state at every position. Here it is the
 // same frozen (FP8) base as the policy's, with a LoRA adapter of its own (the policy's r, alpha and
 // targets) and that head, so that:
 //   - no second copy of the base exists (the one FP8 copy serves the rollouts, the policy, the
-//     reference (adapter off) and the value);
+//     reference (no adapter) and the value);
 //   - the policy and the value share no trainable weight, so the value loss never moves the policy
 //     (a shared adapter with a value head is cheaper, one forward instead of two, but its value
 //     gradient flows into the policy's weights, scaled by vf_coef: a coupling TRL's separate models
 //     do not have, and which this program's GRPO comparison would then carry too).
-// The model holds one adapter at a time (m->lora): the value's forward and backward swap it in and
-// back, each pass on its own activations. The head is two backend ops already there: logits_forward
+// Each forward and backward is given its adapter (the policy's, the value's, or none for the reference),
+// each pass on its own activations. The head is two backend ops already there: logits_forward
 // with a (1, C) dense "vocabulary" (fp32 values) and linear_backward for dh and d score; the gradient
 // then enters the model through model_backward_hidden. Both backends, one code path.
 // The head starts at zero (values 0 at the first step, learned from the returns): TRL's starts from a
 // reward model's; this program has none.
 //
 // One PPO step (ppo_step), TRL's train() loop on the (S, Tc) completion tokens of one rollout:
-//   1. per micro-batch: the reference's log-probs (the policy adapter off), the policy's (the rollout's
+//   1. per micro-batch: the reference's log-probs (no adapter), the policy's (the rollout's
 //      policy as the trainer computes it: TRL takes the sampler's, but the rollout engine's decode differs
 //      from the trainer's forward a little, and the ratio must start at exactly 1), the value model's
 //      values at each completion position (the position that predicts the token);
@@ -46,6 +46,7 @@
 #include "lora.h"
 #include "model.h"
 #include "ppo.h"
+#include "train/optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -66,8 +67,8 @@ typedef struct {
 // the value adapter as lora_create makes one (r, alpha, targets, bf16 as the policy's), the head zero
 void value_init(ValueModel *v, const Model *m, const LoRA *policy, uint64_t seed);
 void value_free(ValueModel *v);
-// values (B*T, host fp64) at every position of ids (B, T); leaves the value's activations in m for
-// value_backward. m->lora is the policy's again on return.
+// values (B*T, host fp64) at every position of ids (B, T), the base with the value's adapter; leaves
+// the value's activations in m for value_backward
 void value_forward(ValueModel *v, Model *m, const int *ids, int B, int T, double *values);
 // backward of sum_n dvalues[n] values[n] (the last value_forward): the head's and the value adapter's
 // gradients accumulate
@@ -92,12 +93,6 @@ typedef struct {
     const double *score;   // (S) the task's reward of each completion (the reward functions' weighted sum)
     float inv_temp;        // the logprobs at the sampling temperature
 } PpoBatch;
-
-typedef struct {  // the optimizer (train/optim.h's schedule), shared by the policy and the value
-    const char *lr_scheduler_type;
-    double learning_rate, beta1, beta2, eps, weight_decay, max_grad_norm;
-    long warmup, total;    // optimizer steps of warm-up, of the run
-} PpoOptim;
 
 typedef struct {  // one step, TRL's metric names in the comments
     double kl;                // objective/kl: the mean over sequences of the summed per-token KL
@@ -128,10 +123,11 @@ typedef struct {
 
 void ppo_init(PpoTrainer *p, const PpoConfig *c, const Model *m, const LoRA *policy, int S, int Tc, uint64_t seed);
 void ppo_free(PpoTrainer *p);
-// One PPO step on batch b (the policy adapter m->lora, LoRA on): the passes, the advantages, the
+// One PPO step on batch b with the policy's adapter: the passes, the advantages, the
 // updates (mb sequences per forward / backward). step: the run's step (1, 2, ...): the shuffles' seed
 // and the optimizer steps' place in the schedule ((step - 1) x epochs x mini-batches before it).
-void ppo_step(PpoTrainer *p, Model *m, const PpoBatch *b, int mb, const PpoOptim *o, long step, PpoStepStats *st);
+void ppo_step(PpoTrainer *p, Model *m, LoRA *policy, const PpoBatch *b, int mb, const OptimConfig *o, long step,
+              PpoStepStats *st);
 // the scores: the weighted sum of each completion's R rewards (NaN terms skipped, as GRPO's), less
 // missing_eos_penalty where truncated (TRL: no EOS)
 void ppo_scores(const PpoConfig *c, int S, int R, const double *rewards, const double *weights,

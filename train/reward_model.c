@@ -174,7 +174,7 @@ static void score_batch(RewardModel *rm, int *const *ids, const int *lens, int B
     }
     size_t acts = model_acts_bytes(&rm->m, B, T, ACTS_FORWARD_ONLY);
     rm->peak_acts = acts > rm->peak_acts ? acts : rm->peak_acts;
-    model_forward(&rm->m, tok, B, T);
+    model_forward(&rm->m, NULL, tok, B, T);  // no adapter: the reward model is frozen
     scratch(rm, B);
     be->upload(rm->idx, last, B * sizeof(int32_t));
     be->gather_rows(rm->rows, rm->m.acts.lnf, (const int32_t *)rm->idx, B, rm->m.cfg.C);

@@ -309,16 +309,16 @@ void sft_batch_free(SftBatch *b) {
     memset(b, 0, sizeof *b);
 }
 
-double sft_loss(Model *m, const SftBatch *b, double norm, int backward) {
+double sft_loss(Model *m, LoRA *lo, const SftBatch *b, double norm, int backward) {
     size_t N = (size_t)b->B * b->T;
     double *lp = (double *)mallocCheck(N * sizeof(double)), *w = (double *)mallocCheck(N * sizeof(double));
     for (size_t i = 0; i < N; i++) w[i] = b->tg[i] >= 0 ? -1.0 / norm : 0;  // dL/dlogp
-    model_forward(m, b->ids, b->B, b->T);
+    model_forward(m, lo, b->ids, b->B, b->T);
     if (backward) model_logprobs_grad(m, b->tg, 1.0f, w, lp);  // the loss is linear in the logprobs: dL/dlogp = w
     else model_logprobs(m, b->tg, 1.0f, lp);
     double loss = 0;
     for (size_t i = 0; i < N; i++) loss += w[i] * lp[i];
-    if (backward) model_backward(m, NULL);
+    if (backward) model_backward(m, lo, NULL);
     free(lp);
     free(w);
     return loss;
@@ -345,7 +345,7 @@ SftStats sft_step(SftTrainer *t, const SftExample *const *ex, int n, double lr) 
     for (int b0 = 0; b0 < n; b0 += t->micro_batch) {
         SftBatch b;
         sft_batch_make(&b, ex + b0, n - b0 < t->micro_batch ? n - b0 : t->micro_batch);
-        s.loss += sft_loss(m, &b, (double)s.tokens, 1);
+        s.loss += sft_loss(m, t->lora, &b, (double)s.tokens, 1);
         s.pad_tokens += (long)b.B * b.T;
         sft_batch_free(&b);
     }
@@ -359,7 +359,7 @@ double sft_eval(SftTrainer *t, const SftExample *const *ex, int n, long *tokens)
     for (int b0 = 0; b0 < n; b0 += t->micro_batch) {
         SftBatch b;
         sft_batch_make(&b, ex + b0, n - b0 < t->micro_batch ? n - b0 : t->micro_batch);
-        c[0] += sft_loss(t->m, &b, 1.0, 0);
+        c[0] += sft_loss(t->m, t->lora, &b, 1.0, 0);
         c[1] += (double)b.ntok;
         sft_batch_free(&b);
     }

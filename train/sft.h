@@ -148,10 +148,10 @@ typedef struct {
 
 void sft_batch_make(SftBatch *b, const SftExample *const *ex, int B);
 void sft_batch_free(SftBatch *b);
-// Forward and logprobs of b on m; returns -(sum of the completion tokens' logprobs) / norm
+// Forward and logprobs of b on m with the adapter lo (or NULL); returns -(sum of the completion tokens' logprobs) / norm
 // (norm: the completion tokens the step's loss is the mean over). backward != 0: then
-// model_backward of that loss, accumulating into m's gradients (m->grads and/or the LoRA's).
-double sft_loss(Model *m, const SftBatch *b, double norm, int backward);
+// model_backward of that loss, accumulating into m's gradients (m->grads and/or lo's).
+double sft_loss(Model *m, LoRA *lo, const SftBatch *b, double norm, int backward);
 
 // ----------------------------------------------------------------------------
 // training
@@ -159,7 +159,7 @@ double sft_loss(Model *m, const SftBatch *b, double norm, int backward);
 typedef struct {
     Model *m;
     FullTrainer *full;     // full-weight training, or NULL; exactly one of full and lora
-    LoRA *lora;            // LoRA training (attached to m, on), or NULL
+    LoRA *lora;            // LoRA training: the adapter the step's forwards apply (m->lora too), or NULL
     int micro_batch;       // sequences per forward/backward
     float beta1, beta2, eps, weight_decay;  // AdamW
     double max_grad_norm;  // clip the global gradient norm to this (0: off)

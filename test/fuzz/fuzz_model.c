@@ -12,7 +12,7 @@ static void body(const char *dir, const uint8_t *rest, size_t nrest) {
     model_load(&m, dir, backend_cpu(), &o);
     int T = m.cfg.max_pos < 4 ? m.cfg.max_pos : 4, ids[4];
     for (int t = 0; t < T; t++) ids[t] = (t * 7 + 1) % m.cfg.V;
-    model_forward(&m, ids, 1, T);
+    model_forward(&m, NULL, ids, 1, T);
     float *logits = (float *)mallocCheck((size_t)T * m.cfg.V * sizeof(float));
     model_logits(&m, logits);
     free(logits);
@@ -28,7 +28,7 @@ static void init(void) {
     Model m;
     model_init_random(&m, &c, backend_cpu(), &o, 1);
     int ids[2] = {1, 2};
-    model_forward(&m, ids, 1, 2);
+    model_forward(&m, NULL, ids, 1, 2);
     model_free(&m);
 }
 

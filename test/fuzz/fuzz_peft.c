@@ -12,25 +12,18 @@ static Model base;  // made once (init), shared by every input
 static void body(const char *dir, const uint8_t *rest, size_t nrest) {
     (void)rest, (void)nrest;
     LoRA *lo = lora_load_peft(&base, dir);
-    base.lora = lo;
-    base.lora_on = 1;
     int ids[4] = {1, 2, 3, 4};
-    model_forward(&base, ids, 1, 4);
-    base.lora = NULL;
-    base.lora_on = 0;
+    model_forward(&base, lo, ids, 1, 4);
     lora_free(lo);
 }
 
 static void init(void) {
     fuzz_base_model(&base);
     // the buffers a forward with an adapter makes and keeps in the model: before the first input
-    base.lora = lora_create(&base, 4, 8.0f, (1u << LIN_COUNT) - 1, 1, 0);
-    base.lora_on = 1;
+    LoRA *lo = lora_create(&base, 4, 8.0f, (1u << LIN_COUNT) - 1, 1, 0);
     int ids[4] = {1, 2, 3, 4};
-    model_forward(&base, ids, 1, 4);
-    lora_free(base.lora);
-    base.lora = NULL;
-    base.lora_on = 0;
+    model_forward(&base, lo, ids, 1, 4);
+    lora_free(lo);
 }
 
 FUZZ_TARGET(body, init, "adapter_config.json", "adapter_model.safetensors")

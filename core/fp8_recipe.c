@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/fp8_recipe.h"
+#include "core/fp8_recipe.h"
 
 FP8Recipe fp8_recipe_default(void) {
     FP8Recipe r = {FP8_RECIPE_DELAYED, 1, 1024, AMAX_MAX, 0.0f, 0};
