@@ -470,7 +470,8 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const __grid_constant__ M
 // sx * sw (the FP8 product's promotion: 8 elements lie in one 128-wide block; sums of the codes' exact
 // products). The 32 (unit, row) sums are reduced across the lanes, lane l ending with unit l / MOE_DEC_R, row
 // l % MOE_DEC_R. An expert with more than MOE_DEC_R rows reads its weights again for each further MOE_DEC_R
-// (from L2: the block has just read them). 128 registers, no spills (sm_90a): two blocks an SM.
+// (from L2: the block has just read them). At most 128 registers, no spills (sm_89, sm_90a, sm_120): two
+// blocks an SM.
 #define MOE_DEC_R 4       // an expert's rows a pass
 #define MOE_DEC_U 8       // weight rows a warp
 #define MOE_DEC_ROWS 64   // weight rows a block: 8 warps
