@@ -15,7 +15,10 @@
 //      tile_start, and its rows are a run of perm: row m of the product reads A's row perm[m] / K (a token:
 //      the experts' input) or perm[m] (a slot: the SwiGLU's output, a gradient) and writes slot perm[m] of
 //      its output. gate|up is one launch (blockIdx.z picks the weight), down another. An expert with at
-//      most 64 rows (the decode step: N = the batch) is one row tile, so its weights are read once.
+//      most 64 rows is one row tile, so its weights are read once.
+//   3'. the decode step's products (N = the batch: a few rows an expert) by moe_decode_kernel instead, chosen
+//      on the host by the shape (decode_ok: N K <= MOE_DEC_AVG E, no sync): weight rows streamed as dot
+//      products with the expert's rows held in shared memory, gate|up with the SwiGLU in the same pass.
 //   4. the weighted sum of each token's K outputs, in slot order (moe_combine_kernel): no atomics, so the
 //      results repeat bit for bit.
 //
@@ -286,6 +289,7 @@ typedef struct {
     int qx;                         // quantize A to E4M3 with sx as it is loaded (the forward through FP8)
     int ldws;                       // BLOCK: the row length of a weight's scale matrix (fp8_scale_ld)
     int vec;                        // K_in and N_out multiples of 8, every operand 16-byte aligned: 16-byte loads
+    bf16 *h;                        // moe_decode_kernel's gate|up: the SwiGLU's output (NK, N_out) too, by slot
 } MoeGemm;
 
 // the scale of weight element (r, c) of W (its own rows and columns)
@@ -452,6 +456,157 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const __grid_constant__ M
 }
 
 // ----------------------------------------------------------------------------
+// the decode step's products (moe_decode_kernel): a few rows an expert (N K / E ~ 4 at a batch of 64), so the
+// work is reading each active expert's weights once, each weight row a dot product with each of the rows.
+// grid (column slices, E), 256 threads. Block (b, e) takes 64 weight rows of expert e: rows n0 .. n0 + 64 of
+// its one weight (down: n0 = 64 b), or rows n0 .. n0 + 32 of gate and of up (n0 = 32 b), whose SwiGLU it
+// writes as h as well (the same values as cu_swiglu_forward of the bf16 gate and up). An expert with no rows
+// exits at once. Its rows are taken MOE_DEC_R at a time: their values in shared memory (FP8 weights: the
+// rows quantized with moe_gemm_kernel's scales and codes, the division by Markstein's exact one, the codes'
+// values exact in bf16) with their scales; then warp w takes 8 weight rows, its units u (down: row
+// n0 + 8 w + u; gate|up: u < 4 gate's row n0 + 4 w + u, u >= 4 up's row n0 + 4 w + u - 4), and the lanes split
+// K: a step, each lane loads 8 weights (8 or 16 bytes) of each of the 8 rows (the warp: 8 runs of 256 or 512
+// contiguous bytes in flight) and adds their products with the rows' values, each 8 products' fp32 sum times
+// sx * sw (the FP8 product's promotion: 8 elements lie in one 128-wide block; sums of the codes' exact
+// products). The 32 (unit, row) sums are reduced across the lanes, lane l ending with unit l / MOE_DEC_R, row
+// l % MOE_DEC_R. An expert with more than MOE_DEC_R rows reads its weights again for each further MOE_DEC_R
+// (from L2: the block has just read them). At most 128 registers, no spills (sm_89, sm_90a, sm_120): two
+// blocks an SM.
+#define MOE_DEC_R 4       // an expert's rows a pass
+#define MOE_DEC_U 8       // weight rows a warp
+#define MOE_DEC_ROWS 64   // weight rows a block: 8 warps
+#define MOE_DEC_AVG 16    // the decode kernel takes a product of N K <= MOE_DEC_AVG E slots (see decode_ok)
+static_assert(MOE_DEC_R * MOE_DEC_U == 32, "a warp's sums: one a lane");
+static_assert(MOE_DEC_U * 8 == MOE_DEC_ROWS, "8 warps of MOE_DEC_U weight rows");
+
+// lane l gets the sum over the warp's lanes of v[l]: a reduce-scatter (31 shuffles for 32 sums). At the step
+// of offset O a lane keeps the half of its values whose index has its own bit O and adds its partner's copy of
+// that half, so after the steps 16, 8, .., 1 v[0] holds the sum of value `lane`.
+template <int O>
+__device__ __forceinline__ void warp_scatter_step(float v[32], int lane) {
+    bool hi = lane & O;
+#pragma unroll
+    for (int i = 0; i < O; i++) {
+        float send = hi ? v[i] : v[i + O];
+        v[i] = (hi ? v[i + O] : v[i]) + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+}
+__device__ __forceinline__ float warp_sum_scatter(float v[32]) {
+    int lane = threadIdx.x & 31;
+    warp_scatter_step<16>(v, lane);
+    warp_scatter_step<8>(v, lane);
+    warp_scatter_step<4>(v, lane);
+    warp_scatter_step<2>(v, lane);
+    warp_scatter_step<1>(v, lane);
+    return v[0];
+}
+
+// 8 E4M3 codes (byte j of w: code j) as floats, the hardware's paired conversion (exactly fp8_decode_dev's)
+__device__ __forceinline__ void moe_decode8(float f[8], uint2 w) {
+    const __nv_fp8x2_storage_t *q = (const __nv_fp8x2_storage_t *)&w;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(q[i], __NV_E4M3)));
+        f[2 * i] = t.x, f[2 * i + 1] = t.y;
+    }
+}
+
+// FP8W: the weights are E4M3 codes (else bf16). p.out[1] != NULL: gate|up (p.h the SwiGLU), else one weight.
+// Dynamic shared memory: decode_smem(p.k_in)
+template <bool FP8W>
+__global__ void __launch_bounds__(256, 2) moe_decode_kernel(const __grid_constant__ MoeGemm p) {
+    extern __shared__ __align__(16) unsigned char moe_dec_smem[];
+    __shared__ int xrow[MOE_DEC_R];  // the pass's rows of A (-1: none)
+    constexpr int ES = FP8W ? 1 : 2;  // a weight element's bytes
+    int e = blockIdx.y, m_beg = p.offsets[e], m_end = p.offsets[e + 1];
+    if (m_beg >= m_end) return;  // the whole block: an expert with no rows
+    int K_in = p.k_in, nkb = cdiv(K_in, FP8_BLOCK_SIZE), two = p.out[1] != NULL;
+    bf16 *xs = (bf16 *)moe_dec_smem;                // (MOE_DEC_R, K_in): the rows' values
+    float *xsc = (float *)(xs + MOE_DEC_R * K_in);  // (MOE_DEC_R, nkb): their scales (1 without FP8)
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int n0 = blockIdx.x * (two ? MOE_DEC_ROWS / 2 : MOE_DEC_ROWS);
+    // unit u is row n = nw + u (down) or nw + u % 4 of weight s = u / 4 (gate|up): in = how many of a
+    // weight's units lie within N_out; w0, w1: the first byte of weight 0's, 1's row nw (row bytes rb)
+    int nw = n0 + (two ? 4 : MOE_DEC_U) * warp, in = min(p.n_out - nw, two ? 4 : MOE_DEC_U);
+    size_t rb = (size_t)K_in * ES;
+    const uint8_t *w0 = (const uint8_t *)p.w[0][e] + nw * rb, *w1 = two ? (const uint8_t *)p.w[1][e] + nw * rb : NULL;
+    for (int m0 = m_beg; m0 < m_end; m0 += MOE_DEC_R) {
+        __syncthreads();  // the previous pass's rows are read
+        if (tid < MOE_DEC_R) xrow[tid] = m0 + tid < m_end ? p.perm[m0 + tid] / p.div : -1;
+        __syncthreads();
+        int kc = K_in / 8;  // 8-element chunks a row (decode_ok: K_in a multiple of 8, A 16-byte aligned)
+        for (int q = tid; q < MOE_DEC_R * kc; q += blockDim.x) {
+            int r = q / kc, k = 8 * (q % kc), xr = xrow[r];
+            float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // a row of none: zeros
+            if (xr >= 0) unpack8(v, *(const uint4 *)(p.a[0] + (size_t)xr * K_in + k));
+            if (p.qx && xr >= 0) {  // moe_load_a8's codes; the division as fp8_quantize_warp_regs takes it
+                float sx = moe_sx_at(p, e, xr, k), y = __frcp_rn(sx);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float d = sx >= 0x1p-60f && fabsf(v[j]) < INFINITY ? fp8_div_fast(v[j], sx, y) : fp8_div(v[j], sx);
+                    v[j] = fp8_decode_dev(fp8_encode_dev(d, FP8_E4M3), FP8_E4M3);
+                }
+            }
+            *(uint4 *)(xs + r * K_in + k) = pack8(v);
+        }
+        for (int q = tid; q < MOE_DEC_R * nkb; q += blockDim.x) {
+            int xr = xrow[q / nkb];
+            xsc[q] = p.qx && xr >= 0 ? moe_sx_at(p, e, xr, (q % nkb) * FP8_BLOCK_SIZE) : 1.0f;
+        }
+        __syncthreads();
+        float acc[32];  // acc[u MOE_DEC_R + r]: unit u's weight row times row r, this lane's part
+#pragma unroll
+        for (int i = 0; i < 32; i++) acc[i] = 0.0f;
+        for (int k = 8 * lane; k < K_in; k += 32 * 8) {  // this lane: columns k .. k + 8 (one 128-wide group)
+            uint4 raw[MOE_DEC_U];  // unit u's 8 weights: 8 codes in .x, .y (FP8W) or 8 bf16
+            float sw[MOE_DEC_U], sx[MOE_DEC_R];  // the promotion's scales of these columns
+#pragma unroll
+            for (int u = 0; u < MOE_DEC_U; u++) {
+                int i = two ? u % 4 : u;  // unit u: row nw + i of weight u / 4 (gate|up) or 0
+                const uint8_t *w = (two && u >= 4 ? w1 : w0) + i * rb + (size_t)k * ES;
+                bool ok = i < in;
+                raw[u] = make_uint4(0, 0, 0, 0);
+                if (ok && FP8W) *(uint2 *)&raw[u] = __ldg((const uint2 *)w);
+                else if (ok) raw[u] = __ldg((const uint4 *)w);
+                sw[u] = FP8W && ok ? moe_ws_at(p, p.ws[two ? u / 4 : 0][e], nw + i, k) : 1.0f;
+            }
+            float xv[MOE_DEC_R][8];
+#pragma unroll
+            for (int r = 0; r < MOE_DEC_R; r++) {
+                sx[r] = xsc[r * nkb + k / FP8_BLOCK_SIZE];
+                unpack8(xv[r], *(const uint4 *)(xs + r * K_in + k));
+            }
+#pragma unroll
+            for (int u = 0; u < MOE_DEC_U; u++) {
+                float wv[8];
+                if (FP8W) moe_decode8(wv, make_uint2(raw[u].x, raw[u].y));
+                else unpack8(wv, raw[u]);
+#pragma unroll
+                for (int r = 0; r < MOE_DEC_R; r++) {
+                    float part = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 8; j++) part = fmaf(wv[j], xv[r][j], part);
+                    acc[u * MOE_DEC_R + r] += FP8W ? part * (sx[r] * sw[u]) : part;
+                }
+            }
+        }
+        float v = warp_sum_scatter(acc);
+        int u = lane / MOE_DEC_R, m = m0 + lane % MOE_DEC_R;  // this lane's sum: unit u, row m
+        if (!two) {
+            if (m < m_end && u < in) p.out[0][(size_t)p.perm[m] * p.n_out + nw + u] = __float2bfloat16_rn(v);
+        } else {
+            float up = __shfl_down_sync(0xffffffffu, v, 16);  // lane l < 16 (gate's unit u): up's unit u + 4, same row
+            if (lane < 16 && m < m_end && u < in) {
+                size_t i = (size_t)p.perm[m] * p.n_out + nw + u;
+                float g = __bfloat162float(__float2bfloat16_rn(v)), uq = __bfloat162float(__float2bfloat16_rn(up));
+                p.out[0][i] = __float2bfloat16_rn(g), p.out[1][i] = __float2bfloat16_rn(uq);
+                p.h[i] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * uq);  // ops_cuda.cu's silu_mul
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
 // the per-slot passes
 
 // out (N, C) bf16 = sum_j w[n, j] y[n K + j] in fp32, j ascending, rounded once (slots of no expert skipped)
@@ -571,17 +726,36 @@ static int gemm_vec(const MoeGemm *p) {
 }
 
 static void gemm_launch(MoeGemm *p, const MoeGroups *g, int outputs) {
-    p->vec = gemm_vec(p);
     dim3 grid(g->row_tiles, cdiv(p->n_out, MOE_BN), outputs);
     moe_gemm_kernel<<<grid, 128, 0, cu_stream()>>>(*p);
     launchCheck();
 }
 
+// moe_decode_kernel's shared memory for rows of k_in: MOE_DEC_R rows' values and their 128-wide groups' scales
+static size_t decode_smem(int k_in) {
+    return (size_t)MOE_DEC_R * k_in * sizeof(bf16) + (size_t)MOE_DEC_R * cdiv(k_in, FP8_BLOCK_SIZE) * sizeof(float);
+}
+
+// whether moe_decode_kernel takes the forward's product p of NK slots: few rows an expert on average (the decode
+// step: N K <= MOE_DEC_AVG E; an expert with more rows is still right, its weights read once per MOE_DEC_R of
+// them), K_in a multiple of 8 with A and every weight aligned for the kernel's 16- (bf16) or 8-byte (FP8) loads,
+// and the rows' values well within the 48 KB of shared memory a block may take without opting in (40 KB:
+// K_in up to ~5,000)
+static int decode_ok(const MoeGemm *p, int NK) {
+    if (NK > MOE_DEC_AVG * p->E || p->k_in % 8 || ptr_align(p->a[0]) < 16 || decode_smem(p->k_in) > 40 * 1024) return 0;
+    for (int s = 0; s < 2; s++)
+        for (int e = 0; e < p->E; e++)
+            if (p->w[s][e] && ptr_align(p->w[s][e]) < (p->gran == FP8_OFF ? 16 : 8)) return 0;
+    return 1;
+}
+
 // the forward's product through weight k of each expert: out[z] (NK, n_out) by slot, from a (by token: div K;
 // by slot: div 1) of width k_in; ks: weights k, k + 1 for outputs 0, 1 when outputs is 2 (gate|up).
-// FP8 weights: a's rows quantized to their granularity (the scales computed here)
-static void forward_product(bf16 *out0, bf16 *out1, const bf16 *a, int ra, int div, int k, int outputs, const QWeight *experts,
-                            const MoeGroups *g, int E, int n_out, int k_in) {
+// FP8 weights: a's rows quantized to their granularity (the scales computed here). h (gate|up, NULL: not
+// wanted): where the decode kernel writes silu(gate) * up as well; returns whether h was written (the decode
+// kernel took the product) or is still to be computed
+static int forward_product(bf16 *out0, bf16 *out1, bf16 *h, const bf16 *a, int ra, int div, int k, int outputs,
+                           const QWeight *experts, const MoeGroups *g, int E, int n_out, int k_in) {
     MoeGemm p;
     memset(&p, 0, sizeof p);
     for (int s = 0; s < outputs; s++) gemm_weights(&p, s, experts, E, k + s);
@@ -598,7 +772,18 @@ static void forward_product(bf16 *out0, bf16 *out1, const bf16 *a, int ra, int d
         launchCheck();
         p.sx = sx;
     }
+    p.vec = gemm_vec(&p);
+    if ((outputs == 1 || h) && decode_ok(&p, ra * div)) {  // ra div: the slots (by token: N K; by slot: NK)
+        p.h = outputs == 2 ? h : NULL;
+        dim3 grid(cdiv(n_out, outputs == 2 ? MOE_DEC_ROWS / 2 : MOE_DEC_ROWS), E);
+        size_t smem = decode_smem(k_in);
+        if (p.gran == FP8_OFF) moe_decode_kernel<false><<<grid, 256, smem, cu_stream()>>>(p);
+        else moe_decode_kernel<true><<<grid, 256, smem, cu_stream()>>>(p);
+        launchCheck();
+        return outputs == 2;
+    }
     gemm_launch(&p, g, outputs);
+    return 0;
 }
 
 // dxs (NK, n_out) by slot = sum over the sources s of a_s (NK, k_in) by slot times weight ks[s] of its expert,
@@ -613,6 +798,7 @@ static void backward_product(bf16 *dxs, const bf16 *a0, const bf16 *a1, int k, i
     p.perm = g->perm, p.offsets = g->offsets, p.tile_start = g->tile_start;
     p.E = E, p.div = 1, p.nsrc = nsrc, p.n_out = n_out, p.k_in = k_in, p.ra = 0;
     p.trans = 1;
+    p.vec = gemm_vec(&p);
     gemm_launch(&p, g, 1);
 }
 
@@ -620,7 +806,7 @@ static void backward_product(bf16 *dxs, const bf16 *a0, const bf16 *a1, int k, i
 static void down_forward(bf16 *y, bf16 *h, const bf16 *gate, const bf16 *up, const QWeight *experts, const MoeGroups *g,
                          int NK, int E, int F, int C) {
     cu_swiglu_forward(h, gate, up, (size_t)NK * F);
-    forward_product(y, NULL, h, NK, 1, 2, 1, experts, g, E, C, F);
+    forward_product(y, NULL, NULL, h, NK, 1, 2, 1, experts, g, E, C, F);
 }
 
 void cu_moe_experts_forward(void *out, void *gate, void *up, const void *x, const int32_t *idx, const void *w,
@@ -634,8 +820,10 @@ void cu_moe_experts_forward(void *out, void *gate, void *up, const void *x, cons
     bf16 *gb = gate ? (bf16 *)gate : gu, *ub = up ? (bf16 *)up : gu + (size_t)NK * F;
     bf16 *h = (bf16 *)cu_scratch(SC_MOE_H, (size_t)NK * F * 2), *y = (bf16 *)cu_scratch(SC_MOE_Y, (size_t)NK * C * 2);
     // a slot of no expert (an index out of [0, E)) is written by no product and skipped by the sums
-    forward_product(gb, ub, (const bf16 *)x, N, K, 0, 2, experts, &g, E, F, C);
-    down_forward(y, h, gb, ub, experts, &g, NK, E, F, C);
+    // gate|up (the decode kernel writes h too), h, then down
+    if (!forward_product(gb, ub, h, (const bf16 *)x, N, K, 0, 2, experts, &g, E, F, C))
+        cu_swiglu_forward(h, gb, ub, (size_t)NK * F);
+    forward_product(y, NULL, NULL, h, NK, 1, 2, 1, experts, &g, E, C, F);
     moe_combine_kernel<<<grid_for((size_t)N * C), 256, 0, cu_stream()>>>((bf16 *)out, y, (const float *)w, idx, N, C, K, E);
     launchCheck();
 }

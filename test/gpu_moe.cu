@@ -2,8 +2,12 @@
 // moe_experts_forward, moe_experts_backward) against the CPU backend's (backend_cpu.c, ops_cpu.c), on random
 // inputs (never zeros): E 8, 16 and 128 experts, K 2, 4 and 8 a token, N 1, 7, 64 and 300 tokens (many experts
 // empty, one expert's rows a partial tile, several tiles), BF16 experts and FP8 ones of the three
-// granularities, at widths that are not multiples of the kernel's tiles (C 192, F 80 and 84). The tolerances follow
-// gpu_util.cuh's rules, carried through the SwiGLU and the sums as each check says. Whole models: gpu_models.cu.
+// granularities, at widths that are not multiples of the kernel's tiles (C 192, F 80 and 84) and at the
+// fixtures' (C 64, F 48 and 40). The forward's products go two ways (cuda/moe.cu): N 1, 7 and 64 (N K <= 16 E)
+// through the decode kernel (each expert's rows 4 at a time: 1 to ~20 rows an expert here), where F is a
+// multiple of 8 for down too (F 84: down through the grouped GEMM, from the decode kernel's h), and N 300
+// through the grouped GEMM. The tolerances follow gpu_util.cuh's rules, carried through the SwiGLU and the sums
+// as each check says. Whole models: gpu_models.cu.
 // Run on a GPU: make test-gpu (CK_FORK=no).
 #include "gpu_util.cuh"
 
@@ -79,15 +83,15 @@ END_TEST
 
 // ---- the experts -------------------------------------------------------------------------
 
-// C, and F of the case at hand: neither a multiple of the GEMM's 64-wide tiles nor of 128; F 80 (every row
-// loaded 8 elements at a time) or 84 (an element at a time: the kernel's other path)
-enum { MC = 192, MF_MAX = 96 };
-static int MF;
+// C and F of the case at hand: neither a multiple of the GEMM's 64-wide tiles nor of 128; F 80 (every row
+// loaded 8 elements at a time) or 84 (an element at a time: the kernel's other path), or the fixtures' widths
+enum { MC_MAX = 192, MF_MAX = 96, ME_MAX = 128 };
+static int MC, MF;
 
 // E experts' three weights on both backends (the same codes: test_weights), and the values both use
 typedef struct {
-    QWeight g[3 * 16], c[3 * 16];
-    float *wd[3 * 16];  // the CPU's dequantized values (gate, up (F, C), down (C, F))
+    QWeight g[3 * ME_MAX], c[3 * ME_MAX];
+    float *wd[3 * ME_MAX];  // the CPU's dequantized values (gate, up (F, C), down (C, F))
     int E;
     FP8Gran gran;
 } Experts;
@@ -197,7 +201,7 @@ static void experts_forward_case(Experts *ex, int N, int K) {
     snprintf(what, sizeof what, "moe_experts_forward %s up E %d K %d N %d", gn, E, K, N);
     check_close(what, gu, cu, tu, ng);
 
-    double hmax = max_abs_d(h, ng), *to = dmalloc_h(nx), dy[MC], my[MC];
+    double hmax = max_abs_d(h, ng), *to = dmalloc_h(nx), dy[MC_MAX], my[MC_MAX];
     for (size_t i = 0; i < nx; i++) to[i] = U8 * fabs(cout[i]);
     for (int sl = 0; sl < NK; sl++) {
         y_error(dy, my, h + (size_t)sl * MF, dh + (size_t)sl * MF, ex->wd[3 * idx[sl] + 2], fp8, hmax);
@@ -205,9 +209,17 @@ static void experts_forward_case(Experts *ex, int N, int K) {
     }
     snprintf(what, sizeof what, "moe_experts_forward %s out E %d K %d N %d", gn, E, K, N);
     check_close(what, gout, cout, to, nx);
-    free(x); free(w); free(cout); free(cg); free(cu); free(idx); free(gout); free(gg); free(gu);
+
+    // the decode step's call, which keeps no gate and up: the same output bit for bit (the same kernels, the
+    // same order of sums; gate|up into scratch)
+    void *dout2 = G->alloc(nx * 2);
+    G->moe_experts_forward(dout2, NULL, NULL, dx, (const int32_t *)didx, dw, ex->g, N, E, K);
+    float *gout2 = down_act(dout2, nx);
+    snprintf(what, sizeof what, "moe_experts_forward %s out (gate, up not kept) E %d K %d N %d", gn, E, K, N);
+    check_exact(what, gout2, gout, nx * sizeof(float));
+    free(x); free(w); free(cout); free(cg); free(cu); free(idx); free(gout); free(gout2); free(gg); free(gu);
     free(mg); free(mu); free(h); free(dh); free(tg); free(tu); free(to);
-    G->free(dx); G->free(didx); G->free(dw); G->free(dout); G->free(dg); G->free(du);
+    G->free(dx); G->free(didx); G->free(dw); G->free(dout); G->free(dout2); G->free(dg); G->free(du);
 }
 
 // The backward, from the same gate and up on both backends (random bf16 values: what a forward kept).
@@ -225,8 +237,8 @@ static void experts_backward_case(Experts *ex, int N, int K) {
     float *dout = randn_bf(nx, 1.0f), *cdx = fmalloc(nx), *cdw = fmalloc(NK);
     int32_t *idx = (int32_t *)mallocCheck(NK * 4);
     random_route(idx, w, N, E, K);
-    QWeight cde[3 * 16], gde[3 * 16];
-    float *de0[3 * 16];
+    QWeight cde[3 * ME_MAX], gde[3 * ME_MAX];
+    float *de0[3 * ME_MAX];
     for (int i = 0; i < 3 * E; i++) {
         de0[i] = randn(nw, 1.0f);
         memset(&cde[i], 0, sizeof cde[i]);
@@ -243,7 +255,7 @@ static void experts_backward_case(Experts *ex, int N, int K) {
 
     double kW = fp8 ? U8 : 0;  // the GPU's dequantized weights' rounding to bf16
     double *h = dmalloc_h(ng), *zero = dmalloc_h(MF), *tdw = dmalloc_h(NK), *tdx = dmalloc_h(nx);
-    double *eg = dmalloc_h(ng), *eu = dmalloc_h(ng), *vg = dmalloc_h(ng), *vu = dmalloc_h(ng), dy[MC], my[MC];
+    double *eg = dmalloc_h(ng), *eu = dmalloc_h(ng), *vg = dmalloc_h(ng), *vu = dmalloc_h(ng), dy[MC_MAX], my[MC_MAX];
     for (size_t i = 0; i < ng; i++) h[i] = gq[i] * sigm(gq[i]) * uq[i];
     double hmax = max_abs_d(h, ng);
     for (size_t i = 0; i < nx; i++) tdx[i] = U8 * fabs(cdx[i]);
@@ -328,15 +340,17 @@ static void experts_backward_case(Experts *ex, int N, int K) {
 
 START_TEST(test_moe_experts) {
     FP8Gran grans[4] = {FP8_OFF, FP8_TENSOR, FP8_ROW, FP8_BLOCK};
-    int EKF[2][3] = {{8, 2, 84}, {16, 4, 80}};
+    // E, K, F, C: two fixtures' E and K at the kernels' awkward widths, Qwen3-30B-A3B's E and K, the fixtures
+    // (test/fixtures/qwen3_moe, qwen3_moe16)
+    int EKFC[5][4] = {{8, 2, 84, 192}, {16, 4, 80, 192}, {128, 8, 80, 192}, {8, 2, 48, 64}, {16, 4, 40, 64}};
     for (int gi = 0; gi < 4; gi++)
-        for (int c = 0; c < 2; c++) {
+        for (int c = 0; c < 5; c++) {
             Experts ex;
-            MF = EKF[c][2];
-            experts_make(&ex, EKF[c][0], grans[gi]);
+            MF = EKFC[c][2], MC = EKFC[c][3];
+            experts_make(&ex, EKFC[c][0], grans[gi]);
             for (int i = 0; i < 4; i++) {
-                experts_forward_case(&ex, NS[i], EKF[c][1]);
-                experts_backward_case(&ex, NS[i], EKF[c][1]);
+                experts_forward_case(&ex, NS[i], EKFC[c][1]);
+                experts_backward_case(&ex, NS[i], EKFC[c][1]);
             }
             experts_free(&ex);
         }
