@@ -100,11 +100,19 @@ typedef struct {
     uint8_t *hq; float *hqs;      // (M, FF) + (FF / 128, M): down's input
     uint8_t *nq; float *nqs;      // (M, C) + (C / 128, M): the next layer's q|k|v input
     P2Sync *sync;
+    int variant;                  // bit 0: each tile starts its K walk at step tile % KB (and wraps), so that the
+                                  // tiles of an op read different K steps of X at a time; bit 1 (timing only,
+                                  // wrong results): no X nor its scales loaded, W alone through the same ring;
+                                  // bit 2 (timing only): no math, the consumers release each stage as it lands;
+                                  // bit 3 (timing only): no scales loaded (no cp.async); bit 4 (timing only, with
+                                  // bits 1-3 and o, down 32 wide): W of o and down in boxes of 2 K steps (8 KB), one
+                                  // every other step (the odd step's stage gets no bytes): half the TMA loads
     unsigned long long *trace;    // NULL, or P2_MAXT * P2_MARKS a block (ns, %globaltimer)
 } P2Args;
 
 typedef struct {
     CUtensorMap x[3], w[3];  // X boxes of 64 x 128 B; W boxes of T x 128 B (GU: T / 2, gate and up apart)
+    CUtensorMap w2[3];       // variant bit 4: o's and down's W as (K step, row, 128 B) in boxes of 2 K steps
 } P2Maps;
 
 // ---- small PTX pieces beyond hopper.cuh (as decode_persistent.cu's) ----
@@ -138,6 +146,12 @@ __device__ __forceinline__ unsigned long long globaltimer() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
+}
+__device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1, int c2) {
+#ifdef FP8_SM90A
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
+                 ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2) : "memory");
+#endif
 }
 __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 __device__ __forceinline__ float bf16r(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
@@ -185,13 +199,18 @@ __device__ __forceinline__ int p2_total(const P2Args &a) { return a.first[K_N - 
 
 // the walk over a block's K steps of its GEMM tasks (the producer's two cursors, the consumers' one)
 struct P2Walk {
-    int t, g, tile, kb, KB;  // list index, GEMM (-1: done), tile, K step, K steps of the tile
+    int t, g, tile, kb, KB, k0;  // list index, GEMM (-1: done), tile, K step, K steps of the tile, the first
+    __device__ int k() const { return kb + k0 < KB ? kb + k0 : kb + k0 - KB; }  // the K step's position in K
     __device__ void settle(const P2Args &a) {  // from t: the next GEMM task at or after it
         for (; t < p2_total(a); t += gridDim.x) {
             int kind, idx;
             p2_task(a, t, kind, idx);
             g = p2_gemm_of(kind);
-            if (g >= 0) { tile = idx; kb = 0; KB = a.g[g].K / WG_BK; return; }
+            if (g >= 0) {
+                tile = idx; kb = 0; KB = a.g[g].K / WG_BK;
+                k0 = a.variant & 1 ? tile % KB : 0;
+                return;
+            }
         }
         g = -1;
     }
@@ -204,21 +223,22 @@ struct P2Walk {
     }
 };
 
-// whether X's K step kb of GEMM g may be loaded (the producer warp; the flags only go 0 -> 1, so each
-// GEMM keeps the prefix of flags already seen, and the warp reads the next 32 at once)
-__device__ __forceinline__ bool p2_x_ready(const P2Args &a, int g, int kb, int lane, int (&seen)[3]) {
-    if (kb < seen[g]) return true;
+// whether X's K step k of GEMM g may be loaded (the producer warp). The flags only go 0 -> 1: the warp
+// keeps those it has seen set in shared memory (seen: a bit a flag, per GEMM), and reads the 32 around k at once.
+__device__ __forceinline__ bool p2_x_ready(const P2Args &a, int g, int k, int lane, unsigned *seen) {
+    if (g == 0) return true;  // O's X (the attention's codes) exists at launch
+    unsigned *bits = seen + (g - 1) * (P2_MAXFB / 32);
+    if (bits[k >> 5] >> (k & 31) & 1) return true;
     const unsigned *flags = g == 1 ? a.sync->flag_n : a.sync->flag_h;
-    int n = a.g[g].K / WG_BK, i = seen[g] + lane;
-    unsigned f = i < n ? ld_relaxed(flags + i) : 1u;
-    unsigned set = __ballot_sync(0xffffffffu, f != 0);
-    int prefix = __ffs(~set) - 1;  // flags set from seen on (32: all of these)
-    if (prefix < 0) prefix = 32;
-    if (prefix == 0) return false;
+    int n = a.g[g].K / WG_BK, i = (k & ~31) + lane;
+    unsigned set = __ballot_sync(0xffffffffu, i < n && ld_relaxed(flags + i) != 0);
+    if (!(set >> (k & 31) & 1)) return false;
     fence_acquire();  // their writers' stores (lnq / hq codes and scales) before our loads
     fence_proxy_async_global();
-    seen[g] = min(n, seen[g] + prefix);
-    return kb < seen[g];
+    __syncwarp();
+    if (lane == 0) bits[k >> 5] = set;  // includes the bits seen before
+    __syncwarp();
+    return true;
 }
 
 // ---- the consumers' pieces (warps 0-3, 128 threads; named barrier 1) ----
@@ -402,7 +422,16 @@ __device__ void p2_gemm_task(const P2Args &a, int g, int tile, long &i, uint8_t 
     for (int j = 0; j < T / 2; j++) acc[j] = 0.f;
     // two K steps an iteration: the second's wgmmas run while the first is promoted; every wgmma is
     // waited for inside its iteration (a chain across the loop's back edge makes ptxas serialize them)
-    for (int kb = 0; kb < KB; kb += 2, i += 2) {  // KB is even (tiles_refused)
+    if (a.variant & 4) {  // timing only: no math
+        for (int kb = 0; kb < KB; kb++, i++) {
+            int st = (int)(i % a.stages);
+            mbar_wait(&full[st], (int)((i / a.stages) & 1));
+            if (kb == 0 && mk && tid == 0) mk[1] = globaltimer();
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[st]);
+        }
+    }
+    for (int kb = 0; kb < KB && !(a.variant & 4); kb += 2, i += 2) {  // KB is even (tiles_refused)
         p2_step_issue<T>(a, i, p0, xs, ws, stage_bytes, full);
         if (kb == 0 && mk && tid == 0) mk[1] = globaltimer();
         p2_step_issue<T>(a, i + 1, p1, xs, ws, stage_bytes, full);
@@ -455,20 +484,23 @@ __global__ void __launch_bounds__(P2_THREADS, 1) decode_half2_kernel(const P2Arg
         w.begin(a);
         x.begin(a);
         long wi = 0, xi = 0;
-        int seen[3] = {1 << 30, 0, 0};  // O's X (att's codes) exists at launch
+        __shared__ unsigned seen[2 * P2_MAXFB / 32];
+        for (int k = lane; k < 2 * P2_MAXFB / 32; k += 32) seen[k] = 0;
+        __syncwarp();
+        const bool no_x = a.variant & 2, no_sc = a.variant & 8;
         while (!x.done()) {
             bool progress = false;
             while (xi < wi) {
-                if (!p2_x_ready(a, x.g, x.kb, lane, seen)) break;
+                if (!p2_x_ready(a, x.g, x.k(), lane, seen)) break;
                 int st = (int)(xi % a.stages);
                 const P2Gemm &G = a.g[x.g];
                 float *s = sc + st * P2_SC;
-                for (int r = lane; r < a.M; r += 32) cp_async4(s + r, G.sx + (size_t)x.kb * a.M + r);
-                if (lane < (x.g == 1 ? 2 : 1)) {  // W's scale (GU: gate's, then up's)
+                for (int r = lane; r < a.M && !no_x && !no_sc; r += 32) cp_async4(s + r, G.sx + (size_t)x.k() * a.M + r);
+                if (lane < (x.g == 1 ? 2 : 1) && !no_sc) {  // W's scale (GU: gate's, then up's)
                     int row = x.g == 1 ? lane * a.FF + x.tile * (G.T / 2) : x.tile * G.T;
-                    cp_async4(s + 64 + lane, G.sw + (size_t)(row / FP8_BLOCK_SIZE) * G.ldsw + x.kb);
+                    cp_async4(s + 64 + lane, G.sw + (size_t)(row / FP8_BLOCK_SIZE) * G.ldsw + x.k());
                 }
-                if (lane == 0) tma_load_2d(xs + (size_t)st * stage_bytes, &maps.x[x.g], &full[st], x.kb * WG_BK, 0);
+                if (lane == 0 && !no_x) tma_load_2d(xs + (size_t)st * stage_bytes, &maps.x[x.g], &full[st], x.k() * WG_BK, 0);
                 cp_async_mbar_arrive(&full[st]);
                 x.next(a);
                 xi++;
@@ -481,12 +513,15 @@ __global__ void __launch_bounds__(P2_THREADS, 1) decode_half2_kernel(const P2Arg
                     if (lane == 0) {
                         const P2Gemm &G = a.g[w.g];
                         uint8_t *dst = ws + (size_t)st * stage_bytes;
-                        mbar_expect_tx(&full[st], P2_TX + G.T * WG_BK);
-                        if (w.g == 1) {  // gate's rows, then the matching up rows
-                            tma_load_2d(dst, &maps.w[1], &full[st], w.kb * WG_BK, w.tile * (G.T / 2));
-                            tma_load_2d(dst + (G.T / 2) * WG_BK, &maps.w[1], &full[st], w.kb * WG_BK, a.FF + w.tile * (G.T / 2));
+                        bool pair = (a.variant & 16) && w.g != 1;
+                        mbar_expect_tx(&full[st], (no_x ? 0 : P2_TX) + (pair ? (w.kb % 2 ? 0 : 2) : 1) * G.T * WG_BK);
+                        if (pair) {  // timing only: both K steps' W into this stage (stage_bytes hold 2 x 32 rows)
+                            if (w.kb % 2 == 0) tma_load_3d(dst, &maps.w2[w.g], &full[st], 0, w.tile * G.T, w.kb);
+                        } else if (w.g == 1) {  // gate's rows, then the matching up rows
+                            tma_load_2d(dst, &maps.w[1], &full[st], w.k() * WG_BK, w.tile * (G.T / 2));
+                            tma_load_2d(dst + (G.T / 2) * WG_BK, &maps.w[1], &full[st], w.k() * WG_BK, a.FF + w.tile * (G.T / 2));
                         } else {
-                            tma_load_2d(dst, &maps.w[w.g], &full[st], w.kb * WG_BK, w.tile * G.T);
+                            tma_load_2d(dst, &maps.w[w.g], &full[st], w.k() * WG_BK, w.tile * G.T);
                         }
                     }
                     w.next(a);
@@ -552,9 +587,17 @@ typedef struct {        // the activations a path reads and writes (device)
     float *rstd;
 } Acts;
 
-typedef struct {        // the tile widths of o, gate|up (gate and up columns together), down
-    int o, gu, d;
+typedef struct {        // the tile widths of o, gate|up (gate and up columns together), down; P2Args.variant; the
+    int o, gu, d, variant, stages;  // ring's stages (0: as many as fit)
 } Tiles;
+static const char *variant_name(int v) {
+    static char b[4][96];
+    static int k;
+    char *n = b[k++ & 3];
+    snprintf(n, 96, "%s%s%s%s%s%s", v & 1 ? ", rotated K starts" : "", v & 2 ? ", no X" : "", v & 4 ? ", no math" : "",
+             v & 8 ? ", no scales" : "", v & 16 ? ", o/down W in 2-step boxes" : "", v & 30 ? " (timing only)" : "");
+    return n;
+}
 
 static void acts_alloc(Acts *t, const Shape *s, int M) {
     t->aq = fp8_dev_alloc(M, s->A, FP8_BLOCK, 1);
@@ -622,6 +665,22 @@ typedef struct {
     int blocks;
 } P2Plan;
 
+// W (N, K) seen as (K / 128 steps, N rows, 128 B), boxes of `steps` K steps of `rows` rows, each step's
+// rows x 128 B after the other in shared memory, in the 128-byte swizzle (timing variant bit 4)
+static CUresult tma_map_steps_try(CUtensorMap *m, const void *base, int N, int K, int rows, int steps) {
+    cuuint64_t dim[3] = {128, (cuuint64_t)N, (cuuint64_t)K / 128}, stride[2] = {(cuuint64_t)K, 128};
+    cuuint32_t box[3] = {128, (cuuint32_t)rows, (cuuint32_t)steps}, estride[3] = {1, 1, 1};
+    return tma_encoder()(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void *)base, dim, stride, box, estride,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+static CUtensorMap tma_map_steps(const void *base, int N, int K, int rows, int steps) {
+    CUtensorMap m;
+    CUresult r = tma_map_steps_try(&m, base, N, K, rows, steps);
+    if (r != CUDA_SUCCESS) die("cuTensorMapEncodeTiled (3-D, K steps outermost) failed (CUresult %d)", (int)r);
+    return m;
+}
+
 // the ring's stages for the widest tile: X, W and the scales of each, the barriers
 static int p2_stages(int Tmax) {
     int per = P2_TX + Tmax * WG_BK + P2_SC * 4 + 16;
@@ -635,6 +694,10 @@ static const char *tiles_refused(const Shape *s, Tiles T, int sms) {
     int w[3] = {T.o, T.gu, T.d};
     for (int g = 0; g < 3; g++)
         if (std::find(ok, ok + 3, w[g]) == ok + 3) return "a tile width is not 16, 32 or 64";
+    if (T.stages < 0 || T.stages == 1) return "the ring needs at least 2 stages";
+    if (T.variant < 0 || T.variant > 31) return "the variant is 0..31 (P2Args.variant)";
+    if (T.variant & 16 && ((T.variant & 14) != 14 || T.o != 32 || T.d != 32 || T.gu != 64))
+        return "variant bit 4 is for timing W alone (with bits 1-3) at tiles 32,64,32";
     if (T.gu < 32) return "the gate|up tile needs at least 16 gate and 16 up rows (--tiles o,gu,d with gu >= 32)";
     if (s->C % 256 || s->FF % 256 || s->A % 256 || s->C / 128 > P2_MAXCB || s->FF / 128 > P2_MAXFB)
         return "a dimension is not a multiple of 256 (an even number of K steps) or is too wide";
@@ -660,17 +723,21 @@ static void plan_make(P2Plan *p, Acts *t, const Layer *L, const Shape *s, int M,
         G.sx = X[g]->scale;
         p->maps.x[g] = tma_map_2d(X[g]->data, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, M, G.K, 64, WG_BK);
         p->maps.w[g] = tma_map_2d(W[g]->data, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, G.N, G.K, g == 1 ? G.T / 2 : G.T, WG_BK);
+        p->maps.w2[g] = p->maps.w[g];
+        if (T.variant & 16 && g != 1) p->maps.w2[g] = tma_map_steps(W[g]->data, G.N, G.K, G.T, 2);
     }
     a.count[K_O] = a.g[0].tiles; a.count[K_N1] = s->C / 128; a.count[K_GU] = a.g[1].tiles;
     a.count[K_D] = a.g[2].tiles; a.count[K_N5] = s->C / 128;
     for (int k = 1; k < K_N; k++) a.first[k] = a.first[k - 1] + a.count[k - 1];
     a.stages = p2_stages(std::max(std::max(T.o, T.gu), T.d));
+    if (T.stages) a.stages = std::min(a.stages, T.stages);
     a.x = t->x; a.ln = t->ln; a.h = t->h; a.rstd = t->rstd;
     a.w_norm = L->w_norm; a.w_next = L->w_next;
     a.lnq = t->lnq.data; a.lnqs = t->lnq.scale;
     a.hq = t->hq.data; a.hqs = t->hq.scale;
     a.nq = t->nq.data; a.nqs = t->nq.scale;
     a.sync = sync;
+    a.variant = T.variant;
     p->blocks = sms;
 }
 
@@ -736,13 +803,17 @@ static int check_case(const Shape *s, int M, int sms, P2Sync *sync, Tiles T, int
     fp8_quantize_cuda(&r.aq, ab, DT_BF16, 0);
     fp8_quantize_cuda(&p.aq, ab, DT_BF16, 0);
     fill_normal_bf16(x0d, (size_t)M * s->C, 12);
+    cudaCheck(cudaDeviceSynchronize());  // the inputs made on the default stream, before the backend's stream reads them
     cudaCheck(cudaMemcpy(r.x, x0d, (size_t)M * s->C * 2, cudaMemcpyDeviceToDevice));
+    cudaCheck(cudaDeviceSynchronize());
     std::vector<float> x0 = bf16_host(r.x, (size_t)M * s->C);
     per_op(&r, &L, s, M);
     P2Plan plan;
     plan_make(&plan, &p, &L, s, M, sync, sms, T);
     for (int k = 0; k < launches; k++) {
-        cudaCheck(cudaMemcpy(p.x, x0d, (size_t)M * s->C * 2, cudaMemcpyDeviceToDevice));
+        // on the kernel's stream: a device-to-device cudaMemcpy may return before it is done, and the
+        // backend's stream does not wait for the default one
+        cudaCheck(cudaMemcpyAsync(p.x, x0d, (size_t)M * s->C * 2, cudaMemcpyDeviceToDevice, cu_stream()));
         p2_launch(&plan);
     }
     cudaCheck(cudaDeviceSynchronize());
@@ -775,9 +846,9 @@ static int check_case(const Shape *s, int M, int sms, P2Sync *sync, Tiles T, int
     }
     double alnq = codes_agree(&r.lnq, &p.lnq), ahq = codes_agree(&r.hq, &p.hq), anq = codes_agree(&r.nq, &p.nq);
     int ok = worst <= 1.0 && alnq >= 0.99 && ahq >= 0.99 && anq >= 0.99 && reset;
-    printf("check %s M=%d tiles o %d, gate|up %d, down %d (%d stages), %d launch%s: x worst error / tolerance %.3f, "
+    printf("check %s M=%d tiles o %d, gate|up %d, down %d%s (%d stages), %d launch%s: x worst error / tolerance %.3f, "
            "bit-equal %.4f, rel L2 %.2e; FP8 codes equal: lnq %.4f, hq %.4f, nq %.4f; counters back to 0: %s: %s\n",
-           s->name, M, T.o, T.gu, T.d, plan.a.stages, launches, launches > 1 ? "es" : "", worst, (double)same / xr.size(),
+           s->name, M, T.o, T.gu, T.d, variant_name(T.variant), plan.a.stages, launches, launches > 1 ? "es" : "", worst, (double)same / xr.size(),
            sqrt(l2d / l2r), alnq, ahq, anq, reset ? "yes" : "NO", ok ? "ok" : "FAILED");
     fp8_dev_free(&aa); fp8_dev_free(&awo); fp8_dev_free(&ah); fp8_dev_free(&awd);
     cudaFree(so); cudaFree(sd); cudaFree(ab); cudaFree(x0d);
@@ -823,6 +894,7 @@ static void bench(const Shape *s, int M, int sms, P2Sync *sync, int layers, cons
     fill_normal_bf16(ab, (size_t)M * s->A, 21);
     fp8_quantize_cuda(&t.aq, ab, DT_BF16, 0);
     fill_normal_bf16(t.x, (size_t)M * s->C, 22);
+    cudaCheck(cudaDeviceSynchronize());
     const int NV = (int)tiles.size();
     std::vector<std::vector<P2Plan>> plans(NV, std::vector<P2Plan>(layers));
     for (int v = 0; v < NV; v++)
@@ -849,8 +921,8 @@ static void bench(const Shape *s, int M, int sms, P2Sync *sync, int layers, cons
            "per-op %.2fx the floor\n", s->name, M, layers, ms[0] * 1e3 / layers, bytes * layers / (ms[0] * 1e-3) / 1e12,
            bw / 1e12, floor_us, ms[0] * 1e3 / layers / floor_us);
     for (int v = 0; v < NV; v++)
-        printf("  persistent, tiles o %d, gate|up %d, down %d (%d stages): %.2f us (%.2f TB/s), %.2fx per-op's speed, "
-               "%.2fx the floor\n", tiles[v].o, tiles[v].gu, tiles[v].d, plans[v][0].a.stages, ms[1 + v] * 1e3 / layers,
+        printf("  persistent, tiles o %d, gate|up %d, down %d%s (%d stages): %.2f us (%.2f TB/s), %.2fx per-op's speed, "
+               "%.2fx the floor\n", tiles[v].o, tiles[v].gu, tiles[v].d, variant_name(tiles[v].variant), plans[v][0].a.stages, ms[1 + v] * 1e3 / layers,
                bytes * layers / (ms[1 + v] * 1e-3) / 1e12, ms[0] / ms[1 + v], ms[1 + v] * 1e3 / layers / floor_us);
     // the marks of one launch of each: the last layer's, after the others (its weights not in L2)
     unsigned long long *tr;
@@ -865,8 +937,9 @@ static void bench(const Shape *s, int M, int sms, P2Sync *sync, int layers, cons
         cudaCheck(cudaDeviceSynchronize());
         std::vector<unsigned long long> h(nmarks);
         cudaCheck(cudaMemcpy(h.data(), tr, nmarks * 8, cudaMemcpyDeviceToHost));
-        printf("  one launch (%s M=%d, tiles o %d, gate|up %d, down %d), us: wait = begin to data there (GEMM: its first "
-               "stage full; norm: the counter), work = data there to end\n", s->name, M, tiles[v].o, tiles[v].gu, tiles[v].d);
+        printf("  one launch (%s M=%d, tiles o %d, gate|up %d, down %d%s), us: wait = begin to data there (GEMM: its first "
+               "stage full; norm: the counter), work = data there to end\n", s->name, M, tiles[v].o, tiles[v].gu, tiles[v].d,
+               variant_name(tiles[v].variant));
         trace_print(&last, h);
     }
     cudaFree(tr);
@@ -877,7 +950,9 @@ static void bench(const Shape *s, int M, int sms, P2Sync *sync, int layers, cons
 }
 
 static int parse_tiles(const char *s, Tiles *t) {
-    return sscanf(s, "%d,%d,%d", &t->o, &t->gu, &t->d) == 3;
+    t->variant = t->stages = 0;
+    int n = sscanf(s, "%d,%d,%d,%d,%d", &t->o, &t->gu, &t->d, &t->variant, &t->stages);
+    return n >= 3;
 }
 
 int main(int argc, char **argv) {
@@ -891,14 +966,19 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--tiles") && i + 1 < argc && parse_tiles(argv[i + 1], &t)) { tiles.push_back(t); i++; }
         else {
-            fprintf(stderr, "usage: %s [--shape 0.6b|8b] [--rows M (1..64)] [--tiles o,gu,d]... (widths 16, 32, 64; "
-                    "the first --tiles is checked at M = 1, 7 and 64, every one timed)\n", argv[0]);
+            fprintf(stderr, "usage: %s [--shape 0.6b|8b] [--rows M (1..64)] [--tiles o,gu,d[,variant[,stages]]]... "
+                    "(widths 16, 32, 64; variant: P2Args.variant; stages: at most that many; the first --tiles is checked at M = 1, 7 and 64, the others at 64 unless "
+                    "timing only, every one timed)\n", argv[0]);
             return 2;
         }
     }
     if (only && strcmp(only, "0.6b") && strcmp(only, "8b")) { fprintf(stderr, "decode_persistent2: --shape is 0.6b or 8b\n"); return 2; }
     if (rows < 0 || rows > 64) { fprintf(stderr, "decode_persistent2: --rows is 1..64 (one X box of 64 rows)\n"); return 2; }
-    if (tiles.empty()) tiles = {{32, 64, 32}, {16, 64, 16}, {16, 32, 16}, {64, 64, 64}};
+    if (!tiles.empty() && tiles[0].variant & 30) {
+        fprintf(stderr, "decode_persistent2: the first --tiles is checked, so it cannot be a timing-only variant (bits 1-3): put it later\n");
+        return 2;
+    }
+    if (tiles.empty()) tiles = {{32, 64, 32, 0}, {32, 64, 32, 1}, {32, 64, 32, 2}, {64, 64, 64, 1}, {16, 64, 16, 1}};
     setvbuf(stdout, NULL, _IOLBF, 0);  // each line as it comes, also when a hang is killed
     char why[256];
     if (!backend_cuda(why, sizeof why)) { fprintf(stderr, "decode_persistent2: no CUDA backend: %s\n", why); return 1; }
@@ -919,6 +999,17 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop = gpu_props();
     double bw = strstr(prop.name, "H200") ? 4.8e12 : 3.35e12;  // HBM bandwidth: the floor's
     printf("%s, %d SMs\n", prop.name, sms);
+    {  // the driver may refuse the 3-D map of variant bit 4 (a stride smaller than the one before): then not timed
+        void *probe;
+        CUtensorMap m;
+        cudaCheck(cudaMalloc(&probe, 4096 * 4096));
+        CUresult r = tma_map_steps_try(&m, probe, 4096, 4096, 32, 2);
+        cudaFree(probe);
+        if (r != CUDA_SUCCESS) {
+            printf("the 3-D map of variant bit 4 is refused (CUresult %d): those --tiles are not timed\n", (int)r);
+            tiles.erase(std::remove_if(tiles.begin(), tiles.end(), [](const Tiles &t) { return t.variant & 16; }), tiles.end());
+        }
+    }
     P2Sync *sync;
     cudaCheck(cudaMalloc(&sync, sizeof(P2Sync)));
     cudaCheck(cudaMemset(sync, 0, sizeof(P2Sync)));
@@ -930,7 +1021,8 @@ int main(int argc, char **argv) {
         for (int j = 0; j < 3; j++)
             if (!rows || rows == Ms[j]) fails += !check_case(s, Ms[j], sms, sync, tiles[0], j == 2 ? 3 : 1);
         if (rows && rows != 1 && rows != 7 && rows != 64) fails += !check_case(s, rows, sms, sync, tiles[0], 1);
-        for (size_t v = 1; v < tiles.size(); v++) fails += !check_case(s, rows ? rows : 64, sms, sync, tiles[v], 1);
+        for (size_t v = 1; v < tiles.size(); v++)
+            if (!(tiles[v].variant & 30)) fails += !check_case(s, rows ? rows : 64, sms, sync, tiles[v], 1);
         double half_bytes = (double)s->C * s->A + 3.0 * s->FF * s->C;
         int layers = (int)ceil(3 * 50e6 / half_bytes);
         bench(s, rows ? rows : 64, sms, sync, layers < 4 ? 4 : layers, tiles, bw);
