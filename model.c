@@ -890,6 +890,15 @@ void model_prefill(Model *m, LoRA *lo, KVCache *kv, const int *ids_host, const i
     be->logits_forward(logits, m->dec.ln, &m->w.head, B);
 }
 
+// The compute of one decode step for S rows already uploaded to m->dec: what the backend replays.
+// Logits (S, V) into d->logits.
+typedef struct {
+    Model *m;
+    LoRA *lo;
+    KVCache *kv;
+    int S, MB;
+} DecodeStep;
+
 // the decode step's groups of projections that share their input: 0 = q, k, v; 1 = gate, up
 static const int GROUP_FIRST[2] = {LIN_Q, LIN_GATE}, GROUP_N[2] = {3, 2};
 
@@ -899,24 +908,23 @@ static const int GROUP_FIRST[2] = {LIN_Q, LIN_GATE}, GROUP_N[2] = {3, 2};
 // group (lora_group_act); returns d->fused (N, the parts' widths summed). Where it has not (per-tensor
 // scales, or block scales whose boundaries do not line up), one GEMM and adapter per part into
 // parts[i]; returns NULL.
-// xq: inp's FP8 copy for the fused weight or for every part (decode_fp8_input of group_input), or NULL.
-static void *decode_project(Model *m, LoRA *lo, int l, int group, void *const *parts, const void *inp, const FP8Tensor *xq,
-                            int N) {
+// in: the group's input as the products read it (decode_add_norm): its FP8 copy, where there is one, for
+// the fused weight or for every part.
+static void *decode_project(Model *m, LoRA *lo, int l, int group, void *const *parts, const LinearInput *in, int N) {
     const LayerWeights *lw = &m->w.layers[l];
     const QWeight *fw = group == 0 ? &lw->qkv : &lw->gateup;
     int first = GROUP_FIRST[group], n = GROUP_N[group];
     if (!fw->rows) {
-        LinearInput in = {inp, xq, NULL, {0}};
-        for (int i = 0; i < n; i++) linear_fwd(m, lo, l, first + i, parts[i], &in, N, 0);
+        for (int i = 0; i < n; i++) linear_fwd(m, lo, l, first + i, parts[i], in, N, 0);
         return NULL;
     }
     void *fused = m->dec.fused;
     const void *bias = group == 0 ? lw->bias_qkv : NULL;
-    if (xq) m->be->linear_forward_q(fused, xq, fw, bias, N);
-    else m->be->linear_forward(fused, inp, fw, bias, N);
+    if (in->xq) m->be->linear_forward_q(fused, in->xq, fw, bias, N);
+    else m->be->linear_forward(fused, in->x, fw, bias, N);
     const void *A, *B;
     int R = lo ? lora_group_act(lo, l, group, &A, &B) : 0;
-    if (R) m->be->lora_apply(fused, inp, A, B, lo->scale, N, fw->cols, R, fw->rows);
+    if (R) m->be->lora_apply(fused, in->x, A, B, lo->scale, N, fw->cols, R, fw->rows);
     return fused;
 }
 
@@ -938,15 +946,57 @@ static const QWeight *group_input(const Model *m, int l, int group) {
     return parts_share_codes(w, GROUP_N[group]) ? w : NULL;
 }
 
+// The decode step's ops that make a projection's input, each with the FP8 copy of it written in the same
+// pass (backend.h outq) where the weight reads one (decode_fp8_input), and that input as the projections
+// read it (LinearInput), as norm_to_linear and glu_to_linear are the training forward's. They share one
+// buffer for the copy (d->xq), each written after the last product that read the one before.
+
+// the residual add d->x += d->tmp and the norm w of the sum into d->ln, one op (add_rmsnorm), and d->ln
+// as layer l's group (0: q|k|v, 1: gate|up) reads it; l == L: the final norm, no copy
+static void decode_add_norm(Model *m, int l, int group, LinearInput *in, const void *w, int S) {
+    const Config *c = &m->cfg;
+    DecodeScratch *d = &m->dec;
+    FP8Tensor *xq = l < c->L ? decode_fp8_input(m, group_input(m, l, group), S) : NULL;
+    m->be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, w, S, c->C, c->eps, c->gemma, xq);
+    *in = (LinearInput){.x = d->ln, .xq = xq};
+}
+
+// attention over the cache of layer l (kc, vc, ks, vs: kvcache_layer; this token's K and V already in it)
+// into d->att, and d->att as layer l's o projection reads it
+static void decode_attention(const DecodeStep *st, int l, LinearInput *in, const void *kc, const void *vc, const float *ks,
+                             const float *vs) {
+    Model *m = st->m;
+    const Config *c = &m->cfg;
+    DecodeScratch *d = &m->dec;
+    FP8Tensor *xq = decode_fp8_input(m, &m->w.layers[l].lin[LIN_O], st->S);
+    m->be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens, st->S,
+                            c->NH, c->KVH, c->HD, st->kv->BS, st->MB, attn_scale(c), layer_window(c, l), xq);
+    *in = (LinearInput){.x = d->att, .xq = xq};
+}
+
+// hm = silu(gate) * up (Gemma 3: gelu_tanh) into d->ff3, and hm as layer l's down projection reads it.
+// fused: the fused gate|up product (decode_project), which glu_gu reads, writing the copy in its pass;
+// NULL: the two halves in d->ff1 and d->ff2, and no copy (down quantizes its input itself)
+static void decode_glu(Model *m, int l, LinearInput *in, const void *fused, int S) {
+    const Config *c = &m->cfg;
+    const Backend *be = m->be;
+    DecodeScratch *d = &m->dec;
+    FP8Tensor *xq = fused ? decode_fp8_input(m, &m->w.layers[l].lin[LIN_DOWN], S) : NULL;
+    if (fused) be->glu_gu(d->ff3, xq, fused, S, c->FF, c->gemma);
+    else if (c->gemma) be->geglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
+    else be->swiglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
+    *in = (LinearInput){.x = d->ff3, .xq = xq};
+}
+
 // A decode step's attention inputs for layer l: q (S, NH, HD) normed and rotated in d->q, this
-// token's k and v in the cache (kc, vc, ks, vs: kvcache_layer). xq: d->ln's FP8 copy, or NULL.
-static void decode_qkv(Model *m, LoRA *lo, int l, int S, const FP8Tensor *xq, void *kc, void *vc, float *ks, float *vs) {
+// token's k and v in the cache (kc, vc, ks, vs: kvcache_layer). in: d->ln as q|k|v read it.
+static void decode_qkv(Model *m, LoRA *lo, int l, int S, const LinearInput *in, void *kc, void *vc, float *ks, float *vs) {
     const Config *c = &m->cfg;
     const LayerWeights *lw = &m->w.layers[l];
     DecodeScratch *d = &m->dec;
     int q = c->NH * c->HD, kvw = c->KVH * c->HD;
     void *parts[3] = {d->q, d->k, d->v};
-    const char *fused = (const char *)decode_project(m, lo, l, 0, parts, d->ln, xq, S);
+    const char *fused = (const char *)decode_project(m, lo, l, 0, parts, in, S);
     size_t act = dtype_size(m->be->act);
     const void *qin = fused ? fused : d->q, *kin = fused ? fused + q * act : d->k, *vin = fused ? fused + (q + kvw) * act : d->v;
     int ldq = fused ? q + 2 * kvw : q, ldkv = fused ? q + 2 * kvw : kvw;
@@ -955,63 +1005,40 @@ static void decode_qkv(Model *m, LoRA *lo, int l, int S, const FP8Tensor *xq, vo
                        c->HD, c->eps);
 }
 
-// The compute of one decode step for S rows already uploaded to m->dec: what the backend replays.
-// Logits (S, V) into d->logits.
-typedef struct {
-    Model *m;
-    LoRA *lo;
-    KVCache *kv;
-    int S, MB;
-} DecodeStep;
-
-// Layer l of a decode step on m->dec: the residual stream d->x, its normed copy d->ln (the previous op's
-// add_rmsnorm) and xq, d->ln's FP8 copy for q|k|v (or NULL), in; the next layer's (or the final norm's)
-// out, returning the next xq. The inputs of the FP8 products are quantized by the ops that make them
-// (xq: decode_fp8_input): the norms for q|k|v and gate|up, the attention for o, the SwiGLU for down.
-// Gemma 3: its norms are x * (1 + w) (norm1p, gelu below), and each branch's output is normed before
-// the residual add (its sandwich norms: plain ops).
-static FP8Tensor *decode_layer(const DecodeStep *st, int l, FP8Tensor *xq) {
+// Layer l of a decode step on m->dec: in, the residual stream d->x and its normed copy d->ln as q|k|v read
+// it (the previous add_rmsnorm's); out, the same for the next layer (or the final norm). What each
+// projection reads of its input (an FP8 copy written by the op that made the input) is LinearInput's,
+// made by the op before it. Gemma 3: its norms are x * (1 + w) (norm1p, gelu below), and each branch's
+// output is normed before the residual add (its sandwich norms: plain ops).
+static void decode_layer(const DecodeStep *st, int l, LinearInput *in) {
     Model *m = st->m;
     LoRA *lo = st->lo;
-    KVCache *kv = st->kv;
     int S = st->S;
     const Config *c = &m->cfg;
-    const Backend *be = m->be;
     const LayerWeights *lw = &m->w.layers[l];
     DecodeScratch *d = &m->dec;
     void *kc, *vc;
     float *ks, *vs;
-    kvcache_layer(kv, l, &kc, &vc, &ks, &vs);
-    // attention: q|k|v, RoPE and this token's K and V into the cache, attention over the cache, o
-    decode_qkv(m, lo, l, S, xq, kc, vc, ks, vs);
-    xq = decode_fp8_input(m, &lw->lin[LIN_O], S);
-    be->attention_decode(d->att, d->q, kc, vc, ks, vs, (const int32_t *)d->block_table, (const int32_t *)d->seq_lens, S,
-                         c->NH, c->KVH, c->HD, kv->BS, st->MB, attn_scale(c), layer_window(c, l), xq);
-    LinearInput in = {d->att, xq, NULL, {0}};
-    linear_fwd(m, lo, l, LIN_O, d->tmp, &in, S, 0);
+    kvcache_layer(st->kv, l, &kc, &vc, &ks, &vs);
+
+    // attention: x += o(attention(rope(q), the cache with this token's rope(k), v)) of ln; ln = rmsnorm(x)
+    decode_qkv(m, lo, l, S, in, kc, vc, ks, vs);
+    decode_attention(st, l, in, kc, vc, ks, vs);
+    linear_fwd(m, lo, l, LIN_O, d->tmp, in, S, 0);
     if (c->gemma) norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_attn, S, c->C);
-    // the residual add and the post-attention norm in one op
-    xq = decode_fp8_input(m, group_input(m, l, 1), S);
-    be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, lw->ln2, S, c->C, c->eps, c->gemma, xq);
-    // MLP: gate|up, the GLU, down
-    if (c->moe[l])  // Qwen3 MoE's sparse layer (xq is NULL: no FP8 copy of its input is made for it)
+    decode_add_norm(m, l, 1, in, lw->ln2, S);
+
+    // MLP: x += down(glu(gate|up(ln))); ln = the next layer's rmsnorm(x) (or the final norm's)
+    if (c->moe[l])  // Qwen3 MoE's sparse layer (in.xq is NULL: no FP8 copy of its input is made for it)
         moe_forward(m, l, d->tmp, d->ln, d->rlogits, (int32_t *)d->ridx, d->rw, NULL, NULL, S);
     else {
         void *gu[2] = {d->ff1, d->ff2};
-        void *fused = decode_project(m, lo, l, 1, gu, d->ln, xq, S);
-        xq = fused ? decode_fp8_input(m, &lw->lin[LIN_DOWN], S) : NULL;
-        if (fused) be->glu_gu(d->ff3, xq, fused, S, c->FF, c->gemma);  // SwiGLU (GeGLU) straight from the fused product
-        else if (c->gemma) be->geglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
-        else be->swiglu_forward(d->ff3, d->ff1, d->ff2, (size_t)S * c->FF);
-        in = (LinearInput){.x = d->ff3, .xq = xq};
-        linear_fwd(m, lo, l, LIN_DOWN, d->tmp, &in, S, 0);
+        const void *fused = decode_project(m, lo, l, 1, gu, in, S);
+        decode_glu(m, l, in, fused, S);
+        linear_fwd(m, lo, l, LIN_DOWN, d->tmp, in, S, 0);
     }
     if (c->gemma) norm_fwd(m, d->tmp, d->rstd, d->tmp, lw->ln_mlp, S, c->C);
-    // the residual add and the next layer's input norm (or the final norm)
-    const void *next_norm = l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm;
-    xq = l + 1 < c->L ? decode_fp8_input(m, group_input(m, l + 1, 0), S) : NULL;
-    be->add_rmsnorm(d->x, d->ln, d->rstd, d->tmp, next_norm, S, c->C, c->eps, c->gemma, xq);
-    return xq;
+    decode_add_norm(m, l + 1, 0, in, l + 1 < c->L ? m->w.layers[l + 1].ln1 : m->w.norm, S);
 }
 
 static void decode_compute(void *arg) {
@@ -1024,8 +1051,8 @@ static void decode_compute(void *arg) {
     be->embedding_forward(d->x, (const int32_t *)d->tok, &m->w.emb, S);
     if (c->gemma) be->scale_act(d->x, (size_t)S * c->C, embed_scale(m));
     norm_fwd(m, d->ln, d->rstd, d->x, m->w.layers[0].ln1, S, c->C);
-    FP8Tensor *xq = NULL;  // layer 0's q|k|v quantizes its own input
-    for (int l = 0; l < c->L; l++) xq = decode_layer(st, l, xq);
+    LinearInput in = {.x = d->ln};  // (layer 0's q|k|v quantize their input themselves)
+    for (int l = 0; l < c->L; l++) decode_layer(st, l, &in);
     be->logits_forward(d->logits, d->ln, &m->w.head, S);
 }
 

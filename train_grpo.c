@@ -4,23 +4,25 @@
 //   ./train_grpo --model DIR --data FILE.jsonl  a Hugging Face checkpoint and your data
 //   ./train_grpo --help                         every option, its default and meaning
 //
-// One step: sample per_device_train_batch_size / num_generations prompts; the
-// rollout engine (rollout.c) samples num_generations completions of each with
-// LoRA on; rewards (tasks.c) -> group advantages (grpo.c); then the update, grpo_step
-// (train/grpo_train.h): num_iterations times, per micro-batch a forward to per-token logprobs,
-// grpo_loss gives dL/dlogp, model_backward accumulates the LoRA gradients; clip, AdamW.
+// One step, train/grpo_train.h's grpo_train_step: sample per_device_train_batch_size / num_generations
+// prompts; the rollout engine (rollout.c) samples num_generations completions of each with the adapter;
+// rewards (tasks/, reward programs, a reward model) -> group advantages (grpo.c); then the update:
+// num_iterations times, per micro-batch a forward to per-token logprobs, grpo_loss gives dL/dlogp,
+// model_backward accumulates the LoRA gradients; clip, AdamW.
 // The reference for the KL (beta != 0) is the same model with no adapter.
 // --algo ppo runs PPO instead (TRL's PPOTrainer and PPOConfig names): the same rollouts and rewards,
-// then update_ppo (train/ppo_train.h): a value model (a LoRA adapter of its own and a score head on
+// then ppo_step (train/ppo_train.h): a value model (a LoRA adapter of its own and a score head on
 // the same frozen base), per-token KL rewards and GAE, num_ppo_epochs of clipped policy and value updates.
+// This file is the driver: the options, the run's lifecycle (its directory, checkpoints, the built-in
+// model's warm-up, the data, the rewards opened), the loop calling the step, and the logging.
 // A run writes into --output_dir, or without it into a new out/run-N (so the default
 // command can run again; the built-in model's warm-ups are cached apart, in ~/.cache/fp8-grpo,
 // and shared by every run):
 // metrics.jsonl (TRL's metric names), checkpoints (checkpoint-N/: PEFT adapter +
 // optimizer state, written atomically), and at the end plot.svg. --resume continues
 // from the last checkpoint bit-exactly. main(), at the bottom, is the table of
-// contents: one function per stage (load, warm-up, rollout, score, update, evaluate,
-// log, checkpoint, finish).
+// contents: one function per stage (inputs, output, load, begin, the step, evaluate, log, checkpoint,
+// finish).
 // Several processes (one per GPU; torchrun, srun or --nproc_per_node N start them) train as one:
 // each rolls out its share of the step's prompts, the LoRA gradients are summed over them, and
 // each steps its own identical copy of the optimizer (data_parallel.h says why that equals one process with
@@ -51,7 +53,6 @@
 #include "train/checkpoint.h"
 #include "train/full_finetune.h"
 #include "train/grpo_train.h"
-#include "train/memory_fit.h"
 #include "train/optim.h"
 #include "train/ppo_train.h"
 #include "train/sft.h"
@@ -344,6 +345,8 @@ typedef struct {
     int ppo;                // --algo ppo: the update is PPO's (train/ppo_train.h), with its config and value model
     PpoConfig pc;
     PpoTrainer pt;
+    double *score;          // PPO: (S) each completion's score (the weighted rewards, less missing_eos_penalty)
+    PpoStepStats ps;        // PPO: the step's figures
     const char *prog;       // argv[0]: the generate command printed at the end is its neighbour
     Dist *dist;             // the ranks (world 1: this process alone)
     DpBatch dp;             // this rank's share of a step's prompts and sequences
@@ -366,7 +369,7 @@ typedef struct {
     FullTrainer ft;         // every weight trained instead: fp32 masters and AdamW (full_finetune.h)
     size_t lora_bytes;      // LoRA parameters, gradients, AdamW m and v
     int gpu_util_given;     // --gpu_memory_utilization was on the command line (else it may be raised to fit)
-    int G, S, P, Tc, mb, R; // group size, this rank's sequences per step (P prompts x G), max completion tokens, micro-batch, reward functions
+    int G, S, P, Tc, R;     // group size, this rank's sequences per step (P prompts x G), max completion tokens, reward functions
     long total_updates;     // optimizer steps of the whole run (max_steps x num_iterations)
     long lr_warmup;         // of which ramp the learning rate up
     float inv_temp;         // logprobs at the sampling temperature, as TRL's trainer computes them
@@ -376,49 +379,10 @@ typedef struct {
     RewardModel rmodel;     // --reward_model (rmodel.tok NULL: none), the rewards' last column
     int start;              // the step resumed from (0: a fresh run)
     int end;                // the step of the run's last checkpoint: max_steps, or start when a resumed run is past it
+    char memory_help[256];  // the options that would shrink what the run holds (memory_options), for the steps' errors
     double acc;             // this step's held-out accuracy (NaN: not evaluated)
     History hist;
 } Run;
-
-// One GRPO step's data. The (P), (S) and (S, Tc) buffers are made once; the training
-// batch (S, T) every step, as T (the longest prompt + completion) changes.
-typedef struct {
-    Example *ex;             // (P) the step's problems
-    int **prompts, *plens;   // (P) their prompt token ids, lengths
-    uint64_t *seeds;         // (S) a sampling seed per sequence
-    Rollout ro;              // (S, Tc) completion ids, lengths, the sampler's logprobs
-    double *rewards;         // (S, R) this rank's
-    double *rewards_all;     // (S_all, R) every rank's, gathered (the advantages and reward metrics see the whole batch)
-    double *adv_all;         // (S_all)
-    double *adv;             // (S) advantages
-    uint8_t *mask, *trunc;   // (S, Tc) 1 on completion tokens; (S) 1 when cut at Tc
-    double *samp;            // (S, Tc) the sampler's logprobs of the completion tokens
-    int T;                   // tokens of the longest prompt + completion
-    int *ids, *tg;           // (S, T) prompt + completion, right-padded; the token each position predicts (-1: none)
-    int *start;              // (S) the position that predicts each completion's first token
-    GrpoRewardMetrics rm;
-    GrpoNorm norm;
-    GrpoTrainer gt;          // the update (train/grpo_train.h) and its buffers
-    GrpoStepStats gs;        // its figures
-    double *score;           // (S) PPO: each completion's score (the weighted rewards, less missing_eos_penalty)
-    PpoStepStats ps;         // PPO: the step's figures
-    long gen_tokens;
-    int minlen, maxlen, nclip;
-    double loss, gnorm, lr;
-    double t_step, t_roll, t_ref, t_train, t_total;  // seconds: start, rollout, reference passes, all training, all
-    double t_reward;         // seconds: the rewards (the reward programs' answers included)
-    // Several ranks: the time each spends in the first collective after its rollout (the rewards' gather)
-    // and in the gradients' all-reduce, as the ranks' mean and their least. The rank that arrives last
-    // spends the least, the transfer alone; the mean less the least is the mean wait for the slowest rank.
-    double t_wait, t_wait_min;
-    double t_reduce, t_reduce_min;
-} Step;
-
-// seed of sequence s at step `step`: the same on every run and after resume
-static uint64_t seq_seed(long seed, long step, int s, uint64_t purpose) {
-    uint64_t x = (uint64_t)seed * 0x9e3779b97f4a7c15ull ^ (uint64_t)step * 0xbf58476d1ce4e5b9ull ^ (uint64_t)s * 0x94d049bb133111ebull ^ purpose;
-    return splitmix64(&x);
-}
 
 // ----------------------------------------------------------------------------
 // checkpoints (checkpoint.h: the output directory, writing and reading them)
@@ -608,7 +572,8 @@ static void prepare_output(Run *r) {
 #define MIN_ARENA ((size_t)2 << 30)
 // The options that would shrink what the whole run holds, those not at their leanest yet, as the start
 // of a one-line error's advice ("raise --gpu_memory_utilization (now 0.60), use --load_in_fp8 block, ");
-// returns the characters written. arena_budget and fit_update add what their own shortfall depends on.
+// returns the characters written. arena_budget and the update's fit (train/grpo_train.c) add what their
+// own shortfall depends on.
 static size_t memory_options(const Opts *o, char *help, size_t cap) {
     size_t n = 0;
     help[0] = 0;
@@ -918,164 +883,33 @@ static void begin(Run *r) {
                dist_transport(r->dist, r->be));
 }
 
-static void step_alloc(const Run *r, Step *s) {
-    int P = r->P, S = r->S, Tc = r->Tc;
-    memset(s, 0, sizeof *s);
-    s->prompts = (int **)callocCheck(P, sizeof(int *));
-    s->plens = (int *)mallocCheck(P * sizeof(int));
-    s->ex = (Example *)callocCheck(P, sizeof(Example));
-    s->seeds = (uint64_t *)mallocCheck(S * sizeof(uint64_t));
-    s->rewards = (double *)mallocCheck((size_t)S * r->R * sizeof(double));
-    s->rewards_all = (double *)mallocCheck((size_t)r->dp.S_all * r->R * sizeof(double));
-    s->adv_all = (double *)mallocCheck((size_t)r->dp.S_all * sizeof(double));
-    s->adv = (double *)mallocCheck(S * sizeof(double));
-    s->mask = (uint8_t *)mallocCheck((size_t)S * Tc);
-    s->trunc = (uint8_t *)mallocCheck(S);
-    s->samp = (double *)mallocCheck((size_t)S * Tc * sizeof(double));
-    s->start = (int *)mallocCheck(S * sizeof(int));
-    grpo_train_init(&s->gt, S, Tc);
-    s->score = (double *)mallocCheck((size_t)S * sizeof(double));
-}
-
-// Stage "rollout": the step's problems (the same on every run and after a resume; this rank's
-// P of the step's P_all), then G completions of each, sampled with LoRA on, with the seeds one
-// process would give them.
-static void rollout(Run *r, Step *s, int step) {
-    const DpBatch *b = &r->dp;
-    for (int p = 0; p < r->P; p++) {
-        example_free(&s->ex[p]);
-        free(s->prompts[p]);
-        task_example(&r->task, SPLIT_TRAIN, (uint64_t)(step - 1) * b->P_all + b->p0 + p, &s->ex[p]);
-        s->plens[p] = encode_prompt(&r->fmt, &s->ex[p], &s->prompts[p]);
-    }
-    for (int q = 0; q < r->S; q++) s->seeds[q] = seq_seed(r->o.seed, step, b->q0 + q, 1);
-    RolloutConfig rc = {r->G, r->Tc, (float)r->o.temperature, (float)r->o.top_p, r->o.top_k, r->eos, r->neos, 16, 1};
-    rollout_run(&r->m, r->lo, &rc, r->P, (const int *const *)s->prompts, s->plens, s->seeds, &s->ro);
-    s->t_roll = now_sec() - s->t_step;
-}
-
-// Stage "score": each completion's rewards, the group advantages, the loss's normalizers,
-// and the masks and sampler logprobs of the completion tokens. With several ranks the rewards of
-// all are gathered and the advantages computed over the whole batch (each rank then takes its
-// rows), the normalizers and length metrics summed: every rank has the numbers one process would.
-static void score(Run *r, Step *s, int step) {
-    int S = r->S, R = r->R, Tc = r->Tc;
-    const Rollout *ro = &s->ro;
-    s->gen_tokens = 0, s->minlen = Tc, s->maxlen = 0, s->nclip = 0;
-    double t0 = now_sec();
-    char **texts = (char **)mallocCheck(S * sizeof(char *)), err[1024];
-    for (int q = 0; q < S; q++) texts[q] = tokenizer_decode_ex(r->tok, ro->ids + (size_t)q * Tc, ro->len[q], 1, NULL);
-    if (reward_set_score(&r->rewards, s->ex, r->G, S, texts, ro->ids, ro->len, Tc, ro->truncated, step, r->o.max_steps, s->rewards, err,
-                         sizeof err))
-        die("%s; the run stops here, its last checkpoint intact: fix the program, then --resume continues the run", err);
-    if (r->rmodel.tok) reward_model_score(&r->rmodel, &r->m, s->ex, r->G, S, texts, s->rewards + r->rewards.model_col, R);
-    for (int q = 0; q < S; q++) free(texts[q]);
-    free(texts);
-    s->t_reward = now_sec() - t0;
-    for (int q = 0; q < S; q++) {
-        s->gen_tokens += ro->len[q];
-        s->minlen = ro->len[q] < s->minlen ? ro->len[q] : s->minlen;
-        s->maxlen = ro->len[q] > s->maxlen ? ro->len[q] : s->maxlen;
-        s->nclip += ro->truncated[q];
-        s->trunc[q] = ro->truncated[q];
-        for (int j = 0; j < Tc; j++) {
-            s->mask[q * Tc + j] = j < ro->len[q];
-            s->samp[q * Tc + j] = j < ro->len[q] ? ro->logp[(size_t)q * Tc + j] : 0;
-        }
-    }
-    const DpBatch *b = &r->dp;
-    memcpy(s->rewards_all + (size_t)b->q0 * R, s->rewards, (size_t)S * R * sizeof(double));
-    t0 = now_sec();  // the first collective after the rollout: a rank that finished first waits here
-    dist_all_gather_host(r->dist, s->rewards_all, (size_t)S * R * sizeof(double));
-    s->t_wait = now_sec() - t0;
-    grpo_advantages(&r->g, b->S_all, R, s->rewards_all, r->weights, s->adv_all, &s->rm);
-    memcpy(s->adv, s->adv_all + b->q0, S * sizeof(double));  // (PPO: only the reward metrics are used)
-    if (r->ppo) ppo_scores(&r->pc, S, R, s->rewards, r->weights, s->trunc, s->score);
-    s->norm = dp_norm(r->dist, grpo_prepare(&r->g, S, Tc, s->mask, s->trunc), b->S_all);
-    double sums[3] = {(double)s->gen_tokens, s->nclip, s->t_wait}, ext[3] = {s->maxlen, -s->minlen, -s->t_wait};
-    dist_all_reduce_sum_f64_host(r->dist, sums, 3);
-    dist_all_reduce_max_f64_host(r->dist, ext, 3);
-    s->gen_tokens = (long)sums[0], s->nclip = (int)sums[1], s->maxlen = (int)ext[0], s->minlen = (int)-ext[1];
-    s->t_wait = sums[2] / b->world, s->t_wait_min = -ext[2];
-}
-
-// The training batch: prompt + completion per sequence, right-padded to T; tg holds the token
-// each position predicts where that is a completion token, else -1.
-static void make_batch(const Run *r, Step *s) {
-    int S = r->S, G = r->G, Tc = r->Tc;
-    const Rollout *ro = &s->ro;
-    int T = 0;
-    for (int q = 0; q < S; q++) T = s->plens[q / G] + ro->len[q] > T ? s->plens[q / G] + ro->len[q] : T;
-    s->T = T;
-    s->ids = (int *)callocCheck((size_t)S * T, sizeof(int));
-    s->tg = (int *)mallocCheck((size_t)S * T * sizeof(int));
-    for (int q = 0; q < S; q++) {
-        int pl = s->plens[q / G];
-        for (int t = 0; t < T; t++) {
-            s->ids[q * T + t] = t < pl ? s->prompts[q / G][t] : (t - pl < ro->len[q] ? ro->ids[(size_t)q * Tc + t - pl] : 0);
-            int j = t + 1 - pl;  // the completion token position t predicts
-            s->tg[q * T + t] = (j >= 0 && j < ro->len[q]) ? ro->ids[(size_t)q * Tc + j] : -1;
-        }
-    }
-    for (int q = 0; q < S; q++) s->start[q] = s->plens[q / G] - 1;  // completion token 0 is predicted there
-}
-
-// The update's micro-batch and recomputation for this step's T (memory_fit.h): the user's choice where
-// given, else the largest that fits the arena; printed when it changes. When nothing fits, one line
-// naming every option that would help.
-static int fit_update(Run *r, int T) {
+// The steps (train/grpo_train.h), set up from the run
+static void step_alloc(Run *r, GrpoStep *s) {
     const Opts *o = &r->o;
-    FitChoice fc;
-    if (memfit_update(&r->m, r->S, T, o->micro_batch_size, o->gradient_checkpointing ? 1 : -1, &fc) < 0) {
-        char help[512];
-        size_t n = memory_options(o, help, sizeof help);
-        if (fc.mb > 1) n += snprintf(help + n, sizeof help - n, "lower --micro_batch_size (now %d), ", fc.mb);
-        if (!fc.recompute) n += snprintf(help + n, sizeof help - n, "turn on --gradient_checkpointing, ");
-        snprintf(help + n, sizeof help - n, "or lower --max_completion_length (%d) / --max_prompt_length", r->Tc);
-        die("memory: the update of sequences of %d tokens needs %.2f GiB of activations at micro-batch %d with%s "
-            "recomputation, but the arena holds %.2f GiB: %s",
-            T, fc.bytes / 1073741824.0, fc.mb, fc.recompute ? "" : "out", r->m.arena.cap / 1073741824.0, help);
-    }
-    if (r->m.arena.cap && (fc.mb != r->mb || fc.recompute != r->m.recompute))  // (no arena: the CPU, nothing to choose)
-        printf("memory: updates in micro-batches of %d x %d tokens, recomputation %s (%s; activations %.2f GiB)\n", fc.mb,
-               T, fc.recompute ? "on" : "off",
-               o->micro_batch_size && o->gradient_checkpointing ? "as asked" : "chosen to fit the arena", fc.bytes / 1073741824.0);
-    r->mb = fc.mb;
-    r->m.recompute = fc.recompute;
-    return fc.mb;
+    memory_options(o, r->memory_help, sizeof r->memory_help);
+    GrpoSetup u = {&r->g, &r->task, &r->fmt, r->tok, &r->rewards, r->rmodel.tok ? &r->rmodel : NULL, r->weights, r->dist, r->dp,
+                   {r->G, r->Tc, (float)o->temperature, (float)o->top_p, o->top_k, r->eos, r->neos, 16, 1},
+                   (uint64_t)o->seed, o->max_steps, r->inv_temp,
+                   {o->lr_scheduler_type, o->learning_rate, o->adam_beta1, o->adam_beta2, o->adam_epsilon, o->weight_decay,
+                    o->max_grad_norm, r->lr_warmup, r->total_updates},
+                   o->micro_batch_size, o->gradient_checkpointing ? 1 : -1, r->memory_help};
+    grpo_step_init(s, &u);
+    if (r->ppo) r->score = (double *)mallocCheck((size_t)r->S * sizeof(double));
 }
 
-// Stage "update": the reference (no adapter) and old-policy logprobs when the loss needs them,
-// then num_iterations x (per micro-batch: forward, logprobs, grpo_loss, backward; clip, AdamW):
-// train/grpo_train.h's grpo_step
-static void update(Run *r, Step *s, int step) {
-    const Opts *o = &r->o;
+// PPO's step (--algo ppo; train/ppo_train.h): GRPO's rollout, rewards and batch (train/grpo_train.h), each
+// completion's score; then ppo_step: the reference (LoRA off), old-policy and value passes, the per-token
+// rewards and GAE, num_ppo_epochs x num_mini_batches updates of the policy adapter and the value model
+// (adapter + head)
+static void ppo_train_step(Run *r, GrpoStep *s, int step) {
+    grpo_rollout(s, &r->m, r->lo, step);
+    grpo_score(s, &r->m, step);  // (of the advantages, PPO uses only the reward metrics)
+    ppo_scores(&r->pc, s->S, s->R, s->rewards, r->weights, s->trunc, r->score);
     double t_train0 = now_sec();
-    make_batch(r, s);
-    int mb = fit_update(r, s->T);
-    GrpoBatch b = {r->S, s->T, r->Tc, s->ids, s->tg, s->start, s->ro.len, s->samp, s->adv, s->mask, s->trunc, &s->norm,
-                   r->inv_temp};
-    OptimConfig oc = {o->lr_scheduler_type, o->learning_rate, o->adam_beta1, o->adam_beta2, o->adam_epsilon, o->weight_decay,
-                      o->max_grad_norm, r->lr_warmup, r->total_updates};
-    grpo_step(&s->gt, &r->m, r->lo, &r->ft, r->dist, &r->g, &b, mb, &oc, step, &s->gs);
-    s->loss = s->gs.loss, s->gnorm = s->gs.grad_norm, s->lr = s->gs.lr, s->t_ref = s->gs.t_ref;
-    s->t_reduce = s->gs.t_reduce, s->t_reduce_min = s->gs.t_reduce_min;
-    s->t_train = now_sec() - t_train0, s->t_total = now_sec() - s->t_step;
-}
-
-// Stage "update", PPO's (--algo ppo; train/ppo_train.h): the reference (LoRA off), old-policy and value
-// passes, the per-token rewards and GAE, then num_ppo_epochs x num_mini_batches updates of the policy
-// adapter and the value model (adapter + head)
-static void update_ppo(Run *r, Step *s, int step) {
-    const Opts *o = &r->o;
-    double t_train0 = now_sec();
-    make_batch(r, s);
-    int mb = fit_update(r, s->T);
-    PpoBatch b = {r->S, s->T, r->Tc, s->ids, s->tg, s->start, s->ro.len, s->trunc, s->score, r->inv_temp};
-    OptimConfig po = {o->lr_scheduler_type, o->learning_rate, o->adam_beta1, o->adam_beta2, o->adam_epsilon, o->weight_decay,
-                   o->max_grad_norm, r->lr_warmup, r->total_updates};
-    ppo_step(&r->pt, &r->m, r->lo, &b, mb, &po, step, &s->ps);
-    s->loss = s->ps.loss, s->gnorm = s->ps.grad_norm, s->lr = s->ps.lr, s->t_ref = s->ps.t_rollout_passes;
+    grpo_batch(s, &r->m);
+    PpoBatch b = {s->S, s->T, s->Tc, s->ids, s->tg, s->start, s->ro.len, s->trunc, r->score, r->inv_temp};
+    ppo_step(&r->pt, &r->m, r->lo, &b, s->mb, &s->u.oc, step, &r->ps);
+    s->loss = r->ps.loss, s->gnorm = r->ps.grad_norm, s->lr = r->ps.lr, s->t_ref = r->ps.t_rollout_passes;
     s->t_reduce = s->t_reduce_min = 0;
     s->t_train = now_sec() - t_train0, s->t_total = now_sec() - s->t_step;
 }
@@ -1084,7 +918,7 @@ static void update_ppo(Run *r, Step *s, int step) {
 static int eval_due(const Run *r, int step) { return (r->o.eval_steps > 0 && step % r->o.eval_steps == 0) || step == r->o.max_steps; }
 
 // after the first step, once every buffer has been made: the memory by part
-static void memory_report(const Run *r, const Step *s) {
+static void memory_report(const Run *r, const GrpoStep *s) {
     const Model *m = &r->m;
     size_t peak = 0;
     r->be->mem_in_use(&peak);
@@ -1122,7 +956,7 @@ static void log_ppo(cJSON *j, const PpoStepStats *p) {
 }
 
 // Stage "log": the step's metrics.jsonl line (TRL's names), the plot's history, the printed line.
-static void log_step(Run *r, const Step *s, int step) {
+static void log_step(Run *r, const GrpoStep *s, int step) {
     if (!r->rank0) return;
     const Model *m = &r->m;
     const GrpoConfig *g = &r->g;
@@ -1142,13 +976,13 @@ static void log_step(Run *r, const Step *s, int step) {
         snprintf(key, sizeof key, "rewards/%s/std", r->reward_names[k]);
         add_num(j, key, s->rm.func_std[k]);
     }
-    if (r->ppo) log_ppo(j, &s->ps);
+    if (r->ppo) log_ppo(j, &r->ps);
     else {
         add_num(j, "frac_reward_zero_std", s->rm.frac_reward_zero_std);
-        add_num(j, "kl", s->gs.gm.kl);
-        add_num(j, "clip_ratio/low_mean", s->gs.gm.clip_low_mean);
-        add_num(j, "clip_ratio/high_mean", s->gs.gm.clip_high_mean);
-        add_num(j, "clip_ratio/region_mean", s->gs.gm.clip_region_mean);
+        add_num(j, "kl", s->gm.kl);
+        add_num(j, "clip_ratio/low_mean", s->gm.clip_low_mean);
+        add_num(j, "clip_ratio/high_mean", s->gm.clip_high_mean);
+        add_num(j, "clip_ratio/region_mean", s->gm.clip_region_mean);
     }
     add_num(j, "completions/mean_length", (double)s->gen_tokens / S);  // (S, gen_tokens: all ranks')
     add_num(j, "completions/min_length", s->minlen);
@@ -1156,11 +990,11 @@ static void log_step(Run *r, const Step *s, int step) {
     add_num(j, "completions/clipped_ratio", (double)s->nclip / S);
     if (r->ppo) add_num(j, "val/num_eos_tokens", S - s->nclip);  // (TRL's: the EOS tokens sampled, one per finished completion)
     if (!r->ppo) {
-        add_num(j, "sampling/sampling_logp_difference/mean", s->gs.gm.sampling_logp_diff_mean);
-        add_num(j, "sampling/sampling_logp_difference/max", s->gs.gm.sampling_logp_diff_max);
-        add_num(j, "sampling/importance_sampling_ratio/min", s->gs.gm.is_ratio_min);
-        add_num(j, "sampling/importance_sampling_ratio/mean", s->gs.gm.is_ratio_mean);
-        add_num(j, "sampling/importance_sampling_ratio/max", s->gs.gm.is_ratio_max);
+        add_num(j, "sampling/sampling_logp_difference/mean", s->gm.sampling_logp_diff_mean);
+        add_num(j, "sampling/sampling_logp_difference/max", s->gm.sampling_logp_diff_max);
+        add_num(j, "sampling/importance_sampling_ratio/min", s->gm.is_ratio_min);
+        add_num(j, "sampling/importance_sampling_ratio/mean", s->gm.is_ratio_mean);
+        add_num(j, "sampling/importance_sampling_ratio/max", s->gm.is_ratio_max);
     }
     add_num(j, "eval/accuracy", r->acc);
     add_num(j, "step_time", s->t_total);
@@ -1194,7 +1028,7 @@ static void log_step(Run *r, const Step *s, int step) {
     fprintf(mf, "%s\n", line);
     fclose(mf);
     free(line);
-    double kl = r->ppo ? s->ps.kl : s->gs.gm.kl;
+    double kl = r->ppo ? r->ps.kl : s->gm.kl;
     hist_add(&r->hist, step, s->rm.func_mean[0], r->acc, kl, (double)s->gen_tokens / S);
     if (!r->o.quiet && (step % r->o.logging_steps == 0 || step == r->o.max_steps)) {
         printf("step %4d/%d | reward %.3f", step, r->o.max_steps, s->rm.reward);
@@ -1218,12 +1052,6 @@ static void checkpoint(const Run *r, int step) {
         if (r->o.save_total_limit > 0)
             rotate_checkpoints(r->dir, r->o.save_total_limit, step, r->o.resume ? r->start : -1, r->o.quiet);
     }
-}
-
-static void step_end(Step *s) {  // what the next step makes anew
-    rollout_free(&s->ro);
-    free(s->ids), free(s->tg);
-    s->ids = s->tg = NULL;
 }
 
 // a shell command line, built word by word
@@ -1351,22 +1179,12 @@ static void finish(Run *r) {
     print_generate_command(r);
 }
 
-static void step_free(const Run *r, Step *s) {
-    for (int p = 0; p < r->P; p++) {
-        example_free(&s->ex[p]);
-        free(s->prompts[p]);
-    }
-    free(s->prompts), free(s->plens), free(s->ex), free(s->seeds), free(s->rewards), free(s->adv), free(s->mask), free(s->trunc);
-    free(s->rewards_all), free(s->adv_all);
-    free(s->samp), free(s->start), free(s->score);
-    grpo_train_free(&s->gt);
-}
-
 static void run_free(Run *r) {
     History *h = &r->hist;
     free(h->step), free(h->reward), free(h->acc), free(h->kl), free(h->len);
     r->m.lora = NULL;
     if (r->ppo) ppo_free(&r->pt);
+    free(r->score);
     if (r->lo) lora_free(r->lo);
     else full_free(&r->ft);
     model_free(&r->m);
@@ -1393,23 +1211,20 @@ int main(int argc, char **argv) {
     load(&r);            // backend, model (the built-in one: warm-up, cached), LoRA
     begin(&r);           // resume a checkpoint, or the held-out accuracy before GRPO
 
-    Step s;
+    GrpoStep s;
     step_alloc(&r, &s);
     for (int step = r.start + 1; step <= r.o.max_steps; step++) {
         dp_test_kill(r.dist, step);
-        s.t_step = now_sec();
-        rollout(&r, &s, step);  // P prompts x G completions, LoRA on
-        score(&r, &s, step);    // rewards (built-in, reward programs) -> group advantages
-        if (r.ppo) update_ppo(&r, &s, step);  // reference, old policy, values; GAE; epochs x (value, policy; AdamW)
-        else update(&r, &s, step);  // reference / old logprobs, num_iterations x (forward, backward, AdamW)
+        if (r.ppo) ppo_train_step(&r, &s, step);  // the same rollout and rewards; values, GAE, epochs of clipped updates
+        else grpo_train_step(&s, &r.m, r.lo, &r.ft, step);  // rollout -> rewards -> advantages -> batch -> update
         r.acc = eval_due(&r, step) ? held_out_accuracy(&r, r.lo) : NAN;  // evaluate
         log_step(&r, &s, step);
         checkpoint(&r, step);
-        step_end(&s);
+        grpo_step_end(&s);
     }
     if (r.rank0) finish(&r);  // plot, accuracy before -> after, the generate command
 
-    step_free(&r, &s);
+    grpo_step_free(&s);
     run_free(&r);
     dist_finalize(r.dist);
     return 0;
