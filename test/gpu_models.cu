@@ -301,11 +301,11 @@ typedef struct {
     double lp[4 * 8], dlogp[4 * 8];
     float *grads, *before, *after;
     size_t n;
-} GrpoStep;
+} GrpoStepRun;  // one backend's run of the step (the product's step: train/grpo_train.h GrpoStep)
 
 enum { GS_B = 4, GS_P = 8, GS_TC = 8, GS_T = GS_P + GS_TC };
 
-static void grpo_step(GrpoStep *r, const Backend *be, FP8Gran gran, const double *ref_c, const double *samp_c,
+static void grpo_step(GrpoStepRun *r, const Backend *be, FP8Gran gran, const double *ref_c, const double *samp_c,
                       int fill_base) {
     char dir[1024], p[1100];
     Model m;
@@ -370,7 +370,7 @@ static void grpo_step(GrpoStep *r, const Backend *be, FP8Gran gran, const double
 
 START_TEST(test_grpo_step) {
     // reference and sampler logprobs: the CPU fp32 run's own, perturbed (KL and IS weights away from 0 and 1)
-    GrpoStep base, co, go, cb, gb;
+    GrpoStepRun base, co, go, cb, gb;
     memset(&base, 0, sizeof base);
     grpo_step(&base, CPU, FP8_OFF, NULL, NULL, 1);
     double ref_c[GS_B * GS_TC], samp_c[GS_B * GS_TC];
@@ -387,9 +387,9 @@ START_TEST(test_grpo_step) {
     // gradients, plus the FP8 quantization effect measured here on the CPU for block
     double qg = rel_l2(cb.grads, co.grads, co.n, NULL), ql = 0;
     for (int i = 0; i < GS_B * GS_TC; i++) ql = fmax(ql, fabs(cb.lp[i] - co.lp[i]) / (1 + fabs(co.lp[i])));
-    const GrpoStep *gs[2] = {&go, &gb}, *cs[2] = {&co, &cb};
+    const GrpoStepRun *gs[2] = {&go, &gb}, *cs[2] = {&co, &cb};
     for (int k = 0; k < 2; k++) {
-        const GrpoStep *g = gs[k], *c = cs[k];
+        const GrpoStepRun *g = gs[k], *c = cs[k];
         const char *nm = k ? "block" : "off";
         // loss: first order in the logprob errors, |dL| <= sum_t |dL/dlogp_t| * tol_t
         double tl = 0x1p-5 + (k ? ql : 0), bound = 0;
@@ -420,7 +420,7 @@ START_TEST(test_grpo_step) {
         ck_assert_msg(clear >= c->n / 10, "%s: only %zu of %zu parameters have a clear gradient", nm, clear, c->n);
         ck_assert_msg(flips <= clear / 200, "%s: %zu of %zu clear updates disagree", nm, flips, clear);
     }
-    GrpoStep *all[4] = {&co, &go, &cb, &gb};
+    GrpoStepRun *all[4] = {&co, &go, &cb, &gb};
     for (int i = 0; i < 4; i++) free(all[i]->grads), free(all[i]->before), free(all[i]->after);
 }
 END_TEST
