@@ -64,7 +64,8 @@
 #include "cuda/backend_cuda.cuh"
 
 #define P2_TX (64 * WG_BK)  // bytes of one stage of X
-#define P2_SC 68            // floats of a stage's scales: sx of 64 rows, sw of gate (or the tile), sw of up, padding
+#define P2_SC 128           // floats of a stage's scales: sx of 64 rows, sw of gate (or the tile) at 64, of up at
+#define P2_SW_UP 96         // P2_SW_UP: each part 128-byte aligned, as a TMA destination must be (variant bit 6)
 #define P2_MAXSTAGES 32
 #define P2_THREADS 192      // warps 0-3 consume, 4 loads by TMA, 5 loads the scales (variant bit 5; else it leaves)
 #define P2_SMEM 231424       // 226 KiB of the block's 227; the stages are as many as fit (p2_stages)
@@ -115,13 +116,16 @@ typedef struct {
                                   // bit 5: the scales' cp.asyncs and their cp.async arrives on the full barrier
                                   // move from warp 4 (the TMA issuer) to warp 5, so that the thread issuing TMA
                                   // never executes cp.async.mbarrier.arrive ("Reading the ring" in
-                                  // dev/notes/decode.md: the suspected serialization of the stream)
+                                  // dev/notes/decode.md: the suspected serialization of the stream); bit 6 (not
+                                  // with 5): no cp.async at all, the scales by TMA boxes from 1-D maps (sx: 64
+                                  // values from the step's first, sw: 4 from the tile's), counted in expect_tx
     unsigned long long *trace;    // NULL, or P2_MAXT * P2_MARKS a block (ns, %globaltimer)
 } P2Args;
 
 typedef struct {
     CUtensorMap x[3], w[3];  // X boxes of 64 x 128 B; W boxes of T x 128 B (GU: T / 2, gate and up apart)
     CUtensorMap w2[3];       // variant bit 4: o's and down's W as (K step, row, 128 B) in boxes of 2 K steps
+    CUtensorMap sx[3], sw[3];  // variant bit 6: X's and W's scales as 1-D arrays, boxes of 64 and 4 floats
 } P2Maps;
 
 // ---- small PTX pieces beyond hopper.cuh (as decode_persistent.cu's) ----
@@ -160,6 +164,12 @@ __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, u
 #ifdef FP8_SM90A
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
                  ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2) : "memory");
+#endif
+}
+__device__ __forceinline__ void tma_load_1d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0) {
+#ifdef FP8_SM90A
+    asm volatile("cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3}], [%2];\n"
+                 ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0) : "memory");
 #endif
 }
 __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
@@ -405,7 +415,7 @@ __device__ __forceinline__ void p2_step_promote(const P2Args &a, long j, float (
     int st = (int)(j % a.stages);
     fence_regs(part);
     const float *s = sc + st * P2_SC;
-    float f00 = s[rl] * s[64], f10 = s[rl + 8] * s[64], f01 = s[rl] * s[65], f11 = s[rl + 8] * s[65];
+    float f00 = s[rl] * s[64], f10 = s[rl + 8] * s[64], f01 = s[rl] * s[P2_SW_UP], f11 = s[rl + 8] * s[P2_SW_UP];
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[st]);  // the warp's reads of the stage (its scales) are done
 #pragma unroll
@@ -480,13 +490,13 @@ __global__ void __launch_bounds__(P2_THREADS, 1) decode_half2_kernel(const P2Arg
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (tid == 0) {
         for (int s = 0; s < a.stages; s++) {
-            mbar_init(&full[s], 1 + 32);  // the W cursor's expect_tx, the producer lanes' cp.asyncs
+            mbar_init(&full[s], a.variant & 64 ? 1 : 1 + 32);  // the W cursor's expect_tx, the scale lanes' cp.asyncs
             mbar_init(&empty[s], 4);      // the 4 consumer warps
         }
         mbar_fence_init();
     }
     __syncthreads();
-    const bool sc_warp = a.variant & 32;  // the scales by warp 5
+    const bool sc_warp = a.variant & 32, sc_tma = a.variant & 64;  // the scales by warp 5, or by TMA
     if (warp == 5) {  // ---- the scales' loader (variant bit 5) ----
         // the X cursor again: once step xi's stage is free (the consumers released its last round, so
         // the full barrier is in the phase this step completes) and X's block is there, the step's scales
@@ -507,14 +517,15 @@ __global__ void __launch_bounds__(P2_THREADS, 1) decode_half2_kernel(const P2Arg
             for (int r = lane; r < a.M && !no_x && !no_sc; r += 32) cp_async4(s + r, G.sx + (size_t)x.k() * a.M + r);
             if (lane < (x.g == 1 ? 2 : 1) && !no_sc) {
                 int row = x.g == 1 ? lane * a.FF + x.tile * (G.T / 2) : x.tile * G.T;
-                cp_async4(s + 64 + lane, G.sw + (size_t)(row / FP8_BLOCK_SIZE) * G.ldsw + x.k());
+                cp_async4(s + (lane ? P2_SW_UP : 64), G.sw + (size_t)(row / FP8_BLOCK_SIZE) * G.ldsw + x.k());
             }
             cp_async_mbar_arrive(&full[st]);
         }
     } else if (warp == 4) {  // ---- producer ----
         // w issues a step's W as soon as its stage is free; x its X and scales once the step's W is
         // issued and the flag of X's block is set. Lane 0 decides, the warp walks together. With
-        // variant bit 5, x issues X alone (warp 5 loads the scales and makes the 32 arrivals).
+        // variant bit 5, x issues X alone (warp 5 loads the scales and makes the 32 arrivals); with bit 6,
+        // lane 0 loads the scales by TMA too, and w counts their bytes.
         P2Walk w, x;
         w.begin(a);
         x.begin(a);
@@ -530,13 +541,17 @@ __global__ void __launch_bounds__(P2_THREADS, 1) decode_half2_kernel(const P2Arg
                 int st = (int)(xi % a.stages);
                 const P2Gemm &G = a.g[x.g];
                 float *s = sc + st * P2_SC;
-                for (int r = lane; r < a.M && !no_x && !no_sc && !sc_warp; r += 32) cp_async4(s + r, G.sx + (size_t)x.k() * a.M + r);
-                if (lane < (x.g == 1 ? 2 : 1) && !no_sc && !sc_warp) {  // W's scale (GU: gate's, then up's)
-                    int row = x.g == 1 ? lane * a.FF + x.tile * (G.T / 2) : x.tile * G.T;
-                    cp_async4(s + 64 + lane, G.sw + (size_t)(row / FP8_BLOCK_SIZE) * G.ldsw + x.k());
+                const bool cp = !no_sc && !sc_warp && !sc_tma;  // the scales by this warp's cp.asyncs
+                for (int r = lane; r < a.M && !no_x && cp; r += 32) cp_async4(s + r, G.sx + (size_t)x.k() * a.M + r);
+                for (int h = 0; h < (x.g == 1 ? 2 : 1); h++) {  // W's scale (GU: gate's, then up's)
+                    int row = x.g == 1 ? h * a.FF + x.tile * (G.T / 2) : x.tile * G.T;
+                    int at = (row / FP8_BLOCK_SIZE) * G.ldsw + x.k();
+                    if (cp && lane == h) cp_async4(s + (h ? P2_SW_UP : 64), G.sw + at);
+                    if (sc_tma && !no_sc && lane == 0) tma_load_1d(s + (h ? P2_SW_UP : 64), &maps.sw[x.g], &full[st], at);
                 }
+                if (sc_tma && !no_sc && !no_x && lane == 0) tma_load_1d(s, &maps.sx[x.g], &full[st], x.k() * a.M);
                 if (lane == 0 && !no_x) tma_load_2d(xs + (size_t)st * stage_bytes, &maps.x[x.g], &full[st], x.k() * WG_BK, 0);
-                if (!sc_warp) cp_async_mbar_arrive(&full[st]);
+                if (!sc_warp && !sc_tma) cp_async_mbar_arrive(&full[st]);
                 x.next(a);
                 xi++;
                 progress = true;
@@ -549,7 +564,8 @@ __global__ void __launch_bounds__(P2_THREADS, 1) decode_half2_kernel(const P2Arg
                         const P2Gemm &G = a.g[w.g];
                         uint8_t *dst = ws + (size_t)st * stage_bytes;
                         bool pair = (a.variant & 16) && w.g != 1;
-                        mbar_expect_tx(&full[st], (no_x ? 0 : P2_TX) + (pair ? (w.kb % 2 ? 0 : 2) : 1) * G.T * WG_BK);
+                        int scb = sc_tma && !no_sc ? (no_x ? 0 : 64 * 4) + (w.g == 1 ? 2 : 1) * 16 : 0;  // bit 6's scale boxes
+                        mbar_expect_tx(&full[st], (no_x ? 0 : P2_TX) + (pair ? (w.kb % 2 ? 0 : 2) : 1) * G.T * WG_BK + scb);
                         if (pair) {  // timing only: both K steps' W into this stage (stage_bytes hold 2 x 32 rows)
                             if (w.kb % 2 == 0) tma_load_3d(dst, &maps.w2[w.g], &full[st], 0, w.tile * G.T, w.kb);
                         } else if (w.g == 1) {  // gate's rows, then the matching up rows
@@ -713,8 +729,8 @@ static const char *variant_name(int v) {
     static int k;
     char *n = b[k++ & 3];
     snprintf(n, 128, "%s%s%s%s%s%s%s", v & 1 ? ", rotated K starts" : "", v & 2 ? ", no X" : "", v & 4 ? ", no math" : "",
-             v & 8 ? ", no scales" : "", v & 16 ? ", o/down W in 2-step boxes" : "", v & 32 ? ", scales by warp 5" : "",
-             v & 30 ? " (timing only)" : "");
+             v & 8 ? ", no scales" : "", v & 16 ? ", o/down W in 2-step boxes" : "",
+             v & 32 ? ", scales by warp 5" : v & 64 ? ", scales by TMA" : "", v & 30 ? " (timing only)" : "");
     return n;
 }
 
@@ -800,6 +816,18 @@ static CUtensorMap tma_map_steps(const void *base, int N, int K, int rows, int s
     return m;
 }
 
+// n floats as a 1-D tensor read by TMA in boxes of `box` from any start, zeros past the end (variant bit 6)
+static CUtensorMap tma_map_1d_f32(const float *base, size_t n, int box) {
+    CUtensorMap m;
+    cuuint64_t dim[1] = {(cuuint64_t)n}, stride[1] = {0};  // rank 1: no stride is read
+    cuuint32_t bx[1] = {(cuuint32_t)box}, estride[1] = {1};
+    CUresult r = tma_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, (void *)base, dim, stride, bx, estride,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) die("cuTensorMapEncodeTiled (1-D, %zu floats in boxes of %d) failed (CUresult %d)", n, box, (int)r);
+    return m;
+}
+
 // the ring's stages for the widest tile: X, W and the scales of each, the barriers
 static int p2_stages(int Tmax) {
     int per = P2_TX + Tmax * WG_BK + P2_SC * 4 + 16;
@@ -814,7 +842,8 @@ static const char *tiles_refused(const Shape *s, Tiles T, int sms) {
     for (int g = 0; g < 3; g++)
         if (std::find(ok, ok + 3, w[g]) == ok + 3) return "a tile width is not 16, 32 or 64";
     if (T.stages < 0 || T.stages == 1) return "the ring needs at least 2 stages";
-    if (T.variant < 0 || T.variant > 63) return "the variant is 0..63 (P2Args.variant)";
+    if (T.variant < 0 || T.variant > 127) return "the variant is 0..127 (P2Args.variant)";
+    if ((T.variant & 96) == 96) return "variant bits 5 and 6 are two ways to load the scales: set one at most";
     if (T.variant & 16 && ((T.variant & 14) != 14 || T.o != 32 || T.d != 32 || T.gu != 64))
         return "variant bit 4 is for timing W alone (with bits 1-3) at tiles 32,64,32";
     if (T.gu < 32) return "the gate|up tile needs at least 16 gate and 16 up rows (--tiles o,gu,d with gu >= 32)";
@@ -843,6 +872,8 @@ static void plan_make(P2Plan *p, Acts *t, const Layer *L, const Shape *s, int M,
         p->maps.x[g] = tma_map_2d(X[g]->data, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, M, G.K, 64, WG_BK);
         p->maps.w[g] = tma_map_2d(W[g]->data, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, G.N, G.K, g == 1 ? G.T / 2 : G.T, WG_BK);
         p->maps.w2[g] = p->maps.w[g];
+        p->maps.sx[g] = tma_map_1d_f32(X[g]->scale, fp8_num_scales(X[g]->gran, X[g]->rows, X[g]->cols, X[g]->block_rows), 64);
+        p->maps.sw[g] = tma_map_1d_f32(W[g]->scale, fp8_num_scales(W[g]->gran, W[g]->rows, W[g]->cols, W[g]->block_rows), 4);
         if (T.variant & 16 && g != 1) p->maps.w2[g] = tma_map_steps(W[g]->data, G.N, G.K, G.T, 2);
     }
     a.count[K_O] = a.g[0].tiles; a.count[K_N1] = s->C / 128; a.count[K_GU] = a.g[1].tiles;
