@@ -50,7 +50,8 @@
 // A stage's full barrier counts 1 + 32 arrivals: the W cursor's expect_tx (W's and X's bytes) and one
 // cp.async arrive of each lane that loaded the step's scales: warp 4's own lanes, or with variant bit 5
 // warp 5's, which walks the same X cursor (its own stage-free wait and flag checks) so that the TMA
-// issuer executes no cp.async.mbarrier.arrive (see P2Args.variant).
+// issuer executes no cp.async.mbarrier.arrive; with bit 6 the scales come by TMA too, in expect_tx's
+// bytes, and the barrier counts 1 (see P2Args.variant).
 //
 // %globaltimer marks: each task's begin, the moment its data were there (its first stage full, or its
 // wait over), its end: `bench` prints, per kind of task, when the first began, how long tasks waited
