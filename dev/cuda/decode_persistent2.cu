@@ -3,6 +3,7 @@
 // epilogues that finish rows. Against the per-op path the program runs today, at M <= 64 rows with FP8
 // block scaling (E4M3).
 //   make -C dev ../build/decode_persistent2 && ./build/decode_persistent2 [--shape 0.6b|8b] [--rows M]
+//   ./build/decode_persistent2 --shape 8b --stream-only      (W alone through a ring: by producer, box, depth)
 //
 // The half layer (as decode_persistent.cu, the first version): o = att W_o^T; x += o; ln = rmsnorm(x) w_2
 // (its FP8 copy lnq, 1 x 128 scales); gu = lnq W_gu^T; h = silu(gate) * up (its FP8 copy hq); d = hq W_d^T;
@@ -46,6 +47,11 @@
 // ahead (while a block waits in N1, its next GU tiles' weights already stream in); X's waits for the
 // flag of the block of X it loads. Every K step of a tile reads all of X (64 x K codes) from L2: for a
 // 32-wide tile that is twice its W bytes; the tile widths are arguments, and the bench times several.
+// A stage's full barrier counts 1 + 32 arrivals: the W cursor's expect_tx (W's and X's bytes) and one
+// cp.async arrive of each lane that loaded the step's scales: warp 4's own lanes, or with variant bit 5
+// warp 5's, which walks the same X cursor (its own stage-free wait and flag checks) so that the TMA
+// issuer executes no cp.async.mbarrier.arrive; with bit 6 the scales come by TMA too, in expect_tx's
+// bytes, and the barrier counts 1 (see P2Args.variant).
 //
 // %globaltimer marks: each task's begin, the moment its data were there (its first stage full, or its
 // wait over), its end: `bench` prints, per kind of task, when the first began, how long tasks waited
@@ -59,9 +65,10 @@
 #include "cuda/backend_cuda.cuh"
 
 #define P2_TX (64 * WG_BK)  // bytes of one stage of X
-#define P2_SC 68            // floats of a stage's scales: sx of 64 rows, sw of gate (or the tile), sw of up, padding
+#define P2_SC 128           // floats of a stage's scales: sx of 64 rows, sw of gate (or the tile) at 64, of up at
+#define P2_SW_UP 96         // P2_SW_UP: each part 128-byte aligned, as a TMA destination must be (variant bit 6)
 #define P2_MAXSTAGES 32
-#define P2_THREADS 160
+#define P2_THREADS 192      // warps 0-3 consume, 4 loads by TMA, 5 loads the scales (variant bit 5; else it leaves)
 #define P2_SMEM 231424       // 226 KiB of the block's 227; the stages are as many as fit (p2_stages)
 #define P2_MAXT 16           // tasks a block, at most (the marks' slots)
 #define P2_MARKS 3           // a task's marks: begin, data there, end
@@ -106,13 +113,20 @@ typedef struct {
                                   // bit 2 (timing only): no math, the consumers release each stage as it lands;
                                   // bit 3 (timing only): no scales loaded (no cp.async); bit 4 (timing only, with
                                   // bits 1-3 and o, down 32 wide): W of o and down in boxes of 2 K steps (8 KB), one
-                                  // every other step (the odd step's stage gets no bytes): half the TMA loads
+                                  // every other step (the odd step's stage gets no bytes): half the TMA loads;
+                                  // bit 5: the scales' cp.asyncs and their cp.async arrives on the full barrier
+                                  // move from warp 4 (the TMA issuer) to warp 5, so that the thread issuing TMA
+                                  // never executes cp.async.mbarrier.arrive ("Reading the ring" in
+                                  // dev/notes/decode.md: the suspected serialization of the stream); bit 6 (not
+                                  // with 5): no cp.async at all, the scales by TMA boxes from 1-D maps (sx: 64
+                                  // values from the step's first, sw: 4 from the tile's), counted in expect_tx
     unsigned long long *trace;    // NULL, or P2_MAXT * P2_MARKS a block (ns, %globaltimer)
 } P2Args;
 
 typedef struct {
     CUtensorMap x[3], w[3];  // X boxes of 64 x 128 B; W boxes of T x 128 B (GU: T / 2, gate and up apart)
     CUtensorMap w2[3];       // variant bit 4: o's and down's W as (K step, row, 128 B) in boxes of 2 K steps
+    CUtensorMap sx[3], sw[3];  // variant bit 6: X's and W's scales as 1-D arrays, boxes of 64 and 4 floats
 } P2Maps;
 
 // ---- small PTX pieces beyond hopper.cuh (as decode_persistent.cu's) ----
@@ -151,6 +165,12 @@ __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, u
 #ifdef FP8_SM90A
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
                  ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2) : "memory");
+#endif
+}
+__device__ __forceinline__ void tma_load_1d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0) {
+#ifdef FP8_SM90A
+    asm volatile("cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3}], [%2];\n"
+                 ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0) : "memory");
 #endif
 }
 __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
@@ -396,7 +416,7 @@ __device__ __forceinline__ void p2_step_promote(const P2Args &a, long j, float (
     int st = (int)(j % a.stages);
     fence_regs(part);
     const float *s = sc + st * P2_SC;
-    float f00 = s[rl] * s[64], f10 = s[rl + 8] * s[64], f01 = s[rl] * s[65], f11 = s[rl + 8] * s[65];
+    float f00 = s[rl] * s[64], f10 = s[rl + 8] * s[64], f01 = s[rl] * s[P2_SW_UP], f11 = s[rl + 8] * s[P2_SW_UP];
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[st]);  // the warp's reads of the stage (its scales) are done
 #pragma unroll
@@ -471,15 +491,42 @@ __global__ void __launch_bounds__(P2_THREADS, 1) decode_half2_kernel(const P2Arg
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (tid == 0) {
         for (int s = 0; s < a.stages; s++) {
-            mbar_init(&full[s], 1 + 32);  // the W cursor's expect_tx, the producer lanes' cp.asyncs
+            mbar_init(&full[s], a.variant & 64 ? 1 : 1 + 32);  // the W cursor's expect_tx, the scale lanes' cp.asyncs
             mbar_init(&empty[s], 4);      // the 4 consumer warps
         }
         mbar_fence_init();
     }
     __syncthreads();
-    if (warp == 4) {  // ---- producer ----
+    const bool sc_warp = a.variant & 32, sc_tma = a.variant & 64;  // the scales by warp 5, or by TMA
+    if (warp == 5) {  // ---- the scales' loader (variant bit 5) ----
+        // the X cursor again: once step xi's stage is free (the consumers released its last round, so
+        // the full barrier is in the phase this step completes) and X's block is there, the step's scales
+        // by cp.async and the lanes' 32 arrivals on the full barrier, which fire when they land
+        if (!sc_warp) return;
+        P2Walk x;
+        x.begin(a);
+        __shared__ unsigned seen5[2 * P2_MAXFB / 32];
+        for (int k = lane; k < 2 * P2_MAXFB / 32; k += 32) seen5[k] = 0;
+        __syncwarp();
+        const bool no_x = a.variant & 2, no_sc = a.variant & 8;
+        for (long xi = 0; !x.done(); xi++, x.next(a)) {
+            int st = (int)(xi % a.stages), par = (int)((xi / a.stages) & 1);
+            mbar_wait(&empty[st], par ^ 1);
+            while (!p2_x_ready(a, x.g, x.k(), lane, seen5)) __nanosleep(20);
+            const P2Gemm &G = a.g[x.g];
+            float *s = sc + st * P2_SC;
+            for (int r = lane; r < a.M && !no_x && !no_sc; r += 32) cp_async4(s + r, G.sx + (size_t)x.k() * a.M + r);
+            if (lane < (x.g == 1 ? 2 : 1) && !no_sc) {
+                int row = x.g == 1 ? lane * a.FF + x.tile * (G.T / 2) : x.tile * G.T;
+                cp_async4(s + (lane ? P2_SW_UP : 64), G.sw + (size_t)(row / FP8_BLOCK_SIZE) * G.ldsw + x.k());
+            }
+            cp_async_mbar_arrive(&full[st]);
+        }
+    } else if (warp == 4) {  // ---- producer ----
         // w issues a step's W as soon as its stage is free; x its X and scales once the step's W is
-        // issued and the flag of X's block is set. Lane 0 decides, the warp walks together.
+        // issued and the flag of X's block is set. Lane 0 decides, the warp walks together. With
+        // variant bit 5, x issues X alone (warp 5 loads the scales and makes the 32 arrivals); with bit 6,
+        // lane 0 loads the scales by TMA too, and w counts their bytes.
         P2Walk w, x;
         w.begin(a);
         x.begin(a);
@@ -495,13 +542,17 @@ __global__ void __launch_bounds__(P2_THREADS, 1) decode_half2_kernel(const P2Arg
                 int st = (int)(xi % a.stages);
                 const P2Gemm &G = a.g[x.g];
                 float *s = sc + st * P2_SC;
-                for (int r = lane; r < a.M && !no_x && !no_sc; r += 32) cp_async4(s + r, G.sx + (size_t)x.k() * a.M + r);
-                if (lane < (x.g == 1 ? 2 : 1) && !no_sc) {  // W's scale (GU: gate's, then up's)
-                    int row = x.g == 1 ? lane * a.FF + x.tile * (G.T / 2) : x.tile * G.T;
-                    cp_async4(s + 64 + lane, G.sw + (size_t)(row / FP8_BLOCK_SIZE) * G.ldsw + x.k());
+                const bool cp = !no_sc && !sc_warp && !sc_tma;  // the scales by this warp's cp.asyncs
+                for (int r = lane; r < a.M && !no_x && cp; r += 32) cp_async4(s + r, G.sx + (size_t)x.k() * a.M + r);
+                for (int h = 0; h < (x.g == 1 ? 2 : 1); h++) {  // W's scale (GU: gate's, then up's)
+                    int row = x.g == 1 ? h * a.FF + x.tile * (G.T / 2) : x.tile * G.T;
+                    int at = (row / FP8_BLOCK_SIZE) * G.ldsw + x.k();
+                    if (cp && lane == h) cp_async4(s + (h ? P2_SW_UP : 64), G.sw + at);
+                    if (sc_tma && !no_sc && lane == 0) tma_load_1d(s + (h ? P2_SW_UP : 64), &maps.sw[x.g], &full[st], at);
                 }
+                if (sc_tma && !no_sc && !no_x && lane == 0) tma_load_1d(s, &maps.sx[x.g], &full[st], x.k() * a.M);
                 if (lane == 0 && !no_x) tma_load_2d(xs + (size_t)st * stage_bytes, &maps.x[x.g], &full[st], x.k() * WG_BK, 0);
-                cp_async_mbar_arrive(&full[st]);
+                if (!sc_warp && !sc_tma) cp_async_mbar_arrive(&full[st]);
                 x.next(a);
                 xi++;
                 progress = true;
@@ -514,7 +565,8 @@ __global__ void __launch_bounds__(P2_THREADS, 1) decode_half2_kernel(const P2Arg
                         const P2Gemm &G = a.g[w.g];
                         uint8_t *dst = ws + (size_t)st * stage_bytes;
                         bool pair = (a.variant & 16) && w.g != 1;
-                        mbar_expect_tx(&full[st], (no_x ? 0 : P2_TX) + (pair ? (w.kb % 2 ? 0 : 2) : 1) * G.T * WG_BK);
+                        int scb = sc_tma && !no_sc ? (no_x ? 0 : 64 * 4) + (w.g == 1 ? 2 : 1) * 16 : 0;  // bit 6's scale boxes
+                        mbar_expect_tx(&full[st], (no_x ? 0 : P2_TX) + (pair ? (w.kb % 2 ? 0 : 2) : 1) * G.T * WG_BK + scb);
                         if (pair) {  // timing only: both K steps' W into this stage (stage_bytes hold 2 x 32 rows)
                             if (w.kb % 2 == 0) tma_load_3d(dst, &maps.w2[w.g], &full[st], 0, w.tile * G.T, w.kb);
                         } else if (w.g == 1) {  // gate's rows, then the matching up rows
@@ -534,7 +586,7 @@ __global__ void __launch_bounds__(P2_THREADS, 1) decode_half2_kernel(const P2Arg
     } else {  // ---- consumers ----
         long i = 0;
         int slot = 0;
-        for (int t = blockIdx.x; t < p2_total(a); t += gridDim.x, slot++) {
+        for (int t = blockIdx.x; t < p2_total(a); t += gridDim.x, slot++) {  // (warps 0-3)
             int kind, idx;
             p2_task(a, t, kind, idx);
             unsigned long long *mk = a.trace ? a.trace + ((size_t)blockIdx.x * P2_MAXT + slot) * P2_MARKS : NULL;
@@ -568,6 +620,89 @@ __global__ void __launch_bounds__(P2_THREADS, 1) decode_half2_kernel(const P2Arg
 #endif
 }
 
+// ---- --stream-only: W alone through a ring, by producer and box shape ----
+// Which part of the ring costs ~0.6 us a K step (dev/notes/decode.md, "Reading the ring")? One launch, one
+// block an SM, streams the W of o, gate|up and down (the shape's), each block an equal run of each
+// matrix's (row tile, K step group) boxes in turn, through a ring of `ring` bytes; a consumer warp
+// releases each stage as it lands (no math, no X, no scales). What varies:
+//   the producer  SO_BLOCKING: lane 0 waits for a free stage (try_wait) and issues, as fp8_hopper.cu's
+//                 decode kernel and tma_stream.cu do; SO_LOOP_ARRIVE: the persistent kernel's loop (the warp
+//                 tests the stage, naps 20 ns while it is taken, lane 0 issues) with its X cursor's 32
+//                 cp.async.mbarrier.arrive of the step before issued before each TMA (full barrier 1 + 32);
+//                 SO_LOOP: that loop without the arrives; SO_ARRIVE_WARP: SO_LOOP with the 32 arrives made by
+//                 another warp (variant bit 5's split); SO_PREFETCH: SO_BLOCKING after prefetch.tensormap
+//   the box       rows x 128 B x steps (K steps a box: a 3-D map, K step outermost, as variant bit 4's)
+enum { SO_BLOCKING, SO_LOOP_ARRIVE, SO_LOOP, SO_ARRIVE_WARP, SO_PREFETCH, SO_NPROD };
+static const char *SO_PROD_NAME[SO_NPROD] = {"lane 0 blocking", "warp loop + its cp.async arrives", "warp loop",
+                                             "warp loop, arrives by warp 2", "lane 0 blocking + tensormap prefetch"};
+typedef struct {
+    CUtensorMap m[3];  // o, gate|up, down: boxes of rows x 128 B (2-D) or rows x 128 B x steps (3-D)
+} SOMaps;
+typedef struct {
+    long nbox[3];      // boxes of each matrix: (N / rows) (K / 128 / steps)
+    int KS[3];         // box groups along K a row tile
+    int rows, steps, stages, box_bytes, prod;
+} SOArgs;
+
+__global__ void __launch_bounds__(96, 1) stream_only_kernel(const SOArgs a, const __grid_constant__ SOMaps maps) {
+#ifdef FP8_SM90A
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *buf = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    __shared__ uint64_t full[P2_MAXSTAGES], empty[P2_MAXSTAGES];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool arrives = a.prod == SO_LOOP_ARRIVE || a.prod == SO_ARRIVE_WARP;
+    long total = 0;  // this block's boxes
+    for (int g = 0; g < 3; g++) total += a.nbox[g] * (blockIdx.x + 1) / gridDim.x - a.nbox[g] * blockIdx.x / gridDim.x;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < a.stages; s++) {
+            mbar_init(&full[s], arrives ? 1 + 32 : 1);
+            mbar_init(&empty[s], 1);
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+    if (warp == 1) {  // consumer: release each stage as it lands
+        for (long i = 0; i < total; i++) {
+            mbar_wait(&full[i % a.stages], (int)((i / a.stages) & 1));
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[i % a.stages]);
+        }
+        return;
+    }
+    if (warp == 2) {  // SO_ARRIVE_WARP: the 32 arrives of each stage, once it is free
+        if (a.prod == SO_ARRIVE_WARP)
+            for (long i = 0; i < total; i++) {
+                mbar_wait(&empty[i % a.stages], (int)((i / a.stages) & 1) ^ 1);
+                cp_async_mbar_arrive(&full[i % a.stages]);
+            }
+        return;
+    }
+    const bool loop = a.prod == SO_LOOP_ARRIVE || a.prod == SO_LOOP || a.prod == SO_ARRIVE_WARP;
+    if (!loop && lane != 0) return;
+    if (a.prod == SO_PREFETCH)
+        for (int g = 0; g < 3; g++) asm volatile("prefetch.tensormap [%0];" ::"l"(&maps.m[g]) : "memory");
+    long i = 0;
+    for (int g = 0; g < 3; g++)
+        for (long u = a.nbox[g] * blockIdx.x / gridDim.x; u < a.nbox[g] * (blockIdx.x + 1) / gridDim.x; u++, i++) {
+            int st = (int)(i % a.stages), par = (int)((i / a.stages) & 1);
+            if (loop) {
+                if (a.prod == SO_LOOP_ARRIVE && i > 0) cp_async_mbar_arrive(&full[(i - 1) % a.stages]);
+                while (!__shfl_sync(0xffffffffu, lane == 0 ? mbar_test(&empty[st], par ^ 1) : 0, 0)) __nanosleep(20);
+            } else {
+                mbar_wait(&empty[st], par ^ 1);
+            }
+            if (lane == 0) {
+                uint8_t *dst = buf + (size_t)st * a.box_bytes;
+                int tile = (int)(u / a.KS[g]), k = (int)(u % a.KS[g]) * a.steps;
+                mbar_expect_tx(&full[st], a.box_bytes);
+                if (a.steps == 1) tma_load_2d(dst, &maps.m[g], &full[st], k * WG_BK, tile * a.rows);
+                else tma_load_3d(dst, &maps.m[g], &full[st], 0, tile * a.rows, k);
+            }
+        }
+    if (a.prod == SO_LOOP_ARRIVE && i > 0) cp_async_mbar_arrive(&full[(i - 1) % a.stages]);
+#endif
+}
+
 // ----------------------------------------------------------------------------
 // host
 
@@ -591,11 +726,12 @@ typedef struct {        // the tile widths of o, gate|up (gate and up columns to
     int o, gu, d, variant, stages;  // ring's stages (0: as many as fit)
 } Tiles;
 static const char *variant_name(int v) {
-    static char b[4][96];
+    static char b[4][128];
     static int k;
     char *n = b[k++ & 3];
-    snprintf(n, 96, "%s%s%s%s%s%s", v & 1 ? ", rotated K starts" : "", v & 2 ? ", no X" : "", v & 4 ? ", no math" : "",
-             v & 8 ? ", no scales" : "", v & 16 ? ", o/down W in 2-step boxes" : "", v & 30 ? " (timing only)" : "");
+    snprintf(n, 128, "%s%s%s%s%s%s%s", v & 1 ? ", rotated K starts" : "", v & 2 ? ", no X" : "", v & 4 ? ", no math" : "",
+             v & 8 ? ", no scales" : "", v & 16 ? ", o/down W in 2-step boxes" : "",
+             v & 32 ? ", scales by warp 5" : v & 64 ? ", scales by TMA" : "", v & 30 ? " (timing only)" : "");
     return n;
 }
 
@@ -681,6 +817,18 @@ static CUtensorMap tma_map_steps(const void *base, int N, int K, int rows, int s
     return m;
 }
 
+// n floats as a 1-D tensor read by TMA in boxes of `box` from any start, zeros past the end (variant bit 6)
+static CUtensorMap tma_map_1d_f32(const float *base, size_t n, int box) {
+    CUtensorMap m;
+    cuuint64_t dim[1] = {(cuuint64_t)n}, stride[1] = {0};  // rank 1: no stride is read
+    cuuint32_t bx[1] = {(cuuint32_t)box}, estride[1] = {1};
+    CUresult r = tma_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, (void *)base, dim, stride, bx, estride,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) die("cuTensorMapEncodeTiled (1-D, %zu floats in boxes of %d) failed (CUresult %d)", n, box, (int)r);
+    return m;
+}
+
 // the ring's stages for the widest tile: X, W and the scales of each, the barriers
 static int p2_stages(int Tmax) {
     int per = P2_TX + Tmax * WG_BK + P2_SC * 4 + 16;
@@ -695,7 +843,8 @@ static const char *tiles_refused(const Shape *s, Tiles T, int sms) {
     for (int g = 0; g < 3; g++)
         if (std::find(ok, ok + 3, w[g]) == ok + 3) return "a tile width is not 16, 32 or 64";
     if (T.stages < 0 || T.stages == 1) return "the ring needs at least 2 stages";
-    if (T.variant < 0 || T.variant > 31) return "the variant is 0..31 (P2Args.variant)";
+    if (T.variant < 0 || T.variant > 127) return "the variant is 0..127 (P2Args.variant)";
+    if ((T.variant & 96) == 96) return "variant bits 5 and 6 are two ways to load the scales: set one at most";
     if (T.variant & 16 && ((T.variant & 14) != 14 || T.o != 32 || T.d != 32 || T.gu != 64))
         return "variant bit 4 is for timing W alone (with bits 1-3) at tiles 32,64,32";
     if (T.gu < 32) return "the gate|up tile needs at least 16 gate and 16 up rows (--tiles o,gu,d with gu >= 32)";
@@ -724,6 +873,8 @@ static void plan_make(P2Plan *p, Acts *t, const Layer *L, const Shape *s, int M,
         p->maps.x[g] = tma_map_2d(X[g]->data, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, M, G.K, 64, WG_BK);
         p->maps.w[g] = tma_map_2d(W[g]->data, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, G.N, G.K, g == 1 ? G.T / 2 : G.T, WG_BK);
         p->maps.w2[g] = p->maps.w[g];
+        p->maps.sx[g] = tma_map_1d_f32(X[g]->scale, fp8_num_scales(X[g]->gran, X[g]->rows, X[g]->cols, X[g]->block_rows), 64);
+        p->maps.sw[g] = tma_map_1d_f32(W[g]->scale, fp8_num_scales(W[g]->gran, W[g]->rows, W[g]->cols, W[g]->block_rows), 4);
         if (T.variant & 16 && g != 1) p->maps.w2[g] = tma_map_steps(W[g]->data, G.N, G.K, G.T, 2);
     }
     a.count[K_O] = a.g[0].tiles; a.count[K_N1] = s->C / 128; a.count[K_GU] = a.g[1].tiles;
@@ -949,6 +1100,67 @@ static void bench(const Shape *s, int M, int sms, P2Sync *sync, int layers, cons
     for (auto &l : L) layer_free(&l);
 }
 
+// --stream-only: every producer at every box shape, two ring sizes (the persistent kernel's 13 stages of
+// 4 KB of W, and 192 KB), the half layer's W in one launch each, copies rotated past the L2
+static void stream_only(const Shape *s, int sms, double bw) {
+    const int N[3] = {s->C, 2 * s->FF, s->C}, K[3] = {s->A, s->C, s->FF};
+    double bytes = 0;
+    for (int g = 0; g < 3; g++) bytes += (double)N[g] * K[g];
+    int copies = std::max(2, (int)ceil(3 * 50e6 / bytes));
+    std::vector<uint8_t *> w(3 * copies);
+    for (int c = 0; c < copies; c++)
+        for (int g = 0; g < 3; g++) {
+            cudaCheck(cudaMalloc(&w[3 * c + g], (size_t)N[g] * K[g]));
+            cudaCheck(cudaMemset(w[3 * c + g], 0x11, (size_t)N[g] * K[g]));
+        }
+    CUtensorMap probe;
+    const bool box3 = tma_map_steps_try(&probe, w[0], N[0], K[0], 32, 2) == CUDA_SUCCESS;
+    if (!box3) printf("the 3-D map (K steps a box) is refused: boxes of 1 K step only\n");
+    const int box[6][2] = {{32, 1}, {32, 2}, {32, 4}, {64, 1}, {64, 2}, {128, 1}}, ring[2] = {13 * 32 * WG_BK, 192 * 1024};
+    std::vector<SOArgs> args;
+    std::vector<SOMaps> maps;  // [config][copy]
+    for (int r = 0; r < 2; r++)
+        for (int b = 0; b < 6; b++)
+            for (int p = 0; p < SO_NPROD; p++) {
+                SOArgs A;
+                memset(&A, 0, sizeof A);
+                A.rows = box[b][0]; A.steps = box[b][1]; A.prod = p;
+                if (A.steps > 1 && !box3) continue;
+                if (p == SO_PREFETCH && b != 0) continue;  // the descriptor question: the persistent kernel's box only
+                A.box_bytes = A.rows * WG_BK * A.steps;
+                A.stages = std::min(P2_MAXSTAGES, ring[r] / A.box_bytes);
+                for (int g = 0; g < 3; g++) {
+                    A.KS[g] = K[g] / WG_BK / A.steps;
+                    A.nbox[g] = (long)(N[g] / A.rows) * A.KS[g];
+                }
+                args.push_back(A);
+                for (int c = 0; c < copies; c++) {
+                    SOMaps m;
+                    for (int g = 0; g < 3; g++)
+                        m.m[g] = A.steps == 1 ? tma_map_2d(w[3 * c + g], CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, N[g], K[g], A.rows, WG_BK)
+                                              : tma_map_steps(w[3 * c + g], N[g], K[g], A.rows, A.steps);
+                    maps.push_back(m);
+                }
+            }
+    const int smem = 192 * 1024 + 1024, n = (int)args.size();
+    cudaCheck(cudaFuncSetAttribute(stream_only_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    std::vector<double> ms(n);
+    time_interleaved([&](int k, int c) {
+        stream_only_kernel<<<sms, 96, smem>>>(args[k], maps[(size_t)k * copies + c]);
+        launchCheck();
+    }, n, copies, 1, ms.data());
+    printf("stream only %s: o, gate|up, down's W (%.1f MB) a launch, %d blocks, %d copies rotated; floor %.2f us at %.2f TB/s\n",
+           s->name, bytes / 1e6, sms, copies, bytes / bw * 1e6, bw / 1e12);
+    printf("| producer | box rows x K steps (KB) | stages (KB in flight) | us | TB/s | boxes/us an SM |\n| --- | --- | --- | --- | --- | --- |\n");
+    for (int k = 0; k < n; k++) {
+        const SOArgs &A = args[k];
+        double us = ms[k] * 1e3, nb = (double)(A.nbox[0] + A.nbox[1] + A.nbox[2]);
+        printf("| %s | %d x %d (%d) | %d (%d) | %.1f | %.2f | %.2f |\n", SO_PROD_NAME[A.prod], A.rows, A.steps, A.box_bytes / 1024,
+               A.stages, A.stages * A.box_bytes / 1024, us, bytes / (us * 1e-6) / 1e12, nb / sms / us);
+    }
+    for (uint8_t *p : w) cudaFree(p);
+}
+
 static int parse_tiles(const char *s, Tiles *t) {
     t->variant = t->stages = 0;
     int n = sscanf(s, "%d,%d,%d,%d,%d", &t->o, &t->gu, &t->d, &t->variant, &t->stages);
@@ -958,17 +1170,18 @@ static int parse_tiles(const char *s, Tiles *t) {
 int main(int argc, char **argv) {
     const Shape shapes[2] = {{1024, 3072, 2048, "0.6b"}, {4096, 12288, 4096, "8b"}};
     const char *only = NULL;
-    int rows = 0;
+    int rows = 0, stream_mode = 0;
     std::vector<Tiles> tiles;
     for (int i = 1; i < argc; i++) {
         Tiles t;
         if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--stream-only")) stream_mode = 1;
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--tiles") && i + 1 < argc && parse_tiles(argv[i + 1], &t)) { tiles.push_back(t); i++; }
         else {
-            fprintf(stderr, "usage: %s [--shape 0.6b|8b] [--rows M (1..64)] [--tiles o,gu,d[,variant[,stages]]]... "
+            fprintf(stderr, "usage: %s [--shape 0.6b|8b] [--rows M (1..64)] [--tiles o,gu,d[,variant[,stages]]]... [--stream-only] "
                     "(widths 16, 32, 64; variant: P2Args.variant; stages: at most that many; the first --tiles is checked at M = 1, 7 and 64, the others at 64 unless "
-                    "timing only, every one timed)\n", argv[0]);
+                    "timing only, every one timed; --stream-only: only the W stream by producer and box shape, no kernel of the half layer)\n", argv[0]);
             return 2;
         }
     }
@@ -999,6 +1212,11 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop = gpu_props();
     double bw = strstr(prop.name, "H200") ? 4.8e12 : 3.35e12;  // HBM bandwidth: the floor's
     printf("%s, %d SMs\n", prop.name, sms);
+    if (stream_mode) {
+        for (int k = 0; k < 2; k++)
+            if (!only || !strcmp(only, shapes[k].name)) stream_only(&shapes[k], sms, bw);
+        return 0;
+    }
     {  // the driver may refuse the 3-D map of variant bit 4 (a stride smaller than the one before): then not timed
         void *probe;
         CUtensorMap m;
