@@ -548,6 +548,12 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
     if (lt && !cJSON_IsNull(lt)) die("%s: layers_to_transform is not supported (adapters on every layer only)", p);
     cJSON *fi = cJSON_GetObjectItemCaseSensitive(r, "fan_in_fan_out");
     if (cJSON_IsTrue(fi)) die("%s: fan_in_fan_out adapters are not supported", p);
+    // PEFT's LoRA on parameters (target_parameters; Qwen3 MoE's experts, mlp.experts.gate_up_proj and down_proj
+    // in transformers 5.x): refused before its tensors read as modules target_modules left out
+    cJSON *tp = cJSON_GetObjectItemCaseSensitive(r, "target_parameters");
+    if (cJSON_IsArray(tp) && cJSON_GetArraySize(tp) > 0)
+        die("%s: target_parameters (LoRA on Qwen3 MoE's experts, mlp.experts.gate_up_proj / down_proj) is not supported "
+            "yet: make the adapter with target_modules on the attention (q_proj, k_proj, v_proj, o_proj) alone", p);
     unsigned targets = peft_targets(cJSON_GetObjectItemCaseSensitive(r, "target_modules"), m, p);
     int rank = (int)jr->valuedouble;
     cJSON_Delete(r);

@@ -79,7 +79,7 @@ START_TEST(test_peft_adapter_logits) {
 END_TEST
 
 // Qwen3 MoE: peft's adapter on the attention (q, k, v, o; dev/make_peft_fixture.py --arch qwen3_moe) gives
-// transformers+peft's logits through the sparse and dense layers; one on an MLP projection is refused
+// transformers+peft's logits through the sparse and dense layers; one on an MLP projection or on the experts is refused
 START_TEST(test_peft_adapter_moe) {
     Model m;
     load_arch(&m, backend_cpu(), "qwen3_moe");
@@ -93,6 +93,11 @@ START_TEST(test_peft_adapter_moe) {
     lora_free(lo);
     EXPECT_DIE(lora_create(&m, 2, 4.0f, lora_parse_targets("q_proj,down_proj"), 1, 0),
                "LoRA on gate_proj, up_proj or down_proj of a qwen3_moe model is not supported");
+    // PEFT's adapter on the experts too (target_parameters; dev/make_moe_expert_lora_fixture.py): refused by name,
+    // not read as attention-only (its expert tensors would otherwise be the ones "of no module")
+    fixture_path(p, sizeof p, "peft/qwen3_moe_experts_lora");
+    EXPECT_DIE(lora_load_peft(&m, p), "target_parameters (LoRA on Qwen3 MoE's experts, mlp.experts.gate_up_proj / down_proj) "
+               "is not supported yet");
     model_free(&m);
 }
 END_TEST
