@@ -523,6 +523,9 @@ int main(int argc, char **argv) {
     if (o.lora) lora_check_base(o.lora, o.model, o.allow_other_base);
     model_load(&m, o.model, be, &mo);
     if (o.lora) m.lora = lora_load_peft(&m, o.lora);
+    if (m.lora && (m.lora->targets & LORA_EXPERTS))
+        die("--lora %s adapts Qwen3 MoE's experts (target_parameters), which ./export does not merge yet: serve the base "
+            "with the adapter unmerged (PEFT), or train LoRA on the attention alone", o.lora);
     if (fp8 && m.cfg.E)
         die("--dtype fp8 writes the projections in FP8 but not a qwen3_moe model's experts, which it does not do yet: "
             "use --dtype bf16");

@@ -823,10 +823,12 @@ static void expect_fail(const char *args, const char *want, const char *out) {
 }
 
 START_TEST(test_bad_inputs) {
-    char m[1024], lora[1024], llama[1024], o[128], in[128], file[160], full[160], badtok[160], a[4096];
+    char m[1024], lora[1024], llama[1024], moe[1024], moelora[1024], o[128], in[128], file[160], full[160], badtok[160], a[4096];
     fixture_path(m, sizeof m, "qwen3");
     fixture_path(lora, sizeof lora, "peft/qwen3_lora");
     fixture_path(llama, sizeof llama, "llama3");
+    fixture_path(moe, sizeof moe, "qwen3_moe");
+    fixture_path(moelora, sizeof moelora, "peft/qwen3_moe_experts_lora");
     snprintf(o, sizeof o, "%s/out", tmp);
     snprintf(in, sizeof in, "%s/in", tmp);
     snprintf(file, sizeof file, "%s/file", in);
@@ -850,6 +852,8 @@ START_TEST(test_bad_inputs) {
     FAIL("no config.json", "--model %s.none --output_dir %s", o, o);
     FAIL("no adapter_config.json", "--model %s --lora %s --output_dir %s", m, m, o);
     FAIL("has the wrong shape for this model", "--model %s --lora %s --output_dir %s", llama, lora, o);
+    FAIL("adapts Qwen3 MoE's experts (target_parameters), which ./export does not merge yet", "--model %s --lora %s --output_dir %s",
+         moe, moelora, o);
     FAIL("cannot create directory", "--model %s --output_dir %s/no/such/parent", m, o);
     FAIL("tokenizer.json: not a regular file", "--model %s --output_dir %s", badtok, o);
 #undef FAIL
