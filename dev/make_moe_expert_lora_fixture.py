@@ -25,7 +25,12 @@ test/fixtures/peft/qwen3_moe_experts_lora_logits.npy (B, T, V), and asserts that
 and the formula above (the deltas added to a plain transformers model's weights) both give those logits.
 
     python3 dev/make_moe_expert_lora_fixture.py   # from the repository root (transformers 5.25, peft 0.21.2)
+
+It also checks the other direction, an adapter lora_save_peft wrote (e.g. the fixture loaded and saved again):
+
+    python3 dev/make_moe_expert_lora_fixture.py --check DIR
 """
+import argparse
 import os
 import warnings
 
@@ -104,5 +109,19 @@ def main():
     assert e1 <= 1e-6 * mx and e2 <= 1e-5 * mx
 
 
+def check(adapter_dir):
+    warnings.filterwarnings("ignore")
+    from peft import PeftModel
+    tokens = np.load(os.path.join(BASE, "tokens.npy"))
+    ref = np.load(LOGITS)
+    lg = logits_of(PeftModel.from_pretrained(base_model(), adapter_dir).eval(), tokens)
+    err = np.abs(lg - ref).max()
+    print(f"peft loaded {adapter_dir}: max |logit - fixture| = {err:.3g} (max |logit| {np.abs(ref).max():.3g})")
+    assert err <= 1e-5 * np.abs(ref).max(), "the adapter written by C does not reproduce the fixture in peft"
+
+
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", help="adapter directory written by lora_save_peft")
+    a = ap.parse_args()
+    check(a.check) if a.check else main()
