@@ -889,22 +889,24 @@ START_TEST(test_moe_config) {
 END_TEST
 
 // the largest difference between the full forward's logits full (B, T, V) of ids (B, T) and those of a
-// prefill of 3 tokens, then a KV-cache decode step a token, blocks of 4, each row in turn
+// prefill of 3 tokens, then a KV-cache decode step a token, blocks of 4, each row in turn; with m->lora's
+// adapter (NULL: none; its act copies made here)
 static double decode_vs_forward(Model *m, const int *ids, int B, int T, const float *full) {
     int V = m->cfg.V, BS = 4, MB = (T + BS - 1) / BS, P = 3, table[16], slots[64];
     ck_assert(MB <= 16 && T <= 64);
     float *dec = (float *)mallocCheck(V * sizeof(float));
     double derr = 0;
+    if (m->lora) lora_sync_act(m->lora);
     KVCache kv;
     kvcache_alloc(&kv, m, MB, BS);
     for (int b = 0; b < MB; b++) table[b] = MB - 1 - b;
     for (int t = 0; t < T; t++) slots[t] = table[t / BS] * BS + t % BS;
     for (int row = 0; row < B; row++) {
         const int *rid = ids + row * T;
-        model_prefill(m, NULL, &kv, rid, &P, slots, 1, P, dec);
+        model_prefill(m, m->lora, &kv, rid, &P, slots, 1, P, dec);
         for (int j = 0; j < V; j++) derr = fmax(derr, fabs(dec[j] - full[((size_t)row * T + P - 1) * V + j]));
         for (int t = P; t < T; t++) {
-            model_decode(m, NULL, &kv, &rid[t], &t, &slots[t], table, 1, MB, dec);
+            model_decode(m, m->lora, &kv, &rid[t], &t, &slots[t], table, 1, MB, dec);
             for (int j = 0; j < V; j++) derr = fmax(derr, fabs(dec[j] - full[((size_t)row * T + t) * V + j]));
         }
     }
@@ -942,6 +944,17 @@ START_TEST(test_moe_logits_decode) {
         ck_assert_msg(err <= 1e-5, "%s: logits max |diff| %g > 1e-5", archs[a], err);
         ck_assert_msg(derr <= 1e-5, "%s: decode max |diff| from the forward %g > 1e-5", archs[a], derr);
         ck_assert_int_eq(nhit, m.cfg.E);
+        if (a == 0) {  // with PEFT's adapter on the attention and the experts: the decode's products take it too
+            fixture(p, sizeof p, "peft", "qwen3_moe_experts_lora");
+            m.lora = lora_load_peft(&m, p);
+            model_forward(&m, m.lora, ids, B, T);
+            model_logits(&m, full);
+            derr = decode_vs_forward(&m, ids, B, T, full);
+            printf("%s + adapter on the experts: decode from the full forward %.3g\n", archs[a], derr);
+            ck_assert_msg(derr <= 1e-5, "%s + adapter: decode max |diff| from the forward %g > 1e-5", archs[a], derr);
+            lora_free(m.lora);
+            m.lora = NULL;
+        }
         free(full);
         npy_free(&tk), npy_free(&lg);
         model_free(&m);
