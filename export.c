@@ -7,7 +7,8 @@
 //
 // The base (BF16, F16, F32, or FP8 block with weight_scale_inv) is read on the CPU backend with every
 // linear weight unquantized: fp32 on the host, 4 bytes per parameter (33 GB for an 8B model). Each
-// adapted projection is merged as W + (alpha / r) B A in fp64 and rounded once to what is written:
+// adapted projection (and Qwen3 MoE expert weight, PEFT's target_parameters) is merged as W + (alpha / r) B A
+// in fp64 and rounded once to what is written:
 //   --dtype bf16  every tensor BF16; config.json the base's with torch_dtype bfloat16.
 //   --dtype fp8   q, k, v, o, gate, up and down as float8_e4m3fn codes with weight_scale_inv (fp32, one per
 //                 128x128 block, edge blocks by their own amax: fp8.h's quantizer, the one --load_in_fp8
@@ -165,26 +166,49 @@ static uint16_t f64_to_bf16(double x) {
     return f32_to_bf16(f);
 }
 
-// The merged weight of one linear layer: W + (alpha / r) B A in fp64, W (rows, cols) fp32 as loaded,
-// A (r, cols), B (rows, r) the adapter's fp32 masters. out (rows, cols) fp64.
-static void merge_linear(double *out, const Model *m, int l, int which) {
-    const QWeight *w = &m->w.layers[l].lin[which];
-    const float *W = (const float *)w->dense;
-    size_t n = (size_t)w->rows * w->cols;
+// A merged weight's parts (a projection's, or Qwen3 MoE expert e's gate, up or down): W (rows, cols) fp32 as
+// loaded; the adapter's fp32 masters, row r of B at B + r * ldb, its k-th value at stride kst, A's row k at
+// A + k * cols (NULL: no adapter)
+typedef struct {
+    const QWeight *w;
+    const float *A, *B;
+    size_t ldb, kst;
+} MergeParts;
+
+static MergeParts merge_parts(const Model *m, const HFTensor *h) {
     const LoRA *lo = m->lora;
-    const float *A = lo ? (const float *)lo->A[l * LIN_COUNT + which] : NULL;
-    if (!A) {
+    const LayerWeights *lw = &m->w.layers[h->layer];
+    if (h->expert < 0) {  // a projection: A (r, cols), B (rows, r)
+        int k = h->layer * LIN_COUNT + h->which;
+        return (MergeParts){&lw->lin[h->which], lo ? (const float *)lo->A[k] : NULL, lo ? (const float *)lo->B[k] : NULL,
+                            lo ? lo->r : 0, 1};
+    }
+    // an expert's weight: PEFT's layout (ExpertLoRA, backend.h), gate and up the two halves of gate_up's B
+    int e = h->expert / 3, kind = h->expert % 3, j = kind == 2, E = m->cfg.E;
+    MergeParts p = {&lw->experts[h->expert], NULL, NULL, 0, 0};
+    if (!lo || !lo->eA[2 * h->layer + j]) return p;
+    p.A = (const float *)lo->eA[2 * h->layer + j] + (size_t)e * lo->r * p.w->cols;
+    p.B = (const float *)lo->eB[2 * h->layer + j] + (kind == 1 ? (size_t)m->cfg.FFe * lo->r * E : 0) + e;
+    p.ldb = (size_t)lo->r * E, p.kst = E;
+    return p;
+}
+
+// The merged weight h: W + (alpha / r) B A in fp64 (merge_parts). out (rows, cols) fp64.
+static void merge_weight(double *out, const Model *m, const MergeParts *p) {
+    const float *W = (const float *)p->w->dense;
+    size_t n = (size_t)p->w->rows * p->w->cols;
+    const LoRA *lo = m->lora;
+    if (!p->A) {
         for (size_t i = 0; i < n; i++) out[i] = W[i];
         return;
     }
-    const float *B = (const float *)lo->B[l * LIN_COUNT + which];
     double s = (double)lo->alpha / lo->r;
-    int R = lo->r, cols = w->cols;
+    int R = lo->r, cols = p->w->cols;
 #pragma omp parallel for schedule(static)
-    for (int r = 0; r < w->rows; r++)
+    for (int r = 0; r < p->w->rows; r++)
         for (int c = 0; c < cols; c++) {
             double d = 0;
-            for (int k = 0; k < R; k++) d += (double)B[(size_t)r * R + k] * A[(size_t)k * cols + c];
+            for (int k = 0; k < R; k++) d += (double)p->B[r * p->ldb + k * p->kst] * p->A[(size_t)k * cols + c];
             out[(size_t)r * cols + c] = W[(size_t)r * cols + c] + s * d;
         }
 }
@@ -306,16 +330,17 @@ static void *tensor_bytes(const Model *m, const OutTensor *t, float **scales_out
         *scales_out = NULL;
         return s;
     }
-    if (!h->lin && t->dtype == DT_F32) return memcpy(mallocCheck(n * 4), h->dense, n * 4);
-    if (!h->lin) {  // embeddings, norms, biases: fp32 as loaded, rounded to BF16
+    if (!h->lin && h->expert < 0 && t->dtype == DT_F32) return memcpy(mallocCheck(n * 4), h->dense, n * 4);
+    if (!h->lin && h->expert < 0) {  // embeddings, norms, biases: fp32 as loaded, rounded to BF16
         uint16_t *b = (uint16_t *)mallocCheck(n * 2);
         for (size_t i = 0; i < n; i++) b[i] = f32_to_bf16(((const float *)h->dense)[i]);
         return b;
     }
     double *x = (double *)mallocCheck(n * sizeof(double));
-    merge_linear(x, m, h->layer, h->which);
-    const float *W = (const float *)m->w.layers[h->layer].lin[h->which].dense;
-    int adapted = m->lora && m->lora->A[h->layer * LIN_COUNT + h->which];
+    MergeParts parts = merge_parts(m, h);  // (a projection, or an expert's weight)
+    merge_weight(x, m, &parts);
+    const float *W = (const float *)parts.w->dense;
+    int adapted = parts.A != NULL;
     kept[t->dtype == DT_E4M3].n += adapted;
     void *out;
     if (t->dtype == DT_E4M3) {

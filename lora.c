@@ -37,6 +37,34 @@ unsigned lora_parse_targets(const char *list) {
     return mask;
 }
 
+// PEFT's target_parameters as it matches them: the parameter's name (mlp.experts.gate_up_proj) or its end
+// after a '.'; j 0 gate_up_proj, 1 down_proj, -1 neither
+static const char *const EXPERT_PARAM[2] = {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
+static int expert_param(const char *name) {
+    size_t k = strlen(name);
+    for (int j = 0; j < 2; j++) {
+        size_t n = strlen(EXPERT_PARAM[j]);
+        if (!strcmp(name, EXPERT_PARAM[j]) || (k < n && EXPERT_PARAM[j][n - k - 1] == '.' && !strcmp(EXPERT_PARAM[j] + n - k, name)))
+            return j;
+    }
+    return -1;
+}
+
+unsigned lora_parse_target_parameters(const char *list) {
+    unsigned mask = 0;
+    if (!*list) return 0;
+    char *s = str_dup(list), *save = NULL;
+    for (const char *c = list; *c; c++)
+        if (*c == ',' && (c == list || c[1] == ',' || c[1] == 0)) die("LoRA target parameters '%s': an empty name in the list", list);
+    for (char *tok = strtok_r(s, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int j = expert_param(tok);
+        if (j < 0) die("unknown LoRA target parameter '%s': use mlp.experts.gate_up_proj, mlp.experts.down_proj (Qwen3 MoE's experts)", tok);
+        mask |= LORA_EXPERTS_GATE_UP << j;
+    }
+    free(s);
+    return mask;
+}
+
 // The products' units (lora.h): q, k, v; o; gate, up; down
 static const int UNIT_FIRST[4] = {LIN_Q, LIN_O, LIN_GATE, LIN_DOWN}, UNIT_N[4] = {3, 1, 2, 1};
 
@@ -55,16 +83,30 @@ static size_t blob_at(const LoRA *lo, int k, int ab) {
 }
 
 #define ATTN_TARGETS ((1u << LIN_Q) | (1u << LIN_K) | (1u << LIN_V) | (1u << LIN_O))
+#define LIN_TARGETS ((1u << LIN_COUNT) - 1)
+
+// element offset of layer l's expert adapter j's A (ab 0) or B (ab 1) in the blobs
+static size_t expert_blob_at(const LoRA *lo, int l, int j, int ab) {
+    void *p = ab ? lo->eB[2 * l + j] : lo->eA[2 * l + j];
+    return (size_t)((char *)p - (char *)lo->params) / dtype_size(lo->sdt);
+}
 
 // layout of the four blobs (params, grads, m, v): per layer and unit, the A's of its adapted members, then
 // their B's; params, m and v in lo->sdt, grads in hp
 static void lora_layout(LoRA *lo, const Model *m, int r, float alpha, unsigned targets, int bf16) {
     const Config *c = &m->cfg;
-    // Qwen3 MoE: adapters on the attention only; the router and the experts stay frozen (and so does the MLP
-    // of a dense layer among them, which PEFT would name as it names the experts' projections)
-    if (c->E && (targets & ~ATTN_TARGETS))
-        die("LoRA on gate_proj, up_proj or down_proj of a qwen3_moe model is not supported (its experts are frozen): "
-            "target the attention (q_proj, k_proj, v_proj, o_proj)");
+    // Qwen3 MoE: adapters on the attention, and on the experts as PEFT's target_parameters names them; the
+    // router stays frozen, and so does the MLP of a dense layer among them (PEFT would name it as it names
+    // the experts' modules in transformers 4.x)
+    if (c->E && (targets & LIN_TARGETS & ~ATTN_TARGETS))
+        die("LoRA on gate_proj, up_proj or down_proj of a qwen3_moe model is not supported: target the attention (q_proj, "
+            "k_proj, v_proj, o_proj), and the experts with --lora_target_parameters mlp.experts.gate_up_proj,mlp.experts.down_proj");
+    if ((targets & LORA_EXPERTS) && !c->E)
+        die("LoRA target parameters mlp.experts.gate_up_proj / down_proj are Qwen3 MoE's experts, and this model has none: "
+            "drop --lora_target_parameters");
+    if ((targets & LORA_EXPERTS) && strncmp(m->be->name, "cpu", 3))
+        die("LoRA on Qwen3 MoE's experts runs on the CPU backend only (no CUDA kernels for it yet): use --device cpu, or "
+            "LoRA on the attention alone (no --lora_target_parameters)");
     lo->bf16 = bf16;
     lo->sdt = bf16 && m->be->act == DT_BF16 ? DT_BF16 : m->be->hp;
     lo->r = r;
@@ -93,6 +135,18 @@ static void lora_layout(LoRA *lo, const Model *m, int r, float alpha, unsigned t
     for (int l = 0; l < c->L; l++)
         for (int i = 0; i < LIN_COUNT; i++)
             if (targets & (1u << i)) lo->n += (size_t)r * lo->in[i] + (size_t)lo->out[i] * r;
+    // the experts' adapters (PEFT's layout, ExpertLoRA): gate_up A (E r, C), B (2 FFe, r E); down A (E r, FFe),
+    // B (C, r E); after every projection's, on the sparse layers
+    lo->E = c->E;
+    lo->ein[0] = lo->eout[1] = c->C, lo->eout[0] = 2 * c->FFe, lo->ein[1] = c->FFe;
+    lo->eA = (void **)callocCheck(2 * (size_t)c->L, sizeof(void *));
+    lo->eB = (void **)callocCheck(2 * (size_t)c->L, sizeof(void *));
+    lo->edA = (void **)callocCheck(2 * (size_t)c->L, sizeof(void *));
+    lo->edB = (void **)callocCheck(2 * (size_t)c->L, sizeof(void *));
+    for (int l = 0; l < c->L; l++)
+        for (int j = 0; j < 2; j++)
+            if (c->moe[l] && (targets & (LORA_EXPERTS_GATE_UP << j)))
+                lo->n += (size_t)c->E * r * (lo->ein[j] + lo->eout[j]);
     size_t hp = dtype_size(m->be->hp), sd = dtype_size(lo->sdt), bytes = lo->n * sd;
     lo->params = m->be->alloc(bytes);
     lo->grads = m->be->alloc(lo->n * hp);
@@ -112,6 +166,26 @@ static void lora_layout(LoRA *lo, const Model *m, int r, float alpha, unsigned t
                     *(ab ? &lo->dB[k] : &lo->dA[k]) = (char *)lo->grads + off * hp;
                     off += ab ? (size_t)lo->out[i] * r : (size_t)r * lo->in[i];
                 }
+    for (int l = 0; l < c->L; l++)
+        for (int j = 0; j < 2; j++) {
+            if (!c->moe[l] || !(targets & (LORA_EXPERTS_GATE_UP << j))) continue;
+            int k = 2 * l + j;
+            lo->eA[k] = (char *)lo->params + off * sd, lo->edA[k] = (char *)lo->grads + off * hp;
+            off += (size_t)c->E * r * lo->ein[j];
+            lo->eB[k] = (char *)lo->params + off * sd, lo->edB[k] = (char *)lo->grads + off * hp;
+            off += (size_t)c->E * r * lo->eout[j];
+        }
+}
+
+const ExpertLoRA *lora_experts(const LoRA *lo, int layer, ExpertLoRA *xl) {
+    if (!lo || !(lo->eA[2 * layer] || lo->eA[2 * layer + 1])) return NULL;
+    for (int j = 0; j < 2; j++) {
+        int k = 2 * layer + j;
+        xl->A[j] = lo->eA[k], xl->B[j] = lo->eB[k], xl->dA[j] = lo->edA[k], xl->dB[j] = lo->edB[k];
+    }
+    xl->r = lo->r;
+    xl->scale = lo->scale;
+    return xl;
 }
 
 // the masters from fp64 host values: rounded to bf16 (to nearest) first with bf16, so that both
@@ -124,10 +198,11 @@ static void upload_params(LoRA *lo, double *h) {
 
 LoRA *lora_create(const Model *m, int r, float alpha, unsigned targets, uint64_t seed, int bf16) {
     if (r <= 0) die("lora_r must be positive (got %d)", r);
-    if (m->cfg.E && targets == (1u << LIN_COUNT) - 1) {  // "all" on Qwen3 MoE: the attention (lora_layout)
-        targets = ATTN_TARGETS;
-        fprintf(stderr, "qwen3_moe: LoRA adapters on the attention (q_proj, k_proj, v_proj, o_proj); the router and the "
-                "experts stay frozen\n");
+    if (m->cfg.E && (targets & LIN_TARGETS) == LIN_TARGETS) {  // "all" on Qwen3 MoE: the attention (lora_layout)
+        targets = ATTN_TARGETS | (targets & LORA_EXPERTS);
+        int ex = (targets & LORA_EXPERTS) != 0;
+        fprintf(stderr, "qwen3_moe: LoRA adapters on the attention (q_proj, k_proj, v_proj, o_proj)%s; the router%s frozen\n",
+                ex ? " and the experts" : "", ex ? " stays" : " and the experts stay");
     }
     LoRA *lo = (LoRA *)callocCheck(1, sizeof(LoRA));
     lora_layout(lo, m, r, alpha, targets, bf16);
@@ -142,6 +217,14 @@ LoRA *lora_create(const Model *m, int r, float alpha, unsigned targets, uint64_t
             double *b = h + blob_at(lo, l * LIN_COUNT + i, 1);
             for (size_t j = 0; j < (size_t)r * lo->in[i]; j++) a[j] = bound * (2.0 * rng_uniform_d(&rng) - 1.0);
             for (size_t j = 0; j < (size_t)lo->out[i] * r; j++) b[j] = 0.0;
+        }
+    for (int l = 0; l < lo->L; l++)  // the experts' (PEFT: nn.Linear(in, r E)'s kaiming bound, 1 / sqrt(in); B = 0)
+        for (int j = 0; j < 2; j++) {
+            if (!lo->eA[2 * l + j]) continue;
+            double bound = 1.0 / sqrt((double)lo->ein[j]), *a = h + expert_blob_at(lo, l, j, 0);
+            double *b = h + expert_blob_at(lo, l, j, 1);
+            for (size_t q = 0; q < (size_t)lo->E * r * lo->ein[j]; q++) a[q] = bound * (2.0 * rng_uniform_d(&rng) - 1.0);
+            for (size_t q = 0; q < (size_t)lo->E * r * lo->eout[j]; q++) b[q] = 0.0;
         }
     upload_params(lo, h);
     free(h);
@@ -166,6 +249,10 @@ void lora_free(LoRA *lo) {
     free(lo->dA);
     free(lo->dB);
     free(lo->ax);
+    free(lo->eA);
+    free(lo->eB);
+    free(lo->edA);
+    free(lo->edB);
     free(lo);
 }
 
@@ -377,6 +464,13 @@ static void peft_name(char *out, size_t cap, const char *prefix, int l, int i, c
     snprintf(out, cap, "base_model.model.%slayers.%d.%s.%s.lora_%c.weight", prefix, l, lin_parent_name[i], lin_names[i], ab);
 }
 
+// PEFT's names for layer l's expert adapter j (0 gate_up_proj, 1 down_proj): its ParamWrappers nest in the
+// module's parameter order, so with both adapted gate_up_proj's is the inner one (base_layer.)
+static void expert_peft_name(char *out, size_t cap, const char *prefix, int l, int j, unsigned targets, char ab) {
+    int inner = j == 0 && (targets & LORA_EXPERTS_DOWN);
+    snprintf(out, cap, "base_model.model.%slayers.%d.mlp.experts.%slora_%c.weight", prefix, l, inner ? "base_layer." : "", ab);
+}
+
 void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char *base_model_name, const char *base_fingerprint) {
     const Backend *be = lo->be;
     mkdir(dir, 0755);
@@ -388,6 +482,7 @@ void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char 
     free(raw);
     int cnt = 0;
     for (int k = 0; k < lo->L * LIN_COUNT; k++) cnt += lo->A[k] != NULL;
+    for (int k = 0; k < lo->L * 2; k++) cnt += lo->eA[k] != NULL;
     STWrite *t = (STWrite *)callocCheck(2 * cnt, sizeof(STWrite));
     char **names = (char **)callocCheck(2 * cnt, sizeof(char *));
     int n = 0;
@@ -405,6 +500,17 @@ void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char 
             t[n] = (STWrite){names[n], DT_F32, 2, {lo->out[i], lo->r}, f + blob_at(lo, k, 1)};
             n++;
         }
+    for (int l = 0; l < lo->L; l++)
+        for (int j = 0; j < 2; j++)
+            for (int ab = 0; lo->eA[2 * l + j] && ab < 2; ab++) {
+                char nm[256];
+                expert_peft_name(nm, sizeof nm, peft_prefix(m, 0), l, j, lo->targets, ab ? 'B' : 'A');
+                names[n] = str_dup(nm);
+                int64_t er = (int64_t)lo->E * lo->r;
+                t[n] = (STWrite){names[n], DT_F32, 2, {ab ? lo->eout[j] : er, ab ? er : lo->ein[j]},
+                                 f + expert_blob_at(lo, l, j, ab)};
+                n++;
+            }
     char p[4096];
     path_join(p, sizeof p, dir, "adapter_model.safetensors");
     char md[128];
@@ -444,6 +550,11 @@ void lora_save_peft(const LoRA *lo, const Model *m, const char *dir, const char 
         cJSON *tm = cJSON_AddArrayToObject(r, "target_modules");
         for (int i = 0; i < LIN_COUNT; i++)
             if (lo->targets & (1u << i)) cJSON_AddItemToArray(tm, cJSON_CreateString(lin_names[i]));
+    }
+    if (lo->targets & LORA_EXPERTS) {
+        cJSON *tp = cJSON_AddArrayToObject(r, "target_parameters");
+        for (int j = 0; j < 2; j++)
+            if (lo->targets & (LORA_EXPERTS_GATE_UP << j)) cJSON_AddItemToArray(tp, cJSON_CreateString(EXPERT_PARAM[j]));
     }
     char *text = cJSON_Print(r);
     cJSON_Delete(r);
@@ -519,6 +630,17 @@ static unsigned peft_targets(const cJSON *tm, const Model *m, const char *path) 
     return targets;
 }
 
+// tensor t (NULL: missing) of file p, called nm, into dst as fp64: (d0, d1) in f32, bf16 or f16, else one line
+static void take_tensor(double *dst, const SafeTensors *st, const STensor *t, const char *p, const char *nm, int64_t d0,
+                        int64_t d1, uint8_t *used) {
+    if (!t) die("%s: missing tensor %s", p, nm);
+    if (t->ndim != 2 || t->shape[0] != d0 || t->shape[1] != d1)
+        die("%s: %s has the wrong shape for this model (expected (%lld, %lld))", p, nm, (long long)d0, (long long)d1);
+    if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16) die("%s: %s has dtype %s", p, nm, dtype_name(t->dtype));
+    convert_to_f64(dst, t->data, t->dtype, (size_t)t->numel);
+    used[t - st->t] = 1;
+}
+
 LoRA *lora_load_peft(const Model *m, const char *dir) {
     char p[4096];
     path_join(p, sizeof p, dir, "adapter_config.json");
@@ -549,6 +671,20 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
     cJSON *fi = cJSON_GetObjectItemCaseSensitive(r, "fan_in_fan_out");
     if (cJSON_IsTrue(fi)) die("%s: fan_in_fan_out adapters are not supported", p);
     unsigned targets = peft_targets(cJSON_GetObjectItemCaseSensitive(r, "target_modules"), m, p);
+    // PEFT's LoRA on parameters (target_parameters): Qwen3 MoE's experts, mlp.experts.gate_up_proj and down_proj
+    // in transformers 5.x (PEFT's ParamWrapper; ExpertLoRA has its layout)
+    cJSON *tp = cJSON_GetObjectItemCaseSensitive(r, "target_parameters");
+    if (tp && !cJSON_IsNull(tp)) {
+        const cJSON *e;
+        if (!cJSON_IsArray(tp)) die("%s: target_parameters must be a list of names", p);
+        cJSON_ArrayForEach(e, tp) {
+            int j = cJSON_IsString(e) ? expert_param(e->valuestring) : -1;
+            if (j < 0)
+                die("%s: target_parameters entry %.80s names no parameter fp8-grpo adapts (mlp.experts.gate_up_proj, "
+                    "mlp.experts.down_proj of Qwen3 MoE)", p, cJSON_IsString(e) ? e->valuestring : "(not a name)");
+            targets |= LORA_EXPERTS_GATE_UP << j;
+        }
+    }
     int rank = (int)jr->valuedouble;
     cJSON_Delete(r);
 
@@ -566,6 +702,10 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
     size_t want = 0, have = 0;
     for (int i = 0; i < LIN_COUNT; i++)
         if (targets & (1u << i)) want += (size_t)m->cfg.L * rank * (m->w.layers[0].lin[i].rows + m->w.layers[0].lin[i].cols);
+    for (int l = 0; l < m->cfg.L; l++)
+        for (int j = 0; j < 2; j++)
+            if (m->cfg.moe[l] && (targets & (LORA_EXPERTS_GATE_UP << j)))
+                want += (size_t)m->cfg.E * rank * (size_t)(j ? m->cfg.FFe + m->cfg.C : m->cfg.C + 2 * m->cfg.FFe);
     for (int k = 0; k < st.n; k++) have += (size_t)st.t[k].numel;
     if (want > have) die("%s: \"r\" %d needs %zu values, and %s holds %zu", pc, rank, want, p, have);
     LoRA *lo = (LoRA *)callocCheck(1, sizeof(LoRA));
@@ -584,19 +724,23 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
                     peft_name(old, sizeof old, peft_prefix(m, 1), l, i, ab ? 'B' : 'A');
                     if ((t = st_find(&st, old))) snprintf(nm, sizeof nm, "%s", old);
                 }
-                if (!t) die("%s: missing tensor %s", p, nm);
-                int64_t d0 = ab ? lo->out[i] : rank, d1 = ab ? rank : lo->in[i];
-                if (t->ndim != 2 || t->shape[0] != d0 || t->shape[1] != d1)
-                    die("%s: %s has the wrong shape for this model (expected (%lld, %lld))", p, nm, (long long)d0,
-                        (long long)d1);
-                if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16)
-                    die("%s: %s has dtype %s", p, nm, dtype_name(t->dtype));
-                convert_to_f64(h + blob_at(lo, l * LIN_COUNT + i, ab), t->data, t->dtype, (size_t)t->numel);
-                used[t - st.t] = 1;
+                take_tensor(h + blob_at(lo, l * LIN_COUNT + i, ab), &st, t, p, nm, ab ? lo->out[i] : rank,
+                            ab ? rank : lo->in[i], used);
             }
         }
+    for (int l = 0; l < lo->L; l++)
+        for (int j = 0; j < 2; j++)
+            for (int ab = 0; lo->eA[2 * l + j] && ab < 2; ab++) {
+                char nm[256];
+                expert_peft_name(nm, sizeof nm, peft_prefix(m, 0), l, j, targets, ab ? 'B' : 'A');
+                int64_t er = (int64_t)lo->E * rank;
+                take_tensor(h + expert_blob_at(lo, l, j, ab), &st, st_find(&st, nm), p, nm, ab ? lo->eout[j] : er,
+                            ab ? er : lo->ein[j], used);
+            }
     for (int k = 0; k < st.n; k++)  // PEFT would not load a tensor of a module target_modules leaves out
-        if (!used[k]) die("%s: tensor %s is of no module that target_modules in %s selects", p, st.t[k].name, pc);
+        if (!used[k])
+            die("%s: tensor %s is of no module that target_modules (or parameter that target_parameters) in %s selects", p,
+                st.t[k].name, pc);
     free(used);
     upload_params(lo, h);
     free(h);

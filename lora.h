@@ -1,7 +1,8 @@
 // lora.h: LoRA adapters on the frozen (FP8) linear layers, applied unmerged:
 //   y = W x + scale * B (A x),  scale = alpha / r,  A (r, in), B (out, r)
-// on any of q, k, v, o, gate, up, down. FP32 master weights (hp), their
-// gradients and AdamW state live in one allocation each; with --lora_dtype bf16 the masters and
+// on any of q, k, v, o, gate, up, down, and on Qwen3 MoE's experts (PEFT's target_parameters, the CPU's
+// alone; each routed token's expert e computes with W_e + scale * B_e A_e: ExpertLoRA, backend.h).
+// FP32 master weights (hp), their gradients and AdamW state live in one allocation each; with --lora_dtype bf16 the masters and
 // AdamW's m and v are bf16 (stochastic rounding at each update: backend.h adamw_bf16) and the
 // gradients stay fp32 (they sum over micro-batches): 10 bytes a parameter instead of 16. PEFT-format save/load
 // (adapter_model.safetensors + adapter_config.json) so peft / vLLM load them.
@@ -64,10 +65,23 @@ struct LoRA {
     size_t grp_bytes;       // of grp_mem
     void **gB;              // (L * 2): group 0 = q|k|v, 1 = gate|up; NULL where none is adapted
     int step;               // AdamW steps taken
+    // Qwen3 MoE's experts (targets' LORA_EXPERTS bits; PEFT's target_parameters): per sparse layer and j
+    // (0 gate_up_proj, 1 down_proj) A (E r, ein[j]) and B (eout[j], r E) in PEFT's layout (ExpertLoRA,
+    // backend.h), in the blobs after the projections' adapters; NULL where not adapted (a dense layer)
+    int E, ein[2], eout[2];
+    void **eA, **eB, **edA, **edB;  // (L * 2)
 };
+
+// targets' bits beyond the projections': LoRA on the experts' gate_up_proj, down_proj (PEFT's target_parameters)
+#define LORA_EXPERTS_GATE_UP (1u << LIN_COUNT)
+#define LORA_EXPERTS_DOWN (1u << (LIN_COUNT + 1))
+#define LORA_EXPERTS (LORA_EXPERTS_GATE_UP | LORA_EXPERTS_DOWN)
 
 // bit mask from a comma-separated list of PEFT names ("q_proj,v_proj" or "all"); dies on unknown names
 unsigned lora_parse_targets(const char *list);
+// the LORA_EXPERTS bits from a comma-separated list of PEFT's target_parameters (mlp.experts.gate_up_proj,
+// mlp.experts.down_proj, or their ends after a '.'); "" gives 0; dies on other names. OR them into targets.
+unsigned lora_parse_target_parameters(const char *list);
 // Create adapters for model m: A ~ PEFT's kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)), B = 0;
 // bf16: masters and AdamW state in bf16 (--lora_dtype bf16; A rounded to nearest at creation)
 LoRA *lora_create(const Model *m, int r, float alpha, unsigned targets, uint64_t seed, int bf16);
@@ -123,6 +137,8 @@ void lora_hook_forward(LoRA *lo, int layer, int which, void *out, const void *in
 // dB accumulates, and the member's columns of dax are made; after the unit's last adapted member (in
 // the same order) dinp (N, in) += the unit's input gradient and its dA's accumulate
 void lora_hook_backward(LoRA *lo, int layer, int which, void *dinp, const void *dout, const void *inp, int N);
+// layer l's expert adapters for the moe ops, filled into *xl (NULL: lo NULL, or none on that layer)
+const ExpertLoRA *lora_experts(const LoRA *lo, int layer, ExpertLoRA *xl);
 // make the saved-activation buffers hold N rows
 void lora_ensure_acts(LoRA *lo, int N);
 // bytes of the saved activations (every unit's ax) and dax for N rows

@@ -13,7 +13,8 @@
 // and every W above may carry a LoRA adapter (lora.h). Qwen3 MoE's sparse layers (Config.moe) replace the
 // MLP by a router and experts (moe_forward): p = softmax(h Wr^T) over the E experts, each token's K
 // largest (divided by their sum with norm_topk_prob), x = x + sum over them of p_e * expert_e(h), each
-// expert a SwiGLU MLP of its own; the experts and the router carry no adapter.
+// expert a SwiGLU MLP of its own; the router carries no adapter, the experts one if asked (PEFT's
+// target_parameters, lora.h; the CPU's alone).
 // Gemma 3 (Config.gemma) is the same layer with
 // its norms x / rms(x) * (1 + w), q_norm and k_norm, a norm on each branch's output before the residual
 // add ("sandwich" norms), and GeGLU:
@@ -446,13 +447,15 @@ static void glu_to_linear(Model *m, int l, LinearInput *in, void *hm, const void
 // output. The router's logits x Wr^T, each token's K experts and routing weights (softmax in fp32, the
 // K largest, renormalized with norm_topk_prob), then the sum of the experts' SwiGLU outputs so weighted.
 // rlogits, ridx, rw: where the routing goes; gate, up: the experts' products kept for the backward, or NULL.
-static void moe_forward(Model *m, int l, void *out, const void *x, void *rlogits, int32_t *ridx, void *rw, void *gate,
-                        void *up, int N) {
+// lo's adapters on the experts, if it has them, go into each routed token's products (lora_experts).
+static void moe_forward(Model *m, const LoRA *lo, int l, void *out, const void *x, void *rlogits, int32_t *ridx, void *rw,
+                        void *gate, void *up, int N) {
     const Config *c = &m->cfg;
     const LayerWeights *lw = &m->w.layers[l];
+    ExpertLoRA xl;
     m->be->linear_forward(rlogits, x, &lw->router, NULL, N);
     m->be->moe_route(ridx, rw, rlogits, N, c->E, c->K, c->norm_topk);
-    m->be->moe_experts_forward(out, gate, up, x, ridx, rw, lw->experts, N, c->E, c->K);
+    m->be->moe_experts_forward(out, gate, up, x, ridx, rw, lw->experts, N, c->E, c->K, lora_experts(lo, l, &xl));
 }
 
 // Layer l: la.x -> la.xn, saving what the backward needs in la. What each projection reads of its input
@@ -495,7 +498,7 @@ static void layer_forward(Model *m, LoRA *lo, int l, LayerActs *la, KVCache *kv,
     // before the residual add; Qwen3 MoE's sparse layer: the router and its experts in the MLP's place)
     if (c->moe[l]) {
         norm_fwd(m, la->ln2, la->rstd2, la->xmid, lw->ln2, N, c->C);
-        moe_forward(m, l, la->xn, la->ln2, la->rlogits, la->ridx, la->rw, la->egate, la->eup, N);
+        moe_forward(m, lo, l, la->xn, la->ln2, la->rlogits, la->ridx, la->rw, la->egate, la->eup, N);
     } else {
         norm_to_linear(m, l, LIN_GATE, 2, &in, la->ln2, la->rstd2, la->xmid, lw->ln2, N, kept(la, KEPT_LN2));
         linear_fwd(m, lo, l, LIN_GATE, la->gate, &in, N, 1);
@@ -605,15 +608,17 @@ void model_logits(Model *m, float *logits_host) {
 // moe_forward's backward: a->dln = the gradient of its input from a->dx, its output's. Through the experts
 // (their input, and the routing weights' gradient), then through the weights to the router's logits and
 // its input. The choice of experts is not differentiated (transformers' autograd: topk's indices have
-// none), the weights it picked are. gl: the layer's weight gradients (dense experts, the router), or NULL.
-static void moe_backward(Model *m, int l, const LayerActs *la, const LayerWeights *gl, int N) {
+// none), the weights it picked are. gl: the layer's weight gradients (dense experts, the router), or NULL;
+// lo's adapters on the experts (if any) get theirs.
+static void moe_backward(Model *m, const LoRA *lo, int l, const LayerActs *la, const LayerWeights *gl, int N) {
     const Config *c = &m->cfg;
     const Backend *be = m->be;
     Acts *a = &m->acts;
     const LayerWeights *lw = &m->w.layers[l];
     const QWeight *dexperts = gl && lw->experts[0].gran == FP8_OFF ? gl->experts : NULL;  // FP8 experts: frozen
+    ExpertLoRA xl;
     be->moe_experts_backward(a->dln, a->drw, dexperts, a->dx, la->ln2, la->ridx, la->rw, la->egate, la->eup, lw->experts,
-                             N, c->E, c->K);
+                             N, c->E, c->K, lora_experts(lo, l, &xl));
     be->moe_route_backward(a->drlogits, a->drw, la->rlogits, la->ridx, N, c->E, c->K, c->norm_topk);
     be->linear_backward(a->dln, 1, gl ? gl->router.dense : NULL, NULL, a->drlogits, la->ln2, &lw->router, N);
 }
@@ -654,7 +659,7 @@ static void layer_backward(Model *m, LoRA *lo, int l, LayerActs *la, const Layer
 
     // MLP: xn = xmid + down(glu(gate(ln2), up(ln2))); dx passes through the residual.
     // Gemma 3: the branch's output goes through rmsnorm_mlp first, and its activation is gelu_tanh.
-    if (c->moe[l]) moe_backward(m, l, la, gl, N);  // Qwen3 MoE's sparse layer
+    if (c->moe[l]) moe_backward(m, lo, l, la, gl, N);  // Qwen3 MoE's sparse layer
     else {
         if (a->recompute_mlp && !m->recompute) gate_up_again(m, lo, l, la, N);
         const void *dmlp = a->dx;
@@ -1030,7 +1035,7 @@ static void decode_layer(const DecodeStep *st, int l, LinearInput *in) {
 
     // MLP: x += down(glu(gate|up(ln))); ln = the next layer's rmsnorm(x) (or the final norm's)
     if (c->moe[l])  // Qwen3 MoE's sparse layer (in.xq is NULL: no FP8 copy of its input is made for it)
-        moe_forward(m, l, d->tmp, d->ln, d->rlogits, (int32_t *)d->ridx, d->rw, NULL, NULL, S);
+        moe_forward(m, lo, l, d->tmp, d->ln, d->rlogits, (int32_t *)d->ridx, d->rw, NULL, NULL, S);
     else {
         void *gu[2] = {d->ff1, d->ff2};
         const void *fused = decode_project(m, lo, l, 1, gu, in, S);

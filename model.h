@@ -317,7 +317,8 @@ typedef struct {
     int64_t rows, cols;
     const void *dense;  // (rows) or (rows, cols) act; NULL for a linear weight
     const QWeight *lin; // the linear weight (rows, cols), or NULL
-    int layer, which;   // lin: its layer and LIN_*; else -1
+    int layer, which;   // lin, or an expert's weight: its layer; lin: its LIN_*; else -1
+    int expert;         // Qwen3 MoE: 3 e + k for expert e's gate (k 0), up (1), down (2) weight; else -1
 } HFTensor;
 // the model's tensors as a checkpoint names and orders them, into out (NULL: counted only); returns the count
 int model_hf_tensors(const Model *m, HFTensor *out);

@@ -62,6 +62,7 @@
 
 typedef struct {
     const char *model, *data, *task, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules;
+    const char *lora_target_parameters;
     const char *load_in_fp8, *kv_cache_dtype, *lora_dtype, *eval_data, *algo, *kl_estimator, *adam_moments;
     const char *reward_funcs, *reward_names;  // the rewards: the built-in ones, the programs' names
     const char *reward_model, *reward_model_fp8;  // a *ForSequenceClassification checkpoint (train/reward_model.h)
@@ -201,6 +202,9 @@ static const Option OPTIONS[] = {
     {"lora_alpha", OPT_DOUBLE, OFF(lora_alpha), 1e-6, 1e6, .dflt = "32", .help = "scale alpha / r"},
     {"lora_target_modules", OPT_STRING, OFF(lora_target_modules), .meta = "LIST", .dflt = "all",
      .help = "comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj, or all"},
+    {"lora_target_parameters", OPT_STRING, OFF(lora_target_parameters), .meta = "LIST", .dflt = "",
+     .help = "PEFT's target_parameters: mlp.experts.gate_up_proj,mlp.experts.down_proj puts LoRA on Qwen3 MoE's "
+             "experts too (--device cpu)"},
     {"lora_dtype", OPT_CHOICE, OFF(lora_dtype), .choices = "fp32|bf16", .dflt = "fp32",
      .help = "the adapters' masters and AdamW state; bf16: 10 bytes a parameter instead of 16, stochastic rounding "
              "at each update (the gradients stay fp32)"},
@@ -757,8 +761,8 @@ static void load(Run *r) {
     m->recompute = o->gradient_checkpointing;
     m->kv_fp8 = !strcmp(o->kv_cache_dtype, "fp8");
     if (o->use_peft) {
-        r->lo = lora_create(m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17,
-                            !strcmp(o->lora_dtype, "bf16"));
+        unsigned targets = lora_parse_targets(o->lora_target_modules) | lora_parse_target_parameters(o->lora_target_parameters);
+        r->lo = lora_create(m, o->lora_r, (float)o->lora_alpha, targets, (uint64_t)o->seed + 17, !strcmp(o->lora_dtype, "bf16"));
         m->lora = r->lo;
         printf("LoRA: r %d, alpha %g, %zu parameters\n", r->lo->r, r->lo->alpha, r->lo->n);
         r->lora_bytes = lora_state_bytes(r->lo);  // parameters, gradients, Adam m and v

@@ -72,6 +72,17 @@ typedef struct {
     size_t i0;
 } Bf16Moments;
 
+// LoRA on Qwen3 MoE's experts (PEFT's target_parameters mlp.experts.gate_up_proj and down_proj), hp values in
+// PEFT's layout: gate_up's A (E r, C) and B (2 FFe, r E), its rows gate then up; down's A (E r, FFe), B (C, r E).
+// Expert e's weight gains scale * sum_k B[:, k E + e] A[e r + k, :] (A's rows expert-major, B's columns
+// rank-major). [0] gate_up, [1] down; A[j] NULL: that one not adapted; dA, dB (NULL: no gradient) accumulate.
+typedef struct {
+    const void *A[2], *B[2];
+    void *dA[2], *dB[2];
+    int r;
+    float scale;
+} ExpertLoRA;
+
 typedef struct Backend Backend;
 struct Backend {
     const char *name;  // "cpu", "cpu64", "cuda"
@@ -264,15 +275,18 @@ struct Backend {
                                int K, int norm);
     // out (N, C) act = sum_j w[n, j] * down_e(silu(gate_e(x[n])) * up_e(x[n])), e = idx[n, j], with experts
     // (E, 3) the weights gate, up (FFe, C), down (C, FFe) of each expert (dense or FP8, as linear_forward);
-    // gate, up (N, K, FFe) act: each (token, choice)'s products, kept for the backward (NULL: not kept)
+    // gate, up (N, K, FFe) act: each (token, choice)'s products, kept for the backward (NULL: not kept);
+    // lora: adapters on the experts, added to each routed token's gate, up and down products (NULL: none;
+    // the CPU's alone: CUDA has no kernels for them, and lora.c refuses such adapters there)
     void (*moe_experts_forward)(void *out, void *gate, void *up, const void *x, const int32_t *idx, const void *w,
-                                const QWeight *experts, int N, int E, int K);
+                                const QWeight *experts, int N, int E, int K, const ExpertLoRA *lora);
     // dx (N, C) act = the gradient through the experts of dout (N, C); dw (N, K) hp = <dout[n], the output of
     // expert idx[n, j]>, what moe_route_backward takes; dexperts (E, 3) dense: the experts' weight gradients,
-    // accumulated (NULL: none). gate, up as moe_experts_forward kept them.
+    // accumulated (NULL: none). gate, up as moe_experts_forward kept them; lora as it was given, its dA and
+    // dB accumulated.
     void (*moe_experts_backward)(void *dx, void *dw, const QWeight *dexperts, const void *dout, const void *x,
                                  const int32_t *idx, const void *w, const void *gate, const void *up,
-                                 const QWeight *experts, int N, int E, int K);
+                                 const QWeight *experts, int N, int E, int K, const ExpertLoRA *lora);
 
     // ---- the language-model head -------------------------------------------
     // wlm (V, C): dense act values, or FP8 E4M3 with a scale per vocabulary row (FP8_ROW, the

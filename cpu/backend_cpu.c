@@ -182,12 +182,63 @@ static int expert_rows(const int32_t *idx, int N, int K, int e, int32_t *rows, i
     return n;
 }
 
+// ---- LoRA on the experts (ExpertLoRA, backend.h): PEFT's layout, A (E r, in), B (out0 + out, r E) ----
+
+// y (n, out) += scale * (x A_e^T) B_e^T over B's rows [o0, o0 + out): expert e's adapter on x (n, in)
+static void expert_lora_forward(real *y, const real *x, int n, int in, int out, int o0, const ExpertLoRA *lr, int j,
+                                int e, int E) {
+    const real *A = (const real *)lr->A[j] + (size_t)e * lr->r * in, *B = (const real *)lr->B[j];
+    int r = lr->r;
+    double t[r];  // x A_e^T of one row
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < r; k++) {
+            double s = 0;
+            for (int c = 0; c < in; c++) s += (double)x[(size_t)i * in + c] * A[(size_t)k * in + c];
+            t[k] = s;
+        }
+        for (int o = 0; o < out; o++) {
+            double s = 0;
+            for (int k = 0; k < r; k++) s += t[k] * B[(size_t)(o0 + o) * r * E + (size_t)k * E + e];
+            y[(size_t)i * out + o] += (real)(lr->scale * s);
+        }
+    }
+}
+
+// expert_lora_forward's backward for dy (n, out): dx (n, in) += dt A_e with dt = scale dy B_e; dA_e += dt^T x,
+// dB_e += scale dy^T (x A_e^T), accumulated
+static void expert_lora_backward(real *dx, const real *dy, const real *x, int n, int in, int out, int o0,
+                                 const ExpertLoRA *lr, int j, int e, int E) {
+    const real *A = (const real *)lr->A[j] + (size_t)e * lr->r * in, *B = (const real *)lr->B[j];
+    real *dA = lr->dA[j] ? (real *)lr->dA[j] + (size_t)e * lr->r * in : NULL, *dB = (real *)lr->dB[j];
+    int r = lr->r;
+    double t[r], dt[r];
+    for (int i = 0; i < n; i++) {
+        const real *xi = x + (size_t)i * in, *dyi = dy + (size_t)i * out;
+        for (int k = 0; k < r; k++) {
+            double s = 0, d = 0;
+            for (int c = 0; c < in; c++) s += (double)xi[c] * A[(size_t)k * in + c];
+            for (int o = 0; o < out; o++) d += (double)dyi[o] * B[(size_t)(o0 + o) * r * E + (size_t)k * E + e];
+            t[k] = s, dt[k] = lr->scale * d;
+        }
+        for (int c = 0; c < in; c++) {
+            double s = 0;
+            for (int k = 0; k < r; k++) s += dt[k] * A[(size_t)k * in + c];
+            dx[(size_t)i * in + c] += (real)s;
+        }
+        for (int k = 0; dA && k < r; k++)
+            for (int c = 0; c < in; c++) dA[(size_t)k * in + c] += (real)(dt[k] * xi[c]);
+        for (int o = 0; dB && o < out; o++)
+            for (int k = 0; k < r; k++) dB[(size_t)(o0 + o) * r * E + (size_t)k * E + e] += (real)(lr->scale * dyi[o] * t[k]);
+    }
+}
+
 // An expert at a time, in expert order, as transformers' loop over the experts (index_add_ of each
 // one's weighted output): its rows gathered, gate and up, SwiGLU, down, each row added to its token
 // times its routing weight
 static void cpu_moe_experts_forward(void *out, void *gate, void *up, const void *x, const int32_t *idx, const void *w,
-                                    const QWeight *experts, int N, int E, int K) {
+                                    const QWeight *experts, int N, int E, int K, const ExpertLoRA *lr) {
     int C = experts[0].cols, F = experts[0].rows, NK = N * K;
+    int lgu = lr && lr->A[0], ldn = lr && lr->A[1];  // adapters on gate|up, on down
     real *o = (real *)out, *wt = (real *)w;
     int32_t *rows = (int32_t *)mallocCheck(2 * (size_t)NK * sizeof(int32_t)), *slots = rows + NK;
     real *xe = (real *)mallocCheck((size_t)NK * C * sizeof(real)), *y = (real *)mallocCheck((size_t)NK * C * sizeof(real));
@@ -200,8 +251,10 @@ static void cpu_moe_experts_forward(void *out, void *gate, void *up, const void 
         OP(gather_rows)(xe, (const real *)x, rows, n, C);
         cpu_linear_forward(g, xe, &ew[0], NULL, n);
         cpu_linear_forward(u, xe, &ew[1], NULL, n);
+        if (lgu) expert_lora_forward(g, xe, n, C, F, 0, lr, 0, e, E), expert_lora_forward(u, xe, n, C, F, F, lr, 0, e, E);
         OP(swiglu_forward)(h, g, u, (size_t)n * F);
         cpu_linear_forward(y, h, &ew[2], NULL, n);
+        if (ldn) expert_lora_forward(y, h, n, F, C, 0, lr, 1, e, E);
         for (int i = 0; i < n; i++) {
             for (int c = 0; c < C; c++) o[(size_t)rows[i] * C + c] += wt[slots[i]] * y[(size_t)i * C + c];
             if (gate) memcpy((real *)gate + (size_t)slots[i] * F, g + (size_t)i * F, F * sizeof(real));
@@ -216,8 +269,9 @@ static void cpu_moe_experts_forward(void *out, void *gate, void *up, const void 
 // SwiGLU, gate and up, added to each row's token
 static void cpu_moe_experts_backward(void *dx, void *dw, const QWeight *dexperts, const void *dout, const void *x,
                                      const int32_t *idx, const void *w, const void *gate, const void *up,
-                                     const QWeight *experts, int N, int E, int K) {
+                                     const QWeight *experts, int N, int E, int K, const ExpertLoRA *lr) {
     int C = experts[0].cols, F = experts[0].rows, NK = N * K;
+    int lgu = lr && lr->A[0], ldn = lr && lr->A[1];  // adapters on gate|up, on down
     real *d = (real *)dx, *wt = (real *)w, *dwt = (real *)dw;
     int32_t *rows = (int32_t *)mallocCheck(2 * (size_t)NK * sizeof(int32_t)), *slots = rows + NK;
     real *xe = (real *)mallocCheck(3 * (size_t)NK * C * sizeof(real)), *y = xe + (size_t)NK * C, *dy = y + (size_t)NK * C;
@@ -233,6 +287,7 @@ static void cpu_moe_experts_backward(void *dx, void *dw, const QWeight *dexperts
         OP(gather_rows)(u, (const real *)up, slots, n, F);
         OP(swiglu_forward)(h, g, u, (size_t)n * F);
         cpu_linear_forward(y, h, &ew[2], NULL, n);
+        if (ldn) expert_lora_forward(y, h, n, F, C, 0, lr, 1, e, E);
         OP(gather_rows)(dy, (const real *)dout, rows, n, C);
         for (int i = 0; i < n; i++) {
             double s = 0;
@@ -241,9 +296,12 @@ static void cpu_moe_experts_backward(void *dx, void *dw, const QWeight *dexperts
             for (int c = 0; c < C; c++) dy[(size_t)i * C + c] *= wt[slots[i]];
         }
         cpu_linear_backward(dh, 0, dexperts ? dexperts[3 * e + 2].dense : NULL, NULL, dy, h, &ew[2], n);
+        if (ldn) expert_lora_backward(dh, dy, h, n, F, C, 0, lr, 1, e, E);
         OP(swiglu_backward)(dg, du, dh, g, u, (size_t)n * F);
         cpu_linear_backward(y, 0, dexperts ? dexperts[3 * e].dense : NULL, NULL, dg, xe, &ew[0], n);  // y: dxe
         cpu_linear_backward(y, 1, dexperts ? dexperts[3 * e + 1].dense : NULL, NULL, du, xe, &ew[1], n);
+        if (lgu)  // gate's rows of B, then up's: dA_e and dxe take both
+            expert_lora_backward(y, dg, xe, n, C, F, 0, lr, 0, e, E), expert_lora_backward(y, du, xe, n, C, F, F, lr, 0, e, E);
         for (int i = 0; i < n; i++)
             for (int c = 0; c < C; c++) d[(size_t)rows[i] * C + c] += y[(size_t)i * C + c];
     }

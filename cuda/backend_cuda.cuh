@@ -113,10 +113,10 @@ void cu_moe_route(int32_t *idx, void *w, const void *logits, int N, int E, int K
 void cu_moe_route_backward(void *dlogits, const void *dw, const void *logits, const int32_t *idx, int N, int E, int K,
                            int norm);
 void cu_moe_experts_forward(void *out, void *gate, void *up, const void *x, const int32_t *idx, const void *w,
-                            const QWeight *experts, int N, int E, int K);
+                            const QWeight *experts, int N, int E, int K, const ExpertLoRA *lora);
 void cu_moe_experts_backward(void *dx, void *dw, const QWeight *dexperts, const void *dout, const void *x,
                              const int32_t *idx, const void *w, const void *gate, const void *up, const QWeight *experts,
-                             int N, int E, int K);
+                             int N, int E, int K, const ExpertLoRA *lora);
 
 // ---- sample.cu ----
 void cu_sample(int32_t *tokens, void *logp, const void *logits, uint64_t *rng, int S, int V, float temperature,

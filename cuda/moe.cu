@@ -821,9 +821,10 @@ static void down_forward(bf16 *y, bf16 *h, const bf16 *gate, const bf16 *up, con
 }
 
 void cu_moe_experts_forward(void *out, void *gate, void *up, const void *x, const int32_t *idx, const void *w,
-                            const QWeight *experts, int N, int E, int K) {
+                            const QWeight *experts, int N, int E, int K, const ExpertLoRA *lora) {
     int F, C, NK = N * K;
     route_check(E, K, "moe_experts_forward");
+    if (lora) die("moe_experts_forward: LoRA on the experts has no CUDA kernels yet: use --device cpu, or LoRA on the attention");
     experts_shape(experts, E, &F, &C, "moe_experts_forward");
     if (N <= 0) return;
     MoeGroups g = moe_groups(idx, NK, E);
@@ -841,9 +842,10 @@ void cu_moe_experts_forward(void *out, void *gate, void *up, const void *x, cons
 
 void cu_moe_experts_backward(void *dx, void *dw, const QWeight *dexperts, const void *dout, const void *x,
                              const int32_t *idx, const void *w, const void *gate, const void *up, const QWeight *experts,
-                             int N, int E, int K) {
+                             int N, int E, int K, const ExpertLoRA *lora) {
     int F, C, NK = N * K;
     route_check(E, K, "moe_experts_backward");
+    if (lora) die("moe_experts_backward: LoRA on the experts has no CUDA kernels yet: use --device cpu, or LoRA on the attention");
     experts_shape(experts, E, &F, &C, "moe_experts_backward");
     if (dexperts && experts[0].gran != FP8_OFF)
         die("moe_experts_backward: weight gradients of FP8 experts are not supported (they are frozen)");

@@ -137,12 +137,13 @@ static void pw_moe_route_b(void *dlg, const void *dw, const void *lg, const int3
     PW(P_MOE_R, PF.R->moe_route_backward(dlg, dw, lg, idx, N, E, K, norm));
 }
 static void pw_moe_f(void *out, void *g, void *u, const void *x, const int32_t *idx, const void *w, const QWeight *ex, int N,
-                     int E, int K) {
-    PW(P_MOE_F, PF.R->moe_experts_forward(out, g, u, x, idx, w, ex, N, E, K));
+                     int E, int K, const ExpertLoRA *xl) {
+    PW(P_MOE_F, PF.R->moe_experts_forward(out, g, u, x, idx, w, ex, N, E, K, xl));
 }
 static void pw_moe_b(void *dx, void *dw, const QWeight *dex, const void *dout, const void *x, const int32_t *idx, const void *w,
-                     const void *g, const void *u, const QWeight *ex, int N, int E, int K) {
-    PW(P_MOE_B, PF.R->moe_experts_backward(dx, dw, dex, dout, x, idx, w, g, u, ex, N, E, K));
+                     const void *g, const void *u, const QWeight *ex, int N, int E, int K,
+                     const ExpertLoRA *xl) {
+    PW(P_MOE_B, PF.R->moe_experts_backward(dx, dw, dex, dout, x, idx, w, g, u, ex, N, E, K, xl));
 }
 // no recording: every op runs (and is timed) each step
 static void pw_replay(const void *key, size_t key_bytes, void (*run)(void *arg), void *arg) { run(arg); }

@@ -802,7 +802,8 @@ int model_hf_tensors(const Model *m, HFTensor *out) {
 #define ADD(dense_, lin_, l_, i_, d0, d1, ...)                                                              \
     do {                                                                                                   \
         if (out) {                                                                                         \
-            out[n] = (HFTensor){.rows = (d0), .cols = (d1), .dense = (dense_), .lin = (lin_), .layer = (l_), .which = (i_)}; \
+            out[n] = (HFTensor){.rows = (d0), .cols = (d1), .dense = (dense_), .lin = (lin_), .layer = (l_),     \
+                                .which = (i_), .expert = -1};                                              \
             snprintf(out[n].name, sizeof out[n].name, __VA_ARGS__);                                        \
         }                                                                                                  \
         n++;                                                                                               \
@@ -837,6 +838,7 @@ int model_hf_tensors(const Model *m, HFTensor *out) {
             const QWeight *w = &lw->experts[k];
             ADD(w->gran == FP8_OFF ? w->dense : NULL, w->gran == FP8_OFF ? NULL : w, -1, -1, w->rows, w->cols,
                 "%slayers.%d.mlp.experts.%d.%s.weight", pre, l, k / 3, expert_names[k % 3]);
+            if (out) out[n - 1].layer = l, out[n - 1].expert = k;  // (what ./export merges an expert adapter into)
         }
     }
 #undef ADD

@@ -169,10 +169,10 @@ static void experts_forward_case(Experts *ex, int N, int K) {
     float *x = randn_bf(nx, 1.0f), *w = fmalloc(NK), *cout = fmalloc(nx), *cg = fmalloc(ng), *cu = fmalloc(ng);
     int32_t *idx = (int32_t *)mallocCheck(NK * 4);
     random_route(idx, w, N, E, K);
-    CPU->moe_experts_forward(cout, cg, cu, x, idx, w, ex->c, N, E, K);
+    CPU->moe_experts_forward(cout, cg, cu, x, idx, w, ex->c, N, E, K, NULL);
     void *dx = up_act(x, nx), *didx = up_i32(idx, NK), *dw = up_hp(w, NK);
     void *dout = G->alloc(nx * 2), *dg = G->alloc(ng * 2), *du = G->alloc(ng * 2);
-    G->moe_experts_forward(dout, dg, du, dx, (const int32_t *)didx, dw, ex->g, N, E, K);
+    G->moe_experts_forward(dout, dg, du, dx, (const int32_t *)didx, dw, ex->g, N, E, K, NULL);
     float *gout = down_act(dout, nx), *gg = down_act(dg, ng), *gu = down_act(du, ng);
 
     double *mg = dmalloc_h(ng), *mu = dmalloc_h(ng), *h = dmalloc_h(ng), *dh = dmalloc_h(ng);
@@ -213,7 +213,7 @@ static void experts_forward_case(Experts *ex, int N, int K) {
     // the decode step's call, which keeps no gate and up: the same output bit for bit (the same kernels, the
     // same order of sums; gate|up into scratch)
     void *dout2 = G->alloc(nx * 2);
-    G->moe_experts_forward(dout2, NULL, NULL, dx, (const int32_t *)didx, dw, ex->g, N, E, K);
+    G->moe_experts_forward(dout2, NULL, NULL, dx, (const int32_t *)didx, dw, ex->g, N, E, K, NULL);
     float *gout2 = down_act(dout2, nx);
     snprintf(what, sizeof what, "moe_experts_forward %s out (gate, up not kept) E %d K %d N %d", gn, E, K, N);
     check_exact(what, gout2, gout, nx * sizeof(float));
@@ -247,10 +247,10 @@ static void experts_backward_case(Experts *ex, int N, int K) {
         cde[i].dense = fdup(de0[i], nw);
         gde[i].dense = up_hp(de0[i], nw);
     }
-    CPU->moe_experts_backward(cdx, cdw, fp8 ? NULL : cde, dout, x, idx, w, gq, uq, ex->c, N, E, K);
+    CPU->moe_experts_backward(cdx, cdw, fp8 ? NULL : cde, dout, x, idx, w, gq, uq, ex->c, N, E, K, NULL);
     void *dx = up_act(x, nx), *didx = up_i32(idx, NK), *dwt = up_hp(w, NK), *dg = up_act(gq, ng), *du = up_act(uq, ng);
     void *ddout = up_act(dout, nx), *ddx = G->alloc(nx * 2), *ddw = G->alloc((size_t)NK * 4);
-    G->moe_experts_backward(ddx, ddw, fp8 ? NULL : gde, ddout, dx, (const int32_t *)didx, dwt, dg, du, ex->g, N, E, K);
+    G->moe_experts_backward(ddx, ddw, fp8 ? NULL : gde, ddout, dx, (const int32_t *)didx, dwt, dg, du, ex->g, N, E, K, NULL);
     float *gdx = down_act(ddx, nx), *gdw = down_hp(ddw, NK);
 
     double kW = fp8 ? U8 : 0;  // the GPU's dequantized weights' rounding to bf16

@@ -321,6 +321,40 @@ START_TEST(test_fp32_merge) {
 }
 END_TEST
 
+// Qwen3 MoE with PEFT's adapter on the attention and the experts (target_parameters): the experts' weights
+// merged too (expert e's gate, up and down plus its share of gate_up_proj's and down_proj's adapters), so the
+// fp32 export's logits are base + adapter unmerged's within fp32's error, as test_fp32_merge's (transformers
+// reading such an export: dev/notes/models.md)
+START_TEST(test_fp32_merge_moe_experts) {
+    char args[4096], out[128], model[1024], lora[1024];
+    fixture_path(model, sizeof model, "qwen3_moe");
+    fixture_path(lora, sizeof lora, "peft/qwen3_moe_experts_lora");
+    snprintf(out, sizeof out, "%s/merged_moe", tmp);
+    snprintf(args, sizeof args, "--model %s --lora %s --output_dir %s --dtype fp32", model, lora, out);
+    char *err;
+    ck_assert_int_eq(run_export(args, &err), 0);
+    ck_assert_msg(strstr(err, "adapter merged"), "%s", err);
+    free(err);
+    Model m;
+    float *ref = logits_of(model, FP8_OFF, lora, &m), *got = logits_of(out, FP8_OFF, NULL, NULL);
+    float *base = logits_of(model, FP8_OFF, NULL, NULL);
+    size_t n = (size_t)2 * 24 * m.cfg.V;
+    double e = rel_l2(got, ref, n), moved = rel_l2(base, ref, n);
+    printf("qwen3_moe fp32 export, experts adapted: logits rel L2 %.2g from base + adapter unmerged (tol 1e-5; the "
+           "adapter moves them by %.2g)\n", e, moved);
+    ck_assert_msg(e <= 1e-5, "rel L2 %g", e);
+    ck_assert_msg(moved > 0.1, "the adapter moves the logits by %g only: the test would not see a lost merge", moved);
+    // and the experts' weights are what moved them: expert 3's up_proj of layer 0 is not the base's
+    SafeTensors a, b;
+    st_open_dir(&a, model), st_open_dir(&b, out);
+    const STensor *ta = st_find(&a, "model.layers.0.mlp.experts.3.up_proj.weight"), *tb = st_find(&b, "model.layers.0.mlp.experts.3.up_proj.weight");
+    ck_assert(ta && tb && ta->nbytes == tb->nbytes && memcmp(ta->data, tb->data, ta->nbytes) != 0);
+    st_close(&a), st_close(&b);
+    free(ref), free(got), free(base);
+    model_free(&m);
+}
+END_TEST
+
 // Gemma 3 as published, under either naming: the export of the multimodal fixture + peft's adapter is the
 // whole checkpoint again: the base's tensor names, its vision tower and projector byte for byte, config.json
 // of the same kind (Gemma3ForConditionalGeneration); loaded back, its text logits are base + adapter unmerged
@@ -876,6 +910,7 @@ Suite *export_suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_bf16_merge);
     tcase_add_test(tc, test_fp32_merge);
+    tcase_add_test(tc, test_fp32_merge_moe_experts);
     tcase_add_test(tc, test_gemma3_multimodal_whole);
     tcase_add_test(tc, test_bf16_rounded_once);
     tcase_add_test(tc, test_fp8_equals_load_in_fp8_block);

@@ -79,7 +79,7 @@ START_TEST(test_peft_adapter_logits) {
 END_TEST
 
 // Qwen3 MoE: peft's adapter on the attention (q, k, v, o; dev/make_peft_fixture.py --arch qwen3_moe) gives
-// transformers+peft's logits through the sparse and dense layers; one on an MLP projection is refused
+// transformers+peft's logits through the sparse and dense layers; one on an MLP projection or on the experts is refused
 START_TEST(test_peft_adapter_moe) {
     Model m;
     load_arch(&m, backend_cpu(), "qwen3_moe");
@@ -93,6 +93,69 @@ START_TEST(test_peft_adapter_moe) {
     lora_free(lo);
     EXPECT_DIE(lora_create(&m, 2, 4.0f, lora_parse_targets("q_proj,down_proj"), 1, 0),
                "LoRA on gate_proj, up_proj or down_proj of a qwen3_moe model is not supported");
+    model_free(&m);
+}
+END_TEST
+
+// Qwen3 MoE with LoRA on the experts too (PEFT's target_parameters mlp.experts.gate_up_proj, down_proj;
+// dev/make_moe_expert_lora_fixture.py): peft's adapter gives transformers+peft's logits; saved by lora_save_peft
+// it is peft's file again, tensor for tensor under peft's names (so PeftModel.from_pretrained reads it as it
+// read the fixture: the script's --check), and it loads back to the same logits
+START_TEST(test_peft_adapter_moe_experts) {
+    Model m;
+    load_arch(&m, backend_cpu(), "qwen3_moe");
+    char p[1024], dir[] = "/tmp/fp8grpo_loraXXXXXX";
+    fixture_path(p, sizeof p, "peft/qwen3_moe_experts_lora");
+    LoRA *lo = lora_load_peft(&m, p);
+    ck_assert_uint_eq(lo->targets, (1u << LIN_Q) | (1u << LIN_K) | (1u << LIN_V) | (1u << LIN_O) | LORA_EXPERTS);
+    for (int l = 0; l < m.cfg.L; l++)  // layer 1 is dense (mlp_only_layers): no expert adapter there
+        ck_assert(!lo->eA[2 * l] == !m.cfg.moe[l] && !lo->eA[2 * l + 1] == !m.cfg.moe[l]);
+    double mx, err = logits_err_of(&m, lo, "qwen3_moe/tokens.npy", "peft/qwen3_moe_experts_lora_logits.npy", &mx);
+    printf("qwen3_moe peft adapter on the experts: max |logit - transformers+peft| %.3g (max |logit| %.3g)\n", err, mx);
+    ck_assert_msg(err <= 1e-5, "max |diff| %g", err);
+    double base_mx, base = logits_err_of(&m, NULL, "qwen3_moe/tokens.npy", "peft/qwen3_moe_experts_lora_logits.npy", &base_mx);
+    ck_assert_msg(base > 0.1, "the adapter changes the logits by %g only: the test would not see it", base);
+
+    ck_assert(mkdtemp(dir));
+    lora_save_peft(lo, &m, dir, "test/fixtures/qwen3_moe", NULL);
+    SafeTensors a, b;
+    char q[1200];
+    snprintf(q, sizeof q, "%s/adapter_model.safetensors", p);
+    st_open(&a, q);
+    snprintf(q, sizeof q, "%s/adapter_model.safetensors", dir);
+    st_open(&b, q);
+    ck_assert_int_eq(a.n, b.n);
+    for (int k = 0; k < a.n; k++) {
+        const STensor *t = st_find(&b, a.t[k].name);
+        ck_assert_msg(t, "lora_save_peft wrote no %s", a.t[k].name);
+        ck_assert(t->ndim == 2 && t->shape[0] == a.t[k].shape[0] && t->shape[1] == a.t[k].shape[1]);
+        ck_assert(t->dtype == a.t[k].dtype && memcmp(t->data, a.t[k].data, t->nbytes) == 0);
+    }
+    st_close(&a), st_close(&b);
+    snprintf(q, sizeof q, "%s/adapter_config.json", dir);
+    char *cfg = read_file(q, NULL);
+    ck_assert(strstr(cfg, "\"target_parameters\":\t[\"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"]"));
+    free(cfg);
+    LoRA *back = lora_load_peft(&m, dir);
+    ck_assert_uint_eq(back->n, lo->n);
+    ck_assert(memcmp(back->params, lo->params, lo->n * sizeof(float)) == 0);
+    err = logits_err_of(&m, back, "qwen3_moe/tokens.npy", "peft/qwen3_moe_experts_lora_logits.npy", &mx);
+    ck_assert_msg(err <= 1e-5, "after the round trip: max |diff| %g", err);
+    lora_free(back);
+    lora_free(lo);
+    // one of the two alone: the unnested names (peft's, when a module has one adapted parameter)
+    lo = lora_create(&m, 2, 4.0f, lora_parse_targets("q_proj") | lora_parse_target_parameters("down_proj"), 3, 0);
+    lora_save_peft(lo, &m, dir, "test/fixtures/qwen3_moe", NULL);
+    snprintf(q, sizeof q, "%s/adapter_model.safetensors", dir);
+    st_open(&b, q);
+    ck_assert(st_find(&b, "base_model.model.model.layers.0.mlp.experts.lora_B.weight"));
+    ck_assert(st_find(&b, "base_model.model.model.layers.0.mlp.experts.lora_B.weight")->shape[0] == m.cfg.C);
+    st_close(&b);
+    lora_free(lo);
+    EXPECT_DIE(lora_parse_target_parameters("mlp.experts.up_proj"), "unknown LoRA target parameter 'mlp.experts.up_proj'");
+    model_free(&m);
+    load_qwen3(&m, backend_cpu());  // a dense model has no experts to adapt
+    EXPECT_DIE(lora_create(&m, 2, 4.0f, lora_parse_targets("all") | LORA_EXPERTS, 1, 0), "this model has none");
     model_free(&m);
 }
 END_TEST
@@ -639,6 +702,7 @@ static Suite *lora_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_peft_adapter_logits);
     tcase_add_test(tc, test_peft_adapter_moe);
+    tcase_add_test(tc, test_peft_adapter_moe_experts);
     tcase_add_test(tc, test_peft_roundtrip);
     tcase_add_test(tc, test_peft_base_found_anywhere);
     tcase_add_test(tc, test_peft_roundtrip_mistral_gemma3);

@@ -763,7 +763,8 @@ static void gradient_check_cfg(Config c) {
         if (c.qkv_bias)
             for (int i = 0; i < lw->lin[1].rows; i++) ((double *)lw->bias[1])[i] = 0.2 * rng_normal(&r);
     }
-    LoRA *lo = lora_create(&m, 3, 6.0f, lora_parse_targets("all"), 5, 0);
+    // Qwen3 MoE: the attention's adapters and the experts' (PEFT's target_parameters)
+    LoRA *lo = lora_create(&m, 3, 6.0f, lora_parse_targets("all") | (c.E ? LORA_EXPERTS : 0), 5, 0);
     // B = 0 at init would hide dA: give B random values
     for (size_t i = 0; i < lo->n; i++) ((double *)lo->params)[i] += 0.1 * rng_normal(&r);
     m.lora = lo;
@@ -804,8 +805,15 @@ static void gradient_check_cfg(Config c) {
             if (lw->lin[i].rows)  // (a sparse layer has no MLP of its own)
                 fd_check(&f, (double *)lw->lin[i].dense, (const double *)gl->lin[i].dense,
                          (size_t)lw->lin[i].rows * lw->lin[i].cols, lin_names[i], 2);
-        if (c.moe[l]) {  // the router, and each expert's three weights
+        if (c.moe[l]) {  // the router, each expert's three weights, and the experts' adapters
             fd_check(&f, (double *)lw->router.dense, (const double *)gl->router.dense, (size_t)c.E * c.C, "router", 4);
+            for (int j = 0; j < 2; j++) {
+                size_t er = (size_t)c.E * lo->r;
+                fd_check(&f, (double *)lo->eA[2 * l + j], (const double *)lo->edA[2 * l + j], er * lo->ein[j],
+                         j ? "experts' down lora_A" : "experts' gate_up lora_A", 4);
+                fd_check(&f, (double *)lo->eB[2 * l + j], (const double *)lo->edB[2 * l + j], er * lo->eout[j],
+                         j ? "experts' down lora_B" : "experts' gate_up lora_B", 4);
+            }
             for (int k = 0; k < 3 * c.E; k++)
                 fd_check(&f, (double *)lw->experts[k].dense, (const double *)gl->experts[k].dense,
                          (size_t)lw->experts[k].rows * lw->experts[k].cols, "expert", 2);
@@ -881,22 +889,24 @@ START_TEST(test_moe_config) {
 END_TEST
 
 // the largest difference between the full forward's logits full (B, T, V) of ids (B, T) and those of a
-// prefill of 3 tokens, then a KV-cache decode step a token, blocks of 4, each row in turn
+// prefill of 3 tokens, then a KV-cache decode step a token, blocks of 4, each row in turn; with m->lora's
+// adapter (NULL: none; its act copies made here)
 static double decode_vs_forward(Model *m, const int *ids, int B, int T, const float *full) {
     int V = m->cfg.V, BS = 4, MB = (T + BS - 1) / BS, P = 3, table[16], slots[64];
     ck_assert(MB <= 16 && T <= 64);
     float *dec = (float *)mallocCheck(V * sizeof(float));
     double derr = 0;
+    if (m->lora) lora_sync_act(m->lora);
     KVCache kv;
     kvcache_alloc(&kv, m, MB, BS);
     for (int b = 0; b < MB; b++) table[b] = MB - 1 - b;
     for (int t = 0; t < T; t++) slots[t] = table[t / BS] * BS + t % BS;
     for (int row = 0; row < B; row++) {
         const int *rid = ids + row * T;
-        model_prefill(m, NULL, &kv, rid, &P, slots, 1, P, dec);
+        model_prefill(m, m->lora, &kv, rid, &P, slots, 1, P, dec);
         for (int j = 0; j < V; j++) derr = fmax(derr, fabs(dec[j] - full[((size_t)row * T + P - 1) * V + j]));
         for (int t = P; t < T; t++) {
-            model_decode(m, NULL, &kv, &rid[t], &t, &slots[t], table, 1, MB, dec);
+            model_decode(m, m->lora, &kv, &rid[t], &t, &slots[t], table, 1, MB, dec);
             for (int j = 0; j < V; j++) derr = fmax(derr, fabs(dec[j] - full[((size_t)row * T + t) * V + j]));
         }
     }
@@ -934,6 +944,17 @@ START_TEST(test_moe_logits_decode) {
         ck_assert_msg(err <= 1e-5, "%s: logits max |diff| %g > 1e-5", archs[a], err);
         ck_assert_msg(derr <= 1e-5, "%s: decode max |diff| from the forward %g > 1e-5", archs[a], derr);
         ck_assert_int_eq(nhit, m.cfg.E);
+        if (a == 0) {  // with PEFT's adapter on the attention and the experts: the decode's products take it too
+            fixture(p, sizeof p, "peft", "qwen3_moe_experts_lora");
+            m.lora = lora_load_peft(&m, p);
+            model_forward(&m, m.lora, ids, B, T);
+            model_logits(&m, full);
+            derr = decode_vs_forward(&m, ids, B, T, full);
+            printf("%s + adapter on the experts: decode from the full forward %.3g\n", archs[a], derr);
+            ck_assert_msg(derr <= 1e-5, "%s + adapter: decode max |diff| from the forward %g > 1e-5", archs[a], derr);
+            lora_free(m.lora);
+            m.lora = NULL;
+        }
         free(full);
         npy_free(&tk), npy_free(&lg);
         model_free(&m);
@@ -1056,6 +1077,14 @@ START_TEST(test_moe_refusals) {
     lora_free(lo);
     EXPECT_DIE(lora_create(&m, 2, 4.0f, lora_parse_targets("q_proj,gate_proj"), 1, 0),
                "LoRA on gate_proj, up_proj or down_proj of a qwen3_moe model is not supported");
+    {  // the experts' adapters have no CUDA kernels: refused on any backend but the CPU's, before anything is made
+        Model mc = m;
+        Backend cuda = *m.be;
+        cuda.name = "cuda";
+        mc.be = &cuda;
+        EXPECT_DIE(lora_create(&mc, 2, 4.0f, lora_parse_targets("all") | LORA_EXPERTS, 1, 0),
+                   "LoRA on Qwen3 MoE's experts runs on the CPU backend only (no CUDA kernels for it yet): use --device cpu");
+    }
     EXPECT_DIE(model_fp8_train(&m, &(FP8Recipe){0}), "qwen3_moe model is not supported: use --fp8_recipe off");
     model_free(&m);
     Backend nomoe = *backend_cpu();
@@ -1088,7 +1117,7 @@ END_TEST
 static void recompute_identical(const char *arch) {
     Model m;
     load_fixture(&m, arch, FP8_BLOCK);
-    LoRA *lo = lora_create(&m, 4, 8.0f, lora_parse_targets("all"), 2, 0);
+    LoRA *lo = lora_create(&m, 4, 8.0f, lora_parse_targets("all") | (m.cfg.E ? LORA_EXPERTS : 0), 2, 0);  // (MoE: the experts')
     Rng r = rng_make(9);
     for (size_t i = 0; i < lo->n; i++) ((float *)lo->params)[i] += 0.05f * rng_normal(&r);
     m.lora = lo;
@@ -1122,7 +1151,8 @@ static void recompute_identical(const char *arch) {
 }
 START_TEST(test_recompute_identical) { recompute_identical("qwen3"); }
 END_TEST
-// Qwen3 MoE: the sparse layers' routing and experts' products again in the backward (FP8 block experts)
+// Qwen3 MoE: the sparse layers' routing and experts' products again in the backward (FP8 block experts, LoRA
+// on the attention and the experts)
 START_TEST(test_recompute_identical_moe) { recompute_identical("qwen3_moe"); }
 END_TEST
 

@@ -66,6 +66,9 @@ static const Option OPTIONS[] = {
     {"lora_alpha", OPT_DOUBLE, OFF(lora_alpha), 1e-6, 1e6, .dflt = "32", .help = "LoRA scale alpha / r (with --use_peft)"},
     {"lora_target_modules", OPT_STRING, OFF(lora_target_modules), .meta = "LIST", .dflt = "all",
      .help = "comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj, or all (with --use_peft)"},
+    {"lora_target_parameters", OPT_STRING, OFF(lora_target_parameters), .meta = "LIST", .dflt = "",
+     .help = "PEFT's target_parameters: mlp.experts.gate_up_proj,mlp.experts.down_proj puts LoRA on Qwen3 MoE's "
+             "experts too (with --use_peft; --device cpu)"},
     {"load_in_fp8", OPT_CHOICE, OFF(load_in_fp8), .choices = "block|row|tensor|off", .dflt = "off",
      .help = "the frozen linear weights in E4M3 (LoRA only: training every weight needs them unquantized, off)"},
 
@@ -488,7 +491,9 @@ void sft_run_load(SftRun *r) {
                      .beta2 = (float)o->adam_beta2, .eps = (float)o->adam_epsilon, .weight_decay = (float)o->weight_decay,
                      .max_grad_norm = o->max_grad_norm};
     if (o->use_peft) {
-        r->lo = lora_create(&r->m, o->lora_r, (float)o->lora_alpha, lora_parse_targets(o->lora_target_modules), (uint64_t)o->seed + 17, 0);
+        r->lo = lora_create(&r->m, o->lora_r, (float)o->lora_alpha,
+                            lora_parse_targets(o->lora_target_modules) | lora_parse_target_parameters(o->lora_target_parameters),
+                            (uint64_t)o->seed + 17, 0);
         r->m.lora = r->lo;
         tr.lora = r->lo;
         printf("training: a LoRA adapter (r %d, alpha %g, %zu parameters) on the frozen weights (%s)\n", r->lo->r, r->lo->alpha,

@@ -21,6 +21,7 @@ extern "C" {
 
 typedef struct {
     const char *model, *data, *output_dir, *device, *system_prompt, *lr_scheduler_type, *lora_target_modules, *load_in_fp8;
+    const char *lora_target_parameters;
     const char *fp8_recipe, *fp8_format, *fp8_amax_compute_algo, *adam_moments, *eval_data;
     int resume, overwrite_output_dir, use_peft, gradient_checkpointing, recompute_mlp, quiet, chat, fp8_lm_head;
     int fp8_amax_history_len, bf16_first_layers, bf16_last_layers;
