@@ -471,10 +471,7 @@ static void write_config(const char *model_dir, const char *dir, int fp8, int fp
     for (int i = 0; i < nh; i++) nfp8 += written_fp8(&h[i], fp8);
     char p[4096];
     path_join(p, sizeof p, model_dir, "config.json");
-    char *text = read_file(p, NULL);
-    cJSON *r = cJSON_Parse(text);
-    free(text);
-    if (!cJSON_IsObject(r)) die("%s: not valid JSON", p);
+    cJSON *r = read_json_object(p);
     const char *dt = fp32 ? "float32" : "bfloat16";
     cJSON_DeleteItemFromObjectCaseSensitive(r, "torch_dtype");
     cJSON_AddStringToObject(r, "torch_dtype", dt);
@@ -504,7 +501,7 @@ static void write_config(const char *model_dir, const char *dir, int fp8, int fp
                 cJSON_AddItemToArray(skip, cJSON_CreateString(mod));
             }
     }
-    text = cJSON_Print(r);
+    char *text = cJSON_Print(r);
     cJSON_Delete(r);
     path_join(p, sizeof p, dir, "config.json");
     write_file_atomic(p, text, strlen(text));

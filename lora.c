@@ -645,10 +645,7 @@ LoRA *lora_load_peft(const Model *m, const char *dir) {
     char p[4096];
     path_join(p, sizeof p, dir, "adapter_config.json");
     if (!file_exists(p)) die("%s: no adapter_config.json (expected a PEFT LoRA adapter directory)", dir);
-    char *text = read_file(p, NULL);
-    cJSON *r = cJSON_Parse(text);
-    free(text);
-    if (!r) die("%s: not valid JSON", p);
+    cJSON *r = read_json_object(p);
     cJSON *ty = cJSON_GetObjectItemCaseSensitive(r, "peft_type");
     if (cJSON_IsString(ty) && strcmp(ty->valuestring, "LORA")) die("%s: peft_type %s is not LORA", p, ty->valuestring);
     cJSON *jr = cJSON_GetObjectItemCaseSensitive(r, "r"), *ja = cJSON_GetObjectItemCaseSensitive(r, "lora_alpha");

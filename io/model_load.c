@@ -694,10 +694,7 @@ static cJSON *gemma3_wrap(const Config *c, cJSON *text, const char *src_dir) {
     if (src_dir) {
         char p[4096];
         path_join(p, sizeof p, src_dir, "config.json");
-        char *t = read_file(p, NULL);
-        cJSON *r = cJSON_Parse(t);
-        free(t);
-        if (!cJSON_IsObject(r)) die("%s: not valid JSON", p);
+        cJSON *r = read_json_object(p);
         cJSON_ReplaceItemInObjectCaseSensitive(r, "text_config", text);
         cJSON_DeleteItemFromObjectCaseSensitive(r, "dtype");  // 5.x's name of torch_dtype
         cJSON_DeleteItemFromObjectCaseSensitive(r, "torch_dtype");

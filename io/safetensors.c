@@ -30,6 +30,14 @@ char *read_file(const char *path, size_t *n_out) {
     return buf;
 }
 
+struct cJSON *read_json_object(const char *path) {
+    char *text = read_file(path, NULL);
+    cJSON *r = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(r)) die("%s: not valid JSON", path);
+    return r;
+}
+
 static int dtype_from_st(const char *s) {
     static const struct { const char *n; DType t; } tab[] = {
         {"F32", DT_F32}, {"F64", DT_F64}, {"BF16", DT_BF16}, {"F16", DT_F16}, {"F8_E4M3", DT_E4M3},

@@ -81,6 +81,9 @@ void st_write(const char *path, const STWrite *t, int n, const char *metadata_js
 void write_file_atomic(const char *path, const void *data, size_t n);
 // Read a whole file into a NUL-terminated buffer; dies naming the file when it cannot
 char *read_file(const char *path, size_t *n_out);
+// Read a JSON file whose top level is an object (config.json, adapter_config.json, ...); dies
+// "PATH: not valid JSON" otherwise. cJSON_Delete it.
+struct cJSON *read_json_object(const char *path);
 int file_exists(const char *path);
 
 #ifdef __cplusplus

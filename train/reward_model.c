@@ -3,7 +3,7 @@
 #include <ctype.h>
 
 #include "train/reward_model.h"
-#include "io/safetensors.h"  // read_file, file_exists
+#include "io/safetensors.h"  // read_json_object, file_exists
 #include "train/memory_fit.h"
 
 // ----------------------------------------------------------------------------
@@ -16,10 +16,7 @@ static void read_head_config(const char *dir, char *cls, size_t cap, int *pad) {
     if (!file_exists(p))
         die("--reward_model %s: no config.json: give the directory a *ForSequenceClassification checkpoint was saved to "
             "(save_pretrained)", dir);
-    char *text = read_file(p, NULL);
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    if (!cJSON_IsObject(root)) die("--reward_model %s: config.json is not a JSON object", dir);
+    cJSON *root = read_json_object(p);
     cJSON *a0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "architectures"), 0);
     snprintf(cls, cap, "%s", cJSON_IsString(a0) ? a0->valuestring : "a checkpoint without \"architectures\"");
     cJSON *pt = cJSON_GetObjectItemCaseSensitive(root, "pad_token_id");
