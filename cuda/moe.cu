@@ -53,6 +53,16 @@ static_assert(MOE_BM == MOE_BN, "A and B tiles of one shape: MOE_CH chunks a thr
 // ----------------------------------------------------------------------------
 // the router: one warp a token
 
+// a row's softmax over E logits, by a warp (lane l reads l, l + 32, ...): its largest logit mx and
+// s = sum exp(z - mx), every lane alike; the router and its backward make them the same way
+__device__ __forceinline__ void softmax_stats(const bf16 *z, int E, int lane, float *mx_out, float *s_out) {
+    float mx = -INFINITY, s = 0.0f;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, __bfloat162float(z[e]));
+    mx = warp_max(mx);
+    for (int e = lane; e < E; e += 32) s += expf(__bfloat162float(z[e]) - mx);
+    *mx_out = mx, *s_out = warp_sum(s);
+}
+
 // idx (N, K), w (N, K) f32 from logits (N, E) bf16. The K largest logits are the K largest probabilities
 // (softmax is monotonic), so the choice is made on the logits themselves, larger first, a tie to the lower
 // expert: the CPU's choice (by probability in double) wherever distinct logits give distinct probabilities.
@@ -61,11 +71,8 @@ __global__ void moe_route_kernel(int32_t *idx, float *w, const bf16 *logits, int
     int n = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
     if (n >= N) return;  // the whole warp
     const bf16 *z = logits + (size_t)n * E;
-    float mx = -INFINITY, s = 0.0f;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, __bfloat162float(z[e]));
-    mx = warp_max(mx);
-    for (int e = lane; e < E; e += 32) s += expf(__bfloat162float(z[e]) - mx);
-    s = warp_sum(s);
+    float mx, s;
+    softmax_stats(z, E, lane, &mx, &s);
     uint32_t taken = 0;
     float p[MOE_MAX_E / 32];  // lane l: the probabilities of choices l, l + 32, ... (K <= MOE_MAX_E: route_check)
     float sum = 0.0f;
@@ -99,11 +106,8 @@ __global__ void moe_route_backward_kernel(bf16 *dlogits, const float *dw, const 
     const bf16 *z = logits + (size_t)n * E;
     const int32_t *ix = idx + (size_t)n * K;
     const float *g = dw + (size_t)n * K;
-    float mx = -INFINITY, s = 0.0f;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, __bfloat162float(z[e]));
-    mx = warp_max(mx);
-    for (int e = lane; e < E; e += 32) s += expf(__bfloat162float(z[e]) - mx);
-    s = warp_sum(s);
+    float mx, s;
+    softmax_stats(z, E, lane, &mx, &s);
     float S = 0.0f, gw = 0.0f, pdp = 0.0f;  // every lane alike: K terms each
     for (int j = 0; j < K; j++) S += expf(__bfloat162float(z[ix[j]]) - mx) / s;
     if (!norm) S = 1.0f;
