@@ -5,6 +5,7 @@
 #ifndef PROGUTIL_H
 #define PROGUTIL_H
 
+#include <cjson/cJSON.h>
 #include <sys/wait.h>
 
 #include "testutil.h"
@@ -48,19 +49,20 @@ static inline int same_file(const char *a, const char *b) {
     return same;
 }
 
-// the value of key ("loss") in metrics.jsonl's line for step (NAN: none)
+// the value of key ("loss") in metrics.jsonl's line for step (NAN: none); each line read as JSON
+// (train_sft/train_dpo write "step": with a space, train_grpo without)
 static double metrics_value(const char *dir, int step, const char *key) {
-    char p[1300], want[64], k[128];
+    char p[1300];
     snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
-    snprintf(k, sizeof k, "\"%s\": ", key);
     char *text = read_file(p, NULL), *line = text;
-    snprintf(want, sizeof want, "{\"step\": %d,", step);
     double v = NAN;
-    for (; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
-        if (!strncmp(line, want, strlen(want))) {
-            char *at = strstr(line, k), *end = strchr(line, '\n');
-            if (at && (!end || at < end)) sscanf(at + strlen(k), "%lf", &v);
-        }
+    for (char *nl; line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        cJSON *j = cJSON_Parse(line), *s = cJSON_GetObjectItem(j, "step"), *x = cJSON_GetObjectItem(j, key);
+        if (cJSON_IsNumber(s) && s->valueint == step && cJSON_IsNumber(x)) v = x->valuedouble;
+        cJSON_Delete(j);
+    }
     free(text);
     return v;
 }
@@ -68,7 +70,7 @@ static inline double metrics_loss(const char *dir, int step) { return metrics_va
 
 // A checkpoint directory with a tokenizer, into dir: the built-in model after a short warm-up
 // (./train_grpo writes it as a Hugging Face checkpoint with tokenizer.json, in the warm-up cache)
-static void warm_model(char *dir, size_t cap) {
+static inline void warm_model(char *dir, size_t cap) {
     char cmd[4096], out[8192];
     snprintf(cmd, sizeof cmd, "./train_grpo --device cpu --quiet --eval_size 0 --warmup_sft_steps 3 --max_steps 1 "
                               "--per_device_train_batch_size 8 --output_dir %s",

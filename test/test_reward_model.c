@@ -11,7 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#define TMP_TEMPLATE "/tmp/fp8grpo_rmXXXXXX"
 #include "testutil.h"
+#include "progutil.h"
 #include "train/memory_fit.h"
 #include "train/reward_model.h"
 
@@ -136,23 +138,14 @@ END_TEST
 // ----------------------------------------------------------------------------
 // bad checkpoints: a directory like the llama fixture with one thing changed
 
-static char tmp_dir[] = "/tmp/fp8grpo_rmXXXXXX";
-
-static void tmp_setup(void) {
-    static int done = 0;
-    if (done) return;
-    done = 1;
-    ck_assert(mkdtemp(tmp_dir));
-}
-
-// dir = tmp_dir/name holding the llama fixture's config.json edited by edit(root), and links to the files
+// dir = base_dir/name holding the llama fixture's config.json edited by edit(root), and links to the files
 // named in links (of "model.safetensors tokenizer.json tokenizer_config.json")
 static void variant(const char *name, void (*edit)(cJSON *), const char *links, char *dir, size_t cap) {
-    tmp_setup();
+    tmp_path("");
     char src[PATH_MAX], rel[1024], p[PATH_MAX + 64], cmd[3 * PATH_MAX];
     fixture_path(rel, sizeof rel, "reward_model/llama");
     ck_assert(realpath(rel, src));
-    snprintf(dir, cap, "%s/%s", tmp_dir, name);
+    snprintf(dir, cap, "%s/%s", base_dir, name);
     snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir %s", dir, dir);
     ck_assert_int_eq(system(cmd), 0);
     for (const char *s = links; *s;) {
@@ -261,34 +254,6 @@ END_TEST
 // ----------------------------------------------------------------------------
 // ./train_grpo with a reward model
 
-static int run(const char *cmd, char *out, size_t cap) {
-    char full[8 * PATH_MAX], of[PATH_MAX];
-    snprintf(of, sizeof of, "%s/out.txt", tmp_dir);
-    snprintf(full, sizeof full, "%s >%s 2>&1", cmd, of);
-    int rc = system(full);
-    char *text = read_file(of, NULL);
-    snprintf(out, cap, "%s", text);
-    free(text);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-}
-
-// metrics.jsonl's value of key at step (NAN: absent)
-static double metric(const char *dir, int step, const char *key) {
-    char p[1300];
-    snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
-    char *text = read_file(p, NULL), *line = text;
-    double v = NAN;
-    for (char *nl; line && *line; line = nl ? nl + 1 : NULL) {
-        nl = strchr(line, '\n');
-        if (nl) *nl = 0;
-        cJSON *j = cJSON_Parse(line), *s = cJSON_GetObjectItem(j, "step"), *x = cJSON_GetObjectItem(j, key);
-        if (cJSON_IsNumber(s) && s->valueint == step && cJSON_IsNumber(x)) v = x->valuedouble;
-        cJSON_Delete(j);
-    }
-    free(text);
-    return v;
-}
-
 #define SMALL "./train_grpo --device cpu --warmup_sft_steps 0 --per_device_train_batch_size 4 " \
               "--num_generations 2 --max_completion_length 8 --eval_size 2 --eval_steps 0 --reward_model_fp8 off --reward_funcs format " \
               "--reward_weights 0.5,2"
@@ -296,21 +261,20 @@ static double metric(const char *dir, int step, const char *key) {
 // GRPO and PPO, 2 steps each with the qwen3 fixture: its reward logged under its name at each step; with
 // the built-in format reward beside it, reward = 0.5 format + 2 qwen3 (--reward_weights)
 START_TEST(test_grpo_and_ppo) {
-    tmp_setup();
-    use_cache_in(tmp_dir);
+    tmp_path("");  // the suite's directory made, the warm-up cache in it
     char fix[PATH_MAX], rel[1024], cmd[3 * PATH_MAX + 1024], out[32768], dir[PATH_MAX];
     fixture_path(rel, sizeof rel, "reward_model/qwen3");
     ck_assert(realpath(rel, fix));
     const char *algos[2] = {"", "--algo ppo"};
     for (int a = 0; a < 2; a++) {
-        snprintf(dir, sizeof dir, "%s/run%d", tmp_dir, a);
+        snprintf(dir, sizeof dir, "%s/run%d", base_dir, a);
         snprintf(cmd, sizeof cmd, SMALL " --max_steps 2 %s --reward_model %s --output_dir %s", algos[a], fix, dir);
-        ck_assert_msg(run(cmd, out, sizeof out) == 0, "%s\n%s", cmd, out);
+        ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s\n%s", cmd, out);
         ck_assert_msg(strstr(out, "reward model qwen3: a Qwen3ForSequenceClassification, linear weights off"), "%s", out);
         ck_assert_msg(strstr(out, "reward model qwen3 (Qwen3ForSequenceClassification): weights "), "%s", out);
         for (int step = 1; step <= 2; step++) {
-            double rm = metric(dir, step, "rewards/qwen3/mean"), sd = metric(dir, step, "rewards/qwen3/std");
-            double fm = metric(dir, step, "rewards/format/mean"), rw = metric(dir, step, "reward");
+            double rm = metrics_value(dir, step, "rewards/qwen3/mean"), sd = metrics_value(dir, step, "rewards/qwen3/std");
+            double fm = metrics_value(dir, step, "rewards/format/mean"), rw = metrics_value(dir, step, "reward");
             ck_assert_msg(isfinite(rm) && isfinite(sd) && sd > 0 && rm != 0, "%s step %d: qwen3 %g (std %g)", algos[a], step, rm, sd);
             ck_assert_msg(fabs(rw - (0.5 * fm + 2 * rm)) < 1e-5, "%s step %d: reward %g, 0.5 x %g + 2 x %g", algos[a], step, rw, fm, rm);
         }
@@ -319,8 +283,8 @@ START_TEST(test_grpo_and_ppo) {
     char other[PATH_MAX];
     fixture_path(rel, sizeof rel, "reward_model/llama");
     ck_assert(realpath(rel, other));
-    snprintf(cmd, sizeof cmd, SMALL " --max_steps 3 --reward_model %s --output_dir %s/run0 --resume", other, tmp_dir);
-    ck_assert_msg(run(cmd, out, sizeof out) != 0, "%s", out);
+    snprintf(cmd, sizeof cmd, SMALL " --max_steps 3 --reward_model %s --output_dir %s/run0 --resume", other, base_dir);
+    ck_assert_msg(run_cmd(cmd, out, sizeof out) != 0, "%s", out);
     const char *e = strstr(out, "error: ");
     ck_assert_msg(e && strstr(e, "was made with other settings than this run (reward_model ") && strchr(e, '\n') == e + strlen(e) - 1,
                   "%s", out);
@@ -330,18 +294,17 @@ END_TEST
 // The logged reward is the reward model's score of the run's own completions: a reward program (of weight 0)
 // records each step's request, whose prompts and completions, scored here, give rewards/qwen3/mean
 START_TEST(test_logged_scores_are_the_completions) {
-    tmp_setup();
-    use_cache_in(tmp_dir);
+    tmp_path("");  // the suite's directory made, the warm-up cache in it
     char fix[PATH_MAX], rel[1024], cmd[6 * PATH_MAX], out[32768], dir[PATH_MAX], req[PATH_MAX + 32];
     fixture_path(rel, sizeof rel, "reward_model/qwen3");
     ck_assert(realpath(rel, fix));
-    snprintf(dir, sizeof dir, "%s/logged", tmp_dir);
-    snprintf(req, sizeof req, "%s/requests.jsonl", tmp_dir);
+    snprintf(dir, sizeof dir, "%s/logged", base_dir);
+    snprintf(req, sizeof req, "%s/requests.jsonl", base_dir);
     snprintf(cmd, sizeof cmd, "rm -f %s && ./train_grpo --device cpu --warmup_sft_steps 0 --per_device_train_batch_size 4 "
              "--num_generations 2 --max_completion_length 8 --eval_size 2 --eval_steps 0 --max_steps 2 --reward_model %s "
              "--reward_model_fp8 off --reward_funcs none --reward_cmd 'while IFS= read -r l; do printf \"%%s\\n\" \"$l\" >> %s; "
              "echo \"[0, 0, 0, 0]\"; done' --reward_weights 0,1 --output_dir %s", req, fix, req, dir);
-    ck_assert_msg(run(cmd, out, sizeof out) == 0, "%s\n%s", cmd, out);
+    ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s\n%s", cmd, out);
     RewardModel rm;
     reward_model_open(&rm, fix, 0);
     reward_model_load(&rm, backend_cpu(), FP8_OFF);
@@ -363,7 +326,7 @@ START_TEST(test_logged_scores_are_the_completions) {
         double sc[4], mean = 0;
         reward_model_score(&rm, NULL, ex, 1, S, comp, sc, 1);
         for (int q = 0; q < S; q++) mean += sc[q] / S;
-        double logged = metric(dir, ++step, "rewards/qwen3/mean");
+        double logged = metrics_value(dir, ++step, "rewards/qwen3/mean");
         ck_assert_msg(fabs(logged - mean) < 1e-6, "step %d: logged %.7f, the completions score %.7f", step, logged, mean);
         cJSON_Delete(j);
     }
@@ -387,4 +350,7 @@ static Suite *reward_model_suite(void) {
     return s;
 }
 
-int main(void) { return run_suite(reward_model_suite()); }
+int main(void) {
+    setenv("CK_FORK", "no", 1);  // one process: the suite's directory made once, removed when it passes
+    return tmp_cleanup(run_suite(reward_model_suite()));
+}
