@@ -219,6 +219,21 @@ static void rt_follow(int32_t *idx, void *w, const void *logits, int N, int E, i
         for (int j = 0; j < K; j++) ci[j] = gi[j], wt[j + (size_t)n * K] = (float)(exp(zr[gi[j]] - mx) / s / S);
     }
 }
+// a pair of runs, the GPU's on &GW recording its routing, then the CPU's on &CW following it: begun with
+// the near-tie allowance slack, ended with the check that both routed as often, and what was followed
+static void rt_begin(double slack) {
+    GW = *G, GW.moe_route = rt_record, GW.replay = rt_plain;
+    CW = *CPU, CW.moe_route = rt_follow;
+    rt_reset();
+    RT.slack = slack;
+}
+static void rt_end(const char *what, const char *arch, const char *gran) {
+    ck_assert_msg(RT.pos == RT.count, "the CPU's run routed %d times, the GPU's %d", RT.pos, RT.count);
+    printf("  %s %-6s %-5s routing: the CPU took the GPU's choices (near ties) on %ld of %ld tokens\n", what, arch, gran,
+           RT.followed, RT.tokens);
+    rt_reset();
+}
+
 // the two runs of a fixture at granularity gran: the GPU's, then the CPU's (following its routing: Qwen3 MoE)
 static void model_runs(ModelRun *g, ModelRun *c, const char *arch, FP8Gran gran) {
     if (strncmp(arch, "qwen3_moe", 9)) {
@@ -226,16 +241,10 @@ static void model_runs(ModelRun *g, ModelRun *c, const char *arch, FP8Gran gran)
         model_run(c, arch, CPU, gran);
         return;
     }
-    GW = *G, GW.moe_route = rt_record, GW.replay = rt_plain;
-    CW = *CPU, CW.moe_route = rt_follow;
-    rt_reset();
-    RT.slack = gran == FP8_OFF ? 0x1p-5 : 0x1p-5 + 0x1p-3;
+    rt_begin(gran == FP8_OFF ? 0x1p-5 : 0x1p-5 + 0x1p-3);
     model_run(g, arch, &GW, gran);
     model_run(c, arch, &CW, gran);
-    ck_assert_msg(RT.pos == RT.count, "the CPU's run routed %d times, the GPU's %d", RT.pos, RT.count);
-    printf("  model %-6s %-5s routing: the CPU took the GPU's choices (near ties) on %ld of %ld tokens\n", arch,
-           fp8_gran_name(gran), RT.followed, RT.tokens);
-    rt_reset();
+    rt_end("model", arch, fp8_gran_name(gran));
 }
 
 START_TEST(test_models) {
@@ -614,16 +623,10 @@ static void full_runs(FullRun *g, FullRun *c, const char *arch) {
         full_run(c, arch, CPU);
         return;
     }
-    GW = *G, GW.moe_route = rt_record, GW.replay = rt_plain;
-    CW = *CPU, CW.moe_route = rt_follow;
-    rt_reset();
-    RT.slack = 0x1p-5;
+    rt_begin(0x1p-5);  // (BF16 weights: a full step trains them)
     full_run(g, arch, &GW);
     full_run(c, arch, &CW);
-    ck_assert_msg(RT.pos == RT.count, "the CPU's run routed %d times, the GPU's %d", RT.pos, RT.count);
-    printf("  full step %-6s routing: the CPU took the GPU's choices (near ties) on %ld of %ld tokens\n", arch, RT.followed,
-           RT.tokens);
-    rt_reset();
+    rt_end("full step", arch, "off");
 }
 
 START_TEST(test_full_step) {
