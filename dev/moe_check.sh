@@ -8,7 +8,7 @@
 #                                    r 16 on the attention), FP8 block, everything held within 40 GiB: its time
 #                                    and peak memory by part
 #   bash dev/moe_check.sh rollout    bench_rollout at batch 64 (128 + 64): qwen3-30b-a3b FP8 block and BF16, with the
-#                                    grouped GEMM and with moe_decode_kernel (FP8GRPO_MOE_DECODE=1), beside
+#                                    grouped GEMM (FP8GRPO_MOE_DECODE=0) and with moe_decode_kernel (the default), beside
 #                                    the dense 8b in the same command, then a profiled FP8 run (--profile: the
 #                                    grouped expert GEMMs' time a decode step, for their bandwidth against the
 #                                    experts' bytes: E (1 - (1 - K/E)^64) of 128 experts x 3 x 768 x 2048 bytes a layer)
@@ -37,7 +37,7 @@ memory)
         --total_gib 40
     ;;
 rollout)
-    # the experts' decode products: the grouped GEMM, then moe_decode_kernel (opt-in until measured: cuda/moe.cu)
+    # the experts' decode products: the grouped GEMM (FP8GRPO_MOE_DECODE=0), then moe_decode_kernel (the default)
     for dec in 0 1; do
         run env FP8GRPO_MOE_DECODE=$dec ./build/bench_rollout --model qwen3-30b-a3b --fp8 block,off --batch 64 --new 64
     done

@@ -3,8 +3,8 @@
 // inputs (never zeros): E 8, 16 and 128 experts, K 2, 4 and 8 a token, N 1, 7, 64 and 300 tokens (many experts
 // empty, one expert's rows a partial tile, several tiles), BF16 experts and FP8 ones of the three
 // granularities, at widths that are not multiples of the kernel's tiles (C 192, F 80 and 84) and at the
-// fixtures' (C 64, F 48 and 40). The forward's products go two ways (cuda/moe.cu): with FP8GRPO_MOE_DECODE=1 (the
-// cases run without it, then with it), N 1, 7 and 64 (N K <= 16 E) through the decode kernel (each expert's rows 4 at a time: 1 to ~20 rows an expert here), where F is a
+// fixtures' (C 64, F 48 and 40). The forward's products go two ways (cuda/moe.cu): with the decode kernel (the
+// default; the cases run with FP8GRPO_MOE_DECODE=0, then 1), N 1, 7 and 64 (N K <= 16 E) through the decode kernel (each expert's rows 4 at a time: 1 to ~20 rows an expert here), where F is a
 // multiple of 8 for down too (F 84: down through the grouped GEMM, from the decode kernel's h), and N 300
 // through the grouped GEMM. The tolerances follow gpu_util.cuh's rules, carried through the SwiGLU and the sums
 // as each check says. Whole models: gpu_models.cu.
@@ -343,9 +343,10 @@ START_TEST(test_moe_experts) {
     // E, K, F, C: two fixtures' E and K at the kernels' awkward widths, Qwen3-30B-A3B's E and K, the fixtures
     // (test/fixtures/qwen3_moe, qwen3_moe16)
     int EKFC[5][4] = {{8, 2, 84, 192}, {16, 4, 80, 192}, {128, 8, 80, 192}, {8, 2, 48, 64}, {16, 4, 40, 64}};
-    // the decode kernel is opt-in (cuda/moe.cu moe_decode_enabled): every case with it off, then on
+    // the decode kernel is the default where it applies (cuda/moe.cu moe_decode_enabled): every case with it
+    // off (FP8GRPO_MOE_DECODE=0, the grouped GEMM alone), then on
     for (int dec = 0; dec < 2; dec++) {
-        if (dec) setenv("FP8GRPO_MOE_DECODE", "1", 1);
+        setenv("FP8GRPO_MOE_DECODE", dec ? "1" : "0", 1);
         for (int gi = 0; gi < 4; gi++)
             for (int c = 0; c < 5; c++) {
                 Experts ex;
