@@ -749,7 +749,7 @@ static size_t decode_smem(int k_in) {
 // The decode kernel is the default (FP8GRPO_MOE_DECODE=0: the grouped GEMM instead, to compare the two in one
 // process; read at each call, a host getenv beside a kernel launch). On an H100 at Qwen3-30B-A3B's shape,
 // batch 64, it made the decode step 6.8x faster with FP8 block weights and 2.8x with BF16
-// (dev/notes/models.md, "Qwen3 MoE on the GPU"); gpu_moe checks both paths against the CPU.
+// (dev/notes/models.md, "Qwen3 MoE's decode step"); gpu_moe checks both paths against the CPU.
 static int moe_decode_enabled(void) {
     const char *v = getenv("FP8GRPO_MOE_DECODE");
     return !(v && !strcmp(v, "0"));
